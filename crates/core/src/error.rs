@@ -1,0 +1,230 @@
+//! What a handler's failure means, and the errors of the runtime itself.
+
+use std::fmt;
+
+/// A boxed error, as tower middleware returns them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What a handler failure means for the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// Try again after a backoff (a downstream service was unavailable, a
+    /// lock timed out). Retried by the retry layer; if it still fails, the
+    /// message goes back to the broker or is re-dispatched in process.
+    Retryable,
+    /// Never retry (the payload is malformed, a constraint is violated). Goes
+    /// to the dead-letter destination, or is discarded, per policy.
+    Permanent,
+    /// Count the message as done although the handler did nothing with it.
+    Ignore,
+    /// The handler gave up because the consumer is shutting down. The message
+    /// is left unacknowledged so that the broker delivers it again.
+    Interrupted,
+}
+
+impl ErrorClass {
+    /// A short lowercase name, as used in metric labels and span fields.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Retryable => "retryable",
+            ErrorClass::Permanent => "permanent",
+            ErrorClass::Ignore => "ignore",
+            ErrorClass::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A handler's failure: its class, its cause, and the attempts made.
+///
+/// Build one with [`HandlerError::retryable`], [`HandlerError::permanent`] or
+/// [`HandlerError::ignore`]. Any error from a tower layer converts into one
+/// (`From<BoxError>`): a `HandlerError` inside is recovered as it was, a
+/// timeout (`tower::timeout::error::Elapsed`) is retryable, and anything else
+/// is retryable too, because a failure of unknown cause is most often
+/// transient and the retry layer caps it.
+pub struct HandlerError {
+    class: ErrorClass,
+    source: BoxError,
+    attempts: u32,
+    affects_backoff: bool,
+}
+
+impl HandlerError {
+    fn with_class(class: ErrorClass, source: impl Into<BoxError>) -> Self {
+        Self {
+            class,
+            source: source.into(),
+            attempts: 0,
+            affects_backoff: true,
+        }
+    }
+
+    /// A failure worth retrying after a backoff.
+    pub fn retryable(source: impl Into<BoxError>) -> Self {
+        Self::with_class(ErrorClass::Retryable, source)
+    }
+
+    /// A failure no retry can fix.
+    pub fn permanent(source: impl Into<BoxError>) -> Self {
+        Self::with_class(ErrorClass::Permanent, source)
+    }
+
+    /// The message is done although it was not processed (a filter, a
+    /// message for another tenant). It is acknowledged.
+    pub fn ignore(reason: impl Into<BoxError>) -> Self {
+        Self::with_class(ErrorClass::Ignore, reason)
+    }
+
+    /// The handler stopped because the consumer is shutting down; the message
+    /// stays unacknowledged for redelivery.
+    pub fn interrupted() -> Self {
+        Self::with_class(ErrorClass::Interrupted, "interrupted by consumer shutdown")
+    }
+
+    /// Marks a retryable failure as one that says nothing about the health of
+    /// the consumer's dependencies ("requeue without backoff"): it does not
+    /// push the consumer into backoff, and a probe that ends this way still
+    /// lets the next delivery through.
+    pub fn without_backoff(mut self) -> Self {
+        self.affects_backoff = false;
+        self
+    }
+
+    /// Records how many attempts were made before this error was final.
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
+    }
+
+    /// The class of the failure.
+    pub fn class(&self) -> ErrorClass {
+        self.class
+    }
+
+    /// Whether this is [`ErrorClass::Retryable`].
+    pub fn is_retryable(&self) -> bool {
+        self.class == ErrorClass::Retryable
+    }
+
+    /// Whether this is [`ErrorClass::Permanent`].
+    pub fn is_permanent(&self) -> bool {
+        self.class == ErrorClass::Permanent
+    }
+
+    /// Attempts made before the error was final (0 = not recorded).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Whether the failure should count toward consumer-level backoff.
+    pub fn affects_backoff(&self) -> bool {
+        self.affects_backoff && self.class == ErrorClass::Retryable
+    }
+
+    /// The underlying cause.
+    pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// Reclassifies the error (the dead-letter layer turns a failed sink write
+    /// into a retryable error, for instance).
+    pub fn reclassify(mut self, class: ErrorClass) -> Self {
+        self.class = class;
+        self
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("class", &self.class)
+            .field("source", &self.source)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} error", self.class)?;
+        if self.attempts > 0 {
+            write!(f, " after {} attempt(s)", self.attempts)?;
+        }
+        write!(f, ": {}", self.source)
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+impl From<BoxError> for HandlerError {
+    fn from(error: BoxError) -> Self {
+        match error.downcast::<HandlerError>() {
+            Ok(handler_error) => *handler_error,
+            Err(error) => HandlerError::retryable(error),
+        }
+    }
+}
+
+impl From<std::convert::Infallible> for HandlerError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
+/// A consumer setting that cannot work, found when the consumer is built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid consumer configuration: `{setting}` {problem}")]
+pub struct ConfigError {
+    /// The setting at fault.
+    pub setting: &'static str,
+    /// What is wrong with it and what to do instead.
+    pub problem: String,
+}
+
+impl ConfigError {
+    /// A configuration error for `setting`.
+    pub fn new(setting: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            setting,
+            problem: problem.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handler_error_survives_boxing_through_tower_layers() {
+        let boxed: BoxError = Box::new(HandlerError::permanent("bad").with_attempts(3));
+        let recovered = HandlerError::from(boxed);
+        assert_eq!(recovered.class(), ErrorClass::Permanent);
+        assert_eq!(recovered.attempts(), 3);
+    }
+
+    #[test]
+    fn an_unknown_error_is_retryable() {
+        let boxed: BoxError = "socket closed".into();
+        assert!(HandlerError::from(boxed).is_retryable());
+    }
+
+    #[test]
+    fn display_names_class_attempts_and_cause() {
+        let error = HandlerError::retryable("timeout").with_attempts(2);
+        assert_eq!(
+            error.to_string(),
+            "retryable error after 2 attempt(s): timeout"
+        );
+    }
+}

@@ -1,0 +1,25 @@
+//! The core of intake: consume messages from any broker with an async fn,
+//! tower middleware and ordered commits.
+//!
+//! - [`Source`] and [`Acker`]: what a backend implements.
+//! - [`CommitEngine`](commit_engine::CommitEngine): handlers finish out of
+//!   order, yet a partition's committed position never passes a message still
+//!   in flight.
+//! - [`BackoffPolicy`]: one schedule type for retries, pauses and reconnects.
+//! - [`DeadLetterSink`]: where poison messages go.
+#![warn(missing_docs)]
+
+pub mod acker;
+pub mod backoff;
+pub mod commit_engine;
+pub mod dead_letter;
+pub mod error;
+pub mod message;
+pub mod source;
+
+pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
+pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
+pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
+pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
+pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use source::{Revocation, RevocationHandle, Source, SourceError, SourceEvent};

@@ -1,0 +1,382 @@
+//! The message a handler receives: payload, key, headers and [`Metadata`].
+//!
+//! Every part is cheap to clone (reference-counted bytes and names), so the
+//! runtime can keep a copy for redelivery and middleware can inspect a message
+//! without copying its payload.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+/// The name of a topic, stream or queue. Cloning is a reference-count bump.
+pub type SourceName = Arc<str>;
+
+/// Where a delivery sits in its partition, in the broker's own terms.
+///
+/// Positions of one partition are strictly increasing in delivery order; they
+/// may have gaps (Kafka transaction markers, compaction, deleted stream
+/// entries), which the commit engine skips.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Position {
+    /// A Kafka offset or a memory-broker offset.
+    Offset(i64),
+    /// A Redis stream entry id, `<ms>-<seq>`.
+    StreamId {
+        /// Milliseconds part of the id.
+        ms: u64,
+        /// Sequence part of the id.
+        seq: u64,
+    },
+    /// An AMQP delivery tag (scoped to the channel it was delivered on).
+    Tag(u64),
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Position::Offset(offset) => write!(f, "{offset}"),
+            Position::StreamId { ms, seq } => write!(f, "{ms}-{seq}"),
+            Position::Tag(tag) => write!(f, "{tag}"),
+        }
+    }
+}
+
+/// Identifies a partition: a source name and a partition number within it.
+///
+/// Kafka: topic and partition. Redis Streams: the stream key, partition 0.
+/// AMQP: the queue and the epoch of the channel the deliveries arrived on (a
+/// reopened channel is a new partition, so tags of the old one are fenced).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartitionKey {
+    /// Topic, stream or queue.
+    pub source: SourceName,
+    /// Partition number within the source.
+    pub partition: u32,
+}
+
+impl PartitionKey {
+    /// A key for `partition` of `source`.
+    pub fn new(source: impl Into<SourceName>, partition: u32) -> Self {
+        Self {
+            source: source.into(),
+            partition,
+        }
+    }
+}
+
+impl fmt::Debug for PartitionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.source, self.partition)
+    }
+}
+
+impl fmt::Display for PartitionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Where a message came from and how often it was delivered.
+#[derive(Clone, Debug)]
+pub struct Metadata {
+    source: SourceName,
+    partition: u32,
+    position: Position,
+    timestamp: Option<SystemTime>,
+    attempt: u32,
+}
+
+impl Metadata {
+    /// Metadata for a first delivery at `position` of `source`/`partition`.
+    pub fn new(source: SourceName, partition: u32, position: Position) -> Self {
+        Self {
+            source,
+            partition,
+            position,
+            timestamp: None,
+            attempt: 1,
+        }
+    }
+
+    /// Topic, stream or queue the message was read from.
+    pub fn source(&self) -> &SourceName {
+        &self.source
+    }
+
+    /// Partition within the source.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The partition this message belongs to, as a key.
+    pub fn partition_key(&self) -> PartitionKey {
+        PartitionKey {
+            source: self.source.clone(),
+            partition: self.partition,
+        }
+    }
+
+    /// The broker's position of the message within its partition.
+    pub fn position(&self) -> Position {
+        self.position
+    }
+
+    /// When the broker (or producer) stamped the message, if it did.
+    pub fn timestamp(&self) -> Option<SystemTime> {
+        self.timestamp
+    }
+
+    /// Delivery attempt, starting at 1. Counts broker redeliveries where the
+    /// broker keeps a count (Redis, AMQP quorum queues) and in-process retries.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Sets the timestamp.
+    pub fn set_timestamp(&mut self, timestamp: Option<SystemTime>) {
+        self.timestamp = timestamp;
+    }
+
+    /// Sets the delivery attempt (1 = first delivery).
+    pub fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt.max(1);
+    }
+
+    /// Builder form of [`Metadata::set_timestamp`].
+    pub fn with_timestamp(mut self, timestamp: SystemTime) -> Self {
+        self.timestamp = Some(timestamp);
+        self
+    }
+
+    /// Builder form of [`Metadata::set_attempt`].
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.set_attempt(attempt);
+        self
+    }
+}
+
+/// One header: a name and raw bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Header name. Brokers compare names case-sensitively; so does intake.
+    pub name: Arc<str>,
+    /// Raw header value.
+    pub value: Bytes,
+}
+
+/// Message headers: an ordered list, cheap to clone, empty without allocation.
+///
+/// Lookups are linear: messages carry few headers, and a scan of a handful of
+/// entries is faster than hashing.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Headers {
+    entries: Option<Arc<Vec<Header>>>,
+}
+
+impl Headers {
+    /// No headers.
+    pub const fn new() -> Self {
+        Self { entries: None }
+    }
+
+    /// The first value of header `name`.
+    pub fn get(&self, name: &str) -> Option<&Bytes> {
+        self.iter()
+            .find(|header| &*header.name == name)
+            .map(|header| &header.value)
+    }
+
+    /// The first value of header `name`, if it is UTF-8.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name)
+            .and_then(|value| std::str::from_utf8(value).ok())
+    }
+
+    /// Appends a header (copy-on-write if this list is shared).
+    pub fn insert(&mut self, name: impl Into<Arc<str>>, value: impl Into<Bytes>) {
+        let entries = self.entries.get_or_insert_with(Default::default);
+        Arc::make_mut(entries).push(Header {
+            name: name.into(),
+            value: value.into(),
+        });
+    }
+
+    /// Replaces every header called `name` with one of value `value`.
+    pub fn set(&mut self, name: impl Into<Arc<str>>, value: impl Into<Bytes>) {
+        let name = name.into();
+        if let Some(entries) = self.entries.as_mut() {
+            Arc::make_mut(entries).retain(|header| header.name != name);
+        }
+        self.insert(name, value);
+    }
+
+    /// All headers in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Header> {
+        match &self.entries {
+            Some(entries) => entries.iter(),
+            None => [].iter(),
+        }
+    }
+
+    /// Number of headers.
+    pub fn len(&self) -> usize {
+        self.entries.as_ref().map_or(0, |entries| entries.len())
+    }
+
+    /// Whether there are no headers.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for Headers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|header| {
+                (
+                    &*header.name,
+                    String::from_utf8_lossy(&header.value).into_owned(),
+                )
+            }))
+            .finish()
+    }
+}
+
+impl<N: Into<Arc<str>>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(iter: I) -> Self {
+        let entries: Vec<Header> = iter
+            .into_iter()
+            .map(|(name, value)| Header {
+                name: name.into(),
+                value: value.into(),
+            })
+            .collect();
+        if entries.is_empty() {
+            Self::new()
+        } else {
+            Self {
+                entries: Some(Arc::new(entries)),
+            }
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Headers {
+    type Item = &'a Header;
+    type IntoIter = std::slice::Iter<'a, Header>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// A delivery: payload, optional key, headers and metadata.
+#[derive(Clone, Debug)]
+pub struct Message {
+    payload: Bytes,
+    key: Option<Bytes>,
+    headers: Headers,
+    metadata: Metadata,
+}
+
+impl Message {
+    /// A message with `payload` and `metadata`, no key, no headers.
+    pub fn new(payload: impl Into<Bytes>, metadata: Metadata) -> Self {
+        Self {
+            payload: payload.into(),
+            key: None,
+            headers: Headers::new(),
+            metadata,
+        }
+    }
+
+    /// Sets the key.
+    pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the headers.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The key, if the broker carries one (Kafka key, AMQP routing key, a
+    /// configured Redis field).
+    pub fn key(&self) -> Option<&Bytes> {
+        self.key.as_ref()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
+    /// Mutable headers.
+    pub fn headers_mut(&mut self) -> &mut Headers {
+        &mut self.headers
+    }
+
+    /// The metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Mutable metadata (middleware that counts attempts uses this).
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.metadata
+    }
+
+    /// Splits the message into its payload and the rest.
+    pub fn into_payload(self) -> Bytes {
+        self.payload
+    }
+}
+
+/// A payload preview for error messages: at most `limit` bytes, with
+/// non-printable bytes escaped, and a note of how much was cut.
+pub fn payload_preview(payload: &[u8], limit: usize) -> String {
+    let shown = &payload[..payload.len().min(limit)];
+    let mut preview: String = shown.escape_ascii().to_string();
+    if payload.len() > limit {
+        preview.push_str(&format!("… ({} more bytes)", payload.len() - limit));
+    }
+    preview
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_empty_without_allocation_and_copy_on_write() {
+        let mut headers = Headers::new();
+        assert!(headers.is_empty());
+        headers.insert("a", Bytes::from_static(b"1"));
+        let shared = headers.clone();
+        headers.set("a", Bytes::from_static(b"2"));
+        assert_eq!(shared.get_str("a"), Some("1"));
+        assert_eq!(headers.get_str("a"), Some("2"));
+        assert_eq!(headers.len(), 1);
+    }
+
+    #[test]
+    fn preview_escapes_and_truncates() {
+        let preview = payload_preview(b"ab\x00\xffcd", 4);
+        assert_eq!(preview, "ab\\x00\\xff… (2 more bytes)");
+    }
+
+    #[test]
+    fn positions_display_in_broker_terms() {
+        assert_eq!(Position::StreamId { ms: 5, seq: 1 }.to_string(), "5-1");
+        assert_eq!(Position::Offset(42).to_string(), "42");
+    }
+}

@@ -1,0 +1,324 @@
+//! Where deliveries come from: the [`Source`] trait and its events.
+//!
+//! A backend implements `Source` to fetch deliveries and to report partitions
+//! being assigned to or revoked from this consumer. The runtime calls
+//! [`Source::next`] only while its in-flight budget has room, and asks for no
+//! more deliveries than the budget allows: that is how every backend gets
+//! backpressure without a queue of its own.
+
+use std::future::Future;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::error::BoxError;
+use crate::message::{Message, PartitionKey, Position};
+
+/// A source of deliveries: one consumer's connection to a broker.
+///
+/// # Cancel safety
+///
+/// The runtime drops a pending [`next`](Source::next) future when the consumer
+/// shuts down. An implementation must not lose deliveries when that happens:
+/// whatever it had already taken from the broker must stay unacknowledged
+/// there (so it is redelivered) or be returned by the next call.
+pub trait Source: Send + 'static {
+    /// Waits for the next event.
+    ///
+    /// For deliveries, appends at most `max` messages to `deliveries` (which
+    /// the runtime passes in empty and reuses, so a steady stream costs no
+    /// allocation) and returns [`SourceEvent::Delivered`]. `max` is at least 1.
+    fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> impl Future<Output = Result<SourceEvent, SourceError>> + Send;
+
+    /// Releases the connection after the final commit (leave the group,
+    /// close the channel). Called once, at the end of a run.
+    fn close(&mut self) -> impl Future<Output = Result<(), SourceError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// What [`Source::next`] reports.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// Deliveries were appended to the buffer.
+    Delivered,
+    /// These partitions are now this consumer's. Each starts a new
+    /// generation: completions from an earlier assignment are ignored.
+    ///
+    /// Sources without explicit assignment (a Redis stream, an AMQP queue) may
+    /// skip this event; a partition is assigned implicitly by its first
+    /// delivery.
+    Assigned(Vec<PartitionKey>),
+    /// These partitions are being taken away. The runtime stops dispatching
+    /// them, waits (bounded) for their in-flight messages, commits, and then
+    /// completes the [`Revocation`].
+    Revoked(Revocation),
+    /// The source has nothing more to deliver, ever (a bounded test input).
+    /// The runtime drains and stops as on shutdown.
+    Exhausted,
+}
+
+/// A failure of the source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The broker could not be reached; the runtime retries with backoff.
+    #[error("cannot reach the broker at {endpoint}: {source}")]
+    Unreachable {
+        /// Where the source tried to connect (credentials removed).
+        endpoint: String,
+        /// The underlying failure.
+        #[source]
+        source: BoxError,
+    },
+    /// The broker refused the credentials. Fix the user name, password or
+    /// certificate; retrying will not help.
+    #[error("the broker at {endpoint} refused the credentials: {source}")]
+    Unauthorized {
+        /// The broker (credentials removed).
+        endpoint: String,
+        /// The broker's answer.
+        #[source]
+        source: BoxError,
+    },
+    /// A topic, stream or queue does not exist and the source may not create
+    /// it.
+    #[error("{kind} `{name}` does not exist: {hint}")]
+    NotFound {
+        /// "topic", "stream" or "queue".
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The source is configured in a way that cannot work.
+    #[error("invalid source configuration: {0}")]
+    Config(String),
+    /// A broker error that may pass (a lost connection, a timeout); the
+    /// runtime retries with backoff.
+    #[error("broker error: {0}")]
+    Transient(#[source] BoxError),
+    /// A broker error that will not pass by retrying.
+    #[error("fatal broker error: {0}")]
+    Fatal(#[source] BoxError),
+}
+
+impl SourceError {
+    /// Whether retrying [`Source::next`] after a backoff may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            SourceError::Unreachable { .. } | SourceError::Transient(_)
+        )
+    }
+}
+
+/// A partition's state when its revocation completed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevokedPartition {
+    /// The partition.
+    pub partition: PartitionKey,
+    /// The last position committed for it (every message up to and including
+    /// it is done), if any message was.
+    pub committed: Option<Position>,
+    /// Messages of the partition that had not finished when the drain
+    /// deadline passed; the next owner receives them again.
+    pub unfinished: usize,
+}
+
+/// What the runtime did with a revocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RevocationOutcome {
+    /// Each revoked partition, drained and committed.
+    pub partitions: Vec<RevokedPartition>,
+}
+
+/// Why waiting on a revocation ended without an outcome.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RevocationError {
+    /// The runtime stopped before it completed the revocation.
+    #[error("the consumer stopped before completing the revocation")]
+    Abandoned,
+    /// The wait timed out.
+    #[error("the revocation did not complete within {0:?}")]
+    TimedOut(Duration),
+}
+
+enum RevocationState {
+    Pending,
+    Done(RevocationOutcome),
+    Abandoned,
+}
+
+struct RevocationShared {
+    state: Mutex<RevocationState>,
+    changed: Condvar,
+    notify: Notify,
+}
+
+impl RevocationShared {
+    fn finish(&self, state: RevocationState) {
+        let mut guard = self
+            .state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if matches!(*guard, RevocationState::Pending) {
+            *guard = state;
+        }
+        drop(guard);
+        self.changed.notify_all();
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> Option<Result<RevocationOutcome, RevocationError>> {
+        let mut guard = self
+            .state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        match std::mem::replace(&mut *guard, RevocationState::Abandoned) {
+            RevocationState::Pending => {
+                *guard = RevocationState::Pending;
+                None
+            }
+            RevocationState::Done(outcome) => Some(Ok(outcome)),
+            RevocationState::Abandoned => Some(Err(RevocationError::Abandoned)),
+        }
+    }
+}
+
+/// Partitions being revoked, and the means to tell the source that they were
+/// drained and committed.
+///
+/// Dropping a `Revocation` without completing it releases the waiting source
+/// with [`RevocationError::Abandoned`], so a rebalance callback never waits on
+/// a runtime that is gone.
+pub struct Revocation {
+    partitions: Vec<PartitionKey>,
+    shared: Arc<RevocationShared>,
+}
+
+impl std::fmt::Debug for Revocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Revocation")
+            .field("partitions", &self.partitions)
+            .finish()
+    }
+}
+
+impl Revocation {
+    /// A revocation of `partitions`, and the handle its source waits on.
+    pub fn new(partitions: Vec<PartitionKey>) -> (Self, RevocationHandle) {
+        let shared = Arc::new(RevocationShared {
+            state: Mutex::new(RevocationState::Pending),
+            changed: Condvar::new(),
+            notify: Notify::new(),
+        });
+        (
+            Self {
+                partitions,
+                shared: shared.clone(),
+            },
+            RevocationHandle { shared },
+        )
+    }
+
+    /// The partitions being revoked.
+    pub fn partitions(&self) -> &[PartitionKey] {
+        &self.partitions
+    }
+
+    /// Reports that the partitions were drained and committed.
+    pub fn complete(self, outcome: RevocationOutcome) {
+        self.shared.finish(RevocationState::Done(outcome));
+    }
+}
+
+impl Drop for Revocation {
+    fn drop(&mut self) {
+        self.shared.finish(RevocationState::Abandoned);
+    }
+}
+
+/// The source's side of a [`Revocation`]: wait until the runtime has drained
+/// and committed the revoked partitions.
+pub struct RevocationHandle {
+    shared: Arc<RevocationShared>,
+}
+
+impl RevocationHandle {
+    /// Waits for the outcome.
+    pub async fn wait(self) -> Result<RevocationOutcome, RevocationError> {
+        loop {
+            let notified = self.shared.notify.notified();
+            if let Some(result) = self.shared.take() {
+                return result;
+            }
+            notified.await;
+        }
+    }
+
+    /// Blocks the calling thread for at most `timeout`. For rebalance
+    /// callbacks that run on a client library's own thread.
+    pub fn wait_blocking(self, timeout: Duration) -> Result<RevocationOutcome, RevocationError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut guard = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        loop {
+            match std::mem::replace(&mut *guard, RevocationState::Abandoned) {
+                RevocationState::Done(outcome) => return Ok(outcome),
+                RevocationState::Abandoned => return Err(RevocationError::Abandoned),
+                RevocationState::Pending => *guard = RevocationState::Pending,
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(RevocationError::TimedOut(timeout));
+            }
+            guard = self
+                .shared
+                .changed
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|poison| poison.into_inner())
+                .0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_completed_revocation_reaches_the_waiting_source() {
+        let (revocation, handle) = Revocation::new(vec![PartitionKey::new("t", 0)]);
+        let waiter = tokio::spawn(handle.wait());
+        revocation.complete(RevocationOutcome::default());
+        assert_eq!(waiter.await.ok(), Some(Ok(RevocationOutcome::default())));
+    }
+
+    #[test]
+    fn a_dropped_revocation_releases_a_blocked_callback() {
+        let (revocation, handle) = Revocation::new(vec![PartitionKey::new("t", 0)]);
+        let thread = std::thread::spawn(move || handle.wait_blocking(Duration::from_secs(10)));
+        drop(revocation);
+        assert_eq!(thread.join().ok(), Some(Err(RevocationError::Abandoned)));
+    }
+
+    #[test]
+    fn a_blocked_wait_is_bounded() {
+        let (_revocation, handle) = Revocation::new(vec![]);
+        let waited = handle.wait_blocking(Duration::from_millis(20));
+        assert_eq!(
+            waited,
+            Err(RevocationError::TimedOut(Duration::from_millis(20)))
+        );
+    }
+}
