@@ -14,7 +14,9 @@ pub mod backoff;
 pub mod commit_engine;
 pub mod dead_letter;
 pub mod error;
+pub mod lifecycle;
 pub mod message;
+pub mod observer;
 pub mod source;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
@@ -22,4 +24,5 @@ pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
 pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use source::{Revocation, RevocationHandle, Source, SourceError, SourceEvent};

@@ -1,0 +1,35 @@
+//! What the runtime reports about itself while it runs, for metrics.
+//!
+//! The runtime calls a [`ConsumerObserver`] at every commit tick and for
+//! every acknowledgement round trip, never per message, so observing costs
+//! nothing on the message path.
+
+use std::time::Duration;
+
+use crate::acker::{AckBatch, AckError};
+use crate::commit_engine::PartitionStats;
+
+/// A partition as the runtime sees it at a commit tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionSnapshot {
+    /// Positions, counts and the oldest unfinished message.
+    pub stats: PartitionStats,
+    /// How long the oldest unfinished message has been unfinished (at the
+    /// resolution of the commit interval).
+    pub oldest_unfinished_age: Option<Duration>,
+}
+
+/// Receives the runtime's state for metrics. Every method has a no-op default.
+pub trait ConsumerObserver: Send + Sync + 'static {
+    /// At every commit tick: each assigned partition.
+    fn on_partitions(&self, _partitions: &[PartitionSnapshot]) {}
+
+    /// At every commit tick: deliveries held (queued or running).
+    fn on_in_flight(&self, _in_flight: usize) {}
+
+    /// After each acknowledgement round trip.
+    fn on_ack(&self, _batch: &AckBatch, _result: Result<(), &AckError>, _elapsed: Duration) {}
+
+    /// When a partition is revoked (so per-partition series can be removed).
+    fn on_revoked(&self, _partition: &crate::message::PartitionKey) {}
+}
