@@ -18,6 +18,8 @@ pub mod lifecycle;
 pub mod message;
 pub mod observer;
 pub mod source;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};

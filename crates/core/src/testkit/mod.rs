@@ -1,0 +1,127 @@
+//! The backend conformance suite: one set of scenarios, written once against
+//! the [`Source`], [`Acker`] and [`DeadLetterSink`] traits, that every backend
+//! runs unchanged.
+//!
+//! A backend crate's test file implements [`Backend`] (a fixture that
+//! creates sources, produces, connects consumers and reads dead letters back)
+//! and calls the scenarios with it.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::acker::Acker;
+use crate::dead_letter::DeadLetterSink;
+use crate::error::BoxError;
+use crate::message::Headers;
+use crate::source::Source;
+
+/// A message to produce in a scenario.
+#[derive(Clone, Debug)]
+pub struct TestMessage {
+    /// Routing or partitioning key.
+    pub key: Option<Bytes>,
+    /// Payload.
+    pub payload: Bytes,
+    /// Headers.
+    pub headers: Headers,
+}
+
+impl TestMessage {
+    /// A message with `payload` and `key`, no headers.
+    pub fn new(key: impl Into<Bytes>, payload: impl Into<Bytes>) -> Self {
+        Self {
+            key: Some(key.into()),
+            payload: payload.into(),
+            headers: Headers::new(),
+        }
+    }
+}
+
+/// A dead letter as a backend fixture reads it back from its dead-letter
+/// destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterRecord {
+    /// The original payload.
+    pub payload: Bytes,
+    /// Origin: topic, stream or queue.
+    pub source: String,
+    /// Origin partition (0 where the backend has none).
+    pub partition: u32,
+    /// Origin position, as the backend prints it.
+    pub position: String,
+    /// The last error text.
+    pub error: String,
+    /// Attempts made.
+    pub attempts: u32,
+}
+
+/// What a backend can do, so scenarios that need more are skipped with a
+/// reason.
+#[derive(Clone, Copy, Debug)]
+pub struct Capabilities {
+    /// Sources can have more than one partition.
+    pub partitions: bool,
+    /// A second consumer in the group takes over partitions (Kafka, memory)
+    /// or shares the work (Redis, AMQP).
+    pub shared_groups: bool,
+    /// How long after a consumer is dropped without shutdown its unfinished
+    /// messages become deliverable to another consumer (Redis: the claim
+    /// idle time; AMQP: at once; Kafka: the session timeout).
+    pub crash_redelivery_after: Duration,
+}
+
+/// Consumer settings a scenario asks a fixture for.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectSettings {
+    /// The runtime's in-flight budget; fixtures size prefetch to it.
+    pub max_in_flight: usize,
+}
+
+/// A backend under test. Every method creates or touches only what its
+/// arguments name, so scenarios can run side by side with unique names.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The backend's source.
+    type Source: Source;
+    /// The backend's acker.
+    type Acker: Acker;
+    /// The backend's dead-letter sink.
+    type Sink: DeadLetterSink;
+
+    /// A short name for messages ("memory", "kafka").
+    fn name(&self) -> &'static str;
+
+    /// What the backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Creates an empty source with a fresh unique name (with `partitions`
+    /// partitions where the backend has partitions) and returns its name.
+    async fn create_source(&self, partitions: u32) -> Result<String, BoxError>;
+
+    /// Produces `messages` to `source` and returns once the broker has
+    /// confirmed all of them.
+    async fn produce(&self, source: &str, messages: Vec<TestMessage>) -> Result<(), BoxError>;
+
+    /// Connects a consumer of `group` to `source`.
+    async fn connect(
+        &self,
+        source: &str,
+        group: &str,
+        settings: ConnectSettings,
+    ) -> Result<(Self::Source, Self::Acker), BoxError>;
+
+    /// The dead-letter sink for `source` consumed by `group`.
+    async fn dead_letter_sink(&self, source: &str, group: &str) -> Result<Self::Sink, BoxError>;
+
+    /// Everything the sink wrote for `source` and `group`, oldest first.
+    async fn dead_letters(
+        &self,
+        source: &str,
+        group: &str,
+    ) -> Result<Vec<DeadLetterRecord>, BoxError>;
+
+    /// Messages of `source` that `group` has not acknowledged or committed
+    /// (0 when everything produced was acknowledged).
+    async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError>;
+}
