@@ -11,9 +11,9 @@ use crate::message::Message;
 /// A payload decoded from JSON into `T`; as a handler argument it is the
 /// last one (it consumes the payload).
 ///
-/// Decoding reads the payload in place: a struct of numbers and borrowed-free
-/// fields costs no allocation; `String`, `Vec` and map fields allocate as
-/// serde_json needs. A payload that is not valid JSON for `T` fails the
+/// Decoding reads the payload in place: a struct of numbers and booleans
+/// costs no allocation; `String`, `Vec` and map fields allocate as serde_json
+/// needs. A payload that is not valid JSON for `T` fails the
 /// message with a [permanent](HandlerError::permanent) [`DecodeError`].
 ///
 /// ```
