@@ -15,6 +15,7 @@ pub mod commit_engine;
 pub mod dead_letter;
 pub mod error;
 pub mod lifecycle;
+pub mod memory;
 pub mod message;
 pub mod observer;
 pub mod source;
