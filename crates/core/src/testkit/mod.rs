@@ -16,6 +16,8 @@ use crate::error::BoxError;
 use crate::message::Headers;
 use crate::source::Source;
 
+pub mod memory_backend;
+
 /// A message to produce in a scenario.
 #[derive(Clone, Debug)]
 pub struct TestMessage {
