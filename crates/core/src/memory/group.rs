@@ -22,7 +22,7 @@
 //! shared future that the prospective owner awaits while it waits for work,
 //! and that any lock holder checks without blocking.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use super::broker::BrokerConfig;
 use super::consumer::OffsetReset;
+use super::fetch::{Delivery, fetch};
 use super::snapshot::{GroupSnapshot, MemberSnapshot, PartitionOwner, PartitionSnapshot};
 use crate::acker::AckError;
 use crate::message::{Message, PartitionKey, Position, SourceName};
@@ -71,13 +72,6 @@ struct GroupPartition {
     /// The next offset to consume, as committed (Kafka's convention).
     committed: Option<usize>,
     ownership: Ownership,
-    /// The owner's next offset to fetch.
-    cursor: usize,
-    /// Every offset below this was delivered at least once to the group.
-    delivered_until: usize,
-    /// Deliveries so far of offsets delivered more than once, kept only for
-    /// offsets not yet committed: first deliveries cost nothing to count.
-    redeliveries: BTreeMap<usize, u32>,
 }
 
 struct Member {
@@ -122,6 +116,9 @@ pub(crate) struct Group {
     pub(crate) faults: Arc<super::faults::FaultState>,
     members: Vec<Member>,
     partitions: Vec<GroupPartition>,
+    /// What each partition's owner fetches next, and how often offsets were
+    /// delivered; apart from `partitions` so a fetch borrows only these.
+    deliveries: Vec<Delivery>,
     /// Number of partitions in `Releasing`, so a fetch checks for handoffs
     /// only while there are any.
     releasing: usize,
@@ -146,11 +143,9 @@ impl Group {
                 .map(|_| GroupPartition {
                     committed: None,
                     ownership: Ownership::Unowned,
-                    cursor: 0,
-                    delivered_until: 0,
-                    redeliveries: BTreeMap::new(),
                 })
                 .collect(),
+            deliveries: (0..partitions).map(|_| Delivery::default()).collect(),
             releasing: 0,
             generation: 0,
             next_member: 1,
@@ -313,10 +308,10 @@ impl Group {
         };
         let member = &mut self.members[index];
         let state = &mut self.partitions[partition];
-        state.cursor = state.committed.unwrap_or(match member.offset_reset {
+        self.deliveries[partition].rewind(state.committed.unwrap_or(match member.offset_reset {
             OffsetReset::Earliest => 0,
             OffsetReset::Latest => logs[partition].len(),
-        });
+        }));
         member.owned.push(partition as u32);
         member.unannounced.push(partition as u32);
         member.notify.notify_one();
@@ -405,7 +400,15 @@ impl Group {
                 .collect();
             return Poll::Ready(SourceEvent::Assigned(keys));
         }
-        if fetch(member, &mut self.partitions, logs, buf, max) > 0 {
+        let fetched = fetch(
+            &member.owned,
+            &mut member.first,
+            &mut self.deliveries,
+            logs,
+            buf,
+            max,
+        );
+        if fetched > 0 {
             return Poll::Ready(SourceEvent::Delivered);
         }
         Poll::Wait(self.handoffs_to(id))
@@ -490,12 +493,7 @@ impl Group {
             ));
         };
         state.committed = Some(next);
-        while let Some(entry) = state.redeliveries.first_entry() {
-            if *entry.key() >= next {
-                break;
-            }
-            entry.remove();
-        }
+        self.deliveries[partition].forget_below(next);
         Ok(())
     }
 
@@ -567,73 +565,4 @@ fn partition_snapshot(
             },
         },
     }
-}
-
-/// Fills `buf` with at most `max` messages from `member`'s partitions, each
-/// partition first in turn and none taking more than an even share while
-/// others have messages. Returns how many it appended.
-fn fetch(
-    member: &mut Member,
-    partitions: &mut [GroupPartition],
-    logs: &[Vec<Message>],
-    buf: &mut Vec<Message>,
-    max: usize,
-) -> usize {
-    let count = member.owned.len();
-    if count == 0 {
-        return 0;
-    }
-    let first = member.first % count;
-    member.first = (first + 1) % count;
-    let mut remaining = max;
-    let mut more = false;
-    let share = max.div_ceil(count);
-    for turn in 0..count {
-        if remaining == 0 {
-            break;
-        }
-        let partition = member.owned[(first + turn) % count] as usize;
-        let (state, log) = (&mut partitions[partition], &logs[partition]);
-        remaining -= take(state, log, buf, share.min(remaining));
-        more |= state.cursor < log.len();
-    }
-    if more {
-        // Some partitions had fewer than their share: the rest of the batch
-        // goes to those that have more, in the same order.
-        for turn in 0..count {
-            if remaining == 0 {
-                break;
-            }
-            let partition = member.owned[(first + turn) % count] as usize;
-            remaining -= take(&mut partitions[partition], &logs[partition], buf, remaining);
-        }
-    }
-    max - remaining
-}
-
-/// Appends up to `limit` messages of one partition from its cursor.
-fn take(
-    state: &mut GroupPartition,
-    log: &[Message],
-    buf: &mut Vec<Message>,
-    limit: usize,
-) -> usize {
-    let start = state.cursor.min(log.len());
-    let end = log.len().min(start.saturating_add(limit));
-    if start == end {
-        return 0;
-    }
-    let first_delivery = state.delivered_until.clamp(start, end);
-    for (offset, message) in (start..first_delivery).zip(&log[start..first_delivery]) {
-        let deliveries = state.redeliveries.entry(offset).or_insert(1);
-        *deliveries = deliveries.saturating_add(1);
-        let mut message = message.clone();
-        message.metadata_mut().set_attempt(*deliveries);
-        buf.push(message);
-    }
-    // The hot path: first deliveries are plain clones, reference-count bumps.
-    buf.extend_from_slice(&log[first_delivery..end]);
-    state.cursor = end;
-    state.delivered_until = state.delivered_until.max(end);
-    end - start
 }

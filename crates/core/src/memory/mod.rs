@@ -70,6 +70,7 @@ mod consumer;
 mod dead_letter;
 mod error;
 mod faults;
+mod fetch;
 mod group;
 mod partitioner;
 mod record;

@@ -22,6 +22,8 @@ use crate::source::{Source, SourceError, SourceEvent};
 /// - Dropping a source without [`close`](Source::close) is a crash: the
 ///   member leaves at once and whatever it did not commit goes to the next
 ///   owner of its partitions, with [`attempt`](crate::Metadata::attempt) > 1.
+/// - With `max == 0` (which the trait does not ask for) it returns only
+///   assignment changes, never deliveries: the safe reading of a zero budget.
 /// - While partitions are on their way to this member, `next` waits for
 ///   their old owner to release them, bounded by the broker's rebalance
 ///   timeout, which needs a Tokio runtime with time enabled.
@@ -95,7 +97,6 @@ impl Source for MemorySource {
         if self.faults.take_fetch_failure() {
             return Err(SourceError::Transient(Box::new(InjectedFault::Fetch)));
         }
-        let max = max.max(1);
         loop {
             // Everything this call takes happens inside this block, which
             // returns without awaiting: a future dropped at the await below

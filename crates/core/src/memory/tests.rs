@@ -256,6 +256,18 @@ async fn a_fetch_returns_at_most_max_messages() {
 }
 
 #[tokio::test]
+async fn a_zero_budget_returns_assignment_changes_but_no_messages() {
+    let broker = broker_with_topic(1);
+    produce_to(&broker, 0, 3);
+    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    let mut buf = Vec::new();
+    let event = ready_event(&mut source, &mut buf, 0).expect("the assignment is ready");
+    assert_eq!(partitions_of(&event), [0]);
+    assert!(ready_event(&mut source, &mut buf, 0).is_none());
+    assert!(buf.is_empty());
+}
+
+#[tokio::test]
 async fn next_waits_until_a_message_is_produced() {
     let broker = broker_with_topic(1);
     let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
