@@ -42,6 +42,15 @@ async fn next_event(source: &mut MemorySource, buf: &mut Vec<Message>, max: usiz
         .expect("no source error")
 }
 
+/// Waits for the next event, which must be a batch of deliveries.
+async fn delivered(source: &mut MemorySource, buf: &mut Vec<Message>, max: usize) {
+    let event = next_event(source, buf, max).await;
+    assert!(
+        matches!(event, SourceEvent::Delivered),
+        "expected deliveries, got {event:?}"
+    );
+}
+
 /// The next event if one is ready without waiting.
 fn ready_event(
     source: &mut MemorySource,
@@ -72,6 +81,13 @@ async fn assigned(source: &mut MemorySource) -> Vec<u32> {
         "expected Assigned, got {event:?}"
     );
     partitions_of(&event)
+}
+
+/// A new member of `GROUP` that has received its assignment.
+async fn joined(broker: &MemoryBroker) -> (MemorySource, MemoryAcker) {
+    let (mut source, acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    assigned(&mut source).await;
+    (source, acker)
 }
 
 fn commit_batch(partition: u32, last_done: i64) -> AckBatch {
@@ -210,10 +226,7 @@ async fn a_new_member_learns_its_partitions_before_it_receives_messages() {
     let first = next_event(&mut source, &mut buf, 10).await;
     assert_eq!(partitions_of(&first), [0, 1]);
     assert!(buf.is_empty());
-    assert!(matches!(
-        next_event(&mut source, &mut buf, 10).await,
-        SourceEvent::Delivered
-    ));
+    delivered(&mut source, &mut buf, 10).await;
     assert_eq!(offsets(&buf), [(0, 0)]);
 }
 
@@ -228,10 +241,9 @@ async fn messages_arrive_as_produced_with_their_origin() {
         )
         .expect("send");
     broker.send(TOPIC, Record::new("second")).expect("send");
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
-    next_event(&mut source, &mut buf, 10).await;
+    delivered(&mut source, &mut buf, 10).await;
     assert_eq!(offsets(&buf), [(0, 0), (0, 1)]);
     let first = &buf[0];
     assert_eq!(first.payload(), "first");
@@ -246,12 +258,11 @@ async fn messages_arrive_as_produced_with_their_origin() {
 async fn a_fetch_returns_at_most_max_messages() {
     let broker = broker_with_topic(1);
     produce_to(&broker, 0, 10);
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
-    next_event(&mut source, &mut buf, 4).await;
+    delivered(&mut source, &mut buf, 4).await;
     assert_eq!(buf.len(), 4);
-    next_event(&mut source, &mut buf, 100).await;
+    delivered(&mut source, &mut buf, 100).await;
     assert_eq!(buf.len(), 10, "the second fetch appends the remaining six");
 }
 
@@ -270,8 +281,7 @@ async fn a_zero_budget_returns_assignment_changes_but_no_messages() {
 #[tokio::test]
 async fn next_waits_until_a_message_is_produced() {
     let broker = broker_with_topic(1);
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
     assert!(
         ready_event(&mut source, &mut buf, 10).is_none(),
@@ -282,10 +292,7 @@ async fn next_waits_until_a_message_is_produced() {
         tokio::task::yield_now().await;
         producer.send(TOPIC, Record::new("late")).expect("send");
     });
-    assert!(matches!(
-        next_event(&mut source, &mut buf, 10).await,
-        SourceEvent::Delivered
-    ));
+    delivered(&mut source, &mut buf, 10).await;
     assert_eq!(buf[0].payload(), "late");
     send.await.expect("producer task");
 }
@@ -293,8 +300,7 @@ async fn next_waits_until_a_message_is_produced() {
 #[tokio::test]
 async fn a_dropped_next_loses_nothing() {
     let broker = broker_with_topic(1);
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
     {
         // Pending on an empty partition, then cancelled.
@@ -305,10 +311,7 @@ async fn a_dropped_next_loses_nothing() {
             .expect("send");
     }
     assert!(buf.is_empty());
-    assert!(matches!(
-        next_event(&mut source, &mut buf, 10).await,
-        SourceEvent::Delivered
-    ));
+    delivered(&mut source, &mut buf, 10).await;
     assert_eq!(offsets(&buf), [(0, 0)]);
 }
 
@@ -318,10 +321,9 @@ async fn a_fetch_shares_the_batch_evenly_across_partitions() {
     for partition in 0..4 {
         produce_to(&broker, partition, 100);
     }
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
-    next_event(&mut source, &mut buf, 8).await;
+    delivered(&mut source, &mut buf, 8).await;
     let mut per_partition = [0; 4];
     for (partition, _) in offsets(&buf) {
         per_partition[partition as usize] += 1;
@@ -333,8 +335,7 @@ async fn a_fetch_shares_the_batch_evenly_across_partitions() {
 async fn a_backlogged_partition_does_not_starve_the_others() {
     let broker = broker_with_topic(3);
     produce_to(&broker, 0, 10_000);
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
     // While partition 0 has a huge backlog, each message arriving on the
     // other partitions is in the very next batch.
@@ -344,7 +345,7 @@ async fn a_backlogged_partition_does_not_starve_the_others() {
             .send(TOPIC, Record::new("quiet").to_partition(quiet))
             .expect("send");
         buf.clear();
-        next_event(&mut source, &mut buf, 2).await;
+        delivered(&mut source, &mut buf, 2).await;
         assert!(
             offsets(&buf)
                 .iter()
@@ -361,11 +362,10 @@ async fn with_a_single_message_per_call_partitions_take_turns() {
     for partition in 0..3 {
         produce_to(&broker, partition, 3);
     }
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
     for _ in 0..9 {
-        next_event(&mut source, &mut buf, 1).await;
+        delivered(&mut source, &mut buf, 1).await;
     }
     let order: Vec<u32> = offsets(&buf)
         .iter()
@@ -386,7 +386,7 @@ async fn latest_offset_reset_skips_what_was_there_before_assignment() {
     assigned(&mut source).await;
     broker.send(TOPIC, Record::new("new")).expect("send");
     let mut buf = Vec::new();
-    next_event(&mut source, &mut buf, 10).await;
+    delivered(&mut source, &mut buf, 10).await;
     assert_eq!(offsets(&buf), [(0, 5)]);
 }
 
@@ -477,7 +477,7 @@ async fn revoked_partition_is_not_fetched_by_the_new_owner_before_release() {
     let (mut old, mut old_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
     assigned(&mut old).await;
     let mut old_buf = Vec::new();
-    next_event(&mut old, &mut old_buf, 100).await;
+    delivered(&mut old, &mut old_buf, 100).await;
     assert_eq!(old_buf.len(), 10);
 
     let (mut new, _new_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
@@ -510,7 +510,7 @@ async fn revoked_partition_is_not_fetched_by_the_new_owner_before_release() {
     revocation.complete(RevocationOutcome::default());
 
     assert_eq!(assigned(&mut new).await, [1]);
-    next_event(&mut new, &mut new_buf, 100).await;
+    delivered(&mut new, &mut new_buf, 100).await;
     assert_eq!(
         offsets(&new_buf),
         [(1, 3), (1, 4)],
@@ -527,8 +527,7 @@ async fn revoked_partition_is_not_fetched_by_the_new_owner_before_release() {
 async fn a_waiting_new_owner_is_woken_by_the_release() {
     let broker = broker_with_topic(2);
     produce_to(&broker, 1, 1);
-    let (mut old, _old_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut old).await;
+    let (mut old, _old_acker) = joined(&broker).await;
     let (mut new, _new_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
     let SourceEvent::Revoked(revocation) = next_event(&mut old, &mut Vec::new(), 1).await else {
         panic!("revocation expected");
@@ -595,8 +594,7 @@ async fn a_member_leaving_hands_its_partitions_to_the_others() {
 #[tokio::test]
 async fn a_revocation_comes_before_a_later_assignment() {
     let broker = broker_with_topic(2);
-    let (mut first, _a) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut first).await;
+    let (mut first, _a) = joined(&broker).await;
     let (second, _b) = broker.consumer(TOPIC, GROUP).expect("consumer");
     // Partition 1 is being revoked from `first` when `second` leaves, so it
     // comes back to `first`: first the revocation, then the new assignment.
@@ -633,7 +631,7 @@ async fn groups_consume_independently() {
         .await
         .expect("commit");
     let mut buf = Vec::new();
-    next_event(&mut audit, &mut buf, 10).await;
+    delivered(&mut audit, &mut buf, 10).await;
     assert_eq!(buf.len(), 3);
     assert_eq!(broker.lag(TOPIC, GROUP).expect("lag"), 0);
     assert_eq!(broker.lag(TOPIC, "audit").expect("lag"), 3);
@@ -648,7 +646,7 @@ async fn crashed_consumers_uncommitted_messages_reach_the_next_consumer() {
     let (mut crashed, mut acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
     assigned(&mut crashed).await;
     let mut buf = Vec::new();
-    next_event(&mut crashed, &mut buf, 100).await;
+    delivered(&mut crashed, &mut buf, 100).await;
     acker.ack(&commit_batch(0, 4)).await.expect("commit");
     drop(crashed);
     drop(acker);
@@ -660,10 +658,9 @@ async fn crashed_consumers_uncommitted_messages_reach_the_next_consumer() {
             .is_empty()
     );
 
-    let (mut next, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut next).await;
+    let (mut next, _acker) = joined(&broker).await;
     buf.clear();
-    next_event(&mut next, &mut buf, 100).await;
+    delivered(&mut next, &mut buf, 100).await;
     assert_eq!(
         offsets(&buf),
         (5..10).map(|offset| (0, offset)).collect::<Vec<_>>()
@@ -676,17 +673,15 @@ async fn every_redelivery_counts_as_another_attempt() {
     let broker = broker_with_topic(1);
     produce_to(&broker, 0, 2);
     for attempt in 1..=3 {
-        let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-        assigned(&mut source).await;
+        let (mut source, _acker) = joined(&broker).await;
         let mut buf = Vec::new();
-        next_event(&mut source, &mut buf, 1).await;
+        delivered(&mut source, &mut buf, 1).await;
         assert_eq!(buf[0].metadata().attempt(), attempt);
     }
     // Offset 1 was never delivered: its first delivery is attempt 1.
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
-    next_event(&mut source, &mut buf, 10).await;
+    delivered(&mut source, &mut buf, 10).await;
     let attempts: Vec<u32> = buf
         .iter()
         .map(|message| message.metadata().attempt())
@@ -698,9 +693,8 @@ async fn every_redelivery_counts_as_another_attempt() {
 async fn an_old_owner_crashing_during_the_handoff_releases_at_once() {
     let broker = broker_with_topic(2);
     produce_to(&broker, 1, 3);
-    let (mut old, _old_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut old).await;
-    next_event(&mut old, &mut Vec::new(), 100).await;
+    let (mut old, _old_acker) = joined(&broker).await;
+    delivered(&mut old, &mut Vec::new(), 100).await;
     let (mut new, _new_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
     assert!(ready_event(&mut new, &mut Vec::new(), 10).is_none());
     drop(old);
@@ -714,8 +708,7 @@ async fn an_old_owner_crashing_during_the_handoff_releases_at_once() {
 async fn injected_fetch_failures_are_transient_errors() {
     let broker = broker_with_topic(1);
     produce_to(&broker, 0, 1);
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     broker
         .faults(TOPIC, GROUP)
         .expect("faults")
@@ -730,10 +723,7 @@ async fn injected_fetch_failures_are_transient_errors() {
         assert!(error.is_transient());
     }
     assert!(buf.is_empty(), "a failed fetch takes nothing");
-    assert!(matches!(
-        next_event(&mut source, &mut buf, 10).await,
-        SourceEvent::Delivered
-    ));
+    delivered(&mut source, &mut buf, 10).await;
     assert_eq!(offsets(&buf), [(0, 0)]);
 }
 
@@ -786,10 +776,9 @@ async fn a_dead_letter_keeps_its_origin_error_and_attempts() {
     broker
         .send(TOPIC, Record::new("poison").with_key("k").to_partition(1))
         .expect("send");
-    let (mut source, _acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
-    assigned(&mut source).await;
+    let (mut source, _acker) = joined(&broker).await;
     let mut buf = Vec::new();
-    next_event(&mut source, &mut buf, 10).await;
+    delivered(&mut source, &mut buf, 10).await;
     let sink = broker.dead_letter_sink(TOPIC, GROUP).expect("sink");
     assert_eq!(sink.topic(), "orders.billing.dlq");
     sink.write(&DeadLetter::new(buf[0].clone(), "bad json", 3))
