@@ -30,6 +30,11 @@
 //! Delivering a message is a clone of the stored one (reference-count bumps,
 //! no allocation) under one lock per batch.
 //!
+//! Messages are kept for the broker's lifetime (there is no retention), and
+//! producing is synchronous. Sources wait on Tokio primitives; the wait for a
+//! partition's release is bounded by a Tokio timer, so consume inside a Tokio
+//! runtime with time enabled.
+//!
 //! # Example
 //!
 //! ```
