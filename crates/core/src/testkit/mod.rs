@@ -13,6 +13,7 @@
 //! ```
 
 pub mod harness;
+pub mod memory_backend;
 pub mod scenarios;
 
 use std::time::Duration;
@@ -24,8 +25,6 @@ use crate::dead_letter::DeadLetterSink;
 use crate::error::BoxError;
 use crate::message::Headers;
 use crate::source::Source;
-
-pub mod memory_backend;
 
 /// A message to produce in a scenario.
 #[derive(Clone, Debug)]
