@@ -84,6 +84,8 @@ mod source;
 mod topic;
 
 #[cfg(test)]
+mod runtime_tests;
+#[cfg(test)]
 mod tests;
 
 pub use acker::MemoryAcker;
