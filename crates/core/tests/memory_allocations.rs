@@ -2,63 +2,13 @@
 //! deliveries is clones of stored messages (reference-count bumps) into a
 //! buffer that already has room.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "support/counting_allocator.rs"]
+mod counting_allocator;
 
+use counting_allocator::allocations_during;
 use futures_util::FutureExt;
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{Headers, Message, Source, SourceEvent};
-
-/// Counts allocations made by the thread that turned counting on, so the
-/// test harness's own threads do not disturb the count.
-struct CountingAllocator;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    // `try_with`: the allocator also runs while thread locals are torn down.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-/// Allocations made by `work` on this thread.
-fn allocations_during<R>(work: impl FnOnce() -> R) -> (usize, R) {
-    ALLOCATIONS.with(|count| count.set(0));
-    COUNTING.with(|counting| counting.set(true));
-    let result = work();
-    COUNTING.with(|counting| counting.set(false));
-    (ALLOCATIONS.with(Cell::get), result)
-}
 
 /// One `next` call, which must complete without waiting: the partitions are
 /// prefilled.
@@ -100,7 +50,7 @@ fn fetching_a_prefilled_batch_allocates_nothing() {
         SourceEvent::Assigned(_)
     ));
 
-    let (allocations, delivered) = allocations_during(|| {
+    let (delivered, allocations) = allocations_during(|| {
         let mut delivered = 0;
         for _ in 0..BATCHES {
             buf.clear();
