@@ -20,8 +20,14 @@ use crate::source::context::KafkaContext;
 /// A partition this consumer owns.
 #[derive(Debug, Default)]
 struct Owned {
-    /// The offset (the next to consume) a synchronous commit confirmed.
+    /// The newest offset (the next to consume) sent in a commit.
+    requested: Option<i64>,
+    /// The newest offset the broker confirmed.
     confirmed: Option<i64>,
+    /// The commit of `requested` failed and no newer one was sent: send it
+    /// again, or the group's offset stays behind when no later watermark
+    /// comes to supersede it.
+    retry: bool,
 }
 
 /// The partitions this consumer owns and what was committed for them.
@@ -97,15 +103,79 @@ impl Ownership {
                 failed: None,
             });
         }
+        for (key, next) in &committed {
+            if let Some(state) = owned.get_mut(key) {
+                state.requested = Some(*next);
+                state.retry = false;
+            }
+        }
         let failed = consumer.commit(&offsets, mode).err();
-        if failed.is_none() && matches!(mode, CommitMode::Sync) {
-            for (key, next) in committed {
-                if let Some(state) = owned.get_mut(&key) {
+        let sync = matches!(mode, CommitMode::Sync);
+        for (key, next) in committed {
+            if let Some(state) = owned.get_mut(&key) {
+                if failed.is_none() && sync {
                     state.confirmed = Some(next);
+                } else if failed.is_some() {
+                    state.retry = true;
                 }
             }
         }
         Ok(CommitOutcome { not_owned, failed })
+    }
+
+    /// Records the broker's answer to an asynchronous commit (from the
+    /// commit callback): a failed offset that is still the newest requested
+    /// one is marked for another try.
+    pub(crate) fn record_commit_result(&self, succeeded: bool, offsets: &TopicPartitionList) {
+        let mut owned = self.lock();
+        for element in offsets.elements() {
+            let (Offset::Offset(offset), Ok(partition)) =
+                (element.offset(), u32::try_from(element.partition()))
+            else {
+                continue;
+            };
+            let key = PartitionKey::new(element.topic(), partition);
+            let Some(state) = owned.get_mut(&key) else {
+                continue;
+            };
+            if state.requested != Some(offset) {
+                continue;
+            }
+            if succeeded && element.error().is_ok() {
+                state.confirmed = Some(offset);
+                state.retry = false;
+            } else {
+                state.retry = true;
+            }
+        }
+    }
+
+    /// Sends again, asynchronously, every commit that failed and was not
+    /// superseded. Returns how many partitions it covered.
+    pub(crate) fn retry_failed(&self, consumer: &BaseConsumer<KafkaContext>) -> usize {
+        let mut owned = self.lock();
+        let mut offsets = TopicPartitionList::new();
+        let mut count = 0;
+        for (key, state) in owned.iter_mut() {
+            let Some(next) = state.requested.filter(|_| state.retry) else {
+                continue;
+            };
+            state.retry = false;
+            if add_offset(&mut offsets, key, next).is_ok() {
+                count += 1;
+            }
+        }
+        if count > 0
+            && let Err(error) = consumer.commit(&offsets, CommitMode::Async)
+        {
+            tracing::warn!(%error, "retrying failed kafka commits failed");
+            for state in owned.values_mut() {
+                if state.requested.is_some() && state.confirmed != state.requested {
+                    state.retry = true;
+                }
+            }
+        }
+        count
     }
 
     /// The final commit of a revocation: commits, synchronously, each
@@ -128,7 +198,7 @@ impl Ownership {
             let Ok(next) = next_offset(key, *watermark) else {
                 continue;
             };
-            if state.confirmed.is_some_and(|confirmed| confirmed >= next) {
+            if state.confirmed.is_some_and(|confirmed| confirmed >= next) && !state.retry {
                 continue;
             }
             if add_offset(&mut offsets, key, next).is_ok() {

@@ -245,6 +245,7 @@ impl KafkaSourceBuilder {
             topics: TopicNames::default(),
             paused: false,
             reported_missing: Vec::new(),
+            last_commit_retry: Instant::now(),
         };
         std::thread::Builder::new()
             .name("intake-kafka-poll".into())

@@ -210,10 +210,13 @@ impl ConsumerContext for KafkaContext {
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(error) = result {
-            // A later commit supersedes this one; at worst the messages since
-            // the last successful commit are delivered again.
-            tracing::warn!(%error, partitions = offsets.count(), "kafka offset commit failed");
+        if let Err(error) = &result {
+            // The polling thread sends it again unless a newer commit
+            // supersedes it.
+            tracing::warn!(%error, partitions = offsets.count(), "kafka offset commit failed; will retry");
         }
+        self.shared
+            .ownership
+            .record_commit_result(result.is_ok(), offsets);
     }
 }

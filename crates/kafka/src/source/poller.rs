@@ -26,6 +26,9 @@ const MAX_BATCH: usize = 512;
 /// thread notices a stop request or a drained handoff.
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// How often failed asynchronous commits are sent again.
+const COMMIT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Bound on each broker query the watchdog makes.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -40,6 +43,7 @@ pub(crate) struct Poller {
     /// Unknown-topic errors already reported, so a deleted topic is
     /// reported once, not on every poll.
     pub(crate) reported_missing: Vec<String>,
+    pub(crate) last_commit_retry: Instant,
 }
 
 impl Poller {
@@ -47,7 +51,15 @@ impl Poller {
         while !self.shared.stop.load(Ordering::Acquire) {
             self.apply_backpressure();
             self.poll_batch();
-            if let Some(idle) = self.watchdog.due(Instant::now())
+            let now = Instant::now();
+            if now.duration_since(self.last_commit_retry) >= COMMIT_RETRY_INTERVAL {
+                self.last_commit_retry = now;
+                let retried = self.shared.ownership.retry_failed(&self.consumer);
+                if retried > 0 {
+                    tracing::debug!(partitions = retried, "retried failed kafka commits");
+                }
+            }
+            if let Some(idle) = self.watchdog.due(now)
                 && idle
             {
                 self.check_for_stall();
