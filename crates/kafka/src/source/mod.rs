@@ -120,3 +120,66 @@ impl Drop for KafkaSource {
         self.request_stop();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rdkafka::consumer::Consumer;
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+    use super::*;
+
+    /// A fetcher stopped behind the poller's back (as a lost wakeup or a
+    /// stale pause would) is found by the watchdog and restarted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_watchdog_restarts_a_fetcher_that_stopped_while_the_broker_has_data() {
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .create()
+            .expect("mock cluster");
+        let mock = producer.client().mock_cluster().expect("mock cluster");
+        mock.create_topic("stall", 1, 1).expect("topic");
+        let produce = |payload: &'static str| {
+            producer.send(
+                FutureRecord::<[u8], [u8]>::to("stall").payload(payload.as_bytes()),
+                Duration::from_secs(10),
+            )
+        };
+        produce("first").await.expect("produce");
+
+        let settings = KafkaSettings::new(mock.bootstrap_servers())
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        let mut source = KafkaSource::builder(settings)
+            .group("stall-group")
+            .topic("stall")
+            .revoke_timeout(Duration::from_secs(20))
+            .watchdog_interval(Duration::from_millis(500))
+            .build()
+            .await
+            .expect("source");
+        let mut received = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while received.is_empty() && tokio::time::Instant::now() < deadline {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+        }
+        assert_eq!(received.len(), 1);
+
+        // Stop the fetcher without the poller knowing.
+        let assignment = source.consumer.assignment().expect("assignment");
+        source.consumer.pause(&assignment).expect("pause");
+        produce("second").await.expect("produce");
+
+        received.clear();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while received.is_empty() && tokio::time::Instant::now() < deadline {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+        }
+        assert_eq!(received.len(), 1, "the stalled partition was restarted");
+        assert_eq!(received[0].payload().as_ref(), b"second");
+        source.close().await.expect("close");
+    }
+}
