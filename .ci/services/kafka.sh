@@ -62,11 +62,16 @@ start() {
     install_tansu
     mkdir -p "$STATE_DIR" "$DATA_DIR"
     log "starting tansu on $HOST:$PORT, storage $DATA_DIR/tansu.db"
-    nohup "$TANSU" broker \
-        --listener-url "tcp://$HOST:$PORT" \
-        --advertised-listener-url "tcp://$HOST:$PORT" \
-        --storage-engine "sqlite://$DATA_DIR/tansu.db" \
-        >>"$LOG_FILE" 2>&1 </dev/null &
+    # tansu reads the sqlite URL's path as relative to its working directory,
+    # so it runs inside the data directory.
+    (
+        cd "$DATA_DIR"
+        exec nohup "$TANSU" broker \
+            --listener-url "tcp://$HOST:$PORT" \
+            --advertised-listener-url "tcp://$HOST:$PORT" \
+            --storage-engine "sqlite://tansu.db" \
+            >>"$LOG_FILE" 2>&1 </dev/null
+    ) &
     echo $! >"$PID_FILE"
     wait_for_port
     log "tansu is up (pid $(cat "$PID_FILE"))"
