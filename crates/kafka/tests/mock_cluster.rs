@@ -163,16 +163,30 @@ async fn two_consumers_share_partitions_without_loss_or_duplicates(strategy: &st
     // A second consumer joins: the first must be polled to hand over.
     let second = settings(&kafka).build().await.expect("second source");
     let mut second = Driver::new(second, true);
-    let first_task = tokio::spawn(async move {
-        first.run_for(Duration::from_secs(12)).await;
-        first
-    });
-    second.run_for(Duration::from_secs(8)).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first_task = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            first.run_until_stopped(&stop).await;
+            first
+        })
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while second.assigned.is_empty() && tokio::time::Instant::now() < deadline {
+        second.run_for(Duration::from_millis(500)).await;
+    }
     kafka
         .produce(&topic, numbered(100))
         .await
         .expect("produce more");
-    second.run_for(Duration::from_secs(4)).await;
+    // Both keep consuming until the group has committed everything.
+    while tokio::time::Instant::now() < deadline {
+        second.run_for(Duration::from_secs(1)).await;
+        if kafka.unacknowledged(&topic, &group).await.expect("lag") == 0 {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
     let first = first_task.await.expect("first driver");
     let assigned = first.assigned.len() + second.assigned.len();
     let first = first.finish().await;

@@ -9,7 +9,8 @@
 //! [`KafkaSource::next`]: super::KafkaSource
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use intake_core::{Message, PartitionKey, SourceError, SourceEvent};
 use tokio::sync::Notify;
@@ -35,6 +36,9 @@ struct Queue {
 pub(crate) struct Handoff {
     queue: Mutex<Queue>,
     ready: Notify,
+    /// Signalled when the source takes messages: the polling thread may be
+    /// waiting for room.
+    room: Condvar,
     capacity: usize,
 }
 
@@ -55,6 +59,7 @@ impl Handoff {
         Self {
             queue: Mutex::new(Queue::default()),
             ready: Notify::new(),
+            room: Condvar::new(),
             capacity,
         }
     }
@@ -80,6 +85,29 @@ impl Handoff {
     /// consumer pause and resume (and refetch) for every batch.
     pub(crate) fn has_room(&self, queued: usize) -> bool {
         queued <= self.capacity / 4
+    }
+
+    /// Waits up to `timeout` for the queue to drop below capacity. Returns
+    /// whether it did. Lets a briefly full queue drain without pausing, since
+    /// a pause discards librdkafka's prefetched messages and they must be
+    /// fetched again.
+    pub(crate) fn wait_for_room(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut queue = self.lock();
+        loop {
+            if queue.messages.len() < self.capacity {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            queue = self
+                .room
+                .wait_timeout(queue, deadline - now)
+                .unwrap_or_else(|poison| poison.into_inner())
+                .0;
+        }
     }
 
     /// Appends `messages` (emptying it) and wakes the source.
@@ -123,6 +151,7 @@ impl Handoff {
         queue.messages.clear();
         let events = std::mem::take(&mut queue.events);
         drop(queue);
+        self.room.notify_all();
         drop(events);
     }
 
@@ -138,6 +167,8 @@ impl Handoff {
         if !queue.messages.is_empty() {
             let count = max.max(1).min(queue.messages.len());
             deliveries.extend(queue.messages.drain(..count));
+            drop(queue);
+            self.room.notify_one();
             return Taken::Delivered;
         }
         if queue.finished {

@@ -26,6 +26,11 @@ const MAX_BATCH: usize = 512;
 /// thread notices a stop request or a drained handoff.
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// How long a full handoff may wait for the runtime before fetching is
+/// paused. Short against `max.poll.interval.ms`; long enough that ordinary
+/// bursts never pause (a pause drops librdkafka's prefetched messages).
+const PAUSE_AFTER: Duration = Duration::from_millis(500);
+
 /// How often failed asynchronous commits are sent again.
 const COMMIT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -80,7 +85,9 @@ impl Poller {
                 // Partitions assigned while paused start fetching; hold them too.
                 self.set_paused(true);
             }
-        } else if self.shared.handoff.is_full(queued) {
+        } else if self.shared.handoff.is_full(queued)
+            && !self.shared.handoff.wait_for_room(PAUSE_AFTER)
+        {
             self.set_paused(true);
         }
     }

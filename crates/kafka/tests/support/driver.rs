@@ -67,6 +67,13 @@ impl Driver {
         .await;
     }
 
+    /// Runs until `stop` is set.
+    pub async fn run_until_stopped(&mut self, stop: &std::sync::atomic::AtomicBool) {
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            self.run_for(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Takes one event from the source and handles it.
     pub async fn step(&mut self, max: usize) -> Result<(), intake_core::SourceError> {
         self.buffer.clear();
