@@ -6,3 +6,7 @@
 #![warn(missing_docs)]
 
 pub use intake_core::*;
+
+/// The Kafka backend: source, acker and dead-letter sink on rdkafka.
+#[cfg(feature = "kafka")]
+pub use intake_kafka as kafka;
