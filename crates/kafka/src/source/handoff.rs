@@ -155,7 +155,8 @@ impl Handoff {
         drop(events);
     }
 
-    /// Takes the next event, or up to `max` messages into `deliveries`.
+    /// Takes the next event, or up to `max` messages into `deliveries`. With
+    /// `max == 0` (the runtime's budget is full) only events are taken.
     pub(crate) fn take(&self, deliveries: &mut Vec<Message>, max: usize) -> Taken {
         let mut queue = self.lock();
         if let Some(control) = queue.events.pop_front() {
@@ -164,8 +165,8 @@ impl Handoff {
                 Control::Error(error) => Taken::Error(error),
             };
         }
-        if !queue.messages.is_empty() {
-            let count = max.max(1).min(queue.messages.len());
+        if max > 0 && !queue.messages.is_empty() {
+            let count = max.min(queue.messages.len());
             deliveries.extend(queue.messages.drain(..count));
             drop(queue);
             self.room.notify_one();
