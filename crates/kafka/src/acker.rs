@@ -2,21 +2,26 @@
 
 use std::sync::Arc;
 
-use intake_core::{AckBatch, AckError, AckMode, Acker};
-use rdkafka::consumer::{BaseConsumer, CommitMode};
+use intake_core::{AckBatch, AckError, AckMode, Acker, PartitionKey};
+use rdkafka::consumer::BaseConsumer;
 
-use crate::ownership::CommitOutcome;
+use crate::ownership::next_offset;
 use crate::source::context::{KafkaContext, Shared};
 
 /// Commits offsets for a [`KafkaSource`](crate::KafkaSource): each
 /// partition's watermark `w` as committed offset `w + 1`, one commit per
 /// batch across partitions.
 ///
-/// Batches during the run are committed asynchronously (librdkafka sends
-/// them in order; a failure is logged and superseded by the next commit).
-/// [`sync`](AckBatch::sync) batches (before a revocation completes, at
-/// shutdown) wait for the broker. A partition this consumer no longer owns
-/// is never committed: its work is refused with [`AckError::NotAssigned`].
+/// Every batch waits for the broker's answer (a synchronous commit, on a
+/// blocking thread). A refused commit comes back to the runtime as an error,
+/// and the runtime sends the partitions' newest watermarks again with its
+/// next batch; a revocation or a shutdown that waits for its batch knows the
+/// offsets are on the broker. Waiting costs no throughput: the runtime sends
+/// one batch at a time and collects the next meanwhile, so batches grow with
+/// the broker's round trip.
+///
+/// A partition this consumer no longer owns is never committed: its work is
+/// refused with [`AckError::NotAssigned`].
 ///
 /// Kafka cannot take a single message back, so
 /// [`supports_requeue`](Acker::supports_requeue) is `false`: the runtime
@@ -51,37 +56,25 @@ impl Acker for KafkaAcker {
     }
 
     async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
-        if !self.shared.commits || batch.partitions.iter().all(|ack| ack.watermark.is_none()) {
+        if !self.shared.commits {
             return Ok(());
         }
-        let outcome = if batch.sync {
-            // A synchronous commit waits for the broker: off the async
-            // workers.
-            let consumer = self.consumer.clone();
-            let shared = self.shared.clone();
-            let batch = batch.clone();
-            tokio::task::spawn_blocking(move || {
-                shared
-                    .ownership
-                    .commit_batch(&consumer, &batch, CommitMode::Sync)
-            })
+        let mut offsets: Vec<(PartitionKey, i64)> = Vec::with_capacity(batch.partitions.len());
+        for ack in &batch.partitions {
+            if let Some(watermark) = ack.watermark {
+                offsets.push((
+                    ack.partition.clone(),
+                    next_offset(&ack.partition, watermark)?,
+                ));
+            }
+        }
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let consumer = self.consumer.clone();
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || shared.ownership.commit(&consumer, &offsets))
             .await
-            .map_err(|error| AckError::Broker(Box::new(error)))??
-        } else {
-            self.shared
-                .ownership
-                .commit_batch(&self.consumer, batch, CommitMode::Async)?
-        };
-        report(outcome)
-    }
-}
-
-fn report(outcome: CommitOutcome) -> Result<(), AckError> {
-    if let Some(error) = outcome.failed {
-        return Err(AckError::Broker(Box::new(error)));
-    }
-    match outcome.not_owned.into_iter().next() {
-        Some(partition) => Err(AckError::NotAssigned(partition)),
-        None => Ok(()),
+            .map_err(|error| AckError::Broker(Box::new(error)))?
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use intake_core::{AckBatch, AckError, PartitionKey, Position};
+use intake_core::{AckError, PartitionKey, Position};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
@@ -17,32 +17,34 @@ use rdkafka::topic_partition_list::Offset;
 
 use crate::source::context::KafkaContext;
 
-/// A partition this consumer owns.
+/// What this consumer asked to commit for a partition it owns, and what the
+/// broker confirmed.
 #[derive(Debug, Default)]
 struct Owned {
-    /// The newest offset (the next to consume) sent in a commit.
+    /// The newest offset (the next one to consume) a commit was attempted
+    /// for. Only finished work is ever attempted, so committing it later is
+    /// always safe while the partition is owned.
     requested: Option<i64>,
     /// The newest offset the broker confirmed.
     confirmed: Option<i64>,
-    /// The commit of `requested` failed and no newer one was sent: send it
-    /// again, or the group's offset stays behind when no later watermark
-    /// comes to supersede it.
-    retry: bool,
+}
+
+impl Owned {
+    /// The offset to commit before giving the partition up, if the broker
+    /// has not confirmed it (or a newer one) yet.
+    fn unconfirmed(&self, also: Option<i64>) -> Option<i64> {
+        let target = self.requested.max(also)?;
+        match self.confirmed {
+            Some(confirmed) if confirmed >= target => None,
+            _ => Some(target),
+        }
+    }
 }
 
 /// The partitions this consumer owns and what was committed for them.
 #[derive(Debug, Default)]
 pub(crate) struct Ownership {
     partitions: Mutex<HashMap<PartitionKey, Owned>>,
-}
-
-/// What a commit was asked to do and could not.
-#[derive(Debug)]
-pub(crate) struct CommitOutcome {
-    /// Partitions of the batch this consumer no longer owns.
-    pub not_owned: Vec<PartitionKey>,
-    /// The broker's error, if the commit failed.
-    pub failed: Option<KafkaError>,
 }
 
 impl Ownership {
@@ -52,7 +54,7 @@ impl Ownership {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Takes ownership of `partitions` (an assignment).
+    /// Takes ownership of `partitions` (an assignment), each afresh.
     pub(crate) fn acquire(&self, partitions: &[PartitionKey]) {
         let mut owned = self.lock();
         for key in partitions {
@@ -60,7 +62,8 @@ impl Ownership {
         }
     }
 
-    /// Gives `partitions` up: later commits for them are refused.
+    /// Gives `partitions` up without committing: later commits for them are
+    /// refused.
     pub(crate) fn release(&self, partitions: &[PartitionKey]) {
         let mut owned = self.lock();
         for key in partitions {
@@ -68,120 +71,61 @@ impl Ownership {
         }
     }
 
-    /// Gives every partition up (the consumer is closing).
+    /// Gives every partition up (the consumer has closed).
     pub(crate) fn release_all(&self) {
         self.lock().clear();
     }
 
-    /// Commits the watermarks of `batch` for the partitions this consumer
-    /// owns: each watermark `w` becomes committed offset `w + 1`.
-    pub(crate) fn commit_batch(
+    /// Commits, synchronously, each `(partition, next offset)` whose
+    /// partition this consumer owns. Blocks for a broker round trip: call it
+    /// off the async workers.
+    ///
+    /// # Errors
+    ///
+    /// [`AckError::Broker`] when the broker refused the commit,
+    /// [`AckError::NotAssigned`] when the commit of the owned partitions
+    /// succeeded but some partition of the batch is no longer owned.
+    pub(crate) fn commit(
         &self,
         consumer: &BaseConsumer<KafkaContext>,
-        batch: &AckBatch,
-        mode: CommitMode,
-    ) -> Result<CommitOutcome, AckError> {
+        offsets: &[(PartitionKey, i64)],
+    ) -> Result<(), AckError> {
         let mut owned = self.lock();
-        let mut offsets = TopicPartitionList::with_capacity(batch.partitions.len());
-        let mut not_owned = Vec::new();
-        let mut committed = Vec::new();
-        for ack in &batch.partitions {
-            let Some(watermark) = ack.watermark else {
-                continue;
-            };
-            if !owned.contains_key(&ack.partition) {
-                not_owned.push(ack.partition.clone());
-                continue;
-            }
-            let next = next_offset(&ack.partition, watermark)?;
-            add_offset(&mut offsets, &ack.partition, next)?;
-            committed.push((ack.partition.clone(), next));
-        }
-        if committed.is_empty() {
-            return Ok(CommitOutcome {
-                not_owned,
-                failed: None,
-            });
-        }
-        for (key, next) in &committed {
-            if let Some(state) = owned.get_mut(key) {
-                state.requested = Some(*next);
-                state.retry = false;
+        let mut list = TopicPartitionList::with_capacity(offsets.len());
+        let mut not_owned = None;
+        for (key, next) in offsets {
+            match owned.get_mut(key) {
+                Some(state) => {
+                    add_offset(&mut list, key, *next)?;
+                    state.requested = Some(*next);
+                }
+                None => not_owned = Some(key.clone()),
             }
         }
-        let failed = consumer.commit(&offsets, mode).err();
-        let sync = matches!(mode, CommitMode::Sync);
-        for (key, next) in committed {
-            if let Some(state) = owned.get_mut(&key) {
-                if failed.is_none() && sync {
-                    state.confirmed = Some(next);
-                } else if failed.is_some() {
-                    state.retry = true;
+        if list.count() > 0 {
+            consumer
+                .commit(&list, CommitMode::Sync)
+                .map_err(|error| AckError::Broker(Box::new(error)))?;
+            for (key, next) in offsets {
+                if let Some(state) = owned.get_mut(key) {
+                    state.confirmed = Some(*next);
                 }
             }
         }
-        Ok(CommitOutcome { not_owned, failed })
-    }
-
-    /// Records the broker's answer to an asynchronous commit (from the
-    /// commit callback): a failed offset that is still the newest requested
-    /// one is marked for another try.
-    pub(crate) fn record_commit_result(&self, succeeded: bool, offsets: &TopicPartitionList) {
-        let mut owned = self.lock();
-        for element in offsets.elements() {
-            let (Offset::Offset(offset), Ok(partition)) =
-                (element.offset(), u32::try_from(element.partition()))
-            else {
-                continue;
-            };
-            let key = PartitionKey::new(element.topic(), partition);
-            let Some(state) = owned.get_mut(&key) else {
-                continue;
-            };
-            if state.requested != Some(offset) {
-                continue;
-            }
-            if succeeded && element.error().is_ok() {
-                state.confirmed = Some(offset);
-                state.retry = false;
-            } else {
-                state.retry = true;
-            }
+        match not_owned {
+            Some(partition) => Err(AckError::NotAssigned(partition)),
+            None => Ok(()),
         }
     }
 
-    /// Sends again, asynchronously, every commit that failed and was not
-    /// superseded. Returns how many partitions it covered.
-    pub(crate) fn retry_failed(&self, consumer: &BaseConsumer<KafkaContext>) -> usize {
-        let mut owned = self.lock();
-        let mut offsets = TopicPartitionList::new();
-        let mut count = 0;
-        for (key, state) in owned.iter_mut() {
-            let Some(next) = state.requested.filter(|_| state.retry) else {
-                continue;
-            };
-            state.retry = false;
-            if add_offset(&mut offsets, key, next).is_ok() {
-                count += 1;
-            }
-        }
-        if count > 0
-            && let Err(error) = consumer.commit(&offsets, CommitMode::Async)
-        {
-            tracing::warn!(%error, "retrying failed kafka commits failed");
-            for state in owned.values_mut() {
-                if state.requested.is_some() && state.confirmed != state.requested {
-                    state.retry = true;
-                }
-            }
-        }
-        count
-    }
-
-    /// The final commit of a revocation: commits, synchronously, each
-    /// `(partition, watermark)` that a synchronous commit has not already
-    /// confirmed, then gives the partitions up. Runs on the polling thread
-    /// inside the rebalance callback, before librdkafka unassigns them.
+    /// The final commit of a revocation (or of a close): commits,
+    /// synchronously, for each of `revoked` that this consumer owns, the
+    /// newest offset it attempted or that `watermarks` reports done, unless
+    /// the broker already confirmed it; then gives the partitions up.
+    /// Returns how many partitions it committed.
+    ///
+    /// Runs on the polling thread inside the rebalance callback, before
+    /// librdkafka unassigns the partitions.
     pub(crate) fn commit_and_release(
         &self,
         consumer: &BaseConsumer<KafkaContext>,
@@ -189,26 +133,24 @@ impl Ownership {
         watermarks: &[(PartitionKey, Position)],
     ) -> Result<usize, KafkaError> {
         let mut owned = self.lock();
-        let mut offsets = TopicPartitionList::new();
-        let mut count = 0;
-        for (key, watermark) in watermarks {
+        let mut list = TopicPartitionList::new();
+        for key in revoked {
             let Some(state) = owned.get(key) else {
                 continue;
             };
-            let Ok(next) = next_offset(key, *watermark) else {
-                continue;
-            };
-            if state.confirmed.is_some_and(|confirmed| confirmed >= next) && !state.retry {
-                continue;
-            }
-            if add_offset(&mut offsets, key, next).is_ok() {
-                count += 1;
+            let done = watermarks
+                .iter()
+                .find(|(partition, _)| partition == key)
+                .and_then(|(_, watermark)| next_offset(key, *watermark).ok());
+            if let Some(next) = state.unconfirmed(done) {
+                // A partition of this consumer's own assignment cannot fail
+                // to be listed.
+                let _ = add_offset(&mut list, key, next);
             }
         }
-        let result = if count > 0 {
-            consumer.commit(&offsets, CommitMode::Sync).map(|()| count)
-        } else {
-            Ok(0)
+        let result = match list.count() {
+            0 => Ok(0),
+            count => consumer.commit(&list, CommitMode::Sync).map(|()| count),
         };
         for key in revoked {
             owned.remove(key);
@@ -218,7 +160,7 @@ impl Ownership {
 }
 
 /// The offset to commit after `watermark`: the next one to consume.
-fn next_offset(partition: &PartitionKey, watermark: Position) -> Result<i64, AckError> {
+pub(crate) fn next_offset(partition: &PartitionKey, watermark: Position) -> Result<i64, AckError> {
     match watermark {
         Position::Offset(offset) => offset.checked_add(1).ok_or_else(|| {
             AckError::Broker(format!("offset {offset} of {partition} cannot be committed").into())
@@ -240,4 +182,39 @@ fn add_offset(
     offsets
         .add_partition_offset(&partition.source, number, Offset::Offset(next))
         .map_err(|error| AckError::Broker(Box::new(error)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_confirmed_offset_is_not_committed_again() {
+        let owned = Owned {
+            requested: Some(10),
+            confirmed: Some(10),
+        };
+        assert_eq!(owned.unconfirmed(None), None);
+        assert_eq!(owned.unconfirmed(Some(8)), None);
+    }
+
+    #[test]
+    fn an_attempt_the_broker_did_not_confirm_is_committed_again() {
+        let owned = Owned {
+            requested: Some(10),
+            confirmed: Some(4),
+        };
+        assert_eq!(owned.unconfirmed(None), Some(10));
+    }
+
+    #[test]
+    fn the_newer_of_the_attempt_and_the_reported_watermark_wins() {
+        let owned = Owned {
+            requested: Some(10),
+            confirmed: None,
+        };
+        assert_eq!(owned.unconfirmed(Some(12)), Some(12));
+        assert_eq!(owned.unconfirmed(Some(7)), Some(10));
+        assert_eq!(Owned::default().unconfirmed(None), None);
+    }
 }

@@ -1,27 +1,30 @@
 //! The Kafka source, acker and dead-letter sink against rdkafka's
-//! in-process mock cluster (the fast tier: no broker to install).
+//! in-process mock cluster (the fast tier: no broker to install): the
+//! source alone where its contract is the point, the intake runtime on top
+//! where a whole consumer is.
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
+use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
-    AckBatch, AckError, Acker, DeadLetter, DeadLetterSink, Headers, PartitionAck, PartitionKey,
-    Position, Source, SourceError,
+    AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, Headers, Ordering,
+    PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
 use intake_kafka::dead_letter::header;
 use intake_kafka::{ConnectError, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
-use support::driver::Driver;
-use support::{KafkaBackend, unique};
+use support::consumer::{TestConsumer, eventually};
+use support::{KafkaBackend, take, unique};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn numbered(count: usize) -> Vec<TestMessage> {
-    (0..count)
-        .map(|n| TestMessage::new(format!("key-{}", n % 7), format!("m{n}")))
+fn offsets(messages: &[intake_core::Message]) -> Vec<Position> {
+    messages
+        .iter()
+        .map(|message| message.metadata().position())
         .collect()
 }
 
@@ -38,15 +41,15 @@ async fn delivers_every_message_with_its_offset_key_headers_and_timestamp() {
         .await
         .expect("produce");
 
-    let source = kafka
+    let mut source = kafka
         .source(&topic, &unique("g"))
         .build()
         .await
         .expect("source");
-    let mut driver = Driver::new(source, false);
-    assert_eq!(driver.receive_until(2, PATIENCE).await, 2);
+    let taken = take(&mut source, 2, 64, PATIENCE).await;
+    assert_eq!(taken.messages.len(), 2);
 
-    let first = &driver.received[0];
+    let first = &taken.messages[0];
     assert_eq!(first.payload().as_ref(), b"hello");
     assert_eq!(first.key().map(|k| k.as_ref()), Some(&b"k"[..]));
     assert_eq!(first.headers().get_str("trace-id"), Some("abc"));
@@ -54,15 +57,9 @@ async fn delivers_every_message_with_its_offset_key_headers_and_timestamp() {
     assert_eq!(first.metadata().position(), Position::Offset(0));
     assert!(first.metadata().timestamp().is_some());
     assert_eq!(first.metadata().attempt(), 1);
-    assert_eq!(
-        driver.received[1].metadata().position(),
-        Position::Offset(1)
-    );
-    assert!(
-        driver
-            .assigned
-            .contains(&PartitionKey::new(topic.as_str(), 0))
-    );
+    assert_eq!(taken.messages[1].metadata().position(), Position::Offset(1));
+    assert_eq!(taken.assigned, vec![PartitionKey::new(topic.as_str(), 0)]);
+    source.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,55 +67,59 @@ async fn the_committed_offset_is_the_acked_watermark_plus_one() {
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(1).await.expect("topic");
     let group = unique("g");
-    kafka.produce(&topic, numbered(10)).await.expect("produce");
-    let source = kafka.source(&topic, &group).build().await.expect("source");
-    let mut driver = Driver::new(source, false);
-    assert_eq!(driver.receive_until(10, PATIENCE).await, 10);
+    kafka
+        .produce(&topic, numbered(0, 10))
+        .await
+        .expect("produce");
+    let mut source = kafka.source(&topic, &group).build().await.expect("source");
+    assert_eq!(take(&mut source, 10, 64, PATIENCE).await.messages.len(), 10);
 
     let mut ack = PartitionAck::new(PartitionKey::new(topic.as_str(), 0));
     ack.watermark = Some(Position::Offset(3));
     let batch = AckBatch {
         partitions: vec![ack],
-        sync: true,
+        sync: false,
     };
-    driver.acker.ack(&batch).await.expect("sync commit");
+    source.acker().ack(&batch).await.expect("commit");
 
     let offsets = kafka.offsets(&topic, &group).await.expect("offsets");
     assert_eq!(offsets, vec![(0, Some(4), 10)]);
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 6);
+    source.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_buffer_pauses_fetching_and_loses_nothing() {
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(1).await.expect("topic");
-    kafka.produce(&topic, numbered(300)).await.expect("produce");
-    let source = kafka
+    kafka
+        .produce(&topic, numbered(0, 300))
+        .await
+        .expect("produce");
+    let mut source = kafka
         .source(&topic, &unique("g"))
         .buffer(8)
         .build()
         .await
         .expect("source");
-    let mut driver = Driver::new(source, true);
     // Take a few, then leave the source alone long enough for its thread to
     // fill the buffer and pause.
-    driver.receive_until(3, PATIENCE).await;
+    let mut taken = take(&mut source, 3, 64, PATIENCE).await.messages;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(driver.receive_until(300, PATIENCE).await, 300);
-    let offsets: Vec<Position> = driver
-        .received
-        .iter()
-        .map(|message| message.metadata().position())
-        .collect();
+    taken.extend(take(&mut source, 297, 64, PATIENCE).await.messages);
     let expected: Vec<Position> = (0..300).map(Position::Offset).collect();
-    assert_eq!(offsets, expected, "every offset once, in order");
+    assert_eq!(offsets(&taken), expected, "every offset once, in order");
+    source.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn next_takes_no_more_than_asked() {
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(1).await.expect("topic");
-    kafka.produce(&topic, numbered(20)).await.expect("produce");
+    kafka
+        .produce(&topic, numbered(0, 20))
+        .await
+        .expect("produce");
     let mut source = kafka
         .source(&topic, &unique("g"))
         .build()
@@ -136,16 +137,76 @@ async fn next_takes_no_more_than_asked() {
         taken += buffer.len();
     }
     assert_eq!(taken, 20);
+    source.close().await.expect("close");
 }
 
-async fn two_consumers_share_partitions_without_loss_or_duplicates(strategy: &str) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_full_budget_the_source_reports_assignments_and_delivers_nothing() {
+    let kafka = KafkaBackend::mock();
+    let topic = kafka.create_source(2).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, numbered(0, 50))
+        .await
+        .expect("produce");
+    let mut first = kafka.source(&topic, &group).build().await.expect("first");
+    let mut buffer = Vec::new();
+
+    // Asked with max 0, the source hands out the assignment only.
+    let event = tokio::time::timeout(PATIENCE, first.next(&mut buffer, 0))
+        .await
+        .expect("the assignment in time")
+        .expect("no error");
+    assert!(matches!(event, SourceEvent::Assigned(_)), "{event:?}");
+    assert!(buffer.is_empty());
+
+    // A second consumer joins: the revocation reaches a source that is
+    // asked for nothing else.
+    let mut second = kafka.source(&topic, &group).build().await.expect("second");
+    let joining = tokio::spawn(async move {
+        let taken = take(&mut second, 1, 64, PATIENCE).await;
+        (second, taken)
+    });
+    let revoked = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match first.next(&mut buffer, 0).await {
+                Ok(SourceEvent::Revoked(revocation)) => {
+                    let partitions = revocation.partitions().to_vec();
+                    revocation.complete(Default::default());
+                    return partitions;
+                }
+                Ok(SourceEvent::Assigned(_)) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the revocation in time");
+    assert!(!revoked.is_empty());
+    assert!(buffer.is_empty(), "nothing delivered with max 0");
+
+    // Keep serving `first` (as the runtime would) while `second` settles.
+    let serving = tokio::spawn(async move {
+        take(&mut first, usize::MAX, 64, Duration::from_secs(5)).await;
+        first
+    });
+    let (mut second, taken) = joining.await.expect("second");
+    assert_eq!(taken.messages.len(), 1, "the new owner consumes");
+    let mut first = serving.await.expect("first");
+    second.close().await.expect("close");
+    first.close().await.expect("close");
+}
+
+async fn two_consumers_share_partitions_without_loss(strategy: &str) {
     support::init_tracing();
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(4).await.expect("topic");
     let group = unique("g");
-    kafka.produce(&topic, numbered(100)).await.expect("produce");
-
-    let settings = |kafka: &KafkaBackend| {
+    kafka
+        .produce(&topic, numbered(0, 200))
+        .await
+        .expect("produce");
+    let source = || {
         KafkaSource::builder(
             kafka
                 .settings()
@@ -154,97 +215,194 @@ async fn two_consumers_share_partitions_without_loss_or_duplicates(strategy: &st
         .group(&group)
         .topic(&topic)
         .revoke_timeout(Duration::from_secs(20))
+        .build()
     };
-    let first = settings(&kafka).build().await.expect("first source");
-    let mut first = Driver::new(first, true);
-    assert_eq!(first.receive_until(100, PATIENCE).await, 100);
-    assert_eq!(first.assigned.len(), 4);
-
-    // A second consumer joins: the first must be polled to hand over.
-    let second = settings(&kafka).build().await.expect("second source");
-    let mut second = Driver::new(second, true);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let first_task = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            first.run_until_stopped(&stop).await;
-            first
-        })
+    let ledger = Ledger::default();
+    let start = |source| {
+        TestConsumer::start(
+            source,
+            &ledger,
+            Duration::from_millis(1),
+            Consumer::builder()
+                .ordering(Ordering::Partition)
+                .max_in_flight(8),
+        )
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while second.assigned.is_empty() && tokio::time::Instant::now() < deadline {
-        second.run_for(Duration::from_millis(500)).await;
-    }
+    let first = start(source().await.expect("first"));
+    eventually("some progress", PATIENCE, || async {
+        ledger.distinct() >= 20
+    })
+    .await;
+    let second = start(source().await.expect("second"));
+    eventually("the partitions to be shared", PATIENCE, || async {
+        first.assigned() > 0 && second.assigned() > 0 && first.assigned() + second.assigned() == 4
+    })
+    .await;
     kafka
-        .produce(&topic, numbered(100))
+        .produce(&topic, numbered(200, 200))
         .await
         .expect("produce more");
-    // Both keep consuming until the group has committed everything.
-    while tokio::time::Instant::now() < deadline {
-        second.run_for(Duration::from_secs(1)).await;
-        if kafka.unacknowledged(&topic, &group).await.expect("lag") == 0 {
-            break;
-        }
-    }
-    stop.store(true, std::sync::atomic::Ordering::Release);
-    let first = first_task.await.expect("first driver");
-    let assigned = first.assigned.len() + second.assigned.len();
-    let first = first.finish().await;
-    let second = second.finish().await;
-
+    ledger.wait_for_all(400, "all 400 messages").await;
     assert!(
-        first.revocations >= 1,
+        first.revocations() >= 1,
         "the first consumer gave partitions up"
     );
-    assert!(
-        !second.assigned.is_empty(),
-        "the second consumer got partitions"
-    );
-    assert_eq!(assigned, 4, "every partition owned once");
-    let mut seen: Vec<String> = first.payloads();
-    seen.extend(second.payloads());
-    assert_eq!(seen.len(), 200, "nothing lost, nothing delivered twice");
-    let distinct: BTreeSet<(String, i64)> = first
-        .received
-        .iter()
-        .chain(&second.received)
-        .map(|m| {
-            let Position::Offset(offset) = m.metadata().position() else {
-                unreachable!("kafka positions are offsets")
-            };
-            (format!("{}", m.metadata().partition_key()), offset)
-        })
-        .collect();
-    assert_eq!(distinct.len(), 200);
+    // The first leaves: the second takes everything over and, before it
+    // stops, commits what the group had left uncommitted (a commit refused
+    // during the rebalance means those messages are processed again).
+    first.stop().await;
+    eventually(
+        "the second consumer to commit everything",
+        PATIENCE,
+        || async {
+            second.assigned() == 4 && kafka.unacknowledged(&topic, &group).await.expect("lag") == 0
+        },
+    )
+    .await;
+    second.stop().await;
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eager_rebalance_hands_partitions_over_at_their_commit() {
-    two_consumers_share_partitions_without_loss_or_duplicates("range").await;
+async fn eager_rebalance_hands_partitions_over_without_loss() {
+    two_consumers_share_partitions_without_loss("range").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cooperative_rebalance_hands_partitions_over_at_their_commit() {
-    two_consumers_share_partitions_without_loss_or_duplicates("cooperative-sticky").await;
+async fn cooperative_rebalance_hands_partitions_over_without_loss() {
+    two_consumers_share_partitions_without_loss("cooperative-sticky").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_source_dropped_without_close_leaves_its_uncommitted_messages_to_the_group() {
+async fn a_rebalance_gets_through_while_every_slot_is_taken() {
+    support::init_tracing();
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(2).await.expect("topic");
     let group = unique("g");
-    kafka.produce(&topic, numbered(40)).await.expect("produce");
+    kafka
+        .produce(&topic, numbered(0, 100))
+        .await
+        .expect("produce");
+    let stuck_ledger = Ledger::default();
+    // Its handlers never finish: every slot stays taken.
+    let stuck = TestConsumer::start(
+        kafka.source(&topic, &group).build().await.expect("stuck"),
+        &stuck_ledger,
+        Duration::from_secs(3600),
+        Consumer::builder()
+            .ordering(Ordering::Unordered)
+            .max_in_flight(4)
+            .revoke_timeout(Duration::from_millis(500))
+            .shutdown_deadline(Duration::from_millis(100)),
+    );
+    eventually(
+        "the stuck consumer to own both partitions",
+        PATIENCE,
+        || async { stuck.assigned() == 2 },
+    )
+    .await;
+    let ledger = Ledger::default();
+    let joining = TestConsumer::recording(
+        kafka.source(&topic, &group).build().await.expect("joining"),
+        &ledger,
+    );
+    eventually("the partitions to be shared", PATIENCE, || async {
+        stuck.assigned() == 1 && joining.assigned() == 1
+    })
+    .await;
+    assert!(stuck.revocations() >= 1);
+    eventually("the joining consumer to process", PATIENCE, || async {
+        ledger.distinct() > 0
+    })
+    .await;
+    joining.stop().await;
+    stuck.stop().await;
+}
 
-    let crashed = kafka.source(&topic, &group).build().await.expect("source");
-    let mut crashed = Driver::new(crashed, false);
-    assert_eq!(crashed.receive_until(40, PATIENCE).await, 40);
-    drop(crashed);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
+    support::init_tracing();
+    let kafka = KafkaBackend::mock();
+    let topic = kafka.create_source(2).await.expect("topic");
+    let group = unique("g");
+    for partition in 0..2 {
+        kafka
+            .produce_to_partition(
+                &topic,
+                partition,
+                (0..100).map(|n| (partition * 100 + n).to_string()),
+            )
+            .await
+            .expect("produce");
+    }
+    // A slow consumer with a small buffer: its fetching is paused most of
+    // the time, so the rebalances below find its partitions paused. The
+    // watchdog is off: it would hide a partition that never fetches again.
+    let source = || {
+        kafka
+            .source(&topic, &group)
+            .buffer(4)
+            .watchdog_interval(Duration::ZERO)
+            .build()
+    };
+    let ledger = Ledger::default();
+    let slow = |source| {
+        TestConsumer::start(
+            source,
+            &ledger,
+            Duration::from_millis(20),
+            Consumer::builder()
+                .ordering(Ordering::Partition)
+                .max_in_flight(2),
+        )
+    };
+    let first = slow(source().await.expect("first"));
+    eventually("the first consumer to start", PATIENCE, || async {
+        ledger.distinct() >= 10
+    })
+    .await;
+    let second = slow(source().await.expect("second"));
+    eventually("the partitions to be shared", PATIENCE, || async {
+        first.assigned() == 1 && second.assigned() == 1
+    })
+    .await;
+    second.stop().await;
+    ledger
+        .wait_for_all(200, "every message, the first consumer's partitions back")
+        .await;
+    first.stop().await;
+}
 
-    let survivor = kafka.source(&topic, &group).build().await.expect("source");
-    let mut survivor = Driver::new(survivor, true);
-    assert_eq!(survivor.receive_until(40, PATIENCE).await, 40);
-    survivor.finish().await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_dropped_without_shutdown_leaves_its_uncommitted_messages_to_the_group() {
+    let kafka = KafkaBackend::mock();
+    let topic = kafka.create_source(2).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, numbered(0, 40))
+        .await
+        .expect("produce");
+
+    let crashed_ledger = Ledger::default();
+    let crashed = TestConsumer::start(
+        kafka.source(&topic, &group).build().await.expect("source"),
+        &crashed_ledger,
+        Duration::from_secs(3600),
+        Consumer::builder().ordering(Ordering::Unordered),
+    );
+    eventually("the consumer to own the partitions", PATIENCE, || async {
+        crashed.assigned() == 2
+    })
+    .await;
+    crashed.crash().await;
+
+    let ledger = Ledger::default();
+    let survivor = TestConsumer::recording(
+        kafka.source(&topic, &group).build().await.expect("source"),
+        &ledger,
+    );
+    ledger.wait_for_all(40, "every message").await;
+    survivor.stop().await;
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 }
 
@@ -253,16 +411,18 @@ async fn a_closed_source_commits_nothing_more_and_refuses_late_acks() {
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(1).await.expect("topic");
     let group = unique("g");
-    kafka.produce(&topic, numbered(5)).await.expect("produce");
-    let source = kafka.source(&topic, &group).build().await.expect("source");
-    let mut driver = Driver::new(source, false);
-    assert_eq!(driver.receive_until(5, PATIENCE).await, 5);
-    driver.source.close().await.expect("close");
+    kafka
+        .produce(&topic, numbered(0, 5))
+        .await
+        .expect("produce");
+    let mut source = kafka.source(&topic, &group).build().await.expect("source");
+    assert_eq!(take(&mut source, 5, 64, PATIENCE).await.messages.len(), 5);
+    let mut acker = source.acker();
+    source.close().await.expect("close");
 
     let mut ack = PartitionAck::new(PartitionKey::new(topic.as_str(), 0));
     ack.watermark = Some(Position::Offset(4));
-    let late = driver
-        .acker
+    let late = acker
         .ack(&AckBatch {
             partitions: vec![ack],
             sync: true,
@@ -276,10 +436,13 @@ async fn a_closed_source_commits_nothing_more_and_refuses_late_acks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broadcast_sources_each_get_every_message_from_the_end() {
+async fn broadcast_consumers_each_get_every_message_from_the_end() {
     let kafka = KafkaBackend::mock();
     let topic = kafka.create_source(1).await.expect("topic");
-    kafka.produce(&topic, numbered(5)).await.expect("history");
+    kafka
+        .produce(&topic, numbered(0, 5))
+        .await
+        .expect("history");
     let build = || {
         KafkaSource::builder(kafka.settings())
             .group("dashboard")
@@ -287,22 +450,47 @@ async fn broadcast_sources_each_get_every_message_from_the_end() {
             .broadcast()
             .build()
     };
-    let mut first = Driver::new(build().await.expect("first"), true);
-    let mut second = Driver::new(build().await.expect("second"), true);
-    assert_ne!(first.source.group_id(), second.source.group_id());
-    // Wait for both assignments before producing: broadcast starts at the end.
-    first.run_for(Duration::from_secs(2)).await;
-    second.run_for(Duration::from_secs(2)).await;
-    assert!(!first.assigned.is_empty() && !second.assigned.is_empty());
-    kafka.produce(&topic, numbered(10)).await.expect("produce");
-    assert_eq!(first.receive_until(10, PATIENCE).await, 10);
-    assert_eq!(second.receive_until(10, PATIENCE).await, 10);
-    first.run_for(Duration::from_millis(500)).await;
-    assert_eq!(
-        first.received.len(),
-        10,
-        "history before the start is skipped"
+    let (first_source, second_source) = (
+        build().await.expect("first"),
+        build().await.expect("second"),
     );
+    assert_ne!(first_source.group_id(), second_source.group_id());
+    let (first_ledger, second_ledger) = (Ledger::default(), Ledger::default());
+    let first = TestConsumer::recording(first_source, &first_ledger);
+    let second = TestConsumer::recording(second_source, &second_ledger);
+    // Broadcast starts at the end of each partition, wherever the end is
+    // when the consumer first fetches: produce probes until both see one.
+    let mut next_id = 5;
+    eventually("both consumers to receive new messages", PATIENCE, || {
+        let probe = numbered(next_id, 1);
+        next_id += 1;
+        let kafka = &kafka;
+        let topic = &topic;
+        let (first_ledger, second_ledger) = (&first_ledger, &second_ledger);
+        async move {
+            kafka.produce(topic, probe).await.expect("probe");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            first_ledger.distinct() > 0 && second_ledger.distinct() > 0
+        }
+    })
+    .await;
+    kafka
+        .produce(&topic, numbered(1000, 10))
+        .await
+        .expect("produce");
+    for ledger in [&first_ledger, &second_ledger] {
+        ledger
+            .wait_until("the 10 new messages", || {
+                (1000..1010).all(|id| ledger.count(id) == 1)
+            })
+            .await;
+        assert!(
+            (0..5).all(|id| ledger.count(id) == 0),
+            "history before the start is skipped"
+        );
+    }
+    first.stop().await;
+    second.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,16 +503,15 @@ async fn a_dead_letter_carries_its_origin_and_is_confirmed_by_the_broker() {
     let mut poison = TestMessage::new("order-7", "{not json");
     poison.headers = headers;
     kafka.produce(&topic, vec![poison]).await.expect("produce");
-    let source = kafka.source(&topic, &group).build().await.expect("source");
-    let mut driver = Driver::new(source, false);
-    assert_eq!(driver.receive_until(1, PATIENCE).await, 1);
+    let mut source = kafka.source(&topic, &group).build().await.expect("source");
+    let original = support::next_message(&mut source, PATIENCE).await;
 
     let dlq = format!("{topic}.{group}.dlq");
     kafka.create_topic(&dlq, 1).await.expect("dlq topic");
     let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
         .build()
         .expect("sink");
-    let letter = DeadLetter::new(driver.received[0].clone(), "expected value at line 1", 3);
+    let letter = DeadLetter::new(original, "expected value at line 1", 3);
     sink.write(&letter)
         .await
         .expect("the broker accepted the dead letter");
@@ -354,6 +541,7 @@ async fn a_dead_letter_carries_its_origin_and_is_confirmed_by_the_broker() {
     let records = kafka.dead_letters(&topic, &group).await.expect("records");
     assert_eq!(records[0].position, "0");
     assert_eq!(records[0].attempts, 3);
+    source.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

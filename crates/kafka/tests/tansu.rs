@@ -1,58 +1,37 @@
-//! The Kafka adapter against a real Kafka-protocol broker: tansu on
-//! 127.0.0.1:9092 (`.ci/services/kafka.sh`). Skipped with a printed reason
-//! when no broker listens, unless `INTAKE_REQUIRE_BROKERS=1`.
+//! The Kafka adapter under the intake runtime against a real Kafka-protocol
+//! broker: tansu on 127.0.0.1:9092 (`.ci/services/kafka.sh`). Skipped with a
+//! printed reason when no broker listens, unless `INTAKE_REQUIRE_BROKERS=1`.
+//!
+//! Every wait is on a condition (all ids seen, partitions settled), bounded
+//! by `PATIENCE`; no test sleeps a fixed time and hopes.
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
+use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
-use intake_core::{DeadLetter, DeadLetterSink, Headers, Position, SourceError};
+use intake_core::{Consumer, DeadLetter, DeadLetterSink, Headers, Ordering, SourceError};
 use intake_kafka::dead_letter::header;
 use intake_kafka::{ConnectError, KafkaDeadLetterSink};
-use support::driver::Driver;
+use support::consumer::{TestConsumer, eventually};
 use support::{KafkaBackend, unique};
 
-const PATIENCE: Duration = Duration::from_secs(90);
+const PATIENCE: Duration = Duration::from_secs(60);
 
-fn batch(from: usize, count: usize) -> Vec<TestMessage> {
-    (from..from + count)
-        .map(|n| TestMessage::new(format!("key-{}", n % 13), format!("m{n}")))
-        .collect()
-}
-
-/// Every (partition, offset) the drivers saw.
-fn positions<'a>(drivers: impl IntoIterator<Item = &'a Driver>) -> BTreeSet<(u32, i64)> {
-    drivers
-        .into_iter()
-        .flat_map(|driver| &driver.received)
-        .map(|message| {
-            let Position::Offset(offset) = message.metadata().position() else {
-                unreachable!("kafka positions are offsets")
-            };
-            (message.metadata().partition(), offset)
-        })
-        .collect()
-}
-
-/// Every (partition, offset) below the high watermarks.
-async fn produced(kafka: &KafkaBackend, topic: &str, group: &str) -> BTreeSet<(u32, i64)> {
-    kafka
-        .offsets(topic, group)
-        .await
-        .expect("offsets")
-        .into_iter()
-        .flat_map(|(partition, _, high)| (0..high).map(move |offset| (partition as u32, offset)))
-        .collect()
-}
-
-fn spawn_for(mut driver: Driver, duration: Duration) -> tokio::task::JoinHandle<Driver> {
-    tokio::spawn(async move {
-        driver.run_for(duration).await;
-        driver
+/// Waits until the consumers own every one of `partitions` between them,
+/// each partition once.
+async fn settled(consumers: &[&TestConsumer], partitions: usize, what: &str) {
+    eventually(what, PATIENCE, || async {
+        consumers.iter().all(|consumer| consumer.assigned() > 0)
+            && consumers
+                .iter()
+                .map(|consumer| consumer.assigned())
+                .sum::<usize>()
+                == partitions
     })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,45 +43,61 @@ async fn a_third_consumer_joining_and_leaving_loses_nothing() {
     };
     let topic = kafka.create_source(4).await.expect("topic");
     let group = unique("g");
-    kafka.produce(&topic, batch(0, 200)).await.expect("produce");
-
-    let first = Driver::new(
-        kafka.source(&topic, &group).build().await.expect("first"),
-        true,
-    );
-    let second = Driver::new(
-        kafka.source(&topic, &group).build().await.expect("second"),
-        true,
-    );
-    let first = spawn_for(first, Duration::from_secs(30));
-    let second = spawn_for(second, Duration::from_secs(30));
-
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let third = Driver::new(
-        kafka.source(&topic, &group).build().await.expect("third"),
-        true,
-    );
-    let third = spawn_for(third, Duration::from_secs(10));
-    tokio::time::sleep(Duration::from_secs(4)).await;
     kafka
-        .produce(&topic, batch(200, 200))
+        .produce(&topic, numbered(0, 200))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    // A little work per message keeps deliveries in flight across each
+    // rebalance, so revocations have something to drain.
+    let start = |source| {
+        TestConsumer::start(
+            source,
+            &ledger,
+            Duration::from_millis(1),
+            Consumer::builder()
+                .ordering(Ordering::Key)
+                .max_in_flight(16),
+        )
+    };
+
+    let first = start(kafka.source(&topic, &group).build().await.expect("first"));
+    let second = start(kafka.source(&topic, &group).build().await.expect("second"));
+    ledger.wait_for_all(200, "the first 200 messages").await;
+    settled(&[&first, &second], 4, "two consumers to share 4 partitions").await;
+
+    let third = start(kafka.source(&topic, &group).build().await.expect("third"));
+    settled(
+        &[&first, &second, &third],
+        4,
+        "a third consumer to take partitions",
+    )
+    .await;
+    kafka
+        .produce(&topic, numbered(200, 200))
         .await
         .expect("produce while three");
-    let third = third.await.expect("third driver").finish().await;
+    ledger.wait_for_all(400, "400 messages among three").await;
+
+    third.stop().await;
+    settled(
+        &[&first, &second],
+        4,
+        "the third consumer's partitions to move back",
+    )
+    .await;
     kafka
-        .produce(&topic, batch(400, 200))
+        .produce(&topic, numbered(400, 200))
         .await
         .expect("produce after the third left");
+    ledger
+        .wait_for_all(600, "all 600 after the third left")
+        .await;
 
-    let first = first.await.expect("first driver").finish().await;
-    let second = second.await.expect("second driver").finish().await;
-
-    let seen = positions([&first, &second, &third]);
-    let expected = produced(&kafka, &topic, &group).await;
-    assert_eq!(expected.len(), 600);
-    let missing: Vec<_> = expected.difference(&seen).take(10).collect();
-    assert!(missing.is_empty(), "never processed: {missing:?}");
-    assert!(first.revocations + second.revocations >= 1);
+    let revocations = first.revocations() + second.revocations();
+    first.stop().await;
+    second.stop().await;
+    assert!(revocations >= 1, "the rebalances revoked partitions");
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 }
 
@@ -116,42 +111,47 @@ async fn a_consumer_dropped_mid_run_leaves_its_uncommitted_messages_to_the_other
     };
     let topic = kafka.create_source(4).await.expect("topic");
     let group = unique("g");
-
-    // The crashing consumer never commits.
-    let mut crashing = Driver::new(
+    let crashed_ledger = Ledger::default();
+    // Its handlers never finish: nothing it takes is ever committed.
+    let crashing = TestConsumer::start(
         kafka
             .source(&topic, &group)
             .build()
             .await
             .expect("crashing"),
-        false,
+        &crashed_ledger,
+        Duration::from_secs(3600),
+        Consumer::builder().ordering(Ordering::Unordered),
     );
-    crashing.run_for(Duration::from_secs(3)).await;
-    let survivor = Driver::new(
+    let ledger = Ledger::default();
+    let survivor = TestConsumer::recording(
         kafka
             .source(&topic, &group)
             .build()
             .await
             .expect("survivor"),
-        true,
+        &ledger,
     );
-    let survivor = spawn_for(survivor, Duration::from_secs(25));
-    kafka.produce(&topic, batch(0, 300)).await.expect("produce");
-    crashing.run_for(Duration::from_secs(5)).await;
-    assert!(
-        !crashing.received.is_empty(),
-        "the crashing consumer took work"
-    );
-    drop(crashing);
+    settled(
+        &[&crashing, &survivor],
+        4,
+        "two consumers to share 4 partitions",
+    )
+    .await;
+    kafka
+        .produce(&topic, numbered(0, 300))
+        .await
+        .expect("produce");
+    eventually("the survivor to finish its share", PATIENCE, || async {
+        ledger.distinct() > 0 && kafka.unacknowledged(&topic, &group).await.expect("lag") < 300
+    })
+    .await;
+    crashing.crash().await;
 
-    let survivor = survivor.await.expect("survivor driver").finish().await;
-    let seen = positions([&survivor]);
-    let expected = produced(&kafka, &topic, &group).await;
-    let missing: Vec<_> = expected.difference(&seen).take(10).collect();
-    assert!(
-        missing.is_empty(),
-        "never processed by the survivor: {missing:?}"
-    );
+    ledger
+        .wait_for_all(300, "every message, the crashed consumer's included")
+        .await;
+    survivor.stop().await;
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 }
 
@@ -167,18 +167,14 @@ async fn poison_messages_land_in_the_dead_letter_topic_with_their_origin() {
     let mut poison = TestMessage::new("order-9", "{not json");
     poison.headers = headers;
     kafka.produce(&topic, vec![poison]).await.expect("produce");
-    let mut driver = Driver::new(
-        kafka.source(&topic, &group).build().await.expect("source"),
-        false,
-    );
-    assert_eq!(driver.receive_until(1, PATIENCE).await, 1);
+    let mut source = kafka.source(&topic, &group).build().await.expect("source");
+    let original = support::next_message(&mut source, PATIENCE).await;
 
     let dlq = format!("{topic}.{group}.dlq");
     kafka.create_topic(&dlq, 1).await.expect("dlq topic");
     let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
         .build()
         .expect("sink");
-    let original = driver.received[0].clone();
     sink.write(&DeadLetter::new(original.clone(), "expected value", 5))
         .await
         .expect("accepted by the broker");
@@ -198,7 +194,9 @@ async fn poison_messages_land_in_the_dead_letter_topic_with_their_origin() {
     assert_eq!(record.header(header::GROUP), Some(group.as_str()));
     assert_eq!(record.header(header::ERROR), Some("expected value"));
     assert_eq!(record.header(header::ATTEMPTS), Some("5"));
-    driver.finish().await;
+    intake_core::Source::close(&mut source)
+        .await
+        .expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use super::KafkaSource;
 use super::context::{KafkaContext, Shared};
 use super::convert::TopicNames;
 use super::poller::Poller;
-use super::watchdog::Watchdog;
+use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::ConnectError;
 use crate::settings::KafkaSettings;
 
@@ -245,7 +245,7 @@ impl KafkaSourceBuilder {
             topics: TopicNames::default(),
             paused: false,
             reported_missing: Vec::new(),
-            last_commit_retry: Instant::now(),
+            reset: OffsetReset::from_setting(settings.get("auto.offset.reset")),
         };
         std::thread::Builder::new()
             .name("intake-kafka-poll".into())

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_core::source::RevocationError;
-use intake_core::{PartitionKey, Revocation, SourceError, SourceEvent};
+use intake_core::{PartitionKey, Position, Revocation, SourceError, SourceEvent};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use super::handoff::{Control, Handoff};
@@ -108,22 +108,26 @@ impl KafkaContext {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .extend(partitions.iter().cloned());
-        if self.shared.is_closing() {
-            self.shared.ownership.release(&partitions);
-            return;
-        }
         if consumer.assignment_lost() {
             // Another consumer may already own them: give them up before the
-            // runtime reports anything, so its final commit is refused.
+            // runtime reports anything, so none of its commits goes through.
             tracing::warn!(
                 partitions = ?partitions,
                 "kafka partitions lost (session timed out or fenced); their uncommitted messages will be redelivered"
             );
             self.shared.ownership.release(&partitions);
-            let (revocation, _ignored) = Revocation::new(partitions);
-            self.shared
-                .handoff
-                .push_control(Control::Event(SourceEvent::Revoked(revocation)));
+            if !self.shared.is_closing() {
+                let (revocation, _ignored) = Revocation::new(partitions);
+                self.shared
+                    .handoff
+                    .push_control(Control::Event(SourceEvent::Revoked(revocation)));
+            }
+            return;
+        }
+        if self.shared.is_closing() {
+            // The runtime made its final commit before closing (or is gone);
+            // only an attempt the broker did not confirm is left to send.
+            self.commit_and_release(consumer, &partitions, &[]);
             return;
         }
         tracing::info!(partitions = ?partitions, purged, "kafka partitions revoked; draining");
@@ -131,7 +135,12 @@ impl KafkaContext {
         self.shared
             .handoff
             .push_control(Control::Event(SourceEvent::Revoked(revocation)));
-        let watermarks = match handle.wait_blocking(self.shared.revoke_timeout) {
+        // The runtime drains the partitions and commits their watermarks
+        // with a synchronous batch before it completes the revocation; what
+        // that batch got confirmed is not committed again below.
+        let watermarks: Vec<(PartitionKey, Position)> = match handle
+            .wait_blocking(self.shared.revoke_timeout)
+        {
             Ok(outcome) => outcome
                 .partitions
                 .into_iter()
@@ -147,15 +156,25 @@ impl KafkaContext {
             }
             Err(RevocationError::Abandoned) => Vec::new(),
         };
-        let watermarks = if self.shared.commits {
-            watermarks
-        } else {
-            Vec::new()
-        };
+        self.commit_and_release(consumer, &partitions, &watermarks);
+    }
+
+    /// Commits what the broker has not confirmed for `partitions` (nothing
+    /// in broadcast mode) and gives them up.
+    fn commit_and_release(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        partitions: &[PartitionKey],
+        watermarks: &[(PartitionKey, Position)],
+    ) {
+        if !self.shared.commits {
+            self.shared.ownership.release(partitions);
+            return;
+        }
         match self
             .shared
             .ownership
-            .commit_and_release(consumer, &partitions, &watermarks)
+            .commit_and_release(consumer, partitions, watermarks)
         {
             Ok(0) => {}
             Ok(count) => tracing::debug!(count, "committed revoked kafka partitions"),
@@ -207,16 +226,5 @@ impl ConsumerContext for KafkaContext {
         self.shared
             .assignment_changed
             .store(true, Ordering::Release);
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(error) = &result {
-            // The polling thread sends it again unless a newer commit
-            // supersedes it.
-            tracing::warn!(%error, partitions = offsets.count(), "kafka offset commit failed; will retry");
-        }
-        self.shared
-            .ownership
-            .record_commit_result(result.is_ok(), offsets);
     }
 }

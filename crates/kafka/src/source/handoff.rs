@@ -35,7 +35,10 @@ struct Queue {
 #[derive(Debug)]
 pub(crate) struct Handoff {
     queue: Mutex<Queue>,
-    ready: Notify,
+    /// Signalled when an event (or the end) is queued.
+    event_ready: Notify,
+    /// Signalled when messages are queued.
+    messages_ready: Notify,
     /// Signalled when the source takes messages: the polling thread may be
     /// waiting for room.
     room: Condvar,
@@ -58,7 +61,8 @@ impl Handoff {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             queue: Mutex::new(Queue::default()),
-            ready: Notify::new(),
+            event_ready: Notify::new(),
+            messages_ready: Notify::new(),
             room: Condvar::new(),
             capacity,
         }
@@ -116,13 +120,13 @@ impl Handoff {
             return;
         }
         self.lock().messages.extend(messages.drain(..));
-        self.ready.notify_one();
+        self.messages_ready.notify_one();
     }
 
     /// Queues an event ahead of the messages and wakes the source.
     pub(crate) fn push_control(&self, control: Control) {
         self.lock().events.push_back(control);
-        self.ready.notify_one();
+        self.event_ready.notify_one();
     }
 
     /// Drops the queued messages of `partitions`.
@@ -141,7 +145,7 @@ impl Handoff {
     /// Marks the end of the stream; queued items are still taken.
     pub(crate) fn finish(&self) {
         self.lock().finished = true;
-        self.ready.notify_one();
+        self.event_ready.notify_one();
     }
 
     /// Drops everything queued, releasing any revocation waiting in it (a
@@ -179,9 +183,20 @@ impl Handoff {
         }
     }
 
-    /// Waits until something was pushed since the last wait.
-    pub(crate) async fn wait(&self) {
-        self.ready.notified().await;
+    /// Waits until something [`take`](Self::take) with the same `max` may
+    /// hand out was pushed since the last wait: an event, or with `max > 0`
+    /// messages too. With `max == 0` queued messages never wake the source,
+    /// so a runtime with a full budget is not woken for nothing while the
+    /// polling thread fills the queue.
+    pub(crate) async fn wait(&self, max: usize) {
+        if max == 0 {
+            self.event_ready.notified().await;
+        } else {
+            tokio::select! {
+                () = self.event_ready.notified() => {}
+                () = self.messages_ready.notified() => {}
+            }
+        }
     }
 }
 
@@ -241,5 +256,29 @@ mod tests {
                 .wait_blocking(std::time::Duration::from_secs(5))
                 .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn with_max_zero_queued_messages_do_not_wake_the_source() {
+        let handoff = Handoff::new(8);
+        let mut batch = vec![message("t", 0, 1)];
+        handoff.push_messages(&mut batch);
+        let mut out = Vec::new();
+        assert!(matches!(handoff.take(&mut out, 0), Taken::Empty));
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_millis(50), handoff.wait(0)).await;
+        assert!(
+            waited.is_err(),
+            "messages woke a source asked for events only"
+        );
+
+        let (revocation, _handle) = Revocation::new(vec![PartitionKey::new("t", 0)]);
+        handoff.push_control(Control::Event(SourceEvent::Revoked(revocation)));
+        handoff.wait(0).await;
+        assert!(matches!(
+            handoff.take(&mut out, 0),
+            Taken::Event(SourceEvent::Revoked(_))
+        ));
+        assert!(out.is_empty());
     }
 }

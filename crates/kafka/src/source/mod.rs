@@ -98,7 +98,7 @@ impl Source for KafkaSource {
                         "the kafka polling thread stopped; the source was closed".into(),
                     ));
                 }
-                Taken::Empty => self.shared.handoff.wait().await,
+                Taken::Empty => self.shared.handoff.wait(max).await,
             }
         }
     }
@@ -180,6 +180,58 @@ mod tests {
         }
         assert_eq!(received.len(), 1, "the stalled partition was restarted");
         assert_eq!(received[0].payload().as_ref(), b"second");
+        source.close().await.expect("close");
+    }
+
+    /// A partition that never yielded a message has no position: the
+    /// watchdog judges it from where it should have started (here, no
+    /// committed offset and `earliest`: the low watermark).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_watchdog_starts_a_partition_that_never_fetched() {
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .create()
+            .expect("mock cluster");
+        let mock = producer.client().mock_cluster().expect("mock cluster");
+        mock.create_topic("unstarted", 1, 1).expect("topic");
+        let settings = KafkaSettings::new(mock.bootstrap_servers())
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        let mut source = KafkaSource::builder(settings)
+            .group("unstarted-group")
+            .topic("unstarted")
+            .watchdog_interval(Duration::from_millis(500))
+            .build()
+            .await
+            .expect("source");
+
+        // Stop the fetcher behind the poller's back before anything arrives.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let assignment = source.consumer.assignment().expect("assignment");
+            if assignment.count() == 1 {
+                source.consumer.pause(&assignment).expect("pause");
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never assigned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        producer
+            .send(
+                FutureRecord::<[u8], [u8]>::to("unstarted").payload(&b"first"[..]),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("produce");
+
+        let mut received = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while received.is_empty() && tokio::time::Instant::now() < deadline {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+        }
+        assert_eq!(received.len(), 1, "the unstarted partition was started");
+        assert_eq!(received[0].payload().as_ref(), b"first");
         source.close().await.expect("close");
     }
 }

@@ -15,7 +15,7 @@ use rdkafka::topic_partition_list::Offset;
 use super::context::{KafkaContext, Shared};
 use super::convert::{TopicNames, to_message};
 use super::handoff::Control;
-use super::watchdog::{Watchdog, stalled_at};
+use super::watchdog::{OffsetReset, Watchdog, stalled_at};
 use crate::error::is_auth;
 
 /// Most messages taken from librdkafka per hand-over: large enough that the
@@ -31,9 +31,6 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 /// bursts never pause (a pause drops librdkafka's prefetched messages).
 const PAUSE_AFTER: Duration = Duration::from_millis(500);
 
-/// How often failed asynchronous commits are sent again.
-const COMMIT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Bound on each broker query the watchdog makes.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -48,7 +45,8 @@ pub(crate) struct Poller {
     /// Unknown-topic errors already reported, so a deleted topic is
     /// reported once, not on every poll.
     pub(crate) reported_missing: Vec<String>,
-    pub(crate) last_commit_retry: Instant,
+    /// Where a partition without a committed offset starts.
+    pub(crate) reset: OffsetReset,
 }
 
 impl Poller {
@@ -56,15 +54,7 @@ impl Poller {
         while !self.shared.stop.load(Ordering::Acquire) {
             self.apply_backpressure();
             self.poll_batch();
-            let now = Instant::now();
-            if now.duration_since(self.last_commit_retry) >= COMMIT_RETRY_INTERVAL {
-                self.last_commit_retry = now;
-                let retried = self.shared.ownership.retry_failed(&self.consumer);
-                if retried > 0 {
-                    tracing::debug!(partitions = retried, "retried failed kafka commits");
-                }
-            }
-            if let Some(idle) = self.watchdog.due(now)
+            if let Some(idle) = self.watchdog.due(Instant::now())
                 && idle
             {
                 self.check_for_stall();
@@ -74,7 +64,10 @@ impl Poller {
     }
 
     /// Pauses every assigned partition when the handoff is full and resumes
-    /// them once it drained, polling all the while.
+    /// them once it drained, polling all the while. After an assignment
+    /// change the new assignment is brought to the current state either way:
+    /// librdkafka keeps a partition's pause across an unassignment, so a
+    /// partition revoked while paused would come back paused and never fetch.
     fn apply_backpressure(&mut self) {
         let queued = self.shared.handoff.queued();
         let changed = self.shared.assignment_changed.swap(false, Ordering::AcqRel);
@@ -82,13 +75,14 @@ impl Poller {
             if self.shared.handoff.has_room(queued) {
                 self.set_paused(false);
             } else if changed {
-                // Partitions assigned while paused start fetching; hold them too.
                 self.set_paused(true);
             }
         } else if self.shared.handoff.is_full(queued)
             && !self.shared.handoff.wait_for_room(PAUSE_AFTER)
         {
             self.set_paused(true);
+        } else if changed {
+            self.set_paused(false);
         }
     }
 
@@ -225,20 +219,35 @@ impl Poller {
         let Ok(positions) = self.consumer.position() else {
             return;
         };
+        let starts = self.starting_offsets(&positions);
         let mut stalled = TopicPartitionList::new();
         for element in positions.elements() {
-            let Offset::Offset(next) = element.offset() else {
-                continue;
+            let position = match element.offset() {
+                Offset::Offset(next) => Some(next),
+                // Nothing consumed from it yet: it should have started where
+                // the group's committed offset (or the reset policy) says.
+                _ => starts
+                    .as_ref()
+                    .and_then(|starts| starts.find_partition(element.topic(), element.partition()))
+                    .and_then(|start| match start.offset() {
+                        Offset::Offset(next) => Some(next),
+                        _ => None,
+                    }),
             };
-            let high = match self.consumer.fetch_watermarks(
+            let (low, high) = match self.consumer.fetch_watermarks(
                 element.topic(),
                 element.partition(),
                 WATERMARK_TIMEOUT,
             ) {
-                Ok((_, high)) => high,
+                Ok(watermarks) => watermarks,
                 Err(_) => continue,
             };
-            if let Some(resume_at) = stalled_at(Some(next), high) {
+            let position = position.or(match self.reset {
+                OffsetReset::Earliest => Some(low),
+                // Starts at the end: nothing the broker holds now is due.
+                OffsetReset::Latest | OffsetReset::Error => None,
+            });
+            if let Some(resume_at) = stalled_at(position, high) {
                 // Adding to a list of this consumer's own partitions cannot fail.
                 let _ = stalled.add_partition_offset(
                     element.topic(),
@@ -260,6 +269,24 @@ impl Poller {
         if let Err(error) = self.consumer.seek_partitions(stalled, Duration::ZERO) {
             tracing::warn!(%error, "watchdog seek failed");
         }
+    }
+
+    /// The group's committed offsets for the partitions of `positions` that
+    /// have no position yet, or `None` when every partition has one (or the
+    /// broker did not answer in time).
+    fn starting_offsets(&self, positions: &TopicPartitionList) -> Option<TopicPartitionList> {
+        let mut unstarted = TopicPartitionList::new();
+        for element in positions.elements() {
+            if !matches!(element.offset(), Offset::Offset(_)) {
+                unstarted.add_partition(element.topic(), element.partition());
+            }
+        }
+        if unstarted.count() == 0 {
+            return None;
+        }
+        self.consumer
+            .committed_offsets(unstarted, WATERMARK_TIMEOUT)
+            .ok()
     }
 
     /// Leaves the group. Rebalance callbacks no longer wait (`closing` is

@@ -4,9 +4,12 @@
 //! rust-rdkafka issue 665 is the known case (a lost wakeup parks a stream
 //! forever); polling on a thread of our own with a timeout rules that one
 //! out, but a fetcher can still end up stopped (a pause that outlived a
-//! rebalance, a fetch state machine stuck after a broker restart). Symptom in
-//! every case: nothing arrives, nothing is queued, the consumer is not
-//! paused, yet a partition's position is behind its high watermark.
+//! rebalance, a fetch state machine stuck after a broker restart, a
+//! partition whose start offset was never resolved). Symptom in every case:
+//! nothing arrives, nothing is queued, the consumer is not paused, yet a
+//! partition's position is behind its high watermark. A partition that has
+//! yielded nothing yet has no position; its position is where it should
+//! have started: the group's committed offset, else the reset policy's end.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +48,30 @@ impl Watchdog {
     }
 }
 
+/// Where a partition without a committed offset starts
+/// (`auto.offset.reset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OffsetReset {
+    /// At the low watermark.
+    Earliest,
+    /// At the high watermark.
+    Latest,
+    /// Nowhere: consuming fails.
+    Error,
+}
+
+impl OffsetReset {
+    /// Reads librdkafka's `auto.offset.reset` value (librdkafka's default,
+    /// `largest`, when unset).
+    pub(crate) fn from_setting(value: Option<&str>) -> Self {
+        match value.map(str::to_ascii_lowercase).as_deref() {
+            Some("smallest" | "earliest" | "beginning") => OffsetReset::Earliest,
+            Some("error") => OffsetReset::Error,
+            _ => OffsetReset::Latest,
+        }
+    }
+}
+
 /// Where a partition should resume if it is stalled: its next offset when
 /// the broker holds messages at or past it, else `None`.
 ///
@@ -73,6 +100,21 @@ mod tests {
     fn an_unknown_position_is_never_judged() {
         assert_eq!(stalled_at(None, 9), None);
         assert_eq!(stalled_at(Some(-1001), 9), None);
+    }
+
+    #[test]
+    fn the_reset_policy_reads_every_spelling_librdkafka_accepts() {
+        for earliest in ["smallest", "earliest", "beginning", "Earliest"] {
+            assert_eq!(
+                OffsetReset::from_setting(Some(earliest)),
+                OffsetReset::Earliest
+            );
+        }
+        for latest in ["largest", "latest", "end"] {
+            assert_eq!(OffsetReset::from_setting(Some(latest)), OffsetReset::Latest);
+        }
+        assert_eq!(OffsetReset::from_setting(None), OffsetReset::Latest);
+        assert_eq!(OffsetReset::from_setting(Some("error")), OffsetReset::Error);
     }
 
     #[test]

@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use intake_core::BoxError;
+use intake_core::source::RevocationOutcome;
 use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
+use intake_core::{BoxError, Message, PartitionKey, Source, SourceEvent};
 use intake_kafka::dead_letter::header;
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
@@ -443,7 +444,48 @@ impl Backend for KafkaBackend {
     }
 }
 
-pub mod driver;
+pub mod consumer;
+
+/// What [`take`] collected from a source.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Messages, in the order the source handed them out.
+    pub messages: Vec<Message>,
+    /// Partitions assigned meanwhile.
+    pub assigned: Vec<PartitionKey>,
+}
+
+/// Calls `source.next` until `count` messages arrived (or `patience` passed),
+/// as the runtime would with a budget of `max`. Revocations are completed at
+/// once with nothing committed.
+pub async fn take(source: &mut KafkaSource, count: usize, max: usize, patience: Duration) -> Taken {
+    let mut taken = Taken::default();
+    let mut buffer = Vec::new();
+    let _ = tokio::time::timeout(patience, async {
+        while taken.messages.len() < count {
+            let wanted = max.min(count - taken.messages.len());
+            match source.next(&mut buffer, wanted).await {
+                Ok(SourceEvent::Delivered) => taken.messages.append(&mut buffer),
+                Ok(SourceEvent::Assigned(partitions)) => taken.assigned.extend(partitions),
+                Ok(SourceEvent::Revoked(revocation)) => {
+                    revocation.complete(RevocationOutcome::default());
+                }
+                Ok(SourceEvent::Exhausted) | Err(_) => break,
+            }
+        }
+    })
+    .await;
+    taken
+}
+
+/// The next message of `source`; panics after `patience`.
+pub async fn next_message(source: &mut KafkaSource, patience: Duration) -> Message {
+    let mut taken = take(source, 1, 1, patience).await;
+    taken
+        .messages
+        .pop()
+        .unwrap_or_else(|| panic!("no message within {patience:?}"))
+}
 
 /// Logs to the test output, filtered by `RUST_LOG` (default: warnings).
 pub fn init_tracing() {
