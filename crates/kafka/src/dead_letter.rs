@@ -1,11 +1,15 @@
 //! [`KafkaDeadLetterSink`]: poison messages to a dead-letter topic.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
 use crate::error::ConnectError;
@@ -44,13 +48,75 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 /// The record keeps the original payload, key and headers, and adds the
 /// [`header`] set: origin topic, partition, offset, key, group, the last
 /// error, the attempt count and the time.
+///
+/// Before its first write to a dead-letter topic the sink checks that the
+/// topic exists and, unless [told not to](KafkaDeadLetterSinkBuilder::create_missing_topics),
+/// creates it (one partition, the broker's default replication factor;
+/// both [configurable](KafkaDeadLetterSinkBuilder::new_topic)). A topic that
+/// is missing and cannot be created fails the write with a
+/// [`DeadLetterTopicError`] that says what to do, and the original message
+/// stays unacknowledged.
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     producer: FutureProducer,
+    topics: Arc<TopicCheck>,
     group: Arc<str>,
     template: Arc<str>,
     queue_timeout: Duration,
     brokers: Arc<str>,
+}
+
+/// Why a dead letter could not be written to its topic. The sink's
+/// [`DeadLetterError`] carries it as its source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterTopicError {
+    /// The topic does not exist and the sink may not create it.
+    #[error(
+        "dead-letter topic `{topic}` does not exist on {brokers}; create it, or let the sink create it (`create_missing_topics(true)`)"
+    )]
+    Missing {
+        /// The dead-letter topic.
+        topic: String,
+        /// The configured brokers.
+        brokers: String,
+    },
+    /// The topic does not exist and creating it failed.
+    #[error(
+        "dead-letter topic `{topic}` does not exist on {brokers} and creating it failed ({reason}); create it by hand or allow this client to create topics"
+    )]
+    CreateFailed {
+        /// The dead-letter topic.
+        topic: String,
+        /// The configured brokers.
+        brokers: String,
+        /// The broker's or client's answer.
+        reason: String,
+    },
+    /// The brokers did not say whether the topic exists.
+    #[error("cannot look up dead-letter topic `{topic}` on {brokers}: {source}")]
+    Lookup {
+        /// The dead-letter topic.
+        topic: String,
+        /// The configured brokers.
+        brokers: String,
+        /// The client's error.
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// How the sink makes sure a dead-letter topic exists before writing to it.
+struct TopicCheck {
+    /// Topics known to exist: checked once each.
+    known: Mutex<HashSet<String>>,
+    /// Partitions and replication factor of a topic the sink creates; `None`
+    /// when it creates none.
+    create: Option<(i32, i32)>,
+    /// The admin client, made on the first creation.
+    admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
+    settings: KafkaSettings,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for KafkaDeadLetterSink {
@@ -70,6 +136,9 @@ pub struct KafkaDeadLetterSinkBuilder {
     group: String,
     template: String,
     delivery_timeout: Duration,
+    create_missing: bool,
+    partitions: i32,
+    replication: i32,
 }
 
 impl KafkaDeadLetterSink {
@@ -83,6 +152,9 @@ impl KafkaDeadLetterSink {
             group: group.into(),
             template: DEFAULT_TOPIC_TEMPLATE.into(),
             delivery_timeout: Duration::from_secs(30),
+            create_missing: true,
+            partitions: 1,
+            replication: -1,
         }
     }
 
@@ -92,6 +164,105 @@ impl KafkaDeadLetterSink {
             .replace("{topic}", topic)
             .replace("{group}", &self.group)
     }
+
+    /// Makes sure `topic` exists (creating it if allowed), once per topic.
+    async fn ensure_topic(&self, topic: &str) -> Result<(), DeadLetterTopicError> {
+        let check = &self.topics;
+        if check.is_known(topic) {
+            return Ok(());
+        }
+        let exists = {
+            let producer = self.producer.clone();
+            let name = topic.to_owned();
+            let timeout = check.timeout;
+            tokio::task::spawn_blocking(move || topic_exists(&producer, &name, timeout))
+                .await
+                // The lookup task did not finish: the runtime is shutting down.
+                .unwrap_or(Err(KafkaError::Canceled))
+                .map_err(|source| DeadLetterTopicError::Lookup {
+                    topic: topic.to_owned(),
+                    brokers: self.brokers.to_string(),
+                    source,
+                })?
+        };
+        if !exists {
+            let Some((partitions, replication)) = check.create else {
+                return Err(DeadLetterTopicError::Missing {
+                    topic: topic.to_owned(),
+                    brokers: self.brokers.to_string(),
+                });
+            };
+            let failed = |reason: String| DeadLetterTopicError::CreateFailed {
+                topic: topic.to_owned(),
+                brokers: self.brokers.to_string(),
+                reason,
+            };
+            let admin = check.admin().map_err(|error| failed(error.to_string()))?;
+            let options = AdminOptions::new().operation_timeout(Some(check.timeout));
+            let results = admin
+                .create_topics(
+                    &[NewTopic::new(
+                        topic,
+                        partitions,
+                        TopicReplication::Fixed(replication),
+                    )],
+                    &options,
+                )
+                .await
+                .map_err(|error| failed(error.to_string()))?;
+            for result in results {
+                match result {
+                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((_, code)) => return Err(failed(code.to_string())),
+                }
+            }
+            tracing::info!(dead_letter_topic = %topic, partitions, replication, "created the dead-letter topic");
+        }
+        check.remember(topic);
+        Ok(())
+    }
+}
+
+impl TopicCheck {
+    fn is_known(&self, topic: &str) -> bool {
+        self.known
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .contains(topic)
+    }
+
+    fn remember(&self, topic: &str) {
+        self.known
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(topic.to_owned());
+    }
+
+    /// The admin client, made on first use (most sinks never need one).
+    fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
+        let mut admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(admin) = admin.as_ref() {
+            return Ok(admin.clone());
+        }
+        let created = Arc::new(self.settings.client_config().create()?);
+        *admin = Some(Arc::clone(&created));
+        Ok(created)
+    }
+}
+
+/// Whether the brokers know `topic`. Blocks for a metadata round trip.
+fn topic_exists(
+    producer: &FutureProducer,
+    topic: &str,
+    timeout: Duration,
+) -> Result<bool, KafkaError> {
+    let metadata = producer.client().fetch_metadata(Some(topic), timeout)?;
+    Ok(metadata.topics().iter().any(|found| {
+        found.name() == topic && found.error().is_none() && !found.partitions().is_empty()
+    }))
 }
 
 impl KafkaDeadLetterSinkBuilder {
@@ -112,17 +283,43 @@ impl KafkaDeadLetterSinkBuilder {
         self
     }
 
+    /// Whether a missing dead-letter topic is created on first use (default
+    /// true). When false, a write to a missing topic fails with
+    /// [`DeadLetterTopicError::Missing`].
+    pub fn create_missing_topics(mut self, create: bool) -> Self {
+        self.create_missing = create;
+        self
+    }
+
+    /// Partitions and replication factor of a dead-letter topic the sink
+    /// creates (default 1 partition and the broker's
+    /// `default.replication.factor`, written `-1`).
+    pub fn new_topic(mut self, partitions: i32, replication: i32) -> Self {
+        self.partitions = partitions;
+        self.replication = replication;
+        self
+    }
+
     /// Creates the producer.
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] for settings librdkafka refuses or an empty
-    /// topic template.
+    /// [`ConnectError::Config`] for settings librdkafka refuses, an empty
+    /// topic template, or a new-topic layout that cannot exist.
     pub fn build(self) -> Result<KafkaDeadLetterSink, ConnectError> {
         if self.template.trim().is_empty() {
             return Err(ConnectError::Config {
                 setting: "topic_template".into(),
                 problem: "must not be empty".into(),
+            });
+        }
+        if self.partitions < 1 || (self.replication < 1 && self.replication != -1) {
+            return Err(ConnectError::Config {
+                setting: "new_topic".into(),
+                problem: format!(
+                    "{} partitions with replication factor {}: use at least 1 partition and a replication factor of at least 1 (or -1 for the broker's default)",
+                    self.partitions, self.replication
+                ),
             });
         }
         let brokers: Arc<str> = self.settings.bootstrap_servers().into();
@@ -137,8 +334,18 @@ impl KafkaDeadLetterSinkBuilder {
             .client_config()
             .create()
             .map_err(|error| ConnectError::from_kafka(error, &brokers, Duration::ZERO))?;
+        let topics = TopicCheck {
+            known: Mutex::new(HashSet::new()),
+            create: self
+                .create_missing
+                .then_some((self.partitions, self.replication)),
+            admin: Mutex::new(None),
+            settings,
+            timeout: self.delivery_timeout,
+        };
         Ok(KafkaDeadLetterSink {
             producer,
+            topics: Arc::new(topics),
             group: self.group.into(),
             template: self.template.into(),
             queue_timeout: self.delivery_timeout,
@@ -153,6 +360,9 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         let message = &letter.message;
         let metadata = message.metadata();
         let topic = self.topic_for(metadata.source());
+        self.ensure_topic(&topic)
+            .await
+            .map_err(|error| DeadLetterError(Box::new(error)))?;
         let partition = metadata.partition().to_string();
         let offset = metadata.position().to_string();
         let attempts = letter.attempts.to_string();

@@ -42,7 +42,7 @@ mod settings;
 mod source;
 
 pub use acker::KafkaAcker;
-pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
+pub use dead_letter::{DeadLetterTopicError, KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
 pub use error::ConnectError;
 pub use settings::{KafkaSettings, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};

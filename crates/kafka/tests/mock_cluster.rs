@@ -15,7 +15,9 @@ use intake_core::{
     PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
 use intake_kafka::dead_letter::header;
-use intake_kafka::{ConnectError, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+use intake_kafka::{
+    ConnectError, DeadLetterTopicError, KafkaDeadLetterSink, KafkaSettings, KafkaSource,
+};
 use support::consumer::{TestConsumer, eventually};
 use support::{KafkaBackend, take, unique};
 
@@ -541,6 +543,43 @@ async fn a_dead_letter_carries_its_origin_and_is_confirmed_by_the_broker() {
     let records = kafka.dead_letters(&topic, &group).await.expect("records");
     assert_eq!(records[0].position, "0");
     assert_eq!(records[0].attempts, 3);
+    source.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_dead_letter_topic_the_sink_may_not_create_is_a_typed_error() {
+    let kafka = KafkaBackend::mock();
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, vec![TestMessage::new("k", "poison")])
+        .await
+        .expect("produce");
+    let mut source = kafka.source(&topic, &group).build().await.expect("source");
+    let original = support::next_message(&mut source, PATIENCE).await;
+    // The mock cluster creates any topic a metadata request names, unless
+    // the client says not to.
+    let sink = KafkaDeadLetterSink::builder(
+        kafka.settings().set("allow.auto.create.topics", "false"),
+        &group,
+    )
+    .create_missing_topics(false)
+    .build()
+    .expect("sink");
+
+    let error = sink
+        .write(&DeadLetter::new(original, "bad", 1))
+        .await
+        .expect_err("the topic is missing");
+    let cause = error
+        .0
+        .downcast_ref::<DeadLetterTopicError>()
+        .expect("a dead-letter topic error");
+    assert!(
+        matches!(cause, DeadLetterTopicError::Missing { topic: missing, .. } if *missing == sink.topic_for(&topic)),
+        "{cause}"
+    );
+    assert!(cause.to_string().contains("create"), "{cause}");
     source.close().await.expect("close");
 }
 

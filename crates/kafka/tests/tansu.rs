@@ -200,6 +200,40 @@ async fn poison_messages_land_in_the_dead_letter_topic_with_their_origin() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_dead_letter_topic_is_created_on_first_use() {
+    support::init_tracing();
+    let Some(kafka) = KafkaBackend::real("a_missing_dead_letter_topic_is_created_on_first_use")
+    else {
+        return;
+    };
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, vec![TestMessage::new("k", "poison")])
+        .await
+        .expect("produce");
+    let mut source = kafka.source(&topic, &group).build().await.expect("source");
+    let original = support::next_message(&mut source, PATIENCE).await;
+
+    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
+        .build()
+        .expect("sink");
+    for attempts in [1, 2] {
+        sink.write(&DeadLetter::new(original.clone(), "bad", attempts))
+            .await
+            .expect("the topic was created and the broker accepted the letter");
+    }
+    let records = kafka
+        .read_all(&sink.topic_for(&topic))
+        .await
+        .expect("read the dlq");
+    assert_eq!(records.len(), 2);
+    intake_core::Source::close(&mut source)
+        .await
+        .expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_topic_is_a_typed_error_within_the_connect_timeout() {
     let Some(kafka) = KafkaBackend::real("an_unknown_topic_is_a_typed_error") else {
         return;
