@@ -6,3 +6,7 @@
 #![warn(missing_docs)]
 
 pub use intake_core::*;
+
+/// The Redis Streams backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub use intake_redis_streams as redis_streams;

@@ -1,0 +1,209 @@
+//! [`RedisStreamsAcker`]: completed entries leave the pending list by `XACK`,
+//! many ids per command, every stream of a batch in one pipelined round trip.
+//!
+//! One awaited `XACK` per message is about 18 times slower than one per
+//! batch on this project's measurements, so the acker never does that: the
+//! runtime hands it whatever completed since the last batch, and while the
+//! round trip is under way the next batch grows.
+
+use std::sync::Arc;
+
+use intake_core::{AckBatch, AckError, AckMode, Acker, Position, SourceName};
+use redis::aio::ConnectionManager;
+
+use crate::config::Settings;
+use crate::connection::Connector;
+use crate::entry::StreamId;
+
+/// Ids whose acknowledgement failed are sent again with the next batch, up to
+/// this many. Past it the oldest are let go: they stay pending in Redis and
+/// are delivered again after `claim_min_idle`, so letting go costs a
+/// duplicate, never a loss.
+const MAX_RETAINED_IDS: usize = 100_000;
+
+/// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
+/// broadcast reader.
+///
+/// A retry-later outcome (the runtime's requeue) sends nothing: the entry
+/// stays pending and is claimed again after `claim_min_idle`, with Redis
+/// counting the delivery.
+pub struct RedisStreamsAcker {
+    group: Option<GroupAcker>,
+}
+
+struct GroupAcker {
+    connection: ConnectionManager,
+    connector: Connector,
+    settings: Arc<Settings>,
+    /// Ids of failed acknowledgements, per stream, to send again.
+    retained: Vec<(SourceName, Vec<StreamId>)>,
+    retained_len: usize,
+}
+
+impl std::fmt::Debug for RedisStreamsAcker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.group {
+            Some(group) => f
+                .debug_struct("RedisStreamsAcker")
+                .field("endpoint", group.connector.endpoint())
+                .field("group", &group.settings.group)
+                .field("retained", &group.retained_len)
+                .finish(),
+            None => f.write_str("RedisStreamsAcker(broadcast)"),
+        }
+    }
+}
+
+impl RedisStreamsAcker {
+    pub(crate) fn new(
+        connection: ConnectionManager,
+        connector: Connector,
+        settings: Arc<Settings>,
+    ) -> Self {
+        let group = settings.group.is_some().then(|| GroupAcker {
+            connection,
+            connector,
+            settings,
+            retained: Vec::new(),
+            retained_len: 0,
+        });
+        Self { group }
+    }
+}
+
+impl Acker for RedisStreamsAcker {
+    fn mode(&self) -> AckMode {
+        if self.group.is_some() {
+            AckMode::Ids
+        } else {
+            AckMode::Watermark
+        }
+    }
+
+    fn supports_requeue(&self) -> bool {
+        // A group entry that is not acknowledged stays pending and comes back
+        // by claim; a broadcast reader has no such thing, so the runtime
+        // retries in process.
+        self.group.is_some()
+    }
+
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        match &mut self.group {
+            Some(group) => group.ack(batch).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl GroupAcker {
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        let Some(group) = self.settings.group.clone() else {
+            return Ok(());
+        };
+        let mut pipe = redis::pipe();
+        let mut sent = 0_usize;
+        for ack in &batch.partitions {
+            let ids = || {
+                ack.completed
+                    .iter()
+                    .filter_map(|&position| StreamId::from_position(position))
+            };
+            let count = ids().count();
+            if count < ack.completed.len() {
+                tracing::error!(
+                    partition = %ack.partition,
+                    skipped = ack.completed.len() - count,
+                    "positions that are not stream entry ids cannot be acknowledged"
+                );
+            }
+            if count == 0 {
+                continue;
+            }
+            sent += count;
+            // `Pipeline::arg` appends to the command just started, so the ids
+            // go straight into its buffer.
+            pipe.cmd("XACK").arg(&*ack.partition.source).arg(&*group);
+            for id in ids() {
+                pipe.arg(id);
+            }
+            pipe.ignore();
+            if self.settings.delete_acked {
+                pipe.cmd("XDEL").arg(&*ack.partition.source);
+                for id in ids() {
+                    pipe.arg(id);
+                }
+                pipe.ignore();
+            }
+        }
+        for (stream, ids) in &self.retained {
+            pipe.cmd("XACK")
+                .arg(&**stream)
+                .arg(&*group)
+                .arg(ids)
+                .ignore();
+        }
+        if sent == 0 && self.retained.is_empty() {
+            return Ok(());
+        }
+        let requeued: usize = batch.partitions.iter().map(|ack| ack.requeue.len()).sum();
+        if requeued > 0 {
+            tracing::debug!(requeued, "entries left pending for a later claim");
+        }
+        match pipe.query_async::<()>(&mut self.connection).await {
+            Ok(()) => {
+                self.retained.clear();
+                self.retained_len = 0;
+                Ok(())
+            }
+            Err(error) => {
+                self.retain(batch);
+                let error = self.connector.error(error, "XACK");
+                tracing::warn!(
+                    %error,
+                    retained = self.retained_len,
+                    "acknowledgement failed; the ids are sent again with the next batch"
+                );
+                Err(error.into())
+            }
+        }
+    }
+
+    fn retain(&mut self, batch: &AckBatch) {
+        for ack in &batch.partitions {
+            let ids = ack
+                .completed
+                .iter()
+                .filter_map(|&position: &Position| StreamId::from_position(position));
+            let index = match self
+                .retained
+                .iter()
+                .position(|(stream, _)| *stream == ack.partition.source)
+            {
+                Some(index) => index,
+                None => {
+                    self.retained
+                        .push((ack.partition.source.clone(), Vec::new()));
+                    self.retained.len() - 1
+                }
+            };
+            let before = self.retained[index].1.len();
+            self.retained[index].1.extend(ids);
+            self.retained_len += self.retained[index].1.len() - before;
+        }
+        if self.retained_len > MAX_RETAINED_IDS {
+            let mut excess = self.retained_len - MAX_RETAINED_IDS;
+            tracing::warn!(
+                dropped = excess,
+                "too many unconfirmed acknowledgements; the oldest stay pending and will be \
+                 delivered again"
+            );
+            for (_, ids) in &mut self.retained {
+                let cut = excess.min(ids.len());
+                ids.drain(..cut);
+                excess -= cut;
+            }
+            self.retained.retain(|(_, ids)| !ids.is_empty());
+            self.retained_len = MAX_RETAINED_IDS;
+        }
+    }
+}
