@@ -101,7 +101,7 @@ impl GroupAcker {
             return Ok(());
         };
         let mut pipe = redis::pipe();
-        let mut sent = 0_usize;
+        let mut acknowledged = 0_usize;
         for ack in &batch.partitions {
             let ids = || {
                 ack.completed
@@ -119,7 +119,7 @@ impl GroupAcker {
             if count == 0 {
                 continue;
             }
-            sent += count;
+            acknowledged += count;
             // `Pipeline::arg` appends to the command just started, so the ids
             // go straight into its buffer.
             pipe.cmd("XACK").arg(&*ack.partition.source).arg(&*group);
@@ -142,14 +142,24 @@ impl GroupAcker {
                 .arg(ids)
                 .ignore();
         }
-        if sent == 0 && self.retained.is_empty() {
+        if acknowledged == 0 && self.retained.is_empty() {
             return Ok(());
         }
         let requeued: usize = batch.partitions.iter().map(|ack| ack.requeue.len()).sum();
         if requeued > 0 {
             tracing::debug!(requeued, "entries left pending for a later claim");
         }
-        match pipe.query_async::<()>(&mut self.connection).await {
+        let mut sent = pipe.query_async::<()>(&mut self.connection).await;
+        if sent
+            .as_ref()
+            .is_err_and(|error| error.is_connection_dropped() || error.is_io_error())
+        {
+            // The shared connection reconnects after a failure; XACK is
+            // idempotent, so one immediate retry spares a wait for the next
+            // batch (and a redelivery, if there is none).
+            sent = pipe.query_async::<()>(&mut self.connection).await;
+        }
+        match sent {
             Ok(()) => {
                 self.retained.clear();
                 self.retained_len = 0;

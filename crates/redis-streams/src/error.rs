@@ -113,7 +113,8 @@ impl RedisStreamsError {
         key: Option<&str>,
         endpoint: &Endpoint,
     ) -> Self {
-        let code = error.code();
+        let code = server_code(&error);
+        let code = code.as_deref();
         if error.kind() == ErrorKind::AuthenticationFailed
             || matches!(code, Some("WRONGPASS" | "NOAUTH"))
         {
@@ -159,7 +160,7 @@ impl RedisStreamsError {
     /// Whether the group's consumer group or stream vanished (`NOGROUP`):
     /// someone ran `XGROUP DESTROY` or deleted the key.
     pub(crate) fn is_missing_group(&self) -> bool {
-        matches!(self, Self::Command { source, .. } if source.code() == Some("NOGROUP"))
+        matches!(self, Self::Command { source, .. } if server_code(source).as_deref() == Some("NOGROUP"))
     }
 
     /// Whether retrying later may succeed (a lost connection, a server
@@ -167,12 +168,25 @@ impl RedisStreamsError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable { .. } => true,
-            Self::Command { source, .. } => {
-                matches!(source.code(), Some("LOADING" | "TRYAGAIN" | "BUSY"))
-            }
+            Self::Command { source, .. } => matches!(
+                server_code(source).as_deref(),
+                Some("LOADING" | "TRYAGAIN" | "BUSY" | "MASTERDOWN")
+            ),
             _ => false,
         }
     }
+}
+
+/// The server's error code (`WRONGTYPE`, `NOGROUP`, …), also when the error
+/// came back from a pipeline, where the client keeps it one level down.
+pub(crate) fn server_code(error: &RedisError) -> Option<String> {
+    if let Some(code) = error.code() {
+        return Some(code.to_owned());
+    }
+    error
+        .clone()
+        .into_server_errors()
+        .and_then(|errors| errors.first().map(|(_, error)| error.code().to_owned()))
 }
 
 impl From<RedisStreamsError> for SourceError {

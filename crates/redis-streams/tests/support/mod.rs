@@ -410,3 +410,64 @@ impl Backend for RedisBackend {
 pub fn partition(stream: &str) -> PartitionKey {
     PartitionKey::new(stream, 0)
 }
+
+/// A TCP proxy in front of Redis that can go away and come back on the same
+/// port, to simulate an outage without touching the server.
+pub struct Proxy {
+    address: std::net::SocketAddr,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Proxy {
+    /// A proxy on a free local port.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let address = listener.local_addr().expect("proxy address");
+        Self::serve(listener, address)
+    }
+
+    fn serve(listener: tokio::net::TcpListener, address: std::net::SocketAddr) -> Self {
+        let mut tasks = tokio::task::JoinSet::new();
+        let upstream = redis_url()
+            .strip_prefix("redis://")
+            .unwrap_or("127.0.0.1:6379")
+            .trim_end_matches('/')
+            .to_owned();
+        tasks.spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                connections.spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Self { address, tasks }
+    }
+
+    /// Where the proxy listens.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.address
+    }
+
+    /// Closes the port and every connection through it.
+    pub fn stop(&mut self) {
+        // Aborting the accept task drops the listener and, with its
+        // JoinSet, every forwarding task and socket.
+        self.tasks.abort_all();
+    }
+
+    /// Listens again on the same port.
+    pub async fn restart(mut self) -> Self {
+        let address = self.address;
+        self.tasks.shutdown().await;
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .expect("bind the proxy again");
+        Self::serve(listener, address)
+    }
+}
