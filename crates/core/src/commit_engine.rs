@@ -357,6 +357,23 @@ impl CommitEngine {
         self.pending = self.pending.saturating_sub(taken);
     }
 
+    /// Like [`take_partition_batch`](Self::take_partition_batch), but the
+    /// partition's watermark is included even if it was sent before: a
+    /// partition about to be released is committed once more, synchronously,
+    /// so its commit is durable before another consumer takes over.
+    pub fn take_final_batch(&mut self, id: PartitionId, batch: &mut AckBatch) {
+        if let Some(state) = self.partitions.get_mut(id.index()) {
+            if state.assigned && state.watermark.is_some() {
+                state.sent_watermark = None;
+                if !state.dirty {
+                    state.dirty = true;
+                    self.dirty.push(id);
+                }
+            }
+        }
+        self.take_partition_batch(id, batch);
+    }
+
     fn take_partition(&mut self, id: PartitionId) -> Option<PartitionAck> {
         let state = self.partitions.get_mut(id.index())?;
         state.dirty = false;

@@ -12,6 +12,7 @@
 pub mod acker;
 pub mod backoff;
 pub mod commit_engine;
+pub mod consumer;
 pub mod dead_letter;
 pub mod error;
 pub mod lifecycle;
@@ -23,6 +24,7 @@ pub mod testkit;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
+pub use consumer::{Consumer, ConsumerBuilder, Ordering, RunError, RunReport, Shutdown};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
 pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
