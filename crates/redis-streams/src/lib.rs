@@ -60,3 +60,7 @@ pub use connection::Endpoint;
 pub use dead_letter::{RedisDeadLetterSink, fields as dead_letter_fields};
 pub use error::RedisStreamsError;
 pub use source::RedisStreamsSource;
+
+/// The Redis client this crate is built on, so that applications use the
+/// same version for their own commands.
+pub use redis;

@@ -474,6 +474,12 @@ impl GroupReader {
     /// Leaves the group if nothing is pending for this consumer, so that
     /// consumers with generated names do not pile up in `XINFO CONSUMERS`.
     pub(super) async fn close(&mut self) -> Result<(), RedisStreamsError> {
+        if self.interrupted {
+            // The runtime dropped a blocking read to stop; the server would
+            // answer the commands below only after that block ran out.
+            self.connection.drop_connection();
+            self.interrupted = false;
+        }
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
         for stream in &self.streams {
