@@ -71,6 +71,17 @@ pub(crate) struct Settings {
     pub(crate) reconnect: Backoff,
 }
 
+impl Settings {
+    /// The streams as one text, for errors of commands that span them all.
+    pub(crate) fn stream_list(&self) -> String {
+        self.streams
+            .iter()
+            .map(|stream| &**stream)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Configuration of a Redis Streams consumer: a consumer group over one or
 /// more streams, or a broadcast reader.
 ///
@@ -132,6 +143,7 @@ pub struct RedisStreamsConfig {
     reconnect: Backoff,
     connect_timeout: Duration,
     command_timeout: Duration,
+    tls_root_certificate: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStreamsConfig {
@@ -154,6 +166,7 @@ impl fmt::Debug for RedisStreamsConfig {
             .field("reconnect", &self.reconnect)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
             .finish()
     }
 }
@@ -191,6 +204,7 @@ impl RedisStreamsConfig {
                 .into(),
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(5),
+            tls_root_certificate: None,
         }
     }
 
@@ -323,6 +337,15 @@ impl RedisStreamsConfig {
         self
     }
 
+    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
+    /// root certificates, for a `rediss://` server whose certificate a
+    /// private CA signed.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+
     /// Checks the settings without connecting.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.settings().map(|_| ())
@@ -448,7 +471,12 @@ impl RedisStreamsConfig {
     }
 
     fn connector(&self) -> Result<Connector, RedisStreamsError> {
-        Connector::new(&self.url, self.connect_timeout, self.command_timeout)
+        Connector::new(
+            &self.url,
+            self.tls_root_certificate.as_deref(),
+            self.connect_timeout,
+            self.command_timeout,
+        )
     }
 
     /// Connects: checks the server, creates the consumer group (and the

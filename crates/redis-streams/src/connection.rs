@@ -14,6 +14,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo};
 
+use intake_core::ConfigError;
+
 use crate::error::RedisStreamsError;
 
 /// Where the backend connects, as `scheme://[user@]host:port/db`: the URL
@@ -107,6 +109,7 @@ impl Connector {
     /// Parses `url`; fails on a URL the client cannot use.
     pub(crate) fn new(
         url: &SecretUrl,
+        tls_root_certificate: Option<&[u8]>,
         connect_timeout: Duration,
         command_timeout: Duration,
     ) -> Result<Self, RedisStreamsError> {
@@ -130,9 +133,19 @@ impl Connector {
             .map(|user| format!("{user}@"))
             .unwrap_or_default();
         let endpoint = Endpoint(format!("{scheme}://{user}{address}/{}", settings.db()).into());
-        let client = Client::open(info).map_err(|error| RedisStreamsError::InvalidUrl {
-            reason: format!("{} ({})", error, endpoint),
-        })?;
+        let client = match tls_root_certificate {
+            None => Client::open(info).map_err(|error| RedisStreamsError::InvalidUrl {
+                reason: format!("{} ({})", error, endpoint),
+            })?,
+            Some(_) if scheme != "rediss" => {
+                return Err(ConfigError::new(
+                    "tls_root_certificate",
+                    format!("is set, but {endpoint} is not a rediss:// URL, which TLS needs"),
+                )
+                .into());
+            }
+            Some(pem) => client_with_root_certificate(info, pem)?,
+        };
         Ok(Self {
             client,
             endpoint,
@@ -190,6 +203,32 @@ impl Connector {
     ) -> RedisStreamsError {
         RedisStreamsError::from_redis(error, command, Some(key), &self.endpoint)
     }
+}
+
+#[cfg(feature = "tls")]
+fn client_with_root_certificate(
+    info: redis::ConnectionInfo,
+    pem: &[u8],
+) -> Result<Client, RedisStreamsError> {
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
+    };
+    Client::build_with_tls(info, certificates).map_err(|error| {
+        ConfigError::new(
+            "tls_root_certificate",
+            format!("cannot be used: {error}; give the CA certificate in PEM form"),
+        )
+        .into()
+    })
+}
+
+#[cfg(not(feature = "tls"))]
+fn client_with_root_certificate(
+    _info: redis::ConnectionInfo,
+    _pem: &[u8],
+) -> Result<Client, RedisStreamsError> {
+    Err(ConfigError::new("tls_root_certificate", "needs the `tls` feature").into())
 }
 
 #[cfg(feature = "tls")]
@@ -270,6 +309,7 @@ mod tests {
     fn the_endpoint_of_a_parsed_url_has_no_password() {
         let connector = Connector::new(
             &SecretUrl::new("redis://bob:pa55@127.0.0.1:6390/3"),
+            None,
             Duration::from_secs(1),
             Duration::from_secs(1),
         );
@@ -284,6 +324,7 @@ mod tests {
     fn a_url_of_another_scheme_is_invalid() {
         let connector = Connector::new(
             &SecretUrl::new("http://user:pa55@127.0.0.1"),
+            None,
             Duration::from_secs(1),
             Duration::from_secs(1),
         );

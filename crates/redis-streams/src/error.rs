@@ -67,7 +67,7 @@ pub enum RedisStreamsError {
          name or remove that key"
     )]
     WrongType {
-        /// The key.
+        /// The key (or, for a command over several streams, all of them).
         key: String,
         /// The server's answer.
         #[source]

@@ -136,7 +136,7 @@ impl BroadcastReader {
         let reply: Value = command
             .query_async(connection)
             .await
-            .map_err(|error| connector.error(error, "XREAD"))?;
+            .map_err(|error| connector.key_error(error, "XREAD", &self.settings.stream_list()))?;
         self.replies.clear();
         let streams = &self.streams;
         let replies = &mut self.replies;

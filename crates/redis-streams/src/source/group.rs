@@ -296,10 +296,9 @@ impl GroupReader {
         }
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
-        let rows: Vec<Value> = pipe
-            .query_async(connection)
-            .await
-            .map_err(|error| connector.error(error, "XPENDING"))?;
+        let rows: Vec<Value> = pipe.query_async(connection).await.map_err(|error| {
+            connector.key_error(error, "XPENDING", &self.settings.stream_list())
+        })?;
         let mut budget = max;
         let mut claimed = 0;
         for (index, rows) in rows.into_iter().enumerate() {
@@ -367,10 +366,9 @@ impl GroupReader {
         }
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
-        let reply: Value = command
-            .query_async(connection)
-            .await
-            .map_err(|error| connector.error(error, "XREADGROUP"))?;
+        let reply: Value = command.query_async(connection).await.map_err(|error| {
+            connector.key_error(error, "XREADGROUP", &self.settings.stream_list())
+        })?;
         self.replies.clear();
         let streams = &self.streams;
         let replies = &mut self.replies;
