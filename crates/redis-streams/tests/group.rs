@@ -557,11 +557,7 @@ async fn a_dropped_next_loses_no_entry() {
     );
     let distinct: BTreeSet<_> = handled.iter().cloned().collect();
     assert_eq!(distinct.len(), total, "no entry was lost");
-    assert_eq!(
-        handled.len(),
-        total as usize,
-        "and none was delivered twice"
-    );
+    assert_eq!(handled.len(), total, "and none was delivered twice");
 }
 
 #[tokio::test]
