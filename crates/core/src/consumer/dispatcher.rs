@@ -49,7 +49,7 @@ where
     S: Source,
     A: Acker,
     H: Service<Message, Response = ()> + Send + 'static,
-    H::Error: Into<HandlerError>,
+    H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
     let started = Instant::now();
@@ -176,7 +176,7 @@ struct Dispatcher<H: Service<Message>> {
 impl<H> Dispatcher<H>
 where
     H: Service<Message, Response = ()> + Send + 'static,
-    H::Error: Into<HandlerError>,
+    H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
     fn new(

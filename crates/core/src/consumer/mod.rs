@@ -277,7 +277,7 @@ impl ConsumerBuilder {
         S: Source,
         A: Acker,
         H: Service<Message, Response = ()> + Send + 'static,
-        H::Error: Into<HandlerError>,
+        H::Error: Into<HandlerError> + Send + 'static,
         H::Future: Send + 'static,
     {
         self.validate()?;
@@ -319,7 +319,7 @@ where
     S: Source,
     A: Acker,
     H: Service<Message, Response = ()> + Send + 'static,
-    H::Error: Into<HandlerError>,
+    H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
     /// Runs until `shutdown` fires (or the source is exhausted or fails).
