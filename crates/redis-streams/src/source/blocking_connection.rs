@@ -1,6 +1,18 @@
 //! The source's reading connection: one of its own (see
 //! [`connection`](crate::connection)), reopened with the configured
 //! [`BackoffPolicy`] when it is lost.
+//!
+//! # Closing the old connection on the server first
+//!
+//! A connection is given up when it failed or when a call was dropped
+//! during a blocking read. The server may not have noticed yet: its
+//! `XREADGROUP … BLOCK` can still be waiting, and an entry added now would
+//! be served to the dead connection (entering this consumer's pending list)
+//! *after* the new connection's re-read of that list found nothing. So the
+//! new connection first kills the old one by id (`CLIENT KILL ID`), which the
+//! server does at once; whatever the old read took is in the pending list
+//! before the re-read runs. Without permission for `CLIENT`, such an entry
+//! is still not lost: it is claimed after `claim_min_idle`.
 
 use std::time::Duration;
 
@@ -15,22 +27,29 @@ pub(crate) struct BlockingConnection {
     block: Duration,
     policy: Backoff,
     connection: Option<MultiplexedConnection>,
+    /// The server's id of `connection` (`CLIENT ID`), if the user may ask.
+    client_id: Option<i64>,
+    /// The id of a connection given up but perhaps still open on the server.
+    abandoned: Option<i64>,
     /// Consecutive failures, for the backoff; reset by a command that worked.
     failures: u32,
 }
 
 impl BlockingConnection {
-    pub(crate) fn new(
+    pub(crate) async fn new(
         connector: Connector,
         block: Duration,
         policy: Backoff,
-        connection: MultiplexedConnection,
+        mut connection: MultiplexedConnection,
     ) -> Self {
+        let client_id = client_id(&mut connection).await;
         Self {
             connector,
             block,
             policy,
             connection: Some(connection),
+            client_id,
+            abandoned: None,
             failures: 0,
         }
     }
@@ -54,7 +73,42 @@ impl BlockingConnection {
     async fn reopen(&mut self) -> Result<MultiplexedConnection, RedisStreamsError> {
         loop {
             match self.connector.blocking_reader(self.block).await {
-                Ok(connection) => {
+                Ok(mut connection) => {
+                    if let Some(old) = self.abandoned {
+                        let killed: Result<i64, _> = redis::cmd("CLIENT")
+                            .arg("KILL")
+                            .arg("ID")
+                            .arg(old)
+                            .query_async(&mut connection)
+                            .await;
+                        match killed {
+                            Ok(_) => self.abandoned = None,
+                            // Already gone: the server closed it first.
+                            Err(error)
+                                if error.kind()
+                                    == redis::ErrorKind::Server(
+                                        redis::ServerErrorKind::ResponseError,
+                                    ) =>
+                            {
+                                self.abandoned = None;
+                            }
+                            Err(error) if error.code() == Some("NOPERM") => {
+                                tracing::debug!(
+                                    "CLIENT KILL is not permitted; an entry read by the old connection may wait for a claim"
+                                );
+                                self.abandoned = None;
+                            }
+                            Err(error) => {
+                                let error = self.connector.error(error, "CLIENT KILL");
+                                if error.is_transient() {
+                                    self.back_off(error).await?;
+                                    continue;
+                                }
+                                return Err(error);
+                            }
+                        }
+                    }
+                    self.client_id = client_id(&mut connection).await;
                     if self.failures > 0 {
                         tracing::info!(
                             endpoint = %self.connector.endpoint(),
@@ -73,7 +127,11 @@ impl BlockingConnection {
     /// Forgets the connection: it failed, or a command on it was abandoned
     /// midway and its state is unknown.
     pub(crate) fn drop_connection(&mut self) {
-        self.connection = None;
+        if self.connection.take().is_some() {
+            if let Some(id) = self.client_id.take() {
+                self.abandoned = Some(id);
+            }
+        }
     }
 
     /// Waits as the policy says after a transient failure, or gives the
@@ -102,5 +160,16 @@ impl BlockingConnection {
     /// Records that a command worked.
     pub(crate) fn succeeded(&mut self) {
         self.failures = 0;
+    }
+}
+
+/// The server's id of `connection`, or `None` when the user may not ask.
+async fn client_id(connection: &mut MultiplexedConnection) -> Option<i64> {
+    match redis::cmd("CLIENT").arg("ID").query_async(connection).await {
+        Ok(id) => Some(id),
+        Err(error) => {
+            tracing::debug!(%error, "CLIENT ID is not available");
+            None
+        }
     }
 }

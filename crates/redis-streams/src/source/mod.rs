@@ -13,8 +13,10 @@
 //!   (PEL) on the server before the reply is even sent. Decoded entries wait
 //!   in the source until a call hands them out, and the source remembers the
 //!   newest id it has decoded per stream. If a call is dropped midway (or
-//!   the connection is lost), the next call reopens the reading connection
-//!   and first re-reads this consumer's pending entries *after* that id:
+//!   the connection is lost), the next call reopens the reading connection,
+//!   has the server close the old one (so that a read still blocked there
+//!   cannot take an entry later), and first re-reads this consumer's
+//!   pending entries *after* that id:
 //!   exactly those that reached the PEL but not the source. Entries at or
 //!   before it were decoded and are either waiting in the source, with the
 //!   runtime, or (if the source itself is dropped) pending in Redis, where a
@@ -84,7 +86,8 @@ impl RedisStreamsSource {
                     settings.block,
                     settings.reconnect,
                     connection,
-                );
+                )
+                .await;
                 Reader::Group(Box::new(GroupReader::new(
                     settings.clone(),
                     connection,
@@ -99,7 +102,8 @@ impl RedisStreamsSource {
                     settings.block,
                     settings.reconnect,
                     connection,
-                );
+                )
+                .await;
                 Reader::Broadcast(Box::new(BroadcastReader::new(
                     settings.clone(),
                     connection,
