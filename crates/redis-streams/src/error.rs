@@ -52,7 +52,7 @@ pub enum RedisStreamsError {
     /// The ACL user may not run a command the backend needs.
     #[error(
         "the Redis user may not run `{command}` ({source}); grant it the stream commands \
-         (for example `+@stream +info +client`)"
+         (for example `+@stream +@scripting +info +client`)"
     )]
     Forbidden {
         /// The refused command.

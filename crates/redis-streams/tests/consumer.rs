@@ -50,10 +50,7 @@ async fn the_runtime_handles_and_acknowledges_every_entry() {
         .await
         .expect("run");
     assert_eq!(report.succeeded, 1000);
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -96,10 +93,7 @@ async fn a_retryable_failure_is_left_pending_and_comes_back_with_the_next_attemp
         report.succeeded, 20,
         "and succeeded when it was claimed again"
     );
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -155,8 +149,5 @@ async fn shutdown_leaves_unfinished_entries_pending_for_the_next_run() {
     names.sort();
     assert_eq!(names, vec!["m5", "m6", "m7", "m8", "m9"]);
     ack(&mut acker, &again).await;
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }

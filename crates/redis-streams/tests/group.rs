@@ -146,10 +146,7 @@ async fn a_consumer_dropped_mid_batch_has_its_entries_claimed_by_another() {
         30,
         "the 30 unfinished entries came back as second deliveries"
     );
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -187,10 +184,7 @@ async fn a_restarted_consumer_takes_up_its_own_pending_entries_at_once() {
             .all(|message| message.metadata().attempt() == 2)
     );
     ack(&mut acker, &again).await;
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -274,10 +268,7 @@ async fn a_poison_entry_past_max_deliveries_lands_in_the_dead_letter_stream_and_
     assert_eq!(field(letter, "dlq.attempts").as_deref(), Some("3"));
     assert!(field(letter, "dlq.error").is_some_and(|error| error.contains("max_deliveries")));
     assert!(field(letter, "dlq.failed_at_ms").is_some_and(|at| at.parse::<u64>().is_ok()));
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -335,10 +326,7 @@ async fn the_dead_letter_sink_writes_the_origin_and_acknowledges_atomically() {
         Some("cannot parse")
     );
     assert_eq!(field(&dead[0], "dlq.attempts").as_deref(), Some("4"));
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -417,10 +405,7 @@ async fn two_consumers_in_one_group_split_the_work() {
     );
     let all: BTreeSet<_> = first.iter().chain(second.iter()).cloned().collect();
     assert_eq!(all.len(), 500, "every entry was processed at least once");
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]
@@ -495,10 +480,7 @@ async fn connections_killed_from_outside_mid_run_lose_nothing() {
     assert_eq!(handled.len(), total, "every entry was handled");
     // Flush acknowledgements retained from a killed round trip.
     acker.ack(&AckBatch::default()).await.expect("final ack");
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]

@@ -189,10 +189,7 @@ async fn rediss_with_a_private_ca_delivers_and_acknowledges() {
     let received = receive(&mut source, 3, 10, Duration::from_secs(5)).await;
     assert_eq!(payloads(&received), vec!["m0", "m1", "m2"]);
     ack(&mut acker, &received).await;
-    assert_eq!(
-        unacknowledged(&mut redis, &stream, &group).await.ok(),
-        Some(0)
-    );
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
 #[tokio::test]

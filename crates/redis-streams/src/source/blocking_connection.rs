@@ -31,6 +31,8 @@ pub(crate) struct BlockingConnection {
     client_id: Option<i64>,
     /// The id of a connection given up but perhaps still open on the server.
     abandoned: Option<i64>,
+    /// A call of the source is under way (or was dropped midway).
+    in_call: bool,
     /// Consecutive failures, for the backoff; reset by a command that worked.
     failures: u32,
 }
@@ -50,6 +52,7 @@ impl BlockingConnection {
             connection: Some(connection),
             client_id,
             abandoned: None,
+            in_call: false,
             failures: 0,
         }
     }
@@ -122,6 +125,23 @@ impl BlockingConnection {
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    /// Marks the start of a call of the source. Returns whether the previous
+    /// call was dropped midway: its connection is then given up, since a
+    /// blocking read may still hold it, and what that read took may be in
+    /// the pending list without having reached the source.
+    pub(crate) fn begin_call(&mut self) -> bool {
+        let interrupted = std::mem::replace(&mut self.in_call, true);
+        if interrupted {
+            self.drop_connection();
+        }
+        interrupted
+    }
+
+    /// Marks the end of a call that was not dropped.
+    pub(crate) fn end_call(&mut self) {
+        self.in_call = false;
     }
 
     /// Forgets the connection: it failed, or a command on it was abandoned

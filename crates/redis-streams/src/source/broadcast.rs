@@ -56,7 +56,6 @@ pub(super) struct BroadcastReader {
     decoder: EntryDecoder,
     sink: RedisDeadLetterSink,
     staging: Staging,
-    interrupted: bool,
     raw: Vec<RawEntry>,
     replies: Vec<(usize, Value)>,
 }
@@ -74,7 +73,6 @@ impl BroadcastReader {
             connection,
             sink,
             staging: Staging::default(),
-            interrupted: false,
             raw: Vec::new(),
             replies: Vec::new(),
             settings,
@@ -86,13 +84,9 @@ impl BroadcastReader {
         deliveries: &mut Vec<Message>,
         max: usize,
     ) -> Result<(), RedisStreamsError> {
-        if self.interrupted {
-            // A dropped blocking read may still hold the connection.
-            self.connection.drop_connection();
-        }
-        self.interrupted = true;
+        self.connection.begin_call();
         let result = self.fill(deliveries, max).await;
-        self.interrupted = false;
+        self.connection.end_call();
         result
     }
 

@@ -107,8 +107,6 @@ pub(super) struct GroupReader {
     sink: RedisDeadLetterSink,
     staging: Staging,
     next_claim: Instant,
-    /// A call was dropped while it was talking to Redis.
-    interrupted: bool,
     // Scratch space reused across calls.
     raw: Vec<RawEntry>,
     pending: Vec<PendingEntry>,
@@ -139,7 +137,6 @@ impl GroupReader {
             sink,
             staging: Staging::default(),
             next_claim: Instant::now(),
-            interrupted: false,
             raw: Vec::new(),
             pending: Vec::new(),
             replies: Vec::new(),
@@ -153,16 +150,11 @@ impl GroupReader {
         deliveries: &mut Vec<Message>,
         max: usize,
     ) -> Result<(), RedisStreamsError> {
-        if self.interrupted {
-            // The previous call was dropped while a command was under way;
-            // a blocking read may still hold the connection, and its entries
-            // may be in our pending list without having reached us.
-            self.connection.drop_connection();
+        if self.connection.begin_call() {
             self.resync_all();
         }
-        self.interrupted = true;
         let result = self.fill(deliveries, max).await;
-        self.interrupted = false;
+        self.connection.end_call();
         result
     }
 
@@ -472,12 +464,16 @@ impl GroupReader {
     /// Leaves the group if nothing is pending for this consumer, so that
     /// consumers with generated names do not pile up in `XINFO CONSUMERS`.
     pub(super) async fn close(&mut self) -> Result<(), RedisStreamsError> {
-        if self.interrupted {
-            // The runtime dropped a blocking read to stop; the server would
-            // answer the commands below only after that block ran out.
-            self.connection.drop_connection();
-            self.interrupted = false;
-        }
+        // If the runtime dropped a blocking read to stop, the server would
+        // answer the commands below only after that block ran out: begin on
+        // a fresh connection then.
+        self.connection.begin_call();
+        let result = self.delete_if_idle().await;
+        self.connection.end_call();
+        result
+    }
+
+    async fn delete_if_idle(&mut self) -> Result<(), RedisStreamsError> {
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
         for stream in &self.streams {

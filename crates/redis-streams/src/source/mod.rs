@@ -78,39 +78,31 @@ impl RedisStreamsSource {
         settings: Arc<Settings>,
         sink: RedisDeadLetterSink,
     ) -> Result<Self, RedisStreamsError> {
-        let reader = match &settings.group {
+        // Groups are created and broadcast start positions resolved before
+        // the connection is handed over, so that errors (a key of the wrong
+        // type) surface from `connect`.
+        let positions = match &settings.group {
             Some(_) => {
                 group::create_groups(&mut connection, &connector, &settings).await?;
-                let connection = BlockingConnection::new(
-                    connector,
-                    settings.block,
-                    settings.reconnect,
-                    connection,
-                )
-                .await;
-                Reader::Group(Box::new(GroupReader::new(
-                    settings.clone(),
-                    connection,
-                    sink.clone(),
-                )))
+                None
             }
-            None => {
-                let positions =
-                    broadcast::start_positions(&mut connection, &connector, &settings).await?;
-                let connection = BlockingConnection::new(
-                    connector,
-                    settings.block,
-                    settings.reconnect,
-                    connection,
-                )
+            None => Some(broadcast::start_positions(&mut connection, &connector, &settings).await?),
+        };
+        let connection =
+            BlockingConnection::new(connector, settings.block, settings.reconnect, connection)
                 .await;
-                Reader::Broadcast(Box::new(BroadcastReader::new(
-                    settings.clone(),
-                    connection,
-                    sink.clone(),
-                    positions,
-                )))
-            }
+        let reader = match positions {
+            None => Reader::Group(Box::new(GroupReader::new(
+                settings.clone(),
+                connection,
+                sink.clone(),
+            ))),
+            Some(positions) => Reader::Broadcast(Box::new(BroadcastReader::new(
+                settings.clone(),
+                connection,
+                sink.clone(),
+                positions,
+            ))),
         };
         tracing::info!(
             streams = ?settings.streams,

@@ -253,6 +253,20 @@ pub async fn unacknowledged(
     Ok(length)
 }
 
+/// Asserts that `group` has acknowledged every entry of `stream`.
+pub async fn assert_all_acknowledged(
+    connection: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) {
+    let left = unacknowledged(connection, stream, group).await.ok();
+    assert_eq!(
+        left,
+        Some(0),
+        "entries of {stream} left unacknowledged by {group}"
+    );
+}
+
 /// The fields of every entry of `stream`, oldest first.
 pub async fn entries(
     connection: &mut MultiplexedConnection,
