@@ -183,6 +183,27 @@ pub(crate) fn parse_read_reply(
     }
 }
 
+/// The per-stream parts of a read reply, each with the index `index_of`
+/// gives its key. Entries of a stream that was not asked for are logged and
+/// left out.
+pub(crate) fn split_read_reply(
+    value: Value,
+    command: &'static str,
+    index_of: impl Fn(&[u8]) -> Option<usize>,
+    out: &mut Vec<(usize, Value)>,
+) -> Result<(), RedisStreamsError> {
+    parse_read_reply(value, command, |key, entries| {
+        match index_of(key) {
+            Some(index) => out.push((index, entries)),
+            None => tracing::error!(
+                key = %String::from_utf8_lossy(key),
+                "Redis returned entries of a stream that was not asked for"
+            ),
+        }
+        Ok(())
+    })
+}
+
 /// One row of an extended `XPENDING` reply.
 pub(crate) struct PendingEntry {
     pub(crate) id: StreamId,

@@ -13,7 +13,7 @@ use super::{Poison, Staging};
 use crate::config::{Settings, StartFrom};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::entry::{Decoded, EntryDecoder, RawEntry, StreamId, parse_entries, parse_read_reply};
+use crate::entry::{Decoded, EntryDecoder, RawEntry, StreamId, parse_entries, split_read_reply};
 use crate::error::RedisStreamsError;
 
 /// Where each stream's reading starts. "New entries" is resolved to the
@@ -133,20 +133,16 @@ impl BroadcastReader {
             .map_err(|error| connector.key_error(error, "XREAD", &self.settings.stream_list()))?;
         self.replies.clear();
         let streams = &self.streams;
-        let replies = &mut self.replies;
-        parse_read_reply(reply, "XREAD", |key, entries| {
-            match streams
-                .iter()
-                .position(|(stream, _)| stream.as_bytes() == key)
-            {
-                Some(index) => replies.push((index, entries)),
-                None => tracing::error!(
-                    key = %String::from_utf8_lossy(key),
-                    "Redis returned entries of a stream that was not asked for"
-                ),
-            }
-            Ok(())
-        })?;
+        split_read_reply(
+            reply,
+            "XREAD",
+            |key| {
+                streams
+                    .iter()
+                    .position(|(stream, _)| stream.as_bytes() == key)
+            },
+            &mut self.replies,
+        )?;
         let mut replies = std::mem::take(&mut self.replies);
         for (index, entries) in replies.drain(..) {
             self.raw.clear();

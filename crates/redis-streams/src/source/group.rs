@@ -38,7 +38,7 @@ use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::entry::{
     After, Decoded, EntryDecoder, PendingEntry, RawEntry, StreamId, parse_entries, parse_pending,
-    parse_read_reply,
+    parse_read_reply, split_read_reply,
 };
 use crate::error::RedisStreamsError;
 
@@ -363,20 +363,16 @@ impl GroupReader {
         })?;
         self.replies.clear();
         let streams = &self.streams;
-        let replies = &mut self.replies;
-        parse_read_reply(reply, "XREADGROUP", |key, entries| {
-            match streams
-                .iter()
-                .position(|stream| stream.name.as_bytes() == key)
-            {
-                Some(index) => replies.push((index, entries)),
-                None => tracing::error!(
-                    key = %String::from_utf8_lossy(key),
-                    "Redis returned entries of a stream that was not asked for"
-                ),
-            }
-            Ok(())
-        })?;
+        split_read_reply(
+            reply,
+            "XREADGROUP",
+            |key| {
+                streams
+                    .iter()
+                    .position(|stream| stream.name.as_bytes() == key)
+            },
+            &mut self.replies,
+        )?;
         let mut replies = std::mem::take(&mut self.replies);
         for (index, entries) in replies.drain(..) {
             self.raw.clear();
