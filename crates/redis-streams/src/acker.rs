@@ -8,18 +8,12 @@
 
 use std::sync::Arc;
 
-use intake_core::{AckBatch, AckError, AckMode, Acker, Position, SourceName};
+use intake_core::{AckBatch, AckError, AckMode, Acker};
 use redis::aio::ConnectionManager;
 
 use crate::config::Settings;
 use crate::connection::Connector;
 use crate::entry::StreamId;
-
-/// Ids whose acknowledgement failed are sent again with the next batch, up to
-/// this many. Past it the oldest are let go: they stay pending in Redis and
-/// are delivered again after `claim_min_idle`, so letting go costs a
-/// duplicate, never a loss.
-const MAX_RETAINED_IDS: usize = 100_000;
 
 /// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
 /// broadcast reader.
@@ -35,9 +29,6 @@ struct GroupAcker {
     connection: ConnectionManager,
     connector: Connector,
     settings: Arc<Settings>,
-    /// Ids of failed acknowledgements, per stream, to send again.
-    retained: Vec<(SourceName, Vec<StreamId>)>,
-    retained_len: usize,
 }
 
 impl std::fmt::Debug for RedisStreamsAcker {
@@ -47,7 +38,6 @@ impl std::fmt::Debug for RedisStreamsAcker {
                 .debug_struct("RedisStreamsAcker")
                 .field("endpoint", group.connector.endpoint())
                 .field("group", &group.settings.group)
-                .field("retained", &group.retained_len)
                 .finish(),
             None => f.write_str("RedisStreamsAcker(broadcast)"),
         }
@@ -64,8 +54,6 @@ impl RedisStreamsAcker {
             connection,
             connector,
             settings,
-            retained: Vec::new(),
-            retained_len: 0,
         });
         Self { group }
     }
@@ -135,14 +123,7 @@ impl GroupAcker {
                 pipe.ignore();
             }
         }
-        for (stream, ids) in &self.retained {
-            pipe.cmd("XACK")
-                .arg(&**stream)
-                .arg(&*group)
-                .arg(ids)
-                .ignore();
-        }
-        if acknowledged == 0 && self.retained.is_empty() {
+        if acknowledged == 0 {
             return Ok(());
         }
         let requeued: usize = batch.partitions.iter().map(|ack| ack.requeue.len()).sum();
@@ -159,61 +140,12 @@ impl GroupAcker {
             // batch (and a redelivery, if there is none).
             sent = pipe.query_async::<()>(&mut self.connection).await;
         }
-        match sent {
-            Ok(()) => {
-                self.retained.clear();
-                self.retained_len = 0;
-                Ok(())
-            }
-            Err(error) => {
-                self.retain(batch);
-                let error = self.connector.error(error, "XACK");
-                tracing::warn!(
-                    %error,
-                    retained = self.retained_len,
-                    "acknowledgement failed; the ids are sent again with the next batch"
-                );
-                Err(error.into())
-            }
-        }
-    }
-
-    fn retain(&mut self, batch: &AckBatch) {
-        for ack in &batch.partitions {
-            let ids = ack
-                .completed
-                .iter()
-                .filter_map(|&position: &Position| StreamId::from_position(position));
-            let index = match self
-                .retained
-                .iter()
-                .position(|(stream, _)| *stream == ack.partition.source)
-            {
-                Some(index) => index,
-                None => {
-                    self.retained
-                        .push((ack.partition.source.clone(), Vec::new()));
-                    self.retained.len() - 1
-                }
-            };
-            let before = self.retained[index].1.len();
-            self.retained[index].1.extend(ids);
-            self.retained_len += self.retained[index].1.len() - before;
-        }
-        if self.retained_len > MAX_RETAINED_IDS {
-            let mut excess = self.retained_len - MAX_RETAINED_IDS;
-            tracing::warn!(
-                dropped = excess,
-                "too many unconfirmed acknowledgements; the oldest stay pending and will be \
-                 delivered again"
-            );
-            for (_, ids) in &mut self.retained {
-                let cut = excess.min(ids.len());
-                ids.drain(..cut);
-                excess -= cut;
-            }
-            self.retained.retain(|(_, ids)| !ids.is_empty());
-            self.retained_len = MAX_RETAINED_IDS;
-        }
+        sent.map_err(|error| {
+            let error = self.connector.error(error, "XACK");
+            // The runtime gives the work back and sends it with the next
+            // batch; until then the entries stay pending, never lost.
+            tracing::warn!(%error, "acknowledgement failed");
+            error.into()
+        })
     }
 }

@@ -103,6 +103,30 @@ async fn reading_stops_at_the_number_the_runtime_asks_for() {
 }
 
 #[tokio::test]
+async fn a_full_budget_reads_nothing_and_the_next_call_reads_on() {
+    let Some(mut redis) = redis_or_skip("a_full_budget_reads_nothing").await else {
+        return;
+    };
+    let stream = unique("full");
+    let group = unique("group");
+    produce(&mut redis, &stream, "m", 5).await;
+    let (mut source, _acker) = group_config(&stream, &group, "c1")
+        .connect()
+        .await
+        .expect("connect");
+    let mut buffer = Vec::new();
+    let waited =
+        tokio::time::timeout(Duration::from_millis(300), source.next(&mut buffer, 0)).await;
+    assert!(waited.is_err(), "with no budget, next waits");
+    assert!(buffer.is_empty());
+    let pending: redis::streams::StreamPendingReply =
+        redis.xpending(&stream, &group).await.expect("XPENDING");
+    assert_eq!(pending.count(), 0, "nothing was read");
+    let received = receive(&mut source, 5, 10, Duration::from_secs(5)).await;
+    assert_eq!(payloads(&received), vec!["m0", "m1", "m2", "m3", "m4"]);
+}
+
+#[tokio::test]
 async fn a_consumer_dropped_mid_batch_has_its_entries_claimed_by_another() {
     let Some(mut redis) =
         redis_or_skip("a_consumer_dropped_mid_batch_has_its_entries_claimed_by_another").await
@@ -459,6 +483,9 @@ async fn connections_killed_from_outside_mid_run_lose_nothing() {
     };
     let mut handled = BTreeSet::new();
     let mut buffer = Vec::new();
+    // Positions whose acknowledgement failed are sent again with the next
+    // batch, as the runtime does.
+    let mut unconfirmed = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while handled.len() < total && tokio::time::Instant::now() < deadline {
         buffer.clear();
@@ -466,20 +493,25 @@ async fn connections_killed_from_outside_mid_run_lose_nothing() {
             .next(&mut buffer, 100)
             .await
             .expect("the source recovers by itself");
-        // An acknowledgement cut by the kill is sent again with the next.
         let mut batch = AckBatch::default();
         let mut partition = PartitionAck::new(partition(&stream));
+        partition.completed.append(&mut unconfirmed);
         partition
             .completed
             .extend(buffer.iter().map(|message| message.metadata().position()));
         batch.partitions.push(partition);
-        let _ = acker.ack(&batch).await;
+        if acker.ack(&batch).await.is_err() {
+            unconfirmed = batch.partitions.remove(0).completed;
+        }
         handled.extend(payloads(&buffer));
     }
     producer.await.expect("producer");
     assert_eq!(handled.len(), total, "every entry was handled");
-    // Flush acknowledgements retained from a killed round trip.
-    acker.ack(&AckBatch::default()).await.expect("final ack");
+    let mut batch = AckBatch::default();
+    let mut last = PartitionAck::new(partition(&stream));
+    last.completed = unconfirmed;
+    batch.partitions.push(last);
+    acker.ack(&batch).await.expect("final ack");
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 

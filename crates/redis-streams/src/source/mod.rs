@@ -140,7 +140,13 @@ impl Source for RedisStreamsSource {
         deliveries: &mut Vec<Message>,
         max: usize,
     ) -> Result<SourceEvent, SourceError> {
-        let max = max.max(1);
+        if max == 0 {
+            // The budget is full: read nothing (`COUNT 0` would even mean
+            // "no limit" to Redis). A Redis source has no assignment changes
+            // to report, so it waits until the runtime asks again; nothing
+            // is under way, so dropping this wait costs nothing.
+            return std::future::pending().await;
+        }
         let delivered = match &mut self.reader {
             Reader::Group(reader) => reader.next(deliveries, max).await,
             Reader::Broadcast(reader) => reader.next(deliveries, max).await,
