@@ -17,7 +17,10 @@
 //! - `intake-ordered`: the same in partition order (the default).
 //!
 //! A loop's time runs from its first read to the acknowledgement of its
-//! last entry; it is checked that nothing is left pending. Needs Redis on
+//! last entry; it is checked that nothing is left pending. Besides msg/s,
+//! the bench reports the CPU time this process spent per message (from
+//! `/proc/self/stat`), which a busy machine disturbs far less than
+//! wall-clock throughput. Needs Redis on
 //! `INTAKE_REDIS_URL` (default `redis://127.0.0.1:6379`); without it the
 //! bench says so and exits.
 
@@ -78,11 +81,15 @@ async fn main() -> Result<(), BenchError> {
     println!("stream {stream}: {entries} entries of {PAYLOAD_BYTES} bytes, {rounds} rounds");
 
     let loops = [Loop::Raw, Loop::Intake, Loop::IntakeOrdered];
-    let mut rates: Vec<(Loop, Vec<f64>)> = loops.iter().map(|&kind| (kind, Vec::new())).collect();
+    let mut rates: Vec<(Loop, Vec<f64>, Vec<f64>)> = loops
+        .iter()
+        .map(|&kind| (kind, Vec::new(), Vec::new()))
+        .collect();
     for round in 0..rounds {
         for offset in 0..loops.len() {
             let kind = loops[(round + offset) % loops.len()];
             let group = format!("{}-{round}", kind.name());
+            let cpu_before = process_cpu();
             let elapsed = match kind {
                 Loop::Raw => raw(&client, &stream, &group, entries).await?,
                 Loop::Intake => intake(&url, &stream, &group, entries, Ordering::Unordered).await?,
@@ -90,18 +97,22 @@ async fn main() -> Result<(), BenchError> {
                     intake(&url, &stream, &group, entries, Ordering::Partition).await?
                 }
             };
+            let cpu = process_cpu().saturating_sub(cpu_before);
             let pending = pending(&mut admin, &stream, &group).await?;
             if pending != 0 {
                 return Err(format!("{} left {pending} entries pending", kind.name()).into());
             }
+            // Measured before the pending check, which is not the loop's.
             let rate = entries as f64 / elapsed.as_secs_f64();
+            let cpu_per_message = cpu.as_secs_f64() * 1e9 / entries as f64;
             println!(
-                "round {round} {:>15}: {:>9.0} msg/s ({elapsed:.2?})",
+                "round {round} {:>15}: {:>9.0} msg/s ({elapsed:.2?}), {cpu_per_message:>6.0} ns CPU/msg",
                 kind.name(),
                 rate
             );
-            if let Some((_, list)) = rates.iter_mut().find(|(k, _)| *k == kind) {
+            if let Some((_, list, cpu_list)) = rates.iter_mut().find(|(k, _, _)| *k == kind) {
                 list.push(rate);
+                cpu_list.push(cpu_per_message);
             }
         }
     }
@@ -120,21 +131,49 @@ async fn main() -> Result<(), BenchError> {
         )
     };
     let (raw_best, raw_median, _) = summary(&rates[0].1);
+    let (_, raw_cpu, _) = summary(&rates[0].2);
     println!();
     println!(
-        "| loop | best msg/s | median msg/s | worst msg/s | best / raw best | median / raw median |"
+        "| loop | best msg/s | median msg/s | worst msg/s | best / raw best \
+         | median / raw median | median ns CPU/msg | CPU / raw CPU |"
     );
-    println!("|---|---|---|---|---|---|");
-    for (kind, list) in &rates {
+    println!("|---|---|---|---|---|---|---|---|");
+    for (kind, list, cpu_list) in &rates {
         let (best, median, worst) = summary(list);
+        let (_, cpu, _) = summary(cpu_list);
         println!(
-            "| {} | {best:.0} | {median:.0} | {worst:.0} | {:.3} | {:.3} |",
+            "| {} | {best:.0} | {median:.0} | {worst:.0} | {:.3} | {:.3} | {cpu:.0} | {:.2} |",
             kind.name(),
             best / raw_best,
-            median / raw_median
+            median / raw_median,
+            cpu / raw_cpu
         );
     }
     Ok(())
+}
+
+/// CPU time (user and system) this process has used, from
+/// `/proc/self/stat`; zero where that file does not exist.
+fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line, in clock ticks (100 per second
+    // on Linux).
+    let Some(rest) = stat.rsplit(')').next() else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|field| field.parse::<u64>().ok())
+    };
+    match (ticks(11), ticks(12)) {
+        (Some(user), Some(system)) => Duration::from_millis((user + system) * 10),
+        _ => Duration::ZERO,
+    }
 }
 
 fn env_or(name: &str, default: usize) -> usize {
