@@ -243,8 +243,8 @@ fn install_tls_provider() {
 #[cfg(not(feature = "tls"))]
 fn install_tls_provider() {}
 
-/// Fails unless the server is Redis 6.2 or newer (XAUTOCLAIM and
-/// `XPENDING … IDLE` came with 6.2). A server that hides `INFO` from this
+/// Fails unless the server is Redis 6.2 or newer (`XPENDING … IDLE` and
+/// exclusive id ranges came with 6.2). A server that hides `INFO` from this
 /// user is given the benefit of the doubt.
 pub(crate) async fn check_server_version(
     connection: &mut MultiplexedConnection,

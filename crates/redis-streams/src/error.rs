@@ -76,7 +76,7 @@ pub enum RedisStreamsError {
     /// The server is too old for the commands the backend needs.
     #[error(
         "Redis {version} at {endpoint} is too old: the backend needs 6.2 or newer \
-         (XAUTOCLAIM, XPENDING IDLE)"
+         (`XPENDING … IDLE` and exclusive id ranges)"
     )]
     UnsupportedServer {
         /// Where the backend connects (without password).
