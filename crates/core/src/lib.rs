@@ -11,15 +11,23 @@
 
 pub mod acker;
 pub mod backoff;
+// pub mod batch;
+// pub mod catch_panic;
 pub mod commit_engine;
 pub mod dead_letter;
 pub mod error;
+mod interruptible_sleep;
+#[cfg(test)]
+mod layer_testing;
 pub mod lifecycle;
 pub mod message;
+// pub mod metrics;
 pub mod observer;
+pub mod retry;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+// pub mod trace;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
