@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -113,13 +113,14 @@ impl Service<Message> for Scripted {
 #[derive(Clone, Default)]
 pub(crate) struct RecordingSink {
     letters: Arc<Mutex<Vec<DeadLetter>>>,
-    failing: Arc<AtomicBool>,
+    failures_left: Arc<AtomicUsize>,
     writes: Arc<Mutex<usize>>,
 }
 
 impl RecordingSink {
-    pub(crate) fn set_failing(&self, failing: bool) {
-        self.failing.store(failing, Ordering::SeqCst);
+    /// Fails the next `writes` writes (`usize::MAX`: until told otherwise).
+    pub(crate) fn fail_writes(&self, writes: usize) {
+        self.failures_left.store(writes, Ordering::SeqCst);
     }
 
     pub(crate) fn letters(&self) -> Vec<DeadLetter> {
@@ -141,7 +142,15 @@ impl DeadLetterSink for RecordingSink {
         if let Ok(mut writes) = self.writes.lock() {
             *writes += 1;
         }
-        if self.failing.load(Ordering::SeqCst) {
+        let failing = self
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| match left {
+                0 => None,
+                usize::MAX => Some(usize::MAX),
+                left => Some(left - 1),
+            })
+            .is_ok();
+        if failing {
             return Err(DeadLetterError("dead-letter topic unavailable".into()));
         }
         if let Ok(mut letters) = self.letters.lock() {

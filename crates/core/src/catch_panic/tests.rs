@@ -24,7 +24,11 @@ async fn a_panic_in_the_handler_becomes_a_retryable_error_carrying_its_message()
         panic_of(&error).map(Panicked::message),
         Some("index out of bounds")
     );
-    assert!(error.to_string().contains("the handler panicked: index out of bounds"));
+    assert!(
+        error
+            .to_string()
+            .contains("the handler panicked: index out of bounds")
+    );
 }
 
 /// A handler that does its work, and panics, in `call`.
@@ -61,8 +65,18 @@ async fn a_panic_while_calling_the_handler_is_caught_too() {
 async fn the_handler_keeps_serving_after_a_panic() {
     let handler = Scripted::new([Step::Panic("boom")]);
     let mut service = CatchPanic::new(handler.clone());
-    let first = service.ready().await.expect("ready").call(message("a")).await;
-    let second = service.ready().await.expect("ready").call(message("b")).await;
+    let first = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(message("a"))
+        .await;
+    let second = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(message("b"))
+        .await;
     assert!(first.is_err());
     assert!(second.is_ok());
     assert_eq!(handler.calls(), 2);

@@ -112,10 +112,14 @@ where
                         return Poll::Ready(Err(finish(error, *this.attempt)));
                     };
                     if shutting_down() {
-                        return Poll::Ready(Err(HandlerError::interrupted()
-                            .with_attempts(*this.attempt)));
+                        return Poll::Ready(Err(
+                            HandlerError::interrupted().with_attempts(*this.attempt)
+                        ));
                     }
-                    again.config.observer.on_retry(&again.message, &error, delay);
+                    again
+                        .config
+                        .observer
+                        .on_retry(&again.message, &error, delay);
                     tracing::debug!(
                         source = %again.message.metadata().source(),
                         partition = again.message.metadata().partition(),

@@ -155,7 +155,11 @@ where
         // A retry needs the message again and a service to call. A message
         // clone bumps reference counts (no copy of the payload); the service
         // clone is polled ready before every retry.
-        let again = (self.inner.clone(), message.clone(), Arc::clone(&self.config));
+        let again = (
+            self.inner.clone(),
+            message.clone(),
+            Arc::clone(&self.config),
+        );
         ResponseFuture::new(self.inner.call(message), attempt, Some(again))
     }
 }

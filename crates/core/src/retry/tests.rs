@@ -182,9 +182,16 @@ async fn the_observer_hears_of_every_retry_with_the_failed_attempt_and_delay() {
         .oneshot(message("order"))
         .await
         .expect("third attempt succeeds");
-    let seen = retries.0.lock().map(|seen| seen.clone()).unwrap_or_default();
+    let seen = retries
+        .0
+        .lock()
+        .map(|seen| seen.clone())
+        .unwrap_or_default();
     assert_eq!(
         seen,
-        vec![(1, Duration::from_millis(10)), (2, Duration::from_millis(10))]
+        vec![
+            (1, Duration::from_millis(10)),
+            (2, Duration::from_millis(10))
+        ]
     );
 }
