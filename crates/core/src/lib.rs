@@ -27,7 +27,7 @@ pub mod retry;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;
-// pub mod trace;
+pub mod trace;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
