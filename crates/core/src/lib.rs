@@ -21,7 +21,7 @@ mod interruptible_sleep;
 mod layer_testing;
 pub mod lifecycle;
 pub mod message;
-// pub mod metrics;
+pub mod metrics;
 pub mod observer;
 pub mod retry;
 pub mod source;
