@@ -11,7 +11,7 @@
 
 pub mod acker;
 pub mod backoff;
-// pub mod batch;
+pub mod batch;
 pub mod catch_panic;
 pub mod commit_engine;
 pub mod dead_letter;

@@ -42,25 +42,19 @@ pin_project! {
     }
 }
 
-struct Again<S, P, O> {
-    service: S,
-    message: Message,
-    config: Arc<RetryConfig<P, O>>,
+/// What another attempt needs: a service to call, the message as
+/// delivered, and the policy.
+pub(super) struct Again<S, P, O> {
+    pub(super) service: S,
+    pub(super) message: Message,
+    pub(super) config: Arc<RetryConfig<P, O>>,
 }
 
 impl<F, S, P, O> ResponseFuture<F, S, P, O> {
-    pub(super) fn new(
-        future: F,
-        attempt: u32,
-        again: Option<(S, Message, Arc<RetryConfig<P, O>>)>,
-    ) -> Self {
+    pub(super) fn new(future: F, attempt: u32, again: Option<Again<S, P, O>>) -> Self {
         Self {
             state: State::Called { future },
-            again: again.map(|(service, message, config)| Again {
-                service,
-                message,
-                config,
-            }),
+            again,
             attempt,
             retries: 0,
         }

@@ -60,6 +60,7 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
+use self::future::Again;
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::observer::RetryObserver;
@@ -155,11 +156,11 @@ where
         // A retry needs the message again and a service to call. A message
         // clone bumps reference counts (no copy of the payload); the service
         // clone is polled ready before every retry.
-        let again = (
-            self.inner.clone(),
-            message.clone(),
-            Arc::clone(&self.config),
-        );
+        let again = Again {
+            service: self.inner.clone(),
+            message: message.clone(),
+            config: Arc::clone(&self.config),
+        };
         ResponseFuture::new(self.inner.call(message), attempt, Some(again))
     }
 }

@@ -15,7 +15,9 @@ use crate::message::Headers;
 
 /// Records the fields of every span, by span id.
 #[derive(Clone, Default)]
-struct SpanFields(Arc<Mutex<HashMap<u64, (&'static str, BTreeMap<String, String>)>>>);
+struct SpanFields(Arc<Mutex<HashMap<u64, (&'static str, Fields)>>>);
+
+type Fields = BTreeMap<String, String>;
 
 struct Collect<'a>(&'a mut BTreeMap<String, String>);
 
