@@ -120,7 +120,10 @@ where
     let mut handle = |service: &mut S, message: Message| {
         assert!(service.poll_ready(&mut cx).is_ready());
         let outcome = pin!(service.call(message)).poll(&mut cx);
-        assert!(matches!(outcome, Poll::Ready(Ok(()))), "the handler succeeds");
+        assert!(
+            matches!(outcome, Poll::Ready(Ok(()))),
+            "the handler succeeds"
+        );
     };
     let mut messages = messages();
     let warm_up = messages.pop().expect("messages");
@@ -167,19 +170,28 @@ fn retry_allocates_nothing_when_the_handler_succeeds() {
 
 #[test]
 fn catch_panic_allocates_nothing_when_the_handler_succeeds() {
-    assert_eq!(allocations_per_run(CatchPanicLayer::new().layer(Succeed)), 0);
+    assert_eq!(
+        allocations_per_run(CatchPanicLayer::new().layer(Succeed)),
+        0
+    );
 }
 
 #[test]
 fn tracing_allocates_nothing_without_a_subscriber() {
-    assert_eq!(allocations_per_run(TraceLayer::new("orders").layer(Succeed)), 0);
+    assert_eq!(
+        allocations_per_run(TraceLayer::new("orders").layer(Succeed)),
+        0
+    );
 }
 
 #[test]
 fn metrics_allocate_nothing_once_the_source_is_known() {
     let registry = prometheus::Registry::new();
     let metrics = Metrics::register(&registry).expect("fresh registry");
-    assert_eq!(allocations_per_run(metrics.layer("orders").layer(Succeed)), 0);
+    assert_eq!(
+        allocations_per_run(metrics.layer("orders").layer(Succeed)),
+        0
+    );
 }
 
 #[test]
