@@ -66,6 +66,10 @@ impl FailurePolicy {
     /// is ever skipped. Past `backoff`'s retry cap its last delay repeats. A
     /// consumer shutdown ends the wait and leaves the message unacknowledged.
     ///
+    /// Made for brokers that keep order by offset (Kafka, the memory broker).
+    /// A broker that hands unacknowledged messages to another consumer after
+    /// a timeout (the Redis claim idle time) does so with a blocked one too.
+    ///
     /// # Errors
     ///
     /// A [`Disabled`](crate::backoff::Disabled) backoff (or one that gives up

@@ -44,6 +44,11 @@ where
                     this.span
                         .record("error", tracing::field::display(&error))
                         .record("error.class", error.class().as_str());
+                    // Outside the retry layer, the span started at the
+                    // first attempt; the error knows the last one.
+                    if error.attempts() > 0 {
+                        this.span.record("attempt", error.attempts());
+                    }
                 }
                 Poll::Ready(Err(error))
             }

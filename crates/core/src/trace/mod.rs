@@ -10,8 +10,9 @@
 //! With no subscriber interested in the span, a message costs one level check:
 //! no field is formatted and no header is read.
 //!
-//! Outside the retry layer, a message has one span and `attempt` is its
-//! first attempt; inside it, each attempt has its own span.
+//! Outside the retry layer, a message has one span: `attempt` starts as the
+//! first attempt and a failure records the last one. Inside it, each attempt
+//! has its own span.
 //!
 //! # Example
 //!

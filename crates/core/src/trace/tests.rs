@@ -126,6 +126,26 @@ async fn a_failure_is_recorded_on_the_span_with_its_class() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn outside_retry_one_span_covers_every_attempt_and_records_the_last() {
+    let spans = SpanFields::default();
+    let _default = subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let handler = Scripted::new(std::iter::repeat_n(Step::Retryable("db down"), 5));
+    let error = ServiceBuilder::new()
+        .layer(TraceLayer::new("billing"))
+        .layer(crate::retry::RetryLayer::new(
+            crate::backoff::Constant::new(std::time::Duration::from_millis(1)).max_retries(2),
+        ))
+        .service(handler)
+        .oneshot(message("order"))
+        .await
+        .expect_err("retries used up");
+    assert_eq!(error.attempts(), 3);
+    let fields = spans.only_span();
+    assert_eq!(field(&fields, "attempt"), Some("3"));
+    assert_eq!(field(&fields, "error.class"), Some("retryable"));
+}
+
 #[tokio::test]
 async fn a_binary_key_is_escaped() {
     let spans = SpanFields::default();
