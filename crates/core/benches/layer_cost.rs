@@ -22,7 +22,9 @@ use intake_core::dead_letter::{DeadLetter, DeadLetterError, DeadLetterLayer, Dea
 use intake_core::metrics::Metrics;
 use intake_core::retry::RetryLayer;
 use intake_core::trace::TraceLayer;
-use intake_core::{Exponential, HandlerError, Headers, Message, Metadata, Position, SourceName};
+use intake_core::{
+    Exponential, HandlerError, Headers, Json, Message, Metadata, Position, SourceName, handler_fn,
+};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service, ServiceBuilder};
 
@@ -92,6 +94,13 @@ impl<S: Service<Message>> Service<Message> for PassThrough<S> {
     }
 }
 
+/// What the `json` stack decodes: no field that allocates.
+#[derive(serde::Deserialize)]
+struct Order {
+    id: u64,
+    quantity: u32,
+}
+
 struct UnusedSink;
 
 #[async_trait::async_trait]
@@ -109,7 +118,7 @@ fn messages(count: usize) -> Vec<Message> {
     (0..count)
         .map(|offset| {
             Message::new(
-                Bytes::from_static(br#"{"id":1,"customer":"c-1"}"#),
+                Bytes::from_static(br#"{"id":1,"quantity":2}"#),
                 Metadata::new(source.clone(), 0, Position::Offset(offset as i64)),
             )
             .with_key(Bytes::from_static(b"customer-1"))
@@ -162,6 +171,7 @@ const STACKS: &[&str] = &[
     "metrics",
     "dead_letter",
     "full",
+    "json",
 ];
 
 fn run_stack(stack: &str, count: usize) -> bool {
@@ -208,6 +218,13 @@ fn run_stack(stack: &str, count: usize) -> bool {
                 count,
             );
         }
+        // A handler fn with a `Json<T>` extractor, compared with `bare`.
+        "json" => run(
+            handler_fn(|Json(order): Json<Order>| async move {
+                black_box((order.id, order.quantity));
+            }),
+            count,
+        ),
         _ => return false,
     }
     true

@@ -16,7 +16,7 @@ per_message() {
 bare=$(per_message bare)
 printf '%-14s %8s %8s\n' stack "Ir/msg" "layers"
 printf '%-14s %8d %8s\n' bare "$bare" -
-for stack in passthrough1 passthrough4 retry catch_panic trace metrics dead_letter full; do
+for stack in passthrough1 passthrough4 retry catch_panic trace metrics dead_letter full json; do
   cost=$(per_message "$stack")
   printf '%-14s %8d %8d\n' "$stack" "$cost" $((cost - bare))
 done
