@@ -11,7 +11,7 @@
 //! Without arguments (as `cargo bench` runs it) it checks that every stack
 //! handles a message, so the benchmark cannot rot.
 
-use std::future::{Future, Ready, ready};
+use std::future::Future;
 use std::hint::black_box;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, Waker};
@@ -23,29 +23,15 @@ use intake_core::metrics::Metrics;
 use intake_core::retry::RetryLayer;
 use intake_core::trace::TraceLayer;
 use intake_core::{
-    Exponential, HandlerError, Headers, Json, Message, Metadata, Position, SourceName, handler_fn,
+    Exponential, Headers, Json, Message, Metadata, Position, SourceName, handler_fn,
 };
 use pin_project_lite::pin_project;
 use tower::{Layer, Service, ServiceBuilder};
 
-/// The handler: succeeds at once, with a named future.
-#[derive(Clone, Copy)]
-struct Succeed;
+#[path = "../tests/support/succeed.rs"]
+mod succeed;
 
-impl Service<Message> for Succeed {
-    type Response = ();
-    type Error = HandlerError;
-    type Future = Ready<Result<(), HandlerError>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), HandlerError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, message: Message) -> Self::Future {
-        black_box(&message);
-        ready(Ok(()))
-    }
-}
+use succeed::Succeed;
 
 /// The cheapest layer a user can write: forwards the call and the future.
 /// Its cost is the floor for any layer.

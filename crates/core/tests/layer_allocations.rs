@@ -2,9 +2,7 @@
 //! named futures, label sets resolved once, spans that cost nothing when no
 //! subscriber listens, and message copies that are reference-count bumps.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::future::{Future, Ready, ready};
+use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -20,65 +18,13 @@ use intake_core::trace::TraceLayer;
 use intake_core::{Exponential, HandlerError, Headers, Message, Metadata, Position};
 use tower::{Layer, Service, ServiceBuilder};
 
-/// Counts allocations made by the thread that turned counting on, so the
-/// test harness's own threads do not disturb the count.
-struct CountingAllocator;
+#[path = "support/counting_allocator.rs"]
+mod counting_allocator;
+#[path = "support/succeed.rs"]
+mod succeed;
 
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    // `try_with`: the allocator also runs while thread locals are torn down.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-/// A handler that succeeds at once, with a named future.
-#[derive(Clone, Copy)]
-struct Succeed;
-
-impl Service<Message> for Succeed {
-    type Response = ();
-    type Error = HandlerError;
-    type Future = Ready<Result<(), HandlerError>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), HandlerError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _message: Message) -> Self::Future {
-        ready(Ok(()))
-    }
-}
+use counting_allocator::allocations_during;
+use succeed::Succeed;
 
 /// A sink that is never written on the success path.
 struct UnusedSink;
@@ -129,13 +75,12 @@ where
     let warm_up = messages.pop().expect("messages");
     handle(&mut service, warm_up);
 
-    ALLOCATIONS.with(|count| count.set(0));
-    COUNTING.with(|counting| counting.set(true));
-    for message in messages.drain(..) {
-        handle(&mut service, message);
-    }
-    COUNTING.with(|counting| counting.set(false));
-    ALLOCATIONS.with(Cell::get)
+    let ((), allocations) = allocations_during(|| {
+        for message in messages.drain(..) {
+            handle(&mut service, message);
+        }
+    });
+    allocations
 }
 
 /// A handler that boxes its future: the control that shows the counter
