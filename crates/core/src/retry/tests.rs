@@ -195,3 +195,20 @@ async fn the_observer_hears_of_every_retry_with_the_failed_attempt_and_delay() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_around_retry_bounds_all_attempts_together() {
+    let handler = Scripted::new(std::iter::repeat_n(Step::Retryable("db down"), 100));
+    let error: HandlerError = ServiceBuilder::new()
+        .timeout(Duration::from_millis(4500))
+        .layer(RetryLayer::new(
+            Constant::new(Duration::from_secs(1)).retry_forever(),
+        ))
+        .service(handler.clone())
+        .oneshot(message("order"))
+        .await
+        .expect_err("the time budget runs out")
+        .into();
+    assert!(error.is_retryable(), "an elapsed timeout is retryable");
+    assert_eq!(handler.calls(), 5, "attempts at 0, 1, 2, 3 and 4 s");
+}
