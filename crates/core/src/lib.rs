@@ -28,6 +28,7 @@ mod interruptible_sleep;
 #[cfg(test)]
 mod layer_testing;
 pub mod lifecycle;
+pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod observer;

@@ -3,6 +3,9 @@
 //! A test binary of its own, because it replaces the global allocator with
 //! one that counts the allocations of the thread under test.
 
+#[path = "support/counting_allocator.rs"]
+mod counting_allocator;
+
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -10,14 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use counting_allocator::allocations_during;
 use intake_core::{Json, Message, Meta, Metadata, Position, handler_fn};
 use serde::Deserialize;
 use tower::Service;
-
-#[path = "support/counting_allocator.rs"]
-mod counting_allocator;
-
-use counting_allocator::allocations_during;
 
 #[derive(Deserialize)]
 struct Order {

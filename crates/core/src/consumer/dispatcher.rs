@@ -116,7 +116,7 @@ enum Stop {
 enum Wake<E> {
     Fetched(E),
     Shutdown,
-    /// Budget is free again (or buffered deliveries can be admitted).
+    /// The source may be asked (again, for more).
     Budget,
     Done,
 }
@@ -231,20 +231,27 @@ where
             if !buffer.is_empty() {
                 self.admit_all(&mut buffer);
             }
-            let budget = self.fetch_budget(buffer.len());
-            let wake = if budget > 0 {
-                let fetch = pin!(source.next(&mut buffer, budget));
-                let mut fetch = fetch;
-                poll_fn(|cx| self.poll_until(cx, Some(fetch.as_mut()), shutdown.as_mut())).await
-            } else {
-                poll_fn(|cx| {
-                    self.poll_until(
-                        cx,
-                        None::<Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>>,
-                        shutdown.as_mut(),
-                    )
-                })
-                .await
+            let wake = match self.fetch_plan(buffer.len()) {
+                Some(max) => {
+                    let mut fetch = pin!(source.next(&mut buffer, max));
+                    poll_fn(|cx| {
+                        self.poll_until(cx, Some((fetch.as_mut(), max)), shutdown.as_mut())
+                    })
+                    .await
+                }
+                None => {
+                    poll_fn(|cx| {
+                        self.poll_until(
+                            cx,
+                            None::<(
+                                Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>,
+                                usize,
+                            )>,
+                            shutdown.as_mut(),
+                        )
+                    })
+                    .await
+                }
             };
             match wake {
                 Wake::Fetched(Ok(event)) => {
@@ -283,7 +290,7 @@ where
     fn poll_until<F, E>(
         &mut self,
         cx: &mut Context<'_>,
-        fetch: Option<Pin<&mut F>>,
+        fetch: Option<(Pin<&mut F>, usize)>,
         shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
     ) -> Poll<Wake<E>>
     where
@@ -297,7 +304,7 @@ where
     fn poll_inner<F, E>(
         &mut self,
         cx: &mut Context<'_>,
-        fetch: Option<Pin<&mut F>>,
+        fetch: Option<(Pin<&mut F>, usize)>,
         shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
     ) -> Poll<Wake<E>>
     where
@@ -311,6 +318,11 @@ where
         if self.tick.poll_tick(cx).is_ready() {
             self.on_tick();
         }
+        while let Some(failed) = self.acks.take_failed() {
+            for ack in failed.partitions {
+                self.engine.restore(ack);
+            }
+        }
         self.flush_if_due();
         self.poll_revocations(cx);
         if self.failure.is_none() && self.stop.is_some() && self.is_drained() {
@@ -321,13 +333,18 @@ where
         }
         self.arm_timer(cx);
         match fetch {
-            Some(fetch) => {
+            Some((fetch, max)) => {
                 if let Poll::Ready(event) = fetch.poll(cx) {
                     return Poll::Ready(Wake::Fetched(event));
                 }
+                // Asked for assignment changes only, and slots are free now:
+                // ask again, for deliveries.
+                if max == 0 && self.fetch_plan(0).is_some_and(|max| max > 0) {
+                    return Poll::Ready(Wake::Budget);
+                }
             }
             None => {
-                if self.fetch_budget(0) > 0 {
+                if self.fetch_plan(0).is_some() {
                     return Poll::Ready(Wake::Budget);
                 }
             }
@@ -335,21 +352,25 @@ where
         Poll::Pending
     }
 
-    /// Deliveries to ask the source for now (0: do not fetch).
-    fn fetch_budget(&mut self, buffered: usize) -> usize {
-        if self.stop.is_some() || self.over_window > 0 {
-            return 0;
-        }
-        if buffered > 0 {
-            return 0;
+    /// How the source may be asked now: `None`, not at all (stopping, or
+    /// waiting to retry after an error); `Some(0)`, for assignment changes
+    /// only (no free slot: a revocation must still get through, or a full
+    /// budget of stuck handlers would hold a rebalance forever); `Some(n)`,
+    /// for up to `n` deliveries.
+    fn fetch_plan(&mut self, buffered: usize) -> Option<usize> {
+        if self.stop.is_some() || buffered > 0 {
+            return None;
         }
         if let Some(at) = self.fetch_retry_at {
             if Instant::now() < at {
-                return 0;
+                return None;
             }
             self.fetch_retry_at = None;
         }
-        self.slots.free_count().min(self.settings.fetch_batch)
+        if self.over_window > 0 {
+            return Some(0);
+        }
+        Some(self.slots.free_count().min(self.settings.fetch_batch))
     }
 
     // ---- admission -------------------------------------------------------
@@ -964,7 +985,9 @@ where
         };
         self.engine.take_batch(&mut batch);
         let mut committed_ok = true;
-        if !batch.is_empty() {
+        // Sent even when empty while a batch is under way: the reply then
+        // confirms it, so the source is never closed before its last commit.
+        if !batch.is_empty() || self.acks.outstanding() > 0 {
             let (reply, receiver) = oneshot::channel();
             if self.acks.send(AckRequest {
                 batch,

@@ -1,7 +1,9 @@
 //! A global allocator that counts the allocations of the thread under test,
-//! for the tests that prove a path allocates nothing. Include it with
-//! `#[path = "support/counting_allocator.rs"] mod counting_allocator;` in a
-//! test binary of its own (it replaces that binary's global allocator).
+//! for test binaries that prove a path allocates nothing.
+//!
+//! Include it with `#[path = "support/counting_allocator.rs"] mod
+//! counting_allocator;`: it installs itself as the binary's global
+//! allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -48,8 +50,8 @@ unsafe impl GlobalAlloc for CountingAllocator {
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
 
-/// Runs `work` and returns its result with the allocations it made on this
-/// thread.
+/// Runs `work` and returns its result with the number of allocations it
+/// made on this thread.
 pub fn allocations_during<R>(work: impl FnOnce() -> R) -> (R, usize) {
     let before = ALLOCATIONS.with(Cell::get);
     COUNTING.with(|counting| counting.set(true));
