@@ -15,10 +15,14 @@ use intake_core::retry::RetryLayer;
 use intake_core::trace::TraceLayer;
 use intake_core::{Constant, Disabled, HandlerError, Json, Message, handler_fn};
 use prometheus::Registry;
-use prometheus::proto::MetricType;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder, service_fn};
+
+#[path = "support/prometheus_sample.rs"]
+mod prometheus_sample;
+
+use prometheus_sample::sample;
 
 const GROUP: &str = "billing";
 
@@ -74,25 +78,6 @@ where
 
 fn quick_consumer() -> intake_core::ConsumerBuilder {
     Consumer::builder().backoff(Constant::new(Duration::from_millis(2)).retry_forever())
-}
-
-/// The value of `name{labels}` in `registry`.
-fn sample(registry: &Registry, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let families = registry.gather();
-    let family = families.iter().find(|family| family.name() == name)?;
-    let metric = family.get_metric().iter().find(|metric| {
-        labels.iter().all(|(label, value)| {
-            metric
-                .get_label()
-                .iter()
-                .any(|pair| pair.name() == *label && pair.value() == *value)
-        })
-    })?;
-    match family.get_field_type() {
-        MetricType::COUNTER => Some(metric.get_counter().get_value()),
-        MetricType::GAUGE => Some(metric.get_gauge().get_value()),
-        _ => None,
-    }
 }
 
 #[tokio::test]
