@@ -22,7 +22,7 @@ use tower::Service;
 
 use super::ack_loop::{AckQueue, AckRequest, ack_loop};
 use super::backoff::{BackoffState, ConsumerBackoff, Gate, Signal};
-use super::lanes::Lanes;
+use super::lanes::{LaneId, Lanes};
 use super::report::{RunError, RunReport, Unfinished};
 use super::shutdown::Shutdown;
 use super::slots::{SlotId, SlotState, Slots};
@@ -419,7 +419,7 @@ where
         }
         let lane = match self.settings.ordering {
             Ordering::Unordered => None,
-            Ordering::Partition => Some(Lanes::partition_lane(partition)),
+            Ordering::Partition => Some(LaneId::Partition(partition)),
             Ordering::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
         };
         let entry = self.slots.get_mut(slot);
@@ -427,13 +427,52 @@ where
         entry.position = Some(position);
         entry.message = Some(message);
         entry.lane = lane;
+        entry.state = SlotState::Ready;
+        // The fast path: nothing waits before it and its lane is free, so it
+        // starts now. It takes its lane only if its handler does not finish
+        // on the first poll (see `start`), which most do not need.
+        let lane_free = lane.is_none_or(|lane| !self.lanes.is_busy(lane));
+        if lane_free && self.ready.is_empty() && self.may_start_now() {
+            self.start(slot, false);
+            return;
+        }
         if let Some(lane) = lane {
             if !self.lanes.acquire(lane, slot, &mut self.slots) {
                 return;
             }
+            self.slots.get_mut(slot).holds_lane = true;
         }
-        self.slots.get_mut(slot).state = SlotState::Ready;
         self.ready.push_back(slot);
+    }
+
+    /// Whether a delivery may start right now without being the backoff
+    /// probe (so the fast path never decides a probe).
+    fn may_start_now(&mut self) -> bool {
+        if matches!(self.stop, Some(Stop::Graceful { .. })) {
+            return false;
+        }
+        if !matches!(
+            self.backoff.state(),
+            BackoffState::Normal | BackoffState::Disabled
+        ) {
+            return false;
+        }
+        self.handler_ready()
+    }
+
+    /// Polls the handler service's readiness; a failed service stops the run.
+    fn handler_ready(&mut self) -> bool {
+        let mut cx = Context::from_waker(self.slots.runtime_waker());
+        match self.handler.poll_ready(&mut cx) {
+            Poll::Ready(Ok(())) => true,
+            Poll::Ready(Err(error)) => {
+                let error: HandlerError = error.into();
+                tracing::error!(%error, "the handler service failed; the consumer stops");
+                self.begin_stop(Some(Failure::Handler(error)));
+                false
+            }
+            Poll::Pending => false,
+        }
     }
 
     fn partition_of(&mut self, message: &Message) -> PartitionId {
@@ -490,16 +529,8 @@ where
             return;
         }
         while let Some(&slot) = self.ready.front() {
-            let mut cx = Context::from_waker(self.slots.runtime_waker());
-            match self.handler.poll_ready(&mut cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(error)) => {
-                    let error: HandlerError = error.into();
-                    tracing::error!(%error, "the handler service failed; the consumer stops");
-                    self.begin_stop(Some(Failure::Handler(error)));
-                    return;
-                }
-                Poll::Pending => return,
+            if !self.handler_ready() {
+                return;
             }
             let probe = match self.gate() {
                 Gate::Open => false,
@@ -526,8 +557,21 @@ where
             message
         };
         let future = self.handler.call(message);
-        if let Poll::Ready(output) = self.slots.start(slot, future) {
-            self.finish(slot, output);
+        match self.slots.start(slot, future) {
+            Poll::Ready(output) => self.finish(slot, output),
+            Poll::Pending => self.hold_lane(slot),
+        }
+    }
+
+    /// Makes a delivery that started on the fast path hold its lane, now that
+    /// it will keep running (or run again). Its lane is free: nothing else
+    /// ran in between.
+    fn hold_lane(&mut self, slot: SlotId) {
+        let entry = self.slots.get(slot);
+        if let (Some(lane), false) = (entry.lane, entry.holds_lane) {
+            let taken = self.lanes.acquire(lane, slot, &mut self.slots);
+            debug_assert!(taken, "a fast-path delivery's lane is free");
+            self.slots.get_mut(slot).holds_lane = true;
         }
     }
 
@@ -620,6 +664,7 @@ where
                         message.metadata_mut().set_attempt(attempt);
                     }
                     entry.state = SlotState::Ready;
+                    self.hold_lane(slot);
                     self.ready.push_back(slot);
                 }
                 signal
@@ -631,10 +676,11 @@ where
     /// delivery is acknowledged only if its ticket was completed before.
     fn release(&mut self, slot: SlotId) {
         let entry = self.slots.get(slot);
-        let lane = entry.lane;
-        if let Some(lane) = lane {
+        if let (Some(lane), true) = (entry.lane, entry.holds_lane) {
             if let Some(next) = self.lanes.release(lane, slot, &mut self.slots) {
-                self.slots.get_mut(next).state = SlotState::Ready;
+                let next_entry = self.slots.get_mut(next);
+                next_entry.state = SlotState::Ready;
+                next_entry.holds_lane = true;
                 self.ready.push_back(next);
             }
         }
