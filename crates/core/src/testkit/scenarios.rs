@@ -581,9 +581,16 @@ pub async fn poison_messages_reach_the_dead_letter_destination<B: Backend>(backe
         .find(|letter| &letter.payload[..] == b"7")
         .expect("the message whose retries ran out was dead-lettered");
     assert_eq!(exhausted.attempts, 3, "one attempt and two retries");
-    assert!(exhausted.error.contains("always times out"), "{}", exhausted.error);
+    assert!(
+        exhausted.error.contains("always times out"),
+        "{}",
+        exhausted.error
+    );
     assert_eq!(
-        backend.unacknowledged(&source, &group).await.expect("inspect"),
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
         0,
         "{}: dead-lettered messages are acknowledged",
         backend.name()
