@@ -1,7 +1,8 @@
-//! A consumer crashed at seeded moments loses nothing: whatever it had not
-//! committed reaches the next consumer of the group.
+//! The runtime over the memory broker: a consumer crashed at seeded moments
+//! loses nothing, and a large backlog never exceeds the in-flight budget.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -124,4 +125,57 @@ async fn a_crashed_consumers_uncommitted_messages_reach_the_next_consumer() {
             "seed {seed}: crash after {crash_after}, {duplicates} delivered twice, none lost"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_is_never_exceeded_with_a_backlog_of_100_000() {
+    const BACKLOG: u64 = 100_000;
+    let broker = MemoryBroker::new();
+    broker.create_topic("orders", 4).expect("topic");
+    broker
+        .send_batch(
+            "orders",
+            (0..BACKLOG).map(|id| Record::new(id.to_string()).with_key(format!("k{}", id % 1000))),
+        )
+        .expect("produce");
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let handled = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (running, peak, handled) = (running.clone(), peak.clone(), handled.clone());
+        tower::service_fn(move |message: Message| {
+            let (running, peak, handled) = (running.clone(), peak.clone(), handled.clone());
+            async move {
+                let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+                peak.fetch_max(now, AtomicOrdering::SeqCst);
+                if id_of(&message) % 4 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                running.fetch_sub(1, AtomicOrdering::SeqCst);
+                handled.fetch_add(1, AtomicOrdering::SeqCst);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let (source, acker) = broker.consumer("orders", "bounded").expect("join");
+    let consumer = Consumer::builder()
+        .max_in_flight(64)
+        .ordering(Ordering::Unordered)
+        .build(source, acker, handler)
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(shutdown.clone()));
+    wait_until("the whole backlog to be committed", || {
+        broker.lag("orders", "bounded").is_ok_and(|lag| lag == 0)
+    })
+    .await;
+    shutdown.cancel();
+    let report = task.await.expect("joins").expect("run succeeds");
+    assert_eq!(report.succeeded, BACKLOG);
+    let peak = peak.load(AtomicOrdering::SeqCst);
+    assert!(
+        peak <= 64,
+        "{peak} handlers ran at once with max_in_flight 64"
+    );
+    assert!(peak > 1, "handlers overlapped");
 }
