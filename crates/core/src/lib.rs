@@ -9,28 +9,93 @@
 //! - [`DeadLetterSink`]: where poison messages go.
 //! - [`handler_fn`]: an async fn whose arguments are extractors ([`Meta`],
 //!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service.
+//! - Middleware as tower layers, composed with `tower::ServiceBuilder`:
+//!   [`RetryLayer`], [`CatchPanicLayer`], [`DeadLetterLayer`] (with its
+//!   [`FailurePolicy`]), [`TraceLayer`], [`Metrics`] and [`BatchLayer`].
+//!
+//! # Example
+//!
+//! A consumer on the in-memory broker, with retries and a dead-letter topic:
+//!
+//! ```
+//! use intake_core::consumer::{Consumer, Ordering};
+//! use intake_core::dead_letter::DeadLetterLayer;
+//! use intake_core::memory::{MemoryBroker, Record};
+//! use intake_core::retry::RetryLayer;
+//! use intake_core::{Exponential, Json, Meta, handler_fn};
+//! use tokio_util::sync::CancellationToken;
+//! use tower::ServiceBuilder;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order {
+//!     id: u64,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = MemoryBroker::new();
+//! broker.create_topic("orders", 2)?;
+//! broker.send("orders", Record::new(r#"{"id":1}"#).with_key("customer-7"))?;
+//! broker.send("orders", Record::new("not json").with_key("customer-8"))?;
+//!
+//! let handler = ServiceBuilder::new()
+//!     .layer(DeadLetterLayer::new(broker.dead_letter_sink("orders", "billing")?))
+//!     .layer(RetryLayer::new(Exponential::default()))
+//!     .service(handler_fn(|Meta(meta): Meta, Json(order): Json<Order>| async move {
+//!         tracing::info!(order = order.id, attempt = meta.attempt(), "billed");
+//!     }));
+//!
+//! let (source, acker) = broker.consumer("orders", "billing")?;
+//! let shutdown = CancellationToken::new();
+//! let consumer = Consumer::builder()
+//!     .max_in_flight(64)
+//!     .ordering(Ordering::Key)
+//!     .build(source, acker, handler)?;
+//! let run = tokio::spawn(consumer.run(shutdown.clone()));
+//! while broker.lag("orders", "billing")? > 0 {
+//!     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+//! }
+//! shutdown.cancel();
+//! let report = run.await??;
+//! assert_eq!(report.succeeded, 1);
+//! assert_eq!(broker.dead_letters("orders", "billing")?.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 pub mod acker;
 pub mod backoff;
+pub mod batch;
+pub mod catch_panic;
 pub mod commit_engine;
 pub mod consumer;
 pub mod dead_letter;
 pub mod decode;
 pub mod error;
 pub mod handler;
+mod interruptible_sleep;
+#[cfg(test)]
+mod layer_testing;
 pub mod lifecycle;
 pub mod memory;
 pub mod message;
+pub mod metrics;
 pub mod observer;
+pub mod retry;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod trace;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
+pub use batch::{BatchLayer, BatchSettings};
+pub use catch_panic::CatchPanicLayer;
 pub use consumer::{Consumer, ConsumerBuilder, Ordering, RunError, RunReport, Shutdown};
-pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
+pub use dead_letter::{
+    DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
+};
 pub use decode::{Decode, DecodeError, Decoded, Json};
 pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
 pub use handler::{
@@ -38,5 +103,8 @@ pub use handler::{
     handler_fn,
 };
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
+pub use retry::RetryLayer;
 pub use source::{Revocation, RevocationHandle, Source, SourceError, SourceEvent};
+pub use trace::TraceLayer;
