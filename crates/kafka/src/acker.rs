@@ -1,6 +1,6 @@
 //! [`KafkaAcker`]: commits the commit engine's watermarks as offsets.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use intake_core::{AckBatch, AckError, AckMode, Acker, PartitionKey};
 use rdkafka::consumer::BaseConsumer;
@@ -27,7 +27,7 @@ use crate::source::context::{KafkaContext, Shared};
 /// [`supports_requeue`](Acker::supports_requeue) is `false`: the runtime
 /// retries in process. In broadcast mode nothing is committed.
 pub struct KafkaAcker {
-    consumer: Arc<BaseConsumer<KafkaContext>>,
+    consumer: Weak<BaseConsumer<KafkaContext>>,
     shared: Arc<Shared>,
 }
 
@@ -41,7 +41,7 @@ impl std::fmt::Debug for KafkaAcker {
 }
 
 impl KafkaAcker {
-    pub(crate) fn new(consumer: Arc<BaseConsumer<KafkaContext>>, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(consumer: Weak<BaseConsumer<KafkaContext>>, shared: Arc<Shared>) -> Self {
         Self { consumer, shared }
     }
 }
@@ -73,8 +73,15 @@ impl Acker for KafkaAcker {
         }
         let consumer = self.consumer.clone();
         let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || shared.ownership.commit(&consumer, &offsets))
-            .await
-            .map_err(|error| AckError::Broker(Box::new(error)))?
+        tokio::task::spawn_blocking(move || match consumer.upgrade() {
+            Some(consumer) => shared.ownership.commit(&consumer, &offsets),
+            // The source has closed: it owns no partition any more.
+            None => match offsets.into_iter().next() {
+                Some((partition, _)) => Err(AckError::NotAssigned(partition)),
+                None => Ok(()),
+            },
+        })
+        .await
+        .map_err(|error| AckError::Broker(Box::new(error)))?
     }
 }

@@ -218,26 +218,30 @@ impl KafkaSourceBuilder {
             .create_with_context(context)
             .map_err(|error| ConnectError::from_kafka(error, &brokers, started.elapsed()))?;
         let consumer = Arc::new(consumer);
-
-        let checked = {
-            let consumer = consumer.clone();
+        let consumer = {
             let topics = self.topics.clone();
             let timeout = self.connect_timeout;
             let brokers = brokers.clone();
-            tokio::task::spawn_blocking(move || check_topics(&consumer, &topics, timeout, &brokers))
-                .await
-                .map_err(|error| ConnectError::Spawn(std::io::Error::other(error)))
-                .and_then(|checked| checked)
+            // On a failure the consumer is dropped on this blocking thread:
+            // dropping one closes it, which waits for librdkafka.
+            tokio::task::spawn_blocking(move || {
+                check_topics(&consumer, &topics, timeout, &brokers)?;
+                let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+                consumer.subscribe(&topics).map_err(|error| {
+                    ConnectError::from_kafka(error, &brokers, started.elapsed())
+                })?;
+                Ok(consumer)
+            })
+            .await
+            .map_err(|error| ConnectError::Spawn(std::io::Error::other(error)))??
         };
-        checked?;
-        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
-        consumer
-            .subscribe(&topics)
-            .map_err(|error| ConnectError::from_kafka(error, &brokers, started.elapsed()))?;
+        let handle = Arc::downgrade(&consumer);
 
         let (stopped_tx, stopped) = oneshot::channel();
+        // The polling thread holds the only strong reference, so the
+        // consumer is dropped (and librdkafka's instance destroyed) there.
         let poller = Poller {
-            consumer: consumer.clone(),
+            consumer,
             shared: shared.clone(),
             watchdog: Watchdog::new(self.watchdog_interval),
             close_timeout: self.close_timeout,
@@ -250,14 +254,17 @@ impl KafkaSourceBuilder {
         std::thread::Builder::new()
             .name("intake-kafka-poll".into())
             .spawn(move || {
-                poller.run();
+                let consumer = poller.run();
                 let _ = stopped_tx.send(());
+                // Destroying the instance may wait for the brokers; nobody
+                // waits for that.
+                drop(consumer);
             })
             .map_err(ConnectError::Spawn)?;
         tracing::info!(group = %group_id, topics = ?self.topics, %brokers, "kafka source started");
         Ok(KafkaSource {
             shared,
-            consumer,
+            consumer: handle,
             group_id,
             stopped: Some(stopped),
         })

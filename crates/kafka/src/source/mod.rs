@@ -15,8 +15,8 @@ mod handoff;
 mod poller;
 mod watchdog;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use intake_core::{Message, Source, SourceError, SourceEvent};
 use rdkafka::consumer::BaseConsumer;
@@ -41,7 +41,9 @@ use crate::settings::KafkaSettings;
 /// partitions' next owner.
 pub struct KafkaSource {
     shared: Arc<Shared>,
-    consumer: Arc<BaseConsumer<KafkaContext>>,
+    /// The polling thread owns the consumer; this handle lets the acker
+    /// reach it while it lives.
+    consumer: Weak<BaseConsumer<KafkaContext>>,
     group_id: String,
     /// Resolves when the polling thread has left the group.
     stopped: Option<oneshot::Receiver<()>>,
@@ -168,8 +170,18 @@ mod tests {
         assert_eq!(received.len(), 1);
 
         // Stop the fetcher without the poller knowing.
-        let assignment = source.consumer.assignment().expect("assignment");
-        source.consumer.pause(&assignment).expect("pause");
+        let assignment = source
+            .consumer
+            .upgrade()
+            .expect("consumer")
+            .assignment()
+            .expect("assignment");
+        source
+            .consumer
+            .upgrade()
+            .expect("consumer")
+            .pause(&assignment)
+            .expect("pause");
         produce("second").await.expect("produce");
 
         received.clear();
@@ -208,9 +220,19 @@ mod tests {
         // Stop the fetcher behind the poller's back before anything arrives.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let assignment = source.consumer.assignment().expect("assignment");
+            let assignment = source
+                .consumer
+                .upgrade()
+                .expect("consumer")
+                .assignment()
+                .expect("assignment");
             if assignment.count() == 1 {
-                source.consumer.pause(&assignment).expect("pause");
+                source
+                    .consumer
+                    .upgrade()
+                    .expect("consumer")
+                    .pause(&assignment)
+                    .expect("pause");
                 break;
             }
             assert!(tokio::time::Instant::now() < deadline, "never assigned");

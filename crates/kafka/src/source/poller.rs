@@ -50,7 +50,9 @@ pub(crate) struct Poller {
 }
 
 impl Poller {
-    pub(crate) fn run(mut self) {
+    /// Polls until asked to stop, leaves the group, and hands back the
+    /// consumer for its owner to drop.
+    pub(crate) fn run(mut self) -> Arc<BaseConsumer<KafkaContext>> {
         while !self.shared.stop.load(Ordering::Acquire) {
             self.apply_backpressure();
             self.poll_batch();
@@ -61,6 +63,7 @@ impl Poller {
             }
         }
         self.close();
+        self.consumer
     }
 
     /// Pauses every assigned partition when the handoff is full and resumes
@@ -289,22 +292,34 @@ impl Poller {
             .ok()
     }
 
-    /// Leaves the group. Rebalance callbacks no longer wait (`closing` is
-    /// set); messages polled meanwhile stay uncommitted and are redelivered
-    /// to the next owner.
+    /// Leaves the group, bounded by the close timeout. Rebalance callbacks
+    /// no longer wait for the runtime (`closing` is set): the revoke
+    /// callback commits what the broker has not confirmed and releases the
+    /// partitions; messages polled meanwhile stay uncommitted and go to the
+    /// next owner.
+    ///
+    /// It unsubscribes rather than closes: librdkafka's close runs when the
+    /// consumer is dropped (rdkafka closes it there unconditionally, and a
+    /// second close is reported as an error), and after leaving the group it
+    /// has nothing left to wait for.
     fn close(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
         self.batch.clear();
-        if let Err(error) = self.consumer.close_queue() {
-            tracing::warn!(%error, "closing the kafka consumer failed");
-        } else {
-            let deadline = Instant::now() + self.close_timeout;
-            while !self.consumer.closed() && Instant::now() < deadline {
-                let _ = self.consumer.poll(POLL_TIMEOUT);
+        self.consumer.unsubscribe();
+        let deadline = Instant::now() + self.close_timeout;
+        loop {
+            let assigned = self
+                .consumer
+                .assignment()
+                .map_or(0, |assignment| assignment.count());
+            if assigned == 0 {
+                break;
             }
-            if !self.consumer.closed() {
-                tracing::warn!(timeout = ?self.close_timeout, "the kafka consumer did not close in time");
+            if Instant::now() >= deadline {
+                tracing::warn!(timeout = ?self.close_timeout, "the kafka consumer did not leave its group in time");
+                break;
             }
+            let _ = self.consumer.poll(POLL_TIMEOUT);
         }
         self.shared.ownership.release_all();
         self.shared.handoff.finish();
