@@ -1,50 +1,134 @@
-//! Consume throughput against a real broker, raw rdkafka versus the intake
-//! adapter, on the same topic and data, interleaved over several rounds.
+//! Consume throughput against a real broker: raw rdkafka, the intake Kafka
+//! adapter alone, and the full intake runtime with a no-op handler, on the
+//! same topic and data, interleaved over several rounds (the order rotates
+//! each round).
 //!
 //! ```text
+//! crates/kafka/benches/run.sh          # starts a broker, runs this, stops it
 //! KAFKA_BROKERS=127.0.0.1:9092 BENCH_MESSAGES=1000000 BENCH_ROUNDS=3 \
 //!     cargo bench -p intake-kafka --bench broker_throughput
 //! ```
 //!
-//! Loops (each with a fresh group reading the topic from the start):
-//! - raw: `BaseConsumer::poll`, read the payload, `store_offset`, periodic
-//!   auto-commit of stored offsets;
-//! - adapter: `KafkaSource::next` in batches, read the payload, the
-//!   watermark per partition, `KafkaAcker::ack` every 100 ms.
+//! Each loop reads the whole topic from the start with a consumer group of
+//! its own, and its time runs from the first message it sees to the last.
+//! Besides msg/s it reports the process's CPU time per message
+//! (`/proc/self/stat`, librdkafka's threads included), which a busy machine
+//! disturbs less than wall-clock throughput.
+//!
+//! - `raw`: `BaseConsumer::poll`, read the payload, `store_offset`,
+//!   librdkafka's auto-commit of stored offsets every 100 ms.
+//! - `adapter`: `KafkaSource::next` in batches of up to 1024, read each
+//!   payload, track the watermark per partition, and commit through
+//!   `KafkaAcker` every 100 ms (one commit under way at a time, overlapping
+//!   the reads, as the runtime does).
+//! - `intake`: `Consumer` with a no-op `handler_fn`, `max_in_flight(1024)`,
+//!   `fetch_batch(1024)`, in partition order (Kafka's default guarantee),
+//!   committing every 100 ms.
 
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use intake_core::{AckBatch, Acker, PartitionAck, PartitionKey, Position, Source};
+use intake_core::{
+    AckBatch, Acker, Consumer, Ordering, PartitionAck, PartitionKey, Payload, Position, Source,
+    SourceEvent, handler_fn,
+};
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
-use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake_kafka::rdkafka::producer::{
     BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
 };
 use intake_kafka::rdkafka::{ClientConfig, Message as _};
 use intake_kafka::{KafkaSettings, KafkaSource};
+use tokio_util::sync::CancellationToken;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const PAYLOAD: usize = 100;
 const PARTITIONS: i32 = 4;
+const BATCH: usize = 1024;
+const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+/// A loop that sees no message for this long has stalled: the bench fails
+/// rather than waiting forever.
+const STALL: Duration = Duration::from_secs(30);
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|value| value.parse().ok())
         .unwrap_or(default)
 }
 
 fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
+        .map(|since| since.as_nanos())
         .unwrap_or(0);
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
-async fn prepare(brokers: &str, messages: usize) -> Result<String, Box<dyn std::error::Error>> {
+/// CPU time (user + system) of this process so far, every thread included.
+fn process_cpu() -> Duration {
+    // Fields 14 and 15 of /proc/self/stat, after the parenthesised name.
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let fields: Vec<u64> = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|field| field.parse().ok())
+                .collect();
+            (fields.len() == 2).then(|| fields[0] + fields[1])
+        })
+        .unwrap_or(0);
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// The window a loop is timed over: from its first message to its last.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    cpu: Duration,
+}
+
+impl Mark {
+    fn now() -> Self {
+        Self {
+            at: Instant::now(),
+            cpu: process_cpu(),
+        }
+    }
+}
+
+/// What one loop measured.
+#[derive(Clone, Copy)]
+struct Measure {
+    rate: f64,
+    cpu_ns_per_message: f64,
+    /// From the loop's start to its first message (joining the group).
+    startup: Duration,
+}
+
+impl Measure {
+    fn between(started: Instant, first: Mark, last: Mark, messages: usize) -> Self {
+        let elapsed = last.at.duration_since(first.at).as_secs_f64();
+        let cpu = last.cpu.saturating_sub(first.cpu).as_nanos() as f64;
+        Self {
+            rate: messages as f64 / elapsed,
+            cpu_ns_per_message: cpu / messages as f64,
+            startup: first.at.duration_since(started),
+        }
+    }
+}
+
+async fn prepare(brokers: &str, messages: usize) -> Result<String, BoxError> {
     let topic = unique("intake-bench");
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -87,15 +171,24 @@ async fn prepare(brokers: &str, messages: usize) -> Result<String, Box<dyn std::
     }
     producer.flush(Duration::from_secs(300))?;
     eprintln!(
-        "produced {messages} messages of {PAYLOAD} bytes to {topic} in {:?}",
+        "produced {messages} messages of {PAYLOAD} bytes to {topic} ({PARTITIONS} partitions) in {:.1?}",
         started.elapsed()
     );
     Ok(topic)
 }
 
-fn raw(brokers: &str, topic: &str, messages: usize) -> Result<f64, Box<dyn std::error::Error>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+/// librdkafka settings every loop's consumer shares. A short session timeout
+/// only makes joining the (new, empty) group faster; it changes nothing
+/// once messages flow.
+fn consumer_settings(brokers: &str) -> KafkaSettings {
+    KafkaSettings::new(brokers)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+}
+
+fn raw(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let consumer: BaseConsumer = ClientConfig::clone(consumer_settings(brokers).client_config())
         .set("group.id", unique("bench-raw"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "true")
@@ -104,11 +197,12 @@ fn raw(brokers: &str, topic: &str, messages: usize) -> Result<f64, Box<dyn std::
         .create()?;
     consumer.subscribe(&[topic])?;
     let mut count = 0;
-    let mut started = None;
+    let mut first = None;
+    let mut last_progress = Instant::now();
     while count < messages {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
-                started.get_or_insert_with(Instant::now);
+                first.get_or_insert_with(Mark::now);
                 black_box(message.payload().map(<[u8]>::len));
                 consumer.store_offset(
                     message.topic(),
@@ -116,102 +210,297 @@ fn raw(brokers: &str, topic: &str, messages: usize) -> Result<f64, Box<dyn std::
                     message.offset() + 1,
                 )?;
                 count += 1;
+                last_progress = Instant::now();
             }
             Some(Err(error)) => return Err(error.into()),
+            None if last_progress.elapsed() > STALL => {
+                return Err(format!("raw: stalled at {count} of {messages}").into());
+            }
             None => {}
         }
     }
-    let elapsed = started.map(|s| s.elapsed()).unwrap_or_default();
-    Ok(count as f64 / elapsed.as_secs_f64())
+    let last = Mark::now();
+    Ok(Measure::between(
+        started,
+        first.ok_or("raw: no message")?,
+        last,
+        messages,
+    ))
 }
 
-async fn adapter(
-    brokers: &str,
-    topic: &str,
-    messages: usize,
-) -> Result<f64, Box<dyn std::error::Error>> {
-    let mut source = KafkaSource::builder(KafkaSettings::new(brokers))
+async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let mut source = KafkaSource::builder(consumer_settings(brokers))
         .group(unique("bench-adapter"))
         .topic(topic)
         .build()
         .await?;
-    let mut acker = source.acker();
-    let mut buffer = Vec::with_capacity(512);
+    let mut acker = Some(source.acker());
+    let mut committing: Option<tokio::task::JoinHandle<_>> = None;
+    let mut buffer = Vec::with_capacity(BATCH);
     let mut watermarks: HashMap<PartitionKey, i64> = HashMap::new();
     let mut count = 0;
-    let mut started = None;
-    let mut last_ack = Instant::now();
-    let mut batch = AckBatch::default();
+    let mut first = None;
+    let mut last_commit = Instant::now();
     while count < messages {
         buffer.clear();
-        if let intake_core::SourceEvent::Delivered = source.next(&mut buffer, 512).await? {
-            started.get_or_insert_with(Instant::now);
+        let event = tokio::time::timeout(STALL, source.next(&mut buffer, BATCH))
+            .await
+            .map_err(|_| format!("adapter: stalled at {count} of {messages}"))??;
+        if let SourceEvent::Delivered = event {
+            first.get_or_insert_with(Mark::now);
             for message in buffer.drain(..) {
                 black_box(message.payload().len());
                 if let Position::Offset(offset) = message.metadata().position() {
-                    let key = message.metadata().partition_key();
-                    watermarks.insert(key, offset);
+                    match watermarks.get_mut(&message.metadata().partition_key()) {
+                        Some(watermark) => *watermark = offset,
+                        None => {
+                            watermarks.insert(message.metadata().partition_key(), offset);
+                        }
+                    }
                 }
                 count += 1;
             }
         }
-        if last_ack.elapsed() >= Duration::from_millis(100) || count >= messages {
-            last_ack = Instant::now();
-            batch.partitions.clear();
-            batch.sync = count >= messages;
-            for (partition, offset) in &watermarks {
-                let mut ack = PartitionAck::new(partition.clone());
-                ack.watermark = Some(Position::Offset(*offset));
-                batch.partitions.push(ack);
+        if committing.as_ref().is_some_and(|task| task.is_finished()) {
+            if let Some(task) = committing.take() {
+                let (returned, result): (_, Result<(), intake_core::AckError>) = task.await?;
+                result?;
+                acker = Some(returned);
             }
-            acker.ack(&batch).await?;
+        }
+        if last_commit.elapsed() >= COMMIT_INTERVAL
+            && let Some(mut idle) = acker.take()
+        {
+            last_commit = Instant::now();
+            let batch = AckBatch {
+                partitions: watermarks
+                    .iter()
+                    .map(|(partition, offset)| {
+                        let mut ack = PartitionAck::new(partition.clone());
+                        ack.watermark = Some(Position::Offset(*offset));
+                        ack
+                    })
+                    .collect(),
+                sync: false,
+            };
+            committing = Some(tokio::spawn(async move {
+                let result = idle.ack(&batch).await;
+                (idle, result)
+            }));
         }
     }
-    let elapsed = started.map(|s| s.elapsed()).unwrap_or_default();
+    let last = Mark::now();
+    if let Some(task) = committing.take() {
+        task.await?.1?;
+    }
     source.close().await?;
-    Ok(count as f64 / elapsed.as_secs_f64())
+    Ok(Measure::between(
+        started,
+        first.ok_or("adapter: no message")?,
+        last,
+        messages,
+    ))
 }
 
-fn summary(name: &str, rates: &mut [f64]) -> f64 {
-    rates.sort_by(f64::total_cmp);
-    let best = rates.last().copied().unwrap_or(0.0);
-    let median = rates[rates.len() / 2];
-    println!(
-        "{name:<8} best {best:>12.0} msg/s   median {median:>12.0} msg/s   rounds {rates:.0?}"
-    );
-    median
+async fn intake(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let source = KafkaSource::builder(consumer_settings(brokers))
+        .group(unique("bench-intake"))
+        .topic(topic)
+        .build()
+        .await?;
+    let acker = source.acker();
+    let progress = Arc::new(Progress {
+        seen: AtomicUsize::new(0),
+        first: Mutex::new(None),
+        last: Mutex::new(None),
+        done: CancellationToken::new(),
+        messages,
+    });
+    let handler = {
+        // One Arc: the fn is cloned for each message.
+        let progress = progress.clone();
+        handler_fn(move |Payload(payload): Payload| {
+            black_box(payload.len());
+            progress.record();
+            std::future::ready(())
+        })
+    };
+    let consumer = Consumer::builder()
+        .max_in_flight(BATCH)
+        .fetch_batch(BATCH)
+        .ordering(Ordering::Partition)
+        .commit_interval(COMMIT_INTERVAL)
+        .build(source, acker, handler)?;
+    let run = tokio::spawn(consumer.run(progress.done.clone()));
+    let mut seen = 0;
+    loop {
+        tokio::select! {
+            () = progress.done.cancelled() => break,
+            () = tokio::time::sleep(STALL) => {
+                let now = progress.seen.load(AtomicOrdering::Relaxed);
+                if now == seen {
+                    progress.done.cancel();
+                    run.await??;
+                    return Err(format!("intake: stalled at {now} of {messages}").into());
+                }
+                seen = now;
+            }
+        }
+    }
+    let report = run.await??;
+    if report.succeeded < messages as u64 {
+        return Err(format!("intake: {} of {messages} handled", report.succeeded).into());
+    }
+    let first = progress.mark(&progress.first).ok_or("intake: no message")?;
+    let last = progress.mark(&progress.last).ok_or("intake: not done")?;
+    Ok(Measure::between(started, first, last, messages))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// What the intake loop's handler records.
+struct Progress {
+    seen: AtomicUsize,
+    first: Mutex<Option<Mark>>,
+    last: Mutex<Option<Mark>>,
+    done: CancellationToken,
+    messages: usize,
+}
+
+impl Progress {
+    fn record(&self) {
+        let count = self.seen.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+        if count == 1 {
+            *self.first.lock().unwrap_or_else(|p| p.into_inner()) = Some(Mark::now());
+        }
+        if count == self.messages {
+            *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Mark::now());
+            self.done.cancel();
+        }
+    }
+
+    fn mark(&self, mark: &Mutex<Option<Mark>>) -> Option<Mark> {
+        *mark.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Results {
+    name: &'static str,
+    measures: Vec<Measure>,
+}
+
+impl Results {
+    fn median(&self) -> Measure {
+        let mut rates: Vec<f64> = self.measures.iter().map(|m| m.rate).collect();
+        let mut cpu: Vec<f64> = self.measures.iter().map(|m| m.cpu_ns_per_message).collect();
+        rates.sort_by(f64::total_cmp);
+        cpu.sort_by(f64::total_cmp);
+        Measure {
+            rate: rates[rates.len() / 2],
+            cpu_ns_per_message: cpu[cpu.len() / 2],
+            startup: Duration::ZERO,
+        }
+    }
+
+    fn best(&self) -> f64 {
+        self.measures.iter().map(|m| m.rate).fold(0.0, f64::max)
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), BoxError> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let brokers: String = env_or("KAFKA_BROKERS", "127.0.0.1:9092".to_string());
     let messages: usize = env_or("BENCH_MESSAGES", 1_000_000);
     let rounds: usize = env_or("BENCH_ROUNDS", 3);
-    if std::net::TcpStream::connect_timeout(&brokers.parse()?, Duration::from_secs(1)).is_err() {
+    // A comma-separated subset of raw, adapter, intake (for profiling one).
+    let only: String = env_or("BENCH_LOOPS", "raw,adapter,intake".to_string());
+    let address: std::net::SocketAddr = brokers
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|error| format!("KAFKA_BROKERS `{brokers}`: {error} (use host:port)"))?;
+    if std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).is_err() {
         println!("skipped: no Kafka broker on {brokers}");
         return Ok(());
     }
-    let topic = prepare(&brokers, messages).await?;
-    let mut raw_rates = Vec::new();
-    let mut adapter_rates = Vec::new();
+    // An existing topic of at least BENCH_MESSAGES messages may be reused
+    // (for profiling one loop without the producing).
+    let topic = match std::env::var("BENCH_TOPIC") {
+        Ok(topic) => topic,
+        Err(_) => prepare(&brokers, messages).await?,
+    };
+    let mut results = [
+        Results {
+            name: "raw",
+            measures: Vec::new(),
+        },
+        Results {
+            name: "adapter",
+            measures: Vec::new(),
+        },
+        Results {
+            name: "intake",
+            measures: Vec::new(),
+        },
+    ];
     for round in 0..rounds {
-        let brokers_raw = brokers.clone();
-        let topic_raw = topic.clone();
-        let rate = tokio::task::spawn_blocking(move || {
-            raw(&brokers_raw, &topic_raw, messages).map_err(|e| e.to_string())
-        })
-        .await??;
-        eprintln!("round {round}: raw {rate:.0} msg/s");
-        raw_rates.push(rate);
-        let rate = adapter(&brokers, &topic, messages).await?;
-        eprintln!("round {round}: adapter {rate:.0} msg/s");
-        adapter_rates.push(rate);
+        for turn in 0..results.len() {
+            let index = (round + turn) % results.len();
+            if !only.split(',').any(|name| name == results[index].name) {
+                continue;
+            }
+            let started = Instant::now();
+            let measure = match index {
+                0 => {
+                    let (brokers, topic) = (brokers.clone(), topic.clone());
+                    tokio::task::spawn_blocking(move || raw(&brokers, &topic, messages)).await??
+                }
+                1 => adapter(&brokers, &topic, messages).await?,
+                _ => intake(&brokers, &topic, messages).await?,
+            };
+            eprintln!(
+                "round {round}: {:<8} {:>10.0} msg/s {:>6.0} ns CPU/msg (first message after {:.1?}, loop {:.1?})",
+                results[index].name,
+                measure.rate,
+                measure.cpu_ns_per_message,
+                measure.startup,
+                started.elapsed()
+            );
+            results[index].measures.push(measure);
+        }
     }
     println!(
         "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}"
     );
-    let raw_median = summary("raw", &mut raw_rates);
-    let adapter_median = summary("adapter", &mut adapter_rates);
-    println!("adapter / raw (median): {:.3}", adapter_median / raw_median);
+    if results
+        .iter()
+        .any(|loop_results| loop_results.measures.is_empty())
+    {
+        return Ok(());
+    }
+    let raw = results[0].median();
+    println!(
+        "| loop | best msg/s | median msg/s | median / raw median | median ns CPU/msg | CPU / raw CPU |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for loop_results in &results {
+        let median = loop_results.median();
+        println!(
+            "| {} | {:.0} | {:.0} | {:.3} | {:.0} | {:.2} |",
+            loop_results.name,
+            loop_results.best(),
+            median.rate,
+            median.rate / raw.rate,
+            median.cpu_ns_per_message,
+            median.cpu_ns_per_message / raw.cpu_ns_per_message
+        );
+    }
     Ok(())
 }

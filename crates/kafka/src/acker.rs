@@ -1,9 +1,11 @@
 //! [`KafkaAcker`]: commits the commit engine's watermarks as offsets.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use intake_core::{AckBatch, AckError, AckMode, Acker, PartitionKey};
 use rdkafka::consumer::BaseConsumer;
+use tokio::time::Instant;
 
 use crate::ownership::next_offset;
 use crate::source::context::{KafkaContext, Shared};
@@ -18,7 +20,9 @@ use crate::source::context::{KafkaContext, Shared};
 /// next batch; a revocation or a shutdown that waits for its batch knows the
 /// offsets are on the broker. Waiting costs no throughput: the runtime sends
 /// one batch at a time and collects the next meanwhile, so batches grow with
-/// the broker's round trip.
+/// the broker's round trip. Commits during the run are at least the
+/// source's [minimum commit interval](crate::KafkaSourceBuilder::min_commit_interval)
+/// apart, so a fast consumer does not spend the broker on commits.
 ///
 /// A partition this consumer no longer owns is never committed: its work is
 /// refused with [`AckError::NotAssigned`].
@@ -29,6 +33,8 @@ use crate::source::context::{KafkaContext, Shared};
 pub struct KafkaAcker {
     consumer: Weak<BaseConsumer<KafkaContext>>,
     shared: Arc<Shared>,
+    min_interval: Duration,
+    last_commit: Option<Instant>,
 }
 
 impl std::fmt::Debug for KafkaAcker {
@@ -41,8 +47,17 @@ impl std::fmt::Debug for KafkaAcker {
 }
 
 impl KafkaAcker {
-    pub(crate) fn new(consumer: Weak<BaseConsumer<KafkaContext>>, shared: Arc<Shared>) -> Self {
-        Self { consumer, shared }
+    pub(crate) fn new(
+        consumer: Weak<BaseConsumer<KafkaContext>>,
+        shared: Arc<Shared>,
+        min_interval: Duration,
+    ) -> Self {
+        Self {
+            consumer,
+            shared,
+            min_interval,
+            last_commit: None,
+        }
     }
 }
 
@@ -71,6 +86,14 @@ impl Acker for KafkaAcker {
         if offsets.is_empty() {
             return Ok(());
         }
+        if !batch.sync
+            && let Some(last) = self.last_commit
+        {
+            // The runtime keeps collecting completions meanwhile; the batch
+            // after this one carries them.
+            tokio::time::sleep_until(last + self.min_interval).await;
+        }
+        self.last_commit = Some(Instant::now());
         let consumer = self.consumer.clone();
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || match consumer.upgrade() {

@@ -5,30 +5,54 @@
 //! |---|---|
 //! | partition | topic-partition |
 //! | position | offset ([`Position::Offset`](intake_core::Position::Offset)) |
-//! | ack | commit the watermark + 1, batched; synchronous on revoke and shutdown |
+//! | ack | commit the watermark + 1, one commit per batch, confirmed by the broker |
 //! | retry | in process (Kafka cannot take one message back) |
-//! | dead letter | produce to `<topic>.<group>.dlq` with origin headers |
+//! | dead letter | produce to `<topic>.<group>.dlq` (created if missing) with origin headers |
 //! | backpressure | pause the assigned partitions, keep polling |
+//! | revoke | the rebalance callback waits (bounded) for the runtime to drain and commit |
 //! | broadcast | a group of its own per instance, from the end |
 //!
 //! All librdkafka settings pass through [`KafkaSettings`], so TLS and SASL are
 //! configured as usual; secrets never appear in logs or `Debug`.
 //!
 //! ```no_run
+//! use intake_core::dead_letter::DeadLetterLayer;
+//! use intake_core::{Consumer, HandlerError, Json, Meta, Ordering, handler_fn};
 //! use intake_kafka::{KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+//! use tokio_util::sync::CancellationToken;
+//! use tower::Layer;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order {
+//!     id: u64,
+//! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let settings = KafkaSettings::new("127.0.0.1:9092")
-//!     .set("partition.assignment.strategy", "cooperative-sticky");
-//! let source = KafkaSource::builder(settings.clone())
-//!     .group("billing")
-//!     .topic("orders")
-//!     .build()
-//!     .await?;
+//! let settings = KafkaSettings::new("127.0.0.1:9092");
+//! let source = KafkaSource::builder(
+//!     settings.clone().set("partition.assignment.strategy", "cooperative-sticky"),
+//! )
+//! .group("billing")
+//! .topic("orders")
+//! .build()
+//! .await?;
 //! let acker = source.acker();
 //! let dead_letters = KafkaDeadLetterSink::builder(settings, "billing").build()?;
-//! // Hand `source`, `acker` and `dead_letters` to an intake consumer.
-//! # let _ = (acker, dead_letters);
+//!
+//! let handler = handler_fn(|Meta(meta): Meta, Json(order): Json<Order>| async move {
+//!     tracing::info!(offset = %meta.position(), order = order.id, "billed");
+//!     Ok::<(), HandlerError>(())
+//! });
+//! // Undecodable orders go to `orders.billing.dlq`, then are committed.
+//! let handler = DeadLetterLayer::new(dead_letters).layer(handler);
+//!
+//! let shutdown = CancellationToken::new();
+//! let report = Consumer::builder()
+//!     .ordering(Ordering::Key)
+//!     .build(source, acker, handler)?
+//!     .run(shutdown)
+//!     .await?;
+//! println!("{} orders billed", report.succeeded);
 //! # Ok(())
 //! # }
 //! ```

@@ -90,6 +90,58 @@ async fn the_committed_offset_is_the_acked_watermark_plus_one() {
     source.close().await.expect("close");
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn commits_during_the_run_are_spaced_by_the_minimum_interval_and_sync_ones_are_not() {
+    let kafka = KafkaBackend::mock();
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, numbered(0, 10))
+        .await
+        .expect("produce");
+    let mut source = kafka
+        .source(&topic, &group)
+        .min_commit_interval(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("source");
+    assert_eq!(take(&mut source, 10, 64, PATIENCE).await.messages.len(), 10);
+    let mut acker = source.acker();
+    let batch = |watermark: i64, sync: bool| {
+        let mut ack = PartitionAck::new(PartitionKey::new(topic.as_str(), 0));
+        ack.watermark = Some(Position::Offset(watermark));
+        AckBatch {
+            partitions: vec![ack],
+            sync,
+        }
+    };
+
+    // Virtual time from here: only the acker's own wait moves it.
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    acker.ack(&batch(2, false)).await.expect("first commit");
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "the first commit waits for nothing"
+    );
+    acker.ack(&batch(5, false)).await.expect("second commit");
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "the second commit waited out the interval"
+    );
+    let waited = started.elapsed();
+    acker.ack(&batch(8, true)).await.expect("sync commit");
+    assert_eq!(started.elapsed(), waited, "a sync commit is not held back");
+    tokio::time::resume();
+
+    assert_eq!(
+        kafka.offsets(&topic, &group).await.expect("offsets"),
+        vec![(0, Some(9), 10)]
+    );
+    source.close().await.expect("close");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_buffer_pauses_fetching_and_loses_nothing() {
     let kafka = KafkaBackend::mock();

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::KafkaSource;
 use super::context::{KafkaContext, Shared};
-use super::convert::TopicNames;
+use super::convert::Converter;
 use super::poller::Poller;
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::ConnectError;
@@ -39,6 +39,7 @@ pub struct KafkaSourceBuilder {
     connect_timeout: Duration,
     close_timeout: Duration,
     watchdog_interval: Duration,
+    min_commit_interval: Duration,
 }
 
 impl KafkaSourceBuilder {
@@ -53,6 +54,7 @@ impl KafkaSourceBuilder {
             connect_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(10),
             watchdog_interval: Duration::from_secs(30),
+            min_commit_interval: Duration::from_millis(100),
         }
     }
 
@@ -115,6 +117,22 @@ impl KafkaSourceBuilder {
     /// 30 s; zero turns the watchdog off).
     pub fn watchdog_interval(mut self, interval: Duration) -> Self {
         self.watchdog_interval = interval;
+        self
+    }
+
+    /// The shortest time between two offset commits while the consumer runs
+    /// (default 100 ms; zero: no minimum).
+    ///
+    /// The runtime hands the acker its next batch as soon as the previous
+    /// one is done, so at high rates every broker round trip would carry a
+    /// commit, and each is a write on the broker that competes with
+    /// fetching. With a minimum the acker waits out the rest of the interval
+    /// before committing, and the runtime gathers the completions of that
+    /// time into the one commit. Synchronous commits (a revocation, the
+    /// shutdown) are never held back, though one may wait for a commit that
+    /// is.
+    pub fn min_commit_interval(mut self, interval: Duration) -> Self {
+        self.min_commit_interval = interval;
         self
     }
 
@@ -246,7 +264,7 @@ impl KafkaSourceBuilder {
             watchdog: Watchdog::new(self.watchdog_interval),
             close_timeout: self.close_timeout,
             batch: Vec::with_capacity(512),
-            topics: TopicNames::default(),
+            converter: Converter::default(),
             paused: false,
             reported_missing: Vec::new(),
             reset: OffsetReset::from_setting(settings.get("auto.offset.reset")),
@@ -265,6 +283,7 @@ impl KafkaSourceBuilder {
         Ok(KafkaSource {
             shared,
             consumer: handle,
+            min_commit_interval: self.min_commit_interval,
             group_id,
             stopped: Some(stopped),
         })

@@ -17,6 +17,7 @@ mod watchdog;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use intake_core::{Message, Source, SourceError, SourceEvent};
 use rdkafka::consumer::BaseConsumer;
@@ -44,6 +45,7 @@ pub struct KafkaSource {
     /// The polling thread owns the consumer; this handle lets the acker
     /// reach it while it lives.
     consumer: Weak<BaseConsumer<KafkaContext>>,
+    min_commit_interval: Duration,
     group_id: String,
     /// Resolves when the polling thread has left the group.
     stopped: Option<oneshot::Receiver<()>>,
@@ -66,7 +68,11 @@ impl KafkaSource {
 
     /// The acker that commits this source's offsets.
     pub fn acker(&self) -> KafkaAcker {
-        KafkaAcker::new(self.consumer.clone(), self.shared.clone())
+        KafkaAcker::new(
+            self.consumer.clone(),
+            self.shared.clone(),
+            self.min_commit_interval,
+        )
     }
 
     /// The consumer group id (generated in broadcast mode).

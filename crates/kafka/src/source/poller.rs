@@ -13,7 +13,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::topic_partition_list::Offset;
 
 use super::context::{KafkaContext, Shared};
-use super::convert::{TopicNames, to_message};
+use super::convert::Converter;
 use super::handoff::Control;
 use super::watchdog::{OffsetReset, Watchdog, stalled_at};
 use crate::error::is_auth;
@@ -40,7 +40,7 @@ pub(crate) struct Poller {
     pub(crate) watchdog: Watchdog,
     pub(crate) close_timeout: Duration,
     pub(crate) batch: Vec<Message>,
-    pub(crate) topics: TopicNames,
+    pub(crate) converter: Converter,
     pub(crate) paused: bool,
     /// Unknown-topic errors already reported, so a deleted topic is
     /// reported once, not on every poll.
@@ -122,7 +122,7 @@ impl Poller {
         let mut timeout = POLL_TIMEOUT;
         while self.batch.len() < MAX_BATCH {
             match self.consumer.poll(timeout) {
-                Some(Ok(message)) => match to_message(&message, &mut self.topics) {
+                Some(Ok(message)) => match self.converter.convert(&message) {
                     Some(converted) => self.batch.push(converted),
                     None => tracing::error!(
                         topic = message_topic(&message),
