@@ -18,7 +18,7 @@ use intake_kafka::dead_letter::header;
 use intake_kafka::{
     ConnectError, DeadLetterTopicError, KafkaDeadLetterSink, KafkaSettings, KafkaSource,
 };
-use support::consumer::{TestConsumer, eventually};
+use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, take, unique};
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -273,13 +273,12 @@ async fn two_consumers_share_partitions_without_loss(strategy: &str) {
     };
     let ledger = Ledger::default();
     let start = |source| {
-        TestConsumer::start(
+        TestConsumer::working(
             source,
             &ledger,
             Duration::from_millis(1),
-            Consumer::builder()
-                .ordering(Ordering::Partition)
-                .max_in_flight(8),
+            Ordering::Partition,
+            8,
         )
     };
     let first = start(source().await.expect("first"));
@@ -288,10 +287,7 @@ async fn two_consumers_share_partitions_without_loss(strategy: &str) {
     })
     .await;
     let second = start(source().await.expect("second"));
-    eventually("the partitions to be shared", PATIENCE, || async {
-        first.assigned() > 0 && second.assigned() > 0 && first.assigned() + second.assigned() == 4
-    })
-    .await;
+    settled(&[&first, &second], 4, PATIENCE).await;
     kafka
         .produce(&topic, numbered(200, 200))
         .await
@@ -360,10 +356,7 @@ async fn a_rebalance_gets_through_while_every_slot_is_taken() {
         kafka.source(&topic, &group).build().await.expect("joining"),
         &ledger,
     );
-    eventually("the partitions to be shared", PATIENCE, || async {
-        stuck.assigned() == 1 && joining.assigned() == 1
-    })
-    .await;
+    settled(&[&stuck, &joining], 2, PATIENCE).await;
     assert!(stuck.revocations() >= 1);
     eventually("the joining consumer to process", PATIENCE, || async {
         ledger.distinct() > 0
@@ -401,13 +394,12 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
     };
     let ledger = Ledger::default();
     let slow = |source| {
-        TestConsumer::start(
+        TestConsumer::working(
             source,
             &ledger,
             Duration::from_millis(20),
-            Consumer::builder()
-                .ordering(Ordering::Partition)
-                .max_in_flight(2),
+            Ordering::Partition,
+            2,
         )
     };
     let first = slow(source().await.expect("first"));
@@ -416,10 +408,7 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
     })
     .await;
     let second = slow(source().await.expect("second"));
-    eventually("the partitions to be shared", PATIENCE, || async {
-        first.assigned() == 1 && second.assigned() == 1
-    })
-    .await;
+    settled(&[&first, &second], 2, PATIENCE).await;
     second.stop().await;
     ledger
         .wait_for_all(200, "every message, the first consumer's partitions back")
@@ -437,12 +426,13 @@ async fn a_consumer_dropped_without_shutdown_leaves_its_uncommitted_messages_to_
         .await
         .expect("produce");
 
-    let crashed_ledger = Ledger::default();
-    let crashed = TestConsumer::start(
+    // Its handlers never finish: nothing it takes is ever committed.
+    let crashed = TestConsumer::working(
         kafka.source(&topic, &group).build().await.expect("source"),
-        &crashed_ledger,
+        &Ledger::default(),
         Duration::from_secs(3600),
-        Consumer::builder().ordering(Ordering::Unordered),
+        Ordering::Unordered,
+        256,
     );
     eventually("the consumer to own the partitions", PATIENCE, || async {
         crashed.assigned() == 2

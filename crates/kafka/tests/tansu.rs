@@ -12,27 +12,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
-use intake_core::{Consumer, DeadLetter, DeadLetterSink, Headers, Ordering, SourceError};
+use intake_core::{DeadLetter, DeadLetterSink, Headers, Ordering, SourceError};
 use intake_kafka::dead_letter::header;
 use intake_kafka::{ConnectError, KafkaDeadLetterSink};
-use support::consumer::{TestConsumer, eventually};
+use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, unique};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Waits until the consumers own every one of `partitions` between them,
-/// each partition once.
-async fn settled(consumers: &[&TestConsumer], partitions: usize, what: &str) {
-    eventually(what, PATIENCE, || async {
-        consumers.iter().all(|consumer| consumer.assigned() > 0)
-            && consumers
-                .iter()
-                .map(|consumer| consumer.assigned())
-                .sum::<usize>()
-                == partitions
-    })
-    .await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_consumer_joining_and_leaving_loses_nothing() {
@@ -51,28 +37,16 @@ async fn a_third_consumer_joining_and_leaving_loses_nothing() {
     // A little work per message keeps deliveries in flight across each
     // rebalance, so revocations have something to drain.
     let start = |source| {
-        TestConsumer::start(
-            source,
-            &ledger,
-            Duration::from_millis(1),
-            Consumer::builder()
-                .ordering(Ordering::Key)
-                .max_in_flight(16),
-        )
+        TestConsumer::working(source, &ledger, Duration::from_millis(1), Ordering::Key, 16)
     };
 
     let first = start(kafka.source(&topic, &group).build().await.expect("first"));
     let second = start(kafka.source(&topic, &group).build().await.expect("second"));
     ledger.wait_for_all(200, "the first 200 messages").await;
-    settled(&[&first, &second], 4, "two consumers to share 4 partitions").await;
+    settled(&[&first, &second], 4, PATIENCE).await;
 
     let third = start(kafka.source(&topic, &group).build().await.expect("third"));
-    settled(
-        &[&first, &second, &third],
-        4,
-        "a third consumer to take partitions",
-    )
-    .await;
+    settled(&[&first, &second, &third], 4, PATIENCE).await;
     kafka
         .produce(&topic, numbered(200, 200))
         .await
@@ -80,12 +54,7 @@ async fn a_third_consumer_joining_and_leaving_loses_nothing() {
     ledger.wait_for_all(400, "400 messages among three").await;
 
     third.stop().await;
-    settled(
-        &[&first, &second],
-        4,
-        "the third consumer's partitions to move back",
-    )
-    .await;
+    settled(&[&first, &second], 4, PATIENCE).await;
     kafka
         .produce(&topic, numbered(400, 200))
         .await
@@ -111,17 +80,17 @@ async fn a_consumer_dropped_mid_run_leaves_its_uncommitted_messages_to_the_other
     };
     let topic = kafka.create_source(4).await.expect("topic");
     let group = unique("g");
-    let crashed_ledger = Ledger::default();
     // Its handlers never finish: nothing it takes is ever committed.
-    let crashing = TestConsumer::start(
+    let crashing = TestConsumer::working(
         kafka
             .source(&topic, &group)
             .build()
             .await
             .expect("crashing"),
-        &crashed_ledger,
+        &Ledger::default(),
         Duration::from_secs(3600),
-        Consumer::builder().ordering(Ordering::Unordered),
+        Ordering::Unordered,
+        256,
     );
     let ledger = Ledger::default();
     let survivor = TestConsumer::recording(
@@ -132,12 +101,7 @@ async fn a_consumer_dropped_mid_run_leaves_its_uncommitted_messages_to_the_other
             .expect("survivor"),
         &ledger,
     );
-    settled(
-        &[&crashing, &survivor],
-        4,
-        "two consumers to share 4 partitions",
-    )
-    .await;
+    settled(&[&crashing, &survivor], 4, PATIENCE).await;
     kafka
         .produce(&topic, numbered(0, 300))
         .await

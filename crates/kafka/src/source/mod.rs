@@ -138,66 +138,83 @@ mod tests {
 
     use super::*;
 
-    /// A fetcher stopped behind the poller's back (as a lost wakeup or a
-    /// stale pause would) is found by the watchdog and restarted.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_watchdog_restarts_a_fetcher_that_stopped_while_the_broker_has_data() {
+    /// A mock cluster with `topic` (one partition), its producer, and a
+    /// source on it whose watchdog looks every 500 ms.
+    async fn watched(topic: &str) -> (FutureProducer, KafkaSource) {
         let producer: FutureProducer = rdkafka::ClientConfig::new()
             .set("test.mock.num.brokers", "1")
             .create()
             .expect("mock cluster");
-        let mock = producer.client().mock_cluster().expect("mock cluster");
-        mock.create_topic("stall", 1, 1).expect("topic");
-        let produce = |payload: &'static str| {
-            producer.send(
-                FutureRecord::<[u8], [u8]>::to("stall").payload(payload.as_bytes()),
-                Duration::from_secs(10),
-            )
+        let brokers = {
+            let mock = producer.client().mock_cluster().expect("mock cluster");
+            mock.create_topic(topic, 1, 1).expect("topic");
+            mock.bootstrap_servers()
         };
-        produce("first").await.expect("produce");
-
-        let settings = KafkaSettings::new(mock.bootstrap_servers())
+        let settings = KafkaSettings::new(brokers)
             .set("session.timeout.ms", "6000")
             .set("heartbeat.interval.ms", "500");
-        let mut source = KafkaSource::builder(settings)
-            .group("stall-group")
-            .topic("stall")
-            .revoke_timeout(Duration::from_secs(20))
+        let source = KafkaSource::builder(settings)
+            .group(format!("{topic}-group"))
+            .topic(topic)
             .watchdog_interval(Duration::from_millis(500))
             .build()
             .await
             .expect("source");
+        (producer, source)
+    }
+
+    async fn produce(producer: &FutureProducer, topic: &str, payload: &str) {
+        producer
+            .send(
+                FutureRecord::<[u8], [u8]>::to(topic).payload(payload.as_bytes()),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("produce");
+    }
+
+    /// The next message of `source`, waiting up to 30 s.
+    async fn receive_one(source: &mut KafkaSource) -> Option<Message> {
         let mut received = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while received.is_empty() && tokio::time::Instant::now() < deadline {
             let _ =
-                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 1)).await;
         }
-        assert_eq!(received.len(), 1);
+        received.pop()
+    }
 
-        // Stop the fetcher without the poller knowing.
-        let assignment = source
-            .consumer
-            .upgrade()
-            .expect("consumer")
-            .assignment()
-            .expect("assignment");
-        source
-            .consumer
-            .upgrade()
-            .expect("consumer")
-            .pause(&assignment)
-            .expect("pause");
-        produce("second").await.expect("produce");
-
-        received.clear();
+    /// Pauses the source's partitions behind the poller's back, once it has
+    /// `partitions` of them.
+    async fn pause_behind_the_pollers_back(source: &KafkaSource, partitions: usize) {
+        let consumer = source.consumer.upgrade().expect("consumer");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while received.is_empty() && tokio::time::Instant::now() < deadline {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+        loop {
+            let assignment = consumer.assignment().expect("assignment");
+            if assignment.count() == partitions {
+                consumer.pause(&assignment).expect("pause");
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never assigned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(received.len(), 1, "the stalled partition was restarted");
-        assert_eq!(received[0].payload().as_ref(), b"second");
+    }
+
+    /// A fetcher stopped behind the poller's back (as a lost wakeup or a
+    /// stale pause would) is found by the watchdog and restarted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_watchdog_restarts_a_fetcher_that_stopped_while_the_broker_has_data() {
+        let (producer, mut source) = watched("stall").await;
+        produce(&producer, "stall", "first").await;
+        let first = receive_one(&mut source).await.expect("the first message");
+        assert_eq!(first.payload().as_ref(), b"first");
+
+        pause_behind_the_pollers_back(&source, 1).await;
+        produce(&producer, "stall", "second").await;
+        let second = receive_one(&mut source)
+            .await
+            .expect("the stalled partition was restarted");
+        assert_eq!(second.payload().as_ref(), b"second");
         source.close().await.expect("close");
     }
 
@@ -206,60 +223,13 @@ mod tests {
     /// committed offset and `earliest`: the low watermark).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_watchdog_starts_a_partition_that_never_fetched() {
-        let producer: FutureProducer = rdkafka::ClientConfig::new()
-            .set("test.mock.num.brokers", "1")
-            .create()
-            .expect("mock cluster");
-        let mock = producer.client().mock_cluster().expect("mock cluster");
-        mock.create_topic("unstarted", 1, 1).expect("topic");
-        let settings = KafkaSettings::new(mock.bootstrap_servers())
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500");
-        let mut source = KafkaSource::builder(settings)
-            .group("unstarted-group")
-            .topic("unstarted")
-            .watchdog_interval(Duration::from_millis(500))
-            .build()
+        let (producer, mut source) = watched("unstarted").await;
+        pause_behind_the_pollers_back(&source, 1).await;
+        produce(&producer, "unstarted", "first").await;
+        let first = receive_one(&mut source)
             .await
-            .expect("source");
-
-        // Stop the fetcher behind the poller's back before anything arrives.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let assignment = source
-                .consumer
-                .upgrade()
-                .expect("consumer")
-                .assignment()
-                .expect("assignment");
-            if assignment.count() == 1 {
-                source
-                    .consumer
-                    .upgrade()
-                    .expect("consumer")
-                    .pause(&assignment)
-                    .expect("pause");
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never assigned");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        producer
-            .send(
-                FutureRecord::<[u8], [u8]>::to("unstarted").payload(&b"first"[..]),
-                Duration::from_secs(10),
-            )
-            .await
-            .expect("produce");
-
-        let mut received = Vec::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while received.is_empty() && tokio::time::Instant::now() < deadline {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
-        }
-        assert_eq!(received.len(), 1, "the unstarted partition was started");
-        assert_eq!(received[0].payload().as_ref(), b"first");
+            .expect("the unstarted partition was started");
+        assert_eq!(first.payload().as_ref(), b"first");
         source.close().await.expect("close");
     }
 }

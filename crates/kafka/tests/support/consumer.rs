@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use intake_core::testkit::harness::{Ledger, id_of};
 use intake_core::{
-    Consumer, ConsumerBuilder, ConsumerObserver, HandlerError, Message, PartitionKey,
+    Consumer, ConsumerBuilder, ConsumerObserver, HandlerError, Message, Ordering, PartitionKey,
     PartitionSnapshot, RunError, RunReport, handler_fn,
 };
 use intake_kafka::KafkaSource;
@@ -85,6 +85,21 @@ impl TestConsumer {
         }
     }
 
+    /// Runs `source` with `work` per message, in `ordering`, with at most
+    /// `max_in_flight` deliveries.
+    pub fn working(
+        source: KafkaSource,
+        ledger: &Ledger,
+        work: Duration,
+        ordering: Ordering,
+        max_in_flight: usize,
+    ) -> Self {
+        let builder = Consumer::builder()
+            .ordering(ordering)
+            .max_in_flight(max_in_flight);
+        Self::start(source, ledger, work, builder)
+    }
+
     /// Runs `source` with the default runtime settings and no handler delay.
     pub fn recording(source: KafkaSource, ledger: &Ledger) -> Self {
         Self::start(source, ledger, Duration::ZERO, Consumer::builder())
@@ -136,4 +151,25 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits until `consumers` own the `partitions` between them, each of them
+/// at least one, or panics after `patience`.
+pub async fn settled(consumers: &[&TestConsumer], partitions: usize, patience: Duration) {
+    eventually(
+        &format!(
+            "{} consumers to share {partitions} partitions",
+            consumers.len()
+        ),
+        patience,
+        || async {
+            consumers.iter().all(|consumer| consumer.assigned() > 0)
+                && consumers
+                    .iter()
+                    .map(|consumer| consumer.assigned())
+                    .sum::<usize>()
+                    == partitions
+        },
+    )
+    .await;
 }
