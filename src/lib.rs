@@ -6,3 +6,7 @@
 #![warn(missing_docs)]
 
 pub use intake_core::*;
+
+/// Exactly-once effects in PostgreSQL (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use intake_postgres as postgres;

@@ -1,0 +1,314 @@
+//! [`MarkerTable`]: the table of processed-markers, its migration and the
+//! statements that use it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use intake_core::ConfigError;
+use sqlx::PgPool;
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::error::MigrateError;
+
+/// The table that records which messages a consumer group has processed.
+///
+/// One row per processed message: `(consumer_group, source, partition,
+/// message_id)` is the primary key, `processed_at` (the database's clock at
+/// the start of the transaction) drives pruning. `message_id` is the broker
+/// position in the broker's terms (`42`, `1700000000000-0`) or the value of
+/// the configured id header, with `partition` -1.
+///
+/// Create it with [`migrate`](Self::migrate) at start-up (idempotent, safe
+/// to run from many processes at once), or put
+/// [`migration_sql`](Self::migration_sql) into your own migrations:
+///
+/// ```text
+/// CREATE TABLE IF NOT EXISTS "intake_processed_messages" (
+///     consumer_group text NOT NULL,
+///     source text NOT NULL,
+///     partition bigint NOT NULL,
+///     message_id text NOT NULL,
+///     processed_at timestamptz NOT NULL DEFAULT now(),
+///     PRIMARY KEY (consumer_group, source, partition, message_id)
+/// );
+/// CREATE INDEX IF NOT EXISTS "intake_processed_messages_processed_at_idx"
+///     ON "intake_processed_messages" (processed_at);
+/// ```
+#[derive(Clone)]
+pub struct MarkerTable {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// As given: `table` or `schema.table`.
+    name: String,
+    /// Quoted for SQL: `"table"` or `"schema"."table"`.
+    quoted: String,
+    index: String,
+    insert_one: SqlStr,
+    insert_many: SqlStr,
+    prune: SqlStr,
+    count: SqlStr,
+}
+
+/// Longest table name accepted, so that the index name derived from it stays
+/// within PostgreSQL's 63-byte identifiers.
+const MAX_TABLE_NAME_LEN: usize = 63 - "_processed_at_idx".len();
+
+impl MarkerTable {
+    /// The default table name.
+    pub const DEFAULT_NAME: &'static str = "intake_processed_messages";
+
+    /// The table `name`: `table` or `schema.table`, each part letters, digits
+    /// and underscores, not starting with a digit (case is kept: the name is
+    /// quoted in SQL).
+    ///
+    /// # Errors
+    ///
+    /// A name that is empty, too long or not a plain identifier.
+    pub fn new(name: &str) -> Result<Self, ConfigError> {
+        let parts: Vec<&str> = name.split('.').collect();
+        if parts.len() > 2 || parts.iter().any(|part| !is_identifier(part)) {
+            return Err(ConfigError::new(
+                "marker_table",
+                format!(
+                    "`{name}` is not `table` or `schema.table` made of letters, digits and \
+                     underscores (not starting with a digit)"
+                ),
+            ));
+        }
+        let table = parts[parts.len() - 1];
+        if table.len() > MAX_TABLE_NAME_LEN {
+            return Err(ConfigError::new(
+                "marker_table",
+                format!("`{table}` is longer than {MAX_TABLE_NAME_LEN} bytes"),
+            ));
+        }
+        let quoted = parts
+            .iter()
+            .map(|part| format!("\"{part}\""))
+            .collect::<Vec<_>>()
+            .join(".");
+        let index = format!("\"{table}_processed_at_idx\"");
+        let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                insert_one: sql(format!(
+                    "INSERT INTO {quoted} (consumer_group, source, partition, message_id) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
+                )),
+                // The ordinals of the rows that were new: a conflicting row
+                // (already processed) is not returned.
+                insert_many: sql(format!(
+                    "WITH input AS (\
+                         SELECT * FROM UNNEST($2::text[], $3::int8[], $4::text[]) \
+                         WITH ORDINALITY AS input(source, partition, message_id, ordinal)\
+                     ), inserted AS (\
+                         INSERT INTO {quoted} (consumer_group, source, partition, message_id) \
+                         SELECT $1, source, partition, message_id FROM input \
+                         ON CONFLICT DO NOTHING \
+                         RETURNING source, partition, message_id\
+                     ) \
+                     SELECT input.ordinal FROM input \
+                     JOIN inserted USING (source, partition, message_id)"
+                )),
+                // Deletes in bounded batches, so that pruning a large backlog
+                // never holds many row locks or a long transaction.
+                prune: sql(format!(
+                    "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(\
+                         SELECT ctid FROM {quoted} \
+                         WHERE processed_at < now() - make_interval(secs => $1::float8) \
+                         LIMIT $2))"
+                )),
+                count: sql(format!(
+                    "SELECT count(*) FROM {quoted} WHERE consumer_group = $1"
+                )),
+                name: name.to_owned(),
+                quoted,
+                index,
+            }),
+        })
+    }
+
+    /// The name as given.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The SQL that creates the table and its index, idempotently
+    /// (`IF NOT EXISTS`): for your own migration tool.
+    pub fn migration_sql(&self) -> String {
+        let Inner { quoted, index, .. } = &*self.inner;
+        format!(
+            "CREATE TABLE IF NOT EXISTS {quoted} (\n    \
+                 consumer_group text NOT NULL,\n    \
+                 source text NOT NULL,\n    \
+                 partition bigint NOT NULL,\n    \
+                 message_id text NOT NULL,\n    \
+                 processed_at timestamptz NOT NULL DEFAULT now(),\n    \
+                 PRIMARY KEY (consumer_group, source, partition, message_id)\n\
+             );\n\
+             CREATE INDEX IF NOT EXISTS {index}\n    ON {quoted} (processed_at);\n"
+        )
+    }
+
+    /// Creates the table and its index if they do not exist.
+    ///
+    /// Runs under a transaction-scoped advisory lock, so processes that start
+    /// together do not race on `CREATE TABLE IF NOT EXISTS` (which can fail
+    /// with a unique violation when two run at once).
+    ///
+    /// # Errors
+    ///
+    /// The database's error, for instance a missing `CREATE` privilege.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<(), MigrateError> {
+        let failed = |source| MigrateError {
+            table: self.inner.name.clone(),
+            source,
+        };
+        let mut transaction = pool.begin().await.map_err(failed)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('intake-postgres migrate ' || $1))")
+            .bind(&self.inner.name)
+            .execute(&mut *transaction)
+            .await
+            .map_err(failed)?;
+        sqlx::raw_sql(AssertSqlSafe(self.migration_sql()))
+            .execute(&mut *transaction)
+            .await
+            .map_err(failed)?;
+        transaction.commit().await.map_err(failed)
+    }
+
+    /// Deletes up to `limit` markers older than `retention` by the database's
+    /// clock, and returns how many it deleted. See [`Pruner`](crate::Pruner)
+    /// for the background task that calls it.
+    ///
+    /// # Errors
+    ///
+    /// The database's error.
+    pub async fn prune(
+        &self,
+        pool: &PgPool,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let deleted = sqlx::query(self.inner.prune.clone())
+            .bind(retention.as_secs_f64())
+            .bind(i64::from(limit))
+            .execute(pool)
+            .await?;
+        Ok(deleted.rows_affected())
+    }
+
+    /// How many markers `group` has: for tests and reports.
+    ///
+    /// # Errors
+    ///
+    /// The database's error.
+    pub async fn count(&self, pool: &PgPool, group: &str) -> Result<u64, sqlx::Error> {
+        let count: i64 = sqlx::query_scalar(self.inner.count.clone())
+            .bind(group)
+            .fetch_one(pool)
+            .await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// Inserts one marker in `connection`'s transaction; `true` if it is new,
+    /// `false` if the message was already processed.
+    pub(crate) async fn insert_one(
+        &self,
+        connection: &mut PgConnection,
+        group: &str,
+        key: &crate::message_id::MarkerKey,
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(self.inner.insert_one.clone())
+            .bind(group)
+            .bind(&*key.source)
+            .bind(key.partition)
+            .bind(key.id.as_str())
+            .execute(connection)
+            .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    /// Inserts the markers of `keys` in one statement; returns the indexes
+    /// (into `keys`) of those that were new. `keys` must be distinct.
+    pub(crate) async fn insert_many(
+        &self,
+        connection: &mut PgConnection,
+        group: &str,
+        keys: &[&crate::message_id::MarkerKey],
+    ) -> Result<Vec<usize>, sqlx::Error> {
+        let sources: Vec<&str> = keys.iter().map(|key| &*key.source).collect();
+        let partitions: Vec<i64> = keys.iter().map(|key| key.partition).collect();
+        let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
+        let ordinals: Vec<i64> = sqlx::query_scalar(self.inner.insert_many.clone())
+            .bind(group)
+            .bind(&sources)
+            .bind(&partitions)
+            .bind(&ids)
+            .fetch_all(connection)
+            .await?;
+        Ok(ordinals
+            .into_iter()
+            .filter_map(|ordinal| usize::try_from(ordinal - 1).ok())
+            .filter(|&index| index < keys.len())
+            .collect())
+    }
+}
+
+impl Default for MarkerTable {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_NAME).expect("the default marker table name is valid")
+    }
+}
+
+impl fmt::Debug for MarkerTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("MarkerTable")
+            .field(&self.inner.name)
+            .finish()
+    }
+}
+
+fn is_identifier(part: &str) -> bool {
+    let mut chars = part.chars();
+    chars
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_schema_qualified_names_are_accepted_and_quoted() {
+        let table = MarkerTable::new("billing.Processed_1").unwrap();
+        let sql = table.migration_sql();
+        assert!(
+            sql.contains("CREATE TABLE IF NOT EXISTS \"billing\".\"Processed_1\""),
+            "{sql}"
+        );
+        assert!(sql.contains("\"Processed_1_processed_at_idx\""), "{sql}");
+    }
+
+    #[test]
+    fn names_that_would_need_escaping_are_refused() {
+        for name in ["", "a.b.c", "1abc", "drop table x", "a\"b", "a;b", "tab-le"] {
+            let error = MarkerTable::new(name).unwrap_err();
+            assert_eq!(error.setting, "marker_table", "{name}");
+        }
+        assert!(MarkerTable::new(&"t".repeat(MAX_TABLE_NAME_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn the_default_table_has_the_documented_migration() {
+        let sql = MarkerTable::default().migration_sql();
+        assert!(sql.contains("PRIMARY KEY (consumer_group, source, partition, message_id)"));
+        assert!(sql.contains("ON \"intake_processed_messages\" (processed_at)"));
+    }
+}
