@@ -125,13 +125,13 @@ impl ExactlyOnceBuilder {
                 format!("must be at most {MAX_GROUP_LEN} bytes without NUL"),
             ));
         }
-        if let MessageId::Header(name) = &self.message_id {
-            if name.is_empty() {
-                return Err(ConfigError::new(
-                    "message_id",
-                    "names an empty header; give the header that carries the message id",
-                ));
-            }
+        if let MessageId::Header(name) = &self.message_id
+            && name.is_empty()
+        {
+            return Err(ConfigError::new(
+                "message_id",
+                "names an empty header; give the header that carries the message id",
+            ));
         }
         Ok(Arc::new(Context {
             pool: self.pool,

@@ -145,10 +145,10 @@ impl PrunerHandle {
     /// Stops the task and waits until it has.
     pub async fn stop(mut self) {
         self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            if let Err(error) = task.await {
-                tracing::warn!(%error, "the marker pruner task failed");
-            }
+        if let Some(task) = self.task.take()
+            && let Err(error) = task.await
+        {
+            tracing::warn!(%error, "the marker pruner task failed");
         }
     }
 }
@@ -200,5 +200,21 @@ async fn run(
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(settings.interval) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_that_would_prune_live_markers_are_refused() {
+        let zero_retention = PruneSettings {
+            retention: Duration::ZERO,
+            ..PruneSettings::default()
+        };
+        let error = zero_retention.validate().unwrap_err();
+        assert_eq!(error.setting, "prune.retention");
+        assert!(PruneSettings::default().validate().is_ok());
     }
 }

@@ -1,0 +1,115 @@
+//! What the PostgreSQL tests share: a pool to the test database (or a
+//! printed reason to skip), unique table names and messages.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use intake_core::{Headers, Message, Metadata, Position};
+use intake_postgres::{MarkerTable, PoolConfig};
+use sqlx::PgPool;
+
+/// The test database: `INTAKE_POSTGRES_URL`, or the local server with trust
+/// auth as user `postgres` (then `root`).
+fn candidate_urls() -> Vec<String> {
+    match std::env::var("INTAKE_POSTGRES_URL") {
+        Ok(url) => vec![url],
+        Err(_) => vec![
+            "postgres://postgres@127.0.0.1:5432/test".to_owned(),
+            "postgres://root@127.0.0.1:5432/test".to_owned(),
+        ],
+    }
+}
+
+/// A pool of `max_connections` to the test database, or `None` after
+/// printing why the test is skipped. With `INTAKE_REQUIRE_BROKERS=1` a
+/// missing database fails the test instead.
+pub async fn database(test: &str, max_connections: u32) -> Option<PgPool> {
+    let mut failures = Vec::new();
+    for url in candidate_urls() {
+        let config = PoolConfig::new(&url)
+            .expect("the test database URL is a postgres:// URL")
+            .max_connections(max_connections);
+        match config.connect().await {
+            Ok(pool) => return Some(pool),
+            Err(error) => failures.push(error.to_string()),
+        }
+    }
+    let reason = format!("no PostgreSQL for {test}: {}", failures.join("; "));
+    if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") {
+        panic!("{reason} (INTAKE_REQUIRE_BROKERS=1)");
+    }
+    println!("skipped: {reason}");
+    None
+}
+
+/// A name no other test (or earlier run) uses: `prefix_<pid>_<time>_<n>`.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    format!(
+        "{prefix}_{}_{nanos}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh, migrated marker table.
+pub async fn marker_table(pool: &PgPool) -> MarkerTable {
+    let table = MarkerTable::new(&unique("markers")).expect("a valid table name");
+    table
+        .migrate(pool)
+        .await
+        .expect("the marker table is created");
+    table
+}
+
+/// A fresh effects table: `id bigint PRIMARY KEY`, one row per effect.
+pub async fn effects_table(pool: &PgPool) -> String {
+    let name = unique("effects");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {name} (id bigint PRIMARY KEY, note text)"
+    )))
+    .execute(pool)
+    .await
+    .expect("the effects table is created");
+    name
+}
+
+/// Rows in `table`.
+pub async fn rows(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(pool)
+        .await
+        .expect("the table can be counted")
+}
+
+/// The message at `offset` of `source`/`partition` whose payload is `id`.
+pub fn message(source: &str, partition: u32, offset: i64, id: i64) -> Message {
+    Message::new(
+        Bytes::from(id.to_string()),
+        Metadata::new(source.into(), partition, Position::Offset(offset)),
+    )
+}
+
+/// A message carrying `message-id: <id>` at a delivery tag (AMQP-like).
+pub fn tagged_message(source: &str, tag: u64, id: &str) -> Message {
+    let headers: Headers = [("message-id", id.to_owned())].into_iter().collect();
+    Message::new(
+        Bytes::from(id.to_owned()),
+        Metadata::new(source.into(), 0, Position::Tag(tag)),
+    )
+    .with_headers(headers)
+}
+
+/// The payload of `message` as the id it carries.
+pub fn id_of(payload: &[u8]) -> Result<i64, intake_core::HandlerError> {
+    std::str::from_utf8(payload)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| intake_core::HandlerError::permanent("payload is not an id"))
+}
