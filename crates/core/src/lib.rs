@@ -20,6 +20,7 @@ pub mod decode;
 pub mod error;
 pub mod handler;
 pub mod lifecycle;
+pub mod memory;
 pub mod message;
 pub mod observer;
 pub mod source;
