@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod crashes;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -112,4 +114,27 @@ pub fn id_of(payload: &[u8]) -> Result<i64, intake_core::HandlerError> {
         .ok()
         .and_then(|text| text.parse().ok())
         .ok_or_else(|| intake_core::HandlerError::permanent("payload is not an id"))
+}
+
+/// A fresh table of effects without a uniqueness constraint on `id`, so a
+/// message processed twice would show as two rows rather than a failure.
+pub async fn ledger_table(pool: &PgPool) -> String {
+    let name = unique("ledger");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {name} (entry bigserial PRIMARY KEY, id bigint NOT NULL)"
+    )))
+    .execute(pool)
+    .await
+    .expect("the ledger table is created");
+    name
+}
+
+/// `(rows, distinct ids, smallest id, largest id)` of a ledger table.
+pub async fn ledger_summary(pool: &PgPool, table: &str) -> (i64, i64, Option<i64>, Option<i64>) {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*), count(DISTINCT id), min(id), max(id) FROM {table}"
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("the ledger can be summarised")
 }

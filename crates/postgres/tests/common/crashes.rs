@@ -1,0 +1,179 @@
+//! The exactly-once scenario every broker runs: consumers crash (dropped
+//! without shutdown) after their transactions committed but before the
+//! broker learned so, the broker delivers those messages again, and still
+//! each message's effect is in the ledger exactly once.
+
+use std::time::Duration;
+
+use intake_core::testkit::Backend;
+use intake_core::testkit::harness::{Running, numbered, unique_group};
+use intake_core::{Consumer, Ordering, Payload};
+use intake_postgres::{ExactlyOnce, MessageId, Tx};
+use sqlx::{AssertSqlSafe, PgPool};
+
+use super::{ledger_summary, ledger_table, marker_table};
+
+/// How a consumer acknowledges during one round before it crashes.
+#[derive(Clone, Copy, Debug)]
+pub enum Acks {
+    /// Never before the crash: every message it processed is redelivered.
+    Never,
+    /// Every few milliseconds, as in production: the crash finds some
+    /// processed messages acknowledged and some not.
+    Often,
+}
+
+/// One consumer's life: how it acknowledges, and after how many newly
+/// processed messages (counted over the whole run) it crashes.
+#[derive(Clone, Copy, Debug)]
+pub struct Round {
+    pub acks: Acks,
+    pub crash_after_processed: u64,
+}
+
+/// What the scenario saw.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Deliveries the handler skipped because their effects had committed:
+    /// messages the broker delivered more than once.
+    pub duplicates: u64,
+    /// Messages whose commit the handler saw succeed (a commit cut short by a
+    /// crash is in the ledger but not counted here).
+    pub processed: u64,
+}
+
+/// Produces `count` messages, runs `rounds` of consumers that each crash,
+/// then a last consumer that drains everything and shuts down gracefully.
+/// Asserts the ledger holds each id exactly once and the broker has nothing
+/// left unacknowledged.
+pub async fn effects_once_despite_crashes<B: Backend>(
+    backend: &B,
+    pool: &PgPool,
+    message_id: MessageId,
+    count: u64,
+    rounds: &[Round],
+) -> Outcome {
+    let partitions = if backend.capabilities().partitions {
+        4
+    } else {
+        1
+    };
+    let source = backend
+        .create_source(partitions)
+        .await
+        .expect("create the source");
+    let group = unique_group("exactly-once");
+    backend
+        .produce(&source, numbered(0, count))
+        .await
+        .expect("produce");
+    let markers = marker_table(pool).await;
+    let ledger = ledger_table(pool).await;
+
+    let insert = format!("INSERT INTO {ledger} (id) VALUES ($1)");
+    let handler = ExactlyOnce::builder(pool.clone(), group.clone())
+        .table(markers)
+        .message_id(message_id)
+        .handler(async move |mut tx: Tx, Payload(payload): Payload| {
+            let id: i64 = std::str::from_utf8(&payload)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| intake_core::HandlerError::permanent("payload is not an id"))?;
+            sqlx::query(AssertSqlSafe(insert))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            Ok::<_, intake_core::BoxError>(())
+        })
+        .expect("valid exactly-once settings");
+    let stats = std::sync::Arc::clone(handler.stats());
+
+    for (index, round) in rounds.iter().enumerate() {
+        let builder = match round.acks {
+            Acks::Never => Consumer::builder()
+                .commit_interval(Duration::from_secs(3600))
+                .commit_batch(usize::MAX),
+            Acks::Often => Consumer::builder().commit_interval(Duration::from_millis(5)),
+        };
+        let running = Running::start(
+            backend,
+            &source,
+            &group,
+            builder.ordering(Ordering::Unordered),
+            16,
+            handler.clone(),
+        )
+        .await
+        .expect("connect");
+        wait_until(&format!("round {index}: {round:?}"), || {
+            stats.processed() >= round.crash_after_processed
+        })
+        .await;
+        running.crash().await;
+        tokio::time::sleep(backend.capabilities().crash_redelivery_after).await;
+    }
+
+    let running = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder()
+            .ordering(Ordering::Unordered)
+            .commit_interval(Duration::from_millis(5)),
+        16,
+        handler.clone(),
+    )
+    .await
+    .expect("connect");
+    // Drained when the broker holds nothing unacknowledged. (The handler's
+    // `processed` count may stay below `count`: a crash while COMMIT was
+    // under way leaves effects committed but uncounted, and their
+    // redeliveries count as duplicates.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while backend
+        .unacknowledged(&source, &group)
+        .await
+        .expect("inspect the broker")
+        > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the broker still holds unacknowledged messages after a minute ({stats:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.stop().await;
+
+    let count = i64::try_from(count).expect("a small count");
+    assert_eq!(
+        ledger_summary(pool, &ledger).await,
+        (count, count, Some(0), Some(count - 1)),
+        "(rows, distinct ids, min, max): every id exactly once"
+    );
+    // Whatever committed before a crash without an acknowledgement came
+    // back; a round that never acknowledged guarantees some did.
+    if rounds
+        .iter()
+        .any(|round| matches!(round.acks, Acks::Never) && round.crash_after_processed > 0)
+    {
+        assert!(
+            stats.duplicates() > 0,
+            "the broker redelivered committed messages and they were skipped"
+        );
+    }
+    Outcome {
+        duplicates: stats.duplicates(),
+        processed: stats.processed(),
+    }
+}
+
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not reached within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
