@@ -288,8 +288,8 @@ where
         .await
         .map_err(|error| Failure::of_step(error, everything()))?;
     let key_refs: Vec<&MarkerKey> = keys.iter().collect();
-    let mut new = match context.mark_all(&mut transaction, &key_refs).await {
-        Ok(new) => new,
+    let (mut new, id) = match context.mark_all(&mut transaction, &key_refs).await {
+        Ok(marked) => marked,
         Err(error) => {
             context.roll_back(transaction).await;
             return Err(Failure::of_step(error, everything()));
@@ -305,10 +305,10 @@ where
             "already processed; skipped and acknowledged"
         );
     }
-    if new.is_empty() {
+    let Some(id) = id.filter(|_| !new.is_empty()) else {
         context.roll_back(transaction).await;
         return Ok(());
-    }
+    };
 
     let mut is_new = vec![false; keys.len()];
     for &at in &new {
@@ -326,12 +326,12 @@ where
         return Err(Failure::of_step(ExactlyOnceError::TransactionEscaped, new));
     };
     match outcome {
-        Ok(()) => match transaction.commit().await {
+        Ok(()) => match context.commit(transaction, id).await {
             Ok(()) => {
                 context.stats.add_processed(new.len());
                 Ok(())
             }
-            Err(error) => Err(Failure::of_step(ExactlyOnceError::Commit(error), new)),
+            Err(error) => Err(Failure::of_step(error, new)),
         },
         Err(error) => {
             context.roll_back(transaction).await;

@@ -91,6 +91,23 @@ pub enum ExactlyOnceError {
         #[source]
         source: sqlx::Error,
     },
+    /// The transaction had failed when the handler returned `Ok`: a database
+    /// error inside the handler was ignored. Nothing was committed (PostgreSQL
+    /// would have turned the `COMMIT` into a rollback); the message is
+    /// retried. Propagate database errors from the handler with `?`.
+    #[error(
+        "the handler returned Ok, but its transaction had failed (a database error inside the \
+         handler was ignored), so nothing was committed: {0}"
+    )]
+    Aborted(#[source] sqlx::Error),
+    /// The handler ended the transaction itself (`COMMIT` or `ROLLBACK` in
+    /// SQL), so its effects and the marker may not have committed together.
+    /// The message is retried; if they did commit, the retry skips it.
+    #[error(
+        "the handler ended the exactly-once transaction itself (COMMIT or ROLLBACK in SQL); \
+         leave committing to the framework"
+    )]
+    TransactionEnded,
     /// `COMMIT` failed. If it failed after the server committed (a lost
     /// connection), the retry finds the marker and skips the message.
     #[error("COMMIT of the exactly-once transaction failed: {0}")]
@@ -140,9 +157,11 @@ impl ExactlyOnceError {
     /// What the failure means for the message: database failures by their
     /// SQLSTATE ([`error_class`]); a missing message id and a `Tx` that
     /// escaped the handler are permanent (the same message fails the same
-    /// way); a repeated message in a batch is retryable; unstable positions
-    /// are retryable (a configuration error: the
-    /// consumer stalls with this error until it is fixed, and loses nothing).
+    /// way); a transaction the handler let fail or ended itself is retryable
+    /// (the handler's own error is unknown, and a retry loses nothing); a
+    /// repeated message in a batch is retryable; unstable positions are
+    /// retryable (a configuration error: the consumer stalls with this error
+    /// until it is fixed, and loses nothing).
     pub fn class(&self) -> ErrorClass {
         match self {
             ExactlyOnceError::Begin(source)
@@ -151,7 +170,9 @@ impl ExactlyOnceError {
             ExactlyOnceError::MessageId { .. } | ExactlyOnceError::TransactionEscaped => {
                 ErrorClass::Permanent
             }
-            ExactlyOnceError::UnstablePosition { .. }
+            ExactlyOnceError::Aborted(_)
+            | ExactlyOnceError::TransactionEnded
+            | ExactlyOnceError::UnstablePosition { .. }
             | ExactlyOnceError::RepeatedInBatch { .. } => ErrorClass::Retryable,
         }
     }

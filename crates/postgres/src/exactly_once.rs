@@ -152,7 +152,7 @@ where
     let extracted = F::extract(message)?;
 
     let mut transaction = context.begin().await?;
-    if !context.mark(&mut transaction, &key).await? {
+    let Some(id) = context.mark(&mut transaction, &key).await? else {
         context.roll_back(transaction).await;
         context.stats.add_duplicates(1);
         tracing::debug!(
@@ -163,7 +163,7 @@ where
             "already processed; skipped and acknowledged"
         );
         return Ok(());
-    }
+    };
 
     let (tx, lent) = Tx::lend(transaction);
     let outcome = handler.call(tx, extracted).await.into_tx_result();
@@ -172,14 +172,14 @@ where
         return Err(ExactlyOnceError::TransactionEscaped.into());
     };
     match outcome {
-        Ok(()) => match transaction.commit().await {
+        Ok(()) => match context.commit(transaction, id).await {
             Ok(()) => {
                 context.stats.add_processed(1);
                 Ok(())
             }
             Err(error) => {
                 context.stats.add_rolled_back(1);
-                Err(ExactlyOnceError::Commit(error).into())
+                Err(error.into())
             }
         },
         Err(error) => {

@@ -106,7 +106,12 @@
 //! # Cost
 //!
 //! A message costs a transaction: `BEGIN`, the marker `INSERT`, the
-//! handler's statements and `COMMIT`, on one pooled connection. A plain
+//! handler's statements, a check and `COMMIT`, on one pooled connection. The
+//! check is one `SELECT` that makes sure the transaction is still the
+//! marker's and has not failed. PostgreSQL turns a `COMMIT` in a failed
+//! transaction into a silent rollback, so without the check a handler that
+//! ignored a database error would get its message acknowledged with nothing
+//! committed. A plain
 //! handler's single auto-committed `INSERT` costs one round trip. Give the
 //! pool as many connections as messages run at once. The batch form shares
 //! one transaction and one marker statement among the whole batch.

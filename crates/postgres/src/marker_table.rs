@@ -11,6 +11,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::error::MigrateError;
+use crate::message_id::MarkerKey;
+use crate::tx::TransactionId;
 
 /// The table that records which messages a consumer group has processed.
 ///
@@ -100,12 +102,16 @@ impl MarkerTable {
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         Ok(Self {
             inner: Arc::new(Inner {
+                // Returns the transaction's id if the marker is new, nothing
+                // if the message was processed before.
                 insert_one: sql(format!(
                     "INSERT INTO {quoted} (consumer_group, source, partition, message_id) \
-                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING \
+                     RETURNING txid_current()"
                 )),
-                // The ordinals of the rows that were new: a conflicting row
-                // (already processed) is not returned.
+                // The ordinals of the rows that were new, with the
+                // transaction's id: a conflicting row (already processed) is
+                // not returned.
                 insert_many: sql(format!(
                     "WITH input AS (\
                          SELECT * FROM UNNEST($2::text[], $3::int8[], $4::text[]) \
@@ -116,7 +122,7 @@ impl MarkerTable {
                          ON CONFLICT DO NOTHING \
                          RETURNING source, partition, message_id\
                      ) \
-                     SELECT input.ordinal FROM input \
+                     SELECT input.ordinal, txid_current() FROM input \
                      JOIN inserted USING (source, partition, message_id)"
                 )),
                 // Deletes in bounded batches, so that pruning a large backlog
@@ -220,47 +226,50 @@ impl MarkerTable {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
-    /// Inserts one marker in `connection`'s transaction; `true` if it is new,
-    /// `false` if the message was already processed.
+    /// Inserts one marker in `connection`'s transaction: the transaction's
+    /// id if the marker is new, `None` if the message was already processed.
     pub(crate) async fn insert_one(
         &self,
         connection: &mut PgConnection,
         group: &str,
-        key: &crate::message_id::MarkerKey,
-    ) -> Result<bool, sqlx::Error> {
-        let inserted = sqlx::query(self.inner.insert_one.clone())
+        key: &MarkerKey,
+    ) -> Result<Option<TransactionId>, sqlx::Error> {
+        let inserted: Option<i64> = sqlx::query_scalar(self.inner.insert_one.clone())
             .bind(group)
             .bind(&*key.source)
             .bind(key.partition)
             .bind(key.id.as_str())
-            .execute(connection)
+            .fetch_optional(connection)
             .await?;
-        Ok(inserted.rows_affected() == 1)
+        Ok(inserted.map(TransactionId))
     }
 
-    /// Inserts the markers of `keys` in one statement; returns the indexes
-    /// (into `keys`) of those that were new. `keys` must be distinct.
+    /// Inserts the markers of `keys` in one statement: the indexes (into
+    /// `keys`) of those that were new, and the transaction's id if any was.
+    /// `keys` must be distinct.
     pub(crate) async fn insert_many(
         &self,
         connection: &mut PgConnection,
         group: &str,
-        keys: &[&crate::message_id::MarkerKey],
-    ) -> Result<Vec<usize>, sqlx::Error> {
+        keys: &[&MarkerKey],
+    ) -> Result<(Vec<usize>, Option<TransactionId>), sqlx::Error> {
         let sources: Vec<&str> = keys.iter().map(|key| &*key.source).collect();
         let partitions: Vec<i64> = keys.iter().map(|key| key.partition).collect();
         let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
-        let ordinals: Vec<i64> = sqlx::query_scalar(self.inner.insert_many.clone())
+        let inserted: Vec<(i64, i64)> = sqlx::query_as(self.inner.insert_many.clone())
             .bind(group)
             .bind(&sources)
             .bind(&partitions)
             .bind(&ids)
             .fetch_all(connection)
             .await?;
-        Ok(ordinals
+        let transaction = inserted.first().map(|&(_, id)| TransactionId(id));
+        let new = inserted
             .into_iter()
-            .filter_map(|ordinal| usize::try_from(ordinal - 1).ok())
+            .filter_map(|(ordinal, _)| usize::try_from(ordinal - 1).ok())
             .filter(|&index| index < keys.len())
-            .collect())
+            .collect();
+        Ok((new, transaction))
     }
 }
 

@@ -9,6 +9,11 @@ use tokio::sync::oneshot;
 /// A transaction, checked out from the pool.
 pub(crate) type Transaction = sqlx::Transaction<'static, Postgres>;
 
+/// The server's id of a transaction (`txid_current()`), taken when the
+/// marker is inserted and checked again just before `COMMIT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TransactionId(pub(crate) i64);
+
 /// The transaction a handler runs in: the processed-marker of its message is
 /// already inserted, and whatever the handler writes through the `Tx` commits
 /// together with it, after the handler returns `Ok`. If the handler fails,
@@ -26,7 +31,12 @@ pub(crate) type Transaction = sqlx::Transaction<'static, Postgres>;
 /// outlives its handler fails the message with
 /// [`ExactlyOnceError::TransactionEscaped`](crate::ExactlyOnceError::TransactionEscaped).
 /// There is no `commit` on a `Tx`: the framework commits, so that the message
-/// is acknowledged only after its effects are durable.
+/// is acknowledged only after its effects are durable. Do not run `COMMIT` or
+/// `ROLLBACK` in SQL either, and propagate database errors (`?`) rather than
+/// ignore them: a handler that ends the transaction or lets it fail gets an
+/// [`ExactlyOnceError::TransactionEnded`](crate::ExactlyOnceError::TransactionEnded)
+/// or [`ExactlyOnceError::Aborted`](crate::ExactlyOnceError::Aborted) error
+/// and its message is retried.
 pub struct Tx {
     transaction: Option<Transaction>,
     home: Option<oneshot::Sender<Transaction>>,

@@ -493,3 +493,52 @@ async fn the_counters_are_exported_to_prometheus() {
     assert_eq!(value("duplicate"), Some(1.0));
     assert_eq!(value("rolled_back"), Some(0.0));
 }
+
+#[tokio::test]
+async fn a_handler_that_ignores_a_database_error_is_not_acknowledged() {
+    let Some(pool) = database("ignored database error", 4).await else {
+        return;
+    };
+    let table = marker_table(&pool).await;
+    let mut service = ExactlyOnce::builder(pool.clone(), "billing")
+        .table(table.clone())
+        .handler(async |mut tx: Tx| {
+            // PostgreSQL has aborted the transaction; a plain COMMIT would
+            // now roll back silently.
+            let _ignored = sqlx::query("SELECT 1/0").execute(&mut *tx).await;
+        })
+        .unwrap();
+    let error = call(&mut service, message("orders", 0, 1, 1))
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        matches!(
+            error.cause().downcast_ref::<ExactlyOnceError>(),
+            Some(ExactlyOnceError::Aborted(_))
+        ),
+        "{error:?}"
+    );
+    assert_eq!(markers(&pool, &table, "billing").await, 0);
+}
+
+#[tokio::test]
+async fn a_handler_that_ends_the_transaction_itself_is_not_acknowledged() {
+    let Some(pool) = database("handler commits", 4).await else {
+        return;
+    };
+    let table = marker_table(&pool).await;
+    let mut service = ExactlyOnce::builder(pool.clone(), "billing")
+        .table(table.clone())
+        .handler(async |mut tx: Tx| {
+            sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await?;
+            Ok::<_, sqlx::Error>(())
+        })
+        .unwrap();
+    let error = call(&mut service, message("orders", 0, 1, 1))
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert!(error.to_string().contains("ended"), "{error}");
+    assert_eq!(markers(&pool, &table, "billing").await, 0);
+}
