@@ -7,6 +7,14 @@
 
 pub use intake_core::*;
 
+/// The Kafka backend: source, acker and dead-letter sink on rdkafka.
+#[cfg(feature = "kafka")]
+pub use intake_kafka as kafka;
+
+/// The Redis Streams backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub use intake_redis_streams as redis_streams;
+
 /// Exactly-once effects in PostgreSQL (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use intake_postgres as postgres;

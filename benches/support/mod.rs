@@ -72,7 +72,8 @@ unsafe impl GlobalAlloc for CountingAllocator {
 /// Messages the handler has seen; the run stops when it reaches the target.
 static HANDLED: AtomicU64 = AtomicU64::new(0);
 static TARGET: AtomicU64 = AtomicU64::new(u64::MAX);
-static STOP: std::sync::OnceLock<std::sync::Mutex<Option<CancellationToken>>> = std::sync::OnceLock::new();
+static STOP: std::sync::OnceLock<std::sync::Mutex<Option<CancellationToken>>> =
+    std::sync::OnceLock::new();
 
 /// Wraps the scenario's handler so the run stops after the last message. It
 /// costs an atomic increment and a compare per message, on every variant.
@@ -84,12 +85,16 @@ impl<S: Service<Message>> Service<Message> for StopAfterTarget<S> {
     type Error = S::Error;
     type Future = S::Future;
 
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
         self.0.poll_ready(cx)
     }
 
     fn call(&mut self, message: Message) -> S::Future {
-        if HANDLED.fetch_add(1, AtomicOrdering::Relaxed) + 1 == TARGET.load(AtomicOrdering::Relaxed) {
+        if HANDLED.fetch_add(1, AtomicOrdering::Relaxed) + 1 == TARGET.load(AtomicOrdering::Relaxed)
+        {
             if let Some(token) = STOP.get().and_then(|slot| slot.lock().ok()?.clone()) {
                 token.cancel();
             }
@@ -104,7 +109,9 @@ fn prefilled(messages: u64, body: &'static [u8]) -> MemoryBroker {
     broker
         .send_batch(
             "orders",
-            (0..messages).map(|index| Record::new(bytes::Bytes::from_static(body)).to_partition((index % 4) as u32)),
+            (0..messages).map(|index| {
+                Record::new(bytes::Bytes::from_static(body)).to_partition((index % 4) as u32)
+            }),
         )
         .expect("prefill");
     broker
