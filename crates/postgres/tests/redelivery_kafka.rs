@@ -9,7 +9,7 @@ mod common;
 #[path = "../../kafka/tests/support/mod.rs"]
 mod kafka_support;
 
-use common::crashes::{Acks, Round, effects_once_despite_crashes};
+use common::crashes::{Acks, Form, Round, batches, effects_once_despite_crashes};
 use common::database;
 use intake_core::testkit::Backend;
 use intake_postgres::MessageId;
@@ -26,11 +26,12 @@ const ROUNDS: [Round; 2] = [
     },
 ];
 
-async fn run(backend: KafkaBackend, pool: sqlx::PgPool) {
+async fn run(backend: KafkaBackend, pool: sqlx::PgPool, form: Form) {
     let outcome =
-        effects_once_despite_crashes(&backend, &pool, MessageId::Position, 300, &ROUNDS).await;
+        effects_once_despite_crashes(&backend, &pool, MessageId::Position, form, 300, &ROUNDS)
+            .await;
     println!(
-        "{}: 300 records, each effect once; {} redeliveries of committed records skipped",
+        "{}, {form:?}: 300 records, each effect once; {} redeliveries of committed records skipped",
         backend.name(),
         outcome.duplicates
     );
@@ -41,16 +42,37 @@ async fn every_effect_is_written_once_when_consumers_crash_between_commit_and_of
     let Some(pool) = database("kafka redelivery (mock cluster)", 16).await else {
         return;
     };
-    run(KafkaBackend::mock(), pool).await;
+    run(KafkaBackend::mock(), pool, Form::PerMessage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_batched_effect_is_written_once_when_consumers_crash() {
+    let Some(pool) = database("kafka redelivery (mock cluster), batches", 16).await else {
+        return;
+    };
+    run(KafkaBackend::mock(), pool, Form::Batch(batches())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_effect_is_written_once_on_a_real_broker_when_consumers_crash() {
-    let Some(pool) = database("kafka redelivery (tansu)", 16).await else {
+    let test = "kafka redelivery (tansu)";
+    let Some(pool) = database(test, 16).await else {
         return;
     };
-    let Some(backend) = KafkaBackend::real("kafka redelivery (tansu)") else {
+    let Some(backend) = KafkaBackend::real(test) else {
         return;
     };
-    run(backend, pool).await;
+    run(backend, pool, Form::PerMessage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_batched_effect_is_written_once_on_a_real_broker_when_consumers_crash() {
+    let test = "kafka redelivery (tansu), batches";
+    let Some(pool) = database(test, 16).await else {
+        return;
+    };
+    let Some(backend) = KafkaBackend::real(test) else {
+        return;
+    };
+    run(backend, pool, Form::Batch(batches())).await;
 }

@@ -5,11 +5,15 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::testkit::Backend;
 use intake_core::testkit::harness::{Running, numbered, unique_group};
-use intake_core::{Consumer, Ordering, Payload};
-use intake_postgres::{ExactlyOnce, MessageId, Tx};
+use intake_core::{Consumer, ConsumerBuilder, HandlerError, Message, Ordering, Payload};
+use intake_postgres::{ExactlyOnce, ExactlyOnceStats, MessageId, Tx};
 use sqlx::{AssertSqlSafe, PgPool};
+use tower::{Layer, Service};
 
 use super::{ledger_summary, ledger_table, marker_table};
 
@@ -42,6 +46,25 @@ pub struct Outcome {
     pub processed: u64,
 }
 
+/// Which exactly-once handler the consumers run.
+#[derive(Clone, Copy, Debug)]
+pub enum Form {
+    /// [`ExactlyOnce`]: a transaction per message.
+    PerMessage,
+    /// [`ExactlyOnceBatch`](intake_postgres::ExactlyOnceBatch) under the
+    /// batch layer: a transaction per batch.
+    Batch(BatchSettings),
+}
+
+/// Batches of up to 50 messages, handed over after 5 ms, two at a time.
+pub fn batches() -> BatchSettings {
+    BatchSettings {
+        max_size: 50,
+        max_wait: Duration::from_millis(5),
+        parallelism: 2,
+    }
+}
+
 /// Produces `count` messages, runs `rounds` of consumers that each crash,
 /// then a last consumer that drains everything and shuts down gracefully.
 /// Asserts the ledger holds each id exactly once and the broker has nothing
@@ -50,6 +73,7 @@ pub async fn effects_once_despite_crashes<B: Backend>(
     backend: &B,
     pool: &PgPool,
     message_id: MessageId,
+    form: Form,
     count: u64,
     rounds: &[Round],
 ) -> Outcome {
@@ -69,80 +93,56 @@ pub async fn effects_once_despite_crashes<B: Backend>(
         .expect("produce");
     let markers = marker_table(pool).await;
     let ledger = ledger_table(pool).await;
-
-    let insert = format!("INSERT INTO {ledger} (id) VALUES ($1)");
-    let handler = ExactlyOnce::builder(pool.clone(), group.clone())
+    let builder = ExactlyOnce::builder(pool.clone(), group.clone())
         .table(markers)
-        .message_id(message_id)
-        .handler(async move |mut tx: Tx, Payload(payload): Payload| {
-            let id: i64 = std::str::from_utf8(&payload)
-                .ok()
-                .and_then(|text| text.parse().ok())
-                .ok_or_else(|| intake_core::HandlerError::permanent("payload is not an id"))?;
-            sqlx::query(AssertSqlSafe(insert))
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            Ok::<_, intake_core::BoxError>(())
-        })
-        .expect("valid exactly-once settings");
-    let stats = std::sync::Arc::clone(handler.stats());
+        .message_id(message_id);
 
-    for (index, round) in rounds.iter().enumerate() {
-        let builder = match round.acks {
-            Acks::Never => Consumer::builder()
-                .commit_interval(Duration::from_secs(3600))
-                .commit_batch(usize::MAX),
-            Acks::Often => Consumer::builder().commit_interval(Duration::from_millis(5)),
-        };
-        let running = Running::start(
-            backend,
-            &source,
-            &group,
-            builder.ordering(Ordering::Unordered),
-            16,
-            handler.clone(),
-        )
-        .await
-        .expect("connect");
-        wait_until(&format!("round {index}: {round:?}"), || {
-            stats.processed() >= round.crash_after_processed
-        })
-        .await;
-        running.crash().await;
-        tokio::time::sleep(backend.capabilities().crash_redelivery_after).await;
-    }
-
-    let running = Running::start(
+    let run = Run {
         backend,
-        &source,
-        &group,
-        Consumer::builder()
-            .ordering(Ordering::Unordered)
-            .commit_interval(Duration::from_millis(5)),
-        16,
-        handler.clone(),
-    )
-    .await
-    .expect("connect");
-    // Drained when the broker holds nothing unacknowledged. (The handler's
-    // `processed` count may stay below `count`: a crash while COMMIT was
-    // under way leaves effects committed but uncounted, and their
-    // redeliveries count as duplicates.)
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while backend
-        .unacknowledged(&source, &group)
-        .await
-        .expect("inspect the broker")
-        > 0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the broker still holds unacknowledged messages after a minute ({stats:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    running.stop().await;
+        source: &source,
+        group: &group,
+        rounds,
+    };
+    let stats = match form {
+        Form::PerMessage => {
+            let insert = format!("INSERT INTO {ledger} (id) VALUES ($1)");
+            let handler = builder
+                .handler(async move |mut tx: Tx, Payload(payload): Payload| {
+                    sqlx::query(AssertSqlSafe(insert))
+                        .bind(id_of(&payload)?)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok::<_, intake_core::BoxError>(())
+                })
+                .expect("valid exactly-once settings");
+            let stats = Arc::clone(handler.stats());
+            run.crash_then_drain(&stats, || handler.clone()).await;
+            stats
+        }
+        Form::Batch(settings) => {
+            let insert = format!("INSERT INTO {ledger} (id) SELECT * FROM UNNEST($1::int8[])");
+            let handler = builder
+                .batch_handler(async move |mut tx: Tx, payloads: Vec<Payload>| {
+                    let ids = payloads
+                        .iter()
+                        .map(|Payload(payload)| id_of(payload))
+                        .collect::<Result<Vec<i64>, _>>()?;
+                    sqlx::query(AssertSqlSafe(insert))
+                        .bind(&ids)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok::<_, intake_core::BoxError>(())
+                })
+                .expect("valid exactly-once settings");
+            let stats = Arc::clone(handler.stats());
+            let layer = BatchLayer::new(settings).expect("valid batch settings");
+            // A fresh batch layer per consumer: a crash takes its batches
+            // (and their worker) down with it.
+            run.crash_then_drain(&stats, || layer.layer(handler.clone()))
+                .await;
+            stats
+        }
+    };
 
     let count = i64::try_from(count).expect("a small count");
     assert_eq!(
@@ -165,6 +165,86 @@ pub async fn effects_once_despite_crashes<B: Backend>(
         duplicates: stats.duplicates(),
         processed: stats.processed(),
     }
+}
+
+/// The consumers of one scenario.
+struct Run<'a, B> {
+    backend: &'a B,
+    source: &'a str,
+    group: &'a str,
+    rounds: &'a [Round],
+}
+
+impl<B: Backend> Run<'_, B> {
+    /// Runs each round's consumer until it crashes, then one that drains
+    /// the source (the broker holds nothing unacknowledged) and stops.
+    async fn crash_then_drain<H>(&self, stats: &ExactlyOnceStats, handler: impl Fn() -> H)
+    where
+        H: Service<Message, Response = (), Error = HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
+        for (index, round) in self.rounds.iter().enumerate() {
+            let builder = match round.acks {
+                Acks::Never => Consumer::builder()
+                    .commit_interval(Duration::from_secs(3600))
+                    .commit_batch(usize::MAX),
+                Acks::Often => Consumer::builder().commit_interval(Duration::from_millis(5)),
+            };
+            let running = self.start(builder, handler()).await;
+            wait_until(&format!("round {index}: {round:?}"), || {
+                stats.processed() >= round.crash_after_processed
+            })
+            .await;
+            running.crash().await;
+            tokio::time::sleep(self.backend.capabilities().crash_redelivery_after).await;
+        }
+
+        let builder = Consumer::builder().commit_interval(Duration::from_millis(5));
+        let running = self.start(builder, handler()).await;
+        // Drained when the broker holds nothing unacknowledged. (The
+        // handler's `processed` count may stay below the message count: a
+        // crash while COMMIT was under way leaves effects committed but
+        // uncounted, and their redeliveries count as duplicates.)
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while self
+            .backend
+            .unacknowledged(self.source, self.group)
+            .await
+            .expect("inspect the broker")
+            > 0
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the broker still holds unacknowledged messages after a minute ({stats:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        running.stop().await;
+    }
+
+    async fn start<H>(&self, builder: ConsumerBuilder, handler: H) -> Running
+    where
+        H: Service<Message, Response = (), Error = HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
+        Running::start(
+            self.backend,
+            self.source,
+            self.group,
+            builder.ordering(Ordering::Unordered),
+            16,
+            handler,
+        )
+        .await
+        .expect("connect")
+    }
+}
+
+fn id_of(payload: &[u8]) -> Result<i64, HandlerError> {
+    std::str::from_utf8(payload)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| HandlerError::permanent("payload is not an id"))
 }
 
 async fn wait_until(what: &str, condition: impl Fn() -> bool) {
