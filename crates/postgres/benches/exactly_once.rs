@@ -1,41 +1,56 @@
 //! Messages per second through the consumer runtime on the memory broker,
-//! into PostgreSQL: the exactly-once handler against a plain handler that
-//! does the same insert without a marker.
+//! into PostgreSQL: the exactly-once forms against plain handlers that do
+//! the same insert without a marker.
 //!
-//! `cargo bench -p intake-postgres --bench exactly_once [-- --messages N --rounds R]`
+//! `cargo bench -p intake-postgres --bench exactly_once [-- --messages N --rounds R --parallelism P]`
 //!
 //! Variants, interleaved round by round so that drift (autovacuum, the
-//! checkpointer, other load) hits each alike; each reports the median round:
-//! - `plain`: one auto-committed `INSERT` per message;
-//! - `exactly-once`: `BEGIN`, marker, the same `INSERT`, `COMMIT`.
+//! checkpointer, other load on the machine) hits each alike; each reports
+//! its median round:
+//! - batch of 1, `plain`: one auto-committed `INSERT` per message;
+//! - batch of 1, `exactly-once`: `BEGIN`, marker, the same `INSERT`, check,
+//!   `COMMIT`;
+//! - batch of 100, `plain`: the batch layer hands 100 messages to a handler
+//!   that inserts them with one auto-committed `INSERT … SELECT FROM UNNEST`;
+//! - batch of 100, `exactly-once`: the batch form: `BEGIN`, one marker
+//!   statement for the batch, the same `INSERT`, check, `COMMIT`.
 //!
 //! Needs PostgreSQL (`INTAKE_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
+use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::consumer::{Consumer, Ordering};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message, Payload};
 use intake_postgres::{ExactlyOnce, MarkerTable, PoolConfig, Tx, handler_error};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
-use tower::{Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 const PARTITIONS: u32 = 8;
-const IN_FLIGHT: usize = 32;
+/// Deliveries the runtime holds: enough to fill every running batch of 100
+/// and the next ones.
+/// Pool bound: per-message handlers beyond it wait for a connection.
+const CONNECTIONS: u32 = 32;
+const BATCH: usize = 100;
 
 struct Args {
     messages: u64,
     rounds: usize,
+    /// Batches handled at once.
+    parallelism: usize,
 }
 
 fn args() -> Args {
     let mut args = Args {
         messages: 20_000,
         rounds: 5,
+        parallelism: 4,
     };
     let words: Vec<String> = std::env::args().skip(1).collect();
     for pair in words.windows(2) {
@@ -43,6 +58,7 @@ fn args() -> Args {
         match (pair[0].as_str(), value) {
             ("--messages", Some(value)) => args.messages = value,
             ("--rounds", Some(value)) => args.rounds = value as usize,
+            ("--parallelism", Some(value)) => args.parallelism = value as usize,
             // `cargo bench` passes `--bench`.
             _ => {}
         }
@@ -64,7 +80,7 @@ async fn run(args: Args) {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let pool = match PoolConfig::new(&url)
         .expect("a postgres:// URL")
-        .max_connections(IN_FLIGHT as u32)
+        .max_connections(CONNECTIONS)
         .connect()
         .await
     {
@@ -84,29 +100,77 @@ async fn run(args: Args) {
     .await
     .expect("the effects table");
 
+    let in_flight = 2 * BATCH * args.parallelism;
     println!(
-        "{} messages a round, {PARTITIONS} partitions, {IN_FLIGHT} in flight, \
-         {IN_FLIGHT} connections, {} rounds",
-        args.messages, args.rounds
+        "{} messages a round, {PARTITIONS} partitions, {in_flight} in flight, \
+         {CONNECTIONS} connections, batches of {BATCH} ({} at a time), {} rounds",
+        args.messages, args.parallelism, args.rounds
     );
-    let mut plain = Vec::new();
-    let mut exactly_once = Vec::new();
+    let batches = || batches(args.parallelism);
+    let names = [
+        "batch of 1, plain",
+        "batch of 1, exactly-once",
+        "batch of 100, plain",
+        "batch of 100, exactly-once",
+    ];
+    let mut rates: [Vec<f64>; 4] = Default::default();
     for round in 0..args.rounds {
-        reset(&pool, &markers).await;
-        plain.push(measure(args.messages, plain_handler(&pool)).await);
-        reset(&pool, &markers).await;
         let group = format!("bench-{round}");
-        exactly_once
-            .push(measure(args.messages, exactly_once_handler(&pool, &markers, &group)).await);
+        for (variant, rates) in rates.iter_mut().enumerate() {
+            reset(&pool, &markers).await;
+            let rate = match variant {
+                0 => measure(args.messages, in_flight, plain(&pool)).await,
+                1 => {
+                    measure(
+                        args.messages,
+                        in_flight,
+                        exactly_once(&pool, &markers, &group),
+                    )
+                    .await
+                }
+                2 => {
+                    measure(
+                        args.messages,
+                        in_flight,
+                        batches().layer(plain_batch(&pool)),
+                    )
+                    .await
+                }
+                _ => {
+                    let handler = exactly_once_batch(&pool, &markers, &group);
+                    measure(args.messages, in_flight, batches().layer(handler)).await
+                }
+            };
+            rates.push(rate);
+        }
         println!(
-            "round {round}: plain {:.0}/s, exactly-once {:.0}/s",
-            plain[round], exactly_once[round]
+            "round {round}: {}",
+            names
+                .iter()
+                .zip(&rates)
+                .map(|(name, rates)| format!("{name} {:.0}/s", rates[round]))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
-    let (plain, exactly_once) = (median(plain), median(exactly_once));
-    println!("plain (1 auto-committed INSERT a message): {plain:.0} messages/s");
-    println!("exactly-once (BEGIN, marker, INSERT, COMMIT): {exactly_once:.0} messages/s");
-    println!("exactly-once / plain: {:.2}", exactly_once / plain);
+    let medians: Vec<f64> = rates.into_iter().map(median).collect();
+    for (name, rate) in names.iter().zip(&medians) {
+        println!("{name}: {rate:.0} messages/s (median)");
+    }
+    println!(
+        "exactly-once / plain: batch of 1 {:.2}, batch of 100 {:.2}",
+        medians[1] / medians[0],
+        medians[3] / medians[2]
+    );
+}
+
+fn batches(parallelism: usize) -> BatchLayer {
+    BatchLayer::new(BatchSettings {
+        max_size: BATCH,
+        max_wait: Duration::from_millis(5),
+        parallelism,
+    })
+    .expect("valid batch settings")
 }
 
 async fn reset(pool: &PgPool, markers: &MarkerTable) {
@@ -128,8 +192,20 @@ fn id_of(payload: &[u8]) -> Result<i64, HandlerError> {
 }
 
 const INSERT: &str = "INSERT INTO bench_effects (id, body) VALUES ($1, $2)";
+const INSERT_MANY: &str =
+    "INSERT INTO bench_effects (id, body) SELECT * FROM UNNEST($1::int8[], $2::bytea[])";
 
-fn plain_handler(
+/// The ids and bodies of a batch, as `INSERT_MANY` binds them.
+fn columns(payloads: &[&[u8]]) -> Result<(Vec<i64>, Vec<Vec<u8>>), HandlerError> {
+    let ids = payloads
+        .iter()
+        .map(|payload| id_of(payload))
+        .collect::<Result<_, _>>()?;
+    let bodies = payloads.iter().map(|payload| payload.to_vec()).collect();
+    Ok((ids, bodies))
+}
+
+fn plain(
     pool: &PgPool,
 ) -> impl Service<Message, Response = (), Error = HandlerError, Future: Send> + Send + 'static {
     let pool = pool.clone();
@@ -148,7 +224,7 @@ fn plain_handler(
     })
 }
 
-fn exactly_once_handler(
+fn exactly_once(
     pool: &PgPool,
     markers: &MarkerTable,
     group: &str,
@@ -167,8 +243,82 @@ fn exactly_once_handler(
         .expect("valid settings")
 }
 
+/// A batch handler the batch layer accepts.
+trait BatchHandler:
+    Service<
+        Vec<Message>,
+        Response = Vec<Result<(), HandlerError>>,
+        Error = Infallible,
+        Future: Send,
+    > + Send
+    + 'static
+{
+}
+
+impl<S> BatchHandler for S where
+    S: Service<
+            Vec<Message>,
+            Response = Vec<Result<(), HandlerError>>,
+            Error = Infallible,
+            Future: Send,
+        > + Send
+        + 'static
+{
+}
+
+fn plain_batch(pool: &PgPool) -> impl BatchHandler {
+    let pool = pool.clone();
+    tower::service_fn(move |batch: Vec<Message>| {
+        let pool = pool.clone();
+        async move {
+            let payloads: Vec<&[u8]> = batch.iter().map(|message| &message.payload()[..]).collect();
+            let outcome = match columns(&payloads) {
+                Ok((ids, bodies)) => sqlx::query(INSERT_MANY)
+                    .bind(&ids)
+                    .bind(&bodies)
+                    .execute(&pool)
+                    .await
+                    .map(drop)
+                    .map_err(handler_error),
+                Err(error) => Err(error),
+            };
+            // One outcome per message; a failed statement fails them all.
+            let outcomes = match outcome {
+                Ok(()) => batch.iter().map(|_| Ok(())).collect(),
+                Err(error) => {
+                    let text = error.to_string();
+                    batch
+                        .iter()
+                        .map(|_| Err(HandlerError::retryable(text.clone())))
+                        .collect()
+                }
+            };
+            Ok::<_, Infallible>(outcomes)
+        }
+    })
+}
+
+fn exactly_once_batch(pool: &PgPool, markers: &MarkerTable, group: &str) -> impl BatchHandler {
+    ExactlyOnce::builder(pool.clone(), group)
+        .table(markers.clone())
+        .batch_handler(async |mut tx: Tx, payloads: Vec<Payload>| {
+            let payloads: Vec<&[u8]> = payloads
+                .iter()
+                .map(|Payload(payload)| &payload[..])
+                .collect();
+            let (ids, bodies) = columns(&payloads)?;
+            sqlx::query(INSERT_MANY)
+                .bind(&ids)
+                .bind(&bodies)
+                .execute(&mut *tx)
+                .await?;
+            Ok::<_, intake_core::BoxError>(())
+        })
+        .expect("valid settings")
+}
+
 /// Messages per second for `messages` messages through one consumer.
-async fn measure<H>(messages: u64, handler: H) -> f64
+async fn measure<H>(messages: u64, in_flight: usize, handler: H) -> f64
 where
     H: Service<Message, Response = (), Error = HandlerError, Future: Send> + Send + 'static,
 {
@@ -198,7 +348,7 @@ where
         })
     };
     let consumer = Consumer::builder()
-        .max_in_flight(IN_FLIGHT)
+        .max_in_flight(in_flight)
         .ordering(Ordering::Unordered)
         .shutdown_deadline(Duration::from_secs(60))
         .build(source, acker, counted)
