@@ -215,6 +215,23 @@ mod tests {
         assert!(shown.contains("app:***@db"), "{shown}");
     }
 
+    #[tokio::test]
+    async fn a_failed_connection_never_shows_the_password() {
+        // Nothing listens on port 1.
+        let config = PoolConfig::new("postgres://app:topsecret@127.0.0.1:1/test")
+            .unwrap()
+            .acquire_timeout(Duration::from_millis(500));
+        let error = config.connect().await.unwrap_err();
+        assert!(
+            matches!(error, ConnectError::Unreachable { .. }),
+            "{error:?}"
+        );
+        for shown in [error.to_string(), format!("{error:?}")] {
+            assert!(!shown.contains("topsecret"), "{shown}");
+            assert!(shown.contains("127.0.0.1:1"), "{shown}");
+        }
+    }
+
     #[test]
     fn an_empty_pool_is_refused_when_built() {
         let config = PoolConfig::new("postgres://db/test")

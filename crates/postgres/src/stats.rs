@@ -106,3 +106,49 @@ impl Collector for StatsCollector {
         family.collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handlers_of_several_groups_share_one_registry() {
+        let registry = Registry::new();
+        let billing = Arc::new(ExactlyOnceStats::default());
+        let shipping = Arc::new(ExactlyOnceStats::default());
+        billing.register(&registry, "billing").unwrap();
+        shipping.register(&registry, "shipping").unwrap();
+        billing.add_duplicates(2);
+        shipping.add_processed(1);
+
+        let families = registry.gather();
+        let counters: Vec<(String, String, f64)> = families
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| {
+                let label = |name: &str| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .find(|label| label.name() == name)
+                        .map(|label| label.value().to_owned())
+                        .unwrap_or_default()
+                };
+                (
+                    label("group"),
+                    label("outcome"),
+                    metric.get_counter().get_value(),
+                )
+            })
+            .filter(|(_, _, value)| *value > 0.0)
+            .collect();
+        assert_eq!(
+            counters,
+            vec![
+                ("billing".to_owned(), "duplicate".to_owned(), 2.0),
+                ("shipping".to_owned(), "processed".to_owned(), 1.0),
+            ]
+        );
+        assert!(shipping.register(&registry, "shipping").is_err());
+    }
+}

@@ -542,3 +542,53 @@ async fn a_handler_that_ends_the_transaction_itself_is_not_acknowledged() {
     assert!(error.to_string().contains("ended"), "{error}");
     assert_eq!(markers(&pool, &table, "billing").await, 0);
 }
+
+#[tokio::test]
+async fn a_savepoint_lets_the_handler_recover_from_a_failed_statement() {
+    let Some(pool) = database("savepoint", 4).await else {
+        return;
+    };
+    let table = marker_table(&pool).await;
+    let effects = effects_table(&pool).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {effects} (id) VALUES (1)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let handler_effects = effects.clone();
+    let mut service = ExactlyOnce::builder(pool.clone(), "billing")
+        .table(table.clone())
+        .handler(async move |mut tx: Tx| {
+            // Try to claim id 1; it is taken, so fall back to id 2.
+            let mut attempt = sqlx::Connection::begin(&mut *tx).await?;
+            let claimed = insert_effect_on(&mut attempt, &handler_effects, 1).await;
+            if claimed.is_err() {
+                attempt.rollback().await?;
+                insert_effect(&mut tx, &handler_effects, 2).await?;
+            } else {
+                attempt.commit().await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        })
+        .unwrap();
+    call(&mut service, message("orders", 0, 1, 1))
+        .await
+        .unwrap();
+    assert_eq!(rows(&pool, &effects).await, 2);
+    assert_eq!(markers(&pool, &table, "billing").await, 1);
+}
+
+async fn insert_effect_on(
+    connection: &mut sqlx::PgConnection,
+    table: &str,
+    id: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id) VALUES ($1)"
+    )))
+    .bind(id)
+    .execute(connection)
+    .await
+    .map(drop)
+}
