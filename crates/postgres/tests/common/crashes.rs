@@ -17,6 +17,9 @@ use tower::{Layer, Service};
 
 use super::{ledger_summary, ledger_table, marker_table};
 
+/// The header that carries each produced message's id.
+pub const ID_HEADER: &str = "message-id";
+
 /// How a consumer acknowledges during one round before it crashes.
 #[derive(Clone, Copy, Debug)]
 pub enum Acks {
@@ -87,10 +90,16 @@ pub async fn effects_once_despite_crashes<B: Backend>(
         .await
         .expect("create the source");
     let group = unique_group("exactly-once");
-    backend
-        .produce(&source, numbered(0, count))
-        .await
-        .expect("produce");
+    // Each message also carries its id in a `message-id` header, for
+    // [`MessageId::Header`] (and brokers whose positions are not stable).
+    let messages = numbered(0, count)
+        .into_iter()
+        .map(|mut message| {
+            message.headers.insert(ID_HEADER, message.payload.clone());
+            message
+        })
+        .collect();
+    backend.produce(&source, messages).await.expect("produce");
     let markers = marker_table(pool).await;
     let ledger = ledger_table(pool).await;
     let builder = ExactlyOnce::builder(pool.clone(), group.clone())
