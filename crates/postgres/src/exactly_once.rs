@@ -57,9 +57,11 @@ where
 ///    after a crash between commit and acknowledgement): the transaction is
 ///    rolled back, the handler does not run, the message is acknowledged and
 ///    counted as a [duplicate](ExactlyOnceStats::duplicates);
-/// 4. otherwise the handler runs with the [`Tx`]; on `Ok` the transaction
-///    commits, and only then does the service return `Ok` (so the runtime
-///    acknowledges only committed messages); on `Err` it rolls back.
+/// 4. otherwise the handler runs with the [`Tx`]; on `Ok` one statement
+///    checks that the transaction is still the marker's and has not failed,
+///    the transaction commits, and only then does the service return `Ok`
+///    (so the runtime acknowledges only committed messages); on `Err` it
+///    rolls back.
 ///
 /// Clones share the pool, settings and [stats](Self::stats).
 pub struct ExactlyOnce<F, Args> {

@@ -87,6 +87,36 @@
 //! one result per message, so it plugs into intake's batch layer, or you can
 //! call it with batches you form.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//! use intake_core::batch::{BatchLayer, BatchSettings};
+//! use intake_core::Json;
+//! use intake_postgres::{ExactlyOnce, Tx};
+//! use tower::Layer;
+//!
+//! # fn build(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let insert_all = ExactlyOnce::builder(pool, "billing").batch_handler(
+//!     async |mut tx: Tx, amounts: Vec<Json<i64>>| -> Result<(), sqlx::Error> {
+//!         let amounts: Vec<i64> = amounts.into_iter().map(|Json(cents)| cents).collect();
+//!         sqlx::query("INSERT INTO payments (cents) SELECT * FROM UNNEST($1::int8[])")
+//!             .bind(&amounts)
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         Ok(())
+//!     },
+//! )?;
+//! // A per-message handler for the consumer: up to 100 messages a transaction.
+//! let handler = BatchLayer::new(BatchSettings {
+//!     max_size: 100,
+//!     max_wait: Duration::from_millis(10),
+//!     parallelism: 4,
+//! })?
+//! .layer(insert_all);
+//! # drop(handler);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Identity
 //!
 //! [`MessageId::Position`] (the default) identifies a message by source,
