@@ -4,12 +4,13 @@
 mod common;
 
 use std::convert::Infallible;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use common::{database, effects_table, marker_table, message, rows, tagged_message};
+use common::{Fixture, message, tagged_message};
 use intake_core::{HandlerError, Json, Message};
-use intake_postgres::{ExactlyOnce, ExactlyOnceBatch, ExactlyOnceStats, MessageId, Tx};
-use sqlx::{AssertSqlSafe, PgPool};
+use intake_postgres::{ExactlyOnceStats, MessageId, Tx};
+use sqlx::AssertSqlSafe;
 use tower::ServiceExt;
 
 type Outcomes = Vec<Result<(), HandlerError>>;
@@ -31,16 +32,17 @@ impl<S> BatchService for S where
 /// A batch handler inserting every id of the batch with one statement, and
 /// recording the ids each call received.
 fn inserting(
-    pool: &PgPool,
-    table: &intake_postgres::MarkerTable,
-    effects: &str,
+    db: &Fixture,
     message_id: MessageId,
 ) -> (impl BatchService, Calls, Arc<ExactlyOnceStats>) {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&calls);
-    let insert = format!("INSERT INTO {effects} (id) SELECT * FROM UNNEST($1::int8[])");
-    let service: ExactlyOnceBatch<_, _> = ExactlyOnce::builder(pool.clone(), "billing")
-        .table(table.clone())
+    let insert = format!(
+        "INSERT INTO {} (id) SELECT * FROM UNNEST($1::int8[])",
+        db.effects
+    );
+    let service = db
+        .billing()
         .message_id(message_id)
         .batch_handler(async move |mut tx: Tx, ids: Vec<Json<i64>>| {
             let ids: Vec<i64> = ids.into_iter().map(|Json(id)| id).collect();
@@ -56,6 +58,13 @@ fn inserting(
     (service, calls, stats)
 }
 
+/// Messages at `offsets` of partition 0, each carrying its offset as id.
+fn batch(offsets: Range<i64>) -> Vec<Message> {
+    offsets
+        .map(|offset| message("orders", 0, offset, offset))
+        .collect()
+}
+
 fn classes(outcomes: &Outcomes) -> Vec<&'static str> {
     outcomes
         .iter()
@@ -68,50 +77,33 @@ fn classes(outcomes: &Outcomes) -> Vec<&'static str> {
 
 #[tokio::test]
 async fn a_batch_commits_its_new_messages_and_skips_processed_ones() {
-    let Some(pool) = database("batch duplicates", 4).await else {
+    let Some(db) = Fixture::new("batch duplicates").await else {
         return;
     };
-    let table = marker_table(&pool).await;
-    let effects = effects_table(&pool).await;
-    let (service, calls, stats) = inserting(&pool, &table, &effects, MessageId::Position);
+    let (service, calls, stats) = inserting(&db, MessageId::Position);
 
-    let first: Vec<Message> = (0..5)
-        .map(|offset| message("orders", 0, offset, offset))
-        .collect();
-    let outcomes = service.clone().oneshot(first).await.unwrap();
+    let outcomes = service.clone().oneshot(batch(0..5)).await.unwrap();
     assert_eq!(classes(&outcomes), vec!["ok"; 5]);
-
     // Offsets 3 and 4 come again (redelivered after a crash), with 5 to 7.
-    let second: Vec<Message> = (3..8)
-        .map(|offset| message("orders", 0, offset, offset))
-        .collect();
-    let outcomes = service.oneshot(second).await.unwrap();
+    let outcomes = service.oneshot(batch(3..8)).await.unwrap();
     assert_eq!(classes(&outcomes), vec!["ok"; 5]);
 
     assert_eq!(
         *calls.lock().unwrap(),
         vec![vec![0, 1, 2, 3, 4], vec![5, 6, 7]]
     );
-    assert_eq!(rows(&pool, &effects).await, 8);
+    assert_eq!((db.effects().await, db.markers().await), (8, 8));
     assert_eq!((stats.processed(), stats.duplicates()), (8, 2));
-    assert_eq!(table.count(&pool, "billing").await.unwrap(), 8);
 }
 
 #[tokio::test]
 async fn a_batch_of_only_processed_messages_does_not_call_the_handler() {
-    let Some(pool) = database("batch all duplicates", 4).await else {
+    let Some(db) = Fixture::new("batch all duplicates").await else {
         return;
     };
-    let table = marker_table(&pool).await;
-    let effects = effects_table(&pool).await;
-    let (service, calls, stats) = inserting(&pool, &table, &effects, MessageId::Position);
-    let batch = || {
-        (0..3)
-            .map(|offset| message("orders", 0, offset, offset))
-            .collect::<Vec<_>>()
-    };
-    service.clone().oneshot(batch()).await.unwrap();
-    let outcomes = service.oneshot(batch()).await.unwrap();
+    let (service, calls, stats) = inserting(&db, MessageId::Position);
+    service.clone().oneshot(batch(0..3)).await.unwrap();
+    let outcomes = service.oneshot(batch(0..3)).await.unwrap();
     assert_eq!(classes(&outcomes), vec!["ok"; 3]);
     assert_eq!(calls.lock().unwrap().len(), 1);
     assert_eq!(stats.duplicates(), 3);
@@ -119,25 +111,15 @@ async fn a_batch_of_only_processed_messages_does_not_call_the_handler() {
 
 #[tokio::test]
 async fn a_permanent_failure_fails_only_the_message_at_fault_and_the_rest_commit() {
-    let Some(pool) = database("batch poison", 4).await else {
+    let Some(db) = Fixture::new("batch poison").await else {
         return;
     };
-    let table = marker_table(&pool).await;
-    let effects = effects_table(&pool).await;
     // Id 2 is already in the effects table: inserting it again violates the
     // primary key, which fails the whole batch's statement.
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {effects} (id) VALUES (2)"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let (service, calls, stats) = inserting(&pool, &table, &effects, MessageId::Position);
+    db.insert_effect(2).await;
+    let (service, calls, stats) = inserting(&db, MessageId::Position);
 
-    let batch: Vec<Message> = (0..4)
-        .map(|offset| message("orders", 0, offset, offset))
-        .collect();
-    let outcomes = service.oneshot(batch).await.unwrap();
+    let outcomes = service.oneshot(batch(0..4)).await.unwrap();
 
     assert_eq!(classes(&outcomes), vec!["ok", "ok", "permanent", "ok"]);
     // The batch, then each message alone.
@@ -145,67 +127,53 @@ async fn a_permanent_failure_fails_only_the_message_at_fault_and_the_rest_commit
         *calls.lock().unwrap(),
         vec![vec![0, 1, 2, 3], vec![0], vec![1], vec![2], vec![3]]
     );
-    assert_eq!(rows(&pool, &effects).await, 4);
-    assert_eq!(table.count(&pool, "billing").await.unwrap(), 3);
+    assert_eq!((db.effects().await, db.markers().await), (4, 3));
     assert_eq!((stats.processed(), stats.rolled_back()), (3, 1));
 }
 
 #[tokio::test]
 async fn a_retryable_failure_rolls_back_the_whole_batch() {
-    let Some(pool) = database("batch retryable", 4).await else {
+    let Some(db) = Fixture::new("batch retryable").await else {
         return;
     };
-    let table = marker_table(&pool).await;
-    let effects = effects_table(&pool).await;
-    let handler_effects = effects.clone();
-    let service = ExactlyOnce::builder(pool.clone(), "billing")
-        .table(table.clone())
+    let effects = db.effects.clone();
+    let service = db
+        .billing()
         .batch_handler(async move |mut tx: Tx, ids: Vec<Json<i64>>| {
             for Json(id) in ids {
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {handler_effects} (id) VALUES ($1)"
-                )))
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .map_err(intake_postgres::handler_error)?;
+                common::insert_effect(&mut tx, &effects, id)
+                    .await
+                    .map_err(intake_postgres::handler_error)?;
             }
             Err(HandlerError::retryable("the ledger service is down"))
         })
         .unwrap();
 
-    let batch: Vec<Message> = (0..3)
-        .map(|offset| message("orders", 0, offset, offset))
-        .collect();
-    let outcomes = service.clone().oneshot(batch).await.unwrap();
+    let outcomes = service.clone().oneshot(batch(0..3)).await.unwrap();
 
     assert_eq!(classes(&outcomes), vec!["retryable"; 3]);
     for outcome in &outcomes {
         let error = outcome.as_ref().unwrap_err();
         assert_eq!(error.cause().to_string(), "the ledger service is down");
     }
-    assert_eq!(rows(&pool, &effects).await, 0);
-    assert_eq!(table.count(&pool, "billing").await.unwrap(), 0);
+    assert_eq!((db.effects().await, db.markers().await), (0, 0));
     assert_eq!(service.stats().rolled_back(), 3);
 }
 
 #[tokio::test]
 async fn a_message_twice_in_one_batch_runs_once_and_its_copy_is_retried() {
-    let Some(pool) = database("batch repeated id", 4).await else {
+    let Some(db) = Fixture::new("batch repeated id").await else {
         return;
     };
-    let table = marker_table(&pool).await;
-    let effects = effects_table(&pool).await;
-    let (service, calls, _stats) =
-        inserting(&pool, &table, &effects, MessageId::header("message-id"));
+    let (service, calls, _stats) = inserting(&db, MessageId::header("message-id"));
 
     // A producer sent order-1 twice; the payloads are the ids.
-    let batch = vec![
+    let copies = vec![
         tagged_message("orders", 1, "1"),
         tagged_message("orders", 2, "2"),
         tagged_message("orders", 3, "1"),
     ];
-    let outcomes = service.clone().oneshot(batch).await.unwrap();
+    let outcomes = service.clone().oneshot(copies).await.unwrap();
     assert_eq!(classes(&outcomes), vec!["ok", "ok", "retryable"]);
     assert!(!outcomes[2].as_ref().unwrap_err().affects_backoff());
 
@@ -216,28 +184,24 @@ async fn a_message_twice_in_one_batch_runs_once_and_its_copy_is_retried() {
         .unwrap();
     assert_eq!(classes(&outcomes), vec!["ok"]);
     assert_eq!(*calls.lock().unwrap(), vec![vec![1, 2]]);
-    assert_eq!(rows(&pool, &effects).await, 2);
+    assert_eq!(db.effects().await, 2);
 }
 
 #[tokio::test]
 async fn a_message_that_does_not_decode_fails_alone_before_the_transaction() {
-    let Some(pool) = database("batch undecodable", 4).await else {
+    let Some(db) = Fixture::new("batch undecodable").await else {
         return;
     };
-    let table = marker_table(&pool).await;
-    let effects = effects_table(&pool).await;
-    let (service, calls, _stats) = inserting(&pool, &table, &effects, MessageId::Position);
+    let (service, calls, _stats) = inserting(&db, MessageId::Position);
 
-    let mut batch: Vec<Message> = (0..3)
-        .map(|offset| message("orders", 0, offset, offset))
-        .collect();
-    batch[1] = Message::new(
+    let mut messages = batch(0..3);
+    messages[1] = Message::new(
         bytes::Bytes::from_static(b"not json"),
-        batch[1].metadata().clone(),
+        messages[1].metadata().clone(),
     );
-    let outcomes = service.oneshot(batch).await.unwrap();
+    let outcomes = service.oneshot(messages).await.unwrap();
 
     assert_eq!(classes(&outcomes), vec!["ok", "permanent", "ok"]);
     assert_eq!(*calls.lock().unwrap(), vec![vec![0, 2]]);
-    assert_eq!(table.count(&pool, "billing").await.unwrap(), 2);
+    assert_eq!(db.markers().await, 2);
 }

@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::crashes::{Acks, Form, ID_HEADER, Round, batches, effects_once_despite_crashes};
-use common::database;
 use std::sync::Arc;
 
+use common::crashes::{Form, ID_HEADER, ROUNDS, batches, check};
+use common::database;
 use intake_core::testkit::harness::{Running, numbered};
 use intake_core::testkit::memory_backend::MemoryBackend;
 use intake_core::testkit::{Backend, TestMessage};
@@ -15,73 +15,42 @@ use intake_core::{Consumer, Ordering, Payload};
 use intake_postgres::{ExactlyOnce, MessageId, Tx};
 use sqlx::AssertSqlSafe;
 
-/// Three consumers crash (two of them before acknowledging anything), then
-/// a fourth drains the topic.
-const ROUNDS: [Round; 3] = [
-    Round {
-        acks: Acks::Never,
-        crash_after_processed: 100,
-    },
-    Round {
-        acks: Acks::Often,
-        crash_after_processed: 180,
-    },
-    Round {
-        acks: Acks::Never,
-        crash_after_processed: 240,
-    },
-];
-
-async fn run(test: &str, message_id: MessageId, form: Form) {
-    let Some(pool) = database(test, 16).await else {
-        return;
-    };
-    let outcome = effects_once_despite_crashes(
-        &MemoryBackend::new(),
-        &pool,
-        message_id.clone(),
-        form,
-        300,
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_effect_is_written_once_when_consumers_crash_between_commit_and_ack() {
+    let backend = MemoryBackend::new();
+    let test = "memory redelivery";
+    check(
+        &backend,
+        test,
+        MessageId::Position,
+        Form::PerMessage,
         &ROUNDS,
     )
     .await;
-    println!(
-        "memory, {message_id:?}, {form:?}: 300 messages, each effect once; {} redeliveries of committed \
-         messages skipped",
-        outcome.duplicates
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_effect_is_written_once_when_consumers_crash_between_commit_and_ack() {
-    run("memory redelivery", MessageId::Position, Form::PerMessage).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_batched_effect_is_written_once_when_consumers_crash_between_commit_and_ack() {
-    run(
-        "memory redelivery, batches",
+    let backend = MemoryBackend::new();
+    let test = "memory redelivery, batches";
+    check(
+        &backend,
+        test,
         MessageId::Position,
         Form::Batch(batches()),
+        &ROUNDS,
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_effect_is_written_once_when_messages_are_identified_by_a_header() {
+    let backend = MemoryBackend::new();
     let id = MessageId::header(ID_HEADER);
-    run(
-        "memory redelivery, header ids",
-        id.clone(),
-        Form::PerMessage,
-    )
-    .await;
-    run(
-        "memory redelivery, header ids, batches",
-        id,
-        Form::Batch(batches()),
-    )
-    .await;
+    let test = "memory redelivery, header ids";
+    check(&backend, test, id.clone(), Form::PerMessage, &ROUNDS).await;
+    let test = "memory redelivery, header ids, batches";
+    check(&backend, test, id, Form::Batch(batches()), &ROUNDS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,45 +7,14 @@ mod common;
 #[path = "../../redis-streams/tests/support/mod.rs"]
 mod redis_support;
 
-use common::crashes::{Acks, Form, Round, batches, effects_once_despite_crashes};
-use common::database;
+use common::crashes::{Form, ROUNDS, batches, check};
 use intake_postgres::MessageId;
 use redis_support::RedisBackend;
 
 async fn run(test: &str, form: Form) {
-    let Some(pool) = database(test, 16).await else {
-        return;
-    };
-    let Some(backend) = RedisBackend::new(test).await else {
-        return;
-    };
-    let outcome = effects_once_despite_crashes(
-        &backend,
-        &pool,
-        MessageId::Position,
-        form,
-        300,
-        &[
-            Round {
-                acks: Acks::Never,
-                crash_after_processed: 100,
-            },
-            Round {
-                acks: Acks::Often,
-                crash_after_processed: 180,
-            },
-            Round {
-                acks: Acks::Never,
-                crash_after_processed: 240,
-            },
-        ],
-    )
-    .await;
-    println!(
-        "redis, {form:?}: 300 entries, each effect once; {} redeliveries of committed entries \
-         skipped",
-        outcome.duplicates
-    );
+    if let Some(backend) = RedisBackend::new(test).await {
+        check(&backend, test, MessageId::Position, form, &ROUNDS).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

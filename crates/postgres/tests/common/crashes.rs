@@ -59,6 +59,49 @@ pub enum Form {
     Batch(BatchSettings),
 }
 
+/// Three consumers crash (two of them before acknowledging anything), then
+/// a fourth drains the source.
+pub const ROUNDS: [Round; 3] = [
+    Round {
+        acks: Acks::Never,
+        crash_after_processed: 100,
+    },
+    Round {
+        acks: Acks::Often,
+        crash_after_processed: 180,
+    },
+    Round {
+        acks: Acks::Never,
+        crash_after_processed: 240,
+    },
+];
+
+/// Messages a scenario produces.
+pub const MESSAGES: u64 = 300;
+
+/// Runs [`effects_once_despite_crashes`] over [`MESSAGES`] messages against
+/// the test database (skipped, saying why, when there is none) and prints
+/// how many deliveries the broker repeated.
+pub async fn check<B: Backend>(
+    backend: &B,
+    test: &str,
+    message_id: MessageId,
+    form: Form,
+    rounds: &[Round],
+) {
+    let Some(pool) = super::database(test, 16).await else {
+        return;
+    };
+    let outcome =
+        effects_once_despite_crashes(backend, &pool, message_id, form, MESSAGES, rounds).await;
+    println!(
+        "{test} ({}): {MESSAGES} messages, each effect once; {} redeliveries of committed \
+         messages skipped",
+        backend.name(),
+        outcome.duplicates
+    );
+}
+
 /// Batches of up to 50 messages, handed over after 5 ms, two at a time.
 pub fn batches() -> BatchSettings {
     BatchSettings {

@@ -10,8 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use intake_core::{Headers, Message, Metadata, Position};
-use intake_postgres::{MarkerTable, PoolConfig};
-use sqlx::PgPool;
+use intake_postgres::{ExactlyOnce, ExactlyOnceBuilder, MarkerTable, PoolConfig};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 /// The test database: `INTAKE_POSTGRES_URL`, or the local server with trust
 /// auth as user `postgres` (then `root`).
@@ -47,6 +47,67 @@ pub async fn database(test: &str, max_connections: u32) -> Option<PgPool> {
     None
 }
 
+/// A test's database: a pool, a fresh marker table and a fresh effects
+/// table.
+pub struct Fixture {
+    pub pool: PgPool,
+    pub markers: MarkerTable,
+    pub effects: String,
+}
+
+impl Fixture {
+    /// The fixture, or `None` after printing why the test is skipped.
+    pub async fn new(test: &str) -> Option<Self> {
+        let pool = database(test, 4).await?;
+        Some(Self {
+            markers: marker_table(&pool).await,
+            effects: effects_table(&pool).await,
+            pool,
+        })
+    }
+
+    /// Exactly-once settings for group `billing` on this marker table.
+    pub fn billing(&self) -> ExactlyOnceBuilder {
+        ExactlyOnce::builder(self.pool.clone(), "billing").table(self.markers.clone())
+    }
+
+    /// Markers of group `billing`.
+    pub async fn markers(&self) -> u64 {
+        self.markers
+            .count(&self.pool, "billing")
+            .await
+            .expect("markers can be counted")
+    }
+
+    /// Rows in the effects table.
+    pub async fn effects(&self) -> i64 {
+        rows(&self.pool, &self.effects).await
+    }
+
+    /// Inserts effect `id` outside any handler.
+    pub async fn insert_effect(&self, id: i64) {
+        let mut connection = self.pool.acquire().await.expect("a connection");
+        insert_effect(&mut connection, &self.effects, id)
+            .await
+            .expect("the effect is inserted");
+    }
+}
+
+/// Inserts effect `id` into `table` on `connection` (a handler's `Tx`).
+pub async fn insert_effect(
+    connection: &mut PgConnection,
+    table: &str,
+    id: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id) VALUES ($1)"
+    )))
+    .bind(id)
+    .execute(connection)
+    .await
+    .map(drop)
+}
+
 /// A name no other test (or earlier run) uses: `prefix_<pid>_<time>_<n>`.
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -73,7 +134,7 @@ pub async fn marker_table(pool: &PgPool) -> MarkerTable {
 /// A fresh effects table: `id bigint PRIMARY KEY`, one row per effect.
 pub async fn effects_table(pool: &PgPool) -> String {
     let name = unique("effects");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+    sqlx::raw_sql(AssertSqlSafe(format!(
         "CREATE TABLE {name} (id bigint PRIMARY KEY, note text)"
     )))
     .execute(pool)
@@ -84,7 +145,7 @@ pub async fn effects_table(pool: &PgPool) -> String {
 
 /// Rows in `table`.
 pub async fn rows(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+    sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
         .fetch_one(pool)
         .await
         .expect("the table can be counted")
@@ -120,7 +181,7 @@ pub fn id_of(payload: &[u8]) -> Result<i64, intake_core::HandlerError> {
 /// message processed twice would show as two rows rather than a failure.
 pub async fn ledger_table(pool: &PgPool) -> String {
     let name = unique("ledger");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+    sqlx::raw_sql(AssertSqlSafe(format!(
         "CREATE TABLE {name} (entry bigserial PRIMARY KEY, id bigint NOT NULL)"
     )))
     .execute(pool)
@@ -131,7 +192,7 @@ pub async fn ledger_table(pool: &PgPool) -> String {
 
 /// `(rows, distinct ids, smallest id, largest id)` of a ledger table.
 pub async fn ledger_summary(pool: &PgPool, table: &str) -> (i64, i64, Option<i64>, Option<i64>) {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    sqlx::query_as(AssertSqlSafe(format!(
         "SELECT count(*), count(DISTINCT id), min(id), max(id) FROM {table}"
     )))
     .fetch_one(pool)
