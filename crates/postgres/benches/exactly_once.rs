@@ -15,9 +15,19 @@
 //! - batch of 100, `exactly-once`: the batch form: `BEGIN`, one marker
 //!   statement for the batch, the same `INSERT`, check, `COMMIT`.
 //!
+//! The effects table is `bench_effects (id bigint PRIMARY KEY, body bytea)`
+//! and the body is the message's id in decimal.
+//!
+//! Besides messages per second, each round reports CPU per message: this
+//! process's (`/proc/self/stat`) and that of the PostgreSQL backends serving
+//! its pool (found by their `application_name`). Where other work shares the
+//! machine, CPU per message moves far less than throughput does.
+//!
 //! Needs PostgreSQL (`INTAKE_POSTGRES_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`).
+//! `postgres://postgres@127.0.0.1:5432/test`) on this machine (the backends'
+//! CPU is read from `/proc`).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -28,7 +38,7 @@ use intake_core::consumer::{Consumer, Ordering};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message, Payload};
 use intake_postgres::{ExactlyOnce, MarkerTable, PoolConfig, Tx, handler_error};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 
@@ -78,9 +88,13 @@ fn main() {
 async fn run(args: Args) {
     let url = std::env::var("INTAKE_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    // Its own application name, so that the server processes serving this
+    // bench can be told from any others.
+    let application = format!("intake-bench-{}", std::process::id());
     let pool = match PoolConfig::new(&url)
         .expect("a postgres:// URL")
         .max_connections(CONNECTIONS)
+        .application_name(application.clone())
         .connect()
         .await
     {
@@ -90,11 +104,14 @@ async fn run(args: Args) {
             return;
         }
     };
+    let mut monitor = sqlx::PgConnection::connect(&url)
+        .await
+        .expect("a monitoring connection");
     let markers = MarkerTable::new("bench_intake_processed").expect("a valid name");
     markers.migrate(&pool).await.expect("the marker table");
     sqlx::raw_sql(
         "DROP TABLE IF EXISTS bench_effects; \
-         CREATE TABLE bench_effects (id bigint NOT NULL, body bytea NOT NULL)",
+         CREATE TABLE bench_effects (id bigint PRIMARY KEY, body bytea NOT NULL)",
     )
     .execute(&pool)
     .await
@@ -113,55 +130,164 @@ async fn run(args: Args) {
         "batch of 100, plain",
         "batch of 100, exactly-once",
     ];
-    let mut rates: [Vec<f64>; 4] = Default::default();
+    let mut samples: [Vec<Sample>; 4] = Default::default();
     for round in 0..args.rounds {
         let group = format!("bench-{round}");
-        for (variant, rates) in rates.iter_mut().enumerate() {
+        for (variant, samples) in samples.iter_mut().enumerate() {
             reset(&pool, &markers).await;
-            let rate = match variant {
-                0 => measure(args.messages, in_flight, plain(&pool)).await,
+            let before = Cpu::now(&mut monitor, &application).await;
+            let started = Instant::now();
+            match variant {
+                0 => consume(args.messages, in_flight, plain(&pool)).await,
                 1 => {
-                    measure(
-                        args.messages,
-                        in_flight,
-                        exactly_once(&pool, &markers, &group),
-                    )
-                    .await
+                    let handler = exactly_once(&pool, &markers, &group);
+                    consume(args.messages, in_flight, handler).await;
                 }
                 2 => {
-                    measure(
-                        args.messages,
-                        in_flight,
-                        batches().layer(plain_batch(&pool)),
-                    )
-                    .await
+                    let handler = batches().layer(plain_batch(&pool));
+                    consume(args.messages, in_flight, handler).await;
                 }
                 _ => {
-                    let handler = exactly_once_batch(&pool, &markers, &group);
-                    measure(args.messages, in_flight, batches().layer(handler)).await
+                    let handler = batches().layer(exactly_once_batch(&pool, &markers, &group));
+                    consume(args.messages, in_flight, handler).await;
                 }
-            };
-            rates.push(rate);
+            }
+            let elapsed = started.elapsed();
+            let cpu = Cpu::now(&mut monitor, &application).await.since(&before);
+            samples.push(Sample::new(args.messages, elapsed, cpu));
         }
+        let line: Vec<String> = names
+            .iter()
+            .zip(&samples)
+            .map(|(name, samples)| format!("{name} {}", samples[round]))
+            .collect();
+        println!("round {round}: {}", line.join("; "));
+    }
+
+    println!("medians over {} rounds:", args.rounds);
+    let medians: Vec<Sample> = samples
+        .iter()
+        .map(|samples| Sample::median(samples))
+        .collect();
+    for (name, sample) in names.iter().zip(&medians) {
+        println!("  {name}: {sample}");
+    }
+    for (size, plain, exactly_once) in [
+        (1, &medians[0], &medians[1]),
+        (100, &medians[2], &medians[3]),
+    ] {
         println!(
-            "round {round}: {}",
-            names
-                .iter()
-                .zip(&rates)
-                .map(|(name, rates)| format!("{name} {:.0}/s", rates[round]))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "exactly-once / plain, batch of {size}: throughput {:.2}, CPU per message {:.2}",
+            exactly_once.rate / plain.rate,
+            exactly_once.cpu_per_message() / plain.cpu_per_message(),
         );
     }
-    let medians: Vec<f64> = rates.into_iter().map(median).collect();
-    for (name, rate) in names.iter().zip(&medians) {
-        println!("{name}: {rate:.0} messages/s (median)");
+}
+
+/// One variant's round: throughput and CPU per message.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    rate: f64,
+    /// Microseconds of this process's CPU per message.
+    client_us: f64,
+    /// Microseconds of the serving PostgreSQL backends' CPU per message.
+    server_us: f64,
+}
+
+impl Sample {
+    fn new(messages: u64, elapsed: Duration, cpu: Cpu) -> Self {
+        let per_message = |spent: Duration| spent.as_secs_f64() * 1e6 / messages as f64;
+        Self {
+            rate: messages as f64 / elapsed.as_secs_f64(),
+            client_us: per_message(cpu.client),
+            server_us: per_message(cpu.server),
+        }
     }
-    println!(
-        "exactly-once / plain: batch of 1 {:.2}, batch of 100 {:.2}",
-        medians[1] / medians[0],
-        medians[3] / medians[2]
-    );
+
+    fn cpu_per_message(&self) -> f64 {
+        self.client_us + self.server_us
+    }
+
+    /// The median of each figure on its own.
+    fn median(samples: &[Sample]) -> Sample {
+        let median = |figure: fn(&Sample) -> f64| {
+            let mut values: Vec<f64> = samples.iter().map(figure).collect();
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        Sample {
+            rate: median(|sample| sample.rate),
+            client_us: median(|sample| sample.client_us),
+            server_us: median(|sample| sample.server_us),
+        }
+    }
+}
+
+impl std::fmt::Display for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} msg/s, CPU/msg {:.0} us client + {:.0} us server",
+            self.rate, self.client_us, self.server_us
+        )
+    }
+}
+
+/// CPU time of this process and of the PostgreSQL backends serving it.
+#[derive(Clone, Debug, Default)]
+struct Cpu {
+    client: Duration,
+    server: Duration,
+    /// Each backend's CPU, so that a later reading counts only the change.
+    backends: HashMap<i32, Duration>,
+}
+
+impl Cpu {
+    async fn now(monitor: &mut sqlx::PgConnection, application: &str) -> Self {
+        let pids: Vec<i32> =
+            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+                .bind(application)
+                .fetch_all(&mut *monitor)
+                .await
+                .expect("pg_stat_activity");
+        let backends: HashMap<i32, Duration> = pids
+            .into_iter()
+            .filter_map(|pid| Some((pid, process_cpu(&pid.to_string())?)))
+            .collect();
+        Self {
+            client: process_cpu("self").unwrap_or_default(),
+            server: backends.values().sum(),
+            backends,
+        }
+    }
+
+    /// What was spent since `earlier` (backends that appeared since count
+    /// whole).
+    fn since(&self, earlier: &Cpu) -> Cpu {
+        let server = self
+            .backends
+            .iter()
+            .map(|(pid, spent)| {
+                spent.saturating_sub(earlier.backends.get(pid).copied().unwrap_or_default())
+            })
+            .sum();
+        Cpu {
+            client: self.client.saturating_sub(earlier.client),
+            server,
+            backends: HashMap::new(),
+        }
+    }
+}
+
+/// User plus system CPU of process `pid` (`"self"` for this one), from
+/// `/proc/<pid>/stat`, in clock ticks of 10 ms (Linux's `USER_HZ`).
+fn process_cpu(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces: state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 fn batches(parallelism: usize) -> BatchLayer {
@@ -317,8 +443,8 @@ fn exactly_once_batch(pool: &PgPool, markers: &MarkerTable, group: &str) -> impl
         .expect("valid settings")
 }
 
-/// Messages per second for `messages` messages through one consumer.
-async fn measure<H>(messages: u64, in_flight: usize, handler: H) -> f64
+/// Runs one consumer until `messages` messages succeeded.
+async fn consume<H>(messages: u64, in_flight: usize, handler: H)
 where
     H: Service<Message, Response = (), Error = HandlerError, Future: Send> + Send + 'static,
 {
@@ -353,18 +479,10 @@ where
         .shutdown_deadline(Duration::from_secs(60))
         .build(source, acker, counted)
         .expect("valid settings");
-    let started = Instant::now();
     let report = consumer.run(done).await.expect("the run succeeds");
-    let elapsed = started.elapsed();
     assert_eq!(
         finished.load(AtomicOrdering::Relaxed),
         messages,
         "every message succeeded ({report:?})"
     );
-    messages as f64 / elapsed.as_secs_f64()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
