@@ -108,6 +108,10 @@ async fn run(args: Args) {
         .await
         .expect("a monitoring connection");
     let markers = MarkerTable::new("bench_intake_processed").expect("a valid name");
+    sqlx::raw_sql("DROP TABLE IF EXISTS bench_intake_processed")
+        .execute(&pool)
+        .await
+        .expect("the old marker table is dropped");
     markers.migrate(&pool).await.expect("the marker table");
     sqlx::raw_sql(
         "DROP TABLE IF EXISTS bench_effects; \

@@ -77,6 +77,14 @@
 //! Serialization failures and deadlocks are retryable. Constraint violations
 //! and bad data are permanent, so they take the dead-letter path. Lost
 //! connections and everything else are retryable ([`sqlstate_class`]).
+//! To use `?` on both database errors and your own `HandlerError`s, return
+//! `Result<(), BoxError>`; or map a `sqlx::Error` with [`handler_error`].
+//!
+//! Why the handler owns its `Tx` rather than borrowing `&mut Transaction`:
+//! a closure cannot return a future that borrows its argument, so a
+//! borrowed transaction would rule out closures (and `Send` futures from
+//! async closures). The handler gives the `Tx` back by dropping it, which
+//! every async fn does when it finishes.
 //!
 //! # Batches
 //!

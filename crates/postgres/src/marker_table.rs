@@ -1,12 +1,14 @@
 //! [`MarkerTable`]: the table of processed-markers, its migration and the
 //! statements that use it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use intake_core::ConfigError;
 use sqlx::PgPool;
+use sqlx::Row;
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
@@ -28,10 +30,10 @@ use crate::tx::TransactionId;
 ///
 /// ```text
 /// CREATE TABLE IF NOT EXISTS "intake_processed_messages" (
-///     consumer_group text NOT NULL,
-///     source text NOT NULL,
+///     consumer_group text COLLATE "C" NOT NULL,
+///     source text COLLATE "C" NOT NULL,
 ///     partition bigint NOT NULL,
-///     message_id text NOT NULL,
+///     message_id text COLLATE "C" NOT NULL,
 ///     processed_at timestamptz NOT NULL DEFAULT now(),
 ///     PRIMARY KEY (consumer_group, source, partition, message_id)
 /// );
@@ -39,6 +41,8 @@ use crate::tx::TransactionId;
 ///     ON "intake_processed_messages" USING brin (processed_at);
 /// ```
 ///
+/// The key columns compare bytes (`COLLATE "C"`): an id is equal only to
+/// itself, and the primary key never pays for a language's sort order.
 /// The `processed_at` index is a BRIN index: markers are appended in about
 /// the order of their timestamps, so a BRIN index finds the old ones for
 /// pruning while costing next to nothing per insert (a B-tree would be a
@@ -109,21 +113,13 @@ impl MarkerTable {
                      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING \
                      RETURNING txid_current()"
                 )),
-                // The ordinals of the rows that were new, with the
-                // transaction's id: a conflicting row (already processed) is
-                // not returned.
+                // The keys of the rows that were new, with the transaction's
+                // id: a conflicting row (already processed) is not returned.
                 insert_many: sql(format!(
-                    "WITH input AS (\
-                         SELECT * FROM UNNEST($2::text[], $3::int8[], $4::text[]) \
-                         WITH ORDINALITY AS input(source, partition, message_id, ordinal)\
-                     ), inserted AS (\
-                         INSERT INTO {quoted} (consumer_group, source, partition, message_id) \
-                         SELECT $1, source, partition, message_id FROM input \
-                         ON CONFLICT DO NOTHING \
-                         RETURNING source, partition, message_id\
-                     ) \
-                     SELECT input.ordinal, txid_current() FROM input \
-                     JOIN inserted USING (source, partition, message_id)"
+                    "INSERT INTO {quoted} (consumer_group, source, partition, message_id) \
+                     SELECT $1, * FROM UNNEST($2::text[], $3::int8[], $4::text[]) \
+                     ON CONFLICT DO NOTHING \
+                     RETURNING source, partition, message_id, txid_current()"
                 )),
                 // Deletes in bounded batches, so that pruning a large backlog
                 // never holds many row locks or a long transaction.
@@ -154,10 +150,10 @@ impl MarkerTable {
         let Inner { quoted, index, .. } = &*self.inner;
         format!(
             "CREATE TABLE IF NOT EXISTS {quoted} (\n    \
-                 consumer_group text NOT NULL,\n    \
-                 source text NOT NULL,\n    \
+                 consumer_group text COLLATE \"C\" NOT NULL,\n    \
+                 source text COLLATE \"C\" NOT NULL,\n    \
                  partition bigint NOT NULL,\n    \
-                 message_id text NOT NULL,\n    \
+                 message_id text COLLATE \"C\" NOT NULL,\n    \
                  processed_at timestamptz NOT NULL DEFAULT now(),\n    \
                  PRIMARY KEY (consumer_group, source, partition, message_id)\n\
              );\n\
@@ -256,19 +252,30 @@ impl MarkerTable {
         let sources: Vec<&str> = keys.iter().map(|key| &*key.source).collect();
         let partitions: Vec<i64> = keys.iter().map(|key| key.partition).collect();
         let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
-        let inserted: Vec<(i64, i64)> = sqlx::query_as(self.inner.insert_many.clone())
+        let inserted = sqlx::query(self.inner.insert_many.clone())
             .bind(group)
             .bind(&sources)
             .bind(&partitions)
             .bind(&ids)
             .fetch_all(connection)
             .await?;
-        let transaction = inserted.first().map(|&(_, id)| TransactionId(id));
-        let new = inserted
-            .into_iter()
-            .filter_map(|(ordinal, _)| usize::try_from(ordinal - 1).ok())
-            .filter(|&index| index < keys.len())
+        // Matching returned keys back costs a map per batch; asking the
+        // server for input positions instead (a join with the input) costs it
+        // more than the insert itself.
+        let index: HashMap<(&str, i64, &str), usize> = keys
+            .iter()
+            .enumerate()
+            .map(|(at, key)| ((&*key.source, key.partition, key.id.as_str()), at))
             .collect();
+        let mut new = Vec::with_capacity(inserted.len());
+        let mut transaction = None;
+        for row in &inserted {
+            let key = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            transaction = Some(TransactionId(row.try_get(3)?));
+            if let Some(&at) = index.get(&key) {
+                new.push(at);
+            }
+        }
         Ok((new, transaction))
     }
 }
