@@ -6,3 +6,7 @@
 #![warn(missing_docs)]
 
 pub use intake_core::*;
+
+/// RabbitMQ (AMQP 0.9.1): see [`intake_amqp`].
+#[cfg(feature = "amqp")]
+pub use intake_amqp as amqp;
