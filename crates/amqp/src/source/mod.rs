@@ -155,7 +155,7 @@ impl AmqpSource {
 
     /// The channel is gone: revoke its partition and wait to reconnect. The
     /// broker requeues its unacknowledged deliveries by itself.
-    fn lose(&mut self, error: Option<lapin::Error>) {
+    fn lose(&mut self, loss: Loss) {
         let lost = std::mem::replace(
             &mut self.state,
             State::Down {
@@ -167,19 +167,24 @@ impl AmqpSource {
         let State::Live(session) = lost else {
             return;
         };
-        match &error {
-            Some(error) => tracing::warn!(
-                endpoint = self.settings.url.endpoint(),
-                queue = session.queue,
-                epoch = session.epoch,
-                %error,
+        let endpoint = self.settings.url.endpoint();
+        let (queue, epoch) = (&session.queue, session.epoch);
+        match &loss {
+            Loss::Error(error) => tracing::warn!(
+                endpoint, queue, epoch, %error,
                 "AMQP channel lost; the broker requeues its unacknowledged deliveries; reconnecting"
             ),
-            None => tracing::warn!(
-                endpoint = self.settings.url.endpoint(),
-                queue = session.queue,
-                epoch = session.epoch,
+            Loss::Cancelled => tracing::warn!(
+                endpoint,
+                queue,
+                epoch,
                 "AMQP consumer cancelled by the broker (queue deleted?); reconnecting"
+            ),
+            Loss::Closed => tracing::warn!(
+                endpoint,
+                queue,
+                epoch,
+                "AMQP channel closed; the broker requeues its unacknowledged deliveries; reconnecting"
             ),
         }
         let (revocation, _nobody_waits) = Revocation::new(vec![self.partition(session.epoch)]);
@@ -342,7 +347,17 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
 /// What one poll of the consumer produced.
 enum Polled {
     Delivered,
-    Lost(Option<lapin::Error>),
+    Lost(Loss),
+}
+
+/// Why a channel is considered gone.
+enum Loss {
+    /// lapin reported an error (connection closed, heartbeat missed, …).
+    Error(lapin::Error),
+    /// The consumer stream ended: the broker cancelled the consumer.
+    Cancelled,
+    /// The channel is no longer open, with no error seen yet.
+    Closed,
 }
 
 impl Source for AmqpSource {
@@ -365,6 +380,7 @@ impl Source for AmqpSource {
             };
             // Cancel-safe: a delivery leaves lapin's buffer only when this
             // poll returns it, and from then on nothing awaits.
+            let already = deliveries.len();
             let polled = match session.consumer.next().await {
                 Some(Ok(delivery)) => {
                     deliveries.push(self.reader.read(delivery, session.epoch));
@@ -375,24 +391,40 @@ impl Source for AmqpSource {
                                 deliveries.push(self.reader.read(delivery, session.epoch));
                             }
                             Some(Some(Err(error))) => {
-                                polled = Polled::Lost(Some(error));
+                                polled = Polled::Lost(Loss::Error(error));
                                 break;
                             }
                             Some(None) => {
-                                polled = Polled::Lost(None);
+                                polled = Polled::Lost(Loss::Cancelled);
                                 break;
                             }
                             None => break,
                         }
                     }
+                    if !session.channel.status().connected() {
+                        // The channel died while these sat in lapin's
+                        // buffer: the broker has requeued them already, and
+                        // no ack for them could be sent.
+                        tracing::debug!(
+                            dropped = deliveries.len() - already,
+                            epoch = session.epoch,
+                            "deliveries of a lost channel left to the broker"
+                        );
+                        deliveries.truncate(already);
+                        if matches!(polled, Polled::Delivered) {
+                            polled = Polled::Lost(Loss::Closed);
+                        }
+                    }
                     if let Polled::Lost(error) = polled {
-                        // Hand over what arrived; the revocation follows.
                         self.lose(error);
+                    }
+                    if deliveries.len() == already {
+                        continue;
                     }
                     return Ok(SourceEvent::Delivered);
                 }
-                Some(Err(error)) => Polled::Lost(Some(error)),
-                None => Polled::Lost(None),
+                Some(Err(error)) => Polled::Lost(Loss::Error(error)),
+                None => Polled::Lost(Loss::Cancelled),
             };
             if let Polled::Lost(error) = polled {
                 self.lose(error);
