@@ -94,6 +94,9 @@ struct PartitionState {
     newest: Option<Position>,
     completed: Vec<Position>,
     requeue: Vec<Position>,
+    /// Completions recorded since the last batch took this partition's work:
+    /// its share of the engine's `pending`.
+    unbatched: usize,
     /// Whether the partition is in `dirty`.
     dirty: bool,
 }
@@ -112,11 +115,14 @@ impl PartitionState {
             newest: None,
             completed: Vec::new(),
             requeue: Vec::new(),
+            unbatched: 0,
             dirty: false,
         }
     }
 
-    fn reset(&mut self, generation: u64) {
+    /// Starts a new assignment. Returns how many unbatched completions of the
+    /// old one were discarded.
+    fn reset(&mut self, generation: u64) -> usize {
         self.generation = generation;
         self.assigned = true;
         self.base = 0;
@@ -127,6 +133,7 @@ impl PartitionState {
         self.newest = None;
         self.completed.clear();
         self.requeue.clear();
+        std::mem::take(&mut self.unbatched)
     }
 
     fn advance(&mut self) {
@@ -197,8 +204,8 @@ impl CommitEngine {
         let generation = self.next_generation;
         self.next_generation += 1;
         if let Some(&id) = self.index.get(&key) {
-            let state = &mut self.partitions[id.index()];
-            state.reset(generation);
+            let discarded = self.partitions[id.index()].reset(generation);
+            self.pending -= discarded;
             return id;
         }
         let id = match self.free.pop() {
@@ -246,7 +253,7 @@ impl CommitEngine {
             return;
         }
         state.assigned = false;
-        self.pending -= state.completed.len().min(self.pending);
+        self.pending -= std::mem::take(&mut state.unbatched);
         state.window.clear();
         state.completed.clear();
         state.requeue.clear();
@@ -321,6 +328,7 @@ impl CommitEngine {
             state.dirty = true;
             self.dirty.push(ticket.partition);
         }
+        state.unbatched += 1;
         self.pending += 1;
         Completion::Recorded
     }
@@ -341,25 +349,39 @@ impl CommitEngine {
         }
         self.dirty = dirty;
         self.dirty.clear();
-        self.pending = 0;
+        debug_assert_eq!(self.pending, 0, "every dirty partition was taken");
     }
 
     /// Moves the pending work of one partition into `batch` (for a
     /// revocation, which commits only what it releases).
     pub fn take_partition_batch(&mut self, id: PartitionId, batch: &mut AckBatch) {
-        let taken = self.partitions.get(id.index()).map_or(0, |state| {
-            state.completed.len().max(usize::from(state.dirty)) + state.requeue.len()
-        });
         if let Some(ack) = self.take_partition(id) {
             batch.partitions.push(ack);
         }
         self.dirty.retain(|&dirty| dirty != id);
-        self.pending = self.pending.saturating_sub(taken);
+    }
+
+    /// Like [`take_partition_batch`](Self::take_partition_batch), but the
+    /// partition's watermark is included even if it was sent before: a
+    /// partition about to be released is committed once more, synchronously,
+    /// so its commit is durable before another consumer takes over.
+    pub fn take_final_batch(&mut self, id: PartitionId, batch: &mut AckBatch) {
+        if let Some(state) = self.partitions.get_mut(id.index()) {
+            if state.assigned && state.watermark.is_some() {
+                state.sent_watermark = None;
+                if !state.dirty {
+                    state.dirty = true;
+                    self.dirty.push(id);
+                }
+            }
+        }
+        self.take_partition_batch(id, batch);
     }
 
     fn take_partition(&mut self, id: PartitionId) -> Option<PartitionAck> {
         let state = self.partitions.get_mut(id.index())?;
         state.dirty = false;
+        self.pending -= std::mem::take(&mut state.unbatched);
         if !state.assigned {
             return None;
         }
@@ -511,6 +533,49 @@ mod tests {
         assert_eq!(ack.watermark, Some(Position::Offset(2)));
         assert_eq!(ack.completed, vec![Position::Offset(0)]);
         assert_eq!(ack.requeue, vec![Position::Offset(2)]);
+    }
+
+    #[test]
+    fn pending_counts_the_completions_not_yet_taken_in_a_batch() {
+        let mut engine = CommitEngine::new(AckMode::Watermark);
+        let orders = engine.assign(PartitionKey::new("orders", 0));
+        let payments = engine.assign(PartitionKey::new("payments", 0));
+        let order_tickets = admit_offsets(&mut engine, orders, &[0, 1, 2]);
+        let payment_tickets = admit_offsets(&mut engine, payments, &[0, 1, 2]);
+        engine.requeue(order_tickets[0]);
+        engine.complete(order_tickets[1]);
+        engine.complete(order_tickets[2]);
+        for ticket in payment_tickets {
+            engine.complete(ticket);
+        }
+        assert_eq!(engine.pending(), 6);
+
+        let mut batch = AckBatch::default();
+        engine.take_partition_batch(orders, &mut batch);
+        assert_eq!(
+            engine.pending(),
+            3,
+            "the payments completions are still pending"
+        );
+
+        engine.revoke(payments);
+        assert_eq!(
+            engine.pending(),
+            0,
+            "a revoked partition's work is discarded"
+        );
+    }
+
+    #[test]
+    fn reassignment_discards_the_pending_work_of_the_old_generation() {
+        let (mut engine, id) = engine_with_partition(AckMode::Ids);
+        let tickets = admit_offsets(&mut engine, id, &[0, 1]);
+        engine.complete(tickets[1]);
+        engine.assign(PartitionKey::new("orders", 0));
+        assert_eq!(engine.pending(), 0);
+        let mut batch = AckBatch::default();
+        engine.take_batch(&mut batch);
+        assert!(batch.is_empty());
     }
 
     #[test]

@@ -7,13 +7,18 @@
 //!   in flight.
 //! - [`BackoffPolicy`]: one schedule type for retries, pauses and reconnects.
 //! - [`DeadLetterSink`]: where poison messages go.
+//! - [`handler_fn`]: an async fn whose arguments are extractors ([`Meta`],
+//!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service.
 #![warn(missing_docs)]
 
 pub mod acker;
 pub mod backoff;
 pub mod commit_engine;
+pub mod consumer;
 pub mod dead_letter;
+pub mod decode;
 pub mod error;
+pub mod handler;
 pub mod lifecycle;
 pub mod message;
 pub mod observer;
@@ -23,8 +28,14 @@ pub mod testkit;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
+pub use consumer::{Consumer, ConsumerBuilder, Ordering, RunError, RunReport, Shutdown};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
+pub use decode::{Decode, DecodeError, Decoded, Json};
 pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
+pub use handler::{
+    FromMessage, FromMessageParts, Handler, HandlerFn, IntoHandlerResult, Key, Meta, Payload,
+    handler_fn,
+};
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use source::{Revocation, RevocationHandle, Source, SourceError, SourceEvent};

@@ -4,7 +4,16 @@
 //!
 //! A backend crate's test file implements [`Backend`] (a fixture that
 //! creates sources, produces, connects consumers and reads dead letters back)
-//! and calls the scenarios with it.
+//! and hands it to [`conformance_suite!`](crate::conformance_suite), which
+//! writes one test per scenario:
+//!
+//! ```ignore
+//! async fn backend() -> Option<MyBackend> { /* None: broker absent, skipped */ }
+//! intake_core::conformance_suite!(backend());
+//! ```
+
+pub mod harness;
+pub mod scenarios;
 
 use std::time::Duration;
 
@@ -124,4 +133,34 @@ pub trait Backend: Send + Sync + 'static {
     /// Messages of `source` that `group` has not acknowledged or committed
     /// (0 when everything produced was acknowledged).
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError>;
+}
+
+/// Writes one `#[tokio::test]` per conformance scenario. `$backend` is an
+/// expression evaluating to a future of `Option<impl Backend>`; `None` means
+/// the broker is absent and the fixture already said why the test skips.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($backend:expr) => {
+        $crate::conformance_suite!(@scenarios $backend;
+            delivers_every_message,
+            commit_never_passes_an_unfinished_message,
+            retries_then_succeeds,
+            redelivers_after_a_crash,
+            rebalances_between_two_consumers,
+            graceful_shutdown_commits_finished_work,
+            in_flight_stays_within_its_bound,
+            malformed_payloads_do_not_stop_the_consumer,
+        );
+    };
+    (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let Some(backend) = $backend.await else {
+                    return;
+                };
+                $crate::testkit::scenarios::$scenario(&backend).await;
+            }
+        )*
+    };
 }

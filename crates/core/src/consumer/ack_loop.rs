@@ -1,0 +1,94 @@
+//! The acknowledgement side of a run: hands the commit engine's batches to
+//! the acker one at a time, in order.
+//!
+//! It runs in the same task as the dispatcher (joined, not spawned). While a
+//! batch is with the broker, completions accumulate in the engine, so a slow
+//! broker gets larger batches, not a queue.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Waker;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::acker::{AckBatch, AckError, Acker};
+use crate::observer::ConsumerObserver;
+
+/// A batch for the acker, with a reply channel when the sender must wait for
+/// the broker's answer (revocation, shutdown).
+pub(crate) struct AckRequest {
+    pub(crate) batch: AckBatch,
+    pub(crate) reply: Option<oneshot::Sender<Result<(), AckError>>>,
+}
+
+/// The dispatcher's end: sends batches and knows whether one is under way.
+pub(crate) struct AckQueue {
+    sender: mpsc::UnboundedSender<AckRequest>,
+    outstanding: Arc<AtomicUsize>,
+}
+
+impl AckQueue {
+    pub(crate) fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Queues a batch; `false` if the ack loop is gone.
+    pub(crate) fn send(&self, request: AckRequest) -> bool {
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+        if self.sender.send(request).is_err() {
+            self.outstanding.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
+
+/// Creates the queue and the loop future that drains it into `acker`.
+pub(crate) fn ack_loop<A: Acker>(
+    mut acker: A,
+    observer: Option<Arc<dyn ConsumerObserver>>,
+    wake_dispatcher: Waker,
+    failures: Arc<AtomicUsize>,
+) -> (AckQueue, impl std::future::Future<Output = ()> + Send) {
+    let (sender, mut receiver) = mpsc::unbounded_channel::<AckRequest>();
+    let outstanding = Arc::new(AtomicUsize::new(0));
+    let queue = AckQueue {
+        sender,
+        outstanding: outstanding.clone(),
+    };
+    let drain = async move {
+        while let Some(request) = receiver.recv().await {
+            let started = std::time::Instant::now();
+            let result = if request.batch.is_empty() {
+                // A barrier: everything sent before it has been handled.
+                Ok(())
+            } else {
+                acker.ack(&request.batch).await
+            };
+            if let Some(observer) = &observer {
+                observer.on_ack(
+                    &request.batch,
+                    result.as_ref().map(|_| ()),
+                    started.elapsed(),
+                );
+            }
+            if let Err(error) = &result {
+                failures.fetch_add(1, Ordering::AcqRel);
+                tracing::warn!(
+                    %error,
+                    messages = request.batch.len(),
+                    sync = request.batch.sync,
+                    "acknowledgement failed; the messages stay unacknowledged and may be delivered again"
+                );
+            }
+            if let Some(reply) = request.reply {
+                let _ = reply.send(result);
+            }
+            outstanding.fetch_sub(1, Ordering::AcqRel);
+            // The dispatcher holds back its next batch while one is under
+            // way; tell it this one is done.
+            wake_dispatcher.wake_by_ref();
+        }
+    };
+    (queue, drain)
+}

@@ -1,0 +1,1026 @@
+//! One run of a consumer: the loop that fetches, admits, dispatches,
+//! completes and commits.
+//!
+//! Everything happens in the task that awaits the run. The source's `next`
+//! future is polled side by side with the running handlers, the commit tick
+//! and the timers, so a slow fetch never delays a completion and a slow
+//! handler never delays a fetch. Handlers that finish on their first poll
+//! (most do) are completed on the spot, without a wake-up.
+
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+use super::ack_loop::{AckQueue, AckRequest, ack_loop};
+use super::backoff::{BackoffState, ConsumerBackoff, Gate, Signal};
+use super::lanes::Lanes;
+use super::report::{RunError, RunReport, Unfinished};
+use super::shutdown::Shutdown;
+use super::slots::{SlotId, SlotState, Slots};
+use super::{Ordering, Settings};
+use crate::acker::{AckBatch, AckError, Acker};
+use crate::commit_engine::{CommitEngine, PartitionId, Ticket};
+use crate::error::{ErrorClass, HandlerError};
+use crate::lifecycle;
+use crate::message::{Message, Position, SourceName};
+use crate::observer::PartitionSnapshot;
+use crate::source::{
+    Revocation, RevocationOutcome, RevokedPartition, Source, SourceError, SourceEvent,
+};
+
+/// Runs a consumer to the end. See [`Consumer::run`](super::Consumer::run).
+pub(crate) async fn run<S, A, H>(
+    mut source: S,
+    acker: A,
+    handler: H,
+    settings: Settings,
+    shutdown: Shutdown,
+) -> Result<RunReport, RunError>
+where
+    S: Source,
+    A: Acker,
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let started = Instant::now();
+    let mode = acker.mode();
+    let requeue = acker.supports_requeue();
+    let slots = Slots::new(settings.max_in_flight);
+    let ack_failures = Arc::new(AtomicUsize::new(0));
+    let (acks, drain_acks) = ack_loop(
+        acker,
+        settings.observer.clone(),
+        slots.runtime_waker().clone(),
+        ack_failures.clone(),
+    );
+    let dispatch = async move {
+        let mut dispatcher = Dispatcher::new(
+            handler,
+            slots,
+            settings,
+            CommitEngine::new(mode),
+            requeue,
+            acks,
+        );
+        let stop = dispatcher.drive(&mut source, shutdown.into_future()).await;
+        let mut report = dispatcher.wind_down().await;
+        drop(dispatcher);
+        if let Err(error) = source.close().await {
+            tracing::warn!(%error, "closing the source failed");
+        }
+        report.ack_failures = ack_failures.load(AtomicOrdering::Acquire) as u64;
+        report.elapsed = started.elapsed();
+        match stop {
+            None => Ok(report),
+            Some(Failure::Source(error)) => Err(RunError::Source {
+                error,
+                report: Box::new(report),
+            }),
+            Some(Failure::Handler(error)) => Err(RunError::HandlerUnavailable {
+                error,
+                report: Box::new(report),
+            }),
+        }
+    };
+    let (result, ()) = tokio::join!(dispatch, drain_acks);
+    result
+}
+
+/// Why a run stopped early.
+enum Failure {
+    Source(SourceError),
+    Handler(HandlerError),
+}
+
+/// How the run is ending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Shutdown (or a failure): running handlers get until `deadline`;
+    /// nothing new starts.
+    Graceful { deadline: Instant },
+    /// The source has nothing more: finish everything held, then stop.
+    Exhausted,
+}
+
+/// Why the loop woke up.
+enum Wake<E> {
+    Fetched(E),
+    Shutdown,
+    /// Budget is free again (or buffered deliveries can be admitted).
+    Budget,
+    Done,
+}
+
+/// Per-partition state of the runtime (the commit engine keeps the rest).
+#[derive(Clone, Debug, Default)]
+struct PartitionFlags {
+    /// Slots held by deliveries of this partition.
+    held: u32,
+    revoking: bool,
+    over_window: bool,
+    /// The oldest unfinished position and since when it has been the oldest.
+    oldest: Option<(Position, Instant)>,
+}
+
+struct PendingRevocation {
+    revocation: Revocation,
+    partitions: Vec<PartitionId>,
+    deadline: Instant,
+    reply: Option<oneshot::Receiver<Result<(), AckError>>>,
+}
+
+/// The state of one run.
+struct Dispatcher<H: Service<Message>> {
+    handler: H,
+    slots: Slots<H::Future>,
+    lanes: Lanes,
+    engine: CommitEngine,
+    settings: Settings,
+    keep_copy: bool,
+    requeue: bool,
+    backoff: ConsumerBackoff,
+    /// Deliveries that hold their lane and wait to start, oldest first.
+    ready: VecDeque<SlotId>,
+    /// Handler outputs collected from woken slots.
+    finished: Vec<(SlotId, Result<(), H::Error>)>,
+    partitions: Vec<PartitionFlags>,
+    over_window: usize,
+    /// The partition of the previous delivery: most batches come from one
+    /// partition, so this saves a map lookup per message.
+    last_partition: Option<(SourceName, u32, PartitionId)>,
+    acks: AckQueue,
+    flush_due: bool,
+    tick: Interval,
+    timer: Pin<Box<Sleep>>,
+    timer_at: Option<Instant>,
+    fetch_retry_at: Option<Instant>,
+    fetch_failures: u32,
+    revocations: Vec<PendingRevocation>,
+    stop: Option<Stop>,
+    failure: Option<Failure>,
+    token: CancellationToken,
+    report: RunReport,
+    scratch: Vec<SlotId>,
+}
+
+impl<H> Dispatcher<H>
+where
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    fn new(
+        handler: H,
+        slots: Slots<H::Future>,
+        settings: Settings,
+        engine: CommitEngine,
+        requeue: bool,
+        acks: AckQueue,
+    ) -> Self {
+        let capacity = slots.capacity();
+        let mut tick = tokio::time::interval(settings.commit_interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Self {
+            handler,
+            slots,
+            lanes: Lanes::with_capacity(capacity),
+            engine,
+            keep_copy: !requeue,
+            requeue,
+            backoff: ConsumerBackoff::new(settings.backoff.clone()),
+            ready: VecDeque::with_capacity(capacity),
+            finished: Vec::with_capacity(capacity),
+            partitions: Vec::new(),
+            over_window: 0,
+            last_partition: None,
+            acks,
+            flush_due: false,
+            tick,
+            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            timer_at: None,
+            fetch_retry_at: None,
+            fetch_failures: 0,
+            revocations: Vec::new(),
+            stop: None,
+            failure: None,
+            token: CancellationToken::new(),
+            report: RunReport::default(),
+            scratch: Vec::new(),
+            settings,
+        }
+    }
+
+    /// Fetches and dispatches until the run is over.
+    async fn drive<S: Source>(
+        &mut self,
+        source: &mut S,
+        mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) -> Option<Failure> {
+        let mut buffer: Vec<Message> = Vec::with_capacity(self.settings.fetch_batch);
+        loop {
+            if !buffer.is_empty() {
+                self.admit_all(&mut buffer);
+            }
+            let budget = self.fetch_budget(buffer.len());
+            let wake = if budget > 0 {
+                let fetch = pin!(source.next(&mut buffer, budget));
+                let mut fetch = fetch;
+                poll_fn(|cx| self.poll_until(cx, Some(fetch.as_mut()), shutdown.as_mut())).await
+            } else {
+                poll_fn(|cx| {
+                    self.poll_until(
+                        cx,
+                        None::<Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>>,
+                        shutdown.as_mut(),
+                    )
+                })
+                .await
+            };
+            match wake {
+                Wake::Fetched(Ok(event)) => {
+                    self.fetch_failures = 0;
+                    match event {
+                        SourceEvent::Delivered => self.admit_all(&mut buffer),
+                        SourceEvent::Assigned(partitions) => {
+                            for partition in partitions {
+                                self.assign(partition);
+                            }
+                        }
+                        SourceEvent::Revoked(revocation) => self.begin_revoke(revocation),
+                        SourceEvent::Exhausted => {
+                            if self.stop.is_none() {
+                                self.stop = Some(Stop::Exhausted);
+                            }
+                        }
+                    }
+                    // A source that is always ready would otherwise keep
+                    // this task from yielding on a current-thread runtime.
+                    tokio::task::consume_budget().await;
+                }
+                Wake::Fetched(Err(error)) => self.source_failed(error),
+                Wake::Shutdown => self.begin_stop(None),
+                Wake::Budget => {}
+                Wake::Done => break,
+            }
+        }
+        // Deliveries fetched but never admitted stay unacknowledged.
+        drop(buffer);
+        self.failure.take()
+    }
+
+    /// Polls everything but the source until the source has an event, the
+    /// run should react to something, or it is over.
+    fn poll_until<F, E>(
+        &mut self,
+        cx: &mut Context<'_>,
+        fetch: Option<Pin<&mut F>>,
+        shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
+    ) -> Poll<Wake<E>>
+    where
+        F: Future<Output = E>,
+    {
+        self.slots.ready_set().register(cx.waker());
+        let token = self.token.clone();
+        lifecycle::with_shutdown(&token, || self.poll_inner(cx, fetch, shutdown))
+    }
+
+    fn poll_inner<F, E>(
+        &mut self,
+        cx: &mut Context<'_>,
+        fetch: Option<Pin<&mut F>>,
+        shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
+    ) -> Poll<Wake<E>>
+    where
+        F: Future<Output = E>,
+    {
+        if matches!(self.stop, None | Some(Stop::Exhausted)) && shutdown.poll(cx).is_ready() {
+            return Poll::Ready(Wake::Shutdown);
+        }
+        self.poll_handlers();
+        self.pump();
+        if self.tick.poll_tick(cx).is_ready() {
+            self.on_tick();
+        }
+        self.flush_if_due();
+        self.poll_revocations(cx);
+        if self.failure.is_none() && self.stop.is_some() && self.is_drained() {
+            return Poll::Ready(Wake::Done);
+        }
+        if self.failure.is_some() && self.stop.is_some() && self.is_drained() {
+            return Poll::Ready(Wake::Done);
+        }
+        self.arm_timer(cx);
+        match fetch {
+            Some(fetch) => {
+                if let Poll::Ready(event) = fetch.poll(cx) {
+                    return Poll::Ready(Wake::Fetched(event));
+                }
+            }
+            None => {
+                if self.fetch_budget(0) > 0 {
+                    return Poll::Ready(Wake::Budget);
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Deliveries to ask the source for now (0: do not fetch).
+    fn fetch_budget(&mut self, buffered: usize) -> usize {
+        if self.stop.is_some() || self.over_window > 0 {
+            return 0;
+        }
+        if buffered > 0 {
+            return 0;
+        }
+        if let Some(at) = self.fetch_retry_at {
+            if Instant::now() < at {
+                return 0;
+            }
+            self.fetch_retry_at = None;
+        }
+        self.slots.free_count().min(self.settings.fetch_batch)
+    }
+
+    // ---- admission -------------------------------------------------------
+
+    fn admit_all(&mut self, buffer: &mut Vec<Message>) {
+        let token = self.token.clone();
+        lifecycle::with_shutdown(&token, || {
+            let admitted = buffer.len().min(self.slots.free_count());
+            for message in buffer.drain(..admitted) {
+                self.admit(message);
+            }
+            self.pump();
+        });
+    }
+
+    fn admit(&mut self, message: Message) {
+        let partition = self.partition_of(&message);
+        let flags = &mut self.partitions[partition.index()];
+        if flags.revoking {
+            // Fetched after the revocation began: it belongs to the next
+            // owner, who will receive it; acknowledging nothing is correct.
+            self.report.released_on_revoke += 1;
+            return;
+        }
+        let position = message.metadata().position();
+        let Some(ticket) = self.engine.admit(partition, position) else {
+            return;
+        };
+        let Some(slot) = self.slots.acquire() else {
+            // `admit_all` admits no more than the free slots; keep the
+            // engine consistent anyway.
+            tracing::error!("no free slot for an admitted delivery; it stays unacknowledged");
+            return;
+        };
+        let flags = &mut self.partitions[partition.index()];
+        flags.held += 1;
+        if !flags.over_window && self.engine.uncommitted(partition) >= self.settings.max_uncommitted
+        {
+            flags.over_window = true;
+            self.over_window += 1;
+            tracing::warn!(
+                partition = %message.metadata().partition_key(),
+                max_uncommitted = self.settings.max_uncommitted,
+                "a message holds this partition's watermark; fetching pauses until it finishes"
+            );
+        }
+        let lane = match self.settings.ordering {
+            Ordering::Unordered => None,
+            Ordering::Partition => Some(Lanes::partition_lane(partition)),
+            Ordering::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
+        };
+        let entry = self.slots.get_mut(slot);
+        entry.ticket = Some(ticket);
+        entry.position = Some(position);
+        entry.message = Some(message);
+        entry.lane = lane;
+        if let Some(lane) = lane {
+            if !self.lanes.acquire(lane, slot, &mut self.slots) {
+                return;
+            }
+        }
+        self.slots.get_mut(slot).state = SlotState::Ready;
+        self.ready.push_back(slot);
+    }
+
+    fn partition_of(&mut self, message: &Message) -> PartitionId {
+        let metadata = message.metadata();
+        if let Some((source, partition, id)) = &self.last_partition {
+            if *partition == metadata.partition()
+                && (Arc::ptr_eq(source, metadata.source()) || **source == **metadata.source())
+            {
+                return *id;
+            }
+        }
+        let key = metadata.partition_key();
+        let id = match self.engine.lookup(&key) {
+            Some(id) => id,
+            None => self.assign(key),
+        };
+        self.last_partition = Some((metadata.source().clone(), metadata.partition(), id));
+        id
+    }
+
+    fn assign(&mut self, partition: crate::message::PartitionKey) -> PartitionId {
+        let id = self.engine.assign(partition);
+        if self.partitions.len() <= id.index() {
+            self.partitions
+                .resize(id.index() + 1, PartitionFlags::default());
+        }
+        let flags = &mut self.partitions[id.index()];
+        if flags.over_window {
+            self.over_window -= 1;
+        }
+        // Deliveries of an earlier assignment may still run; their tickets
+        // are stale now, and `held` keeps counting them until they finish.
+        let held = flags.held;
+        *flags = PartitionFlags {
+            held,
+            ..PartitionFlags::default()
+        };
+        self.last_partition = None;
+        id
+    }
+
+    // ---- dispatch --------------------------------------------------------
+
+    fn gate(&mut self) -> Gate {
+        match self.backoff.state() {
+            BackoffState::Normal | BackoffState::Disabled => Gate::Open,
+            _ => self.backoff.gate(Instant::now()),
+        }
+    }
+
+    /// Starts waiting deliveries while the backoff gate and the handler allow.
+    fn pump(&mut self) {
+        if matches!(self.stop, Some(Stop::Graceful { .. })) {
+            return;
+        }
+        while let Some(&slot) = self.ready.front() {
+            let mut cx = Context::from_waker(self.slots.runtime_waker());
+            match self.handler.poll_ready(&mut cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(error)) => {
+                    let error: HandlerError = error.into();
+                    tracing::error!(%error, "the handler service failed; the consumer stops");
+                    self.begin_stop(Some(Failure::Handler(error)));
+                    return;
+                }
+                Poll::Pending => return,
+            }
+            let probe = match self.gate() {
+                Gate::Open => false,
+                Gate::Probe => true,
+                Gate::Closed(_) => return,
+            };
+            self.ready.pop_front();
+            self.start(slot, probe);
+        }
+    }
+
+    fn start(&mut self, slot: SlotId, probe: bool) {
+        let keep_copy = self.keep_copy;
+        let entry = self.slots.get_mut(slot);
+        let Some(message) = entry.message.take() else {
+            self.release(slot);
+            return;
+        };
+        entry.probe = probe;
+        let message = if keep_copy {
+            entry.message = Some(message.clone());
+            message
+        } else {
+            message
+        };
+        let future = self.handler.call(message);
+        if let Poll::Ready(output) = self.slots.start(slot, future) {
+            self.finish(slot, output);
+        }
+    }
+
+    fn poll_handlers(&mut self) {
+        if self.slots.running() == 0 {
+            return;
+        }
+        let mut finished = std::mem::take(&mut self.finished);
+        self.slots.poll_woken(&mut finished);
+        for (slot, output) in finished.drain(..) {
+            self.finish(slot, output);
+        }
+        self.finished = finished;
+    }
+
+    // ---- completion ------------------------------------------------------
+
+    fn finish(&mut self, slot: SlotId, output: Result<(), H::Error>) {
+        let entry = self.slots.get(slot);
+        let probe = entry.probe;
+        let Some(ticket) = entry.ticket else {
+            self.release(slot);
+            return;
+        };
+        let signal = match output {
+            Ok(()) => {
+                self.report.succeeded += 1;
+                self.engine.complete(ticket);
+                self.release(slot);
+                Signal::Success
+            }
+            Err(error) => self.fail(slot, ticket, error.into()),
+        };
+        if signal == Signal::Success && self.backoff.state() == BackoffState::Normal {
+            return;
+        }
+        self.backoff.record(signal, probe, Instant::now());
+    }
+
+    fn fail(&mut self, slot: SlotId, ticket: Ticket, error: HandlerError) -> Signal {
+        match error.class() {
+            ErrorClass::Ignore => {
+                self.report.ignored += 1;
+                self.engine.complete(ticket);
+                self.release(slot);
+                Signal::Neutral
+            }
+            ErrorClass::Permanent => {
+                self.report.discarded += 1;
+                tracing::error!(
+                    partition = ?self.engine.key(ticket.partition()),
+                    position = ?self.slots.get(slot).position,
+                    %error,
+                    "permanent failure with no dead-letter layer: the message is acknowledged and dropped"
+                );
+                self.engine.complete(ticket);
+                self.release(slot);
+                Signal::Neutral
+            }
+            ErrorClass::Interrupted => {
+                // Not completed: the watermark stays before it and the broker
+                // delivers it again. Its lane moves on, as for any outcome.
+                self.report.interrupted += 1;
+                self.release(slot);
+                Signal::Neutral
+            }
+            ErrorClass::Retryable => {
+                let signal = if error.affects_backoff() {
+                    Signal::Failure
+                } else {
+                    Signal::Neutral
+                };
+                let revoking = self.partitions[ticket.partition().index()].revoking;
+                if self.requeue {
+                    self.report.requeued += 1;
+                    self.engine.requeue(ticket);
+                    self.release(slot);
+                } else if matches!(self.stop, Some(Stop::Graceful { .. })) || revoking {
+                    // No time to try again: leave it unacknowledged.
+                    self.release(slot);
+                } else {
+                    // The broker cannot take it back: dispatch it again, in
+                    // its lane, after the consumer-level backoff.
+                    self.report.redispatched += 1;
+                    tracing::debug!(%error, "retryable failure: dispatching the message again");
+                    let entry = self.slots.get_mut(slot);
+                    entry.probe = false;
+                    if let Some(message) = entry.message.as_mut() {
+                        let attempt = message.metadata().attempt().saturating_add(1);
+                        message.metadata_mut().set_attempt(attempt);
+                    }
+                    entry.state = SlotState::Ready;
+                    self.ready.push_back(slot);
+                }
+                signal
+            }
+        }
+    }
+
+    /// Frees a delivery's slot and hands its lane to the next one. The
+    /// delivery is acknowledged only if its ticket was completed before.
+    fn release(&mut self, slot: SlotId) {
+        let entry = self.slots.get(slot);
+        let lane = entry.lane;
+        if let Some(lane) = lane {
+            if let Some(next) = self.lanes.release(lane, slot, &mut self.slots) {
+                self.slots.get_mut(next).state = SlotState::Ready;
+                self.ready.push_back(next);
+            }
+        }
+        self.free_slot(slot);
+    }
+
+    /// Frees a slot without touching its lane (the lane was dropped, or the
+    /// run is over). Its delivery stays unacknowledged unless completed.
+    fn free_slot(&mut self, slot: SlotId) {
+        let entry = self.slots.get(slot);
+        if entry.probe && entry.state != SlotState::Running {
+            self.backoff.probe_abandoned();
+        }
+        if let Some(ticket) = entry.ticket {
+            let index = ticket.partition().index();
+            if let Some(flags) = self.partitions.get_mut(index) {
+                flags.held = flags.held.saturating_sub(1);
+                if flags.over_window
+                    && self.engine.uncommitted(ticket.partition()) < self.settings.max_uncommitted
+                {
+                    flags.over_window = false;
+                    self.over_window -= 1;
+                }
+            }
+        }
+        self.slots.release(slot);
+    }
+
+    // ---- commits -----------------------------------------------------------
+
+    fn on_tick(&mut self) {
+        self.flush_due = true;
+        if let Some(observer) = self.settings.observer.clone() {
+            observer.on_in_flight(self.slots.held());
+            let now = Instant::now();
+            let mut snapshots = Vec::new();
+            for id in self.engine.assigned().collect::<Vec<_>>() {
+                let Some(stats) = self.engine.stats(id) else {
+                    continue;
+                };
+                let flags = &mut self.partitions[id.index()];
+                let age = match (stats.oldest_unfinished, flags.oldest) {
+                    (None, _) => {
+                        flags.oldest = None;
+                        None
+                    }
+                    (Some(position), Some((tracked, since))) if tracked == position => {
+                        Some(now.duration_since(since))
+                    }
+                    (Some(position), _) => {
+                        flags.oldest = Some((position, now));
+                        Some(Duration::ZERO)
+                    }
+                };
+                snapshots.push(PartitionSnapshot {
+                    stats,
+                    oldest_unfinished_age: age,
+                });
+            }
+            observer.on_partitions(&snapshots);
+        }
+    }
+
+    fn flush_if_due(&mut self) {
+        let pending = self.engine.pending();
+        if pending == 0 || self.acks.outstanding() > 0 {
+            return;
+        }
+        if self.flush_due || pending >= self.settings.commit_batch {
+            self.flush_due = false;
+            let mut batch = AckBatch::default();
+            self.engine.take_batch(&mut batch);
+            if !batch.is_empty() {
+                self.acks.send(AckRequest { batch, reply: None });
+            }
+        }
+    }
+
+    // ---- revocation --------------------------------------------------------
+
+    fn begin_revoke(&mut self, revocation: Revocation) {
+        let mut partitions = Vec::new();
+        for key in revocation.partitions() {
+            if let Some(id) = self.engine.lookup(key) {
+                self.partitions[id.index()].revoking = true;
+                partitions.push(id);
+            }
+        }
+        self.last_partition = None;
+        // Deliveries of these partitions that have not started are released
+        // unacknowledged: the next owner receives them. Running ones may
+        // finish until the revoke timeout.
+        let mut lanes = Vec::new();
+        let mut waiting = std::mem::take(&mut self.scratch);
+        for (slot, entry) in self.slots.held_slots() {
+            let Some(ticket) = entry.ticket else { continue };
+            if partitions.contains(&ticket.partition()) {
+                lanes.extend(entry.lane);
+                if entry.state != SlotState::Running {
+                    waiting.push(slot);
+                }
+            }
+        }
+        let mut queued = Vec::new();
+        for lane in lanes {
+            self.lanes.drop_lane(lane, &mut self.slots, &mut queued);
+        }
+        let slots = &self.slots;
+        self.ready.retain(|&slot| {
+            slots
+                .get(slot)
+                .ticket
+                .is_none_or(|ticket| !partitions.contains(&ticket.partition()))
+        });
+        for &slot in &waiting {
+            self.report.released_on_revoke += 1;
+            self.free_slot(slot);
+        }
+        waiting.clear();
+        self.scratch = waiting;
+        tracing::info!(partitions = ?revocation.partitions(), "revoking partitions: draining");
+        self.revocations.push(PendingRevocation {
+            revocation,
+            partitions,
+            deadline: Instant::now() + self.settings.revoke_timeout,
+            reply: None,
+        });
+    }
+
+    fn poll_revocations(&mut self, cx: &mut Context<'_>) {
+        if self.revocations.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut index = 0;
+        while index < self.revocations.len() {
+            let pending = &mut self.revocations[index];
+            if pending.reply.is_none() {
+                let running: u32 = pending
+                    .partitions
+                    .iter()
+                    .map(|id| self.partitions[id.index()].held)
+                    .sum();
+                if running > 0 && now < pending.deadline {
+                    index += 1;
+                    continue;
+                }
+                let partitions = pending.partitions.clone();
+                if running > 0 {
+                    tracing::warn!(
+                        running,
+                        timeout = ?self.settings.revoke_timeout,
+                        "revoke timeout: cancelling the revoked partitions' running handlers"
+                    );
+                    self.cancel_partitions(&partitions);
+                }
+                let mut batch = AckBatch {
+                    partitions: Vec::new(),
+                    sync: true,
+                };
+                for &id in &partitions {
+                    self.engine.take_final_batch(id, &mut batch);
+                }
+                let pending = &mut self.revocations[index];
+                // Sent even when empty: the acker handles batches in order,
+                // so its reply also confirms earlier batches still under way.
+                {
+                    let (reply, receiver) = oneshot::channel();
+                    if self.acks.send(AckRequest {
+                        batch,
+                        reply: Some(reply),
+                    }) {
+                        pending.reply = Some(receiver);
+                    }
+                }
+            }
+            let pending = &mut self.revocations[index];
+            let committed = match pending.reply.as_mut() {
+                None => true,
+                Some(receiver) => match Pin::new(receiver).poll(cx) {
+                    Poll::Pending => {
+                        index += 1;
+                        continue;
+                    }
+                    Poll::Ready(Ok(Ok(()))) => true,
+                    Poll::Ready(_) => false,
+                },
+            };
+            let pending = self.revocations.swap_remove(index);
+            self.complete_revocation(pending, committed);
+        }
+    }
+
+    fn cancel_partitions(&mut self, partitions: &[PartitionId]) {
+        let mut cancelled = std::mem::take(&mut self.scratch);
+        cancelled.extend(self.slots.held_slots().filter_map(|(slot, entry)| {
+            entry
+                .ticket
+                .filter(|ticket| partitions.contains(&ticket.partition()))
+                .map(|_| slot)
+        }));
+        for &slot in &cancelled {
+            if self.slots.get(slot).probe {
+                self.backoff.probe_abandoned();
+            }
+            self.slots.cancel(slot);
+            self.report.released_on_revoke += 1;
+            self.free_slot(slot);
+        }
+        cancelled.clear();
+        self.scratch = cancelled;
+    }
+
+    fn complete_revocation(&mut self, pending: PendingRevocation, committed: bool) {
+        let mut outcome = RevocationOutcome::default();
+        for &id in &pending.partitions {
+            let Some(partition) = self.engine.key(id).cloned() else {
+                continue;
+            };
+            let unfinished = self.engine.uncommitted(id);
+            outcome.partitions.push(RevokedPartition {
+                committed: if committed {
+                    self.engine.watermark(id)
+                } else {
+                    None
+                },
+                partition: partition.clone(),
+                unfinished,
+            });
+            self.engine.revoke(id);
+            let flags = &mut self.partitions[id.index()];
+            if flags.over_window {
+                self.over_window -= 1;
+            }
+            *flags = PartitionFlags::default();
+            if let Some(observer) = &self.settings.observer {
+                observer.on_revoked(&partition);
+            }
+        }
+        tracing::info!(partitions = ?pending.revocation.partitions(), committed, "revocation complete");
+        pending.revocation.complete(outcome);
+    }
+
+    // ---- lifecycle -----------------------------------------------------------
+
+    fn source_failed(&mut self, error: SourceError) {
+        if error.is_transient() {
+            self.fetch_failures = self.fetch_failures.saturating_add(1);
+            if let Some(delay) = self.settings.reconnect.delay(self.fetch_failures) {
+                tracing::warn!(%error, retry_in = ?delay, "fetching failed; retrying");
+                self.fetch_retry_at = Some(Instant::now() + delay);
+                return;
+            }
+            tracing::error!(%error, attempts = self.fetch_failures, "fetching failed and retries are exhausted");
+        } else {
+            tracing::error!(%error, "fetching failed for good");
+        }
+        self.begin_stop(Some(Failure::Source(error)));
+    }
+
+    fn begin_stop(&mut self, failure: Option<Failure>) {
+        if self.failure.is_none() {
+            self.failure = failure;
+        }
+        if !matches!(self.stop, Some(Stop::Graceful { .. })) {
+            self.stop = Some(Stop::Graceful {
+                deadline: Instant::now() + self.settings.shutdown_deadline,
+            });
+            tracing::info!(
+                running = self.slots.running(),
+                held = self.slots.held(),
+                "shutting down: draining running handlers"
+            );
+        }
+        self.token.cancel();
+    }
+
+    fn is_drained(&self) -> bool {
+        match self.stop {
+            None => false,
+            Some(Stop::Exhausted) => self.slots.held() == 0 && self.revocations.is_empty(),
+            Some(Stop::Graceful { deadline }) => {
+                self.slots.running() == 0 || Instant::now() >= deadline
+            }
+        }
+    }
+
+    /// Keeps one timer armed at the earliest moment something is due.
+    fn arm_timer(&mut self, cx: &mut Context<'_>) {
+        let mut due: Option<Instant> = None;
+        let mut consider = |at: Option<Instant>| {
+            if let Some(at) = at {
+                due = Some(due.map_or(at, |due| due.min(at)));
+            }
+        };
+        if let BackoffState::BackingOff { until } = self.backoff.state() {
+            if !self.ready.is_empty() {
+                consider(Some(until));
+            }
+        }
+        consider(self.fetch_retry_at);
+        for pending in &self.revocations {
+            if pending.reply.is_none() {
+                consider(Some(pending.deadline));
+            }
+        }
+        if let Some(Stop::Graceful { deadline }) = self.stop {
+            consider(Some(deadline));
+        }
+        let Some(due) = due else {
+            self.timer_at = None;
+            return;
+        };
+        if self.timer_at != Some(due) {
+            self.timer.as_mut().reset(due);
+            self.timer_at = Some(due);
+        }
+        if self.timer.as_mut().poll(cx).is_ready() {
+            self.timer_at = None;
+            // Something is due now: run another pass.
+            cx.waker().wake_by_ref();
+        }
+    }
+
+    /// Cancels what still runs, commits what finished, and reports.
+    async fn wind_down(&mut self) -> RunReport {
+        let mut unfinished = Vec::new();
+        let held: Vec<SlotId> = self.slots.held_slots().map(|(slot, _)| slot).collect();
+        for slot in held {
+            let entry = self.slots.get(slot);
+            if let (Some(ticket), Some(position)) = (entry.ticket, entry.position) {
+                if let Some(partition) = self.engine.key(ticket.partition()) {
+                    unfinished.push(Unfinished {
+                        partition: partition.clone(),
+                        position,
+                        started: entry.started,
+                    });
+                }
+            }
+            self.slots.cancel(slot);
+            self.free_slot(slot);
+        }
+        self.ready.clear();
+
+        let mut batch = AckBatch {
+            partitions: Vec::new(),
+            sync: true,
+        };
+        self.engine.take_batch(&mut batch);
+        let mut committed_ok = true;
+        if !batch.is_empty() {
+            let (reply, receiver) = oneshot::channel();
+            if self.acks.send(AckRequest {
+                batch,
+                reply: Some(reply),
+            }) {
+                let bound = self.settings.shutdown_deadline.max(Duration::from_secs(5));
+                committed_ok =
+                    matches!(tokio::time::timeout(bound, receiver).await, Ok(Ok(Ok(()))));
+                if !committed_ok {
+                    tracing::error!(
+                        "the final commit failed; finished messages may be delivered again"
+                    );
+                }
+            }
+        }
+        // Revocations still pending end with the run: what they held was
+        // part of the final commit.
+        for pending in std::mem::take(&mut self.revocations) {
+            if let Some(receiver) = pending.reply {
+                drop(receiver);
+            }
+            let PendingRevocation {
+                revocation,
+                partitions,
+                deadline,
+                ..
+            } = pending;
+            self.complete_revocation(
+                PendingRevocation {
+                    revocation,
+                    partitions,
+                    deadline,
+                    reply: None,
+                },
+                committed_ok,
+            );
+        }
+        let mut report = std::mem::take(&mut self.report);
+        if committed_ok {
+            let mut ids: Vec<PartitionId> = self.engine.assigned().collect();
+            ids.sort();
+            for id in ids {
+                if let (Some(partition), Some(watermark)) =
+                    (self.engine.key(id), self.engine.watermark(id))
+                {
+                    report.committed.push((partition.clone(), watermark));
+                }
+            }
+        }
+        unfinished.sort_by(|a, b| (&a.partition, a.position).cmp(&(&b.partition, b.position)));
+        report.unfinished = unfinished;
+        tracing::info!(
+            succeeded = report.succeeded,
+            unfinished = report.unfinished.len(),
+            "consumer stopped"
+        );
+        report
+    }
+}

@@ -1,0 +1,343 @@
+//! The consumer runtime: fetch within a budget, dispatch in order, commit in
+//! order.
+//!
+//! A [`Consumer`] joins a [`Source`], an [`Acker`] and a handler (any
+//! `tower::Service<Message, Response = ()>`). It admits deliveries while its
+//! in-flight budget has room, runs handlers concurrently while keeping the
+//! chosen [`Ordering`], records every outcome in the commit engine, and
+//! hands the engine's batches to the acker. Everything runs in the task that
+//! awaits [`Consumer::run`]: no task is spawned per message.
+//!
+//! ```ignore
+//! use intake_core::consumer::{Consumer, Ordering};
+//! use intake_core::memory::MemoryBroker;
+//! use intake_core::{HandlerError, Message};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = MemoryBroker::new();
+//! broker.create_topic("orders", 4)?;
+//! let (source, acker) = broker.consumer("orders", "billing")?;
+//!
+//! let handler = tower::service_fn(|message: Message| async move {
+//!     tracing::info!(payload = ?message.payload(), "order");
+//!     Ok::<_, HandlerError>(())
+//! });
+//!
+//! let shutdown = CancellationToken::new();
+//! shutdown.cancel(); // stop at once, for the example
+//! let report = Consumer::builder()
+//!     .max_in_flight(64)
+//!     .ordering(Ordering::Key)
+//!     .build(source, acker, handler)?
+//!     .run(shutdown)
+//!     .await?;
+//! assert!(report.unfinished.is_empty());
+//! # Ok(())
+//! # }
+//! ```
+
+mod ack_loop;
+pub mod backoff;
+mod dispatcher;
+mod lanes;
+mod report;
+mod shutdown;
+mod slots;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::Service;
+
+use crate::acker::Acker;
+use crate::backoff::{BackoffPolicy, Exponential};
+use crate::error::{ConfigError, HandlerError};
+use crate::message::Message;
+use crate::observer::ConsumerObserver;
+use crate::source::Source;
+
+pub use report::{RunError, RunReport, Unfinished};
+pub use shutdown::Shutdown;
+
+/// Which deliveries may run at the same time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ordering {
+    /// One at a time per partition, in partition order (Kafka's own
+    /// guarantee). The default.
+    #[default]
+    Partition,
+    /// One at a time per key within a partition, in order; different keys
+    /// run in parallel. Messages without a key run unordered.
+    Key,
+    /// Any number at a time, any order. Commits stay ordered.
+    Unordered,
+}
+
+/// The settings of a consumer, checked when it is built.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) max_in_flight: usize,
+    pub(crate) ordering: Ordering,
+    pub(crate) commit_interval: Duration,
+    pub(crate) commit_batch: usize,
+    pub(crate) fetch_batch: usize,
+    pub(crate) max_uncommitted: usize,
+    pub(crate) shutdown_deadline: Duration,
+    pub(crate) revoke_timeout: Duration,
+    pub(crate) backoff: Arc<dyn BackoffPolicy>,
+    pub(crate) reconnect: Arc<dyn BackoffPolicy>,
+    pub(crate) observer: Option<Arc<dyn ConsumerObserver>>,
+}
+
+/// Builds a [`Consumer`]; every setting has a default that suits a
+/// production consumer.
+#[derive(Clone)]
+pub struct ConsumerBuilder {
+    settings: Settings,
+}
+
+impl std::fmt::Debug for ConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let settings = &self.settings;
+        f.debug_struct("ConsumerBuilder")
+            .field("max_in_flight", &settings.max_in_flight)
+            .field("ordering", &settings.ordering)
+            .field("commit_interval", &settings.commit_interval)
+            .field("commit_batch", &settings.commit_batch)
+            .field("fetch_batch", &settings.fetch_batch)
+            .field("max_uncommitted", &settings.max_uncommitted)
+            .field("shutdown_deadline", &settings.shutdown_deadline)
+            .field("revoke_timeout", &settings.revoke_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ConsumerBuilder {
+    fn default() -> Self {
+        Self {
+            settings: Settings {
+                max_in_flight: 256,
+                ordering: Ordering::default(),
+                commit_interval: Duration::from_millis(100),
+                commit_batch: 1024,
+                fetch_batch: 1024,
+                max_uncommitted: 100_000,
+                shutdown_deadline: Duration::from_secs(30),
+                revoke_timeout: Duration::from_secs(10),
+                backoff: Arc::new(
+                    Exponential::new(Duration::from_millis(100), Duration::from_secs(30))
+                        .retry_forever(),
+                ),
+                reconnect: Arc::new(
+                    Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
+                        .retry_forever(),
+                ),
+                observer: None,
+            },
+        }
+    }
+}
+
+/// The largest in-flight budget a consumer accepts. Each unit is a slot in an
+/// arena allocated at start.
+pub const MAX_IN_FLIGHT_LIMIT: usize = 1 << 20;
+
+impl ConsumerBuilder {
+    /// Deliveries held at once, queued or running: the one bound on the
+    /// consumer's memory. Default 256.
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.settings.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// Which deliveries may run at the same time. Default
+    /// [`Ordering::Partition`].
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.settings.ordering = ordering;
+        self
+    }
+
+    /// Longest time a completion waits before it is acknowledged. Default
+    /// 100 ms. Shorter means fewer duplicates after a crash, longer means
+    /// fewer broker round trips.
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.settings.commit_interval = interval;
+        self
+    }
+
+    /// Completions that trigger an acknowledgement before the interval ends
+    /// (when no acknowledgement is already under way). Default 1024.
+    pub fn commit_batch(mut self, completions: usize) -> Self {
+        self.settings.commit_batch = completions;
+        self
+    }
+
+    /// Most deliveries asked of the source at once. Default 1024.
+    pub fn fetch_batch(mut self, deliveries: usize) -> Self {
+        self.settings.fetch_batch = deliveries;
+        self
+    }
+
+    /// Most deliveries of one partition between its watermark and its newest
+    /// admitted message. A message that never finishes holds the watermark;
+    /// past this bound fetching pauses until it moves, so a stuck message
+    /// cannot grow the commit engine without bound. Default 100,000.
+    pub fn max_uncommitted(mut self, deliveries: usize) -> Self {
+        self.settings.max_uncommitted = deliveries;
+        self
+    }
+
+    /// How long a graceful shutdown waits for running handlers. Default 30 s.
+    pub fn shutdown_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.shutdown_deadline = deadline;
+        self
+    }
+
+    /// How long a revocation waits for the revoked partitions' running
+    /// handlers before it commits and releases them. Default 10 s.
+    pub fn revoke_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.revoke_timeout = timeout;
+        self
+    }
+
+    /// Consumer-level backoff: after a retryable failure reaches the runtime,
+    /// pause intake for the policy's delay, then probe with one delivery.
+    /// Default: exponential from 100 ms to 30 s. Pass
+    /// [`Disabled`](crate::backoff::Disabled) to never pause.
+    pub fn backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.settings.backoff = Arc::new(policy);
+        self
+    }
+
+    /// Delays between attempts to fetch again after a transient source
+    /// error. Default: exponential from 100 ms to 10 s, forever.
+    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.settings.reconnect = Arc::new(policy);
+        self
+    }
+
+    /// Receives partition and in-flight state at every commit tick (the
+    /// metrics layer's collector implements it).
+    pub fn observer(mut self, observer: Arc<dyn ConsumerObserver>) -> Self {
+        self.settings.observer = Some(observer);
+        self
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let settings = &self.settings;
+        if settings.max_in_flight == 0 {
+            return Err(ConfigError::new(
+                "max_in_flight",
+                "is 0: the consumer could never hold a delivery; use at least 1",
+            ));
+        }
+        if settings.max_in_flight > MAX_IN_FLIGHT_LIMIT {
+            return Err(ConfigError::new(
+                "max_in_flight",
+                format!(
+                    "is {}, above the limit of {MAX_IN_FLIGHT_LIMIT}",
+                    settings.max_in_flight
+                ),
+            ));
+        }
+        if settings.commit_interval.is_zero() {
+            return Err(ConfigError::new(
+                "commit_interval",
+                "is zero; use a positive interval such as 100 ms",
+            ));
+        }
+        if settings.commit_batch == 0 {
+            return Err(ConfigError::new("commit_batch", "is 0; use at least 1"));
+        }
+        if settings.fetch_batch == 0 {
+            return Err(ConfigError::new("fetch_batch", "is 0; use at least 1"));
+        }
+        if settings.max_uncommitted < settings.max_in_flight {
+            return Err(ConfigError::new(
+                "max_uncommitted",
+                format!(
+                    "({}) is below max_in_flight ({}); it must allow at least a full budget per partition",
+                    settings.max_uncommitted, settings.max_in_flight
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the settings and builds the consumer.
+    pub fn build<S, A, H>(
+        self,
+        source: S,
+        acker: A,
+        handler: H,
+    ) -> Result<Consumer<S, A, H>, ConfigError>
+    where
+        S: Source,
+        A: Acker,
+        H: Service<Message, Response = ()> + Send + 'static,
+        H::Error: Into<HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
+        self.validate()?;
+        Ok(Consumer {
+            source,
+            acker,
+            handler,
+            settings: self.settings,
+        })
+    }
+}
+
+/// A configured consumer, ready to [`run`](Consumer::run).
+pub struct Consumer<S, A, H> {
+    source: S,
+    acker: A,
+    handler: H,
+    settings: Settings,
+}
+
+impl<S, A, H> std::fmt::Debug for Consumer<S, A, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("max_in_flight", &self.settings.max_in_flight)
+            .field("ordering", &self.settings.ordering)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer<(), (), ()> {
+    /// A builder with the default settings.
+    pub fn builder() -> ConsumerBuilder {
+        ConsumerBuilder::default()
+    }
+}
+
+impl<S, A, H> Consumer<S, A, H>
+where
+    S: Source,
+    A: Acker,
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    /// Runs until `shutdown` fires (or the source is exhausted or fails).
+    ///
+    /// Shutdown is graceful: fetching stops, no new handler starts, running
+    /// handlers get until the shutdown deadline, everything finished is
+    /// committed, and the report lists what was left unfinished (the broker
+    /// delivers it again).
+    pub async fn run(self, shutdown: impl Into<Shutdown>) -> Result<RunReport, RunError> {
+        let Consumer {
+            source,
+            acker,
+            handler,
+            settings,
+        } = self;
+        dispatcher::run(source, acker, handler, settings, shutdown.into()).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

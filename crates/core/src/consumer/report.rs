@@ -1,0 +1,90 @@
+//! What a run did, and how it can fail.
+
+use std::time::Duration;
+
+use crate::error::HandlerError;
+use crate::message::{PartitionKey, Position};
+use crate::source::SourceError;
+
+/// A delivery that was held but not finished when the run ended; the broker
+/// delivers it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unfinished {
+    /// Its partition.
+    pub partition: PartitionKey,
+    /// Its position.
+    pub position: Position,
+    /// Whether its handler had started (and was cut off at the deadline)
+    /// or it was still waiting for its turn.
+    pub started: bool,
+}
+
+/// What a run did, returned when it ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// Handlers that succeeded.
+    pub succeeded: u64,
+    /// Messages a handler asked to ignore (acknowledged).
+    pub ignored: u64,
+    /// Permanent failures that reached the runtime (no dead-letter layer took
+    /// them): logged at error level and acknowledged.
+    pub discarded: u64,
+    /// Retryable failures that reached the runtime and were dispatched again
+    /// in process (brokers that cannot take a message back).
+    pub redispatched: u64,
+    /// Retryable failures handed back to the broker for redelivery.
+    pub requeued: u64,
+    /// Handlers that stopped because of the shutdown (left unacknowledged).
+    pub interrupted: u64,
+    /// Deliveries dropped unacknowledged because their partition was revoked
+    /// before they finished; the new owner receives them.
+    pub released_on_revoke: u64,
+    /// Acknowledgement round trips that failed.
+    pub ack_failures: u64,
+    /// The last committed position of each partition at the end of the run.
+    pub committed: Vec<(PartitionKey, Position)>,
+    /// Deliveries left unfinished by the shutdown.
+    pub unfinished: Vec<Unfinished>,
+    /// How long the run took.
+    pub elapsed: Duration,
+}
+
+impl RunReport {
+    /// Messages completed (succeeded, ignored or discarded).
+    pub fn completed(&self) -> u64 {
+        self.succeeded + self.ignored + self.discarded
+    }
+}
+
+/// Why a run ended with an error. The report says what was done before.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The source failed in a way retrying cannot fix (or retries ran out).
+    #[error("the source failed: {error}")]
+    Source {
+        /// The source's error.
+        #[source]
+        error: SourceError,
+        /// What the run did before it stopped.
+        report: Box<RunReport>,
+    },
+    /// The handler service reported an error from `poll_ready`, which means
+    /// it can take no more messages.
+    #[error("the handler service stopped accepting messages: {error}")]
+    HandlerUnavailable {
+        /// The service's error.
+        #[source]
+        error: HandlerError,
+        /// What the run did before it stopped.
+        report: Box<RunReport>,
+    },
+}
+
+impl RunError {
+    /// What the run did before it stopped.
+    pub fn report(&self) -> &RunReport {
+        match self {
+            RunError::Source { report, .. } | RunError::HandlerUnavailable { report, .. } => report,
+        }
+    }
+}

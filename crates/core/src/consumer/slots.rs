@@ -1,0 +1,341 @@
+//! The in-flight budget as a fixed arena of slots, one per delivery held.
+//!
+//! Each slot holds a delivery from admission to completion, and its handler
+//! future while it runs. The arena is allocated once, at `max_in_flight`
+//! slots, and never grows or moves, so:
+//! - the budget is the arena: a free slot is a free unit of budget;
+//! - a handler future is pinned in place in its slot, with no `Box` per
+//!   message;
+//! - each slot has its own preallocated waker, which marks the slot in a
+//!   bitset and wakes the runtime task, so only woken futures are polled.
+//!
+//! This is what `FuturesUnordered` does, minus its allocation per future.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures_util::task::AtomicWaker;
+
+use crate::commit_engine::Ticket;
+use crate::message::{Message, Position};
+
+/// Index of a slot in the arena.
+pub(crate) type SlotId = u32;
+
+/// Marks slots whose futures were woken, and wakes the runtime task.
+pub(crate) struct ReadySet {
+    words: Box<[AtomicU64]>,
+    runtime: AtomicWaker,
+}
+
+impl ReadySet {
+    fn new(slots: usize) -> Self {
+        Self {
+            words: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            runtime: AtomicWaker::new(),
+        }
+    }
+
+    fn mark(&self, slot: SlotId) {
+        let word = (slot / 64) as usize;
+        if let Some(bits) = self.words.get(word) {
+            bits.fetch_or(1 << (slot % 64), Ordering::AcqRel);
+        }
+        self.runtime.wake();
+    }
+
+    /// Registers the runtime task to be woken by any slot (or by
+    /// [`RuntimeWaker`]).
+    pub(crate) fn register(&self, waker: &Waker) {
+        self.runtime.register(waker);
+    }
+
+    /// Takes the woken slots of one 64-slot word.
+    fn take_word(&self, word: usize) -> u64 {
+        self.words[word].swap(0, Ordering::AcqRel)
+    }
+}
+
+struct SlotWaker {
+    slot: SlotId,
+    ready: Arc<ReadySet>,
+}
+
+impl Wake for SlotWaker {
+    fn wake(self: Arc<Self>) {
+        self.ready.mark(self.slot);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.mark(self.slot);
+    }
+}
+
+/// Wakes the runtime task without marking a slot: for `poll_ready` of the
+/// handler service, which the runtime polls outside its own `poll`.
+struct RuntimeWaker {
+    ready: Arc<ReadySet>,
+}
+
+impl Wake for RuntimeWaker {
+    fn wake(self: Arc<Self>) {
+        self.ready.runtime.wake();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.runtime.wake();
+    }
+}
+
+/// Where a held delivery is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// Not holding a delivery.
+    Free,
+    /// Waiting behind another delivery of its lane.
+    Queued,
+    /// Holds its lane; waiting to start (backoff gate, handler not ready,
+    /// or a retry about to be dispatched again).
+    Ready,
+    /// Its handler future is running.
+    Running,
+}
+
+/// One unit of the in-flight budget.
+pub(crate) struct Slot<F> {
+    pub(crate) state: SlotState,
+    /// The delivery, while it waits to start; and a copy kept for in-process
+    /// redelivery when the broker cannot take a message back.
+    pub(crate) message: Option<Message>,
+    pub(crate) ticket: Option<Ticket>,
+    /// The broker position of the delivery.
+    pub(crate) position: Option<Position>,
+    /// The ordering lane the delivery belongs to (`None`: unordered).
+    pub(crate) lane: Option<u64>,
+    /// Next slot queued in the same lane.
+    pub(crate) next_in_lane: Option<SlotId>,
+    /// Whether this delivery is the backoff probe.
+    pub(crate) probe: bool,
+    /// Whether the handler ever started (for the shutdown report).
+    pub(crate) started: bool,
+    future: Option<F>,
+}
+
+/// The arena. See the [module docs](self).
+pub(crate) struct Slots<F> {
+    slots: Box<[Slot<F>]>,
+    wakers: Box<[Waker]>,
+    runtime_waker: Waker,
+    ready: Arc<ReadySet>,
+    free: Vec<SlotId>,
+    running: usize,
+}
+
+impl<F: Future> Slots<F> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        let ready = Arc::new(ReadySet::new(capacity));
+        let slots = (0..capacity)
+            .map(|_| Slot {
+                state: SlotState::Free,
+                message: None,
+                ticket: None,
+                position: None,
+                lane: None,
+                next_in_lane: None,
+                probe: false,
+                started: false,
+                future: None,
+            })
+            .collect();
+        let wakers = (0..capacity as SlotId)
+            .map(|slot| {
+                Waker::from(Arc::new(SlotWaker {
+                    slot,
+                    ready: ready.clone(),
+                }))
+            })
+            .collect();
+        let runtime_waker = Waker::from(Arc::new(RuntimeWaker {
+            ready: ready.clone(),
+        }));
+        Self {
+            slots,
+            wakers,
+            runtime_waker,
+            ready,
+            // Popped from the back: hand out low indices first, so a small
+            // working set stays in few cache lines and few ready words.
+            free: (0..capacity as SlotId).rev().collect(),
+            running: 0,
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    pub(crate) fn held(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    pub(crate) fn running(&self) -> usize {
+        self.running
+    }
+
+    pub(crate) fn ready_set(&self) -> &ReadySet {
+        &self.ready
+    }
+
+    /// A waker that wakes the runtime task.
+    pub(crate) fn runtime_waker(&self) -> &Waker {
+        &self.runtime_waker
+    }
+
+    /// Takes a free slot for a new delivery.
+    pub(crate) fn acquire(&mut self) -> Option<SlotId> {
+        self.free.pop()
+    }
+
+    pub(crate) fn get(&self, slot: SlotId) -> &Slot<F> {
+        &self.slots[slot as usize]
+    }
+
+    pub(crate) fn get_mut(&mut self, slot: SlotId) -> &mut Slot<F> {
+        &mut self.slots[slot as usize]
+    }
+
+    /// Returns a slot to the budget, dropping whatever it still holds.
+    pub(crate) fn release(&mut self, slot: SlotId) {
+        self.cancel(slot);
+        let entry = &mut self.slots[slot as usize];
+        if entry.state == SlotState::Free {
+            return;
+        }
+        entry.state = SlotState::Free;
+        entry.message = None;
+        entry.ticket = None;
+        entry.position = None;
+        entry.lane = None;
+        entry.next_in_lane = None;
+        entry.probe = false;
+        entry.started = false;
+        self.free.push(slot);
+    }
+
+    /// Drops a running future (the message stays held).
+    pub(crate) fn cancel(&mut self, slot: SlotId) {
+        let entry = &mut self.slots[slot as usize];
+        if entry.future.is_some() {
+            // SAFETY: the future is pinned in place inside the arena, which
+            // never moves or reallocates; it is dropped in place here.
+            unsafe { Pin::new_unchecked(&mut entry.future) }.set(None);
+            self.running -= 1;
+        }
+    }
+
+    /// Installs a handler future in `slot` and polls it once. Returns its
+    /// output if it finished on that first poll (the common case for
+    /// handlers that do not wait on I/O).
+    pub(crate) fn start(&mut self, slot: SlotId, future: F) -> Poll<F::Output> {
+        let entry = &mut self.slots[slot as usize];
+        debug_assert!(entry.future.is_none());
+        entry.state = SlotState::Running;
+        entry.started = true;
+        // SAFETY: the slot's storage never moves (see `cancel`); the previous
+        // future, if any, was dropped in place.
+        let mut pinned = unsafe { Pin::new_unchecked(&mut entry.future) };
+        pinned.set(Some(future));
+        self.running += 1;
+        self.poll_slot(slot)
+    }
+
+    /// Polls the future in `slot`; on completion the future is dropped and
+    /// the slot is left holding its delivery (state `Ready`) for the caller
+    /// to complete or retry.
+    fn poll_slot(&mut self, slot: SlotId) -> Poll<F::Output> {
+        let entry = &mut self.slots[slot as usize];
+        // SAFETY: see `cancel`.
+        let mut pinned = unsafe { Pin::new_unchecked(&mut entry.future) };
+        let Some(future) = pinned.as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        let mut cx = Context::from_waker(&self.wakers[slot as usize]);
+        match future.poll(&mut cx) {
+            Poll::Ready(output) => {
+                pinned.set(None);
+                entry.state = SlotState::Ready;
+                self.running -= 1;
+                Poll::Ready(output)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Polls every woken running future and appends the outputs of those that
+    /// finished to `finished`.
+    pub(crate) fn poll_woken(&mut self, finished: &mut Vec<(SlotId, F::Output)>) {
+        for word in 0..self.ready.words.len() {
+            let mut bits = self.ready.take_word(word);
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                bits &= bits - 1;
+                let slot = (word * 64) as SlotId + bit;
+                if self.slots[slot as usize].state != SlotState::Running {
+                    continue;
+                }
+                if let Poll::Ready(output) = self.poll_slot(slot) {
+                    finished.push((slot, output));
+                }
+            }
+        }
+    }
+
+    /// Slots currently holding a delivery.
+    pub(crate) fn held_slots(&self) -> impl Iterator<Item = (SlotId, &Slot<F>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.state != SlotState::Free)
+            .map(|(index, slot)| (index as SlotId, slot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::{Ready, ready};
+
+    #[test]
+    fn a_ready_future_completes_on_start_and_frees_its_slot() {
+        let mut slots: Slots<Ready<u32>> = Slots::new(2);
+        let slot = slots.acquire().unwrap_or_default();
+        assert_eq!(slots.free_count(), 1);
+        assert_eq!(slots.start(slot, ready(7)), Poll::Ready(7));
+        assert_eq!(slots.running(), 0);
+        slots.release(slot);
+        assert_eq!(slots.free_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_woken_future_is_polled_and_others_are_not() {
+        let (sender, receiver) = tokio::sync::oneshot::channel::<u32>();
+        let mut slots = Slots::new(3);
+        let first = slots.acquire().unwrap_or_default();
+        let waiting = Box::pin(async move { receiver.await.unwrap_or_default() })
+            as Pin<Box<dyn Future<Output = u32> + Send>>;
+        assert!(slots.start(first, waiting).is_pending());
+        let mut outputs = Vec::new();
+        slots.poll_woken(&mut outputs);
+        assert!(outputs.is_empty());
+        let _ = sender.send(5);
+        slots.poll_woken(&mut outputs);
+        assert_eq!(outputs, vec![(first, 5)]);
+    }
+}

@@ -1,0 +1,594 @@
+//! Runtime tests against a scripted source, independent of any broker.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Consumer, Ordering};
+use crate::acker::{AckBatch, AckError, AckMode, Acker};
+use crate::backoff::Disabled;
+use crate::error::HandlerError;
+use crate::message::{Message, Metadata, PartitionKey, Position, SourceName};
+use crate::source::{Revocation, Source, SourceError, SourceEvent};
+
+enum Script {
+    Messages(Vec<Message>),
+    Revoke(Revocation),
+}
+
+/// Hands out scripted deliveries and events; exhausted when the script ends.
+struct ScriptedSource {
+    script: mpsc::UnboundedReceiver<Script>,
+    pending: VecDeque<Message>,
+    largest_request: Arc<AtomicUsize>,
+}
+
+impl Source for ScriptedSource {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        self.largest_request.fetch_max(max, AtomicOrdering::Relaxed);
+        loop {
+            if !self.pending.is_empty() {
+                let take = self.pending.len().min(max);
+                deliveries.extend(self.pending.drain(..take));
+                return Ok(SourceEvent::Delivered);
+            }
+            match self.script.recv().await {
+                Some(Script::Messages(messages)) => self.pending.extend(messages),
+                Some(Script::Revoke(revocation)) => return Ok(SourceEvent::Revoked(revocation)),
+                None => return Ok(SourceEvent::Exhausted),
+            }
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+struct RecordingAcker {
+    batches: Arc<Mutex<Vec<AckBatch>>>,
+    requeue: bool,
+    mode_ids: bool,
+}
+
+impl RecordingAcker {
+    fn watermarks(&self) -> HashMap<PartitionKey, Position> {
+        let mut latest = HashMap::new();
+        for batch in self.batches.lock().map(|b| b.clone()).unwrap_or_default() {
+            for ack in batch.partitions {
+                if let Some(watermark) = ack.watermark {
+                    latest.insert(ack.partition, watermark);
+                }
+            }
+        }
+        latest
+    }
+}
+
+impl Acker for RecordingAcker {
+    fn mode(&self) -> AckMode {
+        if self.mode_ids {
+            AckMode::Ids
+        } else {
+            AckMode::Watermark
+        }
+    }
+
+    fn supports_requeue(&self) -> bool {
+        self.requeue
+    }
+
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        if let Ok(mut batches) = self.batches.lock() {
+            batches.push(batch.clone());
+        }
+        Ok(())
+    }
+}
+
+fn topic() -> SourceName {
+    SourceName::from("orders")
+}
+
+fn message(source: &SourceName, partition: u32, offset: i64, key: &str) -> Message {
+    Message::new(
+        Bytes::from(offset.to_string()),
+        Metadata::new(source.clone(), partition, Position::Offset(offset)),
+    )
+    .with_key(Bytes::copy_from_slice(key.as_bytes()))
+}
+
+fn messages(partitions: u32, per_partition: i64, keys: usize) -> Vec<Message> {
+    let source = topic();
+    let mut all = Vec::new();
+    for offset in 0..per_partition {
+        for partition in 0..partitions {
+            let key = format!("k{}", (offset as usize * 7 + partition as usize) % keys);
+            all.push(message(&source, partition, offset, &key));
+        }
+    }
+    all
+}
+
+fn scripted(script: Vec<Script>) -> (ScriptedSource, Arc<AtomicUsize>) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    for step in script {
+        let _ = sender.send(step);
+    }
+    let largest = Arc::new(AtomicUsize::new(0));
+    (
+        ScriptedSource {
+            script: receiver,
+            pending: VecDeque::new(),
+            largest_request: largest.clone(),
+        },
+        largest,
+    )
+}
+
+fn offset_of(message: &Message) -> i64 {
+    match message.metadata().position() {
+        Position::Offset(offset) => offset,
+        _ => -1,
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn committed_offset_never_passes_an_unfinished_message() {
+    let in_flight: Arc<Mutex<HashSet<(u32, i64)>>> = Arc::default();
+    let violations = Arc::new(AtomicUsize::new(0));
+    let acker = RecordingAcker::default();
+    let (source, _) = scripted(vec![Script::Messages(messages(4, 200, 50))]);
+    let handler = {
+        let in_flight = in_flight.clone();
+        tower::service_fn(move |message: Message| {
+            let in_flight = in_flight.clone();
+            async move {
+                let id = (message.metadata().partition(), offset_of(&message));
+                in_flight.lock().map(|mut set| set.insert(id)).ok();
+                // Finish out of order: later offsets often finish first.
+                let delay = (id.1 * 7919 % 13) as u64;
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                in_flight.lock().map(|mut set| set.remove(&id)).ok();
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    struct CheckingAcker {
+        inner: RecordingAcker,
+        in_flight: Arc<Mutex<HashSet<(u32, i64)>>>,
+        violations: Arc<AtomicUsize>,
+    }
+    impl Acker for CheckingAcker {
+        async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+            let in_flight = self
+                .in_flight
+                .lock()
+                .map(|set| set.clone())
+                .unwrap_or_default();
+            for ack in &batch.partitions {
+                if let Some(Position::Offset(watermark)) = ack.watermark {
+                    let passes = in_flight.iter().any(|&(partition, offset)| {
+                        partition == ack.partition.partition && offset <= watermark
+                    });
+                    if passes {
+                        self.violations.fetch_add(1, AtomicOrdering::Relaxed);
+                    }
+                }
+            }
+            self.inner.ack(batch).await
+        }
+    }
+    let report = Consumer::builder()
+        .max_in_flight(64)
+        .ordering(Ordering::Unordered)
+        .commit_interval(Duration::from_millis(5))
+        .build(
+            source,
+            CheckingAcker {
+                inner: acker.clone(),
+                in_flight,
+                violations: violations.clone(),
+            },
+            handler,
+        )
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 800);
+    assert_eq!(violations.load(AtomicOrdering::Relaxed), 0);
+    let watermarks = acker.watermarks();
+    for partition in 0..4 {
+        assert_eq!(
+            watermarks.get(&PartitionKey::new("orders", partition)),
+            Some(&Position::Offset(199))
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn key_ordering_never_runs_two_messages_of_a_key_at_once_and_keeps_their_order() {
+    let running: Arc<Mutex<HashSet<String>>> = Arc::default();
+    type OffsetsByKey = HashMap<(u32, String), Vec<i64>>;
+    let seen: Arc<Mutex<OffsetsByKey>> = Arc::default();
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let concurrent = Arc::new(AtomicUsize::new(0));
+    let (source, _) = scripted(vec![Script::Messages(messages(2, 300, 17))]);
+    let handler = {
+        let (running, seen, overlaps, peak, concurrent) = (
+            running.clone(),
+            seen.clone(),
+            overlaps.clone(),
+            peak.clone(),
+            concurrent.clone(),
+        );
+        tower::service_fn(move |message: Message| {
+            let (running, seen, overlaps, peak, concurrent) = (
+                running.clone(),
+                seen.clone(),
+                overlaps.clone(),
+                peak.clone(),
+                concurrent.clone(),
+            );
+            async move {
+                let key =
+                    String::from_utf8_lossy(message.key().map(|k| &k[..]).unwrap_or_default())
+                        .into_owned();
+                let lane = format!("{}:{key}", message.metadata().partition());
+                if running
+                    .lock()
+                    .map(|mut set| !set.insert(lane.clone()))
+                    .unwrap_or(true)
+                {
+                    overlaps.fetch_add(1, AtomicOrdering::Relaxed);
+                }
+                let now = concurrent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+                peak.fetch_max(now, AtomicOrdering::Relaxed);
+                seen.lock()
+                    .map(|mut map| {
+                        map.entry((message.metadata().partition(), key))
+                            .or_default()
+                            .push(offset_of(&message))
+                    })
+                    .ok();
+                tokio::time::sleep(Duration::from_millis((offset_of(&message) % 5) as u64)).await;
+                concurrent.fetch_sub(1, AtomicOrdering::Relaxed);
+                running.lock().map(|mut set| set.remove(&lane)).ok();
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let report = Consumer::builder()
+        .max_in_flight(32)
+        .ordering(Ordering::Key)
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 600);
+    assert_eq!(overlaps.load(AtomicOrdering::Relaxed), 0);
+    assert!(
+        peak.load(AtomicOrdering::Relaxed) > 1,
+        "different keys run in parallel"
+    );
+    for offsets in seen
+        .lock()
+        .map(|map| map.values().cloned().collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        let mut sorted = offsets.clone();
+        sorted.sort_unstable();
+        assert_eq!(offsets, sorted, "per-key order is kept");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn partition_ordering_runs_one_message_per_partition_at_a_time() {
+    let peak = Arc::new(AtomicUsize::new(0));
+    let concurrent = Arc::new(AtomicUsize::new(0));
+    let (source, _) = scripted(vec![Script::Messages(messages(3, 50, 50))]);
+    let handler = {
+        let (peak, concurrent) = (peak.clone(), concurrent.clone());
+        tower::service_fn(move |_message: Message| {
+            let (peak, concurrent) = (peak.clone(), concurrent.clone());
+            async move {
+                let now = concurrent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+                peak.fetch_max(now, AtomicOrdering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                concurrent.fetch_sub(1, AtomicOrdering::Relaxed);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let report = Consumer::builder()
+        .max_in_flight(64)
+        .ordering(Ordering::Partition)
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 150);
+    assert_eq!(peak.load(AtomicOrdering::Relaxed), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn max_in_flight_is_never_exceeded_with_a_large_backlog() {
+    let concurrent = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (source, largest_request) = scripted(vec![Script::Messages(messages(4, 25_000, 1000))]);
+    let handler = {
+        let (peak, concurrent) = (peak.clone(), concurrent.clone());
+        tower::service_fn(move |message: Message| {
+            let (peak, concurrent) = (peak.clone(), concurrent.clone());
+            async move {
+                let now = concurrent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+                peak.fetch_max(now, AtomicOrdering::Relaxed);
+                if offset_of(&message) % 3 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                concurrent.fetch_sub(1, AtomicOrdering::Relaxed);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let report = Consumer::builder()
+        .max_in_flight(100)
+        .ordering(Ordering::Unordered)
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 100_000);
+    assert!(peak.load(AtomicOrdering::Relaxed) <= 100);
+    assert!(largest_request.load(AtomicOrdering::Relaxed) <= 100);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn graceful_shutdown_drains_running_handlers_commits_and_reports_the_rest() {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let _ = sender.send(Script::Messages(messages(1, 10, 10)));
+    let source = ScriptedSource {
+        script: receiver,
+        pending: VecDeque::new(),
+        largest_request: Arc::default(),
+    };
+    let acker = RecordingAcker::default();
+    let shutdown = CancellationToken::new();
+    let handler = {
+        let shutdown = shutdown.clone();
+        tower::service_fn(move |message: Message| {
+            let shutdown = shutdown.clone();
+            async move {
+                if offset_of(&message) == 4 {
+                    // The fifth message starts the shutdown and still
+                    // finishes within the deadline.
+                    shutdown.cancel();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let report = Consumer::builder()
+        .ordering(Ordering::Partition)
+        .shutdown_deadline(Duration::from_secs(5))
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(shutdown)
+        .await
+        .expect("run succeeds");
+    drop(sender);
+    assert_eq!(report.succeeded, 5);
+    assert_eq!(report.unfinished.len(), 5);
+    assert!(
+        report
+            .unfinished
+            .iter()
+            .all(|unfinished| !unfinished.started)
+    );
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(4))
+    );
+    assert_eq!(
+        report.committed,
+        vec![(PartitionKey::new("orders", 0), Position::Offset(4))]
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_past_the_shutdown_deadline_is_cut_off_and_left_unacknowledged() {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let _ = sender.send(Script::Messages(messages(1, 3, 3)));
+    let source = ScriptedSource {
+        script: receiver,
+        pending: VecDeque::new(),
+        largest_request: Arc::default(),
+    };
+    let acker = RecordingAcker::default();
+    let shutdown = CancellationToken::new();
+    let handler = {
+        let shutdown = shutdown.clone();
+        tower::service_fn(move |message: Message| {
+            let shutdown = shutdown.clone();
+            async move {
+                if offset_of(&message) == 1 {
+                    shutdown.cancel();
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .shutdown_deadline(Duration::from_secs(2))
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(shutdown)
+        .await
+        .expect("run succeeds");
+    drop(sender);
+    assert_eq!(report.succeeded, 2);
+    assert_eq!(
+        report.unfinished,
+        vec![super::Unfinished {
+            partition: PartitionKey::new("orders", 0),
+            position: Position::Offset(1),
+            started: true,
+        }]
+    );
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(0)),
+        "offset 2 finished, but the watermark stops before the unfinished offset 1"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retryable_failure_is_dispatched_again_with_the_next_attempt_number() {
+    let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                let attempt = message.metadata().attempt();
+                attempts
+                    .lock()
+                    .map(|mut all| all.push((offset_of(&message), attempt)))
+                    .ok();
+                if offset_of(&message) == 1 && attempt < 3 {
+                    return Err(HandlerError::retryable("downstream unavailable"));
+                }
+                Ok(())
+            }
+        })
+    };
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .ordering(Ordering::Partition)
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 3);
+    assert_eq!(report.redispatched, 2);
+    let attempts = attempts.lock().map(|all| all.clone()).unwrap_or_default();
+    assert_eq!(attempts, vec![(0, 1), (1, 1), (1, 2), (1, 3), (2, 1)]);
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(2))
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn retryable_failures_go_back_to_a_broker_that_can_requeue() {
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = tower::service_fn(|message: Message| async move {
+        if offset_of(&message) == 1 {
+            return Err(HandlerError::retryable("later"));
+        }
+        Ok(())
+    });
+    let acker = RecordingAcker {
+        requeue: true,
+        mode_ids: true,
+        ..RecordingAcker::default()
+    };
+    let report = Consumer::builder()
+        .backoff(Disabled)
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.requeued, 1);
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let requeued: Vec<Position> = batches
+        .iter()
+        .flat_map(|b| &b.partitions)
+        .flat_map(|p| p.requeue.clone())
+        .collect();
+    let completed: Vec<Position> = batches
+        .iter()
+        .flat_map(|b| &b.partitions)
+        .flat_map(|p| p.completed.clone())
+        .collect();
+    assert_eq!(requeued, vec![Position::Offset(1)]);
+    assert_eq!(completed, vec![Position::Offset(0), Position::Offset(2)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_revocation_drains_commits_and_then_completes() {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let source_name = topic();
+    let _ = sender.send(Script::Messages(
+        (0..5)
+            .map(|offset| message(&source_name, 0, offset, "a"))
+            .collect(),
+    ));
+    let (revocation, handle) = Revocation::new(vec![PartitionKey::new("orders", 0)]);
+    let _ = sender.send(Script::Revoke(revocation));
+    let source = ScriptedSource {
+        script: receiver,
+        pending: VecDeque::new(),
+        largest_request: Arc::default(),
+    };
+    let acker = RecordingAcker::default();
+    let handler = tower::service_fn(|_message: Message| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, HandlerError>(())
+    });
+    let consumer = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .build(source, acker.clone(), handler)
+        .expect("valid settings");
+    let run = tokio::spawn(consumer.run(super::Shutdown::never()));
+    let outcome = handle
+        .wait()
+        .await
+        .expect("the runtime completes the revocation");
+    assert_eq!(outcome.partitions.len(), 1);
+    assert_eq!(outcome.partitions[0].committed, Some(Position::Offset(4)));
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let final_commit = batches.iter().rfind(|batch| batch.sync);
+    assert_eq!(
+        final_commit.map(|batch| batch.partitions[0].watermark),
+        Some(Some(Position::Offset(4))),
+        "the partition is committed synchronously before it is released"
+    );
+    drop(sender);
+    let report = run.await.expect("joins").expect("run succeeds");
+    assert_eq!(report.succeeded, 5);
+}
+
+#[test]
+fn invalid_settings_fail_at_build_time() {
+    let (source, _) = scripted(vec![]);
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let error = Consumer::builder()
+        .max_in_flight(0)
+        .build(source, RecordingAcker::default(), handler)
+        .err();
+    assert_eq!(error.map(|error| error.setting), Some("max_in_flight"));
+    let (source, _) = scripted(vec![]);
+    let error = Consumer::builder()
+        .commit_interval(Duration::ZERO)
+        .build(source, RecordingAcker::default(), handler)
+        .err();
+    assert_eq!(error.map(|error| error.setting), Some("commit_interval"));
+}

@@ -1,0 +1,515 @@
+//! The scenarios every backend passes unchanged. Each is named after the
+//! behaviour it proves and fails with a message saying what went wrong.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::harness::{Ledger, Running, id_of, numbered, unique_group};
+use super::{Backend, TestMessage};
+use crate::consumer::{Consumer, Ordering};
+use crate::error::HandlerError;
+use crate::message::Message;
+
+type Outcome = Result<(), HandlerError>;
+
+fn recording(
+    ledger: &Ledger,
+) -> impl tower::Service<
+    Message,
+    Response = (),
+    Error = HandlerError,
+    Future = impl Future<Output = Outcome> + Send + use<>,
+> + Clone
++ Send
++ use<> {
+    let ledger = ledger.clone();
+    tower::service_fn(move |message: Message| {
+        let ledger = ledger.clone();
+        async move {
+            ledger.record(id_of(&message)?);
+            Ok(())
+        }
+    })
+}
+
+/// Every produced message reaches a handler, and afterwards nothing is left
+/// unacknowledged.
+pub async fn delivers_every_message<B: Backend>(backend: &B) {
+    let partitions = if backend.capabilities().partitions {
+        4
+    } else {
+        1
+    };
+    let source = backend
+        .create_source(partitions)
+        .await
+        .expect("create the source");
+    let group = unique_group("delivers");
+    backend
+        .produce(&source, numbered(0, 500))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let consumer = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Key),
+        64,
+        recording(&ledger),
+    )
+    .await
+    .expect("connect");
+    ledger.wait_for_all(500, "all 500 messages").await;
+    let report = consumer.stop().await;
+    assert!(report.succeeded >= 500, "{} handled", report.succeeded);
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0,
+        "{}: everything handled is acknowledged after a graceful shutdown",
+        backend.name()
+    );
+}
+
+/// Handlers finish out of order and one never finishes: the committed
+/// position stays before it, so the next consumer receives it again.
+pub async fn commit_never_passes_an_unfinished_message<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("ordered-commit");
+    backend
+        .produce(&source, numbered(0, 100))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let stuck_started = CancellationToken::new();
+    let handler = {
+        let ledger = ledger.clone();
+        let stuck_started = stuck_started.clone();
+        tower::service_fn(move |message: Message| {
+            let ledger = ledger.clone();
+            let stuck_started = stuck_started.clone();
+            async move {
+                let id = id_of(&message)?;
+                if id == 40 {
+                    stuck_started.cancel();
+                    std::future::pending::<()>().await;
+                }
+                // Later ids finish first.
+                tokio::time::sleep(Duration::from_millis((100 - id) % 7)).await;
+                ledger.record(id);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let first = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder()
+            .ordering(Ordering::Unordered)
+            .shutdown_deadline(Duration::from_millis(200)),
+        32,
+        handler,
+    )
+    .await
+    .expect("connect");
+    ledger
+        .wait_until("every message but the stuck one", || {
+            ledger.distinct() == 99
+        })
+        .await;
+    let report = first.stop().await;
+    assert!(
+        report
+            .unfinished
+            .iter()
+            .any(|unfinished| unfinished.started),
+        "the stuck message is reported unfinished"
+    );
+    assert!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect")
+            >= 1,
+        "{}: the stuck message was not acknowledged",
+        backend.name()
+    );
+
+    let second_ledger = Ledger::default();
+    let second = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Unordered),
+        32,
+        recording(&second_ledger),
+    )
+    .await
+    .expect("connect");
+    second_ledger
+        .wait_until("the stuck message to be delivered again", || {
+            second_ledger.count(40) >= 1
+        })
+        .await;
+    second.stop().await;
+}
+
+/// A retryable failure is delivered again with a higher attempt number and
+/// then succeeds.
+pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("retry");
+    backend
+        .produce(&source, numbered(0, 20))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let attempts_seen = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let ledger = ledger.clone();
+        let attempts_seen = attempts_seen.clone();
+        tower::service_fn(move |message: Message| {
+            let ledger = ledger.clone();
+            let attempts_seen = attempts_seen.clone();
+            async move {
+                let id = id_of(&message)?;
+                let attempt = message.metadata().attempt();
+                if id % 5 == 0 && attempt == 1 {
+                    return Err(HandlerError::retryable(
+                        "first attempts of every fifth id fail",
+                    ));
+                }
+                if id % 5 == 0 {
+                    attempts_seen.fetch_max(attempt as usize, AtomicOrdering::Relaxed);
+                }
+                ledger.record(id);
+                Ok(())
+            }
+        })
+    };
+    let consumer = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder()
+            .ordering(Ordering::Partition)
+            .backoff(crate::backoff::Constant::new(Duration::from_millis(10)).retry_forever()),
+        16,
+        handler,
+    )
+    .await
+    .expect("connect");
+    ledger
+        .wait_for_all(20, "all 20 messages, retried ones included")
+        .await;
+    consumer.stop().await;
+    assert!(
+        attempts_seen.load(AtomicOrdering::Relaxed) >= 2,
+        "{}: a retried message carries its attempt number",
+        backend.name()
+    );
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0
+    );
+}
+
+/// A consumer killed mid-run acknowledges nothing more; the next consumer
+/// of the group receives everything it had not finished.
+pub async fn redelivers_after_a_crash<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("crash");
+    backend
+        .produce(&source, numbered(0, 200))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let handler = {
+        let ledger = ledger.clone();
+        tower::service_fn(move |message: Message| {
+            let ledger = ledger.clone();
+            async move {
+                let id = id_of(&message)?;
+                if id >= 100 {
+                    // Hang, so the crash finds messages in flight.
+                    std::future::pending::<()>().await;
+                }
+                ledger.record(id);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let first = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Unordered),
+        32,
+        handler,
+    )
+    .await
+    .expect("connect");
+    ledger.wait_for_all(100, "the first 100 messages").await;
+    first.crash().await;
+    tokio::time::sleep(backend.capabilities().crash_redelivery_after).await;
+
+    let second = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Unordered),
+        32,
+        recording(&ledger),
+    )
+    .await
+    .expect("connect");
+    ledger
+        .wait_for_all(200, "every message after the crash")
+        .await;
+    second.stop().await;
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0
+    );
+}
+
+/// Two consumers of one group share the work; one leaving mid-run loses
+/// nothing.
+pub async fn rebalances_between_two_consumers<B: Backend>(backend: &B) {
+    if !backend.capabilities().shared_groups {
+        eprintln!("skipped: {} has no shared consumer groups", backend.name());
+        return;
+    }
+    let partitions = if backend.capabilities().partitions {
+        4
+    } else {
+        1
+    };
+    let source = backend
+        .create_source(partitions)
+        .await
+        .expect("create the source");
+    let group = unique_group("rebalance");
+    let ledger = Ledger::default();
+    let slow = |ledger: &Ledger| {
+        let ledger = ledger.clone();
+        tower::service_fn(move |message: Message| {
+            let ledger = ledger.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                ledger.record(id_of(&message)?);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let first = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Partition),
+        16,
+        slow(&ledger),
+    )
+    .await
+    .expect("connect");
+    backend
+        .produce(&source, numbered(0, 400))
+        .await
+        .expect("produce");
+    ledger
+        .wait_until("the first consumer to start", || ledger.distinct() >= 20)
+        .await;
+    let second = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Partition),
+        16,
+        slow(&ledger),
+    )
+    .await
+    .expect("connect");
+    backend
+        .produce(&source, numbered(400, 400))
+        .await
+        .expect("produce");
+    ledger
+        .wait_until("half of the messages", || ledger.distinct() >= 400)
+        .await;
+    // The first consumer leaves gracefully mid-run: its partitions move.
+    first.stop().await;
+    ledger
+        .wait_for_all(800, "every message after the first consumer left")
+        .await;
+    second.stop().await;
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0
+    );
+}
+
+/// A graceful shutdown acknowledges everything that finished: a new
+/// consumer of the group receives none of it again.
+pub async fn graceful_shutdown_commits_finished_work<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("shutdown");
+    backend
+        .produce(&source, numbered(0, 50))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let first = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder(),
+        16,
+        recording(&ledger),
+    )
+    .await
+    .expect("connect");
+    ledger.wait_for_all(50, "all 50 messages").await;
+    let report = first.stop().await;
+    assert!(report.unfinished.is_empty());
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0
+    );
+
+    backend
+        .produce(&source, numbered(50, 1))
+        .await
+        .expect("produce");
+    let second_ledger = Ledger::default();
+    let second = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder(),
+        16,
+        recording(&second_ledger),
+    )
+    .await
+    .expect("connect");
+    second_ledger
+        .wait_until("the message produced after the shutdown", || {
+            second_ledger.count(50) == 1
+        })
+        .await;
+    second.stop().await;
+    assert_eq!(
+        second_ledger.missing(50).len(),
+        50,
+        "{}: nothing finished before the shutdown is delivered again",
+        backend.name()
+    );
+}
+
+/// With a large backlog, never more than `max_in_flight` handlers run.
+pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("bound");
+    backend
+        .produce(&source, numbered(0, 2_000))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (ledger, running, peak) = (ledger.clone(), running.clone(), peak.clone());
+        tower::service_fn(move |message: Message| {
+            let (ledger, running, peak) = (ledger.clone(), running.clone(), peak.clone());
+            async move {
+                let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+                peak.fetch_max(now, AtomicOrdering::SeqCst);
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                running.fetch_sub(1, AtomicOrdering::SeqCst);
+                ledger.record(id_of(&message)?);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let consumer = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Unordered),
+        8,
+        handler,
+    )
+    .await
+    .expect("connect");
+    ledger.wait_for_all(2_000, "the whole backlog").await;
+    consumer.stop().await;
+    let peak = peak.load(AtomicOrdering::SeqCst);
+    assert!(
+        peak <= 8,
+        "{}: {peak} handlers ran at once with max_in_flight 8",
+        backend.name()
+    );
+    assert!(peak > 1, "handlers ran concurrently");
+}
+
+/// A payload the handler cannot read is a permanent failure: it is not
+/// retried, and the consumer carries on with the rest.
+pub async fn malformed_payloads_do_not_stop_the_consumer<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("malformed");
+    let mut messages = numbered(0, 10);
+    messages.insert(5, TestMessage::new("k", &b"\xff\x00not a number"[..]));
+    backend.produce(&source, messages).await.expect("produce");
+    let ledger = Ledger::default();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (ledger, calls) = (ledger.clone(), calls.clone());
+        tower::service_fn(move |message: Message| {
+            let (ledger, calls) = (ledger.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, AtomicOrdering::SeqCst);
+                ledger.record(id_of(&message)?);
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let consumer = Running::start(backend, &source, &group, Consumer::builder(), 4, handler)
+        .await
+        .expect("connect");
+    ledger.wait_for_all(10, "the ten readable messages").await;
+    let report = consumer.stop().await;
+    assert_eq!(
+        report.discarded, 1,
+        "the malformed payload failed permanently, once"
+    );
+    assert_eq!(
+        calls.load(AtomicOrdering::SeqCst),
+        11,
+        "no retry of a permanent failure"
+    );
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0
+    );
+}
