@@ -6,8 +6,10 @@
 //!   stays bounded however long the queue is.
 //! - [`AmqpAcker`] turns the commit engine's watermark into one
 //!   `basic.ack(multiple=true)` per batch, and retries into individual
-//!   `basic.reject(requeue=true)` sent before it. On shutdown, whatever was
-//!   delivered and not finished goes back with `basic.nack(requeue=true)`.
+//!   `basic.reject(requeue=true)` sent before it. Messages finished past one
+//!   still running are acknowledged one by one, so a stuck message cannot
+//!   fill the prefetch. On shutdown, whatever was delivered and not finished
+//!   goes back with `basic.nack(requeue=true)`.
 //! - The channel is the partition: `PartitionKey { source: queue, partition:
 //!   channel epoch }`, the position is the delivery tag. A reopened channel
 //!   is a new partition, so a tag of a lost channel is never acknowledged on

@@ -65,24 +65,27 @@ impl ChannelSlot {
         self.lock().as_ref().map(|live| live.epoch)
     }
 
-    /// Records the individual settlements `settled` (rejects sent before the
-    /// ack) and turns `watermark` into the tag to acknowledge, for a
-    /// partition of `epoch`.
+    /// Plans one partition's acknowledgement for `epoch`: records the
+    /// `requeue` tags (rejected before anything else is sent), pushes onto
+    /// `individual` the `completed` tags above the watermark, and turns
+    /// `watermark` into the tag for `basic.ack(multiple=true)`.
     pub(crate) fn plan(
         &self,
         epoch: u32,
-        settled: impl IntoIterator<Item = u64>,
+        requeue: impl IntoIterator<Item = u64>,
+        completed: impl IntoIterator<Item = u64>,
         watermark: Option<u64>,
+        individual: &mut Vec<u64>,
     ) -> Result<AckPlan, NotCurrent> {
         let mut guard = self.lock();
         let live = guard
             .as_mut()
             .filter(|live| live.epoch == epoch)
             .ok_or(NotCurrent)?;
-        for tag in settled {
+        for tag in requeue {
             live.ledger.settle(tag);
         }
-        let ack_through = watermark.and_then(|watermark| live.ledger.advance(watermark));
+        let ack_through = live.ledger.acknowledge(completed, watermark, individual);
         Ok(AckPlan {
             channel: live.channel.clone(),
             ack_through,

@@ -9,6 +9,12 @@
 //! individually above the last acknowledged one, so the acker can name the
 //! highest tag at or below the watermark that is still outstanding.
 //!
+//! Messages completed above the watermark (out of order, past a message
+//! that is still running) are acknowledged one by one: they count against
+//! the channel's prefetch until acknowledged, so leaving them for the
+//! watermark would let one stuck message fill the prefetch and stop the
+//! consumer. They join the individually settled tags.
+//!
 //! This relies on RabbitMQ numbering the deliveries of a channel 1, 2, 3, …
 //! without gaps, which holds on a channel with a single consumer and no
 //! `basic.get`: the only way intake uses a channel.
@@ -33,10 +39,29 @@ impl TagLedger {
         }
     }
 
+    /// Plans the acknowledgement of one batch: pushes onto `individual` the
+    /// `completed` tags above the watermark (to acknowledge one by one), and
+    /// returns the tag for `basic.ack(multiple=true)`, if any. Rejects must
+    /// have been [`settle`](Self::settle)d first.
+    pub(crate) fn acknowledge(
+        &mut self,
+        completed: impl IntoIterator<Item = u64>,
+        watermark: Option<u64>,
+        individual: &mut Vec<u64>,
+    ) -> Option<u64> {
+        let covered = watermark.unwrap_or(0).max(self.acked_through);
+        for tag in completed {
+            if tag > covered && self.settled.insert(tag) {
+                individual.push(tag);
+            }
+        }
+        watermark.and_then(|watermark| self.advance(watermark))
+    }
+
     /// Moves the ledger to `watermark` (every tag up to it is done) and
     /// returns the tag that `basic.ack(multiple=true)` should name, or `None`
     /// when every tag up to the watermark was already settled.
-    pub(crate) fn advance(&mut self, watermark: u64) -> Option<u64> {
+    fn advance(&mut self, watermark: u64) -> Option<u64> {
         if watermark <= self.acked_through {
             return None;
         }
@@ -97,6 +122,30 @@ mod tests {
     }
 
     #[test]
+    fn completions_above_a_stuck_message_are_acknowledged_one_by_one() {
+        let mut ledger = TagLedger::default();
+        let mut individual = Vec::new();
+        // Tag 2 is still running; 1, 3 and 4 finished.
+        let ack = ledger.acknowledge([3, 1, 4], Some(1), &mut individual);
+        assert_eq!((ack, individual.as_slice()), (Some(1), &[3, 4][..]));
+        // Tag 2 finishes: the watermark jumps to 4 but only 2 is still out.
+        individual.clear();
+        let ack = ledger.acknowledge([2], Some(4), &mut individual);
+        assert_eq!((ack, individual.as_slice()), (Some(2), &[][..]));
+    }
+
+    #[test]
+    fn completions_the_watermark_covers_are_not_acknowledged_twice() {
+        let mut ledger = TagLedger::default();
+        let mut individual = Vec::new();
+        assert_eq!(
+            ledger.acknowledge([2, 1, 3], Some(3), &mut individual),
+            Some(3)
+        );
+        assert!(individual.is_empty());
+    }
+
+    #[test]
     fn settled_tags_at_or_below_the_watermark_are_forgotten() {
         let mut ledger = TagLedger::default();
         ledger.settle(2);
@@ -116,50 +165,123 @@ mod properties {
 
     use super::TagLedger;
 
-    #[derive(Clone, Debug)]
+    const TAGS: u64 = 48;
+
+    #[derive(Clone, Copy, Debug)]
     enum Step {
-        /// Reject the n-th outstanding tag above the watermark.
-        Reject(usize),
-        /// Move the watermark up by this much.
-        Advance(u64),
+        /// The n-th unfinished tag finishes: done (`true`) or requeued.
+        Finish(usize, bool),
+        /// The runtime hands a batch to the acker.
+        Batch,
     }
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            (0usize..8).prop_map(Step::Reject),
-            (0u64..6).prop_map(Step::Advance),
+            3 => (0usize..6, prop::bool::weighted(0.8)).prop_map(|(nth, done)| Step::Finish(nth, done)),
+            1 => Just(Step::Batch),
         ]
     }
 
+    /// The commit engine in miniature: the watermark is the end of the
+    /// contiguous run of finished tags (a requeue counts as finished).
+    struct Engine {
+        unfinished: BTreeSet<u64>,
+        completed: Vec<u64>,
+        requeue: Vec<u64>,
+        sent_watermark: u64,
+    }
+
+    impl Engine {
+        fn watermark(&self) -> u64 {
+            self.unfinished.first().map_or(TAGS, |oldest| oldest - 1)
+        }
+    }
+
+    /// The broker's side of the channel: which tags are still out.
+    struct Channel {
+        outstanding: BTreeSet<u64>,
+        requeued: BTreeSet<u64>,
+    }
+
+    fn batch(
+        engine: &mut Engine,
+        ledger: &mut TagLedger,
+        channel: &mut Channel,
+    ) -> Result<(), TestCaseError> {
+        let watermark = engine.watermark();
+        let watermark = (watermark > engine.sent_watermark).then_some(watermark);
+        if let Some(watermark) = watermark {
+            engine.sent_watermark = watermark;
+        }
+        for tag in engine.requeue.drain(..) {
+            ledger.settle(tag);
+            prop_assert!(
+                channel.outstanding.remove(&tag),
+                "reject of tag {tag} that is not out"
+            );
+            channel.requeued.insert(tag);
+        }
+        let mut individual = Vec::new();
+        let ack = ledger.acknowledge(engine.completed.drain(..), watermark, &mut individual);
+        for tag in individual {
+            prop_assert!(
+                channel.outstanding.remove(&tag),
+                "single ack of tag {tag} that is not out"
+            );
+        }
+        if let Some(tag) = ack {
+            prop_assert!(
+                channel.outstanding.contains(&tag),
+                "ack multiple of tag {tag} that is not out"
+            );
+            let acked: Vec<u64> = channel.outstanding.range(..=tag).copied().collect();
+            for acked in acked {
+                prop_assert!(
+                    !engine.unfinished.contains(&acked),
+                    "acked unfinished tag {acked}"
+                );
+                channel.outstanding.remove(&acked);
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
-        /// A model channel with tags 1..=64 outstanding: whatever mix of
-        /// rejects and watermark moves, every ack names an outstanding tag
-        /// (the broker would close the channel otherwise) and leaves nothing
-        /// outstanding at or below the watermark.
+        /// Whatever the completion order and mix of retries, every frame the
+        /// acker sends names a tag that is still out (RabbitMQ closes the
+        /// channel otherwise), nothing unfinished is acknowledged, no retry
+        /// is acknowledged instead of requeued, and once everything finished
+        /// nothing is left out.
         #[test]
-        fn every_ack_names_an_outstanding_tag(steps in proptest::collection::vec(step(), 1..60)) {
-            let mut outstanding: BTreeSet<u64> = (1..=64).collect();
+        fn acknowledgements_only_name_outstanding_tags(steps in proptest::collection::vec(step(), 1..120)) {
+            let mut engine = Engine {
+                unfinished: (1..=TAGS).collect(),
+                completed: Vec::new(),
+                requeue: Vec::new(),
+                sent_watermark: 0,
+            };
+            let mut channel = Channel { outstanding: (1..=TAGS).collect(), requeued: BTreeSet::new() };
             let mut ledger = TagLedger::default();
-            let mut watermark = 0u64;
             for step in steps {
                 match step {
-                    Step::Reject(nth) => {
-                        let above: Vec<u64> = outstanding.range(watermark + 1..).copied().collect();
-                        if let Some(&tag) = above.get(nth) {
-                            ledger.settle(tag);
-                            outstanding.remove(&tag);
+                    Step::Finish(nth, done) => {
+                        if let Some(&tag) = engine.unfinished.iter().nth(nth) {
+                            engine.unfinished.remove(&tag);
+                            if done { engine.completed.push(tag) } else { engine.requeue.push(tag) }
                         }
                     }
-                    Step::Advance(by) => {
-                        watermark = (watermark + by).min(64);
-                        if let Some(tag) = ledger.advance(watermark) {
-                            prop_assert!(outstanding.contains(&tag), "ack names settled tag {tag}");
-                            outstanding = outstanding.split_off(&(tag + 1));
-                        }
-                        prop_assert!(outstanding.range(..=watermark).next().is_none());
-                    }
+                    Step::Batch => batch(&mut engine, &mut ledger, &mut channel)?,
                 }
             }
+            let unfinished: Vec<u64> = engine.unfinished.iter().copied().collect();
+            for tag in unfinished {
+                engine.unfinished.remove(&tag);
+                engine.completed.push(tag);
+            }
+            batch(&mut engine, &mut ledger, &mut channel)?;
+            prop_assert!(channel.outstanding.is_empty(), "left out: {:?}", channel.outstanding);
+            let requeued = channel.requeued.len();
+            prop_assert!(requeued <= TAGS as usize);
         }
     }
 }

@@ -1,9 +1,10 @@
 //! The AMQP fixture for the conformance suite ([`Backend`]) and helpers for
 //! the AMQP-specific tests, against the RabbitMQ on 127.0.0.1:5672.
 //!
-//! Every queue a test creates has a unique name and an `x-expires` of ten
-//! minutes, so a test that dies before [`AmqpBackend::cleanup`] leaves
-//! nothing behind for long.
+//! Every queue a test creates has a unique name. The fixture deletes what it
+//! declared when it is cleaned up or dropped; queues also carry an
+//! `x-expires` of five minutes, and exchanges go with their last binding, so
+//! even a killed test run leaves nothing behind for long.
 #![allow(dead_code)]
 
 use std::sync::Mutex;
@@ -47,11 +48,11 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Arguments every test queue gets: deleted by the broker ten minutes after
-/// its last use.
+/// Arguments every test queue gets: deleted by the broker five minutes after
+/// its last use, should the fixture not get to delete it.
 pub fn expiring() -> FieldTable {
     let mut arguments = FieldTable::default();
-    arguments.insert("x-expires".into(), AMQPValue::LongLongInt(600_000));
+    arguments.insert("x-expires".into(), AMQPValue::LongLongInt(300_000));
     arguments
 }
 
@@ -286,23 +287,63 @@ impl AmqpBackend {
         Ok(read)
     }
 
-    /// Deletes every queue and exchange this fixture declared.
-    pub async fn cleanup(&self) {
+    fn take_declared(&self) -> (Vec<String>, Vec<String>) {
         let queues = std::mem::take(&mut *self.queues.lock().unwrap_or_else(|p| p.into_inner()));
-        for queue in queues {
-            let _ = self
-                .channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
         let exchanges =
             std::mem::take(&mut *self.exchanges.lock().unwrap_or_else(|p| p.into_inner()));
-        for exchange in exchanges {
-            let _ = self
-                .channel
-                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                .await;
+        (queues, exchanges)
+    }
+
+    /// Deletes every queue and exchange this fixture declared.
+    pub async fn cleanup(&self) {
+        let (queues, exchanges) = self.take_declared();
+        delete(&self.channel, queues, exchanges).await;
+    }
+}
+
+async fn delete(channel: &Channel, queues: Vec<String>, exchanges: Vec<String>) {
+    for queue in queues {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for exchange in exchanges {
+        let _ = channel
+            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+/// Deletes what a test did not clean up itself (it failed, or it is a
+/// conformance scenario, which has no cleanup step), from a thread of its
+/// own so that it works from any runtime.
+impl Drop for AmqpBackend {
+    fn drop(&mut self) {
+        let (queues, exchanges) = self.take_declared();
+        if queues.is_empty() && exchanges.is_empty() {
+            return;
         }
+        let url = self.url.clone();
+        let cleaner = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                let Ok(connection) =
+                    Connection::connect(&url, ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                if let Ok(channel) = connection.create_channel().await {
+                    delete(&channel, queues, exchanges).await;
+                }
+                let _ = connection.close(200, "cleaned up".into()).await;
+            });
+        });
+        let _ = cleaner.join();
     }
 }
 
@@ -447,6 +488,15 @@ impl Backend for AmqpBackend {
     }
 
     async fn unacknowledged(&self, source: &str, _group: &str) -> Result<u64, BoxError> {
-        self.messages_in(source).await
+        // Acknowledgements reach the queue process asynchronously: give
+        // them a moment before reporting a count above zero.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            let count = self.messages_in(source).await?;
+            if count == 0 || tokio::time::Instant::now() >= deadline {
+                return Ok(count);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
