@@ -964,7 +964,11 @@ where
         };
         self.engine.take_batch(&mut batch);
         let mut committed_ok = true;
-        if !batch.is_empty() {
+        // Sent even when empty, as a barrier: the acker handles batches in
+        // order, so its reply also means that the batches still under way
+        // were handled. Only then may the source close (an AMQP channel
+        // cannot acknowledge anything once it is closed).
+        {
             let (reply, receiver) = oneshot::channel();
             if self.acks.send(AckRequest {
                 batch,

@@ -592,3 +592,76 @@ fn invalid_settings_fail_at_build_time() {
         .err();
     assert_eq!(error.map(|error| error.setting), Some("commit_interval"));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
+    /// Counts what it acknowledged, slowly, like a broker round trip.
+    struct SlowAcker {
+        acked: Arc<AtomicUsize>,
+    }
+    impl Acker for SlowAcker {
+        async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let watermark = batch
+                .partitions
+                .iter()
+                .filter_map(|ack| match ack.watermark {
+                    Some(Position::Offset(offset)) => Some(offset as usize + 1),
+                    _ => None,
+                })
+                .max();
+            if let Some(watermark) = watermark {
+                self.acked.fetch_max(watermark, AtomicOrdering::SeqCst);
+            }
+            Ok(())
+        }
+    }
+    /// Records how much was acknowledged when it was asked to close.
+    struct ClosingSource {
+        inner: ScriptedSource,
+        acked: Arc<AtomicUsize>,
+        acked_at_close: Arc<Mutex<Option<usize>>>,
+    }
+    impl Source for ClosingSource {
+        async fn next(
+            &mut self,
+            deliveries: &mut Vec<Message>,
+            max: usize,
+        ) -> Result<SourceEvent, SourceError> {
+            self.inner.next(deliveries, max).await
+        }
+        async fn close(&mut self) -> Result<(), SourceError> {
+            let acked = self.acked.load(AtomicOrdering::SeqCst);
+            if let Ok(mut at_close) = self.acked_at_close.lock() {
+                *at_close = Some(acked);
+            }
+            Ok(())
+        }
+    }
+    let (inner, _) = scripted(vec![Script::Messages(messages(1, 10, 10))]);
+    let acked = Arc::new(AtomicUsize::new(0));
+    let acked_at_close = Arc::new(Mutex::new(None));
+    let source = ClosingSource {
+        inner,
+        acked: acked.clone(),
+        acked_at_close: acked_at_close.clone(),
+    };
+    // All ten finish at once and go in one batch; the source is then
+    // exhausted and the run winds down while that batch is with the acker.
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .commit_batch(1)
+        .build(source, SlowAcker { acked }, handler)
+        .expect("valid settings")
+        .run(CancellationToken::new())
+        .await
+        .expect("the run succeeds");
+    assert_eq!(report.succeeded, 10);
+    let at_close = acked_at_close.lock().map(|at| *at).unwrap_or_default();
+    assert_eq!(
+        at_close,
+        Some(10),
+        "the source was closed before the acknowledgement of everything finished was handled"
+    );
+}
