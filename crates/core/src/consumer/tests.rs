@@ -665,3 +665,91 @@ async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
         "the source was closed before the acknowledgement of everything finished was handled"
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commit_interval() {
+    /// Like an AMQP channel whose prefetch is the budget: it delivers only
+    /// while fewer than `prefetch` deliveries are unacknowledged.
+    struct PrefetchSource {
+        next_offset: i64,
+        total: i64,
+        acked_through: Arc<AtomicUsize>,
+        prefetch: i64,
+        acked: Arc<tokio::sync::Notify>,
+    }
+    impl Source for PrefetchSource {
+        async fn next(
+            &mut self,
+            deliveries: &mut Vec<Message>,
+            max: usize,
+        ) -> Result<SourceEvent, SourceError> {
+            loop {
+                if self.next_offset == self.total {
+                    return Ok(SourceEvent::Exhausted);
+                }
+                let acked = self.acked_through.load(AtomicOrdering::SeqCst) as i64;
+                let window_end = (acked + self.prefetch).min(self.total);
+                if self.next_offset < window_end {
+                    let end = window_end.min(self.next_offset + max as i64);
+                    let source = topic();
+                    deliveries.extend(
+                        (self.next_offset..end).map(|offset| message(&source, 0, offset, "k")),
+                    );
+                    self.next_offset = end;
+                    return Ok(SourceEvent::Delivered);
+                }
+                self.acked.notified().await;
+            }
+        }
+    }
+    struct WindowAcker {
+        acked_through: Arc<AtomicUsize>,
+        acked: Arc<tokio::sync::Notify>,
+    }
+    impl Acker for WindowAcker {
+        async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+            for ack in &batch.partitions {
+                if let Some(Position::Offset(offset)) = ack.watermark {
+                    self.acked_through
+                        .fetch_max(offset as usize + 1, AtomicOrdering::SeqCst);
+                }
+            }
+            self.acked.notify_one();
+            Ok(())
+        }
+    }
+    let acked_through = Arc::new(AtomicUsize::new(0));
+    let acked = Arc::new(tokio::sync::Notify::new());
+    let source = PrefetchSource {
+        next_offset: 0,
+        total: 1_000,
+        acked_through: acked_through.clone(),
+        prefetch: 8,
+        acked: acked.clone(),
+    };
+    let commit_interval = Duration::from_secs(1);
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let report = Consumer::builder()
+        .max_in_flight(8)
+        .ordering(Ordering::Unordered)
+        .commit_interval(commit_interval)
+        .build(
+            source,
+            WindowAcker {
+                acked_through,
+                acked,
+            },
+            handler,
+        )
+        .expect("valid settings")
+        .run(CancellationToken::new())
+        .await
+        .expect("the run succeeds");
+    assert_eq!(report.succeeded, 1_000);
+    // Virtual time: each wait for the interval would add a second.
+    assert!(
+        report.elapsed < commit_interval,
+        "1000 messages through a window of 8 took {:?} of virtual time: acknowledgements waited for the commit interval",
+        report.elapsed
+    );
+}
