@@ -1,0 +1,262 @@
+//! Consumer throughput against the RabbitMQ on 127.0.0.1:5672: raw lapin
+//! versus intake with a no-op handler, on the same queue contents.
+//!
+//! Each round fills a queue with 100,000 messages of 100 bytes, then drains
+//! it with one contender; the contenders alternate, and their order flips
+//! every round, so neither always runs on a warmer broker. Both consume with
+//! prefetch 1000 and stop when all messages are acknowledged and the channel
+//! is closed.
+//!
+//! - raw: lapin, `basic.ack(multiple)` every 100 messages;
+//! - intake: `AmqpSource` + `Consumer` with `max_in_flight(1000)` and a
+//!   no-op handler (acks as the commit engine batches them).
+//!
+//! ```text
+//! cargo bench -p intake-amqp --bench throughput
+//! INTAKE_BENCH_MESSAGES=20000 INTAKE_BENCH_ROUNDS=5 cargo bench -p intake-amqp --bench throughput
+//! ```
+//!
+//! Skips (exit 0, with a reason) when no broker answers, unless
+//! `INTAKE_REQUIRE_BROKERS=1`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use intake_amqp::AmqpSource;
+use intake_amqp::lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use intake_amqp::lapin::types::FieldTable;
+use intake_amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use intake_core::{Consumer, HandlerError, Message, Ordering};
+use tokio_util::sync::CancellationToken;
+
+const PREFETCH: u16 = 1000;
+const RAW_ACK_EVERY: u64 = 100;
+const PAYLOAD_BYTES: usize = 100;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    Raw,
+    Intake,
+}
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Raw => "raw lapin",
+            Contender::Intake => "intake",
+        }
+    }
+}
+
+fn main() -> Result<(), BoxError> {
+    // Skip `cargo bench` filter arguments such as `--bench`.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<(), BoxError> {
+    let url = std::env::var("INTAKE_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let messages = setting("INTAKE_BENCH_MESSAGES", 100_000);
+    let rounds = setting("INTAKE_BENCH_ROUNDS", 3);
+    let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
+        Ok(connection) => connection,
+        Err(error) if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") => {
+            return Err(format!("RabbitMQ is required but: {error}").into());
+        }
+        Err(error) => {
+            println!("skipped: no RabbitMQ at 127.0.0.1:5672: {error}");
+            return Ok(());
+        }
+    };
+    let channel = admin.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let queue = format!("intake-bench-{}", std::process::id());
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+    println!(
+        "{messages} messages of {PAYLOAD_BYTES} bytes, prefetch {PREFETCH}, {rounds} rounds"
+    );
+    let mut results: Vec<(Contender, f64)> = Vec::new();
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [Contender::Raw, Contender::Intake]
+        } else {
+            [Contender::Intake, Contender::Raw]
+        };
+        for contender in order {
+            fill(&channel, &queue, messages).await?;
+            let elapsed = match contender {
+                Contender::Raw => raw(&url, &queue, messages).await?,
+                Contender::Intake => intake(&url, &queue, messages).await?,
+            };
+            let rate = messages as f64 / elapsed.as_secs_f64();
+            println!(
+                "round {}: {:<10} {:>9.0} msg/s ({:.2} s)",
+                round + 1,
+                contender.name(),
+                rate,
+                elapsed.as_secs_f64()
+            );
+            results.push((contender, rate));
+        }
+    }
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    admin.close(200, "bench done".into()).await?;
+
+    let rates = |who: Contender| {
+        let mut rates: Vec<f64> = results
+            .iter()
+            .filter(|(contender, _)| *contender == who)
+            .map(|(_, rate)| *rate)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        rates
+    };
+    let (raw, intake) = (rates(Contender::Raw), rates(Contender::Intake));
+    let median = |rates: &[f64]| rates.get(rates.len() / 2).copied().unwrap_or(0.0);
+    let best = |rates: &[f64]| rates.last().copied().unwrap_or(0.0);
+    println!(
+        "raw lapin: best {:.0} median {:.0} msg/s",
+        best(&raw),
+        median(&raw)
+    );
+    println!(
+        "intake:    best {:.0} median {:.0} msg/s",
+        best(&intake),
+        median(&intake)
+    );
+    println!(
+        "intake / raw: best {:.3} median {:.3}",
+        best(&intake) / best(&raw),
+        median(&intake) / median(&raw)
+    );
+    Ok(())
+}
+
+/// Publishes `count` messages to `queue`, confirmed, in windows of 1000.
+async fn fill(channel: &Channel, queue: &str, count: usize) -> Result<(), BoxError> {
+    let payload = vec![b'x'; PAYLOAD_BYTES];
+    let mut confirms = Vec::with_capacity(1000);
+    for index in 0..count {
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &payload,
+                    BasicProperties::default(),
+                )
+                .await?,
+        );
+        if confirms.len() == 1000 || index + 1 == count {
+            for confirm in confirms.drain(..) {
+                if !confirm.await?.is_ack() {
+                    return Err("the broker refused a message".into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Raw lapin: prefetch 1000, `ack multiple` every 100 messages.
+async fn raw(url: &str, queue: &str, count: usize) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut received = 0u64;
+    while let Some(delivery) = consumer.next().await {
+        let delivery = delivery?;
+        received += 1;
+        if received % RAW_ACK_EVERY == 0 || received == count as u64 {
+            channel
+                .basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: true })
+                .await?;
+        }
+        if received == count as u64 {
+            break;
+        }
+    }
+    channel.close(200, "done".into()).await?;
+    connection.close(200, "done".into()).await?;
+    Ok(started.elapsed())
+}
+
+/// intake: `AmqpSource` and `Consumer` with a no-op handler.
+async fn intake(url: &str, queue: &str, count: usize) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let source = AmqpSource::builder(url)
+        .queue(queue)
+        .max_in_flight(usize::from(PREFETCH))
+        .connect()
+        .await?;
+    let acker = source.acker();
+    let shutdown = CancellationToken::new();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (handled, shutdown) = (handled.clone(), shutdown.clone());
+        tower::service_fn(move |_message: Message| {
+            if handled.fetch_add(1, AtomicOrdering::Relaxed) + 1 == count {
+                shutdown.cancel();
+            }
+            std::future::ready(Ok::<_, HandlerError>(()))
+        })
+    };
+    let mut builder = Consumer::builder();
+    if let Some(batch) = std::env::var("INTAKE_BENCH_COMMIT_BATCH")
+        .ok()
+        .and_then(|value| value.parse().ok())
+    {
+        builder = builder.commit_batch(batch);
+    }
+    let report = builder
+        .max_in_flight(usize::from(PREFETCH))
+        .ordering(Ordering::Unordered)
+        .build(source, acker, handler)?
+        .run(shutdown)
+        .await?;
+    if report.succeeded < count as u64 {
+        return Err(format!("intake handled {} of {count}", report.succeeded).into());
+    }
+    Ok(started.elapsed())
+}
