@@ -14,6 +14,7 @@
 //! ```text
 //! cargo bench -p intake-amqp --bench throughput
 //! INTAKE_BENCH_MESSAGES=20000 INTAKE_BENCH_ROUNDS=5 cargo bench -p intake-amqp --bench throughput
+//! INTAKE_BENCH_ONLY=intake perf record -g target/release/deps/throughput-…
 //! ```
 //!
 //! Skips (exit 0, with a reason) when no broker answers, unless
@@ -76,6 +77,12 @@ async fn run() -> Result<(), BoxError> {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
     let messages = setting("INTAKE_BENCH_MESSAGES", 100_000);
     let rounds = setting("INTAKE_BENCH_ROUNDS", 3);
+    // For profiling one side: INTAKE_BENCH_ONLY=raw or intake.
+    let only = match std::env::var("INTAKE_BENCH_ONLY").as_deref() {
+        Ok("raw") => Some(Contender::Raw),
+        Ok("intake") => Some(Contender::Intake),
+        _ => None,
+    };
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
         Ok(connection) => connection,
         Err(error) if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") => {
@@ -99,9 +106,7 @@ async fn run() -> Result<(), BoxError> {
         )
         .await?;
 
-    println!(
-        "{messages} messages of {PAYLOAD_BYTES} bytes, prefetch {PREFETCH}, {rounds} rounds"
-    );
+    println!("{messages} messages of {PAYLOAD_BYTES} bytes, prefetch {PREFETCH}, {rounds} rounds");
     let mut results: Vec<(Contender, f64)> = Vec::new();
     for round in 0..rounds {
         let order = if round % 2 == 0 {
@@ -110,14 +115,25 @@ async fn run() -> Result<(), BoxError> {
             [Contender::Intake, Contender::Raw]
         };
         for contender in order {
+            if only.is_some_and(|only| only != contender) {
+                continue;
+            }
             fill(&channel, &queue, messages).await?;
+            let cpu_before = process_cpu();
             let elapsed = match contender {
                 Contender::Raw => raw(&url, &queue, messages).await?,
                 Contender::Intake => intake(&url, &queue, messages).await?,
             };
+            let cpu = process_cpu()
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
             let rate = messages as f64 / elapsed.as_secs_f64();
+            let cpu_per_message = cpu.map_or_else(
+                || "n/a".to_owned(),
+                |cpu| format!("{:.2} µs", cpu.as_secs_f64() * 1e6 / messages as f64),
+            );
             println!(
-                "round {}: {:<10} {:>9.0} msg/s ({:.2} s)",
+                "round {}: {:<10} {:>9.0} msg/s ({:.2} s), client CPU {cpu_per_message}/msg",
                 round + 1,
                 contender.name(),
                 rate,
@@ -159,6 +175,21 @@ async fn run() -> Result<(), BoxError> {
         median(&intake) / median(&raw)
     );
     Ok(())
+}
+
+/// CPU time (user + system) this process used so far, from
+/// `/proc/self/stat` (Linux; 10 ms resolution, fine over seconds). The
+/// publisher runs between measurements, so only consumption is counted.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    const TICKS_PER_SECOND: u64 = 100;
+    Some(Duration::from_millis(
+        (user + system) * 1000 / TICKS_PER_SECOND,
+    ))
 }
 
 /// Publishes `count` messages to `queue`, confirmed, in windows of 1000.

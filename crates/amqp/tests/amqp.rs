@@ -815,3 +815,159 @@ async fn broadcast_sources_each_receive_every_message() {
     two.close().await.unwrap();
     backend.cleanup().await;
 }
+
+/// Runs a consumer over `source` until `shutdown` fires.
+fn spawn_consumer<H>(
+    source: AmqpSource,
+    handler: H,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Result<intake_core::RunReport, intake_core::RunError>>
+where
+    H: tower::Service<Message, Response = (), Error = intake_core::HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let acker = source.acker();
+    let consumer = intake_core::Consumer::builder()
+        .max_in_flight(8)
+        .ordering(intake_core::Ordering::Unordered)
+        .backoff(intake_core::Disabled)
+        .build(source, acker, handler)
+        .expect("valid consumer settings");
+    tokio::spawn(consumer.run(shutdown))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_carries_on_after_the_broker_closes_the_connection_and_loses_nothing() {
+    let Some(backend) = AmqpBackend::connect_or_skip("runtime_reconnect").await else {
+        return;
+    };
+    let queue = backend.classic_queue("runtime-reconnect").await.unwrap();
+    backend.publish_numbered(&queue, 200).await.unwrap();
+    let name = unique("runtime-conn");
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .max_in_flight(8)
+        .connection_name(name.as_str())
+        .connect()
+        .await
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let handler = {
+        let seen = seen.clone();
+        tower::service_fn(move |message: Message| {
+            let seen = seen.clone();
+            async move {
+                // Slow enough that the connection is closed mid-run.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let id = String::from_utf8_lossy(message.payload()).into_owned();
+                seen.lock().map(|mut seen| seen.insert(id)).ok();
+                Ok::<_, intake_core::HandlerError>(())
+            }
+        })
+    };
+    let count = |seen: &std::sync::Mutex<BTreeSet<String>>| seen.lock().map_or(0, |s| s.len());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = spawn_consumer(source, handler, shutdown.clone());
+    while count(&seen) < 20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Err(why) = close_connection_named(&name).await {
+        assert!(
+            std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() != Ok("1"),
+            "cannot close the connection: {why}"
+        );
+        println!("skipped: runtime_reconnect: {why}");
+        shutdown.cancel();
+        let _ = running.await;
+        return;
+    }
+    tokio::time::timeout(PATIENCE, async {
+        while count(&seen) < 200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of 200 handled after the reconnect", count(&seen)));
+    shutdown.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert!(report.succeeded >= 200);
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_failing_through_the_retry_path_reaches_the_quorum_delivery_limit() {
+    let Some(backend) = AmqpBackend::connect_or_skip("runtime_delivery_limit").await else {
+        return;
+    };
+    let queue = unique("runtime-limited");
+    let dlx = format!("{queue}.dlx");
+    let dlq = dead_letter_queue(&queue);
+    let topology = Topology::new()
+        .exchange(Exchange::direct(dlx.as_str()))
+        .queue(Queue::classic(dlq.as_str()))
+        .bind(dlq.as_str(), dlx.as_str(), queue.as_str())
+        .queue(
+            Queue::quorum(queue.as_str())
+                .dead_letter_exchange(dlx.as_str())
+                .delivery_limit(3),
+        );
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .declare(topology)
+        .max_in_flight(8)
+        .connect()
+        .await
+        .unwrap();
+    backend.track_queue(&queue);
+    backend.track_queue(&dlq);
+    backend.track_exchange(&dlx);
+    publish_direct(&backend, &queue, b"poison").await;
+    publish_direct(&backend, &queue, b"fine").await;
+
+    let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                if &message.payload()[..] == b"poison" {
+                    attempts
+                        .lock()
+                        .map(|mut seen| seen.push(message.metadata().attempt()))
+                        .ok();
+                    return Err(intake_core::HandlerError::retryable(
+                        "downstream refuses it",
+                    ));
+                }
+                Ok(())
+            }
+        })
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = spawn_consumer(source, handler, shutdown.clone());
+    let dead = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let dead = backend.peek(&dlq).await.unwrap();
+            if !dead.is_empty() {
+                return dead;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the poison message reaches the dead-letter queue");
+    shutdown.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(&dead[0].0[..], b"poison");
+    assert_eq!(report.succeeded, 1, "the good message was handled");
+    let attempts = attempts.lock().map(|seen| seen.clone()).unwrap_or_default();
+    assert_eq!(
+        attempts,
+        [1, 2, 3, 4],
+        "limit 3: the fourth failure dead-letters it"
+    );
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
