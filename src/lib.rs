@@ -7,6 +7,15 @@
 
 pub use intake_core::*;
 
-/// RabbitMQ (AMQP 0.9.1): see [`intake_amqp`].
+/// The Kafka backend: source, acker and dead-letter sink on rdkafka.
+#[cfg(feature = "kafka")]
+pub use intake_kafka as kafka;
+
+/// The Redis Streams backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub use intake_redis_streams as redis_streams;
+
+/// RabbitMQ (AMQP 0.9.1): source, acker and dead-letter sinks on lapin
+/// (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use intake_amqp as amqp;

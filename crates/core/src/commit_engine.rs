@@ -378,6 +378,37 @@ impl CommitEngine {
         self.take_partition_batch(id, batch);
     }
 
+    /// Puts back the work of a batch the acker could not deliver, so the next
+    /// batch carries it again: the partition's current watermark is sent
+    /// again and, in [`AckMode::Ids`], the completed positions are listed
+    /// again (acknowledging an id twice is harmless). Requeues are not put
+    /// back: a broker that did not receive them redelivers those messages
+    /// anyway. Work for a partition no longer assigned is dropped.
+    pub fn restore(&mut self, ack: PartitionAck) {
+        let Some(&id) = self.index.get(&ack.partition) else {
+            return;
+        };
+        let state = &mut self.partitions[id.index()];
+        let mut work = 0;
+        if ack.watermark.is_some() && state.watermark.is_some() {
+            state.sent_watermark = None;
+            work += 1;
+        }
+        if self.mode == AckMode::Ids {
+            work += ack.completed.len();
+            state.completed.extend(ack.completed);
+        }
+        if work == 0 {
+            return;
+        }
+        state.unbatched += work;
+        self.pending += work;
+        if !state.dirty {
+            state.dirty = true;
+            self.dirty.push(id);
+        }
+    }
+
     fn take_partition(&mut self, id: PartitionId) -> Option<PartitionAck> {
         let state = self.partitions.get_mut(id.index())?;
         state.dirty = false;
@@ -576,6 +607,23 @@ mod tests {
         let mut batch = AckBatch::default();
         engine.take_batch(&mut batch);
         assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn restored_work_is_sent_again() {
+        let (mut engine, id) = engine_with_partition(AckMode::Ids);
+        let tickets = admit_offsets(&mut engine, id, &[0, 1]);
+        engine.complete(tickets[0]);
+        let mut failed = AckBatch::default();
+        engine.take_batch(&mut failed);
+        assert_eq!(engine.pending(), 0);
+        for ack in failed.partitions {
+            engine.restore(ack);
+        }
+        let mut again = AckBatch::default();
+        engine.take_batch(&mut again);
+        assert_eq!(again.partitions[0].watermark, Some(Position::Offset(0)));
+        assert_eq!(again.partitions[0].completed, vec![Position::Offset(0)]);
     }
 
     #[test]

@@ -9,27 +9,43 @@
 //! - [`DeadLetterSink`]: where poison messages go.
 //! - [`handler_fn`]: an async fn whose arguments are extractors ([`Meta`],
 //!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service.
+//! - Middleware as tower layers, composed with `tower::ServiceBuilder`:
+//!   [`RetryLayer`], [`CatchPanicLayer`], [`DeadLetterLayer`] (with its
+//!   [`FailurePolicy`]), [`TraceLayer`], [`Metrics`] and [`BatchLayer`].
 #![warn(missing_docs)]
 
 pub mod acker;
 pub mod backoff;
+pub mod batch;
+pub mod catch_panic;
 pub mod commit_engine;
 pub mod consumer;
 pub mod dead_letter;
 pub mod decode;
 pub mod error;
 pub mod handler;
+mod interruptible_sleep;
+#[cfg(test)]
+mod layer_testing;
 pub mod lifecycle;
+pub mod memory;
 pub mod message;
+pub mod metrics;
 pub mod observer;
+pub mod retry;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod trace;
 
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
+pub use batch::{BatchLayer, BatchSettings};
+pub use catch_panic::CatchPanicLayer;
 pub use consumer::{Consumer, ConsumerBuilder, Ordering, RunError, RunReport, Shutdown};
-pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
+pub use dead_letter::{
+    DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
+};
 pub use decode::{Decode, DecodeError, Decoded, Json};
 pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
 pub use handler::{
@@ -37,5 +53,8 @@ pub use handler::{
     handler_fn,
 };
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
+pub use retry::RetryLayer;
 pub use source::{Revocation, RevocationHandle, Source, SourceError, SourceEvent};
+pub use trace::TraceLayer;

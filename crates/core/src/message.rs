@@ -273,71 +273,104 @@ impl<'a> IntoIterator for &'a Headers {
 }
 
 /// A delivery: payload, optional key, headers and metadata.
-#[derive(Clone, Debug)]
+///
+/// A message is one reference-counted allocation: cloning it is a single
+/// reference-count bump and moving it copies one pointer, which is what lets
+/// the runtime keep a copy for redelivery and hand another to the handler at
+/// no measurable cost. The `*_mut` accessors copy the message first if it is
+/// shared (copy-on-write), so changing one copy never changes another.
+#[derive(Clone)]
 pub struct Message {
+    inner: Arc<MessageParts>,
+}
+
+#[derive(Clone)]
+struct MessageParts {
     payload: Bytes,
     key: Option<Bytes>,
     headers: Headers,
     metadata: Metadata,
 }
 
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("payload", &self.inner.payload)
+            .field("key", &self.inner.key)
+            .field("headers", &self.inner.headers)
+            .field("metadata", &self.inner.metadata)
+            .finish()
+    }
+}
+
 impl Message {
     /// A message with `payload` and `metadata`, no key, no headers.
     pub fn new(payload: impl Into<Bytes>, metadata: Metadata) -> Self {
         Self {
-            payload: payload.into(),
-            key: None,
-            headers: Headers::new(),
-            metadata,
+            inner: Arc::new(MessageParts {
+                payload: payload.into(),
+                key: None,
+                headers: Headers::new(),
+                metadata,
+            }),
         }
+    }
+
+    fn parts_mut(&mut self) -> &mut MessageParts {
+        Arc::make_mut(&mut self.inner)
     }
 
     /// Sets the key.
     pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
-        self.key = Some(key.into());
+        self.parts_mut().key = Some(key.into());
         self
     }
 
     /// Sets the headers.
     pub fn with_headers(mut self, headers: Headers) -> Self {
-        self.headers = headers;
+        self.parts_mut().headers = headers;
         self
     }
 
     /// The payload bytes.
     pub fn payload(&self) -> &Bytes {
-        &self.payload
+        &self.inner.payload
     }
 
     /// The key, if the broker carries one (Kafka key, AMQP routing key, a
     /// configured Redis field).
     pub fn key(&self) -> Option<&Bytes> {
-        self.key.as_ref()
+        self.inner.key.as_ref()
     }
 
     /// The headers.
     pub fn headers(&self) -> &Headers {
-        &self.headers
+        &self.inner.headers
     }
 
-    /// Mutable headers.
+    /// Mutable headers (copy-on-write).
     pub fn headers_mut(&mut self) -> &mut Headers {
-        &mut self.headers
+        &mut self.parts_mut().headers
     }
 
     /// The metadata.
     pub fn metadata(&self) -> &Metadata {
-        &self.metadata
+        &self.inner.metadata
     }
 
-    /// Mutable metadata (middleware that counts attempts uses this).
+    /// Mutable metadata (copy-on-write; middleware that counts attempts uses
+    /// this).
     pub fn metadata_mut(&mut self) -> &mut Metadata {
-        &mut self.metadata
+        &mut self.parts_mut().metadata
     }
 
-    /// Splits the message into its payload and the rest.
+    /// The payload, taken out of the message (a reference-count bump if the
+    /// message is shared).
     pub fn into_payload(self) -> Bytes {
-        self.payload
+        match Arc::try_unwrap(self.inner) {
+            Ok(parts) => parts.payload,
+            Err(shared) => shared.payload.clone(),
+        }
     }
 }
 

@@ -28,7 +28,12 @@ pub trait Source: Send + 'static {
     ///
     /// For deliveries, appends at most `max` messages to `deliveries` (which
     /// the runtime passes in empty and reuses, so a steady stream costs no
-    /// allocation) and returns [`SourceEvent::Delivered`]. `max` is at least 1.
+    /// allocation) and returns [`SourceEvent::Delivered`].
+    ///
+    /// `max` is 0 when the in-flight budget is full: the source must then
+    /// deliver nothing and wait only for an assignment change (`Assigned`,
+    /// `Revoked`), so a rebalance gets through even while every slot is
+    /// taken. (Careful: `XREADGROUP COUNT 0` means "no limit" to Redis.)
     fn next(
         &mut self,
         deliveries: &mut Vec<Message>,

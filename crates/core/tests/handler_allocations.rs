@@ -3,8 +3,9 @@
 //! A test binary of its own, because it replaces the global allocator with
 //! one that counts the allocations of the thread under test.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "support/counting_allocator.rs"]
+mod counting_allocator;
+
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -12,57 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use counting_allocator::allocations_during;
 use intake_core::{Json, Message, Meta, Metadata, Position, handler_fn};
 use serde::Deserialize;
 use tower::Service;
-
-struct CountingAllocator;
-
-thread_local! {
-    // Per thread, so that tests running in parallel do not count each
-    // other's allocations. Const-initialised: reading them never allocates.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    if COUNTING.with(Cell::get) {
-        ALLOCATIONS.with(|count| count.set(count.get() + 1));
-    }
-}
-
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
-
-/// Allocations made by `work` on this thread.
-fn allocations_during<R>(work: impl FnOnce() -> R) -> (R, usize) {
-    let before = ALLOCATIONS.with(Cell::get);
-    COUNTING.with(|counting| counting.set(true));
-    let result = work();
-    COUNTING.with(|counting| counting.set(false));
-    (result, ALLOCATIONS.with(Cell::get) - before)
-}
 
 #[derive(Deserialize)]
 struct Order {

@@ -21,13 +21,20 @@ pub(crate) struct AckRequest {
     pub(crate) reply: Option<oneshot::Sender<Result<(), AckError>>>,
 }
 
-/// The dispatcher's end: sends batches and knows whether one is under way.
+/// The dispatcher's end: sends batches, knows whether one is under way, and
+/// gets back the batches that failed so their work can be sent again.
 pub(crate) struct AckQueue {
     sender: mpsc::UnboundedSender<AckRequest>,
     outstanding: Arc<AtomicUsize>,
+    failed: mpsc::UnboundedReceiver<AckBatch>,
 }
 
 impl AckQueue {
+    /// A batch the acker failed to deliver, if any came back.
+    pub(crate) fn take_failed(&mut self) -> Option<AckBatch> {
+        self.failed.try_recv().ok()
+    }
+
     pub(crate) fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Acquire)
     }
@@ -51,10 +58,12 @@ pub(crate) fn ack_loop<A: Acker>(
     failures: Arc<AtomicUsize>,
 ) -> (AckQueue, impl std::future::Future<Output = ()> + Send) {
     let (sender, mut receiver) = mpsc::unbounded_channel::<AckRequest>();
+    let (failed_sender, failed) = mpsc::unbounded_channel::<AckBatch>();
     let outstanding = Arc::new(AtomicUsize::new(0));
     let queue = AckQueue {
         sender,
         outstanding: outstanding.clone(),
+        failed,
     };
     let drain = async move {
         while let Some(request) = receiver.recv().await {
@@ -81,8 +90,16 @@ pub(crate) fn ack_loop<A: Acker>(
                     "acknowledgement failed; the messages stay unacknowledged and may be delivered again"
                 );
             }
-            if let Some(reply) = request.reply {
-                let _ = reply.send(result);
+            match request.reply {
+                Some(reply) => {
+                    let _ = reply.send(result);
+                }
+                // Nobody waits for it: give the work back, so the next batch
+                // sends it again instead of leaving it to a later watermark.
+                None if result.is_err() => {
+                    let _ = failed_sender.send(request.batch);
+                }
+                None => {}
             }
             outstanding.fetch_sub(1, Ordering::AcqRel);
             // The dispatcher holds back its next batch while one is under

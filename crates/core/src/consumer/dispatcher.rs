@@ -22,7 +22,7 @@ use tower::Service;
 
 use super::ack_loop::{AckQueue, AckRequest, ack_loop};
 use super::backoff::{BackoffState, ConsumerBackoff, Gate, Signal};
-use super::lanes::Lanes;
+use super::lanes::{LaneId, Lanes};
 use super::report::{RunError, RunReport, Unfinished};
 use super::shutdown::Shutdown;
 use super::slots::{SlotId, SlotState, Slots};
@@ -116,7 +116,7 @@ enum Stop {
 enum Wake<E> {
     Fetched(E),
     Shutdown,
-    /// Budget is free again (or buffered deliveries can be admitted).
+    /// The source may be asked (again, for more).
     Budget,
     Done,
 }
@@ -231,20 +231,27 @@ where
             if !buffer.is_empty() {
                 self.admit_all(&mut buffer);
             }
-            let budget = self.fetch_budget(buffer.len());
-            let wake = if budget > 0 {
-                let fetch = pin!(source.next(&mut buffer, budget));
-                let mut fetch = fetch;
-                poll_fn(|cx| self.poll_until(cx, Some(fetch.as_mut()), shutdown.as_mut())).await
-            } else {
-                poll_fn(|cx| {
-                    self.poll_until(
-                        cx,
-                        None::<Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>>,
-                        shutdown.as_mut(),
-                    )
-                })
-                .await
+            let wake = match self.fetch_plan(buffer.len()) {
+                Some(max) => {
+                    let mut fetch = pin!(source.next(&mut buffer, max));
+                    poll_fn(|cx| {
+                        self.poll_until(cx, Some((fetch.as_mut(), max)), shutdown.as_mut())
+                    })
+                    .await
+                }
+                None => {
+                    poll_fn(|cx| {
+                        self.poll_until(
+                            cx,
+                            None::<(
+                                Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>,
+                                usize,
+                            )>,
+                            shutdown.as_mut(),
+                        )
+                    })
+                    .await
+                }
             };
             match wake {
                 Wake::Fetched(Ok(event)) => {
@@ -283,7 +290,7 @@ where
     fn poll_until<F, E>(
         &mut self,
         cx: &mut Context<'_>,
-        fetch: Option<Pin<&mut F>>,
+        fetch: Option<(Pin<&mut F>, usize)>,
         shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
     ) -> Poll<Wake<E>>
     where
@@ -297,7 +304,7 @@ where
     fn poll_inner<F, E>(
         &mut self,
         cx: &mut Context<'_>,
-        fetch: Option<Pin<&mut F>>,
+        fetch: Option<(Pin<&mut F>, usize)>,
         shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
     ) -> Poll<Wake<E>>
     where
@@ -311,6 +318,11 @@ where
         if self.tick.poll_tick(cx).is_ready() {
             self.on_tick();
         }
+        while let Some(failed) = self.acks.take_failed() {
+            for ack in failed.partitions {
+                self.engine.restore(ack);
+            }
+        }
         self.flush_if_due();
         self.poll_revocations(cx);
         if self.failure.is_none() && self.stop.is_some() && self.is_drained() {
@@ -321,13 +333,18 @@ where
         }
         self.arm_timer(cx);
         match fetch {
-            Some(fetch) => {
+            Some((fetch, max)) => {
                 if let Poll::Ready(event) = fetch.poll(cx) {
                     return Poll::Ready(Wake::Fetched(event));
                 }
+                // Asked for assignment changes only, and slots are free now:
+                // ask again, for deliveries.
+                if max == 0 && self.fetch_plan(0).is_some_and(|max| max > 0) {
+                    return Poll::Ready(Wake::Budget);
+                }
             }
             None => {
-                if self.fetch_budget(0) > 0 {
+                if self.fetch_plan(0).is_some() {
                     return Poll::Ready(Wake::Budget);
                 }
             }
@@ -335,21 +352,25 @@ where
         Poll::Pending
     }
 
-    /// Deliveries to ask the source for now (0: do not fetch).
-    fn fetch_budget(&mut self, buffered: usize) -> usize {
-        if self.stop.is_some() || self.over_window > 0 {
-            return 0;
-        }
-        if buffered > 0 {
-            return 0;
+    /// How the source may be asked now: `None`, not at all (stopping, or
+    /// waiting to retry after an error); `Some(0)`, for assignment changes
+    /// only (no free slot: a revocation must still get through, or a full
+    /// budget of stuck handlers would hold a rebalance forever); `Some(n)`,
+    /// for up to `n` deliveries.
+    fn fetch_plan(&mut self, buffered: usize) -> Option<usize> {
+        if self.stop.is_some() || buffered > 0 {
+            return None;
         }
         if let Some(at) = self.fetch_retry_at {
             if Instant::now() < at {
-                return 0;
+                return None;
             }
             self.fetch_retry_at = None;
         }
-        self.slots.free_count().min(self.settings.fetch_batch)
+        if self.over_window > 0 {
+            return Some(0);
+        }
+        Some(self.slots.free_count().min(self.settings.fetch_batch))
     }
 
     // ---- admission -------------------------------------------------------
@@ -398,7 +419,7 @@ where
         }
         let lane = match self.settings.ordering {
             Ordering::Unordered => None,
-            Ordering::Partition => Some(Lanes::partition_lane(partition)),
+            Ordering::Partition => Some(LaneId::Partition(partition)),
             Ordering::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
         };
         let entry = self.slots.get_mut(slot);
@@ -406,13 +427,52 @@ where
         entry.position = Some(position);
         entry.message = Some(message);
         entry.lane = lane;
+        entry.state = SlotState::Ready;
+        // The fast path: nothing waits before it and its lane is free, so it
+        // starts now. It takes its lane only if its handler does not finish
+        // on the first poll (see `start`), which most do not need.
+        let lane_free = lane.is_none_or(|lane| !self.lanes.is_busy(lane));
+        if lane_free && self.ready.is_empty() && self.may_start_now() {
+            self.start(slot, false);
+            return;
+        }
         if let Some(lane) = lane {
             if !self.lanes.acquire(lane, slot, &mut self.slots) {
                 return;
             }
+            self.slots.get_mut(slot).holds_lane = true;
         }
-        self.slots.get_mut(slot).state = SlotState::Ready;
         self.ready.push_back(slot);
+    }
+
+    /// Whether a delivery may start right now without being the backoff
+    /// probe (so the fast path never decides a probe).
+    fn may_start_now(&mut self) -> bool {
+        if matches!(self.stop, Some(Stop::Graceful { .. })) {
+            return false;
+        }
+        if !matches!(
+            self.backoff.state(),
+            BackoffState::Normal | BackoffState::Disabled
+        ) {
+            return false;
+        }
+        self.handler_ready()
+    }
+
+    /// Polls the handler service's readiness; a failed service stops the run.
+    fn handler_ready(&mut self) -> bool {
+        let mut cx = Context::from_waker(self.slots.runtime_waker());
+        match self.handler.poll_ready(&mut cx) {
+            Poll::Ready(Ok(())) => true,
+            Poll::Ready(Err(error)) => {
+                let error: HandlerError = error.into();
+                tracing::error!(%error, "the handler service failed; the consumer stops");
+                self.begin_stop(Some(Failure::Handler(error)));
+                false
+            }
+            Poll::Pending => false,
+        }
     }
 
     fn partition_of(&mut self, message: &Message) -> PartitionId {
@@ -469,16 +529,8 @@ where
             return;
         }
         while let Some(&slot) = self.ready.front() {
-            let mut cx = Context::from_waker(self.slots.runtime_waker());
-            match self.handler.poll_ready(&mut cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(error)) => {
-                    let error: HandlerError = error.into();
-                    tracing::error!(%error, "the handler service failed; the consumer stops");
-                    self.begin_stop(Some(Failure::Handler(error)));
-                    return;
-                }
-                Poll::Pending => return,
+            if !self.handler_ready() {
+                return;
             }
             let probe = match self.gate() {
                 Gate::Open => false,
@@ -505,8 +557,21 @@ where
             message
         };
         let future = self.handler.call(message);
-        if let Poll::Ready(output) = self.slots.start(slot, future) {
-            self.finish(slot, output);
+        match self.slots.start(slot, future) {
+            Poll::Ready(output) => self.finish(slot, output),
+            Poll::Pending => self.hold_lane(slot),
+        }
+    }
+
+    /// Makes a delivery that started on the fast path hold its lane, now that
+    /// it will keep running (or run again). Its lane is free: nothing else
+    /// ran in between.
+    fn hold_lane(&mut self, slot: SlotId) {
+        let entry = self.slots.get(slot);
+        if let (Some(lane), false) = (entry.lane, entry.holds_lane) {
+            let taken = self.lanes.acquire(lane, slot, &mut self.slots);
+            debug_assert!(taken, "a fast-path delivery's lane is free");
+            self.slots.get_mut(slot).holds_lane = true;
         }
     }
 
@@ -599,6 +664,7 @@ where
                         message.metadata_mut().set_attempt(attempt);
                     }
                     entry.state = SlotState::Ready;
+                    self.hold_lane(slot);
                     self.ready.push_back(slot);
                 }
                 signal
@@ -610,10 +676,11 @@ where
     /// delivery is acknowledged only if its ticket was completed before.
     fn release(&mut self, slot: SlotId) {
         let entry = self.slots.get(slot);
-        let lane = entry.lane;
-        if let Some(lane) = lane {
+        if let (Some(lane), true) = (entry.lane, entry.holds_lane) {
             if let Some(next) = self.lanes.release(lane, slot, &mut self.slots) {
-                self.slots.get_mut(next).state = SlotState::Ready;
+                let next_entry = self.slots.get_mut(next);
+                next_entry.state = SlotState::Ready;
+                next_entry.holds_lane = true;
                 self.ready.push_back(next);
             }
         }
@@ -969,11 +1036,9 @@ where
         };
         self.engine.take_batch(&mut batch);
         let mut committed_ok = true;
-        // Sent even when empty, as a barrier: the acker handles batches in
-        // order, so its reply also means that the batches still under way
-        // were handled. Only then may the source close (an AMQP channel
-        // cannot acknowledge anything once it is closed).
-        {
+        // Sent even when empty while a batch is under way: the reply then
+        // confirms it, so the source is never closed before its last commit.
+        if !batch.is_empty() || self.acks.outstanding() > 0 {
             let (reply, receiver) = oneshot::channel();
             if self.acks.send(AckRequest {
                 batch,

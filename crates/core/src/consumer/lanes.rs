@@ -21,44 +21,92 @@ struct Lane {
     tail: Option<SlotId>,
 }
 
-/// Busy lanes and their queues.
+/// Which lane a delivery belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LaneId {
+    /// A whole partition (`Ordering::Partition`).
+    Partition(PartitionId),
+    /// A key within a partition (`Ordering::Key`), by hash. Two keys that
+    /// collide share a lane: over-serialized, never reordered.
+    Key(u64),
+}
+
+/// Busy lanes and their queues. Partition lanes live in a table indexed by
+/// partition (no hashing on the hot path); key lanes in a map.
 pub(crate) struct Lanes {
-    busy: HashMap<u64, Lane, FixedState>,
+    by_partition: Vec<Option<Lane>>,
+    by_key: HashMap<u64, Lane, FixedState>,
     hasher: FixedState,
 }
 
 impl Lanes {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         Self {
-            busy: HashMap::with_capacity_and_hasher(capacity, FixedState::default()),
+            by_partition: Vec::new(),
+            by_key: HashMap::with_capacity_and_hasher(capacity, FixedState::default()),
             hasher: FixedState::with_seed(rand::random()),
         }
     }
 
     /// The lane of a keyed message within its partition.
-    pub(crate) fn key_lane(&self, partition: PartitionId, key: &[u8]) -> u64 {
+    pub(crate) fn key_lane(&self, partition: PartitionId, key: &[u8]) -> LaneId {
         let mut hasher = self.hasher.build_hasher();
         hasher.write_u32(partition.index() as u32);
         hasher.write(key);
-        hasher.finish()
+        LaneId::Key(hasher.finish())
     }
 
-    /// The lane of a whole partition.
-    pub(crate) fn partition_lane(partition: PartitionId) -> u64 {
-        partition.index() as u64
+    /// Whether a delivery holds `lane`.
+    pub(crate) fn is_busy(&self, lane: LaneId) -> bool {
+        match lane {
+            LaneId::Partition(partition) => self
+                .by_partition
+                .get(partition.index())
+                .is_some_and(Option::is_some),
+            LaneId::Key(hash) => self.by_key.contains_key(&hash),
+        }
+    }
+
+    fn get_mut(&mut self, lane: LaneId) -> Option<&mut Lane> {
+        match lane {
+            LaneId::Partition(partition) => self.by_partition.get_mut(partition.index())?.as_mut(),
+            LaneId::Key(hash) => self.by_key.get_mut(&hash),
+        }
+    }
+
+    fn insert(&mut self, lane: LaneId, value: Lane) {
+        match lane {
+            LaneId::Partition(partition) => {
+                let index = partition.index();
+                if self.by_partition.len() <= index {
+                    self.by_partition.resize(index + 1, None);
+                }
+                self.by_partition[index] = Some(value);
+            }
+            LaneId::Key(hash) => {
+                self.by_key.insert(hash, value);
+            }
+        }
+    }
+
+    fn remove(&mut self, lane: LaneId) -> Option<Lane> {
+        match lane {
+            LaneId::Partition(partition) => self.by_partition.get_mut(partition.index())?.take(),
+            LaneId::Key(hash) => self.by_key.remove(&hash),
+        }
     }
 
     /// Takes `lane` for `slot` if it is free (returns `true`), or queues
     /// `slot` behind it (returns `false`).
     pub(crate) fn acquire<F: std::future::Future>(
         &mut self,
-        lane: u64,
+        lane: LaneId,
         slot: SlotId,
         slots: &mut Slots<F>,
     ) -> bool {
-        match self.busy.get_mut(&lane) {
+        match self.get_mut(lane) {
             None => {
-                self.busy.insert(
+                self.insert(
                     lane,
                     Lane {
                         holder: slot,
@@ -87,17 +135,17 @@ impl Lanes {
     /// lane was dropped by a revocation and perhaps taken again since).
     pub(crate) fn release<F: std::future::Future>(
         &mut self,
-        lane: u64,
+        lane: LaneId,
         slot: SlotId,
         slots: &mut Slots<F>,
     ) -> Option<SlotId> {
-        let queue = self.busy.get_mut(&lane)?;
+        let queue = self.get_mut(lane)?;
         if queue.holder != slot {
             return None;
         }
         match queue.head {
             None => {
-                self.busy.remove(&lane);
+                self.remove(lane);
                 None
             }
             Some(next) => {
@@ -116,11 +164,11 @@ impl Lanes {
     /// deliveries that were queued in it, in order.
     pub(crate) fn drop_lane<F: std::future::Future>(
         &mut self,
-        lane: u64,
+        lane: LaneId,
         slots: &mut Slots<F>,
         queued: &mut Vec<SlotId>,
     ) {
-        let Some(queue) = self.busy.remove(&lane) else {
+        let Some(queue) = self.remove(lane) else {
             return;
         };
         let mut next = queue.head;
@@ -133,7 +181,7 @@ impl Lanes {
     /// Number of busy lanes.
     #[cfg(test)]
     pub(crate) fn busy(&self) -> usize {
-        self.busy.len()
+        self.by_key.len() + self.by_partition.iter().flatten().count()
     }
 }
 
@@ -147,12 +195,13 @@ mod tests {
         let mut slots: Slots<Ready<()>> = Slots::new(4);
         let mut lanes = Lanes::with_capacity(4);
         let ids: Vec<SlotId> = (0..3).filter_map(|_| slots.acquire()).collect();
-        assert!(lanes.acquire(9, ids[0], &mut slots));
-        assert!(!lanes.acquire(9, ids[1], &mut slots));
-        assert!(!lanes.acquire(9, ids[2], &mut slots));
-        assert_eq!(lanes.release(9, ids[0], &mut slots), Some(ids[1]));
-        assert_eq!(lanes.release(9, ids[1], &mut slots), Some(ids[2]));
-        assert_eq!(lanes.release(9, ids[2], &mut slots), None);
+        let lane = LaneId::Key(9);
+        assert!(lanes.acquire(lane, ids[0], &mut slots));
+        assert!(!lanes.acquire(lane, ids[1], &mut slots));
+        assert!(!lanes.acquire(lane, ids[2], &mut slots));
+        assert_eq!(lanes.release(lane, ids[0], &mut slots), Some(ids[1]));
+        assert_eq!(lanes.release(lane, ids[1], &mut slots), Some(ids[2]));
+        assert_eq!(lanes.release(lane, ids[2], &mut slots), None);
         assert_eq!(lanes.busy(), 0);
     }
 
@@ -162,11 +211,12 @@ mod tests {
         let mut lanes = Lanes::with_capacity(4);
         let old = slots.acquire().unwrap_or_default();
         let new = slots.acquire().unwrap_or_default();
-        assert!(lanes.acquire(1, old, &mut slots));
+        let lane = LaneId::Key(1);
+        assert!(lanes.acquire(lane, old, &mut slots));
         let mut queued = Vec::new();
-        lanes.drop_lane(1, &mut slots, &mut queued);
-        assert!(lanes.acquire(1, new, &mut slots));
-        assert_eq!(lanes.release(1, old, &mut slots), None);
+        lanes.drop_lane(lane, &mut slots, &mut queued);
+        assert!(lanes.acquire(lane, new, &mut slots));
+        assert_eq!(lanes.release(lane, old, &mut slots), None);
         assert_eq!(lanes.busy(), 1);
     }
 }

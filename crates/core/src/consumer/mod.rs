@@ -8,7 +8,7 @@
 //! hands the engine's batches to the acker. Everything runs in the task that
 //! awaits [`Consumer::run`]: no task is spawned per message.
 //!
-//! ```ignore
+//! ```
 //! use intake_core::consumer::{Consumer, Ordering};
 //! use intake_core::memory::MemoryBroker;
 //! use intake_core::{HandlerError, Message};

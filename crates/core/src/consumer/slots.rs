@@ -19,6 +19,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
+use super::lanes::LaneId;
 use crate::commit_engine::Ticket;
 use crate::message::{Message, Position};
 
@@ -114,7 +115,10 @@ pub(crate) struct Slot<F> {
     /// The broker position of the delivery.
     pub(crate) position: Option<Position>,
     /// The ordering lane the delivery belongs to (`None`: unordered).
-    pub(crate) lane: Option<u64>,
+    pub(crate) lane: Option<LaneId>,
+    /// Whether the delivery holds its lane (a delivery that starts on the
+    /// fast path and finishes at once never takes it).
+    pub(crate) holds_lane: bool,
     /// Next slot queued in the same lane.
     pub(crate) next_in_lane: Option<SlotId>,
     /// Whether this delivery is the backoff probe.
@@ -144,6 +148,7 @@ impl<F: Future> Slots<F> {
                 ticket: None,
                 position: None,
                 lane: None,
+                holds_lane: false,
                 next_in_lane: None,
                 probe: false,
                 started: false,
@@ -213,7 +218,9 @@ impl<F: Future> Slots<F> {
 
     /// Returns a slot to the budget, dropping whatever it still holds.
     pub(crate) fn release(&mut self, slot: SlotId) {
-        self.cancel(slot);
+        if self.slots[slot as usize].state == SlotState::Running {
+            self.cancel(slot);
+        }
         let entry = &mut self.slots[slot as usize];
         if entry.state == SlotState::Free {
             return;
@@ -223,6 +230,7 @@ impl<F: Future> Slots<F> {
         entry.ticket = None;
         entry.position = None;
         entry.lane = None;
+        entry.holds_lane = false;
         entry.next_in_lane = None;
         entry.probe = false;
         entry.started = false;

@@ -35,6 +35,11 @@ impl Source for ScriptedSource {
         max: usize,
     ) -> Result<SourceEvent, SourceError> {
         self.largest_request.fetch_max(max, AtomicOrdering::Relaxed);
+        if max == 0 {
+            // Only assignment changes may be reported; this script has its
+            // revocations in line with its messages, so wait for room.
+            std::future::pending::<()>().await;
+        }
         loop {
             if !self.pending.is_empty() {
                 let take = self.pending.len().min(max);

@@ -13,6 +13,7 @@
 //! ```
 
 pub mod harness;
+pub mod memory_backend;
 pub mod scenarios;
 
 use std::time::Duration;

@@ -1,0 +1,225 @@
+//! The harness shared by the pipeline benchmarks: one scenario per binary, on
+//! the memory broker, a current-thread runtime and a prefilled topic.
+//!
+//! Each binary measures three things about the consume region (the function
+//! [`consume_region`], marked `#[inline(never)]` so callgrind can toggle on it):
+//! - messages per second: the best of several timed runs;
+//! - heap allocations per message: `(A(2N) - A(N)) / N` with a counting
+//!   global allocator, so fixed start-up costs cancel out;
+//! - instructions per message: `benches/callgrind.sh <bench>` runs the binary
+//!   under `valgrind --tool=callgrind --collect-atstart=no
+//!   --toggle-collect=*consume_region*` with `--once N` and `--once 2N` and
+//!   prints `(Ir(2N) - Ir(N)) / N`.
+//!
+//! The body is the 28-byte `{"id":1000000,"quantity":37}` the peer benchmark
+//! used.
+
+#![allow(dead_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use intake::Message;
+use intake::consumer::{Consumer, Ordering, RunReport};
+use intake::memory::{MemoryBroker, Record};
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+/// The peer benchmark's body.
+pub const ORDER_JSON: &[u8] = br#"{"id":1000000,"quantity":37}"#;
+
+/// The struct the body decodes into.
+#[derive(serde::Deserialize)]
+pub struct Order {
+    /// Order id.
+    pub id: u64,
+    /// Quantity.
+    pub quantity: u32,
+}
+
+/// Counts heap allocations while [`COUNTING`] is set.
+pub struct CountingAllocator;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(AtomicOrdering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, AtomicOrdering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(AtomicOrdering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, AtomicOrdering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Messages the handler has seen; the run stops when it reaches the target.
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+static TARGET: AtomicU64 = AtomicU64::new(u64::MAX);
+static STOP: std::sync::OnceLock<std::sync::Mutex<Option<CancellationToken>>> =
+    std::sync::OnceLock::new();
+
+/// Wraps the scenario's handler so the run stops after the last message. It
+/// costs an atomic increment and a compare per message, on every variant.
+#[derive(Clone)]
+pub struct StopAfterTarget<S>(pub S);
+
+impl<S: Service<Message>> Service<Message> for StopAfterTarget<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, message: Message) -> S::Future {
+        if HANDLED.fetch_add(1, AtomicOrdering::Relaxed) + 1 == TARGET.load(AtomicOrdering::Relaxed)
+        {
+            if let Some(token) = STOP.get().and_then(|slot| slot.lock().ok()?.clone()) {
+                token.cancel();
+            }
+        }
+        self.0.call(message)
+    }
+}
+
+fn prefilled(messages: u64, body: &'static [u8]) -> MemoryBroker {
+    let broker = MemoryBroker::new();
+    broker.create_topic("orders", 4).expect("create the topic");
+    broker
+        .send_batch(
+            "orders",
+            (0..messages).map(|index| {
+                Record::new(bytes::Bytes::from_static(body)).to_partition((index % 4) as u32)
+            }),
+        )
+        .expect("prefill");
+    broker
+}
+
+/// Runs one consumer over the prefilled broker until `messages` were handled.
+#[inline(never)]
+pub fn consume_region<H>(
+    runtime: &tokio::runtime::Runtime,
+    broker: &MemoryBroker,
+    messages: u64,
+    handler: H,
+) -> RunReport
+where
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<intake::HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    HANDLED.store(0, AtomicOrdering::Relaxed);
+    TARGET.store(messages, AtomicOrdering::Relaxed);
+    let token = CancellationToken::new();
+    *STOP
+        .get_or_init(Default::default)
+        .lock()
+        .expect("stop slot") = Some(token.clone());
+    let (source, acker) = broker.consumer("orders", "bench").expect("join the group");
+    let consumer = Consumer::builder()
+        .max_in_flight(256)
+        .ordering(Ordering::Partition)
+        .build(source, acker, StopAfterTarget(handler))
+        .expect("valid settings");
+    runtime
+        .block_on(consumer.run(token))
+        .expect("the run succeeds")
+}
+
+/// Parses `--once N` (callgrind mode) and `--messages N`.
+struct Args {
+    once: Option<u64>,
+    messages: u64,
+}
+
+fn args() -> Args {
+    let mut args = Args {
+        once: None,
+        messages: 1_000_000,
+    };
+    let mut iter = std::env::args().skip(1);
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--once" => args.once = iter.next().and_then(|n| n.parse().ok()),
+            "--messages" => {
+                if let Some(n) = iter.next().and_then(|n| n.parse().ok()) {
+                    args.messages = n;
+                }
+            }
+            _ => {} // `cargo bench` passes `--bench`
+        }
+    }
+    args
+}
+
+/// The whole benchmark for one scenario.
+pub fn main<H, F>(name: &str, body: &'static [u8], make_handler: F)
+where
+    F: Fn() -> H,
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<intake::HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let args = args();
+    if let Some(messages) = args.once {
+        let broker = prefilled(messages, body);
+        let report = consume_region(&runtime, &broker, messages, make_handler());
+        black_box(report);
+        return;
+    }
+    let messages = args.messages;
+
+    let allocations_for = |count: u64| {
+        let broker = prefilled(count, body);
+        ALLOCATIONS.store(0, AtomicOrdering::Relaxed);
+        COUNTING.store(true, AtomicOrdering::Relaxed);
+        let report = consume_region(&runtime, &broker, count, make_handler());
+        COUNTING.store(false, AtomicOrdering::Relaxed);
+        assert!(report.succeeded >= count, "every message was handled");
+        ALLOCATIONS.load(AtomicOrdering::Relaxed)
+    };
+    let small = allocations_for(messages / 2);
+    let large = allocations_for(messages);
+    let per_message = (large as f64 - small as f64) / (messages / 2) as f64;
+
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let broker = prefilled(messages, body);
+        let started = Instant::now();
+        let report = consume_region(&runtime, &broker, messages, make_handler());
+        let elapsed = started.elapsed();
+        assert!(report.succeeded >= messages);
+        best = best.min(elapsed);
+    }
+    let rate = messages as f64 / best.as_secs_f64();
+    println!(
+        "{name}: {messages} messages, best of 5: {:.2} M msg/s; heap allocations per message: {per_message:.4} (A(N/2)={small}, A(N)={large})",
+        rate / 1e6
+    );
+}

@@ -1,0 +1,283 @@
+//! [`ResponseFuture`]: one message through the
+//! [`DeadLetterService`](super::DeadLetterService), from the handler's
+//! outcome to the failure policy's verdict.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use super::policy::Action;
+use super::{
+    DeadLetter, DeadLetterError, DeadLetterSink, DeadLetterWriteFailed, DeadLettered, Discarded,
+    FailurePolicy,
+};
+use crate::error::{ErrorClass, HandlerError};
+use crate::interruptible_sleep::{InterruptibleSleep, Wake, shutting_down};
+use crate::message::Message;
+
+/// A dead-letter write in progress; it hands the letter back so that a
+/// failed write can be tried again. Boxed: only failed messages write.
+type Write = Pin<Box<dyn Future<Output = (Result<(), DeadLetterError>, DeadLetter)> + Send>>;
+
+pin_project! {
+    /// The future of [`DeadLetterService`](super::DeadLetterService).
+    pub struct ResponseFuture<F, S> {
+        #[pin]
+        state: State<F>,
+        routing: Routing<S>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Called { #[pin] future: F },
+        Writing { write: Write },
+        Sleeping { sleep: Pin<Box<InterruptibleSleep>>, then: After },
+        // Block: poll the handler ready, then call it again.
+        CallAgain,
+    }
+}
+
+enum After {
+    CallAgain,
+    Write {
+        sink: Arc<dyn DeadLetterSink>,
+        letter: DeadLetter,
+    },
+}
+
+/// What routing a failure needs, apart from the pinned state.
+struct Routing<S> {
+    /// The original message: the dead letter's content, or the next
+    /// attempt's under `block`.
+    message: Message,
+    /// Under `block` only: the handler to call again.
+    service: Option<S>,
+    policy: Arc<FailurePolicy>,
+    /// Under `block`, failed attempts; under `dead-letter`, failed writes.
+    failures: u32,
+    last_delay: Duration,
+    /// The failure being dead-lettered while the write is in flight.
+    failure: Option<HandlerError>,
+}
+
+enum Next<F> {
+    Finish(Result<(), HandlerError>),
+    Go(State<F>),
+}
+
+impl<F, S> ResponseFuture<F, S> {
+    pub(super) fn new(
+        future: F,
+        message: Message,
+        service: Option<S>,
+        policy: Arc<FailurePolicy>,
+    ) -> Self {
+        Self {
+            state: State::Called { future },
+            routing: Routing {
+                message,
+                service,
+                policy,
+                failures: 0,
+                last_delay: Duration::ZERO,
+                failure: None,
+            },
+        }
+    }
+}
+
+impl<S> Routing<S> {
+    fn attempts_of(&self, error: &HandlerError) -> u32 {
+        error.attempts().max(self.message.metadata().attempt())
+    }
+
+    /// Applies the policy to a failure of the handler.
+    fn route<F>(&mut self, error: HandlerError) -> Next<F> {
+        if matches!(error.class(), ErrorClass::Ignore | ErrorClass::Interrupted) {
+            return Next::Finish(Err(error));
+        }
+        let attempts = self.attempts_of(&error);
+        let metadata = self.message.metadata();
+        match &self.policy.action {
+            Action::Discard => {
+                tracing::warn!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    attempts,
+                    error = %error,
+                    "message discarded after a final failure",
+                );
+                Next::Finish(Err(
+                    HandlerError::ignore(Discarded { error }).with_attempts(attempts)
+                ))
+            }
+            Action::DeadLetter { sink, .. } => {
+                let letter = DeadLetter::new(self.message.clone(), error.to_string(), attempts);
+                self.failure = Some(error);
+                Next::Go(State::Writing {
+                    write: write(Arc::clone(sink), letter),
+                })
+            }
+            Action::Block { backoff } => {
+                self.failures = self.failures.saturating_add(1);
+                // Past the policy's cap the last delay repeats: block never
+                // gives up.
+                let delay = backoff.delay(self.failures).unwrap_or(self.last_delay);
+                self.last_delay = delay;
+                if shutting_down() {
+                    return Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)));
+                }
+                tracing::warn!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    attempts,
+                    retry_in = ?delay,
+                    error = %error,
+                    "message failed; blocking its partition until it succeeds",
+                );
+                self.message
+                    .metadata_mut()
+                    .set_attempt(attempts.saturating_add(1));
+                Next::Go(State::Sleeping {
+                    sleep: Box::pin(InterruptibleSleep::new(delay)),
+                    then: After::CallAgain,
+                })
+            }
+        }
+    }
+
+    /// The outcome of a dead-letter write.
+    fn written<F>(&mut self, result: Result<(), DeadLetterError>, letter: DeadLetter) -> Next<F> {
+        let error = match self.failure.take() {
+            Some(error) => error,
+            None => HandlerError::permanent(letter.error.clone()),
+        };
+        let attempts = letter.attempts;
+        let metadata = letter.message.metadata();
+        match result {
+            Ok(()) => {
+                tracing::warn!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    attempts,
+                    error = %error,
+                    "message dead-lettered",
+                );
+                Next::Finish(Err(
+                    HandlerError::ignore(DeadLettered { error }).with_attempts(attempts)
+                ))
+            }
+            Err(write_error) => {
+                self.failures = self.failures.saturating_add(1);
+                let Action::DeadLetter {
+                    sink,
+                    write_backoff,
+                } = &self.policy.action
+                else {
+                    return Next::Finish(Err(HandlerError::retryable(write_error)));
+                };
+                let retry_in = write_backoff.delay(self.failures);
+                tracing::error!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    retry_in = ?retry_in,
+                    error = %write_error,
+                    "dead-letter write failed",
+                );
+                match retry_in {
+                    Some(_) if shutting_down() => {
+                        Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)))
+                    }
+                    Some(delay) => {
+                        self.failure = Some(error);
+                        Next::Go(State::Sleeping {
+                            sleep: Box::pin(InterruptibleSleep::new(delay)),
+                            then: After::Write {
+                                sink: Arc::clone(sink),
+                                letter,
+                            },
+                        })
+                    }
+                    None => Next::Finish(Err(HandlerError::retryable(DeadLetterWriteFailed {
+                        error,
+                        write: write_error,
+                    })
+                    .with_attempts(attempts))),
+                }
+            }
+        }
+    }
+}
+
+fn write(sink: Arc<dyn DeadLetterSink>, letter: DeadLetter) -> Write {
+    Box::pin(async move {
+        let result = sink.write(&letter).await;
+        (result, letter)
+    })
+}
+
+impl<F, S, E> Future for ResponseFuture<F, S>
+where
+    F: Future<Output = Result<(), E>>,
+    E: Into<HandlerError>,
+    S: Service<Message, Response = (), Error = E, Future = F>,
+{
+    type Output = Result<(), HandlerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Called { future } => match ready!(future.poll(cx)) {
+                    Ok(()) => Next::Finish(Ok(())),
+                    Err(error) => this.routing.route(error.into()),
+                },
+                StateProj::Writing { write } => {
+                    let (result, letter) = ready!(write.as_mut().poll(cx));
+                    this.routing.written(result, letter)
+                }
+                StateProj::Sleeping { sleep, then } => match ready!(sleep.as_mut().poll(cx)) {
+                    Wake::Elapsed => match std::mem::replace(then, After::CallAgain) {
+                        After::CallAgain => Next::Go(State::CallAgain),
+                        After::Write { sink, letter } => Next::Go(State::Writing {
+                            write: write(sink, letter),
+                        }),
+                    },
+                    Wake::ShuttingDown => {
+                        let attempts = this.routing.message.metadata().attempt();
+                        Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)))
+                    }
+                },
+                StateProj::CallAgain => {
+                    let routing = &mut *this.routing;
+                    match routing.service.as_mut() {
+                        None => Next::Finish(Err(HandlerError::retryable(
+                            "blocked message has no handler to call again",
+                        ))),
+                        Some(service) => match ready!(service.poll_ready(cx)) {
+                            Err(error) => routing.route(error.into()),
+                            Ok(()) => Next::Go(State::Called {
+                                future: service.call(routing.message.clone()),
+                            }),
+                        },
+                    }
+                }
+            };
+            match next {
+                Next::Finish(result) => return Poll::Ready(result),
+                Next::Go(state) => this.state.set(state),
+            }
+        }
+    }
+}

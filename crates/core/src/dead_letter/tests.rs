@@ -1,0 +1,272 @@
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tower::{Layer, ServiceBuilder, ServiceExt};
+
+use super::*;
+use crate::backoff::{Constant, Disabled};
+use crate::error::{ErrorClass, HandlerError};
+use crate::layer_testing::{RecordingSink, Scripted, Step, UnderConsumer, message};
+use crate::message::Position;
+use crate::retry::RetryLayer;
+
+fn quick(retries: u32) -> Constant {
+    Constant::new(Duration::from_millis(10)).max_retries(retries)
+}
+
+fn dead_lettered(error: &HandlerError) -> Option<&DeadLettered> {
+    error.cause().downcast_ref::<DeadLettered>()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_is_written_with_its_origin_error_and_attempts_then_acknowledged() {
+    let sink = RecordingSink::default();
+    let handler = Scripted::new([Step::Permanent("unknown customer")]);
+    let outcome = DeadLetterLayer::new(sink.clone())
+        .layer(handler.clone())
+        .oneshot(message("order-1"))
+        .await
+        .expect_err("a dead-lettered message is an ignored failure");
+
+    assert_eq!(
+        outcome.class(),
+        ErrorClass::Ignore,
+        "the runtime acknowledges it"
+    );
+    let original = dead_lettered(&outcome).map(|d| d.error().class());
+    assert_eq!(original, Some(ErrorClass::Permanent));
+
+    let letters = sink.letters();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    let metadata = letter.message.metadata();
+    assert_eq!(&**metadata.source(), "orders");
+    assert_eq!(metadata.partition(), 0);
+    assert_eq!(metadata.position(), Position::Offset(7));
+    assert_eq!(letter.message.key().map(|k| &k[..]), Some(&b"k1"[..]));
+    assert_eq!(letter.message.headers().get_str("origin"), Some("test"));
+    assert_eq!(&letter.message.payload()[..], b"order-1");
+    assert!(
+        letter.error.contains("unknown customer"),
+        "{}",
+        letter.error
+    );
+    assert_eq!(letter.attempts, 1);
+    assert_eq!(handler.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_inside_dead_letter_writes_the_message_once_its_retries_are_used_up() {
+    let sink = RecordingSink::default();
+    let handler = Scripted::new(std::iter::repeat_n(Step::Retryable("db down"), 10));
+    let outcome = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(sink.clone()))
+        .layer(RetryLayer::new(quick(3)))
+        .service(handler.clone())
+        .oneshot(message("order"))
+        .await
+        .expect_err("dead-lettered");
+    assert_eq!(outcome.class(), ErrorClass::Ignore);
+    assert_eq!(outcome.attempts(), 4);
+    assert_eq!(handler.calls(), 4);
+    let letters = sink.letters();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].attempts, 4);
+    assert!(letters[0].error.contains("db down"));
+    assert_eq!(
+        letters[0].message.metadata().attempt(),
+        1,
+        "the letter holds the message as delivered"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_inside_retry_and_dead_letter_is_tried_once() {
+    let sink = RecordingSink::default();
+    let handler = Scripted::new([Step::Permanent("cannot decode payload as Order")]);
+    ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(sink.clone()))
+        .layer(RetryLayer::new(quick(3)))
+        .service(handler.clone())
+        .oneshot(message("{not json"))
+        .await
+        .expect_err("dead-lettered");
+    assert_eq!(handler.calls(), 1, "a decode failure is never retried");
+    assert_eq!(sink.letters().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_successful_message_is_never_written() {
+    let sink = RecordingSink::default();
+    DeadLetterLayer::new(sink.clone())
+        .layer(Scripted::default())
+        .oneshot(message("order"))
+        .await
+        .expect("success");
+    assert_eq!(sink.writes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ignored_and_interrupted_outcomes_are_not_dead_lettered() {
+    let sink = RecordingSink::default();
+    let outcome = DeadLetterLayer::new(sink.clone())
+        .layer(Scripted::new([Step::Ignore]))
+        .oneshot(message("order"))
+        .await
+        .expect_err("ignored");
+    assert_eq!(outcome.class(), ErrorClass::Ignore);
+    assert!(dead_lettered(&outcome).is_none());
+
+    let token = CancellationToken::new();
+    let interrupted = UnderConsumer::new(
+        &token,
+        ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(sink.clone()))
+            .layer(RetryLayer::new(Constant::new(Duration::from_secs(60))))
+            .service(Scripted::new([Step::Retryable("db down")]))
+            .oneshot(message("order")),
+    );
+    let task = tokio::spawn(interrupted);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    token.cancel();
+    let outcome = task.await.expect("no panic").expect_err("interrupted");
+    assert_eq!(outcome.class(), ErrorClass::Interrupted);
+    assert_eq!(sink.writes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_sink_leaves_the_message_unacknowledged_until_the_sink_recovers() {
+    let sink = RecordingSink::default();
+    sink.fail_writes(usize::MAX);
+    let policy = FailurePolicy::dead_letter(sink.clone()).write_backoff(Disabled);
+    let handler = Scripted::new(std::iter::repeat_n(Step::Permanent("bad order"), 10));
+    let service = DeadLetterLayer::with_policy(policy).layer(handler.clone());
+
+    // Each redelivery of the message fails the same way while the sink is
+    // down: retryable, so the runtime neither acknowledges nor drops it.
+    for _ in 0..3 {
+        let outcome = service
+            .clone()
+            .oneshot(message("order"))
+            .await
+            .expect_err("not acknowledged");
+        assert_eq!(outcome.class(), ErrorClass::Retryable);
+        let failed = outcome.cause().downcast_ref::<DeadLetterWriteFailed>();
+        assert_eq!(
+            failed.map(|f| f.error().class()),
+            Some(ErrorClass::Permanent)
+        );
+    }
+    assert!(sink.letters().is_empty());
+
+    sink.fail_writes(0);
+    let outcome = service
+        .clone()
+        .oneshot(message("order"))
+        .await
+        .expect_err("dead-lettered");
+    assert_eq!(outcome.class(), ErrorClass::Ignore);
+    assert_eq!(sink.letters().len(), 1);
+    assert_eq!(sink.writes(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_write_is_retried_in_place_before_giving_up() {
+    let sink = RecordingSink::default();
+    sink.fail_writes(2);
+    let outcome = DeadLetterLayer::new(sink.clone())
+        .layer(Scripted::new([Step::Permanent("bad order")]))
+        .oneshot(message("order"))
+        .await
+        .expect_err("dead-lettered");
+    assert_eq!(outcome.class(), ErrorClass::Ignore);
+    assert_eq!(sink.writes(), 3);
+    assert_eq!(sink.letters().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_a_write_retry_leaves_the_message_unacknowledged() {
+    let sink = RecordingSink::default();
+    sink.fail_writes(usize::MAX);
+    let token = CancellationToken::new();
+    let service = DeadLetterLayer::new(sink.clone()).layer(Scripted::new([Step::Permanent("bad")]));
+    let task = tokio::spawn(UnderConsumer::new(
+        &token,
+        service.oneshot(message("order")),
+    ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    token.cancel();
+    let outcome = task.await.expect("no panic").expect_err("interrupted");
+    assert_eq!(outcome.class(), ErrorClass::Interrupted);
+    assert!(sink.letters().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn discard_acknowledges_without_writing_and_keeps_the_failure() {
+    let outcome = DeadLetterLayer::with_policy(FailurePolicy::discard())
+        .layer(Scripted::new([Step::Permanent("stale sample")]))
+        .oneshot(message("order"))
+        .await
+        .expect_err("discarded");
+    assert_eq!(outcome.class(), ErrorClass::Ignore);
+    let discarded = outcome.cause().downcast_ref::<Discarded>();
+    assert_eq!(
+        discarded.map(|d| d.error().class()),
+        Some(ErrorClass::Permanent)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn block_calls_the_handler_again_until_it_succeeds_even_after_permanent_failures() {
+    let handler = Scripted::new([
+        Step::Retryable("db down"),
+        Step::Permanent("constraint violated"),
+        Step::Retryable("db down"),
+    ]);
+    let policy = FailurePolicy::block(Constant::new(Duration::from_secs(1)).max_retries(1))
+        .expect("a waiting backoff");
+    DeadLetterLayer::with_policy(policy)
+        .layer(handler.clone())
+        .oneshot(message("order"))
+        .await
+        .expect("the fourth call succeeds; past the cap the last delay repeats");
+    assert_eq!(handler.attempts_seen(), vec![1, 2, 3, 4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn block_with_retry_inside_keeps_counting_attempts() {
+    let handler = Scripted::new(std::iter::repeat_n(Step::Retryable("db down"), 3));
+    let policy = FailurePolicy::block(Constant::new(Duration::from_secs(1))).expect("valid");
+    ServiceBuilder::new()
+        .layer(DeadLetterLayer::with_policy(policy))
+        .layer(RetryLayer::new(quick(1)))
+        .service(handler.clone())
+        .oneshot(message("order"))
+        .await
+        .expect("succeeds on the fourth attempt");
+    assert_eq!(handler.attempts_seen(), vec![1, 2, 3, 4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocked_message_is_released_unacknowledged_on_shutdown() {
+    let handler = Scripted::new(std::iter::repeat_n(Step::Permanent("bad"), 1000));
+    let policy = FailurePolicy::block(Constant::new(Duration::from_secs(10))).expect("valid");
+    let token = CancellationToken::new();
+    let service = DeadLetterLayer::with_policy(policy).layer(handler.clone());
+    let task = tokio::spawn(UnderConsumer::new(
+        &token,
+        service.oneshot(message("order")),
+    ));
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    token.cancel();
+    let outcome = task.await.expect("no panic").expect_err("interrupted");
+    assert_eq!(outcome.class(), ErrorClass::Interrupted);
+    assert_eq!(handler.calls(), 3);
+}
+
+#[test]
+fn block_refuses_a_backoff_that_never_waits() {
+    let error = FailurePolicy::block(Disabled).expect_err("a busy loop is refused");
+    assert_eq!(error.setting, "failure_policy.block");
+    assert!(FailurePolicy::block(Constant::new(Duration::ZERO).max_retries(0)).is_err());
+}

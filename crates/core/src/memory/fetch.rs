@@ -1,0 +1,110 @@
+//! Fetching a batch: which messages a member receives next, fairly across
+//! its partitions, and with which delivery attempt.
+
+use std::collections::BTreeMap;
+
+use crate::message::Message;
+
+/// A group's reading position in one partition.
+#[derive(Debug, Default)]
+pub(crate) struct Delivery {
+    /// The owner's next offset to fetch.
+    cursor: usize,
+    /// Every offset below this was delivered to the group at least once.
+    delivered_until: usize,
+    /// Deliveries so far of offsets delivered more than once, kept only for
+    /// offsets not yet committed: first deliveries cost nothing to count.
+    redeliveries: BTreeMap<usize, u32>,
+}
+
+impl Delivery {
+    /// Fetch from `offset` next (a new owner starts at the committed offset).
+    pub(crate) fn rewind(&mut self, offset: usize) {
+        self.cursor = offset;
+    }
+
+    /// Drops the delivery counts of committed offsets, which are never
+    /// delivered again.
+    pub(crate) fn forget_below(&mut self, committed: usize) {
+        while let Some(entry) = self.redeliveries.first_entry() {
+            if *entry.key() >= committed {
+                break;
+            }
+            entry.remove();
+        }
+    }
+
+    /// Appends up to `limit` messages from the cursor; returns how many.
+    fn take(&mut self, log: &[Message], buf: &mut Vec<Message>, limit: usize) -> usize {
+        let start = self.cursor.min(log.len());
+        let end = log.len().min(start.saturating_add(limit));
+        if start == end {
+            return 0;
+        }
+        let first_delivery = self.delivered_until.clamp(start, end);
+        for (offset, message) in (start..first_delivery).zip(&log[start..first_delivery]) {
+            let deliveries = self.redeliveries.entry(offset).or_insert(1);
+            *deliveries = deliveries.saturating_add(1);
+            let mut message = message.clone();
+            message.metadata_mut().set_attempt(*deliveries);
+            buf.push(message);
+        }
+        // The hot path: first deliveries are plain clones, reference-count
+        // increments with no allocation.
+        buf.extend_from_slice(&log[first_delivery..end]);
+        self.cursor = end;
+        self.delivered_until = self.delivered_until.max(end);
+        end - start
+    }
+
+    fn has_more(&self, log: &[Message]) -> bool {
+        self.cursor < log.len()
+    }
+}
+
+/// Appends at most `max` messages from the partitions in `owned` (indexes
+/// into `deliveries` and `logs`) to `buf`
+/// and returns how many.
+///
+/// Each call starts at the next partition in turn (`first`), and no
+/// partition takes more than an even share of `max` while another still has
+/// messages, so a backlog on one partition never starves the others.
+pub(crate) fn fetch(
+    owned: &[u32],
+    first: &mut usize,
+    deliveries: &mut [Delivery],
+    logs: &[Vec<Message>],
+    buf: &mut Vec<Message>,
+    max: usize,
+) -> usize {
+    let count = owned.len();
+    if count == 0 || max == 0 {
+        return 0;
+    }
+    let start = *first % count;
+    *first = (start + 1) % count;
+    let share = max.div_ceil(count);
+    let mut remaining = max;
+    let mut more = false;
+    for turn in 0..count {
+        if remaining == 0 {
+            break;
+        }
+        let partition = owned[(start + turn) % count] as usize;
+        let (state, log) = (&mut deliveries[partition], &logs[partition]);
+        remaining -= state.take(log, buf, share.min(remaining));
+        more |= state.has_more(log);
+    }
+    if more {
+        // Some partitions had less than their share: the rest of the batch
+        // goes to those that have more, in the same order.
+        for turn in 0..count {
+            if remaining == 0 {
+                break;
+            }
+            let partition = owned[(start + turn) % count] as usize;
+            remaining -= deliveries[partition].take(&logs[partition], buf, remaining);
+        }
+    }
+    max - remaining
+}

@@ -1,0 +1,169 @@
+//! Retry a handler's retryable failures on a [`BackoffPolicy`]'s schedule.
+//!
+//! Only [`ErrorClass::Retryable`] failures are retried; permanent ones (a
+//! payload that cannot be decoded, a violated constraint) and the other
+//! classes pass through at once. The handler sees the attempt it is on in
+//! [`Metadata::attempt`], and the final error carries the number of attempts
+//! ([`HandlerError::attempts`]).
+//!
+//! Retries are capped unless the policy says otherwise: the built-in
+//! policies give up after [`Exponential::DEFAULT_MAX_RETRIES`] and retry
+//! forever only when asked with `retry_forever()`.
+//!
+//! A retry that is sleeping when the consumer starts to shut down ends at
+//! once with [`HandlerError::interrupted`]: the message is neither
+//! acknowledged nor dead-lettered, and the broker delivers it again.
+//!
+//! # Why not `tower::retry`
+//!
+//! tower's `Retry` calls the service again as soon as its policy's sleep
+//! ends; it has no way to end with a different outcome when the consumer
+//! shuts down mid-sleep, so a shutdown would still run the handler once more.
+//! It also clones its policy for every request. This layer keeps tower's
+//! shape (a named future, the inner service cloned per call so that retries
+//! can call it again) and adds those two things.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use intake_core::retry::RetryLayer;
+//! use intake_core::{Exponential, HandlerError, Message};
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! let handler = ServiceBuilder::new()
+//!     // At most 5 retries, 100 ms doubling up to 10 s; each attempt at most 2 s.
+//!     .layer(RetryLayer::new(
+//!         Exponential::new(Duration::from_millis(100), Duration::from_secs(10)).max_retries(5),
+//!     ))
+//!     .timeout(Duration::from_secs(2))
+//!     .service(service_fn(|message: Message| async move {
+//!         if message.payload().is_empty() {
+//!             return Err(HandlerError::permanent("empty payload"));
+//!         }
+//!         Ok::<(), HandlerError>(())
+//!     }));
+//! # let _ = handler;
+//! ```
+//!
+//! [`ErrorClass::Retryable`]: crate::error::ErrorClass::Retryable
+//! [`Metadata::attempt`]: crate::message::Metadata::attempt
+//! [`Exponential::DEFAULT_MAX_RETRIES`]: crate::backoff::Exponential::DEFAULT_MAX_RETRIES
+
+mod future;
+mod layer;
+mod observer;
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::Service;
+
+use self::future::Again;
+pub use self::future::ResponseFuture;
+pub use self::layer::RetryLayer;
+pub use self::observer::RetryObserver;
+use crate::backoff::BackoffPolicy;
+use crate::error::HandlerError;
+use crate::message::Message;
+
+/// Retries the retryable failures of `S` on the schedule of `P`, reporting
+/// each retry to `O`. See the [module docs](self).
+pub struct Retry<S, P, O = ()> {
+    inner: S,
+    config: Arc<RetryConfig<P, O>>,
+}
+
+/// The policy and observer, shared by every clone of a [`Retry`] and every
+/// message in it (one reference count per message, whatever their size).
+pub(crate) struct RetryConfig<P, O> {
+    policy: P,
+    observer: O,
+}
+
+impl<S, P: BackoffPolicy> Retry<S, P> {
+    /// Wraps `inner`, retrying on `policy`'s schedule.
+    pub fn new(inner: S, policy: P) -> Self {
+        Self::with_observer(inner, policy, ())
+    }
+}
+
+impl<S, P: BackoffPolicy, O: RetryObserver> Retry<S, P, O> {
+    /// Wraps `inner`, retrying on `policy`'s schedule and reporting each
+    /// retry to `observer`.
+    pub fn with_observer(inner: S, policy: P, observer: O) -> Self {
+        Self {
+            inner,
+            config: Arc::new(RetryConfig { policy, observer }),
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The retry schedule.
+    pub fn policy(&self) -> &P {
+        &self.config.policy
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, P, O> Clone for Retry<S, P, O> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: fmt::Debug, P: fmt::Debug, O> fmt::Debug for Retry<S, P, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("policy", &self.config.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, P, O> Service<Message> for Retry<S, P, O>
+where
+    S: Service<Message, Response = ()> + Clone,
+    S::Error: Into<HandlerError>,
+    P: BackoffPolicy,
+    O: RetryObserver,
+{
+    type Response = ();
+    type Error = HandlerError;
+    type Future = ResponseFuture<S::Future, S, P, O>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, message: Message) -> Self::Future {
+        let attempt = message.metadata().attempt();
+        if self.config.policy.is_disabled() {
+            return ResponseFuture::new(self.inner.call(message), attempt, None);
+        }
+        // A retry needs the message again and a service to call. A message
+        // clone bumps reference counts (no copy of the payload); the service
+        // clone is polled ready before every retry.
+        let again = Again {
+            service: self.inner.clone(),
+            message: message.clone(),
+            config: Arc::clone(&self.config),
+        };
+        ResponseFuture::new(self.inner.call(message), attempt, Some(again))
+    }
+}
+
+#[cfg(test)]
+mod tests;

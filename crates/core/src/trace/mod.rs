@@ -1,0 +1,147 @@
+//! One tracing span per message.
+//!
+//! The span, `message` at level `INFO`, carries the message's `source`,
+//! `partition`, `position`, `key` (as text, escaped where it is not UTF-8),
+//! `attempt` and the `handler` name. A W3C `traceparent` header is parsed and
+//! its ids recorded as `trace_id` and `parent_span_id`, so logs join the
+//! producer's trace. A failure is recorded as `error` (its text) and
+//! `error.class`.
+//!
+//! With no subscriber interested in the span, a message costs one level check:
+//! no field is formatted and no header is read.
+//!
+//! Outside the retry layer, a message has one span: `attempt` starts as the
+//! first attempt and a failure records the last one. Inside it, each attempt
+//! has its own span.
+//!
+//! # Example
+//!
+//! ```
+//! use intake_core::trace::TraceLayer;
+//! use intake_core::{HandlerError, Message};
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! let handler = ServiceBuilder::new()
+//!     .layer(TraceLayer::new("orders"))
+//!     .service(service_fn(|message: Message| async move {
+//!         // Inside the message's span: this event carries its fields.
+//!         tracing::info!(bytes = message.payload().len(), "order received");
+//!         Ok::<(), HandlerError>(())
+//!     }));
+//! # let _ = handler;
+//! ```
+
+mod future;
+mod layer;
+mod traceparent;
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tower::Service;
+use tracing::Span;
+use tracing::field::Empty;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::TraceLayer;
+pub use self::traceparent::{TRACEPARENT, TraceParent};
+use crate::error::HandlerError;
+use crate::message::Message;
+
+/// Runs each message of `S` in a span of its own. See the
+/// [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Trace<S> {
+    inner: S,
+    handler: Arc<str>,
+}
+
+impl<S> Trace<S> {
+    /// Wraps `inner`; spans name it `handler`.
+    pub fn new(inner: S, handler: impl Into<Arc<str>>) -> Self {
+        Self {
+            inner,
+            handler: handler.into(),
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn span(&self, message: &Message) -> Span {
+        let metadata = message.metadata();
+        // The macro evaluates (and formats) the fields only when a
+        // subscriber is interested in the span.
+        let span = tracing::info_span!(
+            "message",
+            handler = %self.handler,
+            source = %metadata.source(),
+            partition = metadata.partition(),
+            position = %metadata.position(),
+            key = message.key().map(|key| tracing::field::display(KeyText(key))),
+            attempt = metadata.attempt(),
+            trace_id = Empty,
+            parent_span_id = Empty,
+            error = Empty,
+            error.class = Empty,
+        );
+        if !span.is_disabled() {
+            let parent = message
+                .headers()
+                .get(TRACEPARENT)
+                .and_then(|value| TraceParent::parse(value));
+            if let Some(parent) = parent {
+                span.record("trace_id", parent.trace_id)
+                    .record("parent_span_id", parent.parent_id);
+            }
+        }
+        span
+    }
+}
+
+/// A key as span text: as is when it is UTF-8, escaped otherwise.
+struct KeyText<'a>(&'a Bytes);
+
+impl fmt::Display for KeyText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(self.0) {
+            Ok(text) => f.write_str(text),
+            Err(_) => write!(f, "{}", self.0.escape_ascii()),
+        }
+    }
+}
+
+impl<S> Service<Message> for Trace<S>
+where
+    S: Service<Message, Response = ()>,
+    S::Error: Into<HandlerError>,
+{
+    type Response = ();
+    type Error = HandlerError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, message: Message) -> Self::Future {
+        let span = self.span(&message);
+        let future = {
+            let _entered = span.enter();
+            self.inner.call(message)
+        };
+        ResponseFuture::new(future, span)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,12 @@
+//! The backend conformance suite on the in-memory broker.
+//!
+//! Runs with the `testkit` feature: `cargo test -p intake-core --features testkit`.
+#![cfg(feature = "testkit")]
+
+use intake_core::testkit::memory_backend::MemoryBackend;
+
+async fn backend() -> Option<MemoryBackend> {
+    Some(MemoryBackend::new())
+}
+
+intake_core::conformance_suite!(backend());

@@ -1,0 +1,391 @@
+//! [`KafkaSourceBuilder`]: settings, checks and start-up of a [`KafkaSource`].
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use tokio::sync::oneshot;
+
+use super::KafkaSource;
+use super::context::{KafkaContext, Shared};
+use super::convert::TopicNames;
+use super::poller::Poller;
+use super::watchdog::Watchdog;
+use crate::error::ConnectError;
+use crate::settings::KafkaSettings;
+
+/// librdkafka's default `max.poll.interval.ms`.
+const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Builds a [`KafkaSource`]. Every setting has a default except the group
+/// (or broadcast mode) and the topics.
+///
+/// Defaults intake applies unless the settings say otherwise:
+/// `auto.offset.reset=earliest` (a new group reads what was produced before
+/// it started; broadcast mode uses `latest`). Always applied:
+/// `enable.auto.commit=false` and `enable.auto.offset.store=false` (offsets
+/// are committed only from the commit engine's watermark) and
+/// `enable.partition.eof=false`.
+#[derive(Debug, Clone)]
+pub struct KafkaSourceBuilder {
+    settings: KafkaSettings,
+    group: Option<String>,
+    topics: Vec<String>,
+    broadcast: bool,
+    buffer: usize,
+    revoke_timeout: Duration,
+    connect_timeout: Duration,
+    close_timeout: Duration,
+    watchdog_interval: Duration,
+}
+
+impl KafkaSourceBuilder {
+    pub(crate) fn new(settings: KafkaSettings) -> Self {
+        Self {
+            settings,
+            group: None,
+            topics: Vec::new(),
+            broadcast: false,
+            buffer: 2048,
+            revoke_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(10),
+            watchdog_interval: Duration::from_secs(30),
+        }
+    }
+
+    /// The consumer group (`group.id`). Consumers of one group share the
+    /// topics' partitions.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Adds a topic to consume.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topics.push(topic.into());
+        self
+    }
+
+    /// Adds topics to consume.
+    pub fn topics<I: IntoIterator<Item = S>, S: Into<String>>(mut self, topics: I) -> Self {
+        self.topics.extend(topics.into_iter().map(Into::into));
+        self
+    }
+
+    /// Broadcast mode: this instance gets every message. It joins a group of
+    /// its own (named after [`group`](Self::group), or `intake`, plus a unique
+    /// suffix), starts at the end of each partition and commits nothing.
+    pub fn broadcast(mut self) -> Self {
+        self.broadcast = true;
+        self
+    }
+
+    /// Messages fetched ahead of the runtime (default 2048). When that many
+    /// wait, fetching pauses until a quarter remain.
+    pub fn buffer(mut self, messages: usize) -> Self {
+        self.buffer = messages;
+        self
+    }
+
+    /// How long a revocation waits for the runtime to drain and commit the
+    /// revoked partitions before it lets them go at their last commit
+    /// (default 60 s). Must stay below `max.poll.interval.ms`.
+    pub fn revoke_timeout(mut self, timeout: Duration) -> Self {
+        self.revoke_timeout = timeout;
+        self
+    }
+
+    /// How long [`build`](Self::build) waits for the brokers (default 10 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long closing waits to leave the group (default 10 s).
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
+        self
+    }
+
+    /// How long the consumer may yield nothing before the stall watchdog
+    /// compares its positions with the brokers' high watermarks (default
+    /// 30 s; zero turns the watchdog off).
+    pub fn watchdog_interval(mut self, interval: Duration) -> Self {
+        self.watchdog_interval = interval;
+        self
+    }
+
+    /// The librdkafka settings of the consumer, with intake's defaults and
+    /// fixed settings applied, and its group id.
+    fn consumer_settings(&self) -> Result<(KafkaSettings, String), ConnectError> {
+        let config_error = |setting: &str, problem: String| ConnectError::Config {
+            setting: setting.into(),
+            problem,
+        };
+        if self.topics.is_empty() || self.topics.iter().any(String::is_empty) {
+            return Err(config_error(
+                "topics",
+                "name at least one topic, none empty (`.topic(\"orders\")`)".into(),
+            ));
+        }
+        if self.buffer == 0 {
+            return Err(config_error("buffer", "must be at least 1".into()));
+        }
+        if self.settings.is_true("enable.auto.commit") == Some(true) {
+            return Err(config_error(
+                "enable.auto.commit",
+                "must be false: intake commits offsets only for finished messages; remove the setting".into(),
+            ));
+        }
+        let max_poll = match self.settings.get("max.poll.interval.ms") {
+            Some(value) => value
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| {
+                    config_error(
+                        "max.poll.interval.ms",
+                        format!("`{value}` is not a number of milliseconds"),
+                    )
+                })?,
+            None => DEFAULT_MAX_POLL_INTERVAL,
+        };
+        if self.revoke_timeout >= max_poll {
+            return Err(config_error(
+                "revoke_timeout",
+                format!(
+                    "{:?} must be shorter than max.poll.interval.ms ({max_poll:?}), or the group evicts the consumer while it drains",
+                    self.revoke_timeout
+                ),
+            ));
+        }
+        let group_id = match (&self.group, self.broadcast) {
+            (group, true) => format!(
+                "{}.broadcast.{}",
+                group.as_deref().unwrap_or("intake"),
+                unique_suffix()
+            ),
+            (Some(group), false) if !group.is_empty() => group.clone(),
+            (_, false) => {
+                return Err(config_error(
+                    "group",
+                    "set a consumer group (`.group(\"orders-service\")`) or choose `.broadcast()`"
+                        .into(),
+                ));
+            }
+        };
+        let mut settings = self.settings.clone();
+        let config = settings.client_config_mut();
+        config.set("group.id", &group_id);
+        config.set("enable.auto.commit", "false");
+        config.set("enable.auto.offset.store", "false");
+        config.set("enable.partition.eof", "false");
+        if self.broadcast {
+            config.set("auto.offset.reset", "latest");
+        } else if config.get("auto.offset.reset").is_none() {
+            config.set("auto.offset.reset", "earliest");
+        }
+        Ok((settings, group_id))
+    }
+
+    /// Creates the consumer, checks that the brokers answer and that every
+    /// topic exists (within the connect timeout), subscribes, and starts
+    /// the polling thread.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError::Config`] for settings that cannot work,
+    /// [`ConnectError::Unreachable`] when no broker answers in time,
+    /// [`ConnectError::UnknownTopic`] for a missing topic,
+    /// [`ConnectError::Unauthorized`] when the credentials are refused.
+    pub async fn build(self) -> Result<KafkaSource, ConnectError> {
+        let (settings, group_id) = self.consumer_settings()?;
+        let brokers = settings.bootstrap_servers().to_owned();
+        let shared = Arc::new(Shared::new(
+            self.buffer,
+            self.revoke_timeout,
+            !self.broadcast,
+            brokers.clone(),
+        ));
+        let context = KafkaContext {
+            shared: shared.clone(),
+        };
+        let started = Instant::now();
+        let consumer: BaseConsumer<KafkaContext> = settings
+            .client_config()
+            .create_with_context(context)
+            .map_err(|error| ConnectError::from_kafka(error, &brokers, started.elapsed()))?;
+        let consumer = Arc::new(consumer);
+
+        let checked = {
+            let consumer = consumer.clone();
+            let topics = self.topics.clone();
+            let timeout = self.connect_timeout;
+            let brokers = brokers.clone();
+            tokio::task::spawn_blocking(move || check_topics(&consumer, &topics, timeout, &brokers))
+                .await
+                .map_err(|error| ConnectError::Spawn(std::io::Error::other(error)))
+                .and_then(|checked| checked)
+        };
+        checked?;
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|error| ConnectError::from_kafka(error, &brokers, started.elapsed()))?;
+
+        let (stopped_tx, stopped) = oneshot::channel();
+        let poller = Poller {
+            consumer: consumer.clone(),
+            shared: shared.clone(),
+            watchdog: Watchdog::new(self.watchdog_interval),
+            close_timeout: self.close_timeout,
+            batch: Vec::with_capacity(512),
+            topics: TopicNames::default(),
+            paused: false,
+            reported_missing: Vec::new(),
+            last_commit_retry: Instant::now(),
+        };
+        std::thread::Builder::new()
+            .name("intake-kafka-poll".into())
+            .spawn(move || {
+                poller.run();
+                let _ = stopped_tx.send(());
+            })
+            .map_err(ConnectError::Spawn)?;
+        tracing::info!(group = %group_id, topics = ?self.topics, %brokers, "kafka source started");
+        Ok(KafkaSource {
+            shared,
+            consumer,
+            group_id,
+            stopped: Some(stopped),
+        })
+    }
+}
+
+/// Fetches each topic's metadata: proves a broker answers and the topic
+/// exists.
+fn check_topics(
+    consumer: &BaseConsumer<KafkaContext>,
+    topics: &[String],
+    timeout: Duration,
+    brokers: &str,
+) -> Result<(), ConnectError> {
+    let started = Instant::now();
+    for topic in topics {
+        let remaining = timeout.saturating_sub(started.elapsed());
+        let metadata = consumer
+            .fetch_metadata(Some(topic), remaining)
+            .map_err(|error| ConnectError::from_kafka(error, brokers, started.elapsed()))?;
+        let found = metadata.topics().iter().find(|found| found.name() == topic);
+        let missing = match found {
+            None => true,
+            Some(found) => {
+                found.error().is_some_and(|code| {
+                    matches!(
+                        RDKafkaErrorCode::from(code),
+                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                    )
+                }) || found.partitions().is_empty()
+            }
+        };
+        if missing {
+            return Err(ConnectError::UnknownTopic {
+                topic: topic.clone(),
+                brokers: brokers.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A suffix that no other instance picks: time, process and a random seed.
+fn unique_suffix() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_nanos())
+        .unwrap_or(0);
+    let random = RandomState::new().hash_one(nanos);
+    format!("{}-{:x}", std::process::id(), random)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder() -> KafkaSourceBuilder {
+        KafkaSourceBuilder::new(KafkaSettings::new("127.0.0.1:9"))
+    }
+
+    #[test]
+    fn offsets_are_never_auto_committed() {
+        let (settings, _) = builder()
+            .group("g")
+            .topic("t")
+            .consumer_settings()
+            .expect("valid settings");
+        assert_eq!(settings.get("enable.auto.commit"), Some("false"));
+        assert_eq!(settings.get("auto.offset.reset"), Some("earliest"));
+
+        let refused = builder()
+            .group("g")
+            .topic("t")
+            .consumer_settings_with("enable.auto.commit", "true");
+        assert!(
+            matches!(refused, Err(ConnectError::Config { setting, .. }) if setting == "enable.auto.commit")
+        );
+    }
+
+    #[test]
+    fn a_consumer_needs_a_group_or_broadcast() {
+        let error = builder().topic("t").consumer_settings();
+        assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "group"));
+        let (settings, group) = builder()
+            .topic("t")
+            .broadcast()
+            .consumer_settings()
+            .expect("broadcast needs no group");
+        assert!(group.starts_with("intake.broadcast."));
+        assert_eq!(settings.get("auto.offset.reset"), Some("latest"));
+    }
+
+    #[test]
+    fn broadcast_instances_get_groups_of_their_own() {
+        let first = builder().topic("t").broadcast().consumer_settings();
+        let second = builder().topic("t").broadcast().consumer_settings();
+        let (Ok((_, first)), Ok((_, second))) = (first, second) else {
+            panic!("broadcast settings are valid");
+        };
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn the_revoke_wait_must_fit_in_the_poll_interval() {
+        let error = builder()
+            .group("g")
+            .topic("t")
+            .revoke_timeout(Duration::from_secs(20))
+            .consumer_settings_with("max.poll.interval.ms", "10000");
+        assert!(
+            matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "revoke_timeout")
+        );
+    }
+
+    #[test]
+    fn no_topic_is_a_configuration_error() {
+        let error = builder().group("g").consumer_settings();
+        assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "topics"));
+    }
+
+    impl KafkaSourceBuilder {
+        fn consumer_settings_with(
+            mut self,
+            key: &str,
+            value: &str,
+        ) -> Result<(KafkaSettings, String), ConnectError> {
+            self.settings = self.settings.set(key, value);
+            self.consumer_settings()
+        }
+    }
+}

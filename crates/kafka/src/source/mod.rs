@@ -1,0 +1,185 @@
+//! [`KafkaSource`]: deliveries and rebalances from a Kafka consumer group.
+//!
+//! A thread of its own polls the rdkafka consumer and hands messages to
+//! [`Source::next`] through a bounded queue. When the runtime falls behind and
+//! the queue fills up, the thread pauses every assigned partition and keeps
+//! polling (so `max.poll.interval.ms` is honoured and rebalances are served),
+//! then resumes once the queue drained. Revocations block the rebalance
+//! callback on that thread, never a tokio worker, until the runtime drained
+//! and committed the partitions.
+
+mod builder;
+pub(crate) mod context;
+mod convert;
+mod handoff;
+mod poller;
+mod watchdog;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use intake_core::{Message, Source, SourceError, SourceEvent};
+use rdkafka::consumer::BaseConsumer;
+use tokio::sync::oneshot;
+
+pub use builder::KafkaSourceBuilder;
+pub(crate) use convert::epoch_millis;
+
+use self::context::{KafkaContext, Shared};
+use self::handoff::Taken;
+use crate::acker::KafkaAcker;
+use crate::settings::KafkaSettings;
+
+/// A Kafka consumer as an intake [`Source`].
+///
+/// Build one with [`KafkaSource::builder`]; take its acker with
+/// [`KafkaSource::acker`]. Partition = topic-partition, position =
+/// [`Position::Offset`](intake_core::Position::Offset).
+///
+/// Dropping the source without [`close`](Source::close) leaves the group
+/// without a final commit: what was not committed is delivered again to the
+/// partitions' next owner.
+pub struct KafkaSource {
+    shared: Arc<Shared>,
+    consumer: Arc<BaseConsumer<KafkaContext>>,
+    group_id: String,
+    /// Resolves when the polling thread has left the group.
+    stopped: Option<oneshot::Receiver<()>>,
+}
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("group_id", &self.group_id)
+            .field("brokers", &self.shared.brokers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaSource {
+    /// Starts a builder for a source on the brokers of `settings`.
+    pub fn builder(settings: KafkaSettings) -> KafkaSourceBuilder {
+        KafkaSourceBuilder::new(settings)
+    }
+
+    /// The acker that commits this source's offsets.
+    pub fn acker(&self) -> KafkaAcker {
+        KafkaAcker::new(self.consumer.clone(), self.shared.clone())
+    }
+
+    /// The consumer group id (generated in broadcast mode).
+    pub fn group_id(&self) -> &str {
+        &self.group_id
+    }
+
+    fn request_stop(&self) {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::Release);
+        // Releases a rebalance callback that waits on a queued revocation.
+        self.shared.handoff.abandon();
+    }
+}
+
+impl Source for KafkaSource {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        // Cancel safety: everything taken from librdkafka sits in the handoff
+        // until `take` moves it into `deliveries`; only the wait is dropped.
+        loop {
+            match self.shared.handoff.take(deliveries, max) {
+                Taken::Delivered => return Ok(SourceEvent::Delivered),
+                Taken::Event(event) => return Ok(event),
+                Taken::Error(error) => return Err(error),
+                Taken::Finished => {
+                    return Err(SourceError::Fatal(
+                        "the kafka polling thread stopped; the source was closed".into(),
+                    ));
+                }
+                Taken::Empty => self.shared.handoff.wait().await,
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), SourceError> {
+        self.request_stop();
+        if let Some(stopped) = self.stopped.take() {
+            // An error means the thread is gone already.
+            let _ = stopped.await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        // The polling thread leaves the group on its own; not joined here, so
+        // dropping never blocks an async task.
+        self.request_stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rdkafka::consumer::Consumer;
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+    use super::*;
+
+    /// A fetcher stopped behind the poller's back (as a lost wakeup or a
+    /// stale pause would) is found by the watchdog and restarted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_watchdog_restarts_a_fetcher_that_stopped_while_the_broker_has_data() {
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .create()
+            .expect("mock cluster");
+        let mock = producer.client().mock_cluster().expect("mock cluster");
+        mock.create_topic("stall", 1, 1).expect("topic");
+        let produce = |payload: &'static str| {
+            producer.send(
+                FutureRecord::<[u8], [u8]>::to("stall").payload(payload.as_bytes()),
+                Duration::from_secs(10),
+            )
+        };
+        produce("first").await.expect("produce");
+
+        let settings = KafkaSettings::new(mock.bootstrap_servers())
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        let mut source = KafkaSource::builder(settings)
+            .group("stall-group")
+            .topic("stall")
+            .revoke_timeout(Duration::from_secs(20))
+            .watchdog_interval(Duration::from_millis(500))
+            .build()
+            .await
+            .expect("source");
+        let mut received = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while received.is_empty() && tokio::time::Instant::now() < deadline {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+        }
+        assert_eq!(received.len(), 1);
+
+        // Stop the fetcher without the poller knowing.
+        let assignment = source.consumer.assignment().expect("assignment");
+        source.consumer.pause(&assignment).expect("pause");
+        produce("second").await.expect("produce");
+
+        received.clear();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while received.is_empty() && tokio::time::Instant::now() < deadline {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut received, 10)).await;
+        }
+        assert_eq!(received.len(), 1, "the stalled partition was restarted");
+        assert_eq!(received[0].payload().as_ref(), b"second");
+        source.close().await.expect("close");
+    }
+}

@@ -1,0 +1,457 @@
+//! The Kafka fixture for intake's conformance suite, on two brokers: the
+//! in-process rdkafka `MockCluster` (fast tier) and tansu on 127.0.0.1:9092
+//! (real tier).
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use intake_core::BoxError;
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
+use intake_kafka::dead_letter::header;
+use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use intake_kafka::rdkafka::client::DefaultClientContext;
+use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use intake_kafka::rdkafka::message::{Header, Headers as _, OwnedHeaders};
+use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use intake_kafka::rdkafka::{ClientConfig, Message as _};
+use intake_kafka::{
+    KafkaAcker, KafkaDeadLetterSink, KafkaSettings, KafkaSource, KafkaSourceBuilder,
+};
+
+/// The real tier's broker address.
+pub const REAL_BROKERS: &str = "127.0.0.1:9092";
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Where topics live.
+enum Tier {
+    /// The producer owns the mock cluster; it lives as long as the fixture.
+    Mock,
+    Real(AdminClient<DefaultClientContext>),
+}
+
+/// A Kafka broker for tests, with a producer.
+pub struct KafkaBackend {
+    brokers: String,
+    producer: FutureProducer,
+    tier: Tier,
+}
+
+impl KafkaBackend {
+    /// A fresh in-process mock cluster of one broker, with group joins
+    /// made fast.
+    pub fn mock() -> Self {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .set("message.timeout.ms", "10000")
+            .create()
+            .expect("a mock cluster starts in process");
+        let client = producer.client();
+        // SAFETY: the handle belongs to the producer's client, which outlives
+        // this call; the function only sets a field of the mock cluster.
+        unsafe {
+            let mock =
+                intake_kafka::rdkafka::bindings::rd_kafka_handle_mock_cluster(client.native_ptr());
+            assert!(!mock.is_null(), "the producer owns a mock cluster");
+            intake_kafka::rdkafka::bindings::rd_kafka_mock_group_initial_rebalance_delay_ms(
+                mock, 0,
+            );
+        }
+        let brokers = client
+            .mock_cluster()
+            .expect("the producer owns a mock cluster")
+            .bootstrap_servers();
+        Self {
+            brokers,
+            producer,
+            tier: Tier::Mock,
+        }
+    }
+
+    /// tansu on 127.0.0.1:9092, or `None` (after printing why) when nothing
+    /// listens there. With `INTAKE_REQUIRE_BROKERS=1` a missing broker fails
+    /// the test instead.
+    pub fn real(test: &str) -> Option<Self> {
+        let reachable = std::net::TcpStream::connect_timeout(
+            &REAL_BROKERS.parse().expect("a socket address"),
+            Duration::from_secs(1),
+        )
+        .is_ok();
+        if !reachable {
+            let why = format!(
+                "no Kafka broker on {REAL_BROKERS} (start one with `.ci/services/kafka.sh`)"
+            );
+            if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") {
+                panic!("{test}: {why}");
+            }
+            println!("skipped: {test}: {why}");
+            return None;
+        }
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", REAL_BROKERS)
+            .set("message.timeout.ms", "30000")
+            .create()
+            .expect("producer settings are valid");
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", REAL_BROKERS)
+            .create()
+            .expect("admin settings are valid");
+        Some(Self {
+            brokers: REAL_BROKERS.into(),
+            producer,
+            tier: Tier::Real(admin),
+        })
+    }
+
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// Consumer settings: fast group protocol timings for tests.
+    pub fn settings(&self) -> KafkaSettings {
+        KafkaSettings::new(&self.brokers)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .set("max.poll.interval.ms", "120000")
+            .set("topic.metadata.refresh.interval.ms", "1000")
+    }
+
+    /// A source builder for `topic` in `group` with test timings.
+    pub fn source(&self, topic: &str, group: &str) -> KafkaSourceBuilder {
+        KafkaSource::builder(self.settings())
+            .group(group)
+            .topic(topic)
+            .revoke_timeout(Duration::from_secs(20))
+            .connect_timeout(Duration::from_secs(10))
+            .close_timeout(Duration::from_secs(5))
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BoxError> {
+        let count = i32::try_from(partitions)?;
+        match &self.tier {
+            Tier::Mock => {
+                let mock = self
+                    .producer
+                    .client()
+                    .mock_cluster()
+                    .ok_or("the producer owns no mock cluster")?;
+                mock.create_topic(topic, count, 1)?;
+            }
+            Tier::Real(admin) => {
+                let results = admin
+                    .create_topics(
+                        &[NewTopic::new(topic, count, TopicReplication::Fixed(1))],
+                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+                    )
+                    .await?;
+                for result in results {
+                    result.map_err(|(name, code)| format!("creating {name}: {code}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Produces `messages` to `topic` (partition by key) and waits for every
+    /// delivery report.
+    pub async fn produce_to(&self, topic: &str, messages: &[TestMessage]) -> Result<(), BoxError> {
+        let sends = messages.iter().map(|message| {
+            let mut headers = OwnedHeaders::new();
+            for original in &message.headers {
+                headers = headers.insert(Header {
+                    key: &original.name,
+                    value: Some(original.value.as_ref()),
+                });
+            }
+            let mut record = FutureRecord::<[u8], [u8]>::to(topic)
+                .payload(message.payload.as_ref())
+                .headers(headers);
+            if let Some(key) = &message.key {
+                record = record.key(key.as_ref());
+            }
+            self.producer.send(record, Duration::from_secs(30))
+        });
+        for delivered in futures_util::future::join_all(sends).await {
+            delivered.map_err(|(error, _)| error)?;
+        }
+        Ok(())
+    }
+
+    /// Produces to an explicit partition.
+    pub async fn produce_to_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        payloads: impl IntoIterator<Item = String>,
+    ) -> Result<(), BoxError> {
+        let payloads: Vec<String> = payloads.into_iter().collect();
+        let sends = payloads.iter().map(|payload| {
+            self.producer.send(
+                FutureRecord::<[u8], [u8]>::to(topic)
+                    .partition(partition)
+                    .payload(payload.as_bytes()),
+                Duration::from_secs(30),
+            )
+        });
+        for delivered in futures_util::future::join_all(sends).await {
+            delivered.map_err(|(error, _)| error)?;
+        }
+        Ok(())
+    }
+
+    /// Per partition of `topic`: the committed offset of `group` (if any)
+    /// and the high watermark.
+    pub async fn offsets(
+        &self,
+        topic: &str,
+        group: &str,
+    ) -> Result<Vec<(i32, Option<i64>, i64)>, BoxError> {
+        let brokers = self.brokers.clone();
+        let topic = topic.to_owned();
+        let group = group.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &group)
+                .set("enable.auto.commit", "false")
+                .create()?;
+            let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+            let partitions: Vec<i32> = metadata
+                .topics()
+                .iter()
+                .filter(|found| found.name() == topic)
+                .flat_map(|found| found.partitions().iter().map(|p| p.id()))
+                .collect();
+            let mut list = TopicPartitionList::new();
+            for partition in &partitions {
+                list.add_partition(&topic, *partition);
+            }
+            let committed = consumer.committed_offsets(list, Duration::from_secs(10))?;
+            let mut offsets = Vec::new();
+            for partition in partitions {
+                let (_, high) =
+                    consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))?;
+                let committed = committed
+                    .find_partition(&topic, partition)
+                    .and_then(|element| match element.offset() {
+                        Offset::Offset(offset) => Some(offset),
+                        _ => None,
+                    });
+                offsets.push((partition, committed, high));
+            }
+            Ok(offsets)
+        })
+        .await?
+    }
+
+    /// Every record of `topic`, from the start, read until the high
+    /// watermarks.
+    pub async fn read_all(&self, topic: &str) -> Result<Vec<ReadRecord>, BoxError> {
+        let brokers = self.brokers.clone();
+        let topic = topic.to_owned();
+        let reader_group = unique("intake-reader");
+        tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &reader_group)
+                .set("enable.auto.commit", "false")
+                .create()?;
+            let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+            let Some(found) = metadata.topics().iter().find(|found| found.name() == topic) else {
+                return Ok(Vec::new());
+            };
+            if found.error().is_some() || found.partitions().is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut list = TopicPartitionList::new();
+            let mut remaining = 0;
+            for partition in found.partitions() {
+                let (low, high) =
+                    consumer.fetch_watermarks(&topic, partition.id(), Duration::from_secs(10))?;
+                remaining += (high - low).max(0);
+                list.add_partition_offset(&topic, partition.id(), Offset::Beginning)?;
+            }
+            consumer.assign(&list)?;
+            let mut records = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while remaining > 0 && std::time::Instant::now() < deadline {
+                let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
+                    continue;
+                };
+                let message = polled?;
+                remaining -= 1;
+                let headers = message
+                    .headers()
+                    .map(|headers| {
+                        headers
+                            .iter()
+                            .map(|h| {
+                                (
+                                    h.key.to_owned(),
+                                    Bytes::copy_from_slice(h.value.unwrap_or_default()),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                records.push(ReadRecord {
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    key: message.key().map(Bytes::copy_from_slice),
+                    payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
+                    headers,
+                });
+            }
+            if remaining > 0 {
+                return Err(format!("{remaining} records of {topic} not read within 30 s").into());
+            }
+            Ok(records)
+        })
+        .await?
+    }
+}
+
+/// A record read back from a topic.
+#[derive(Debug, Clone)]
+pub struct ReadRecord {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Bytes>,
+    pub payload: Bytes,
+    pub headers: Vec<(String, Bytes)>,
+}
+
+impl ReadRecord {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    }
+}
+
+#[async_trait]
+impl Backend for KafkaBackend {
+    type Source = KafkaSource;
+    type Acker = KafkaAcker;
+    type Sink = KafkaDeadLetterSink;
+
+    fn name(&self) -> &'static str {
+        match self.tier {
+            Tier::Mock => "kafka (mock cluster)",
+            Tier::Real(_) => "kafka (tansu)",
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            partitions: true,
+            shared_groups: true,
+            // A consumer dropped without closing leaves the group as its
+            // polling thread closes; the session timeout bounds the rest.
+            crash_redelivery_after: Duration::from_secs(6),
+        }
+    }
+
+    async fn create_source(&self, partitions: u32) -> Result<String, BoxError> {
+        let topic = unique("intake-topic");
+        self.create_topic(&topic, partitions).await?;
+        Ok(topic)
+    }
+
+    async fn produce(&self, source: &str, messages: Vec<TestMessage>) -> Result<(), BoxError> {
+        self.produce_to(source, &messages).await
+    }
+
+    async fn connect(
+        &self,
+        source: &str,
+        group: &str,
+        settings: ConnectSettings,
+    ) -> Result<(KafkaSource, KafkaAcker), BoxError> {
+        let source = self
+            .source(source, group)
+            .buffer(settings.max_in_flight.max(1))
+            .build()
+            .await?;
+        let acker = source.acker();
+        Ok((source, acker))
+    }
+
+    async fn dead_letter_sink(
+        &self,
+        _source: &str,
+        group: &str,
+    ) -> Result<KafkaDeadLetterSink, BoxError> {
+        Ok(KafkaDeadLetterSink::builder(self.settings(), group).build()?)
+    }
+
+    async fn dead_letters(
+        &self,
+        source: &str,
+        group: &str,
+    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
+        let topic = format!("{source}.{group}.dlq");
+        let mut records = self.read_all(&topic).await?;
+        records.sort_by_key(|record| {
+            record
+                .header(header::FAILED_AT)
+                .and_then(|at| at.parse::<u128>().ok())
+        });
+        Ok(records
+            .into_iter()
+            .map(|record| DeadLetterRecord {
+                source: record.header(header::TOPIC).unwrap_or_default().to_owned(),
+                partition: record
+                    .header(header::PARTITION)
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(u32::MAX),
+                position: record.header(header::OFFSET).unwrap_or_default().to_owned(),
+                error: record.header(header::ERROR).unwrap_or_default().to_owned(),
+                attempts: record
+                    .header(header::ATTEMPTS)
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or(0),
+                payload: record.payload,
+            })
+            .collect())
+    }
+
+    async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError> {
+        let offsets = self.offsets(source, group).await?;
+        Ok(offsets
+            .into_iter()
+            .map(|(_, committed, high)| (high - committed.unwrap_or(0)).max(0) as u64)
+            .sum())
+    }
+}
+
+pub mod driver;
+
+/// Logs to the test output, filtered by `RUST_LOG` (default: warnings).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}

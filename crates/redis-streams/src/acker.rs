@@ -1,0 +1,151 @@
+//! [`RedisStreamsAcker`]: completed entries leave the pending list by `XACK`,
+//! many ids per command, every stream of a batch in one pipelined round trip.
+//!
+//! One awaited `XACK` per message is about 18 times slower than one per
+//! batch on this project's measurements, so the acker never does that: the
+//! runtime hands it whatever completed since the last batch, and while the
+//! round trip is under way the next batch grows.
+
+use std::sync::Arc;
+
+use intake_core::{AckBatch, AckError, AckMode, Acker};
+use redis::aio::ConnectionManager;
+
+use crate::config::Settings;
+use crate::connection::Connector;
+use crate::entry::StreamId;
+
+/// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
+/// broadcast reader.
+///
+/// A retry-later outcome (the runtime's requeue) sends nothing: the entry
+/// stays pending and is claimed again after `claim_min_idle`, with Redis
+/// counting the delivery.
+pub struct RedisStreamsAcker {
+    group: Option<GroupAcker>,
+}
+
+struct GroupAcker {
+    connection: ConnectionManager,
+    connector: Connector,
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for RedisStreamsAcker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.group {
+            Some(group) => f
+                .debug_struct("RedisStreamsAcker")
+                .field("endpoint", group.connector.endpoint())
+                .field("group", &group.settings.group)
+                .finish(),
+            None => f.write_str("RedisStreamsAcker(broadcast)"),
+        }
+    }
+}
+
+impl RedisStreamsAcker {
+    pub(crate) fn new(
+        connection: ConnectionManager,
+        connector: Connector,
+        settings: Arc<Settings>,
+    ) -> Self {
+        let group = settings.group.is_some().then(|| GroupAcker {
+            connection,
+            connector,
+            settings,
+        });
+        Self { group }
+    }
+}
+
+impl Acker for RedisStreamsAcker {
+    fn mode(&self) -> AckMode {
+        if self.group.is_some() {
+            AckMode::Ids
+        } else {
+            AckMode::Watermark
+        }
+    }
+
+    fn supports_requeue(&self) -> bool {
+        // A group entry that is not acknowledged stays pending and comes back
+        // by claim; a broadcast reader has no such thing, so the runtime
+        // retries in process.
+        self.group.is_some()
+    }
+
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        match &mut self.group {
+            Some(group) => group.ack(batch).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl GroupAcker {
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        let Some(group) = self.settings.group.clone() else {
+            return Ok(());
+        };
+        let mut pipe = redis::pipe();
+        let mut acknowledged = 0_usize;
+        for ack in &batch.partitions {
+            let ids = || {
+                ack.completed
+                    .iter()
+                    .filter_map(|&position| StreamId::from_position(position))
+            };
+            let count = ids().count();
+            if count < ack.completed.len() {
+                tracing::error!(
+                    partition = %ack.partition,
+                    skipped = ack.completed.len() - count,
+                    "positions that are not stream entry ids cannot be acknowledged"
+                );
+            }
+            if count == 0 {
+                continue;
+            }
+            acknowledged += count;
+            // `Pipeline::arg` appends to the command just started, so the ids
+            // go straight into its buffer.
+            pipe.cmd("XACK").arg(&*ack.partition.source).arg(&*group);
+            for id in ids() {
+                pipe.arg(id);
+            }
+            pipe.ignore();
+            if self.settings.delete_acked {
+                pipe.cmd("XDEL").arg(&*ack.partition.source);
+                for id in ids() {
+                    pipe.arg(id);
+                }
+                pipe.ignore();
+            }
+        }
+        if acknowledged == 0 {
+            return Ok(());
+        }
+        let requeued: usize = batch.partitions.iter().map(|ack| ack.requeue.len()).sum();
+        if requeued > 0 {
+            tracing::debug!(requeued, "entries left pending for a later claim");
+        }
+        let mut sent = pipe.query_async::<()>(&mut self.connection).await;
+        if sent
+            .as_ref()
+            .is_err_and(|error| error.is_connection_dropped() || error.is_io_error())
+        {
+            // The shared connection reconnects after a failure; XACK is
+            // idempotent, so one immediate retry spares a wait for the next
+            // batch (and a redelivery, if there is none).
+            sent = pipe.query_async::<()>(&mut self.connection).await;
+        }
+        sent.map_err(|error| {
+            let error = self.connector.error(error, "XACK");
+            // The runtime gives the work back and sends it with the next
+            // batch; until then the entries stay pending, never lost.
+            tracing::warn!(%error, "acknowledgement failed");
+            error.into()
+        })
+    }
+}

@@ -1,0 +1,601 @@
+//! [`RedisStreamsConfig`]: what to read, as whom, and how to recover.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use intake_core::{Backoff, ConfigError, Exponential, SourceName};
+
+use crate::acker::RedisStreamsAcker;
+use crate::connection::{Connector, SecretUrl, check_server_version};
+use crate::dead_letter::RedisDeadLetterSink;
+use crate::error::RedisStreamsError;
+use crate::source::RedisStreamsSource;
+
+/// Where a new consumer group starts reading a stream (or where a broadcast
+/// reader starts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartFrom {
+    /// The oldest entry still in the stream (`0`). The default for consumer
+    /// groups: entries written before the group existed are processed too.
+    #[default]
+    Beginning,
+    /// Only entries added after the group was created or the broadcast
+    /// reader connected (`$`). The default for broadcast readers.
+    NewEntries,
+}
+
+/// The stream that receives dead letters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeadLetterStream {
+    /// The source stream's name followed by this suffix: `orders` with
+    /// `":dlq"` (the default) writes to `orders:dlq`.
+    Suffix(String),
+    /// One stream for the dead letters of every source stream.
+    Fixed(String),
+}
+
+impl Default for DeadLetterStream {
+    fn default() -> Self {
+        DeadLetterStream::Suffix(":dlq".to_owned())
+    }
+}
+
+impl DeadLetterStream {
+    /// The dead-letter stream of source stream `stream`.
+    pub fn name_for(&self, stream: &str) -> String {
+        match self {
+            DeadLetterStream::Suffix(suffix) => format!("{stream}{suffix}"),
+            DeadLetterStream::Fixed(name) => name.clone(),
+        }
+    }
+}
+
+/// Settings shared by a source, its acker and its dead-letter sink.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) streams: Vec<SourceName>,
+    /// `None` in broadcast mode.
+    pub(crate) group: Option<Arc<str>>,
+    pub(crate) consumer: Arc<str>,
+    pub(crate) payload_field: Arc<str>,
+    pub(crate) key_field: Option<Arc<str>>,
+    pub(crate) start: StartFrom,
+    pub(crate) block: Duration,
+    pub(crate) claim_min_idle: Duration,
+    pub(crate) claim_interval: Duration,
+    pub(crate) max_deliveries: Option<u32>,
+    pub(crate) dead_letter_stream: DeadLetterStream,
+    pub(crate) delete_acked: bool,
+    pub(crate) reconnect: Backoff,
+}
+
+impl Settings {
+    /// The streams as one text, for errors of commands that span them all.
+    pub(crate) fn stream_list(&self) -> String {
+        self.streams
+            .iter()
+            .map(|stream| &**stream)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Configuration of a Redis Streams consumer: a consumer group over one or
+/// more streams, or a broadcast reader.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), intake_redis_streams::RedisStreamsError> {
+/// use std::time::Duration;
+/// use intake_redis_streams::RedisStreamsConfig;
+///
+/// let (source, acker) = RedisStreamsConfig::new("redis://127.0.0.1:6379")
+///     .stream("orders")
+///     .group("billing")
+///     .consumer("billing-1")
+///     .claim_min_idle(Duration::from_secs(60))
+///     .max_deliveries(5)
+///     .connect()
+///     .await?;
+/// let dead_letters = source.dead_letter_sink();
+/// # let _ = (acker, dead_letters);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Delivery
+///
+/// A group consumer first re-reads the entries its own name still has
+/// pending (from an earlier run), then new entries. Every
+/// [`claim_interval`](Self::claim_interval) it claims entries that have been
+/// pending longer than [`claim_min_idle`](Self::claim_min_idle) with any
+/// consumer: the work of consumers that died, and entries whose handler
+/// asked for a retry. **`claim_min_idle` must be longer than the longest
+/// time a message may spend in the consumer** (queued plus handled):
+/// Redis cannot tell a slow consumer from a dead one, so an entry held
+/// longer is delivered a second time.
+///
+/// # Retry later
+///
+/// A message whose handler failed with a retryable error after the
+/// in-process retries is left pending: it is claimed again after
+/// `claim_min_idle`, by this consumer or another, with its delivery count
+/// (kept by Redis, so it survives restarts) one higher. Once the count
+/// passes [`max_deliveries`](Self::max_deliveries) the source writes the
+/// entry to the dead-letter stream instead of dispatching it.
+#[derive(Clone)]
+pub struct RedisStreamsConfig {
+    url: SecretUrl,
+    streams: Vec<String>,
+    group: Option<String>,
+    consumer: Option<String>,
+    broadcast: bool,
+    payload_field: String,
+    key_field: Option<String>,
+    start: Option<StartFrom>,
+    block: Duration,
+    claim_min_idle: Duration,
+    claim_interval: Option<Duration>,
+    max_deliveries: Option<u32>,
+    dead_letter_stream: DeadLetterStream,
+    delete_acked: bool,
+    reconnect: Backoff,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    tls_root_certificate: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for RedisStreamsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStreamsConfig")
+            .field("url", &self.url)
+            .field("streams", &self.streams)
+            .field("group", &self.group)
+            .field("consumer", &self.consumer)
+            .field("broadcast", &self.broadcast)
+            .field("payload_field", &self.payload_field)
+            .field("key_field", &self.key_field)
+            .field("start", &self.start)
+            .field("block", &self.block)
+            .field("claim_min_idle", &self.claim_min_idle)
+            .field("claim_interval", &self.claim_interval)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("dead_letter_stream", &self.dead_letter_stream)
+            .field("delete_acked", &self.delete_acked)
+            .field("reconnect", &self.reconnect)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
+            .finish()
+    }
+}
+
+impl RedisStreamsConfig {
+    /// Default of [`claim_min_idle`](Self::claim_min_idle).
+    pub const DEFAULT_CLAIM_MIN_IDLE: Duration = Duration::from_secs(60);
+    /// Default of [`max_deliveries`](Self::max_deliveries).
+    pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+    /// Default of [`payload_field`](Self::payload_field).
+    pub const DEFAULT_PAYLOAD_FIELD: &'static str = "payload";
+
+    /// A configuration for the server at `url`: `redis://[user[:password]@]
+    /// host[:port][/db]`, or `rediss://…` for TLS (feature `tls`, on by
+    /// default). The password never appears in `Debug` output, logs or
+    /// errors.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: SecretUrl::new(url),
+            streams: Vec::new(),
+            group: None,
+            consumer: None,
+            broadcast: false,
+            payload_field: Self::DEFAULT_PAYLOAD_FIELD.to_owned(),
+            key_field: None,
+            start: None,
+            block: Duration::from_secs(2),
+            claim_min_idle: Self::DEFAULT_CLAIM_MIN_IDLE,
+            claim_interval: None,
+            max_deliveries: Some(Self::DEFAULT_MAX_DELIVERIES),
+            dead_letter_stream: DeadLetterStream::default(),
+            delete_acked: false,
+            reconnect: Exponential::new(Duration::from_millis(100), Duration::from_secs(5))
+                .retry_forever()
+                .into(),
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(5),
+            tls_root_certificate: None,
+        }
+    }
+
+    /// Adds a stream to read.
+    pub fn stream(mut self, stream: impl Into<String>) -> Self {
+        self.streams.push(stream.into());
+        self
+    }
+
+    /// Adds streams to read.
+    pub fn streams<S: Into<String>>(mut self, streams: impl IntoIterator<Item = S>) -> Self {
+        self.streams.extend(streams.into_iter().map(Into::into));
+        self
+    }
+
+    /// Reads as a member of consumer group `group`, created (with the
+    /// stream, if missing) on connect.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// This consumer's name within the group. Give every instance a name of
+    /// its own that stays the same across restarts (a pod name): a restarted
+    /// consumer then takes up its own pending entries at once instead of
+    /// waiting for `claim_min_idle`. Defaults to `<hostname>-<pid>-<n>`.
+    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
+        self.consumer = Some(consumer.into());
+        self
+    }
+
+    /// Reads every entry without a consumer group (`XREAD`), so that every
+    /// instance sees every entry. Nothing is acknowledged, claimed or
+    /// retried by Redis; starts at new entries unless
+    /// [`start_from`](Self::start_from) says otherwise.
+    pub fn broadcast(mut self) -> Self {
+        self.broadcast = true;
+        self
+    }
+
+    /// The entry field that holds the payload (default `payload`). Every
+    /// other field is a header. An entry without it is dead-lettered.
+    pub fn payload_field(mut self, field: impl Into<String>) -> Self {
+        self.payload_field = field.into();
+        self
+    }
+
+    /// The entry field whose value is the message key (none by default).
+    /// The field stays readable as a header.
+    pub fn key_field(mut self, field: impl Into<String>) -> Self {
+        self.key_field = Some(field.into());
+        self
+    }
+
+    /// Where a newly created group (or a broadcast reader) starts.
+    pub fn start_from(mut self, start: StartFrom) -> Self {
+        self.start = Some(start);
+        self
+    }
+
+    /// How long one blocking read waits for entries (default 2 s). Claims
+    /// run between reads, so this also bounds how late a claim can be.
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// How long an entry must have been pending before another delivery may
+    /// claim it (default 60 s). See [the type docs](Self).
+    pub fn claim_min_idle(mut self, idle: Duration) -> Self {
+        self.claim_min_idle = idle;
+        self
+    }
+
+    /// How often to look for entries to claim (default a quarter of
+    /// `claim_min_idle`, at most 10 s).
+    pub fn claim_interval(mut self, interval: Duration) -> Self {
+        self.claim_interval = Some(interval);
+        self
+    }
+
+    /// Dead-letters an entry instead of delivering it once Redis counts
+    /// more than `deliveries` deliveries of it (default 5).
+    pub fn max_deliveries(mut self, deliveries: u32) -> Self {
+        self.max_deliveries = Some(deliveries);
+        self
+    }
+
+    /// Never dead-letters an entry for its delivery count. A message that
+    /// always fails is then retried every `claim_min_idle`, forever.
+    pub fn unlimited_deliveries(mut self) -> Self {
+        self.max_deliveries = None;
+        self
+    }
+
+    /// Where dead letters go (default: the source stream's name plus
+    /// `:dlq`).
+    pub fn dead_letter_stream(mut self, stream: DeadLetterStream) -> Self {
+        self.dead_letter_stream = stream;
+        self
+    }
+
+    /// Deletes entries (`XDEL`) once they are acknowledged, in the same round
+    /// trip as the `XACK`. Off by default: it costs about a third of the
+    /// throughput, and trimming by length on the producer side (`XADD
+    /// MAXLEN ~`) is usually the better tool.
+    pub fn delete_acked(mut self, delete: bool) -> Self {
+        self.delete_acked = delete;
+        self
+    }
+
+    /// How to wait between attempts to reconnect the reading connection
+    /// (default: 100 ms doubling to 5 s, forever). When the policy gives up,
+    /// the source reports the server unreachable to the runtime.
+    pub fn reconnect_backoff(mut self, policy: impl Into<Backoff>) -> Self {
+        self.reconnect = policy.into();
+        self
+    }
+
+    /// How long to wait for a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for the reply to a command (default 5 s; a blocking
+    /// read gets its block time on top).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
+    /// root certificates, for a `rediss://` server whose certificate a
+    /// private CA signed.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Checks the settings without connecting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.settings().map(|_| ())
+    }
+
+    fn settings(&self) -> Result<Settings, ConfigError> {
+        if self.streams.is_empty() {
+            return Err(ConfigError::new(
+                "streams",
+                "is empty: name at least one stream with `.stream(name)`",
+            ));
+        }
+        for (index, stream) in self.streams.iter().enumerate() {
+            if stream.is_empty() {
+                return Err(ConfigError::new("streams", "contains an empty name"));
+            }
+            if self.streams[..index].contains(stream) {
+                return Err(ConfigError::new(
+                    "streams",
+                    format!("names `{stream}` twice"),
+                ));
+            }
+            let dead_letters = self.dead_letter_stream.name_for(stream);
+            if self.streams.contains(&dead_letters) {
+                return Err(ConfigError::new(
+                    "dead_letter_stream",
+                    format!(
+                        "`{dead_letters}` is also a stream this consumer reads; dead letters \
+                         would be consumed again"
+                    ),
+                ));
+            }
+        }
+        let group = match (&self.group, self.broadcast) {
+            (Some(_), true) => {
+                return Err(ConfigError::new(
+                    "broadcast",
+                    "cannot be combined with `group`: a broadcast reader reads every entry \
+                     without a group",
+                ));
+            }
+            (None, false) => {
+                return Err(ConfigError::new(
+                    "group",
+                    "is not set: name a consumer group with `.group(name)`, or read every \
+                     entry with `.broadcast()`",
+                ));
+            }
+            (Some(group), false) if group.is_empty() => {
+                return Err(ConfigError::new("group", "is empty"));
+            }
+            (group, _) => group.as_deref().map(Arc::from),
+        };
+        if matches!(&self.consumer, Some(consumer) if consumer.is_empty()) {
+            return Err(ConfigError::new("consumer", "is empty"));
+        }
+        if self.payload_field.is_empty() {
+            return Err(ConfigError::new("payload_field", "is empty"));
+        }
+        if matches!(&self.key_field, Some(field) if field.is_empty()) {
+            return Err(ConfigError::new("key_field", "is empty"));
+        }
+        let (DeadLetterStream::Suffix(name) | DeadLetterStream::Fixed(name)) =
+            &self.dead_letter_stream;
+        if name.is_empty() {
+            return Err(ConfigError::new(
+                "dead_letter_stream",
+                "is empty: dead letters would go back to the source stream",
+            ));
+        }
+        if self.block < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "block",
+                "must be at least 1 ms (Redis reads BLOCK 0 as \"wait forever\")",
+            ));
+        }
+        if self.claim_min_idle < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "claim_min_idle",
+                "must be at least 1 ms: with 0, every pending entry, including those being \
+                 handled, would be claimed again at once",
+            ));
+        }
+        let claim_interval = self
+            .claim_interval
+            .unwrap_or_else(|| (self.claim_min_idle / 4).min(Duration::from_secs(10)));
+        if claim_interval < Duration::from_millis(1) {
+            return Err(ConfigError::new("claim_interval", "must be at least 1 ms"));
+        }
+        if self.max_deliveries == Some(0) {
+            return Err(ConfigError::new(
+                "max_deliveries",
+                "must be at least 1 (or use `unlimited_deliveries()`)",
+            ));
+        }
+        if let Backoff::Exponential(policy) = &self.reconnect {
+            policy.validate()?;
+        }
+        let consumer = self.consumer.clone().unwrap_or_else(default_consumer_name);
+        Ok(Settings {
+            streams: self
+                .streams
+                .iter()
+                .map(|s| SourceName::from(s.as_str()))
+                .collect(),
+            group,
+            consumer: consumer.into(),
+            payload_field: self.payload_field.as_str().into(),
+            key_field: self.key_field.as_deref().map(Arc::from),
+            start: self.start.unwrap_or(if self.broadcast {
+                StartFrom::NewEntries
+            } else {
+                StartFrom::Beginning
+            }),
+            block: self.block,
+            claim_min_idle: self.claim_min_idle,
+            claim_interval,
+            max_deliveries: self.max_deliveries,
+            dead_letter_stream: self.dead_letter_stream.clone(),
+            delete_acked: self.delete_acked,
+            reconnect: self.reconnect,
+        })
+    }
+
+    fn connector(&self) -> Result<Connector, RedisStreamsError> {
+        Connector::new(
+            &self.url,
+            self.tls_root_certificate.as_deref(),
+            self.connect_timeout,
+            self.command_timeout,
+        )
+    }
+
+    /// Connects: checks the server, creates the consumer group (and the
+    /// stream) where missing, and returns the source and its acker.
+    ///
+    /// Fails with a typed error for a bad setting or URL, an unreachable
+    /// server, refused credentials, or a key that is not a stream.
+    pub async fn connect(
+        self,
+    ) -> Result<(RedisStreamsSource, RedisStreamsAcker), RedisStreamsError> {
+        let settings = Arc::new(self.settings()?);
+        let connector = self.connector()?;
+        let mut reader = connector.blocking_reader(settings.block).await?;
+        check_server_version(&mut reader, &connector).await?;
+        let shared = connector.shared().await?;
+        let sink = RedisDeadLetterSink::new(shared.clone(), connector.clone(), settings.clone());
+        let acker = RedisStreamsAcker::new(shared, connector.clone(), settings.clone());
+        let source = RedisStreamsSource::start(connector, reader, settings, sink).await?;
+        Ok((source, acker))
+    }
+
+    /// A dead-letter sink on a connection of its own, for a process that
+    /// writes dead letters without consuming (a consumer's own sink is
+    /// [`RedisStreamsSource::dead_letter_sink`]).
+    pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, RedisStreamsError> {
+        let settings = Arc::new(self.settings()?);
+        let connector = self.connector()?;
+        let shared = connector.shared().await?;
+        Ok(RedisDeadLetterSink::new(shared, connector, settings))
+    }
+}
+
+fn default_consumer_name() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "intake".to_owned());
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group_config() -> RedisStreamsConfig {
+        RedisStreamsConfig::new("redis://127.0.0.1")
+            .stream("orders")
+            .group("billing")
+    }
+
+    #[test]
+    fn a_group_consumer_needs_a_stream_and_a_group() {
+        let error = RedisStreamsConfig::new("redis://127.0.0.1")
+            .group("g")
+            .validate();
+        assert_eq!(error.map_err(|e| e.setting), Err("streams"));
+        let error = RedisStreamsConfig::new("redis://127.0.0.1")
+            .stream("s")
+            .validate();
+        assert_eq!(error.map_err(|e| e.setting), Err("group"));
+        assert!(group_config().validate().is_ok());
+    }
+
+    #[test]
+    fn broadcast_and_group_exclude_each_other() {
+        let error = group_config().broadcast().validate();
+        assert_eq!(error.map_err(|e| e.setting), Err("broadcast"));
+    }
+
+    #[test]
+    fn dead_letters_may_not_go_to_a_consumed_stream() {
+        let error = group_config().stream("orders:dlq").validate();
+        assert_eq!(error.map_err(|e| e.setting), Err("dead_letter_stream"));
+        let error = group_config()
+            .dead_letter_stream(DeadLetterStream::Fixed("orders".into()))
+            .validate();
+        assert_eq!(error.map_err(|e| e.setting), Err("dead_letter_stream"));
+    }
+
+    #[test]
+    fn zero_durations_and_counts_are_refused() {
+        let setting = |config: RedisStreamsConfig| config.validate().map_err(|e| e.setting);
+        assert_eq!(setting(group_config().block(Duration::ZERO)), Err("block"));
+        assert_eq!(
+            setting(group_config().claim_min_idle(Duration::ZERO)),
+            Err("claim_min_idle")
+        );
+        assert_eq!(
+            setting(group_config().max_deliveries(0)),
+            Err("max_deliveries")
+        );
+        assert_eq!(
+            setting(group_config().stream("orders")),
+            Err("streams"),
+            "a stream named twice"
+        );
+    }
+
+    #[test]
+    fn the_claim_interval_follows_the_idle_time() {
+        let settings = group_config()
+            .claim_min_idle(Duration::from_secs(2))
+            .settings();
+        assert_eq!(
+            settings.map(|s| s.claim_interval).ok(),
+            Some(Duration::from_millis(500))
+        );
+    }
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let config = RedisStreamsConfig::new("redis://user:topsecret@host:6379/0");
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("topsecret"), "{debug}");
+        assert!(debug.contains("user:***@host"), "{debug}");
+    }
+}

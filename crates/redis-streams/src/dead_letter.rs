@@ -1,0 +1,186 @@
+//! [`RedisDeadLetterSink`]: poison messages go to a dead-letter stream with
+//! their origin, and leave the pending list in the same atomic step.
+//!
+//! The write and the acknowledgement run as one Lua script rather than a
+//! `MULTI`/`EXEC` transaction. Both are atomic, so a crash can neither leave
+//! the copy without the acknowledgement (a duplicate) nor the reverse (a
+//! loss). But Redis does not roll a transaction back when one of its
+//! commands fails at run time: an `XADD` refused with `WRONGTYPE` (the
+//! dead-letter key holds a string) would fail while the `XACK` after it
+//! still ran, and the message would be gone. A script stops at the first
+//! failing call, so the original is acknowledged only if its copy was
+//! written.
+
+use std::sync::{Arc, LazyLock};
+use std::time::UNIX_EPOCH;
+
+use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink, Message};
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use crate::config::Settings;
+use crate::connection::Connector;
+use crate::entry::StreamId;
+use crate::error::RedisStreamsError;
+
+/// Names of the fields a dead letter carries besides the original ones.
+pub mod fields {
+    /// The stream the entry was read from.
+    pub const STREAM: &str = "dlq.stream";
+    /// The original entry id.
+    pub const ID: &str = "dlq.id";
+    /// The consumer group that gave up on it (empty in broadcast mode).
+    pub const GROUP: &str = "dlq.group";
+    /// The consumer that gave up on it.
+    pub const CONSUMER: &str = "dlq.consumer";
+    /// The last error, as text.
+    pub const ERROR: &str = "dlq.error";
+    /// Deliveries or attempts made.
+    pub const ATTEMPTS: &str = "dlq.attempts";
+    /// When it was given up, in milliseconds since the Unix epoch.
+    pub const FAILED_AT: &str = "dlq.failed_at_ms";
+}
+
+/// `KEYS[1]` dead-letter stream, `KEYS[2]` source stream; `ARGV[1]` group,
+/// `ARGV[2]` original id (empty: nothing to acknowledge), then the fields.
+static WRITE_AND_ACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+if ARGV[2] ~= '' then
+  redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+end
+return id
+",
+    )
+});
+
+/// Writes dead letters to a Redis stream (`<stream>:dlq` by default) and
+/// acknowledges the original entry atomically.
+///
+/// A dead letter holds the original fields (payload and headers) followed by
+/// the [`fields`] that record its origin. Get one from
+/// [`RedisStreamsSource::dead_letter_sink`](crate::RedisStreamsSource::dead_letter_sink)
+/// and hand it to the dead-letter layer; it is cheap to clone.
+#[derive(Clone)]
+pub struct RedisDeadLetterSink {
+    connection: ConnectionManager,
+    connector: Connector,
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for RedisDeadLetterSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisDeadLetterSink")
+            .field("endpoint", self.connector.endpoint())
+            .field("group", &self.settings.group)
+            .field("dead_letter_stream", &self.settings.dead_letter_stream)
+            .finish()
+    }
+}
+
+impl RedisDeadLetterSink {
+    pub(crate) fn new(
+        connection: ConnectionManager,
+        connector: Connector,
+        settings: Arc<Settings>,
+    ) -> Self {
+        Self {
+            connection,
+            connector,
+            settings,
+        }
+    }
+
+    /// The dead-letter stream for entries of `stream`.
+    pub fn stream_for(&self, stream: &str) -> String {
+        self.settings.dead_letter_stream.name_for(stream)
+    }
+
+    /// Writes `message` with its origin and acknowledges the original.
+    /// `with_payload` is false for an entry that had no payload field, so
+    /// that the copy holds exactly the original fields.
+    pub(crate) async fn write_message(
+        &self,
+        message: &Message,
+        with_payload: bool,
+        error: &str,
+        attempts: u32,
+        failed_at_ms: u128,
+    ) -> Result<StreamId, RedisStreamsError> {
+        let metadata = message.metadata();
+        let stream: &str = metadata.source();
+        let original = StreamId::from_position(metadata.position());
+        let group = self.settings.group.as_deref();
+        let dead_letters = self.stream_for(stream);
+
+        let mut invocation = WRITE_AND_ACK.prepare_invoke();
+        invocation.key(&dead_letters).key(stream);
+        invocation.arg(group.unwrap_or_default());
+        match (original, group) {
+            (Some(id), Some(_)) => invocation.arg(id),
+            _ => invocation.arg(""),
+        };
+        if with_payload {
+            invocation
+                .arg(&*self.settings.payload_field)
+                .arg(message.payload().as_ref());
+        }
+        for header in message.headers() {
+            invocation.arg(&*header.name).arg(header.value.as_ref());
+        }
+        invocation
+            .arg(fields::STREAM)
+            .arg(stream)
+            .arg(fields::ID)
+            .arg(metadata.position().to_string())
+            .arg(fields::GROUP)
+            .arg(group.unwrap_or_default())
+            .arg(fields::CONSUMER)
+            .arg(&*self.settings.consumer)
+            .arg(fields::ERROR)
+            .arg(error)
+            .arg(fields::ATTEMPTS)
+            .arg(attempts)
+            .arg(fields::FAILED_AT)
+            .arg(failed_at_ms.to_string());
+        let mut connection = self.connection.clone();
+        let id: String = invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|error| self.connector.key_error(error, "XADD", &dead_letters))?;
+        StreamId::parse(id.as_bytes()).ok_or_else(|| RedisStreamsError::UnexpectedReply {
+            command: "XADD",
+            detail: format!("`{id}` is not an entry id"),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl DeadLetterSink for RedisDeadLetterSink {
+    async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+        let failed_at_ms = letter
+            .failed_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        let id = self
+            .write_message(
+                &letter.message,
+                true,
+                &letter.error,
+                letter.attempts,
+                failed_at_ms,
+            )
+            .await?;
+        let metadata = letter.message.metadata();
+        tracing::warn!(
+            stream = %metadata.source(),
+            position = %metadata.position(),
+            attempts = letter.attempts,
+            dead_letter_id = %id.position(),
+            error = %letter.error,
+            "message dead-lettered"
+        );
+        Ok(())
+    }
+}

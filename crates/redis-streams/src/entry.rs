@@ -1,0 +1,492 @@
+//! Stream entries as Redis returns them, turned into intake [`Message`]s.
+//!
+//! Replies are taken apart by value, so each field value moves from the
+//! client's buffer into the message's `Bytes` without a copy, and header
+//! names are interned: a stream's entries repeat the same few field names,
+//! and a name shared by reference costs no allocation per message.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use intake_core::{Headers, Message, Metadata, Position, SourceName};
+use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
+
+use crate::error::RedisStreamsError;
+
+/// A stream entry id, `<ms>-<seq>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct StreamId {
+    pub(crate) ms: u64,
+    pub(crate) seq: u64,
+}
+
+impl StreamId {
+    pub(crate) const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
+
+    pub(crate) fn parse(text: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(text).ok()?;
+        let (ms, seq) = text.split_once('-')?;
+        Some(Self {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+
+    pub(crate) fn position(self) -> Position {
+        Position::StreamId {
+            ms: self.ms,
+            seq: self.seq,
+        }
+    }
+
+    pub(crate) fn from_position(position: Position) -> Option<Self> {
+        match position {
+            Position::StreamId { ms, seq } => Some(Self { ms, seq }),
+            _ => None,
+        }
+    }
+}
+
+impl StreamId {
+    /// The id as `<ms>-<seq>` text in `buffer`. Hand-rolled rather than
+    /// `write!`: an acknowledgement formats every id of a batch, and the
+    /// formatting machinery costs several times more per number.
+    fn format(self, buffer: &mut [u8; 41]) -> &[u8] {
+        fn digits(mut value: u64, end: usize, buffer: &mut [u8; 41]) -> usize {
+            let mut start = end;
+            loop {
+                start -= 1;
+                buffer[start] = b'0' + (value % 10) as u8;
+                value /= 10;
+                if value == 0 {
+                    return start;
+                }
+            }
+        }
+        // Both numbers fit in 20 digits; the sequence goes at the end, the
+        // milliseconds before the dash.
+        let seq_start = digits(self.seq, buffer.len(), buffer);
+        let dash = seq_start - 1;
+        buffer[dash] = b'-';
+        let ms_start = digits(self.ms, dash, buffer);
+        &buffer[ms_start..]
+    }
+}
+
+impl ToRedisArgs for StreamId {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut buffer = [0; 41];
+        out.write_arg(self.format(&mut buffer));
+    }
+}
+
+impl ToSingleRedisArg for StreamId {}
+
+/// An exclusive range start, `(<ms>-<seq>`, for `XPENDING`.
+pub(crate) struct After(pub(crate) StreamId);
+
+impl ToRedisArgs for After {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut writer = out.writer_for_next_arg();
+        let _ = write!(writer, "({}-{}", self.0.ms, self.0.seq);
+    }
+}
+
+impl ToSingleRedisArg for After {}
+
+/// A stream entry taken out of a reply.
+pub(crate) struct RawEntry {
+    pub(crate) id: StreamId,
+    /// Field names and values, alternating. `None` when the entry was
+    /// deleted while pending (history reads return its id alone).
+    pub(crate) fields: Option<Vec<Value>>,
+}
+
+fn unexpected(command: &'static str, detail: impl Into<String>) -> RedisStreamsError {
+    RedisStreamsError::UnexpectedReply {
+        command,
+        detail: detail.into(),
+    }
+}
+
+fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, RedisStreamsError> {
+    match value {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        Value::Map(pairs) => Ok(pairs
+            .into_iter()
+            .flat_map(|(name, value)| [name, value])
+            .collect()),
+        Value::Attribute { data, .. } => into_items(*data, command),
+        other => Err(unexpected(
+            command,
+            format!("expected an array, got {other:?}"),
+        )),
+    }
+}
+
+pub(crate) fn bytes_of(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+fn into_bytes(value: Value) -> Option<Bytes> {
+    match value {
+        Value::BulkString(bytes) => Some(Bytes::from(bytes)),
+        Value::SimpleString(text) => Some(Bytes::from(text)),
+        Value::VerbatimString { text, .. } => Some(Bytes::from(text)),
+        Value::Int(number) => Some(Bytes::from(number.to_string())),
+        _ => None,
+    }
+}
+
+pub(crate) fn integer_of(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(number) => u64::try_from(*number).ok(),
+        other => std::str::from_utf8(bytes_of(other)?).ok()?.parse().ok(),
+    }
+}
+
+/// Entries of one array of `[id, [field, value, …]]` pairs (an `XRANGE`,
+/// `XCLAIM` or per-stream read reply).
+pub(crate) fn parse_entries(
+    value: Value,
+    command: &'static str,
+    out: &mut Vec<RawEntry>,
+) -> Result<(), RedisStreamsError> {
+    for entry in into_items(value, command)? {
+        let mut parts = into_items(entry, command)?.into_iter();
+        let id = parts
+            .next()
+            .as_ref()
+            .and_then(bytes_of)
+            .and_then(StreamId::parse)
+            .ok_or_else(|| unexpected(command, "an entry without a valid id"))?;
+        let fields = match parts.next() {
+            None | Some(Value::Nil) => None,
+            Some(fields) => Some(into_items(fields, command)?),
+        };
+        out.push(RawEntry { id, fields });
+    }
+    Ok(())
+}
+
+/// Entries of an `XREAD`/`XREADGROUP` reply, per stream key: `[[key,
+/// entries], …]` in RESP2, a map in RESP3, nil on timeout.
+pub(crate) fn parse_read_reply(
+    value: Value,
+    command: &'static str,
+    mut on_stream: impl FnMut(&[u8], Value) -> Result<(), RedisStreamsError>,
+) -> Result<(), RedisStreamsError> {
+    match value {
+        Value::Nil => Ok(()),
+        Value::Map(pairs) => {
+            for (key, entries) in pairs {
+                let key = bytes_of(&key).ok_or_else(|| unexpected(command, "a non-text key"))?;
+                on_stream(key, entries)?;
+            }
+            Ok(())
+        }
+        value => {
+            for stream in into_items(value, command)? {
+                let mut parts = into_items(stream, command)?.into_iter();
+                let (Some(key), Some(entries)) = (parts.next(), parts.next()) else {
+                    return Err(unexpected(command, "a stream without key or entries"));
+                };
+                let key = bytes_of(&key).ok_or_else(|| unexpected(command, "a non-text key"))?;
+                on_stream(key, entries)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The per-stream parts of a read reply, each with the index `index_of`
+/// gives its key. Entries of a stream that was not asked for are logged and
+/// left out.
+pub(crate) fn split_read_reply(
+    value: Value,
+    command: &'static str,
+    index_of: impl Fn(&[u8]) -> Option<usize>,
+    out: &mut Vec<(usize, Value)>,
+) -> Result<(), RedisStreamsError> {
+    parse_read_reply(value, command, |key, entries| {
+        match index_of(key) {
+            Some(index) => out.push((index, entries)),
+            None => tracing::error!(
+                key = %String::from_utf8_lossy(key),
+                "Redis returned entries of a stream that was not asked for"
+            ),
+        }
+        Ok(())
+    })
+}
+
+/// One row of an extended `XPENDING` reply.
+pub(crate) struct PendingEntry {
+    pub(crate) id: StreamId,
+    pub(crate) deliveries: u64,
+}
+
+/// Rows of `XPENDING key group [IDLE n] start end count [consumer]`:
+/// `[[id, consumer, idle ms, deliveries], …]`.
+pub(crate) fn parse_pending(
+    value: Value,
+    out: &mut Vec<PendingEntry>,
+) -> Result<(), RedisStreamsError> {
+    for row in into_items(value, "XPENDING")? {
+        let row = into_items(row, "XPENDING")?;
+        let id = row.first().and_then(bytes_of).and_then(StreamId::parse);
+        let deliveries = row.get(3).and_then(integer_of);
+        match (id, deliveries) {
+            (Some(id), Some(deliveries)) => out.push(PendingEntry { id, deliveries }),
+            _ => return Err(unexpected("XPENDING", "a row without id or delivery count")),
+        }
+    }
+    Ok(())
+}
+
+/// What became of an entry.
+pub(crate) enum Decoded {
+    /// A message ready for the handler.
+    Message(Message),
+    /// The entry lacks the payload field; the message carries its fields as
+    /// headers and an empty payload, and goes to the dead-letter stream.
+    MissingPayload(Message),
+}
+
+/// Turns entries into messages: payload from one field, key from another,
+/// every other field a header.
+pub(crate) struct EntryDecoder {
+    payload_field: Arc<str>,
+    key_field: Option<Arc<str>>,
+    names: Vec<Arc<str>>,
+}
+
+impl EntryDecoder {
+    /// Distinct field names kept for reuse. Beyond this, names are
+    /// allocated per message rather than letting the table grow with
+    /// entries that use unique field names.
+    const INTERNED_NAMES: usize = 64;
+
+    pub(crate) fn new(payload_field: Arc<str>, key_field: Option<Arc<str>>) -> Self {
+        Self {
+            payload_field,
+            key_field,
+            names: Vec::new(),
+        }
+    }
+
+    fn name(&mut self, raw: &[u8]) -> Arc<str> {
+        if let Some(name) = self.names.iter().find(|name| name.as_bytes() == raw) {
+            return name.clone();
+        }
+        let name: Arc<str> = String::from_utf8_lossy(raw).into();
+        if self.names.len() < Self::INTERNED_NAMES {
+            self.names.push(name.clone());
+        }
+        name
+    }
+
+    /// The message of entry `id` of `stream` with `fields`, delivered for
+    /// the `attempt`th time.
+    pub(crate) fn decode(
+        &mut self,
+        stream: &SourceName,
+        id: StreamId,
+        fields: Vec<Value>,
+        attempt: u32,
+    ) -> Decoded {
+        let mut payload = None;
+        let mut key = None;
+        let mut headers = Vec::new();
+        let mut fields = fields.into_iter();
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            let Some(raw_name) = bytes_of(&name) else {
+                continue;
+            };
+            let Some(value) = into_bytes(value) else {
+                continue;
+            };
+            if payload.is_none() && raw_name == self.payload_field.as_bytes() {
+                payload = Some(value);
+                continue;
+            }
+            if key.is_none()
+                && self
+                    .key_field
+                    .as_ref()
+                    .is_some_and(|field| raw_name == field.as_bytes())
+            {
+                key = Some(value.clone());
+            }
+            let name = self.name(raw_name);
+            headers.push((name, value));
+        }
+        let metadata = Metadata::new(stream.clone(), 0, id.position())
+            .with_timestamp(SystemTime::UNIX_EPOCH + Duration::from_millis(id.ms))
+            .with_attempt(attempt);
+        let headers: Headers = headers.into_iter().collect();
+        let found = payload.is_some();
+        let mut message = Message::new(payload.unwrap_or_default(), metadata).with_headers(headers);
+        if let Some(key) = key {
+            message = message.with_key(key);
+        }
+        if found {
+            Decoded::Message(message)
+        } else {
+            Decoded::MissingPayload(message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn ids_parse_and_print_in_redis_form() {
+        assert_eq!(
+            StreamId::parse(b"1700000000000-7"),
+            Some(StreamId {
+                ms: 1_700_000_000_000,
+                seq: 7
+            })
+        );
+        assert_eq!(StreamId::parse(b"17"), None);
+        assert_eq!(StreamId::parse(b"a-b"), None);
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(StreamId { ms: 5, seq: 9 })
+            .arg(After(StreamId { ms: 5, seq: 9 }));
+        let args: Vec<_> = cmd.args_iter().collect();
+        assert_eq!(
+            args,
+            vec![
+                redis::Arg::Simple(&b"XACK"[..]),
+                redis::Arg::Simple(&b"5-9"[..]),
+                redis::Arg::Simple(&b"(5-9"[..])
+            ]
+        );
+    }
+
+    #[test]
+    fn ids_format_like_redis_at_the_extremes() {
+        let mut buffer = [0; 41];
+        for (ms, seq) in [
+            (0, 0),
+            (1, 10),
+            (1_700_000_000_000, 7),
+            (u64::MAX, u64::MAX),
+        ] {
+            let text = StreamId { ms, seq }.format(&mut buffer).to_vec();
+            assert_eq!(text, format!("{ms}-{seq}").into_bytes());
+        }
+    }
+
+    #[test]
+    fn payload_key_and_headers_come_from_fields() {
+        let mut decoder = EntryDecoder::new("payload".into(), Some("key".into()));
+        let stream: SourceName = "orders".into();
+        let fields = vec![
+            bulk("key"),
+            bulk("k1"),
+            bulk("payload"),
+            bulk("{}"),
+            bulk("trace"),
+            bulk("abc"),
+        ];
+        let Decoded::Message(message) =
+            decoder.decode(&stream, StreamId { ms: 1000, seq: 2 }, fields, 3)
+        else {
+            panic!("the payload field is present");
+        };
+        assert_eq!(message.payload(), &Bytes::from_static(b"{}"));
+        assert_eq!(message.key(), Some(&Bytes::from_static(b"k1")));
+        assert_eq!(message.headers().get_str("trace"), Some("abc"));
+        assert_eq!(message.headers().get_str("key"), Some("k1"));
+        assert_eq!(message.headers().get("payload"), None);
+        assert_eq!(message.metadata().attempt(), 3);
+        assert_eq!(
+            message.metadata().position(),
+            Position::StreamId { ms: 1000, seq: 2 }
+        );
+        assert_eq!(
+            message.metadata().timestamp(),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn header_names_are_shared_between_messages() {
+        let mut decoder = EntryDecoder::new("payload".into(), None);
+        let stream: SourceName = "s".into();
+        let mut names = Vec::new();
+        for seq in 0..2 {
+            let fields = vec![bulk("payload"), bulk("x"), bulk("h"), bulk("v")];
+            if let Decoded::Message(message) =
+                decoder.decode(&stream, StreamId { ms: 1, seq }, fields, 1)
+            {
+                names.extend(message.headers().iter().map(|header| header.name.clone()));
+            }
+        }
+        assert_eq!(names.len(), 2);
+        assert!(Arc::ptr_eq(&names[0], &names[1]));
+    }
+
+    #[test]
+    fn an_entry_without_the_payload_field_is_flagged() {
+        let mut decoder = EntryDecoder::new("payload".into(), None);
+        let fields = vec![bulk("body"), bulk("x")];
+        let decoded = decoder.decode(&"s".into(), StreamId::ZERO, fields, 1);
+        match decoded {
+            Decoded::MissingPayload(message) => {
+                assert_eq!(message.headers().get_str("body"), Some("x"));
+            }
+            Decoded::Message(_) => panic!("an entry without payload field must be flagged"),
+        }
+    }
+
+    #[test]
+    fn read_replies_parse_in_resp2_and_resp3_shapes() {
+        let entries = || {
+            Value::Array(vec![Value::Array(vec![
+                bulk("1-1"),
+                Value::Array(vec![bulk("payload"), bulk("a")]),
+            ])])
+        };
+        for reply in [
+            Value::Array(vec![Value::Array(vec![bulk("s"), entries()])]),
+            Value::Map(vec![(bulk("s"), entries())]),
+        ] {
+            let mut seen = Vec::new();
+            let parsed = parse_read_reply(reply, "XREADGROUP", |key, value| {
+                let mut raw = Vec::new();
+                parse_entries(value, "XREADGROUP", &mut raw)?;
+                seen.push((key.to_vec(), raw.len()));
+                Ok(())
+            });
+            assert!(parsed.is_ok());
+            assert_eq!(seen, vec![(b"s".to_vec(), 1)]);
+        }
+    }
+
+    #[test]
+    fn a_malformed_reply_is_an_error_not_a_panic() {
+        let mut raw = Vec::new();
+        let reply = Value::Array(vec![Value::Array(vec![bulk("not-an-id")])]);
+        assert!(parse_entries(reply, "XCLAIM", &mut raw).is_err());
+        let mut pending = Vec::new();
+        assert!(parse_pending(Value::Array(vec![Value::Int(3)]), &mut pending).is_err());
+        assert!(parse_read_reply(Value::Int(1), "XREAD", |_, _| Ok(())).is_err());
+    }
+}

@@ -1,0 +1,66 @@
+//! Redis Streams for intake: consume a stream as a member of a consumer
+//! group (or as a broadcast reader), with acknowledgements batched into one
+//! round trip, the work of dead consumers claimed, and poison entries moved
+//! to a dead-letter stream.
+//!
+//! | intake | Redis Streams |
+//! |---|---|
+//! | partition | the stream key (partition 0) |
+//! | position | the entry id, [`Position::StreamId`](intake_core::Position::StreamId) |
+//! | payload | one field, `payload` by default |
+//! | headers | every other field |
+//! | key | a configured field, if any |
+//! | attempt | the delivery count Redis keeps for the entry |
+//! | ack | `XACK` of many ids, every stream in one pipelined round trip |
+//! | retry later | the entry stays pending and is claimed again after `claim_min_idle` |
+//! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
+//! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` |
+//! | broadcast | `XREAD` without a group |
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use intake_core::Source;
+//! use intake_redis_streams::RedisStreamsConfig;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let (mut source, _acker) = RedisStreamsConfig::new("redis://127.0.0.1:6379")
+//!     .stream("orders")
+//!     .group("billing")
+//!     .consumer("billing-1")
+//!     .key_field("customer")
+//!     .claim_min_idle(Duration::from_secs(60))
+//!     .connect()
+//!     .await?;
+//! // The runtime drives the source and the acker; by hand it looks like this:
+//! let mut deliveries = Vec::new();
+//! source.next(&mut deliveries, 100).await?;
+//! for message in &deliveries {
+//!     println!("{} {:?}", message.metadata().position(), message.payload());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Errors are typed ([`RedisStreamsError`]): a bad URL, an unreachable
+//! server, refused credentials and a key that is not a stream each say what
+//! to fix, and none of them shows a password.
+#![warn(missing_docs)]
+
+mod acker;
+mod config;
+mod connection;
+mod dead_letter;
+mod entry;
+mod error;
+mod source;
+
+pub use acker::RedisStreamsAcker;
+pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
+pub use connection::Endpoint;
+pub use dead_letter::{RedisDeadLetterSink, fields as dead_letter_fields};
+pub use error::RedisStreamsError;
+pub use source::RedisStreamsSource;
+
+/// The Redis client this crate is built on, so that applications use the
+/// same version for their own commands.
+pub use redis;

@@ -1,0 +1,500 @@
+//! Reading as a member of a consumer group: own pending entries, claimed
+//! entries, then new entries.
+//!
+//! # Claiming
+//!
+//! Entries pending longer than `claim_min_idle` with any consumer are
+//! claimed with `XPENDING … IDLE` followed by `XCLAIM` with the same minimum
+//! idle time, rather than with `XAUTOCLAIM`: the decision to dead-letter
+//! needs each entry's delivery count, which `XPENDING` reports and
+//! `XAUTOCLAIM` does not. `XCLAIM` re-checks the idle time atomically, so
+//! an entry another consumer claimed in between is skipped, and (since
+//! Redis 7.0) it drops entries deleted from the stream from the pending
+//! list, as `XAUTOCLAIM` does. `XREADGROUP … CLAIM` (Redis 8.4) would merge
+//! this into the read; it is not used yet.
+//!
+//! # Dead-lettering by delivery count
+//!
+//! The check lives here, before dispatch: an entry whose delivery count
+//! passes `max_deliveries` is written to the dead-letter stream and
+//! acknowledged in one atomic step, and never reaches the handler. Only
+//! re-deliveries (own pending entries and claims) can pass the limit, so
+//! the check costs nothing on the path of new entries, and it also catches
+//! entries whose handler never finished at all (a crash loop), which no
+//! handler-side layer could see.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use intake_core::Message;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use super::blocking_connection::BlockingConnection;
+use super::{Poison, Staging};
+use crate::config::{Settings, StartFrom};
+use crate::connection::Connector;
+use crate::dead_letter::RedisDeadLetterSink;
+use crate::entry::{
+    After, Decoded, EntryDecoder, PendingEntry, RawEntry, StreamId, parse_entries, parse_pending,
+    parse_read_reply, split_read_reply,
+};
+use crate::error::RedisStreamsError;
+
+/// Deletes this consumer from the group if it has no pending entries. Atomic,
+/// so a pending entry can never be dropped with its consumer.
+static DELETE_IDLE_CONSUMER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) == 0 then
+  return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+return -1
+",
+    )
+});
+
+/// Creates the group on every stream (and the stream where missing). An
+/// existing group is kept as it is.
+pub(super) async fn create_groups(
+    connection: &mut MultiplexedConnection,
+    connector: &Connector,
+    settings: &Settings,
+) -> Result<(), RedisStreamsError> {
+    let Some(group) = settings.group.as_deref() else {
+        return Ok(());
+    };
+    let start = match settings.start {
+        StartFrom::Beginning => "0",
+        StartFrom::NewEntries => "$",
+    };
+    for stream in &settings.streams {
+        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&**stream)
+            .arg(group)
+            .arg(start)
+            .arg("MKSTREAM")
+            .query_async(connection)
+            .await;
+        match created {
+            Ok(()) => tracing::info!(%stream, group, start, "created consumer group"),
+            Err(error) if error.code() == Some("BUSYGROUP") => {}
+            Err(error) => return Err(connector.key_error(error, "XGROUP CREATE", stream)),
+        }
+    }
+    Ok(())
+}
+
+struct GroupStream {
+    name: intake_core::SourceName,
+    /// The newest id decoded from this stream: every pending entry of this
+    /// consumer after it has not reached the source.
+    decoded: Option<StreamId>,
+    /// Whether this consumer's pending entries after `decoded` must be read
+    /// before new ones (at start, after a lost connection, after a dropped
+    /// call).
+    resync: bool,
+}
+
+pub(super) struct GroupReader {
+    settings: Arc<Settings>,
+    group: Arc<str>,
+    connection: BlockingConnection,
+    streams: Vec<GroupStream>,
+    decoder: EntryDecoder,
+    sink: RedisDeadLetterSink,
+    staging: Staging,
+    next_claim: Instant,
+    // Scratch space reused across calls.
+    raw: Vec<RawEntry>,
+    pending: Vec<PendingEntry>,
+    replies: Vec<(usize, Value)>,
+    deleted: Vec<StreamId>,
+}
+
+impl GroupReader {
+    pub(super) fn new(
+        settings: Arc<Settings>,
+        connection: BlockingConnection,
+        sink: RedisDeadLetterSink,
+    ) -> Self {
+        let streams = settings
+            .streams
+            .iter()
+            .map(|name| GroupStream {
+                name: name.clone(),
+                decoded: None,
+                resync: true,
+            })
+            .collect();
+        Self {
+            group: settings.group.clone().unwrap_or_else(|| Arc::from("")),
+            decoder: EntryDecoder::new(settings.payload_field.clone(), settings.key_field.clone()),
+            connection,
+            streams,
+            sink,
+            staging: Staging::default(),
+            next_claim: Instant::now(),
+            raw: Vec::new(),
+            pending: Vec::new(),
+            replies: Vec::new(),
+            deleted: Vec::new(),
+            settings,
+        }
+    }
+
+    pub(super) async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<(), RedisStreamsError> {
+        if self.connection.begin_call() {
+            self.resync_all();
+        }
+        let result = self.fill(deliveries, max).await;
+        self.connection.end_call();
+        result
+    }
+
+    fn resync_all(&mut self) {
+        for stream in &mut self.streams {
+            stream.resync = true;
+        }
+    }
+
+    async fn fill(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<(), RedisStreamsError> {
+        loop {
+            if self.staging.hand_out(deliveries, max) {
+                return Ok(());
+            }
+            let reopened = match self.connection.get().await {
+                Ok((_, reopened)) => reopened,
+                Err(error) => return Err(error),
+            };
+            if reopened {
+                self.resync_all();
+            }
+            match self.step(max).await {
+                Ok(()) => self.connection.succeeded(),
+                Err(error) if error.is_missing_group() => {
+                    tracing::warn!(
+                        %error,
+                        "the consumer group or stream vanished; creating it again"
+                    );
+                    let connector = self.connection.connector().clone();
+                    let (connection, _) = self.connection.get().await?;
+                    create_groups(connection, &connector, &self.settings).await?;
+                }
+                Err(error) if error.is_transient() => {
+                    self.connection.drop_connection();
+                    self.connection.back_off(error).await?;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// One round of reading: own pending entries if they need a re-read,
+    /// else claims if due, else a blocking read of new entries.
+    async fn step(&mut self, max: usize) -> Result<(), RedisStreamsError> {
+        if let Some(index) = self.streams.iter().position(|stream| stream.resync) {
+            return self.read_own_pending(index, max).await;
+        }
+        if Instant::now() >= self.next_claim {
+            let claimed = self.claim(max).await?;
+            self.next_claim = if claimed >= max {
+                // A full batch: more may be waiting.
+                Instant::now()
+            } else {
+                Instant::now() + self.settings.claim_interval
+            };
+            if claimed > 0 {
+                return Ok(());
+            }
+        }
+        self.read_new(max).await
+    }
+
+    /// Re-reads this consumer's pending entries after the newest decoded id
+    /// of one stream, with their delivery counts.
+    async fn read_own_pending(
+        &mut self,
+        index: usize,
+        max: usize,
+    ) -> Result<(), RedisStreamsError> {
+        let stream = &self.streams[index];
+        let name = stream.name.clone();
+        let mut pipe = redis::pipe();
+        let pending = pipe.cmd("XPENDING").arg(&*name).arg(&*self.group);
+        match stream.decoded {
+            Some(id) => pending.arg(After(id)),
+            None => pending.arg("-"),
+        };
+        pending.arg("+").arg(max).arg(&*self.settings.consumer);
+        pipe.cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&*self.group)
+            .arg(&*self.settings.consumer)
+            .arg("COUNT")
+            .arg(max)
+            .arg("STREAMS")
+            .arg(&*name)
+            .arg(stream.decoded.unwrap_or(StreamId::ZERO));
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let (pending, read): (Value, Value) = pipe
+            .query_async(connection)
+            .await
+            .map_err(|error| connector.key_error(error, "XREADGROUP", &name))?;
+        self.pending.clear();
+        parse_pending(pending, &mut self.pending)?;
+        self.raw.clear();
+        parse_read_reply(read, "XREADGROUP", |_, entries| {
+            parse_entries(entries, "XREADGROUP", &mut self.raw)
+        })?;
+        if self.raw.is_empty() {
+            self.streams[index].resync = false;
+            return Ok(());
+        }
+        tracing::info!(
+            stream = %name,
+            entries = self.raw.len(),
+            "re-reading entries still pending for this consumer"
+        );
+        // The counts were taken just before the read, which adds one.
+        self.stage(index, 1).await
+    }
+
+    /// Claims entries pending longer than `claim_min_idle` with any
+    /// consumer; returns how many ids were claimed.
+    async fn claim(&mut self, max: usize) -> Result<usize, RedisStreamsError> {
+        let min_idle = millis(self.settings.claim_min_idle);
+        let mut pipe = redis::pipe();
+        for stream in &self.streams {
+            pipe.cmd("XPENDING")
+                .arg(&*stream.name)
+                .arg(&*self.group)
+                .arg("IDLE")
+                .arg(min_idle)
+                .arg("-")
+                .arg("+")
+                .arg(max);
+        }
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let rows: Vec<Value> = pipe.query_async(connection).await.map_err(|error| {
+            connector.key_error(error, "XPENDING", &self.settings.stream_list())
+        })?;
+        let mut budget = max;
+        let mut claimed = 0;
+        for (index, rows) in rows.into_iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            self.pending.clear();
+            parse_pending(rows, &mut self.pending)?;
+            if self.pending.is_empty() {
+                continue;
+            }
+            self.pending.truncate(budget);
+            budget -= self.pending.len();
+            claimed += self.pending.len();
+            let name = self.streams[index].name.clone();
+            let mut command = redis::cmd("XCLAIM");
+            command
+                .arg(&*name)
+                .arg(&*self.group)
+                .arg(&*self.settings.consumer)
+                .arg(min_idle);
+            for entry in &self.pending {
+                command.arg(entry.id);
+            }
+            let (connection, _) = self.connection.get().await?;
+            let reply: Value = command
+                .query_async(connection)
+                .await
+                .map_err(|error| connector.key_error(error, "XCLAIM", &name))?;
+            self.raw.clear();
+            parse_entries(reply, "XCLAIM", &mut self.raw)?;
+            if !self.raw.is_empty() {
+                tracing::info!(
+                    stream = %name,
+                    entries = self.raw.len(),
+                    "claimed entries idle longer than claim_min_idle"
+                );
+            }
+            // XCLAIM adds one to the counts XPENDING reported.
+            self.stage(index, 1).await?;
+        }
+        Ok(claimed)
+    }
+
+    /// A blocking read of new entries of every stream.
+    async fn read_new(&mut self, max: usize) -> Result<(), RedisStreamsError> {
+        // Redis applies COUNT per stream; splitting it keeps one read near
+        // `max` in total. Any excess waits in the staging queue.
+        let count = (max / self.streams.len()).max(1);
+        let mut command = redis::cmd("XREADGROUP");
+        command
+            .arg("GROUP")
+            .arg(&*self.group)
+            .arg(&*self.settings.consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(millis(self.settings.block))
+            .arg("STREAMS");
+        for stream in &self.streams {
+            command.arg(&*stream.name);
+        }
+        for _ in &self.streams {
+            command.arg(">");
+        }
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let reply: Value = command.query_async(connection).await.map_err(|error| {
+            connector.key_error(error, "XREADGROUP", &self.settings.stream_list())
+        })?;
+        self.replies.clear();
+        let streams = &self.streams;
+        split_read_reply(
+            reply,
+            "XREADGROUP",
+            |key| {
+                streams
+                    .iter()
+                    .position(|stream| stream.name.as_bytes() == key)
+            },
+            &mut self.replies,
+        )?;
+        let mut replies = std::mem::take(&mut self.replies);
+        for (index, entries) in replies.drain(..) {
+            self.raw.clear();
+            self.pending.clear();
+            parse_entries(entries, "XREADGROUP", &mut self.raw)?;
+            self.stage(index, 1).await?;
+        }
+        self.replies = replies;
+        Ok(())
+    }
+
+    /// Decodes `self.raw` (entries of stream `index`) into the staging
+    /// queue. An entry's attempt is its count in `self.pending` (sorted by
+    /// id) plus `added`, or 1 for an entry not listed there (a new one).
+    async fn stage(&mut self, index: usize, added: u64) -> Result<(), RedisStreamsError> {
+        let stream = &mut self.streams[index];
+        let mut newest = stream.decoded;
+        self.deleted.clear();
+        for entry in self.raw.drain(..) {
+            newest = newest.max(Some(entry.id));
+            let Some(fields) = entry.fields else {
+                self.deleted.push(entry.id);
+                continue;
+            };
+            let attempt = self
+                .pending
+                .binary_search_by_key(&entry.id, |pending| pending.id)
+                .ok()
+                .map_or(1, |found| {
+                    self.pending[found].deliveries.saturating_add(added)
+                });
+            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+            match self.decoder.decode(&stream.name, entry.id, fields, attempt) {
+                Decoded::Message(message) => match self.settings.max_deliveries {
+                    Some(limit) if attempt > limit => self.staging.poison.push(Poison {
+                        message,
+                        with_payload: true,
+                        error: format!(
+                            "delivered {} times without being acknowledged (max_deliveries = \
+                             {limit})",
+                            attempt - 1
+                        ),
+                        attempts: attempt - 1,
+                    }),
+                    _ => self.staging.ready.push_back(message),
+                },
+                Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
+                    message,
+                    with_payload: false,
+                    error: format!(
+                        "the entry has no `{}` field; set `payload_field` to the field that \
+                         holds the payload",
+                        self.settings.payload_field
+                    ),
+                    attempts: attempt - 1,
+                }),
+            }
+        }
+        // From here on these entries count as received: a re-read after a
+        // dropped call starts after them (see the module docs of `source`).
+        stream.decoded = newest;
+        let name = stream.name.clone();
+        if !self.deleted.is_empty() {
+            // Deleted from the stream while pending: nothing is left to
+            // handle, so the pending entry is only clutter.
+            tracing::debug!(stream = %name, entries = self.deleted.len(), "acknowledging deleted entries");
+            let mut command = redis::cmd("XACK");
+            command.arg(&*name).arg(&*self.group);
+            for id in &self.deleted {
+                command.arg(*id);
+            }
+            let connector = self.connection.connector().clone();
+            let (connection, _) = self.connection.get().await?;
+            command
+                .query_async::<()>(connection)
+                .await
+                .map_err(|error| connector.key_error(error, "XACK", &name))?;
+        }
+        if !self.staging.poison.is_empty() {
+            self.staging.dead_letter(&self.sink).await;
+        }
+        Ok(())
+    }
+
+    /// Leaves the group if nothing is pending for this consumer, so that
+    /// consumers with generated names do not pile up in `XINFO CONSUMERS`.
+    pub(super) async fn close(&mut self) -> Result<(), RedisStreamsError> {
+        // If the runtime dropped a blocking read to stop, the server would
+        // answer the commands below only after that block ran out: begin on
+        // a fresh connection then.
+        self.connection.begin_call();
+        let result = self.delete_if_idle().await;
+        self.connection.end_call();
+        result
+    }
+
+    async fn delete_if_idle(&mut self) -> Result<(), RedisStreamsError> {
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        for stream in &self.streams {
+            let deleted: Result<i64, _> = DELETE_IDLE_CONSUMER
+                .key(&*stream.name)
+                .arg(&*self.group)
+                .arg(&*self.settings.consumer)
+                .invoke_async(connection)
+                .await;
+            match deleted {
+                Ok(-1) => tracing::debug!(
+                    stream = %stream.name,
+                    "entries still pending for this consumer; it stays in the group"
+                ),
+                Ok(_) => {}
+                Err(error) => {
+                    let error = connector.key_error(error, "XGROUP DELCONSUMER", &stream.name);
+                    tracing::warn!(%error, "could not remove the consumer from its group");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

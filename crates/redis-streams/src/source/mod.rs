@@ -1,0 +1,226 @@
+//! [`RedisStreamsSource`]: entries of one or more streams, read as a member
+//! of a consumer group or, in broadcast mode, by every instance.
+//!
+//! # Cancel safety
+//!
+//! The runtime may drop a pending [`Source::next`]. Nothing is lost when it
+//! does:
+//!
+//! - Entries are read only inside `next`, at most as many as the runtime
+//!   asked for, so reading stops by itself while the in-flight budget is
+//!   full.
+//! - A group entry read with `>` enters this consumer's pending entries list
+//!   (PEL) on the server before the reply is even sent. Decoded entries wait
+//!   in the source until a call hands them out, and the source remembers the
+//!   newest id it has decoded per stream. If a call is dropped midway (or
+//!   the connection is lost), the next call reopens the reading connection,
+//!   has the server close the old one (so that a read still blocked there
+//!   cannot take an entry later), and first re-reads this consumer's
+//!   pending entries *after* that id:
+//!   exactly those that reached the PEL but not the source. Entries at or
+//!   before it were decoded and are either waiting in the source, with the
+//!   runtime, or (if the source itself is dropped) pending in Redis, where a
+//!   restart or a claim finds them.
+//! - A broadcast read changes nothing on the server; the next read starts
+//!   after the last entry decoded.
+
+mod blocking_connection;
+mod broadcast;
+mod group;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use intake_core::{Message, Source, SourceError, SourceEvent};
+use redis::aio::MultiplexedConnection;
+
+use crate::config::Settings;
+use crate::connection::Connector;
+use crate::dead_letter::RedisDeadLetterSink;
+use crate::error::RedisStreamsError;
+
+use self::blocking_connection::BlockingConnection;
+use self::broadcast::BroadcastReader;
+use self::group::GroupReader;
+
+/// Reads entries of Redis streams and hands them to the runtime as
+/// messages. Built by [`RedisStreamsConfig::connect`](crate::RedisStreamsConfig::connect).
+///
+/// Each message's partition is its stream (partition 0), its position the
+/// entry id, its timestamp the id's milliseconds, and its attempt the
+/// delivery count Redis keeps for the entry.
+pub struct RedisStreamsSource {
+    reader: Reader,
+    sink: RedisDeadLetterSink,
+    settings: Arc<Settings>,
+}
+
+enum Reader {
+    Group(Box<GroupReader>),
+    Broadcast(Box<BroadcastReader>),
+}
+
+impl std::fmt::Debug for RedisStreamsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStreamsSource")
+            .field("streams", &self.settings.streams)
+            .field("group", &self.settings.group)
+            .field("consumer", &self.settings.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStreamsSource {
+    pub(crate) async fn start(
+        connector: Connector,
+        mut connection: MultiplexedConnection,
+        settings: Arc<Settings>,
+        sink: RedisDeadLetterSink,
+    ) -> Result<Self, RedisStreamsError> {
+        // Groups are created and broadcast start positions resolved before
+        // the connection is handed over, so that errors (a key of the wrong
+        // type) surface from `connect`.
+        let positions = match &settings.group {
+            Some(_) => {
+                group::create_groups(&mut connection, &connector, &settings).await?;
+                None
+            }
+            None => Some(broadcast::start_positions(&mut connection, &connector, &settings).await?),
+        };
+        let connection =
+            BlockingConnection::new(connector, settings.block, settings.reconnect, connection)
+                .await;
+        let reader = match positions {
+            None => Reader::Group(Box::new(GroupReader::new(
+                settings.clone(),
+                connection,
+                sink.clone(),
+            ))),
+            Some(positions) => Reader::Broadcast(Box::new(BroadcastReader::new(
+                settings.clone(),
+                connection,
+                sink.clone(),
+                positions,
+            ))),
+        };
+        tracing::info!(
+            streams = ?settings.streams,
+            group = settings.group.as_deref().unwrap_or("(broadcast)"),
+            consumer = %settings.consumer,
+            "Redis Streams source started"
+        );
+        Ok(Self {
+            reader,
+            sink,
+            settings,
+        })
+    }
+
+    /// The dead-letter sink of this consumer (same group and consumer name,
+    /// shared connection), for the dead-letter layer.
+    pub fn dead_letter_sink(&self) -> RedisDeadLetterSink {
+        self.sink.clone()
+    }
+
+    /// This consumer's name within its group.
+    pub fn consumer(&self) -> &str {
+        &self.settings.consumer
+    }
+
+    /// The consumer group, or `None` for a broadcast reader.
+    pub fn group(&self) -> Option<&str> {
+        self.settings.group.as_deref()
+    }
+}
+
+impl Source for RedisStreamsSource {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        if max == 0 {
+            // The budget is full: read nothing (`COUNT 0` would even mean
+            // "no limit" to Redis). A Redis source has no assignment changes
+            // to report, so it waits until the runtime asks again; nothing
+            // is under way, so dropping this wait costs nothing.
+            return std::future::pending().await;
+        }
+        let delivered = match &mut self.reader {
+            Reader::Group(reader) => reader.next(deliveries, max).await,
+            Reader::Broadcast(reader) => reader.next(deliveries, max).await,
+        };
+        delivered.map(|()| SourceEvent::Delivered).map_err(|error| {
+            tracing::error!(%error, "the Redis Streams source failed");
+            SourceError::from(error)
+        })
+    }
+
+    async fn close(&mut self) -> Result<(), SourceError> {
+        match &mut self.reader {
+            Reader::Group(reader) => reader.close().await.map_err(SourceError::from),
+            Reader::Broadcast(_) => Ok(()),
+        }
+    }
+}
+
+/// An entry that goes to the dead-letter stream instead of the handler.
+struct Poison {
+    message: Message,
+    /// Whether the entry had a payload field (the copy holds exactly the
+    /// original fields).
+    with_payload: bool,
+    error: String,
+    attempts: u32,
+}
+
+/// Decoded entries waiting to be handed out, and those to dead-letter.
+#[derive(Default)]
+struct Staging {
+    ready: VecDeque<Message>,
+    poison: Vec<Poison>,
+}
+
+impl Staging {
+    /// Moves up to `max` waiting messages into `deliveries`; whether any.
+    fn hand_out(&mut self, deliveries: &mut Vec<Message>, max: usize) -> bool {
+        let count = self.ready.len().min(max);
+        deliveries.extend(self.ready.drain(..count));
+        count > 0
+    }
+
+    /// Writes the poison entries to the dead-letter stream. A failed write
+    /// leaves its entry pending, to be claimed and tried again later.
+    async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
+        for poison in self.poison.drain(..) {
+            let failed_at_ms = UNIX_EPOCH.elapsed().map_or(0, |since| since.as_millis());
+            let metadata = poison.message.metadata();
+            match sink
+                .write_message(
+                    &poison.message,
+                    poison.with_payload,
+                    &poison.error,
+                    poison.attempts,
+                    failed_at_ms,
+                )
+                .await
+            {
+                Ok(id) => tracing::warn!(
+                    stream = %metadata.source(),
+                    position = %metadata.position(),
+                    dead_letter_id = %id.position(),
+                    error = %poison.error,
+                    "entry dead-lettered by the source"
+                ),
+                Err(error) => tracing::error!(
+                    stream = %metadata.source(),
+                    position = %metadata.position(),
+                    %error,
+                    "could not dead-letter the entry; it stays pending and is retried after \
+                     claim_min_idle"
+                ),
+            }
+        }
+    }
+}

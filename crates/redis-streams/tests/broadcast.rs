@@ -1,0 +1,84 @@
+//! Broadcast mode: `XREAD` without a group, every reader sees every entry.
+
+mod support;
+
+use std::time::Duration;
+
+use intake_core::{AckBatch, AckMode, Acker, PartitionAck};
+use intake_redis_streams::{RedisStreamsConfig, StartFrom};
+
+use support::*;
+
+fn broadcast(stream: &str) -> RedisStreamsConfig {
+    RedisStreamsConfig::new(redis_url())
+        .stream(stream)
+        .broadcast()
+        .block(Duration::from_millis(100))
+}
+
+#[tokio::test]
+async fn every_broadcast_reader_sees_every_new_entry() {
+    let Some(mut redis) = redis_or_skip("every_broadcast_reader_sees_every_new_entry").await else {
+        return;
+    };
+    let stream = unique("broadcast");
+    produce(&mut redis, &stream, "old-", 3).await;
+    let (mut first, first_acker) = broadcast(&stream).connect().await.expect("connect");
+    let (mut second, _) = broadcast(&stream).connect().await.expect("connect");
+    assert_eq!(first_acker.mode(), AckMode::Watermark);
+    assert!(!first_acker.supports_requeue());
+
+    produce(&mut redis, &stream, "new-", 5).await;
+    let expected: Vec<String> = (0..5).map(|n| format!("new-{n}")).collect();
+    for reader in [&mut first, &mut second] {
+        let received = receive(reader, 5, 2, Duration::from_secs(5)).await;
+        assert_eq!(
+            payloads(&received),
+            expected,
+            "only entries added after connecting"
+        );
+    }
+}
+
+#[tokio::test]
+async fn entries_added_between_two_reads_are_not_skipped() {
+    let Some(mut redis) = redis_or_skip("entries_added_between_two_reads_are_not_skipped").await
+    else {
+        return;
+    };
+    let stream = unique("gap");
+    let (mut reader, _) = broadcast(&stream).connect().await.expect("connect");
+    // Nobody is reading while these are added.
+    produce(&mut redis, &stream, "m", 4).await;
+    let received = receive(&mut reader, 4, 10, Duration::from_secs(5)).await;
+    assert_eq!(payloads(&received), vec!["m0", "m1", "m2", "m3"]);
+}
+
+#[tokio::test]
+async fn a_broadcast_reader_can_start_at_the_beginning_and_acknowledges_nothing() {
+    let Some(mut redis) = redis_or_skip("a_broadcast_reader_can_start_at_the_beginning").await
+    else {
+        return;
+    };
+    let stream = unique("replay");
+    produce(&mut redis, &stream, "m", 3).await;
+    let (mut reader, mut acker) = broadcast(&stream)
+        .start_from(StartFrom::Beginning)
+        .connect()
+        .await
+        .expect("connect");
+    let received = receive(&mut reader, 3, 10, Duration::from_secs(5)).await;
+    assert_eq!(payloads(&received), vec!["m0", "m1", "m2"]);
+    let mut batch = AckBatch::default();
+    let mut ack = PartitionAck::new(partition(&stream));
+    ack.watermark = received.last().map(|message| message.metadata().position());
+    batch.partitions.push(ack);
+    acker.ack(&batch).await.expect("a broadcast ack is a no-op");
+    let groups: Vec<redis::Value> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .expect("XINFO GROUPS");
+    assert!(groups.is_empty(), "a broadcast reader creates no group");
+}
