@@ -1,8 +1,11 @@
 //! Consume orders from RabbitMQ with an async fn.
 //!
 //! Declares a quorum queue `intake-example-orders` (with a dead-letter
-//! exchange and a delivery limit), publishes a few orders, handles them, and
-//! stops once all are done or on Ctrl-C.
+//! exchange and a delivery limit), publishes a few orders, one of them
+//! invalid, handles them, and stops once all are done or on Ctrl-C. The
+//! invalid order fails permanently and is published, with its origin and
+//! error, to `intake-example-orders.dlq` (publisher-confirmed) before it is
+//! acknowledged.
 //!
 //! ```text
 //! cargo run --example amqp --features amqp
@@ -14,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpSource, Exchange, Queue, Topology};
-use intake::{Consumer, HandlerError, Json, Meta, Ordering, handler_fn};
+use intake::amqp::{AmqpDeadLetterSink, AmqpSource, Exchange, Queue, Topology};
+use intake::{Consumer, DeadLetterLayer, HandlerError, Json, Meta, Ordering, handler_fn};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -39,8 +42,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("INTAKE_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
 
-    // Poison orders end in `intake-example-orders.dlq`: after 5 failed
-    // deliveries the broker dead-letters them.
+    // Invalid orders end in `intake-example-orders.dlq`: published there by
+    // the dead-letter layer, or by the broker after 5 failed deliveries.
     let dead_letters = format!("{QUEUE}.dlq");
     let topology = Topology::new()
         .exchange(Exchange::direct("intake-example.dlx"))
@@ -63,6 +66,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let acker = source.acker();
     tracing::info!(endpoint = source.endpoint(), queue = QUEUE, "consuming");
 
+    // Publishes to the dead-letter exchange with the queue's name as routing
+    // key, which the binding above routes to the dead-letter queue.
+    let dead_letter_sink = AmqpDeadLetterSink::builder(url.as_str())
+        .exchange("intake-example.dlx")
+        .connect()
+        .await?;
+
     publish_orders(&url).await?;
 
     let shutdown = CancellationToken::new();
@@ -72,6 +82,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         handler_fn(move |Meta(meta): Meta, Json(order): Json<Order>| {
             let (handled, shutdown) = (handled.clone(), shutdown.clone());
             async move {
+                if handled.fetch_add(1, AtomicOrdering::SeqCst) + 1 == ORDERS {
+                    shutdown.cancel();
+                }
                 if order.quantity == 0 {
                     return Err(HandlerError::permanent(format!(
                         "order {} has no items",
@@ -85,13 +98,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     tag = %meta.position(),
                     "order reserved"
                 );
-                if handled.fetch_add(1, AtomicOrdering::SeqCst) + 1 == ORDERS {
-                    shutdown.cancel();
-                }
                 Ok(())
             }
         })
     };
+    let handler = tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(dead_letter_sink))
+        .service(handler);
 
     tokio::spawn({
         let shutdown = shutdown.clone();
@@ -124,7 +137,9 @@ async fn publish_orders(url: &str) -> Result<(), Box<dyn std::error::Error>> {
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     for id in 1..=ORDERS as u64 {
-        let order = format!(r#"{{"id":{id},"quantity":{}}}"#, id * 2);
+        // Order 3 has no items: it goes to the dead-letter queue.
+        let quantity = if id == 3 { 0 } else { id * 2 };
+        let order = format!(r#"{{"id":{id},"quantity":{quantity}}}"#);
         channel
             .basic_publish(
                 "".into(),
