@@ -8,13 +8,20 @@
 //! is closed.
 //!
 //! - raw: lapin, `basic.ack(multiple)` every 100 messages;
-//! - intake: `AmqpSource` + `Consumer` with `max_in_flight(1000)` and a
-//!   no-op handler (acks as the commit engine batches them).
+//! - intake: `AmqpSource` + `Consumer` with `max_in_flight(1000)` (the
+//!   prefetch), unordered, and a no-op handler (acks as the commit engine
+//!   batches them);
+//! - intake-ordered: the same in partition order (the default ordering: one
+//!   message at a time per channel).
+//!
+//! Besides msg/s it reports the client process's CPU time per message
+//! (`/proc/self/stat`), which a busy machine disturbs far less.
 //!
 //! ```text
 //! cargo bench -p intake-amqp --bench throughput
 //! INTAKE_BENCH_MESSAGES=20000 INTAKE_BENCH_ROUNDS=5 cargo bench -p intake-amqp --bench throughput
 //! INTAKE_BENCH_ONLY=intake perf record -g target/release/deps/throughput-…
+//! INTAKE_BENCH_COMMIT_BATCH=100 cargo bench -p intake-amqp --bench throughput
 //! ```
 //!
 //! Skips (exit 0, with a reason) when no broker answers, unless
@@ -52,15 +59,26 @@ fn setting(name: &str, default: usize) -> usize {
 enum Contender {
     Raw,
     Intake,
+    IntakeOrdered,
 }
 
 impl Contender {
+    const ALL: [Contender; 3] = [Contender::Raw, Contender::Intake, Contender::IntakeOrdered];
+
     fn name(self) -> &'static str {
         match self {
-            Contender::Raw => "raw lapin",
+            Contender::Raw => "raw",
             Contender::Intake => "intake",
+            Contender::IntakeOrdered => "intake-ordered",
         }
     }
+}
+
+/// One contender's run.
+struct Sample {
+    contender: Contender,
+    rate: f64,
+    cpu_per_message: Option<Duration>,
 }
 
 fn main() -> Result<(), BoxError> {
@@ -77,12 +95,10 @@ async fn run() -> Result<(), BoxError> {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
     let messages = setting("INTAKE_BENCH_MESSAGES", 100_000);
     let rounds = setting("INTAKE_BENCH_ROUNDS", 3);
-    // For profiling one side: INTAKE_BENCH_ONLY=raw or intake.
-    let only = match std::env::var("INTAKE_BENCH_ONLY").as_deref() {
-        Ok("raw") => Some(Contender::Raw),
-        Ok("intake") => Some(Contender::Intake),
-        _ => None,
-    };
+    // For profiling one loop: INTAKE_BENCH_ONLY=raw, intake or intake-ordered.
+    let only = std::env::var("INTAKE_BENCH_ONLY")
+        .ok()
+        .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
         Ok(connection) => connection,
         Err(error) if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") => {
@@ -107,13 +123,11 @@ async fn run() -> Result<(), BoxError> {
         .await?;
 
     println!("{messages} messages of {PAYLOAD_BYTES} bytes, prefetch {PREFETCH}, {rounds} rounds");
-    let mut results: Vec<(Contender, f64)> = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
     for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [Contender::Raw, Contender::Intake]
-        } else {
-            [Contender::Intake, Contender::Raw]
-        };
+        // Rotate the order so that no loop always runs first.
+        let mut order = Contender::ALL;
+        order.rotate_left(round % Contender::ALL.len());
         for contender in order {
             if only.is_some_and(|only| only != contender) {
                 continue;
@@ -122,59 +136,96 @@ async fn run() -> Result<(), BoxError> {
             let cpu_before = process_cpu();
             let elapsed = match contender {
                 Contender::Raw => raw(&url, &queue, messages).await?,
-                Contender::Intake => intake(&url, &queue, messages).await?,
+                Contender::Intake => intake(&url, &queue, messages, Ordering::Unordered).await?,
+                Contender::IntakeOrdered => {
+                    intake(&url, &queue, messages, Ordering::Partition).await?
+                }
             };
-            let cpu = process_cpu()
+            let cpu_per_message = process_cpu()
                 .zip(cpu_before)
-                .map(|(after, before)| after - before);
+                .map(|(after, before)| (after - before) / messages as u32);
             let rate = messages as f64 / elapsed.as_secs_f64();
-            let cpu_per_message = cpu.map_or_else(
-                || "n/a".to_owned(),
-                |cpu| format!("{:.2} µs", cpu.as_secs_f64() * 1e6 / messages as f64),
-            );
             println!(
-                "round {}: {:<10} {:>9.0} msg/s ({:.2} s), client CPU {cpu_per_message}/msg",
+                "round {}: {:<15} {:>9.0} msg/s ({:.2} s), client CPU {}/msg",
                 round + 1,
                 contender.name(),
                 rate,
-                elapsed.as_secs_f64()
+                elapsed.as_secs_f64(),
+                cpu_per_message
+                    .map_or_else(|| "n/a".to_owned(), |cpu| format!("{} ns", cpu.as_nanos())),
             );
-            results.push((contender, rate));
+            samples.push(Sample {
+                contender,
+                rate,
+                cpu_per_message,
+            });
         }
     }
     channel
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await?;
     admin.close(200, "bench done".into()).await?;
+    summarize(&samples);
+    Ok(())
+}
 
+fn median<T: Copy>(sorted: &[T]) -> Option<T> {
+    sorted.get(sorted.len() / 2).copied()
+}
+
+/// Best, median and worst rate per loop, against raw lapin.
+fn summarize(samples: &[Sample]) {
     let rates = |who: Contender| {
-        let mut rates: Vec<f64> = results
+        let mut rates: Vec<f64> = samples
             .iter()
-            .filter(|(contender, _)| *contender == who)
-            .map(|(_, rate)| *rate)
+            .filter(|sample| sample.contender == who)
+            .map(|sample| sample.rate)
             .collect();
         rates.sort_by(f64::total_cmp);
         rates
     };
-    let (raw, intake) = (rates(Contender::Raw), rates(Contender::Intake));
-    let median = |rates: &[f64]| rates.get(rates.len() / 2).copied().unwrap_or(0.0);
-    let best = |rates: &[f64]| rates.last().copied().unwrap_or(0.0);
+    let cpu = |who: Contender| {
+        let mut cpu: Vec<Duration> = samples
+            .iter()
+            .filter(|sample| sample.contender == who)
+            .filter_map(|sample| sample.cpu_per_message)
+            .collect();
+        cpu.sort();
+        median(&cpu)
+    };
+    let raw = rates(Contender::Raw);
+    let (raw_best, raw_median) = (raw.last().copied(), median(&raw));
+    let raw_cpu = cpu(Contender::Raw);
+    println!();
     println!(
-        "raw lapin: best {:.0} median {:.0} msg/s",
-        best(&raw),
-        median(&raw)
+        "| loop | best msg/s | median msg/s | worst msg/s | best / raw best | median / raw median | median ns CPU/msg | CPU / raw CPU |"
     );
-    println!(
-        "intake:    best {:.0} median {:.0} msg/s",
-        best(&intake),
-        median(&intake)
-    );
-    println!(
-        "intake / raw: best {:.3} median {:.3}",
-        best(&intake) / best(&raw),
-        median(&intake) / median(&raw)
-    );
-    Ok(())
+    println!("|---|---|---|---|---|---|---|---|");
+    for contender in Contender::ALL {
+        let rates = rates(contender);
+        let (Some(best), Some(middle), Some(worst)) = (
+            rates.last().copied(),
+            median(&rates),
+            rates.first().copied(),
+        ) else {
+            continue;
+        };
+        let ratio = |value: f64, raw: Option<f64>| {
+            raw.map_or_else(|| "–".to_owned(), |raw| format!("{:.3}", value / raw))
+        };
+        let cpu = cpu(contender);
+        println!(
+            "| {} | {best:.0} | {middle:.0} | {worst:.0} | {} | {} | {} | {} |",
+            contender.name(),
+            ratio(best, raw_best),
+            ratio(middle, raw_median),
+            cpu.map_or_else(|| "–".to_owned(), |cpu| cpu.as_nanos().to_string()),
+            cpu.zip(raw_cpu).map_or_else(
+                || "–".to_owned(),
+                |(cpu, raw)| format!("{:.2}", cpu.as_secs_f64() / raw.as_secs_f64())
+            ),
+        );
+    }
 }
 
 /// CPU time (user + system) this process used so far, from
@@ -254,7 +305,12 @@ async fn raw(url: &str, queue: &str, count: usize) -> Result<Duration, BoxError>
 }
 
 /// intake: `AmqpSource` and `Consumer` with a no-op handler.
-async fn intake(url: &str, queue: &str, count: usize) -> Result<Duration, BoxError> {
+async fn intake(
+    url: &str,
+    queue: &str,
+    count: usize,
+    ordering: Ordering,
+) -> Result<Duration, BoxError> {
     let started = Instant::now();
     let source = AmqpSource::builder(url)
         .queue(queue)
@@ -282,7 +338,7 @@ async fn intake(url: &str, queue: &str, count: usize) -> Result<Duration, BoxErr
     }
     let report = builder
         .max_in_flight(usize::from(PREFETCH))
-        .ordering(Ordering::Unordered)
+        .ordering(ordering)
         .build(source, acker, handler)?
         .run(shutdown)
         .await?;
