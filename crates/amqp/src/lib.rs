@@ -42,6 +42,25 @@
 //! # }
 //! ```
 //!
+//! # Ordering
+//!
+//! A source consumes on one channel, which is one partition, so the
+//! runtime's default `Ordering::Partition` handles one message at a time,
+//! in queue order. For concurrency, use `Ordering::Unordered`, or
+//! `Ordering::Key` to keep the order per routing key. A queue shared by
+//! several consumers has no order across them anyway.
+//!
+//! # Dead letters
+//!
+//! Wrap the handler in the dead-letter layer with one of two sinks:
+//! [`AmqpDeadLetterSink`] publishes a copy with its origin and error to an
+//! exchange of your choice and waits for the publisher confirm, or
+//! [`AmqpSource::broker_dead_letter`] rejects the message without requeue
+//! into the queue's own `x-dead-letter-exchange` (no error text; see
+//! [`BrokerDeadLetterSink`]). Independently of both, a quorum queue with
+//! [`Queue::delivery_limit`] dead-letters a message that keeps failing
+//! through retries.
+//!
 //! # Delivery counts across RabbitMQ versions
 //!
 //! Quorum queues count returned deliveries in `x-delivery-count` and

@@ -87,8 +87,12 @@ impl fmt::Debug for AmqpSource {
 
 impl AmqpSource {
     /// Starts building a source for the broker at `url`
-    /// (`amqp://user:password@host:5672/vhost`, or `amqps://` for TLS; the
-    /// default vhost `/` is written `%2f`).
+    /// (`amqp://user:password@host:5672/vhost`, or `amqps://` for TLS,
+    /// checked against the system's root certificates; the default vhost `/`
+    /// is written `%2f`). Query parameters `heartbeat` (seconds),
+    /// `frame_max` and `channel_max` are passed to the broker: a shorter
+    /// heartbeat than RabbitMQ's default 60 s notices a silently dead
+    /// network sooner.
     pub fn builder(url: impl Into<String>) -> AmqpSourceBuilder {
         AmqpSourceBuilder::new(url)
     }
