@@ -758,3 +758,83 @@ async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commi
         report.elapsed
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_probe_requeued_without_backoff_leads_out_of_backoff_at_the_runtime() {
+    let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 5, 5))]);
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                let attempt = message.metadata().attempt();
+                attempts
+                    .lock()
+                    .map(|mut all| all.push((offset_of(&message), attempt)))
+                    .ok();
+                match (offset_of(&message), attempt) {
+                    (0, 1) => Err(HandlerError::retryable("downstream unavailable")),
+                    // The probe asks to be requeued without backoff.
+                    (0, 2) => Err(HandlerError::retryable("not now").without_backoff()),
+                    _ => Ok(()),
+                }
+            }
+        })
+    };
+    let backoff = crate::backoff::Constant::new(Duration::from_secs(10)).retry_forever();
+    let started = tokio::time::Instant::now();
+    let report = Consumer::builder()
+        .ordering(Ordering::Partition)
+        .backoff(backoff)
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(
+        report.succeeded, 5,
+        "nothing stalls behind the neutral probe"
+    );
+    // One backoff window (10 s of paused time) before the first probe; the
+    // neutral probe opens the next one at once.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
+    let attempts = attempts.lock().map(|all| all.clone()).unwrap_or_default();
+    assert_eq!(&attempts[..3], &[(0, 1), (0, 2), (0, 3)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_disabled_or_zero_backoff_never_pauses_intake() {
+    for zero in [false, true] {
+        let (source, _) = scripted(vec![Script::Messages(messages(2, 50, 10))]);
+        let handler = tower::service_fn(|message: Message| async move {
+            if message.metadata().attempt() == 1 && offset_of(&message) % 3 == 0 {
+                return Err(HandlerError::retryable("flaky"));
+            }
+            Ok(())
+        });
+        let builder = Consumer::builder().ordering(Ordering::Unordered);
+        let builder = if zero {
+            builder.backoff(crate::backoff::Constant::new(Duration::ZERO).retry_forever())
+        } else {
+            builder.backoff(Disabled)
+        };
+        let started = tokio::time::Instant::now();
+        let report = builder
+            .build(source, RecordingAcker::default(), handler)
+            .expect("valid settings")
+            .run(super::Shutdown::never())
+            .await
+            .expect("run succeeds");
+        assert_eq!(report.succeeded, 100);
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "no paused time passed: intake never waited (zero delay: {zero})"
+        );
+    }
+}
