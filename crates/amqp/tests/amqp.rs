@@ -971,3 +971,69 @@ async fn a_message_that_keeps_failing_through_the_retry_path_reaches_the_quorum_
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_full_budget_takes_no_delivery_but_still_notices_a_lost_channel() {
+    let Some(backend) = AmqpBackend::connect_or_skip("full_budget").await else {
+        return;
+    };
+    let queue = backend.classic_queue("full-budget").await.unwrap();
+    backend.publish(&queue, &[b"a", b"b", b"c"]).await.unwrap();
+    let name = unique("full-budget-conn");
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .connect()
+        .await
+        .unwrap();
+    let mut buffer = Vec::new();
+    let first = source.next(&mut buffer, 0).await.unwrap();
+    assert!(matches!(first, SourceEvent::Assigned(_)), "{first:?}");
+
+    // `max == 0`: assignment changes only.
+    let waited =
+        tokio::time::timeout(Duration::from_millis(300), source.next(&mut buffer, 0)).await;
+    assert!(waited.is_err(), "nothing changed, so nothing is returned");
+    assert!(buffer.is_empty());
+
+    if let Err(why) = close_connection_named(&name).await {
+        assert!(
+            std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() != Ok("1"),
+            "cannot close the connection: {why}"
+        );
+        println!("skipped: full_budget: {why}");
+        backend.cleanup().await;
+        return;
+    }
+    let revoked = tokio::time::timeout(PATIENCE, source.next(&mut buffer, 0))
+        .await
+        .expect("the loss is noticed")
+        .unwrap();
+    match revoked {
+        SourceEvent::Revoked(revocation) => {
+            assert_eq!(
+                revocation.partitions(),
+                [PartitionKey::new(queue.as_str(), 1)]
+            );
+        }
+        other => panic!("expected the revocation, got {other:?}"),
+    }
+    let assigned = tokio::time::timeout(PATIENCE, source.next(&mut buffer, 0))
+        .await
+        .expect("the source reconnects")
+        .unwrap();
+    assert!(
+        matches!(&assigned, SourceEvent::Assigned(partitions) if partitions == &[PartitionKey::new(queue.as_str(), 2)]),
+        "{assigned:?}"
+    );
+    assert!(buffer.is_empty(), "no delivery while the budget was full");
+
+    let received = receive(&mut source, 3, 10).await;
+    assert_eq!(received.payloads(), ["a", "b", "c"]);
+    ack_through(&mut source.acker(), &received.messages[2])
+        .await
+        .unwrap();
+    settle_at(&backend, &queue, 0).await;
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}

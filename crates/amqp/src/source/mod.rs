@@ -16,7 +16,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
-use futures_util::{FutureExt, StreamExt};
+use std::pin::Pin;
+
+use futures_util::{FutureExt, Stream, StreamExt};
 use intake_core::{Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
@@ -66,6 +68,9 @@ struct Session {
     connection: Connection,
     channel: Channel,
     consumer: lapin::Consumer,
+    /// The connection's lifecycle events; an error on the connection or the
+    /// channel shows here without taking a delivery from the consumer.
+    events: Pin<Box<dyn Stream<Item = lapin::Event> + Send>>,
     queue: String,
 }
 
@@ -269,6 +274,8 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         settings.connect_timeout,
     )
     .await?;
+    // Listen from the start: lapin queues events only for live listeners.
+    let events = Box::pin(connection.events_listener());
     let channel = connection
         .create_channel()
         .await
@@ -344,6 +351,7 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         connection,
         channel,
         consumer,
+        events,
         queue,
     })
 }
@@ -382,6 +390,24 @@ impl Source for AmqpSource {
                 }
                 State::Closed => return Ok(SourceEvent::Exhausted),
             };
+            if max == 0 {
+                // The budget is full: deliver nothing, but notice a lost
+                // channel, whose revocation frees the slots its deliveries
+                // hold. Cancel-safe: an event is handled in the poll that
+                // returns it.
+                let loss = loop {
+                    if !session.channel.status().connected() {
+                        break Loss::Closed;
+                    }
+                    match session.events.next().await {
+                        Some(lapin::Event::Error(error)) => break Loss::Error(error),
+                        Some(_) => continue,
+                        None => break Loss::Closed,
+                    }
+                };
+                self.lose(loss);
+                continue;
+            }
             // Cancel-safe: a delivery leaves lapin's buffer only when this
             // poll returns it, and from then on nothing awaits.
             let already = deliveries.len();
