@@ -146,6 +146,19 @@ mod tests {
     }
 
     #[test]
+    fn work_the_runtime_sends_again_is_not_acknowledged_twice() {
+        // RabbitMQ closes the channel on a second ack of a tag; the runtime
+        // resends work after a failed batch and on revocation or shutdown.
+        let mut ledger = TagLedger::default();
+        let mut individual = Vec::new();
+        assert_eq!(ledger.acknowledge([1, 2, 4], Some(2), &mut individual), Some(2));
+        assert_eq!(individual, [4]);
+        individual.clear();
+        assert_eq!(ledger.acknowledge([1, 2, 4], Some(2), &mut individual), None);
+        assert!(individual.is_empty());
+    }
+
+    #[test]
     fn settled_tags_at_or_below_the_watermark_are_forgotten() {
         let mut ledger = TagLedger::default();
         ledger.settle(2);
