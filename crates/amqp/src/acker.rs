@@ -9,6 +9,11 @@
 //! message would stop the channel. Retries are rejects, not nacks, because
 //! from RabbitMQ 4.3 only a reject counts toward a quorum queue's
 //! `x-delivery-limit`, and a message that keeps failing must reach it.
+//!
+//! RabbitMQ closes the channel on an ack of a tag that is no longer out, so
+//! the acker remembers what it settled on the current channel: work the
+//! runtime sends again (after a failed batch, on revocation, at shutdown)
+//! never acknowledges a tag twice.
 
 use intake_core::{AckBatch, AckError, AckMode, Acker, PartitionAck, Position};
 use lapin::options::{BasicAckOptions, BasicRejectOptions};

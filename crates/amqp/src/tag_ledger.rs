@@ -151,10 +151,16 @@ mod tests {
         // resends work after a failed batch and on revocation or shutdown.
         let mut ledger = TagLedger::default();
         let mut individual = Vec::new();
-        assert_eq!(ledger.acknowledge([1, 2, 4], Some(2), &mut individual), Some(2));
+        assert_eq!(
+            ledger.acknowledge([1, 2, 4], Some(2), &mut individual),
+            Some(2)
+        );
         assert_eq!(individual, [4]);
         individual.clear();
-        assert_eq!(ledger.acknowledge([1, 2, 4], Some(2), &mut individual), None);
+        assert_eq!(
+            ledger.acknowledge([1, 2, 4], Some(2), &mut individual),
+            None
+        );
         assert!(individual.is_empty());
     }
 
