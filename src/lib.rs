@@ -42,3 +42,12 @@ pub use intake_kafka as kafka;
 /// The Redis Streams backend (feature `redis`).
 #[cfg(feature = "redis")]
 pub use intake_redis_streams as redis_streams;
+
+/// RabbitMQ (AMQP 0.9.1): source, acker and dead-letter sinks on lapin
+/// (feature `amqp`).
+#[cfg(feature = "amqp")]
+pub use intake_amqp as amqp;
+
+/// Exactly-once effects in PostgreSQL (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use intake_postgres as postgres;
