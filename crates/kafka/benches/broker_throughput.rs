@@ -262,12 +262,12 @@ async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure,
                 count += 1;
             }
         }
-        if committing.as_ref().is_some_and(|task| task.is_finished()) {
-            if let Some(task) = committing.take() {
-                let (returned, result): (_, Result<(), intake_core::AckError>) = task.await?;
-                result?;
-                acker = Some(returned);
-            }
+        if committing.as_ref().is_some_and(|task| task.is_finished())
+            && let Some(task) = committing.take()
+        {
+            let (returned, result): (_, Result<(), intake_core::AckError>) = task.await?;
+            result?;
+            acker = Some(returned);
         }
         if last_commit.elapsed() >= COMMIT_INTERVAL
             && let Some(mut idle) = acker.take()
