@@ -385,12 +385,18 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
     // A slow consumer with a small buffer: its fetching is paused most of
     // the time, so the rebalances below find its partitions paused. The
     // watchdog is off: it would hide a partition that never fetches again.
+    // Eager: every partition is revoked, paused, and one comes straight back.
     let source = || {
-        kafka
-            .source(&topic, &group)
-            .buffer(4)
-            .watchdog_interval(Duration::ZERO)
-            .build()
+        KafkaSource::builder(
+            kafka
+                .settings()
+                .set("partition.assignment.strategy", "range"),
+        )
+        .group(&group)
+        .topic(&topic)
+        .buffer(4)
+        .watchdog_interval(Duration::ZERO)
+        .build()
     };
     let ledger = Ledger::default();
     let slow = |source| {

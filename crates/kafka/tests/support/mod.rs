@@ -125,12 +125,23 @@ impl KafkaBackend {
     }
 
     /// Consumer settings: fast group protocol timings for tests.
+    ///
+    /// On the mock cluster, cooperative-sticky assignment: the mock refuses
+    /// offset commits while a classic (eager) group is joining, where real
+    /// brokers accept them from the current generation (Kafka's
+    /// PreparingRebalance), so under eager rebalancing every revoke-time
+    /// commit would be refused there. Tests of eager rebalancing on the mock
+    /// ask for `range` themselves; tansu runs librdkafka's default (eager).
     pub fn settings(&self) -> KafkaSettings {
-        KafkaSettings::new(&self.brokers)
+        let settings = KafkaSettings::new(&self.brokers)
             .set("session.timeout.ms", "6000")
             .set("heartbeat.interval.ms", "500")
             .set("max.poll.interval.ms", "120000")
-            .set("topic.metadata.refresh.interval.ms", "1000")
+            .set("topic.metadata.refresh.interval.ms", "1000");
+        match self.tier {
+            Tier::Mock => settings.set("partition.assignment.strategy", "cooperative-sticky"),
+            Tier::Real(_) => settings,
+        }
     }
 
     /// A source builder for `topic` in `group` with test timings.
