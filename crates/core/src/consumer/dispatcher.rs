@@ -163,6 +163,12 @@ struct Dispatcher<H: Service<Message>> {
     tick: Interval,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
+    /// The latest moment the timer woke the run for. Whatever was due by
+    /// then was looked at by the pass it woke, so it never arms the timer
+    /// again: a due time whose action waits on something else (a backoff
+    /// that ended while the run is stopping or the handler is not ready)
+    /// would otherwise wake the run in a loop.
+    woken_for: Option<Instant>,
     fetch_retry_at: Option<Instant>,
     fetch_failures: u32,
     revocations: Vec<PendingRevocation>,
@@ -208,6 +214,7 @@ where
             tick,
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             timer_at: None,
+            woken_for: None,
             fetch_retry_at: None,
             fetch_failures: 0,
             revocations: Vec::new(),
@@ -971,8 +978,9 @@ where
     /// Keeps one timer armed at the earliest moment something is due.
     fn arm_timer(&mut self, cx: &mut Context<'_>) {
         let mut due: Option<Instant> = None;
+        let woken_for = self.woken_for;
         let mut consider = |at: Option<Instant>| {
-            if let Some(at) = at {
+            if let Some(at) = at.filter(|&at| woken_for.is_none_or(|woken| at > woken)) {
                 due = Some(due.map_or(at, |due| due.min(at)));
             }
         };
@@ -1000,6 +1008,7 @@ where
         }
         if self.timer.as_mut().poll(cx).is_ready() {
             self.timer_at = None;
+            self.woken_for = Some(due);
             // Something is due now: run another pass.
             cx.waker().wake_by_ref();
         }

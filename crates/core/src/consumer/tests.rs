@@ -461,6 +461,86 @@ async fn a_handler_past_the_shutdown_deadline_is_cut_off_and_left_unacknowledged
     );
 }
 
+/// Runs `run` on a current-thread runtime with a paused clock, on a thread
+/// of its own, and gives it `wall` of real time. On a paused clock a run
+/// that keeps waking itself never lets time move, so it never ends: the
+/// wall-clock bound turns that busy loop into a failure instead of a hang.
+fn on_paused_clock_within<T: Send + 'static>(
+    wall: Duration,
+    run: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build();
+        if let Ok(runtime) = runtime {
+            let _ = done.send(runtime.block_on(run));
+        }
+    });
+    finished.recv_timeout(wall).ok()
+}
+
+#[test]
+fn a_graceful_stop_waits_for_running_handlers_without_spinning_after_a_backoff_ended() {
+    // Offsets 0 and 1 start together. Offset 0 fails at 1 ms, so the
+    // consumer backs off for 50 ms with offset 0 waiting to be dispatched
+    // again; offset 1 runs for a second. The stop comes at 5 ms: nothing new
+    // starts, so the backoff's end at 51 ms has nothing to wake the run for
+    // while it waits for offset 1.
+    let report = on_paused_clock_within(Duration::from_secs(10), async {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let _ = sender.send(Script::Messages(messages(1, 2, 2)));
+        let source = ScriptedSource {
+            script: receiver,
+            pending: VecDeque::new(),
+            largest_request: Arc::default(),
+        };
+        let handler = tower::service_fn(|message: Message| async move {
+            match (offset_of(&message), message.metadata().attempt()) {
+                (0, 1) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    Err(HandlerError::retryable("downstream unavailable"))
+                }
+                (1, _) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            stop.cancel();
+        });
+        let report = Consumer::builder()
+            .ordering(Ordering::Unordered)
+            .backoff(crate::backoff::Constant::new(Duration::from_millis(50)).retry_forever())
+            .shutdown_deadline(Duration::from_secs(10))
+            .build(source, RecordingAcker::default(), handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await;
+        drop(sender);
+        report
+    })
+    .expect("the run ended: it waited for offset 1 instead of waking itself in a loop")
+    .expect("run succeeds");
+    assert_eq!(report.succeeded, 1, "offset 1 finished within the deadline");
+    assert_eq!(
+        report
+            .unfinished
+            .iter()
+            .map(|unfinished| unfinished.position)
+            .collect::<Vec<_>>(),
+        vec![Position::Offset(0)],
+        "offset 0 waited out the stop and is left for redelivery"
+    );
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_retryable_failure_is_dispatched_again_with_the_next_attempt_number() {
     let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
