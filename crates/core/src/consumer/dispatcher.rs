@@ -501,6 +501,11 @@ where
     }
 
     fn assign(&mut self, partition: crate::message::PartitionKey) -> PartitionId {
+        if let Some(id) = self.engine.lookup(&partition) {
+            if self.partitions[id.index()].revoking {
+                self.take_back(id);
+            }
+        }
         let id = self.engine.assign(partition);
         if self.partitions.len() <= id.index() {
             self.partitions
@@ -510,8 +515,9 @@ where
         if flags.over_window {
             self.over_window -= 1;
         }
-        // Deliveries of an earlier assignment may still run; their tickets
-        // are stale now, and `held` keeps counting them until they finish.
+        // Deliveries of an earlier assignment that was not revoked may still
+        // run; their tickets are stale now, and `held` keeps counting them
+        // until they finish.
         let held = flags.held;
         *flags = PartitionFlags {
             held,
@@ -519,6 +525,30 @@ where
         };
         self.last_partition = None;
         id
+    }
+
+    /// Ends the draining of a revoked partition that is assigned to this
+    /// consumer again before its revocation completed: the broker stopped
+    /// waiting for it (a rebalance timeout) and handed it back, perhaps
+    /// through a member that left since.
+    ///
+    /// The new assignment starts over from the committed position, so the old
+    /// one ends here: its handlers still running are cancelled, as the
+    /// revoke timeout would have done (the new assignment delivers their
+    /// messages again, in order, and a message never runs twice at once in
+    /// one consumer), and the pending revocation goes on without the
+    /// partition. Left in it, the revocation would cancel, commit and revoke
+    /// the new assignment when it completes, and the broker, whose cursor
+    /// moved on, would never deliver the cancelled messages again.
+    fn take_back(&mut self, id: PartitionId) {
+        tracing::info!(
+            partition = ?self.engine.key(id),
+            "a partition being revoked is assigned again: its old assignment ends now"
+        );
+        self.cancel_partitions(&[id]);
+        for pending in &mut self.revocations {
+            pending.partitions.retain(|&revoked| revoked != id);
+        }
     }
 
     // ---- dispatch --------------------------------------------------------

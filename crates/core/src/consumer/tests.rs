@@ -19,6 +19,7 @@ use crate::source::{Revocation, Source, SourceError, SourceEvent};
 enum Script {
     Messages(Vec<Message>),
     Revoke(Revocation),
+    Assign(Vec<PartitionKey>),
 }
 
 /// Hands out scripted deliveries and events; exhausted when the script ends.
@@ -49,6 +50,7 @@ impl Source for ScriptedSource {
             match self.script.recv().await {
                 Some(Script::Messages(messages)) => self.pending.extend(messages),
                 Some(Script::Revoke(revocation)) => return Ok(SourceEvent::Revoked(revocation)),
+                Some(Script::Assign(partitions)) => return Ok(SourceEvent::Assigned(partitions)),
                 None => return Ok(SourceEvent::Exhausted),
             }
         }
@@ -676,4 +678,113 @@ fn invalid_settings_fail_at_build_time() {
         .build(source, RecordingAcker::default(), handler)
         .err();
     assert_eq!(error.map(|error| error.setting), Some("commit_interval"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_partition_assigned_again_while_draining_ends_its_old_assignment() {
+    // Offset 1 hangs on its first delivery. The partition is revoked and,
+    // before the revocation finished draining, assigned again (the broker
+    // stopped waiting), with its messages delivered again from offset 1.
+    let source_name = topic();
+    let partition = PartitionKey::new("orders", 0);
+    let first: Vec<Message> = (0..3)
+        .map(|offset| message(&source_name, 0, offset, "a"))
+        .collect();
+    let again: Vec<Message> = (1..4)
+        .map(|offset| {
+            let mut message = message(&source_name, 0, offset, "a");
+            message.metadata_mut().set_attempt(2);
+            message
+        })
+        .collect();
+    let (revocation, handle) = Revocation::new(vec![partition.clone()]);
+    let (source, _) = scripted(vec![
+        Script::Messages(first),
+        Script::Revoke(revocation),
+        Script::Assign(vec![partition.clone()]),
+        Script::Messages(again),
+    ]);
+    let running: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let most_at_once: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let handler = {
+        let (running, most_at_once) = (running.clone(), most_at_once.clone());
+        tower::service_fn(move |message: Message| {
+            let (running, most_at_once) = (running.clone(), most_at_once.clone());
+            async move {
+                let offset = offset_of(&message);
+                let _running = RunningGuard::enter(&running, &most_at_once, offset);
+                if offset == 1 && message.metadata().attempt() == 1 {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .revoke_timeout(Duration::from_secs(5))
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    let most = most_at_once
+        .lock()
+        .map(|most| most.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        most.get(&1),
+        Some(&1),
+        "the old delivery of offset 1 was cancelled before the new one started"
+    );
+    assert!(
+        handle.wait().await.is_ok(),
+        "the revocation completed (without the partition that came back)"
+    );
+    assert_eq!(
+        report.released_on_revoke, 3,
+        "offsets 0 to 2 of the old assignment were still running, and were cancelled"
+    );
+    assert_eq!(
+        acker.watermarks().get(&partition),
+        Some(&Position::Offset(3)),
+        "the new assignment was kept and committed to its end"
+    );
+}
+
+/// Counts the runs of one offset at a time, keeping the most seen.
+struct RunningGuard {
+    running: Arc<Mutex<HashMap<i64, usize>>>,
+    offset: i64,
+}
+
+impl RunningGuard {
+    fn enter(
+        running: &Arc<Mutex<HashMap<i64, usize>>>,
+        most_at_once: &Arc<Mutex<HashMap<i64, usize>>>,
+        offset: i64,
+    ) -> Self {
+        if let (Ok(mut running), Ok(mut most)) = (running.lock(), most_at_once.lock()) {
+            let now = running.entry(offset).or_default();
+            *now += 1;
+            let most = most.entry(offset).or_default();
+            *most = (*most).max(*now);
+        }
+        Self {
+            running: running.clone(),
+            offset,
+        }
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.running.lock() {
+            if let Some(now) = running.get_mut(&self.offset) {
+                *now -= 1;
+            }
+        }
+    }
 }
