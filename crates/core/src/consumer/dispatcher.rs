@@ -330,8 +330,14 @@ where
                 self.engine.restore(ack);
             }
         }
-        self.flush_if_due();
+        // Revocations first: one whose final commit just came back is
+        // completed (its partitions leave the engine) before the next batch
+        // is taken, so no batch sent after a revocation's final one carries
+        // work of the revoked assignment (work restored from a failed batch,
+        // for instance), which the broker would accept if the partition came
+        // back to this consumer meanwhile.
         self.poll_revocations(cx);
+        self.flush_if_due();
         if self.failure.is_none() && self.stop.is_some() && self.is_drained() {
             return Poll::Ready(Wake::Done);
         }

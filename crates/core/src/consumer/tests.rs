@@ -788,3 +788,81 @@ impl Drop for RunningGuard {
         }
     }
 }
+
+/// Records every batch; the first `failures` acknowledgements fail, each
+/// after `delay`.
+#[derive(Clone)]
+struct FlakyAcker {
+    batches: Arc<Mutex<Vec<AckBatch>>>,
+    failures: Arc<AtomicUsize>,
+    delay: Duration,
+}
+
+impl Acker for FlakyAcker {
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        if let Ok(mut batches) = self.batches.lock() {
+            batches.push(batch.clone());
+        }
+        tokio::time::sleep(self.delay).await;
+        let fail = self
+            .failures
+            .fetch_update(AtomicOrdering::AcqRel, AtomicOrdering::Acquire, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if fail {
+            return Err(AckError::Broker("injected".into()));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_batch_after_a_revocations_final_commit_carries_the_revoked_partition() {
+    // A regular commit of the partition fails while the revocation's final
+    // commit is under way, and then the final commit fails too. The failed
+    // regular commit's work was put back; it must go with the revoked
+    // assignment, not out in a batch after the final one (a broker that
+    // handed the partition back to this consumer would accept it).
+    let partition = PartitionKey::new("orders", 0);
+    let (revocation, handle) = Revocation::new(vec![partition.clone()]);
+    let (source, _) = scripted(vec![
+        Script::Messages(messages(1, 3, 1)),
+        Script::Revoke(revocation),
+    ]);
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(2)),
+        delay: Duration::from_millis(100),
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    let outcome = handle.wait().await.expect("the revocation completed");
+    assert_eq!(
+        outcome.partitions[0].committed, None,
+        "its final commit failed"
+    );
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let last = batches
+        .iter()
+        .rposition(|batch| batch.sync)
+        .expect("the revocation's final commit");
+    let later: Vec<&AckBatch> = batches[last + 1..]
+        .iter()
+        .filter(|batch| {
+            batch
+                .partitions
+                .iter()
+                .any(|ack| ack.partition == partition)
+        })
+        .collect();
+    assert!(
+        later.is_empty(),
+        "batches after the final commit still carried the revoked partition: {later:?}"
+    );
+}
