@@ -542,10 +542,14 @@ where
     /// one ends here: its handlers still running are cancelled, as the
     /// revoke timeout would have done (the new assignment delivers their
     /// messages again, in order, and a message never runs twice at once in
-    /// one consumer), and the pending revocation goes on without the
-    /// partition. Left in it, the revocation would cancel, commit and revoke
-    /// the new assignment when it completes, and the broker, whose cursor
-    /// moved on, would never deliver the cancelled messages again.
+    /// one consumer), the pending revocation goes on without the partition,
+    /// and the old assignment's work still queued for the acker is dropped.
+    /// Left in the revocation, the partition would be cancelled, committed
+    /// and revoked under the new assignment when the revocation completes,
+    /// and the broker, whose cursor moved on, would never deliver the
+    /// cancelled messages again; left in the queue, the old watermark would
+    /// be committed past the new assignment's deliveries, and the new
+    /// assignment's first commit would move the position back.
     fn take_back(&mut self, id: PartitionId) {
         tracing::info!(
             partition = ?self.engine.key(id),
@@ -554,6 +558,12 @@ where
         self.cancel_partitions(&[id]);
         for pending in &mut self.revocations {
             pending.partitions.retain(|&revoked| revoked != id);
+        }
+        // Batches of the old assignment may still wait for the acker: they
+        // must not commit it now that the new one redelivers from the
+        // broker's committed position.
+        if let Some(partition) = self.engine.key(id) {
+            self.acks.fence(partition.clone());
         }
     }
 

@@ -866,3 +866,55 @@ async fn no_batch_after_a_revocations_final_commit_carries_the_revoked_partition
         "batches after the final commit still carried the revoked partition: {later:?}"
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn work_of_an_assignment_taken_back_is_never_sent_after_it_ended() {
+    // The partition is revoked and its revocation's final commit queued;
+    // before the acker takes it, the partition is assigned again. That
+    // commit belongs to the old assignment: it must not reach the acker under
+    // the new one, which delivers the same messages again.
+    let partition = PartitionKey::new("orders", 0);
+    let (revocation, _handle) = Revocation::new(vec![partition.clone()]);
+    let again: Vec<Message> = messages(1, 3, 1)
+        .into_iter()
+        .map(|mut message| {
+            message.metadata_mut().set_attempt(2);
+            message
+        })
+        .collect();
+    let (source, _) = scripted(vec![
+        Script::Messages(messages(1, 3, 1)),
+        Script::Revoke(revocation),
+        Script::Assign(vec![partition.clone()]),
+        Script::Messages(again),
+    ]);
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(0)),
+        delay: Duration::from_millis(100),
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let synced: Vec<bool> = batches
+        .iter()
+        .filter(|batch| {
+            batch
+                .partitions
+                .iter()
+                .any(|ack| ack.partition == partition)
+        })
+        .map(|batch| batch.sync)
+        .collect();
+    assert_eq!(
+        synced,
+        vec![true],
+        "only the new assignment's final commit; the revocation's queued one was dropped: \
+         {batches:?}"
+    );
+}
