@@ -1,8 +1,36 @@
 //! intake: consume messages from brokers with async fn handlers, tower
 //! middleware and ordered commits.
 //!
-//! This facade re-exports [`intake_core`]; the features `kafka`, `redis` and
-//! `amqp` add the backend crates.
+//! This facade re-exports [`intake_core`] (the traits, the runtime, the
+//! layers and the in-memory broker); the features `kafka`, `redis`, `amqp`
+//! and `postgres` add the backend crates as `intake::kafka`,
+//! `intake::redis_streams`, `intake::amqp` and `intake::postgres`.
+//!
+//! ```
+//! use intake::consumer::Consumer;
+//! use intake::memory::{MemoryBroker, Record};
+//! use intake::{Payload, handler_fn};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = MemoryBroker::new();
+//! broker.create_topic("events", 1)?;
+//! broker.send("events", Record::new("hello"))?;
+//! let (source, acker) = broker.consumer("events", "printer")?;
+//! let handler = handler_fn(|Payload(payload): Payload| async move {
+//!     tracing::info!(?payload, "event");
+//! });
+//! let shutdown = CancellationToken::new();
+//! let run = tokio::spawn(Consumer::builder().build(source, acker, handler)?.run(shutdown.clone()));
+//! while broker.lag("events", "printer")? > 0 {
+//!     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+//! }
+//! shutdown.cancel();
+//! assert_eq!(run.await??.succeeded, 1);
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 pub use intake_core::*;
@@ -14,3 +42,8 @@ pub use intake_kafka as kafka;
 /// The Redis Streams backend (feature `redis`).
 #[cfg(feature = "redis")]
 pub use intake_redis_streams as redis_streams;
+
+/// RabbitMQ (AMQP 0.9.1): source, acker and dead-letter sinks on lapin
+/// (feature `amqp`).
+#[cfg(feature = "amqp")]
+pub use intake_amqp as amqp;

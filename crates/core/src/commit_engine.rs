@@ -381,9 +381,12 @@ impl CommitEngine {
     /// Puts back the work of a batch the acker could not deliver, so the next
     /// batch carries it again: the partition's current watermark is sent
     /// again and, in [`AckMode::Ids`], the completed positions are listed
-    /// again (acknowledging an id twice is harmless). Requeues are not put
-    /// back: a broker that did not receive them redelivers those messages
-    /// anyway. Work for a partition no longer assigned is dropped.
+    /// again. A batch may have failed after part of it reached the broker, so
+    /// an acker must tolerate work it already applied (Redis `XACK` does;
+    /// the AMQP acker keeps a per-channel record, because RabbitMQ closes a
+    /// channel on a second ack of a tag). Requeues are not put back: a broker
+    /// that did not receive them redelivers those messages anyway. Work for a
+    /// partition no longer assigned is dropped.
     pub fn restore(&mut self, ack: PartitionAck) {
         let Some(&id) = self.index.get(&ack.partition) else {
             return;

@@ -12,6 +12,56 @@
 //! - Middleware as tower layers, composed with `tower::ServiceBuilder`:
 //!   [`RetryLayer`], [`CatchPanicLayer`], [`DeadLetterLayer`] (with its
 //!   [`FailurePolicy`]), [`TraceLayer`], [`Metrics`] and [`BatchLayer`].
+//!
+//! # Example
+//!
+//! A consumer on the in-memory broker, with retries and a dead-letter topic:
+//!
+//! ```
+//! use intake_core::consumer::{Consumer, Ordering};
+//! use intake_core::dead_letter::DeadLetterLayer;
+//! use intake_core::memory::{MemoryBroker, Record};
+//! use intake_core::retry::RetryLayer;
+//! use intake_core::{Exponential, Json, Meta, handler_fn};
+//! use tokio_util::sync::CancellationToken;
+//! use tower::ServiceBuilder;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order {
+//!     id: u64,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = MemoryBroker::new();
+//! broker.create_topic("orders", 2)?;
+//! broker.send("orders", Record::new(r#"{"id":1}"#).with_key("customer-7"))?;
+//! broker.send("orders", Record::new("not json").with_key("customer-8"))?;
+//!
+//! let handler = ServiceBuilder::new()
+//!     .layer(DeadLetterLayer::new(broker.dead_letter_sink("orders", "billing")?))
+//!     .layer(RetryLayer::new(Exponential::default()))
+//!     .service(handler_fn(|Meta(meta): Meta, Json(order): Json<Order>| async move {
+//!         tracing::info!(order = order.id, attempt = meta.attempt(), "billed");
+//!     }));
+//!
+//! let (source, acker) = broker.consumer("orders", "billing")?;
+//! let shutdown = CancellationToken::new();
+//! let consumer = Consumer::builder()
+//!     .max_in_flight(64)
+//!     .ordering(Ordering::Key)
+//!     .build(source, acker, handler)?;
+//! let run = tokio::spawn(consumer.run(shutdown.clone()));
+//! while broker.lag("orders", "billing")? > 0 {
+//!     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+//! }
+//! shutdown.cancel();
+//! let report = run.await??;
+//! assert_eq!(report.succeeded, 1);
+//! assert_eq!(broker.dead_letters("orders", "billing")?.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 pub mod acker;

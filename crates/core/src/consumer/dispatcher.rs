@@ -802,7 +802,12 @@ where
         if pending == 0 || self.acks.outstanding() > 0 {
             return;
         }
-        if self.flush_due || pending >= self.settings.commit_batch {
+        // Capped by the budget: see `ConsumerBuilder::commit_batch`.
+        let threshold = self
+            .settings
+            .commit_batch
+            .min((self.settings.max_in_flight / 4).max(1));
+        if self.flush_due || pending >= threshold {
             self.flush_due = false;
             let mut batch = AckBatch::default();
             self.engine.take_batch(&mut batch);

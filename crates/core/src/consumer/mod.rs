@@ -168,7 +168,13 @@ impl ConsumerBuilder {
     }
 
     /// Completions that trigger an acknowledgement before the interval ends
-    /// (when no acknowledgement is already under way). Default 1024.
+    /// (when no acknowledgement is already under way). Default 1024, and
+    /// never more than a quarter of [`max_in_flight`](Self::max_in_flight):
+    /// a broker that counts unacknowledged deliveries against the consumer's
+    /// prefetch (AMQP, where the prefetch is the budget) stops delivering
+    /// while finished work waits for its acknowledgement, so waiting for
+    /// more completions than the budget holds would stall until the
+    /// interval ends.
     pub fn commit_batch(mut self, completions: usize) -> Self {
         self.settings.commit_batch = completions;
         self

@@ -918,3 +918,244 @@ async fn work_of_an_assignment_taken_back_is_never_sent_after_it_ended() {
          {batches:?}"
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
+    /// Counts what it acknowledged, slowly, like a broker round trip.
+    struct SlowAcker {
+        acked: Arc<AtomicUsize>,
+    }
+    impl Acker for SlowAcker {
+        async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let watermark = batch
+                .partitions
+                .iter()
+                .filter_map(|ack| match ack.watermark {
+                    Some(Position::Offset(offset)) => Some(offset as usize + 1),
+                    _ => None,
+                })
+                .max();
+            if let Some(watermark) = watermark {
+                self.acked.fetch_max(watermark, AtomicOrdering::SeqCst);
+            }
+            Ok(())
+        }
+    }
+    /// Records how much was acknowledged when it was asked to close.
+    struct ClosingSource {
+        inner: ScriptedSource,
+        acked: Arc<AtomicUsize>,
+        acked_at_close: Arc<Mutex<Option<usize>>>,
+    }
+    impl Source for ClosingSource {
+        async fn next(
+            &mut self,
+            deliveries: &mut Vec<Message>,
+            max: usize,
+        ) -> Result<SourceEvent, SourceError> {
+            self.inner.next(deliveries, max).await
+        }
+        async fn close(&mut self) -> Result<(), SourceError> {
+            let acked = self.acked.load(AtomicOrdering::SeqCst);
+            if let Ok(mut at_close) = self.acked_at_close.lock() {
+                *at_close = Some(acked);
+            }
+            Ok(())
+        }
+    }
+    let (inner, _) = scripted(vec![Script::Messages(messages(1, 10, 10))]);
+    let acked = Arc::new(AtomicUsize::new(0));
+    let acked_at_close = Arc::new(Mutex::new(None));
+    let source = ClosingSource {
+        inner,
+        acked: acked.clone(),
+        acked_at_close: acked_at_close.clone(),
+    };
+    // All ten finish at once and go in one batch; the source is then
+    // exhausted and the run winds down while that batch is with the acker.
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .commit_batch(1)
+        .build(source, SlowAcker { acked }, handler)
+        .expect("valid settings")
+        .run(CancellationToken::new())
+        .await
+        .expect("the run succeeds");
+    assert_eq!(report.succeeded, 10);
+    let at_close = acked_at_close.lock().map(|at| *at).unwrap_or_default();
+    assert_eq!(
+        at_close,
+        Some(10),
+        "the source was closed before the acknowledgement of everything finished was handled"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commit_interval() {
+    /// Like an AMQP channel whose prefetch is the budget: it delivers only
+    /// while fewer than `prefetch` deliveries are unacknowledged.
+    struct PrefetchSource {
+        next_offset: i64,
+        total: i64,
+        acked_through: Arc<AtomicUsize>,
+        prefetch: i64,
+        acked: Arc<tokio::sync::Notify>,
+    }
+    impl Source for PrefetchSource {
+        async fn next(
+            &mut self,
+            deliveries: &mut Vec<Message>,
+            max: usize,
+        ) -> Result<SourceEvent, SourceError> {
+            loop {
+                if self.next_offset == self.total {
+                    return Ok(SourceEvent::Exhausted);
+                }
+                let acked = self.acked_through.load(AtomicOrdering::SeqCst) as i64;
+                let window_end = (acked + self.prefetch).min(self.total);
+                if self.next_offset < window_end {
+                    let end = window_end.min(self.next_offset + max as i64);
+                    let source = topic();
+                    deliveries.extend(
+                        (self.next_offset..end).map(|offset| message(&source, 0, offset, "k")),
+                    );
+                    self.next_offset = end;
+                    return Ok(SourceEvent::Delivered);
+                }
+                self.acked.notified().await;
+            }
+        }
+    }
+    struct WindowAcker {
+        acked_through: Arc<AtomicUsize>,
+        acked: Arc<tokio::sync::Notify>,
+    }
+    impl Acker for WindowAcker {
+        async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+            for ack in &batch.partitions {
+                if let Some(Position::Offset(offset)) = ack.watermark {
+                    self.acked_through
+                        .fetch_max(offset as usize + 1, AtomicOrdering::SeqCst);
+                }
+            }
+            self.acked.notify_one();
+            Ok(())
+        }
+    }
+    let acked_through = Arc::new(AtomicUsize::new(0));
+    let acked = Arc::new(tokio::sync::Notify::new());
+    let source = PrefetchSource {
+        next_offset: 0,
+        total: 1_000,
+        acked_through: acked_through.clone(),
+        prefetch: 8,
+        acked: acked.clone(),
+    };
+    let commit_interval = Duration::from_secs(1);
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let report = Consumer::builder()
+        .max_in_flight(8)
+        .ordering(Ordering::Unordered)
+        .commit_interval(commit_interval)
+        .build(
+            source,
+            WindowAcker {
+                acked_through,
+                acked,
+            },
+            handler,
+        )
+        .expect("valid settings")
+        .run(CancellationToken::new())
+        .await
+        .expect("the run succeeds");
+    assert_eq!(report.succeeded, 1_000);
+    // Virtual time: each wait for the interval would add a second.
+    assert!(
+        report.elapsed < commit_interval,
+        "1000 messages through a window of 8 took {:?} of virtual time: acknowledgements waited for the commit interval",
+        report.elapsed
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_probe_requeued_without_backoff_leads_out_of_backoff_at_the_runtime() {
+    let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 5, 5))]);
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                let attempt = message.metadata().attempt();
+                attempts
+                    .lock()
+                    .map(|mut all| all.push((offset_of(&message), attempt)))
+                    .ok();
+                match (offset_of(&message), attempt) {
+                    (0, 1) => Err(HandlerError::retryable("downstream unavailable")),
+                    // The probe asks to be requeued without backoff.
+                    (0, 2) => Err(HandlerError::retryable("not now").without_backoff()),
+                    _ => Ok(()),
+                }
+            }
+        })
+    };
+    let backoff = crate::backoff::Constant::new(Duration::from_secs(10)).retry_forever();
+    let started = tokio::time::Instant::now();
+    let report = Consumer::builder()
+        .ordering(Ordering::Partition)
+        .backoff(backoff)
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(
+        report.succeeded, 5,
+        "nothing stalls behind the neutral probe"
+    );
+    // One backoff window (10 s of paused time) before the first probe; the
+    // neutral probe opens the next one at once.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
+    let attempts = attempts.lock().map(|all| all.clone()).unwrap_or_default();
+    assert_eq!(&attempts[..3], &[(0, 1), (0, 2), (0, 3)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_disabled_or_zero_backoff_never_pauses_intake() {
+    for zero in [false, true] {
+        let (source, _) = scripted(vec![Script::Messages(messages(2, 50, 10))]);
+        let handler = tower::service_fn(|message: Message| async move {
+            if message.metadata().attempt() == 1 && offset_of(&message) % 3 == 0 {
+                return Err(HandlerError::retryable("flaky"));
+            }
+            Ok(())
+        });
+        let builder = Consumer::builder().ordering(Ordering::Unordered);
+        let builder = if zero {
+            builder.backoff(crate::backoff::Constant::new(Duration::ZERO).retry_forever())
+        } else {
+            builder.backoff(Disabled)
+        };
+        let started = tokio::time::Instant::now();
+        let report = builder
+            .build(source, RecordingAcker::default(), handler)
+            .expect("valid settings")
+            .run(super::Shutdown::never())
+            .await
+            .expect("run succeeds");
+        assert_eq!(report.succeeded, 100);
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "no paused time passed: intake never waited (zero delay: {zero})"
+        );
+    }
+}

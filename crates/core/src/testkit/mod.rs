@@ -152,6 +152,7 @@ macro_rules! conformance_suite {
             graceful_shutdown_commits_finished_work,
             in_flight_stays_within_its_bound,
             malformed_payloads_do_not_stop_the_consumer,
+            poison_messages_reach_the_dead_letter_destination,
         );
     };
     (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {

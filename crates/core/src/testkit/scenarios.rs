@@ -513,3 +513,86 @@ pub async fn malformed_payloads_do_not_stop_the_consumer<B: Backend>(backend: &B
         0
     );
 }
+
+/// A malformed message and one whose retries run out reach the dead-letter
+/// destination with their origin, error and attempt count; then they are
+/// acknowledged, and the rest of the stream is processed.
+pub async fn poison_messages_reach_the_dead_letter_destination<B: Backend>(backend: &B) {
+    use crate::dead_letter::DeadLetterLayer;
+    use crate::retry::RetryLayer;
+
+    let source = backend.create_source(1).await.expect("create the source");
+    let group = unique_group("dead-letter");
+    let mut messages = numbered(0, 20);
+    messages.insert(3, TestMessage::new("k", "{malformed"));
+    backend.produce(&source, messages).await.expect("produce");
+    let ledger = Ledger::default();
+    let handler = {
+        let ledger = ledger.clone();
+        tower::service_fn(move |message: Message| {
+            let ledger = ledger.clone();
+            async move {
+                let id = id_of(&message)?;
+                if id == 7 {
+                    return Err(HandlerError::retryable("id 7 always times out"));
+                }
+                ledger.record(id);
+                Ok(())
+            }
+        })
+    };
+    let sink = backend
+        .dead_letter_sink(&source, &group)
+        .await
+        .expect("dead-letter sink");
+    let handler = tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(sink))
+        .layer(RetryLayer::new(
+            crate::backoff::Constant::new(Duration::from_millis(5)).max_retries(2),
+        ))
+        .service(handler);
+    let consumer = Running::start(backend, &source, &group, Consumer::builder(), 8, handler)
+        .await
+        .expect("connect");
+    ledger
+        .wait_until("the 19 good messages", || ledger.distinct() == 19)
+        .await;
+    let deadline = tokio::time::Instant::now() + super::harness::PATIENCE;
+    let letters = loop {
+        let letters = backend
+            .dead_letters(&source, &group)
+            .await
+            .expect("read dead letters");
+        if letters.len() >= 2 || tokio::time::Instant::now() > deadline {
+            break letters;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    consumer.stop().await;
+    assert_eq!(letters.len(), 2, "{}: {letters:?}", backend.name());
+    let malformed = letters
+        .iter()
+        .find(|letter| &letter.payload[..] == b"{malformed")
+        .expect("the malformed message was dead-lettered");
+    assert_eq!(malformed.source, source);
+    assert!(!malformed.error.is_empty() && !malformed.position.is_empty());
+    let exhausted = letters
+        .iter()
+        .find(|letter| &letter.payload[..] == b"7")
+        .expect("the message whose retries ran out was dead-lettered");
+    assert_eq!(exhausted.attempts, 3, "one attempt and two retries");
+    assert!(
+        exhausted.error.contains("always times out"),
+        "{}",
+        exhausted.error
+    );
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0,
+        "{}: dead-lettered messages are acknowledged",
+        backend.name()
+    );
+}

@@ -1,0 +1,349 @@
+//! Consumer throughput against the RabbitMQ on 127.0.0.1:5672: raw lapin
+//! versus intake with a no-op handler, on the same queue contents.
+//!
+//! Each round fills a queue with 100,000 messages of 100 bytes, then drains
+//! it with one contender; the contenders alternate, and their order flips
+//! every round, so neither always runs on a warmer broker. Both consume with
+//! prefetch 1000 and stop when all messages are acknowledged and the channel
+//! is closed.
+//!
+//! - raw: lapin, `basic.ack(multiple)` every 100 messages;
+//! - intake: `AmqpSource` + `Consumer` with `max_in_flight(1000)` (the
+//!   prefetch), unordered, and a no-op handler (acks as the commit engine
+//!   batches them);
+//! - intake-ordered: the same in partition order (the default ordering: one
+//!   message at a time per channel).
+//!
+//! Besides msg/s it reports the client process's CPU time per message
+//! (`/proc/self/stat`), which a busy machine disturbs far less.
+//!
+//! ```text
+//! cargo bench -p intake-amqp --bench throughput
+//! INTAKE_BENCH_MESSAGES=20000 INTAKE_BENCH_ROUNDS=5 cargo bench -p intake-amqp --bench throughput
+//! INTAKE_BENCH_ONLY=intake perf record -g target/release/deps/throughput-…
+//! INTAKE_BENCH_COMMIT_BATCH=100 cargo bench -p intake-amqp --bench throughput
+//! ```
+//!
+//! Skips (exit 0, with a reason) when no broker answers, unless
+//! `INTAKE_REQUIRE_BROKERS=1`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use intake_amqp::AmqpSource;
+use intake_amqp::lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use intake_amqp::lapin::types::FieldTable;
+use intake_amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use intake_core::{Consumer, HandlerError, Message, Ordering};
+use tokio_util::sync::CancellationToken;
+
+const PREFETCH: u16 = 1000;
+const RAW_ACK_EVERY: u64 = 100;
+const PAYLOAD_BYTES: usize = 100;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    Raw,
+    Intake,
+    IntakeOrdered,
+}
+
+impl Contender {
+    const ALL: [Contender; 3] = [Contender::Raw, Contender::Intake, Contender::IntakeOrdered];
+
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Raw => "raw",
+            Contender::Intake => "intake",
+            Contender::IntakeOrdered => "intake-ordered",
+        }
+    }
+}
+
+/// One contender's run.
+struct Sample {
+    contender: Contender,
+    rate: f64,
+    cpu_per_message: Option<Duration>,
+}
+
+fn main() -> Result<(), BoxError> {
+    // Skip `cargo bench` filter arguments such as `--bench`.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<(), BoxError> {
+    let url = std::env::var("INTAKE_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let messages = setting("INTAKE_BENCH_MESSAGES", 100_000);
+    let rounds = setting("INTAKE_BENCH_ROUNDS", 3);
+    // For profiling one loop: INTAKE_BENCH_ONLY=raw, intake or intake-ordered.
+    let only = std::env::var("INTAKE_BENCH_ONLY")
+        .ok()
+        .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
+    let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
+        Ok(connection) => connection,
+        Err(error) if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") => {
+            return Err(format!("RabbitMQ is required but: {error}").into());
+        }
+        Err(error) => {
+            println!("skipped: no RabbitMQ at 127.0.0.1:5672: {error}");
+            return Ok(());
+        }
+    };
+    let channel = admin.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let queue = format!("intake-bench-{}", std::process::id());
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+    println!("{messages} messages of {PAYLOAD_BYTES} bytes, prefetch {PREFETCH}, {rounds} rounds");
+    let mut samples: Vec<Sample> = Vec::new();
+    for round in 0..rounds {
+        // Rotate the order so that no loop always runs first.
+        let mut order = Contender::ALL;
+        order.rotate_left(round % Contender::ALL.len());
+        for contender in order {
+            if only.is_some_and(|only| only != contender) {
+                continue;
+            }
+            fill(&channel, &queue, messages).await?;
+            let cpu_before = process_cpu();
+            let elapsed = match contender {
+                Contender::Raw => raw(&url, &queue, messages).await?,
+                Contender::Intake => intake(&url, &queue, messages, Ordering::Unordered).await?,
+                Contender::IntakeOrdered => {
+                    intake(&url, &queue, messages, Ordering::Partition).await?
+                }
+            };
+            let cpu_per_message = process_cpu()
+                .zip(cpu_before)
+                .map(|(after, before)| (after - before) / messages as u32);
+            let rate = messages as f64 / elapsed.as_secs_f64();
+            println!(
+                "round {}: {:<15} {:>9.0} msg/s ({:.2} s), client CPU {}/msg",
+                round + 1,
+                contender.name(),
+                rate,
+                elapsed.as_secs_f64(),
+                cpu_per_message
+                    .map_or_else(|| "n/a".to_owned(), |cpu| format!("{} ns", cpu.as_nanos())),
+            );
+            samples.push(Sample {
+                contender,
+                rate,
+                cpu_per_message,
+            });
+        }
+    }
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    admin.close(200, "bench done".into()).await?;
+    summarize(&samples);
+    Ok(())
+}
+
+fn median<T: Copy>(sorted: &[T]) -> Option<T> {
+    sorted.get(sorted.len() / 2).copied()
+}
+
+/// Best, median and worst rate per loop, against raw lapin.
+fn summarize(samples: &[Sample]) {
+    let rates = |who: Contender| {
+        let mut rates: Vec<f64> = samples
+            .iter()
+            .filter(|sample| sample.contender == who)
+            .map(|sample| sample.rate)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        rates
+    };
+    let cpu = |who: Contender| {
+        let mut cpu: Vec<Duration> = samples
+            .iter()
+            .filter(|sample| sample.contender == who)
+            .filter_map(|sample| sample.cpu_per_message)
+            .collect();
+        cpu.sort();
+        median(&cpu)
+    };
+    let raw = rates(Contender::Raw);
+    let (raw_best, raw_median) = (raw.last().copied(), median(&raw));
+    let raw_cpu = cpu(Contender::Raw);
+    println!();
+    println!(
+        "| loop | best msg/s | median msg/s | worst msg/s | best / raw best | median / raw median | median ns CPU/msg | CPU / raw CPU |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for contender in Contender::ALL {
+        let rates = rates(contender);
+        let (Some(best), Some(middle), Some(worst)) = (
+            rates.last().copied(),
+            median(&rates),
+            rates.first().copied(),
+        ) else {
+            continue;
+        };
+        let ratio = |value: f64, raw: Option<f64>| {
+            raw.map_or_else(|| "–".to_owned(), |raw| format!("{:.3}", value / raw))
+        };
+        let cpu = cpu(contender);
+        println!(
+            "| {} | {best:.0} | {middle:.0} | {worst:.0} | {} | {} | {} | {} |",
+            contender.name(),
+            ratio(best, raw_best),
+            ratio(middle, raw_median),
+            cpu.map_or_else(|| "–".to_owned(), |cpu| cpu.as_nanos().to_string()),
+            cpu.zip(raw_cpu).map_or_else(
+                || "–".to_owned(),
+                |(cpu, raw)| format!("{:.2}", cpu.as_secs_f64() / raw.as_secs_f64())
+            ),
+        );
+    }
+}
+
+/// CPU time (user + system) this process used so far, from
+/// `/proc/self/stat` (Linux; 10 ms resolution, fine over seconds). The
+/// publisher runs between measurements, so only consumption is counted.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    const TICKS_PER_SECOND: u64 = 100;
+    Some(Duration::from_millis(
+        (user + system) * 1000 / TICKS_PER_SECOND,
+    ))
+}
+
+/// Publishes `count` messages to `queue`, confirmed, in windows of 1000.
+async fn fill(channel: &Channel, queue: &str, count: usize) -> Result<(), BoxError> {
+    let payload = vec![b'x'; PAYLOAD_BYTES];
+    let mut confirms = Vec::with_capacity(1000);
+    for index in 0..count {
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &payload,
+                    BasicProperties::default(),
+                )
+                .await?,
+        );
+        if confirms.len() == 1000 || index + 1 == count {
+            for confirm in confirms.drain(..) {
+                if !confirm.await?.is_ack() {
+                    return Err("the broker refused a message".into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Raw lapin: prefetch 1000, `ack multiple` every 100 messages.
+async fn raw(url: &str, queue: &str, count: usize) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut received = 0u64;
+    while let Some(delivery) = consumer.next().await {
+        let delivery = delivery?;
+        received += 1;
+        if received % RAW_ACK_EVERY == 0 || received == count as u64 {
+            channel
+                .basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: true })
+                .await?;
+        }
+        if received == count as u64 {
+            break;
+        }
+    }
+    channel.close(200, "done".into()).await?;
+    connection.close(200, "done".into()).await?;
+    Ok(started.elapsed())
+}
+
+/// intake: `AmqpSource` and `Consumer` with a no-op handler.
+async fn intake(
+    url: &str,
+    queue: &str,
+    count: usize,
+    ordering: Ordering,
+) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let source = AmqpSource::builder(url)
+        .queue(queue)
+        .max_in_flight(usize::from(PREFETCH))
+        .connect()
+        .await?;
+    let acker = source.acker();
+    let shutdown = CancellationToken::new();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (handled, shutdown) = (handled.clone(), shutdown.clone());
+        tower::service_fn(move |_message: Message| {
+            if handled.fetch_add(1, AtomicOrdering::Relaxed) + 1 == count {
+                shutdown.cancel();
+            }
+            std::future::ready(Ok::<_, HandlerError>(()))
+        })
+    };
+    let mut builder = Consumer::builder();
+    if let Some(batch) = std::env::var("INTAKE_BENCH_COMMIT_BATCH")
+        .ok()
+        .and_then(|value| value.parse().ok())
+    {
+        builder = builder.commit_batch(batch);
+    }
+    let report = builder
+        .max_in_flight(usize::from(PREFETCH))
+        .ordering(ordering)
+        .build(source, acker, handler)?
+        .run(shutdown)
+        .await?;
+    if report.succeeded < count as u64 {
+        return Err(format!("intake handled {} of {count}", report.succeeded).into());
+    }
+    Ok(started.elapsed())
+}

@@ -1,0 +1,296 @@
+//! What can go wrong talking to RabbitMQ, in terms a user can act on.
+
+use intake_core::{AckError, BoxError, ConfigError, DeadLetterError, SourceError};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+
+/// An AMQP failure, classified: each variant says what to fix.
+///
+/// Endpoints in these errors never carry a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AmqpError {
+    /// The URL could not be parsed.
+    #[error("invalid AMQP URL: {reason}")]
+    InvalidUrl {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A setting of a builder cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No broker answered at the address (refused, timed out, TLS failed).
+    #[error(
+        "cannot reach the AMQP broker at {endpoint}: {source}; check the host and port in the URL and that RabbitMQ is running"
+    )]
+    Unreachable {
+        /// The broker (without password).
+        endpoint: String,
+        /// The underlying failure.
+        #[source]
+        source: BoxError,
+    },
+    /// The broker refused the user name or password, or the user may not do
+    /// what was asked. Retrying does not help.
+    #[error(
+        "the AMQP broker at {endpoint} refused access: {message}; check the user name and password in the URL and the user's permissions on the vhost"
+    )]
+    Unauthorized {
+        /// The broker (without password).
+        endpoint: String,
+        /// The broker's reply.
+        message: String,
+    },
+    /// The virtual host does not exist, or the user has no access to it.
+    #[error(
+        "the AMQP broker at {endpoint} does not let this user into vhost `{vhost}`: {message}; create the vhost or grant the user access (`rabbitmqctl set_permissions -p <vhost> <user> '.*' '.*' '.*'`)"
+    )]
+    VhostNotAllowed {
+        /// The broker (without password).
+        endpoint: String,
+        /// The virtual host from the URL.
+        vhost: String,
+        /// The broker's reply.
+        message: String,
+    },
+    /// The queue to consume does not exist and the source does not declare it.
+    #[error(
+        "queue `{queue}` does not exist on {endpoint}; create it on the broker, or have the source declare it with `.declare(Topology::new().queue(..))`"
+    )]
+    QueueNotFound {
+        /// The broker (without password).
+        endpoint: String,
+        /// The queue.
+        queue: String,
+    },
+    /// The broker refused a declaration, most often because the entity
+    /// exists with other settings (`PRECONDITION_FAILED - inequivalent arg`).
+    #[error(
+        "the AMQP broker at {endpoint} refused to declare {entity}: {message}; make the declaration match the existing one, or delete the existing one"
+    )]
+    Topology {
+        /// The broker (without password).
+        endpoint: String,
+        /// What was declared (`queue \`orders\``).
+        entity: String,
+        /// The broker's reply.
+        message: String,
+    },
+    /// A publish to the dead-letter exchange was not confirmed.
+    #[error("the broker did not accept the dead letter: {reason}")]
+    NotConfirmed {
+        /// Why (nacked, unroutable, timed out).
+        reason: String,
+    },
+    /// Any other broker failure (a lost connection, a closed channel).
+    /// Usually transient.
+    #[error("AMQP error on {endpoint}: {source}")]
+    Broker {
+        /// The broker (without password).
+        endpoint: String,
+        /// The underlying failure.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl AmqpError {
+    /// Whether trying again later may succeed (the broker was unreachable or
+    /// the connection dropped), as opposed to a fault of configuration or
+    /// credentials.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            AmqpError::Unreachable { .. }
+                | AmqpError::Broker { .. }
+                | AmqpError::NotConfirmed { .. }
+        )
+    }
+}
+
+/// What was being done when lapin failed; decides how its error reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Operation<'a> {
+    /// Opening the connection (TCP, TLS, login, vhost).
+    Connect,
+    /// Checking that a queue exists (passive declare) or consuming it.
+    UseQueue(&'a str),
+    /// Declaring an entity ("queue `orders`").
+    Declare(&'a str),
+    /// Anything on an open connection.
+    Other,
+}
+
+/// Turns a lapin error into an [`AmqpError`] that says what to fix.
+pub(crate) fn classify(
+    error: lapin::Error,
+    endpoint: &str,
+    vhost: &str,
+    operation: Operation<'_>,
+) -> AmqpError {
+    let endpoint = endpoint.to_owned();
+    if let lapin::ErrorKind::ProtocolError(amqp) = error.kind() {
+        let message = amqp.get_message().to_string();
+        match (amqp.kind(), operation) {
+            (AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED), _) => {
+                return AmqpError::Unauthorized { endpoint, message };
+            }
+            (AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED), Operation::Connect) => {
+                return AmqpError::VhostNotAllowed {
+                    endpoint,
+                    vhost: vhost.to_owned(),
+                    message,
+                };
+            }
+            (AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND), Operation::UseQueue(queue)) => {
+                return AmqpError::QueueNotFound {
+                    endpoint,
+                    queue: queue.to_owned(),
+                };
+            }
+            (_, Operation::Declare(entity)) => {
+                return AmqpError::Topology {
+                    endpoint,
+                    entity: entity.to_owned(),
+                    message,
+                };
+            }
+            _ => {}
+        }
+    }
+    match operation {
+        Operation::Connect => AmqpError::Unreachable {
+            endpoint,
+            source: Box::new(error),
+        },
+        _ => AmqpError::Broker {
+            endpoint,
+            source: Box::new(error),
+        },
+    }
+}
+
+impl From<AmqpError> for SourceError {
+    fn from(error: AmqpError) -> Self {
+        match error {
+            AmqpError::Unreachable { endpoint, source } => {
+                SourceError::Unreachable { endpoint, source }
+            }
+            AmqpError::Unauthorized { ref endpoint, .. } => SourceError::Unauthorized {
+                endpoint: endpoint.clone(),
+                source: Box::new(error),
+            },
+            AmqpError::QueueNotFound { ref queue, .. } => SourceError::NotFound {
+                kind: "queue",
+                name: queue.clone(),
+                hint: "create it on the broker, or have the source declare it with `.declare(Topology::new().queue(..))`".into(),
+            },
+            AmqpError::VhostNotAllowed { ref vhost, .. } => SourceError::NotFound {
+                kind: "vhost",
+                name: vhost.clone(),
+                hint: error.to_string(),
+            },
+            AmqpError::InvalidUrl { .. } | AmqpError::Config(_) => {
+                SourceError::Config(error.to_string())
+            }
+            AmqpError::Topology { .. } => SourceError::Fatal(Box::new(error)),
+            AmqpError::Broker { .. } | AmqpError::NotConfirmed { .. } => {
+                SourceError::Transient(Box::new(error))
+            }
+        }
+    }
+}
+
+impl From<AmqpError> for DeadLetterError {
+    fn from(error: AmqpError) -> Self {
+        DeadLetterError(Box::new(error))
+    }
+}
+
+/// An acknowledgement that lapin could not send: the channel is gone (its
+/// deliveries return to the queue) or the broker refused it.
+pub(crate) fn ack_error(error: lapin::Error) -> AckError {
+    match error.kind() {
+        lapin::ErrorKind::IOError(_)
+        | lapin::ErrorKind::InvalidChannelState(..)
+        | lapin::ErrorKind::InvalidConnectionState(_)
+        | lapin::ErrorKind::MissingHeartbeatError => AckError::Disconnected(Box::new(error)),
+        _ => AckError::Broker(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::protocol::AMQPError as ProtocolError;
+
+    fn protocol(kind: AMQPErrorKind, message: &str) -> lapin::Error {
+        lapin::ErrorKind::ProtocolError(ProtocolError::new(kind, message.into())).into()
+    }
+
+    #[test]
+    fn a_refused_login_is_unauthorized_and_not_transient() {
+        let error = classify(
+            protocol(
+                AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED),
+                "ACCESS_REFUSED - Login was refused",
+            ),
+            "amqp://guest@127.0.0.1:5672/%2f",
+            "/",
+            Operation::Connect,
+        );
+        assert!(matches!(error, AmqpError::Unauthorized { .. }));
+        assert!(!error.is_transient());
+        assert!(matches!(
+            SourceError::from(error),
+            SourceError::Unauthorized { .. }
+        ));
+    }
+
+    #[test]
+    fn a_missing_queue_names_the_queue_and_the_fix() {
+        let error = classify(
+            protocol(
+                AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - no queue 'orders'",
+            ),
+            "amqp://guest@127.0.0.1:5672/%2f",
+            "/",
+            Operation::UseQueue("orders"),
+        );
+        assert!(error.to_string().contains("`orders`"));
+        assert!(error.to_string().contains("declare"));
+        match SourceError::from(error) {
+            SourceError::NotFound { kind, name, .. } => {
+                assert_eq!((kind, name.as_str()), ("queue", "orders"));
+            }
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unknown_vhost_says_how_to_grant_access() {
+        let error = classify(
+            protocol(
+                AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - vhost orders not found",
+            ),
+            "amqp://guest@127.0.0.1:5672/orders",
+            "orders",
+            Operation::Connect,
+        );
+        assert!(matches!(error, AmqpError::VhostNotAllowed { .. }));
+    }
+
+    #[test]
+    fn an_io_failure_while_connecting_is_unreachable_and_transient() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = classify(
+            lapin::Error::from(lapin::ErrorKind::IOError(std::sync::Arc::new(io))),
+            "amqp://guest@127.0.0.1:1/%2f",
+            "/",
+            Operation::Connect,
+        );
+        assert!(matches!(error, AmqpError::Unreachable { .. }));
+        assert!(SourceError::from(error).is_transient());
+    }
+}

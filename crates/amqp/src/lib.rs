@@ -1,0 +1,96 @@
+//! RabbitMQ (AMQP 0.9.1) for intake, on [lapin].
+//!
+//! - [`AmqpSource`] consumes a queue (or, in broadcast mode, every message of
+//!   a fanout exchange) on one channel with manual acknowledgements. Its
+//!   prefetch (`basic.qos`) is the consumer's in-flight budget, so memory
+//!   stays bounded however long the queue is.
+//! - [`AmqpAcker`] turns the commit engine's watermark into one
+//!   `basic.ack(multiple=true)` per batch, and retries into individual
+//!   `basic.reject(requeue=true)` sent before it. Messages finished past one
+//!   still running are acknowledged one by one, so a stuck message cannot
+//!   fill the prefetch. On shutdown, whatever was delivered and not finished
+//!   goes back with `basic.nack(requeue=true)`.
+//! - The channel is the partition: `PartitionKey { source: queue, partition:
+//!   channel epoch }`, the position is the delivery tag. A reopened channel
+//!   is a new partition, so a tag of a lost channel is never acknowledged on
+//!   its successor.
+//! - A lost connection or channel is reopened with a
+//!   [`BackoffPolicy`](intake_core::BackoffPolicy), the [`Topology`]
+//!   re-declared and the queue consumed again; the broker redelivers what the
+//!   old channel had not acknowledged.
+//! - Dead letters go to an exchange with publisher confirms
+//!   ([`AmqpDeadLetterSink`]) or, by rejecting without requeue, to the
+//!   queue's own dead-letter exchange ([`BrokerDeadLetterSink`]).
+//! - [`Metadata::attempt`](intake_core::Metadata::attempt) is the quorum
+//!   queue's `x-delivery-count` plus one, or 2 for a redelivery the queue
+//!   does not count.
+//!
+//! ```no_run
+//! use intake_amqp::{AmqpSource, Queue, Topology};
+//!
+//! # async fn run() -> Result<(), intake_amqp::AmqpError> {
+//! let source = AmqpSource::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .queue("orders")
+//!     .declare(Topology::new().queue(Queue::quorum("orders").delivery_limit(5)))
+//!     .max_in_flight(256)
+//!     .connect()
+//!     .await?;
+//! let acker = source.acker();
+//! // Hand `source` and `acker` to the consumer runtime.
+//! # drop((source, acker));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Ordering
+//!
+//! A source consumes on one channel, which is one partition, so the
+//! runtime's default `Ordering::Partition` handles one message at a time,
+//! in queue order. For concurrency, use `Ordering::Unordered`, or
+//! `Ordering::Key` to keep the order per routing key. A queue shared by
+//! several consumers has no order across them anyway.
+//!
+//! # Dead letters
+//!
+//! Wrap the handler in the dead-letter layer with one of two sinks:
+//! [`AmqpDeadLetterSink`] publishes a copy with its origin and error to an
+//! exchange of your choice and waits for the publisher confirm, or
+//! [`AmqpSource::broker_dead_letter`] rejects the message without requeue
+//! into the queue's own `x-dead-letter-exchange` (no error text; see
+//! [`BrokerDeadLetterSink`]). Independently of both, a quorum queue with
+//! [`Queue::delivery_limit`] dead-letters a message that keeps failing
+//! through retries.
+//!
+//! # Delivery counts across RabbitMQ versions
+//!
+//! Quorum queues count returned deliveries in `x-delivery-count` and
+//! dead-letter a message past `x-delivery-limit`. Up to RabbitMQ 4.2 every
+//! return counts: a reject, a nack, a closed channel. From 4.3 only
+//! `basic.reject` counts, so intake retries with reject (a message that
+//! keeps failing reaches the limit) and hands back unfinished work at
+//! shutdown with nack (which does not use up an attempt).
+#![warn(missing_docs)]
+
+mod acker;
+mod broker_dead_letter;
+mod connection;
+mod dead_letter;
+mod error;
+pub mod headers;
+mod live_channel;
+mod source;
+mod tag_ledger;
+mod topology;
+mod url;
+
+pub use acker::AmqpAcker;
+pub use broker_dead_letter::BrokerDeadLetterSink;
+pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder};
+pub use error::AmqpError;
+pub use source::{AmqpSource, AmqpSourceBuilder};
+pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};
+pub use url::AmqpUrl;
+
+/// The lapin version this crate is built on, for [`Queue::argument`] values
+/// and direct use alongside intake.
+pub use lapin;

@@ -1,0 +1,289 @@
+//! Settings of an [`AmqpSource`], checked before anything is sent.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use intake_core::{BackoffPolicy, ConfigError, Exponential};
+
+use crate::connection::DEFAULT_CONNECT_TIMEOUT;
+use crate::error::AmqpError;
+use crate::source::AmqpSource;
+use crate::topology::{Topology, check_name};
+use crate::url::AmqpUrl;
+
+/// What the source consumes.
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    /// A named queue, shared with every other consumer of it.
+    Queue(String),
+    /// Every message published to a fanout exchange, through an exclusive
+    /// auto-delete queue of this consumer's own.
+    Broadcast {
+        /// The fanout exchange.
+        exchange: String,
+    },
+}
+
+/// Everything a source needs to (re)connect.
+pub(crate) struct Settings {
+    pub(crate) url: AmqpUrl,
+    pub(crate) target: Target,
+    pub(crate) topology: Topology,
+    pub(crate) prefetch: u16,
+    pub(crate) reconnect: Arc<dyn BackoffPolicy>,
+    pub(crate) connection_name: Option<String>,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Settings {
+    /// The name deliveries carry as their source: the queue, or the
+    /// exchange of a broadcast source (its queue is renamed on every
+    /// reconnect).
+    pub(crate) fn source_name(&self) -> &str {
+        match &self.target {
+            Target::Queue(queue) => queue,
+            Target::Broadcast { exchange } => exchange,
+        }
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("url", &self.url)
+            .field("target", &self.target)
+            .field("prefetch", &self.prefetch)
+            .field("connection_name", &self.connection_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`AmqpSource`]; see [`AmqpSource::builder`].
+#[must_use = "a builder does nothing until `.connect().await`"]
+pub struct AmqpSourceBuilder {
+    url: String,
+    target: Option<Target>,
+    topology: Topology,
+    max_in_flight: usize,
+    reconnect: Arc<dyn BackoffPolicy>,
+    connection_name: Option<String>,
+    connect_timeout: Duration,
+}
+
+impl fmt::Debug for AmqpSourceBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = AmqpUrl::parse(&self.url)
+            .map(|url| url.endpoint().to_owned())
+            .unwrap_or_else(|_| "<invalid URL>".to_owned());
+        f.debug_struct("AmqpSourceBuilder")
+            .field("url", &url)
+            .field("target", &self.target)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("connection_name", &self.connection_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpSourceBuilder {
+    /// The in-flight budget assumed unless [`max_in_flight`](Self::max_in_flight)
+    /// says otherwise.
+    pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+    pub(crate) fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            target: None,
+            topology: Topology::new(),
+            max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
+            reconnect: Arc::new(Exponential::new(
+                Duration::from_millis(100),
+                Duration::from_secs(10),
+            )),
+            connection_name: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Consumes `queue`. Consumers of one queue share its messages.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.target = Some(Target::Queue(queue.into()));
+        self
+    }
+
+    /// Receives every message published to the fanout `exchange` (declared
+    /// durable if missing), through an exclusive, auto-delete, server-named
+    /// queue of this source's own. The queue lives as long as the
+    /// connection: what is published while the source reconnects is not
+    /// seen by it.
+    pub fn broadcast(mut self, exchange: impl Into<String>) -> Self {
+        self.target = Some(Target::Broadcast {
+            exchange: exchange.into(),
+        });
+        self
+    }
+
+    /// Declares `topology` on connect and on every reconnect. Without it, the
+    /// queue must exist: a missing one is [`AmqpError::QueueNotFound`].
+    pub fn declare(mut self, topology: Topology) -> Self {
+        self.topology = topology;
+        self
+    }
+
+    /// The consumer's in-flight budget: set it to the same value as the
+    /// consumer runtime's `max_in_flight`.
+    ///
+    /// It becomes the channel's prefetch (`basic.qos`): the broker never has
+    /// more unacknowledged deliveries out to this source than the runtime may
+    /// hold, so what lapin buffers plus what the runtime holds stays within
+    /// the budget however long the queue is. Finished messages count until
+    /// their `basic.ack` is sent, so acknowledgements must keep pace (the
+    /// runtime batches them by count and time). At most 65,535 (AMQP's
+    /// limit); 0 is refused, as it means "unlimited" to the broker.
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// How to wait between reconnect attempts after the connection or channel
+    /// is lost. When the policy gives up, [`Source::next`] returns the last
+    /// error and the next call starts over. Default: exponential from 100 ms
+    /// to 10 s, 10 attempts.
+    ///
+    /// [`Source::next`]: intake_core::Source::next
+    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.reconnect = Arc::new(policy);
+        self
+    }
+
+    /// Names the connection (shown by `rabbitmqctl list_connections
+    /// client_properties` and the management UI).
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = Some(name.into());
+        self
+    }
+
+    /// How long one connection attempt may take (default 10 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings without touching the network.
+    pub(crate) fn settings(self) -> Result<Settings, AmqpError> {
+        let url = AmqpUrl::parse(&self.url)?;
+        let target = self.target.ok_or_else(|| {
+            ConfigError::new(
+                "queue",
+                "is not set; call .queue(\"name\") to consume a queue or .broadcast(\"exchange\") to receive every message of a fanout exchange",
+            )
+        })?;
+        match &target {
+            Target::Queue(queue) if queue.is_empty() => {
+                return Err(
+                    ConfigError::new("queue", "is empty; name the queue to consume").into(),
+                );
+            }
+            Target::Queue(queue) => check_name("queue", queue)?,
+            Target::Broadcast { exchange } if exchange.is_empty() => {
+                return Err(ConfigError::new(
+                    "broadcast",
+                    "needs a fanout exchange name; the default exchange cannot fan out",
+                )
+                .into());
+            }
+            Target::Broadcast { exchange } => check_name("broadcast", exchange)?,
+        }
+        self.topology.validate()?;
+        let prefetch = match u16::try_from(self.max_in_flight) {
+            Ok(0) => {
+                return Err(ConfigError::new(
+                    "max_in_flight",
+                    "is 0; it becomes the prefetch, where 0 would let the broker push without limit",
+                )
+                .into());
+            }
+            Ok(prefetch) => prefetch,
+            Err(_) => {
+                return Err(ConfigError::new(
+                    "max_in_flight",
+                    format!("is {}; AMQP prefetch is at most 65535", self.max_in_flight),
+                )
+                .into());
+            }
+        };
+        if self.connect_timeout.is_zero() {
+            return Err(
+                ConfigError::new("connect_timeout", "is zero; give it at least a second").into(),
+            );
+        }
+        Ok(Settings {
+            url,
+            target,
+            topology: self.topology,
+            prefetch,
+            reconnect: self.reconnect,
+            connection_name: self.connection_name,
+            connect_timeout: self.connect_timeout,
+        })
+    }
+
+    /// Checks the settings, connects, declares the topology, checks that the
+    /// queue exists and starts consuming: one attempt, so a wrong password,
+    /// a missing queue or a broker that is down are reported here as a typed
+    /// [`AmqpError`] (retry it yourself if the broker may still be starting).
+    /// Later connection losses are retried by the source.
+    pub async fn connect(self) -> Result<AmqpSource, AmqpError> {
+        AmqpSource::connect(self.settings()?).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+    fn config_error(builder: AmqpSourceBuilder) -> ConfigError {
+        match builder.settings() {
+            Err(AmqpError::Config(error)) => error,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_source_without_a_queue_says_how_to_name_one() {
+        let error = config_error(AmqpSourceBuilder::new(URL));
+        assert!(error.problem.contains(".queue("));
+    }
+
+    #[test]
+    fn a_zero_budget_is_refused_because_it_would_mean_unlimited_prefetch() {
+        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(0));
+        assert_eq!(error.setting, "max_in_flight");
+    }
+
+    #[test]
+    fn a_budget_beyond_the_amqp_prefetch_range_is_refused() {
+        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(70_000));
+        assert!(error.problem.contains("65535"));
+    }
+
+    #[test]
+    fn the_prefetch_is_the_in_flight_budget() {
+        let settings = AmqpSourceBuilder::new(URL)
+            .queue("q")
+            .max_in_flight(500)
+            .settings()
+            .unwrap();
+        assert_eq!(settings.prefetch, 500);
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_password() {
+        let builder = AmqpSourceBuilder::new("amqp://app:hunter2@broker:5672/%2f").queue("q");
+        assert!(!format!("{builder:?}").contains("hunter2"));
+        let settings = builder.settings().unwrap();
+        assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+}
