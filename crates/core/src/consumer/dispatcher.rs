@@ -160,6 +160,11 @@ struct Dispatcher<H: Service<Message>> {
     last_partition: Option<(SourceName, u32, PartitionId)>,
     acks: AckQueue,
     flush_due: bool,
+    /// An acknowledgement failed and its work was put back: until the next
+    /// commit tick only the tick sends a batch. Sending again at once would
+    /// loop as fast as the broker refuses (a partition it already moved
+    /// away, a broker that is down).
+    resend_on_tick: bool,
     tick: Interval,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
@@ -211,6 +216,7 @@ where
             last_partition: None,
             acks,
             flush_due: false,
+            resend_on_tick: false,
             tick,
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             timer_at: None,
@@ -329,6 +335,7 @@ where
             for ack in failed.partitions {
                 self.engine.restore(ack);
             }
+            self.resend_on_tick = true;
         }
         // Revocations first: one whose final commit just came back is
         // completed (its partitions leave the engine) before the next batch
@@ -807,8 +814,9 @@ where
             .settings
             .commit_batch
             .min((self.settings.max_in_flight / 4).max(1));
-        if self.flush_due || pending >= threshold {
+        if self.flush_due || (pending >= threshold && !self.resend_on_tick) {
             self.flush_due = false;
+            self.resend_on_tick = false;
             let mut batch = AckBatch::default();
             self.engine.take_batch(&mut batch);
             if !batch.is_empty() {

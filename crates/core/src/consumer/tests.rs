@@ -1159,3 +1159,49 @@ async fn a_disabled_or_zero_backoff_never_pauses_intake() {
         );
     }
 }
+
+#[test]
+fn a_refused_acknowledgement_is_sent_again_at_the_next_tick_not_in_a_loop() {
+    // Every acknowledgement fails. With a budget of 1 each completion alone
+    // triggers a batch; the work put back after a failure must wait for the
+    // commit tick instead of going out again at once, forever.
+    let acks = on_paused_clock_within(Duration::from_secs(10), async {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let _ = sender.send(Script::Messages(messages(1, 1, 1)));
+        let source = ScriptedSource {
+            script: receiver,
+            pending: VecDeque::new(),
+            largest_request: Arc::default(),
+        };
+        let acker = FlakyAcker {
+            batches: Arc::default(),
+            failures: Arc::new(AtomicUsize::new(usize::MAX)),
+            delay: Duration::ZERO,
+        };
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            stop.cancel();
+        });
+        let handler = tower::service_fn(|_message: Message| async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok::<_, HandlerError>(())
+        });
+        Consumer::builder()
+            .max_in_flight(1)
+            .commit_interval(Duration::from_millis(100))
+            .build(source, acker.clone(), handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await
+            .expect("run succeeds");
+        drop(sender);
+        acker.batches.lock().map(|b| b.len()).unwrap_or_default()
+    })
+    .expect("the run ended: failed acknowledgements did not loop");
+    assert!(
+        (5..=15).contains(&acks),
+        "about one attempt per 100 ms tick over a second, not a loop: {acks}"
+    );
+}
