@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use intake_core::consumer::{Consumer, Ordering};
+use intake_core::consumer::{Consumer, Ordering, RunError, RunReport};
 use intake_core::dead_letter::DeadLetterLayer;
 use intake_core::decode::{DecodeError, PREVIEW_LIMIT};
 use intake_core::memory::{MemoryBroker, Record};
@@ -267,14 +267,8 @@ async fn corrupt_and_oversized_payloads_are_dead_lettered_or_handled_never_lost(
             .run(shutdown.clone()),
     );
     let end = payloads.len() as u64;
-    for _ in 0..1_000 {
-        if broker.lag("orders", "billing").expect("group") == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    shutdown.cancel();
-    let report = run.await.expect("no panic").expect("clean run");
+    until_committed(&broker, "orders", "billing").await;
+    let report = stop_after(Duration::ZERO, shutdown, run).await;
     assert_eq!(
         broker.lag("orders", "billing").expect("group"),
         0,
@@ -309,6 +303,33 @@ async fn corrupt_and_oversized_payloads_are_dead_lettered_or_handled_never_lost(
         );
     }
     assert_eq!(report.succeeded + report.ignored, end);
+}
+
+/// Waits (on the paused clock) until `group` committed everything of
+/// `topic`, for at most five virtual seconds.
+async fn until_committed(broker: &MemoryBroker, topic: &str, group: &str) {
+    for _ in 0..1_000 {
+        if broker.lag(topic, group).expect("group") == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Stops a running consumer after `after` and returns its report; a run
+/// that does not end within a minute (virtual) hangs.
+async fn stop_after(
+    after: Duration,
+    shutdown: CancellationToken,
+    run: tokio::task::JoinHandle<Result<RunReport, RunError>>,
+) -> RunReport {
+    tokio::time::sleep(after).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the run ends after the stop")
+        .expect("no panic")
+        .expect("clean run")
 }
 
 /// A handler that never answers for offset 0 on its first delivery; later
@@ -360,13 +381,7 @@ async fn a_handler_that_never_returns_is_cut_off_left_unacked_and_delivered_agai
             .expect("valid settings")
             .run(shutdown.clone()),
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    shutdown.cancel();
-    let report = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the shutdown deadline ends the run")
-        .expect("no panic")
-        .expect("clean run");
+    let report = stop_after(Duration::from_secs(1), shutdown, run).await;
     assert_eq!(report.succeeded, 2);
     assert_eq!(
         report.unfinished.len(),
@@ -394,14 +409,8 @@ async fn a_handler_that_never_returns_is_cut_off_left_unacked_and_delivered_agai
             .expect("valid settings")
             .run(shutdown.clone()),
     );
-    for _ in 0..1_000 {
-        if broker.lag("payments", "ledger").expect("group") == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    shutdown.cancel();
-    run.await.expect("no panic").expect("clean run");
+    until_committed(&broker, "payments", "ledger").await;
+    stop_after(Duration::ZERO, shutdown, run).await;
     assert_eq!(*redelivered.lock().expect("redelivered"), vec![2]);
     assert_eq!(broker.lag("payments", "ledger").expect("group"), 0);
 }
@@ -436,13 +445,7 @@ async fn a_timeout_layer_ends_a_handler_that_never_returns_and_it_is_retried_not
             .expect("valid settings")
             .run(shutdown.clone()),
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    shutdown.cancel();
-    let report = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the run ends long before the shutdown deadline")
-        .expect("no panic")
-        .expect("clean run");
+    let report = stop_after(Duration::from_secs(2), shutdown, run).await;
     let calls = calls.load(AtomicOrdering::SeqCst);
     assert!(
         calls >= 3,

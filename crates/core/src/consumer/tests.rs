@@ -139,6 +139,21 @@ fn scripted(script: Vec<Script>) -> (ScriptedSource, Arc<AtomicUsize>) {
     )
 }
 
+/// A source that plays `script` and then waits, open, until the returned
+/// sender is dropped (rather than reporting itself exhausted).
+fn open_script(script: Vec<Script>) -> (ScriptedSource, mpsc::UnboundedSender<Script>) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    for step in script {
+        let _ = sender.send(step);
+    }
+    let source = ScriptedSource {
+        script: receiver,
+        pending: VecDeque::new(),
+        largest_request: Arc::default(),
+    };
+    (source, sender)
+}
+
 fn offset_of(message: &Message) -> i64 {
     match message.metadata().position() {
         Position::Offset(offset) => offset,
@@ -492,13 +507,7 @@ fn a_graceful_stop_waits_for_running_handlers_without_spinning_after_a_backoff_e
     // starts, so the backoff's end at 51 ms has nothing to wake the run for
     // while it waits for offset 1.
     let report = on_paused_clock_within(Duration::from_secs(10), async {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let _ = sender.send(Script::Messages(messages(1, 2, 2)));
-        let source = ScriptedSource {
-            script: receiver,
-            pending: VecDeque::new(),
-            largest_request: Arc::default(),
-        };
+        let (source, sender) = open_script(vec![Script::Messages(messages(1, 2, 2))]);
         let handler = tower::service_fn(|message: Message| async move {
             match (offset_of(&message), message.metadata().attempt()) {
                 (0, 1) => {
@@ -1166,13 +1175,7 @@ fn a_refused_acknowledgement_is_sent_again_at_the_next_tick_not_in_a_loop() {
     // triggers a batch; the work put back after a failure must wait for the
     // commit tick instead of going out again at once, forever.
     let acks = on_paused_clock_within(Duration::from_secs(10), async {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let _ = sender.send(Script::Messages(messages(1, 1, 1)));
-        let source = ScriptedSource {
-            script: receiver,
-            pending: VecDeque::new(),
-            largest_request: Arc::default(),
-        };
+        let (source, sender) = open_script(vec![Script::Messages(messages(1, 1, 1))]);
         let acker = FlakyAcker {
             batches: Arc::default(),
             failures: Arc::new(AtomicUsize::new(usize::MAX)),
