@@ -38,7 +38,7 @@ struct Order {
 
 /// Every 997th order is malformed; every 1000th-plus-7 fails once.
 fn payload(id: u64) -> String {
-    if id % 997 == 0 {
+    if id.is_multiple_of(997) {
         format!("{{\"id\": {id}, \"customer\": ")
     } else {
         format!(

@@ -47,3 +47,7 @@ pub use intake_redis_streams as redis_streams;
 /// (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use intake_amqp as amqp;
+
+/// Exactly-once effects in PostgreSQL (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use intake_postgres as postgres;

@@ -94,10 +94,9 @@ impl<S: Service<Message>> Service<Message> for StopAfterTarget<S> {
 
     fn call(&mut self, message: Message) -> S::Future {
         if HANDLED.fetch_add(1, AtomicOrdering::Relaxed) + 1 == TARGET.load(AtomicOrdering::Relaxed)
+            && let Some(token) = STOP.get().and_then(|slot| slot.lock().ok()?.clone())
         {
-            if let Some(token) = STOP.get().and_then(|slot| slot.lock().ok()?.clone()) {
-                token.cancel();
-            }
+            token.cancel();
         }
         self.0.call(message)
     }

@@ -290,7 +290,7 @@ async fn raw(url: &str, queue: &str, count: usize) -> Result<Duration, BoxError>
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
         received += 1;
-        if received % RAW_ACK_EVERY == 0 || received == count as u64 {
+        if received.is_multiple_of(RAW_ACK_EVERY) || received == count as u64 {
             channel
                 .basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: true })
                 .await?;

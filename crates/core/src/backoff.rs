@@ -216,10 +216,10 @@ impl Exponential {
 
 impl BackoffPolicy for Exponential {
     fn delay(&self, retry: u32) -> Option<Duration> {
-        if let Some(cap) = self.max_retries {
-            if retry > cap {
-                return None;
-            }
+        if let Some(cap) = self.max_retries
+            && retry > cap
+        {
+            return None;
         }
         let base = self.base_delay(retry);
         let jitter = self.jitter.clamp(0.0, 1.0);

@@ -366,13 +366,14 @@ impl CommitEngine {
     /// partition about to be released is committed once more, synchronously,
     /// so its commit is durable before another consumer takes over.
     pub fn take_final_batch(&mut self, id: PartitionId, batch: &mut AckBatch) {
-        if let Some(state) = self.partitions.get_mut(id.index()) {
-            if state.assigned && state.watermark.is_some() {
-                state.sent_watermark = None;
-                if !state.dirty {
-                    state.dirty = true;
-                    self.dirty.push(id);
-                }
+        if let Some(state) = self.partitions.get_mut(id.index())
+            && state.assigned
+            && state.watermark.is_some()
+        {
+            state.sent_watermark = None;
+            if !state.dirty {
+                state.dirty = true;
+                self.dirty.push(id);
             }
         }
         self.take_partition_batch(id, batch);

@@ -56,10 +56,10 @@ impl Future for InterruptibleSleep {
         let this = self.project();
         // Shutdown first: a sleep that ends at the same moment as the
         // consumer must not start another attempt.
-        if let Some(shutdown) = this.shutdown.as_pin_mut() {
-            if shutdown.poll(cx).is_ready() {
-                return Poll::Ready(Wake::ShuttingDown);
-            }
+        if let Some(shutdown) = this.shutdown.as_pin_mut()
+            && shutdown.poll(cx).is_ready()
+        {
+            return Poll::Ready(Wake::ShuttingDown);
         }
         this.sleep.poll(cx).map(|()| Wake::Elapsed)
     }

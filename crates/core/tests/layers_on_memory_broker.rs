@@ -278,10 +278,8 @@ async fn block_holds_the_partition_until_the_failing_message_succeeds() {
                     n.checked_sub(1)
                 })
                 .is_ok();
-        if !fail {
-            if let Ok(mut seen) = seen.lock() {
-                seen.push(payload);
-            }
+        if !fail && let Ok(mut seen) = seen.lock() {
+            seen.push(payload);
         }
         async move {
             match fail {

@@ -148,7 +148,7 @@ async fn max_in_flight_is_never_exceeded_with_a_backlog_of_100_000() {
             async move {
                 let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
                 peak.fetch_max(now, AtomicOrdering::SeqCst);
-                if id_of(&message) % 4 == 0 {
+                if id_of(&message).is_multiple_of(4) {
                     tokio::task::yield_now().await;
                 }
                 running.fetch_sub(1, AtomicOrdering::SeqCst);

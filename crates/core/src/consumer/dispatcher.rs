@@ -497,12 +497,11 @@ where
 
     fn partition_of(&mut self, message: &Message) -> PartitionId {
         let metadata = message.metadata();
-        if let Some((source, partition, id)) = &self.last_partition {
-            if *partition == metadata.partition()
-                && (Arc::ptr_eq(source, metadata.source()) || **source == **metadata.source())
-            {
-                return *id;
-            }
+        if let Some((source, partition, id)) = &self.last_partition
+            && *partition == metadata.partition()
+            && (Arc::ptr_eq(source, metadata.source()) || **source == **metadata.source())
+        {
+            return *id;
         }
         let key = metadata.partition_key();
         let id = match self.engine.lookup(&key) {
@@ -736,13 +735,13 @@ where
     /// delivery is acknowledged only if its ticket was completed before.
     fn release(&mut self, slot: SlotId) {
         let entry = self.slots.get(slot);
-        if let (Some(lane), true) = (entry.lane, entry.holds_lane) {
-            if let Some(next) = self.lanes.release(lane, slot, &mut self.slots) {
-                let next_entry = self.slots.get_mut(next);
-                next_entry.state = SlotState::Ready;
-                next_entry.holds_lane = true;
-                self.ready.push_back(next);
-            }
+        if let (Some(lane), true) = (entry.lane, entry.holds_lane)
+            && let Some(next) = self.lanes.release(lane, slot, &mut self.slots)
+        {
+            let next_entry = self.slots.get_mut(next);
+            next_entry.state = SlotState::Ready;
+            next_entry.holds_lane = true;
+            self.ready.push_back(next);
         }
         self.free_slot(slot);
     }
@@ -1043,10 +1042,10 @@ where
                 due = Some(due.map_or(at, |due| due.min(at)));
             }
         };
-        if let BackoffState::BackingOff { until } = self.backoff.state() {
-            if !self.ready.is_empty() {
-                consider(Some(until));
-            }
+        if let BackoffState::BackingOff { until } = self.backoff.state()
+            && !self.ready.is_empty()
+        {
+            consider(Some(until));
         }
         consider(self.fetch_retry_at);
         for pending in &self.revocations {
@@ -1079,14 +1078,14 @@ where
         let held: Vec<SlotId> = self.slots.held_slots().map(|(slot, _)| slot).collect();
         for slot in held {
             let entry = self.slots.get(slot);
-            if let (Some(ticket), Some(position)) = (entry.ticket, entry.position) {
-                if let Some(partition) = self.engine.key(ticket.partition()) {
-                    unfinished.push(Unfinished {
-                        partition: partition.clone(),
-                        position,
-                        started: entry.started,
-                    });
-                }
+            if let (Some(ticket), Some(position)) = (entry.ticket, entry.position)
+                && let Some(partition) = self.engine.key(ticket.partition())
+            {
+                unfinished.push(Unfinished {
+                    partition: partition.clone(),
+                    position,
+                    started: entry.started,
+                });
             }
             self.slots.cancel(slot);
             self.free_slot(slot);

@@ -89,10 +89,10 @@ impl<S> MetricsService<S> {
     }
 
     fn series(&mut self, source: &SourceName) -> Arc<SourceSeries> {
-        if let Some(cached) = &self.cached {
-            if cached.is_for(source) {
-                return Arc::clone(cached);
-            }
+        if let Some(cached) = &self.cached
+            && cached.is_for(source)
+        {
+            return Arc::clone(cached);
         }
         let series = self.handler.for_source(source);
         self.cached = Some(Arc::clone(&series));

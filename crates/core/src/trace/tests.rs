@@ -42,10 +42,10 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Sp
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
-        if let Ok(mut spans) = self.0.lock() {
-            if let Some((_, fields)) = spans.get_mut(&id.into_u64()) {
-                values.record(&mut Collect(fields));
-            }
+        if let Ok(mut spans) = self.0.lock()
+            && let Some((_, fields)) = spans.get_mut(&id.into_u64())
+        {
+            values.record(&mut Collect(fields));
         }
     }
 }

@@ -147,10 +147,10 @@ impl BlockingConnection {
     /// Forgets the connection: it failed, or a command on it was abandoned
     /// midway and its state is unknown.
     pub(crate) fn drop_connection(&mut self) {
-        if self.connection.take().is_some() {
-            if let Some(id) = self.client_id.take() {
-                self.abandoned = Some(id);
-            }
+        if self.connection.take().is_some()
+            && let Some(id) = self.client_id.take()
+        {
+            self.abandoned = Some(id);
         }
     }
 

@@ -1,0 +1,200 @@
+//! Exactly-once effects in PostgreSQL for intake consumers.
+//!
+//! Brokers deliver at least once: a consumer that crashes after it processed
+//! a message, but before the broker learned so, receives the message again.
+//! This crate makes the message's *effects* in PostgreSQL happen exactly
+//! once. The handler runs in a transaction that first inserts a
+//! processed-marker for the message, keyed by (consumer group, source,
+//! partition, position) or by a message id from a header. The handler's
+//! writes and the marker commit together, and the message is acknowledged
+//! only after the commit. A redelivered message finds its marker: the
+//! handler is skipped and the message is acknowledged as a duplicate.
+//!
+//! ```no_run
+//! use intake_core::{Consumer, Json, Meta, Source, Acker};
+//! use intake_postgres::{exactly_once, MarkerTable, PoolConfig, PruneSettings, Pruner, Tx};
+//! use serde::Deserialize;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! #[derive(Deserialize)]
+//! struct Order {
+//!     id: i64,
+//!     cents: i64,
+//! }
+//!
+//! # async fn run(source: impl Source, acker: impl Acker, shutdown: CancellationToken)
+//! # -> Result<(), Box<dyn std::error::Error>> {
+//! // A bounded pool: each message in flight holds one connection.
+//! let pool = PoolConfig::new("postgres://app:secret@127.0.0.1:5432/shop")?
+//!     .max_connections(32)
+//!     .connect()
+//!     .await?;
+//! // The marker table (idempotent), and pruning of markers older than 7 days.
+//! MarkerTable::default().migrate(&pool).await?;
+//! let pruner = Pruner::spawn(pool.clone(), MarkerTable::default(), PruneSettings::default())?;
+//!
+//! let handler = exactly_once(
+//!     pool,
+//!     "billing",
+//!     async |mut tx: Tx, Meta(meta): Meta, Json(order): Json<Order>| -> Result<(), sqlx::Error> {
+//!         sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+//!             .bind(order.id)
+//!             .bind(order.cents)
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         tracing::info!(order = order.id, position = %meta.position(), "invoiced");
+//!         Ok(())
+//!     },
+//! )?;
+//! let duplicates = handler.stats().clone();
+//!
+//! Consumer::builder()
+//!     .max_in_flight(32)
+//!     .build(source, acker, handler)?
+//!     .run(shutdown)
+//!     .await?;
+//! tracing::info!(skipped = duplicates.duplicates(), "redeliveries skipped");
+//! pruner.stop().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The handler
+//!
+//! [`exactly_once`] (or [`ExactlyOnce::builder`] for the table, message
+//! identity and isolation level) takes an async fn whose first argument is
+//! the [`Tx`] and whose other arguments are intake's extractors (`Meta`,
+//! `Key`, `Headers`, then one of `Json<T>`, `Payload`, `Message`), as
+//! `handler_fn` does. It returns a `tower::Service<Message>`, so tower layers
+//! (retry, timeout, dead letter, metrics) wrap it like any handler.
+//!
+//! [`Tx`] dereferences to a `sqlx::PgConnection` in the open transaction:
+//! `query.execute(&mut *tx)`. Do not commit it, and do not keep it beyond the
+//! handler: the framework commits when the handler returns `Ok` and rolls back
+//! when it returns `Err`. An error is classified for the runtime
+//! ([`IntoTxResult`]): a `HandlerError` keeps its class; a `sqlx::Error`
+//! (returned as is, or as the source of your error) goes by its SQLSTATE.
+//! Serialization failures and deadlocks are retryable. Constraint violations
+//! and bad data are permanent, so they take the dead-letter path. Lost
+//! connections and everything else are retryable ([`sqlstate_class`]).
+//! To use `?` on both database errors and your own `HandlerError`s, return
+//! `Result<(), BoxError>`; or map a `sqlx::Error` with [`handler_error`].
+//!
+//! Why the handler owns its `Tx` rather than borrowing `&mut Transaction`:
+//! a closure cannot return a future that borrows its argument, so a
+//! borrowed transaction would rule out closures (and `Send` futures from
+//! async closures). The handler gives the `Tx` back by dropping it, which
+//! every async fn does when it finishes.
+//!
+//! # Batches
+//!
+//! [`ExactlyOnceBuilder::batch_handler`] takes `async fn(Tx, Vec<T>)` and
+//! writes a whole batch in one transaction. All the batch's markers go in
+//! with one statement. Only new messages reach the fn, and each message
+//! gets its own outcome. It is a `tower::Service<Vec<Message>>` that returns
+//! one result per message, so it plugs into intake's batch layer, or you can
+//! call it with batches you form.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use intake_core::batch::{BatchLayer, BatchSettings};
+//! use intake_core::Json;
+//! use intake_postgres::{ExactlyOnce, Tx};
+//! use tower::Layer;
+//!
+//! # fn build(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let insert_all = ExactlyOnce::builder(pool, "billing").batch_handler(
+//!     async |mut tx: Tx, amounts: Vec<Json<i64>>| -> Result<(), sqlx::Error> {
+//!         let amounts: Vec<i64> = amounts.into_iter().map(|Json(cents)| cents).collect();
+//!         sqlx::query("INSERT INTO payments (cents) SELECT * FROM UNNEST($1::int8[])")
+//!             .bind(&amounts)
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         Ok(())
+//!     },
+//! )?;
+//! // A per-message handler for the consumer: up to 100 messages a transaction.
+//! let handler = BatchLayer::new(BatchSettings {
+//!     max_size: 100,
+//!     max_wait: Duration::from_millis(10),
+//!     parallelism: 4,
+//! })?
+//! .layer(insert_all);
+//! # drop(handler);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Identity
+//!
+//! [`MessageId::Position`] (the default) identifies a message by source,
+//! partition and broker position. Kafka offsets, Redis stream entry ids and
+//! memory-broker offsets are stable across redelivery. AMQP delivery tags
+//! are not, so on RabbitMQ use [`MessageId::header`]`("amqp.message-id")`
+//! (the `message-id` property, which producers must set). A header id also
+//! skips copies that a producer sent twice.
+//!
+//! # The marker table
+//!
+//! [`MarkerTable::migrate`] creates it. Its SQL is
+//! [`MarkerTable::migration_sql`], documented on [`MarkerTable`]. [`Pruner`]
+//! deletes markers older than the retention in the background. Keep markers
+//! longer than any redelivery can take (see [`PruneSettings`]).
+//!
+//! # Cost
+//!
+//! A message costs a transaction: `BEGIN`, the marker `INSERT`, the
+//! handler's statements, a check and `COMMIT`, on one pooled connection. The
+//! check is one `SELECT` that makes sure the transaction is still the
+//! marker's and has not failed. PostgreSQL turns a `COMMIT` in a failed
+//! transaction into a silent rollback, so without the check a handler that
+//! ignored a database error would get its message acknowledged with nothing
+//! committed. A plain
+//! handler's single auto-committed `INSERT` costs one round trip. Give the
+//! pool as many connections as messages run at once. The batch form shares
+//! one transaction and one marker statement among the whole batch.
+//! BENCHMARKS.md has the measured ratios.
+//!
+//! # Driver
+//!
+//! Built on [sqlx](https://docs.rs/sqlx) (re-exported as [`sqlx`]). Most Rust
+//! services that use PostgreSQL already use it, with `query!`, `FromRow` and
+//! its migrations, so a handler's code is ordinary sqlx code. Its pool is
+//! bounded and has acquire timeouts, and its database errors carry the
+//! SQLSTATE that the error classes need. Enable a TLS feature of `sqlx` in
+//! your own `Cargo.toml` (for example `tls-rustls`) to connect over TLS.
+#![warn(missing_docs)]
+
+mod batch;
+mod builder;
+mod classify;
+mod context;
+mod error;
+mod exactly_once;
+mod handler;
+mod isolation;
+mod marker_table;
+mod message_id;
+mod pool;
+mod prune;
+mod stats;
+mod tx;
+mod url;
+
+pub use batch::{BatchResponseFuture, ExactlyOnceBatch, TxBatchHandler};
+pub use builder::ExactlyOnceBuilder;
+pub use classify::{error_class, handler_error, sqlstate_class};
+pub use error::{ConnectError, ExactlyOnceError, MigrateError};
+pub use exactly_once::{ExactlyOnce, ResponseFuture, exactly_once};
+pub use handler::{IntoTxResult, TxHandler};
+pub use isolation::IsolationLevel;
+pub use marker_table::MarkerTable;
+pub use message_id::{HEADER_ID_PARTITION, MAX_MESSAGE_ID_LEN, MessageId};
+pub use pool::PoolConfig;
+pub use prune::{PruneSettings, Pruner, PrunerHandle};
+pub use stats::ExactlyOnceStats;
+pub use tx::Tx;
+pub use url::DatabaseUrl;
+
+/// The sqlx version this crate is built on, for handlers' queries.
+pub use sqlx;

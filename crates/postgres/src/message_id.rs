@@ -1,0 +1,149 @@
+//! [`MessageId`]: what identifies a message in the marker table.
+
+use std::sync::Arc;
+
+use intake_core::{Message, Position, SourceName};
+
+use crate::error::ExactlyOnceError;
+
+/// Longest message id accepted from a header, in bytes. Longer ids would
+/// bloat the marker index (and past about 2.7 kB PostgreSQL refuses them).
+pub const MAX_MESSAGE_ID_LEN: usize = 512;
+
+/// How a message is identified in the marker table: the same message
+/// delivered again must get the same identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MessageId {
+    /// Source, partition and broker position: a Kafka or memory-broker
+    /// offset, a Redis stream entry id. These are stable across redelivery.
+    /// The default.
+    #[default]
+    Position,
+    /// The value of this header, per source (the partition is not part of
+    /// the identity). For brokers whose positions change on redelivery (AMQP
+    /// delivery tags: use `"amqp.message-id"`, the `message-id` property), and
+    /// to also skip copies a producer sent twice. A message without the
+    /// header fails permanently.
+    Header(Arc<str>),
+}
+
+impl MessageId {
+    /// Identify messages by the value of header `name`.
+    pub fn header(name: impl Into<Arc<str>>) -> Self {
+        MessageId::Header(name.into())
+    }
+
+    /// The marker key of `message`.
+    pub(crate) fn key_of(&self, message: &Message) -> Result<MarkerKey, ExactlyOnceError> {
+        let metadata = message.metadata();
+        match self {
+            MessageId::Position => {
+                let id = match metadata.position() {
+                    Position::Offset(offset) => offset.to_string(),
+                    Position::StreamId { ms, seq } => format!("{ms}-{seq}"),
+                    Position::Tag(_) => {
+                        return Err(ExactlyOnceError::UnstablePosition {
+                            source_name: metadata.source().to_string(),
+                        });
+                    }
+                };
+                Ok(MarkerKey {
+                    source: metadata.source().clone(),
+                    partition: i64::from(metadata.partition()),
+                    id,
+                })
+            }
+            MessageId::Header(name) => {
+                let problem = |problem| ExactlyOnceError::MessageId {
+                    header: name.to_string(),
+                    problem,
+                };
+                let value = message
+                    .headers()
+                    .get(name)
+                    .ok_or_else(|| problem("missing"))?;
+                let id = std::str::from_utf8(value).map_err(|_| problem("not UTF-8"))?;
+                if id.is_empty() {
+                    return Err(problem("empty"));
+                }
+                if id.len() > MAX_MESSAGE_ID_LEN {
+                    return Err(problem("longer than 512 bytes"));
+                }
+                if id.contains('\0') {
+                    return Err(problem("contains a NUL byte"));
+                }
+                Ok(MarkerKey {
+                    source: metadata.source().clone(),
+                    partition: HEADER_ID_PARTITION,
+                    id: id.to_owned(),
+                })
+            }
+        }
+    }
+}
+
+/// The `partition` stored for ids taken from a header: the id identifies the
+/// message across partitions (and AMQP channels, which are partitions).
+pub const HEADER_ID_PARTITION: i64 = -1;
+
+/// One row of the marker table, without the group.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct MarkerKey {
+    pub(crate) source: SourceName,
+    pub(crate) partition: i64,
+    pub(crate) id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use intake_core::{Headers, Metadata};
+
+    use super::*;
+
+    fn at(position: Position) -> Message {
+        Message::new(Bytes::new(), Metadata::new("orders".into(), 3, position))
+    }
+
+    #[test]
+    fn offsets_and_stream_ids_identify_a_message_with_its_partition() {
+        let key = MessageId::Position
+            .key_of(&at(Position::Offset(42)))
+            .unwrap();
+        assert_eq!((&*key.source, key.partition, &*key.id), ("orders", 3, "42"));
+        let key = MessageId::Position
+            .key_of(&at(Position::StreamId { ms: 17, seq: 2 }))
+            .unwrap();
+        assert_eq!(key.id, "17-2");
+    }
+
+    #[test]
+    fn delivery_tags_are_refused_because_they_change_on_redelivery() {
+        let error = MessageId::Position
+            .key_of(&at(Position::Tag(7)))
+            .unwrap_err();
+        assert!(error.to_string().contains("amqp.message-id"), "{error}");
+    }
+
+    #[test]
+    fn a_header_id_ignores_the_partition() {
+        let headers: Headers = [("message-id", "order-9")].into_iter().collect();
+        let message = at(Position::Tag(7)).with_headers(headers);
+        let key = MessageId::header("message-id").key_of(&message).unwrap();
+        assert_eq!((key.partition, &*key.id), (HEADER_ID_PARTITION, "order-9"));
+    }
+
+    #[test]
+    fn a_missing_or_unusable_header_id_is_a_permanent_error() {
+        let id = MessageId::header("message-id");
+        let missing = id.key_of(&at(Position::Offset(1))).unwrap_err();
+        assert_eq!(missing.class(), intake_core::ErrorClass::Permanent);
+        let headers: Headers = [("message-id", Bytes::from_static(b"\xff"))]
+            .into_iter()
+            .collect();
+        let invalid = id
+            .key_of(&at(Position::Offset(1)).with_headers(headers))
+            .unwrap_err();
+        assert!(invalid.to_string().contains("not UTF-8"), "{invalid}");
+    }
+}

@@ -1,0 +1,255 @@
+//! [`PoolConfig`]: a bounded connection pool whose URL never reaches a log.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use intake_core::ConfigError;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::error::ConnectError;
+use crate::url::DatabaseUrl;
+
+/// How to reach PostgreSQL and how many connections to hold at most.
+///
+/// Every exactly-once message holds one connection from the start of its
+/// transaction to the commit, so `max_connections` bounds how many run at
+/// once; a handler that finds the pool empty waits up to `acquire_timeout`
+/// and then fails with a retryable error. Give the pool at least the
+/// consumer's `max_in_flight` (or the batch layer's parallelism) connections,
+/// within the server's `max_connections`.
+///
+/// `Debug` shows the URL without its password.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use intake_postgres::PoolConfig;
+///
+/// # async fn connect() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = PoolConfig::new("postgres://app:secret@127.0.0.1:5432/orders")?
+///     .max_connections(16)
+///     .acquire_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// # drop(pool);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PoolConfig {
+    url: DatabaseUrl,
+    max_connections: u32,
+    min_connections: u32,
+    acquire_timeout: Duration,
+    idle_timeout: Option<Duration>,
+    test_before_acquire: bool,
+    application_name: String,
+}
+
+impl PoolConfig {
+    /// A pool of at most 10 connections to `url`.
+    ///
+    /// # Errors
+    ///
+    /// A URL that is not a `postgres://` URL.
+    pub fn new(url: &str) -> Result<Self, ConfigError> {
+        Ok(Self::from_url(url.parse()?))
+    }
+
+    /// A pool of at most 10 connections to `url`.
+    pub fn from_url(url: DatabaseUrl) -> Self {
+        Self {
+            url,
+            max_connections: 10,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(5),
+            idle_timeout: Some(Duration::from_secs(600)),
+            test_before_acquire: false,
+            application_name: "intake".to_owned(),
+        }
+    }
+
+    /// Most connections open at once. Default 10; at least 1.
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Connections kept open while idle. Default 0; at most
+    /// `max_connections`.
+    pub fn min_connections(mut self, min: u32) -> Self {
+        self.min_connections = min;
+        self
+    }
+
+    /// Longest wait for a free connection before the message fails with a
+    /// retryable error. Default 5 s.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Idle connections above `min_connections` are closed after this long.
+    /// Default 10 minutes; `None` keeps them.
+    pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Ping each connection before handing it out. Default `false`: the ping
+    /// is a round trip per message, and a dead connection already fails the
+    /// transaction's first statement with a retryable error (the message is
+    /// retried on a fresh connection).
+    pub fn test_before_acquire(mut self, test: bool) -> Self {
+        self.test_before_acquire = test;
+        self
+    }
+
+    /// The `application_name` the server shows in `pg_stat_activity`.
+    /// Default `intake`.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = name.into();
+        self
+    }
+
+    /// The URL (its `Display` and `Debug` hide the password).
+    pub fn url(&self) -> &DatabaseUrl {
+        &self.url
+    }
+
+    /// Checks the settings, opens the pool and one connection (so that a
+    /// wrong host or password fails here, not at the first message).
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError::Config`] for settings that cannot work,
+    /// [`ConnectError::InvalidUrl`] for a URL the driver refuses,
+    /// [`ConnectError::Unauthorized`] for refused credentials and
+    /// [`ConnectError::Unreachable`] when the server cannot be reached.
+    pub async fn connect(&self) -> Result<PgPool, ConnectError> {
+        let (pool_options, connect_options) = self.options()?;
+        pool_options
+            .connect_with(connect_options)
+            .await
+            .map_err(|error| ConnectError::from_driver(&self.url, error))
+    }
+
+    /// Like [`connect`](Self::connect), but opens connections only when they
+    /// are first needed.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError::Config`] or [`ConnectError::InvalidUrl`].
+    pub fn connect_lazy(&self) -> Result<PgPool, ConnectError> {
+        let (pool_options, connect_options) = self.options()?;
+        Ok(pool_options.connect_lazy_with(connect_options))
+    }
+
+    fn options(&self) -> Result<(PgPoolOptions, PgConnectOptions), ConnectError> {
+        self.validate()?;
+        let connect_options = PgConnectOptions::from_str(self.url.expose())
+            .map_err(|error| ConnectError::InvalidUrl {
+                url: self.url.redacted().to_owned(),
+                reason: self.url.scrub(&error.to_string()),
+            })?
+            .application_name(&self.application_name);
+        let pool_options = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(self.min_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .idle_timeout(self.idle_timeout)
+            .test_before_acquire(self.test_before_acquire);
+        Ok((pool_options, connect_options))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_connections == 0 {
+            return Err(ConfigError::new(
+                "max_connections",
+                "is 0: no transaction could ever run; use at least 1",
+            ));
+        }
+        if self.min_connections > self.max_connections {
+            return Err(ConfigError::new(
+                "min_connections",
+                format!(
+                    "({}) is above max_connections ({})",
+                    self.min_connections, self.max_connections
+                ),
+            ));
+        }
+        if self.acquire_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "acquire_timeout",
+                "is zero: every message would fail while the pool is busy; use a few seconds",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for PoolConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolConfig")
+            .field("url", &self.url)
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("test_before_acquire", &self.test_before_acquire)
+            .field("application_name", &self.application_name)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let config = PoolConfig::new("postgres://app:topsecret@db/test").unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("topsecret"), "{shown}");
+        assert!(shown.contains("app:***@db"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_connection_never_shows_the_password() {
+        // Nothing listens on port 1.
+        let config = PoolConfig::new("postgres://app:topsecret@127.0.0.1:1/test")
+            .unwrap()
+            .acquire_timeout(Duration::from_millis(500));
+        let error = config.connect().await.unwrap_err();
+        assert!(
+            matches!(error, ConnectError::Unreachable { .. }),
+            "{error:?}"
+        );
+        for shown in [error.to_string(), format!("{error:?}")] {
+            assert!(!shown.contains("topsecret"), "{shown}");
+            assert!(shown.contains("127.0.0.1:1"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn an_empty_pool_is_refused_when_built() {
+        let config = PoolConfig::new("postgres://db/test")
+            .unwrap()
+            .max_connections(0);
+        let error = config.connect_lazy().unwrap_err();
+        assert!(error.to_string().contains("max_connections"), "{error}");
+    }
+
+    #[test]
+    fn min_connections_may_not_exceed_the_bound() {
+        let config = PoolConfig::new("postgres://db/test")
+            .unwrap()
+            .max_connections(2)
+            .min_connections(3);
+        assert!(matches!(
+            config.connect_lazy(),
+            Err(ConnectError::Config(error)) if error.setting == "min_connections"
+        ));
+    }
+}
