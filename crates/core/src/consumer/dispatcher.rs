@@ -513,10 +513,10 @@ where
     }
 
     fn assign(&mut self, partition: crate::message::PartitionKey) -> PartitionId {
-        if let Some(id) = self.engine.lookup(&partition) {
-            if self.partitions[id.index()].revoking {
-                self.take_back(id);
-            }
+        if let Some(id) = self.engine.lookup(&partition)
+            && self.partitions[id.index()].revoking
+        {
+            self.take_back(id);
         }
         let id = self.engine.assign(partition);
         if self.partitions.len() <= id.index() {

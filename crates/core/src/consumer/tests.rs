@@ -790,10 +790,10 @@ impl RunningGuard {
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        if let Ok(mut running) = self.running.lock() {
-            if let Some(now) = running.get_mut(&self.offset) {
-                *now -= 1;
-            }
+        if let Ok(mut running) = self.running.lock()
+            && let Some(now) = running.get_mut(&self.offset)
+        {
+            *now -= 1;
         }
     }
 }
