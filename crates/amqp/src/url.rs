@@ -146,6 +146,33 @@ mod tests {
         assert!(!error.to_string().contains("hunter2"));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn any_url_is_parsed_or_refused_and_no_printed_form_shows_the_password(
+            url in proptest::prop_oneof![
+                ".{0,60}",
+                "(amqp|amqps)://[a-z]{1,4}:[a-z0-9%]{0,6}<SECRET>@[a-z]{1,8}(:[0-9]{1,5})?\
+                 (/[a-z0-9%]{0,6})?",
+                "(amqp|amqps|http|)://([a-z%]{0,4}(:[a-z0-9%/@?#:]{0,6}<SECRET>)?@)?\
+                 [a-z0-9.\\[\\]:%]{0,16}(:[0-9]{0,6})?(/[a-z0-9%]{0,6})?(\\?[a-z_=&0-9]{0,20})?",
+            ],
+        ) {
+            match AmqpUrl::parse(&url) {
+                Ok(parsed) => {
+                    proptest::prop_assert!(!parsed.to_string().contains("<SECRET>"));
+                    let shown = format!("{parsed:?}");
+                    proptest::prop_assert!(!shown.contains("<SECRET>"), "{}", shown);
+                }
+                Err(AmqpError::InvalidUrl { reason }) => {
+                    proptest::prop_assert!(!reason.contains("<SECRET>"), "{}", reason);
+                }
+                Err(other) => proptest::prop_assert!(false, "unexpected error {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn an_ipv6_literal_is_refused_rather_than_read_as_localhost() {
         let error = AmqpUrl::parse("amqp://guest:guest@[::1]:5672/%2f").unwrap_err();

@@ -60,14 +60,15 @@ impl SecretUrl {
             return url.clone();
         };
         let authority_start = scheme_end + 3;
-        let authority_end = url[authority_start..]
-            .find(['/', '?', '#'])
-            .map_or(url.len(), |end| authority_start + end);
-        let authority = &url[authority_start..authority_end];
-        let Some(at) = authority.rfind('@') else {
+        // The user info ends at the last `@`, even past a `/`, `?` or `#`: a
+        // password with one of those left unescaped makes the URL invalid,
+        // and it is exactly then that the redacted form goes into the error.
+        // A path or query holding an `@` is hidden too; a Redis URL has none
+        // worth showing.
+        let Some(at) = url[authority_start..].rfind('@') else {
             return url.clone();
         };
-        let user_info = &authority[..at];
+        let user_info = &url[authority_start..authority_start + at];
         let user = user_info.split(':').next().unwrap_or_default();
         let password_given = user_info.contains(':');
         format!(
@@ -318,6 +319,57 @@ mod tests {
             endpoint.ok().as_deref(),
             Some("redis://bob@127.0.0.1:6390/3")
         );
+    }
+
+    /// Characters a password may hold, including those that end a URL's
+    /// authority when left unescaped.
+    const PASSWORD_CHARS: &str = "[a-zA-Z0-9/?#@:%!$&'()*+,;=._~-]";
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1_000))]
+
+        #[test]
+        fn redaction_never_shows_a_password(
+            scheme in proptest::sample::select(vec!["redis", "rediss", "unix", "http", "redis+unix"]),
+            user in "[a-z]{0,6}",
+            password in proptest::string::string_regex(&format!("{PASSWORD_CHARS}{{1,12}}"))
+                .expect("a valid pattern"),
+            rest in "[a-z0-9.:/?=&]{0,24}",
+        ) {
+            let secret = format!("{password}<SECRET>");
+            let url = SecretUrl::new(format!("{scheme}://{user}:{secret}@{rest}"));
+            let redacted = url.redacted();
+            proptest::prop_assert!(!redacted.contains("<SECRET>"), "{}", redacted);
+            let shown = format!("{url:?}");
+            proptest::prop_assert!(!shown.contains("<SECRET>"), "{}", shown);
+        }
+
+        #[test]
+        fn any_url_is_parsed_or_refused_with_a_typed_error_that_hides_the_password(
+            url in proptest::prop_oneof![
+                ".{0,60}",
+                "(redis|rediss|unix)://([a-z]{0,4}(:[a-z/@?#]{0,8}<SECRET>)?@)?[a-z0-9.\\[\\]:%]{0,20}(/[0-9a-z?=&]{0,10})?",
+            ],
+        ) {
+            let parsed = Connector::new(
+                &SecretUrl::new(url.clone()),
+                None,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            );
+            match parsed {
+                Ok(connector) => {
+                    proptest::prop_assert!(!connector.endpoint().as_str().contains("<SECRET>"));
+                }
+                Err(RedisStreamsError::InvalidUrl { reason }) => {
+                    proptest::prop_assert!(!reason.contains("<SECRET>"), "{}", reason);
+                }
+                Err(RedisStreamsError::Config(error)) => {
+                    proptest::prop_assert!(!error.to_string().contains("<SECRET>"));
+                }
+                Err(other) => proptest::prop_assert!(false, "unexpected error {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -489,4 +489,76 @@ mod tests {
         assert!(parse_pending(Value::Array(vec![Value::Int(3)]), &mut pending).is_err());
         assert!(parse_read_reply(Value::Int(1), "XREAD", |_, _| Ok(())).is_err());
     }
+
+    /// Any reply a server (or something posing as one) could send: leaves
+    /// biased toward the shapes the parsers look for (ids, field names),
+    /// nested in every container kind.
+    fn any_reply() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let text = prop_oneof![
+            Just("payload".to_owned()),
+            Just("key".to_owned()),
+            "[0-9]{1,21}-[0-9]{1,21}",
+            "[0-9-]{0,8}",
+            ".{0,12}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Nil),
+            Just(Value::Okay),
+            any::<i64>().prop_map(Value::Int),
+            text.clone()
+                .prop_map(|text| Value::BulkString(text.into_bytes())),
+            prop::collection::vec(any::<u8>(), 0..16).prop_map(Value::BulkString),
+            text.prop_map(Value::SimpleString),
+            any::<f64>().prop_map(Value::Double),
+            any::<bool>().prop_map(Value::Boolean),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Set),
+                prop::collection::vec((inner.clone(), inner.clone()), 0..4).prop_map(Value::Map),
+                (
+                    inner.clone(),
+                    prop::collection::vec((inner.clone(), inner), 0..2)
+                )
+                    .prop_map(|(data, attributes)| Value::Attribute {
+                        data: Box::new(data),
+                        attributes,
+                    }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn any_reply_is_parsed_or_refused_never_a_panic(reply in any_reply()) {
+            let mut decoder = EntryDecoder::new("payload".into(), Some("key".into()));
+            let stream: SourceName = "orders".into();
+            let mut entries = Vec::new();
+            let _ = parse_read_reply(reply.clone(), "XREADGROUP", |_, value| {
+                parse_entries(value, "XREADGROUP", &mut entries)
+            });
+            let _ = parse_entries(reply.clone(), "XCLAIM", &mut entries);
+            for entry in entries {
+                if let Some(fields) = entry.fields {
+                    let _ = decoder.decode(&stream, entry.id, fields, 1);
+                }
+            }
+            let mut pending = Vec::new();
+            let _ = parse_pending(reply.clone(), &mut pending);
+            let _ = integer_of(&reply);
+        }
+
+        #[test]
+        fn any_id_text_parses_only_as_what_it_prints(text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48)) {
+            if let Some(id) = StreamId::parse(&text) {
+                let mut buffer = [0; 41];
+                let printed = id.format(&mut buffer).to_vec();
+                proptest::prop_assert_eq!(StreamId::parse(&printed), Some(id));
+            }
+        }
+    }
 }

@@ -5,13 +5,14 @@
 //! batch is with the broker, completions accumulate in the engine, so a slow
 //! broker gets larger batches, not a queue.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::acker::{AckBatch, AckError, Acker};
+use crate::message::PartitionKey;
 use crate::observer::ConsumerObserver;
 
 /// A batch for the acker, with a reply channel when the sender must wait for
@@ -21,12 +22,54 @@ pub(crate) struct AckRequest {
     pub(crate) reply: Option<oneshot::Sender<Result<(), AckError>>>,
 }
 
+/// A request as queued: numbered, so a fence can tell the requests sent
+/// before it from those after.
+struct Queued {
+    number: u64,
+    request: AckRequest,
+}
+
+/// Partitions whose assignment ended while requests with their work were
+/// still queued, each with the number of the first request sent after: the
+/// work of earlier requests belongs to the ended assignment and is dropped,
+/// never committed. A broker that handed the partition back to this consumer
+/// would accept it, and a committed position of the old assignment would
+/// pass the new assignment's deliveries (or move back behind them).
+#[derive(Default)]
+struct Fences {
+    /// Whether `fenced` holds anything: the ack loop looks at the list only
+    /// then.
+    any: AtomicBool,
+    fenced: Mutex<Vec<(PartitionKey, u64)>>,
+}
+
+impl Fences {
+    /// Removes the fenced partitions' work from request `number`.
+    fn apply(&self, number: u64, batch: &mut AckBatch) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut fenced = self.fenced.lock().unwrap_or_else(PoisonError::into_inner);
+        batch.partitions.retain(|ack| {
+            !fenced
+                .iter()
+                .any(|(partition, first)| number < *first && *partition == ack.partition)
+        });
+        // A fence has done its work once the loop reaches its first request.
+        fenced.retain(|(_, first)| number + 1 < *first);
+        self.any.store(!fenced.is_empty(), Ordering::Release);
+    }
+}
+
 /// The dispatcher's end: sends batches, knows whether one is under way, and
 /// gets back the batches that failed so their work can be sent again.
 pub(crate) struct AckQueue {
-    sender: mpsc::UnboundedSender<AckRequest>,
+    sender: mpsc::UnboundedSender<Queued>,
     outstanding: Arc<AtomicUsize>,
     failed: mpsc::UnboundedReceiver<AckBatch>,
+    /// The number of the next request.
+    next: Arc<AtomicU64>,
+    fences: Arc<Fences>,
 }
 
 impl AckQueue {
@@ -42,11 +85,28 @@ impl AckQueue {
     /// Queues a batch; `false` if the ack loop is gone.
     pub(crate) fn send(&self, request: AckRequest) -> bool {
         self.outstanding.fetch_add(1, Ordering::AcqRel);
-        if self.sender.send(request).is_err() {
+        let number = self.next.fetch_add(1, Ordering::AcqRel);
+        if self.sender.send(Queued { number, request }).is_err() {
             self.outstanding.fetch_sub(1, Ordering::AcqRel);
             return false;
         }
         true
+    }
+
+    /// Drops `partition`'s work from every request queued so far: its
+    /// assignment ended (see [`Fences`]).
+    pub(crate) fn fence(&self, partition: PartitionKey) {
+        if self.outstanding() == 0 {
+            return;
+        }
+        let first = self.next.load(Ordering::Acquire);
+        let mut fenced = self
+            .fences
+            .fenced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        fenced.push((partition, first));
+        self.fences.any.store(true, Ordering::Release);
     }
 }
 
@@ -57,16 +117,24 @@ pub(crate) fn ack_loop<A: Acker>(
     wake_dispatcher: Waker,
     failures: Arc<AtomicUsize>,
 ) -> (AckQueue, impl std::future::Future<Output = ()> + Send) {
-    let (sender, mut receiver) = mpsc::unbounded_channel::<AckRequest>();
+    let (sender, mut receiver) = mpsc::unbounded_channel::<Queued>();
     let (failed_sender, failed) = mpsc::unbounded_channel::<AckBatch>();
     let outstanding = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Fences::default());
     let queue = AckQueue {
         sender,
         outstanding: outstanding.clone(),
         failed,
+        next: Arc::new(AtomicU64::new(0)),
+        fences: fences.clone(),
     };
     let drain = async move {
-        while let Some(request) = receiver.recv().await {
+        while let Some(Queued {
+            number,
+            mut request,
+        }) = receiver.recv().await
+        {
+            fences.apply(number, &mut request.batch);
             let started = std::time::Instant::now();
             let result = if request.batch.is_empty() {
                 // A barrier: everything sent before it has been handled.

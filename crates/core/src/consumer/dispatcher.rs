@@ -160,9 +160,20 @@ struct Dispatcher<H: Service<Message>> {
     last_partition: Option<(SourceName, u32, PartitionId)>,
     acks: AckQueue,
     flush_due: bool,
+    /// An acknowledgement failed and its work was put back: until the next
+    /// commit tick only the tick sends a batch. Sending again at once would
+    /// loop as fast as the broker refuses (a partition it already moved
+    /// away, a broker that is down).
+    resend_on_tick: bool,
     tick: Interval,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
+    /// The latest moment the timer woke the run for. Whatever was due by
+    /// then was looked at by the pass it woke, so it never arms the timer
+    /// again: a due time whose action waits on something else (a backoff
+    /// that ended while the run is stopping or the handler is not ready)
+    /// would otherwise wake the run in a loop.
+    woken_for: Option<Instant>,
     fetch_retry_at: Option<Instant>,
     fetch_failures: u32,
     revocations: Vec<PendingRevocation>,
@@ -205,9 +216,11 @@ where
             last_partition: None,
             acks,
             flush_due: false,
+            resend_on_tick: false,
             tick,
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             timer_at: None,
+            woken_for: None,
             fetch_retry_at: None,
             fetch_failures: 0,
             revocations: Vec::new(),
@@ -322,9 +335,16 @@ where
             for ack in failed.partitions {
                 self.engine.restore(ack);
             }
+            self.resend_on_tick = true;
         }
-        self.flush_if_due();
+        // Revocations first: one whose final commit just came back is
+        // completed (its partitions leave the engine) before the next batch
+        // is taken, so no batch sent after a revocation's final one carries
+        // work of the revoked assignment (work restored from a failed batch,
+        // for instance), which the broker would accept if the partition came
+        // back to this consumer meanwhile.
         self.poll_revocations(cx);
+        self.flush_if_due();
         if self.failure.is_none() && self.stop.is_some() && self.is_drained() {
             return Poll::Ready(Wake::Done);
         }
@@ -493,6 +513,11 @@ where
     }
 
     fn assign(&mut self, partition: crate::message::PartitionKey) -> PartitionId {
+        if let Some(id) = self.engine.lookup(&partition)
+            && self.partitions[id.index()].revoking
+        {
+            self.take_back(id);
+        }
         let id = self.engine.assign(partition);
         if self.partitions.len() <= id.index() {
             self.partitions
@@ -502,8 +527,9 @@ where
         if flags.over_window {
             self.over_window -= 1;
         }
-        // Deliveries of an earlier assignment may still run; their tickets
-        // are stale now, and `held` keeps counting them until they finish.
+        // Deliveries of an earlier assignment that was not revoked may still
+        // run; their tickets are stale now, and `held` keeps counting them
+        // until they finish.
         let held = flags.held;
         *flags = PartitionFlags {
             held,
@@ -511,6 +537,40 @@ where
         };
         self.last_partition = None;
         id
+    }
+
+    /// Ends the draining of a revoked partition that is assigned to this
+    /// consumer again before its revocation completed: the broker stopped
+    /// waiting for it (a rebalance timeout) and handed it back, perhaps
+    /// through a member that left since.
+    ///
+    /// The new assignment starts over from the committed position, so the old
+    /// one ends here: its handlers still running are cancelled, as the
+    /// revoke timeout would have done (the new assignment delivers their
+    /// messages again, in order, and a message never runs twice at once in
+    /// one consumer), the pending revocation goes on without the partition,
+    /// and the old assignment's work still queued for the acker is dropped.
+    /// Left in the revocation, the partition would be cancelled, committed
+    /// and revoked under the new assignment when the revocation completes,
+    /// and the broker, whose cursor moved on, would never deliver the
+    /// cancelled messages again; left in the queue, the old watermark would
+    /// be committed past the new assignment's deliveries, and the new
+    /// assignment's first commit would move the position back.
+    fn take_back(&mut self, id: PartitionId) {
+        tracing::info!(
+            partition = ?self.engine.key(id),
+            "a partition being revoked is assigned again: its old assignment ends now"
+        );
+        self.cancel_partitions(&[id]);
+        for pending in &mut self.revocations {
+            pending.partitions.retain(|&revoked| revoked != id);
+        }
+        // Batches of the old assignment may still wait for the acker: they
+        // must not commit it now that the new one redelivers from the
+        // broker's committed position.
+        if let Some(partition) = self.engine.key(id) {
+            self.acks.fence(partition.clone());
+        }
     }
 
     // ---- dispatch --------------------------------------------------------
@@ -753,8 +813,9 @@ where
             .settings
             .commit_batch
             .min((self.settings.max_in_flight / 4).max(1));
-        if self.flush_due || pending >= threshold {
+        if self.flush_due || (pending >= threshold && !self.resend_on_tick) {
             self.flush_due = false;
+            self.resend_on_tick = false;
             let mut batch = AckBatch::default();
             self.engine.take_batch(&mut batch);
             if !batch.is_empty() {
@@ -975,8 +1036,9 @@ where
     /// Keeps one timer armed at the earliest moment something is due.
     fn arm_timer(&mut self, cx: &mut Context<'_>) {
         let mut due: Option<Instant> = None;
+        let woken_for = self.woken_for;
         let mut consider = |at: Option<Instant>| {
-            if let Some(at) = at {
+            if let Some(at) = at.filter(|&at| woken_for.is_none_or(|woken| at > woken)) {
                 due = Some(due.map_or(at, |due| due.min(at)));
             }
         };
@@ -1004,6 +1066,7 @@ where
         }
         if self.timer.as_mut().poll(cx).is_ready() {
             self.timer_at = None;
+            self.woken_for = Some(due);
             // Something is due now: run another pass.
             cx.waker().wake_by_ref();
         }

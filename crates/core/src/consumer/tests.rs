@@ -19,6 +19,7 @@ use crate::source::{Revocation, Source, SourceError, SourceEvent};
 enum Script {
     Messages(Vec<Message>),
     Revoke(Revocation),
+    Assign(Vec<PartitionKey>),
 }
 
 /// Hands out scripted deliveries and events; exhausted when the script ends.
@@ -49,6 +50,7 @@ impl Source for ScriptedSource {
             match self.script.recv().await {
                 Some(Script::Messages(messages)) => self.pending.extend(messages),
                 Some(Script::Revoke(revocation)) => return Ok(SourceEvent::Revoked(revocation)),
+                Some(Script::Assign(partitions)) => return Ok(SourceEvent::Assigned(partitions)),
                 None => return Ok(SourceEvent::Exhausted),
             }
         }
@@ -135,6 +137,21 @@ fn scripted(script: Vec<Script>) -> (ScriptedSource, Arc<AtomicUsize>) {
         },
         largest,
     )
+}
+
+/// A source that plays `script` and then waits, open, until the returned
+/// sender is dropped (rather than reporting itself exhausted).
+fn open_script(script: Vec<Script>) -> (ScriptedSource, mpsc::UnboundedSender<Script>) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    for step in script {
+        let _ = sender.send(step);
+    }
+    let source = ScriptedSource {
+        script: receiver,
+        pending: VecDeque::new(),
+        largest_request: Arc::default(),
+    };
+    (source, sender)
 }
 
 fn offset_of(message: &Message) -> i64 {
@@ -461,6 +478,80 @@ async fn a_handler_past_the_shutdown_deadline_is_cut_off_and_left_unacknowledged
     );
 }
 
+/// Runs `run` on a current-thread runtime with a paused clock, on a thread
+/// of its own, and gives it `wall` of real time. On a paused clock a run
+/// that keeps waking itself never lets time move, so it never ends: the
+/// wall-clock bound turns that busy loop into a failure instead of a hang.
+fn on_paused_clock_within<T: Send + 'static>(
+    wall: Duration,
+    run: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build();
+        if let Ok(runtime) = runtime {
+            let _ = done.send(runtime.block_on(run));
+        }
+    });
+    finished.recv_timeout(wall).ok()
+}
+
+#[test]
+fn a_graceful_stop_waits_for_running_handlers_without_spinning_after_a_backoff_ended() {
+    // Offsets 0 and 1 start together. Offset 0 fails at 1 ms, so the
+    // consumer backs off for 50 ms with offset 0 waiting to be dispatched
+    // again; offset 1 runs for a second. The stop comes at 5 ms: nothing new
+    // starts, so the backoff's end at 51 ms has nothing to wake the run for
+    // while it waits for offset 1.
+    let report = on_paused_clock_within(Duration::from_secs(10), async {
+        let (source, sender) = open_script(vec![Script::Messages(messages(1, 2, 2))]);
+        let handler = tower::service_fn(|message: Message| async move {
+            match (offset_of(&message), message.metadata().attempt()) {
+                (0, 1) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    Err(HandlerError::retryable("downstream unavailable"))
+                }
+                (1, _) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            stop.cancel();
+        });
+        let report = Consumer::builder()
+            .ordering(Ordering::Unordered)
+            .backoff(crate::backoff::Constant::new(Duration::from_millis(50)).retry_forever())
+            .shutdown_deadline(Duration::from_secs(10))
+            .build(source, RecordingAcker::default(), handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await;
+        drop(sender);
+        report
+    })
+    .expect("the run ended: it waited for offset 1 instead of waking itself in a loop")
+    .expect("run succeeds");
+    assert_eq!(report.succeeded, 1, "offset 1 finished within the deadline");
+    assert_eq!(
+        report
+            .unfinished
+            .iter()
+            .map(|unfinished| unfinished.position)
+            .collect::<Vec<_>>(),
+        vec![Position::Offset(0)],
+        "offset 0 waited out the stop and is left for redelivery"
+    );
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_retryable_failure_is_dispatched_again_with_the_next_attempt_number() {
     let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
@@ -596,6 +687,245 @@ fn invalid_settings_fail_at_build_time() {
         .build(source, RecordingAcker::default(), handler)
         .err();
     assert_eq!(error.map(|error| error.setting), Some("commit_interval"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_partition_assigned_again_while_draining_ends_its_old_assignment() {
+    // Offset 1 hangs on its first delivery. The partition is revoked and,
+    // before the revocation finished draining, assigned again (the broker
+    // stopped waiting), with its messages delivered again from offset 1.
+    let source_name = topic();
+    let partition = PartitionKey::new("orders", 0);
+    let first: Vec<Message> = (0..3)
+        .map(|offset| message(&source_name, 0, offset, "a"))
+        .collect();
+    let again: Vec<Message> = (1..4)
+        .map(|offset| {
+            let mut message = message(&source_name, 0, offset, "a");
+            message.metadata_mut().set_attempt(2);
+            message
+        })
+        .collect();
+    let (revocation, handle) = Revocation::new(vec![partition.clone()]);
+    let (source, _) = scripted(vec![
+        Script::Messages(first),
+        Script::Revoke(revocation),
+        Script::Assign(vec![partition.clone()]),
+        Script::Messages(again),
+    ]);
+    let running: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let most_at_once: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let handler = {
+        let (running, most_at_once) = (running.clone(), most_at_once.clone());
+        tower::service_fn(move |message: Message| {
+            let (running, most_at_once) = (running.clone(), most_at_once.clone());
+            async move {
+                let offset = offset_of(&message);
+                let _running = RunningGuard::enter(&running, &most_at_once, offset);
+                if offset == 1 && message.metadata().attempt() == 1 {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .revoke_timeout(Duration::from_secs(5))
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    let most = most_at_once
+        .lock()
+        .map(|most| most.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        most.get(&1),
+        Some(&1),
+        "the old delivery of offset 1 was cancelled before the new one started"
+    );
+    assert!(
+        handle.wait().await.is_ok(),
+        "the revocation completed (without the partition that came back)"
+    );
+    assert_eq!(
+        report.released_on_revoke, 3,
+        "offsets 0 to 2 of the old assignment were still running, and were cancelled"
+    );
+    assert_eq!(
+        acker.watermarks().get(&partition),
+        Some(&Position::Offset(3)),
+        "the new assignment was kept and committed to its end"
+    );
+}
+
+/// Counts the runs of one offset at a time, keeping the most seen.
+struct RunningGuard {
+    running: Arc<Mutex<HashMap<i64, usize>>>,
+    offset: i64,
+}
+
+impl RunningGuard {
+    fn enter(
+        running: &Arc<Mutex<HashMap<i64, usize>>>,
+        most_at_once: &Arc<Mutex<HashMap<i64, usize>>>,
+        offset: i64,
+    ) -> Self {
+        if let (Ok(mut running), Ok(mut most)) = (running.lock(), most_at_once.lock()) {
+            let now = running.entry(offset).or_default();
+            *now += 1;
+            let most = most.entry(offset).or_default();
+            *most = (*most).max(*now);
+        }
+        Self {
+            running: running.clone(),
+            offset,
+        }
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.running.lock()
+            && let Some(now) = running.get_mut(&self.offset)
+        {
+            *now -= 1;
+        }
+    }
+}
+
+/// Records every batch; the first `failures` acknowledgements fail, each
+/// after `delay`.
+#[derive(Clone)]
+struct FlakyAcker {
+    batches: Arc<Mutex<Vec<AckBatch>>>,
+    failures: Arc<AtomicUsize>,
+    delay: Duration,
+}
+
+impl Acker for FlakyAcker {
+    async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        if let Ok(mut batches) = self.batches.lock() {
+            batches.push(batch.clone());
+        }
+        tokio::time::sleep(self.delay).await;
+        let fail = self
+            .failures
+            .fetch_update(AtomicOrdering::AcqRel, AtomicOrdering::Acquire, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if fail {
+            return Err(AckError::Broker("injected".into()));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_batch_after_a_revocations_final_commit_carries_the_revoked_partition() {
+    // A regular commit of the partition fails while the revocation's final
+    // commit is under way, and then the final commit fails too. The failed
+    // regular commit's work was put back; it must go with the revoked
+    // assignment, not out in a batch after the final one (a broker that
+    // handed the partition back to this consumer would accept it).
+    let partition = PartitionKey::new("orders", 0);
+    let (revocation, handle) = Revocation::new(vec![partition.clone()]);
+    let (source, _) = scripted(vec![
+        Script::Messages(messages(1, 3, 1)),
+        Script::Revoke(revocation),
+    ]);
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(2)),
+        delay: Duration::from_millis(100),
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    let outcome = handle.wait().await.expect("the revocation completed");
+    assert_eq!(
+        outcome.partitions[0].committed, None,
+        "its final commit failed"
+    );
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let last = batches
+        .iter()
+        .rposition(|batch| batch.sync)
+        .expect("the revocation's final commit");
+    let later: Vec<&AckBatch> = batches[last + 1..]
+        .iter()
+        .filter(|batch| {
+            batch
+                .partitions
+                .iter()
+                .any(|ack| ack.partition == partition)
+        })
+        .collect();
+    assert!(
+        later.is_empty(),
+        "batches after the final commit still carried the revoked partition: {later:?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn work_of_an_assignment_taken_back_is_never_sent_after_it_ended() {
+    // The partition is revoked and its revocation's final commit queued;
+    // before the acker takes it, the partition is assigned again. That
+    // commit belongs to the old assignment: it must not reach the acker under
+    // the new one, which delivers the same messages again.
+    let partition = PartitionKey::new("orders", 0);
+    let (revocation, _handle) = Revocation::new(vec![partition.clone()]);
+    let again: Vec<Message> = messages(1, 3, 1)
+        .into_iter()
+        .map(|mut message| {
+            message.metadata_mut().set_attempt(2);
+            message
+        })
+        .collect();
+    let (source, _) = scripted(vec![
+        Script::Messages(messages(1, 3, 1)),
+        Script::Revoke(revocation),
+        Script::Assign(vec![partition.clone()]),
+        Script::Messages(again),
+    ]);
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(0)),
+        delay: Duration::from_millis(100),
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let synced: Vec<bool> = batches
+        .iter()
+        .filter(|batch| {
+            batch
+                .partitions
+                .iter()
+                .any(|ack| ack.partition == partition)
+        })
+        .map(|batch| batch.sync)
+        .collect();
+    assert_eq!(
+        synced,
+        vec![true],
+        "only the new assignment's final commit; the revocation's queued one was dropped: \
+         {batches:?}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -837,4 +1167,44 @@ async fn a_disabled_or_zero_backoff_never_pauses_intake() {
             "no paused time passed: intake never waited (zero delay: {zero})"
         );
     }
+}
+
+#[test]
+fn a_refused_acknowledgement_is_sent_again_at_the_next_tick_not_in_a_loop() {
+    // Every acknowledgement fails. With a budget of 1 each completion alone
+    // triggers a batch; the work put back after a failure must wait for the
+    // commit tick instead of going out again at once, forever.
+    let acks = on_paused_clock_within(Duration::from_secs(10), async {
+        let (source, sender) = open_script(vec![Script::Messages(messages(1, 1, 1))]);
+        let acker = FlakyAcker {
+            batches: Arc::default(),
+            failures: Arc::new(AtomicUsize::new(usize::MAX)),
+            delay: Duration::ZERO,
+        };
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            stop.cancel();
+        });
+        let handler = tower::service_fn(|_message: Message| async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok::<_, HandlerError>(())
+        });
+        Consumer::builder()
+            .max_in_flight(1)
+            .commit_interval(Duration::from_millis(100))
+            .build(source, acker.clone(), handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await
+            .expect("run succeeds");
+        drop(sender);
+        acker.batches.lock().map(|b| b.len()).unwrap_or_default()
+    })
+    .expect("the run ended: failed acknowledgements did not loop");
+    assert!(
+        (5..=15).contains(&acks),
+        "about one attempt per 100 ms tick over a second, not a loop: {acks}"
+    );
 }

@@ -12,11 +12,14 @@ use crate::acker::{AckBatch, AckError, AckMode, Acker};
 /// as Kafka commits offsets.
 ///
 /// A commit is accepted only from the member that owns the partition (or is
-/// releasing it during a rebalance). Once the partition moved to another
-/// member, or the source was closed or dropped, it is refused with
-/// [`AckError::NotAssigned`]: a member never commits what it lost. In a batch
-/// the partitions it still owns are committed, and the first refusal is
-/// returned.
+/// releasing it during a rebalance), and only for the assignment its source
+/// had announced when the batch was sent. Once the partition moved to another
+/// member, or the source was closed or dropped, or for a batch sent before
+/// the current assignment of the partition was announced (work of an earlier
+/// assignment, as Kafka refuses a commit of an older generation), it is
+/// refused with [`AckError::NotAssigned`]: a member never commits what it
+/// lost. In a batch the partitions it still owns are committed, and the first
+/// refusal is returned.
 pub struct MemoryAcker {
     topic: Arc<Topic>,
     group: usize,
@@ -60,6 +63,9 @@ impl Acker for MemoryAcker {
     }
 
     async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+        // What this member knew of its assignments when it sent the batch:
+        // a commit of an assignment announced later is refused.
+        let sent_at = self.topic.lock().groups[self.group].announcements();
         if let Some(delay) = self.faults.commit_delay() {
             // Dropped during the delay, the commit never happened.
             tokio::time::sleep(delay).await;
@@ -81,7 +87,7 @@ impl Acker for MemoryAcker {
                     .into(),
                 ))
             } else if let Some(watermark) = ack.watermark {
-                group.commit(self.member, &ack.partition, watermark, &state.logs)
+                group.commit(self.member, &ack.partition, watermark, sent_at, &state.logs)
             } else {
                 Ok(())
             };

@@ -72,6 +72,9 @@ struct GroupPartition {
     /// The next offset to consume, as committed (Kafka's convention).
     committed: Option<usize>,
     ownership: Ownership,
+    /// When its owner learned of the current assignment (the group's
+    /// announcement count then); `None` until it did.
+    announced: Option<u64>,
 }
 
 struct Member {
@@ -123,6 +126,9 @@ pub(crate) struct Group {
     /// only while there are any.
     releasing: usize,
     generation: u64,
+    /// `Assigned` events handed out so far: the clock that tells a commit
+    /// of the current assignment from one sent under an earlier one.
+    announcements: u64,
     next_member: u64,
 }
 
@@ -143,11 +149,13 @@ impl Group {
                 .map(|_| GroupPartition {
                     committed: None,
                     ownership: Ownership::Unowned,
+                    announced: None,
                 })
                 .collect(),
             deliveries: (0..partitions).map(|_| Delivery::default()).collect(),
             releasing: 0,
             generation: 0,
+            announcements: 0,
             next_member: 1,
         }
     }
@@ -314,6 +322,7 @@ impl Group {
         }));
         member.owned.push(partition as u32);
         member.unannounced.push(partition as u32);
+        state.announced = None;
         member.notify.notify_one();
         let notify = member.notify.clone();
         self.set_ownership(partition, Ownership::Owned { member: to, notify });
@@ -390,12 +399,16 @@ impl Group {
             return Poll::Ready(SourceEvent::Revoked(revocation));
         }
         if !member.unannounced.is_empty() {
+            self.announcements += 1;
             let keys = member
                 .unannounced
                 .drain(..)
-                .map(|partition| PartitionKey {
-                    source: self.topic.clone(),
-                    partition,
+                .map(|partition| {
+                    self.partitions[partition as usize].announced = Some(self.announcements);
+                    PartitionKey {
+                        source: self.topic.clone(),
+                        partition,
+                    }
                 })
                 .collect();
             return Poll::Ready(SourceEvent::Assigned(keys));
@@ -447,12 +460,27 @@ impl Group {
         }
     }
 
-    /// Commits `watermark + 1` for `key` on behalf of `id`.
+    /// The announcement clock now; an acknowledgement reads it when it is
+    /// sent and hands it to [`commit`](Self::commit).
+    pub(crate) fn announcements(&self) -> u64 {
+        self.announcements
+    }
+
+    /// Commits `watermark + 1` for `key` on behalf of `id`, for an
+    /// acknowledgement sent when the announcement clock read `sent_at`.
+    ///
+    /// Like Kafka's generation check, a commit sent before its member
+    /// learned of its current assignment of the partition is refused: it
+    /// carries work of an earlier assignment, which the broker already handed
+    /// to someone else (perhaps then back to this member), and which could
+    /// otherwise move the committed offset back behind what others committed
+    /// since.
     pub(crate) fn commit(
         &mut self,
         id: MemberId,
         key: &PartitionKey,
         watermark: Position,
+        sent_at: u64,
         logs: &[Vec<Message>],
     ) -> Result<(), AckError> {
         if key.source != self.topic || key.partition as usize >= self.partitions.len() {
@@ -472,7 +500,10 @@ impl Group {
             Ownership::Releasing { from, .. } => *from == id,
             Ownership::Unowned => false,
         };
-        if !owns {
+        let current = state
+            .announced
+            .is_some_and(|announced| announced <= sent_at);
+        if !owns || !current {
             return Err(AckError::NotAssigned(key.clone()));
         }
         let high_watermark = logs[partition].len();

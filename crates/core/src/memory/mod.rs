@@ -19,7 +19,8 @@
 //!   ([`SourceEvent::Revoked`](crate::SourceEvent::Revoked)), and its new
 //!   owner gets it (`Assigned`) only once the revocation completed, the old
 //!   member left, or the [rebalance timeout](MemoryBrokerBuilder::rebalance_timeout)
-//!   passed. A member's commits of a partition it lost are refused.
+//!   passed. A member's commits of a partition it lost, or sent under an
+//!   earlier assignment of it, are refused.
 //! - **Crash** by dropping a source without `close`: what it did not commit
 //!   is delivered again to the next owner, with
 //!   [`Metadata::attempt`](crate::Metadata::attempt) above 1.

@@ -13,6 +13,7 @@
 //! ```
 
 pub mod harness;
+pub mod hostile_server;
 pub mod memory_backend;
 pub mod scenarios;
 

@@ -404,6 +404,78 @@ mod tests {
         assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "topics"));
     }
 
+    /// librdkafka settings a user may write, secrets among them, and
+    /// arbitrary names librdkafka does not know.
+    fn any_key() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            prop::sample::select(vec![
+                "fetch.wait.max.ms",
+                "session.timeout.ms",
+                "max.poll.interval.ms",
+                "security.protocol",
+                "sasl.mechanisms",
+                "sasl.username",
+                "sasl.password",
+                "ssl.key.password",
+                "ssl.key.pem",
+                "sasl.oauthbearer.client.secret",
+                "sasl.jaas.config",
+                "enable.auto.commit",
+                "auto.offset.reset",
+                "socket.timeout.ms",
+                "statistics.interval.ms",
+                "client.id",
+            ])
+            .prop_map(str::to_owned),
+            "[a-z]{1,8}(\\.[a-z]{1,8}){0,3}",
+        ]
+    }
+
+    fn any_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            "-?[0-9]{1,22}",
+            prop::sample::select(vec!["true", "FALSE", "earliest", "SASL_SSL", "PLAIN", ""])
+                .prop_map(str::to_owned),
+            ".{0,16}",
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn any_settings_make_a_client_or_a_typed_error_that_hides_secrets(
+            settings in proptest::collection::vec((any_key(), any_value()), 0..6),
+        ) {
+            // Each value is marked, so a leak says which setting it came from.
+            let mut builder = builder().group("g").topic("t");
+            for (index, (key, value)) in settings.iter().enumerate() {
+                builder.settings = builder.settings.set(key.as_str(), format!("{value}<{index}>"));
+            }
+            let secrets: Vec<String> = settings
+                .iter()
+                .enumerate()
+                .filter(|(_, (key, _))| crate::settings::is_secret(key))
+                .map(|(index, _)| format!("<{index}>"))
+                .collect();
+            let shown = format!("{:?}", builder.settings);
+            let outcome = builder.consumer_settings().and_then(|(settings, _)| {
+                settings
+                    .client_config()
+                    .create::<rdkafka::consumer::BaseConsumer>()
+                    .map(drop)
+                    .map_err(|error| ConnectError::from_kafka(error, "127.0.0.1:9", Duration::ZERO))
+            });
+            let error = outcome.err().map(|error| error.to_string()).unwrap_or_default();
+            for secret in &secrets {
+                proptest::prop_assert!(!shown.contains(secret.as_str()), "{}", shown);
+                proptest::prop_assert!(!error.contains(secret.as_str()), "{}", error);
+            }
+        }
+    }
+
     impl KafkaSourceBuilder {
         fn consumer_settings_with(
             mut self,
