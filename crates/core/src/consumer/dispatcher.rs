@@ -92,9 +92,32 @@ where
             }),
         }
     };
-    let (result, ()) = tokio::join!(dispatch, drain_acks);
+    // The ack loop runs beside the dispatcher until the run is over. The run
+    // already waited (bounded) for its final commit, so by then the loop has
+    // nothing left to do, unless an acker hangs: it gets a moment to end, and
+    // is then dropped rather than holding the run open forever.
+    let mut drain_acks = pin!(drain_acks);
+    let mut dispatch = pin!(dispatch);
+    let mut drained = false;
+    let result = loop {
+        tokio::select! {
+            biased;
+            result = &mut dispatch => break result,
+            () = &mut drain_acks, if !drained => drained = true,
+        }
+    };
+    if !drained
+        && tokio::time::timeout(ACK_LOOP_GRACE, drain_acks)
+            .await
+            .is_err()
+    {
+        tracing::error!("the acker did not finish its last acknowledgement; dropping it");
+    }
     result
 }
+
+/// How long the ack loop may take to finish once the run is over.
+const ACK_LOOP_GRACE: Duration = Duration::from_secs(1);
 
 /// Why a run stopped early.
 enum Failure {
@@ -919,6 +942,9 @@ where
                         reply: Some(reply),
                     }) {
                         pending.reply = Some(receiver);
+                        // The commit gets its own bound: a broker that never
+                        // answers must not hold the rebalance forever.
+                        pending.deadline = now + self.settings.revoke_timeout;
                     }
                 }
             }
@@ -926,9 +952,16 @@ where
             let committed = match pending.reply.as_mut() {
                 None => true,
                 Some(receiver) => match Pin::new(receiver).poll(cx) {
-                    Poll::Pending => {
+                    Poll::Pending if now < pending.deadline => {
                         index += 1;
                         continue;
+                    }
+                    Poll::Pending => {
+                        tracing::warn!(
+                            timeout = ?self.settings.revoke_timeout,
+                            "the revoked partitions' final commit got no answer in time; releasing them uncommitted"
+                        );
+                        false
                     }
                     Poll::Ready(Ok(Ok(()))) => true,
                     Poll::Ready(_) => false,
@@ -1049,9 +1082,7 @@ where
         }
         consider(self.fetch_retry_at);
         for pending in &self.revocations {
-            if pending.reply.is_none() {
-                consider(Some(pending.deadline));
-            }
+            consider(Some(pending.deadline));
         }
         if let Some(Stop::Graceful { deadline }) = self.stop {
             consider(Some(deadline));

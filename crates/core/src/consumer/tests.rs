@@ -1208,3 +1208,49 @@ fn a_refused_acknowledgement_is_sent_again_at_the_next_tick_not_in_a_loop() {
         "about one attempt per 100 ms tick over a second, not a loop: {acks}"
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_revocation_whose_commit_never_answers_is_released_after_the_revoke_timeout() {
+    /// Acknowledges asynchronous batches, never answers a synchronous one.
+    struct SilentOnSync;
+    impl Acker for SilentOnSync {
+        async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
+            if batch.sync {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        }
+    }
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let source_name = topic();
+    let _ = sender.send(Script::Messages(
+        (0..3)
+            .map(|offset| message(&source_name, 0, offset, "a"))
+            .collect(),
+    ));
+    let (revocation, handle) = Revocation::new(vec![PartitionKey::new("orders", 0)]);
+    let _ = sender.send(Script::Revoke(revocation));
+    let source = ScriptedSource {
+        script: receiver,
+        pending: VecDeque::new(),
+        largest_request: Arc::default(),
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let consumer = Consumer::builder()
+        .revoke_timeout(Duration::from_secs(5))
+        .build(source, SilentOnSync, handler)
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+    let started = tokio::time::Instant::now();
+    let outcome = handle.wait().await.expect("released, not abandoned");
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "waited for the commit first"
+    );
+    assert_eq!(outcome.partitions.len(), 1);
+    assert_eq!(outcome.partitions[0].committed, None, "nothing confirmed");
+    drop(sender);
+    shutdown.cancel();
+    let _ = run.await;
+}
