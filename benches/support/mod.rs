@@ -69,16 +69,15 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
-/// Messages the handler has seen; the run stops when it reaches the target.
-static HANDLED: AtomicU64 = AtomicU64::new(0);
-static TARGET: AtomicU64 = AtomicU64::new(u64::MAX);
-static STOP: std::sync::OnceLock<std::sync::Mutex<Option<CancellationToken>>> =
-    std::sync::OnceLock::new();
-
-/// Wraps the scenario's handler so the run stops after the last message. It
-/// costs an atomic increment and a compare per message, on every variant.
-#[derive(Clone)]
-pub struct StopAfterTarget<S>(pub S);
+/// Wraps the scenario's handler so the run stops after the last message. The
+/// runtime calls its one handler instance in turn, so a plain counter does:
+/// an add and a compare per message, on every variant.
+pub struct StopAfterTarget<S> {
+    inner: S,
+    handled: u64,
+    target: u64,
+    stop: CancellationToken,
+}
 
 impl<S: Service<Message>> Service<Message> for StopAfterTarget<S> {
     type Response = S::Response;
@@ -89,16 +88,15 @@ impl<S: Service<Message>> Service<Message> for StopAfterTarget<S> {
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, message: Message) -> S::Future {
-        if HANDLED.fetch_add(1, AtomicOrdering::Relaxed) + 1 == TARGET.load(AtomicOrdering::Relaxed)
-            && let Some(token) = STOP.get().and_then(|slot| slot.lock().ok()?.clone())
-        {
-            token.cancel();
+        self.handled += 1;
+        if self.handled == self.target {
+            self.stop.cancel();
         }
-        self.0.call(message)
+        self.inner.call(message)
     }
 }
 
@@ -129,18 +127,21 @@ where
     H::Error: Into<intake::HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
-    HANDLED.store(0, AtomicOrdering::Relaxed);
-    TARGET.store(messages, AtomicOrdering::Relaxed);
     let token = CancellationToken::new();
-    *STOP
-        .get_or_init(Default::default)
-        .lock()
-        .expect("stop slot") = Some(token.clone());
     let (source, acker) = broker.consumer("orders", "bench").expect("join the group");
     let consumer = Consumer::builder()
         .max_in_flight(256)
         .ordering(Ordering::Partition)
-        .build(source, acker, StopAfterTarget(handler))
+        .build(
+            source,
+            acker,
+            StopAfterTarget {
+                inner: handler,
+                handled: 0,
+                target: messages,
+                stop: token.clone(),
+            },
+        )
         .expect("valid settings");
     runtime
         .block_on(consumer.run(token))
