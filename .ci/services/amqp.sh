@@ -40,5 +40,6 @@ start)
     exit 1
     ;;
 stop) ;;
-*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+status) listening ;;
+*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

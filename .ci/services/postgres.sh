@@ -25,5 +25,6 @@ stop)
     # Services are shared with the machine: leave them running.
     rm -f "$state_dir/postgres.started-by-ci"
     ;;
-*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+status) ready ;;
+*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

@@ -39,5 +39,6 @@ start)
     exit 1
     ;;
 stop) ;;
-*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+status) answers_ping ;;
+*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
