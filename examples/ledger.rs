@@ -1,0 +1,314 @@
+//! A ledger of deliveries, for checking a backend from the outside: what was
+//! produced, what each consumer handled, and what survived crashes.
+//!
+//! ```text
+//! cargo run --release --example ledger --all-features -- \
+//!     produce --broker URL --source NAME --count N [--partitions P]
+//! cargo run --release --example ledger --all-features -- \
+//!     consume --broker URL --source NAME --group GROUP --ledger FILE \
+//!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K] [--effects-db POSTGRES_URL]
+//! ```
+//!
+//! `URL` is `kafka://HOST:PORT`, `redis://[USER:PASS@]HOST:PORT` or
+//! `amqp://USER:PASS@HOST:PORT/VHOST` (an empty vhost is `/`). `NAME` is the
+//! topic, stream or queue, created if missing: a Kafka topic with `P`
+//! partitions (default 4), a durable quorum queue on RabbitMQ.
+//!
+//! `produce` sends the payloads `0` … `N-1` (key `id % 64`) and exits 0 once
+//! the broker confirmed every one of them (Kafka `acks=all`, Redis `XADD`
+//! replies, AMQP publisher confirms).
+//!
+//! `consume` appends `ID\tPARTITION\tPOSITION\n` to `FILE` for every delivery
+//! it handles, before the handler reports success, so a line exists for
+//! every acknowledged message even after SIGKILL. PARTITION and POSITION are
+//! the message's metadata: Kafka partition and offset; Redis `0` and the
+//! entry id; AMQP the channel epoch and the delivery tag. `--fail-every K`
+//! fails every K-th first attempt retryably (the retry layer tries again).
+//! It stops after `S` seconds (default 5) without a handled message, or on
+//! SIGTERM or Ctrl-C, commits what it finished, and prints one last line to
+//! stdout: `processed=… retried=… dead_lettered=…`.
+//!
+//! `--effects-db` runs each message through intake-postgres's exactly-once
+//! handler, which inserts `(GROUP, NAME, ID)` into `ledger_effects`: the
+//! ledger file shows every delivery, the table each id once.
+//!
+//! Exit codes: 0 done, 1 failed (broker, database, file), 2 bad arguments.
+//! Logs go to stderr (`RUST_LOG`, default `info`). Environment:
+//! `LEDGER_KAFKA_SETTINGS` (`key=value,…` librdkafka settings on top of the
+//! example's), `LEDGER_REDIS_CLAIM_MIN_IDLE_MS` (default 3000),
+//! `LEDGER_PG_POOL` (connections, default 16).
+
+// A crate root in examples/ looks for its modules next to itself, where the
+// other examples live; these are the ledger's own.
+#[path = "ledger/amqp.rs"]
+mod amqp;
+#[path = "ledger/args.rs"]
+mod args;
+#[path = "ledger/effects.rs"]
+mod effects;
+#[path = "ledger/handler.rs"]
+mod handler;
+#[path = "ledger/journal.rs"]
+mod journal;
+#[path = "ledger/kafka.rs"]
+mod kafka;
+#[path = "ledger/redis.rs"]
+mod redis;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use intake::postgres::MessageId;
+use intake::retry::RetryLayer;
+use intake::{Acker, Consumer, ConsumerBuilder, Exponential, Ordering, RunReport, Source};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceBuilder;
+
+use crate::args::{Broker, Command, Consume, Produce};
+use crate::handler::{Activity, CountRetries, IdleWhileUnassigned};
+use crate::journal::Journal;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    let command = match args::parse(std::env::args().skip(1)) {
+        Ok(command) => command,
+        Err(error) => {
+            if error.to_string().is_empty() {
+                println!("{}", args::USAGE);
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("ledger: {error}\n\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,lapin=warn,sqlx=warn".into()),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("ledger: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match command {
+            Command::Produce(produce_args) => produce(produce_args).await,
+            Command::Consume(consume_args) => consume(consume_args).await,
+        }
+    });
+    // Clients that linger in the background (a Kafka client closing) must
+    // not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ledger: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn produce(args: Produce) -> Result<(), BoxError> {
+    let started = Instant::now();
+    match &args.broker {
+        Broker::Kafka { bootstrap } => {
+            kafka::create_topic(bootstrap, &args.source, args.partitions).await?;
+            kafka::produce(bootstrap, &args.source, args.count).await?;
+        }
+        Broker::Redis { url } => redis::produce(url, &args.source, args.count).await?,
+        Broker::Amqp { url } => amqp::produce(url, &args.source, args.count).await?,
+    }
+    let elapsed = started.elapsed();
+    tracing::info!(
+        broker = %args.broker.endpoint(),
+        source = %args.source,
+        count = args.count,
+        ?elapsed,
+        per_second = (args.count as f64 / elapsed.as_secs_f64()) as u64,
+        "produced and confirmed"
+    );
+    Ok(())
+}
+
+/// How long a Kafka consumer may wait for its first partitions before the
+/// idle clock runs anyway.
+const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(60);
+
+async fn consume(args: Consume) -> Result<(), BoxError> {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+    let (journal, journal_thread) =
+        Journal::open(&args.ledger).map_err(|error| format!("opening {}: {error}", args.ledger))?;
+    let activity = Arc::new(Activity::new(args.fail_every));
+    // AMQP delivery tags change on redelivery; the producer's message-id
+    // property does not.
+    let message_id = match args.broker {
+        Broker::Amqp { .. } => MessageId::header(intake::amqp::headers::MESSAGE_ID),
+        Broker::Kafka { .. } | Broker::Redis { .. } => MessageId::Position,
+    };
+    let effects = match &args.effects_db {
+        Some(url) => Some(
+            effects::connect(
+                url,
+                &args.group,
+                &args.source,
+                message_id,
+                args.max_in_flight,
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let handler = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(
+                Exponential::new(Duration::from_millis(10), Duration::from_millis(500))
+                    .max_retries(10),
+            )
+            .observe(CountRetries(activity.clone())),
+        )
+        .service(handler::service(journal, activity.clone(), effects));
+    let consumer = Consumer::builder()
+        .max_in_flight(args.max_in_flight)
+        // Ids have no order to keep; commits stay ordered regardless.
+        .ordering(Ordering::Unordered)
+        .shutdown_deadline(Duration::from_secs(10));
+
+    let ran = match &args.broker {
+        Broker::Kafka { bootstrap } => {
+            let source = kafka::source(bootstrap, &args.source, &args.group).await?;
+            let acker = source.acker();
+            let consumer = consumer.observer(Arc::new(IdleWhileUnassigned {
+                activity: activity.clone(),
+                patience: ASSIGNMENT_PATIENCE,
+            }));
+            run(
+                consumer, source, acker, handler, &activity, &args, &shutdown,
+            )
+            .await
+        }
+        Broker::Redis { url } => {
+            let (source, acker) = redis::source(url, &args.source, &args.group).await?;
+            run(
+                consumer, source, acker, handler, &activity, &args, &shutdown,
+            )
+            .await
+        }
+        Broker::Amqp { url } => {
+            let source = amqp::source(url, &args.source, &args.group, args.max_in_flight).await?;
+            let acker = source.acker();
+            run(
+                consumer, source, acker, handler, &activity, &args, &shutdown,
+            )
+            .await
+        }
+    };
+    // The handler, and with it the last Journal, is gone: the writer thread
+    // finishes its last batch and stops.
+    journal_thread.join();
+    let report = ran?;
+    println!(
+        "processed={} retried={} dead_lettered={}",
+        activity.processed(),
+        activity.retried() + report.requeued + report.redispatched,
+        report.discarded,
+    );
+    Ok(())
+}
+
+/// Runs the consumer until it has been idle for `--idle-exit-secs` or a
+/// signal arrives, and reports what it did.
+async fn run<S, A, H>(
+    consumer: ConsumerBuilder,
+    source: S,
+    acker: A,
+    handler: H,
+    activity: &Arc<Activity>,
+    args: &Consume,
+    shutdown: &CancellationToken,
+) -> Result<RunReport, BoxError>
+where
+    S: Source,
+    A: Acker,
+    H: tower::Service<intake::Message, Response = (), Error = intake::HandlerError>
+        + Send
+        + 'static,
+    H::Future: Send + 'static,
+{
+    let consumer = consumer.build(source, acker, handler)?;
+    tracing::info!(
+        broker = %args.broker.endpoint(),
+        source = %args.source,
+        group = %args.group,
+        ledger = %args.ledger,
+        "consuming"
+    );
+    // Connecting is not idleness: the clock starts now.
+    activity.touch();
+    let idle_watch = tokio::spawn(exit_when_idle(
+        activity.clone(),
+        args.idle_exit,
+        shutdown.clone(),
+    ));
+    let ran = consumer.run(shutdown.clone()).await;
+    idle_watch.abort();
+    let report = ran?;
+    tracing::info!(
+        succeeded = report.succeeded,
+        requeued = report.requeued,
+        redispatched = report.redispatched,
+        discarded = report.discarded,
+        unfinished = report.unfinished.len(),
+        elapsed = ?report.elapsed,
+        "stopped"
+    );
+    Ok(report)
+}
+
+async fn exit_when_idle(activity: Arc<Activity>, idle_exit: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tick.tick().await;
+        if activity.idle_for() >= idle_exit {
+            tracing::info!(?idle_exit, "idle: shutting down");
+            shutdown.cancel();
+            return;
+        }
+    }
+}
+
+/// SIGTERM or Ctrl-C starts a graceful shutdown; a second one is left to the
+/// default (the process is already stopping).
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: shutting down"),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    shutdown.cancel();
+}

@@ -1,0 +1,100 @@
+//! RabbitMQ: a durable quorum queue, the confirmed publisher and the source.
+//!
+//! PARTITION is intake's channel epoch (1 for the first channel, higher
+//! after a reconnect), POSITION the delivery tag on that channel. Tags are
+//! per channel and change on redelivery, so the exactly-once markers use
+//! the `message-id` property instead, which `produce` sets to the id.
+
+use std::collections::VecDeque;
+
+use intake::amqp::lapin::PublisherConfirm;
+use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use intake::amqp::lapin::types::{AMQPValue, FieldTable, ShortString};
+use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
+use intake::amqp::{AmqpSource, Queue, Topology};
+
+use crate::BoxError;
+
+/// The queue as both commands declare it: quorum queues count
+/// redeliveries in `x-delivery-count`, and without `x-delivery-limit` none
+/// is ever dropped, however often a consumer dies holding it.
+fn topology(queue: &str) -> Topology {
+    Topology::new().queue(Queue::quorum(queue))
+}
+
+/// Publishes awaited at once; the rest wait for confirms to free room.
+const MAX_UNCONFIRMED: usize = 5_000;
+
+/// Publishes ids `0..count` (`message-id` = the id, header `key` = `id %
+/// 64`), persistent, and returns once the broker confirmed every one.
+pub async fn produce(url: &str, queue: &str, count: u64) -> Result<(), BoxError> {
+    topology(queue).declare(url).await?;
+    let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut unconfirmed: VecDeque<(u64, PublisherConfirm)> = VecDeque::new();
+    for id in 0..count {
+        if unconfirmed.len() >= MAX_UNCONFIRMED {
+            confirm(unconfirmed.pop_front()).await?;
+        }
+        let mut headers = FieldTable::default();
+        headers.insert("key".into(), AMQPValue::LongLongInt((id % 64) as i64));
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(id.to_string()))
+            .with_headers(headers);
+        let payload = id.to_string();
+        let pending = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                payload.as_bytes(),
+                properties,
+            )
+            .await?;
+        unconfirmed.push_back((id, pending));
+    }
+    while let Some(pending) = unconfirmed.pop_front() {
+        confirm(Some(pending)).await?;
+    }
+    connection.close(200, "published".into()).await?;
+    Ok(())
+}
+
+async fn confirm(pending: Option<(u64, PublisherConfirm)>) -> Result<(), BoxError> {
+    let Some((id, pending)) = pending else {
+        return Ok(());
+    };
+    let confirmation = pending.await?;
+    if !confirmation.is_ack() {
+        return Err(format!("the broker refused id {id} (nack)").into());
+    }
+    if confirmation.take_message().is_some() {
+        return Err(format!("id {id} was returned: the queue is missing").into());
+    }
+    Ok(())
+}
+
+/// A consumer of `queue` (declared if missing); `group` only names the
+/// connection, since every consumer of a queue shares its messages.
+pub async fn source(
+    url: &str,
+    queue: &str,
+    group: &str,
+    max_in_flight: usize,
+) -> Result<AmqpSource, BoxError> {
+    let source = AmqpSource::builder(url)
+        .queue(queue)
+        .declare(topology(queue))
+        .max_in_flight(max_in_flight)
+        .connection_name(format!("ledger {group} pid {}", std::process::id()))
+        .connect()
+        .await?;
+    Ok(source)
+}

@@ -1,0 +1,254 @@
+//! The command line, parsed by hand: two subcommands and a few flags.
+
+use std::fmt;
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+usage:
+  ledger produce --broker URL --source NAME --count N [--partitions P]
+  ledger consume --broker URL --source NAME --group GROUP --ledger FILE
+                 [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
+                 [--effects-db POSTGRES_URL]
+
+URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST";
+
+/// Which broker a URL names, with the address in the form its client wants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Broker {
+    /// Kafka bootstrap servers, `HOST:PORT`.
+    Kafka { bootstrap: String },
+    /// The Redis URL as given.
+    Redis { url: String },
+    /// The AMQP URL, with an empty vhost spelled out as `%2f`.
+    Amqp { url: String },
+}
+
+impl Broker {
+    pub fn parse(url: &str) -> Result<Self, UsageError> {
+        if let Some(bootstrap) = url.strip_prefix("kafka://") {
+            let bootstrap = bootstrap.trim_end_matches('/');
+            if bootstrap.is_empty() {
+                return Err(UsageError::new("--broker kafka:// needs HOST:PORT"));
+            }
+            Ok(Broker::Kafka {
+                bootstrap: bootstrap.to_owned(),
+            })
+        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+            Ok(Broker::Redis {
+                url: url.to_owned(),
+            })
+        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
+            // lapin reads an empty path as the vhost "", which RabbitMQ does
+            // not have; the interface promises that empty means "/".
+            let authority_start = url.find("://").map_or(0, |at| at + 3);
+            let authority_end = url[authority_start..]
+                .find('/')
+                .map(|at| at + authority_start);
+            let url = match authority_end {
+                None => format!("{url}/%2f"),
+                Some(slash) if url[slash + 1..].is_empty() => format!("{url}%2f"),
+                Some(_) => url.to_owned(),
+            };
+            Ok(Broker::Amqp { url })
+        } else {
+            Err(UsageError::new(
+                "--broker must start with kafka://, redis:// or amqp://",
+            ))
+        }
+    }
+
+    /// The URL without credentials, for logs.
+    pub fn endpoint(&self) -> String {
+        let strip = |url: &str| match (url.find("://"), url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+            }
+            _ => url.to_owned(),
+        };
+        match self {
+            Broker::Kafka { bootstrap } => format!("kafka://{bootstrap}"),
+            Broker::Redis { url } | Broker::Amqp { url } => strip(url),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Produce {
+    pub broker: Broker,
+    pub source: String,
+    pub count: u64,
+    pub partitions: i32,
+}
+
+#[derive(Debug)]
+pub struct Consume {
+    pub broker: Broker,
+    pub source: String,
+    pub group: String,
+    pub ledger: String,
+    pub max_in_flight: usize,
+    pub idle_exit: Duration,
+    /// Every K-th first attempt fails retryably; `None`: none fails.
+    pub fail_every: Option<u64>,
+    pub effects_db: Option<String>,
+}
+
+#[derive(Debug)]
+pub enum Command {
+    Produce(Produce),
+    Consume(Consume),
+}
+
+/// Kafka topics are created with this many partitions unless `--partitions`
+/// says otherwise.
+pub const DEFAULT_PARTITIONS: i32 = 4;
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+pub const DEFAULT_IDLE_EXIT: Duration = Duration::from_secs(5);
+
+/// A command line that cannot be run; main prints it with the usage and
+/// exits 2.
+#[derive(Debug)]
+pub struct UsageError(String);
+
+impl UsageError {
+    fn new(problem: impl Into<String>) -> Self {
+        Self(problem.into())
+    }
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The flags after the subcommand, as `--name value` pairs.
+struct Flags {
+    pairs: Vec<(String, String)>,
+}
+
+impl Flags {
+    fn parse(args: impl Iterator<Item = String>, known: &[&str]) -> Result<Self, UsageError> {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        let mut args = args.peekable();
+        while let Some(flag) = args.next() {
+            // `--flag=value` and `--flag value` both work.
+            let (name, inline) = match flag.split_once('=') {
+                Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
+                None => (flag, None),
+            };
+            if !known.contains(&name.as_str()) {
+                return Err(UsageError::new(format!("unknown argument `{name}`")));
+            }
+            let value = match inline {
+                Some(value) => value,
+                None => args
+                    .next()
+                    .ok_or_else(|| UsageError::new(format!("{name} needs a value")))?,
+            };
+            if pairs.iter().any(|(seen, _)| *seen == name) {
+                return Err(UsageError::new(format!("{name} given twice")));
+            }
+            pairs.push((name, value));
+        }
+        Ok(Self { pairs })
+    }
+
+    fn optional(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(flag, _)| flag == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn required(&self, name: &str) -> Result<&str, UsageError> {
+        match self.optional(name) {
+            Some(value) if !value.is_empty() => Ok(value),
+            Some(_) => Err(UsageError::new(format!("{name} must not be empty"))),
+            None => Err(UsageError::new(format!("{name} is required"))),
+        }
+    }
+
+    fn number<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, UsageError> {
+        self.optional(name)
+            .map(|value| {
+                value
+                    .parse()
+                    .map_err(|_| UsageError::new(format!("{name} expects a number, not `{value}`")))
+            })
+            .transpose()
+    }
+
+    fn positive<T>(&self, name: &str) -> Result<Option<T>, UsageError>
+    where
+        T: std::str::FromStr + PartialOrd + Default,
+    {
+        match self.number::<T>(name)? {
+            Some(value) if value <= T::default() => {
+                Err(UsageError::new(format!("{name} must be at least 1")))
+            }
+            value => Ok(value),
+        }
+    }
+}
+
+/// Parses the arguments after the program name.
+pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageError> {
+    let command = args
+        .next()
+        .ok_or_else(|| UsageError::new("name a command: produce or consume"))?;
+    match command.as_str() {
+        "produce" => {
+            let flags = Flags::parse(args, &["--broker", "--source", "--count", "--partitions"])?;
+            Ok(Command::Produce(Produce {
+                broker: Broker::parse(flags.required("--broker")?)?,
+                source: flags.required("--source")?.to_owned(),
+                count: flags
+                    .number("--count")?
+                    .ok_or_else(|| UsageError::new("--count is required"))?,
+                partitions: flags
+                    .positive("--partitions")?
+                    .unwrap_or(DEFAULT_PARTITIONS),
+            }))
+        }
+        "consume" => {
+            let flags = Flags::parse(
+                args,
+                &[
+                    "--broker",
+                    "--source",
+                    "--group",
+                    "--ledger",
+                    "--max-in-flight",
+                    "--idle-exit-secs",
+                    "--fail-every",
+                    "--effects-db",
+                ],
+            )?;
+            Ok(Command::Consume(Consume {
+                broker: Broker::parse(flags.required("--broker")?)?,
+                source: flags.required("--source")?.to_owned(),
+                group: flags.required("--group")?.to_owned(),
+                ledger: flags.required("--ledger")?.to_owned(),
+                max_in_flight: flags
+                    .positive("--max-in-flight")?
+                    .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+                idle_exit: flags
+                    .number::<f64>("--idle-exit-secs")?
+                    .map(|secs| {
+                        Duration::try_from_secs_f64(secs).map_err(|_| {
+                            UsageError::new("--idle-exit-secs must be a non-negative number")
+                        })
+                    })
+                    .transpose()?
+                    .unwrap_or(DEFAULT_IDLE_EXIT),
+                fail_every: flags.positive("--fail-every")?,
+                effects_db: flags.optional("--effects-db").map(str::to_owned),
+            }))
+        }
+        "-h" | "--help" | "help" => Err(UsageError::new("")),
+        other => Err(UsageError::new(format!(
+            "unknown command `{other}`; expected produce or consume"
+        ))),
+    }
+}

@@ -1,0 +1,163 @@
+//! The handler: parse the id, maybe fail on purpose, run the effects (if
+//! any), append the ledger line, and only then report success.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use intake::retry::RetryObserver;
+use intake::{ConsumerObserver, HandlerError, Message, PartitionSnapshot};
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceExt};
+
+use crate::journal::Journal;
+
+/// The exactly-once effects service, when `--effects-db` is given.
+pub type Effects = BoxCloneService<Message, (), HandlerError>;
+
+/// Counters and the idle clock, shared by the handler, the retry layer, the
+/// runtime's observer and the idle watcher.
+pub struct Activity {
+    started: Instant,
+    /// Milliseconds after `started` of the last sign of work.
+    last_active_ms: AtomicU64,
+    processed: AtomicU64,
+    retried: AtomicU64,
+    first_attempts: AtomicU64,
+    fail_every: Option<u64>,
+}
+
+impl Activity {
+    pub fn new(fail_every: Option<u64>) -> Self {
+        Self {
+            started: Instant::now(),
+            last_active_ms: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+            first_attempts: AtomicU64::new(0),
+            fail_every,
+        }
+    }
+
+    /// Restarts the idle clock.
+    pub fn touch(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_active_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn idle_for(&self) -> Duration {
+        let now = self.started.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_active_ms.load(Ordering::Relaxed)))
+    }
+
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+
+    /// Retries made in process by the retry layer.
+    pub fn retried(&self) -> u64 {
+        self.retried.load(Ordering::Relaxed)
+    }
+
+    /// Whether this first attempt is one that `--fail-every` makes fail.
+    fn should_fail(&self, message: &Message) -> bool {
+        let Some(every) = self.fail_every else {
+            return false;
+        };
+        if message.metadata().attempt() != 1 {
+            return false;
+        }
+        let nth = self.first_attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        nth.is_multiple_of(every)
+    }
+}
+
+/// Counts the retry layer's retries.
+#[derive(Clone)]
+pub struct CountRetries(pub Arc<Activity>);
+
+impl RetryObserver for CountRetries {
+    fn on_retry(&self, message: &Message, error: &HandlerError, delay: Duration) {
+        self.0.retried.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            position = %message.metadata().position(),
+            %error,
+            ?delay,
+            "retrying"
+        );
+    }
+}
+
+/// Keeps the idle clock still while a Kafka consumer has no partitions:
+/// joining the group (or waiting for a killed member's session to expire)
+/// is not idleness, and must not end the run before it started.
+pub struct IdleWhileUnassigned {
+    pub activity: Arc<Activity>,
+    /// Longest wait for an assignment before the idle clock runs anyway, so
+    /// a consumer that never gets partitions still exits.
+    pub patience: Duration,
+}
+
+impl ConsumerObserver for IdleWhileUnassigned {
+    fn on_partitions(&self, partitions: &[PartitionSnapshot]) {
+        if partitions.is_empty() && self.activity.started.elapsed() < self.patience {
+            self.activity.touch();
+        }
+    }
+}
+
+/// The handler service over `journal` and, optionally, `effects`.
+pub fn service(
+    journal: Journal,
+    activity: Arc<Activity>,
+    effects: Option<Effects>,
+) -> impl Service<Message, Response = (), Error = HandlerError, Future: Send + 'static>
++ Clone
++ Send
++ 'static {
+    tower::service_fn(move |message: Message| {
+        let (journal, activity, effects) = (journal.clone(), activity.clone(), effects.clone());
+        async move { handle(&journal, &activity, effects, message).await }
+    })
+}
+
+async fn handle(
+    journal: &Journal,
+    activity: &Activity,
+    effects: Option<Effects>,
+    message: Message,
+) -> Result<(), HandlerError> {
+    activity.touch();
+    let id = parse_id(message.payload())?;
+    if activity.should_fail(&message) {
+        return Err(HandlerError::retryable(format!(
+            "id {id}: failing its first attempt on purpose (--fail-every)"
+        )));
+    }
+    let metadata = message.metadata();
+    let line = format!("{id}\t{}\t{}\n", metadata.partition(), metadata.position());
+    if let Some(effects) = effects {
+        // Commits the effect with its marker, or skips a delivery whose
+        // marker exists; either way the delivery is recorded below.
+        effects.oneshot(message).await?;
+    }
+    journal.append(line).await.map_err(|error| {
+        HandlerError::retryable(format!("appending id {id} to the ledger: {error}"))
+    })?;
+    activity.processed.fetch_add(1, Ordering::Relaxed);
+    activity.touch();
+    Ok(())
+}
+
+/// The payload is the id in decimal; anything else can never succeed.
+pub fn parse_id(payload: &[u8]) -> Result<u64, HandlerError> {
+    std::str::from_utf8(payload)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| {
+            HandlerError::permanent(format!(
+                "payload {:?} is not a decimal id",
+                String::from_utf8_lossy(&payload[..payload.len().min(64)])
+            ))
+        })
+}

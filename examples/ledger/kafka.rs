@@ -1,0 +1,146 @@
+//! Kafka: the topic, the producer and the consumer-group source.
+//!
+//! PARTITION is the topic partition, POSITION the offset.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use intake::kafka::rdkafka::ClientConfig;
+use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use intake::kafka::rdkafka::client::DefaultClientContext;
+use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use intake::kafka::{KafkaSettings, KafkaSource};
+
+use crate::BoxError;
+
+/// Extra librdkafka settings, `key=value` separated by commas, applied to
+/// every client after the example's own (so they win).
+pub const SETTINGS_ENV: &str = "LEDGER_KAFKA_SETTINGS";
+
+/// `settings` with the environment's settings on top.
+fn with_env(mut settings: KafkaSettings) -> Result<KafkaSettings, BoxError> {
+    if let Ok(extra) = std::env::var(SETTINGS_ENV) {
+        for pair in extra.split(',').filter(|pair| !pair.trim().is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{SETTINGS_ENV}: `{pair}` is not key=value"))?;
+            settings = settings.set(key.trim(), value.trim());
+        }
+    }
+    Ok(settings)
+}
+
+/// Creates `topic` with `partitions` partitions unless it exists (with
+/// whatever partition count it has).
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), BoxError> {
+    let admin: AdminClient<DefaultClientContext> = with_env(KafkaSettings::new(bootstrap))?
+        .client_config()
+        .create()?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(-1),
+            )],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(format!("creating topic {topic}: {code}").into()),
+        }
+    }
+    Ok(())
+}
+
+/// Most deliveries awaited at once: bounds memory, and stays below
+/// librdkafka's local queue so that `QueueFull` is rare.
+const MAX_UNCONFIRMED: usize = 100_000;
+
+/// Sends ids `0..count` (key `id % 64`) and returns once the broker
+/// acknowledged every one with `acks=all`.
+pub async fn produce(bootstrap: &str, topic: &str, count: u64) -> Result<(), BoxError> {
+    // Batching is what makes this fast: librdkafka gathers records for up
+    // to `linger.ms` into one request per partition.
+    let producer: FutureProducer = ClientConfig::clone(
+        with_env(
+            KafkaSettings::new(bootstrap)
+                .set("acks", "all")
+                .set("linger.ms", "5")
+                .set("queue.buffering.max.messages", "200000")
+                .set("message.timeout.ms", "60000"),
+        )?
+        .client_config(),
+    )
+    .create()?;
+    let mut unconfirmed: VecDeque<(u64, DeliveryFuture)> = VecDeque::new();
+    for id in 0..count {
+        let payload = id.to_string();
+        let key = (id % 64).to_string();
+        loop {
+            if unconfirmed.len() >= MAX_UNCONFIRMED {
+                confirm(unconfirmed.pop_front()).await?;
+            }
+            let record = FutureRecord::to(topic).key(&key).payload(&payload);
+            match producer.send_result(record) {
+                Ok(delivery) => {
+                    unconfirmed.push_back((id, delivery));
+                    break;
+                }
+                // librdkafka's queue is full: wait for the oldest delivery,
+                // which frees room, and try again.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    if unconfirmed.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    } else {
+                        confirm(unconfirmed.pop_front()).await?;
+                    }
+                }
+                Err((error, _)) => return Err(format!("sending id {id}: {error}").into()),
+            }
+        }
+    }
+    while let Some(delivery) = unconfirmed.pop_front() {
+        confirm(Some(delivery)).await?;
+    }
+    Ok(())
+}
+
+async fn confirm(delivery: Option<(u64, DeliveryFuture)>) -> Result<(), BoxError> {
+    let Some((id, delivery)) = delivery else {
+        return Ok(());
+    };
+    match delivery.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((error, _))) => Err(format!("the broker refused id {id}: {error}").into()),
+        Err(_) => Err(format!("the producer dropped id {id} unconfirmed").into()),
+    }
+}
+
+/// A consumer-group member of `group` on `topic` (created if missing).
+///
+/// A member killed with SIGKILL never leaves the group; its partitions
+/// stay with it until the broker gives up on its session. A short session
+/// timeout keeps that wait (and so a restarted consumer's) to seconds.
+pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSource, BoxError> {
+    create_topic(bootstrap, topic, crate::args::DEFAULT_PARTITIONS).await?;
+    let settings = with_env(
+        KafkaSettings::new(bootstrap)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "1000")
+            .set("max.poll.interval.ms", "60000")
+            .set("topic.metadata.refresh.interval.ms", "5000"),
+    )?;
+    let source = KafkaSource::builder(settings)
+        .group(group)
+        .topic(topic)
+        .revoke_timeout(Duration::from_secs(20))
+        .connect_timeout(Duration::from_secs(15))
+        .close_timeout(Duration::from_secs(5))
+        .build()
+        .await?;
+    Ok(source)
+}

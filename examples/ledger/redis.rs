@@ -1,0 +1,101 @@
+//! Redis Streams: the producer and the consumer-group source.
+//!
+//! PARTITION is always 0 (a stream is one partition), POSITION the entry id
+//! (`1700000000000-0`).
+
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
+
+use intake::redis_streams::redis;
+use intake::redis_streams::{RedisStreamsAcker, RedisStreamsConfig, RedisStreamsSource};
+use tokio::task::JoinSet;
+
+use crate::BoxError;
+
+/// Overrides how long (ms) an entry stays pending with a consumer before
+/// another may claim it. Default [`DEFAULT_CLAIM_MIN_IDLE`].
+pub const CLAIM_MIN_IDLE_ENV: &str = "LEDGER_REDIS_CLAIM_MIN_IDLE_MS";
+
+/// Entries a killed consumer held are claimed by others once idle this long.
+/// Short, so that restarts after SIGKILL resume within seconds; long enough
+/// that nothing waits that long inside a live consumer (a few ms at most,
+/// plus retry backoff of up to a second), which would deliver it twice.
+const DEFAULT_CLAIM_MIN_IDLE: Duration = Duration::from_secs(3);
+
+/// Entries per pipelined round trip, and round trips in flight at once.
+const CHUNK: u64 = 1_000;
+const PIPELINES_IN_FLIGHT: usize = 4;
+
+/// Appends ids `0..count` (field `payload`, field `key` = `id % 64`) and
+/// returns once Redis replied to every `XADD`.
+pub async fn produce(url: &str, stream: &str, count: u64) -> Result<(), BoxError> {
+    let client = redis::Client::open(url)?;
+    // One multiplexed connection carries several pipelines at once.
+    let connection = client.get_multiplexed_async_connection().await?;
+    let mut pipelines = JoinSet::new();
+    let mut start = 0;
+    while start < count || !pipelines.is_empty() {
+        while start < count && pipelines.len() < PIPELINES_IN_FLIGHT {
+            let end = (start + CHUNK).min(count);
+            let mut pipe = redis::pipe();
+            for id in start..end {
+                pipe.xadd(stream, "*", &[("payload", id), ("key", id % 64)]);
+            }
+            let mut connection = connection.clone();
+            pipelines.spawn(async move {
+                let ids: Vec<String> = pipe.query_async(&mut connection).await?;
+                if ids.len() as u64 != end - start {
+                    return Err(format!(
+                        "Redis answered {} of {} XADDs for ids {start}..{end}",
+                        ids.len(),
+                        end - start
+                    )
+                    .into());
+                }
+                Ok::<(), BoxError>(())
+            });
+            start = end;
+        }
+        if let Some(done) = pipelines.join_next().await {
+            done??;
+        }
+    }
+    Ok(())
+}
+
+/// A member of consumer group `group` on `stream`, under a consumer name
+/// of its own (`GROUP-<pid>-<random>`): a restarted process is a new
+/// consumer, and what the killed one held is claimed from it.
+pub async fn source(
+    url: &str,
+    stream: &str,
+    group: &str,
+) -> Result<(RedisStreamsSource, RedisStreamsAcker), BoxError> {
+    let claim_min_idle = match std::env::var(CLAIM_MIN_IDLE_ENV) {
+        Ok(ms) => Duration::from_millis(
+            ms.parse()
+                .map_err(|_| format!("{CLAIM_MIN_IDLE_ENV}: `{ms}` is not milliseconds"))?,
+        ),
+        Err(_) => DEFAULT_CLAIM_MIN_IDLE,
+    };
+    let consumer = format!(
+        "{group}-{}-{:08x}",
+        std::process::id(),
+        RandomState::new().hash_one(std::time::SystemTime::now()) as u32
+    );
+    tracing::info!(%consumer, ?claim_min_idle, "joining the consumer group");
+    let (source, acker) = RedisStreamsConfig::new(url)
+        .stream(stream)
+        .group(group)
+        .consumer(consumer)
+        .claim_min_idle(claim_min_idle)
+        // Look for abandoned entries often, so a restart resumes quickly.
+        .claim_interval(Duration::from_millis(500))
+        // Every id must reach the ledger: an entry that happened to be in
+        // flight at several kills is delivered again, never given up.
+        .unlimited_deliveries()
+        .block(Duration::from_millis(500))
+        .connect()
+        .await?;
+    Ok((source, acker))
+}
