@@ -184,6 +184,12 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         .ordering(Ordering::Unordered)
         .shutdown_deadline(Duration::from_secs(10));
 
+    let run_args = RunArgs {
+        activity: &activity,
+        args: &args,
+        shutdown: &shutdown,
+        pending: None,
+    };
     let ran = match &args.broker {
         Broker::Kafka { bootstrap } => {
             let source = kafka::source(bootstrap, &args.source, &args.group).await?;
@@ -192,25 +198,21 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
                 activity: activity.clone(),
                 patience: ASSIGNMENT_PATIENCE,
             }));
-            run(
-                consumer, source, acker, handler, &activity, &args, &shutdown,
-            )
-            .await
+            run(consumer, source, acker, handler, run_args).await
         }
         Broker::Redis { url } => {
             let (source, acker) = redis::source(url, &args.source, &args.group).await?;
-            run(
-                consumer, source, acker, handler, &activity, &args, &shutdown,
-            )
-            .await
+            let pending = redis::PendingProbe::connect(url, &args.source, &args.group).await?;
+            let run_args = RunArgs {
+                pending: Some(pending),
+                ..run_args
+            };
+            run(consumer, source, acker, handler, run_args).await
         }
         Broker::Amqp { url } => {
             let source = amqp::source(url, &args.source, &args.group, args.max_in_flight).await?;
             let acker = source.acker();
-            run(
-                consumer, source, acker, handler, &activity, &args, &shutdown,
-            )
-            .await
+            run(consumer, source, acker, handler, run_args).await
         }
     };
     // The handler, and with it the last Journal, is gone: the writer thread
@@ -226,6 +228,15 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// What [`run`] needs besides the consumer's parts.
+struct RunArgs<'a> {
+    activity: &'a Arc<Activity>,
+    args: &'a Consume,
+    shutdown: &'a CancellationToken,
+    /// Redis only: entries pending in the group postpone the idle exit.
+    pending: Option<redis::PendingProbe>,
+}
+
 /// Runs the consumer until it has been idle for `--idle-exit-secs` or a
 /// signal arrives, and reports what it did.
 async fn run<S, A, H>(
@@ -233,9 +244,12 @@ async fn run<S, A, H>(
     source: S,
     acker: A,
     handler: H,
-    activity: &Arc<Activity>,
-    args: &Consume,
-    shutdown: &CancellationToken,
+    RunArgs {
+        activity,
+        args,
+        shutdown,
+        pending,
+    }: RunArgs<'_>,
 ) -> Result<RunReport, BoxError>
 where
     S: Source,
@@ -258,6 +272,7 @@ where
     let idle_watch = tokio::spawn(exit_when_idle(
         activity.clone(),
         args.idle_exit,
+        pending,
         shutdown.clone(),
     ));
     let ran = consumer.run(shutdown.clone()).await;
@@ -275,15 +290,43 @@ where
     Ok(report)
 }
 
-async fn exit_when_idle(activity: Arc<Activity>, idle_exit: Duration, shutdown: CancellationToken) {
+/// Longest the idle exit waits for pending Redis entries to be claimed:
+/// far beyond the claim delay, yet finite, so that an entry nobody can
+/// finish does not keep the consumer forever.
+const PENDING_PATIENCE: Duration = Duration::from_secs(60);
+
+async fn exit_when_idle(
+    activity: Arc<Activity>,
+    idle_exit: Duration,
+    mut pending: Option<redis::PendingProbe>,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut pending_since: Option<Instant> = None;
     loop {
         tick.tick().await;
-        if activity.idle_for() >= idle_exit {
-            tracing::info!(?idle_exit, "idle: shutting down");
-            shutdown.cancel();
-            return;
+        if activity.idle_for() < idle_exit {
+            continue;
         }
+        if let Some(probe) = &mut pending {
+            let entries = probe.pending().await;
+            let waited = pending_since.get_or_insert_with(Instant::now).elapsed();
+            if entries > 0 && waited < PENDING_PATIENCE {
+                if waited.is_zero() {
+                    tracing::info!(
+                        entries,
+                        "idle, but entries are pending in the group: waiting to claim them"
+                    );
+                }
+                continue;
+            }
+            if entries > 0 {
+                tracing::warn!(entries, "entries still pending; exiting anyway");
+            }
+        }
+        tracing::info!(?idle_exit, "idle: shutting down");
+        shutdown.cancel();
+        return;
     }
 }
 

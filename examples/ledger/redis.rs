@@ -99,3 +99,43 @@ pub async fn source(
         .await?;
     Ok((source, acker))
 }
+
+/// Asks Redis whether the group still has entries that were delivered and
+/// not acknowledged, by any consumer. The idle exit waits for them: entries
+/// a killed consumer held become claimable only `claim_min_idle` after it
+/// died, which may be later than a restarted consumer's idle deadline.
+pub struct PendingProbe {
+    connection: redis::aio::MultiplexedConnection,
+    stream: String,
+    group: String,
+}
+
+impl PendingProbe {
+    pub async fn connect(url: &str, stream: &str, group: &str) -> Result<Self, BoxError> {
+        let connection = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        Ok(Self {
+            connection,
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+        })
+    }
+
+    /// Entries pending in the group; an error counts as none, so that a
+    /// probe that cannot ask never keeps the consumer from exiting.
+    pub async fn pending(&mut self) -> usize {
+        let reply: Result<redis::streams::StreamPendingReply, _> = redis::cmd("XPENDING")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .query_async(&mut self.connection)
+            .await;
+        match reply {
+            Ok(reply) => reply.count(),
+            Err(error) => {
+                tracing::warn!(%error, "XPENDING failed; assuming nothing is pending");
+                0
+            }
+        }
+    }
+}
