@@ -67,7 +67,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 use crate::args::{Broker, Command, Consume, Produce};
-use crate::handler::{Activity, CountRetries, IdleWhileUnassigned};
+use crate::handler::{Activity, CountRetries};
 use crate::journal::Journal;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -139,10 +139,6 @@ async fn produce(args: Produce) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// How long a Kafka consumer may wait for its first partitions before the
-/// idle clock runs anyway.
-const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(60);
-
 async fn consume(args: Consume) -> Result<(), BoxError> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -188,23 +184,25 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         activity: &activity,
         args: &args,
         shutdown: &shutdown,
-        pending: None,
+        backlog: None,
     };
     let ran = match &args.broker {
         Broker::Kafka { bootstrap } => {
             let source = kafka::source(bootstrap, &args.source, &args.group).await?;
             let acker = source.acker();
-            let consumer = consumer.observer(Arc::new(IdleWhileUnassigned {
-                activity: activity.clone(),
-                patience: ASSIGNMENT_PATIENCE,
-            }));
+            let backlog =
+                Backlog::Kafka(kafka::LagProbe::new(bootstrap, &args.source, &args.group)?);
+            let run_args = RunArgs {
+                backlog: Some(backlog),
+                ..run_args
+            };
             run(consumer, source, acker, handler, run_args).await
         }
         Broker::Redis { url } => {
             let (source, acker) = redis::source(url, &args.source, &args.group).await?;
             let pending = redis::PendingProbe::connect(url, &args.source, &args.group).await?;
             let run_args = RunArgs {
-                pending: Some(pending),
+                backlog: Some(Backlog::Redis(pending)),
                 ..run_args
             };
             run(consumer, source, acker, handler, run_args).await
@@ -233,8 +231,29 @@ struct RunArgs<'a> {
     activity: &'a Arc<Activity>,
     args: &'a Consume,
     shutdown: &'a CancellationToken,
-    /// Redis only: entries pending in the group postpone the idle exit.
-    pending: Option<redis::PendingProbe>,
+    /// Work the group has not finished, which postpones the idle exit.
+    backlog: Option<Backlog>,
+}
+
+/// What a consumer that is idle asks before it exits: whether its group
+/// still has unfinished messages that it may yet receive. After a SIGKILL
+/// they come back only later: Redis entries once they are idle longer than
+/// the claim delay, Kafka partitions once the broker expires the dead
+/// member's session. (RabbitMQ requeues a dead consumer's messages at once.)
+enum Backlog {
+    /// Entries delivered and not acknowledged, with any consumer.
+    Redis(redis::PendingProbe),
+    /// Messages past the group's committed offsets.
+    Kafka(kafka::LagProbe),
+}
+
+impl Backlog {
+    async fn size(&mut self) -> u64 {
+        match self {
+            Backlog::Redis(probe) => probe.pending().await as u64,
+            Backlog::Kafka(probe) => probe.lag().await,
+        }
+    }
 }
 
 /// Runs the consumer until it has been idle for `--idle-exit-secs` or a
@@ -248,7 +267,7 @@ async fn run<S, A, H>(
         activity,
         args,
         shutdown,
-        pending,
+        backlog,
     }: RunArgs<'_>,
 ) -> Result<RunReport, BoxError>
 where
@@ -272,7 +291,7 @@ where
     let idle_watch = tokio::spawn(exit_when_idle(
         activity.clone(),
         args.idle_exit,
-        pending,
+        backlog,
         shutdown.clone(),
     ));
     let ran = consumer.run(shutdown.clone()).await;
@@ -290,38 +309,46 @@ where
     Ok(report)
 }
 
-/// Longest the idle exit waits for pending Redis entries to be claimed:
-/// far beyond the claim delay, yet finite, so that an entry nobody can
-/// finish does not keep the consumer forever.
-const PENDING_PATIENCE: Duration = Duration::from_secs(60);
+/// Longest the idle exit waits for the group's backlog: far beyond the
+/// claim delay and the session timeout, yet finite, so that a message
+/// nobody can finish (or another group member that holds on to its
+/// partitions) does not keep the consumer forever.
+const BACKLOG_PATIENCE: Duration = Duration::from_secs(60);
 
 async fn exit_when_idle(
     activity: Arc<Activity>,
     idle_exit: Duration,
-    mut pending: Option<redis::PendingProbe>,
+    mut backlog: Option<Backlog>,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let mut pending_since: Option<Instant> = None;
+    let mut backlog_since: Option<Instant> = None;
     loop {
         tick.tick().await;
         if activity.idle_for() < idle_exit {
+            backlog_since = None;
             continue;
         }
-        if let Some(probe) = &mut pending {
-            let entries = probe.pending().await;
-            let waited = pending_since.get_or_insert_with(Instant::now).elapsed();
-            if entries > 0 && waited < PENDING_PATIENCE {
-                if waited.is_zero() {
+        if let Some(backlog) = &mut backlog {
+            let unfinished = backlog.size().await;
+            let first_look = backlog_since.is_none();
+            let waited = backlog_since.get_or_insert_with(Instant::now).elapsed();
+            if unfinished > 0 && waited < BACKLOG_PATIENCE {
+                if first_look {
                     tracing::info!(
-                        entries,
-                        "idle, but entries are pending in the group: waiting to claim them"
+                        unfinished,
+                        "idle, but the group has unfinished messages: waiting for them"
                     );
                 }
+                // Asking costs the broker a little: not every tick.
+                tokio::time::sleep(Duration::from_millis(400)).await;
                 continue;
             }
-            if entries > 0 {
-                tracing::warn!(entries, "entries still pending; exiting anyway");
+            if unfinished > 0 {
+                tracing::warn!(
+                    unfinished,
+                    "the group still has unfinished messages; exiting anyway"
+                );
             }
         }
         tracing::info!(?idle_exit, "idle: shutting down");

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use intake::retry::RetryObserver;
-use intake::{ConsumerObserver, HandlerError, Message, PartitionSnapshot};
+use intake::{HandlerError, Message};
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceExt};
 
@@ -85,24 +85,6 @@ impl RetryObserver for CountRetries {
             ?delay,
             "retrying"
         );
-    }
-}
-
-/// Keeps the idle clock still while a Kafka consumer has no partitions:
-/// joining the group (or waiting for a killed member's session to expire)
-/// is not idleness, and must not end the run before it started.
-pub struct IdleWhileUnassigned {
-    pub activity: Arc<Activity>,
-    /// Longest wait for an assignment before the idle clock runs anyway, so
-    /// a consumer that never gets partitions still exits.
-    pub patience: Duration,
-}
-
-impl ConsumerObserver for IdleWhileUnassigned {
-    fn on_partitions(&self, partitions: &[PartitionSnapshot]) {
-        if partitions.is_empty() && self.activity.started.elapsed() < self.patience {
-            self.activity.touch();
-        }
     }
 }
 

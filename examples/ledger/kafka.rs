@@ -8,8 +8,10 @@ use std::time::Duration;
 use intake::kafka::rdkafka::ClientConfig;
 use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake::kafka::rdkafka::client::DefaultClientContext;
+use intake::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use intake::kafka::rdkafka::{Offset, TopicPartitionList};
 use intake::kafka::{KafkaSettings, KafkaSource};
 
 use crate::BoxError;
@@ -143,4 +145,72 @@ pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSo
         .build()
         .await?;
     Ok(source)
+}
+
+/// Measures the group's lag: messages past its committed offsets, over
+/// every partition of the topic. The idle exit waits while there is lag: a
+/// restarted consumer gets no partitions until the broker gives up on the
+/// killed member's session, which may be later than its idle deadline.
+///
+/// A plain client with the group's id that never subscribes, so it reads
+/// the group's offsets without joining it.
+pub struct LagProbe {
+    client: std::sync::Arc<BaseConsumer>,
+    topic: String,
+}
+
+impl LagProbe {
+    pub fn new(bootstrap: &str, topic: &str, group: &str) -> Result<Self, BoxError> {
+        let client: BaseConsumer = with_env(KafkaSettings::new(bootstrap))?
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .client_config()
+            .create()?;
+        Ok(Self {
+            client: std::sync::Arc::new(client),
+            topic: topic.to_owned(),
+        })
+    }
+
+    /// The group's lag; an error counts as none, so that a probe that
+    /// cannot ask never keeps the consumer from exiting.
+    pub async fn lag(&self) -> u64 {
+        let (client, topic) = (self.client.clone(), self.topic.clone());
+        // librdkafka's calls block: keep them off the runtime's workers.
+        let lag = tokio::task::spawn_blocking(move || group_lag(&client, &topic)).await;
+        match lag {
+            Ok(Ok(lag)) => lag,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "reading the group's lag failed; assuming none");
+                0
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the lag probe panicked; assuming none");
+                0
+            }
+        }
+    }
+}
+
+fn group_lag(client: &BaseConsumer, topic: &str) -> Result<u64, KafkaError> {
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let metadata = client.fetch_metadata(Some(topic), TIMEOUT)?;
+    let mut partitions = TopicPartitionList::new();
+    for topic_metadata in metadata.topics() {
+        for partition in topic_metadata.partitions() {
+            partitions.add_partition(topic, partition.id());
+        }
+    }
+    let committed = client.committed_offsets(partitions, TIMEOUT)?;
+    let mut lag = 0;
+    for element in committed.elements() {
+        let (low, high) = client.fetch_watermarks(topic, element.partition(), TIMEOUT)?;
+        let from = match element.offset() {
+            Offset::Offset(offset) => offset,
+            // Nothing committed: the group starts at the beginning.
+            _ => low,
+        };
+        lag += u64::try_from(high - from).unwrap_or(0);
+    }
+    Ok(lag)
 }
