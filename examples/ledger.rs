@@ -26,7 +26,13 @@
 //! fails every K-th first attempt retryably (the retry layer tries again).
 //! It stops after `S` seconds (default 5) without a handled message, or on
 //! SIGTERM or Ctrl-C, commits what it finished, and prints one last line to
-//! stdout: `processed=… retried=… dead_lettered=…`.
+//! stdout: `processed=… retried=… dead_lettered=…` (lines written by this
+//! run; retries in process plus failures handed back to the broker;
+//! permanent failures, acknowledged unprocessed: only a payload that is not
+//! a decimal id). Before an idle exit it waits (up to 60 s) while the group
+//! still has unfinished messages that only arrive later: Redis entries
+//! pending with a killed consumer, Kafka partitions a killed member holds
+//! until its session expires.
 //!
 //! `--effects-db` runs each message through intake-postgres's exactly-once
 //! handler, which inserts `(GROUP, NAME, ID)` into `ledger_effects`: the
