@@ -351,7 +351,11 @@ where
         }
         self.poll_handlers();
         self.pump();
-        if self.tick.poll_tick(cx).is_ready() {
+        // Polled until pending: a ready `poll_tick` does not register the
+        // waker for the next tick, and an idle consumer or a hung handler
+        // wakes nothing else, so the tick (the observer's snapshots, a
+        // commit resent after a failure) would stop.
+        while self.tick.poll_tick(cx).is_ready() {
             self.on_tick();
         }
         while let Some(failed) = self.acks.take_failed() {

@@ -1254,3 +1254,44 @@ async fn a_revocation_whose_commit_never_answers_is_released_after_the_revoke_ti
     shutdown.cancel();
     let _ = run.await;
 }
+
+/// Counts the observer's commit-tick calls.
+#[derive(Default)]
+struct TickCounter {
+    ticks: AtomicUsize,
+}
+
+impl crate::observer::ConsumerObserver for TickCounter {
+    fn on_partitions(&self, _partitions: &[crate::observer::PartitionSnapshot]) {
+        self.ticks.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_commit_tick_keeps_running_while_a_handler_hangs_and_nothing_else_happens() {
+    // A stuck handler wakes nobody: the tick alone must keep the
+    // oldest-unfinished age moving, which is what alerts on the stall.
+    let (source, sender) = open_script(vec![Script::Messages(messages(1, 1, 1))]);
+    let observer = Arc::new(TickCounter::default());
+    let shutdown = CancellationToken::new();
+    let handler = tower::service_fn(|_: Message| async {
+        std::future::pending::<()>().await;
+        Ok::<_, HandlerError>(())
+    });
+    let consumer = Consumer::builder()
+        .commit_interval(Duration::from_millis(100))
+        .shutdown_deadline(Duration::from_millis(10))
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings");
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let ticks = observer.ticks.load(AtomicOrdering::Relaxed);
+    shutdown.cancel();
+    let _ = run.await;
+    drop(sender);
+    assert!(
+        ticks >= 90,
+        "10 s at a 100 ms commit interval gave {ticks} observer ticks"
+    );
+}
