@@ -3,7 +3,8 @@
 //!
 //! This facade re-exports [`intake_core`] (the traits, the runtime, the
 //! layers and the in-memory broker); the features `kafka`, `redis`, `amqp`
-//! and `postgres` add the backend crates as `intake::kafka`,
+//! and `postgres` (all on by default; `default-features = false` builds
+//! only the ones named) add the backend crates as `intake::kafka`,
 //! `intake::redis_streams`, `intake::amqp` and `intake::postgres`.
 //!
 //! ```
