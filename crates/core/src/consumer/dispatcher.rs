@@ -946,26 +946,22 @@ where
                         reply: Some(reply),
                     }) {
                         pending.reply = Some(receiver);
-                        // The commit gets its own bound: a broker that never
-                        // answers must not hold the rebalance forever.
-                        pending.deadline = now + self.settings.revoke_timeout;
                     }
                 }
             }
             let pending = &mut self.revocations[index];
             let committed = match pending.reply.as_mut() {
                 None => true,
+                // No deadline here: released before its final commit
+                // answered, the partition could come back to this consumer
+                // (or go to another) while that commit still waits in the
+                // acker, which would then commit past the new assignment's
+                // running messages or move the position back. The acker
+                // bounds its own round trip (each backend's request timeout).
                 Some(receiver) => match Pin::new(receiver).poll(cx) {
-                    Poll::Pending if now < pending.deadline => {
+                    Poll::Pending => {
                         index += 1;
                         continue;
-                    }
-                    Poll::Pending => {
-                        tracing::warn!(
-                            timeout = ?self.settings.revoke_timeout,
-                            "the revoked partitions' final commit got no answer in time; releasing them uncommitted"
-                        );
-                        false
                     }
                     Poll::Ready(Ok(Ok(()))) => true,
                     Poll::Ready(_) => false,
@@ -1086,7 +1082,9 @@ where
         }
         consider(self.fetch_retry_at);
         for pending in &self.revocations {
-            consider(Some(pending.deadline));
+            if pending.reply.is_none() {
+                consider(Some(pending.deadline));
+            }
         }
         if let Some(Stop::Graceful { deadline }) = self.stop {
             consider(Some(deadline));

@@ -1210,13 +1210,15 @@ fn a_refused_acknowledgement_is_sent_again_at_the_next_tick_not_in_a_loop() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_revocation_whose_commit_never_answers_is_released_after_the_revoke_timeout() {
-    /// Acknowledges asynchronous batches, never answers a synchronous one.
-    struct SilentOnSync;
-    impl Acker for SilentOnSync {
+async fn a_revocation_waits_for_a_final_commit_slower_than_the_revoke_timeout() {
+    // Released before the commit answered, the partition could come back
+    // while the stale commit still waits in the acker: it would then pass
+    // the new assignment's running messages.
+    struct SlowOnSync;
+    impl Acker for SlowOnSync {
         async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
             if batch.sync {
-                std::future::pending::<()>().await;
+                tokio::time::sleep(Duration::from_secs(20)).await;
             }
             Ok(())
         }
@@ -1238,18 +1240,22 @@ async fn a_revocation_whose_commit_never_answers_is_released_after_the_revoke_ti
     let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
     let consumer = Consumer::builder()
         .revoke_timeout(Duration::from_secs(5))
-        .build(source, SilentOnSync, handler)
+        .build(source, SlowOnSync, handler)
         .expect("valid settings");
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(consumer.run(shutdown.clone()));
     let started = tokio::time::Instant::now();
-    let outcome = handle.wait().await.expect("released, not abandoned");
+    let outcome = handle.wait().await.expect("completed, not abandoned");
     assert!(
-        started.elapsed() >= Duration::from_secs(5),
-        "waited for the commit first"
+        started.elapsed() >= Duration::from_secs(20),
+        "completed only once the commit answered"
     );
     assert_eq!(outcome.partitions.len(), 1);
-    assert_eq!(outcome.partitions[0].committed, None, "nothing confirmed");
+    assert_eq!(
+        outcome.partitions[0].committed,
+        Some(Position::Offset(2)),
+        "the final commit covers everything handled"
+    );
     drop(sender);
     shutdown.cancel();
     let _ = run.await;
