@@ -1,0 +1,340 @@
+//! The real brokers the suite runs against, and the faults it injects into
+//! them while a consumer runs.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use intake::redis_streams::redis;
+
+use super::child::run_to_completion;
+use super::sockets;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Kafka,
+    Redis,
+    Amqp,
+}
+
+const KAFKA_PORT: u16 = 9092;
+const REDIS_PORT: u16 = 6379;
+const AMQP_PORT: u16 = 5672;
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kafka => "kafka",
+            Self::Redis => "redis",
+            Self::Amqp => "amqp",
+        }
+    }
+
+    /// The `--broker` URL of the ledger program.
+    pub fn url(self) -> String {
+        match self {
+            Self::Kafka => format!("kafka://127.0.0.1:{KAFKA_PORT}"),
+            Self::Redis => format!("redis://127.0.0.1:{REDIS_PORT}"),
+            Self::Amqp => format!("amqp://guest:guest@127.0.0.1:{AMQP_PORT}/%2f"),
+        }
+    }
+
+    fn port(self) -> u16 {
+        match self {
+            Self::Kafka => KAFKA_PORT,
+            Self::Redis => REDIS_PORT,
+            Self::Amqp => AMQP_PORT,
+        }
+    }
+
+    /// Partitions of a produced source: Kafka's are real partitions (two
+    /// consumers of a group each get some); Redis streams and AMQP queues
+    /// have none.
+    pub fn partitions(self) -> Option<u32> {
+        match self {
+            Self::Kafka => Some(4),
+            Self::Redis | Self::Amqp => None,
+        }
+    }
+
+    /// How long a consumer must stay idle before exiting when the broker
+    /// may be away meanwhile (restarting, or the consumer reconnecting with
+    /// backoff): idleness during an outage is not the end of the work.
+    pub fn outage_idle_exit(self) -> Duration {
+        match self {
+            Self::Kafka => Duration::from_secs(15),
+            // Entries the consumer held when its connection died are claimed
+            // back after 3 s.
+            Self::Redis => Duration::from_secs(6),
+            Self::Amqp => Duration::from_secs(5),
+        }
+    }
+
+    /// How long a consumer must go without messages before it may conclude
+    /// that the work is done, when a killed consumer's share must reach it
+    /// first: Kafka waits for the dead member's session to expire and
+    /// rebalances, Redis waits until the dead consumer's pending entries are
+    /// idle long enough to claim, RabbitMQ requeues them at once.
+    pub fn drain_idle_exit(self) -> Duration {
+        match self {
+            // The ledger's session.timeout.ms is 6 s.
+            Self::Kafka => Duration::from_secs(10),
+            // The ledger claims entries idle for 3 s, looking every 0.5 s.
+            Self::Redis => Duration::from_secs(6),
+            Self::Amqp => Duration::from_secs(3),
+        }
+    }
+
+    /// Environment for `ledger consume` on this backend.
+    ///
+    /// Kafka: a group member that joins while a SIGKILLed member is still
+    /// in the group waits for the coordinator's rebalance, whose timeout is
+    /// the members' `max.poll.interval.ms` (the ledger's is 60 s). On tansu
+    /// such a join was seen to hang for more than 90 s; 25 s bounds the wait
+    /// (it must stay above the ledger's 20 s revoke timeout). The runtime
+    /// polls continuously, so the shorter interval costs nothing else. The
+    /// variable applies to every client of the ledger, some of which keep
+    /// librdkafka's 45 s session timeout, which may not exceed the poll
+    /// interval: hence the ledger's own 6 s, restated.
+    pub fn consumer_env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Kafka => &[(
+                "LEDGER_KAFKA_SETTINGS",
+                "session.timeout.ms=6000,max.poll.interval.ms=25000",
+            )],
+            Self::Redis | Self::Amqp => &[],
+        }
+    }
+
+    /// `Err(why)` unless the broker accepts TCP connections.
+    pub fn reachable(self) -> Result<(), String> {
+        let address = ("127.0.0.1", self.port())
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut addresses| addresses.next())
+            .expect("a literal address resolves");
+        TcpStream::connect_timeout(&address, Duration::from_secs(2))
+            .map(drop)
+            .map_err(|error| format!("{} is not reachable at {address}: {error}", self.name()))
+    }
+
+    /// `Err(why)` when this machine cannot inject [`Self::inject_fault`]'s
+    /// fault (a missing tool, a broker this suite cannot restart).
+    pub fn fault_available(self, logs: &Path) -> Result<(), String> {
+        match self {
+            Self::Kafka => {
+                let pid_file = kafka_pid_file();
+                if pid_file.exists() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the broker on 127.0.0.1:{KAFKA_PORT} was not started by \
+                         .ci/services/kafka.sh (no {}), so it cannot be restarted",
+                        pid_file.display()
+                    ))
+                }
+            }
+            Self::Redis => Ok(()),
+            Self::Amqp => list_amqp_connections(logs)
+                .map(drop)
+                .map_err(|error| format!("rabbitmqctl cannot list connections here: {error}")),
+        }
+    }
+
+    /// What [`Self::inject_fault`] does, for summaries.
+    pub fn fault_name(self) -> &'static str {
+        match self {
+            Self::Kafka => "broker-restart",
+            Self::Redis => "client-kill",
+            Self::Amqp => "connection-close",
+        }
+    }
+
+    /// Breaks the consumer `pid`'s hold on the broker from the broker's
+    /// side: Kafka restarts tansu on the same database, Redis `CLIENT KILL`s
+    /// the consumer's connections, RabbitMQ closes them. Returns what was
+    /// done.
+    pub fn inject_fault(self, pid: u32, logs: &Path) -> Result<String, String> {
+        match self {
+            Self::Kafka => restart_kafka(logs),
+            Self::Redis => kill_redis_clients(pid),
+            Self::Amqp => close_amqp_connections(pid, logs),
+        }
+    }
+}
+
+impl Backend {
+    /// Removes a passed scenario's source, so that runs do not pile up
+    /// streams of 50,000 entries in Redis or quorum queues in RabbitMQ.
+    /// Best effort; Kafka topics stay (tansu's sqlite file is the CI
+    /// machine's cache, and a topic without consumers costs nothing).
+    pub fn remove_source(self, source: &str, logs: &Path) {
+        let removed = match self {
+            Self::Kafka => Ok(()),
+            Self::Redis => redis::Client::open(self.url())
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
+                .and_then(|mut admin| redis::cmd("DEL").arg(source).query::<()>(&mut admin))
+                .map_err(|error| error.to_string()),
+            Self::Amqp => {
+                let mut delete = Command::new("rabbitmqctl");
+                delete.args(["--quiet", "delete_queue", source]);
+                run_to_completion(delete, "rabbitmqctl-delete", logs, RABBITMQCTL_TIMEOUT).map(drop)
+            }
+        };
+        if let Err(error) = removed {
+            eprintln!(
+                "chaos: could not remove {} source {source}: {error}",
+                self.name()
+            );
+        }
+    }
+}
+
+fn kafka_pid_file() -> PathBuf {
+    let cache = std::env::var("INTAKE_CACHE_DIR").map_or_else(
+        |_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/intake"),
+        PathBuf::from,
+    );
+    cache.join("kafka-broker/tansu.pid")
+}
+
+/// `.ci/services/kafka.sh restart`: stop tansu, start it again on the same
+/// sqlite database (data and committed offsets survive).
+fn restart_kafka(logs: &Path) -> Result<String, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/services/kafka.sh");
+    let mut command = Command::new("bash");
+    command.arg(&script).arg("restart");
+    // Stopping waits up to 10 s, starting up to 30 s.
+    run_to_completion(command, "kafka-restart", logs, Duration::from_secs(90))?;
+    Ok("restarted tansu".to_owned())
+}
+
+/// `CLIENT KILL`s every connection of `pid` (found by client port; the
+/// consumer does not name its connections).
+fn kill_redis_clients(pid: u32) -> Result<String, String> {
+    let ports = sockets::client_ports(pid, REDIS_PORT)?;
+    let failed = |error: redis::RedisError| format!("Redis admin connection: {error}");
+    let client = redis::Client::open(Backend::Redis.url()).map_err(failed)?;
+    let mut admin = client
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .map_err(failed)?;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut admin)
+        .map_err(failed)?;
+    let mut killed = 0;
+    for line in clients.lines() {
+        // `id=7 addr=127.0.0.1:51234 laddr=… fd=8 name= …`
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+        };
+        let port = field("addr")
+            .and_then(|addr| addr.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse::<u16>().ok());
+        if let (Some(id), Some(port)) = (field("id"), port)
+            && ports.contains(&port)
+        {
+            let _: redis::Value = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("ID")
+                .arg(id)
+                .query(&mut admin)
+                .map_err(failed)?;
+            killed += 1;
+        }
+    }
+    if killed == 0 {
+        return Err(format!(
+            "CLIENT LIST shows no connection of the consumer (pid {pid}, ports {ports:?})"
+        ));
+    }
+    Ok(format!("killed {killed} client connections"))
+}
+
+/// Closes every AMQP connection of `pid` from the broker's side
+/// (`rabbitmqctl close_connection`, found by client port).
+///
+/// Each rabbitmqctl call starts an Erlang VM (about a second, more on busy
+/// cores), long enough for the consumer to finish its backlog before the
+/// close lands. So the consumer is frozen (SIGSTOP) at the seeded moment,
+/// with whatever it has in flight, and thawed once the broker has closed its
+/// connections: it wakes up to a dead connection mid-work.
+fn close_amqp_connections(pid: u32, logs: &Path) -> Result<String, String> {
+    let _frozen = Frozen::stop(pid)?;
+    let ports = sockets::client_ports(pid, AMQP_PORT)?;
+    let listing = list_amqp_connections(logs)?;
+    let mut closed = 0;
+    for line in listing.lines() {
+        // `<rabbit@host.1700000000.1234.0>\t51234`
+        let Some((connection, port)) = line.trim().rsplit_once(char::is_whitespace) else {
+            continue;
+        };
+        if !port.parse::<u16>().is_ok_and(|port| ports.contains(&port)) {
+            continue;
+        }
+        let mut close = Command::new("rabbitmqctl");
+        close.args(["close_connection", connection.trim(), "chaos"]);
+        run_to_completion(close, "rabbitmqctl-close", logs, RABBITMQCTL_TIMEOUT)?;
+        closed += 1;
+    }
+    if closed == 0 {
+        return Err(format!(
+            "rabbitmqctl list_connections shows no connection of the consumer (pid {pid}, ports \
+             {ports:?})"
+        ));
+    }
+    Ok(format!("closed {closed} connections"))
+}
+
+/// rabbitmqctl starts an Erlang VM per call: a second or two.
+const RABBITMQCTL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `rabbitmqctl list_connections pid peer_port`: one connection per line.
+fn list_amqp_connections(logs: &Path) -> Result<String, String> {
+    let mut list = Command::new("rabbitmqctl");
+    list.args([
+        "--quiet",
+        "--no-table-headers",
+        "list_connections",
+        "pid",
+        "peer_port",
+    ]);
+    run_to_completion(list, "rabbitmqctl-list", logs, RABBITMQCTL_TIMEOUT)
+}
+
+/// A process stopped with SIGSTOP until this is dropped (SIGCONT), also when
+/// the fault fails half-way.
+struct Frozen {
+    pid: u32,
+}
+
+impl Frozen {
+    fn stop(pid: u32) -> Result<Self, String> {
+        send_signal(pid, "-STOP")?;
+        Ok(Self { pid })
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Err(error) = send_signal(self.pid, "-CONT") {
+            eprintln!("chaos: cannot thaw pid {}: {error}", self.pid);
+        }
+    }
+}
+
+/// `kill -SIGNAL pid` (std only sends SIGKILL).
+fn send_signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .map_err(|error| format!("kill {signal} {pid}: {error}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill {signal} {pid} failed ({status})"))
+    }
+}

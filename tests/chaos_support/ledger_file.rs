@@ -1,0 +1,222 @@
+//! The ledger file `ledger consume` appends to: `ID\tPARTITION\tPOSITION\n`
+//! per handled message, written before the handler reports success. A line
+//! is the proof that a message was handled; an id without a line was lost
+//! (acked or committed without being handled), an id with several lines was
+//! delivered again after a crash or fault.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// What the ledger files of one scenario say about ids `0..produced`.
+#[derive(Debug)]
+pub struct LedgerStats {
+    pub produced: u64,
+    /// Well-formed lines.
+    pub lines: u64,
+    /// Ids with at least one line.
+    pub distinct: u64,
+    /// Ids without a line, ascending.
+    pub missing: Vec<u64>,
+    /// Ids with more than one line.
+    pub duplicated_ids: u64,
+    /// Lines beyond the first per id: the redeliveries.
+    pub duplicate_deliveries: u64,
+    /// Lines cut short by a SIGKILL in the middle of a write (that handler
+    /// never reported success, so its message is redelivered).
+    pub torn_lines: u64,
+    /// Well-formed lines whose id is not one that was produced, first few.
+    pub foreign_ids: Vec<String>,
+}
+
+impl LedgerStats {
+    /// Reads `files` (one per consumer process; missing files count as
+    /// empty) against the ids `0..produced`.
+    pub fn read(files: &[PathBuf], produced: u64) -> Result<Self, String> {
+        let mut seen = vec![0_u32; usize::try_from(produced).expect("fits memory")];
+        let mut stats = Self {
+            produced,
+            lines: 0,
+            distinct: 0,
+            missing: Vec::new(),
+            duplicated_ids: 0,
+            duplicate_deliveries: 0,
+            torn_lines: 0,
+            foreign_ids: Vec::new(),
+        };
+        for file in files {
+            let text = match fs::read_to_string(file) {
+                Ok(text) => text,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(format!("cannot read {}: {error}", file.display())),
+            };
+            for line in text.lines() {
+                let fields: Vec<&str> = line.split('\t').collect();
+                let [id, _partition, position] = fields[..] else {
+                    stats.torn_lines += 1;
+                    continue;
+                };
+                if position.is_empty() {
+                    stats.torn_lines += 1;
+                    continue;
+                }
+                match id.parse::<u64>() {
+                    Ok(id) if id < produced => {
+                        stats.lines += 1;
+                        seen[id as usize] += 1;
+                    }
+                    _ => {
+                        if stats.foreign_ids.len() < 10 {
+                            stats.foreign_ids.push(id.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        for (id, &count) in seen.iter().enumerate() {
+            match count {
+                0 => stats.missing.push(id as u64),
+                1 => stats.distinct += 1,
+                _ => {
+                    stats.distinct += 1;
+                    stats.duplicated_ids += 1;
+                    stats.duplicate_deliveries += u64::from(count - 1);
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Ids that were produced but never handled.
+    pub fn lost(&self) -> u64 {
+        self.missing.len() as u64
+    }
+
+    /// The first few missing ids, for a failure message.
+    pub fn first_missing(&self) -> String {
+        let shown: Vec<String> = self.missing.iter().take(20).map(u64::to_string).collect();
+        let more = self.missing.len().saturating_sub(shown.len());
+        if more > 0 {
+            format!("{} … and {more} more", shown.join(", "))
+        } else {
+            shown.join(", ")
+        }
+    }
+}
+
+/// Follows ledger files while consumers append to them: how many distinct
+/// ids they hold so far, the progress of the work (redeliveries are not
+/// progress). Reads only what was appended since the last look, and only
+/// complete lines (a writer may be in the middle of one).
+#[derive(Debug)]
+pub struct Progress {
+    files: Vec<(PathBuf, u64)>,
+    seen: Vec<bool>,
+    distinct: u64,
+}
+
+impl Progress {
+    /// Progress over ids `0..produced` in `files`.
+    pub fn new(files: &[PathBuf], produced: u64) -> Self {
+        Self {
+            files: files.iter().map(|file| (file.clone(), 0)).collect(),
+            seen: vec![false; usize::try_from(produced).expect("fits memory")],
+            distinct: 0,
+        }
+    }
+
+    /// Distinct ids handled so far.
+    pub fn distinct(&mut self) -> u64 {
+        let mut appended = Vec::new();
+        for (path, offset) in &mut self.files {
+            let Ok(mut file) = File::open(&*path) else {
+                continue; // Not created yet.
+            };
+            appended.clear();
+            if file.seek(SeekFrom::Start(*offset)).is_err()
+                || file.read_to_end(&mut appended).is_err()
+            {
+                continue;
+            }
+            let Some(end) = appended.iter().rposition(|&byte| byte == b'\n') else {
+                continue; // No complete line yet.
+            };
+            *offset += end as u64 + 1;
+            for line in appended[..end].split(|&byte| byte == b'\n') {
+                let id = line.split(|&byte| byte == b'\t').next().unwrap_or_default();
+                let id = std::str::from_utf8(id)
+                    .ok()
+                    .and_then(|id| id.parse::<usize>().ok());
+                if let Some(seen) = id.and_then(|id| self.seen.get_mut(id))
+                    && !*seen
+                {
+                    *seen = true;
+                    self.distinct += 1;
+                }
+            }
+        }
+        self.distinct
+    }
+}
+
+/// Ends a line a SIGKILL cut short, so that the next run's first line does
+/// not glue onto it (which would turn a good line into a torn one and hide
+/// its id). Called between runs, while no process writes the file.
+pub fn end_torn_line(path: &Path) -> Result<(), String> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(format!("cannot read {}: {error}", path.display())),
+    };
+    if bytes.last().is_none_or(|&last| last == b'\n') {
+        return Ok(());
+    }
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(b"\n"))
+        .map_err(|error| format!("cannot end the torn line of {}: {error}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_missing_duplicated_torn_and_foreign_lines() {
+        let dir = std::env::temp_dir().join(format!("intake-chaos-ledger-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let first = dir.join("a.tsv");
+        let second = dir.join("b.tsv");
+        fs::write(&first, "0\t0\t0\n1\t0\t1\n1\t0\t1\n3\t0\t3\n9\t0\t9\n4\t0").expect("write");
+        end_torn_line(&first).expect("end torn line");
+        fs::write(&second, "3\t1\t0\n3\t1\t0\n").expect("write");
+        let stats = LedgerStats::read(&[first, second, dir.join("absent.tsv")], 5).expect("read");
+        fs::remove_dir_all(&dir).expect("clean up");
+        assert_eq!(stats.missing, vec![2, 4]);
+        assert_eq!(stats.distinct, 3);
+        assert_eq!(stats.duplicated_ids, 2);
+        assert_eq!(stats.duplicate_deliveries, 3);
+        assert_eq!(stats.torn_lines, 1);
+        assert_eq!(stats.foreign_ids, vec!["9".to_owned()]);
+        assert_eq!(stats.lines, 6);
+    }
+
+    #[test]
+    fn progress_counts_distinct_ids_of_complete_lines_only() {
+        let dir =
+            std::env::temp_dir().join(format!("intake-chaos-progress-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("ledger.tsv");
+        fs::write(&file, "0\t0\t0\n1\t0\t1\n1\t0\t1\n2\t0").expect("write");
+        let mut progress = Progress::new(std::slice::from_ref(&file), 5);
+        assert_eq!(progress.distinct(), 2);
+        OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .and_then(|mut file| file.write_all(b"\t2\n3\t0\t3\n"))
+            .expect("append");
+        assert_eq!(progress.distinct(), 4);
+        fs::remove_dir_all(&dir).expect("clean up");
+    }
+}

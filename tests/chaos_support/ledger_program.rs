@@ -1,0 +1,129 @@
+//! The program under test, `examples/ledger.rs`: built once per test
+//! process, then run as `ledger produce` and `ledger consume` children.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::backends::Backend;
+use super::child::{ChildProcess, run_to_completion};
+
+/// The ledger binary, built on first use.
+///
+/// `cargo test --workspace --all-features` has already built it (examples
+/// are built with the tests), so in CI the build is a no-op. The same
+/// `--workspace --all-features` selection is used here: another feature set
+/// would resolve dependency features differently and rebuild half the
+/// dependency tree.
+pub fn binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let (target_dir, profile) = target_dir_and_profile();
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .args([
+                "build",
+                "--workspace",
+                "--all-features",
+                "--example",
+                "ledger",
+            ]);
+        if profile == "release" {
+            cargo.arg("--release");
+        }
+        let output = cargo
+            .output()
+            .unwrap_or_else(|error| panic!("cannot run {cargo:?}: {error}"));
+        assert!(
+            output.status.success(),
+            "building the ledger example failed ({cargo:?}):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let binary = target_dir.join(profile).join("examples").join("ledger");
+        assert!(binary.exists(), "cargo built no {}", binary.display());
+        binary
+    })
+}
+
+/// This test binary lives in `<target>/<profile>/deps/chaos-…`; the
+/// example goes to `<target>/<profile>/examples/ledger`.
+fn target_dir_and_profile() -> (PathBuf, String) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the test binary is in deps/");
+    let profile_dir = deps.parent().expect("deps/ is in the profile directory");
+    let profile = profile_dir
+        .file_name()
+        .expect("the profile directory has a name")
+        .to_string_lossy()
+        .into_owned();
+    let target_dir = profile_dir
+        .parent()
+        .expect("the profile directory is in the target directory")
+        .to_path_buf();
+    (target_dir, profile)
+}
+
+/// How long `ledger produce` may take for one scenario's messages.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// `ledger produce`: ids `0..count` into `source`, which it creates
+/// (`partitions` applies to Kafka). Returns once all are confirmed.
+pub fn produce(
+    backend: Backend,
+    source: &str,
+    count: u64,
+    partitions: Option<u32>,
+    logs: &Path,
+) -> Result<(), String> {
+    let mut command = Command::new(binary());
+    command
+        .arg("produce")
+        .args(["--broker", &backend.url()])
+        .args(["--source", source])
+        .args(["--count", &count.to_string()]);
+    if let Some(partitions) = partitions {
+        command.args(["--partitions", &partitions.to_string()]);
+    }
+    run_to_completion(command, "produce", logs, PRODUCE_TIMEOUT).map(drop)
+}
+
+/// One `ledger consume` invocation.
+#[derive(Clone, Debug)]
+pub struct Consume {
+    pub backend: Backend,
+    pub source: String,
+    pub group: String,
+    pub ledger: PathBuf,
+    /// Exits 0 after this long without messages, everything committed.
+    pub idle_exit: Duration,
+    /// Every K-th first attempt fails retryably.
+    pub fail_every: Option<u32>,
+    /// Runs the handler in an exactly-once PostgreSQL transaction.
+    pub effects_db: Option<String>,
+}
+
+impl Consume {
+    /// Starts the consumer; `label` names its log files in `logs`.
+    pub fn spawn(&self, label: &str, logs: &Path) -> Result<ChildProcess, String> {
+        let mut command = Command::new(binary());
+        command
+            .arg("consume")
+            .args(["--broker", &self.backend.url()])
+            .args(["--source", &self.source])
+            .args(["--group", &self.group])
+            .arg("--ledger")
+            .arg(&self.ledger)
+            .args(["--idle-exit-secs", &self.idle_exit.as_secs().to_string()]);
+        if let Some(every) = self.fail_every {
+            command.args(["--fail-every", &every.to_string()]);
+        }
+        if let Some(url) = &self.effects_db {
+            command.args(["--effects-db", url]);
+        }
+        command.envs(self.backend.consumer_env().iter().copied());
+        ChildProcess::spawn(command, label, logs)
+    }
+}

@@ -1,0 +1,415 @@
+//! The chaos scenarios. Each produces ids `0..N` into a source of its own,
+//! runs `ledger consume` children while breaking them (SIGKILL) or their
+//! broker (restart, killed connections), lets a last run drain, and then
+//! requires every id in the ledger at least once: zero lost. Duplicates are
+//! allowed (at-least-once, DESIGN.md §4 items 5 and 9) and counted.
+//!
+//! Each scenario prints one summary line (`chaos BACKEND SCENARIO: …`)
+//! before its assertions, so the figures are there whether it passes or not.
+
+use std::fmt::Display;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::backends::Backend;
+use super::child::{ChildProcess, RunCounts};
+use super::effects_db::{self, EffectsStats};
+use super::ledger_file::{LedgerStats, Progress, end_torn_line};
+use super::ledger_program::{self, Consume};
+use super::seed::{SplitMix64, suite_seed};
+use super::skip;
+
+/// A consumer that will be killed must not exit first; it never idles this
+/// long within a scenario.
+const NEVER_IDLE_EXIT: Duration = Duration::from_secs(3600);
+/// From a start (or restart, or fault) until the ledger reaches the next
+/// moment: a Kafka group join after a kill waits for the dead member's
+/// session to expire first.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(90);
+/// A draining consumer must have handled everything and gone idle by then.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// One scenario's run: names, seeded moments, logs, and the failure message
+/// that tells how to replay it.
+struct Scenario {
+    /// The `#[test]` function, for the replay command.
+    test: &'static str,
+    backend: Backend,
+    name: &'static str,
+    seed: u64,
+    moments: SplitMix64,
+    /// Ledger files and child output; removed when the scenario passes.
+    dir: PathBuf,
+    source: String,
+    group: String,
+    started: Instant,
+}
+
+impl Scenario {
+    fn new(test: &'static str, backend: Backend, name: &'static str) -> Self {
+        let seed = suite_seed();
+        // Names of their own per run: nothing left over from an earlier run
+        // (offsets, pending entries, queued messages) can be mistaken for
+        // this one's.
+        let stamp = format!(
+            "{}-{}",
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis()),
+            std::process::id()
+        );
+        let dir =
+            std::env::temp_dir().join(format!("intake-chaos-{}-{name}-{stamp}", backend.name()));
+        let scenario = Self {
+            test,
+            backend,
+            name,
+            seed,
+            moments: SplitMix64::for_scenario(seed, &format!("{}-{name}", backend.name())),
+            source: format!("chaos-{}-{name}-{stamp}", backend.name()),
+            group: format!("chaos-{}-{name}-{stamp}-group", backend.name()),
+            dir,
+            started: Instant::now(),
+        };
+        let created = fs::create_dir_all(&scenario.dir);
+        scenario.check(
+            created.map_err(|error| format!("cannot create {}: {error}", scenario.dir.display())),
+        );
+        scenario
+    }
+
+    /// Fails the test with what went wrong, the seed and how to replay it,
+    /// and where the logs are (they are kept).
+    fn fail(&self, what: impl Display) -> ! {
+        panic!(
+            "chaos {} {}: {what}\n  source {} group {}\n  seed {:#x}; replay: \
+             INTAKE_CHAOS_SEED={:#x} INTAKE_REQUIRE_BROKERS=1 cargo test --all-features --test \
+             chaos -- --nocapture --exact {}\n  (the seed fixes the kill moments as points in the \
+             progress; what the consumer was doing then still depends on timing)\n  logs and \
+             ledgers: {}",
+            self.backend.name(),
+            self.name,
+            self.source,
+            self.group,
+            self.seed,
+            self.seed,
+            self.test,
+            self.dir.display()
+        )
+    }
+
+    fn check<T>(&self, result: Result<T, String>) -> T {
+        result.unwrap_or_else(|error| self.fail(error))
+    }
+
+    fn produce(&self, count: u64) {
+        let produced = ledger_program::produce(
+            self.backend,
+            &self.source,
+            count,
+            self.backend.partitions(),
+            &self.dir,
+        );
+        self.check(produced);
+    }
+
+    fn ledger(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.tsv"))
+    }
+
+    fn consume(&self, ledger: &Path, idle_exit: Duration) -> Consume {
+        Consume {
+            backend: self.backend,
+            source: self.source.clone(),
+            group: self.group.clone(),
+            ledger: ledger.to_path_buf(),
+            idle_exit,
+            fail_every: None,
+            effects_db: None,
+        }
+    }
+
+    fn spawn(&self, consume: &Consume, label: &str) -> ChildProcess {
+        self.check(consume.spawn(label, &self.dir))
+    }
+
+    /// The seeded moment of the `nth` (from 1) of `of` kills or faults, as a
+    /// count of distinct ids handled: a uniform point in the `nth` of
+    /// `of + 1` equal slices of the backlog. Every kill lands while work
+    /// remains, and the last slice is left for the drain, however fast the
+    /// machine. (Moments in time would not do: a consumer that handles tens
+    /// of thousands of messages a second is done before the fifth kill.)
+    fn moment(&mut self, nth: u32, of: u32, messages: u64) -> u64 {
+        let slice = messages as f64 / f64::from(of + 1);
+        ((f64::from(nth - 1) + self.moments.fraction()) * slice) as u64
+    }
+
+    fn read_ledgers(&self, files: &[PathBuf], produced: u64) -> LedgerStats {
+        self.check(LedgerStats::read(files, produced))
+    }
+
+    fn elapsed_secs(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Zero lost, and nothing in the ledger that was never produced.
+    fn assert_nothing_lost(&self, stats: &LedgerStats) {
+        if stats.lost() > 0 {
+            self.fail(format!(
+                "{} of {} ids are in no ledger (lost): {}",
+                stats.lost(),
+                stats.produced,
+                stats.first_missing()
+            ));
+        }
+        if !stats.foreign_ids.is_empty() {
+            self.fail(format!(
+                "the ledger holds ids that were never produced: {:?}",
+                stats.foreign_ids
+            ));
+        }
+    }
+
+    /// Cleans up after a passed scenario; `INTAKE_CHAOS_KEEP=1` keeps the
+    /// logs and ledgers for a look (their path is printed).
+    fn pass(self) {
+        self.backend.remove_source(&self.source, &self.dir);
+        if std::env::var("INTAKE_CHAOS_KEEP").is_ok_and(|keep| keep == "1") {
+            println!(
+                "chaos {} {}: kept {}",
+                self.backend.name(),
+                self.name,
+                self.dir.display()
+            );
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The SIGKILL scenario's parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct Kills {
+    pub messages: u64,
+    pub kills: u32,
+    /// `--fail-every`: retries in flight when the kills land.
+    pub fail_every: Option<u32>,
+    /// `--effects-db`: the exactly-once variant (issue 8).
+    pub effects_db: bool,
+}
+
+/// Produce, then start `ledger consume`, let it handle messages up to a
+/// seeded moment, SIGKILL it, restart; `kills` times. Then a last run drains
+/// (exit 0, final line) and the ledger must hold every id.
+///
+/// With `effects_db`, the table of effects must moreover hold every id
+/// exactly once although the ledger shows redeliveries.
+pub fn sigkill_restarts(test: &'static str, backend: Backend, plan: Kills) {
+    let name = if plan.effects_db {
+        "effects-db"
+    } else {
+        "kill"
+    };
+    if plan.effects_db
+        && let Err(why) = effects_db::reachable()
+    {
+        skip(&format!("{test} ({name})"), &why);
+        return;
+    }
+    let mut scenario = Scenario::new(test, backend, name);
+    scenario.produce(plan.messages);
+    let ledger = scenario.ledger("ledger");
+    let mut consume = scenario.consume(&ledger, NEVER_IDLE_EXIT);
+    consume.fail_every = plan.fail_every;
+    consume.effects_db = plan.effects_db.then(effects_db::url);
+
+    let mut progress = Progress::new(std::slice::from_ref(&ledger), plan.messages);
+    let mut killed_at = Vec::new();
+    for kill in 1..=plan.kills {
+        scenario.check(end_torn_line(&ledger));
+        // At least one new id: the run got going before it dies.
+        let kill_at = scenario
+            .moment(kill, plan.kills, plan.messages)
+            .max(progress.distinct() + 1);
+        let mut run = scenario.spawn(&consume, &format!("run-{kill}"));
+        scenario.check(run.wait_for_progress(&mut progress, kill_at, PROGRESS_TIMEOUT));
+        scenario.check(run.sigkill());
+        killed_at.push(progress.distinct());
+    }
+
+    scenario.check(end_torn_line(&ledger));
+    consume.idle_exit = backend.drain_idle_exit();
+    let mut last = scenario.spawn(&consume, "drain");
+    let counts = scenario.check(last.expect_clean_exit(DRAIN_TIMEOUT));
+
+    let stats = scenario.read_ledgers(std::slice::from_ref(&ledger), plan.messages);
+    let effects = plan.effects_db.then(|| {
+        let rows = effects_db::rows_per_id(&scenario.group, &scenario.source);
+        EffectsStats::from_rows(&scenario.check(rows), plan.messages)
+    });
+    let mut summary = format!(
+        "chaos {} {name}: produced={} kills={} lost={} duplicate_deliveries={} \
+         duplicated_ids={} per_crash={:.1} torn_lines={} fail_every={} last_run=[{}] \
+         elapsed={}s seed={:#x}",
+        backend.name(),
+        plan.messages,
+        plan.kills,
+        stats.lost(),
+        stats.duplicate_deliveries,
+        stats.duplicated_ids,
+        stats.duplicate_deliveries as f64 / f64::from(plan.kills),
+        stats.torn_lines,
+        plan.fail_every
+            .map_or_else(|| "off".to_owned(), |every| every.to_string()),
+        counts_text(counts),
+        scenario.elapsed_secs(),
+        scenario.seed
+    );
+    if let Some(effects) = &effects {
+        summary.push_str(&format!(
+            " effects_rows={} effects_missing={} effects_repeated_ids={}",
+            effects.rows, effects.missing_count, effects.repeated_count
+        ));
+    }
+    println!("{summary}");
+    println!(
+        "chaos {} {name}: distinct ids handled at each kill: {killed_at:?}",
+        backend.name()
+    );
+
+    scenario.assert_nothing_lost(&stats);
+    if let Some(effects) = effects {
+        if !effects.exactly_once() {
+            scenario.fail(format!(
+                "ledger_effects does not hold each id exactly once: {} rows for {} ids; \
+                 missing {} (first {:?}), repeated {} (first {:?}), foreign {}",
+                effects.rows,
+                plan.messages,
+                effects.missing_count,
+                effects.missing,
+                effects.repeated_count,
+                effects.repeated,
+                effects.foreign
+            ));
+        }
+        if stats.duplicate_deliveries == 0 {
+            // Not a failure of the program, but the scenario proved less
+            // than it should: no kill caused a redelivery to dedupe.
+            println!(
+                "chaos {} {name}: note: no redelivery in the ledger, exactly-once was not \
+                 exercised",
+                backend.name()
+            );
+        }
+    }
+    scenario.pass();
+}
+
+/// One consumer runs while the broker side breaks its connections (Redis,
+/// RabbitMQ) or restarts (Kafka), `faults` times at seeded moments; it must
+/// carry on, drain and exit 0 with every id in the ledger.
+pub fn broker_faults(test: &'static str, backend: Backend, messages: u64, faults: u32) {
+    let mut scenario = Scenario::new(test, backend, backend.fault_name());
+    if let Err(why) = backend.fault_available(&scenario.dir) {
+        skip(&format!("{test} ({})", backend.fault_name()), &why);
+        return;
+    }
+    scenario.produce(messages);
+    let ledger = scenario.ledger("ledger");
+    // Idleness while the broker is away or the consumer reconnects is not
+    // the end of the work.
+    let consume = scenario.consume(&ledger, backend.outage_idle_exit());
+    let mut consumer = scenario.spawn(&consume, "consumer");
+    let mut progress = Progress::new(std::slice::from_ref(&ledger), messages);
+    let mut done = Vec::new();
+    for fault in 1..=faults {
+        let fault_at = scenario.moment(fault, faults, messages);
+        scenario.check(consumer.wait_for_progress(&mut progress, fault_at, PROGRESS_TIMEOUT));
+        let at = progress.distinct();
+        let injected = backend.inject_fault(consumer.pid(), &scenario.dir);
+        done.push(format!("at {at} ids: {}", scenario.check(injected)));
+    }
+    let counts = scenario.check(consumer.expect_clean_exit(DRAIN_TIMEOUT));
+
+    let stats = scenario.read_ledgers(std::slice::from_ref(&ledger), messages);
+    println!(
+        "chaos {} {}: produced={messages} faults={faults} lost={} duplicate_deliveries={} \
+         duplicated_ids={} per_fault={:.1} run=[{}] elapsed={}s seed={:#x}",
+        backend.name(),
+        backend.fault_name(),
+        stats.lost(),
+        stats.duplicate_deliveries,
+        stats.duplicated_ids,
+        stats.duplicate_deliveries as f64 / f64::from(faults),
+        counts_text(counts),
+        scenario.elapsed_secs(),
+        scenario.seed
+    );
+    println!(
+        "chaos {} {}: faults: {}",
+        backend.name(),
+        backend.fault_name(),
+        done.join("; ")
+    );
+    scenario.assert_nothing_lost(&stats);
+    scenario.pass();
+}
+
+/// Two consumers share one group; once both handle messages, one is
+/// SIGKILLed. The survivor takes over what the dead one held and drains
+/// everything: every id in one of the two ledgers.
+pub fn two_consumers_one_killed(test: &'static str, backend: Backend, messages: u64) {
+    let mut scenario = Scenario::new(test, backend, "two-consumers");
+    scenario.produce(messages);
+    // A ledger each: two processes appending to one file could interleave
+    // partial lines.
+    let survivor_ledger = scenario.ledger("survivor");
+    let victim_ledger = scenario.ledger("victim");
+    let both = [survivor_ledger.clone(), victim_ledger.clone()];
+    // The survivor goes idle only after the group gave it the dead
+    // consumer's share.
+    let mut survivor = scenario.spawn(
+        &scenario.consume(&survivor_ledger, backend.drain_idle_exit()),
+        "survivor",
+    );
+    let mut victim = scenario.spawn(&scenario.consume(&victim_ledger, NEVER_IDLE_EXIT), "victim");
+    // The kill lands inside the victim's own share (about half the ids),
+    // counted in its own ledger: a moment in the whole backlog could come
+    // after the victim finished its partitions (Kafka hands out whole
+    // partitions, handled in bursts), leaving nothing to take over.
+    let kill_at = (messages as f64 * (0.05 + 0.15 * scenario.moments.fraction())) as u64;
+    let mut by_victim = Progress::new(std::slice::from_ref(&victim_ledger), messages);
+    scenario.check(victim.wait_for_progress(&mut by_victim, kill_at.max(1), PROGRESS_TIMEOUT));
+    scenario.check(survivor.check_running());
+    scenario.check(victim.sigkill());
+    let survivor_ids_at_kill =
+        Progress::new(std::slice::from_ref(&survivor_ledger), messages).distinct();
+    let counts = scenario.check(survivor.expect_clean_exit(DRAIN_TIMEOUT));
+
+    let stats = scenario.read_ledgers(&both, messages);
+    // The victim's ledger ends where it died.
+    let victim_stats = scenario.read_ledgers(std::slice::from_ref(&victim_ledger), messages);
+    println!(
+        "chaos {} two-consumers: produced={messages} kills=1 lost={} duplicate_deliveries={} \
+         duplicated_ids={} victim_ids={} survivor_ids_at_kill={survivor_ids_at_kill} \
+         survivor=[{}] elapsed={}s seed={:#x}",
+        backend.name(),
+        stats.lost(),
+        stats.duplicate_deliveries,
+        stats.duplicated_ids,
+        victim_stats.distinct,
+        counts_text(counts),
+        scenario.elapsed_secs(),
+        scenario.seed
+    );
+    scenario.assert_nothing_lost(&stats);
+    scenario.pass();
+}
+
+fn counts_text(counts: RunCounts) -> String {
+    format!(
+        "processed={} retried={} dead_lettered={}",
+        counts.processed, counts.retried, counts.dead_lettered
+    )
+}
