@@ -34,19 +34,23 @@ pub fn binary() -> &'static Path {
         if profile == "release" {
             cargo.arg("--release");
         }
-        let output = cargo
-            .output()
-            .unwrap_or_else(|error| panic!("cannot run {cargo:?}: {error}"));
-        assert!(
-            output.status.success(),
-            "building the ledger example failed ({cargo:?}):\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        // Bounded like every other step: a build stuck behind another
+        // cargo's lock fails the suite instead of hanging it.
+        let logs = std::env::temp_dir().join(format!("intake-chaos-build-{}", std::process::id()));
+        std::fs::create_dir_all(&logs)
+            .unwrap_or_else(|error| panic!("cannot create {}: {error}", logs.display()));
+        if let Err(error) = run_to_completion(cargo, "cargo-build-ledger", &logs, BUILD_TIMEOUT) {
+            panic!("building the ledger example failed: {error}");
+        }
+        let _ = std::fs::remove_dir_all(&logs);
         let binary = target_dir.join(profile).join("examples").join("ledger");
         assert!(binary.exists(), "cargo built no {}", binary.display());
         binary
     })
 }
+
+/// A no-op in CI; a build from scratch on two cores takes minutes.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// This test binary lives in `<target>/<profile>/deps/chaos-…`; the
 /// example goes to `<target>/<profile>/examples/ledger`.
