@@ -254,9 +254,10 @@ enum Backlog {
 }
 
 impl Backlog {
-    async fn size(&mut self) -> u64 {
+    /// Unfinished messages, or `None` when the broker could not say.
+    async fn size(&mut self) -> Option<u64> {
         match self {
-            Backlog::Redis(probe) => probe.pending().await as u64,
+            Backlog::Redis(probe) => probe.pending().await,
             Backlog::Kafka(probe) => probe.lag().await,
         }
     }
@@ -336,13 +337,14 @@ async fn exit_when_idle(
             continue;
         }
         if let Some(backlog) = &mut backlog {
+            // Unknown counts as unfinished: the patience bounds the wait.
             let unfinished = backlog.size().await;
             let first_look = backlog_since.is_none();
             let waited = backlog_since.get_or_insert_with(Instant::now).elapsed();
-            if unfinished > 0 && waited < BACKLOG_PATIENCE {
+            if unfinished != Some(0) && waited < BACKLOG_PATIENCE {
                 if first_look {
                     tracing::info!(
-                        unfinished,
+                        ?unfinished,
                         "idle, but the group has unfinished messages: waiting for them"
                     );
                 }
@@ -350,9 +352,9 @@ async fn exit_when_idle(
                 tokio::time::sleep(Duration::from_millis(400)).await;
                 continue;
             }
-            if unfinished > 0 {
+            if unfinished != Some(0) {
                 tracing::warn!(
-                    unfinished,
+                    ?unfinished,
                     "the group still has unfinished messages; exiting anyway"
                 );
             }

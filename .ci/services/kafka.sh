@@ -63,10 +63,12 @@ start() {
     mkdir -p "$STATE_DIR" "$DATA_DIR"
     log "starting tansu on $HOST:$PORT, storage $DATA_DIR/tansu.db"
     # tansu reads the sqlite URL's path as relative to its working directory,
-    # so it runs inside the data directory.
+    # so it runs inside the data directory. A session of its own: the broker
+    # outlives whatever started it (a test restarting it, a CI step whose
+    # process group is cleaned up).
     (
         cd "$DATA_DIR"
-        exec nohup "$TANSU" broker \
+        exec setsid nohup "$TANSU" broker \
             --listener-url "tcp://$HOST:$PORT" \
             --advertised-listener-url "tcp://$HOST:$PORT" \
             --storage-engine "sqlite://tansu.db" \

@@ -172,21 +172,21 @@ impl LagProbe {
         })
     }
 
-    /// The group's lag; an error counts as none, so that a probe that
-    /// cannot ask never keeps the consumer from exiting.
-    pub async fn lag(&self) -> u64 {
+    /// The group's lag, or `None` when the broker could not say (a group
+    /// that is rebalancing, a broker restarting): unknown is not "none".
+    pub async fn lag(&self) -> Option<u64> {
         let (client, topic) = (self.client.clone(), self.topic.clone());
         // librdkafka's calls block: keep them off the runtime's workers.
         let lag = tokio::task::spawn_blocking(move || group_lag(&client, &topic)).await;
         match lag {
-            Ok(Ok(lag)) => lag,
+            Ok(Ok(lag)) => Some(lag),
             Ok(Err(error)) => {
-                tracing::warn!(%error, "reading the group's lag failed; assuming none");
-                0
+                tracing::warn!(%error, "reading the group's lag failed; the backlog is unknown");
+                None
             }
             Err(error) => {
-                tracing::warn!(%error, "the lag probe panicked; assuming none");
-                0
+                tracing::warn!(%error, "the lag probe panicked; the backlog is unknown");
+                None
             }
         }
     }

@@ -124,17 +124,17 @@ impl PendingProbe {
 
     /// Entries pending in the group; an error counts as none, so that a
     /// probe that cannot ask never keeps the consumer from exiting.
-    pub async fn pending(&mut self) -> usize {
+    pub async fn pending(&mut self) -> Option<u64> {
         let reply: Result<redis::streams::StreamPendingReply, _> = redis::cmd("XPENDING")
             .arg(&self.stream)
             .arg(&self.group)
             .query_async(&mut self.connection)
             .await;
         match reply {
-            Ok(reply) => reply.count(),
+            Ok(reply) => Some(reply.count() as u64),
             Err(error) => {
-                tracing::warn!(%error, "XPENDING failed; assuming nothing is pending");
-                0
+                tracing::warn!(%error, "XPENDING failed; the backlog is unknown");
+                None
             }
         }
     }
