@@ -105,16 +105,15 @@ pub async fn source(
 /// a killed consumer held become claimable only `claim_min_idle` after it
 /// died, which may be later than a restarted consumer's idle deadline.
 pub struct PendingProbe {
-    connection: redis::aio::MultiplexedConnection,
+    /// Reconnects by itself: the chaos suite kills this connection too.
+    connection: redis::aio::ConnectionManager,
     stream: String,
     group: String,
 }
 
 impl PendingProbe {
     pub async fn connect(url: &str, stream: &str, group: &str) -> Result<Self, BoxError> {
-        let connection = redis::Client::open(url)?
-            .get_multiplexed_async_connection()
-            .await?;
+        let connection = redis::Client::open(url)?.get_connection_manager().await?;
         Ok(Self {
             connection,
             stream: stream.to_owned(),
@@ -122,8 +121,7 @@ impl PendingProbe {
         })
     }
 
-    /// Entries pending in the group; an error counts as none, so that a
-    /// probe that cannot ask never keeps the consumer from exiting.
+    /// Entries pending in the group, or `None` when Redis could not say.
     pub async fn pending(&mut self) -> Option<u64> {
         let reply: Result<redis::streams::StreamPendingReply, _> = redis::cmd("XPENDING")
             .arg(&self.stream)
