@@ -86,6 +86,17 @@ impl Backend {
         }
     }
 
+    /// Whether the broker hands a SIGKILLed member's partitions to the
+    /// members that stay, with nobody joining. tansu 0.6.0 does not: it
+    /// rebalances once when the dead member misses its heartbeats, keeps
+    /// the dead member in that generation (so the group leader assigns it
+    /// half the partitions), and never rebalances again when its session
+    /// expires; its partitions stay unconsumed until another member joins.
+    /// Kafka's own coordinator evicts the member and rebalances.
+    pub fn survivors_take_over_alone(self) -> bool {
+        !matches!(self, Self::Kafka)
+    }
+
     /// Environment for `ledger consume` on this backend.
     ///
     /// Kafka: a group member that joins while a SIGKILLed member is still

@@ -385,21 +385,36 @@ pub fn two_consumers_one_killed(test: &'static str, backend: Backend, messages: 
     scenario.check(victim.sigkill());
     let survivor_ids_at_kill =
         Progress::new(std::slice::from_ref(&survivor_ledger), messages).distinct();
+    // Where the broker leaves a dead member's partitions alone until
+    // someone joins, the killed consumer's restart (what a supervisor does)
+    // is that someone; the survivor shares the rest with it.
+    let mut ledgers = both.to_vec();
+    let replacement = (!backend.survivors_take_over_alone()).then(|| {
+        let ledger = scenario.ledger("replacement");
+        ledgers.push(ledger.clone());
+        scenario.spawn(
+            &scenario.consume(&ledger, backend.drain_idle_exit()),
+            "replacement",
+        )
+    });
     let counts = scenario.check(survivor.expect_clean_exit(DRAIN_TIMEOUT));
+    let replacement_counts =
+        replacement.map(|mut child| scenario.check(child.expect_clean_exit(DRAIN_TIMEOUT)));
 
-    let stats = scenario.read_ledgers(&both, messages);
+    let stats = scenario.read_ledgers(&ledgers, messages);
     // The victim's ledger ends where it died.
     let victim_stats = scenario.read_ledgers(std::slice::from_ref(&victim_ledger), messages);
     println!(
         "chaos {} two-consumers: produced={messages} kills=1 lost={} duplicate_deliveries={} \
          duplicated_ids={} victim_ids={} survivor_ids_at_kill={survivor_ids_at_kill} \
-         survivor=[{}] elapsed={}s seed={:#x}",
+         survivor=[{}] replacement=[{}] elapsed={}s seed={:#x}",
         backend.name(),
         stats.lost(),
         stats.duplicate_deliveries,
         stats.duplicated_ids,
         victim_stats.distinct,
         counts_text(counts),
+        replacement_counts.map_or_else(|| "none".to_owned(), counts_text),
         scenario.elapsed_secs(),
         scenario.seed
     );
