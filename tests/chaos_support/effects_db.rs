@@ -48,6 +48,30 @@ pub fn rows_per_id(group: &str, source: &str) -> Result<HashMap<String, i64>, St
     })
 }
 
+/// Removes a passed scenario's effects and processed-markers, so that the
+/// tables do not grow by every run of the suite. Best effort.
+pub fn remove_rows(group: &str, source: &str) {
+    let removed = block_on(async {
+        let mut connection = connect().await?;
+        for statement in [
+            "DELETE FROM ledger_effects WHERE grp = $1 AND source = $2",
+            "DELETE FROM intake_processed_messages WHERE consumer_group = $1 AND source = $2",
+        ] {
+            sqlx::query(statement)
+                .bind(group)
+                .bind(source)
+                .execute(&mut connection)
+                .await
+                .map_err(|error| format!("{statement}: {error}"))?;
+        }
+        let _ = connection.close().await;
+        Ok(())
+    });
+    if let Err(why) = removed {
+        eprintln!("chaos: leaving the effects of {group}/{source} behind: {why}");
+    }
+}
+
 async fn connect() -> Result<PgConnection, String> {
     tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(&url()))
         .await

@@ -303,6 +303,9 @@ pub fn sigkill_restarts(test: &'static str, backend: Backend, plan: Kills) {
             );
         }
     }
+    if plan.effects_db {
+        effects_db::remove_rows(&scenario.group, &scenario.source);
+    }
     scenario.pass();
 }
 
