@@ -236,6 +236,7 @@ pub fn sigkill_restarts(test: &'static str, backend: Backend, plan: Kills) {
         scenario.check(run.wait_for_progress(&mut progress, kill_at, PROGRESS_TIMEOUT));
         scenario.check(run.sigkill());
         killed_at.push(progress.distinct());
+        std::thread::sleep(backend.restart_delay());
     }
 
     scenario.check(end_torn_line(&ledger));
@@ -393,6 +394,7 @@ pub fn two_consumers_one_killed(test: &'static str, backend: Backend, messages: 
     // is that someone; the survivor shares the rest with it.
     let mut ledgers = both.to_vec();
     let replacement = (!backend.survivors_take_over_alone()).then(|| {
+        std::thread::sleep(backend.restart_delay());
         let ledger = scenario.ledger("replacement");
         ledgers.push(ledger.clone());
         scenario.spawn(
