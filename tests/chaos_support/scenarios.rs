@@ -18,7 +18,7 @@ use super::effects_db::{self, EffectsStats};
 use super::ledger_file::{LedgerStats, Progress, end_torn_line};
 use super::ledger_program::{self, Consume};
 use super::seed::{SplitMix64, suite_seed};
-use super::skip;
+use intake_core::testkit::skip_or_fail as skip;
 
 /// A consumer that will be killed must not exit first; it never idles this
 /// long within a scenario.

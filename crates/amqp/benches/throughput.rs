@@ -101,7 +101,7 @@ async fn run() -> Result<(), BoxError> {
         .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
         Ok(connection) => connection,
-        Err(error) if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") => {
+        Err(error) if intake_core::testkit::brokers_required() => {
             return Err(format!("RabbitMQ is required but: {error}").into());
         }
         Err(error) => {

@@ -38,6 +38,22 @@ pub struct TestMessage {
     pub headers: Headers,
 }
 
+/// Whether a test that cannot reach what it needs from outside (a broker, a
+/// database, a fault tool) fails instead of skipping:
+/// `INTAKE_REQUIRE_BROKERS=1`, which `.ci/run` sets.
+pub fn brokers_required() -> bool {
+    std::env::var("INTAKE_REQUIRE_BROKERS").is_ok_and(|value| value == "1")
+}
+
+/// Says why `test` cannot run: a `skipped: TEST: WHY` line on stdout, or,
+/// when [`brokers_required`], a panic with the same reason.
+pub fn skip_or_fail(test: &str, why: &str) {
+    if brokers_required() {
+        panic!("{test}: required (INTAKE_REQUIRE_BROKERS=1) but {why}");
+    }
+    println!("skipped: {test}: {why}");
+}
+
 impl TestMessage {
     /// A message with `payload` and `key`, no headers.
     pub fn new(key: impl Into<Bytes>, payload: impl Into<Bytes>) -> Self {

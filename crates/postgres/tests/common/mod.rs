@@ -39,11 +39,8 @@ pub async fn database(test: &str, max_connections: u32) -> Option<PgPool> {
             Err(error) => failures.push(error.to_string()),
         }
     }
-    let reason = format!("no PostgreSQL for {test}: {}", failures.join("; "));
-    if std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() == Ok("1") {
-        panic!("{reason} (INTAKE_REQUIRE_BROKERS=1)");
-    }
-    println!("skipped: {reason}");
+    let why = format!("no PostgreSQL: {}", failures.join("; "));
+    intake_core::testkit::skip_or_fail(test, &why);
     None
 }
 
