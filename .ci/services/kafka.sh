@@ -22,6 +22,9 @@
 #                       shared broker never goes down under other tests
 #   INTAKE_CACHE_DIR    jars and broker state (default ~/.cache/intake); the
 #                       jars are shared by every port, the state is per port
+#   INTAKE_KAFKA_STATE_DIR  the broker's state (config, storage, certificates,
+#                       pid, log) elsewhere: a test's own broker in its own
+#                       temporary directory
 #   JAVA_HOME           a JDK of 17 or later (Kafka 4 brokers need 17)
 #
 # Version: Apache Kafka 4.1.1, the newest maintenance release of 4.1 that
@@ -48,7 +51,7 @@ CONTROLLER_PORT=$((PORT + 3))
 
 CACHE_DIR="${INTAKE_CACHE_DIR:-$HOME/.cache/intake}"
 LIBS_DIR="$CACHE_DIR/apache-kafka-$KAFKA_VERSION/libs"
-STATE_DIR="$CACHE_DIR/kafka-$PORT"
+STATE_DIR="${INTAKE_KAFKA_STATE_DIR:-$CACHE_DIR/kafka-$PORT}"
 DATA_DIR="$STATE_DIR/data"
 TLS_DIR="$STATE_DIR/tls"
 PID_FILE="$STATE_DIR/broker.pid"

@@ -2,13 +2,14 @@
 //! them while a consumer runs.
 
 use std::net::{TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use intake::redis_streams::redis;
 
 use super::child::run_to_completion;
+use super::own_broker::OwnBroker;
 use super::sockets;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,42 +87,18 @@ impl Backend {
         }
     }
 
-    /// Whether the broker hands a SIGKILLed member's partitions to the
-    /// members that stay, with nobody joining. tansu 0.6.0 does not: it
-    /// rebalances once when the dead member misses its heartbeats, keeps
-    /// the dead member in that generation (so the group leader assigns it
-    /// half the partitions), and never rebalances again when its session
-    /// expires; its partitions stay unconsumed until another member joins.
-    /// Kafka's own coordinator evicts the member and rebalances.
-    pub fn survivors_take_over_alone(self) -> bool {
-        !matches!(self, Self::Kafka)
-    }
-
-    /// How long a supervisor waits before it restarts a SIGKILLed consumer.
-    /// tansu 0.6.0 sometimes never completes the join of a member that
-    /// arrives while the dead member's session is still open (seen: no
-    /// assignment after 90 s, in about 1 restart of 4); joins after the
-    /// session expired (the ledger's 6 s) completed in 0.5–13.5 s in every
-    /// trial. Kafka's coordinator has no such stall; elsewhere there is no
-    /// session to wait for.
-    pub fn restart_delay(self) -> Duration {
-        match self {
-            Self::Kafka => Duration::from_secs(8),
-            Self::Redis | Self::Amqp => Duration::ZERO,
-        }
-    }
-
     /// Environment for `ledger consume` on this backend.
     ///
-    /// Kafka: a group member that joins while a SIGKILLed member is still
-    /// in the group waits for the coordinator's rebalance, whose timeout is
-    /// the members' `max.poll.interval.ms` (the ledger's is 60 s). On tansu
-    /// such a join was seen to hang for more than 90 s; 25 s bounds the wait
-    /// (it must stay above the ledger's 20 s revoke timeout). The runtime
-    /// polls continuously, so the shorter interval costs nothing else. The
-    /// variable applies to every client of the ledger, some of which keep
-    /// librdkafka's 45 s session timeout, which may not exceed the poll
-    /// interval: hence the ledger's own 6 s, restated.
+    /// Kafka: a member that joins while a SIGKILLed member is still in the
+    /// group waits until the coordinator evicts the dead one (its session,
+    /// the ledger's 6 s) or until the rebalance times out, whichever comes
+    /// first; the rebalance timeout is the members' `max.poll.interval.ms`.
+    /// 25 s bounds that wait (it must stay above the ledger's 20 s revoke
+    /// timeout); the runtime polls continuously, so the shorter interval
+    /// costs nothing else. The variable applies to every client of the
+    /// ledger, some of which keep librdkafka's 45 s session timeout, which
+    /// may not exceed the poll interval: hence the ledger's own 6 s,
+    /// restated.
     pub fn consumer_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::Kafka => &[(
@@ -148,19 +125,9 @@ impl Backend {
     /// fault (a missing tool, a broker this suite cannot restart).
     pub fn fault_available(self, logs: &Path) -> Result<(), String> {
         match self {
-            Self::Kafka => {
-                let pid_file = kafka_pid_file();
-                if pid_file.exists() {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "the broker on 127.0.0.1:{KAFKA_PORT} was not started by \
-                         .ci/services/kafka.sh (no {}), so it cannot be restarted",
-                        pid_file.display()
-                    ))
-                }
-            }
-            Self::Redis => Ok(()),
+            // The scenario starts a broker of its own; a machine that cannot
+            // has no Kafka at all.
+            Self::Kafka | Self::Redis => Ok(()),
             Self::Amqp => list_amqp_connections(logs)
                 .map(drop)
                 .map_err(|error| format!("rabbitmqctl cannot list connections here: {error}")),
@@ -170,21 +137,30 @@ impl Backend {
     /// What [`Self::inject_fault`] does, for summaries.
     pub fn fault_name(self) -> &'static str {
         match self {
-            Self::Kafka => "broker-restart",
+            Self::Kafka => "broker-crash",
             Self::Redis => "client-kill",
             Self::Amqp => "connection-close",
         }
     }
 
     /// Breaks the consumer `pid`'s hold on the broker from the broker's
-    /// side: Kafka restarts tansu on the same database, Redis `CLIENT KILL`s
-    /// the consumer's connections, RabbitMQ closes them. Returns what was
-    /// done.
-    pub fn inject_fault(self, pid: u32, logs: &Path) -> Result<String, String> {
-        match self {
-            Self::Kafka => restart_kafka(logs),
-            Self::Redis => kill_redis_clients(pid),
-            Self::Amqp => close_amqp_connections(pid, logs),
+    /// side: Kafka SIGKILLs the scenario's own broker (`own_kafka`, never
+    /// the shared one) and starts it again on the same storage, Redis
+    /// `CLIENT KILL`s the consumer's connections, RabbitMQ closes them.
+    /// Returns what was done.
+    pub fn inject_fault(
+        self,
+        pid: u32,
+        logs: &Path,
+        own_kafka: Option<&OwnBroker>,
+    ) -> Result<String, String> {
+        match (self, own_kafka) {
+            (Self::Kafka, Some(broker)) => crash_kafka(broker),
+            (Self::Kafka, None) => {
+                Err("Kafka's broker fault needs the scenario's own broker".to_owned())
+            }
+            (Self::Redis, _) => kill_redis_clients(pid),
+            (Self::Amqp, _) => close_amqp_connections(pid, logs),
         }
     }
 }
@@ -192,8 +168,9 @@ impl Backend {
 impl Backend {
     /// Removes a passed scenario's source, so that runs do not pile up
     /// streams of 50,000 entries in Redis or quorum queues in RabbitMQ.
-    /// Best effort; Kafka topics stay (tansu's sqlite file is the CI
-    /// machine's cache, and a topic without consumers costs nothing).
+    /// Best effort; Kafka topics stay (a topic without consumers costs
+    /// nothing but disk, and the broker's storage is the CI machine's
+    /// cache, rebuilt when absent).
     pub fn remove_source(self, source: &str, logs: &Path) {
         let removed = match self {
             Self::Kafka => Ok(()),
@@ -216,23 +193,12 @@ impl Backend {
     }
 }
 
-fn kafka_pid_file() -> PathBuf {
-    let cache = std::env::var("INTAKE_CACHE_DIR").map_or_else(
-        |_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/intake"),
-        PathBuf::from,
-    );
-    cache.join("kafka-broker/tansu.pid")
-}
-
-/// `.ci/services/kafka.sh restart`: stop tansu, start it again on the same
-/// sqlite database (data and committed offsets survive).
-fn restart_kafka(logs: &Path) -> Result<String, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/services/kafka.sh");
-    let mut command = Command::new("bash");
-    command.arg(&script).arg("restart");
-    // Stopping waits up to 10 s, starting up to 30 s.
-    run_to_completion(command, "kafka-restart", logs, Duration::from_secs(90))?;
-    Ok("restarted tansu".to_owned())
+/// SIGKILLs the scenario's own broker, then starts it again on the same
+/// storage (data and committed offsets survive; the log is recovered).
+fn crash_kafka(broker: &OwnBroker) -> Result<String, String> {
+    broker.kill().map_err(|error| error.to_string())?;
+    broker.restart().map_err(|error| error.to_string())?;
+    Ok("killed the broker (SIGKILL) and started it again".to_owned())
 }
 
 /// `CLIENT KILL`s every connection of `pid` (found by client port; the

@@ -73,10 +73,11 @@ fn target_dir_and_profile() -> (PathBuf, String) {
 /// How long `ledger produce` may take for one scenario's messages.
 const PRODUCE_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// `ledger produce`: ids `0..count` into `source`, which it creates
-/// (`partitions` applies to Kafka). Returns once all are confirmed.
+/// `ledger produce`: ids `0..count` into `source` on the broker at `url`,
+/// which it creates (`partitions` applies to Kafka). Returns once all are
+/// confirmed.
 pub fn produce(
-    backend: Backend,
+    url: &str,
     source: &str,
     count: u64,
     partitions: Option<u32>,
@@ -85,7 +86,7 @@ pub fn produce(
     let mut command = Command::new(binary());
     command
         .arg("produce")
-        .args(["--broker", &backend.url()])
+        .args(["--broker", url])
         .args(["--source", source])
         .args(["--count", &count.to_string()]);
     if let Some(partitions) = partitions {
@@ -98,6 +99,8 @@ pub fn produce(
 #[derive(Clone, Debug)]
 pub struct Consume {
     pub backend: Backend,
+    /// The `--broker` URL: the backend's shared broker, or a scenario's own.
+    pub url: String,
     pub source: String,
     pub group: String,
     pub ledger: PathBuf,
@@ -115,7 +118,7 @@ impl Consume {
         let mut command = Command::new(binary());
         command
             .arg("consume")
-            .args(["--broker", &self.backend.url()])
+            .args(["--broker", &self.url])
             .args(["--source", &self.source])
             .args(["--group", &self.group])
             .arg("--ledger")

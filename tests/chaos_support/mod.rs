@@ -7,6 +7,9 @@ pub mod child;
 pub mod effects_db;
 pub mod ledger_file;
 pub mod ledger_program;
+#[allow(dead_code)]
+#[path = "../../crates/kafka/tests/support/own_broker.rs"]
+pub mod own_broker;
 pub mod scenarios;
 pub mod seed;
 pub mod sockets;

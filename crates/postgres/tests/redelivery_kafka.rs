@@ -2,7 +2,7 @@
 //! commit and the offset commit, the group rebalances, the next consumer
 //! reads from the last committed offsets, and each record's effect is still
 //! in the ledger once. Runs on rdkafka's mock cluster and on the real broker
-//! (tansu on 127.0.0.1:9092).
+//! (Apache Kafka on 127.0.0.1:9092).
 
 mod common;
 
@@ -46,12 +46,12 @@ async fn every_batched_effect_is_written_once_when_consumers_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_effect_is_written_once_on_a_real_broker_when_consumers_crash() {
-    let test = "kafka redelivery (tansu)";
+    let test = "kafka redelivery (Apache Kafka)";
     run(KafkaBackend::real(test), test, Form::PerMessage).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_batched_effect_is_written_once_on_a_real_broker_when_consumers_crash() {
-    let test = "kafka redelivery (tansu), batches";
+    let test = "kafka redelivery (Apache Kafka), batches";
     run(KafkaBackend::real(test), test, Form::Batch(batches())).await;
 }

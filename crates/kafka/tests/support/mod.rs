@@ -1,6 +1,6 @@
 //! The Kafka fixture for intake's conformance suite, on two brokers: the
-//! in-process rdkafka `MockCluster` (fast tier) and tansu on 127.0.0.1:9092
-//! (real tier).
+//! in-process rdkafka `MockCluster` (fast tier) and Apache Kafka on
+//! 127.0.0.1:9092 (real tier, `.ci/services/kafka.sh`).
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +52,9 @@ pub struct KafkaBackend {
     brokers: String,
     producer: FutureProducer,
     tier: Tier,
+    /// Settings every consumer and sink of this fixture takes on top of the
+    /// test timings; an empty value removes a timing.
+    overrides: Vec<(String, String)>,
 }
 
 impl KafkaBackend {
@@ -82,12 +85,13 @@ impl KafkaBackend {
             brokers,
             producer,
             tier: Tier::Mock,
+            overrides: Vec::new(),
         }
     }
 
-    /// tansu on 127.0.0.1:9092, or `None` (after printing why) when nothing
-    /// listens there. With `INTAKE_REQUIRE_BROKERS=1` a missing broker fails
-    /// the test instead.
+    /// Apache Kafka on 127.0.0.1:9092, or `None` (after printing why) when
+    /// nothing listens there. With `INTAKE_REQUIRE_BROKERS=1` a missing
+    /// broker fails the test instead.
     pub fn real(test: &str) -> Option<Self> {
         let reachable = std::net::TcpStream::connect_timeout(
             &REAL_BROKERS.parse().expect("a socket address"),
@@ -101,20 +105,26 @@ impl KafkaBackend {
             intake_core::testkit::skip_or_fail(test, &why);
             return None;
         }
+        Some(Self::at(REAL_BROKERS))
+    }
+
+    /// A real broker at `brokers` (a test's own, say).
+    pub fn at(brokers: &str) -> Self {
         let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", REAL_BROKERS)
+            .set("bootstrap.servers", brokers)
             .set("message.timeout.ms", "30000")
             .create()
             .expect("producer settings are valid");
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", REAL_BROKERS)
+            .set("bootstrap.servers", brokers)
             .create()
             .expect("admin settings are valid");
-        Some(Self {
-            brokers: REAL_BROKERS.into(),
+        Self {
+            brokers: brokers.into(),
             producer,
             tier: Tier::Real(admin),
-        })
+            overrides: Vec::new(),
+        }
     }
 
     pub fn brokers(&self) -> &str {
@@ -128,17 +138,38 @@ impl KafkaBackend {
     /// brokers accept them from the current generation (Kafka's
     /// PreparingRebalance), so under eager rebalancing every revoke-time
     /// commit would be refused there. Tests of eager rebalancing on the mock
-    /// ask for `range` themselves; tansu runs librdkafka's default (eager).
+    /// ask for `range` themselves; Apache Kafka runs librdkafka's default
+    /// (eager `range,roundrobin`) unless a test asks for cooperative-sticky.
     pub fn settings(&self) -> KafkaSettings {
-        let settings = KafkaSettings::new(&self.brokers)
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-            .set("max.poll.interval.ms", "120000")
-            .set("topic.metadata.refresh.interval.ms", "1000");
-        match self.tier {
-            Tier::Mock => settings.set("partition.assignment.strategy", "cooperative-sticky"),
-            Tier::Real(_) => settings,
+        let mut chosen = vec![
+            ("session.timeout.ms", "6000"),
+            ("heartbeat.interval.ms", "500"),
+            ("max.poll.interval.ms", "120000"),
+            ("topic.metadata.refresh.interval.ms", "1000"),
+        ];
+        if let Tier::Mock = self.tier {
+            chosen.push(("partition.assignment.strategy", "cooperative-sticky"));
         }
+        for (key, value) in &self.overrides {
+            chosen.retain(|(chosen_key, _)| chosen_key != key);
+            if !value.is_empty() {
+                chosen.push((key, value));
+            }
+        }
+        chosen.into_iter().fold(
+            KafkaSettings::new(&self.brokers),
+            |settings, (key, value)| settings.set(key, value),
+        )
+    }
+
+    /// The same broker, with `overrides` on every consumer's settings (an
+    /// empty value removes the fixture's own timing of that name).
+    pub fn with_settings(mut self, overrides: &[(&str, &str)]) -> Self {
+        self.overrides = overrides
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        self
     }
 
     /// A source builder for `topic` in `group` with test timings.
@@ -365,7 +396,7 @@ impl Backend for KafkaBackend {
     fn name(&self) -> &'static str {
         match self.tier {
             Tier::Mock => "kafka (mock cluster)",
-            Tier::Real(_) => "kafka (tansu)",
+            Tier::Real(_) => "kafka (Apache Kafka)",
         }
     }
 
@@ -453,6 +484,7 @@ impl Backend for KafkaBackend {
 }
 
 pub mod consumer;
+pub mod own_broker;
 
 /// What [`take`] collected from a source.
 #[derive(Debug, Default)]

@@ -1,6 +1,6 @@
-//! The Kafka adapter under the intake runtime against a real Kafka-protocol
-//! broker: tansu on 127.0.0.1:9092 (`.ci/services/kafka.sh`). Skipped with a
-//! printed reason when no broker listens, unless `INTAKE_REQUIRE_BROKERS=1`.
+//! The Kafka adapter under the intake runtime against Apache Kafka on
+//! 127.0.0.1:9092 (`.ci/services/kafka.sh`). Skipped with a printed reason
+//! when no broker listens, unless `INTAKE_REQUIRE_BROKERS=1`.
 //!
 //! Every wait is on a condition (all ids seen, partitions settled), bounded
 //! by `PATIENCE`; no test sleeps a fixed time and hopes.
@@ -22,11 +22,44 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_consumer_joining_and_leaving_loses_nothing() {
+    third_consumer_joins_and_leaves("a_third_consumer_joining_and_leaving_loses_nothing", &[])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_rebalances_lose_nothing() {
+    third_consumer_joins_and_leaves(
+        "cooperative_rebalances_lose_nothing",
+        &[("partition.assignment.strategy", "cooperative-sticky")],
+    )
+    .await;
+}
+
+/// KIP-848's consumer group protocol (`group.protocol=consumer`, served by
+/// Kafka 4): the broker assigns, incrementally; the session and heartbeat
+/// settings are the broker's, so the client may not set them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_group_protocol_of_kip_848_loses_nothing() {
+    third_consumer_joins_and_leaves(
+        "the_consumer_group_protocol_of_kip_848_loses_nothing",
+        &[
+            ("group.protocol", "consumer"),
+            ("session.timeout.ms", ""),
+            ("heartbeat.interval.ms", ""),
+        ],
+    )
+    .await;
+}
+
+/// Two consumers share a topic; a third joins and later leaves; messages
+/// keep arriving throughout. `settings` are set on every member (an empty
+/// value removes the fixture's own).
+async fn third_consumer_joins_and_leaves(test: &str, settings: &[(&str, &str)]) {
     support::init_tracing();
-    let Some(kafka) = KafkaBackend::real("a_third_consumer_joining_and_leaving_loses_nothing")
-    else {
+    let Some(kafka) = KafkaBackend::real(test) else {
         return;
     };
+    let kafka = kafka.with_settings(settings);
     let topic = kafka.create_source(4).await.expect("topic");
     let group = unique("g");
     kafka

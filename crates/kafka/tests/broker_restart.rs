@@ -1,0 +1,112 @@
+//! Real outages: an Apache Kafka broker of the test's own (on its own ports,
+//! in its own directory, through `.ci/services/kafka.sh`) stopped or killed
+//! under a running consumer and started again on the same storage. The
+//! consumer carries on and nothing is lost.
+//!
+//! Needs Java and the jars the script fetches; skipped with a printed reason
+//! when the shared broker is not there either (a machine without Kafka),
+//! unless `INTAKE_REQUIRE_BROKERS=1`.
+
+mod support;
+
+use std::time::Duration;
+
+use intake_core::testkit::Backend;
+use intake_core::testkit::harness::{Ledger, numbered};
+use support::consumer::TestConsumer;
+use support::own_broker::OwnBroker;
+use support::{KafkaBackend, unique};
+
+/// Starts a broker of the test's own on `port`, or `None` when this machine
+/// runs no Kafka at all (then the shared one is missing too and the suite
+/// says so).
+async fn own_broker(test: &str, port: u16) -> Option<(OwnBroker, KafkaBackend)> {
+    KafkaBackend::real(test)?;
+    let broker = tokio::task::spawn_blocking(move || OwnBroker::start(port))
+        .await
+        .expect("join")
+        .expect("a broker of the test's own starts");
+    let kafka = KafkaBackend::at(&broker.brokers());
+    Some((broker, kafka))
+}
+
+/// Runs a consumer through `outage` (which takes the broker down and brings
+/// it back) while messages are produced before and after.
+async fn consumer_survives(
+    test: &str,
+    port: u16,
+    outage: impl FnOnce(&OwnBroker) -> Result<(), intake_core::BoxError> + Send + 'static,
+) {
+    support::init_tracing();
+    let Some((broker, kafka)) = own_broker(test, port).await else {
+        return;
+    };
+    let topic = kafka.create_source(2).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, numbered(0, 100))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let consumer = TestConsumer::recording(
+        kafka
+            .source(&topic, &group)
+            // The outage lasts as long as the JVM takes to start again.
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+            .await
+            .expect("source"),
+        &ledger,
+    );
+    ledger
+        .wait_for_all(100, "the messages before the outage")
+        .await;
+
+    // The consumer keeps running through the outage, as in production.
+    let broker = tokio::task::spawn_blocking(move || {
+        outage(&broker).expect("the outage and the broker's return");
+        broker
+    })
+    .await
+    .expect("join");
+
+    kafka
+        .produce(&topic, numbered(100, 100))
+        .await
+        .expect("produce after the outage");
+    ledger
+        .wait_for_all(200, "the messages after the outage")
+        .await;
+    consumer.stop().await;
+    assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
+    drop(broker);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_carries_on_after_a_broker_restart_and_loses_nothing() {
+    consumer_survives(
+        "the_consumer_carries_on_after_a_broker_restart_and_loses_nothing",
+        19192,
+        |broker| {
+            broker.stop()?;
+            broker.restart()
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_carries_on_after_the_broker_is_killed_and_loses_nothing() {
+    consumer_survives(
+        "the_consumer_carries_on_after_the_broker_is_killed_and_loses_nothing",
+        19292,
+        |broker| {
+            broker.kill()?;
+            // Down for a while, as a crashed broker is until its supervisor
+            // notices: the consumer sees connection refusals meanwhile.
+            std::thread::sleep(Duration::from_secs(3));
+            broker.restart()
+        },
+    )
+    .await;
+}
