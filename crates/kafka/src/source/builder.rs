@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::KafkaSource;
 use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
-use super::poller::Poller;
+use super::poller::{Poller, guard_polling};
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::ConnectError;
 use crate::settings::KafkaSettings;
@@ -272,7 +272,8 @@ impl KafkaSourceBuilder {
         std::thread::Builder::new()
             .name("intake-kafka-poll".into())
             .spawn(move || {
-                let consumer = poller.run();
+                let shared = poller.shared.clone();
+                let consumer = guard_polling(&shared, || poller.run());
                 let _ = stopped_tx.send(());
                 // Destroying the instance may wait for the brokers; nobody
                 // waits for that.

@@ -6,12 +6,15 @@
 //! message (freed on another thread) cost more than the rest of the
 //! conversion.
 
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use intake_core::{Headers, Message, Metadata, Position, SourceName};
 use rdkafka::Message as _;
-use rdkafka::message::{BorrowedMessage, Headers as _};
+use rdkafka::bindings;
+use rdkafka::message::BorrowedMessage;
 
 /// Interns topic names so that each message shares its topic's `Arc<str>`
 /// instead of allocating one.
@@ -102,19 +105,57 @@ fn to_message(
     if let Some(key) = message.key() {
         converted = converted.with_key(chunks.copy(key));
     }
-    if let Some(headers) = message.headers() {
-        let headers: Headers = headers
-            .iter()
-            .map(|header| {
-                (
-                    header.key,
-                    header.value.map(Bytes::copy_from_slice).unwrap_or_default(),
-                )
-            })
-            .collect();
+    if let Some(headers) = read_headers(message) {
         converted = converted.with_headers(headers);
     }
     Some(converted)
+}
+
+/// The record's headers: names as text (bytes that are not UTF-8 become
+/// U+FFFD), values as raw bytes, a header without a value as an empty one.
+///
+/// Read through librdkafka's C accessors rather than rdkafka's `Headers`:
+/// rdkafka unwraps each name as UTF-8 and panics on any other bytes, which
+/// producers in Go, C or Java write freely, and that panic would kill the
+/// polling thread on every member that takes the partition over.
+fn read_headers(message: &BorrowedMessage<'_>) -> Option<Headers> {
+    let mut native: *mut bindings::rd_kafka_headers_t = ptr::null_mut();
+    // SAFETY: `message.ptr()` is the live message `message` borrows; the
+    // header list stays owned by the message and valid while it is.
+    let found = unsafe { bindings::rd_kafka_message_headers(message.ptr(), &mut native) };
+    if found != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || native.is_null() {
+        return None;
+    }
+    // SAFETY: `native` is the message's header list (above).
+    let count = unsafe { bindings::rd_kafka_header_cnt(native) };
+    let headers = (0..count)
+        .filter_map(|index| {
+            let mut name: *const c_char = ptr::null();
+            let mut value: *const c_void = ptr::null();
+            let mut size = 0usize;
+            // SAFETY: `index` is below the list's count; librdkafka points
+            // `name` at a NUL-terminated string and `value` at `size` bytes
+            // (or null), both owned by the list.
+            let got = unsafe {
+                bindings::rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size)
+            };
+            if got != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+                return None;
+            }
+            // SAFETY: as above; both are copied before the message is released.
+            let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+            let value = if value.is_null() || size == 0 {
+                Bytes::new()
+            } else {
+                // SAFETY: as above.
+                Bytes::copy_from_slice(unsafe {
+                    std::slice::from_raw_parts(value.cast::<u8>(), size)
+                })
+            };
+            Some((name, value))
+        })
+        .collect();
+    Some(headers)
 }
 
 /// Milliseconds since the Unix epoch, as text, for headers.

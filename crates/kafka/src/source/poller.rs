@@ -326,7 +326,77 @@ impl Poller {
     }
 }
 
+/// Runs `poll` (the polling thread's whole life) and turns a panic in it
+/// into the source's last word: a fatal error, then the end of the stream.
+/// Without it the thread would die silently, the handoff would never finish
+/// and `Source::next` would wait forever. The partitions are given up, so
+/// nothing more is committed for them by this consumer; the next owner reads
+/// from the committed offsets.
+pub(crate) fn guard_polling<T>(shared: &Shared, poll: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(poll)) {
+        Ok(value) => Some(value),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            tracing::error!(panic = %what, "the kafka polling thread panicked; the source stops");
+            shared.closing.store(true, Ordering::Release);
+            shared.ownership.release_all();
+            shared
+                .handoff
+                .push_control(Control::Error(SourceError::Fatal(
+                    format!(
+                        "the kafka polling thread panicked ({what}); restart the consumer, and \
+                         report the panic to intake with the record that caused it"
+                    )
+                    .into(),
+                )));
+            shared.handoff.finish();
+            None
+        }
+    }
+}
+
 fn message_topic(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
     use rdkafka::Message as _;
     message.topic().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use intake_core::SourceEvent;
+
+    use super::*;
+    use crate::source::handoff::Taken;
+
+    #[tokio::test]
+    async fn a_panic_of_the_polling_thread_is_a_fatal_source_error_not_a_hang() {
+        let shared = Arc::new(Shared::new(
+            8,
+            Duration::from_secs(1),
+            true,
+            "127.0.0.1:9092".into(),
+        ));
+        let polled = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                guard_polling(&shared, || -> () { panic!("header name is not UTF-8") })
+            })
+            .join()
+            .expect("the guard catches the panic")
+        };
+        assert!(polled.is_none());
+
+        let mut out = Vec::new();
+        match shared.handoff.take(&mut out, 8) {
+            Taken::Error(SourceError::Fatal(cause)) => {
+                assert!(cause.to_string().contains("header name is not UTF-8"));
+            }
+            Taken::Event(SourceEvent::Delivered) => panic!("expected the fatal error"),
+            _ => panic!("expected the fatal error first"),
+        }
+        assert!(matches!(shared.handoff.take(&mut out, 8), Taken::Finished));
+    }
 }
