@@ -53,6 +53,17 @@ pub enum ConnectError {
         /// The broker's answer.
         reason: String,
     },
+    /// The TLS handshake with the brokers failed: the client did not trust
+    /// the broker's certificate, or the broker refused the client's.
+    #[error(
+        "the TLS handshake with the Kafka broker at {brokers} failed ({reason}); check `ssl.ca.location` (the CA that signed the broker's certificate), the broker's host name in `bootstrap.servers`, and the client certificate settings (`ssl.certificate.location`, `ssl.key.location`)"
+    )]
+    Tls {
+        /// The configured brokers.
+        brokers: String,
+        /// librdkafka's account of the handshake (never a secret).
+        reason: String,
+    },
     /// A thread for the blocking Kafka client could not run.
     #[error("cannot run the kafka client's thread: {0}")]
     Spawn(#[source] std::io::Error),
@@ -88,10 +99,18 @@ impl ConnectError {
                     reason: code.to_string(),
                 }
             }
-            KafkaError::MetadataFetch(code) | KafkaError::Global(code) if is_auth(code) => {
+            KafkaError::MetadataFetch(code) | KafkaError::Global(code)
+                if is_not_authorized(code) =>
+            {
                 ConnectError::Unauthorized {
                     brokers: brokers.into(),
                     reason: code.to_string(),
+                }
+            }
+            KafkaError::MetadataFetch(code) | KafkaError::Global(code) => {
+                match ConnectionFailure::of(code) {
+                    Some(failure) => failure.into_connect_error(brokers, code.to_string()),
+                    None => ConnectError::Client(error),
                 }
             }
             other => ConnectError::Client(other),
@@ -111,14 +130,44 @@ pub(crate) fn is_unreachable(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-/// Error codes that mean the credentials were refused.
-pub(crate) fn is_auth(code: RDKafkaErrorCode) -> bool {
+/// What a failed connection to the brokers was, by librdkafka's account.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnectionFailure {
+    /// The TLS handshake failed (`_SSL`).
+    Tls,
+    /// The broker refused the credentials (`_AUTHENTICATION`, SASL).
+    Authentication,
+}
+
+impl ConnectionFailure {
+    /// The failure an error code of librdkafka's error callback means, if
+    /// it is about the client's credentials or certificates.
+    pub(crate) fn of(code: RDKafkaErrorCode) -> Option<Self> {
+        match code {
+            RDKafkaErrorCode::SSL => Some(Self::Tls),
+            RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
+                Some(Self::Authentication)
+            }
+            _ => None,
+        }
+    }
+
+    /// The build error for this failure.
+    pub(crate) fn into_connect_error(self, brokers: &str, reason: String) -> ConnectError {
+        let brokers = brokers.to_owned();
+        match self {
+            Self::Tls => ConnectError::Tls { brokers, reason },
+            Self::Authentication => ConnectError::Unauthorized { brokers, reason },
+        }
+    }
+}
+
+/// Error codes that mean the broker refused this client an operation (its
+/// ACLs): nothing passes until someone grants it.
+pub(crate) fn is_not_authorized(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
-        RDKafkaErrorCode::Authentication
-            | RDKafkaErrorCode::SaslAuthenticationFailed
-            | RDKafkaErrorCode::SSL
-            | RDKafkaErrorCode::TopicAuthorizationFailed
+        RDKafkaErrorCode::TopicAuthorizationFailed
             | RDKafkaErrorCode::GroupAuthorizationFailed
             | RDKafkaErrorCode::ClusterAuthorizationFailed
     )
@@ -137,7 +186,8 @@ impl From<ConnectError> for SourceError {
                 name: topic,
                 hint: format!("create it on {brokers} before consuming"),
             },
-            ConnectError::Unauthorized { ref brokers, .. } => SourceError::Unauthorized {
+            ConnectError::Unauthorized { ref brokers, .. }
+            | ConnectError::Tls { ref brokers, .. } => SourceError::Unauthorized {
                 endpoint: brokers.clone(),
                 source: Box::new(error),
             },

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::oneshot;
 
 use super::KafkaSource;
@@ -304,7 +304,7 @@ fn check_topics(
         let remaining = timeout.saturating_sub(started.elapsed());
         let metadata = consumer
             .fetch_metadata(Some(topic), remaining)
-            .map_err(|error| ConnectError::from_kafka(error, brokers, started.elapsed()))?;
+            .map_err(|error| explain_failure(consumer, error, brokers, started.elapsed()))?;
         let found = metadata.topics().iter().find(|found| found.name() == topic);
         let missing = match found {
             None => true,
@@ -325,6 +325,32 @@ fn check_topics(
         }
     }
     Ok(())
+}
+
+/// The build error for a failed metadata fetch. A timeout says little; when
+/// librdkafka reported a refused certificate or refused credentials on the
+/// way, that is the error. Its error events wait in the consumer's queue
+/// (nothing polled it yet), so they are served first.
+fn explain_failure(
+    consumer: &BaseConsumer<KafkaContext>,
+    error: KafkaError,
+    brokers: &str,
+    waited: Duration,
+) -> ConnectError {
+    // `poll` answers `None` both for an empty queue and for an event it
+    // served (a log line), so it cannot say when the queue is empty: the
+    // loop is bounded instead (the queue holds one connect timeout's worth
+    // of events, and each call returns at once).
+    for _ in 0..1024 {
+        if consumer.context().shared.connection_failure().is_some() {
+            break;
+        }
+        let _ = consumer.poll(Duration::ZERO);
+    }
+    match consumer.context().shared.connection_failure() {
+        Some((failure, reason)) => failure.into_connect_error(brokers, reason),
+        None => ConnectError::from_kafka(error, brokers, waited),
+    }
 }
 
 /// A suffix that no other instance picks: time, process and a random seed.

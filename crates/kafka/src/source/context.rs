@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use super::handoff::{Control, Handoff};
-use crate::error::is_auth;
+use crate::error::{ConnectionFailure, is_not_authorized};
 use crate::ownership::Ownership;
 
 /// State shared by the source, the polling thread, the acker and this
@@ -40,6 +40,14 @@ pub(crate) struct Shared {
     pub(crate) revoked_in_poll: Mutex<Vec<PartitionKey>>,
     /// An authentication failure was already reported.
     auth_reported: AtomicBool,
+    /// The last TLS or authentication failure librdkafka reported on a
+    /// broker connection, with its account: what a build that timed out
+    /// says instead of "timed out", and what turns "all brokers are down"
+    /// into an error the user must act on.
+    connection_failure: Mutex<Option<(ConnectionFailure, String)>>,
+    /// Whether `connection_failure` holds one: read per polled batch, so
+    /// that the lock is taken only when there is something to forget.
+    connection_failed: AtomicBool,
 }
 
 impl Shared {
@@ -60,7 +68,29 @@ impl Shared {
             brokers,
             revoked_in_poll: Mutex::new(Vec::new()),
             auth_reported: AtomicBool::new(false),
+            connection_failure: Mutex::new(None),
+            connection_failed: AtomicBool::new(false),
         }
+    }
+
+    /// Forgets a recorded TLS or authentication failure: messages arrived
+    /// since, so some broker accepted the client, and an outage later must
+    /// not be blamed on it.
+    pub(crate) fn forget_connection_failure(&self) {
+        if self.connection_failed.swap(false, Ordering::AcqRel) {
+            *self
+                .connection_failure
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner()) = None;
+        }
+    }
+
+    /// The last TLS or authentication failure on a broker connection.
+    pub(crate) fn connection_failure(&self) -> Option<(ConnectionFailure, String)> {
+        self.connection_failure
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
     }
 
     pub(crate) fn is_closing(&self) -> bool {
@@ -187,6 +217,13 @@ impl KafkaContext {
 }
 
 impl ClientContext for KafkaContext {
+    /// librdkafka's errors about the client as a whole. Most pass by
+    /// themselves (librdkafka reconnects); a refused certificate or
+    /// credentials on one broker of many is one of those too (a broker
+    /// rotating its certificate, a SCRAM user being created on the last
+    /// node). Only when every broker is down and the last failure was such
+    /// a refusal does the source stop: then nothing will pass without the
+    /// user fixing the settings.
     fn error(&self, error: KafkaError, reason: &str) {
         let code = error.rdkafka_error_code();
         if code == Some(RDKafkaErrorCode::Fatal) {
@@ -196,8 +233,26 @@ impl ClientContext for KafkaContext {
                 .push_control(Control::Error(SourceError::Fatal(
                     format!("{error}: {reason}").into(),
                 )));
-        } else if code.is_some_and(is_auth) {
-            tracing::error!(%error, reason, "kafka broker refused the credentials");
+        } else if let Some(failure) = code.and_then(ConnectionFailure::of) {
+            tracing::warn!(%error, reason, "a kafka broker connection failed its TLS handshake or authentication");
+            *self
+                .shared
+                .connection_failure
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner()) = Some((failure, reason.to_owned()));
+            self.shared.connection_failed.store(true, Ordering::Release);
+        } else if code == Some(RDKafkaErrorCode::AllBrokersDown)
+            && let Some((failure, last)) = self.shared.connection_failure()
+        {
+            tracing::error!(reason = %last, "every kafka broker is down and the last refused the connection");
+            if !self.shared.auth_reported.swap(true, Ordering::AcqRel) {
+                let refused = failure.into_connect_error(&self.shared.brokers, last);
+                self.shared
+                    .handoff
+                    .push_control(Control::Error(refused.into()));
+            }
+        } else if code.is_some_and(is_not_authorized) {
+            tracing::error!(%error, reason, "kafka broker refused the request");
             if !self.shared.auth_reported.swap(true, Ordering::AcqRel) {
                 self.shared
                     .handoff
@@ -226,5 +281,102 @@ impl ConsumerContext for KafkaContext {
         self.shared
             .assignment_changed
             .store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::handoff::Taken;
+
+    fn context() -> KafkaContext {
+        KafkaContext {
+            shared: Arc::new(Shared::new(
+                8,
+                Duration::from_secs(1),
+                true,
+                "a:9093,b:9093".into(),
+            )),
+        }
+    }
+
+    fn next_error(context: &KafkaContext) -> Option<SourceError> {
+        match context.shared.handoff.take(&mut Vec::new(), 8) {
+            Taken::Error(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_refused_handshake_on_one_broker_is_logged_not_fatal() {
+        let context = context();
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::SSL),
+            "ssl://b:9093/2: SSL handshake failed: certificate verify failed",
+        );
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::Authentication),
+            "sasl_ssl://b:9093/2: SASL authentication error",
+        );
+        assert!(
+            next_error(&context).is_none(),
+            "the other brokers may serve"
+        );
+    }
+
+    #[test]
+    fn every_broker_down_after_a_refused_handshake_is_an_error_to_act_on() {
+        let context = context();
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::SSL),
+            "ssl://b:9093/2: SSL handshake failed: certificate verify failed",
+        );
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "2/2 brokers are down",
+        );
+        match next_error(&context) {
+            Some(SourceError::Unauthorized { source, .. }) => {
+                assert!(source.to_string().contains("certificate verify failed"));
+            }
+            other => panic!("expected Unauthorized, got {other:?}"),
+        }
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "2/2 brokers are down",
+        );
+        assert!(next_error(&context).is_none(), "reported once");
+    }
+
+    #[test]
+    fn a_refusal_followed_by_messages_is_forgotten() {
+        let context = context();
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::SSL),
+            "ssl://b:9093/2: SSL handshake failed",
+        );
+        context.shared.forget_connection_failure();
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "2/2 brokers are down",
+        );
+        assert!(
+            next_error(&context).is_none(),
+            "a later outage is not the old refusal"
+        );
+    }
+
+    #[test]
+    fn every_broker_down_without_a_refusal_passes_by_itself() {
+        let context = context();
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "connection refused",
+        );
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "2/2 brokers are down",
+        );
+        assert!(next_error(&context).is_none(), "librdkafka reconnects");
     }
 }
