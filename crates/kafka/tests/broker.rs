@@ -255,3 +255,58 @@ async fn an_unknown_topic_is_a_typed_error_within_the_connect_timeout() {
         other => panic!("expected UnknownTopic, got {other:?}"),
     }
 }
+
+/// A topic deleted under a running consumer and created again a while later
+/// (a deploy that sets topics up, an operator recreating one): once Kafka
+/// says it no longer exists, the source reports it missing as a transient
+/// condition and waits, and consumes the new topic from its start once it
+/// exists, instead of stopping the consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
+    support::init_tracing();
+    let Some(kafka) =
+        KafkaBackend::real("a_topic_deleted_and_created_again_is_waited_for_not_fatal")
+    else {
+        return;
+    };
+    // librdkafka waits this long (30 s by default) before it believes a
+    // topic is gone.
+    let kafka = kafka.with_settings(&[("topic.metadata.propagation.max.ms", "2000")]);
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    kafka
+        .produce(&topic, numbered(0, 10))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let consumer = TestConsumer::recording(
+        kafka.source(&topic, &group).build().await.expect("source"),
+        &ledger,
+    );
+    ledger.wait_for_all(10, "the first topic's records").await;
+    eventually("the partition to be assigned", PATIENCE, || async {
+        consumer.assigned() == 1
+    })
+    .await;
+
+    kafka.delete_topic(&topic).await.expect("delete");
+    eventually(
+        "the group to drop the deleted topic's partition",
+        PATIENCE,
+        || async { consumer.assigned() == 0 },
+    )
+    .await;
+    eventually("the topic to be created again", PATIENCE, || async {
+        kafka.create_topic(&topic, 1).await.is_ok()
+    })
+    .await;
+    kafka
+        .produce(&topic, numbered(10, 10))
+        .await
+        .expect("produce to the new topic");
+    ledger
+        .wait_for_all(20, "the new topic's records, consumed by the same consumer")
+        .await;
+    // `stop` fails the test if the consumer had stopped with an error.
+    consumer.stop().await;
+}

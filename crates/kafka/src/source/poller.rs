@@ -16,7 +16,7 @@ use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
 use super::handoff::Control;
 use super::watchdog::{OffsetReset, Watchdog, stalled_at};
-use crate::error::is_auth;
+use crate::error::is_not_authorized;
 
 /// Most messages taken from librdkafka per hand-over: large enough that the
 /// handoff lock is taken rarely, small enough to keep latency low.
@@ -42,8 +42,8 @@ pub(crate) struct Poller {
     pub(crate) batch: Vec<Message>,
     pub(crate) converter: Converter,
     pub(crate) paused: bool,
-    /// Unknown-topic errors already reported, so a deleted topic is
-    /// reported once, not on every poll.
+    /// Unknown-topic errors already logged, so a deleted topic is logged at
+    /// error level once, not on every metadata refresh.
     pub(crate) reported_missing: Vec<String>,
     /// Where a partition without a committed offset starts.
     pub(crate) reset: OffsetReset,
@@ -140,6 +140,9 @@ impl Poller {
             timeout = Duration::ZERO;
         }
         self.drop_revoked();
+        if !self.batch.is_empty() {
+            self.shared.forget_connection_failure();
+        }
         self.watchdog.record(self.batch.len());
         self.shared.handoff.push_messages(&mut self.batch);
     }
@@ -177,7 +180,7 @@ impl Poller {
             KafkaError::MessageConsumption(
                 RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
             ) => self.report_missing_topic(error),
-            KafkaError::MessageConsumption(code) if is_auth(code) => {
+            KafkaError::MessageConsumption(code) if is_not_authorized(code) => {
                 self.shared
                     .handoff
                     .push_control(Control::Error(SourceError::Unauthorized {
@@ -189,6 +192,15 @@ impl Poller {
         }
     }
 
+    /// A subscribed topic Kafka says does not exist (after librdkafka's
+    /// `topic.metadata.propagation.max.ms`). At build time that is an
+    /// error to act on (`ConnectError::UnknownTopic`); while running it is
+    /// usually a topic being deleted and created again, or not created yet
+    /// by a deploy: a transient error, so the runtime keeps the consumer and
+    /// backs off, and librdkafka assigns the topic's partitions (from their
+    /// start: the group's offsets went with the old topic) once it exists.
+    /// Logged at error level the first time, so a topic deleted for good is
+    /// seen.
     fn report_missing_topic(&mut self, error: KafkaError) {
         let subscription = self.consumer.subscription().ok();
         let topics: Vec<String> = subscription
@@ -197,21 +209,20 @@ impl Poller {
             .map(|element| element.topic().to_owned())
             .collect();
         let missing = topics.join(", ");
-        if self.reported_missing.contains(&missing) {
-            return;
+        if !self.reported_missing.contains(&missing) {
+            tracing::error!(%error, topics = %missing, "a subscribed kafka topic does not exist; waiting for it to be created");
+            self.reported_missing.push(missing.clone());
         }
-        tracing::error!(%error, topics = %missing, "a subscribed kafka topic does not exist");
-        self.reported_missing.push(missing.clone());
         self.shared
             .handoff
-            .push_control(Control::Error(SourceError::NotFound {
-                kind: "topic",
-                name: missing,
-                hint: format!(
-                    "{error}; create the topic on {} (or stop consuming it)",
+            .push_control(Control::Error(SourceError::Transient(
+                format!(
+                    "subscribed topic `{missing}` does not exist on {} ({error}); waiting for it \
+                     to be created (delete the subscription if it is gone for good)",
                     self.shared.brokers
-                ),
-            }));
+                )
+                .into(),
+            )));
     }
 
     /// The watchdog's check: called after an interval without messages.

@@ -209,6 +209,23 @@ impl KafkaBackend {
         Ok(())
     }
 
+    /// Deletes `topic` (real tier only).
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), BoxError> {
+        let Tier::Real(admin) = &self.tier else {
+            return Err("the mock tier deletes no topics".into());
+        };
+        let results = admin
+            .delete_topics(
+                &[topic],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await?;
+        for result in results {
+            result.map_err(|(name, code)| format!("deleting {name}: {code}"))?;
+        }
+        Ok(())
+    }
+
     /// Produces `messages` to `topic` (partition by key) and waits for every
     /// delivery report.
     pub async fn produce_to(&self, topic: &str, messages: &[TestMessage]) -> Result<(), BoxError> {
