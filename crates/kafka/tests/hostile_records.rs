@@ -6,7 +6,11 @@
 mod support;
 
 use std::ffi::c_char;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
 
 use intake_core::testkit::Backend;
 use intake_core::testkit::harness::{Ledger, numbered};
@@ -23,11 +27,27 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// so the test writes them through librdkafka's C API, as a Go, C or Java
 /// producer would.
 fn headers_with_raw_names(headers: &[(&[u8], &[u8])]) -> OwnedHeaders {
+    let headers: Vec<(&[u8], Option<&[u8]>)> = headers
+        .iter()
+        .map(|(name, value)| (*name, Some(*value)))
+        .collect();
+    raw_headers(&headers)
+}
+
+/// Headers with raw names and values, a value of `None` being a null one.
+fn raw_headers(headers: &[(&[u8], Option<&[u8]>)]) -> OwnedHeaders {
     let owned = OwnedHeaders::new();
     // `BorrowedHeaders` is rdkafka's view of the very `rd_kafka_headers_t`
     // that `owned` owns; the pointer stays valid while `owned` lives.
     let native = owned.as_borrowed() as *const BorrowedHeaders as *mut bindings::rd_kafka_headers_t;
     for (name, value) in headers {
+        let (value_ptr, value_len) = match value {
+            Some(value) => (
+                value.as_ptr().cast(),
+                isize::try_from(value.len()).expect("a short value"),
+            ),
+            None => (std::ptr::null(), 0),
+        };
         // SAFETY: `native` is a live, writable header list; librdkafka
         // copies name and value (of the lengths given) before returning.
         let error = unsafe {
@@ -35,8 +55,8 @@ fn headers_with_raw_names(headers: &[(&[u8], &[u8])]) -> OwnedHeaders {
                 native,
                 name.as_ptr().cast::<c_char>(),
                 isize::try_from(name.len()).expect("a short name"),
-                value.as_ptr().cast(),
-                isize::try_from(value.len()).expect("a short value"),
+                value_ptr,
+                value_len,
             )
         };
         assert_eq!(
@@ -157,4 +177,142 @@ async fn batches_in_every_compression_codec_are_consumed() {
         .await;
     consumer.stop().await;
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
+}
+
+/// A record as a hostile producer may write it.
+#[derive(Debug, Clone)]
+struct AnyRecord {
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+    headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Create time in ms since the epoch; negative ones included.
+    timestamp: i64,
+}
+
+fn any_record() -> impl Strategy<Value = AnyRecord> {
+    use proptest::collection::vec;
+    use proptest::option::of;
+    use proptest::prelude::*;
+    let bytes = |max| vec(any::<u8>(), 0..max);
+    (
+        of(bytes(64)),
+        of(bytes(2048)),
+        vec((bytes(24), of(bytes(64))), 0..12),
+        prop_oneof![Just(-1i64), -10_000i64..0, 0i64..4_102_444_800_000],
+    )
+        .prop_map(|(key, payload, headers, timestamp)| AnyRecord {
+            key,
+            payload,
+            headers,
+            timestamp,
+        })
+}
+
+/// What the source must make of a header name: librdkafka keeps names as C
+/// strings (cut at the first NUL), intake reads them lossily.
+fn expected_name(raw: &[u8]) -> String {
+    let cut = raw.iter().position(|byte| *byte == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..cut]).into_owned()
+}
+
+/// Arbitrary records (null and empty keys and values, any header bytes,
+/// null header values, negative and far timestamps) through the broker and
+/// the source's conversion: every record the broker accepted arrives as a
+/// message with its bytes, nothing panics, nothing stalls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arbitrary_records_arrive_as_messages_with_their_bytes() {
+    support::init_tracing();
+    let test = "arbitrary_records_arrive_as_messages_with_their_bytes";
+    let Some(kafka) = KafkaBackend::real(test) else {
+        return;
+    };
+    let mut runner = TestRunner::deterministic();
+    let records: Vec<AnyRecord> = (0..300)
+        .map(|_| {
+            any_record()
+                .new_tree(&mut runner)
+                .expect("a record")
+                .current()
+        })
+        .collect();
+    let topic = kafka.create_source(1).await.expect("topic");
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let mut accepted = Vec::new();
+    for record in &records {
+        let headers: Vec<(&[u8], Option<&[u8]>)> = record
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_slice(), value.as_deref()))
+            .collect();
+        let mut sent = FutureRecord::<[u8], [u8]>::to(&topic)
+            .partition(0)
+            .timestamp(record.timestamp)
+            .headers(raw_headers(&headers));
+        if let Some(key) = &record.key {
+            sent = sent.key(key.as_slice());
+        }
+        if let Some(payload) = &record.payload {
+            sent = sent.payload(payload.as_slice());
+        }
+        // The broker may refuse a record (a timestamp it will not store):
+        // only what it accepted must come back.
+        match producer.send(sent, PATIENCE).await {
+            Ok(_) => accepted.push(record.clone()),
+            Err((error, _)) => tracing::info!(%error, ?record.timestamp, "refused by the broker"),
+        }
+    }
+    assert!(
+        accepted.len() > records.len() / 2,
+        "most records are stored"
+    );
+
+    let mut source = kafka
+        .source(&topic, &unique("g"))
+        .build()
+        .await
+        .expect("source");
+    let taken = support::take(&mut source, accepted.len(), 64, Duration::from_secs(60)).await;
+    assert_eq!(
+        taken.messages.len(),
+        accepted.len(),
+        "every accepted record arrives"
+    );
+    for (message, record) in taken.messages.iter().zip(&accepted) {
+        assert_eq!(
+            message.payload().as_ref(),
+            record.payload.as_deref().unwrap_or_default()
+        );
+        assert_eq!(
+            message.key().map(Bytes::as_ref),
+            record.key.as_deref(),
+            "a null key stays absent, an empty one empty"
+        );
+        let names: Vec<String> = message
+            .headers()
+            .iter()
+            .map(|header| header.name.to_string())
+            .collect();
+        let expected: Vec<String> = record
+            .headers
+            .iter()
+            .map(|(name, _)| expected_name(name))
+            .collect();
+        assert_eq!(names, expected);
+        for (header, (_, value)) in message.headers().iter().zip(&record.headers) {
+            assert_eq!(header.value.as_ref(), value.as_deref().unwrap_or_default());
+        }
+        if record.timestamp >= 0 {
+            assert_eq!(
+                message.metadata().timestamp(),
+                Some(UNIX_EPOCH + Duration::from_millis(record.timestamp as u64))
+            );
+        }
+    }
+    intake_core::Source::close(&mut source)
+        .await
+        .expect("close");
 }
