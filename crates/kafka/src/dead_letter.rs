@@ -313,6 +313,12 @@ impl KafkaDeadLetterSinkBuilder {
                 problem: "must not be empty".into(),
             });
         }
+        if self.template.trim() == "{topic}" {
+            return Err(ConnectError::Config {
+                setting: "topic_template".into(),
+                problem: "`{topic}` alone names the source topic itself: dead letters would be consumed again, in a loop; use a name of their own, such as the default `{topic}.{group}.dlq`".into(),
+            });
+        }
         if self.partitions < 1 || (self.replication < 1 && self.replication != -1) {
             return Err(ConnectError::Config {
                 setting: "new_topic".into(),
@@ -360,6 +366,15 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         let message = &letter.message;
         let metadata = message.metadata();
         let topic = self.topic_for(metadata.source());
+        if topic == **metadata.source() {
+            // A template without placeholders that names a consumed topic.
+            return Err(DeadLetterError(
+                format!(
+                    "the dead-letter topic `{topic}` is the topic the message came from: it would be consumed again, in a loop; give the sink a topic of its own (`topic_template`)"
+                )
+                .into(),
+            ));
+        }
         self.ensure_topic(&topic)
             .await
             .map_err(|error| DeadLetterError(Box::new(error)))?;
@@ -429,6 +444,34 @@ mod tests {
             .build()
             .expect("a producer needs no broker to be built");
         assert_eq!(sink.topic_for("orders"), "orders.billing.dlq");
+    }
+
+    #[test]
+    fn a_template_naming_the_source_topic_is_refused_at_build_time() {
+        let built = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+            .topic_template(" {topic} ")
+            .build();
+        assert!(matches!(
+            built,
+            Err(ConnectError::Config { ref setting, .. }) if setting == "topic_template"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_dead_letter_is_never_written_to_the_topic_it_came_from() {
+        let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+            .topic_template("orders")
+            .build()
+            .expect("valid");
+        let message = intake_core::Message::new(
+            "poison",
+            intake_core::Metadata::new("orders".into(), 0, intake_core::Position::Offset(7)),
+        );
+        let refused = sink
+            .write(&DeadLetter::new(message, "bad", 1))
+            .await
+            .expect_err("refused without a broker round trip");
+        assert!(refused.to_string().contains("in a loop"), "{refused}");
     }
 
     #[test]
