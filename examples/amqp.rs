@@ -8,8 +8,8 @@
 //! acknowledged.
 //!
 //! ```text
-//! cargo run --example amqp
-//! INTAKE_AMQP_URL=amqps://user:pass@broker:5671/%2f cargo run --example amqp
+//! cargo run --example amqp --features amqp
+//! INTAKE_AMQP_URL=amqps://user:pass@broker:5671/%2f cargo run --example amqp --features amqp
 //! ```
 
 use std::sync::Arc;

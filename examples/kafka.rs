@@ -13,7 +13,7 @@
 //! echo '{"id":42,"customer":"c-9","quantity":2}' | kcat -P -b 127.0.0.1:9092 -t intake-example.orders
 //! ```
 //!
-//! Run it with `cargo run --example kafka`.
+//! Run it with `cargo run --example kafka --features kafka`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};

@@ -2,9 +2,9 @@
 //! produced, what each consumer handled, and what survived crashes.
 //!
 //! ```text
-//! cargo run --release --example ledger -- \
+//! cargo run --release --features full --example ledger -- \
 //!     produce --broker URL --source NAME --count N [--partitions P]
-//! cargo run --release --example ledger -- \
+//! cargo run --release --features full --example ledger -- \
 //!     consume --broker URL --source NAME --group GROUP --ledger FILE \
 //!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K] [--effects-db POSTGRES_URL]
 //! ```

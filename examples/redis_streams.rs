@@ -8,7 +8,7 @@
 //! redis-cli XADD intake-example:orders '*' payload '{"id":42}' customer c-9
 //! ```
 //!
-//! Run it with `cargo run --example redis_streams`.
+//! Run it with `cargo run --example redis_streams --features redis`.
 
 use std::time::Duration;
 

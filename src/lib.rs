@@ -2,10 +2,10 @@
 //! middleware and ordered commits.
 //!
 //! This facade re-exports [`intake_core`] (the traits, the runtime, the
-//! layers and the in-memory broker); the features `kafka`, `redis`, `amqp`
-//! and `postgres` (all on by default; `default-features = false` builds
-//! only the ones named) add the backend crates as `intake::kafka`,
-//! `intake::redis_streams`, `intake::amqp` and `intake::postgres`.
+//! layers and the in-memory broker). The backends are features, none on by
+//! default: `kafka`, `redis`, `amqp` and `postgres` (or `full` for all) add
+//! the backend crates as `intake::kafka`, `intake::redis_streams`,
+//! `intake::amqp` and `intake::postgres`.
 //!
 //! ```
 //! use intake::consumer::Consumer;
