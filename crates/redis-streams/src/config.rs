@@ -12,6 +12,7 @@ use crate::connection::{Connector, SecretUrl, check_server_version};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::RedisStreamsError;
 use crate::source::RedisStreamsSource;
+use crate::stats::RedisStreamsStats;
 
 /// Where a new consumer group starts reading a stream (or where a broadcast
 /// reader starts).
@@ -69,6 +70,8 @@ pub(crate) struct Settings {
     pub(crate) dead_letter_stream: DeadLetterStream,
     pub(crate) delete_acked: bool,
     pub(crate) reconnect: Backoff,
+    /// Counters shared by the source, the acker and the dead-letter sink.
+    pub(crate) stats: Arc<RedisStreamsStats>,
 }
 
 impl Settings {
@@ -467,6 +470,7 @@ impl RedisStreamsConfig {
             dead_letter_stream: self.dead_letter_stream.clone(),
             delete_acked: self.delete_acked,
             reconnect: self.reconnect,
+            stats: Arc::default(),
         })
     }
 

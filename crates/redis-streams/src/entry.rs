@@ -153,28 +153,70 @@ pub(crate) fn integer_of(value: &Value) -> Option<u64> {
     }
 }
 
+/// What [`parse_entries`] left out of a reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Skipped {
+    /// Nil in place of an entry: `XCLAIM` before Redis 7.0 answers so for
+    /// an entry deleted from the stream while it was pending.
+    pub(crate) vanished: usize,
+    /// Items that are no entry at all (no valid id, fields that are not a
+    /// list): nothing a server sends, so logged and counted.
+    pub(crate) malformed: usize,
+}
+
 /// Entries of one array of `[id, [field, value, …]]` pairs (an `XRANGE`,
 /// `XCLAIM` or per-stream read reply).
+///
+/// Only a reply that is not an array at all is an error. A malformed item
+/// is skipped (and counted) rather than failing the reply: the entries
+/// around it are good, and failing would stop the consumer on every read
+/// of the same reply.
 pub(crate) fn parse_entries(
     value: Value,
     command: &'static str,
     out: &mut Vec<RawEntry>,
-) -> Result<(), RedisStreamsError> {
+) -> Result<Skipped, RedisStreamsError> {
+    let mut skipped = Skipped::default();
     for entry in into_items(value, command)? {
-        let mut parts = into_items(entry, command)?.into_iter();
-        let id = parts
+        if matches!(entry, Value::Nil) {
+            skipped.vanished += 1;
+            continue;
+        }
+        let Ok(parts) = into_items(entry, command) else {
+            skipped.malformed += 1;
+            continue;
+        };
+        let mut parts = parts.into_iter();
+        let Some(id) = parts
             .next()
             .as_ref()
             .and_then(bytes_of)
             .and_then(StreamId::parse)
-            .ok_or_else(|| unexpected(command, "an entry without a valid id"))?;
+        else {
+            skipped.malformed += 1;
+            continue;
+        };
         let fields = match parts.next() {
             None | Some(Value::Nil) => None,
-            Some(fields) => Some(into_items(fields, command)?),
+            Some(fields) => match into_items(fields, command) {
+                Ok(fields) => Some(fields),
+                Err(_) => {
+                    skipped.malformed += 1;
+                    continue;
+                }
+            },
         };
         out.push(RawEntry { id, fields });
     }
-    Ok(())
+    if skipped.malformed > 0 {
+        tracing::error!(
+            command,
+            skipped = skipped.malformed,
+            "items of the reply are not stream entries; they are skipped (and claimed again \
+             later if they were entries)"
+        );
+    }
+    Ok(skipped)
 }
 
 /// Entries of an `XREAD`/`XREADGROUP` reply, per stream key: `[[key,
@@ -483,11 +525,43 @@ mod tests {
     #[test]
     fn a_malformed_reply_is_an_error_not_a_panic() {
         let mut raw = Vec::new();
-        let reply = Value::Array(vec![Value::Array(vec![bulk("not-an-id")])]);
-        assert!(parse_entries(reply, "XCLAIM", &mut raw).is_err());
+        assert!(parse_entries(Value::Int(3), "XCLAIM", &mut raw).is_err());
         let mut pending = Vec::new();
         assert!(parse_pending(Value::Array(vec![Value::Int(3)]), &mut pending).is_err());
         assert!(parse_read_reply(Value::Int(1), "XREAD", |_, _| Ok(())).is_err());
+    }
+
+    #[test]
+    fn malformed_and_nil_items_are_skipped_and_counted_and_the_good_entries_kept() {
+        let good = |id: &str| {
+            Value::Array(vec![
+                bulk(id),
+                Value::Array(vec![bulk("payload"), bulk("x")]),
+            ])
+        };
+        let reply = Value::Array(vec![
+            good("1-1"),
+            Value::Nil,
+            Value::Array(vec![bulk("not-an-id")]),
+            Value::Int(7),
+            Value::Array(vec![bulk("2-1"), Value::Int(3)]),
+            Value::Array(vec![bulk("3-1"), Value::Nil]),
+            good("4-1"),
+        ]);
+        let mut raw = Vec::new();
+        let skipped = parse_entries(reply, "XCLAIM", &mut raw).expect("an array of entries");
+        assert_eq!(
+            skipped,
+            Skipped {
+                vanished: 1,
+                malformed: 3
+            }
+        );
+        let ids: Vec<_> = raw
+            .iter()
+            .map(|entry| (entry.id.ms, entry.fields.is_some()))
+            .collect();
+        assert_eq!(ids, vec![(1, true), (3, false), (4, true)]);
     }
 
     /// Any reply a server (or something posing as one) could send: leaves
@@ -539,7 +613,7 @@ mod tests {
             let stream: SourceName = "orders".into();
             let mut entries = Vec::new();
             let _ = parse_read_reply(reply.clone(), "XREADGROUP", |_, value| {
-                parse_entries(value, "XREADGROUP", &mut entries)
+                parse_entries(value, "XREADGROUP", &mut entries).map(drop)
             });
             let _ = parse_entries(reply.clone(), "XCLAIM", &mut entries);
             for entry in entries {

@@ -53,6 +53,7 @@ mod dead_letter;
 mod entry;
 mod error;
 mod source;
+mod stats;
 
 pub use acker::RedisStreamsAcker;
 pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
@@ -60,6 +61,7 @@ pub use connection::Endpoint;
 pub use dead_letter::{RedisDeadLetterSink, fields as dead_letter_fields};
 pub use error::RedisStreamsError;
 pub use source::RedisStreamsSource;
+pub use stats::RedisStreamsStats;
 
 /// The Redis client this crate is built on, so that applications use the
 /// same version for their own commands.

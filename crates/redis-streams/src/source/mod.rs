@@ -39,6 +39,7 @@ use crate::config::Settings;
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::RedisStreamsError;
+use crate::stats::RedisStreamsStats;
 
 use self::blocking_connection::BlockingConnection;
 use self::broadcast::BroadcastReader;
@@ -126,6 +127,13 @@ impl RedisStreamsSource {
     /// This consumer's name within its group.
     pub fn consumer(&self) -> &str {
         &self.settings.consumer
+    }
+
+    /// The counters of this consumer (shared with its acker and dead-letter
+    /// sink): entries acknowledged because they vanished, malformed replies,
+    /// dead letters, retries after transient failures.
+    pub fn stats(&self) -> Arc<RedisStreamsStats> {
+        self.settings.stats.clone()
     }
 
     /// The consumer group, or `None` for a broadcast reader.
