@@ -177,6 +177,12 @@ impl BlockingConnection {
         Ok(())
     }
 
+    /// Makes every later failure final: no reconnect policy, no wait. For
+    /// the last steps of a source that is closing.
+    pub(crate) fn stop_retrying(&mut self) {
+        self.policy = Backoff::Disabled;
+    }
+
     /// Records that a command worked.
     pub(crate) fn succeeded(&mut self) {
         self.failures = 0;

@@ -533,6 +533,11 @@ impl GroupReader {
         // answer the commands below only after that block ran out: begin on
         // a fresh connection then.
         self.connection.begin_call();
+        // Leaving the group is tidying up, and the process is waiting to
+        // stop: one attempt within the connect and command timeouts, never
+        // the reconnect policy (retry forever by default), which would hang
+        // a shutdown during an outage.
+        self.connection.stop_retrying();
         let result = self.delete_if_idle().await;
         self.connection.end_call();
         result
@@ -556,6 +561,11 @@ impl GroupReader {
                 Ok(_) => {}
                 Err(error) => {
                     let error = connector.key_error(error, "XGROUP DELCONSUMER", &stream.name);
+                    if error.is_transient() {
+                        // The server is unreachable: the other streams
+                        // would wait out the same timeout each.
+                        return Err(error);
+                    }
                     tracing::warn!(%error, "could not remove the consumer from its group");
                 }
             }
