@@ -8,12 +8,10 @@
 
 use std::sync::Arc;
 
-use intake_core::{AckBatch, AckError, AckMode, Acker};
-use redis::aio::ConnectionManager;
-
 use crate::config::Settings;
-use crate::connection::Connector;
+use crate::connection::SharedConnection;
 use crate::entry::StreamId;
+use intake_core::{AckBatch, AckError, AckMode, Acker};
 
 /// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
 /// broadcast reader.
@@ -26,8 +24,7 @@ pub struct RedisStreamsAcker {
 }
 
 struct GroupAcker {
-    connection: ConnectionManager,
-    connector: Connector,
+    connection: SharedConnection,
     settings: Arc<Settings>,
 }
 
@@ -36,7 +33,7 @@ impl std::fmt::Debug for RedisStreamsAcker {
         match &self.group {
             Some(group) => f
                 .debug_struct("RedisStreamsAcker")
-                .field("endpoint", group.connector.endpoint())
+                .field("endpoint", group.connection.connector().endpoint())
                 .field("group", &group.settings.group)
                 .finish(),
             None => f.write_str("RedisStreamsAcker(broadcast)"),
@@ -45,14 +42,9 @@ impl std::fmt::Debug for RedisStreamsAcker {
 }
 
 impl RedisStreamsAcker {
-    pub(crate) fn new(
-        connection: ConnectionManager,
-        connector: Connector,
-        settings: Arc<Settings>,
-    ) -> Self {
+    pub(crate) fn new(connection: SharedConnection, settings: Arc<Settings>) -> Self {
         let group = settings.group.is_some().then(|| GroupAcker {
             connection,
-            connector,
             settings,
         });
         Self { group }
@@ -130,18 +122,22 @@ impl GroupAcker {
         if requeued > 0 {
             tracing::debug!(requeued, "entries left pending for a later claim");
         }
-        let mut sent = pipe.query_async::<()>(&mut self.connection).await;
-        if sent
-            .as_ref()
-            .is_err_and(|error| error.is_connection_dropped() || error.is_io_error())
-        {
-            // The shared connection reconnects after a failure; XACK is
-            // idempotent, so one immediate retry spares a wait for the next
-            // batch (and a redelivery, if there is none).
-            sent = pipe.query_async::<()>(&mut self.connection).await;
+        let mut connection = self.connection.get();
+        let mut sent = pipe.query_async::<()>(&mut connection).await;
+        let retry = match &sent {
+            Ok(()) => false,
+            // The shared connection reconnects after a failure by itself.
+            Err(error) if error.is_connection_dropped() || error.is_io_error() => true,
+            Err(error) => self.connection.replace_if_replica(error).await,
+        };
+        if retry {
+            // XACK is idempotent, so one immediate retry spares a wait for
+            // the next batch (and a redelivery, if there is none).
+            let mut connection = self.connection.get();
+            sent = pipe.query_async::<()>(&mut connection).await;
         }
         sent.map_err(|error| {
-            let error = self.connector.error(error, "XACK");
+            let error = self.connection.connector().error(error, "XACK");
             // The runtime gives the work back and sends it with the next
             // batch; until then the entries stay pending, never lost.
             tracing::warn!(%error, "acknowledgement failed");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use intake_core::{Backoff, ConfigError, Exponential, SourceName};
 
 use crate::acker::RedisStreamsAcker;
-use crate::connection::{Connector, SecretUrl, check_server_version};
+use crate::connection::{Connector, SecretUrl, SharedConnection, check_server_version};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::RedisStreamsError;
 use crate::source::RedisStreamsSource;
@@ -495,9 +495,9 @@ impl RedisStreamsConfig {
         let connector = self.connector()?;
         let mut reader = connector.blocking_reader(settings.block).await?;
         check_server_version(&mut reader, &connector).await?;
-        let shared = connector.shared().await?;
-        let sink = RedisDeadLetterSink::new(shared.clone(), connector.clone(), settings.clone());
-        let acker = RedisStreamsAcker::new(shared, connector.clone(), settings.clone());
+        let shared = SharedConnection::new(connector.shared().await?, connector.clone());
+        let sink = RedisDeadLetterSink::new(shared.clone(), settings.clone());
+        let acker = RedisStreamsAcker::new(shared, settings.clone());
         let source = RedisStreamsSource::start(connector, reader, settings, sink).await?;
         Ok((source, acker))
     }
@@ -508,8 +508,8 @@ impl RedisStreamsConfig {
     pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, RedisStreamsError> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;
-        let shared = connector.shared().await?;
-        Ok(RedisDeadLetterSink::new(shared, connector, settings))
+        let shared = SharedConnection::new(connector.shared().await?, connector);
+        Ok(RedisDeadLetterSink::new(shared, settings))
     }
 }
 

@@ -16,10 +16,9 @@ use std::time::UNIX_EPOCH;
 
 use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink, Message};
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use crate::config::Settings;
-use crate::connection::Connector;
+use crate::connection::SharedConnection;
 use crate::entry::StreamId;
 use crate::error::RedisStreamsError;
 
@@ -64,15 +63,14 @@ return id
 /// and hand it to the dead-letter layer; it is cheap to clone.
 #[derive(Clone)]
 pub struct RedisDeadLetterSink {
-    connection: ConnectionManager,
-    connector: Connector,
+    connection: SharedConnection,
     settings: Arc<Settings>,
 }
 
 impl std::fmt::Debug for RedisDeadLetterSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisDeadLetterSink")
-            .field("endpoint", self.connector.endpoint())
+            .field("endpoint", self.connection.connector().endpoint())
             .field("group", &self.settings.group)
             .field("dead_letter_stream", &self.settings.dead_letter_stream)
             .finish()
@@ -80,14 +78,9 @@ impl std::fmt::Debug for RedisDeadLetterSink {
 }
 
 impl RedisDeadLetterSink {
-    pub(crate) fn new(
-        connection: ConnectionManager,
-        connector: Connector,
-        settings: Arc<Settings>,
-    ) -> Self {
+    pub(crate) fn new(connection: SharedConnection, settings: Arc<Settings>) -> Self {
         Self {
             connection,
-            connector,
             settings,
         }
     }
@@ -144,11 +137,20 @@ impl RedisDeadLetterSink {
             .arg(attempts)
             .arg(fields::FAILED_AT)
             .arg(failed_at_ms.to_string());
-        let mut connection = self.connection.clone();
-        let id: String = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|error| self.connector.key_error(error, "XADD", &dead_letters))?;
+        let mut connection = self.connection.get();
+        let written: Result<String, _> = invocation.invoke_async(&mut connection).await;
+        let id = match written {
+            Ok(id) => id,
+            Err(error) => {
+                // The caller tries again later; by then over a connection to
+                // the new master if a failover made this server a replica.
+                self.connection.replace_if_replica(&error).await;
+                return Err(self
+                    .connection
+                    .connector()
+                    .key_error(error, "XADD", &dead_letters));
+            }
+        };
         StreamId::parse(id.as_bytes()).ok_or_else(|| RedisStreamsError::UnexpectedReply {
             command: "XADD",
             detail: format!("`{id}` is not an entry id"),

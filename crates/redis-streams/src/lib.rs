@@ -59,7 +59,7 @@ pub use acker::RedisStreamsAcker;
 pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
 pub use connection::Endpoint;
 pub use dead_letter::{RedisDeadLetterSink, fields as dead_letter_fields};
-pub use error::RedisStreamsError;
+pub use error::{RedisStreamsError, TRANSIENT_CODES};
 pub use source::RedisStreamsSource;
 pub use stats::RedisStreamsStats;
 

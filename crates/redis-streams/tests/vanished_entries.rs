@@ -22,7 +22,7 @@ const HANG: Duration = Duration::from_secs(30);
 #[tokio::test]
 async fn a_claimed_entry_that_redis_6_answers_with_nil_is_acknowledged_and_counted() {
     let claimed_once = AtomicBool::new(false);
-    let server = ScriptedServer::start(move |command| {
+    let server = ScriptedServer::start(move |_, command| {
         let name = command.first()?.to_ascii_uppercase();
         let idle_scan = name == "XPENDING" && command.iter().any(|arg| arg == "IDLE");
         if idle_scan && !claimed_once.swap(true, Ordering::SeqCst) {
@@ -82,7 +82,7 @@ async fn a_claimed_entry_missing_from_the_reply_but_still_in_the_stream_is_left_
     // by a third consumer in between): only an entry that is gone from the
     // stream may be acknowledged.
     let claimed_once = AtomicBool::new(false);
-    let server = ScriptedServer::start(move |command| {
+    let server = ScriptedServer::start(move |_, command| {
         let name = command.first()?.to_ascii_uppercase();
         let idle_scan = name == "XPENDING" && command.iter().any(|arg| arg == "IDLE");
         if idle_scan && !claimed_once.swap(true, Ordering::SeqCst) {

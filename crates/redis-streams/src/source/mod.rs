@@ -89,9 +89,14 @@ impl RedisStreamsSource {
             }
             None => Some(broadcast::start_positions(&mut connection, &connector, &settings).await?),
         };
-        let connection =
-            BlockingConnection::new(connector, settings.block, settings.reconnect, connection)
-                .await;
+        let connection = BlockingConnection::new(
+            connector,
+            settings.block,
+            settings.reconnect,
+            connection,
+            settings.stats.clone(),
+        )
+        .await;
         let reader = match positions {
             None => Reader::Group(Box::new(GroupReader::new(
                 settings.clone(),

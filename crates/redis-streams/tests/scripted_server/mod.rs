@@ -15,9 +15,10 @@ use tokio::task::JoinHandle;
 /// One command as the client sent it, arguments as text (lossy).
 pub type Command = Vec<String>;
 
-/// Answers a command with raw RESP bytes, or `None` for the default answer
-/// (see [`default_reply`]).
-pub type Script = dyn Fn(&Command) -> Option<Vec<u8>> + Send + Sync;
+/// Answers a command (and the number of the connection it came on, from 0
+/// in the order of accepting) with raw RESP bytes, or `None` for the
+/// default answer (see [`default_reply`]).
+pub type Script = dyn Fn(usize, &Command) -> Option<Vec<u8>> + Send + Sync;
 
 /// A scripted server on a free port of 127.0.0.1; stops when dropped.
 pub struct ScriptedServer {
@@ -35,7 +36,7 @@ impl Drop for ScriptedServer {
 impl ScriptedServer {
     /// Listens and answers every connection's commands with `script`.
     pub async fn start(
-        script: impl Fn(&Command) -> Option<Vec<u8>> + Send + Sync + 'static,
+        script: impl Fn(usize, &Command) -> Option<Vec<u8>> + Send + Sync + 'static,
     ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -46,7 +47,10 @@ impl ScriptedServer {
         let recorded = commands.clone();
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
+            let mut accepted = 0;
             while let Ok((stream, _)) = listener.accept().await {
+                let connection = accepted;
+                accepted += 1;
                 let script = script.clone();
                 let recorded = recorded.clone();
                 connections.spawn(async move {
@@ -64,7 +68,8 @@ impl ScriptedServer {
                             // little, as Redis would, instead of spinning.
                             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                         }
-                        let reply = script(&command).unwrap_or_else(|| default_reply(&command));
+                        let reply =
+                            script(connection, &command).unwrap_or_else(|| default_reply(&command));
                         if writer.write_all(&reply).await.is_err() {
                             return;
                         }
@@ -118,11 +123,11 @@ pub fn default_reply(command: &Command) -> Vec<u8> {
     match name.as_deref() {
         Some("INFO") => bulk("# Server\r\nredis_version:6.2.14\r\n"),
         Some("CLIENT")
-            if command
-                .get(1)
-                .is_some_and(|sub| sub.eq_ignore_ascii_case("ID")) =>
+            if command.get(1).is_some_and(|sub| {
+                sub.eq_ignore_ascii_case("ID") || sub.eq_ignore_ascii_case("KILL")
+            }) =>
         {
-            b":7\r\n".to_vec()
+            b":1\r\n".to_vec()
         }
         Some("XPENDING" | "XRANGE" | "XCLAIM") => b"*0\r\n".to_vec(),
         Some("XREADGROUP" | "XREAD") => b"*-1\r\n".to_vec(),
@@ -143,6 +148,11 @@ pub fn array(items: &[Vec<u8>]) -> Vec<u8> {
         out.extend_from_slice(item);
     }
     out
+}
+
+/// An error reply `-<text>`.
+pub fn error(text: &str) -> Vec<u8> {
+    format!("-{text}\r\n").into_bytes()
 }
 
 /// An integer.
