@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::config::Settings;
 use crate::connection::SharedConnection;
 use crate::entry::StreamId;
+use crate::held::HeldEntries;
 use intake_core::{AckBatch, AckError, AckMode, Acker};
 
 /// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
@@ -26,6 +27,7 @@ pub struct RedisStreamsAcker {
 struct GroupAcker {
     connection: SharedConnection,
     settings: Arc<Settings>,
+    held: Arc<HeldEntries>,
 }
 
 impl std::fmt::Debug for RedisStreamsAcker {
@@ -42,10 +44,15 @@ impl std::fmt::Debug for RedisStreamsAcker {
 }
 
 impl RedisStreamsAcker {
-    pub(crate) fn new(connection: SharedConnection, settings: Arc<Settings>) -> Self {
+    pub(crate) fn new(
+        connection: SharedConnection,
+        settings: Arc<Settings>,
+        held: Arc<HeldEntries>,
+    ) -> Self {
         let group = settings.group.is_some().then(|| GroupAcker {
             connection,
             settings,
+            held,
         });
         Self { group }
     }
@@ -83,6 +90,13 @@ impl GroupAcker {
         let mut pipe = redis::pipe();
         let mut acknowledged = 0_usize;
         for ack in &batch.partitions {
+            // Left pending for a later claim: from now on a claim candidate.
+            self.held.release(
+                &ack.partition.source,
+                ack.requeue
+                    .iter()
+                    .filter_map(|&position| StreamId::from_position(position)),
+            );
             let ids = || {
                 ack.completed
                     .iter()
@@ -135,6 +149,16 @@ impl GroupAcker {
             // the next batch (and a redelivery, if there is none).
             let mut connection = self.connection.get();
             sent = pipe.query_async::<()>(&mut connection).await;
+        }
+        if sent.is_ok() {
+            for ack in &batch.partitions {
+                self.held.release(
+                    &ack.partition.source,
+                    ack.completed
+                        .iter()
+                        .filter_map(|&position| StreamId::from_position(position)),
+                );
+            }
         }
         sent.map_err(|error| {
             let error = self.connection.connector().error(error, "XACK");

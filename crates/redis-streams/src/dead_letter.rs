@@ -21,6 +21,7 @@ use crate::config::Settings;
 use crate::connection::SharedConnection;
 use crate::entry::StreamId;
 use crate::error::RedisStreamsError;
+use crate::stats::RedisStreamsStats;
 
 /// Names of the fields a dead letter carries besides the original ones.
 pub mod fields {
@@ -83,6 +84,11 @@ impl RedisDeadLetterSink {
             connection,
             settings,
         }
+    }
+
+    /// The counters of the consumer this sink belongs to.
+    pub(crate) fn stats(&self) -> &RedisStreamsStats {
+        &self.settings.stats
     }
 
     /// The dead-letter stream for entries of `stream`.

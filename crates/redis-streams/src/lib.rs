@@ -14,7 +14,7 @@
 //! | ack | `XACK` of many ids, every stream in one pipelined round trip |
 //! | retry later | the entry stays pending and is claimed again after `claim_min_idle` |
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
-//! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` |
+//! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
 //! | broadcast | `XREAD` without a group |
 //!
 //! ```no_run
@@ -52,6 +52,7 @@ mod connection;
 mod dead_letter;
 mod entry;
 mod error;
+mod held;
 mod source;
 mod stats;
 

@@ -41,6 +41,7 @@ use crate::entry::{
     parse_pending, parse_read_reply, split_read_reply,
 };
 use crate::error::RedisStreamsError;
+use crate::held::HeldEntries;
 
 /// Deletes this consumer from the group if it has no pending entries. Atomic,
 /// so a pending entry can never be dropped with its consumer.
@@ -106,12 +107,14 @@ pub(super) struct GroupReader {
     decoder: EntryDecoder,
     sink: RedisDeadLetterSink,
     staging: Staging,
+    held: Arc<HeldEntries>,
     next_claim: Instant,
     // Scratch space reused across calls.
     raw: Vec<RawEntry>,
     pending: Vec<PendingEntry>,
     replies: Vec<(usize, Value)>,
     deleted: Vec<StreamId>,
+    staged: Vec<StreamId>,
 }
 
 impl GroupReader {
@@ -119,6 +122,7 @@ impl GroupReader {
         settings: Arc<Settings>,
         connection: BlockingConnection,
         sink: RedisDeadLetterSink,
+        held: Arc<HeldEntries>,
     ) -> Self {
         let streams = settings
             .streams
@@ -136,11 +140,13 @@ impl GroupReader {
             streams,
             sink,
             staging: Staging::default(),
+            held,
             next_claim: Instant::now(),
             raw: Vec::new(),
             pending: Vec::new(),
             replies: Vec::new(),
             deleted: Vec::new(),
+            staged: Vec::new(),
             settings,
         }
     }
@@ -279,7 +285,10 @@ impl GroupReader {
     async fn claim(&mut self, max: usize) -> Result<usize, RedisStreamsError> {
         let min_idle = millis(self.settings.claim_min_idle);
         let mut pipe = redis::pipe();
-        for stream in &self.streams {
+        for (index, stream) in self.streams.iter().enumerate() {
+            // Held entries are left out below; asking for as many more keeps
+            // them from crowding out entries that may be claimed.
+            let count = max.saturating_add(self.held.count(index));
             pipe.cmd("XPENDING")
                 .arg(&*stream.name)
                 .arg(&*self.group)
@@ -287,7 +296,7 @@ impl GroupReader {
                 .arg(min_idle)
                 .arg("-")
                 .arg("+")
-                .arg(max);
+                .arg(count);
         }
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
@@ -302,6 +311,10 @@ impl GroupReader {
             }
             self.pending.clear();
             parse_pending(rows, &mut self.pending)?;
+            // Entries this consumer holds (queued or running) look idle to
+            // Redis; claiming them would run them a second time.
+            self.held
+                .retain_unheld(index, &mut self.pending, |pending| pending.id);
             if self.pending.is_empty() {
                 continue;
             }
@@ -476,6 +489,7 @@ impl GroupReader {
         let stream = &mut self.streams[index];
         let mut newest = stream.decoded;
         self.deleted.clear();
+        self.staged.clear();
         for entry in self.raw.drain(..) {
             newest = newest.max(Some(entry.id));
             let Some(fields) = entry.fields else {
@@ -502,7 +516,10 @@ impl GroupReader {
                         ),
                         attempts: attempt - 1,
                     }),
-                    _ => self.staging.ready.push_back(message),
+                    _ => {
+                        self.staged.push(entry.id);
+                        self.staging.ready.push_back(message);
+                    }
                 },
                 Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
                     message,
@@ -519,6 +536,7 @@ impl GroupReader {
         // From here on these entries count as received: a re-read after a
         // dropped call starts after them (see the module docs of `source`).
         stream.decoded = newest;
+        self.held.hold(index, &self.staged);
         self.acknowledge_deleted(index).await?;
         if !self.staging.poison.is_empty() {
             self.staging.dead_letter(&self.sink).await;
