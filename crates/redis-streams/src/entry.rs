@@ -604,26 +604,141 @@ mod tests {
         })
     }
 
+    /// `value` in RESP (RESP3 types included), as a server would send it.
+    fn encode(value: &Value, out: &mut Vec<u8>) {
+        let mut header = |kind: char, length: usize| {
+            out.extend_from_slice(format!("{kind}{length}\r\n").as_bytes());
+        };
+        match value {
+            Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+            Value::Int(number) => out.extend_from_slice(format!(":{number}\r\n").as_bytes()),
+            Value::SimpleString(text) if !text.contains(['\r', '\n']) => {
+                out.extend_from_slice(format!("+{text}\r\n").as_bytes());
+            }
+            Value::SimpleString(text) => encode(&Value::BulkString(text.clone().into_bytes()), out),
+            Value::BulkString(bytes) => {
+                header('$', bytes.len());
+                out.extend_from_slice(bytes);
+                out.extend_from_slice(b"\r\n");
+            }
+            Value::Double(number) => {
+                let text = if number.is_nan() {
+                    "nan".to_owned()
+                } else if number.is_infinite() {
+                    if *number > 0.0 { "inf" } else { "-inf" }.to_owned()
+                } else {
+                    format!("{number:?}")
+                };
+                out.extend_from_slice(format!(",{text}\r\n").as_bytes());
+            }
+            Value::Boolean(true) => out.extend_from_slice(b"#t\r\n"),
+            Value::Boolean(false) => out.extend_from_slice(b"#f\r\n"),
+            Value::Array(items) | Value::Set(items) => {
+                header(
+                    if matches!(value, Value::Set(_)) {
+                        '~'
+                    } else {
+                        '*'
+                    },
+                    items.len(),
+                );
+                for item in items {
+                    encode(item, out);
+                }
+            }
+            Value::Map(pairs) => {
+                header('%', pairs.len());
+                for (name, value) in pairs {
+                    encode(name, out);
+                    encode(value, out);
+                }
+            }
+            Value::Attribute { data, attributes } => {
+                header('|', attributes.len());
+                for (name, value) in attributes {
+                    encode(name, out);
+                    encode(value, out);
+                }
+                encode(data, out);
+            }
+            _ => out.extend_from_slice(b"_\r\n"),
+        }
+    }
+
+    /// Runs `reply` through every parser the source applies to the replies
+    /// of `XREADGROUP`, `XREAD`, `XCLAIM`, `XRANGE` and `XPENDING`, and the
+    /// entry decoder.
+    fn parse_every_way(reply: &Value) {
+        let mut decoder = EntryDecoder::new("payload".into(), Some("key".into()));
+        let stream: SourceName = "orders".into();
+        let mut entries = Vec::new();
+        let _ = parse_read_reply(reply.clone(), "XREADGROUP", |_, value| {
+            parse_entries(value, "XREADGROUP", &mut entries).map(drop)
+        });
+        let mut split = Vec::new();
+        let _ = split_read_reply(
+            reply.clone(),
+            "XREAD",
+            |key| (key == b"orders").then_some(0),
+            &mut split,
+        );
+        let _ = parse_entries(reply.clone(), "XCLAIM", &mut entries);
+        for entry in entries {
+            if let Some(fields) = entry.fields {
+                let _ = decoder.decode(&stream, entry.id, fields, 1);
+            }
+        }
+        let mut pending = Vec::new();
+        let _ = parse_pending(reply.clone(), &mut pending);
+        let _ = integer_of(reply);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
 
         #[test]
         fn any_reply_is_parsed_or_refused_never_a_panic(reply in any_reply()) {
-            let mut decoder = EntryDecoder::new("payload".into(), Some("key".into()));
-            let stream: SourceName = "orders".into();
-            let mut entries = Vec::new();
-            let _ = parse_read_reply(reply.clone(), "XREADGROUP", |_, value| {
-                parse_entries(value, "XREADGROUP", &mut entries).map(drop)
-            });
-            let _ = parse_entries(reply.clone(), "XCLAIM", &mut entries);
-            for entry in entries {
-                if let Some(fields) = entry.fields {
-                    let _ = decoder.decode(&stream, entry.id, fields, 1);
-                }
+            parse_every_way(&reply);
+        }
+
+        /// The same through the client's own RESP parser, from bytes as they
+        /// arrive: whole, cut short anywhere, or with one byte changed.
+        #[test]
+        fn any_reply_bytes_are_parsed_or_refused_never_a_panic(
+            reply in any_reply(),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+            flip in proptest::prelude::any::<(proptest::sample::Index, u8)>(),
+        ) {
+            let mut bytes = Vec::new();
+            encode(&reply, &mut bytes);
+            let whole = redis::parse_redis_value(&bytes);
+            proptest::prop_assert!(whole.is_ok(), "{:?}: {:?}", bytes.escape_ascii().to_string(), whole);
+            if let Ok(parsed) = whole {
+                parse_every_way(&parsed);
             }
-            let mut pending = Vec::new();
-            let _ = parse_pending(reply.clone(), &mut pending);
-            let _ = integer_of(&reply);
+            if let Ok(parsed) = redis::parse_redis_value(&bytes[..cut.index(bytes.len() + 1)]) {
+                parse_every_way(&parsed);
+            }
+            let (at, byte) = flip;
+            let at = at.index(bytes.len());
+            bytes[at] = byte;
+            if let Ok(parsed) = redis::parse_redis_value(&bytes) {
+                parse_every_way(&parsed);
+            }
+        }
+
+        /// Every item of an entry list becomes an entry or is counted as
+        /// vanished or malformed: nothing is dropped silently.
+        #[test]
+        fn every_item_of_an_entry_list_is_an_entry_or_counted(items in proptest::collection::vec(any_reply(), 0..12)) {
+            let count = items.len();
+            let mut entries = Vec::new();
+            let skipped = parse_entries(Value::Array(items), "XCLAIM", &mut entries);
+            proptest::prop_assert!(skipped.is_ok());
+            if let Ok(skipped) = skipped {
+                proptest::prop_assert_eq!(entries.len() + skipped.vanished + skipped.malformed, count);
+            }
         }
 
         #[test]
