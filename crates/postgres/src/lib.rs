@@ -161,8 +161,8 @@
 //! services that use PostgreSQL already use it, with `query!`, `FromRow` and
 //! its migrations, so a handler's code is ordinary sqlx code. Its pool is
 //! bounded and has acquire timeouts, and its database errors carry the
-//! SQLSTATE that the error classes need. Enable a TLS feature of `sqlx` in
-//! your own `Cargo.toml` (for example `tls-rustls`) to connect over TLS.
+//! SQLSTATE that the error classes need. TLS is built in (rustls): the
+//! URL's `sslmode` decides, `verify-full` included (see [`PoolConfig`]).
 #![warn(missing_docs)]
 
 mod batch;
