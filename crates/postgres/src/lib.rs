@@ -132,7 +132,11 @@
 //! memory-broker offsets are stable across redelivery. AMQP delivery tags
 //! are not, so on RabbitMQ use [`MessageId::header`]`("amqp.message-id")`
 //! (the `message-id` property, which producers must set). A header id also
-//! skips copies that a producer sent twice.
+//! skips copies that a producer sent twice, and it is the recommended
+//! identity wherever producers can set one: a position is unique only
+//! within one life of its source, so after a Kafka topic or a Redis stream
+//! is deleted and created again, messages at positions seen before would be
+//! skipped as duplicates ([`MessageId::Position`] says when that happens).
 //!
 //! # The marker table
 //!
