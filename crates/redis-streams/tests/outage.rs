@@ -28,12 +28,18 @@ enum Outage {
     Killed,
     /// SIGSTOP: the kernel still accepts connections, nothing answers.
     Frozen,
+    /// SIGKILL, and a listener that never answers takes the port: the
+    /// existing connections are gone, every new one hangs until its
+    /// connect timeout (a host that went away behind a load balancer).
+    Blackholed,
 }
 
 /// A `redis-server` child on a free port; killed when dropped.
 struct OwnServer {
     child: Child,
     port: u16,
+    /// Holds the port after [`Outage::Blackholed`].
+    blackhole: Option<std::net::TcpListener>,
 }
 
 impl Drop for OwnServer {
@@ -64,7 +70,11 @@ impl OwnServer {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|error| format!("cannot start redis-server: {error}"))?;
-        let server = Self { child, port };
+        let server = Self {
+            child,
+            port,
+            blackhole: None,
+        };
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Ok(server);
@@ -83,6 +93,16 @@ impl OwnServer {
             Outage::Killed => {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
+            }
+            Outage::Blackholed => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                // Never accepted: the kernel completes the handshakes into
+                // the backlog, and nothing is ever read or written.
+                self.blackhole = Some(
+                    std::net::TcpListener::bind(("127.0.0.1", self.port))
+                        .expect("the port is free again"),
+                );
             }
             Outage::Frozen => {
                 let stopped = Command::new("kill")
@@ -130,7 +150,7 @@ fn config(server: &OwnServer, stream: &str) -> RedisStreamsConfig {
 
 #[tokio::test]
 async fn closing_the_source_during_an_outage_returns_instead_of_reconnecting_forever() {
-    for outage in [Outage::Killed, Outage::Frozen] {
+    for outage in [Outage::Killed, Outage::Frozen, Outage::Blackholed] {
         let Some(mut server) = own_server_or_skip("closing the source during an outage") else {
             return;
         };
@@ -153,7 +173,7 @@ async fn closing_the_source_during_an_outage_returns_instead_of_reconnecting_for
 
 #[tokio::test]
 async fn the_last_acknowledgement_during_an_outage_fails_within_its_timeouts() {
-    for outage in [Outage::Killed, Outage::Frozen] {
+    for outage in [Outage::Killed, Outage::Frozen, Outage::Blackholed] {
         let Some(mut server) = own_server_or_skip("the last acknowledgement during an outage")
         else {
             return;
@@ -184,7 +204,7 @@ async fn the_last_acknowledgement_during_an_outage_fails_within_its_timeouts() {
 
 #[tokio::test]
 async fn a_consumer_stopped_during_an_outage_returns_from_run() {
-    for outage in [Outage::Killed, Outage::Frozen] {
+    for outage in [Outage::Killed, Outage::Frozen, Outage::Blackholed] {
         let Some(mut server) = own_server_or_skip("a consumer stopped during an outage") else {
             return;
         };
