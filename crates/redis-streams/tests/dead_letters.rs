@@ -173,3 +173,28 @@ fn a_dead_letter_stream_that_is_also_consumed_is_refused_when_built() {
         .expect_err("dead letters would be consumed again");
     assert_eq!(error.setting, "dead_letter_stream");
 }
+
+#[tokio::test]
+async fn an_entry_just_under_the_field_limit_is_dead_lettered_with_every_field() {
+    let Some(mut redis) = redis_or_skip("an_entry_just_under_the_field_limit").await else {
+        return;
+    };
+    let stream = unique("wide-enough");
+    let group = unique("group");
+    // Payload, headers and the eight origin fields, two values each.
+    let headers = intake_redis_streams::MAX_DEAD_LETTER_VALUES / 2 - 1 - 8;
+    let mut fields = vec![("payload".to_owned(), "body".to_owned())];
+    fields.extend((0..headers).map(|n| (format!("h{n}"), format!("v{n}"))));
+    add(&mut redis, &stream, &fields).await;
+
+    let (written, source) = dead_letter_the_entry(&stream, &group, "cannot parse").await;
+    assert!(written.is_ok(), "{written:?}");
+    let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
+    let letter = &dead[0];
+    assert_eq!(
+        field(letter, &format!("h{}", headers - 1)),
+        Some(format!("v{}", headers - 1))
+    );
+    assert_eq!(field(letter, dead_letter_fields::FIELDS_OMITTED), None);
+    assert_eq!(source.stats().dead_letters_reduced(), 0);
+}
