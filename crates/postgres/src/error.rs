@@ -31,6 +31,22 @@ pub enum ConnectError {
         #[source]
         source: sqlx::Error,
     },
+    /// The TLS handshake failed: the server's certificate is not signed by a
+    /// trusted CA, does not name the host, or has expired (under
+    /// `sslmode=verify-ca`/`verify-full`), or the server does not offer TLS
+    /// (under `sslmode=require`). Retrying will not help.
+    #[error(
+        "the TLS handshake with PostgreSQL at {url} failed; with sslmode=verify-full the \
+         server's certificate must be signed by a CA in the platform's trust store or in \
+         `sslrootcert` (PoolConfig::ssl_root_certificate), and name the host of the URL"
+    )]
+    Tls {
+        /// The URL, password redacted.
+        url: String,
+        /// The driver's error, with the TLS library's reason.
+        #[source]
+        source: sqlx::Error,
+    },
     /// The server could not be reached, or refused the connection for another
     /// reason (no such database, too many connections).
     #[error("cannot connect to PostgreSQL at {url}: {source}")]
@@ -53,9 +69,23 @@ impl ConnectError {
         );
         if refused_credentials {
             ConnectError::Unauthorized { url, source: error }
+        } else if is_tls_failure(&error) {
+            ConnectError::Tls { url, source: error }
         } else {
             ConnectError::Unreachable { url, source: error }
         }
+    }
+}
+
+/// Whether `error` is a failed TLS set-up: sqlx reports its own checks as
+/// `Error::Tls`, and the handshake's as an I/O error that wraps rustls's.
+fn is_tls_failure(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
     }
 }
 

@@ -132,7 +132,11 @@
 //! memory-broker offsets are stable across redelivery. AMQP delivery tags
 //! are not, so on RabbitMQ use [`MessageId::header`]`("amqp.message-id")`
 //! (the `message-id` property, which producers must set). A header id also
-//! skips copies that a producer sent twice.
+//! skips copies that a producer sent twice, and it is the recommended
+//! identity wherever producers can set one: a position is unique only
+//! within one life of its source, so after a Kafka topic or a Redis stream
+//! is deleted and created again, messages at positions seen before would be
+//! skipped as duplicates ([`MessageId::Position`] says when that happens).
 //!
 //! # The marker table
 //!
@@ -161,8 +165,8 @@
 //! services that use PostgreSQL already use it, with `query!`, `FromRow` and
 //! its migrations, so a handler's code is ordinary sqlx code. Its pool is
 //! bounded and has acquire timeouts, and its database errors carry the
-//! SQLSTATE that the error classes need. Enable a TLS feature of `sqlx` in
-//! your own `Cargo.toml` (for example `tls-rustls`) to connect over TLS.
+//! SQLSTATE that the error classes need. TLS is built in (rustls): the
+//! URL's `sslmode` decides, `verify-full` included (see [`PoolConfig`]).
 #![warn(missing_docs)]
 
 mod batch;

@@ -17,13 +17,25 @@ pub enum MessageId {
     /// Source, partition and broker position: a Kafka or memory-broker
     /// offset, a Redis stream entry id. These are stable across redelivery.
     /// The default.
+    ///
+    /// A position identifies a message only within one life of its source.
+    /// A Kafka topic that is deleted and created again starts its offsets
+    /// at 0, and a Redis stream created again takes the ids its producers
+    /// give (Redis's own `*` ids come from its clock and do not repeat, but
+    /// explicit ids, or a failover to a server whose clock is behind, do):
+    /// messages at positions seen before are then skipped as duplicates and
+    /// their effects lost, until the markers are pruned. Where sources may
+    /// be recreated, or producers can set an id, prefer
+    /// [`Header`](Self::Header).
     #[default]
     Position,
     /// The value of this header, per source (the partition is not part of
-    /// the identity). For brokers whose positions change on redelivery (AMQP
-    /// delivery tags: use `"amqp.message-id"`, the `message-id` property), and
-    /// to also skip copies a producer sent twice. A message without the
-    /// header fails permanently.
+    /// the identity). The recommended identity wherever producers can set a
+    /// unique id: it survives a source deleted and created again, and also
+    /// skips copies a producer sent twice. Required for brokers whose
+    /// positions change on redelivery (AMQP delivery tags: use
+    /// `"amqp.message-id"`, the `message-id` property). A message without
+    /// the header fails permanently.
     Header(Arc<str>),
 }
 

@@ -22,6 +22,26 @@ use crate::url::DatabaseUrl;
 ///
 /// `Debug` shows the URL without its password.
 ///
+/// # TLS
+///
+/// Connections use TLS (rustls) as the URL's `sslmode` says, as `libpq`
+/// does:
+///
+/// | `sslmode` | encrypted | server certificate checked |
+/// |---|---|---|
+/// | `disable` | no | no |
+/// | `prefer` (the default) | when the server offers TLS, else clear text | no |
+/// | `require` | yes, or the connection fails | no |
+/// | `verify-ca` | yes | signed by a trusted CA |
+/// | `verify-full` | yes | signed by a trusted CA and naming the URL's host |
+///
+/// Only `verify-full` stops a man in the middle; use it wherever the
+/// network is not yours: `postgres://app@db.internal/orders?sslmode=verify-full`.
+/// Trusted CAs are the platform's root certificates plus `sslrootcert=<path>`
+/// in the URL or [`ssl_root_certificate`](Self::ssl_root_certificate). A
+/// client certificate goes in `sslcert` and `sslkey`. A refused certificate
+/// fails [`connect`](Self::connect) with [`ConnectError::Tls`].
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use intake_postgres::PoolConfig;
@@ -45,6 +65,7 @@ pub struct PoolConfig {
     idle_timeout: Option<Duration>,
     test_before_acquire: bool,
     application_name: String,
+    ssl_root_certificate: Option<Vec<u8>>,
 }
 
 impl PoolConfig {
@@ -67,6 +88,7 @@ impl PoolConfig {
             idle_timeout: Some(Duration::from_secs(600)),
             test_before_acquire: false,
             application_name: "intake".to_owned(),
+            ssl_root_certificate: None,
         }
     }
 
@@ -113,6 +135,16 @@ impl PoolConfig {
         self
     }
 
+    /// Trusts the CA certificate `pem` (PEM text) for the server's
+    /// certificate, besides the platform's root certificates: the
+    /// `sslrootcert` of the URL, given as content rather than a path (from a
+    /// secret store, say). Checked only under `sslmode=verify-ca` or
+    /// `verify-full`; see [the type docs](Self) for the modes.
+    pub fn ssl_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ssl_root_certificate = Some(pem.into());
+        self
+    }
+
     /// The URL (its `Display` and `Debug` hide the password).
     pub fn url(&self) -> &DatabaseUrl {
         &self.url
@@ -154,6 +186,10 @@ impl PoolConfig {
                 reason: self.url.scrub(&error.to_string()),
             })?
             .application_name(&self.application_name);
+        let connect_options = match &self.ssl_root_certificate {
+            Some(pem) => connect_options.ssl_root_cert_from_pem(pem.clone()),
+            None => connect_options,
+        };
         let pool_options = PgPoolOptions::new()
             .max_connections(self.max_connections)
             .min_connections(self.min_connections)
@@ -199,6 +235,7 @@ impl fmt::Debug for PoolConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("test_before_acquire", &self.test_before_acquire)
             .field("application_name", &self.application_name)
+            .field("ssl_root_certificate", &self.ssl_root_certificate.is_some())
             .finish()
     }
 }

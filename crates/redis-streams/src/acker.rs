@@ -8,12 +8,11 @@
 
 use std::sync::Arc;
 
-use intake_core::{AckBatch, AckError, AckMode, Acker};
-use redis::aio::ConnectionManager;
-
 use crate::config::Settings;
-use crate::connection::Connector;
+use crate::connection::SharedConnection;
 use crate::entry::StreamId;
+use crate::held::HeldEntries;
+use intake_core::{AckBatch, AckError, AckMode, Acker};
 
 /// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
 /// broadcast reader.
@@ -26,9 +25,9 @@ pub struct RedisStreamsAcker {
 }
 
 struct GroupAcker {
-    connection: ConnectionManager,
-    connector: Connector,
+    connection: SharedConnection,
     settings: Arc<Settings>,
+    held: Arc<HeldEntries>,
 }
 
 impl std::fmt::Debug for RedisStreamsAcker {
@@ -36,7 +35,7 @@ impl std::fmt::Debug for RedisStreamsAcker {
         match &self.group {
             Some(group) => f
                 .debug_struct("RedisStreamsAcker")
-                .field("endpoint", group.connector.endpoint())
+                .field("endpoint", group.connection.connector().endpoint())
                 .field("group", &group.settings.group)
                 .finish(),
             None => f.write_str("RedisStreamsAcker(broadcast)"),
@@ -46,14 +45,14 @@ impl std::fmt::Debug for RedisStreamsAcker {
 
 impl RedisStreamsAcker {
     pub(crate) fn new(
-        connection: ConnectionManager,
-        connector: Connector,
+        connection: SharedConnection,
         settings: Arc<Settings>,
+        held: Arc<HeldEntries>,
     ) -> Self {
         let group = settings.group.is_some().then(|| GroupAcker {
             connection,
-            connector,
             settings,
+            held,
         });
         Self { group }
     }
@@ -91,6 +90,13 @@ impl GroupAcker {
         let mut pipe = redis::pipe();
         let mut acknowledged = 0_usize;
         for ack in &batch.partitions {
+            // Left pending for a later claim: from now on a claim candidate.
+            self.held.release(
+                &ack.partition.source,
+                ack.requeue
+                    .iter()
+                    .filter_map(|&position| StreamId::from_position(position)),
+            );
             let ids = || {
                 ack.completed
                     .iter()
@@ -130,18 +136,32 @@ impl GroupAcker {
         if requeued > 0 {
             tracing::debug!(requeued, "entries left pending for a later claim");
         }
-        let mut sent = pipe.query_async::<()>(&mut self.connection).await;
-        if sent
-            .as_ref()
-            .is_err_and(|error| error.is_connection_dropped() || error.is_io_error())
-        {
-            // The shared connection reconnects after a failure; XACK is
-            // idempotent, so one immediate retry spares a wait for the next
-            // batch (and a redelivery, if there is none).
-            sent = pipe.query_async::<()>(&mut self.connection).await;
+        let mut connection = self.connection.get();
+        let mut sent = pipe.query_async::<()>(&mut connection).await;
+        let retry = match &sent {
+            Ok(()) => false,
+            // The shared connection reconnects after a failure by itself.
+            Err(error) if error.is_connection_dropped() || error.is_io_error() => true,
+            Err(error) => self.connection.replace_if_replica(error).await,
+        };
+        if retry {
+            // XACK is idempotent, so one immediate retry spares a wait for
+            // the next batch (and a redelivery, if there is none).
+            let mut connection = self.connection.get();
+            sent = pipe.query_async::<()>(&mut connection).await;
+        }
+        if sent.is_ok() {
+            for ack in &batch.partitions {
+                self.held.release(
+                    &ack.partition.source,
+                    ack.completed
+                        .iter()
+                        .filter_map(|&position| StreamId::from_position(position)),
+                );
+            }
         }
         sent.map_err(|error| {
-            let error = self.connector.error(error, "XACK");
+            let error = self.connection.connector().error(error, "XACK");
             // The runtime gives the work back and sends it with the next
             // batch; until then the entries stay pending, never lost.
             tracing::warn!(%error, "acknowledgement failed");

@@ -8,10 +8,12 @@ use std::time::Duration;
 use intake_core::{Backoff, ConfigError, Exponential, SourceName};
 
 use crate::acker::RedisStreamsAcker;
-use crate::connection::{Connector, SecretUrl, check_server_version};
+use crate::connection::{Connector, SecretUrl, SharedConnection, check_server_version};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::RedisStreamsError;
+use crate::held::HeldEntries;
 use crate::source::RedisStreamsSource;
+use crate::stats::RedisStreamsStats;
 
 /// Where a new consumer group starts reading a stream (or where a broadcast
 /// reader starts).
@@ -69,6 +71,8 @@ pub(crate) struct Settings {
     pub(crate) dead_letter_stream: DeadLetterStream,
     pub(crate) delete_acked: bool,
     pub(crate) reconnect: Backoff,
+    /// Counters shared by the source, the acker and the dead-letter sink.
+    pub(crate) stats: Arc<RedisStreamsStats>,
 }
 
 impl Settings {
@@ -111,10 +115,20 @@ impl Settings {
 /// [`claim_interval`](Self::claim_interval) it claims entries that have been
 /// pending longer than [`claim_min_idle`](Self::claim_min_idle) with any
 /// consumer: the work of consumers that died, and entries whose handler
-/// asked for a retry. **`claim_min_idle` must be longer than the longest
-/// time a message may spend in the consumer** (queued plus handled):
-/// Redis cannot tell a slow consumer from a dead one, so an entry held
-/// longer is delivered a second time.
+/// asked for a retry.
+///
+/// Redis cannot tell a slow consumer from a dead one: it measures how long
+/// an entry has been idle since its last delivery. So while a consumer
+/// holds entries (queued in the runtime behind a slow handler, or running),
+/// it resets their idle time every third of `claim_min_idle`, without
+/// counting a delivery, and it never claims an entry it holds itself. An
+/// entry is claimed from a consumer only once that consumer stopped
+/// refreshing it: it crashed, or stalled for longer than about two thirds
+/// of `claim_min_idle`. **`claim_min_idle` must be longer than the longest
+/// stall of a live process** (a pause of the runtime, a lost connection to
+/// Redis); queueing and handling time no longer count. A handler that
+/// never returns keeps its entry for as long as the consumer runs, as on
+/// every other backend: bound it with a timeout layer.
 ///
 /// # Retry later
 ///
@@ -272,8 +286,9 @@ impl RedisStreamsConfig {
         self
     }
 
-    /// How long an entry must have been pending before another delivery may
-    /// claim it (default 60 s). See [the type docs](Self).
+    /// How long an entry must have been idle (pending without being
+    /// refreshed by a live consumer) before another delivery may claim it
+    /// (default 60 s). See [the type docs](Self).
     pub fn claim_min_idle(mut self, idle: Duration) -> Self {
         self.claim_min_idle = idle;
         self
@@ -467,6 +482,7 @@ impl RedisStreamsConfig {
             dead_letter_stream: self.dead_letter_stream.clone(),
             delete_acked: self.delete_acked,
             reconnect: self.reconnect,
+            stats: Arc::default(),
         })
     }
 
@@ -491,10 +507,12 @@ impl RedisStreamsConfig {
         let connector = self.connector()?;
         let mut reader = connector.blocking_reader(settings.block).await?;
         check_server_version(&mut reader, &connector).await?;
-        let shared = connector.shared().await?;
-        let sink = RedisDeadLetterSink::new(shared.clone(), connector.clone(), settings.clone());
-        let acker = RedisStreamsAcker::new(shared, connector.clone(), settings.clone());
-        let source = RedisStreamsSource::start(connector, reader, settings, sink).await?;
+        let shared = SharedConnection::new(connector.shared().await?, connector.clone());
+        let sink = RedisDeadLetterSink::new(shared.clone(), settings.clone());
+        let held = Arc::new(HeldEntries::new(&settings.streams));
+        let acker = RedisStreamsAcker::new(shared.clone(), settings.clone(), held.clone());
+        let source =
+            RedisStreamsSource::start(connector, reader, settings, sink, shared, held).await?;
         Ok((source, acker))
     }
 
@@ -504,8 +522,8 @@ impl RedisStreamsConfig {
     pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, RedisStreamsError> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;
-        let shared = connector.shared().await?;
-        Ok(RedisDeadLetterSink::new(shared, connector, settings))
+        let shared = SharedConnection::new(connector.shared().await?, connector);
+        Ok(RedisDeadLetterSink::new(shared, settings))
     }
 }
 

@@ -8,7 +8,7 @@
 //! [`ConnectionManager`], which reconnects by itself after a failure.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -16,7 +16,7 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo};
 
 use intake_core::ConfigError;
 
-use crate::error::RedisStreamsError;
+use crate::error::{RedisStreamsError, server_code};
 
 /// Where the backend connects, as `scheme://[user@]host:port/db`: the URL
 /// without its password, safe for logs and errors.
@@ -203,6 +203,64 @@ impl Connector {
         key: &str,
     ) -> RedisStreamsError {
         RedisStreamsError::from_redis(error, command, Some(key), &self.endpoint)
+    }
+}
+
+/// The connection of the acker and the dead-letter sink: a
+/// [`ConnectionManager`], replaced as a whole when the server it reaches
+/// turns out to be a replica.
+///
+/// A `ConnectionManager` reconnects only when its connection drops. After a
+/// failover the demoted master keeps the connection open and answers every
+/// write with `READONLY`, so without a new connection (which reaches the
+/// new master where the address follows it: DNS, a virtual IP, a proxy)
+/// every acknowledgement would fail until the process restarts.
+#[derive(Clone)]
+pub(crate) struct SharedConnection {
+    current: Arc<Mutex<ConnectionManager>>,
+    connector: Connector,
+}
+
+impl SharedConnection {
+    pub(crate) fn new(connection: ConnectionManager, connector: Connector) -> Self {
+        Self {
+            current: Arc::new(Mutex::new(connection)),
+            connector,
+        }
+    }
+
+    /// The current connection (a cheap handle to it).
+    pub(crate) fn get(&self) -> ConnectionManager {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    /// After `error`: connects anew if the server answered `READONLY`.
+    /// Returns whether a new connection is in place.
+    pub(crate) async fn replace_if_replica(&self, error: &redis::RedisError) -> bool {
+        if server_code(error).as_deref() != Some("READONLY") {
+            return false;
+        }
+        match self.connector.shared().await {
+            Ok(connection) => {
+                tracing::warn!(
+                    endpoint = %self.connector.endpoint(),
+                    "Redis answered READONLY (a failover made it a replica); connected anew"
+                );
+                *self.current.lock().unwrap_or_else(PoisonError::into_inner) = connection;
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not connect anew after READONLY");
+                false
+            }
+        }
     }
 }
 

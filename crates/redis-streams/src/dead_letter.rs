@@ -16,12 +16,12 @@ use std::time::UNIX_EPOCH;
 
 use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink, Message};
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use crate::config::Settings;
-use crate::connection::Connector;
+use crate::connection::SharedConnection;
 use crate::entry::StreamId;
 use crate::error::RedisStreamsError;
+use crate::stats::RedisStreamsStats;
 
 /// Names of the fields a dead letter carries besides the original ones.
 pub mod fields {
@@ -39,6 +39,55 @@ pub mod fields {
     pub const ATTEMPTS: &str = "dlq.attempts";
     /// When it was given up, in milliseconds since the Unix epoch.
     pub const FAILED_AT: &str = "dlq.failed_at_ms";
+    /// How many original fields (headers) were left out because, with
+    /// them, the dead letter would not fit into one script call (see
+    /// [`MAX_DEAD_LETTER_VALUES`](crate::MAX_DEAD_LETTER_VALUES)); only
+    /// present then. The original entry stays in the source stream under
+    /// its id (unless trimmed or deleted), to be read from there.
+    pub const FIELDS_OMITTED: &str = "dlq.fields_omitted";
+    /// A producer's own field whose name is one of the fields above keeps
+    /// its value under this prefix (`dlq.producer.dlq.stream`): the origin
+    /// fields appear once each and always tell the truth.
+    pub const PRODUCER_PREFIX: &str = "dlq.producer.";
+
+    /// The names the dead letter writes itself.
+    pub(crate) const ORIGIN: [&str; 8] = [
+        STREAM,
+        ID,
+        GROUP,
+        CONSUMER,
+        ERROR,
+        ATTEMPTS,
+        FAILED_AT,
+        FIELDS_OMITTED,
+    ];
+}
+
+/// Longest `dlq.error` text, in bytes: a longer error is cut at a character
+/// boundary and marked ` … (truncated)`. Errors can quote whole payloads.
+pub const MAX_DEAD_LETTER_ERROR_LEN: usize = 4_096;
+
+/// Most field names and values a dead letter passes to Redis in one script
+/// call, origin fields included. Lua's `unpack` (and any call from a script)
+/// fails near 8,000 values; an entry with more fields than fit is
+/// dead-lettered with its payload and origin but without its other fields
+/// ([`fields::FIELDS_OMITTED`]), counted in
+/// [`RedisStreamsStats::dead_letters_reduced`], rather than failing on every
+/// attempt. Size is no limit of its own: every value is a copy of one Redis
+/// already stored.
+pub const MAX_DEAD_LETTER_VALUES: usize = 7_000;
+
+/// `error`, cut to [`MAX_DEAD_LETTER_ERROR_LEN`] bytes at a character
+/// boundary.
+fn capped_error(error: &str) -> std::borrow::Cow<'_, str> {
+    if error.len() <= MAX_DEAD_LETTER_ERROR_LEN {
+        return error.into();
+    }
+    let mut end = MAX_DEAD_LETTER_ERROR_LEN;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} … (truncated)", &error[..end]).into()
 }
 
 /// `KEYS[1]` dead-letter stream, `KEYS[2]` source stream; `ARGV[1]` group,
@@ -64,15 +113,14 @@ return id
 /// and hand it to the dead-letter layer; it is cheap to clone.
 #[derive(Clone)]
 pub struct RedisDeadLetterSink {
-    connection: ConnectionManager,
-    connector: Connector,
+    connection: SharedConnection,
     settings: Arc<Settings>,
 }
 
 impl std::fmt::Debug for RedisDeadLetterSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisDeadLetterSink")
-            .field("endpoint", self.connector.endpoint())
+            .field("endpoint", self.connection.connector().endpoint())
             .field("group", &self.settings.group)
             .field("dead_letter_stream", &self.settings.dead_letter_stream)
             .finish()
@@ -80,16 +128,16 @@ impl std::fmt::Debug for RedisDeadLetterSink {
 }
 
 impl RedisDeadLetterSink {
-    pub(crate) fn new(
-        connection: ConnectionManager,
-        connector: Connector,
-        settings: Arc<Settings>,
-    ) -> Self {
+    pub(crate) fn new(connection: SharedConnection, settings: Arc<Settings>) -> Self {
         Self {
             connection,
-            connector,
             settings,
         }
+    }
+
+    /// The counters of the consumer this sink belongs to.
+    pub(crate) fn stats(&self) -> &RedisStreamsStats {
+        &self.settings.stats
     }
 
     /// The dead-letter stream for entries of `stream`.
@@ -126,8 +174,28 @@ impl RedisDeadLetterSink {
                 .arg(&*self.settings.payload_field)
                 .arg(message.payload().as_ref());
         }
-        for header in message.headers() {
-            invocation.arg(&*header.name).arg(header.value.as_ref());
+        let headers = message.headers().len();
+        let values = 2 * (usize::from(with_payload) + headers + fields::ORIGIN.len());
+        let reduced = values > MAX_DEAD_LETTER_VALUES;
+        if reduced {
+            tracing::warn!(
+                stream,
+                position = %metadata.position(),
+                omitted = headers,
+                "the entry has too many fields for one dead letter; writing it without them \
+                 (the original stays in the stream)"
+            );
+            invocation.arg(fields::FIELDS_OMITTED).arg(headers);
+        } else {
+            for header in message.headers() {
+                if fields::ORIGIN.contains(&&*header.name) {
+                    invocation
+                        .arg(format!("{}{}", fields::PRODUCER_PREFIX, header.name))
+                        .arg(header.value.as_ref());
+                } else {
+                    invocation.arg(&*header.name).arg(header.value.as_ref());
+                }
+            }
         }
         invocation
             .arg(fields::STREAM)
@@ -139,16 +207,30 @@ impl RedisDeadLetterSink {
             .arg(fields::CONSUMER)
             .arg(&*self.settings.consumer)
             .arg(fields::ERROR)
-            .arg(error)
+            .arg(&*capped_error(error))
             .arg(fields::ATTEMPTS)
             .arg(attempts)
             .arg(fields::FAILED_AT)
             .arg(failed_at_ms.to_string());
-        let mut connection = self.connection.clone();
-        let id: String = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|error| self.connector.key_error(error, "XADD", &dead_letters))?;
+        let mut connection = self.connection.get();
+        let written: Result<String, _> = invocation.invoke_async(&mut connection).await;
+        let id = match written {
+            Ok(id) => {
+                if reduced {
+                    self.settings.stats.add_dead_letters_reduced(1);
+                }
+                id
+            }
+            Err(error) => {
+                // The caller tries again later; by then over a connection to
+                // the new master if a failover made this server a replica.
+                self.connection.replace_if_replica(&error).await;
+                return Err(self
+                    .connection
+                    .connector()
+                    .key_error(error, "XADD", &dead_letters));
+            }
+        };
         StreamId::parse(id.as_bytes()).ok_or_else(|| RedisStreamsError::UnexpectedReply {
             command: "XADD",
             detail: format!("`{id}` is not an entry id"),

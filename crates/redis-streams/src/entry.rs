@@ -153,28 +153,70 @@ pub(crate) fn integer_of(value: &Value) -> Option<u64> {
     }
 }
 
+/// What [`parse_entries`] left out of a reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Skipped {
+    /// Nil in place of an entry: `XCLAIM` before Redis 7.0 answers so for
+    /// an entry deleted from the stream while it was pending.
+    pub(crate) vanished: usize,
+    /// Items that are no entry at all (no valid id, fields that are not a
+    /// list): nothing a server sends, so logged and counted.
+    pub(crate) malformed: usize,
+}
+
 /// Entries of one array of `[id, [field, value, …]]` pairs (an `XRANGE`,
 /// `XCLAIM` or per-stream read reply).
+///
+/// Only a reply that is not an array at all is an error. A malformed item
+/// is skipped (and counted) rather than failing the reply: the entries
+/// around it are good, and failing would stop the consumer on every read
+/// of the same reply.
 pub(crate) fn parse_entries(
     value: Value,
     command: &'static str,
     out: &mut Vec<RawEntry>,
-) -> Result<(), RedisStreamsError> {
+) -> Result<Skipped, RedisStreamsError> {
+    let mut skipped = Skipped::default();
     for entry in into_items(value, command)? {
-        let mut parts = into_items(entry, command)?.into_iter();
-        let id = parts
+        if matches!(entry, Value::Nil) {
+            skipped.vanished += 1;
+            continue;
+        }
+        let Ok(parts) = into_items(entry, command) else {
+            skipped.malformed += 1;
+            continue;
+        };
+        let mut parts = parts.into_iter();
+        let Some(id) = parts
             .next()
             .as_ref()
             .and_then(bytes_of)
             .and_then(StreamId::parse)
-            .ok_or_else(|| unexpected(command, "an entry without a valid id"))?;
+        else {
+            skipped.malformed += 1;
+            continue;
+        };
         let fields = match parts.next() {
             None | Some(Value::Nil) => None,
-            Some(fields) => Some(into_items(fields, command)?),
+            Some(fields) => match into_items(fields, command) {
+                Ok(fields) => Some(fields),
+                Err(_) => {
+                    skipped.malformed += 1;
+                    continue;
+                }
+            },
         };
         out.push(RawEntry { id, fields });
     }
-    Ok(())
+    if skipped.malformed > 0 {
+        tracing::error!(
+            command,
+            skipped = skipped.malformed,
+            "items of the reply are not stream entries; they are skipped (and claimed again \
+             later if they were entries)"
+        );
+    }
+    Ok(skipped)
 }
 
 /// Entries of an `XREAD`/`XREADGROUP` reply, per stream key: `[[key,
@@ -483,11 +525,43 @@ mod tests {
     #[test]
     fn a_malformed_reply_is_an_error_not_a_panic() {
         let mut raw = Vec::new();
-        let reply = Value::Array(vec![Value::Array(vec![bulk("not-an-id")])]);
-        assert!(parse_entries(reply, "XCLAIM", &mut raw).is_err());
+        assert!(parse_entries(Value::Int(3), "XCLAIM", &mut raw).is_err());
         let mut pending = Vec::new();
         assert!(parse_pending(Value::Array(vec![Value::Int(3)]), &mut pending).is_err());
         assert!(parse_read_reply(Value::Int(1), "XREAD", |_, _| Ok(())).is_err());
+    }
+
+    #[test]
+    fn malformed_and_nil_items_are_skipped_and_counted_and_the_good_entries_kept() {
+        let good = |id: &str| {
+            Value::Array(vec![
+                bulk(id),
+                Value::Array(vec![bulk("payload"), bulk("x")]),
+            ])
+        };
+        let reply = Value::Array(vec![
+            good("1-1"),
+            Value::Nil,
+            Value::Array(vec![bulk("not-an-id")]),
+            Value::Int(7),
+            Value::Array(vec![bulk("2-1"), Value::Int(3)]),
+            Value::Array(vec![bulk("3-1"), Value::Nil]),
+            good("4-1"),
+        ]);
+        let mut raw = Vec::new();
+        let skipped = parse_entries(reply, "XCLAIM", &mut raw).expect("an array of entries");
+        assert_eq!(
+            skipped,
+            Skipped {
+                vanished: 1,
+                malformed: 3
+            }
+        );
+        let ids: Vec<_> = raw
+            .iter()
+            .map(|entry| (entry.id.ms, entry.fields.is_some()))
+            .collect();
+        assert_eq!(ids, vec![(1, true), (3, false), (4, true)]);
     }
 
     /// Any reply a server (or something posing as one) could send: leaves
@@ -530,26 +604,141 @@ mod tests {
         })
     }
 
+    /// `value` in RESP (RESP3 types included), as a server would send it.
+    fn encode(value: &Value, out: &mut Vec<u8>) {
+        let mut header = |kind: char, length: usize| {
+            out.extend_from_slice(format!("{kind}{length}\r\n").as_bytes());
+        };
+        match value {
+            Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+            Value::Int(number) => out.extend_from_slice(format!(":{number}\r\n").as_bytes()),
+            Value::SimpleString(text) if !text.contains(['\r', '\n']) => {
+                out.extend_from_slice(format!("+{text}\r\n").as_bytes());
+            }
+            Value::SimpleString(text) => encode(&Value::BulkString(text.clone().into_bytes()), out),
+            Value::BulkString(bytes) => {
+                header('$', bytes.len());
+                out.extend_from_slice(bytes);
+                out.extend_from_slice(b"\r\n");
+            }
+            Value::Double(number) => {
+                let text = if number.is_nan() {
+                    "nan".to_owned()
+                } else if number.is_infinite() {
+                    if *number > 0.0 { "inf" } else { "-inf" }.to_owned()
+                } else {
+                    format!("{number:?}")
+                };
+                out.extend_from_slice(format!(",{text}\r\n").as_bytes());
+            }
+            Value::Boolean(true) => out.extend_from_slice(b"#t\r\n"),
+            Value::Boolean(false) => out.extend_from_slice(b"#f\r\n"),
+            Value::Array(items) | Value::Set(items) => {
+                header(
+                    if matches!(value, Value::Set(_)) {
+                        '~'
+                    } else {
+                        '*'
+                    },
+                    items.len(),
+                );
+                for item in items {
+                    encode(item, out);
+                }
+            }
+            Value::Map(pairs) => {
+                header('%', pairs.len());
+                for (name, value) in pairs {
+                    encode(name, out);
+                    encode(value, out);
+                }
+            }
+            Value::Attribute { data, attributes } => {
+                header('|', attributes.len());
+                for (name, value) in attributes {
+                    encode(name, out);
+                    encode(value, out);
+                }
+                encode(data, out);
+            }
+            _ => out.extend_from_slice(b"_\r\n"),
+        }
+    }
+
+    /// Runs `reply` through every parser the source applies to the replies
+    /// of `XREADGROUP`, `XREAD`, `XCLAIM`, `XRANGE` and `XPENDING`, and the
+    /// entry decoder.
+    fn parse_every_way(reply: &Value) {
+        let mut decoder = EntryDecoder::new("payload".into(), Some("key".into()));
+        let stream: SourceName = "orders".into();
+        let mut entries = Vec::new();
+        let _ = parse_read_reply(reply.clone(), "XREADGROUP", |_, value| {
+            parse_entries(value, "XREADGROUP", &mut entries).map(drop)
+        });
+        let mut split = Vec::new();
+        let _ = split_read_reply(
+            reply.clone(),
+            "XREAD",
+            |key| (key == b"orders").then_some(0),
+            &mut split,
+        );
+        let _ = parse_entries(reply.clone(), "XCLAIM", &mut entries);
+        for entry in entries {
+            if let Some(fields) = entry.fields {
+                let _ = decoder.decode(&stream, entry.id, fields, 1);
+            }
+        }
+        let mut pending = Vec::new();
+        let _ = parse_pending(reply.clone(), &mut pending);
+        let _ = integer_of(reply);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
 
         #[test]
         fn any_reply_is_parsed_or_refused_never_a_panic(reply in any_reply()) {
-            let mut decoder = EntryDecoder::new("payload".into(), Some("key".into()));
-            let stream: SourceName = "orders".into();
-            let mut entries = Vec::new();
-            let _ = parse_read_reply(reply.clone(), "XREADGROUP", |_, value| {
-                parse_entries(value, "XREADGROUP", &mut entries)
-            });
-            let _ = parse_entries(reply.clone(), "XCLAIM", &mut entries);
-            for entry in entries {
-                if let Some(fields) = entry.fields {
-                    let _ = decoder.decode(&stream, entry.id, fields, 1);
-                }
+            parse_every_way(&reply);
+        }
+
+        /// The same through the client's own RESP parser, from bytes as they
+        /// arrive: whole, cut short anywhere, or with one byte changed.
+        #[test]
+        fn any_reply_bytes_are_parsed_or_refused_never_a_panic(
+            reply in any_reply(),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+            flip in proptest::prelude::any::<(proptest::sample::Index, u8)>(),
+        ) {
+            let mut bytes = Vec::new();
+            encode(&reply, &mut bytes);
+            let whole = redis::parse_redis_value(&bytes);
+            proptest::prop_assert!(whole.is_ok(), "{:?}: {:?}", bytes.escape_ascii().to_string(), whole);
+            if let Ok(parsed) = whole {
+                parse_every_way(&parsed);
             }
-            let mut pending = Vec::new();
-            let _ = parse_pending(reply.clone(), &mut pending);
-            let _ = integer_of(&reply);
+            if let Ok(parsed) = redis::parse_redis_value(&bytes[..cut.index(bytes.len() + 1)]) {
+                parse_every_way(&parsed);
+            }
+            let (at, byte) = flip;
+            let at = at.index(bytes.len());
+            bytes[at] = byte;
+            if let Ok(parsed) = redis::parse_redis_value(&bytes) {
+                parse_every_way(&parsed);
+            }
+        }
+
+        /// Every item of an entry list becomes an entry or is counted as
+        /// vanished or malformed: nothing is dropped silently.
+        #[test]
+        fn every_item_of_an_entry_list_is_an_entry_or_counted(items in proptest::collection::vec(any_reply(), 0..12)) {
+            let count = items.len();
+            let mut entries = Vec::new();
+            let skipped = parse_entries(Value::Array(items), "XCLAIM", &mut entries);
+            proptest::prop_assert!(skipped.is_ok());
+            if let Ok(skipped) = skipped {
+                proptest::prop_assert_eq!(entries.len() + skipped.vanished + skipped.malformed, count);
+            }
         }
 
         #[test]

@@ -163,19 +163,46 @@ impl RedisStreamsError {
         matches!(self, Self::Command { source, .. } if server_code(source).as_deref() == Some("NOGROUP"))
     }
 
-    /// Whether retrying later may succeed (a lost connection, a server
-    /// loading its data set).
+    /// Whether retrying later may succeed: a lost connection, or a server
+    /// that refuses for a while ([`TRANSIENT_CODES`]: a failover, a data set
+    /// being loaded, a disk that cannot take a snapshot, memory full).
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable { .. } => true,
-            Self::Command { source, .. } => matches!(
-                server_code(source).as_deref(),
-                Some("LOADING" | "TRYAGAIN" | "BUSY" | "MASTERDOWN")
-            ),
+            Self::Command { source, .. } => {
+                server_code(source).is_some_and(|code| TRANSIENT_CODES.contains(&code.as_str()))
+            }
             _ => false,
         }
     }
 }
+
+/// Error codes of a server that refuses for a while, each retried with
+/// backoff rather than stopping the consumer: each clears without a change
+/// on the consumer's side.
+///
+/// - `READONLY`: the server was a master and is a replica now (failover);
+///   a new connection reaches the new master where the address follows it.
+/// - `MASTERDOWN`, `NOREPLICAS`: a replica lost its master, or a master has
+///   too few replicas for `min-replicas-to-write`.
+/// - `LOADING`, `BUSY`: the server is loading its data set, or running a
+///   long script.
+/// - `TRYAGAIN`, `CLUSTERDOWN`: a cluster moving slots or without quorum.
+/// - `MISCONF`: the server refuses writes while it cannot save a snapshot
+///   (full disk); `OOM`: memory is full until entries are trimmed or
+///   evicted. Both need an operator, but on the server, and the consumer
+///   goes on by itself once they are fixed.
+pub const TRANSIENT_CODES: [&str; 9] = [
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MISCONF",
+    "OOM",
+];
 
 /// The server's error code (`WRONGTYPE`, `NOGROUP`, …), also when the error
 /// came back from a pipeline, where the client keeps it one level down.

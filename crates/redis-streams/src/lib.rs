@@ -14,7 +14,7 @@
 //! | ack | `XACK` of many ids, every stream in one pipelined round trip |
 //! | retry later | the entry stays pending and is claimed again after `claim_min_idle` |
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
-//! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` |
+//! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
 //! | broadcast | `XREAD` without a group |
 //!
 //! ```no_run
@@ -52,14 +52,20 @@ mod connection;
 mod dead_letter;
 mod entry;
 mod error;
+mod held;
 mod source;
+mod stats;
 
 pub use acker::RedisStreamsAcker;
 pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
 pub use connection::Endpoint;
-pub use dead_letter::{RedisDeadLetterSink, fields as dead_letter_fields};
-pub use error::RedisStreamsError;
+pub use dead_letter::{
+    MAX_DEAD_LETTER_ERROR_LEN, MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink,
+    fields as dead_letter_fields,
+};
+pub use error::{RedisStreamsError, TRANSIENT_CODES};
 pub use source::RedisStreamsSource;
+pub use stats::RedisStreamsStats;
 
 /// The Redis client this crate is built on, so that applications use the
 /// same version for their own commands.

@@ -257,20 +257,26 @@ async fn a_poison_entry_past_max_deliveries_lands_in_the_dead_letter_stream_and_
         .xadd(&stream, "*", &[("payload", "bad"), ("origin", "test")])
         .await
         .expect("XADD");
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .max_deliveries(3)
-        .connect()
-        .await
-        .expect("connect");
+    let connect = || async {
+        group_config(&stream, &group, "c1")
+            .max_deliveries(3)
+            .connect()
+            .await
+            .expect("connect")
+    };
 
-    // The handler never finishes: the entry is delivered three times, then
-    // the fourth delivery goes to the dead-letter stream instead.
+    // A crash loop: the handler never finishes, the process dies and its
+    // successor (same name) takes the entry up again. It is delivered three
+    // times, then the fourth delivery goes to the dead-letter stream
+    // instead.
     let mut attempts = Vec::new();
     for _ in 0..3 {
+        let (mut source, _acker) = connect().await;
         let delivered = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
         attempts.extend(delivered.iter().map(|message| message.metadata().attempt()));
     }
     assert_eq!(attempts, vec![1, 2, 3]);
+    let (mut source, _acker) = connect().await;
     let nothing = receive(&mut source, 1, 10, Duration::from_millis(1500)).await;
     assert!(
         nothing.is_empty(),

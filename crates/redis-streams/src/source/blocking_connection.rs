@@ -14,6 +14,7 @@
 //! before the re-read runs. Without permission for `CLIENT`, such an entry
 //! is still not lost: it is claimed after `claim_min_idle`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use intake_core::{Backoff, BackoffPolicy};
@@ -21,6 +22,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::connection::Connector;
 use crate::error::RedisStreamsError;
+use crate::stats::RedisStreamsStats;
 
 pub(crate) struct BlockingConnection {
     connector: Connector,
@@ -35,6 +37,7 @@ pub(crate) struct BlockingConnection {
     in_call: bool,
     /// Consecutive failures, for the backoff; reset by a command that worked.
     failures: u32,
+    stats: Arc<RedisStreamsStats>,
 }
 
 impl BlockingConnection {
@@ -43,6 +46,7 @@ impl BlockingConnection {
         block: Duration,
         policy: Backoff,
         mut connection: MultiplexedConnection,
+        stats: Arc<RedisStreamsStats>,
     ) -> Self {
         let client_id = client_id(&mut connection).await;
         Self {
@@ -54,6 +58,7 @@ impl BlockingConnection {
             abandoned: None,
             in_call: false,
             failures: 0,
+            stats,
         }
     }
 
@@ -167,6 +172,7 @@ impl BlockingConnection {
         let Some(delay) = self.policy.delay(self.failures) else {
             return Err(error);
         };
+        self.stats.add_retries(1);
         tracing::warn!(
             %error,
             attempt = self.failures,
@@ -175,6 +181,12 @@ impl BlockingConnection {
         );
         tokio::time::sleep(delay).await;
         Ok(())
+    }
+
+    /// Makes every later failure final: no reconnect policy, no wait. For
+    /// the last steps of a source that is closing.
+    pub(crate) fn stop_retrying(&mut self) {
+        self.policy = Backoff::Disabled;
     }
 
     /// Records that a command worked.

@@ -146,7 +146,8 @@ impl BroadcastReader {
         let mut replies = std::mem::take(&mut self.replies);
         for (index, entries) in replies.drain(..) {
             self.raw.clear();
-            parse_entries(entries, "XREAD", &mut self.raw)?;
+            let skipped = parse_entries(entries, "XREAD", &mut self.raw)?;
+            self.settings.stats.add_malformed(skipped.malformed);
             let (stream, position) = &mut self.streams[index];
             for entry in self.raw.drain(..) {
                 *position = (*position).max(entry.id);

@@ -37,10 +37,11 @@ use crate::config::{Settings, StartFrom};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::entry::{
-    After, Decoded, EntryDecoder, PendingEntry, RawEntry, StreamId, parse_entries, parse_pending,
-    parse_read_reply, split_read_reply,
+    After, Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, StreamId, parse_entries,
+    parse_pending, parse_read_reply, split_read_reply,
 };
 use crate::error::RedisStreamsError;
+use crate::held::HeldEntries;
 
 /// Deletes this consumer from the group if it has no pending entries. Atomic,
 /// so a pending entry can never be dropped with its consumer.
@@ -106,12 +107,14 @@ pub(super) struct GroupReader {
     decoder: EntryDecoder,
     sink: RedisDeadLetterSink,
     staging: Staging,
+    held: Arc<HeldEntries>,
     next_claim: Instant,
     // Scratch space reused across calls.
     raw: Vec<RawEntry>,
     pending: Vec<PendingEntry>,
     replies: Vec<(usize, Value)>,
     deleted: Vec<StreamId>,
+    staged: Vec<StreamId>,
 }
 
 impl GroupReader {
@@ -119,6 +122,7 @@ impl GroupReader {
         settings: Arc<Settings>,
         connection: BlockingConnection,
         sink: RedisDeadLetterSink,
+        held: Arc<HeldEntries>,
     ) -> Self {
         let streams = settings
             .streams
@@ -136,11 +140,13 @@ impl GroupReader {
             streams,
             sink,
             staging: Staging::default(),
+            held,
             next_claim: Instant::now(),
             raw: Vec::new(),
             pending: Vec::new(),
             replies: Vec::new(),
             deleted: Vec::new(),
+            staged: Vec::new(),
             settings,
         }
     }
@@ -255,9 +261,12 @@ impl GroupReader {
         self.pending.clear();
         parse_pending(pending, &mut self.pending)?;
         self.raw.clear();
+        let mut malformed = 0;
         parse_read_reply(read, "XREADGROUP", |_, entries| {
-            parse_entries(entries, "XREADGROUP", &mut self.raw)
+            malformed += parse_entries(entries, "XREADGROUP", &mut self.raw)?.malformed;
+            Ok(())
         })?;
+        self.settings.stats.add_malformed(malformed);
         if self.raw.is_empty() {
             self.streams[index].resync = false;
             return Ok(());
@@ -276,7 +285,10 @@ impl GroupReader {
     async fn claim(&mut self, max: usize) -> Result<usize, RedisStreamsError> {
         let min_idle = millis(self.settings.claim_min_idle);
         let mut pipe = redis::pipe();
-        for stream in &self.streams {
+        for (index, stream) in self.streams.iter().enumerate() {
+            // Held entries are left out below; asking for as many more keeps
+            // them from crowding out entries that may be claimed.
+            let count = max.saturating_add(self.held.count(index));
             pipe.cmd("XPENDING")
                 .arg(&*stream.name)
                 .arg(&*self.group)
@@ -284,7 +296,7 @@ impl GroupReader {
                 .arg(min_idle)
                 .arg("-")
                 .arg("+")
-                .arg(max);
+                .arg(count);
         }
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
@@ -299,6 +311,10 @@ impl GroupReader {
             }
             self.pending.clear();
             parse_pending(rows, &mut self.pending)?;
+            // Entries this consumer holds (queued or running) look idle to
+            // Redis; claiming them would run them a second time.
+            self.held
+                .retain_unheld(index, &mut self.pending, |pending| pending.id);
             if self.pending.is_empty() {
                 continue;
             }
@@ -321,7 +337,11 @@ impl GroupReader {
                 .await
                 .map_err(|error| connector.key_error(error, "XCLAIM", &name))?;
             self.raw.clear();
-            parse_entries(reply, "XCLAIM", &mut self.raw)?;
+            let skipped = parse_entries(reply, "XCLAIM", &mut self.raw)?;
+            self.settings.stats.add_malformed(skipped.malformed);
+            if skipped.vanished > 0 {
+                self.acknowledge_vanished_claims(index).await?;
+            }
             if !self.raw.is_empty() {
                 tracing::info!(
                     stream = %name,
@@ -333,6 +353,83 @@ impl GroupReader {
             self.stage(index, 1).await?;
         }
         Ok(claimed)
+    }
+
+    /// Acknowledges the entries of the last `XCLAIM` (ids in
+    /// `self.pending`, entries returned in `self.raw`) that were deleted
+    /// from stream `index` while pending.
+    ///
+    /// Before Redis 7.0, `XCLAIM` answers nil for such an entry and keeps it
+    /// pending, now with this consumer, so every later claim (by any name)
+    /// would meet it again. The nil does not say which id it stands for,
+    /// and an id missing from the reply may also have been claimed by
+    /// another consumer in between, so only the ids that are no longer in
+    /// the stream are acknowledged: nobody can handle those any more.
+    async fn acknowledge_vanished_claims(&mut self, index: usize) -> Result<(), RedisStreamsError> {
+        let mut returned: Vec<StreamId> = self.raw.iter().map(|entry| entry.id).collect();
+        returned.sort_unstable();
+        self.deleted.clear();
+        self.deleted.extend(
+            self.pending
+                .iter()
+                .map(|pending| pending.id)
+                .filter(|id| returned.binary_search(id).is_err()),
+        );
+        if self.deleted.is_empty() {
+            return Ok(());
+        }
+        let name = self.streams[index].name.clone();
+        let mut pipe = redis::pipe();
+        for id in &self.deleted {
+            pipe.cmd("XRANGE").arg(&*name).arg(*id).arg(*id);
+        }
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let found: Vec<Value> = pipe
+            .query_async(connection)
+            .await
+            .map_err(|error| connector.key_error(error, "XRANGE", &name))?;
+        let mut present = found.into_iter().map(|range| {
+            let mut entries = Vec::new();
+            match parse_entries(range, "XRANGE", &mut entries) {
+                Ok(skipped) => !entries.is_empty() || skipped != Skipped::default(),
+                // An unreadable answer counts as present: acknowledging an
+                // entry that still exists could lose it.
+                Err(_) => true,
+            }
+        });
+        self.deleted.retain(|_| !present.next().unwrap_or(true));
+        self.acknowledge_deleted(index).await
+    }
+
+    /// Acknowledges the ids in `self.deleted`: entries of stream `index`
+    /// deleted from the stream while pending. Nothing is left to handle, so
+    /// the pending entry is only clutter (and would be met again by every
+    /// claim).
+    async fn acknowledge_deleted(&mut self, index: usize) -> Result<(), RedisStreamsError> {
+        if self.deleted.is_empty() {
+            return Ok(());
+        }
+        let name = self.streams[index].name.clone();
+        tracing::info!(
+            stream = %name,
+            entries = self.deleted.len(),
+            "acknowledging entries deleted or trimmed from the stream while pending"
+        );
+        let mut command = redis::cmd("XACK");
+        command.arg(&*name).arg(&*self.group);
+        for id in &self.deleted {
+            command.arg(*id);
+        }
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        command
+            .query_async::<()>(connection)
+            .await
+            .map_err(|error| connector.key_error(error, "XACK", &name))?;
+        self.settings.stats.add_vanished(self.deleted.len());
+        self.deleted.clear();
+        Ok(())
     }
 
     /// A blocking read of new entries of every stream.
@@ -377,7 +474,8 @@ impl GroupReader {
         for (index, entries) in replies.drain(..) {
             self.raw.clear();
             self.pending.clear();
-            parse_entries(entries, "XREADGROUP", &mut self.raw)?;
+            let skipped = parse_entries(entries, "XREADGROUP", &mut self.raw)?;
+            self.settings.stats.add_malformed(skipped.malformed);
             self.stage(index, 1).await?;
         }
         self.replies = replies;
@@ -391,6 +489,7 @@ impl GroupReader {
         let stream = &mut self.streams[index];
         let mut newest = stream.decoded;
         self.deleted.clear();
+        self.staged.clear();
         for entry in self.raw.drain(..) {
             newest = newest.max(Some(entry.id));
             let Some(fields) = entry.fields else {
@@ -417,7 +516,10 @@ impl GroupReader {
                         ),
                         attempts: attempt - 1,
                     }),
-                    _ => self.staging.ready.push_back(message),
+                    _ => {
+                        self.staged.push(entry.id);
+                        self.staging.ready.push_back(message);
+                    }
                 },
                 Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
                     message,
@@ -434,23 +536,8 @@ impl GroupReader {
         // From here on these entries count as received: a re-read after a
         // dropped call starts after them (see the module docs of `source`).
         stream.decoded = newest;
-        let name = stream.name.clone();
-        if !self.deleted.is_empty() {
-            // Deleted from the stream while pending: nothing is left to
-            // handle, so the pending entry is only clutter.
-            tracing::debug!(stream = %name, entries = self.deleted.len(), "acknowledging deleted entries");
-            let mut command = redis::cmd("XACK");
-            command.arg(&*name).arg(&*self.group);
-            for id in &self.deleted {
-                command.arg(*id);
-            }
-            let connector = self.connection.connector().clone();
-            let (connection, _) = self.connection.get().await?;
-            command
-                .query_async::<()>(connection)
-                .await
-                .map_err(|error| connector.key_error(error, "XACK", &name))?;
-        }
+        self.held.hold(index, &self.staged);
+        self.acknowledge_deleted(index).await?;
         if !self.staging.poison.is_empty() {
             self.staging.dead_letter(&self.sink).await;
         }
@@ -464,6 +551,11 @@ impl GroupReader {
         // answer the commands below only after that block ran out: begin on
         // a fresh connection then.
         self.connection.begin_call();
+        // Leaving the group is tidying up, and the process is waiting to
+        // stop: one attempt within the connect and command timeouts, never
+        // the reconnect policy (retry forever by default), which would hang
+        // a shutdown during an outage.
+        self.connection.stop_retrying();
         let result = self.delete_if_idle().await;
         self.connection.end_call();
         result
@@ -487,6 +579,11 @@ impl GroupReader {
                 Ok(_) => {}
                 Err(error) => {
                     let error = connector.key_error(error, "XGROUP DELCONSUMER", &stream.name);
+                    if error.is_transient() {
+                        // The server is unreachable: the other streams
+                        // would wait out the same timeout each.
+                        return Err(error);
+                    }
                     tracing::warn!(%error, "could not remove the consumer from its group");
                 }
             }

@@ -36,9 +36,11 @@ use intake_core::{Message, Source, SourceError, SourceEvent};
 use redis::aio::MultiplexedConnection;
 
 use crate::config::Settings;
-use crate::connection::Connector;
+use crate::connection::{Connector, SharedConnection};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::RedisStreamsError;
+use crate::held::{self, HeldEntries};
+use crate::stats::RedisStreamsStats;
 
 use self::blocking_connection::BlockingConnection;
 use self::broadcast::BroadcastReader;
@@ -54,6 +56,17 @@ pub struct RedisStreamsSource {
     reader: Reader,
     sink: RedisDeadLetterSink,
     settings: Arc<Settings>,
+    /// Resets the idle time of the entries this consumer holds; ends with
+    /// the source.
+    keep_alive: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for RedisStreamsSource {
+    fn drop(&mut self) {
+        if let Some(keep_alive) = self.keep_alive.take() {
+            keep_alive.abort();
+        }
+    }
 }
 
 enum Reader {
@@ -77,6 +90,8 @@ impl RedisStreamsSource {
         mut connection: MultiplexedConnection,
         settings: Arc<Settings>,
         sink: RedisDeadLetterSink,
+        shared: SharedConnection,
+        held: Arc<HeldEntries>,
     ) -> Result<Self, RedisStreamsError> {
         // Groups are created and broadcast start positions resolved before
         // the connection is handed over, so that errors (a key of the wrong
@@ -88,14 +103,23 @@ impl RedisStreamsSource {
             }
             None => Some(broadcast::start_positions(&mut connection, &connector, &settings).await?),
         };
-        let connection =
-            BlockingConnection::new(connector, settings.block, settings.reconnect, connection)
-                .await;
+        let connection = BlockingConnection::new(
+            connector,
+            settings.block,
+            settings.reconnect,
+            connection,
+            settings.stats.clone(),
+        )
+        .await;
+        let keep_alive = settings.group.is_some().then(|| {
+            tokio::spawn(held::keep_alive(held.clone(), shared, settings.clone())).abort_handle()
+        });
         let reader = match positions {
             None => Reader::Group(Box::new(GroupReader::new(
                 settings.clone(),
                 connection,
                 sink.clone(),
+                held,
             ))),
             Some(positions) => Reader::Broadcast(Box::new(BroadcastReader::new(
                 settings.clone(),
@@ -114,6 +138,7 @@ impl RedisStreamsSource {
             reader,
             sink,
             settings,
+            keep_alive,
         })
     }
 
@@ -126,6 +151,13 @@ impl RedisStreamsSource {
     /// This consumer's name within its group.
     pub fn consumer(&self) -> &str {
         &self.settings.consumer
+    }
+
+    /// The counters of this consumer (shared with its acker and dead-letter
+    /// sink): entries acknowledged because they vanished, malformed replies,
+    /// dead letters, retries after transient failures.
+    pub fn stats(&self) -> Arc<RedisStreamsStats> {
+        self.settings.stats.clone()
     }
 
     /// The consumer group, or `None` for a broadcast reader.
@@ -158,6 +190,11 @@ impl Source for RedisStreamsSource {
     }
 
     async fn close(&mut self) -> Result<(), SourceError> {
+        // Entries still held now were not finished: once their idle time
+        // passes claim_min_idle, other consumers may take them over.
+        if let Some(keep_alive) = self.keep_alive.take() {
+            keep_alive.abort();
+        }
         match &mut self.reader {
             Reader::Group(reader) => reader.close().await.map_err(SourceError::from),
             Reader::Broadcast(_) => Ok(()),
@@ -206,20 +243,26 @@ impl Staging {
                 )
                 .await
             {
-                Ok(id) => tracing::warn!(
+                Ok(id) => {
+                    sink.stats().add_dead_lettered(1);
+                    tracing::warn!(
                     stream = %metadata.source(),
                     position = %metadata.position(),
                     dead_letter_id = %id.position(),
                     error = %poison.error,
                     "entry dead-lettered by the source"
-                ),
-                Err(error) => tracing::error!(
+                    );
+                }
+                Err(error) => {
+                    sink.stats().add_dead_letter_failures(1);
+                    tracing::error!(
                     stream = %metadata.source(),
                     position = %metadata.position(),
                     %error,
                     "could not dead-letter the entry; it stays pending and is retried after \
                      claim_min_idle"
-                ),
+                    );
+                }
             }
         }
     }

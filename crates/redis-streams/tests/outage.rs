@@ -1,0 +1,245 @@
+//! Shutdown while Redis is unreachable: closing the source, the acker's
+//! last acknowledgement and `Consumer::run` all return within bounds set by
+//! the connect and command timeouts, under the default retry-forever
+//! reconnect policy. The server is a `redis-server` of the test's own, on a
+//! port of its own, which the test kills (refused connections) or freezes
+//! with SIGSTOP (connections accepted, never answered); the shared server is
+//! never touched.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use intake_core::{AckBatch, Acker, Consumer, HandlerError, Message, PartitionAck, Source};
+use intake_redis_streams::RedisStreamsConfig;
+use tokio_util::sync::CancellationToken;
+
+use support::*;
+
+/// Far above the timeouts configured below (a few hundred milliseconds):
+/// reaching it means the step retried without end.
+const HANG: Duration = Duration::from_secs(30);
+
+/// How the test's server becomes unreachable.
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// SIGKILL: connections are refused.
+    Killed,
+    /// SIGSTOP: the kernel still accepts connections, nothing answers.
+    Frozen,
+    /// SIGKILL, and a listener that never answers takes the port: the
+    /// existing connections are gone, every new one hangs until its
+    /// connect timeout (a host that went away behind a load balancer).
+    Blackholed,
+}
+
+/// A `redis-server` child on a free port; killed when dropped.
+struct OwnServer {
+    child: Child,
+    port: u16,
+    /// Holds the port after [`Outage::Blackholed`].
+    blackhole: Option<std::net::TcpListener>,
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl OwnServer {
+    fn start() -> Result<Self, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|error| error.to_string())?
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|error| format!("cannot start redis-server: {error}"))?;
+        let server = Self {
+            child,
+            port,
+            blackhole: None,
+        };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(server);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err("redis-server did not start listening".into())
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn break_down(&mut self, outage: Outage) {
+        match outage {
+            Outage::Killed => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+            Outage::Blackholed => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                // Never accepted: the kernel completes the handshakes into
+                // the backlog, and nothing is ever read or written.
+                self.blackhole = Some(
+                    std::net::TcpListener::bind(("127.0.0.1", self.port))
+                        .expect("the port is free again"),
+                );
+            }
+            Outage::Frozen => {
+                let stopped = Command::new("kill")
+                    .args(["-STOP", &self.child.id().to_string()])
+                    .status()
+                    .expect("kill -STOP");
+                assert!(stopped.success(), "the server was frozen");
+            }
+        }
+    }
+
+    async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("a URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the test's own server answers")
+    }
+}
+
+fn own_server_or_skip(test: &str) -> Option<OwnServer> {
+    match OwnServer::start() {
+        Ok(server) => Some(server),
+        Err(error) => {
+            intake_core::testkit::skip_or_fail(
+                test,
+                &format!("no redis-server of its own: {error}"),
+            );
+            None
+        }
+    }
+}
+
+/// A group consumer with short timeouts and the default reconnect policy
+/// (retry forever).
+fn config(server: &OwnServer, stream: &str) -> RedisStreamsConfig {
+    RedisStreamsConfig::new(server.url())
+        .stream(stream)
+        .group("g")
+        .consumer("c1")
+        .block(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(300))
+        .command_timeout(Duration::from_millis(300))
+}
+
+#[tokio::test]
+async fn closing_the_source_during_an_outage_returns_instead_of_reconnecting_forever() {
+    for outage in [Outage::Killed, Outage::Frozen, Outage::Blackholed] {
+        let Some(mut server) = own_server_or_skip("closing the source during an outage") else {
+            return;
+        };
+        let (mut source, _acker) = config(&server, "orders").connect().await.expect("connect");
+        // The runtime drops the source's pending read when it stops; that
+        // read's connection is given up, so closing needs a new one.
+        let mut buffer = Vec::new();
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(50), source.next(&mut buffer, 10)).await;
+        assert!(dropped.is_err(), "the read was still blocked");
+        server.break_down(outage);
+        let closed = tokio::time::timeout(HANG, source.close()).await;
+        let Ok(closed) = closed else {
+            panic!("close() kept reconnecting to a {outage:?} server");
+        };
+        let error = closed.expect_err("the consumer could not leave its group");
+        assert!(error.is_transient(), "{outage:?}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn the_last_acknowledgement_during_an_outage_fails_within_its_timeouts() {
+    for outage in [Outage::Killed, Outage::Frozen, Outage::Blackholed] {
+        let Some(mut server) = own_server_or_skip("the last acknowledgement during an outage")
+        else {
+            return;
+        };
+        let mut admin = server.admin().await;
+        produce(&mut admin, "orders", "m", 3).await;
+        let (mut source, mut acker) = config(&server, "orders").connect().await.expect("connect");
+        let received = receive(&mut source, 3, 10, Duration::from_secs(5)).await;
+        assert_eq!(received.len(), 3);
+        server.break_down(outage);
+        let mut batch = AckBatch {
+            partitions: Vec::new(),
+            sync: true,
+        };
+        let mut partition = PartitionAck::new(partition("orders"));
+        partition.completed = received
+            .iter()
+            .map(|message| message.metadata().position())
+            .collect();
+        batch.partitions.push(partition);
+        let acknowledged = tokio::time::timeout(HANG, acker.ack(&batch)).await;
+        let Ok(acknowledged) = acknowledged else {
+            panic!("the acknowledgement kept waiting for a {outage:?} server");
+        };
+        assert!(acknowledged.is_err(), "{outage:?}: nothing confirmed it");
+    }
+}
+
+#[tokio::test]
+async fn a_consumer_stopped_during_an_outage_returns_from_run() {
+    for outage in [Outage::Killed, Outage::Frozen, Outage::Blackholed] {
+        let Some(mut server) = own_server_or_skip("a consumer stopped during an outage") else {
+            return;
+        };
+        let mut admin = server.admin().await;
+        produce(&mut admin, "orders", "m", 5).await;
+        let (source, acker) = config(&server, "orders").connect().await.expect("connect");
+        let shutdown = CancellationToken::new();
+        let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
+        let handler = tower::service_fn(move |message: Message| {
+            let _ = handled.send(message.metadata().position());
+            std::future::ready(Ok::<_, HandlerError>(()))
+        });
+        let run = tokio::spawn(
+            Consumer::builder()
+                .shutdown_deadline(Duration::from_millis(500))
+                .build(source, acker, handler)
+                .expect("consumer")
+                .run(shutdown.clone()),
+        );
+        for _ in 0..5 {
+            tokio::time::timeout(HANG, handled_rx.recv())
+                .await
+                .expect("every entry was handled")
+                .expect("the run is alive");
+        }
+        // The outage begins, and then the process is told to stop (SIGTERM).
+        server.break_down(outage);
+        shutdown.cancel();
+        let ended = tokio::time::timeout(HANG, run).await;
+        let Ok(ended) = ended else {
+            panic!("Consumer::run hung after a stop during a {outage:?} outage");
+        };
+        let report = ended
+            .expect("the run task")
+            .expect("a stop is not a failure");
+        assert_eq!(report.succeeded, 5);
+    }
+}
