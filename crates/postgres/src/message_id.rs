@@ -24,8 +24,10 @@ pub enum MessageId {
     /// give (Redis's own `*` ids come from its clock and do not repeat, but
     /// explicit ids, or a failover to a server whose clock is behind, do):
     /// messages at positions seen before are then skipped as duplicates and
-    /// their effects lost, until the markers are pruned. Where sources may
-    /// be recreated, or producers can set an id, prefer
+    /// their effects lost, until the markers are pruned. (Kafka names each
+    /// life of a topic with a topic id, but rdkafka does not hand it to
+    /// consumers, so the position cannot include it.) Where sources may be
+    /// recreated, or producers can set an id, prefer
     /// [`Header`](Self::Header).
     #[default]
     Position,
