@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
@@ -29,6 +29,7 @@ use super::slots::{SlotId, SlotState, Slots};
 use super::{Ordering, Settings};
 use crate::acker::{AckBatch, AckError, Acker};
 use crate::commit_engine::{CommitEngine, PartitionId, Ticket};
+use crate::deadline;
 use crate::error::{ErrorClass, HandlerError};
 use crate::lifecycle;
 use crate::message::{Message, Position, SourceName};
@@ -96,7 +97,12 @@ where
     // already waited (bounded) for its final commit, so by then the loop has
     // nothing left to do, unless an acker hangs: it gets a moment to end, and
     // is then dropped rather than holding the run open forever.
-    let mut drain_acks = pin!(drain_acks);
+    //
+    // Unconstrained by tokio's cooperative budget: under a backlog the
+    // dispatcher yields only once it spent the task's budget, and a receive
+    // polled after it with that exhausted budget is refused every time, so
+    // no commit went out until the backlog was gone (issue 12, item 21).
+    let mut drain_acks = pin!(tokio::task::unconstrained(drain_acks));
     let mut dispatch = pin!(dispatch);
     let mut drained = false;
     let result = loop {
@@ -183,12 +189,17 @@ struct Dispatcher<H: Service<Message>> {
     last_partition: Option<(SourceName, u32, PartitionId)>,
     acks: AckQueue,
     flush_due: bool,
+    /// A commit tick queued a batch, or found one still queued: yield to the
+    /// ack loop after this pass, so that the batch reaches the acker within
+    /// the commit interval even while the source is always ready.
+    yield_to_acks: bool,
     /// An acknowledgement failed and its work was put back: until the next
     /// commit tick only the tick sends a batch. Sending again at once would
     /// loop as fast as the broker refuses (a partition it already moved
     /// away, a broker that is down).
     resend_on_tick: bool,
-    tick: Interval,
+    /// When the next commit tick is due.
+    next_tick_at: Instant,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
     /// The latest moment the timer woke the run for. Whatever was due by
@@ -222,8 +233,6 @@ where
         acks: AckQueue,
     ) -> Self {
         let capacity = slots.capacity();
-        let mut tick = tokio::time::interval(settings.commit_interval);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
             handler,
             slots,
@@ -239,8 +248,9 @@ where
             last_partition: None,
             acks,
             flush_due: false,
+            yield_to_acks: false,
             resend_on_tick: false,
-            tick,
+            next_tick_at: Instant::now(),
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             timer_at: None,
             woken_for: None,
@@ -315,6 +325,11 @@ where
                 Wake::Budget => {}
                 Wake::Done => break,
             }
+            if std::mem::take(&mut self.yield_to_acks) {
+                // The ack loop runs when this task yields: a busy source
+                // would otherwise keep it waiting for the whole budget.
+                tokio::task::yield_now().await;
+            }
         }
         // Deliveries fetched but never admitted stay unacknowledged.
         drop(buffer);
@@ -351,11 +366,16 @@ where
         }
         self.poll_handlers();
         self.pump();
-        // Polled until pending: a ready `poll_tick` does not register the
-        // waker for the next tick, and an idle consumer or a hung handler
-        // wakes nothing else, so the tick (the observer's snapshots, a
-        // commit resent after a failure) would stop.
-        while self.tick.poll_tick(cx).is_ready() {
+        // The commit tick is read from the clock on every pass, not from a
+        // timer alone: under a saturated backlog this task seldom parks, and
+        // tokio fires a timer only when it turns its time driver (when the
+        // runtime parks, or every few dozen task polls), so a timer-driven
+        // tick came a whole cooperative budget of work late, or later. The
+        // timer (`arm_timer`) still wakes an idle run or a hung handler's
+        // for it (the observer's snapshots, a commit resent after a failure).
+        let now = Instant::now();
+        if now >= self.next_tick_at {
+            self.next_tick_at = deadline::after(now, self.settings.commit_interval);
             self.on_tick();
         }
         while let Some(failed) = self.acks.take_failed() {
@@ -799,6 +819,11 @@ where
 
     fn on_tick(&mut self) {
         self.flush_due = true;
+        if self.acks.outstanding() > 0 {
+            // A batch sent before still waits for the ack loop: the tick's
+            // own batch can only follow it.
+            self.yield_to_acks = true;
+        }
         if let Some(observer) = self.settings.observer.clone() {
             observer.on_in_flight(self.slots.held());
             let now = Instant::now();
@@ -841,12 +866,15 @@ where
             .commit_batch
             .min((self.settings.max_in_flight / 4).max(1));
         if self.flush_due || (pending >= threshold && !self.resend_on_tick) {
-            self.flush_due = false;
+            let ticked = std::mem::take(&mut self.flush_due);
             self.resend_on_tick = false;
             let mut batch = AckBatch::default();
             self.engine.take_batch(&mut batch);
-            if !batch.is_empty() {
-                self.acks.send(AckRequest { batch, reply: None });
+            // A batch of the tick goes out now; one of the threshold may
+            // wait for the task's next yield (at the latest when its
+            // cooperative budget is spent), which costs no yield per batch.
+            if !batch.is_empty() && self.acks.send(AckRequest { batch, reply: None }) && ticked {
+                self.yield_to_acks = true;
             }
         }
     }
@@ -1080,6 +1108,7 @@ where
         {
             consider(Some(until));
         }
+        consider(Some(self.next_tick_at));
         consider(self.fetch_retry_at);
         for pending in &self.revocations {
             if pending.reply.is_none() {

@@ -920,11 +920,15 @@ async fn work_of_an_assignment_taken_back_is_never_sent_after_it_ended() {
         })
         .map(|batch| batch.sync)
         .collect();
-    assert_eq!(
-        synced,
-        vec![true],
-        "only the new assignment's final commit; the revocation's queued one was dropped: \
-         {batches:?}"
+    // The old assignment may have committed before its revocation began (a
+    // commit tick's batch goes to the acker at once); the revocation's
+    // final commit, still queued when the partition came back, must not.
+    // The only final (sync) commit the acker may see is the new
+    // assignment's, at the end of the run.
+    let (_, before_last) = synced.split_last().expect("the new assignment committed");
+    assert!(
+        !before_last.contains(&true),
+        "the revocation's queued final commit was dropped: {batches:?}"
     );
 }
 
