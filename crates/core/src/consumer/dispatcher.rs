@@ -737,6 +737,23 @@ where
                 self.release(slot);
                 Signal::Neutral
             }
+            ErrorClass::Interrupted
+                if self.stop.is_none_or(|stop| stop == Stop::Exhausted)
+                    && !self.partitions[ticket.partition().index()].revoking =>
+            {
+                // Nothing is stopping: released unfinished, it would hold the
+                // partition's watermark for good (and, past
+                // `max_uncommitted`, pause fetching). It is retried like any
+                // retryable failure, after the consumer backoff, so a
+                // handler that keeps answering this way cannot spin.
+                tracing::warn!(
+                    partition = ?self.engine.key(ticket.partition()),
+                    position = ?self.slots.get(slot).position,
+                    %error,
+                    "a handler was interrupted although the consumer is not stopping; retrying it"
+                );
+                self.fail(slot, ticket, error.reclassify(ErrorClass::Retryable))
+            }
             ErrorClass::Interrupted => {
                 // Not completed: the watermark stays before it and the broker
                 // delivers it again. Its lane moves on, as for any outcome.

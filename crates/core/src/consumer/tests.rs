@@ -629,6 +629,81 @@ async fn retryable_failures_go_back_to_a_broker_that_can_requeue() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_interrupted_outcome_outside_shutdown_is_retried_instead_of_pinning_the_watermark() {
+    // Released without completion or redelivery, offset 1 would hold the
+    // watermark at 0 for good, and `max_uncommitted` would in the end
+    // pause every partition.
+    let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                let attempt = message.metadata().attempt();
+                attempts
+                    .lock()
+                    .map(|mut all| all.push((offset_of(&message), attempt)))
+                    .ok();
+                if offset_of(&message) == 1 && attempt == 1 {
+                    return Err(HandlerError::interrupted());
+                }
+                Ok(())
+            }
+        })
+    };
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 3);
+    assert_eq!(report.redispatched, 1);
+    assert_eq!(report.interrupted, 0, "no shutdown interrupted anything");
+    let attempts = attempts.lock().map(|all| all.clone()).unwrap_or_default();
+    assert_eq!(attempts, vec![(0, 1), (1, 1), (1, 2), (2, 1)]);
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(2))
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_interrupted_outcome_outside_shutdown_goes_back_to_a_broker_that_can_requeue() {
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = tower::service_fn(|message: Message| async move {
+        if offset_of(&message) == 1 {
+            return Err(HandlerError::interrupted());
+        }
+        Ok(())
+    });
+    let acker = RecordingAcker {
+        requeue: true,
+        mode_ids: true,
+        ..RecordingAcker::default()
+    };
+    let report = Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.requeued, 1);
+    let requeued: Vec<Position> = acker
+        .batches
+        .lock()
+        .map(|b| b.clone())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|b| &b.partitions)
+        .flat_map(|p| p.requeue.clone())
+        .collect();
+    assert_eq!(requeued, vec![Position::Offset(1)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_revocation_drains_commits_and_then_completes() {
     let (sender, receiver) = mpsc::unbounded_channel();
     let source_name = topic();
