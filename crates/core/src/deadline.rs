@@ -17,6 +17,14 @@ pub(crate) fn after(now: tokio::time::Instant, delay: Duration) -> tokio::time::
         .unwrap_or(now)
 }
 
+/// `now + delay` on the standard clock; a far future moment if that
+/// overflows.
+pub(crate) fn after_std(now: std::time::Instant, delay: Duration) -> std::time::Instant {
+    now.checked_add(delay)
+        .or_else(|| now.checked_add(NEVER))
+        .unwrap_or(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -29,5 +37,7 @@ mod tests {
             now + Duration::from_secs(1)
         );
         assert!(after(now, Duration::MAX) >= now + NEVER);
+        let now = std::time::Instant::now();
+        assert!(after_std(now, Duration::MAX) >= now + NEVER);
     }
 }

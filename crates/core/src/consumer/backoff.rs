@@ -171,7 +171,9 @@ impl ConsumerBackoff {
     fn pause_for(&mut self, level: u32, now: Instant) {
         match self.policy.delay(level) {
             Some(delay) if delay > Duration::ZERO => {
-                self.state = BackoffState::BackingOff { until: now + delay };
+                self.state = BackoffState::BackingOff {
+                    until: crate::deadline::after(now, delay),
+                };
             }
             // A zero delay (or none) never pauses, not even down to one
             // probe at a time.

@@ -942,7 +942,7 @@ where
         self.revocations.push(PendingRevocation {
             revocation,
             partitions,
-            deadline: Instant::now() + self.settings.revoke_timeout,
+            deadline: deadline::after(Instant::now(), self.settings.revoke_timeout),
             reply: None,
         });
     }
@@ -1074,7 +1074,7 @@ where
             self.fetch_failures = self.fetch_failures.saturating_add(1);
             if let Some(delay) = self.settings.reconnect.delay(self.fetch_failures) {
                 tracing::warn!(%error, retry_in = ?delay, "fetching failed; retrying");
-                self.fetch_retry_at = Some(Instant::now() + delay);
+                self.fetch_retry_at = Some(deadline::after(Instant::now(), delay));
                 return;
             }
             tracing::error!(%error, attempts = self.fetch_failures, "fetching failed and retries are exhausted");
@@ -1090,7 +1090,7 @@ where
         }
         if !matches!(self.stop, Some(Stop::Graceful { .. })) {
             self.stop = Some(Stop::Graceful {
-                deadline: Instant::now() + self.settings.shutdown_deadline,
+                deadline: deadline::after(Instant::now(), self.settings.shutdown_deadline),
             });
             tracing::info!(
                 running = self.slots.running(),

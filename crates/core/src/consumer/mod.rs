@@ -196,6 +196,9 @@ impl ConsumerBuilder {
     }
 
     /// How long a graceful shutdown waits for running handlers. Default 30 s.
+    /// Any duration is accepted; one too long to add to the clock
+    /// (`Duration::MAX`) means "as long as it takes", as it does for every
+    /// other duration setting.
     pub fn shutdown_deadline(mut self, deadline: Duration) -> Self {
         self.settings.shutdown_deadline = deadline;
         self
@@ -211,14 +214,16 @@ impl ConsumerBuilder {
     /// Consumer-level backoff: after a retryable failure reaches the runtime,
     /// pause intake for the policy's delay, then probe with one delivery.
     /// Default: exponential from 100 ms to 30 s. Pass
-    /// [`Disabled`](crate::backoff::Disabled) to never pause.
+    /// [`Disabled`](crate::backoff::Disabled) to never pause. Checked with
+    /// [`BackoffPolicy::validate`] when the consumer is built.
     pub fn backoff(mut self, policy: impl BackoffPolicy) -> Self {
         self.settings.backoff = Arc::new(policy);
         self
     }
 
     /// Delays between attempts to fetch again after a transient source
-    /// error. Default: exponential from 100 ms to 10 s, forever.
+    /// error. Default: exponential from 100 ms to 10 s, forever. Checked
+    /// with [`BackoffPolicy::validate`] when the consumer is built.
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
         self.settings.reconnect = Arc::new(policy);
         self
@@ -260,6 +265,14 @@ impl ConsumerBuilder {
         if settings.fetch_batch == 0 {
             return Err(ConfigError::new("fetch_batch", "is 0; use at least 1"));
         }
+        settings
+            .backoff
+            .validate()
+            .map_err(|error| policy_error("backoff", &error))?;
+        settings
+            .reconnect
+            .validate()
+            .map_err(|error| policy_error("reconnect_backoff", &error))?;
         if settings.max_uncommitted < settings.max_in_flight {
             return Err(ConfigError::new(
                 "max_uncommitted",
@@ -294,6 +307,11 @@ impl ConsumerBuilder {
             settings: self.settings,
         })
     }
+}
+
+/// A policy's own error, reported under the consumer setting that holds it.
+fn policy_error(setting: &'static str, error: &ConfigError) -> ConfigError {
+    ConfigError::new(setting, format!("`{}` {}", error.setting, error.problem))
 }
 
 /// A configured consumer, ready to [`run`](Consumer::run).

@@ -764,6 +764,114 @@ fn invalid_settings_fail_at_build_time() {
     assert_eq!(error.map(|error| error.setting), Some("commit_interval"));
 }
 
+#[test]
+fn invalid_backoff_policies_fail_at_build_time() {
+    // A NaN jitter made the first failure panic (`Duration::from_secs_f64`).
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let (source, _) = scripted(vec![]);
+    let error = Consumer::builder()
+        .backoff(crate::backoff::Exponential::default().jitter(f64::NAN))
+        .build(source, RecordingAcker::default(), handler)
+        .err();
+    assert_eq!(error.map(|error| error.setting), Some("backoff"));
+    let (source, _) = scripted(vec![]);
+    let error = Consumer::builder()
+        .reconnect_backoff(crate::backoff::Exponential::new(
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+        ))
+        .build(source, RecordingAcker::default(), handler)
+        .err();
+    assert_eq!(
+        error.as_ref().map(|error| error.setting),
+        Some("reconnect_backoff")
+    );
+    assert!(
+        error.is_some_and(|error| error.problem.contains("backoff.min")),
+        "the problem names the policy's own setting"
+    );
+}
+
+/// Plays a script; where it ends, fails once with a transient error and then
+/// waits, open.
+struct FailingAtTheEnd {
+    failed: bool,
+    script: ScriptedSource,
+}
+
+impl Source for FailingAtTheEnd {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        if self.failed {
+            std::future::pending::<()>().await;
+        }
+        match self.script.next(deliveries, max).await {
+            Ok(SourceEvent::Exhausted) => {
+                self.failed = true;
+                Err(SourceError::Transient("connection reset".into()))
+            }
+            other => other,
+        }
+    }
+}
+
+/// Runs a consumer with every duration setting at `Duration::MAX` through
+/// a retryable failure, a revocation, a transient source error and a
+/// shutdown. Each of these added the setting to `Instant::now()`.
+#[test]
+fn duration_max_settings_wait_as_long_as_needed_without_panicking() {
+    let outcome = on_paused_clock_within(Duration::from_secs(20), async {
+        let partition = PartitionKey::new("orders", 0);
+        let (revocation, revoked) = Revocation::new(vec![partition.clone()]);
+        let (script, _) = scripted(vec![
+            Script::Messages(messages(1, 3, 3)),
+            Script::Revoke(revocation),
+        ]);
+        let source = FailingAtTheEnd {
+            failed: false,
+            script,
+        };
+        let handler = tower::service_fn(|message: Message| async move {
+            if offset_of(&message) == 1 && message.metadata().attempt() == 1 {
+                return Err(HandlerError::retryable("downstream unavailable"));
+            }
+            Ok(())
+        });
+        let forever = crate::backoff::Constant::new(Duration::MAX).retry_forever();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            stop.cancel();
+        });
+        let report = Consumer::builder()
+            .commit_interval(Duration::MAX)
+            .shutdown_deadline(Duration::MAX)
+            .revoke_timeout(Duration::MAX)
+            .backoff(forever)
+            .reconnect_backoff(
+                crate::backoff::Exponential::new(Duration::MAX, Duration::MAX).retry_forever(),
+            )
+            .build(source, RecordingAcker::default(), handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await;
+        (report, revoked.wait().await.is_ok())
+    });
+    let (report, revoked) = outcome.expect("the run ended without a panic or a hang");
+    assert!(revoked, "the revocation completed");
+    let report = report.expect("the shutdown ended the run");
+    assert_eq!(report.succeeded, 1, "offset 0: {report:?}");
+    assert_eq!(
+        report.released_on_revoke, 2,
+        "offset 1 waited for the backoff and offset 2 behind it in their lane; \
+         both went to the next owner"
+    );
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_partition_assigned_again_while_draining_ends_its_old_assignment() {
     // Offset 1 hangs on its first delivery. The partition is revoked and,

@@ -73,8 +73,18 @@ impl FailurePolicy {
     /// # Errors
     ///
     /// A [`Disabled`](crate::backoff::Disabled) backoff (or one that gives up
-    /// at once) would call the handler in a busy loop and is refused.
+    /// at once) would call the handler in a busy loop and is refused, and so
+    /// is one whose own [`validate`](BackoffPolicy::validate) fails.
     pub fn block(backoff: impl BackoffPolicy) -> Result<Self, ConfigError> {
+        backoff.validate().map_err(|error| {
+            ConfigError::new(
+                "failure_policy.block",
+                format!(
+                    "has an invalid backoff: `{}` {}",
+                    error.setting, error.problem
+                ),
+            )
+        })?;
         if backoff.is_disabled() || backoff.delay(1).is_none() {
             return Err(ConfigError::new(
                 "failure_policy.block",

@@ -270,3 +270,11 @@ fn block_refuses_a_backoff_that_never_waits() {
     assert_eq!(error.setting, "failure_policy.block");
     assert!(FailurePolicy::block(Constant::new(Duration::ZERO).max_retries(0)).is_err());
 }
+
+#[test]
+fn block_refuses_an_invalid_backoff() {
+    let error = FailurePolicy::block(crate::backoff::Exponential::default().jitter(f64::NAN))
+        .expect_err("a NaN jitter is refused when the policy is built");
+    assert_eq!(error.setting, "failure_policy.block");
+    assert!(error.problem.contains("backoff.jitter"), "{error}");
+}
