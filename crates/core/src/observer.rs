@@ -1,8 +1,8 @@
 //! What the runtime reports about itself while it runs, for metrics.
 //!
-//! The runtime calls a [`ConsumerObserver`] at every commit tick and for
-//! every acknowledgement round trip, never per message, so observing costs
-//! nothing on the message path.
+//! The runtime calls a [`ConsumerObserver`] at every commit tick, for every
+//! acknowledgement round trip and for rare events (a caught panic), never
+//! per successful message, so observing costs nothing on the message path.
 
 use std::time::Duration;
 
@@ -32,4 +32,8 @@ pub trait ConsumerObserver: Send + Sync + 'static {
 
     /// When a partition is revoked (so per-partition series can be removed).
     fn on_revoked(&self, _partition: &crate::message::PartitionKey) {}
+
+    /// When the runtime caught a handler's panic (one that no
+    /// `CatchPanicLayer` caught first) for a message of `partition`.
+    fn on_panic(&self, _partition: &crate::message::PartitionKey) {}
 }

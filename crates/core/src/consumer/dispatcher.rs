@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
@@ -25,9 +26,10 @@ use super::backoff::{BackoffState, ConsumerBackoff, Gate, Signal};
 use super::lanes::{LaneId, Lanes};
 use super::report::{RunError, RunReport, Unfinished};
 use super::shutdown::Shutdown;
-use super::slots::{SlotId, SlotState, Slots};
+use super::slots::{Caught, PanicPayload, SlotId, SlotState, Slots};
 use super::{Ordering, Settings};
 use crate::acker::{AckBatch, AckError, Acker};
+use crate::catch_panic::Panicked;
 use crate::commit_engine::{CommitEngine, PartitionId, Ticket};
 use crate::deadline;
 use crate::error::{ErrorClass, HandlerError};
@@ -168,6 +170,9 @@ struct PendingRevocation {
     reply: Option<oneshot::Receiver<Result<(), AckError>>>,
 }
 
+/// What a handler future resolves to.
+type HandlerOutput<H> = Result<(), <H as Service<Message>>::Error>;
+
 /// The state of one run.
 struct Dispatcher<H: Service<Message>> {
     handler: H,
@@ -181,7 +186,7 @@ struct Dispatcher<H: Service<Message>> {
     /// Deliveries that hold their lane and wait to start, oldest first.
     ready: VecDeque<SlotId>,
     /// Handler outputs collected from woken slots.
-    finished: Vec<(SlotId, Result<(), H::Error>)>,
+    finished: Vec<(SlotId, Caught<HandlerOutput<H>>)>,
     partitions: Vec<PartitionFlags>,
     over_window: usize,
     /// The partition of the previous delivery: most batches come from one
@@ -528,18 +533,26 @@ where
     }
 
     /// Polls the handler service's readiness; a failed service stops the run.
+    /// So does a panic: a service that panics when asked whether it can take
+    /// a message cannot take any.
     fn handler_ready(&mut self) -> bool {
         let mut cx = Context::from_waker(self.slots.runtime_waker());
-        match self.handler.poll_ready(&mut cx) {
-            Poll::Ready(Ok(())) => true,
-            Poll::Ready(Err(error)) => {
-                let error: HandlerError = error.into();
-                tracing::error!(%error, "the handler service failed; the consumer stops");
-                self.begin_stop(Some(Failure::Handler(error)));
-                false
+        let handler = &mut self.handler;
+        let polled = catch_unwind(AssertUnwindSafe(|| handler.poll_ready(&mut cx)));
+        let error: HandlerError = match polled {
+            Ok(Poll::Ready(Ok(()))) => return true,
+            Ok(Poll::Pending) => return false,
+            Ok(Poll::Ready(Err(error))) => error.into(),
+            Err(panic) => {
+                let panic = Panicked::from_payload(&*panic);
+                self.report.panicked += 1;
+                tracing::error!(panic = %panic.message(), "the handler service panicked in poll_ready");
+                HandlerError::retryable(panic)
             }
-            Poll::Pending => false,
-        }
+        };
+        tracing::error!(%error, "the handler service failed; the consumer stops");
+        self.begin_stop(Some(Failure::Handler(error)));
+        false
     }
 
     fn partition_of(&mut self, message: &Message) -> PartitionId {
@@ -662,11 +675,44 @@ where
         } else {
             message
         };
-        let future = self.handler.call(message);
-        match self.slots.start(slot, future) {
-            Poll::Ready(output) => self.finish(slot, output),
-            Poll::Pending => self.hold_lane(slot),
+        // The runtime catches a handler's panics itself, with or without a
+        // `CatchPanicLayer`: unwound through `Consumer::run`, a panic took the
+        // consumer down, and the message, delivered again, took the next one.
+        let (handler, slots) = (&mut self.handler, &mut self.slots);
+        let started = catch_unwind(AssertUnwindSafe(|| {
+            let future = handler.call(message);
+            slots.start(slot, future)
+        }));
+        match started {
+            Ok(Poll::Ready(output)) => self.finish(slot, output),
+            Ok(Poll::Pending) => self.hold_lane(slot),
+            Err(panic) => {
+                self.slots.recover(slot);
+                self.panicked(slot, &panic);
+            }
         }
+    }
+
+    /// A handler panicked while called or polled: the panic becomes a
+    /// retryable failure of its message, logged and counted.
+    fn panicked(&mut self, slot: SlotId, panic: &PanicPayload) {
+        let panic = Panicked::from_payload(&**panic);
+        self.report.panicked += 1;
+        let partition = self
+            .slots
+            .get(slot)
+            .ticket
+            .and_then(|ticket| self.engine.key(ticket.partition()));
+        tracing::error!(
+            partition = ?partition,
+            position = ?self.slots.get(slot).position,
+            panic = %panic.message(),
+            "the handler panicked; the message is retried"
+        );
+        if let (Some(observer), Some(partition)) = (&self.settings.observer, partition) {
+            observer.on_panic(partition);
+        }
+        self.finish::<HandlerError>(slot, Err(HandlerError::retryable(panic)));
     }
 
     /// Makes a delivery that started on the fast path hold its lane, now that
@@ -688,14 +734,17 @@ where
         let mut finished = std::mem::take(&mut self.finished);
         self.slots.poll_woken(&mut finished);
         for (slot, output) in finished.drain(..) {
-            self.finish(slot, output);
+            match output {
+                Ok(output) => self.finish(slot, output),
+                Err(panic) => self.panicked(slot, &panic),
+            }
         }
         self.finished = finished;
     }
 
     // ---- completion ------------------------------------------------------
 
-    fn finish(&mut self, slot: SlotId, output: Result<(), H::Error>) {
+    fn finish<E: Into<HandlerError>>(&mut self, slot: SlotId, output: Result<(), E>) {
         let entry = self.slots.get(slot);
         let probe = entry.probe;
         let Some(ticket) = entry.ticket else {

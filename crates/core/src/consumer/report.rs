@@ -36,6 +36,10 @@ pub struct RunReport {
     pub requeued: u64,
     /// Handlers that stopped because of the shutdown (left unacknowledged).
     pub interrupted: u64,
+    /// Handler panics the runtime caught (a `CatchPanicLayer` inside the
+    /// stack turns them into errors before the runtime sees them): each
+    /// became a retryable failure of its message.
+    pub panicked: u64,
     /// Deliveries dropped unacknowledged because their partition was revoked
     /// before they finished; the new owner receives them.
     pub released_on_revoke: u64,

@@ -703,6 +703,125 @@ async fn an_interrupted_outcome_outside_shutdown_goes_back_to_a_broker_that_can_
     assert_eq!(requeued, vec![Position::Offset(1)]);
 }
 
+/// A handler service that panics in `call` for offset 0 and inside its
+/// future for offset 1, on their first attempts, and succeeds otherwise.
+#[derive(Clone, Default)]
+struct Panicking {
+    calls: Arc<Mutex<Vec<(i64, u32)>>>,
+}
+
+impl tower::Service<Message> for Panicking {
+    type Response = ();
+    type Error = HandlerError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), HandlerError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, message: Message) -> Self::Future {
+        let (offset, attempt) = (offset_of(&message), message.metadata().attempt());
+        self.calls
+            .lock()
+            .map(|mut c| c.push((offset, attempt)))
+            .ok();
+        if (offset, attempt) == (0, 1) {
+            panic!("a bug in call");
+        }
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            if (offset, attempt) == (1, 1) {
+                panic!("a bug while polled");
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Counts the panics the runtime reports.
+#[derive(Default)]
+struct PanicCounter {
+    panics: AtomicUsize,
+}
+
+impl crate::observer::ConsumerObserver for PanicCounter {
+    fn on_panic(&self, _partition: &PartitionKey) {
+        self.panics.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_panic_is_caught_by_the_runtime_counted_and_retried() {
+    // No `CatchPanicLayer`: the panic unwound through `Consumer::run` and,
+    // redelivered, crashed every next consumer the same way.
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = Panicking::default();
+    let observer = Arc::new(PanicCounter::default());
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .observer(observer.clone())
+        .build(source, acker.clone(), handler.clone())
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 3);
+    assert_eq!(report.panicked, 2);
+    assert_eq!(report.redispatched, 2, "each panicked message was retried");
+    assert_eq!(observer.panics.load(AtomicOrdering::Relaxed), 2);
+    let mut calls = handler.calls.lock().map(|c| c.clone()).unwrap_or_default();
+    calls.sort_unstable();
+    assert_eq!(calls, vec![(0, 1), (0, 2), (1, 1), (1, 2), (2, 1)]);
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(2))
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_panic_in_poll_ready_stops_the_run_with_a_typed_error() {
+    #[derive(Clone)]
+    struct Broken;
+    impl tower::Service<Message> for Broken {
+        type Response = ();
+        type Error = HandlerError;
+        type Future = std::future::Ready<Result<(), HandlerError>>;
+
+        fn poll_ready(
+            &mut self,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), HandlerError>> {
+            panic!("the service's pool is poisoned");
+        }
+
+        fn call(&mut self, _message: Message) -> Self::Future {
+            std::future::ready(Ok(()))
+        }
+    }
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let error = Consumer::builder()
+        .build(source, RecordingAcker::default(), Broken)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect_err("a service that cannot take messages stops the run");
+    let super::RunError::HandlerUnavailable { error, report } = error else {
+        panic!("expected HandlerUnavailable, got {error:?}");
+    };
+    let panicked = error
+        .cause()
+        .downcast_ref::<crate::catch_panic::Panicked>()
+        .map(|panicked| panicked.message().to_owned());
+    assert_eq!(panicked.as_deref(), Some("the service's pool is poisoned"));
+    assert_eq!(report.panicked, 1);
+    assert_eq!(report.succeeded, 0);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_revocation_drains_commits_and_then_completes() {
     let (sender, receiver) = mpsc::unbounded_channel();

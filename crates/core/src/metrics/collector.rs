@@ -32,6 +32,7 @@ use super::{MetricsLayer, RegisterError};
 /// | `intake_consumer_in_flight_messages` | | gauge |
 /// | `intake_ack_round_trips_total` | result | |
 /// | `intake_ack_duration_seconds` | | histogram |
+/// | `intake_consumer_panics_total` | source | panics the runtime caught (no [`CatchPanicLayer`](crate::catch_panic::CatchPanicLayer) inside) |
 #[derive(Clone)]
 pub struct Metrics {
     pub(super) families: Arc<Families>,

@@ -1,5 +1,6 @@
 //! [`Metrics`] as the runtime's [`ConsumerObserver`]: partition gauges,
-//! in-flight deliveries and acknowledgement round trips.
+//! in-flight deliveries, acknowledgement round trips and the panics the
+//! runtime caught.
 
 use std::time::Duration;
 
@@ -45,6 +46,13 @@ impl ConsumerObserver for Metrics {
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.families.acks.with_label_values(&[outcome]).inc();
         self.families.ack_duration.observe(elapsed.as_secs_f64());
+    }
+
+    fn on_panic(&self, partition: &PartitionKey) {
+        self.families
+            .consumer_panics
+            .with_label_values(&[&*partition.source])
+            .inc();
     }
 
     fn on_revoked(&self, partition: &PartitionKey) {

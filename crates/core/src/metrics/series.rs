@@ -30,6 +30,7 @@ pub(super) struct Families {
     pub(super) consumer_in_flight: IntGauge,
     pub(super) acks: IntCounterVec,
     pub(super) ack_duration: Histogram,
+    pub(super) consumer_panics: IntCounterVec,
     /// Partition gauges resolved at the first commit tick that reports the
     /// partition, removed when it is revoked.
     pub(super) partitions: Mutex<HashMap<PartitionKey, PartitionSeries>>,
@@ -155,6 +156,14 @@ impl Families {
                 "Duration of acknowledgement round trips to the broker.",
                 prometheus::DEFAULT_BUCKETS.to_vec(),
             ))?,
+            consumer_panics: IntCounterVec::new(
+                opts(
+                    "consumer_panics_total",
+                    "Handler panics the consumer runtime caught itself (no CatchPanicLayer \
+                     inside the stack caught them first); each message was retried.",
+                ),
+                &["source"],
+            )?,
             partitions: Mutex::default(),
         };
         families.register_into(registry)?;
@@ -162,7 +171,7 @@ impl Families {
     }
 
     fn register_into(&self, registry: &Registry) -> Result<(), RegisterError> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
             Box::new(self.consumed.clone()),
             Box::new(self.succeeded.clone()),
             Box::new(self.failed.clone()),
@@ -178,6 +187,7 @@ impl Families {
             Box::new(self.consumer_in_flight.clone()),
             Box::new(self.acks.clone()),
             Box::new(self.ack_duration.clone()),
+            Box::new(self.consumer_panics.clone()),
         ];
         for collector in collectors {
             registry.register(collector)?;

@@ -291,6 +291,22 @@ fn acknowledgement_round_trips_are_counted_by_result() {
 }
 
 #[test]
+fn panics_the_runtime_caught_are_counted_per_source() {
+    let registry = Registry::new();
+    let metrics = Metrics::register(&registry).expect("fresh registry");
+    metrics.on_panic(&PartitionKey::new("orders", 3));
+    metrics.on_panic(&PartitionKey::new("orders", 1));
+    assert_eq!(
+        sample(
+            &registry,
+            "intake_consumer_panics_total",
+            &[("source", "orders")]
+        ),
+        Some(2.0)
+    );
+}
+
+#[test]
 fn a_second_registration_in_one_registry_is_refused_with_advice() {
     let registry = Registry::new();
     let _first = Metrics::register(&registry).expect("fresh registry");
