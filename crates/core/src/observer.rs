@@ -1,7 +1,8 @@
 //! What the runtime reports about itself while it runs, for metrics.
 //!
 //! The runtime calls a [`ConsumerObserver`] at every commit tick, for every
-//! acknowledgement round trip and for rare events (a caught panic), never
+//! acknowledgement round trip and for rare events (a caught panic, a probe
+//! that timed out), never
 //! per successful message, so observing costs nothing on the message path.
 
 use std::time::Duration;
@@ -36,4 +37,8 @@ pub trait ConsumerObserver: Send + Sync + 'static {
     /// When the runtime caught a handler's panic (one that no
     /// `CatchPanicLayer` caught first) for a message of `partition`.
     fn on_panic(&self, _partition: &crate::message::PartitionKey) {}
+
+    /// When a backoff probe outlived the probe timeout and the consumer
+    /// backed off again without its outcome.
+    fn on_probe_timeout(&self) {}
 }

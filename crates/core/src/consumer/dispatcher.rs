@@ -183,6 +183,8 @@ struct Dispatcher<H: Service<Message>> {
     keep_copy: bool,
     requeue: bool,
     backoff: ConsumerBackoff,
+    /// The backoff probe's slot and its deadline, while it runs.
+    probe: Option<(SlotId, Instant)>,
     /// Deliveries that hold their lane and wait to start, oldest first.
     ready: VecDeque<SlotId>,
     /// Handler outputs collected from woken slots.
@@ -246,6 +248,7 @@ where
             keep_copy: !requeue,
             requeue,
             backoff: ConsumerBackoff::new(settings.backoff.clone()),
+            probe: None,
             ready: VecDeque::with_capacity(capacity),
             finished: Vec::with_capacity(capacity),
             partitions: Vec::new(),
@@ -382,6 +385,9 @@ where
         if now >= self.next_tick_at {
             self.next_tick_at = deadline::after(now, self.settings.commit_interval);
             self.on_tick();
+        }
+        if self.probe.is_some() {
+            self.expire_probe(now);
         }
         while let Some(failed) = self.acks.take_failed() {
             for ack in failed.partitions {
@@ -661,6 +667,40 @@ where
         }
     }
 
+    /// Ends the wait for a backoff probe that outlived the probe timeout: a
+    /// hung handler must not hold every other delivery back.
+    fn expire_probe(&mut self, now: Instant) {
+        let Some((slot, deadline)) = self.probe else {
+            return;
+        };
+        let entry = self.slots.get(slot);
+        let waiting = entry.probe
+            && entry.state == SlotState::Running
+            && self.backoff.state() == (BackoffState::Probing { in_flight: true });
+        if !waiting {
+            // It finished, failed or was abandoned: its outcome was recorded.
+            self.probe = None;
+            return;
+        }
+        if now < deadline {
+            return;
+        }
+        self.probe = None;
+        self.slots.get_mut(slot).probe = false;
+        self.backoff.probe_timed_out(now);
+        let entry = self.slots.get(slot);
+        tracing::warn!(
+            partition = ?entry.ticket.and_then(|ticket| self.engine.key(ticket.partition())),
+            position = ?entry.position,
+            timeout = ?self.settings.probe_timeout,
+            "the backoff probe is still running after the probe timeout: backing off again \
+             without its outcome"
+        );
+        if let Some(observer) = &self.settings.observer {
+            observer.on_probe_timeout();
+        }
+    }
+
     fn start(&mut self, slot: SlotId, probe: bool) {
         let keep_copy = self.keep_copy;
         let entry = self.slots.get_mut(slot);
@@ -669,6 +709,13 @@ where
             return;
         };
         entry.probe = probe;
+        if probe {
+            self.probe = Some((
+                slot,
+                deadline::after(Instant::now(), self.settings.probe_timeout),
+            ));
+        }
+        let entry = self.slots.get_mut(slot);
         let message = if keep_copy {
             entry.message = Some(message.clone());
             message
@@ -1175,6 +1222,7 @@ where
             consider(Some(until));
         }
         consider(Some(self.next_tick_at));
+        consider(self.probe.map(|(_, deadline)| deadline));
         consider(self.fetch_retry_at);
         for pending in &self.revocations {
             if pending.reply.is_none() {

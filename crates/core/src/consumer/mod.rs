@@ -87,6 +87,7 @@ pub(crate) struct Settings {
     pub(crate) shutdown_deadline: Duration,
     pub(crate) revoke_timeout: Duration,
     pub(crate) backoff: Arc<dyn BackoffPolicy>,
+    pub(crate) probe_timeout: Duration,
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) observer: Option<Arc<dyn ConsumerObserver>>,
 }
@@ -110,6 +111,7 @@ impl std::fmt::Debug for ConsumerBuilder {
             .field("max_uncommitted", &settings.max_uncommitted)
             .field("shutdown_deadline", &settings.shutdown_deadline)
             .field("revoke_timeout", &settings.revoke_timeout)
+            .field("probe_timeout", &settings.probe_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +132,7 @@ impl Default for ConsumerBuilder {
                     Exponential::new(Duration::from_millis(100), Duration::from_secs(30))
                         .retry_forever(),
                 ),
+                probe_timeout: Duration::from_secs(30),
                 reconnect: Arc::new(
                     Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
                         .retry_forever(),
@@ -221,6 +224,16 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Longest time the consumer-level backoff waits for its probe. While a
+    /// probe runs every other delivery waits for its outcome; a probe still
+    /// running after this counts as failed, and the consumer backs off
+    /// again and then probes with another delivery (the first one keeps
+    /// running, and its outcome decides nothing). Default 30 s.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.probe_timeout = timeout;
+        self
+    }
+
     /// Delays between attempts to fetch again after a transient source
     /// error. Default: exponential from 100 ms to 10 s, forever. Checked
     /// with [`BackoffPolicy::validate`] when the consumer is built.
@@ -257,6 +270,13 @@ impl ConsumerBuilder {
             return Err(ConfigError::new(
                 "commit_interval",
                 "is zero; use a positive interval such as 100 ms",
+            ));
+        }
+        if settings.probe_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "probe_timeout",
+                "is zero: every probe would time out at once; use the longest time a \
+                 handler may take, such as 30 s",
             ));
         }
         if settings.commit_batch == 0 {

@@ -1444,6 +1444,64 @@ async fn a_probe_requeued_without_backoff_leads_out_of_backoff_at_the_runtime() 
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hung_probe_reopens_the_gate_into_backoff_after_the_probe_timeout() {
+    // Offset 0 fails twice, so the consumer backs off and, after its first
+    // probe failed too, probes with offset 1, whose handler never returns.
+    // Everything else waited for that probe's outcome, forever.
+    let (source, sender) = open_script(vec![Script::Messages(messages(1, 6, 6))]);
+    let handler = tower::service_fn(|message: Message| async move {
+        match (offset_of(&message), message.metadata().attempt()) {
+            (0, 1 | 2) => Err(HandlerError::retryable("downstream unavailable")),
+            (1, _) => std::future::pending().await,
+            _ => Ok(()),
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        stop.cancel();
+    });
+    let observer = Arc::new(ProbeTimeouts::default());
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .backoff(crate::backoff::Constant::new(Duration::from_millis(100)).retry_forever())
+        .shutdown_deadline(Duration::from_millis(10))
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(shutdown)
+        .await
+        .expect("run succeeds");
+    drop(sender);
+    assert_eq!(
+        report.succeeded, 5,
+        "every message but the hung one finished: {report:?}"
+    );
+    assert_eq!(
+        report
+            .unfinished
+            .iter()
+            .map(|unfinished| unfinished.position)
+            .collect::<Vec<_>>(),
+        vec![Position::Offset(1)]
+    );
+    assert_eq!(observer.timeouts.load(AtomicOrdering::Relaxed), 1);
+}
+
+/// Counts the probes that timed out.
+#[derive(Default)]
+struct ProbeTimeouts {
+    timeouts: AtomicUsize,
+}
+
+impl crate::observer::ConsumerObserver for ProbeTimeouts {
+    fn on_probe_timeout(&self) {
+        self.timeouts.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_disabled_or_zero_backoff_never_pauses_intake() {
     for zero in [false, true] {
         let (source, _) = scripted(vec![Script::Messages(messages(2, 50, 10))]);

@@ -33,6 +33,7 @@ use super::{MetricsLayer, RegisterError};
 /// | `intake_ack_round_trips_total` | result | |
 /// | `intake_ack_duration_seconds` | | histogram |
 /// | `intake_consumer_panics_total` | source | panics the runtime caught (no [`CatchPanicLayer`](crate::catch_panic::CatchPanicLayer) inside) |
+/// | `intake_consumer_probe_timeouts_total` | | backoff probes past [`probe_timeout`](crate::consumer::ConsumerBuilder::probe_timeout) |
 #[derive(Clone)]
 pub struct Metrics {
     pub(super) families: Arc<Families>,

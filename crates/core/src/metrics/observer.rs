@@ -1,6 +1,6 @@
 //! [`Metrics`] as the runtime's [`ConsumerObserver`]: partition gauges,
-//! in-flight deliveries, acknowledgement round trips and the panics the
-//! runtime caught.
+//! in-flight deliveries, acknowledgement round trips, and the panics and
+//! probe timeouts of the runtime.
 
 use std::time::Duration;
 
@@ -53,6 +53,10 @@ impl ConsumerObserver for Metrics {
             .consumer_panics
             .with_label_values(&[&*partition.source])
             .inc();
+    }
+
+    fn on_probe_timeout(&self) {
+        self.families.probe_timeouts.inc();
     }
 
     fn on_revoked(&self, partition: &PartitionKey) {

@@ -31,6 +31,7 @@ pub(super) struct Families {
     pub(super) acks: IntCounterVec,
     pub(super) ack_duration: Histogram,
     pub(super) consumer_panics: IntCounterVec,
+    pub(super) probe_timeouts: IntCounter,
     /// Partition gauges resolved at the first commit tick that reports the
     /// partition, removed when it is revoked.
     pub(super) partitions: Mutex<HashMap<PartitionKey, PartitionSeries>>,
@@ -164,6 +165,11 @@ impl Families {
                 ),
                 &["source"],
             )?,
+            probe_timeouts: IntCounter::with_opts(opts(
+                "consumer_probe_timeouts_total",
+                "Backoff probes still running after the probe timeout; the consumer backed \
+                 off again without their outcome.",
+            ))?,
             partitions: Mutex::default(),
         };
         families.register_into(registry)?;
@@ -171,7 +177,7 @@ impl Families {
     }
 
     fn register_into(&self, registry: &Registry) -> Result<(), RegisterError> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 17] = [
             Box::new(self.consumed.clone()),
             Box::new(self.succeeded.clone()),
             Box::new(self.failed.clone()),
@@ -188,6 +194,7 @@ impl Families {
             Box::new(self.acks.clone()),
             Box::new(self.ack_duration.clone()),
             Box::new(self.consumer_panics.clone()),
+            Box::new(self.probe_timeouts.clone()),
         ];
         for collector in collectors {
             registry.register(collector)?;

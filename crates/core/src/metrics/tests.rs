@@ -291,7 +291,7 @@ fn acknowledgement_round_trips_are_counted_by_result() {
 }
 
 #[test]
-fn panics_the_runtime_caught_are_counted_per_source() {
+fn panics_and_probe_timeouts_of_the_runtime_are_counted() {
     let registry = Registry::new();
     let metrics = Metrics::register(&registry).expect("fresh registry");
     metrics.on_panic(&PartitionKey::new("orders", 3));
@@ -303,6 +303,11 @@ fn panics_the_runtime_caught_are_counted_per_source() {
             &[("source", "orders")]
         ),
         Some(2.0)
+    );
+    metrics.on_probe_timeout();
+    assert_eq!(
+        sample(&registry, "intake_consumer_probe_timeouts_total", &[]),
+        Some(1.0)
     );
 }
 
