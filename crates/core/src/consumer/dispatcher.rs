@@ -24,7 +24,7 @@ use tower::Service;
 use super::ack_loop::{AckQueue, AckRequest, ack_loop};
 use super::backoff::{BackoffState, ConsumerBackoff, Gate, Signal};
 use super::lanes::{LaneId, Lanes};
-use super::report::{RunError, RunReport, Unfinished};
+use super::report::{RunError, RunReport, SourceClose, Unfinished};
 use super::shutdown::Shutdown;
 use super::slots::{Caught, PanicPayload, SlotId, SlotState, Slots};
 use super::{Ordering, Settings};
@@ -76,14 +76,27 @@ where
             acks,
         );
         let stop = dispatcher.drive(&mut source, shutdown.into_future()).await;
-        let mut report = dispatcher.wind_down().await;
+        // Every step from here on is bounded, whatever the broker does.
+        let until = dispatcher.final_steps_deadline();
+        let mut report = dispatcher.wind_down(until).await;
         drop(dispatcher);
-        if let Err(error) = source.close().await {
-            tracing::warn!(%error, "closing the source failed");
-        }
+        report.close = match tokio::time::timeout_at(until, source.close()).await {
+            Ok(Ok(())) => SourceClose::Closed,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "closing the source failed");
+                SourceClose::Failed
+            }
+            Err(_) => {
+                tracing::error!(
+                    "closing the source did not finish within the shutdown deadline; \
+                     dropping it"
+                );
+                SourceClose::TimedOut
+            }
+        };
         report.ack_failures = ack_failures.load(AtomicOrdering::Acquire) as u64;
         report.elapsed = started.elapsed();
-        match stop {
+        let result = match stop {
             None => Ok(report),
             Some(Failure::Source(error)) => Err(RunError::Source {
                 error,
@@ -93,12 +106,14 @@ where
                 error,
                 report: Box::new(report),
             }),
-        }
+        };
+        (result, until)
     };
     // The ack loop runs beside the dispatcher until the run is over. The run
     // already waited (bounded) for its final commit, so by then the loop has
-    // nothing left to do, unless an acker hangs: it gets a moment to end, and
-    // is then dropped rather than holding the run open forever.
+    // nothing left to do, unless an acker hangs: it gets what is left of the
+    // final steps' time, and is then dropped rather than holding the run
+    // open forever.
     //
     // Unconstrained by tokio's cooperative budget: under a backlog the
     // dispatcher yields only once it spent the task's budget, and a receive
@@ -107,25 +122,23 @@ where
     let mut drain_acks = pin!(tokio::task::unconstrained(drain_acks));
     let mut dispatch = pin!(dispatch);
     let mut drained = false;
-    let result = loop {
+    let (result, until) = loop {
         tokio::select! {
             biased;
-            result = &mut dispatch => break result,
+            ended = &mut dispatch => break ended,
             () = &mut drain_acks, if !drained => drained = true,
         }
     };
-    if !drained
-        && tokio::time::timeout(ACK_LOOP_GRACE, drain_acks)
-            .await
-            .is_err()
-    {
+    if !drained && tokio::time::timeout_at(until, drain_acks).await.is_err() {
         tracing::error!("the acker did not finish its last acknowledgement; dropping it");
     }
     result
 }
 
-/// How long the ack loop may take to finish once the run is over.
-const ACK_LOOP_GRACE: Duration = Duration::from_secs(1);
+/// The least time the final commit and the source's close get when the
+/// handlers used the whole shutdown deadline (if the deadline itself is not
+/// shorter).
+const FINAL_STEPS_FLOOR: Duration = Duration::from_secs(5);
 
 /// Why a run stopped early.
 enum Failure {
@@ -1248,8 +1261,48 @@ where
         }
     }
 
-    /// Cancels what still runs, commits what finished, and reports.
-    async fn wind_down(&mut self) -> RunReport {
+    /// When the steps after the handlers' drain (the final commit, the
+    /// source's close) must be over: what is left of the shutdown deadline,
+    /// and at least `min(shutdown_deadline, 5 s)`.
+    fn final_steps_deadline(&self) -> Instant {
+        let now = Instant::now();
+        let floor = deadline::after(now, self.settings.shutdown_deadline.min(FINAL_STEPS_FLOOR));
+        match self.stop {
+            Some(Stop::Graceful { deadline }) => deadline.max(floor),
+            // Exhausted (or never started): nothing drained against a
+            // deadline, so the steps get a whole one.
+            _ => deadline::after(now, self.settings.shutdown_deadline),
+        }
+    }
+
+    /// Puts the work of acknowledgements that failed back into the engine.
+    fn restore_failed(&mut self) {
+        while let Some(failed) = self.acks.take_failed() {
+            for ack in failed.partitions {
+                self.engine.restore(ack);
+            }
+        }
+    }
+
+    /// Sends `batch` and waits for the acker's answer until `until`;
+    /// `false` when it failed, did not come, or the ack loop is gone.
+    async fn send_and_wait(&mut self, batch: AckBatch, until: Instant) -> bool {
+        let (reply, receiver) = oneshot::channel();
+        if !self.acks.send(AckRequest {
+            batch,
+            reply: Some(reply),
+        }) {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout_at(until, receiver).await,
+            Ok(Ok(Ok(())))
+        )
+    }
+
+    /// Cancels what still runs, commits what finished, and reports. The
+    /// final commit is over by `until`, answered or not.
+    async fn wind_down(&mut self, until: Instant) -> RunReport {
         let mut unfinished = Vec::new();
         let held: Vec<SlotId> = self.slots.held_slots().map(|(slot, _)| slot).collect();
         for slot in held {
@@ -1268,29 +1321,54 @@ where
         }
         self.ready.clear();
 
+        // Batches still with the acker answer first (it handles them in
+        // order; an empty batch is a barrier), so that the work of any that
+        // fail goes out again in the final commit rather than being taken
+        // for committed. Were the barrier not answered, the acker is stuck,
+        // and a final commit queued behind it would not be either.
+        self.restore_failed();
+        let mut reachable = true;
+        if self.acks.outstanding() > 0 {
+            reachable = self
+                .send_and_wait(
+                    AckBatch {
+                        partitions: Vec::new(),
+                        sync: true,
+                    },
+                    until,
+                )
+                .await;
+            self.restore_failed();
+        }
+        // The final commit: every assigned partition's watermark, sent again
+        // even if it was sent before (its answer then confirms it), and
+        // every id still to acknowledge.
         let mut batch = AckBatch {
             partitions: Vec::new(),
             sync: true,
         };
-        self.engine.take_batch(&mut batch);
-        let mut committed_ok = true;
-        // Sent even when empty while a batch is under way: the reply then
-        // confirms it, so the source is never closed before its last commit.
-        if !batch.is_empty() || self.acks.outstanding() > 0 {
-            let (reply, receiver) = oneshot::channel();
-            if self.acks.send(AckRequest {
-                batch,
-                reply: Some(reply),
-            }) {
-                let bound = self.settings.shutdown_deadline.max(Duration::from_secs(5));
-                committed_ok =
-                    matches!(tokio::time::timeout(bound, receiver).await, Ok(Ok(Ok(()))));
-                if !committed_ok {
-                    tracing::error!(
-                        "the final commit failed; finished messages may be delivered again"
-                    );
-                }
+        let mut ids: Vec<PartitionId> = self.engine.assigned().collect();
+        ids.sort();
+        let mut watermarks = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            if let (Some(partition), Some(watermark)) =
+                (self.engine.key(id), self.engine.watermark(id))
+            {
+                watermarks.push((partition.clone(), watermark));
             }
+            self.engine.take_final_batch(id, &mut batch);
+        }
+        self.engine.take_batch(&mut batch);
+        let committed_ok = if batch.is_empty() {
+            reachable
+        } else {
+            reachable && self.send_and_wait(batch, until).await
+        };
+        if !committed_ok {
+            tracing::error!(
+                "the final commit failed or was not answered in time; finished messages may be \
+                 delivered again"
+            );
         }
         // Revocations still pending end with the run: what they held was
         // part of the final commit.
@@ -1316,15 +1394,9 @@ where
         }
         let mut report = std::mem::take(&mut self.report);
         if committed_ok {
-            let mut ids: Vec<PartitionId> = self.engine.assigned().collect();
-            ids.sort();
-            for id in ids {
-                if let (Some(partition), Some(watermark)) =
-                    (self.engine.key(id), self.engine.watermark(id))
-                {
-                    report.committed.push((partition.clone(), watermark));
-                }
-            }
+            report.committed = watermarks;
+        } else {
+            report.not_committed = watermarks;
         }
         unfinished.sort_by(|a, b| (&a.partition, a.position).cmp(&(&b.partition, b.position)));
         report.unfinished = unfinished;

@@ -58,7 +58,7 @@ use crate::message::Message;
 use crate::observer::ConsumerObserver;
 use crate::source::Source;
 
-pub use report::{RunError, RunReport, Unfinished};
+pub use report::{RunError, RunReport, SourceClose, Unfinished};
 pub use shutdown::Shutdown;
 
 /// Which deliveries may run at the same time.
@@ -199,6 +199,13 @@ impl ConsumerBuilder {
     }
 
     /// How long a graceful shutdown waits for running handlers. Default 30 s.
+    ///
+    /// The steps after that, the final commit and the source's close, share
+    /// what is left of the deadline, and at least `min(deadline, 5 s)` when
+    /// the handlers used all of it: whatever the broker does (no answer, a
+    /// client that reconnects forever), the run ends within twice the
+    /// deadline, and its [`RunReport`] says what could not be committed.
+    ///
     /// Any duration is accepted; one too long to add to the clock
     /// (`Duration::MAX`) means "as long as it takes", as it does for every
     /// other duration setting.
@@ -370,8 +377,9 @@ where
     ///
     /// Shutdown is graceful: fetching stops, no new handler starts, running
     /// handlers get until the shutdown deadline, everything finished is
-    /// committed, and the report lists what was left unfinished (the broker
-    /// delivers it again).
+    /// committed, the source is closed (both bounded, see
+    /// [`ConsumerBuilder::shutdown_deadline`]), and the report lists what
+    /// was left unfinished or uncommitted (the broker delivers it again).
     pub async fn run(self, shutdown: impl Into<Shutdown>) -> Result<RunReport, RunError> {
         let Consumer {
             source,

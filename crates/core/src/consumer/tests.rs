@@ -1307,6 +1307,140 @@ async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
     );
 }
 
+/// Offsets 0 to 2 of partition 0 finish at once and go to `acker` in one
+/// batch; the shutdown comes 10 ms later, while that batch is with it.
+async fn shut_down_while_a_batch_is_with(acker: FlakyAcker) -> super::RunReport {
+    let (source, sender) = open_script(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stop.cancel();
+    });
+    let report = Consumer::builder()
+        .shutdown_deadline(Duration::from_secs(5))
+        .build(source, acker, handler)
+        .expect("valid settings")
+        .run(shutdown)
+        .await
+        .expect("run succeeds");
+    drop(sender);
+    report
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_final_commit_carries_a_batch_that_failed_just_before_it() {
+    // The batch fails 50 ms after it was sent, while the run is already
+    // winding down: its work must go out again in the final commit, not
+    // be reported committed on the strength of a later empty barrier.
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(1)),
+        delay: Duration::from_millis(50),
+    };
+    let report = shut_down_while_a_batch_is_with(acker.clone()).await;
+    let partition = PartitionKey::new("orders", 0);
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let last = batches.last().expect("batches were sent");
+    assert!(last.sync, "the final commit comes last: {batches:?}");
+    assert_eq!(
+        last.partitions
+            .iter()
+            .find(|ack| ack.partition == partition)
+            .and_then(|ack| ack.watermark),
+        Some(Position::Offset(2)),
+        "the final commit carries the failed batch's watermark: {batches:?}"
+    );
+    assert_eq!(report.ack_failures, 1);
+    assert_eq!(report.committed, vec![(partition, Position::Offset(2))]);
+    assert!(report.not_committed.is_empty());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_report_lists_as_committed_only_what_the_broker_confirmed() {
+    // Every acknowledgement fails: nothing was committed, and the report
+    // says what could not be.
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(usize::MAX)),
+        delay: Duration::from_millis(50),
+    };
+    let report = shut_down_while_a_batch_is_with(acker).await;
+    assert_eq!(report.committed, vec![], "{report:?}");
+    assert_eq!(
+        report.not_committed,
+        vec![(PartitionKey::new("orders", 0), Position::Offset(2))]
+    );
+}
+
+/// An acker that never answers, like one whose broker went away.
+struct HungAcker;
+
+impl Acker for HungAcker {
+    async fn ack(&mut self, _batch: &AckBatch) -> Result<(), AckError> {
+        std::future::pending().await
+    }
+}
+
+/// A source whose close never returns, like the Redis source reconnecting
+/// during an outage under a retry-forever policy.
+struct HungOnClose {
+    script: ScriptedSource,
+}
+
+impl Source for HungOnClose {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        self.script.next(deliveries, max).await
+    }
+
+    async fn close(&mut self) -> Result<(), SourceError> {
+        std::future::pending().await
+    }
+}
+
+#[test]
+fn a_shutdown_during_an_outage_ends_within_the_shutdown_deadline() {
+    // The final commit never gets an answer and the close never returns:
+    // the run still ends, bounded by the shutdown deadline, and its report
+    // says what could not be committed and that the close did not finish.
+    let outcome = on_paused_clock_within(Duration::from_secs(20), async {
+        let (script, sender) = open_script(vec![Script::Messages(messages(1, 3, 3))]);
+        let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            stop.cancel();
+        });
+        let started = tokio::time::Instant::now();
+        let report = Consumer::builder()
+            .shutdown_deadline(Duration::from_secs(2))
+            .build(HungOnClose { script }, HungAcker, handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await;
+        drop(sender);
+        (report, started.elapsed())
+    });
+    let (report, elapsed) = outcome.expect("the run ended: nothing waits on a hung broker");
+    let report = report.expect("run succeeds");
+    assert!(
+        elapsed <= Duration::from_millis(10) + Duration::from_secs(2) * 2,
+        "the shutdown took {elapsed:?}"
+    );
+    assert_eq!(report.committed, vec![]);
+    assert_eq!(
+        report.not_committed,
+        vec![(PartitionKey::new("orders", 0), Position::Offset(2))]
+    );
+    assert_eq!(report.close, super::SourceClose::TimedOut);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commit_interval() {
     /// Like an AMQP channel whose prefetch is the budget: it delivers only
