@@ -21,6 +21,7 @@ pub(super) struct Families {
     pub(super) retried: IntCounterVec,
     pub(super) dead_lettered: IntCounterVec,
     pub(super) discarded: IntCounterVec,
+    pub(super) dead_letter_fallbacks: IntCounterVec,
     pub(super) panicked: IntCounterVec,
     pub(super) duration: HistogramVec,
     pub(super) in_flight: IntGaugeVec,
@@ -103,6 +104,15 @@ impl Families {
                 ),
                 MESSAGE_LABELS,
             )?,
+            dead_letter_fallbacks: IntCounterVec::new(
+                opts(
+                    "dead_letter_fallbacks_total",
+                    "Messages whose dead letter could not be written, by what happened instead: \
+                     reference (a letter with the origin and sizes only), discarded or \
+                     redelivered (the policy's fallback).",
+                ),
+                &["source", "handler", "fallback"],
+            )?,
             panicked: IntCounterVec::new(
                 opts("handler_panics_total", "Handler panics caught."),
                 MESSAGE_LABELS,
@@ -177,13 +187,14 @@ impl Families {
     }
 
     fn register_into(&self, registry: &Registry) -> Result<(), RegisterError> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 17] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
             Box::new(self.consumed.clone()),
             Box::new(self.succeeded.clone()),
             Box::new(self.failed.clone()),
             Box::new(self.retried.clone()),
             Box::new(self.dead_lettered.clone()),
             Box::new(self.discarded.clone()),
+            Box::new(self.dead_letter_fallbacks.clone()),
             Box::new(self.panicked.clone()),
             Box::new(self.duration.clone()),
             Box::new(self.in_flight.clone()),
@@ -220,10 +231,16 @@ pub(super) struct SourceSeries {
     pub(super) retried: IntCounter,
     pub(super) dead_lettered: IntCounter,
     pub(super) discarded: IntCounter,
+    /// Dead letters written as a reference, discarded, or left for
+    /// redelivery because their destination took neither letter.
+    pub(super) fallbacks: [IntCounter; 3],
     pub(super) panicked: IntCounter,
     pub(super) duration: Histogram,
     pub(super) in_flight: IntGauge,
 }
+
+/// The `fallback` label values, in the order of [`SourceSeries::fallbacks`].
+pub(super) const FALLBACKS: [&str; 3] = ["reference", "discarded", "redelivered"];
 
 const CLASSES: [ErrorClass; 4] = [
     ErrorClass::Retryable,
@@ -256,6 +273,11 @@ impl SourceSeries {
             retried: families.retried.with_label_values(&labels),
             dead_lettered: families.dead_lettered.with_label_values(&labels),
             discarded: families.discarded.with_label_values(&labels),
+            fallbacks: FALLBACKS.map(|fallback| {
+                families
+                    .dead_letter_fallbacks
+                    .with_label_values(&[&**source, handler, fallback])
+            }),
             panicked: families.panicked.with_label_values(&labels),
             duration: families.duration.with_label_values(&labels),
             in_flight: families.in_flight.with_label_values(&labels),
