@@ -1178,14 +1178,33 @@ where
 
     // ---- lifecycle -----------------------------------------------------------
 
+    /// A transient error is retried after the reconnect policy's delay
+    /// (capped by the policy, growing while the failures go on, from the
+    /// start again after an event of the source); any other error, or one
+    /// the policy gives up on, stops the run with the error as its reason.
+    /// Each is logged and reported to the observer.
     fn source_failed(&mut self, error: SourceError) {
-        if error.is_transient() {
-            self.fetch_failures = self.fetch_failures.saturating_add(1);
-            if let Some(delay) = self.settings.reconnect.delay(self.fetch_failures) {
-                tracing::warn!(%error, retry_in = ?delay, "fetching failed; retrying");
-                self.fetch_retry_at = Some(deadline::after(Instant::now(), delay));
-                return;
+        let retry_in = match error.is_transient() {
+            true => {
+                self.fetch_failures = self.fetch_failures.saturating_add(1);
+                self.settings.reconnect.delay(self.fetch_failures)
             }
+            false => None,
+        };
+        if let Some(observer) = &self.settings.observer {
+            observer.on_source_error(&error, retry_in);
+        }
+        if let Some(delay) = retry_in {
+            tracing::warn!(
+                %error,
+                failures = self.fetch_failures,
+                retry_in = ?delay,
+                "fetching failed; retrying"
+            );
+            self.fetch_retry_at = Some(deadline::after(Instant::now(), delay));
+            return;
+        }
+        if error.is_transient() {
             tracing::error!(%error, attempts = self.fetch_failures, "fetching failed and retries are exhausted");
         } else {
             tracing::error!(%error, "fetching failed for good");

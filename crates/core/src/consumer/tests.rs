@@ -1635,6 +1635,124 @@ impl crate::observer::ConsumerObserver for ProbeTimeouts {
     }
 }
 
+/// Records what the runtime reports of source errors.
+#[derive(Default)]
+struct SourceErrors {
+    seen: Mutex<Vec<(bool, Option<Duration>)>>,
+}
+
+impl crate::observer::ConsumerObserver for SourceErrors {
+    fn on_source_error(&self, error: &SourceError, retry_in: Option<Duration>) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push((error.is_transient(), retry_in));
+        }
+    }
+}
+
+/// Fails with `errors` in turn, then plays `script`.
+struct FailingFirst {
+    errors: VecDeque<SourceError>,
+    script: ScriptedSource,
+}
+
+impl Source for FailingFirst {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        match self.errors.pop_front() {
+            Some(error) => Err(error),
+            None => self.script.next(deliveries, max).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn transient_source_errors_are_retried_with_growing_capped_delays_and_reported() {
+    let observer = Arc::new(SourceErrors::default());
+    let (script, _) = scripted(vec![Script::Messages(messages(1, 2, 2))]);
+    let source = FailingFirst {
+        errors: (0..4)
+            .map(|_| {
+                SourceError::Transient(
+                    "READONLY You can't write against a read only replica".into(),
+                )
+            })
+            .collect(),
+        script,
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let started = tokio::time::Instant::now();
+    let report = Consumer::builder()
+        .reconnect_backoff(
+            crate::backoff::Exponential::new(
+                Duration::from_millis(100),
+                Duration::from_millis(300),
+            )
+            .jitter(0.0)
+            .retry_forever(),
+        )
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("the run outlived the failures");
+    assert_eq!(report.succeeded, 2);
+    let seen = observer
+        .seen
+        .lock()
+        .map(|seen| seen.clone())
+        .unwrap_or_default();
+    let ms = |ms| Some(Duration::from_millis(ms));
+    assert_eq!(
+        seen,
+        vec![
+            (true, ms(100)),
+            (true, ms(200)),
+            (true, ms(300)),
+            (true, ms(300))
+        ]
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_fatal_source_error_stops_the_run_reported_with_its_reason() {
+    let observer = Arc::new(SourceErrors::default());
+    let (script, _) = scripted(vec![]);
+    let source = FailingFirst {
+        errors: [SourceError::Unauthorized {
+            endpoint: "broker:9092".into(),
+            source: "SASL authentication failed".into(),
+        }]
+        .into(),
+        script,
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let error = Consumer::builder()
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect_err("credentials do not fix themselves");
+    assert!(matches!(
+        error,
+        super::RunError::Source {
+            error: SourceError::Unauthorized { .. },
+            ..
+        }
+    ));
+    let seen = observer
+        .seen
+        .lock()
+        .map(|seen| seen.clone())
+        .unwrap_or_default();
+    assert_eq!(seen, vec![(false, None)]);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_disabled_or_zero_backoff_never_pauses_intake() {
     for zero in [false, true] {

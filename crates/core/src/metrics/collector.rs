@@ -35,6 +35,7 @@ use super::{MetricsLayer, RegisterError};
 /// | `intake_ack_duration_seconds` | | histogram |
 /// | `intake_consumer_panics_total` | source | panics the runtime caught (no [`CatchPanicLayer`](crate::catch_panic::CatchPanicLayer) inside) |
 /// | `intake_consumer_probe_timeouts_total` | | backoff probes past [`probe_timeout`](crate::consumer::ConsumerBuilder::probe_timeout) |
+/// | `intake_source_errors_total` | outcome | source errors: `retried` after the reconnect backoff, or `stopped` the run |
 #[derive(Clone)]
 pub struct Metrics {
     pub(super) families: Arc<Families>,

@@ -33,6 +33,7 @@ pub(super) struct Families {
     pub(super) ack_duration: Histogram,
     pub(super) consumer_panics: IntCounterVec,
     pub(super) probe_timeouts: IntCounter,
+    pub(super) source_errors: IntCounterVec,
     /// Partition gauges resolved at the first commit tick that reports the
     /// partition, removed when it is revoked.
     pub(super) partitions: Mutex<HashMap<PartitionKey, PartitionSeries>>,
@@ -180,6 +181,14 @@ impl Families {
                 "Backoff probes still running after the probe timeout; the consumer backed \
                  off again without their outcome.",
             ))?,
+            source_errors: IntCounterVec::new(
+                opts(
+                    "source_errors_total",
+                    "Errors of the source, by what the consumer did: retried (after the \
+                     reconnect backoff) or stopped (the run ended with the error).",
+                ),
+                &["outcome"],
+            )?,
             partitions: Mutex::default(),
         };
         families.register_into(registry)?;
@@ -187,7 +196,7 @@ impl Families {
     }
 
     fn register_into(&self, registry: &Registry) -> Result<(), RegisterError> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
             Box::new(self.consumed.clone()),
             Box::new(self.succeeded.clone()),
             Box::new(self.failed.clone()),
@@ -206,6 +215,7 @@ impl Families {
             Box::new(self.ack_duration.clone()),
             Box::new(self.consumer_panics.clone()),
             Box::new(self.probe_timeouts.clone()),
+            Box::new(self.source_errors.clone()),
         ];
         for collector in collectors {
             registry.register(collector)?;

@@ -332,7 +332,7 @@ fn acknowledgement_round_trips_are_counted_by_result() {
 }
 
 #[test]
-fn panics_and_probe_timeouts_of_the_runtime_are_counted() {
+fn panics_probe_timeouts_and_source_errors_of_the_runtime_are_counted() {
     let registry = Registry::new();
     let metrics = Metrics::register(&registry).expect("fresh registry");
     metrics.on_panic(&PartitionKey::new("orders", 3));
@@ -350,6 +350,19 @@ fn panics_and_probe_timeouts_of_the_runtime_are_counted() {
         sample(&registry, "intake_consumer_probe_timeouts_total", &[]),
         Some(1.0)
     );
+    let failover = crate::source::SourceError::Transient("READONLY".into());
+    metrics.on_source_error(&failover, Some(Duration::from_millis(100)));
+    metrics.on_source_error(&failover, Some(Duration::from_millis(200)));
+    metrics.on_source_error(&crate::source::SourceError::Config("bad".into()), None);
+    let errors = |outcome| {
+        sample(
+            &registry,
+            "intake_source_errors_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(errors("retried"), Some(2.0));
+    assert_eq!(errors("stopped"), Some(1.0));
 }
 
 #[test]
