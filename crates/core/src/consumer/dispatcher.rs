@@ -767,7 +767,7 @@ where
             partition = ?partition,
             position = ?self.slots.get(slot).position,
             panic = %panic.message(),
-            "the handler panicked; the message is retried"
+            "the handler panicked; its message fails as a retryable error"
         );
         if let (Some(observer), Some(partition)) = (&self.settings.observer, partition) {
             observer.on_panic(partition);
