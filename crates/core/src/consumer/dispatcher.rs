@@ -672,7 +672,11 @@ where
             }
             let probe = match self.gate() {
                 Gate::Open => false,
-                Gate::Probe => true,
+                Gate::Probe => {
+                    let deadline = deadline::after(Instant::now(), self.settings.probe_timeout);
+                    self.probe = Some((slot, deadline));
+                    true
+                }
                 Gate::Closed(_) => return,
             };
             self.ready.pop_front();
@@ -722,13 +726,6 @@ where
             return;
         };
         entry.probe = probe;
-        if probe {
-            self.probe = Some((
-                slot,
-                deadline::after(Instant::now(), self.settings.probe_timeout),
-            ));
-        }
-        let entry = self.slots.get_mut(slot);
         let message = if keep_copy {
             entry.message = Some(message.clone());
             message
