@@ -23,6 +23,18 @@ pub trait BackoffPolicy: Send + Sync + 'static {
     fn is_disabled(&self) -> bool {
         false
     }
+
+    /// Checks the policy's settings. [`ConsumerBuilder::build`] runs it on
+    /// the consumer's backoff and reconnect policies and
+    /// [`FailurePolicy::block`] on its own, so a bad policy fails there and
+    /// not on the first failure. Whatever its settings, no built-in policy's
+    /// [`delay`](BackoffPolicy::delay) panics.
+    ///
+    /// [`ConsumerBuilder::build`]: crate::consumer::ConsumerBuilder::build
+    /// [`FailurePolicy::block`]: crate::dead_letter::FailurePolicy::block
+    fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 impl<P: BackoffPolicy + ?Sized> BackoffPolicy for Arc<P> {
@@ -33,6 +45,10 @@ impl<P: BackoffPolicy + ?Sized> BackoffPolicy for Arc<P> {
     fn is_disabled(&self) -> bool {
         (**self).is_disabled()
     }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        (**self).validate()
+    }
 }
 
 impl<P: BackoffPolicy + ?Sized> BackoffPolicy for Box<P> {
@@ -42,6 +58,10 @@ impl<P: BackoffPolicy + ?Sized> BackoffPolicy for Box<P> {
 
     fn is_disabled(&self) -> bool {
         (**self).is_disabled()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        (**self).validate()
     }
 }
 
@@ -172,8 +192,12 @@ impl Exponential {
         self
     }
 
-    /// Checks the settings; consumers and layers call this when they are
-    /// built, so a bad policy fails there and not on the first failure.
+    /// Checks the settings: `min` at most `max`, a finite `factor` of at
+    /// least 1.0, a `jitter` between 0.0 and 1.0. The consumer builder runs
+    /// this on the policies it is given (see [`BackoffPolicy::validate`]); a
+    /// layer cannot fail when it is built, so check a policy you hand a
+    /// layer yourself. An invalid policy never panics: its delays stay
+    /// within `min ..= max` as far as the settings allow.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.min > self.max {
             return Err(ConfigError::new(
@@ -209,12 +233,18 @@ impl Exponential {
         if !scaled.is_finite() || scaled >= self.max.as_secs_f64() {
             self.max
         } else {
-            Duration::from_secs_f64(scaled).max(self.min)
+            Duration::try_from_secs_f64(scaled)
+                .unwrap_or(self.max)
+                .max(self.min)
         }
     }
 }
 
 impl BackoffPolicy for Exponential {
+    fn validate(&self) -> Result<(), ConfigError> {
+        Exponential::validate(self)
+    }
+
     fn delay(&self, retry: u32) -> Option<Duration> {
         if let Some(cap) = self.max_retries
             && retry > cap
@@ -222,12 +252,20 @@ impl BackoffPolicy for Exponential {
             return None;
         }
         let base = self.base_delay(retry);
-        let jitter = self.jitter.clamp(0.0, 1.0);
+        // `validate` refuses a jitter outside 0.0 ..= 1.0; a policy that was
+        // never validated still must not panic (a NaN survives `clamp`).
+        let jitter = if self.jitter.is_nan() {
+            0.0
+        } else {
+            self.jitter.clamp(0.0, 1.0)
+        };
         if jitter == 0.0 || base.is_zero() {
             return Some(base);
         }
         let spread = 1.0 + jitter * (rand::random::<f64>() * 2.0 - 1.0);
-        Some(Duration::from_secs_f64(base.as_secs_f64() * spread).min(self.max))
+        // Near `Duration::MAX` the spread can leave the range of a duration.
+        let delay = Duration::try_from_secs_f64(base.as_secs_f64() * spread).unwrap_or(self.max);
+        Some(delay.min(self.max))
     }
 }
 
@@ -253,6 +291,13 @@ impl BackoffPolicy for Backoff {
 
     fn is_disabled(&self) -> bool {
         matches!(self, Backoff::Disabled)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            Backoff::Exponential(policy) => policy.validate(),
+            Backoff::Constant(_) | Backoff::Disabled => Ok(()),
+        }
     }
 }
 
@@ -325,6 +370,46 @@ mod tests {
         assert!(Disabled.is_disabled());
         assert_eq!(Disabled.delay(1), None);
         assert!(!Constant::new(Duration::ZERO).is_disabled());
+    }
+
+    #[test]
+    fn no_setting_makes_a_delay_panic() {
+        let extremes = [Duration::ZERO, Duration::from_nanos(1), Duration::MAX];
+        let numbers = [0.0, 0.5, 1.0, 2.0, f64::MAX, f64::INFINITY, f64::NAN, -1.0];
+        for min in extremes {
+            for max in extremes {
+                for number in numbers {
+                    for policy in [
+                        Exponential::new(min, max).jitter(number),
+                        Exponential::new(min, max).factor(number),
+                        Exponential::new(min, max).factor(number).jitter(1.0),
+                    ] {
+                        for retry in [0, 1, 2, 63, 64, 1_000, u32::MAX] {
+                            let delay = policy.retry_forever().delay(retry);
+                            assert!(delay.is_some(), "{policy:?} at {retry}");
+                        }
+                    }
+                }
+            }
+            assert!(Constant::new(min).delay(u32::MAX).is_none());
+        }
+    }
+
+    #[test]
+    fn a_policy_checks_itself_through_the_trait() {
+        let nan_jitter: Arc<dyn BackoffPolicy> = Arc::new(Exponential::default().jitter(f64::NAN));
+        assert_eq!(
+            nan_jitter.validate().map_err(|e| e.setting),
+            Err("backoff.jitter")
+        );
+        let as_enum = Backoff::from(Exponential::default().factor(f64::NAN));
+        assert_eq!(
+            as_enum.validate().map_err(|e| e.setting),
+            Err("backoff.factor")
+        );
+        assert!(Arc::new(Exponential::default()).validate().is_ok());
+        assert!(Constant::new(Duration::MAX).validate().is_ok());
+        assert!(Disabled.validate().is_ok());
     }
 
     #[test]

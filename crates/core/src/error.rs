@@ -18,7 +18,10 @@ pub enum ErrorClass {
     /// Count the message as done although the handler did nothing with it.
     Ignore,
     /// The handler gave up because the consumer is shutting down. The message
-    /// is left unacknowledged so that the broker delivers it again.
+    /// is left unacknowledged so that the broker delivers it again. Returned
+    /// while the consumer is not stopping (and its partition is not being
+    /// revoked), it is treated as [`Retryable`](ErrorClass::Retryable): left
+    /// unfinished, it would hold its partition's commits back for good.
     Interrupted,
 }
 
@@ -82,7 +85,8 @@ impl HandlerError {
     }
 
     /// The handler stopped because the consumer is shutting down; the message
-    /// stays unacknowledged for redelivery.
+    /// stays unacknowledged for redelivery. Outside a shutdown the runtime
+    /// retries it (see [`ErrorClass::Interrupted`]).
     pub fn interrupted() -> Self {
         Self::with_class(ErrorClass::Interrupted, "interrupted by consumer shutdown")
     }

@@ -71,6 +71,7 @@ pub mod catch_panic;
 pub mod commit_engine;
 pub mod consumer;
 pub mod dead_letter;
+mod deadline;
 pub mod decode;
 pub mod error;
 pub mod handler;

@@ -385,6 +385,22 @@ pub fn payload_preview(payload: &[u8], limit: usize) -> String {
     preview
 }
 
+/// `text` cut to at most `limit` bytes at a char boundary, with a note of
+/// how much was cut: for error text that may quote outside input.
+pub(crate) fn capped_text(mut text: String, limit: usize) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!("… ({cut} bytes cut)"));
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,9 @@
 //! What the runtime reports about itself while it runs, for metrics.
 //!
-//! The runtime calls a [`ConsumerObserver`] at every commit tick and for
-//! every acknowledgement round trip, never per message, so observing costs
-//! nothing on the message path.
+//! The runtime calls a [`ConsumerObserver`] at every commit tick, for every
+//! acknowledgement round trip and for rare events (a caught panic, a probe
+//! that timed out, a source error), never
+//! per successful message, so observing costs nothing on the message path.
 
 use std::time::Duration;
 
@@ -32,4 +33,24 @@ pub trait ConsumerObserver: Send + Sync + 'static {
 
     /// When a partition is revoked (so per-partition series can be removed).
     fn on_revoked(&self, _partition: &crate::message::PartitionKey) {}
+
+    /// When the runtime caught a handler's panic (one that no
+    /// `CatchPanicLayer` caught first) for a message of `partition`.
+    fn on_panic(&self, _partition: &crate::message::PartitionKey) {}
+
+    /// When a backoff probe outlived the probe timeout and the consumer
+    /// backed off again without its outcome.
+    fn on_probe_timeout(&self) {}
+
+    /// When [`Source::next`](crate::source::Source::next) failed: with the
+    /// delay before the next attempt for an error that is retried (a
+    /// [transient](crate::source::SourceError::is_transient) one, while the
+    /// reconnect policy has retries left), `None` when the error ends the
+    /// run.
+    fn on_source_error(
+        &self,
+        _error: &crate::source::SourceError,
+        _retry_in: Option<std::time::Duration>,
+    ) {
+    }
 }

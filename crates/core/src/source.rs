@@ -271,7 +271,7 @@ impl RevocationHandle {
     /// Blocks the calling thread for at most `timeout`. For rebalance
     /// callbacks that run on a client library's own thread.
     pub fn wait_blocking(self, timeout: Duration) -> Result<RevocationOutcome, RevocationError> {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = crate::deadline::after_std(std::time::Instant::now(), timeout);
         let mut guard = self
             .shared
             .state
@@ -315,6 +315,16 @@ mod tests {
         let thread = std::thread::spawn(move || handle.wait_blocking(Duration::from_secs(10)));
         drop(revocation);
         assert_eq!(thread.join().ok(), Some(Err(RevocationError::Abandoned)));
+    }
+
+    #[test]
+    fn a_blocking_wait_of_duration_max_returns_a_completed_outcome() {
+        let (revocation, handle) = Revocation::new(vec![PartitionKey::new("t", 0)]);
+        revocation.complete(RevocationOutcome::default());
+        assert_eq!(
+            handle.wait_blocking(Duration::MAX),
+            Ok(RevocationOutcome::default())
+        );
     }
 
     #[test]

@@ -158,6 +158,29 @@ fn deeply_nested_json_fails_with_a_typed_error_not_a_stack_overflow() {
     assert!(error.to_string().contains("recursion limit"), "{error}");
 }
 
+#[test]
+fn a_decode_error_quoting_a_huge_value_stays_bounded() {
+    // serde quotes a value of the wrong type whole: a 1 MiB string where a
+    // number belongs made an error (and a log line, and a dead letter) of
+    // more than 1 MiB.
+    let payload = format!(
+        r#"{{"id":"{}","customer":"c","lines":[]}}"#,
+        "9".repeat(1 << 20)
+    );
+    let error = Json::<Order>::decode(&Bytes::from(payload)).expect_err("a string is not a u64");
+    let text = error.to_string();
+    assert!(
+        text.len() <= DecodeError::CAUSE_LIMIT + PREVIEW_LIMIT * 4 + 256,
+        "{} bytes",
+        text.len()
+    );
+    assert!(text.contains("invalid type"), "{text}");
+    assert!(
+        error.cause().to_string().len() > 1 << 20,
+        "the codec's whole error stays available as the cause"
+    );
+}
+
 /// Payloads a broker may deliver to a JSON handler, with whether each is a
 /// valid order.
 fn hostile_payloads() -> Vec<(Bytes, bool)> {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::catch_panic::CatchPanicLayer;
 use intake_core::consumer::{Consumer, Ordering, RunReport};
-use intake_core::dead_letter::{DeadLetterLayer, FailurePolicy};
+use intake_core::dead_letter::{
+    DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
+};
 use intake_core::memory::{MemoryBroker, MemorySource, Record};
 use intake_core::metrics::Metrics;
 use intake_core::retry::RetryLayer;
@@ -184,6 +186,67 @@ async fn a_failing_dead_letter_sink_leaves_the_message_unacknowledged_until_it_r
     let letters = broker.dead_letters(topic, GROUP).expect("group");
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].message.payload(), "poison");
+}
+
+/// The memory broker's dead-letter topic behind a size limit, as a Kafka
+/// topic's `max.message.bytes` would be.
+struct SizeLimited<S> {
+    inner: S,
+    limit: usize,
+}
+
+#[async_trait::async_trait]
+impl<S: DeadLetterSink> DeadLetterSink for SizeLimited<S> {
+    async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+        let size = letter.message.payload().len();
+        if size > self.limit {
+            return Err(DeadLetterError::rejected(format!(
+                "{size} bytes is over the topic's {} bytes",
+                self.limit
+            )));
+        }
+        self.inner.write(letter).await
+    }
+}
+
+#[tokio::test]
+async fn a_letter_too_large_for_its_destination_is_dead_lettered_as_a_reference_not_retried_forever()
+ {
+    // Before, the write was retried, the message redelivered, and the write
+    // failed the same way, forever: the partition never moved past it.
+    let topic = "too-large";
+    let broker = MemoryBroker::new();
+    broker.create_topic(topic, 1).expect("topic");
+    let large: &'static str = Box::leak("x".repeat(64 * 1024).into_boxed_str());
+    for payload in ["fine", large, "fine"] {
+        broker.send(topic, Record::new(payload)).expect("send");
+    }
+    let handler = service_fn(|message: Message| async move {
+        match message.payload().len() > 1024 {
+            true => Err(HandlerError::permanent("unknown customer")),
+            false => Ok(()),
+        }
+    });
+    let sink = SizeLimited {
+        inner: broker.dead_letter_sink(topic, GROUP).expect("sink"),
+        limit: 1024,
+    };
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(sink))
+        .service(handler);
+    let report = run_until(&broker, topic, quick_consumer(), stack, || {
+        committed(&broker, topic) == Some(3)
+    })
+    .await;
+    assert_eq!(report.succeeded, 2);
+    let letters = broker.dead_letters(topic, GROUP).expect("group");
+    assert_eq!(letters.len(), 1);
+    let reference = letters[0].reference.as_ref().expect("a reference letter");
+    assert_eq!(reference.payload_bytes, 64 * 1024);
+    assert_eq!(
+        letters[0].message.metadata().position(),
+        intake_core::Position::Offset(1)
+    );
 }
 
 #[derive(Debug, Deserialize)]

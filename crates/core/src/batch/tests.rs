@@ -96,6 +96,24 @@ async fn a_batch_that_does_not_fill_is_handed_over_after_max_wait() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_max_wait_of_duration_max_waits_for_a_full_batch_without_panicking() {
+    // `opened_at + max_wait` overflowed and panicked in the worker task,
+    // which left every message of the batch waiting forever.
+    let rows = Rows::default();
+    let mut settings = settings(2, 0);
+    settings.max_wait = Duration::MAX;
+    let service = Batch::new(rows.handler(), settings).expect("valid");
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(60),
+        join_all((0..2).map(|i| service.clone().oneshot(message(payload(i))))),
+    )
+    .await
+    .expect("the full batch was handed over");
+    assert!(outcomes.iter().all(Result::is_ok));
+    assert_eq!(rows.sizes(), vec![2]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn each_message_of_a_partly_failed_batch_gets_its_own_outcome() {
     let rows = Rows::default();
     let service = Batch::new(rows.handler(), settings(3, 50)).expect("valid");

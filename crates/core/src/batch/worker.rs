@@ -30,7 +30,7 @@ pub(super) async fn run<S>(
     while let Some(batch) = opened.recv().await {
         tokio::select! {
             () = batch.full.notified() => {}
-            () = tokio::time::sleep_until(batch.opened_at + settings.max_wait) => {}
+            () = tokio::time::sleep_until(crate::deadline::after(batch.opened_at, settings.max_wait)) => {}
         }
         // While every permit is busy the batch keeps filling, so a slow
         // handler gets bigger batches rather than a longer queue.

@@ -11,6 +11,14 @@
 //! failure) and inside the metrics and tracing layers (so they see the
 //! error). Binaries built with `panic = "abort"` cannot catch panics.
 //!
+//! Without this layer a panic is still caught: the consumer runtime catches
+//! whatever unwinds out of the handler stack, counts it
+//! ([`RunReport::panicked`](crate::consumer::RunReport::panicked),
+//! `intake_consumer_panics_total`) and retries the message, so one bad
+//! message never takes the consumer down. The layer is for a policy of your
+//! own: panics the retry layer retries, and the dead-letter layer gives up
+//! on, like any other failure.
+//!
 //! # Example
 //!
 //! ```

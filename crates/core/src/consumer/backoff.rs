@@ -14,6 +14,10 @@
 //! - Simultaneous failures during one backoff window raised the level once
 //!   each. Here outcomes that arrive while backing off are ignored: one
 //!   window, one step.
+//! - A probe whose handler hangs would hold every other delivery back for
+//!   good. Here a probe that outlives its deadline
+//!   ([`ConsumerBuilder::probe_timeout`](super::ConsumerBuilder::probe_timeout))
+//!   counts as a failed one and the gate reopens into backoff.
 //!
 //! [`Disabled`]: crate::backoff::Disabled
 
@@ -148,6 +152,15 @@ impl ConsumerBackoff {
         }
     }
 
+    /// A probe that outlived its deadline counts as a failed one: the gate
+    /// reopens into backoff, and the next probe starts once that ends. Its
+    /// handler keeps running, and its outcome no longer decides anything.
+    pub fn probe_timed_out(&mut self, now: Instant) {
+        if self.state == (BackoffState::Probing { in_flight: true }) {
+            self.deepen(now);
+        }
+    }
+
     /// A probe that ended without an outcome (revoked, dropped) lets the next
     /// delivery probe instead.
     pub fn probe_abandoned(&mut self) {
@@ -171,7 +184,9 @@ impl ConsumerBackoff {
     fn pause_for(&mut self, level: u32, now: Instant) {
         match self.policy.delay(level) {
             Some(delay) if delay > Duration::ZERO => {
-                self.state = BackoffState::BackingOff { until: now + delay };
+                self.state = BackoffState::BackingOff {
+                    until: crate::deadline::after(now, delay),
+                };
             }
             // A zero delay (or none) never pauses, not even down to one
             // probe at a time.
@@ -275,6 +290,24 @@ mod tests {
         backoff.record(Signal::Success, false, later);
         assert_eq!(backoff.state(), BackoffState::Probing { in_flight: true });
         assert_eq!(backoff.gate(later), Gate::Closed(None));
+    }
+
+    #[test]
+    fn a_probe_past_its_deadline_reopens_the_gate_into_backoff() {
+        let mut backoff = exponential();
+        let now = Instant::now();
+        backoff.record(Signal::Failure, false, now);
+        let later = now + Duration::from_secs(2);
+        assert_eq!(backoff.gate(later), Gate::Probe);
+        assert_eq!(
+            backoff.gate(later),
+            Gate::Closed(None),
+            "held for the probe"
+        );
+        backoff.probe_timed_out(later);
+        assert_eq!(backoff.level(), 2, "as a failed probe");
+        let after = later + Duration::from_secs(3);
+        assert_eq!(backoff.gate(after), Gate::Probe, "the next probe");
     }
 
     #[test]

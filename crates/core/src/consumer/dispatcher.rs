@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
@@ -16,19 +17,21 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use super::ack_loop::{AckQueue, AckRequest, ack_loop};
 use super::backoff::{BackoffState, ConsumerBackoff, Gate, Signal};
 use super::lanes::{LaneId, Lanes};
-use super::report::{RunError, RunReport, Unfinished};
+use super::report::{RunError, RunReport, SourceClose, Unfinished};
 use super::shutdown::Shutdown;
-use super::slots::{SlotId, SlotState, Slots};
+use super::slots::{Caught, PanicPayload, SlotId, SlotState, Slots};
 use super::{Ordering, Settings};
 use crate::acker::{AckBatch, AckError, Acker};
+use crate::catch_panic::Panicked;
 use crate::commit_engine::{CommitEngine, PartitionId, Ticket};
+use crate::deadline;
 use crate::error::{ErrorClass, HandlerError};
 use crate::lifecycle;
 use crate::message::{Message, Position, SourceName};
@@ -73,14 +76,27 @@ where
             acks,
         );
         let stop = dispatcher.drive(&mut source, shutdown.into_future()).await;
-        let mut report = dispatcher.wind_down().await;
+        // Every step from here on is bounded, whatever the broker does.
+        let until = dispatcher.final_steps_deadline();
+        let mut report = dispatcher.wind_down(until).await;
         drop(dispatcher);
-        if let Err(error) = source.close().await {
-            tracing::warn!(%error, "closing the source failed");
-        }
+        report.close = match tokio::time::timeout_at(until, source.close()).await {
+            Ok(Ok(())) => SourceClose::Closed,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "closing the source failed");
+                SourceClose::Failed
+            }
+            Err(_) => {
+                tracing::error!(
+                    "closing the source did not finish within the shutdown deadline; \
+                     dropping it"
+                );
+                SourceClose::TimedOut
+            }
+        };
         report.ack_failures = ack_failures.load(AtomicOrdering::Acquire) as u64;
         report.elapsed = started.elapsed();
-        match stop {
+        let result = match stop {
             None => Ok(report),
             Some(Failure::Source(error)) => Err(RunError::Source {
                 error,
@@ -90,34 +106,39 @@ where
                 error,
                 report: Box::new(report),
             }),
-        }
+        };
+        (result, until)
     };
     // The ack loop runs beside the dispatcher until the run is over. The run
     // already waited (bounded) for its final commit, so by then the loop has
-    // nothing left to do, unless an acker hangs: it gets a moment to end, and
-    // is then dropped rather than holding the run open forever.
-    let mut drain_acks = pin!(drain_acks);
+    // nothing left to do, unless an acker hangs: it gets what is left of the
+    // final steps' time, and is then dropped rather than holding the run
+    // open forever.
+    //
+    // Unconstrained by tokio's cooperative budget: under a backlog the
+    // dispatcher yields only once it spent the task's budget, and a receive
+    // polled after it with that exhausted budget is refused every time, so
+    // no commit went out until the backlog was gone (issue 12, item 21).
+    let mut drain_acks = pin!(tokio::task::unconstrained(drain_acks));
     let mut dispatch = pin!(dispatch);
     let mut drained = false;
-    let result = loop {
+    let (result, until) = loop {
         tokio::select! {
             biased;
-            result = &mut dispatch => break result,
+            ended = &mut dispatch => break ended,
             () = &mut drain_acks, if !drained => drained = true,
         }
     };
-    if !drained
-        && tokio::time::timeout(ACK_LOOP_GRACE, drain_acks)
-            .await
-            .is_err()
-    {
+    if !drained && tokio::time::timeout_at(until, drain_acks).await.is_err() {
         tracing::error!("the acker did not finish its last acknowledgement; dropping it");
     }
     result
 }
 
-/// How long the ack loop may take to finish once the run is over.
-const ACK_LOOP_GRACE: Duration = Duration::from_secs(1);
+/// The least time the final commit and the source's close get when the
+/// handlers used the whole shutdown deadline (if the deadline itself is not
+/// shorter).
+const FINAL_STEPS_FLOOR: Duration = Duration::from_secs(5);
 
 /// Why a run stopped early.
 enum Failure {
@@ -162,6 +183,9 @@ struct PendingRevocation {
     reply: Option<oneshot::Receiver<Result<(), AckError>>>,
 }
 
+/// What a handler future resolves to.
+type HandlerOutput<H> = Result<(), <H as Service<Message>>::Error>;
+
 /// The state of one run.
 struct Dispatcher<H: Service<Message>> {
     handler: H,
@@ -172,10 +196,12 @@ struct Dispatcher<H: Service<Message>> {
     keep_copy: bool,
     requeue: bool,
     backoff: ConsumerBackoff,
+    /// The backoff probe's slot and its deadline, while it runs.
+    probe: Option<(SlotId, Instant)>,
     /// Deliveries that hold their lane and wait to start, oldest first.
     ready: VecDeque<SlotId>,
     /// Handler outputs collected from woken slots.
-    finished: Vec<(SlotId, Result<(), H::Error>)>,
+    finished: Vec<(SlotId, Caught<HandlerOutput<H>>)>,
     partitions: Vec<PartitionFlags>,
     over_window: usize,
     /// The partition of the previous delivery: most batches come from one
@@ -183,12 +209,17 @@ struct Dispatcher<H: Service<Message>> {
     last_partition: Option<(SourceName, u32, PartitionId)>,
     acks: AckQueue,
     flush_due: bool,
+    /// A commit tick queued a batch, or found one still queued: yield to the
+    /// ack loop after this pass, so that the batch reaches the acker within
+    /// the commit interval even while the source is always ready.
+    yield_to_acks: bool,
     /// An acknowledgement failed and its work was put back: until the next
     /// commit tick only the tick sends a batch. Sending again at once would
     /// loop as fast as the broker refuses (a partition it already moved
     /// away, a broker that is down).
     resend_on_tick: bool,
-    tick: Interval,
+    /// When the next commit tick is due.
+    next_tick_at: Instant,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
     /// The latest moment the timer woke the run for. Whatever was due by
@@ -222,8 +253,6 @@ where
         acks: AckQueue,
     ) -> Self {
         let capacity = slots.capacity();
-        let mut tick = tokio::time::interval(settings.commit_interval);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
             handler,
             slots,
@@ -232,6 +261,7 @@ where
             keep_copy: !requeue,
             requeue,
             backoff: ConsumerBackoff::new(settings.backoff.clone()),
+            probe: None,
             ready: VecDeque::with_capacity(capacity),
             finished: Vec::with_capacity(capacity),
             partitions: Vec::new(),
@@ -239,8 +269,9 @@ where
             last_partition: None,
             acks,
             flush_due: false,
+            yield_to_acks: false,
             resend_on_tick: false,
-            tick,
+            next_tick_at: Instant::now(),
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             timer_at: None,
             woken_for: None,
@@ -315,6 +346,11 @@ where
                 Wake::Budget => {}
                 Wake::Done => break,
             }
+            if std::mem::take(&mut self.yield_to_acks) {
+                // The ack loop runs when this task yields: a busy source
+                // would otherwise keep it waiting for the whole budget.
+                tokio::task::yield_now().await;
+            }
         }
         // Deliveries fetched but never admitted stay unacknowledged.
         drop(buffer);
@@ -351,12 +387,20 @@ where
         }
         self.poll_handlers();
         self.pump();
-        // Polled until pending: a ready `poll_tick` does not register the
-        // waker for the next tick, and an idle consumer or a hung handler
-        // wakes nothing else, so the tick (the observer's snapshots, a
-        // commit resent after a failure) would stop.
-        while self.tick.poll_tick(cx).is_ready() {
+        // The commit tick is read from the clock on every pass, not from a
+        // timer alone: under a saturated backlog this task seldom parks, and
+        // tokio fires a timer only when it turns its time driver (when the
+        // runtime parks, or every few dozen task polls), so a timer-driven
+        // tick came a whole cooperative budget of work late, or later. The
+        // timer (`arm_timer`) still wakes an idle run or a hung handler's
+        // for it (the observer's snapshots, a commit resent after a failure).
+        let now = Instant::now();
+        if now >= self.next_tick_at {
+            self.next_tick_at = deadline::after(now, self.settings.commit_interval);
             self.on_tick();
+        }
+        if self.probe.is_some() {
+            self.expire_probe(now);
         }
         while let Some(failed) = self.acks.take_failed() {
             for ack in failed.partitions {
@@ -508,18 +552,26 @@ where
     }
 
     /// Polls the handler service's readiness; a failed service stops the run.
+    /// So does a panic: a service that panics when asked whether it can take
+    /// a message cannot take any.
     fn handler_ready(&mut self) -> bool {
         let mut cx = Context::from_waker(self.slots.runtime_waker());
-        match self.handler.poll_ready(&mut cx) {
-            Poll::Ready(Ok(())) => true,
-            Poll::Ready(Err(error)) => {
-                let error: HandlerError = error.into();
-                tracing::error!(%error, "the handler service failed; the consumer stops");
-                self.begin_stop(Some(Failure::Handler(error)));
-                false
+        let handler = &mut self.handler;
+        let polled = catch_unwind(AssertUnwindSafe(|| handler.poll_ready(&mut cx)));
+        let error: HandlerError = match polled {
+            Ok(Poll::Ready(Ok(()))) => return true,
+            Ok(Poll::Pending) => return false,
+            Ok(Poll::Ready(Err(error))) => error.into(),
+            Err(panic) => {
+                let panic = Panicked::from_payload(&*panic);
+                self.report.panicked += 1;
+                tracing::error!(panic = %panic.message(), "the handler service panicked in poll_ready");
+                HandlerError::retryable(panic)
             }
-            Poll::Pending => false,
-        }
+        };
+        tracing::error!(%error, "the handler service failed; the consumer stops");
+        self.begin_stop(Some(Failure::Handler(error)));
+        false
     }
 
     fn partition_of(&mut self, message: &Message) -> PartitionId {
@@ -620,11 +672,49 @@ where
             }
             let probe = match self.gate() {
                 Gate::Open => false,
-                Gate::Probe => true,
+                Gate::Probe => {
+                    let deadline = deadline::after(Instant::now(), self.settings.probe_timeout);
+                    self.probe = Some((slot, deadline));
+                    true
+                }
                 Gate::Closed(_) => return,
             };
             self.ready.pop_front();
             self.start(slot, probe);
+        }
+    }
+
+    /// Ends the wait for a backoff probe that outlived the probe timeout: a
+    /// hung handler must not hold every other delivery back.
+    fn expire_probe(&mut self, now: Instant) {
+        let Some((slot, deadline)) = self.probe else {
+            return;
+        };
+        let entry = self.slots.get(slot);
+        let waiting = entry.probe
+            && entry.state == SlotState::Running
+            && self.backoff.state() == (BackoffState::Probing { in_flight: true });
+        if !waiting {
+            // It finished, failed or was abandoned: its outcome was recorded.
+            self.probe = None;
+            return;
+        }
+        if now < deadline {
+            return;
+        }
+        self.probe = None;
+        self.slots.get_mut(slot).probe = false;
+        self.backoff.probe_timed_out(now);
+        let entry = self.slots.get(slot);
+        tracing::warn!(
+            partition = ?entry.ticket.and_then(|ticket| self.engine.key(ticket.partition())),
+            position = ?entry.position,
+            timeout = ?self.settings.probe_timeout,
+            "the backoff probe is still running after the probe timeout: backing off again \
+             without its outcome"
+        );
+        if let Some(observer) = &self.settings.observer {
+            observer.on_probe_timeout();
         }
     }
 
@@ -642,11 +732,44 @@ where
         } else {
             message
         };
-        let future = self.handler.call(message);
-        match self.slots.start(slot, future) {
-            Poll::Ready(output) => self.finish(slot, output),
-            Poll::Pending => self.hold_lane(slot),
+        // The runtime catches a handler's panics itself, with or without a
+        // `CatchPanicLayer`: unwound through `Consumer::run`, a panic took the
+        // consumer down, and the message, delivered again, took the next one.
+        let (handler, slots) = (&mut self.handler, &mut self.slots);
+        let started = catch_unwind(AssertUnwindSafe(|| {
+            let future = handler.call(message);
+            slots.start(slot, future)
+        }));
+        match started {
+            Ok(Poll::Ready(output)) => self.finish(slot, output),
+            Ok(Poll::Pending) => self.hold_lane(slot),
+            Err(panic) => {
+                self.slots.recover(slot);
+                self.panicked(slot, &panic);
+            }
         }
+    }
+
+    /// A handler panicked while called or polled: the panic becomes a
+    /// retryable failure of its message, logged and counted.
+    fn panicked(&mut self, slot: SlotId, panic: &PanicPayload) {
+        let panic = Panicked::from_payload(&**panic);
+        self.report.panicked += 1;
+        let partition = self
+            .slots
+            .get(slot)
+            .ticket
+            .and_then(|ticket| self.engine.key(ticket.partition()));
+        tracing::error!(
+            partition = ?partition,
+            position = ?self.slots.get(slot).position,
+            panic = %panic.message(),
+            "the handler panicked; its message fails as a retryable error"
+        );
+        if let (Some(observer), Some(partition)) = (&self.settings.observer, partition) {
+            observer.on_panic(partition);
+        }
+        self.finish::<HandlerError>(slot, Err(HandlerError::retryable(panic)));
     }
 
     /// Makes a delivery that started on the fast path hold its lane, now that
@@ -668,14 +791,17 @@ where
         let mut finished = std::mem::take(&mut self.finished);
         self.slots.poll_woken(&mut finished);
         for (slot, output) in finished.drain(..) {
-            self.finish(slot, output);
+            match output {
+                Ok(output) => self.finish(slot, output),
+                Err(panic) => self.panicked(slot, &panic),
+            }
         }
         self.finished = finished;
     }
 
     // ---- completion ------------------------------------------------------
 
-    fn finish(&mut self, slot: SlotId, output: Result<(), H::Error>) {
+    fn finish<E: Into<HandlerError>>(&mut self, slot: SlotId, output: Result<(), E>) {
         let entry = self.slots.get(slot);
         let probe = entry.probe;
         let Some(ticket) = entry.ticket else {
@@ -716,6 +842,23 @@ where
                 self.engine.complete(ticket);
                 self.release(slot);
                 Signal::Neutral
+            }
+            ErrorClass::Interrupted
+                if self.stop.is_none_or(|stop| stop == Stop::Exhausted)
+                    && !self.partitions[ticket.partition().index()].revoking =>
+            {
+                // Nothing is stopping: released unfinished, it would hold the
+                // partition's watermark for good (and, past
+                // `max_uncommitted`, pause fetching). It is retried like any
+                // retryable failure, after the consumer backoff, so a
+                // handler that keeps answering this way cannot spin.
+                tracing::warn!(
+                    partition = ?self.engine.key(ticket.partition()),
+                    position = ?self.slots.get(slot).position,
+                    %error,
+                    "a handler was interrupted although the consumer is not stopping; retrying it"
+                );
+                self.fail(slot, ticket, error.reclassify(ErrorClass::Retryable))
             }
             ErrorClass::Interrupted => {
                 // Not completed: the watermark stays before it and the broker
@@ -799,6 +942,11 @@ where
 
     fn on_tick(&mut self) {
         self.flush_due = true;
+        if self.acks.outstanding() > 0 {
+            // A batch sent before still waits for the ack loop: the tick's
+            // own batch can only follow it.
+            self.yield_to_acks = true;
+        }
         if let Some(observer) = self.settings.observer.clone() {
             observer.on_in_flight(self.slots.held());
             let now = Instant::now();
@@ -841,12 +989,15 @@ where
             .commit_batch
             .min((self.settings.max_in_flight / 4).max(1));
         if self.flush_due || (pending >= threshold && !self.resend_on_tick) {
-            self.flush_due = false;
+            let ticked = std::mem::take(&mut self.flush_due);
             self.resend_on_tick = false;
             let mut batch = AckBatch::default();
             self.engine.take_batch(&mut batch);
-            if !batch.is_empty() {
-                self.acks.send(AckRequest { batch, reply: None });
+            // A batch of the tick goes out now; one of the threshold may
+            // wait for the task's next yield (at the latest when its
+            // cooperative budget is spent), which costs no yield per batch.
+            if !batch.is_empty() && self.acks.send(AckRequest { batch, reply: None }) && ticked {
+                self.yield_to_acks = true;
             }
         }
     }
@@ -897,7 +1048,7 @@ where
         self.revocations.push(PendingRevocation {
             revocation,
             partitions,
-            deadline: Instant::now() + self.settings.revoke_timeout,
+            deadline: deadline::after(Instant::now(), self.settings.revoke_timeout),
             reply: None,
         });
     }
@@ -1024,14 +1175,33 @@ where
 
     // ---- lifecycle -----------------------------------------------------------
 
+    /// A transient error is retried after the reconnect policy's delay
+    /// (capped by the policy, growing while the failures go on, from the
+    /// start again after an event of the source); any other error, or one
+    /// the policy gives up on, stops the run with the error as its reason.
+    /// Each is logged and reported to the observer.
     fn source_failed(&mut self, error: SourceError) {
-        if error.is_transient() {
-            self.fetch_failures = self.fetch_failures.saturating_add(1);
-            if let Some(delay) = self.settings.reconnect.delay(self.fetch_failures) {
-                tracing::warn!(%error, retry_in = ?delay, "fetching failed; retrying");
-                self.fetch_retry_at = Some(Instant::now() + delay);
-                return;
+        let retry_in = match error.is_transient() {
+            true => {
+                self.fetch_failures = self.fetch_failures.saturating_add(1);
+                self.settings.reconnect.delay(self.fetch_failures)
             }
+            false => None,
+        };
+        if let Some(observer) = &self.settings.observer {
+            observer.on_source_error(&error, retry_in);
+        }
+        if let Some(delay) = retry_in {
+            tracing::warn!(
+                %error,
+                failures = self.fetch_failures,
+                retry_in = ?delay,
+                "fetching failed; retrying"
+            );
+            self.fetch_retry_at = Some(deadline::after(Instant::now(), delay));
+            return;
+        }
+        if error.is_transient() {
             tracing::error!(%error, attempts = self.fetch_failures, "fetching failed and retries are exhausted");
         } else {
             tracing::error!(%error, "fetching failed for good");
@@ -1045,7 +1215,7 @@ where
         }
         if !matches!(self.stop, Some(Stop::Graceful { .. })) {
             self.stop = Some(Stop::Graceful {
-                deadline: Instant::now() + self.settings.shutdown_deadline,
+                deadline: deadline::after(Instant::now(), self.settings.shutdown_deadline),
             });
             tracing::info!(
                 running = self.slots.running(),
@@ -1080,6 +1250,8 @@ where
         {
             consider(Some(until));
         }
+        consider(Some(self.next_tick_at));
+        consider(self.probe.map(|(_, deadline)| deadline));
         consider(self.fetch_retry_at);
         for pending in &self.revocations {
             if pending.reply.is_none() {
@@ -1105,8 +1277,48 @@ where
         }
     }
 
-    /// Cancels what still runs, commits what finished, and reports.
-    async fn wind_down(&mut self) -> RunReport {
+    /// When the steps after the handlers' drain (the final commit, the
+    /// source's close) must be over: what is left of the shutdown deadline,
+    /// and at least `min(shutdown_deadline, 5 s)`.
+    fn final_steps_deadline(&self) -> Instant {
+        let now = Instant::now();
+        let floor = deadline::after(now, self.settings.shutdown_deadline.min(FINAL_STEPS_FLOOR));
+        match self.stop {
+            Some(Stop::Graceful { deadline }) => deadline.max(floor),
+            // Exhausted (or never started): nothing drained against a
+            // deadline, so the steps get a whole one.
+            _ => deadline::after(now, self.settings.shutdown_deadline),
+        }
+    }
+
+    /// Puts the work of acknowledgements that failed back into the engine.
+    fn restore_failed(&mut self) {
+        while let Some(failed) = self.acks.take_failed() {
+            for ack in failed.partitions {
+                self.engine.restore(ack);
+            }
+        }
+    }
+
+    /// Sends `batch` and waits for the acker's answer until `until`;
+    /// `false` when it failed, did not come, or the ack loop is gone.
+    async fn send_and_wait(&mut self, batch: AckBatch, until: Instant) -> bool {
+        let (reply, receiver) = oneshot::channel();
+        if !self.acks.send(AckRequest {
+            batch,
+            reply: Some(reply),
+        }) {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout_at(until, receiver).await,
+            Ok(Ok(Ok(())))
+        )
+    }
+
+    /// Cancels what still runs, commits what finished, and reports. The
+    /// final commit is over by `until`, answered or not.
+    async fn wind_down(&mut self, until: Instant) -> RunReport {
         let mut unfinished = Vec::new();
         let held: Vec<SlotId> = self.slots.held_slots().map(|(slot, _)| slot).collect();
         for slot in held {
@@ -1125,29 +1337,54 @@ where
         }
         self.ready.clear();
 
+        // Batches still with the acker answer first (it handles them in
+        // order; an empty batch is a barrier), so that the work of any that
+        // fail goes out again in the final commit rather than being taken
+        // for committed. Were the barrier not answered, the acker is stuck,
+        // and a final commit queued behind it would not be either.
+        self.restore_failed();
+        let mut reachable = true;
+        if self.acks.outstanding() > 0 {
+            reachable = self
+                .send_and_wait(
+                    AckBatch {
+                        partitions: Vec::new(),
+                        sync: true,
+                    },
+                    until,
+                )
+                .await;
+            self.restore_failed();
+        }
+        // The final commit: every assigned partition's watermark, sent again
+        // even if it was sent before (its answer then confirms it), and
+        // every id still to acknowledge.
         let mut batch = AckBatch {
             partitions: Vec::new(),
             sync: true,
         };
-        self.engine.take_batch(&mut batch);
-        let mut committed_ok = true;
-        // Sent even when empty while a batch is under way: the reply then
-        // confirms it, so the source is never closed before its last commit.
-        if !batch.is_empty() || self.acks.outstanding() > 0 {
-            let (reply, receiver) = oneshot::channel();
-            if self.acks.send(AckRequest {
-                batch,
-                reply: Some(reply),
-            }) {
-                let bound = self.settings.shutdown_deadline.max(Duration::from_secs(5));
-                committed_ok =
-                    matches!(tokio::time::timeout(bound, receiver).await, Ok(Ok(Ok(()))));
-                if !committed_ok {
-                    tracing::error!(
-                        "the final commit failed; finished messages may be delivered again"
-                    );
-                }
+        let mut ids: Vec<PartitionId> = self.engine.assigned().collect();
+        ids.sort();
+        let mut watermarks = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            if let (Some(partition), Some(watermark)) =
+                (self.engine.key(id), self.engine.watermark(id))
+            {
+                watermarks.push((partition.clone(), watermark));
             }
+            self.engine.take_final_batch(id, &mut batch);
+        }
+        self.engine.take_batch(&mut batch);
+        let committed_ok = if batch.is_empty() {
+            reachable
+        } else {
+            reachable && self.send_and_wait(batch, until).await
+        };
+        if !committed_ok {
+            tracing::error!(
+                "the final commit failed or was not answered in time; finished messages may be \
+                 delivered again"
+            );
         }
         // Revocations still pending end with the run: what they held was
         // part of the final commit.
@@ -1173,15 +1410,9 @@ where
         }
         let mut report = std::mem::take(&mut self.report);
         if committed_ok {
-            let mut ids: Vec<PartitionId> = self.engine.assigned().collect();
-            ids.sort();
-            for id in ids {
-                if let (Some(partition), Some(watermark)) =
-                    (self.engine.key(id), self.engine.watermark(id))
-                {
-                    report.committed.push((partition.clone(), watermark));
-                }
-            }
+            report.committed = watermarks;
+        } else {
+            report.not_committed = watermarks;
         }
         unfinished.sort_by(|a, b| (&a.partition, a.position).cmp(&(&b.partition, b.position)));
         report.unfinished = unfinished;

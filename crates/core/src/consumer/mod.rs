@@ -58,7 +58,7 @@ use crate::message::Message;
 use crate::observer::ConsumerObserver;
 use crate::source::Source;
 
-pub use report::{RunError, RunReport, Unfinished};
+pub use report::{RunError, RunReport, SourceClose, Unfinished};
 pub use shutdown::Shutdown;
 
 /// Which deliveries may run at the same time.
@@ -87,6 +87,7 @@ pub(crate) struct Settings {
     pub(crate) shutdown_deadline: Duration,
     pub(crate) revoke_timeout: Duration,
     pub(crate) backoff: Arc<dyn BackoffPolicy>,
+    pub(crate) probe_timeout: Duration,
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) observer: Option<Arc<dyn ConsumerObserver>>,
 }
@@ -110,6 +111,7 @@ impl std::fmt::Debug for ConsumerBuilder {
             .field("max_uncommitted", &settings.max_uncommitted)
             .field("shutdown_deadline", &settings.shutdown_deadline)
             .field("revoke_timeout", &settings.revoke_timeout)
+            .field("probe_timeout", &settings.probe_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +132,7 @@ impl Default for ConsumerBuilder {
                     Exponential::new(Duration::from_millis(100), Duration::from_secs(30))
                         .retry_forever(),
                 ),
+                probe_timeout: Duration::from_secs(30),
                 reconnect: Arc::new(
                     Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
                         .retry_forever(),
@@ -196,6 +199,16 @@ impl ConsumerBuilder {
     }
 
     /// How long a graceful shutdown waits for running handlers. Default 30 s.
+    ///
+    /// The steps after that, the final commit and the source's close, share
+    /// what is left of the deadline, and at least `min(deadline, 5 s)` when
+    /// the handlers used all of it: whatever the broker does (no answer, a
+    /// client that reconnects forever), the run ends within twice the
+    /// deadline, and its [`RunReport`] says what could not be committed.
+    ///
+    /// Any duration is accepted; one too long to add to the clock
+    /// (`Duration::MAX`) means "as long as it takes", as it does for every
+    /// other duration setting.
     pub fn shutdown_deadline(mut self, deadline: Duration) -> Self {
         self.settings.shutdown_deadline = deadline;
         self
@@ -211,14 +224,26 @@ impl ConsumerBuilder {
     /// Consumer-level backoff: after a retryable failure reaches the runtime,
     /// pause intake for the policy's delay, then probe with one delivery.
     /// Default: exponential from 100 ms to 30 s. Pass
-    /// [`Disabled`](crate::backoff::Disabled) to never pause.
+    /// [`Disabled`](crate::backoff::Disabled) to never pause. Checked with
+    /// [`BackoffPolicy::validate`] when the consumer is built.
     pub fn backoff(mut self, policy: impl BackoffPolicy) -> Self {
         self.settings.backoff = Arc::new(policy);
         self
     }
 
+    /// Longest time the consumer-level backoff waits for its probe. While a
+    /// probe runs every other delivery waits for its outcome; a probe still
+    /// running after this counts as failed, and the consumer backs off
+    /// again and then probes with another delivery (the first one keeps
+    /// running, and its outcome decides nothing). Default 30 s.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.probe_timeout = timeout;
+        self
+    }
+
     /// Delays between attempts to fetch again after a transient source
-    /// error. Default: exponential from 100 ms to 10 s, forever.
+    /// error. Default: exponential from 100 ms to 10 s, forever. Checked
+    /// with [`BackoffPolicy::validate`] when the consumer is built.
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
         self.settings.reconnect = Arc::new(policy);
         self
@@ -254,12 +279,27 @@ impl ConsumerBuilder {
                 "is zero; use a positive interval such as 100 ms",
             ));
         }
+        if settings.probe_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "probe_timeout",
+                "is zero: every probe would time out at once; use the longest time a \
+                 handler may take, such as 30 s",
+            ));
+        }
         if settings.commit_batch == 0 {
             return Err(ConfigError::new("commit_batch", "is 0; use at least 1"));
         }
         if settings.fetch_batch == 0 {
             return Err(ConfigError::new("fetch_batch", "is 0; use at least 1"));
         }
+        settings
+            .backoff
+            .validate()
+            .map_err(|error| policy_error("backoff", &error))?;
+        settings
+            .reconnect
+            .validate()
+            .map_err(|error| policy_error("reconnect_backoff", &error))?;
         if settings.max_uncommitted < settings.max_in_flight {
             return Err(ConfigError::new(
                 "max_uncommitted",
@@ -294,6 +334,11 @@ impl ConsumerBuilder {
             settings: self.settings,
         })
     }
+}
+
+/// A policy's own error, reported under the consumer setting that holds it.
+fn policy_error(setting: &'static str, error: &ConfigError) -> ConfigError {
+    ConfigError::new(setting, format!("`{}` {}", error.setting, error.problem))
 }
 
 /// A configured consumer, ready to [`run`](Consumer::run).
@@ -332,8 +377,9 @@ where
     ///
     /// Shutdown is graceful: fetching stops, no new handler starts, running
     /// handlers get until the shutdown deadline, everything finished is
-    /// committed, and the report lists what was left unfinished (the broker
-    /// delivers it again).
+    /// committed, the source is closed (both bounded, see
+    /// [`ConsumerBuilder::shutdown_deadline`]), and the report lists what
+    /// was left unfinished or uncommitted (the broker delivers it again).
     pub async fn run(self, shutdown: impl Into<Shutdown>) -> Result<RunReport, RunError> {
         let Consumer {
             source,

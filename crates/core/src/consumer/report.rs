@@ -19,6 +19,21 @@ pub struct Unfinished {
     pub started: bool,
 }
 
+/// How the source's [`close`](crate::source::Source::close) at the end of
+/// the run went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SourceClose {
+    /// It closed.
+    #[default]
+    Closed,
+    /// It returned an error (logged).
+    Failed,
+    /// It had not returned when the shutdown's time was up (a broker that
+    /// cannot be reached, a client that keeps reconnecting); the run ended
+    /// without it and the source was dropped.
+    TimedOut,
+}
+
 /// What a run did, returned when it ends.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunReport {
@@ -36,13 +51,25 @@ pub struct RunReport {
     pub requeued: u64,
     /// Handlers that stopped because of the shutdown (left unacknowledged).
     pub interrupted: u64,
+    /// Handler panics the runtime caught (a `CatchPanicLayer` inside the
+    /// stack turns them into errors before the runtime sees them): each
+    /// became a retryable failure of its message.
+    pub panicked: u64,
     /// Deliveries dropped unacknowledged because their partition was revoked
     /// before they finished; the new owner receives them.
     pub released_on_revoke: u64,
     /// Acknowledgement round trips that failed.
     pub ack_failures: u64,
-    /// The last committed position of each partition at the end of the run.
+    /// The last committed position of each partition at the end of the run,
+    /// as the broker confirmed it in the final commit.
     pub committed: Vec<(PartitionKey, Position)>,
+    /// Partitions whose final commit the broker did not confirm (it refused
+    /// it, or had not answered when the shutdown's time was up), with the
+    /// position that commit carried: work finished up to there may be
+    /// delivered again to the next consumer.
+    pub not_committed: Vec<(PartitionKey, Position)>,
+    /// How the source's close went.
+    pub close: SourceClose,
     /// Deliveries left unfinished by the shutdown.
     pub unfinished: Vec<Unfinished>,
     /// How long the run took.

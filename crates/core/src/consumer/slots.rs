@@ -11,7 +11,9 @@
 //!
 //! This is what `FuturesUnordered` does, minus its allocation per future.
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,12 @@ use crate::message::{Message, Position};
 
 /// Index of a slot in the arena.
 pub(crate) type SlotId = u32;
+
+/// What a panic carried, once caught.
+pub(crate) type PanicPayload = Box<dyn Any + Send>;
+
+/// A future's output, or the panic that took its place.
+pub(crate) type Caught<T> = Result<T, PanicPayload>;
 
 /// Marks slots whose futures were woken, and wakes the runtime task.
 pub(crate) struct ReadySet {
@@ -250,7 +258,8 @@ impl<F: Future> Slots<F> {
 
     /// Installs a handler future in `slot` and polls it once. Returns its
     /// output if it finished on that first poll (the common case for
-    /// handlers that do not wait on I/O).
+    /// handlers that do not wait on I/O). A panic of that poll unwinds to
+    /// the caller, who catches it and calls [`recover`](Self::recover).
     pub(crate) fn start(&mut self, slot: SlotId, future: F) -> Poll<F::Output> {
         let entry = &mut self.slots[slot as usize];
         debug_assert!(entry.future.is_none());
@@ -286,9 +295,27 @@ impl<F: Future> Slots<F> {
         }
     }
 
+    /// After a panic while `slot`'s future was created or polled: drops what
+    /// is left of the future and leaves the slot holding its delivery, as a
+    /// finished poll does.
+    pub(crate) fn recover(&mut self, slot: SlotId) {
+        let entry = &mut self.slots[slot as usize];
+        if entry.future.is_some() {
+            // SAFETY: see `cancel`.
+            let mut pinned = unsafe { Pin::new_unchecked(&mut entry.future) };
+            // A future whose drop panics too: the assignment leaves `None`
+            // in place even when the old value's drop unwinds.
+            let _ = catch_unwind(AssertUnwindSafe(|| pinned.set(None)));
+            self.running -= 1;
+        }
+        if entry.state == SlotState::Running {
+            entry.state = SlotState::Ready;
+        }
+    }
+
     /// Polls every woken running future and appends the outputs of those that
-    /// finished to `finished`.
-    pub(crate) fn poll_woken(&mut self, finished: &mut Vec<(SlotId, F::Output)>) {
+    /// finished (or panicked: the slot is recovered) to `finished`.
+    pub(crate) fn poll_woken(&mut self, finished: &mut Vec<(SlotId, Caught<F::Output>)>) {
         for word in 0..self.ready.words.len() {
             let mut bits = self.ready.take_word(word);
             while bits != 0 {
@@ -298,8 +325,13 @@ impl<F: Future> Slots<F> {
                 if self.slots[slot as usize].state != SlotState::Running {
                     continue;
                 }
-                if let Poll::Ready(output) = self.poll_slot(slot) {
-                    finished.push((slot, output));
+                match catch_unwind(AssertUnwindSafe(|| self.poll_slot(slot))) {
+                    Ok(Poll::Ready(output)) => finished.push((slot, Ok(output))),
+                    Ok(Poll::Pending) => {}
+                    Err(panic) => {
+                        self.recover(slot);
+                        finished.push((slot, Err(panic)));
+                    }
                 }
             }
         }
@@ -344,6 +376,10 @@ mod tests {
         assert!(outputs.is_empty());
         let _ = sender.send(5);
         slots.poll_woken(&mut outputs);
+        let outputs: Vec<(SlotId, u32)> = outputs
+            .into_iter()
+            .filter_map(|(slot, output)| Some((slot, output.ok()?)))
+            .collect();
         assert_eq!(outputs, vec![(first, 5)]);
     }
 }

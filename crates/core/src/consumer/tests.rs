@@ -629,6 +629,200 @@ async fn retryable_failures_go_back_to_a_broker_that_can_requeue() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_interrupted_outcome_outside_shutdown_is_retried_instead_of_pinning_the_watermark() {
+    // Released without completion or redelivery, offset 1 would hold the
+    // watermark at 0 for good, and `max_uncommitted` would in the end
+    // pause every partition.
+    let attempts: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                let attempt = message.metadata().attempt();
+                attempts
+                    .lock()
+                    .map(|mut all| all.push((offset_of(&message), attempt)))
+                    .ok();
+                if offset_of(&message) == 1 && attempt == 1 {
+                    return Err(HandlerError::interrupted());
+                }
+                Ok(())
+            }
+        })
+    };
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 3);
+    assert_eq!(report.redispatched, 1);
+    assert_eq!(report.interrupted, 0, "no shutdown interrupted anything");
+    let attempts = attempts.lock().map(|all| all.clone()).unwrap_or_default();
+    assert_eq!(attempts, vec![(0, 1), (1, 1), (1, 2), (2, 1)]);
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(2))
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_interrupted_outcome_outside_shutdown_goes_back_to_a_broker_that_can_requeue() {
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = tower::service_fn(|message: Message| async move {
+        if offset_of(&message) == 1 {
+            return Err(HandlerError::interrupted());
+        }
+        Ok(())
+    });
+    let acker = RecordingAcker {
+        requeue: true,
+        mode_ids: true,
+        ..RecordingAcker::default()
+    };
+    let report = Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.requeued, 1);
+    let requeued: Vec<Position> = acker
+        .batches
+        .lock()
+        .map(|b| b.clone())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|b| &b.partitions)
+        .flat_map(|p| p.requeue.clone())
+        .collect();
+    assert_eq!(requeued, vec![Position::Offset(1)]);
+}
+
+/// A handler service that panics in `call` for offset 0 and inside its
+/// future for offset 1, on their first attempts, and succeeds otherwise.
+#[derive(Clone, Default)]
+struct Panicking {
+    calls: Arc<Mutex<Vec<(i64, u32)>>>,
+}
+
+impl tower::Service<Message> for Panicking {
+    type Response = ();
+    type Error = HandlerError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), HandlerError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, message: Message) -> Self::Future {
+        let (offset, attempt) = (offset_of(&message), message.metadata().attempt());
+        self.calls
+            .lock()
+            .map(|mut c| c.push((offset, attempt)))
+            .ok();
+        if (offset, attempt) == (0, 1) {
+            panic!("a bug in call");
+        }
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            if (offset, attempt) == (1, 1) {
+                panic!("a bug while polled");
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Counts the panics the runtime reports.
+#[derive(Default)]
+struct PanicCounter {
+    panics: AtomicUsize,
+}
+
+impl crate::observer::ConsumerObserver for PanicCounter {
+    fn on_panic(&self, _partition: &PartitionKey) {
+        self.panics.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_panic_is_caught_by_the_runtime_counted_and_retried() {
+    // No `CatchPanicLayer`: the panic unwound through `Consumer::run` and,
+    // redelivered, crashed every next consumer the same way.
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = Panicking::default();
+    let observer = Arc::new(PanicCounter::default());
+    let acker = RecordingAcker::default();
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .observer(observer.clone())
+        .build(source, acker.clone(), handler.clone())
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("run succeeds");
+    assert_eq!(report.succeeded, 3);
+    assert_eq!(report.panicked, 2);
+    assert_eq!(report.redispatched, 2, "each panicked message was retried");
+    assert_eq!(observer.panics.load(AtomicOrdering::Relaxed), 2);
+    let mut calls = handler.calls.lock().map(|c| c.clone()).unwrap_or_default();
+    calls.sort_unstable();
+    assert_eq!(calls, vec![(0, 1), (0, 2), (1, 1), (1, 2), (2, 1)]);
+    assert_eq!(
+        acker.watermarks().get(&PartitionKey::new("orders", 0)),
+        Some(&Position::Offset(2))
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_panic_in_poll_ready_stops_the_run_with_a_typed_error() {
+    #[derive(Clone)]
+    struct Broken;
+    impl tower::Service<Message> for Broken {
+        type Response = ();
+        type Error = HandlerError;
+        type Future = std::future::Ready<Result<(), HandlerError>>;
+
+        fn poll_ready(
+            &mut self,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), HandlerError>> {
+            panic!("the service's pool is poisoned");
+        }
+
+        fn call(&mut self, _message: Message) -> Self::Future {
+            std::future::ready(Ok(()))
+        }
+    }
+    let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+    let error = Consumer::builder()
+        .build(source, RecordingAcker::default(), Broken)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect_err("a service that cannot take messages stops the run");
+    let super::RunError::HandlerUnavailable { error, report } = error else {
+        panic!("expected HandlerUnavailable, got {error:?}");
+    };
+    let panicked = error
+        .cause()
+        .downcast_ref::<crate::catch_panic::Panicked>()
+        .map(|panicked| panicked.message().to_owned());
+    assert_eq!(panicked.as_deref(), Some("the service's pool is poisoned"));
+    assert_eq!(report.panicked, 1);
+    assert_eq!(report.succeeded, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_revocation_drains_commits_and_then_completes() {
     let (sender, receiver) = mpsc::unbounded_channel();
     let source_name = topic();
@@ -687,6 +881,114 @@ fn invalid_settings_fail_at_build_time() {
         .build(source, RecordingAcker::default(), handler)
         .err();
     assert_eq!(error.map(|error| error.setting), Some("commit_interval"));
+}
+
+#[test]
+fn invalid_backoff_policies_fail_at_build_time() {
+    // A NaN jitter made the first failure panic (`Duration::from_secs_f64`).
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let (source, _) = scripted(vec![]);
+    let error = Consumer::builder()
+        .backoff(crate::backoff::Exponential::default().jitter(f64::NAN))
+        .build(source, RecordingAcker::default(), handler)
+        .err();
+    assert_eq!(error.map(|error| error.setting), Some("backoff"));
+    let (source, _) = scripted(vec![]);
+    let error = Consumer::builder()
+        .reconnect_backoff(crate::backoff::Exponential::new(
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+        ))
+        .build(source, RecordingAcker::default(), handler)
+        .err();
+    assert_eq!(
+        error.as_ref().map(|error| error.setting),
+        Some("reconnect_backoff")
+    );
+    assert!(
+        error.is_some_and(|error| error.problem.contains("backoff.min")),
+        "the problem names the policy's own setting"
+    );
+}
+
+/// Plays a script; where it ends, fails once with a transient error and then
+/// waits, open.
+struct FailingAtTheEnd {
+    failed: bool,
+    script: ScriptedSource,
+}
+
+impl Source for FailingAtTheEnd {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        if self.failed {
+            std::future::pending::<()>().await;
+        }
+        match self.script.next(deliveries, max).await {
+            Ok(SourceEvent::Exhausted) => {
+                self.failed = true;
+                Err(SourceError::Transient("connection reset".into()))
+            }
+            other => other,
+        }
+    }
+}
+
+/// Runs a consumer with every duration setting at `Duration::MAX` through
+/// a retryable failure, a revocation, a transient source error and a
+/// shutdown. Each of these added the setting to `Instant::now()`.
+#[test]
+fn duration_max_settings_wait_as_long_as_needed_without_panicking() {
+    let outcome = on_paused_clock_within(Duration::from_secs(20), async {
+        let partition = PartitionKey::new("orders", 0);
+        let (revocation, revoked) = Revocation::new(vec![partition.clone()]);
+        let (script, _) = scripted(vec![
+            Script::Messages(messages(1, 3, 3)),
+            Script::Revoke(revocation),
+        ]);
+        let source = FailingAtTheEnd {
+            failed: false,
+            script,
+        };
+        let handler = tower::service_fn(|message: Message| async move {
+            if offset_of(&message) == 1 && message.metadata().attempt() == 1 {
+                return Err(HandlerError::retryable("downstream unavailable"));
+            }
+            Ok(())
+        });
+        let forever = crate::backoff::Constant::new(Duration::MAX).retry_forever();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            stop.cancel();
+        });
+        let report = Consumer::builder()
+            .commit_interval(Duration::MAX)
+            .shutdown_deadline(Duration::MAX)
+            .revoke_timeout(Duration::MAX)
+            .backoff(forever)
+            .reconnect_backoff(
+                crate::backoff::Exponential::new(Duration::MAX, Duration::MAX).retry_forever(),
+            )
+            .build(source, RecordingAcker::default(), handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await;
+        (report, revoked.wait().await.is_ok())
+    });
+    let (report, revoked) = outcome.expect("the run ended without a panic or a hang");
+    assert!(revoked, "the revocation completed");
+    let report = report.expect("the shutdown ended the run");
+    assert_eq!(report.succeeded, 1, "offset 0: {report:?}");
+    assert_eq!(
+        report.released_on_revoke, 2,
+        "offset 1 waited for the backoff and offset 2 behind it in their lane; \
+         both went to the next owner"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -920,11 +1222,15 @@ async fn work_of_an_assignment_taken_back_is_never_sent_after_it_ended() {
         })
         .map(|batch| batch.sync)
         .collect();
-    assert_eq!(
-        synced,
-        vec![true],
-        "only the new assignment's final commit; the revocation's queued one was dropped: \
-         {batches:?}"
+    // The old assignment may have committed before its revocation began (a
+    // commit tick's batch goes to the acker at once); the revocation's
+    // final commit, still queued when the partition came back, must not.
+    // The only final (sync) commit the acker may see is the new
+    // assignment's, at the end of the run.
+    let (_, before_last) = synced.split_last().expect("the new assignment committed");
+    assert!(
+        !before_last.contains(&true),
+        "the revocation's queued final commit was dropped: {batches:?}"
     );
 }
 
@@ -999,6 +1305,140 @@ async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
         Some(10),
         "the source was closed before the acknowledgement of everything finished was handled"
     );
+}
+
+/// Offsets 0 to 2 of partition 0 finish at once and go to `acker` in one
+/// batch; the shutdown comes 10 ms later, while that batch is with it.
+async fn shut_down_while_a_batch_is_with(acker: FlakyAcker) -> super::RunReport {
+    let (source, sender) = open_script(vec![Script::Messages(messages(1, 3, 3))]);
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stop.cancel();
+    });
+    let report = Consumer::builder()
+        .shutdown_deadline(Duration::from_secs(5))
+        .build(source, acker, handler)
+        .expect("valid settings")
+        .run(shutdown)
+        .await
+        .expect("run succeeds");
+    drop(sender);
+    report
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_final_commit_carries_a_batch_that_failed_just_before_it() {
+    // The batch fails 50 ms after it was sent, while the run is already
+    // winding down: its work must go out again in the final commit, not
+    // be reported committed on the strength of a later empty barrier.
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(1)),
+        delay: Duration::from_millis(50),
+    };
+    let report = shut_down_while_a_batch_is_with(acker.clone()).await;
+    let partition = PartitionKey::new("orders", 0);
+    let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+    let last = batches.last().expect("batches were sent");
+    assert!(last.sync, "the final commit comes last: {batches:?}");
+    assert_eq!(
+        last.partitions
+            .iter()
+            .find(|ack| ack.partition == partition)
+            .and_then(|ack| ack.watermark),
+        Some(Position::Offset(2)),
+        "the final commit carries the failed batch's watermark: {batches:?}"
+    );
+    assert_eq!(report.ack_failures, 1);
+    assert_eq!(report.committed, vec![(partition, Position::Offset(2))]);
+    assert!(report.not_committed.is_empty());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_report_lists_as_committed_only_what_the_broker_confirmed() {
+    // Every acknowledgement fails: nothing was committed, and the report
+    // says what could not be.
+    let acker = FlakyAcker {
+        batches: Arc::default(),
+        failures: Arc::new(AtomicUsize::new(usize::MAX)),
+        delay: Duration::from_millis(50),
+    };
+    let report = shut_down_while_a_batch_is_with(acker).await;
+    assert_eq!(report.committed, vec![], "{report:?}");
+    assert_eq!(
+        report.not_committed,
+        vec![(PartitionKey::new("orders", 0), Position::Offset(2))]
+    );
+}
+
+/// An acker that never answers, like one whose broker went away.
+struct HungAcker;
+
+impl Acker for HungAcker {
+    async fn ack(&mut self, _batch: &AckBatch) -> Result<(), AckError> {
+        std::future::pending().await
+    }
+}
+
+/// A source whose close never returns, like the Redis source reconnecting
+/// during an outage under a retry-forever policy.
+struct HungOnClose {
+    script: ScriptedSource,
+}
+
+impl Source for HungOnClose {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        self.script.next(deliveries, max).await
+    }
+
+    async fn close(&mut self) -> Result<(), SourceError> {
+        std::future::pending().await
+    }
+}
+
+#[test]
+fn a_shutdown_during_an_outage_ends_within_the_shutdown_deadline() {
+    // The final commit never gets an answer and the close never returns:
+    // the run still ends, bounded by the shutdown deadline, and its report
+    // says what could not be committed and that the close did not finish.
+    let outcome = on_paused_clock_within(Duration::from_secs(20), async {
+        let (script, sender) = open_script(vec![Script::Messages(messages(1, 3, 3))]);
+        let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            stop.cancel();
+        });
+        let started = tokio::time::Instant::now();
+        let report = Consumer::builder()
+            .shutdown_deadline(Duration::from_secs(2))
+            .build(HungOnClose { script }, HungAcker, handler)
+            .expect("valid settings")
+            .run(shutdown)
+            .await;
+        drop(sender);
+        (report, started.elapsed())
+    });
+    let (report, elapsed) = outcome.expect("the run ended: nothing waits on a hung broker");
+    let report = report.expect("run succeeds");
+    assert!(
+        elapsed <= Duration::from_millis(10) + Duration::from_secs(2) * 2,
+        "the shutdown took {elapsed:?}"
+    );
+    assert_eq!(report.committed, vec![]);
+    assert_eq!(
+        report.not_committed,
+        vec![(PartitionKey::new("orders", 0), Position::Offset(2))]
+    );
+    assert_eq!(report.close, super::SourceClose::TimedOut);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -1135,6 +1575,182 @@ async fn a_probe_requeued_without_backoff_leads_out_of_backoff_at_the_runtime() 
     );
     let attempts = attempts.lock().map(|all| all.clone()).unwrap_or_default();
     assert_eq!(&attempts[..3], &[(0, 1), (0, 2), (0, 3)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hung_probe_reopens_the_gate_into_backoff_after_the_probe_timeout() {
+    // Offset 0 fails twice, so the consumer backs off and, after its first
+    // probe failed too, probes with offset 1, whose handler never returns.
+    // Everything else waited for that probe's outcome, forever.
+    let (source, sender) = open_script(vec![Script::Messages(messages(1, 6, 6))]);
+    let handler = tower::service_fn(|message: Message| async move {
+        match (offset_of(&message), message.metadata().attempt()) {
+            (0, 1 | 2) => Err(HandlerError::retryable("downstream unavailable")),
+            (1, _) => std::future::pending().await,
+            _ => Ok(()),
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        stop.cancel();
+    });
+    let observer = Arc::new(ProbeTimeouts::default());
+    let report = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .backoff(crate::backoff::Constant::new(Duration::from_millis(100)).retry_forever())
+        .shutdown_deadline(Duration::from_millis(10))
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(shutdown)
+        .await
+        .expect("run succeeds");
+    drop(sender);
+    assert_eq!(
+        report.succeeded, 5,
+        "every message but the hung one finished: {report:?}"
+    );
+    assert_eq!(
+        report
+            .unfinished
+            .iter()
+            .map(|unfinished| unfinished.position)
+            .collect::<Vec<_>>(),
+        vec![Position::Offset(1)]
+    );
+    assert_eq!(observer.timeouts.load(AtomicOrdering::Relaxed), 1);
+}
+
+/// Counts the probes that timed out.
+#[derive(Default)]
+struct ProbeTimeouts {
+    timeouts: AtomicUsize,
+}
+
+impl crate::observer::ConsumerObserver for ProbeTimeouts {
+    fn on_probe_timeout(&self) {
+        self.timeouts.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+}
+
+/// Records what the runtime reports of source errors.
+#[derive(Default)]
+struct SourceErrors {
+    seen: Mutex<Vec<(bool, Option<Duration>)>>,
+}
+
+impl crate::observer::ConsumerObserver for SourceErrors {
+    fn on_source_error(&self, error: &SourceError, retry_in: Option<Duration>) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push((error.is_transient(), retry_in));
+        }
+    }
+}
+
+/// Fails with `errors` in turn, then plays `script`.
+struct FailingFirst {
+    errors: VecDeque<SourceError>,
+    script: ScriptedSource,
+}
+
+impl Source for FailingFirst {
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        match self.errors.pop_front() {
+            Some(error) => Err(error),
+            None => self.script.next(deliveries, max).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn transient_source_errors_are_retried_with_growing_capped_delays_and_reported() {
+    let observer = Arc::new(SourceErrors::default());
+    let (script, _) = scripted(vec![Script::Messages(messages(1, 2, 2))]);
+    let source = FailingFirst {
+        errors: (0..4)
+            .map(|_| {
+                SourceError::Transient(
+                    "READONLY You can't write against a read only replica".into(),
+                )
+            })
+            .collect(),
+        script,
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let started = tokio::time::Instant::now();
+    let report = Consumer::builder()
+        .reconnect_backoff(
+            crate::backoff::Exponential::new(
+                Duration::from_millis(100),
+                Duration::from_millis(300),
+            )
+            .jitter(0.0)
+            .retry_forever(),
+        )
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect("the run outlived the failures");
+    assert_eq!(report.succeeded, 2);
+    let seen = observer
+        .seen
+        .lock()
+        .map(|seen| seen.clone())
+        .unwrap_or_default();
+    let ms = |ms| Some(Duration::from_millis(ms));
+    assert_eq!(
+        seen,
+        vec![
+            (true, ms(100)),
+            (true, ms(200)),
+            (true, ms(300)),
+            (true, ms(300))
+        ]
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_fatal_source_error_stops_the_run_reported_with_its_reason() {
+    let observer = Arc::new(SourceErrors::default());
+    let (script, _) = scripted(vec![]);
+    let source = FailingFirst {
+        errors: [SourceError::Unauthorized {
+            endpoint: "broker:9092".into(),
+            source: "SASL authentication failed".into(),
+        }]
+        .into(),
+        script,
+    };
+    let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+    let error = Consumer::builder()
+        .observer(observer.clone())
+        .build(source, RecordingAcker::default(), handler)
+        .expect("valid settings")
+        .run(super::Shutdown::never())
+        .await
+        .expect_err("credentials do not fix themselves");
+    assert!(matches!(
+        error,
+        super::RunError::Source {
+            error: SourceError::Unauthorized { .. },
+            ..
+        }
+    ));
+    let seen = observer
+        .seen
+        .lock()
+        .map(|seen| seen.clone())
+        .unwrap_or_default();
+    assert_eq!(seen, vec![(false, None)]);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -11,10 +11,12 @@ use std::fmt;
 use super::DeadLetterError;
 use crate::error::HandlerError;
 
-/// The message failed for good and is now in the dead-letter destination.
+/// The message failed for good and is now in the dead-letter destination,
+/// whole or as a [reference](super::PayloadReference).
 #[derive(Debug)]
 pub struct DeadLettered {
     pub(super) error: HandlerError,
+    pub(super) reference: bool,
 }
 
 impl DeadLettered {
@@ -22,11 +24,20 @@ impl DeadLettered {
     pub fn error(&self) -> &HandlerError {
         &self.error
     }
+
+    /// Whether the destination holds only a reference to the message (its
+    /// letter could not be written): its payload is only at its origin.
+    pub fn is_reference(&self) -> bool {
+        self.reference
+    }
 }
 
 impl fmt::Display for DeadLettered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "dead-lettered after: {}", self.error)
+        match self.reference {
+            true => write!(f, "dead-lettered as a reference after: {}", self.error),
+            false => write!(f, "dead-lettered after: {}", self.error),
+        }
     }
 }
 
@@ -37,16 +48,25 @@ impl std::error::Error for DeadLettered {
 }
 
 /// The message failed for good and was dropped, as its
-/// [`FailurePolicy`](super::FailurePolicy) asked.
+/// [`FailurePolicy`](super::FailurePolicy) asked (perhaps as the fallback of
+/// a dead-letter policy whose destination took neither the letter nor its
+/// reference).
 #[derive(Debug)]
 pub struct Discarded {
     pub(super) error: HandlerError,
+    pub(super) undeliverable: Option<DeadLetterError>,
 }
 
 impl Discarded {
     /// The failure that made the layer discard the message.
     pub fn error(&self) -> &HandlerError {
         &self.error
+    }
+
+    /// Why it was not dead-lettered, when the discard was a dead-letter
+    /// policy's fallback.
+    pub fn undeliverable(&self) -> Option<&DeadLetterError> {
+        self.undeliverable.as_ref()
     }
 }
 
@@ -63,9 +83,10 @@ impl std::error::Error for Discarded {
 }
 
 /// The message failed for good, and writing it to the dead-letter
-/// destination failed too. It is left unacknowledged (a retryable error) and
-/// will be delivered again; check the dead-letter destination (does it
-/// exist, may this consumer write to it?).
+/// destination failed too, its reference included. It is left
+/// unacknowledged (a retryable error) and will be delivered again; check the
+/// dead-letter destination (does it exist, may this consumer write to it?),
+/// or give the policy a [fallback](super::FailurePolicy::or_else).
 #[derive(Debug)]
 pub struct DeadLetterWriteFailed {
     pub(super) error: HandlerError,

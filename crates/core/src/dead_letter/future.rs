@@ -65,6 +65,9 @@ struct Routing<S> {
     last_delay: Duration,
     /// The failure being dead-lettered while the write is in flight.
     failure: Option<HandlerError>,
+    /// Why the last destination took neither the letter nor its reference,
+    /// while a fallback policy decides.
+    undeliverable: Option<DeadLetterError>,
 }
 
 enum Next<F> {
@@ -88,6 +91,7 @@ impl<F, S> ResponseFuture<F, S> {
                 failures: 0,
                 last_delay: Duration::ZERO,
                 failure: None,
+                undeliverable: None,
             },
         }
     }
@@ -104,24 +108,42 @@ impl<S> Routing<S> {
             return Next::Finish(Err(error));
         }
         let attempts = self.attempts_of(&error);
+        let policy = Arc::clone(&self.policy);
         let metadata = self.message.metadata();
-        match &self.policy.action {
+        match &policy.action {
             Action::Discard => {
-                tracing::warn!(
-                    source = %metadata.source(),
-                    partition = metadata.partition(),
-                    position = %metadata.position(),
-                    attempts,
-                    error = %error,
-                    "message discarded after a final failure",
-                );
-                Next::Finish(Err(
-                    HandlerError::ignore(Discarded { error }).with_attempts(attempts)
-                ))
+                let undeliverable = self.undeliverable.take();
+                if let Some(write_error) = &undeliverable {
+                    tracing::error!(
+                        source = %metadata.source(),
+                        partition = metadata.partition(),
+                        position = %metadata.position(),
+                        attempts,
+                        error = %error,
+                        write_error = %write_error,
+                        "message discarded: the dead-letter destination took neither its letter \
+                         nor a reference to it",
+                    );
+                } else {
+                    tracing::warn!(
+                        source = %metadata.source(),
+                        partition = metadata.partition(),
+                        position = %metadata.position(),
+                        attempts,
+                        error = %error,
+                        "message discarded after a final failure",
+                    );
+                }
+                Next::Finish(Err(HandlerError::ignore(Discarded {
+                    error,
+                    undeliverable,
+                })
+                .with_attempts(attempts)))
             }
             Action::DeadLetter { sink, .. } => {
                 let letter = DeadLetter::new(self.message.clone(), error.to_string(), attempts);
                 self.failure = Some(error);
+                self.failures = 0;
                 Next::Go(State::Writing {
                     write: write(Arc::clone(sink), letter),
                 })
@@ -155,66 +177,137 @@ impl<S> Routing<S> {
         }
     }
 
-    /// The outcome of a dead-letter write.
+    /// The outcome of a dead-letter write: done; or tried again after the
+    /// write backoff; or, once the attempts are used up (at once for a
+    /// letter the destination rejects), the letter's reference; or, when
+    /// that failed too, the fallback.
     fn written<F>(&mut self, result: Result<(), DeadLetterError>, letter: DeadLetter) -> Next<F> {
         let error = match self.failure.take() {
             Some(error) => error,
             None => HandlerError::permanent(letter.error.clone()),
         };
         let attempts = letter.attempts;
+        let policy = Arc::clone(&self.policy);
+        let Action::DeadLetter {
+            sink,
+            write_backoff,
+            fallback,
+        } = &policy.action
+        else {
+            return Next::Finish(Err(HandlerError::retryable(
+                "a dead-letter write finished under a policy that writes none",
+            )));
+        };
         let metadata = letter.message.metadata();
-        match result {
+        let write_error = match result {
             Ok(()) => {
+                let reference = letter.reference.is_some();
+                if reference {
+                    tracing::error!(
+                        source = %metadata.source(),
+                        partition = metadata.partition(),
+                        position = %metadata.position(),
+                        attempts,
+                        error = %error,
+                        "message dead-lettered as a reference only (origin and sizes): its \
+                         letter could not be written",
+                    );
+                } else {
+                    tracing::warn!(
+                        source = %metadata.source(),
+                        partition = metadata.partition(),
+                        position = %metadata.position(),
+                        attempts,
+                        error = %error,
+                        "message dead-lettered",
+                    );
+                }
+                return Next::Finish(Err(
+                    HandlerError::ignore(DeadLettered { error, reference }).with_attempts(attempts)
+                ));
+            }
+            Err(write_error) => write_error,
+        };
+        if letter.reference.is_some() {
+            return self.undeliverable(error, write_error, fallback.clone());
+        }
+        self.failures = self.failures.saturating_add(1);
+        let retry_in = match write_error.is_rejected() {
+            true => None,
+            false => write_backoff.delay(self.failures),
+        };
+        match retry_in {
+            Some(_) if shutting_down() => {
+                Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)))
+            }
+            Some(delay) => {
                 tracing::warn!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    retry_in = ?delay,
+                    error = %write_error,
+                    "dead-letter write failed; retrying",
+                );
+                self.failure = Some(error);
+                Next::Go(State::Sleeping {
+                    sleep: Box::pin(InterruptibleSleep::new(delay)),
+                    then: After::Write {
+                        sink: Arc::clone(sink),
+                        letter,
+                    },
+                })
+            }
+            None => {
+                tracing::warn!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    writes = self.failures,
+                    error = %write_error,
+                    "dead-letter write failed for good; writing a reference to the message \
+                     instead",
+                );
+                self.failure = Some(error);
+                Next::Go(State::Writing {
+                    write: write(Arc::clone(sink), letter.to_reference()),
+                })
+            }
+        }
+    }
+
+    /// Neither the letter nor its reference could be written: the fallback
+    /// decides, or, without one, the message is left for redelivery.
+    fn undeliverable<F>(
+        &mut self,
+        error: HandlerError,
+        write_error: DeadLetterError,
+        fallback: Option<Arc<FailurePolicy>>,
+    ) -> Next<F> {
+        let attempts = self.attempts_of(&error);
+        match fallback {
+            Some(fallback) => {
+                self.policy = fallback;
+                self.undeliverable = Some(write_error);
+                self.route(error)
+            }
+            None => {
+                let metadata = self.message.metadata();
+                tracing::error!(
                     source = %metadata.source(),
                     partition = metadata.partition(),
                     position = %metadata.position(),
                     attempts,
                     error = %error,
-                    "message dead-lettered",
+                    write_error = %write_error,
+                    "the dead-letter destination took neither the letter nor a reference to it; \
+                     the message is left unacknowledged for redelivery",
                 );
-                Next::Finish(Err(
-                    HandlerError::ignore(DeadLettered { error }).with_attempts(attempts)
-                ))
-            }
-            Err(write_error) => {
-                self.failures = self.failures.saturating_add(1);
-                let Action::DeadLetter {
-                    sink,
-                    write_backoff,
-                } = &self.policy.action
-                else {
-                    return Next::Finish(Err(HandlerError::retryable(write_error)));
-                };
-                let retry_in = write_backoff.delay(self.failures);
-                tracing::error!(
-                    source = %metadata.source(),
-                    partition = metadata.partition(),
-                    position = %metadata.position(),
-                    retry_in = ?retry_in,
-                    error = %write_error,
-                    "dead-letter write failed",
-                );
-                match retry_in {
-                    Some(_) if shutting_down() => {
-                        Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)))
-                    }
-                    Some(delay) => {
-                        self.failure = Some(error);
-                        Next::Go(State::Sleeping {
-                            sleep: Box::pin(InterruptibleSleep::new(delay)),
-                            then: After::Write {
-                                sink: Arc::clone(sink),
-                                letter,
-                            },
-                        })
-                    }
-                    None => Next::Finish(Err(HandlerError::retryable(DeadLetterWriteFailed {
-                        error,
-                        write: write_error,
-                    })
-                    .with_attempts(attempts))),
-                }
+                Next::Finish(Err(HandlerError::retryable(DeadLetterWriteFailed {
+                    error,
+                    write: write_error,
+                })
+                .with_attempts(attempts)))
             }
         }
     }

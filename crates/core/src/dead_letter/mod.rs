@@ -14,9 +14,13 @@
 //! up, so put the retry layer inside this one). The policy is one of
 //!
 //! - [dead-letter](FailurePolicy::dead_letter): write a [`DeadLetter`] to a
-//!   [`DeadLetterSink`], then acknowledge. A write that keeps failing leaves
-//!   the message unacknowledged with a retryable error: it is delivered
-//!   again, never lost.
+//!   [`DeadLetterSink`], then acknowledge. A write that keeps failing (a
+//!   capped number of attempts, or one the destination
+//!   [rejects](DeadLetterError::rejected)) is followed by a letter that
+//!   carries only a [`PayloadReference`] (origin and sizes, no payload), and
+//!   if that fails too, the policy's [fallback](FailurePolicy::or_else)
+//!   decides: by default the message is left unacknowledged with a
+//!   retryable error, delivered again, never lost.
 //! - [discard](FailurePolicy::discard): log and acknowledge.
 //! - [block](FailurePolicy::block): never skip the message; call the handler
 //!   again after each backoff delay until it succeeds.
@@ -61,6 +65,7 @@ mod error;
 mod future;
 mod layer;
 mod policy;
+mod reference;
 mod service;
 
 use std::time::SystemTime;
@@ -69,39 +74,87 @@ pub use self::error::{DeadLetterWriteFailed, DeadLettered, Discarded};
 pub use self::future::ResponseFuture;
 pub use self::layer::DeadLetterLayer;
 pub use self::policy::FailurePolicy;
+pub use self::reference::PayloadReference;
 pub use self::service::DeadLetterService;
 use crate::error::BoxError;
-use crate::message::Message;
+use crate::message::{Message, capped_text};
 
 /// A message that failed for good, with why and when.
 #[derive(Clone, Debug)]
 pub struct DeadLetter {
-    /// The original message, with its metadata (the origin).
+    /// The original message, with its metadata (the origin). In a letter
+    /// that carries a [`reference`](Self::reference), a message with the
+    /// same metadata, no payload, no key, and the reference's headers.
     pub message: Message,
-    /// The last error, as text.
+    /// The last error, as text, at most [`ERROR_LIMIT`](Self::ERROR_LIMIT)
+    /// bytes (and a note of how much was cut).
     pub error: String,
     /// Attempts made before giving up.
     pub attempts: u32,
     /// When the message was given up.
     pub failed_at: SystemTime,
+    /// Set when this letter stands in for one that could not be written:
+    /// the original's sizes; the original itself is still at its origin.
+    pub reference: Option<PayloadReference>,
 }
 
 impl DeadLetter {
-    /// A dead letter for `message` that failed with `error` after `attempts`.
+    /// The most bytes of error text a letter carries. An error can quote
+    /// what it failed on (serde quotes a wrongly typed value whole), and a
+    /// letter must fit its destination.
+    pub const ERROR_LIMIT: usize = 4096;
+
+    /// A dead letter for `message` that failed with `error` after `attempts`;
+    /// the error text is cut at [`ERROR_LIMIT`](Self::ERROR_LIMIT) bytes.
     pub fn new(message: Message, error: impl Into<String>, attempts: u32) -> Self {
         Self {
             message,
-            error: error.into(),
+            error: capped_text(error.into(), Self::ERROR_LIMIT),
             attempts,
             failed_at: SystemTime::now(),
+            reference: None,
+        }
+    }
+
+    /// The letter that stands in for this one when it cannot be written:
+    /// the same origin, error, attempts and time, and instead of the
+    /// message's payload, key and headers, their sizes.
+    pub fn to_reference(&self) -> DeadLetter {
+        let reference = PayloadReference::of(&self.message);
+        DeadLetter {
+            message: reference.message_for(&self.message),
+            error: self.error.clone(),
+            attempts: self.attempts,
+            failed_at: self.failed_at,
+            reference: Some(reference),
         }
     }
 }
 
-/// A failed dead-letter write. The original message stays unacknowledged.
+/// A failed dead-letter write.
 #[derive(Debug, thiserror::Error)]
 #[error("the dead-letter write failed: {0}")]
 pub struct DeadLetterError(#[source] pub BoxError);
+
+impl DeadLetterError {
+    /// A letter the destination can never take as it is (larger than it
+    /// accepts, a header it refuses): the dead-letter layer does not try it
+    /// again but writes its [reference](DeadLetter::to_reference) at once.
+    /// Sinks return it after checking a letter against their limits.
+    pub fn rejected(reason: impl Into<BoxError>) -> Self {
+        Self(Box::new(Rejected(reason.into())))
+    }
+
+    /// Whether the destination [rejected](Self::rejected) the letter for good.
+    pub fn is_rejected(&self) -> bool {
+        self.0.is::<Rejected>()
+    }
+}
+
+/// The cause of a [rejected](DeadLetterError::rejected) write.
+#[derive(Debug, thiserror::Error)]
+#[error("the destination rejects this letter as it is")]
+struct Rejected(#[source] BoxError);
 
 /// A durable place for dead letters (a topic, a stream, an exchange).
 #[async_trait::async_trait]

@@ -22,6 +22,9 @@ pub(super) enum Action {
     DeadLetter {
         sink: Arc<dyn DeadLetterSink>,
         write_backoff: Arc<dyn BackoffPolicy>,
+        /// What decides when neither the letter nor its reference could be
+        /// written; `None`: leave the message for redelivery.
+        fallback: Option<Arc<FailurePolicy>>,
     },
     Block {
         backoff: Arc<dyn BackoffPolicy>,
@@ -41,9 +44,16 @@ impl FailurePolicy {
     /// attempt count, and acknowledge it once the sink confirmed the write.
     ///
     /// A failed write is retried on a short schedule (100 ms doubling to 5 s,
-    /// 5 retries; see [`FailurePolicy::write_backoff`]); if it still fails,
-    /// the message is left unacknowledged with a retryable error, so it is
-    /// delivered again and never lost.
+    /// 5 retries; see [`FailurePolicy::write_backoff`]), a letter the sink
+    /// [rejects](super::DeadLetterError::rejected) not at all. Then a letter
+    /// that carries only a [reference](super::PayloadReference) to the
+    /// message (its origin and sizes, no payload) is written instead, once:
+    /// so no letter can hold its partition back for what it contains. If
+    /// that fails too, the [fallback](FailurePolicy::or_else) decides; by
+    /// default the message is left unacknowledged with a retryable error
+    /// ([`DeadLetterWriteFailed`](super::DeadLetterWriteFailed)), so it is
+    /// delivered again, and dead-lettered once the destination takes
+    /// letters again: never lost.
     pub fn dead_letter(sink: impl DeadLetterSink) -> Self {
         Self {
             action: Action::DeadLetter {
@@ -52,7 +62,33 @@ impl FailurePolicy {
                     Exponential::new(Duration::from_millis(100), Duration::from_secs(5))
                         .max_retries(5),
                 ),
+                fallback: None,
             },
+        }
+    }
+
+    /// For [`FailurePolicy::dead_letter`]: what to do with a message whose
+    /// letter and reference could not be written. [`discard`](Self::discard)
+    /// acknowledges it (logged at error level, counted); another
+    /// [`dead_letter`](Self::dead_letter) tries a second destination the
+    /// same way; [`block`](Self::block) calls the handler again until it
+    /// succeeds. Without a fallback the message is left for redelivery. No
+    /// effect on the other policies.
+    pub fn or_else(mut self, fallback: FailurePolicy) -> Self {
+        if let Action::DeadLetter { fallback: slot, .. } = &mut self.action {
+            *slot = Some(Arc::new(fallback));
+        }
+        self
+    }
+
+    /// Whether this policy, or a fallback of it, calls the handler again.
+    pub(super) fn calls_again(&self) -> bool {
+        match &self.action {
+            Action::Block { .. } => true,
+            Action::Discard => false,
+            Action::DeadLetter { fallback, .. } => fallback
+                .as_ref()
+                .is_some_and(|fallback| fallback.calls_again()),
         }
     }
 
@@ -73,8 +109,18 @@ impl FailurePolicy {
     /// # Errors
     ///
     /// A [`Disabled`](crate::backoff::Disabled) backoff (or one that gives up
-    /// at once) would call the handler in a busy loop and is refused.
+    /// at once) would call the handler in a busy loop and is refused, and so
+    /// is one whose own [`validate`](BackoffPolicy::validate) fails.
     pub fn block(backoff: impl BackoffPolicy) -> Result<Self, ConfigError> {
+        backoff.validate().map_err(|error| {
+            ConfigError::new(
+                "failure_policy.block",
+                format!(
+                    "has an invalid backoff: `{}` {}",
+                    error.setting, error.problem
+                ),
+            )
+        })?;
         if backoff.is_disabled() || backoff.delay(1).is_none() {
             return Err(ConfigError::new(
                 "failure_policy.block",
@@ -112,6 +158,15 @@ impl FailurePolicy {
 
 impl fmt::Debug for FailurePolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("FailurePolicy").field(&self.name()).finish()
+        let mut tuple = f.debug_tuple("FailurePolicy");
+        tuple.field(&self.name());
+        if let Action::DeadLetter {
+            fallback: Some(fallback),
+            ..
+        } = &self.action
+        {
+            tuple.field(&**fallback);
+        }
+        tuple.finish()
     }
 }

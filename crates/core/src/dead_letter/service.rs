@@ -6,7 +6,6 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
-use super::policy::Action;
 use super::{FailurePolicy, ResponseFuture};
 use crate::error::HandlerError;
 use crate::message::Message;
@@ -60,12 +59,10 @@ where
 
     fn call(&mut self, message: Message) -> Self::Future {
         // The dead letter is the original message, so a copy is kept
-        // (reference counts, not bytes). Only `block` calls the handler
-        // again and needs a service of its own.
-        let again = match self.policy.action {
-            Action::Block { .. } => Some(self.inner.clone()),
-            Action::Discard | Action::DeadLetter { .. } => None,
-        };
+        // (reference counts, not bytes). Only `block` (as the policy or a
+        // fallback of it) calls the handler again and needs a service of
+        // its own.
+        let again = self.policy.calls_again().then(|| self.inner.clone());
         let copy = message.clone();
         ResponseFuture::new(
             self.inner.call(message),

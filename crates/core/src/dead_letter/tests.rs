@@ -167,7 +167,11 @@ async fn a_failing_sink_leaves_the_message_unacknowledged_until_the_sink_recover
         .expect_err("dead-lettered");
     assert_eq!(outcome.class(), ErrorClass::Ignore);
     assert_eq!(sink.letters().len(), 1);
-    assert_eq!(sink.writes(), 4);
+    assert_eq!(
+        sink.writes(),
+        3 * 2 + 1,
+        "each delivery tried the letter, then its reference"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -269,4 +273,199 @@ fn block_refuses_a_backoff_that_never_waits() {
     let error = FailurePolicy::block(Disabled).expect_err("a busy loop is refused");
     assert_eq!(error.setting, "failure_policy.block");
     assert!(FailurePolicy::block(Constant::new(Duration::ZERO).max_retries(0)).is_err());
+}
+
+#[test]
+fn block_refuses_an_invalid_backoff() {
+    let error = FailurePolicy::block(crate::backoff::Exponential::default().jitter(f64::NAN))
+        .expect_err("a NaN jitter is refused when the policy is built");
+    assert_eq!(error.setting, "failure_policy.block");
+    assert!(error.problem.contains("backoff.jitter"), "{error}");
+}
+
+/// A destination that takes letters up to a size, like a Kafka topic's
+/// `max.message.bytes`, and refuses larger ones for good.
+#[derive(Clone, Default)]
+struct SizeLimitedSink {
+    inner: RecordingSink,
+}
+
+impl SizeLimitedSink {
+    const LIMIT: usize = 1024;
+}
+
+#[async_trait::async_trait]
+impl DeadLetterSink for SizeLimitedSink {
+    async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+        let size = letter.message.payload().len() + letter.error.len();
+        if size > Self::LIMIT {
+            return Err(DeadLetterError::rejected(format!(
+                "a letter of {size} bytes is over the destination's {} bytes",
+                Self::LIMIT
+            )));
+        }
+        self.inner.write(letter).await
+    }
+}
+
+fn large_message() -> crate::message::Message {
+    let original = message("order");
+    crate::message::Message::new(
+        bytes::Bytes::from(vec![b'x'; 4096]),
+        original.metadata().clone(),
+    )
+    .with_key(bytes::Bytes::from_static(b"k1"))
+    .with_headers(original.headers().clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_letter_the_destination_rejects_is_written_at_once_as_a_reference_to_its_payload() {
+    let sink = SizeLimitedSink::default();
+    let outcome = DeadLetterLayer::new(sink.clone())
+        .layer(Scripted::new([Step::Permanent("unknown customer")]))
+        .oneshot(large_message())
+        .await
+        .expect_err("dead-lettered");
+    assert_eq!(outcome.class(), ErrorClass::Ignore, "acknowledged");
+    let verdict = dead_lettered(&outcome).expect("dead-lettered");
+    assert!(verdict.is_reference());
+    assert_eq!(verdict.error().class(), ErrorClass::Permanent);
+    assert_eq!(sink.inner.writes(), 1, "no retry of a rejected letter");
+    let letters = sink.inner.letters();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(
+        letter.reference,
+        Some(PayloadReference {
+            payload_bytes: 4096,
+            key_bytes: 2,
+            headers: 1,
+            header_bytes: "origin".len() + "test".len(),
+        })
+    );
+    assert!(letter.message.payload().is_empty(), "no payload");
+    assert_eq!(letter.message.key(), None, "no key");
+    let metadata = letter.message.metadata();
+    assert_eq!(
+        (
+            &**metadata.source(),
+            metadata.partition(),
+            metadata.position()
+        ),
+        ("orders", 0, Position::Offset(7)),
+        "the origin, to find the message in its source"
+    );
+    assert_eq!(
+        letter
+            .message
+            .headers()
+            .get_str(PayloadReference::PAYLOAD_BYTES_HEADER),
+        Some("4096")
+    );
+    assert_eq!(
+        letter.message.headers().get_str("origin"),
+        None,
+        "none of its headers"
+    );
+    assert!(
+        letter.error.contains("unknown customer"),
+        "{}",
+        letter.error
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_letter_that_keeps_failing_falls_back_to_its_reference_after_the_capped_attempts() {
+    let sink = RecordingSink::default();
+    // The letter and its five retries fail; the reference goes through.
+    sink.fail_writes(6);
+    let outcome = DeadLetterLayer::new(sink.clone())
+        .layer(Scripted::new([Step::Permanent("bad order")]))
+        .oneshot(message("order"))
+        .await
+        .expect_err("dead-lettered");
+    assert!(dead_lettered(&outcome).is_some_and(DeadLettered::is_reference));
+    assert_eq!(sink.writes(), 7);
+    let letters = sink.letters();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].reference.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undeliverable_letter_goes_to_the_fallback_policy_once_its_reference_failed_too() {
+    let sink = RecordingSink::default();
+    sink.fail_writes(usize::MAX);
+    let policy = FailurePolicy::dead_letter(sink.clone()).or_else(FailurePolicy::discard());
+    let outcome = DeadLetterLayer::with_policy(policy)
+        .layer(Scripted::new([Step::Permanent("bad order")]))
+        .oneshot(message("order"))
+        .await
+        .expect_err("discarded");
+    assert_eq!(outcome.class(), ErrorClass::Ignore, "acknowledged: no loop");
+    let discarded = outcome
+        .cause()
+        .downcast_ref::<Discarded>()
+        .expect("discarded");
+    assert_eq!(discarded.error().class(), ErrorClass::Permanent);
+    assert!(
+        discarded.undeliverable().is_some(),
+        "says why it was not dead-lettered"
+    );
+    assert_eq!(
+        sink.writes(),
+        6 + 1,
+        "the capped attempts, then the reference"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_destination_takes_what_the_first_could_not() {
+    let first = RecordingSink::default();
+    first.fail_writes(usize::MAX);
+    let second = RecordingSink::default();
+    let policy = FailurePolicy::dead_letter(first.clone())
+        .write_backoff(Disabled)
+        .or_else(FailurePolicy::dead_letter(second.clone()));
+    let outcome = DeadLetterLayer::with_policy(policy)
+        .layer(Scripted::new([Step::Permanent("bad order")]))
+        .oneshot(message("order"))
+        .await
+        .expect_err("dead-lettered");
+    assert!(dead_lettered(&outcome).is_some_and(|verdict| !verdict.is_reference()));
+    assert_eq!(first.writes(), 2);
+    let letters = second.letters();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        &letters[0].message.payload()[..],
+        b"order",
+        "the whole letter"
+    );
+}
+
+#[test]
+fn the_error_text_of_a_dead_letter_is_capped_at_a_char_boundary() {
+    let huge = "é".repeat(1_000_000);
+    let letter = DeadLetter::new(message("order"), huge, 1);
+    assert!(
+        letter.error.len() <= DeadLetter::ERROR_LIMIT + 64,
+        "{} bytes",
+        letter.error.len()
+    );
+    assert!(letter.error.starts_with("éé"));
+    assert!(letter.error.contains("bytes cut"), "says it was cut");
+    let short = DeadLetter::new(message("order"), "bad order", 1);
+    assert_eq!(short.error, "bad order");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_handler_error_reaches_the_destination_capped() {
+    let sink = RecordingSink::default();
+    let text: &'static str = Box::leak("x".repeat(5_000_000).into_boxed_str());
+    let _ = DeadLetterLayer::new(sink.clone())
+        .layer(Scripted::new([Step::Permanent(text)]))
+        .oneshot(message("order"))
+        .await;
+    let letters = sink.letters();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].error.len() <= DeadLetter::ERROR_LIMIT + 64);
 }

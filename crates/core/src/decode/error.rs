@@ -1,7 +1,7 @@
 //! [`DecodeError`]: a payload that does not decode.
 
 use crate::error::{BoxError, HandlerError};
-use crate::message::payload_preview;
+use crate::message::{capped_text, payload_preview};
 
 /// How much of an undecodable payload an error shows.
 pub const PREVIEW_LIMIT: usize = 256;
@@ -13,23 +13,29 @@ pub const PREVIEW_LIMIT: usize = 256;
 /// It becomes a [permanent](HandlerError::permanent) [`HandlerError`]: no
 /// retry turns bad bytes into good ones.
 ///
-/// The codec's error is part of the message and available as
-/// [`cause`](Self::cause); it is not also returned by
-/// [`source`](std::error::Error::source), so that error reports that print
-/// the chain do not print it twice.
+/// The codec's error is part of the message, cut at
+/// [`CAUSE_LIMIT`](Self::CAUSE_LIMIT) bytes (serde quotes a wrongly typed
+/// value whole, so the codec's own text can be as large as the payload),
+/// and available whole as [`cause`](Self::cause); it is not also returned
+/// by [`source`](std::error::Error::source), so that error reports that
+/// print the chain do not print it twice.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "cannot decode the payload as {format} into `{target}`: {cause}; payload ({payload_len} bytes): {preview}"
+    "cannot decode the payload as {format} into `{target}`: {cause_text}; payload ({payload_len} bytes): {preview}"
 )]
 pub struct DecodeError {
     format: &'static str,
     target: &'static str,
     payload_len: usize,
     preview: String,
+    cause_text: String,
     cause: BoxError,
 }
 
 impl DecodeError {
+    /// The most bytes of the codec's error text a `DecodeError` shows.
+    pub const CAUSE_LIMIT: usize = 512;
+
     /// A failure to decode `payload` as `format` (`"JSON"`, `"protobuf"`)
     /// into `T`, because of `cause` (the codec's error).
     pub fn new<T: ?Sized>(
@@ -37,12 +43,14 @@ impl DecodeError {
         payload: &[u8],
         cause: impl Into<BoxError>,
     ) -> Self {
+        let cause = cause.into();
         Self {
             format,
             target: std::any::type_name::<T>(),
             payload_len: payload.len(),
             preview: payload_preview(payload, PREVIEW_LIMIT),
-            cause: cause.into(),
+            cause_text: capped_text(cause.to_string(), Self::CAUSE_LIMIT),
+            cause,
         }
     }
 

@@ -261,7 +261,7 @@ impl Group {
                 }
             }
         }
-        let deadline = Instant::now() + self.config.rebalance_timeout;
+        let deadline = crate::deadline::after(Instant::now(), self.config.rebalance_timeout);
         for index in 0..self.members.len() {
             let from = self.members[index].id;
             let partitions: Vec<u32> = revoked

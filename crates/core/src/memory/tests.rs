@@ -613,6 +613,22 @@ async fn a_revocation_not_completed_in_time_is_handed_over_anyway() {
     drop(stuck);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_rebalance_timeout_of_duration_max_waits_for_the_release_without_panicking() {
+    let broker = MemoryBroker::builder()
+        .rebalance_timeout(Duration::MAX)
+        .build();
+    broker.create_topic(TOPIC, 2).expect("topic");
+    let (mut old, _old_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    assigned(&mut old).await;
+    let (mut new, _new_acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    let SourceEvent::Revoked(revocation) = next_event(&mut old, &mut Vec::new(), 1).await else {
+        panic!("revocation expected");
+    };
+    revocation.complete(RevocationOutcome::default());
+    assert_eq!(assigned(&mut new).await, [1]);
+}
+
 #[tokio::test]
 async fn a_partition_never_announced_moves_without_a_revocation() {
     let broker = broker_with_topic(2);

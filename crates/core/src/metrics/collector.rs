@@ -23,6 +23,7 @@ use super::{MetricsLayer, RegisterError};
 /// | `intake_messages_retried_total` | source, handler | retries (see [`MetricsLayer`]) |
 /// | `intake_messages_dead_lettered_total` | source, handler | |
 /// | `intake_messages_discarded_total` | source, handler | |
+/// | `intake_dead_letter_fallbacks_total` | source, handler, fallback | letters not written: `reference`, `discarded`, `redelivered` |
 /// | `intake_handler_panics_total` | source, handler | |
 /// | `intake_handler_duration_seconds` | source, handler | histogram |
 /// | `intake_handler_in_flight` | source, handler | gauge |
@@ -32,6 +33,9 @@ use super::{MetricsLayer, RegisterError};
 /// | `intake_consumer_in_flight_messages` | | gauge |
 /// | `intake_ack_round_trips_total` | result | |
 /// | `intake_ack_duration_seconds` | | histogram |
+/// | `intake_consumer_panics_total` | source | panics the runtime caught (no [`CatchPanicLayer`](crate::catch_panic::CatchPanicLayer) inside) |
+/// | `intake_consumer_probe_timeouts_total` | | backoff probes past [`probe_timeout`](crate::consumer::ConsumerBuilder::probe_timeout) |
+/// | `intake_source_errors_total` | outcome | source errors: `retried` after the reconnect backoff, or `stopped` the run |
 #[derive(Clone)]
 pub struct Metrics {
     pub(super) families: Arc<Families>,

@@ -86,16 +86,25 @@ fn record(series: &SourceSeries, outcome: &Result<(), HandlerError>) {
     let cause = error.cause();
     let failure = if let Some(dead_lettered) = cause.downcast_ref::<DeadLettered>() {
         series.dead_lettered.inc();
+        if dead_lettered.is_reference() {
+            series.fallbacks[0].inc();
+        }
         dead_lettered.error()
     } else if let Some(discarded) = cause.downcast_ref::<Discarded>() {
         series.discarded.inc();
+        if discarded.undeliverable().is_some() {
+            series.fallbacks[1].inc();
+        }
         discarded.error()
     } else {
         error
     };
     series.failed(failure).inc();
     let root = match failure.cause().downcast_ref::<DeadLetterWriteFailed>() {
-        Some(write_failed) => write_failed.error(),
+        Some(write_failed) => {
+            series.fallbacks[2].inc();
+            write_failed.error()
+        }
         None => failure,
     };
     if root.cause().is::<Panicked>() {

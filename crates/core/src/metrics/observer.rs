@@ -1,5 +1,6 @@
 //! [`Metrics`] as the runtime's [`ConsumerObserver`]: partition gauges,
-//! in-flight deliveries and acknowledgement round trips.
+//! in-flight deliveries, acknowledgement round trips, and the panics, probe
+//! timeouts and source errors of the runtime.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use super::series::PartitionSeries;
 use crate::acker::{AckBatch, AckError};
 use crate::message::PartitionKey;
 use crate::observer::{ConsumerObserver, PartitionSnapshot};
+use crate::source::SourceError;
 
 impl ConsumerObserver for Metrics {
     fn on_partitions(&self, partitions: &[PartitionSnapshot]) {
@@ -45,6 +47,28 @@ impl ConsumerObserver for Metrics {
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.families.acks.with_label_values(&[outcome]).inc();
         self.families.ack_duration.observe(elapsed.as_secs_f64());
+    }
+
+    fn on_panic(&self, partition: &PartitionKey) {
+        self.families
+            .consumer_panics
+            .with_label_values(&[&*partition.source])
+            .inc();
+    }
+
+    fn on_probe_timeout(&self) {
+        self.families.probe_timeouts.inc();
+    }
+
+    fn on_source_error(&self, _error: &SourceError, retry_in: Option<Duration>) {
+        let outcome = match retry_in {
+            Some(_) => "retried",
+            None => "stopped",
+        };
+        self.families
+            .source_errors
+            .with_label_values(&[outcome])
+            .inc();
     }
 
     fn on_revoked(&self, partition: &PartitionKey) {

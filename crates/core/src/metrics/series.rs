@@ -21,6 +21,7 @@ pub(super) struct Families {
     pub(super) retried: IntCounterVec,
     pub(super) dead_lettered: IntCounterVec,
     pub(super) discarded: IntCounterVec,
+    pub(super) dead_letter_fallbacks: IntCounterVec,
     pub(super) panicked: IntCounterVec,
     pub(super) duration: HistogramVec,
     pub(super) in_flight: IntGaugeVec,
@@ -30,6 +31,9 @@ pub(super) struct Families {
     pub(super) consumer_in_flight: IntGauge,
     pub(super) acks: IntCounterVec,
     pub(super) ack_duration: Histogram,
+    pub(super) consumer_panics: IntCounterVec,
+    pub(super) probe_timeouts: IntCounter,
+    pub(super) source_errors: IntCounterVec,
     /// Partition gauges resolved at the first commit tick that reports the
     /// partition, removed when it is revoked.
     pub(super) partitions: Mutex<HashMap<PartitionKey, PartitionSeries>>,
@@ -101,6 +105,15 @@ impl Families {
                 ),
                 MESSAGE_LABELS,
             )?,
+            dead_letter_fallbacks: IntCounterVec::new(
+                opts(
+                    "dead_letter_fallbacks_total",
+                    "Messages whose dead letter could not be written, by what happened instead: \
+                     reference (a letter with the origin and sizes only), discarded or \
+                     redelivered (the policy's fallback).",
+                ),
+                &["source", "handler", "fallback"],
+            )?,
             panicked: IntCounterVec::new(
                 opts("handler_panics_total", "Handler panics caught."),
                 MESSAGE_LABELS,
@@ -155,6 +168,27 @@ impl Families {
                 "Duration of acknowledgement round trips to the broker.",
                 prometheus::DEFAULT_BUCKETS.to_vec(),
             ))?,
+            consumer_panics: IntCounterVec::new(
+                opts(
+                    "consumer_panics_total",
+                    "Handler panics the consumer runtime caught itself (no CatchPanicLayer \
+                     inside the stack caught them first); each message was retried.",
+                ),
+                &["source"],
+            )?,
+            probe_timeouts: IntCounter::with_opts(opts(
+                "consumer_probe_timeouts_total",
+                "Backoff probes still running after the probe timeout; the consumer backed \
+                 off again without their outcome.",
+            ))?,
+            source_errors: IntCounterVec::new(
+                opts(
+                    "source_errors_total",
+                    "Errors of the source, by what the consumer did: retried (after the \
+                     reconnect backoff) or stopped (the run ended with the error).",
+                ),
+                &["outcome"],
+            )?,
             partitions: Mutex::default(),
         };
         families.register_into(registry)?;
@@ -162,13 +196,14 @@ impl Families {
     }
 
     fn register_into(&self, registry: &Registry) -> Result<(), RegisterError> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
             Box::new(self.consumed.clone()),
             Box::new(self.succeeded.clone()),
             Box::new(self.failed.clone()),
             Box::new(self.retried.clone()),
             Box::new(self.dead_lettered.clone()),
             Box::new(self.discarded.clone()),
+            Box::new(self.dead_letter_fallbacks.clone()),
             Box::new(self.panicked.clone()),
             Box::new(self.duration.clone()),
             Box::new(self.in_flight.clone()),
@@ -178,6 +213,9 @@ impl Families {
             Box::new(self.consumer_in_flight.clone()),
             Box::new(self.acks.clone()),
             Box::new(self.ack_duration.clone()),
+            Box::new(self.consumer_panics.clone()),
+            Box::new(self.probe_timeouts.clone()),
+            Box::new(self.source_errors.clone()),
         ];
         for collector in collectors {
             registry.register(collector)?;
@@ -203,10 +241,16 @@ pub(super) struct SourceSeries {
     pub(super) retried: IntCounter,
     pub(super) dead_lettered: IntCounter,
     pub(super) discarded: IntCounter,
+    /// Dead letters written as a reference, discarded, or left for
+    /// redelivery because their destination took neither letter.
+    pub(super) fallbacks: [IntCounter; 3],
     pub(super) panicked: IntCounter,
     pub(super) duration: Histogram,
     pub(super) in_flight: IntGauge,
 }
+
+/// The `fallback` label values, in the order of [`SourceSeries::fallbacks`].
+pub(super) const FALLBACKS: [&str; 3] = ["reference", "discarded", "redelivered"];
 
 const CLASSES: [ErrorClass; 4] = [
     ErrorClass::Retryable,
@@ -239,6 +283,11 @@ impl SourceSeries {
             retried: families.retried.with_label_values(&labels),
             dead_lettered: families.dead_lettered.with_label_values(&labels),
             discarded: families.discarded.with_label_values(&labels),
+            fallbacks: FALLBACKS.map(|fallback| {
+                families
+                    .dead_letter_fallbacks
+                    .with_label_values(&[&**source, handler, fallback])
+            }),
             panicked: families.panicked.with_label_values(&labels),
             duration: families.duration.with_label_values(&labels),
             in_flight: families.in_flight.with_label_values(&labels),

@@ -133,6 +133,47 @@ async fn dead_lettered_and_discarded_messages_count_with_their_original_class() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn dead_letters_that_could_not_be_written_are_counted_by_what_happened_instead() {
+    let registry = Registry::new();
+    let metrics = Metrics::register(&registry).expect("fresh registry");
+    let measured = metrics.layer("billing");
+    let run = |policy: FailurePolicy| {
+        ServiceBuilder::new()
+            .layer(measured.clone())
+            .layer(DeadLetterLayer::with_policy(policy))
+            .service(Scripted::new([Step::Permanent("bad")]))
+            .oneshot(message("order"))
+    };
+    // The letter fails, its reference is written.
+    let reference_only = RecordingSink::default();
+    reference_only.fail_writes(1);
+    let policy = FailurePolicy::dead_letter(reference_only).write_backoff(crate::Disabled);
+    let _ = run(policy).await;
+    // Nothing is written: left for redelivery, then discarded by a fallback.
+    for fallback in [None, Some(FailurePolicy::discard())] {
+        let down = RecordingSink::default();
+        down.fail_writes(usize::MAX);
+        let mut policy = FailurePolicy::dead_letter(down).write_backoff(crate::Disabled);
+        if let Some(fallback) = fallback {
+            policy = policy.or_else(fallback);
+        }
+        let _ = run(policy).await;
+    }
+    for fallback in ["reference", "redelivered", "discarded"] {
+        let labels = [
+            ("source", "orders"),
+            ("handler", "billing"),
+            ("fallback", fallback),
+        ];
+        assert_eq!(
+            sample(&registry, "intake_dead_letter_fallbacks_total", &labels),
+            Some(1.0),
+            "{fallback}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_in_flight_gauge_follows_running_and_abandoned_messages() {
     let registry = Registry::new();
     let metrics = Metrics::register(&registry).expect("fresh registry");
@@ -288,6 +329,40 @@ fn acknowledgement_round_trips_are_counted_by_result() {
         sample(&registry, "intake_ack_duration_seconds", &[]),
         Some(2.0)
     );
+}
+
+#[test]
+fn panics_probe_timeouts_and_source_errors_of_the_runtime_are_counted() {
+    let registry = Registry::new();
+    let metrics = Metrics::register(&registry).expect("fresh registry");
+    metrics.on_panic(&PartitionKey::new("orders", 3));
+    metrics.on_panic(&PartitionKey::new("orders", 1));
+    assert_eq!(
+        sample(
+            &registry,
+            "intake_consumer_panics_total",
+            &[("source", "orders")]
+        ),
+        Some(2.0)
+    );
+    metrics.on_probe_timeout();
+    assert_eq!(
+        sample(&registry, "intake_consumer_probe_timeouts_total", &[]),
+        Some(1.0)
+    );
+    let failover = crate::source::SourceError::Transient("READONLY".into());
+    metrics.on_source_error(&failover, Some(Duration::from_millis(100)));
+    metrics.on_source_error(&failover, Some(Duration::from_millis(200)));
+    metrics.on_source_error(&crate::source::SourceError::Config("bad".into()), None);
+    let errors = |outcome| {
+        sample(
+            &registry,
+            "intake_source_errors_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(errors("retried"), Some(2.0));
+    assert_eq!(errors("stopped"), Some(1.0));
 }
 
 #[test]

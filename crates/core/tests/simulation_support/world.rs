@@ -167,12 +167,19 @@ impl<'a> World<'a> {
             .broker
             .high_watermarks(TOPIC)
             .map_err(|error| vec![error.to_string()])?;
+        // A letter that stands in for one the sink failed to write carries
+        // a reference to the message, not its payload: its id is read from
+        // the message at its origin.
         let dead_letter_ids: Vec<u32> = self
             .broker
             .dead_letters(TOPIC, GROUP)
             .map_err(|error| vec![error.to_string()])?
             .iter()
-            .map(|letter| id_of(&letter.message).unwrap_or(u32::MAX))
+            .map(|letter| match letter.reference {
+                None => id_of(&letter.message),
+                Some(_) => self.original_id(&letter.message),
+            })
+            .map(|id| id.unwrap_or(u32::MAX))
             .collect();
         let mut ledger = self.ledger.lock();
         ledger.final_checks(&committed, &high_watermarks, &dead_letter_ids);
@@ -183,6 +190,20 @@ impl<'a> World<'a> {
             stats: ledger.stats,
             fingerprint: ledger.fingerprint(),
         })
+    }
+
+    /// The id of the message a reference letter stands for, read at its
+    /// origin in the topic.
+    fn original_id(&self, reference: &Message) -> Option<u32> {
+        let metadata = reference.metadata();
+        let intake_core::Position::Offset(offset) = metadata.position() else {
+            return None;
+        };
+        let messages = self
+            .broker
+            .messages(TOPIC, metadata.partition(), offset)
+            .ok()?;
+        id_of(messages.first()?)
     }
 
     fn produce(&mut self, count: u32) -> Step {
