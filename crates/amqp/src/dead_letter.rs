@@ -292,7 +292,7 @@ fn properties(letter: &DeadLetter) -> BasicProperties {
                     );
                 }
                 Err(_) => tracing::warn!(
-                    header = &name[..name.len().min(64)],
+                    header = &name[..name.floor_char_boundary(64)],
                     "header name longer than {MAX_NAME_BYTES} bytes left out of the dead letter"
                 ),
             },
@@ -402,5 +402,30 @@ mod tests {
             Some(&AMQPValue::LongLongInt(3))
         );
         assert!(!table.contains_key(headers::MESSAGE_ID));
+    }
+
+    #[test]
+    fn a_header_name_too_long_for_amqp_is_left_out_even_when_multibyte() {
+        // 300 bytes of 3-byte characters: byte 64 is inside a character.
+        let name = "€".repeat(100);
+        let headers: Headers = [
+            (name.as_str(), Bytes::from_static(b"v")),
+            ("tenant", Bytes::from_static(b"acme")),
+        ]
+        .into_iter()
+        .collect();
+        let message = Message::new(
+            Bytes::from_static(b"{}"),
+            Metadata::new("orders".into(), 1, Position::Tag(1)),
+        )
+        .with_headers(headers);
+        let letter = DeadLetter::new(message, "bad", 1);
+        // With a subscriber, so that the warning's fields are evaluated.
+        let subscriber = tracing_subscriber::fmt().with_test_writer().finish();
+        let properties = tracing::subscriber::with_default(subscriber, || properties(&letter));
+        let table = properties.headers().clone().unwrap_or_default();
+        assert!(!table.inner().keys().any(|key| key.as_str().starts_with('€')));
+        assert!(table.contains_key("tenant"));
+        assert!(table.contains_key(headers::DEAD_LETTER_SOURCE));
     }
 }
