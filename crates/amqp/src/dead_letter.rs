@@ -424,7 +424,12 @@ mod tests {
         let subscriber = tracing_subscriber::fmt().with_test_writer().finish();
         let properties = tracing::subscriber::with_default(subscriber, || properties(&letter));
         let table = properties.headers().clone().unwrap_or_default();
-        assert!(!table.inner().keys().any(|key| key.as_str().starts_with('€')));
+        assert!(
+            !table
+                .inner()
+                .keys()
+                .any(|key| key.as_str().starts_with('€'))
+        );
         assert!(table.contains_key("tenant"));
         assert!(table.contains_key(headers::DEAD_LETTER_SOURCE));
     }
