@@ -75,6 +75,27 @@ pub enum AmqpError {
         /// The broker's reply.
         message: String,
     },
+    /// A delivery that lapin cannot parse (a header name, message id or
+    /// routing key that is not UTF-8: AMQP allows any bytes, lapin reads
+    /// text) closed the connection on every reconnect until the source's
+    /// reconnect backoff gave up. The broker keeps redelivering it; the
+    /// runtime retries under its own reconnect backoff.
+    #[error(
+        "a delivery on queue `{queue}` at {endpoint} (tag {tag} of channel {epoch}) cannot be read and comes back on every reconnect; move it out of the queue, or give the queue a delivery limit and a dead-letter exchange"
+    )]
+    Unparsable {
+        /// The broker (without password).
+        endpoint: String,
+        /// The queue it came from.
+        queue: String,
+        /// The channel (intake's partition) it was delivered on last.
+        epoch: u32,
+        /// Its delivery tag on that channel.
+        tag: u64,
+        /// lapin's parse error.
+        #[source]
+        source: BoxError,
+    },
     /// A publish to the dead-letter exchange was not confirmed.
     #[error("the broker did not accept the dead letter: {reason}")]
     NotConfirmed {
@@ -103,6 +124,7 @@ impl AmqpError {
             AmqpError::Unreachable { .. }
                 | AmqpError::Broker { .. }
                 | AmqpError::NotConfirmed { .. }
+                | AmqpError::Unparsable { .. }
         )
     }
 }
@@ -193,7 +215,9 @@ impl From<AmqpError> for SourceError {
                 SourceError::Config(error.to_string())
             }
             AmqpError::Topology { .. } => SourceError::Fatal(Box::new(error)),
-            AmqpError::Broker { .. } | AmqpError::NotConfirmed { .. } => {
+            AmqpError::Broker { .. }
+            | AmqpError::NotConfirmed { .. }
+            | AmqpError::Unparsable { .. } => {
                 SourceError::Transient(Box::new(error))
             }
         }

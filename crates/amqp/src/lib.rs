@@ -74,6 +74,7 @@
 mod acker;
 mod broker_dead_letter;
 mod connection;
+mod counters;
 mod dead_letter;
 mod error;
 pub mod headers;
@@ -85,6 +86,7 @@ mod url;
 
 pub use acker::AmqpAcker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
+pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder};
 pub use error::AmqpError;
 pub use source::{AmqpSource, AmqpSourceBuilder};

@@ -35,6 +35,7 @@ use delivery::DeliveryReader;
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
 use crate::connection::open_within;
+use crate::counters::SourceCounters;
 use crate::error::{AmqpError, Operation, classify};
 use crate::live_channel::ChannelSlot;
 use crate::topology::{Exchange, short};
@@ -48,15 +49,23 @@ pub struct AmqpSource {
     reader: DeliveryReader,
     state: State,
     pending: VecDeque<SourceEvent>,
+    /// Reported once the pending events are out: the reconnect backoff gave
+    /// up.
+    failure: Option<AmqpError>,
+    /// Failed attempts in a row: reconnects that failed, and sessions lost
+    /// to a delivery lapin could not parse (that delivery comes back on the
+    /// next session, so such a session is no sign of health). A session
+    /// lost for any other reason starts a fresh series.
+    failures: u32,
+    counters: SourceCounters,
     next_epoch: u32,
 }
 
 enum State {
     /// Boxed: a session is large and the other states are small.
     Live(Box<Session>),
-    /// Waiting to reconnect: `failures` attempts failed since the loss.
+    /// Waiting to reconnect.
     Down {
-        failures: u32,
         retry_at: Instant,
     },
     Closed,
@@ -72,6 +81,10 @@ struct Session {
     /// channel shows here without taking a delivery from the consumer.
     events: Pin<Box<dyn Stream<Item = lapin::Event> + Send>>,
     queue: String,
+    /// The highest delivery tag read from the channel. RabbitMQ numbers a
+    /// channel's deliveries 1, 2, 3, … and lapin hands them over in order,
+    /// so a delivery lapin fails to parse is the one after it.
+    last_tag: u64,
 }
 
 impl fmt::Debug for AmqpSource {
@@ -114,6 +127,9 @@ impl AmqpSource {
             reader,
             state: State::Live(Box::new(session)),
             pending: VecDeque::new(),
+            failure: None,
+            failures: 0,
+            counters: SourceCounters::default(),
             next_epoch: 2,
         };
         source
@@ -133,6 +149,12 @@ impl AmqpSource {
     /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`].
     pub fn broker_dead_letter(&self) -> BrokerDeadLetterSink {
         BrokerDeadLetterSink::new(self.slot.clone(), self.reader.source().clone())
+    }
+
+    /// Counts of connection trouble (lost channels, failed reconnects,
+    /// deliveries lapin could not parse), for metrics.
+    pub fn counters(&self) -> SourceCounters {
+        self.counters.clone()
     }
 
     /// The broker this source talks to (without password).
@@ -165,45 +187,106 @@ impl AmqpSource {
     /// The channel is gone: revoke its partition and wait to reconnect. The
     /// broker requeues its unacknowledged deliveries by itself.
     fn lose(&mut self, loss: Loss) {
-        let lost = std::mem::replace(
-            &mut self.state,
-            State::Down {
-                failures: 0,
-                retry_at: Instant::now(),
-            },
-        );
         self.slot.clear();
-        let State::Live(session) = lost else {
-            return;
+        let mut session = match std::mem::replace(&mut self.state, State::Closed) {
+            State::Live(session) => session,
+            other => {
+                self.state = other;
+                return;
+            }
         };
+        // What lapin still buffers of the lost channel is back in the queue
+        // already; it only tells how far the channel got.
+        while let Some(Some(Ok(delivery))) = session.consumer.next().now_or_never() {
+            session.last_tag = session.last_tag.max(delivery.delivery_tag);
+        }
+        self.counters.channel_lost();
         let endpoint = self.settings.url.endpoint();
         let (queue, epoch) = (&session.queue, session.epoch);
-        match &loss {
-            Loss::Error(error) => tracing::warn!(
-                endpoint, queue, epoch, %error,
-                "AMQP channel lost; the broker requeues its unacknowledged deliveries; reconnecting"
-            ),
-            Loss::Cancelled => tracing::warn!(
-                endpoint,
-                queue,
-                epoch,
-                "AMQP consumer cancelled by the broker (queue deleted?); reconnecting"
-            ),
-            Loss::Closed => tracing::warn!(
-                endpoint,
-                queue,
-                epoch,
-                "AMQP channel closed; the broker requeues its unacknowledged deliveries; reconnecting"
-            ),
-        }
+        let retry_at = match &loss {
+            Loss::Error(error) if is_unparsable(error) => self.poisoned(&session, error),
+            Loss::Error(error) => {
+                tracing::warn!(
+                    endpoint, queue, epoch, %error,
+                    "AMQP channel lost; the broker requeues its unacknowledged deliveries; reconnecting"
+                );
+                self.fresh_start()
+            }
+            Loss::Cancelled => {
+                tracing::warn!(
+                    endpoint,
+                    queue,
+                    epoch,
+                    "AMQP consumer cancelled by the broker (queue deleted?); reconnecting"
+                );
+                self.fresh_start()
+            }
+            Loss::Closed => {
+                tracing::warn!(
+                    endpoint,
+                    queue,
+                    epoch,
+                    "AMQP channel closed; the broker requeues its unacknowledged deliveries; reconnecting"
+                );
+                self.fresh_start()
+            }
+        };
+        self.state = State::Down { retry_at };
         let (revocation, _nobody_waits) = Revocation::new(vec![self.partition(session.epoch)]);
         self.pending.push_back(SourceEvent::Revoked(revocation));
+    }
+
+    /// A session that ended for a reason of its own (the broker closed it,
+    /// the network dropped) was healthy: reconnect at once.
+    fn fresh_start(&mut self) -> Instant {
+        self.failures = 0;
+        Instant::now()
+    }
+
+    /// The channel died on a delivery lapin could not parse. The broker
+    /// puts that delivery back and sends it first thing on the next channel,
+    /// so the session counts as a failed attempt: the backoff grows with
+    /// every such loss, and when the policy gives up the runtime is told.
+    fn poisoned(&mut self, session: &Session, error: &lapin::Error) -> Instant {
+        self.failures = self.failures.saturating_add(1);
+        self.counters.unparsable();
+        let tag = session.last_tag.saturating_add(1);
+        let delay = self.settings.reconnect.delay(self.failures);
+        tracing::error!(
+            endpoint = self.settings.url.endpoint(),
+            queue = session.queue,
+            epoch = session.epoch,
+            tag,
+            failures = self.failures,
+            retry_in = ?delay,
+            %error,
+            "AMQP delivery could not be parsed (a header name, message id or routing key that is not UTF-8, \
+             or another malformed field): lapin closes the connection on it, and the broker redelivers it \
+             on every reconnect; move it out of the queue (it is at or near the head), or give the queue \
+             a delivery limit and a dead-letter exchange"
+        );
+        match delay {
+            Some(delay) => Instant::now() + delay,
+            None => {
+                // The runtime decides under its own reconnect backoff; the
+                // next call starts a new series of attempts.
+                self.failures = 0;
+                self.failure = Some(AmqpError::Unparsable {
+                    endpoint: self.settings.url.endpoint().to_owned(),
+                    queue: session.queue.clone(),
+                    epoch: session.epoch,
+                    tag,
+                    source: Box::new(error.clone()),
+                });
+                Instant::now()
+            }
+        }
     }
 
     /// One reconnect attempt, after the backoff. Cancel-safe: the backoff
     /// deadline and the failure count live in `self.state`.
     async fn reconnect(&mut self) -> Result<(), SourceError> {
-        let State::Down { retry_at, .. } = self.state else {
+        let State::Down { retry_at } = self.state else {
             return Ok(());
         };
         tokio::time::sleep_until(retry_at).await;
@@ -212,6 +295,7 @@ impl AmqpSource {
             Ok(session) => {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
+                self.counters.reconnected();
                 tracing::info!(
                     endpoint = self.settings.url.endpoint(),
                     queue = session.queue,
@@ -224,12 +308,10 @@ impl AmqpSource {
                 Ok(())
             }
             Err(error) => {
-                let State::Down { failures, retry_at } = &mut self.state else {
-                    return Err(error.into());
-                };
-                *failures += 1;
+                self.counters.reconnect_failed();
+                self.failures = self.failures.saturating_add(1);
                 let delay = if error.is_transient() {
-                    self.settings.reconnect.delay(*failures)
+                    self.settings.reconnect.delay(self.failures)
                 } else {
                     None
                 };
@@ -237,19 +319,23 @@ impl AmqpSource {
                     Some(delay) => {
                         tracing::warn!(
                             endpoint = self.settings.url.endpoint(),
-                            attempt = *failures,
+                            attempt = self.failures,
                             retry_in = ?delay,
                             %error,
                             "AMQP reconnect failed"
                         );
-                        *retry_at = Instant::now() + delay;
+                        self.state = State::Down {
+                            retry_at: Instant::now() + delay,
+                        };
                         Ok(())
                     }
                     None => {
                         // Give the runtime the error; the next call starts
                         // a fresh series of attempts.
-                        *failures = 0;
-                        *retry_at = Instant::now();
+                        self.failures = 0;
+                        self.state = State::Down {
+                            retry_at: Instant::now(),
+                        };
                         Err(error.into())
                     }
                 }
@@ -353,7 +439,14 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         consumer,
         events,
         queue,
+        last_tag: 0,
     })
+}
+
+/// Whether lapin closed the connection because it could not parse a frame
+/// from the broker (a short string that is not UTF-8, among others).
+fn is_unparsable(error: &lapin::Error) -> bool {
+    matches!(error.kind(), lapin::ErrorKind::ParsingError(_))
 }
 
 /// What one poll of the consumer produced.
@@ -381,6 +474,9 @@ impl Source for AmqpSource {
         loop {
             if let Some(event) = self.pending.pop_front() {
                 return Ok(event);
+            }
+            if let Some(error) = self.failure.take() {
+                return Err(error.into());
             }
             let session = match &mut self.state {
                 State::Live(session) => session,
@@ -413,11 +509,13 @@ impl Source for AmqpSource {
             let already = deliveries.len();
             let polled = match session.consumer.next().await {
                 Some(Ok(delivery)) => {
+                    session.last_tag = delivery.delivery_tag;
                     deliveries.push(self.reader.read(delivery, session.epoch));
                     let mut polled = Polled::Delivered;
                     while deliveries.len() < max {
                         match session.consumer.next().now_or_never() {
                             Some(Some(Ok(delivery))) => {
+                                session.last_tag = delivery.delivery_tag;
                                 deliveries.push(self.reader.read(delivery, session.epoch));
                             }
                             Some(Some(Err(error))) => {

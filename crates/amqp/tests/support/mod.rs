@@ -7,6 +7,9 @@
 //! even a killed test run leaves nothing behind for long.
 #![allow(dead_code)]
 
+pub mod raw;
+
+use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -214,6 +217,26 @@ impl AmqpBackend {
             })
             .collect();
         self.produce(queue, messages).await
+    }
+
+    /// Publishes `messages` frame by frame, bypassing lapin (which cannot
+    /// write what is not UTF-8), and waits for the broker's confirms.
+    pub async fn publish_raw(&self, messages: &[raw::RawMessage]) -> Result<(), BoxError> {
+        let uri = intake_amqp::lapin::uri::AMQPUri::from_str(&self.url)?;
+        let address = format!("{}:{}", uri.authority.host, uri.authority.port);
+        let user = &uri.authority.userinfo;
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            raw::publish(
+                &address,
+                &user.username,
+                &user.password,
+                &uri.vhost,
+                messages,
+            ),
+        )
+        .await
+        .map_err(|_| "the raw publish timed out")?
     }
 
     /// Messages of `queue`, ready or unacknowledged. Asks `rabbitmqctl`

@@ -1,0 +1,232 @@
+//! Hostile content after the handshake, against a real RabbitMQ: messages
+//! whose header names, message id or routing key are not UTF-8. AMQP short
+//! strings are bytes and RabbitMQ passes them on, but lapin parses them as
+//! `String` and closes the connection on the frame. The message goes back to
+//! the queue and comes again on the next connection, so the source must back
+//! off on every such loss (never start over as after a healthy session) and
+//! say in its log which delivery it was.
+//!
+//! Each test skips with a printed reason when no broker listens on
+//! 127.0.0.1:5672, unless `INTAKE_REQUIRE_BROKERS=1`.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use intake_amqp::AmqpSource;
+use intake_core::{BackoffPolicy, Source, SourceEvent};
+use support::raw::{RawMessage, table};
+use support::{AmqpBackend, inbound_exchange};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A reconnect policy that records which retry numbers it was asked for.
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<Vec<u32>>>);
+
+impl BackoffPolicy for Recording {
+    fn delay(&self, retry: u32) -> Option<Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(retry);
+        Some(Duration::from_millis(20))
+    }
+}
+
+impl Recording {
+    fn asked(&self) -> Vec<u32> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
+    }
+}
+
+/// Log output of the test's thread.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|poison| poison.into_inner()))
+            .into_owned()
+    }
+}
+
+/// Publishes a good message and then `poison` to a fresh queue, consumes
+/// until the connection was lost to the poison three times, and checks that
+/// every reconnect backed off further and that the log names the delivery.
+async fn poison_backs_off_and_is_named(test: &str, poison: impl FnOnce(&str) -> RawMessage) {
+    let Some(backend) = AmqpBackend::connect_or_skip(test).await else {
+        return;
+    };
+    let queue = backend.classic_queue("unparsable").await.unwrap();
+    let good = RawMessage {
+        exchange: inbound_exchange(&queue).into_bytes(),
+        body: b"good".to_vec(),
+        ..RawMessage::default()
+    };
+    backend
+        .publish_raw(&[good, poison(&queue)])
+        .await
+        .expect("RabbitMQ takes the message as it is");
+
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let log = log.clone();
+            move || log.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let policy = Recording::default();
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .max_in_flight(10)
+        .reconnect_backoff(policy.clone())
+        .connect()
+        .await
+        .unwrap();
+    let mut buffer = Vec::new();
+    let mut losses = 0;
+    let mut good_deliveries = 0;
+    tokio::time::timeout(PATIENCE, async {
+        while losses < 3 {
+            match source.next(&mut buffer, 10).await {
+                Ok(SourceEvent::Revoked(_)) => losses += 1,
+                Ok(SourceEvent::Delivered) => {
+                    for message in buffer.drain(..) {
+                        assert_eq!(&message.payload()[..], b"good");
+                        good_deliveries += 1;
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => panic!("the source gave up: {error}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {losses} connections were lost to the poison"));
+
+    assert!(
+        good_deliveries >= 1,
+        "the message before the poison arrived"
+    );
+    let asked = policy.asked();
+    assert!(
+        asked.starts_with(&[1, 2, 3]),
+        "each loss to the poison is one more failed attempt, never a fresh start: {asked:?}"
+    );
+    let log = log.text();
+    let named = log
+        .lines()
+        .find(|line| line.contains("could not be parsed"))
+        .unwrap_or_else(|| panic!("no log line names the poison:\n{log}"));
+    assert!(named.contains(&format!("queue=\"{queue}\"")), "{named}");
+    // The good message is tag 1 of each channel; the poison comes next.
+    assert!(named.contains("tag=2"), "{named}");
+    assert!(named.contains("UTF-8"), "{named}");
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_header_name_that_is_not_utf8_backs_off_every_reconnect_and_is_named_in_the_log() {
+    poison_backs_off_and_is_named("header_name_not_utf8", |queue| RawMessage {
+        exchange: inbound_exchange(queue).into_bytes(),
+        headers: table(&[(b"tenant-\xff\xfe", b"acme")]),
+        body: b"poison".to_vec(),
+        ..RawMessage::default()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_message_id_that_is_not_utf8_backs_off_every_reconnect_and_is_named_in_the_log() {
+    poison_backs_off_and_is_named("message_id_not_utf8", |queue| RawMessage {
+        exchange: inbound_exchange(queue).into_bytes(),
+        message_id: Some(b"id-\xc3\x28".to_vec()),
+        body: b"poison".to_vec(),
+        ..RawMessage::default()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_routing_key_that_is_not_utf8_backs_off_every_reconnect_and_is_named_in_the_log() {
+    poison_backs_off_and_is_named("routing_key_not_utf8", |queue| RawMessage {
+        // The inbound exchange is a fanout: any routing key reaches the queue.
+        exchange: inbound_exchange(queue).into_bytes(),
+        routing_key: b"orders.\xe2\x82".to_vec(),
+        body: b"poison".to_vec(),
+        ..RawMessage::default()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_poison_that_outlasts_the_reconnect_backoff_is_a_transient_error_that_names_it() {
+    let Some(backend) = AmqpBackend::connect_or_skip("poison_outlasts_backoff").await else {
+        return;
+    };
+    let queue = backend.classic_queue("unparsable-gives-up").await.unwrap();
+    let poison = RawMessage {
+        exchange: inbound_exchange(&queue).into_bytes(),
+        headers: table(&[(b"\xff", b"x")]),
+        body: b"poison".to_vec(),
+        ..RawMessage::default()
+    };
+    backend.publish_raw(&[poison]).await.unwrap();
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .reconnect_backoff(
+            intake_core::Exponential::new(Duration::from_millis(1), Duration::from_millis(1))
+                .max_retries(2),
+        )
+        .connect()
+        .await
+        .unwrap();
+    let counters = source.counters();
+    let mut buffer = Vec::new();
+    let error = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match source.next(&mut buffer, 10).await {
+                Ok(SourceEvent::Delivered) => panic!("the poison became a message"),
+                Ok(_) => {}
+                Err(error) => return error,
+            }
+        }
+    })
+    .await
+    .expect("the backoff gives up after two retries");
+    assert!(error.is_transient(), "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains(&queue) && text.contains("tag 1"), "{text}");
+    assert_eq!(
+        counters.unparsable_deliveries(),
+        3,
+        "the first loss and two retries"
+    );
+    assert_eq!(counters.channel_losses(), 3);
+    assert_eq!(counters.reconnects(), 2);
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
