@@ -69,6 +69,24 @@
 //! `basic.reject` counts, so intake retries with reject (a message that
 //! keeps failing reaches the limit) and hands back unfinished work at
 //! shutdown with nack (which does not use up an attempt).
+//!
+//! # Content lapin cannot read
+//!
+//! AMQP short strings (header names, the message id, the routing key) are
+//! bytes; lapin reads them as UTF-8 text and closes the connection on a
+//! frame where they are not. The broker puts such a message back and
+//! delivers it again on the next connection, so the source treats every
+//! such loss as a failed attempt: reconnects back off further each time,
+//! the log names the queue, channel and delivery tag, and
+//! [`SourceCounters::unparsable_deliveries`] counts it. Move the message
+//! out of the queue, or give the queue a delivery limit and a dead-letter
+//! exchange (up to RabbitMQ 4.2, a closed channel counts as a delivery).
+//!
+//! lapin also parses nested header tables recursively on its I/O thread: a
+//! header nested a few thousand levels deep (about 15 KB) overflows that
+//! thread's stack and aborts the process (`hostile_content` tests). No
+//! setting of intake prevents it; a larger default thread stack
+//! (`RUST_MIN_STACK`) raises the depth it takes.
 #![warn(missing_docs)]
 
 mod acker;

@@ -230,3 +230,82 @@ async fn a_poison_that_outlasts_the_reconnect_backoff_is_a_transient_error_that_
     source.close().await.unwrap();
     backend.cleanup().await;
 }
+
+/// A header table nested `depth` arrays deep (five bytes a level).
+fn nested_header(depth: usize) -> Vec<u8> {
+    let mut value = vec![b'V'];
+    for _ in 0..depth {
+        let mut outer = vec![b'A'];
+        outer.extend_from_slice(&u32::try_from(value.len()).unwrap_or(u32::MAX).to_be_bytes());
+        outer.extend_from_slice(&value);
+        value = outer;
+    }
+    let mut entry = vec![1, b'a'];
+    entry.extend_from_slice(&value);
+    let mut table = u32::try_from(entry.len())
+        .unwrap_or(u32::MAX)
+        .to_be_bytes()
+        .to_vec();
+    table.extend_from_slice(&entry);
+    table
+}
+
+/// Documents a defect of lapin (amq-protocol-types 10.6) that intake cannot
+/// catch: its parser recurses once per nesting level of a header table on
+/// the `lapin-io-loop` thread, and a header nested a few thousand levels
+/// deep (15 KB here, well within RabbitMQ's frame size) overflows that
+/// thread's stack. Rust aborts the whole process; the message stays at the
+/// head of the queue, so every restart aborts again. RabbitMQ passes such a
+/// header on unchanged. The consumer runs in a child process so that the
+/// abort can be observed; when lapin limits the depth, this test fails and
+/// RELIABILITY.md's note goes.
+#[tokio::test]
+async fn a_header_nested_thousands_deep_overflows_lapins_parser_and_aborts_the_process() {
+    const CHILD: &str = "INTAKE_AMQP_DEEP_HEADER_QUEUE";
+    if let Ok(queue) = std::env::var(CHILD) {
+        let mut source = AmqpSource::builder(support::url())
+            .queue(queue)
+            .connect()
+            .await
+            .expect("the child connects");
+        let mut buffer = Vec::new();
+        for _ in 0..4 {
+            let _ = tokio::time::timeout(PATIENCE, source.next(&mut buffer, 10)).await;
+        }
+        return;
+    }
+    let Some(backend) = AmqpBackend::connect_or_skip("deep_header").await else {
+        return;
+    };
+    let queue = backend.classic_queue("deep-header").await.unwrap();
+    let deep = RawMessage {
+        exchange: inbound_exchange(&queue).into_bytes(),
+        headers: nested_header(3_000),
+        body: b"deep".to_vec(),
+        ..RawMessage::default()
+    };
+    backend
+        .publish_raw(&[deep])
+        .await
+        .expect("RabbitMQ takes it");
+    let child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_header_nested_thousands_deep_overflows_lapins_parser_and_aborts_the_process",
+            "--nocapture",
+        ])
+        .env(CHILD, &queue)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), child)
+        .await
+        .expect("the child ends")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the child survived: {stderr}");
+    assert!(
+        stderr.contains("'lapin-io-loop'") && stderr.contains("overflowed its stack"),
+        "{stderr}"
+    );
+    backend.cleanup().await;
+}
