@@ -17,7 +17,10 @@
 //! - A lost connection or channel is reopened with a
 //!   [`BackoffPolicy`](intake_core::BackoffPolicy), the [`Topology`]
 //!   re-declared and the queue consumed again; the broker redelivers what the
-//!   old channel had not acknowledged.
+//!   old channel had not acknowledged. The new channel is opened only once
+//!   the runtime has completed the old one's revocation (its handlers
+//!   finished, or were cancelled at the runtime's `revoke_timeout`), so a
+//!   redelivered message never runs beside its first copy in one consumer.
 //! - Dead letters go to an exchange with publisher confirms
 //!   ([`AmqpDeadLetterSink`]) or, by rejecting without requeue, to the
 //!   queue's own dead-letter exchange ([`BrokerDeadLetterSink`]).

@@ -1035,3 +1035,161 @@ async fn a_full_budget_takes_no_delivery_but_still_notices_a_lost_channel() {
     source.close().await.unwrap();
     backend.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_lost_channel_is_reopened_only_after_its_revocation_completed() {
+    let Some(backend) = AmqpBackend::connect_or_skip("reopen_after_revocation").await else {
+        return;
+    };
+    let queue = backend
+        .classic_queue("reopen-after-revocation")
+        .await
+        .unwrap();
+    backend.publish(&queue, &[b"a"]).await.unwrap();
+    let name = unique("reopen-conn");
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .connect()
+        .await
+        .unwrap();
+    receive(&mut source, 1, 10).await;
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "reopen_after_revocation",
+            &format!("cannot close the connection: {why}"),
+        );
+        backend.cleanup().await;
+        return;
+    }
+    let mut buffer = Vec::new();
+    let revocation = match tokio::time::timeout(PATIENCE, source.next(&mut buffer, 10))
+        .await
+        .expect("the loss is noticed")
+        .unwrap()
+    {
+        SourceEvent::Revoked(revocation) => revocation,
+        other => panic!("expected the revocation, got {other:?}"),
+    };
+    // The runtime still runs handlers of the lost channel until it completes
+    // the revocation: a new channel now would hand the same messages out
+    // again beside them.
+    let early = tokio::time::timeout(Duration::from_secs(1), source.next(&mut buffer, 10)).await;
+    assert!(
+        early.is_err(),
+        "the source reconnected while the revocation was pending: {early:?}"
+    );
+    revocation.complete(intake_core::source::RevocationOutcome::default());
+    let assigned = tokio::time::timeout(PATIENCE, source.next(&mut buffer, 10))
+        .await
+        .expect("the source reconnects once the revocation completed")
+        .unwrap();
+    assert!(
+        matches!(&assigned, SourceEvent::Assigned(partitions) if partitions == &[PartitionKey::new(queue.as_str(), 2)]),
+        "{assigned:?}"
+    );
+    let again = receive(&mut source, 1, 10).await;
+    assert_eq!(again.payloads(), ["a"]);
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() {
+    let Some(backend) = AmqpBackend::connect_or_skip("no_concurrent_copies").await else {
+        return;
+    };
+    let queue = backend.classic_queue("no-concurrent-copies").await.unwrap();
+    backend.publish(&queue, &[b"slow"]).await.unwrap();
+    let name = unique("copies-conn");
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .max_in_flight(8)
+        .connection_name(name.as_str())
+        .connect()
+        .await
+        .unwrap();
+
+    /// Copies of the message running now, and the most seen at once.
+    #[derive(Default)]
+    struct Running {
+        now: usize,
+        most: usize,
+        finished: usize,
+    }
+    struct Leaving(std::sync::Arc<std::sync::Mutex<Running>>);
+    impl Drop for Leaving {
+        fn drop(&mut self) {
+            if let Ok(mut running) = self.0.lock() {
+                running.now -= 1;
+            }
+        }
+    }
+    let running = std::sync::Arc::new(std::sync::Mutex::new(Running::default()));
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (running, started) = (running.clone(), started.clone());
+        tower::service_fn(move |message: Message| {
+            let (running, started) = (running.clone(), started.clone());
+            async move {
+                {
+                    let mut now = running.lock().unwrap();
+                    now.now += 1;
+                    now.most = now.most.max(now.now);
+                }
+                // Leaves when it returns or when the runtime cancels it.
+                let _leaving = Leaving(running.clone());
+                if message.metadata().attempt() == 1 {
+                    started.notify_one();
+                    // The first copy hangs until the runtime cancels it.
+                    std::future::pending::<()>().await;
+                }
+                if let Ok(mut running) = running.lock() {
+                    running.finished += 1;
+                }
+                Ok::<_, intake_core::HandlerError>(())
+            }
+        })
+    };
+    let acker = source.acker();
+    let consumer = intake_core::Consumer::builder()
+        .max_in_flight(8)
+        .ordering(intake_core::Ordering::Unordered)
+        .backoff(intake_core::Disabled)
+        .revoke_timeout(Duration::from_secs(2))
+        .build(source, acker, handler)
+        .expect("valid consumer settings");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+    tokio::time::timeout(PATIENCE, started.notified())
+        .await
+        .expect("the first copy starts");
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "no_concurrent_copies",
+            &format!("cannot close the connection: {why}"),
+        );
+        shutdown.cancel();
+        let _ = run.await;
+        backend.cleanup().await;
+        return;
+    }
+    let finished = || running.lock().map_or(0, |running| running.finished);
+    tokio::time::timeout(PATIENCE, async {
+        while finished() == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the redelivered copy is handled");
+    shutdown.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!(report.succeeded, 1);
+    let most = running.lock().map_or(0, |running| running.most);
+    assert_eq!(
+        most, 1,
+        "the broker's redelivery ran beside the lost channel's copy"
+    );
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}

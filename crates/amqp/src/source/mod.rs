@@ -7,7 +7,9 @@
 //! reports its partition revoked: the runtime stops dispatching what it still
 //! holds of it, and the acker refuses its tags, because the broker has
 //! already put those deliveries back in the queue. The next channel is a new
-//! partition, reported assigned.
+//! partition, reported assigned; it is opened only once the revocation
+//! completed, because the broker hands the lost channel's messages out again
+//! at once and they must not run beside their first copies.
 
 mod builder;
 mod delivery;
@@ -18,7 +20,10 @@ use std::sync::Arc;
 
 use std::pin::Pin;
 
+use std::future::Future;
+
 use futures_util::{FutureExt, Stream, StreamExt};
+use intake_core::source::{RevocationError, RevocationOutcome};
 use intake_core::{Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
@@ -67,9 +72,16 @@ enum State {
     /// Waiting to reconnect.
     Down {
         retry_at: Instant,
+        /// Resolves when the runtime completed (or dropped) the lost
+        /// channel's revocation; see [`AmqpSource::reconnect`].
+        drained: Option<Drained>,
     },
     Closed,
 }
+
+/// The wait for a revocation, kept across calls so that a dropped
+/// [`Source::next`] future resumes it instead of skipping it.
+type Drained = Pin<Box<dyn Future<Output = Result<RevocationOutcome, RevocationError>> + Send>>;
 
 /// One connection and the channel consuming on it.
 struct Session {
@@ -231,8 +243,11 @@ impl AmqpSource {
                 self.fresh_start()
             }
         };
-        self.state = State::Down { retry_at };
-        let (revocation, _nobody_waits) = Revocation::new(vec![self.partition(session.epoch)]);
+        let (revocation, drained) = Revocation::new(vec![self.partition(session.epoch)]);
+        self.state = State::Down {
+            retry_at,
+            drained: Some(Box::pin(drained.wait())),
+        };
         self.pending.push_back(SourceEvent::Revoked(revocation));
     }
 
@@ -283,13 +298,26 @@ impl AmqpSource {
         }
     }
 
-    /// One reconnect attempt, after the backoff. Cancel-safe: the backoff
-    /// deadline and the failure count live in `self.state`.
+    /// One reconnect attempt, after the lost channel's revocation completed
+    /// and after the backoff. Cancel-safe: the wait, the backoff deadline
+    /// and the failure count live in `self`.
+    ///
+    /// The broker redelivers the lost channel's messages on the next
+    /// channel at once, while the runtime may still run handlers of the lost
+    /// one. Waiting for the revocation keeps two copies of one message from
+    /// running at the same time in this consumer: the runtime completes it
+    /// once those handlers finished or were cancelled at its
+    /// `revoke_timeout` (their acknowledgements fail at once, the channel
+    /// being gone), and a dropped revocation ends the wait too.
     async fn reconnect(&mut self) -> Result<(), SourceError> {
-        let State::Down { retry_at } = self.state else {
+        let State::Down { retry_at, drained } = &mut self.state else {
             return Ok(());
         };
-        tokio::time::sleep_until(retry_at).await;
+        if let Some(wait) = drained {
+            let _outcome = wait.as_mut().await;
+            *drained = None;
+        }
+        tokio::time::sleep_until(*retry_at).await;
         let epoch = self.next_epoch;
         match open_session(&self.settings, epoch).await {
             Ok(session) => {
@@ -326,6 +354,7 @@ impl AmqpSource {
                         );
                         self.state = State::Down {
                             retry_at: Instant::now() + delay,
+                            drained: None,
                         };
                         Ok(())
                     }
@@ -335,6 +364,7 @@ impl AmqpSource {
                         self.failures = 0;
                         self.state = State::Down {
                             retry_at: Instant::now(),
+                            drained: None,
                         };
                         Err(error.into())
                     }
