@@ -34,6 +34,7 @@ pub(crate) struct Settings {
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) connection_name: Option<String>,
     pub(crate) connect_timeout: Duration,
+    pub(crate) close_timeout: Duration,
 }
 
 impl Settings {
@@ -69,6 +70,7 @@ pub struct AmqpSourceBuilder {
     reconnect: Arc<dyn BackoffPolicy>,
     connection_name: Option<String>,
     connect_timeout: Duration,
+    close_timeout: Duration,
 }
 
 impl fmt::Debug for AmqpSourceBuilder {
@@ -90,6 +92,10 @@ impl AmqpSourceBuilder {
     /// says otherwise.
     pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
+    /// How long [`Source::close`](intake_core::Source::close) waits for the
+    /// broker unless [`close_timeout`](Self::close_timeout) says otherwise.
+    pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
     pub(crate) fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -102,6 +108,7 @@ impl AmqpSourceBuilder {
             )),
             connection_name: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
         }
     }
 
@@ -163,9 +170,25 @@ impl AmqpSourceBuilder {
         self
     }
 
-    /// How long one connection attempt may take (default 10 s).
+    /// How long one connection attempt may take, from the TCP connect to
+    /// the consumer's start (handshake, channel, declarations, `basic.qos`,
+    /// `basic.consume`), so that a broker that accepts connections and then
+    /// stalls is a failed attempt, retried after the reconnect backoff.
+    /// Default 10 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long [`Source::close`](intake_core::Source::close) waits for the
+    /// broker to answer the consumer's cancel, the hand-back of unfinished
+    /// deliveries and the closing of channel and connection (default 5 s).
+    /// Past it the connection is dropped, close reports
+    /// [`SourceError::Unreachable`](intake_core::SourceError::Unreachable),
+    /// and the broker requeues the unacknowledged deliveries once it notices
+    /// the connection is gone.
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
         self
     }
 
@@ -217,6 +240,13 @@ impl AmqpSourceBuilder {
                 ConfigError::new("connect_timeout", "is zero; give it at least a second").into(),
             );
         }
+        if self.close_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "close_timeout",
+                "is zero; the broker needs a moment to take unfinished deliveries back",
+            )
+            .into());
+        }
         Ok(Settings {
             url,
             target,
@@ -225,6 +255,7 @@ impl AmqpSourceBuilder {
             reconnect: self.reconnect,
             connection_name: self.connection_name,
             connect_timeout: self.connect_timeout,
+            close_timeout: self.close_timeout,
         })
     }
 
@@ -267,6 +298,16 @@ mod tests {
     fn a_budget_beyond_the_amqp_prefetch_range_is_refused() {
         let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(70_000));
         assert!(error.problem.contains("65535"));
+    }
+
+    #[test]
+    fn a_zero_close_timeout_is_refused() {
+        let error = config_error(
+            AmqpSourceBuilder::new(URL)
+                .queue("q")
+                .close_timeout(Duration::ZERO),
+        );
+        assert_eq!(error.setting, "close_timeout");
     }
 
     #[test]

@@ -129,7 +129,7 @@ impl AmqpSource {
 
     async fn connect(settings: Settings) -> Result<Self, AmqpError> {
         let settings = Arc::new(settings);
-        let session = open_session(&settings, 1).await?;
+        let session = open_session_within(&settings, 1).await?;
         let slot = Arc::new(ChannelSlot::default());
         slot.install(session.epoch, session.channel.clone());
         let reader = DeliveryReader::new(settings.source_name().into());
@@ -319,7 +319,7 @@ impl AmqpSource {
         }
         tokio::time::sleep_until(*retry_at).await;
         let epoch = self.next_epoch;
-        match open_session(&self.settings, epoch).await {
+        match open_session_within(&self.settings, epoch).await {
             Ok(session) => {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
@@ -372,6 +372,24 @@ impl AmqpSource {
             }
         }
     }
+}
+
+/// [`open_session`] within the connect timeout: a broker that accepts the
+/// connection and then stalls (a node in trouble, a network that drops
+/// packets after the handshake) must not hold a reconnect for good.
+async fn open_session_within(settings: &Settings, epoch: u32) -> Result<Session, AmqpError> {
+    let timeout = settings.connect_timeout;
+    tokio::time::timeout(timeout, open_session(settings, epoch))
+        .await
+        .unwrap_or_else(|_elapsed| {
+            Err(AmqpError::Unreachable {
+                endpoint: settings.url.endpoint().to_owned(),
+                source: format!(
+                    "the broker did not finish opening the consumer's channel within {timeout:?}"
+                )
+                .into(),
+            })
+        })
 }
 
 /// Connects, declares, and starts consuming with the prefetch from the
@@ -593,52 +611,68 @@ impl Source for AmqpSource {
     /// Stops consuming and hands back, with one `basic.nack(requeue)`,
     /// everything delivered and not acknowledged ("not now": RabbitMQ 4.3
     /// and later do not count it as a failed delivery), then closes the
-    /// channel and the connection.
+    /// channel and the connection, within the
+    /// [close timeout](AmqpSourceBuilder::close_timeout).
     async fn close(&mut self) -> Result<(), SourceError> {
         self.slot.clear();
         let State::Live(session) = std::mem::replace(&mut self.state, State::Closed) else {
             return Ok(());
         };
+        let timeout = self.settings.close_timeout;
         let url = &self.settings.url;
-        let fail = |error: lapin::Error| {
-            SourceError::from(classify(
-                error,
-                url.endpoint(),
-                url.vhost(),
-                Operation::Other,
-            ))
-        };
-        let Session {
-            channel,
-            connection,
-            consumer,
-            ..
-        } = *session;
-        if !channel.status().connected() {
-            return Ok(());
+        match tokio::time::timeout(timeout, close_session(*session, url)).await {
+            Ok(closed) => closed.map_err(SourceError::from),
+            Err(_elapsed) => {
+                tracing::warn!(
+                    endpoint = url.endpoint(),
+                    ?timeout,
+                    "the AMQP broker did not answer the close in time; the connection is dropped, \
+                     and the broker requeues the unacknowledged deliveries once it notices"
+                );
+                Err(AmqpError::Unreachable {
+                    endpoint: url.endpoint().to_owned(),
+                    source: format!("no answer to the close within {timeout:?}").into(),
+                }
+                .into())
+            }
         }
-        channel
-            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-            .await
-            .map_err(fail)?;
-        // Tag 0 with `multiple` covers every outstanding delivery.
-        channel
-            .basic_nack(
-                0,
-                BasicNackOptions {
-                    multiple: true,
-                    requeue: true,
-                },
-            )
-            .await
-            .map_err(fail)?;
-        channel
-            .close(200, short("intake consumer shut down"))
-            .await
-            .map_err(fail)?;
-        connection
-            .close(200, short("intake consumer shut down"))
-            .await
-            .map_err(fail)
     }
+}
+
+/// Cancels the consumer, hands back what it holds, closes channel and
+/// connection.
+async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), AmqpError> {
+    let fail = |error: lapin::Error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
+    let Session {
+        channel,
+        connection,
+        consumer,
+        ..
+    } = session;
+    if !channel.status().connected() {
+        return Ok(());
+    }
+    channel
+        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await
+        .map_err(fail)?;
+    // Tag 0 with `multiple` covers every outstanding delivery.
+    channel
+        .basic_nack(
+            0,
+            BasicNackOptions {
+                multiple: true,
+                requeue: true,
+            },
+        )
+        .await
+        .map_err(fail)?;
+    channel
+        .close(200, short("intake consumer shut down"))
+        .await
+        .map_err(fail)?;
+    connection
+        .close(200, short("intake consumer shut down"))
+        .await
+        .map_err(fail)
 }

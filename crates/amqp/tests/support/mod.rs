@@ -7,6 +7,7 @@
 //! even a killed test run leaves nothing behind for long.
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod raw;
 
 use std::str::FromStr;
@@ -31,6 +32,39 @@ use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRec
 pub fn url() -> String {
     std::env::var("INTAKE_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The test broker's `host:port`.
+pub fn broker_address() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let uri = intake_amqp::lapin::uri::AMQPUri::from_str(&url()).expect("a valid test URL");
+    (uri.authority.host.as_str(), uri.authority.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addresses| addresses.next())
+        .expect("the test broker's host resolves")
+}
+
+/// The test broker's URL with `address` in place of its host and port, and
+/// `query` (such as `heartbeat=0`) appended.
+pub fn url_at(address: std::net::SocketAddr, query: &str) -> String {
+    let uri = intake_amqp::lapin::uri::AMQPUri::from_str(&url()).expect("a valid test URL");
+    let user = &uri.authority.userinfo;
+    let vhost: String = uri
+        .vhost
+        .bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02x}")
+            }
+        })
+        .collect();
+    format!(
+        "amqp://{}:{}@{address}/{vhost}?{query}",
+        user.username, user.password
+    )
 }
 
 /// A name no other test (or earlier run) uses.
