@@ -62,6 +62,22 @@ pub enum AmqpError {
         /// The queue.
         queue: String,
     },
+    /// The broker cannot serve a vhost or a queue for now: a connection
+    /// limit is reached, the vhost is down, the queue's process or home node
+    /// is down (`NOT_FOUND` that is not "no queue"), an exclusive queue is
+    /// still held by a connection the broker has not yet seen go. It passes
+    /// without anyone acting; the source retries with its reconnect backoff.
+    #[error(
+        "the AMQP broker at {endpoint} cannot serve {what} for now ({message}); retrying with backoff"
+    )]
+    Unavailable {
+        /// The broker (without password).
+        endpoint: String,
+        /// What it cannot serve (`vhost \`orders\``, `queue \`orders\``).
+        what: String,
+        /// The broker's reply.
+        message: String,
+    },
     /// The broker refused a declaration, most often because the entity
     /// exists with other settings (`PRECONDITION_FAILED - inequivalent arg`).
     #[error(
@@ -125,6 +141,7 @@ impl AmqpError {
                 | AmqpError::Broker { .. }
                 | AmqpError::NotConfirmed { .. }
                 | AmqpError::Unparsable { .. }
+                | AmqpError::Unavailable { .. }
         )
     }
 }
@@ -142,6 +159,49 @@ pub(crate) enum Operation<'a> {
     Other,
 }
 
+impl Operation<'_> {
+    /// What a broker that cannot serve this operation cannot serve.
+    fn subject(&self, vhost: &str) -> Option<String> {
+        match self {
+            Operation::Connect => Some(format!("vhost `{vhost}`")),
+            Operation::UseQueue(queue) => Some(format!("queue `{queue}`")),
+            Operation::Declare(entity) => Some((*entity).to_owned()),
+            Operation::Other => None,
+        }
+    }
+}
+
+/// Whether a broker reply describes a condition that passes by itself, as
+/// opposed to one the user must fix (credentials, permissions, a missing
+/// vhost, queue or exchange, a declaration that contradicts what exists, a
+/// protocol misuse). Unknown replies count as passing: a fatal stop needs a
+/// reason the user can act on.
+fn passes(kind: &AMQPErrorKind, message: &str) -> bool {
+    match kind {
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED | AMQPSoftError::PRECONDITIONFAILED)
+        | AMQPErrorKind::Hard(
+            AMQPHardError::COMMANDINVALID
+            | AMQPHardError::SYNTAXERROR
+            | AMQPHardError::NOTIMPLEMENTED
+            | AMQPHardError::INVALIDPATH,
+        ) => false,
+        // "NOT_FOUND - no queue 'orders' in vhost '/'" (or exchange) means
+        // it does not exist; the other NOT_FOUND replies say that it exists
+        // and cannot be reached: its home node is down, its process was
+        // stopped by its supervisor or crashed, an operation on it timed out.
+        AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => !message.starts_with("NOT_FOUND - no "),
+        // Connection limits of the node, vhost or user, and a limit lookup
+        // that timed out, pass; a vhost that does not exist, access refused
+        // to it, or limits negotiated beyond the broker's do not.
+        AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) => {
+            message.contains("limit (")
+                || message.contains("timeout")
+                || message.contains("is down")
+        }
+        _ => true,
+    }
+}
+
 /// Turns a lapin error into an [`AmqpError`] that says what to fix.
 pub(crate) fn classify(
     error: lapin::Error,
@@ -152,6 +212,16 @@ pub(crate) fn classify(
     let endpoint = endpoint.to_owned();
     if let lapin::ErrorKind::ProtocolError(amqp) = error.kind() {
         let message = amqp.get_message().to_string();
+        if let Some(what) = operation
+            .subject(vhost)
+            .filter(|_| passes(amqp.kind(), &message))
+        {
+            return AmqpError::Unavailable {
+                endpoint,
+                what,
+                message,
+            };
+        }
         match (amqp.kind(), operation) {
             (AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED), _) => {
                 return AmqpError::Unauthorized { endpoint, message };
@@ -217,7 +287,8 @@ impl From<AmqpError> for SourceError {
             AmqpError::Topology { .. } => SourceError::Fatal(Box::new(error)),
             AmqpError::Broker { .. }
             | AmqpError::NotConfirmed { .. }
-            | AmqpError::Unparsable { .. } => {
+            | AmqpError::Unparsable { .. }
+            | AmqpError::Unavailable { .. } => {
                 SourceError::Transient(Box::new(error))
             }
         }
@@ -303,6 +374,114 @@ mod tests {
             Operation::Connect,
         );
         assert!(matches!(error, AmqpError::VhostNotAllowed { .. }));
+    }
+
+    /// Replies RabbitMQ gives (`rabbit_reader`, `rabbit_amqqueue`) and what
+    /// they are: each transient one is retried, each fatal one names what to
+    /// fix.
+    #[test]
+    fn conditions_that_pass_are_transient_and_those_to_fix_are_not() {
+        use AMQPErrorKind::{Hard, Soft};
+        let cases = [
+            (
+                Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - home node 'rabbit@b' of durable queue 'orders' in vhost '/' is down or inaccessible",
+                Operation::UseQueue("orders"),
+                true,
+            ),
+            (
+                Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - queue 'orders' in vhost '/' process is stopped by supervisor",
+                Operation::Declare("queue `orders`"),
+                true,
+            ),
+            (
+                Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - queue 'orders' in vhost '/' has crashed and failed to restart",
+                Operation::UseQueue("orders"),
+                true,
+            ),
+            (
+                Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - failed to perform operation on queue 'orders' in vhost '/' due to timeout",
+                Operation::UseQueue("orders"),
+                true,
+            ),
+            (
+                Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - no queue 'orders' in vhost '/'",
+                Operation::UseQueue("orders"),
+                false,
+            ),
+            (
+                Soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - no exchange 'orders.dlx' in vhost '/'",
+                Operation::Declare("binding of queue `a` to exchange `orders.dlx`"),
+                false,
+            ),
+            (
+                Soft(AMQPSoftError::RESOURCELOCKED),
+                "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'q' in vhost '/'",
+                Operation::Declare("queue `q`"),
+                true,
+            ),
+            (
+                Soft(AMQPSoftError::PRECONDITIONFAILED),
+                "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/'",
+                Operation::Declare("queue `q`"),
+                false,
+            ),
+            (
+                Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - access to vhost '/' refused for user 'app': connection limit (10) is reached",
+                Operation::Connect,
+                true,
+            ),
+            (
+                Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - connection refused: node connection limit (1000) is reached",
+                Operation::Connect,
+                true,
+            ),
+            (
+                Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - access to vhost '/' refused for user 'app': connection limit cannot be queried, timeout",
+                Operation::Connect,
+                true,
+            ),
+            (
+                Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - vhost orders not found",
+                Operation::Connect,
+                false,
+            ),
+            (
+                Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - access to vhost 'orders' refused for user 'app'",
+                Operation::Connect,
+                false,
+            ),
+            (
+                Hard(AMQPHardError::INTERNALERROR),
+                "INTERNAL_ERROR - access to vhost 'orders' refused for user 'app': vhost 'orders' is down",
+                Operation::Connect,
+                true,
+            ),
+        ];
+        for (kind, message, operation, transient) in cases {
+            let error = classify(
+                protocol(kind, message),
+                "amqp://app@b:5672/%2f",
+                "/",
+                operation,
+            );
+            assert_eq!(error.is_transient(), transient, "{message}: {error:?}");
+            assert_eq!(
+                SourceError::from(error).is_transient(),
+                transient,
+                "{message}"
+            );
+        }
     }
 
     #[test]

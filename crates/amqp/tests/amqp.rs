@@ -16,7 +16,7 @@ use intake_core::{
     AckBatch, AckError, Acker, DeadLetter, DeadLetterSink, Message, PartitionAck, PartitionKey,
     Position, Source, SourceError, SourceEvent,
 };
-use support::{AmqpBackend, dead_letter_queue, expiring, unique};
+use support::{AmqpBackend, close_connection_named, dead_letter_queue, expiring, unique};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -572,37 +572,6 @@ async fn a_consumer_dropped_mid_run_leaves_its_messages_to_another_and_none_is_l
     settle_at(&backend, &queue, 0).await;
     second.close().await.unwrap();
     backend.cleanup().await;
-}
-
-/// Asks `rabbitmqctl` to close the connection named `name`.
-async fn close_connection_named(name: &str) -> Result<(), String> {
-    let listing = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "pid",
-            "client_properties",
-        ])
-        .output()
-        .await
-        .map_err(|error| format!("rabbitmqctl is not available: {error}"))?;
-    let listing = String::from_utf8_lossy(&listing.stdout);
-    let pid = listing
-        .lines()
-        .find(|line| line.contains(&format!("\"{name}\"")))
-        .and_then(|line| line.split_whitespace().next())
-        .ok_or_else(|| format!("no connection named {name} in: {listing}"))?;
-    let closed = tokio::process::Command::new("rabbitmqctl")
-        .args(["close_connection", pid, "closed by the test"])
-        .output()
-        .await
-        .map_err(|error| error.to_string())?;
-    closed
-        .status
-        .success()
-        .then_some(())
-        .ok_or_else(|| String::from_utf8_lossy(&closed.stderr).into_owned())
 }
 
 #[tokio::test]

@@ -15,34 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
-use intake_core::{BackoffPolicy, Source, SourceEvent};
+use intake_core::{Source, SourceEvent};
 use support::raw::{RawMessage, table};
-use support::{AmqpBackend, inbound_exchange};
+use support::{AmqpBackend, RecordingBackoff, inbound_exchange};
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// A reconnect policy that records which retry numbers it was asked for.
-#[derive(Clone, Default)]
-struct Recording(Arc<Mutex<Vec<u32>>>);
-
-impl BackoffPolicy for Recording {
-    fn delay(&self, retry: u32) -> Option<Duration> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .push(retry);
-        Some(Duration::from_millis(20))
-    }
-}
-
-impl Recording {
-    fn asked(&self) -> Vec<u32> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .clone()
-    }
-}
 
 /// Log output of the test's thread.
 #[derive(Clone, Default)]
@@ -97,7 +74,7 @@ async fn poison_backs_off_and_is_named(test: &str, poison: impl FnOnce(&str) -> 
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
 
-    let policy = Recording::default();
+    let policy = RecordingBackoff::default();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .max_in_flight(10)

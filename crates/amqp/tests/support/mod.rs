@@ -34,6 +34,85 @@ pub fn url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// A reconnect policy that records which retry numbers it was asked for,
+/// and waits 20 ms each time.
+#[derive(Clone, Default)]
+pub struct RecordingBackoff(std::sync::Arc<Mutex<Vec<u32>>>);
+
+impl intake_core::BackoffPolicy for RecordingBackoff {
+    fn delay(&self, retry: u32) -> Option<Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(retry);
+        Some(Duration::from_millis(20))
+    }
+}
+
+impl RecordingBackoff {
+    /// The retry numbers asked for so far.
+    pub fn asked(&self) -> Vec<u32> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
+    }
+}
+
+/// Runs `rabbitmqctl` with `args`; its output, or why it failed.
+pub async fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("rabbitmqctl")
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| format!("rabbitmqctl {args:?} did not finish within 60 s"))?
+    .map_err(|error| format!("rabbitmqctl is not available: {error}"))?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(format!(
+            "rabbitmqctl {args:?} failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// Asks `rabbitmqctl` to close the connection named `name`.
+pub async fn close_connection_named(name: &str) -> Result<(), String> {
+    let listing = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .await
+        .map_err(|error| format!("rabbitmqctl is not available: {error}"))?;
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let pid = listing
+        .lines()
+        .find(|line| line.contains(&format!("\"{name}\"")))
+        .and_then(|line| line.split_whitespace().next())
+        .ok_or_else(|| format!("no connection named {name} in: {listing}"))?;
+    let closed = tokio::process::Command::new("rabbitmqctl")
+        .args(["close_connection", pid, "closed by the test"])
+        .output()
+        .await
+        .map_err(|error| error.to_string())?;
+    closed
+        .status
+        .success()
+        .then_some(())
+        .ok_or_else(|| String::from_utf8_lossy(&closed.stderr).into_owned())
+}
+
 /// The test broker's `host:port`.
 pub fn broker_address() -> std::net::SocketAddr {
     use std::net::ToSocketAddrs;
