@@ -3,6 +3,7 @@
 //! publisher confirm.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use intake_core::{ConfigError, DeadLetter, DeadLetterError, DeadLetterSink};
@@ -31,6 +32,17 @@ const PERSISTENT: u8 = 2;
 /// receive is an error, not a silent loss. The runtime acknowledges the
 /// original only after that, so a failed write leaves it in its queue.
 ///
+/// The headers of one message travel in one frame, so they must fit the
+/// connection's `frame_max` (128 KiB on RabbitMQ by default; a broker
+/// refuses a larger frame and closes the connection, so such a dead letter
+/// could never be written). A dead letter whose headers would not fit is
+/// written reduced: without the original headers (their number in
+/// `x-intake-headers-left-out`), with the source and routing key cut to 255
+/// bytes and the error to
+/// [`DEAD_LETTER_ERROR_REDUCED_BYTES`](crate::headers::DEAD_LETTER_ERROR_REDUCED_BYTES),
+/// which fits the smallest frame AMQP allows. It is logged and counted
+/// ([`reduced_dead_letters`](AmqpDeadLetterSink::reduced_dead_letters)).
+///
 /// The sink has a connection of its own: RabbitMQ throttles publishing
 /// connections under memory pressure, and that must not stall the consumer's
 /// acknowledgements. It reconnects on the next write after a failure.
@@ -48,12 +60,15 @@ pub struct AmqpDeadLetterSink {
     connection_name: Option<String>,
     confirm_timeout: Duration,
     link: Mutex<Option<Link>>,
+    reduced: AtomicU64,
 }
 
 struct Link {
     /// Kept so the connection lives as long as the channel is used.
     _connection: Connection,
     channel: Channel,
+    /// The largest frame the connection may send, 0 for no limit.
+    frame_max: u32,
 }
 
 impl fmt::Debug for AmqpDeadLetterSink {
@@ -160,6 +175,7 @@ impl AmqpDeadLetterSinkBuilder {
             connection_name: self.connection_name,
             confirm_timeout: self.confirm_timeout,
             link: Mutex::new(None),
+            reduced: AtomicU64::new(0),
         };
         sink.channel().await?;
         Ok(sink)
@@ -179,14 +195,21 @@ impl AmqpDeadLetterSink {
         }
     }
 
-    /// The channel in confirm mode, reconnecting if it is gone.
-    async fn channel(&self) -> Result<Channel, AmqpError> {
+    /// Dead letters written without their original headers because those
+    /// would not fit in one frame (see the [type docs](Self)).
+    pub fn reduced_dead_letters(&self) -> u64 {
+        self.reduced.load(Ordering::Relaxed)
+    }
+
+    /// The channel in confirm mode and the connection's `frame_max`,
+    /// reconnecting if the channel is gone.
+    async fn channel(&self) -> Result<(Channel, u32), AmqpError> {
         let mut link = self.link.lock().await;
         if let Some(live) = link
             .as_ref()
             .filter(|live| live.channel.status().connected())
         {
-            return Ok(live.channel.clone());
+            return Ok((live.channel.clone(), live.frame_max));
         }
         *link = None;
         let url = &self.url;
@@ -203,11 +226,39 @@ impl AmqpDeadLetterSink {
             .await
             .map_err(fail)?;
         self.topology.declare_on(&channel, url).await?;
+        let frame_max = connection.configuration().frame_max();
         *link = Some(Link {
             _connection: connection,
             channel: channel.clone(),
+            frame_max,
         });
-        Ok(channel)
+        Ok((channel, frame_max))
+    }
+
+    /// The dead letter's properties, reduced if they would not fit a frame.
+    fn fitting_properties(&self, letter: &DeadLetter, frame_max: u32) -> BasicProperties {
+        let full = properties(letter, Envelope::Full);
+        let size = content_header_len(&full);
+        // A frame carries 8 bytes besides its payload (type, channel, size,
+        // end marker); 0 means no limit.
+        let room = usize::try_from(frame_max)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(FRAME_OVERHEAD);
+        if frame_max == 0 || size <= room {
+            return full;
+        }
+        self.reduced.fetch_add(1, Ordering::Relaxed);
+        let origin = letter.message.metadata();
+        tracing::warn!(
+            exchange = self.exchange,
+            source = %origin.source(),
+            position = %origin.position(),
+            header_bytes = size,
+            frame_max,
+            "the dead letter's headers do not fit in one frame; it is written without the \
+             original headers and with its error cut"
+        );
+        properties(letter, Envelope::Reduced)
     }
 
     async fn publish(&self, letter: &DeadLetter) -> Result<(), AmqpError> {
@@ -216,9 +267,10 @@ impl AmqpDeadLetterSink {
             .routing_key
             .as_deref()
             .unwrap_or_else(|| origin.source());
-        let channel = self.channel().await?;
+        let (channel, frame_max) = self.channel().await?;
         let url = &self.url;
         let fail = |error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
+        let properties = self.fitting_properties(letter, frame_max);
         let confirm = channel
             .basic_publish(
                 short(&self.exchange),
@@ -228,7 +280,7 @@ impl AmqpDeadLetterSink {
                     ..BasicPublishOptions::default()
                 },
                 letter.message.payload(),
-                properties(letter),
+                properties,
             )
             .await
             .map_err(fail)?;
@@ -259,13 +311,26 @@ impl AmqpDeadLetterSink {
     }
 }
 
+/// What a dead letter carries of its original.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Envelope {
+    /// Everything.
+    Full,
+    /// What fits the smallest frame: the properties and the origin, short.
+    Reduced,
+}
+
+/// Frame type, channel, payload size and end marker.
+const FRAME_OVERHEAD: usize = 8;
+
 /// Properties of the dead letter: persistent, the original properties, the
-/// original headers and the origin headers.
-fn properties(letter: &DeadLetter) -> BasicProperties {
+/// original headers (unless reduced) and the origin headers.
+fn properties(letter: &DeadLetter, envelope: Envelope) -> BasicProperties {
     let message = &letter.message;
     let origin = message.metadata();
     let mut properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
     let mut table = FieldTable::default();
+    let mut left_out = 0i64;
     for header in message.headers() {
         let property = || ShortString::try_new(String::from_utf8_lossy(&header.value).into_owned());
         match &*header.name {
@@ -284,6 +349,7 @@ fn properties(letter: &DeadLetter) -> BasicProperties {
                     properties = properties.with_content_type(value);
                 }
             }
+            _ if envelope == Envelope::Reduced => left_out += 1,
             name => match ShortString::try_new(name) {
                 Ok(name) => {
                     table.insert(
@@ -301,9 +367,18 @@ fn properties(letter: &DeadLetter) -> BasicProperties {
     let mut origin_header = |name: &str, value: AMQPValue| {
         table.insert(short(name), value);
     };
+    let cut = |bytes: &[u8], limit: usize| -> Vec<u8> {
+        match envelope {
+            Envelope::Full => bytes.to_vec(),
+            Envelope::Reduced => bytes[..bytes.len().min(limit)].to_vec(),
+        }
+    };
     origin_header(
         headers::DEAD_LETTER_SOURCE,
-        AMQPValue::LongString(LongString::from(origin.source().as_bytes())),
+        AMQPValue::LongString(LongString::from(cut(
+            origin.source().as_bytes(),
+            MAX_NAME_BYTES,
+        ))),
     );
     origin_header(
         headers::DEAD_LETTER_PARTITION,
@@ -316,13 +391,26 @@ fn properties(letter: &DeadLetter) -> BasicProperties {
     if let Some(key) = message.key() {
         origin_header(
             headers::DEAD_LETTER_ROUTING_KEY,
-            AMQPValue::LongString(LongString::from(key.to_vec())),
+            AMQPValue::LongString(LongString::from(cut(key, MAX_NAME_BYTES))),
         );
     }
+    let error = match envelope {
+        Envelope::Full => letter.error.as_str(),
+        Envelope::Reduced => {
+            let error = letter.error.as_str();
+            &error[..error.floor_char_boundary(headers::DEAD_LETTER_ERROR_REDUCED_BYTES)]
+        }
+    };
     origin_header(
         headers::DEAD_LETTER_ERROR,
-        AMQPValue::LongString(LongString::from(letter.error.as_str())),
+        AMQPValue::LongString(LongString::from(error)),
     );
+    if envelope == Envelope::Reduced {
+        origin_header(
+            headers::DEAD_LETTER_HEADERS_LEFT_OUT,
+            AMQPValue::LongLongInt(left_out),
+        );
+    }
     origin_header(
         headers::DEAD_LETTER_ATTEMPTS,
         AMQPValue::LongLongInt(i64::from(letter.attempts)),
@@ -338,6 +426,57 @@ fn properties(letter: &DeadLetter) -> BasicProperties {
         AMQPValue::LongLongInt(failed_at_ms),
     );
     properties.with_headers(table)
+}
+
+/// The size of the content header frame's payload that carries
+/// `properties` (class, weight, body size, property flags, properties), as
+/// AMQP 0-9-1 encodes it.
+fn content_header_len(properties: &BasicProperties) -> usize {
+    let short =
+        |text: &Option<ShortString>| text.as_ref().map_or(0, |text| 1 + text.as_str().len());
+    let octet = |value: &Option<u8>| usize::from(value.is_some());
+    2 + 2
+        + 8
+        + 2
+        + short(properties.content_type())
+        + short(properties.content_encoding())
+        + properties.headers().as_ref().map_or(0, table_len)
+        + octet(properties.delivery_mode())
+        + octet(properties.priority())
+        + short(properties.correlation_id())
+        + short(properties.reply_to())
+        + short(properties.expiration())
+        + short(properties.message_id())
+        + properties.timestamp().map_or(0, |_| 8)
+        + short(properties.kind())
+        + short(properties.user_id())
+        + short(properties.app_id())
+        + short(properties.cluster_id())
+}
+
+fn table_len(table: &FieldTable) -> usize {
+    4 + table
+        .inner()
+        .iter()
+        .map(|(name, value)| 1 + name.as_str().len() + value_len(value))
+        .sum::<usize>()
+}
+
+/// A field value with its type tag.
+fn value_len(value: &AMQPValue) -> usize {
+    1 + match value {
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::ShortString(text) => 1 + text.as_str().len(),
+        AMQPValue::LongString(text) => 4 + text.as_bytes().len(),
+        AMQPValue::FieldArray(items) => 4 + items.as_slice().iter().map(value_len).sum::<usize>(),
+        AMQPValue::FieldTable(table) => table_len(table),
+        AMQPValue::ByteArray(bytes) => 4 + bytes.as_slice().len(),
+        AMQPValue::Void => 0,
+    }
 }
 
 #[async_trait::async_trait]
@@ -376,7 +515,7 @@ mod tests {
         .with_key(Bytes::from_static(b"orders.eu"))
         .with_headers(headers);
         let letter = DeadLetter::new(message, "bad json", 4);
-        let properties = properties(&letter);
+        let properties = properties(&letter, Envelope::Full);
         assert_eq!(
             properties.message_id().as_ref().map(ShortString::as_str),
             Some("m-7")
@@ -422,7 +561,8 @@ mod tests {
         let letter = DeadLetter::new(message, "bad", 1);
         // With a subscriber, so that the warning's fields are evaluated.
         let subscriber = tracing_subscriber::fmt().with_test_writer().finish();
-        let properties = tracing::subscriber::with_default(subscriber, || properties(&letter));
+        let properties =
+            tracing::subscriber::with_default(subscriber, || properties(&letter, Envelope::Full));
         let table = properties.headers().clone().unwrap_or_default();
         assert!(
             !table
@@ -432,5 +572,71 @@ mod tests {
         );
         assert!(table.contains_key("tenant"));
         assert!(table.contains_key(headers::DEAD_LETTER_SOURCE));
+    }
+
+    fn letter_with(
+        headers: Vec<(String, Vec<u8>)>,
+        key: Option<Vec<u8>>,
+        source: String,
+        error: String,
+    ) -> DeadLetter {
+        let headers: Headers = headers.into_iter().collect();
+        let mut message = Message::new(
+            Bytes::from_static(b"{}"),
+            Metadata::new(source.as_str().into(), 7, Position::Tag(u64::MAX)),
+        )
+        .with_headers(headers);
+        if let Some(key) = key {
+            message = message.with_key(Bytes::from(key));
+        }
+        DeadLetter::new(message, error, u32::MAX)
+    }
+
+    fn any_letter() -> impl proptest::strategy::Strategy<Value = DeadLetter> {
+        use proptest::prelude::*;
+        let name = prop_oneof![
+            ".{0,40}",
+            Just(headers::MESSAGE_ID.to_owned()),
+            Just(headers::CONTENT_TYPE.to_owned()),
+            "[a-z]{300}",
+        ];
+        (
+            proptest::collection::vec(
+                (name, proptest::collection::vec(any::<u8>(), 0..3_000)),
+                0..8,
+            ),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..2_000)),
+            ".{0,400}",
+            ".{0,5000}",
+        )
+            .prop_map(|(headers, key, source, error)| letter_with(headers, key, source, error))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// The size the sink compares with `frame_max` is the size lapin
+        /// writes on the wire.
+        #[test]
+        fn the_computed_header_size_is_what_lapin_encodes(letter in any_letter()) {
+            for envelope in [Envelope::Full, Envelope::Reduced] {
+                let properties = properties(&letter, envelope);
+                let (encoded, _) = cookie_factory::r#gen(
+                    lapin::protocol::basic::gen_properties(&properties),
+                    Vec::new(),
+                )
+                .expect("the properties encode");
+                // Class, weight and body size precede the properties.
+                proptest::prop_assert_eq!(content_header_len(&properties), 12 + encoded.len());
+            }
+        }
+
+        /// Whatever the original carried, the reduced dead letter fits the
+        /// smallest frame a broker may negotiate (4096 bytes).
+        #[test]
+        fn a_reduced_dead_letter_fits_the_smallest_frame(letter in any_letter()) {
+            let properties = properties(&letter, Envelope::Reduced);
+            proptest::prop_assert!(content_header_len(&properties) <= 4096 - FRAME_OVERHEAD);
+        }
     }
 }

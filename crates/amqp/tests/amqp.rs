@@ -1162,3 +1162,60 @@ async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() 
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_dead_letter_whose_headers_exceed_the_frame_size_is_written_without_them() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_frame_max").await else {
+        return;
+    };
+    let queue = backend.classic_queue("frame-max").await.unwrap();
+    // The smallest frame AMQP allows: the headers of one message travel in
+    // one frame, and 6 KB of them (plus a long error) cannot.
+    let url = format!("{}?frame_max=4096", backend.url());
+    let sink = AmqpDeadLetterSink::builder(url.as_str())
+        .exchange("")
+        .routing_key(dead_letter_queue(&queue))
+        .connect()
+        .await
+        .unwrap();
+    let big = "x".repeat(2_000);
+    let headers: intake_core::Headers = [
+        ("a", big.clone()),
+        ("b", big.clone()),
+        ("c", big.clone()),
+        (intake_amqp::headers::MESSAGE_ID, "m-1".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    let message = Message::new(
+        bytes::Bytes::from_static(b"poison"),
+        intake_core::Metadata::new(queue.as_str().into(), 1, Position::Tag(9)),
+    )
+    .with_key(bytes::Bytes::from_static(b"orders.eu"))
+    .with_headers(headers);
+    let letter = DeadLetter::new(message, "e".repeat(3_000), 2);
+    tokio::time::timeout(PATIENCE, sink.write(&letter))
+        .await
+        .expect("the write ends")
+        .expect("the dead letter is written, without what does not fit");
+    assert_eq!(sink.reduced_dead_letters(), 1);
+
+    let dead = backend.peek(&dead_letter_queue(&queue)).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    let record = support::dead_letter_record(dead[0].0.clone(), &dead[0].1);
+    assert_eq!(&record.payload[..], b"poison");
+    assert_eq!(record.source, queue);
+    assert_eq!(record.position, "9");
+    assert_eq!(record.attempts, 2);
+    assert!(record.error.starts_with("eee") && record.error.len() < 3_000);
+    let table = dead[0].1.inner();
+    assert!(
+        !table.contains_key("a"),
+        "the original headers are left out"
+    );
+    assert_eq!(
+        table.get(intake_amqp::headers::DEAD_LETTER_HEADERS_LEFT_OUT),
+        Some(&AMQPValue::LongLongInt(3))
+    );
+    backend.cleanup().await;
+}
