@@ -87,6 +87,7 @@ pub struct AmqpDeadLetterSinkBuilder {
     url: String,
     exchange: Option<String>,
     routing_key: Option<String>,
+    consumed_queues: Vec<String>,
     topology: Topology,
     connection_name: Option<String>,
     confirm_timeout: Duration,
@@ -115,6 +116,20 @@ impl AmqpDeadLetterSinkBuilder {
     /// with one binding each.
     pub fn routing_key(mut self, routing_key: impl Into<String>) -> Self {
         self.routing_key = Some(routing_key.into());
+        self
+    }
+
+    /// Names a queue whose messages this sink dead-letters. A destination
+    /// that routes them back into it (the default exchange with the queue's
+    /// name as routing key, or an exchange declared in the sink's
+    /// [topology](Self::declare) bound to the queue with the routing key
+    /// the dead letters get) is refused by [`connect`](Self::connect): they
+    /// would be consumed again, fail again, forever. Call it once per queue.
+    ///
+    /// Whether or not it is called, a dead letter the sink's own settings
+    /// would route back into the queue it came from is refused when written.
+    pub fn consumed_queue(mut self, queue: impl Into<String>) -> Self {
+        self.consumed_queues.push(queue.into());
         self
     }
 
@@ -160,6 +175,23 @@ impl AmqpDeadLetterSinkBuilder {
             None => {}
         }
         self.topology.validate()?;
+        for queue in &self.consumed_queues {
+            let routing_key = self.routing_key.as_deref().unwrap_or(queue);
+            if self
+                .topology
+                .routes_into(&exchange, Some(routing_key), queue)
+            {
+                return Err(ConfigError::new(
+                    "consumed_queue",
+                    format!(
+                        "`{queue}` is consumed, and exchange `{exchange}` with routing key \
+                         `{routing_key}` routes its dead letters back into it, where they would \
+                         be consumed again; publish them to a dead-letter queue of their own"
+                    ),
+                )
+                .into());
+            }
+        }
         if self.confirm_timeout.is_zero() {
             return Err(ConfigError::new(
                 "confirm_timeout",
@@ -189,6 +221,7 @@ impl AmqpDeadLetterSink {
             url: url.into(),
             exchange: None,
             routing_key: None,
+            consumed_queues: Vec::new(),
             topology: Topology::new(),
             connection_name: None,
             confirm_timeout: Duration::from_secs(30),
@@ -267,6 +300,20 @@ impl AmqpDeadLetterSink {
             .routing_key
             .as_deref()
             .unwrap_or_else(|| origin.source());
+        if self
+            .topology
+            .routes_into(&self.exchange, Some(routing_key), origin.source())
+        {
+            return Err(ConfigError::new(
+                "routing_key",
+                format!(
+                    "routes the dead letter back into `{}`, the queue it came from, where it would \
+                     be consumed again; publish dead letters to a queue of their own",
+                    origin.source()
+                ),
+            )
+            .into());
+        }
         let (channel, frame_max) = self.channel().await?;
         let url = &self.url;
         let fail = |error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
@@ -499,6 +546,58 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use intake_core::{Headers, Message, Metadata, Position};
+
+    #[tokio::test]
+    async fn a_sink_that_routes_into_the_consumed_queue_is_refused_before_connecting() {
+        // Nothing listens on port 1: a refusal here is the build's.
+        let url = "amqp://guest:guest@127.0.0.1:1/%2f";
+        let refused = |builder: AmqpDeadLetterSinkBuilder| async move {
+            match builder.consumed_queue("orders").connect().await {
+                Err(AmqpError::Config(error)) => error,
+                other => panic!("expected a config error, got {other:?}"),
+            }
+        };
+        let through_default = refused(
+            AmqpDeadLetterSink::builder(url)
+                .exchange("")
+                .routing_key("orders"),
+        )
+        .await;
+        assert!(through_default.problem.contains("`orders`"));
+        // A fanout bound to the queue, or a direct exchange bound with the
+        // routing key the dead letters get (by default the queue's name).
+        refused(
+            AmqpDeadLetterSink::builder(url).exchange("dlx").declare(
+                Topology::new()
+                    .exchange(crate::Exchange::fanout("dlx"))
+                    .bind("orders", "dlx", ""),
+            ),
+        )
+        .await;
+        refused(
+            AmqpDeadLetterSink::builder(url).exchange("dlx").declare(
+                Topology::new()
+                    .exchange(crate::Exchange::direct("dlx"))
+                    .bind("orders", "dlx", "orders"),
+            ),
+        )
+        .await;
+        let elsewhere = AmqpDeadLetterSink::builder(url)
+            .exchange("dlx")
+            .consumed_queue("orders")
+            .declare(
+                Topology::new()
+                    .exchange(crate::Exchange::direct("dlx"))
+                    .queue(crate::Queue::classic("orders.dlq"))
+                    .bind("orders.dlq", "dlx", "orders"),
+            )
+            .connect()
+            .await;
+        assert!(
+            matches!(elsewhere, Err(AmqpError::Unreachable { .. })),
+            "{elsewhere:?}"
+        );
+    }
 
     #[test]
     fn a_dead_letter_carries_its_origin_and_restores_properties() {

@@ -1219,3 +1219,30 @@ async fn a_dead_letter_whose_headers_exceed_the_frame_size_is_written_without_th
     );
     backend.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_dead_letter_addressed_to_the_queue_it_came_from_is_refused_not_consumed_again() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_into_itself").await else {
+        return;
+    };
+    let queue = backend.classic_queue("into-itself").await.unwrap();
+    // The default exchange routes by queue name: this sink would put every
+    // dead letter of `queue` back into `queue`.
+    let sink = AmqpDeadLetterSink::builder(backend.url())
+        .exchange("")
+        .routing_key(queue.as_str())
+        .connect()
+        .await
+        .unwrap();
+    let message = Message::new(
+        bytes::Bytes::from_static(b"poison"),
+        intake_core::Metadata::new(queue.as_str().into(), 1, Position::Tag(1)),
+    );
+    let error = sink
+        .write(&DeadLetter::new(message, "bad", 1))
+        .await
+        .expect_err("a dead letter into its own queue is refused");
+    assert!(error.to_string().contains("consumed again"), "{error}");
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
