@@ -27,7 +27,9 @@ const PERSISTENT: u8 = 2;
 /// headers and properties, plus its origin under the `x-intake-` headers
 /// (see [`headers`](crate::headers)): queue, channel epoch, delivery tag,
 /// routing key, the last error, the attempt count and the time it was given
-/// up. It is published persistent and `mandatory`, and [`write`] resolves
+/// up. An original header in that namespace is kept under
+/// `x-intake-producer.`, so that nothing a producer wrote can pass for the
+/// origin. It is published persistent and `mandatory`, and [`write`] resolves
 /// only when the broker confirmed it; a message that no queue is bound to
 /// receive is an error, not a silent loss. The runtime acknowledges the
 /// original only after that, so a failed write leaves it in its queue.
@@ -367,6 +369,9 @@ enum Envelope {
     Reduced,
 }
 
+/// The prefix of the origin headers intake writes (`x-intake-source`, …).
+const ORIGIN_NAMESPACE: &str = "x-intake-";
+
 /// Frame type, channel, payload size and end marker.
 const FRAME_OVERHEAD: usize = 8;
 
@@ -397,18 +402,30 @@ fn properties(letter: &DeadLetter, envelope: Envelope) -> BasicProperties {
                 }
             }
             _ if envelope == Envelope::Reduced => left_out += 1,
-            name => match ShortString::try_new(name) {
-                Ok(name) => {
-                    table.insert(
-                        name,
-                        AMQPValue::LongString(LongString::from(header.value.to_vec())),
-                    );
+            name => {
+                // The origin headers below would replace a producer's of the
+                // same name, but not one the origin has no value for (a
+                // routing key): intake's namespace is moved aside whole.
+                let renamed;
+                let name = if name.starts_with(ORIGIN_NAMESPACE) {
+                    renamed = format!("{}{name}", headers::DEAD_LETTER_PRODUCER_PREFIX);
+                    renamed.as_str()
+                } else {
+                    name
+                };
+                match ShortString::try_new(name) {
+                    Ok(name) => {
+                        table.insert(
+                            name,
+                            AMQPValue::LongString(LongString::from(header.value.to_vec())),
+                        );
+                    }
+                    Err(_) => tracing::warn!(
+                        header = &name[..name.floor_char_boundary(64)],
+                        "header name longer than {MAX_NAME_BYTES} bytes left out of the dead letter"
+                    ),
                 }
-                Err(_) => tracing::warn!(
-                    header = &name[..name.floor_char_boundary(64)],
-                    "header name longer than {MAX_NAME_BYTES} bytes left out of the dead letter"
-                ),
-            },
+            }
         }
     }
     let mut origin_header = |name: &str, value: AMQPValue| {
@@ -597,6 +614,47 @@ mod tests {
             matches!(elsewhere, Err(AmqpError::Unreachable { .. })),
             "{elsewhere:?}"
         );
+    }
+
+    #[test]
+    fn a_producers_headers_never_pass_for_the_origin() {
+        // The original has no routing key, so the origin has none to set:
+        // the producer's own `x-intake-routing-key` must not stand in.
+        let headers: Headers = [
+            (
+                headers::DEAD_LETTER_ROUTING_KEY,
+                Bytes::from_static(b"spoofed"),
+            ),
+            (headers::DEAD_LETTER_SOURCE, Bytes::from_static(b"spoofed")),
+            (headers::DEAD_LETTER_ERROR, Bytes::from_static(b"spoofed")),
+        ]
+        .into_iter()
+        .collect();
+        let message = Message::new(
+            Bytes::from_static(b"{}"),
+            Metadata::new("orders".into(), 1, Position::Tag(5)),
+        )
+        .with_headers(headers);
+        let properties = properties(&DeadLetter::new(message, "bad json", 1), Envelope::Full);
+        let table = properties.headers().clone().unwrap_or_default();
+        let table = table.inner();
+        let text = |name: &str| match table.get(name) {
+            Some(AMQPValue::LongString(value)) => Some(value.to_string()),
+            _ => None,
+        };
+        assert_eq!(text(headers::DEAD_LETTER_ROUTING_KEY), None);
+        assert_eq!(text(headers::DEAD_LETTER_SOURCE).as_deref(), Some("orders"));
+        assert_eq!(
+            text(headers::DEAD_LETTER_ERROR).as_deref(),
+            Some("bad json")
+        );
+        // Kept, under a name that cannot be taken for the origin.
+        let kept = format!(
+            "{}{}",
+            headers::DEAD_LETTER_PRODUCER_PREFIX,
+            headers::DEAD_LETTER_ROUTING_KEY
+        );
+        assert_eq!(text(&kept).as_deref(), Some("spoofed"));
     }
 
     #[test]

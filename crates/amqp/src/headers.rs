@@ -38,3 +38,9 @@ pub const DEAD_LETTER_HEADERS_LEFT_OUT: &str = "x-intake-headers-left-out";
 /// The most bytes of the error a dead letter keeps when its headers had to
 /// be reduced to fit a frame (cut at a character boundary).
 pub const DEAD_LETTER_ERROR_REDUCED_BYTES: usize = 1024;
+
+/// Dead letter: a header of the original whose name is in intake's own
+/// namespace (`x-intake-…`) is kept under this prefix
+/// (`x-intake-producer.x-intake-source`), so that nothing a producer wrote
+/// can pass for the origin.
+pub const DEAD_LETTER_PRODUCER_PREFIX: &str = "x-intake-producer.";

@@ -359,6 +359,19 @@ mod tests {
     }
 
     #[test]
+    fn a_header_named_like_a_property_does_not_replace_it() {
+        let mut reader = DeliveryReader::new("orders".into());
+        let properties = BasicProperties::default()
+            .with_message_id("m-1".into())
+            .with_headers(table(&[(
+                headers::MESSAGE_ID,
+                AMQPValue::LongString("spoofed".into()),
+            )]));
+        let message = reader.read(delivery(1, false, properties), 1);
+        assert_eq!(message.headers().get_str(headers::MESSAGE_ID), Some("m-1"));
+    }
+
+    #[test]
     fn the_same_routing_key_is_shared_not_copied() {
         let mut reader = DeliveryReader::new("orders".into());
         let first = reader.read(delivery(1, false, BasicProperties::default()), 1);

@@ -596,6 +596,7 @@ impl Backend for AmqpBackend {
         Ok(AmqpDeadLetterSink::builder(self.url.as_str())
             .exchange("")
             .routing_key(dead_letter_queue(source))
+            .consumed_queue(source)
             .connect()
             .await?)
     }
