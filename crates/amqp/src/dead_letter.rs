@@ -15,6 +15,8 @@ use tokio::sync::Mutex;
 use crate::connection::open_within;
 use crate::error::{AmqpError, Operation, classify};
 use crate::headers;
+use crate::source::check_tls;
+use crate::tls::Tls;
 use crate::topology::{MAX_NAME_BYTES, Topology, check_name, short};
 use crate::url::AmqpUrl;
 
@@ -61,6 +63,7 @@ pub struct AmqpDeadLetterSink {
     topology: Topology,
     connection_name: Option<String>,
     confirm_timeout: Duration,
+    tls: Tls,
     link: Mutex<Option<Link>>,
     reduced: AtomicU64,
 }
@@ -93,6 +96,7 @@ pub struct AmqpDeadLetterSinkBuilder {
     topology: Topology,
     connection_name: Option<String>,
     confirm_timeout: Duration,
+    tls: Tls,
 }
 
 impl fmt::Debug for AmqpDeadLetterSinkBuilder {
@@ -148,6 +152,12 @@ impl AmqpDeadLetterSinkBuilder {
         self
     }
 
+    /// TLS beyond the defaults for an `amqps://` URL (see [`Tls`]).
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// How long to wait for the broker's confirm (default 30 s).
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
@@ -177,6 +187,7 @@ impl AmqpDeadLetterSinkBuilder {
             None => {}
         }
         self.topology.validate()?;
+        check_tls(&self.tls, &url)?;
         for queue in &self.consumed_queues {
             let routing_key = self.routing_key.as_deref().unwrap_or(queue);
             if self
@@ -208,6 +219,7 @@ impl AmqpDeadLetterSinkBuilder {
             topology: self.topology,
             connection_name: self.connection_name,
             confirm_timeout: self.confirm_timeout,
+            tls: self.tls,
             link: Mutex::new(None),
             reduced: AtomicU64::new(0),
         };
@@ -227,6 +239,7 @@ impl AmqpDeadLetterSink {
             topology: Topology::new(),
             connection_name: None,
             confirm_timeout: Duration::from_secs(30),
+            tls: Tls::new(),
         }
     }
 
@@ -252,6 +265,7 @@ impl AmqpDeadLetterSink {
         let connection = open_within(
             url,
             self.connection_name.as_deref(),
+            &self.tls,
             crate::connection::DEFAULT_CONNECT_TIMEOUT,
         )
         .await?;

@@ -29,6 +29,20 @@ pub enum AmqpError {
         #[source]
         source: BoxError,
     },
+    /// The TLS handshake failed on a certificate: the broker's is not
+    /// signed by a trusted CA or is for another host name, or the broker
+    /// refused the client's (or that there was none). Retrying does not
+    /// help.
+    #[error(
+        "the TLS handshake with the AMQP broker at {endpoint} failed on a certificate; check that the CA given to `Tls::ca_certificate_pem` signed the broker's certificate for this host name, and that the client certificate (`Tls::client_certificate_pem`) is one the broker accepts"
+    )]
+    Tls {
+        /// The broker (without password).
+        endpoint: String,
+        /// rustls's reason.
+        #[source]
+        source: BoxError,
+    },
     /// The broker refused the user name or password, or the user may not do
     /// what was asked. Retrying does not help.
     #[error(
@@ -210,6 +224,14 @@ pub(crate) fn classify(
     operation: Operation<'_>,
 ) -> AmqpError {
     let endpoint = endpoint.to_owned();
+    if let Operation::Connect = operation
+        && is_certificate_failure(&error)
+    {
+        return AmqpError::Tls {
+            endpoint,
+            source: Box::new(error),
+        };
+    }
     if let lapin::ErrorKind::ProtocolError(amqp) = error.kind() {
         let message = amqp.get_message().to_string();
         if let Some(what) = operation
@@ -261,16 +283,49 @@ pub(crate) fn classify(
     }
 }
 
+/// Whether the I/O error under `error` is rustls refusing a certificate or
+/// the broker refusing ours, as opposed to the network failing.
+fn is_certificate_failure(error: &lapin::Error) -> bool {
+    let lapin::ErrorKind::IOError(io) = error.kind() else {
+        return false;
+    };
+    let Some(rustls) = io
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return false;
+    };
+    matches!(
+        rustls,
+        rustls::Error::InvalidCertificate(_)
+            | rustls::Error::NoCertificatesPresented
+            | rustls::Error::UnsupportedNameType
+            | rustls::Error::AlertReceived(
+                rustls::AlertDescription::BadCertificate
+                    | rustls::AlertDescription::UnsupportedCertificate
+                    | rustls::AlertDescription::CertificateRevoked
+                    | rustls::AlertDescription::CertificateExpired
+                    | rustls::AlertDescription::CertificateUnknown
+                    | rustls::AlertDescription::UnknownCA
+                    | rustls::AlertDescription::CertificateRequired
+                    | rustls::AlertDescription::AccessDenied
+                    | rustls::AlertDescription::HandshakeFailure
+            )
+    )
+}
+
 impl From<AmqpError> for SourceError {
     fn from(error: AmqpError) -> Self {
         match error {
             AmqpError::Unreachable { endpoint, source } => {
                 SourceError::Unreachable { endpoint, source }
             }
-            AmqpError::Unauthorized { ref endpoint, .. } => SourceError::Unauthorized {
-                endpoint: endpoint.clone(),
-                source: Box::new(error),
-            },
+            AmqpError::Unauthorized { ref endpoint, .. } | AmqpError::Tls { ref endpoint, .. } => {
+                SourceError::Unauthorized {
+                    endpoint: endpoint.clone(),
+                    source: Box::new(error),
+                }
+            }
             AmqpError::QueueNotFound { ref queue, .. } => SourceError::NotFound {
                 kind: "queue",
                 name: queue.clone(),

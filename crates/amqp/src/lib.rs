@@ -102,6 +102,7 @@ pub mod headers;
 mod live_channel;
 mod source;
 mod tag_ledger;
+mod tls;
 mod topology;
 mod url;
 
@@ -111,6 +112,7 @@ pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder};
 pub use error::AmqpError;
 pub use source::{AmqpSource, AmqpSourceBuilder};
+pub use tls::Tls;
 pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};
 pub use url::AmqpUrl;
 

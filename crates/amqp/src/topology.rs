@@ -528,7 +528,7 @@ impl Topology {
     pub async fn declare(&self, url: &str) -> Result<(), AmqpError> {
         self.validate()?;
         let url = AmqpUrl::parse(url)?;
-        let connection = crate::connection::open(&url, None).await?;
+        let connection = crate::connection::open(&url, None, &crate::Tls::new()).await?;
         let channel = connection
             .create_channel()
             .await

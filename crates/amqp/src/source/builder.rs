@@ -9,6 +9,7 @@ use intake_core::{BackoffPolicy, ConfigError, Exponential};
 use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::AmqpError;
 use crate::source::AmqpSource;
+use crate::tls::Tls;
 use crate::topology::{Topology, check_name};
 use crate::url::AmqpUrl;
 
@@ -35,6 +36,7 @@ pub(crate) struct Settings {
     pub(crate) connection_name: Option<String>,
     pub(crate) connect_timeout: Duration,
     pub(crate) close_timeout: Duration,
+    pub(crate) tls: Tls,
 }
 
 impl Settings {
@@ -71,6 +73,7 @@ pub struct AmqpSourceBuilder {
     connection_name: Option<String>,
     connect_timeout: Duration,
     close_timeout: Duration,
+    tls: Tls,
 }
 
 impl fmt::Debug for AmqpSourceBuilder {
@@ -83,6 +86,7 @@ impl fmt::Debug for AmqpSourceBuilder {
             .field("target", &self.target)
             .field("max_in_flight", &self.max_in_flight)
             .field("connection_name", &self.connection_name)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +113,7 @@ impl AmqpSourceBuilder {
             connection_name: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
+            tls: Tls::new(),
         }
     }
 
@@ -180,6 +185,13 @@ impl AmqpSourceBuilder {
         self
     }
 
+    /// TLS beyond the defaults for an `amqps://` URL: a private CA to trust,
+    /// a client certificate to present (see [`Tls`]).
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// How long [`Source::close`](intake_core::Source::close) waits for the
     /// broker to answer the consumer's cancel, the hand-back of unfinished
     /// deliveries and the closing of channel and connection (default 5 s).
@@ -218,6 +230,7 @@ impl AmqpSourceBuilder {
             Target::Broadcast { exchange } => check_name("broadcast", exchange)?,
         }
         self.topology.validate()?;
+        check_tls(&self.tls, &url)?;
         let prefetch = match u16::try_from(self.max_in_flight) {
             Ok(0) => {
                 return Err(ConfigError::new(
@@ -256,6 +269,7 @@ impl AmqpSourceBuilder {
             connection_name: self.connection_name,
             connect_timeout: self.connect_timeout,
             close_timeout: self.close_timeout,
+            tls: self.tls,
         })
     }
 
@@ -267,6 +281,17 @@ impl AmqpSourceBuilder {
     pub async fn connect(self) -> Result<AmqpSource, AmqpError> {
         AmqpSource::connect(self.settings()?).await
     }
+}
+
+/// Checks `tls`, and that it goes with an `amqps://` URL.
+pub(crate) fn check_tls(tls: &Tls, url: &AmqpUrl) -> Result<(), ConfigError> {
+    if tls.is_set() && !url.is_tls() {
+        return Err(ConfigError::new(
+            "tls",
+            "is set, but the URL is `amqp://`; use `amqps://` (RabbitMQ's TLS port is 5671)",
+        ));
+    }
+    tls.validate()
 }
 
 #[cfg(test)]
@@ -298,6 +323,17 @@ mod tests {
     fn a_budget_beyond_the_amqp_prefetch_range_is_refused() {
         let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(70_000));
         assert!(error.problem.contains("65535"));
+    }
+
+    #[test]
+    fn tls_settings_on_a_plain_url_are_refused() {
+        let error = config_error(
+            AmqpSourceBuilder::new(URL)
+                .queue("q")
+                .tls(Tls::new().ca_certificate_pem("x")),
+        );
+        assert_eq!(error.setting, "tls");
+        assert!(error.problem.contains("amqps://"));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 pub use builder::AmqpSourceBuilder;
-pub(crate) use builder::{Settings, Target};
+pub(crate) use builder::{Settings, Target, check_tls};
 use delivery::DeliveryReader;
 
 use crate::acker::AmqpAcker;
@@ -118,8 +118,9 @@ impl fmt::Debug for AmqpSource {
 impl AmqpSource {
     /// Starts building a source for the broker at `url`
     /// (`amqp://user:password@host:5672/vhost`, or `amqps://` for TLS,
-    /// checked against the system's root certificates; the default vhost `/`
-    /// is written `%2f`). Query parameters `heartbeat` (seconds),
+    /// checked against the system's root certificates unless
+    /// [`tls`](AmqpSourceBuilder::tls) adds a private CA or a client
+    /// certificate; the default vhost `/` is written `%2f`). Query parameters `heartbeat` (seconds),
     /// `frame_max` and `channel_max` are passed to the broker: a shorter
     /// heartbeat than RabbitMQ's default 60 s notices a silently dead
     /// network sooner.
@@ -405,6 +406,7 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
     let connection = open_within(
         url,
         settings.connection_name.as_deref(),
+        &settings.tls,
         settings.connect_timeout,
     )
     .await?;
