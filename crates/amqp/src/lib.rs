@@ -81,9 +81,13 @@
 //! delivers it again on the next connection, so the source treats every
 //! such loss as a failed attempt: reconnects back off further each time,
 //! the log names the queue, channel and delivery tag, and
-//! [`SourceCounters::unparsable_deliveries`] counts it. Move the message
-//! out of the queue, or give the queue a delivery limit and a dead-letter
-//! exchange (up to RabbitMQ 4.2, a closed channel counts as a delivery).
+//! [`SourceCounters::unparsable_deliveries`] counts it. The broker also
+//! returns every delivery the lost channel held; so that those do not reach
+//! a quorum queue's delivery limit along with it, the next channel takes
+//! them one at a time before it returns to the full prefetch. Move the
+//! message out of the queue, or give the queue a delivery limit and a
+//! dead-letter exchange (up to RabbitMQ 4.2, a closed channel counts as a
+//! delivery, so the broker dead-letters it once the limit is reached).
 //!
 //! lapin also parses nested header tables recursively on its I/O thread: a
 //! header nested a few thousand levels deep (about 15 KB) overflows that

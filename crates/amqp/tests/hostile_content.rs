@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
-use intake_core::{Source, SourceEvent};
+use intake_core::{AckBatch, Acker, PartitionAck, Source, SourceEvent};
 use support::raw::{RawMessage, table};
 use support::{AmqpBackend, RecordingBackoff, inbound_exchange};
 
@@ -82,6 +82,7 @@ async fn poison_backs_off_and_is_named(test: &str, poison: impl FnOnce(&str) -> 
         .connect()
         .await
         .unwrap();
+    let mut acker = source.acker();
     let mut buffer = Vec::new();
     let mut losses = 0;
     let mut good_deliveries = 0;
@@ -93,6 +94,16 @@ async fn poison_backs_off_and_is_named(test: &str, poison: impl FnOnce(&str) -> 
                     for message in buffer.drain(..) {
                         assert_eq!(&message.payload()[..], b"good");
                         good_deliveries += 1;
+                        // As the runtime would: the next delivery (the
+                        // poison) comes once this one is settled.
+                        let mut ack = PartitionAck::new(message.metadata().partition_key());
+                        ack.watermark = Some(message.metadata().position());
+                        let _ = acker
+                            .ack(&AckBatch {
+                                partitions: vec![ack],
+                                sync: true,
+                            })
+                            .await;
                     }
                 }
                 Ok(_) => {}
@@ -287,4 +298,111 @@ async fn a_header_nested_thousands_deep_overflows_lapins_parser_and_aborts_the_p
         "{stderr}"
     );
     backend.cleanup().await;
+}
+
+/// Up to RabbitMQ 4.2 a quorum queue counts a delivery returned by a closed
+/// channel, so its delivery limit takes an unreadable message out of the
+/// way: the broker dead-letters it, and consumption goes on. It counts every
+/// delivery the closed channel held, too: the messages prefetched behind the
+/// unreadable one must not reach the limit with it, so after such a loss
+/// the source takes them one at a time.
+#[tokio::test]
+async fn an_unreadable_message_on_a_quorum_queue_with_a_delivery_limit_is_dead_lettered_by_the_broker()
+ {
+    let Some(backend) = AmqpBackend::connect_or_skip("unparsable_delivery_limit").await else {
+        return;
+    };
+    let queue = support::unique("unparsable-limited");
+    let dlq = support::dead_letter_queue(&queue);
+    let topology = intake_amqp::Topology::new()
+        .queue(intake_amqp::Queue::classic(dlq.as_str()))
+        .queue(
+            intake_amqp::Queue::quorum(queue.as_str())
+                .dead_letter_exchange("")
+                .dead_letter_routing_key(dlq.as_str())
+                .delivery_limit(2),
+        );
+    topology.declare(backend.url()).await.unwrap();
+    backend.track_queue(&queue);
+    backend.track_queue(&dlq);
+    let direct = |body: &[u8], headers: Vec<u8>| RawMessage {
+        routing_key: queue.as_bytes().to_vec(),
+        headers,
+        body: body.to_vec(),
+        ..RawMessage::default()
+    };
+    backend
+        .publish_raw(&[
+            direct(b"poison", table(&[(b"\xff", b"x")])),
+            direct(b"good", Vec::new()),
+        ])
+        .await
+        .unwrap();
+    let policy = RecordingBackoff::default();
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .reconnect_backoff(policy.clone())
+        .connect()
+        .await
+        .unwrap();
+    let counters = source.counters();
+    let mut acker = source.acker();
+    let mut buffer = Vec::new();
+    let mut handled = Vec::new();
+    // A limit of 2 lets it come three times; each time the connection goes.
+    tokio::time::timeout(PATIENCE, async {
+        while counters.unparsable_deliveries() < 3 || handled.is_empty() {
+            match source.next(&mut buffer, 10).await {
+                Ok(SourceEvent::Delivered) => {
+                    for message in buffer.drain(..) {
+                        let mut ack = PartitionAck::new(message.metadata().partition_key());
+                        ack.watermark = Some(message.metadata().position());
+                        let _ = acker
+                            .ack(&AckBatch {
+                                partitions: vec![ack],
+                                sync: true,
+                            })
+                            .await;
+                        handled.push(String::from_utf8_lossy(message.payload()).into_owned());
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => panic!("the source gave up: {error}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{} losses to the unreadable message, handled {handled:?}",
+            counters.unparsable_deliveries()
+        )
+    });
+    assert_eq!(handled, ["good"]);
+    assert_eq!(policy.asked(), [1, 2, 3]);
+    // Dead-lettering reaches the dead-letter queue a moment later: the
+    // unreadable message alone, the good one having been handled.
+    let mut dead = 0;
+    for _ in 0..50 {
+        dead = backend.messages_in(&dlq).await.unwrap();
+        if dead > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dead, 1, "only the unreadable message is dead-lettered");
+    settle_queue(&backend, &queue).await;
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+/// Waits until `queue` is empty (acknowledgements are asynchronous).
+async fn settle_queue(backend: &AmqpBackend, queue: &str) {
+    for _ in 0..100 {
+        if backend.messages_in(queue).await.ok() == Some(0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{queue} still holds messages");
 }

@@ -62,6 +62,10 @@ pub struct AmqpSource {
     /// next session, so such a session is no sign of health). A session
     /// lost for any other reason starts a fresh series.
     failures: u32,
+    /// After a channel died on a delivery lapin could not parse: how many
+    /// deliveries the next channel takes one at a time (see
+    /// [`AmqpSource::poisoned`]).
+    quarantine: Option<u64>,
     counters: SourceCounters,
     next_epoch: u32,
 }
@@ -97,6 +101,9 @@ struct Session {
     /// channel's deliveries 1, 2, 3, … and lapin hands them over in order,
     /// so a delivery lapin fails to parse is the one after it.
     last_tag: u64,
+    /// Deliveries still to take at a prefetch of 1 before the full prefetch
+    /// is set; `Some(0)` once it is due.
+    quarantine: Option<u64>,
 }
 
 impl fmt::Debug for AmqpSource {
@@ -130,7 +137,7 @@ impl AmqpSource {
 
     async fn connect(settings: Settings) -> Result<Self, AmqpError> {
         let settings = Arc::new(settings);
-        let session = open_session_within(&settings, 1).await?;
+        let session = open_session_within(&settings, 1, None).await?;
         let slot = Arc::new(ChannelSlot::default());
         slot.install(session.epoch, session.channel.clone());
         let reader = DeliveryReader::new(settings.source_name().into());
@@ -142,6 +149,7 @@ impl AmqpSource {
             pending: VecDeque::new(),
             failure: None,
             failures: 0,
+            quarantine: None,
             counters: SourceCounters::default(),
             next_epoch: 2,
         };
@@ -200,10 +208,10 @@ impl AmqpSource {
     /// The channel is gone: revoke its partition and wait to reconnect. The
     /// broker requeues its unacknowledged deliveries by itself.
     fn lose(&mut self, loss: Loss) {
-        self.slot.clear();
         let mut session = match std::mem::replace(&mut self.state, State::Closed) {
             State::Live(session) => session,
             other => {
+                self.slot.clear();
                 self.state = other;
                 return;
             }
@@ -213,11 +221,19 @@ impl AmqpSource {
         while let Some(Some(Ok(delivery))) = session.consumer.next().now_or_never() {
             session.last_tag = session.last_tag.max(delivery.delivery_tag);
         }
+        let settled = self
+            .slot
+            .settled_through(session.epoch, session.last_tag)
+            .unwrap_or(0);
+        self.slot.clear();
         self.counters.channel_lost();
+        // A channel lost otherwise before it was past an unreadable
+        // delivery's companions leaves the rest of that care to the next.
+        self.quarantine = session.quarantine.filter(|left| *left > 0);
         let endpoint = self.settings.url.endpoint();
         let (queue, epoch) = (&session.queue, session.epoch);
         let retry_at = match &loss {
-            Loss::Error(error) if is_unparsable(error) => self.poisoned(&session, error),
+            Loss::Error(error) if is_unparsable(error) => self.poisoned(&session, settled, error),
             Loss::Error(error) => {
                 tracing::warn!(
                     endpoint, queue, epoch, %error,
@@ -263,10 +279,19 @@ impl AmqpSource {
     /// puts that delivery back and sends it first thing on the next channel,
     /// so the session counts as a failed attempt: the backoff grows with
     /// every such loss, and when the policy gives up the runtime is told.
-    fn poisoned(&mut self, session: &Session, error: &lapin::Error) -> Instant {
+    ///
+    /// The broker also returns every delivery the channel held unsettled,
+    /// and the ones prefetched behind the poison were never seen; a quorum
+    /// queue counts each return against its delivery limit, so they would
+    /// be dead-lettered with it. The next channel therefore takes those
+    /// deliveries one at a time (prefetch 1), so that at most the poison is
+    /// in flight when lapin closes the connection again.
+    fn poisoned(&mut self, session: &Session, settled: u64, error: &lapin::Error) -> Instant {
         self.failures = self.failures.saturating_add(1);
         self.counters.unparsable();
         let tag = session.last_tag.saturating_add(1);
+        let unsettled = tag.saturating_sub(settled);
+        self.quarantine = Some(unsettled.min(u64::from(self.settings.prefetch)));
         let delay = self.settings.reconnect.delay(self.failures);
         tracing::error!(
             endpoint = self.settings.url.endpoint(),
@@ -320,7 +345,7 @@ impl AmqpSource {
         }
         tokio::time::sleep_until(*retry_at).await;
         let epoch = self.next_epoch;
-        match open_session_within(&self.settings, epoch).await {
+        match open_session_within(&self.settings, epoch, self.quarantine).await {
             Ok(session) => {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
@@ -333,6 +358,7 @@ impl AmqpSource {
                 );
                 self.pending
                     .push_back(SourceEvent::Assigned(vec![self.partition(epoch)]));
+                self.quarantine = None;
                 self.state = State::Live(Box::new(session));
                 Ok(())
             }
@@ -378,9 +404,13 @@ impl AmqpSource {
 /// [`open_session`] within the connect timeout: a broker that accepts the
 /// connection and then stalls (a node in trouble, a network that drops
 /// packets after the handshake) must not hold a reconnect for good.
-async fn open_session_within(settings: &Settings, epoch: u32) -> Result<Session, AmqpError> {
+async fn open_session_within(
+    settings: &Settings,
+    epoch: u32,
+    quarantine: Option<u64>,
+) -> Result<Session, AmqpError> {
     let timeout = settings.connect_timeout;
-    tokio::time::timeout(timeout, open_session(settings, epoch))
+    tokio::time::timeout(timeout, open_session(settings, epoch, quarantine))
         .await
         .unwrap_or_else(|_elapsed| {
             Err(AmqpError::Unreachable {
@@ -394,8 +424,12 @@ async fn open_session_within(settings: &Settings, epoch: u32) -> Result<Session,
 }
 
 /// Connects, declares, and starts consuming with the prefetch from the
-/// budget.
-async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpError> {
+/// budget, or of 1 for the first `quarantine` deliveries.
+async fn open_session(
+    settings: &Settings,
+    epoch: u32,
+    quarantine: Option<u64>,
+) -> Result<Session, AmqpError> {
     let url = &settings.url;
     fn fail<'a>(
         url: &'a AmqpUrl,
@@ -470,7 +504,14 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         }
     };
     channel
-        .basic_qos(settings.prefetch, BasicQosOptions { global: false })
+        .basic_qos(
+            if quarantine.is_some() {
+                1
+            } else {
+                settings.prefetch
+            },
+            BasicQosOptions { global: false },
+        )
         .await
         .map_err(fail(url, Operation::Other))?;
     let consumer = channel
@@ -490,7 +531,18 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         events,
         queue,
         last_tag: 0,
+        quarantine,
     })
+}
+
+impl Session {
+    /// Records a delivery read from the channel.
+    fn took(&mut self, tag: u64) {
+        self.last_tag = tag;
+        if let Some(left) = &mut self.quarantine {
+            *left = left.saturating_sub(1);
+        }
+    }
 }
 
 /// Whether lapin closed the connection because it could not parse a frame
@@ -536,6 +588,30 @@ impl Source for AmqpSource {
                 }
                 State::Closed => return Ok(SourceEvent::Exhausted),
             };
+            if session.quarantine == Some(0) {
+                // Past what came back with an unreadable delivery: the full
+                // prefetch again. Cancel-safe: sent again if interrupted.
+                let raised = session
+                    .channel
+                    .basic_qos(self.settings.prefetch, BasicQosOptions { global: false })
+                    .await;
+                match raised {
+                    Ok(()) => {
+                        session.quarantine = None;
+                        tracing::info!(
+                            endpoint = self.settings.url.endpoint(),
+                            queue = session.queue,
+                            epoch = session.epoch,
+                            prefetch = self.settings.prefetch,
+                            "AMQP consumer past the deliveries returned with an unreadable one; full prefetch again"
+                        );
+                    }
+                    Err(error) => {
+                        self.lose(Loss::Error(error));
+                        continue;
+                    }
+                }
+            }
             if max == 0 {
                 // The budget is full: deliver nothing, but notice a lost
                 // channel, whose revocation frees the slots its deliveries
@@ -559,13 +635,13 @@ impl Source for AmqpSource {
             let already = deliveries.len();
             let polled = match session.consumer.next().await {
                 Some(Ok(delivery)) => {
-                    session.last_tag = delivery.delivery_tag;
+                    session.took(delivery.delivery_tag);
                     deliveries.push(self.reader.read(delivery, session.epoch));
                     let mut polled = Polled::Delivered;
                     while deliveries.len() < max {
                         match session.consumer.next().now_or_never() {
                             Some(Some(Ok(delivery))) => {
-                                session.last_tag = delivery.delivery_tag;
+                                session.took(delivery.delivery_tag);
                                 deliveries.push(self.reader.read(delivery, session.epoch));
                             }
                             Some(Some(Err(error))) => {
