@@ -16,11 +16,9 @@ mod delivery;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
-
-use std::pin::Pin;
-
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use futures_util::{FutureExt, Stream, StreamExt};
 use intake_core::source::{RevocationError, RevocationOutcome};
@@ -127,10 +125,10 @@ impl AmqpSource {
     /// (`amqp://user:password@host:5672/vhost`, or `amqps://` for TLS,
     /// checked against the system's root certificates unless
     /// [`tls`](AmqpSourceBuilder::tls) adds a private CA or a client
-    /// certificate; the default vhost `/` is written `%2f`). Query parameters `heartbeat` (seconds),
-    /// `frame_max` and `channel_max` are passed to the broker: a shorter
-    /// heartbeat than RabbitMQ's default 60 s notices a silently dead
-    /// network sooner.
+    /// certificate; the default vhost `/` is written `%2f`). Query
+    /// parameters `heartbeat` (seconds), `frame_max` and `channel_max` are
+    /// passed to the broker: a shorter heartbeat than RabbitMQ's default
+    /// 60 s notices a silently dead network sooner.
     pub fn builder(url: impl Into<String>) -> AmqpSourceBuilder {
         AmqpSourceBuilder::new(url)
     }
