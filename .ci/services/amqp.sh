@@ -10,11 +10,13 @@
 #
 #   amqp.sh [start]  make the certificates once, configure both listeners,
 #                    start the broker, or restart one already running
-#                    without the TLS listener (once: the configuration is
-#                    read at boot), and wait until both listeners answer
+#                    without the TLS listener or with other certificates
+#                    (once: both are read at boot), and wait until both
+#                    listeners answer
 #   amqp.sh stop     leaves the broker running: services are shared with
 #                    the machine
-#   amqp.sh status   say whether both listeners answer
+#   amqp.sh status   say whether both listeners answer with the certificates
+#                    in the cache
 #   amqp.sh env      print the TLS test settings as shell variables
 #
 # Environment:
@@ -115,8 +117,16 @@ wait_for() {
     return 1
 }
 
+# Whether the broker's copies are the certificates in the cache (a wiped
+# cache makes new ones, which the running broker must then load).
+certificates_installed() {
+    cmp -s "$TLS_DIR/ca.pem" "$BROKER_TLS_DIR/ca.pem" \
+        && cmp -s "$TLS_DIR/server.pem" "$BROKER_TLS_DIR/server.pem"
+}
+
 start() {
-    if listening "$PORT" && listening "$TLS_PORT"; then
+    make_certificates
+    if listening "$PORT" && listening "$TLS_PORT" && certificates_installed; then
         return 0
     fi
     if ! command -v rabbitmq-server >/dev/null 2>&1; then
@@ -124,13 +134,15 @@ start() {
         apt-get install -y rabbitmq-server >/dev/null 2>&1 \
             || { apt-get update -qq && apt-get install -y rabbitmq-server >/dev/null; }
     fi
-    make_certificates
+    local reload=false
+    certificates_installed || reload=true
     install_broker_certificates
     configure
     # The package may have started a broker of its own meanwhile, before the
-    # configuration was complete; the configuration is read at boot.
-    if listening "$PORT" && ! listening "$TLS_PORT"; then
-        log "restarting RabbitMQ once to open its TLS listener"
+    # configuration was complete; the configuration and the certificates
+    # are read at boot.
+    if listening "$PORT" && { ! listening "$TLS_PORT" || "$reload"; }; then
+        log "restarting RabbitMQ once to load its TLS listener and certificates"
         rabbitmqctl stop >/dev/null 2>&1 || true
         for _ in $(seq 1 300); do
             listening "$PORT" || break
@@ -148,7 +160,7 @@ start() {
 case "${1:-start}" in
 start) start ;;
 stop) ;;
-status) listening "$PORT" && listening "$TLS_PORT" ;;
+status) listening "$PORT" && listening "$TLS_PORT" && certificates_installed ;;
 env)
     echo "INTAKE_AMQP_TLS_URL=amqps://guest:guest@localhost:$TLS_PORT/%2f"
     echo "INTAKE_AMQP_TLS_DIR=$TLS_DIR"
