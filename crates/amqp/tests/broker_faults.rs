@@ -186,9 +186,9 @@ async fn retried_until_lifted<F, L>(
     let _ = close_connection_named(&name).await;
     // While the fault lasts, the budget is "full": only assignment changes
     // and errors come back. The source retries inside `next`, so the test
-    // watches the policy beside it (dropping `next` is cancel-safe).
+    // watches its counters beside it (dropping `next` is cancel-safe).
     let retried_twice = async {
-        while policy.asked().len() < 2 {
+        while counters.failed_reconnects() < 2 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };

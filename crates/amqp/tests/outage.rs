@@ -141,7 +141,7 @@ async fn a_reconnect_to_a_broker_that_stalls_after_the_handshake_fails_within_th
         .queue(queue.as_str())
         .connect_timeout(Duration::from_secs(1))
         .reconnect_backoff(
-            Exponential::new(Duration::from_millis(1), Duration::from_millis(1)).max_retries(1),
+            Exponential::new(Duration::from_millis(1), Duration::from_millis(1)).max_retries(2),
         )
         .connect()
         .await
@@ -167,7 +167,10 @@ async fn a_reconnect_to_a_broker_that_stalls_after_the_handshake_fails_within_th
     .await
     .expect("a reconnect to a stalled broker hangs");
     assert!(error.is_transient(), "{error:?}");
-    assert_eq!(counters.failed_reconnects(), 2, "the attempt and one retry");
+    // Retry 1 follows the loss of the young session (it had delivered
+    // nothing), retry 2 the first stalled attempt; the second stalled
+    // attempt uses the retries up.
+    assert_eq!(counters.failed_reconnects(), 2);
     backend.cleanup().await;
 }
 
@@ -220,5 +223,49 @@ async fn a_consumer_stopped_during_a_network_partition_returns_its_report() {
         .expect("the run itself did not fail");
     assert_eq!(report.succeeded, 5);
     proxy.drop_connections();
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_broker_that_drops_every_new_consumer_at_once_is_reconnected_to_with_backoff() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dropped_at_once").await else {
+        return;
+    };
+    let queue = backend.classic_queue("dropped-at-once").await.unwrap();
+    let proxy = Proxy::start(broker_address()).await.unwrap();
+    let policy = support::RecordingBackoff::default();
+    let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
+        .queue(queue.as_str())
+        .reconnect_backoff(policy.clone())
+        .connect()
+        .await
+        .unwrap();
+    let mut buffer = Vec::new();
+    let assigned = source.next(&mut buffer, 10).await.unwrap();
+    assert!(matches!(assigned, SourceEvent::Assigned(_)), "{assigned:?}");
+
+    // Each new connection gets through the handshake, the channel, the
+    // queue check, `basic.qos` and `basic.consume` (seven frames), and is
+    // closed right after: every reconnect "succeeds".
+    proxy.set(Mode::CloseAfterFrames(7));
+    proxy.drop_connections();
+    let mut losses = 0;
+    tokio::time::timeout(HANG, async {
+        while losses < 5 {
+            match source.next(&mut buffer, 10).await {
+                Ok(SourceEvent::Revoked(_)) => losses += 1,
+                Ok(_) => {}
+                Err(error) => panic!("the source gave up: {error}"),
+            }
+        }
+    })
+    .await
+    .expect("the connections keep being dropped");
+    let asked = policy.asked();
+    assert!(
+        asked.starts_with(&[1, 2, 3]),
+        "a session dropped before it delivered anything is a failed attempt: {asked:?}"
+    );
+    drop(proxy);
     backend.cleanup().await;
 }

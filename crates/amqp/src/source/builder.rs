@@ -158,9 +158,14 @@ impl AmqpSourceBuilder {
     }
 
     /// How to wait between reconnect attempts after the connection or channel
-    /// is lost. When the policy gives up, [`Source::next`] returns the last
-    /// error and the next call starts over. Default: exponential from 100 ms
-    /// to 10 s, 10 attempts.
+    /// is lost. A channel that had delivered messages (or lasted the
+    /// [connect timeout](Self::connect_timeout)) is reopened at once; one
+    /// lost younger and empty, or lost to a delivery lapin cannot parse,
+    /// counts as a failed attempt like a failed reconnect, so a broker that
+    /// drops every new consumer is never reconnected to in a tight loop.
+    /// When the policy gives up, [`Source::next`] returns the last error and
+    /// the next call starts over. Default: exponential from 100 ms to 10 s,
+    /// 10 attempts.
     ///
     /// [`Source::next`]: intake_core::Source::next
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {

@@ -55,10 +55,11 @@ pub struct AmqpSource {
     /// Reported once the pending events are out: the reconnect backoff gave
     /// up.
     failure: Option<AmqpError>,
-    /// Failed attempts in a row: reconnects that failed, and sessions lost
-    /// to a delivery lapin could not parse (that delivery comes back on the
-    /// next session, so such a session is no sign of health). A session
-    /// lost for any other reason starts a fresh series.
+    /// Failed attempts in a row: reconnects that failed, sessions lost to
+    /// a delivery lapin could not parse (that delivery comes back on the
+    /// next session, so such a session is no sign of health), and sessions
+    /// lost before they delivered anything or lasted a connect timeout. A
+    /// session lost after that starts a fresh series.
     failures: u32,
     /// After a channel died on a delivery lapin could not parse: how many
     /// deliveries the next channel takes one at a time (see
@@ -102,6 +103,10 @@ struct Session {
     /// Deliveries still to take at a prefetch of 1 before the full prefetch
     /// is set; `Some(0)` once it is due.
     quarantine: Option<u64>,
+    /// When the session started consuming, and whether it delivered
+    /// anything: a session lost young and empty was no success.
+    opened_at: Instant,
+    delivered: bool,
 }
 
 impl fmt::Debug for AmqpSource {
@@ -230,40 +235,83 @@ impl AmqpSource {
         self.quarantine = session.quarantine.filter(|left| *left > 0);
         let endpoint = self.settings.url.endpoint();
         let (queue, epoch) = (&session.queue, session.epoch);
-        let retry_at = match &loss {
-            Loss::Error(error) if is_unparsable(error) => self.poisoned(&session, settled, error),
-            Loss::Error(error) => {
-                tracing::warn!(
-                    endpoint, queue, epoch, %error,
-                    "AMQP channel lost; the broker requeues its unacknowledged deliveries; reconnecting"
-                );
+        if let Loss::Error(error) = &loss
+            && is_unparsable(error)
+        {
+            let retry_at = self.poisoned(&session, settled, error);
+            self.down(retry_at, &session);
+            return;
+        }
+        match &loss {
+            Loss::Error(error) => tracing::warn!(
+                endpoint, queue, epoch, %error,
+                "AMQP channel lost; the broker requeues its unacknowledged deliveries; reconnecting"
+            ),
+            Loss::Cancelled => tracing::warn!(
+                endpoint,
+                queue,
+                epoch,
+                "AMQP consumer cancelled by the broker (queue deleted?); reconnecting"
+            ),
+            Loss::Closed => tracing::warn!(
+                endpoint,
+                queue,
+                epoch,
+                "AMQP channel closed; the broker requeues its unacknowledged deliveries; reconnecting"
+            ),
+        }
+        let retry_at =
+            if session.delivered || session.opened_at.elapsed() >= self.settings.connect_timeout {
                 self.fresh_start()
-            }
-            Loss::Cancelled => {
-                tracing::warn!(
-                    endpoint,
-                    queue,
-                    epoch,
-                    "AMQP consumer cancelled by the broker (queue deleted?); reconnecting"
-                );
-                self.fresh_start()
-            }
-            Loss::Closed => {
-                tracing::warn!(
-                    endpoint,
-                    queue,
-                    epoch,
-                    "AMQP channel closed; the broker requeues its unacknowledged deliveries; reconnecting"
-                );
-                self.fresh_start()
-            }
-        };
+            } else {
+                self.short_lived(&session, &loss)
+            };
+        self.down(retry_at, &session);
+    }
+
+    /// Waits to reconnect, and tells the runtime that `session`'s channel
+    /// is revoked.
+    fn down(&mut self, retry_at: Instant, session: &Session) {
         let (revocation, drained) = Revocation::new(vec![self.partition(session.epoch)]);
         self.state = State::Down {
             retry_at,
             drained: Some(Box::pin(drained.wait())),
         };
         self.pending.push_back(SourceEvent::Revoked(revocation));
+    }
+
+    /// The session was lost before it delivered anything and before it
+    /// lasted a connect timeout: a broker (or a proxy, a load balancer) that
+    /// lets consumers start and drops them at once must not be reconnected
+    /// to in a tight loop, so this counts as a failed attempt.
+    fn short_lived(&mut self, session: &Session, loss: &Loss) -> Instant {
+        self.failures = self.failures.saturating_add(1);
+        match self.settings.reconnect.delay(self.failures) {
+            Some(delay) => {
+                tracing::warn!(
+                    endpoint = self.settings.url.endpoint(),
+                    queue = session.queue,
+                    attempt = self.failures,
+                    lasted = ?session.opened_at.elapsed(),
+                    retry_in = ?delay,
+                    "AMQP channel lost before it delivered anything; reconnecting after the backoff"
+                );
+                Instant::now() + delay
+            }
+            None => {
+                self.failures = 0;
+                let reason = match loss {
+                    Loss::Error(error) => format!("every new channel was lost at once: {error}"),
+                    Loss::Cancelled => "every new consumer was cancelled at once".to_owned(),
+                    Loss::Closed => "every new channel was closed at once".to_owned(),
+                };
+                self.failure = Some(AmqpError::Unreachable {
+                    endpoint: self.settings.url.endpoint().to_owned(),
+                    source: reason.into(),
+                });
+                Instant::now()
+            }
+        }
     }
 
     /// A session that ended for a reason of its own (the broker closed it,
@@ -530,6 +578,8 @@ async fn open_session(
         queue,
         last_tag: 0,
         quarantine,
+        opened_at: Instant::now(),
+        delivered: false,
     })
 }
 
@@ -537,6 +587,7 @@ impl Session {
     /// Records a delivery read from the channel.
     fn took(&mut self, tag: u64) {
         self.last_tag = tag;
+        self.delivered = true;
         if let Some(left) = &mut self.quarantine {
             *left = left.saturating_sub(1);
         }

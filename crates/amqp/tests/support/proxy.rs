@@ -21,6 +21,9 @@ pub enum Mode {
     /// handshake is three: `start`, `tune`, `open-ok`), then nothing from
     /// the broker: a broker that accepts connections and then stalls.
     StallAfterFrames(usize),
+    /// Relays the broker's first `n` frames of each new connection, then
+    /// closes it: a broker that lets a consumer start and drops it at once.
+    CloseAfterFrames(usize),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,9 +130,10 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Rece
         return;
     };
     let initial = *setting.borrow_and_update();
-    let stall_after = match initial.mode {
-        Mode::StallAfterFrames(frames) => Some(frames),
-        _ => None,
+    let (stall_after, close_after) = match initial.mode {
+        Mode::StallAfterFrames(frames) => (Some(frames), None),
+        Mode::CloseAfterFrames(frames) => (Some(frames), Some(frames)),
+        _ => (None, None),
     };
     let (mut client_read, mut client_write) = client.into_split();
     let (mut broker_read, mut broker_write) = broker.into_split();
@@ -160,6 +164,9 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Rece
                         None => n,
                     };
                     if client_write.write_all(&from_broker[..forward]).await.is_err() {
+                        return;
+                    }
+                    if close_after.is_some_and(|limit| frames.complete >= limit) {
                         return;
                     }
                 }
