@@ -29,3 +29,18 @@ pub const DEAD_LETTER_ERROR: &str = "x-intake-error";
 pub const DEAD_LETTER_ATTEMPTS: &str = "x-intake-attempts";
 /// Dead letter: when it was given up, in milliseconds since the Unix epoch.
 pub const DEAD_LETTER_FAILED_AT_MS: &str = "x-intake-failed-at-ms";
+/// Dead letter: how many of the original headers were left out because,
+/// with them, the dead letter's headers would not fit in one frame of the
+/// connection (`frame_max`). Set only on such dead letters, which also
+/// carry the error cut to [`DEAD_LETTER_ERROR_REDUCED_BYTES`].
+pub const DEAD_LETTER_HEADERS_LEFT_OUT: &str = "x-intake-headers-left-out";
+
+/// The most bytes of the error a dead letter keeps when its headers had to
+/// be reduced to fit a frame (cut at a character boundary).
+pub const DEAD_LETTER_ERROR_REDUCED_BYTES: usize = 1024;
+
+/// Dead letter: a header of the original whose name is in intake's own
+/// namespace (`x-intake-…`) is kept under this prefix
+/// (`x-intake-producer.x-intake-source`), so that nothing a producer wrote
+/// can pass for the origin.
+pub const DEAD_LETTER_PRODUCER_PREFIX: &str = "x-intake-producer.";

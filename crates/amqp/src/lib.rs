@@ -17,7 +17,10 @@
 //! - A lost connection or channel is reopened with a
 //!   [`BackoffPolicy`](intake_core::BackoffPolicy), the [`Topology`]
 //!   re-declared and the queue consumed again; the broker redelivers what the
-//!   old channel had not acknowledged.
+//!   old channel had not acknowledged. The new channel is opened only once
+//!   the runtime has completed the old one's revocation (its handlers
+//!   finished, or were cancelled at the runtime's `revoke_timeout`), so a
+//!   redelivered message never runs beside its first copy in one consumer.
 //! - Dead letters go to an exchange with publisher confirms
 //!   ([`AmqpDeadLetterSink`]) or, by rejecting without requeue, to the
 //!   queue's own dead-letter exchange ([`BrokerDeadLetterSink`]).
@@ -69,25 +72,51 @@
 //! `basic.reject` counts, so intake retries with reject (a message that
 //! keeps failing reaches the limit) and hands back unfinished work at
 //! shutdown with nack (which does not use up an attempt).
+//!
+//! # Content lapin cannot read
+//!
+//! AMQP short strings (header names, the message id, the routing key) are
+//! bytes; lapin reads them as UTF-8 text and closes the connection on a
+//! frame where they are not. The broker puts such a message back and
+//! delivers it again on the next connection, so the source treats every
+//! such loss as a failed attempt: reconnects back off further each time,
+//! the log names the queue, channel and delivery tag, and
+//! [`SourceCounters::unparsable_deliveries`] counts it. The broker also
+//! returns every delivery the lost channel held; so that those do not reach
+//! a quorum queue's delivery limit along with it, the next channel takes
+//! them one at a time before it returns to the full prefetch. Move the
+//! message out of the queue, or give the queue a delivery limit and a
+//! dead-letter exchange (up to RabbitMQ 4.2, a closed channel counts as a
+//! delivery, so the broker dead-letters it once the limit is reached).
+//!
+//! lapin also parses nested header tables recursively on its I/O thread: a
+//! header nested a few thousand levels deep (about 15 KB) overflows that
+//! thread's stack and aborts the process (`hostile_content` tests). No
+//! setting of intake prevents it; a larger default thread stack
+//! (`RUST_MIN_STACK`) raises the depth it takes.
 #![warn(missing_docs)]
 
 mod acker;
 mod broker_dead_letter;
 mod connection;
+mod counters;
 mod dead_letter;
 mod error;
 pub mod headers;
 mod live_channel;
 mod source;
 mod tag_ledger;
+mod tls;
 mod topology;
 mod url;
 
 pub use acker::AmqpAcker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
+pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder};
 pub use error::AmqpError;
 pub use source::{AmqpSource, AmqpSourceBuilder};
+pub use tls::Tls;
 pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};
 pub use url::AmqpUrl;
 

@@ -60,6 +60,15 @@ impl ChannelSlot {
         self.lock().take().map(|live| live.channel)
     }
 
+    /// How many deliveries of `epoch` up to tag `last` were settled, if
+    /// `epoch` is the current channel.
+    pub(crate) fn settled_through(&self, epoch: u32, last: u64) -> Option<u64> {
+        self.lock()
+            .as_ref()
+            .filter(|live| live.epoch == epoch)
+            .map(|live| live.ledger.settled_through(last))
+    }
+
     /// The current epoch, if a channel is open.
     pub(crate) fn epoch(&self) -> Option<u32> {
         self.lock().as_ref().map(|live| live.epoch)

@@ -39,6 +39,13 @@ impl TagLedger {
         }
     }
 
+    /// How many of the tags up to `last` are settled (acknowledged, or
+    /// settled on their own).
+    pub(crate) fn settled_through(&self, last: u64) -> u64 {
+        let above = self.settled.range(..=last).count();
+        self.acked_through.min(last) + u64::try_from(above).unwrap_or(u64::MAX)
+    }
+
     /// Plans the acknowledgement of one batch: pushes onto `individual` the
     /// `completed` tags above the watermark (to acknowledge one by one), and
     /// returns the tag for `basic.ack(multiple=true)`, if any. Rejects must
@@ -162,6 +169,18 @@ mod tests {
             None
         );
         assert!(individual.is_empty());
+    }
+
+    #[test]
+    fn settled_through_counts_acknowledged_and_individually_settled_tags() {
+        let mut ledger = TagLedger::default();
+        let mut individual = Vec::new();
+        // 1–3 acknowledged, 5 acknowledged alone, 7 rejected; 4 and 6 out.
+        ledger.acknowledge([1, 2, 3, 5], Some(3), &mut individual);
+        ledger.settle(7);
+        assert_eq!(ledger.settled_through(8), 5);
+        assert_eq!(ledger.settled_through(5), 4);
+        assert_eq!(ledger.settled_through(2), 2);
     }
 
     #[test]

@@ -456,13 +456,31 @@ impl Topology {
     }
 
     /// Checks every declaration without a broker; builders call it, so a
-    /// declaration RabbitMQ would refuse fails when the source is built.
+    /// declaration RabbitMQ would refuse fails when the source is built, and
+    /// so does a queue whose dead letters this topology routes back into it
+    /// (they would be consumed again, fail again, forever).
     pub fn validate(&self) -> Result<(), ConfigError> {
         for exchange in &self.exchanges {
             exchange.validate()?;
         }
         for queue in &self.queues {
             queue.validate()?;
+            if let Some(exchange) = &queue.dead_letter_exchange
+                && self.routes_into(
+                    exchange,
+                    queue.dead_letter_routing_key.as_deref(),
+                    &queue.name,
+                )
+            {
+                return Err(ConfigError::new(
+                    "queue.dead_letter_exchange",
+                    format!(
+                        "routes the dead letters of queue `{}` back into it (through exchange `{exchange}`), \
+                         where they would be consumed again; route them to another queue",
+                        queue.name
+                    ),
+                ));
+            }
         }
         for binding in &self.bindings {
             check_name("binding.queue", &binding.queue)?;
@@ -472,12 +490,45 @@ impl Topology {
         Ok(())
     }
 
+    /// Whether a message published to `exchange` with `routing_key` reaches
+    /// `queue`, as far as this topology shows: the default exchange routes
+    /// by queue name; a fanout declared here reaches every queue bound to it,
+    /// a direct or topic exchange declared here the queues bound with exactly
+    /// that key. An exchange declared elsewhere is not judged.
+    pub(crate) fn routes_into(
+        &self,
+        exchange: &str,
+        routing_key: Option<&str>,
+        queue: &str,
+    ) -> bool {
+        if exchange.is_empty() {
+            return routing_key == Some(queue);
+        }
+        let Some(declared) = self
+            .exchanges
+            .iter()
+            .find(|declared| declared.name == exchange)
+        else {
+            return false;
+        };
+        self.bindings
+            .iter()
+            .filter(|binding| binding.exchange == exchange && binding.queue == queue)
+            .any(|binding| match &declared.kind {
+                ExchangeKind::Fanout => true,
+                ExchangeKind::Direct | ExchangeKind::Topic => {
+                    routing_key == Some(binding.routing_key.as_str())
+                }
+                _ => false,
+            })
+    }
+
     /// Opens a connection to `url`, declares everything and closes it: for
     /// setting a broker up (a producer, a test, a deploy step).
     pub async fn declare(&self, url: &str) -> Result<(), AmqpError> {
         self.validate()?;
         let url = AmqpUrl::parse(url)?;
-        let connection = crate::connection::open(&url, None).await?;
+        let connection = crate::connection::open(&url, None, &crate::Tls::new()).await?;
         let channel = connection
             .create_channel()
             .await
@@ -578,6 +629,41 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(error.problem.contains("300 bytes"));
+    }
+
+    #[test]
+    fn a_queue_that_dead_letters_into_itself_is_refused() {
+        let through_default = Topology::new().queue(
+            Queue::quorum("orders")
+                .dead_letter_exchange("")
+                .dead_letter_routing_key("orders"),
+        );
+        let error = through_default.validate().unwrap_err();
+        assert_eq!(error.setting, "queue.dead_letter_exchange");
+        assert!(error.problem.contains("`orders`"), "{}", error.problem);
+
+        let through_fanout = Topology::new()
+            .exchange(Exchange::fanout("orders.dlx"))
+            .queue(Queue::quorum("orders").dead_letter_exchange("orders.dlx"))
+            .bind("orders", "orders.dlx", "");
+        assert!(through_fanout.validate().is_err());
+
+        let through_direct = Topology::new()
+            .exchange(Exchange::direct("dlx"))
+            .queue(
+                Queue::quorum("orders")
+                    .dead_letter_exchange("dlx")
+                    .dead_letter_routing_key("dead"),
+            )
+            .bind("orders", "dlx", "dead");
+        assert!(through_direct.validate().is_err());
+
+        let elsewhere = Topology::new()
+            .exchange(Exchange::direct("dlx"))
+            .queue(Queue::classic("orders.dlq"))
+            .bind("orders.dlq", "dlx", "orders")
+            .queue(Queue::quorum("orders").dead_letter_exchange("dlx"));
+        assert!(elsewhere.validate().is_ok());
     }
 
     #[test]

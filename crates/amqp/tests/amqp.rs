@@ -16,7 +16,7 @@ use intake_core::{
     AckBatch, AckError, Acker, DeadLetter, DeadLetterSink, Message, PartitionAck, PartitionKey,
     Position, Source, SourceError, SourceEvent,
 };
-use support::{AmqpBackend, dead_letter_queue, expiring, unique};
+use support::{AmqpBackend, close_connection_named, dead_letter_queue, expiring, unique};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -574,37 +574,6 @@ async fn a_consumer_dropped_mid_run_leaves_its_messages_to_another_and_none_is_l
     backend.cleanup().await;
 }
 
-/// Asks `rabbitmqctl` to close the connection named `name`.
-async fn close_connection_named(name: &str) -> Result<(), String> {
-    let listing = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "pid",
-            "client_properties",
-        ])
-        .output()
-        .await
-        .map_err(|error| format!("rabbitmqctl is not available: {error}"))?;
-    let listing = String::from_utf8_lossy(&listing.stdout);
-    let pid = listing
-        .lines()
-        .find(|line| line.contains(&format!("\"{name}\"")))
-        .and_then(|line| line.split_whitespace().next())
-        .ok_or_else(|| format!("no connection named {name} in: {listing}"))?;
-    let closed = tokio::process::Command::new("rabbitmqctl")
-        .args(["close_connection", pid, "closed by the test"])
-        .output()
-        .await
-        .map_err(|error| error.to_string())?;
-    closed
-        .status
-        .success()
-        .then_some(())
-        .ok_or_else(|| String::from_utf8_lossy(&closed.stderr).into_owned())
-}
-
 #[tokio::test]
 async fn the_broker_closing_the_connection_mid_run_leads_to_a_reconnect_and_nothing_lost() {
     let Some(backend) = AmqpBackend::connect_or_skip("connection_closed").await else {
@@ -1033,5 +1002,247 @@ async fn a_full_budget_takes_no_delivery_but_still_notices_a_lost_channel() {
         .unwrap();
     settle_at(&backend, &queue, 0).await;
     source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lost_channel_is_reopened_only_after_its_revocation_completed() {
+    let Some(backend) = AmqpBackend::connect_or_skip("reopen_after_revocation").await else {
+        return;
+    };
+    let queue = backend
+        .classic_queue("reopen-after-revocation")
+        .await
+        .unwrap();
+    backend.publish(&queue, &[b"a"]).await.unwrap();
+    let name = unique("reopen-conn");
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .connect()
+        .await
+        .unwrap();
+    receive(&mut source, 1, 10).await;
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "reopen_after_revocation",
+            &format!("cannot close the connection: {why}"),
+        );
+        backend.cleanup().await;
+        return;
+    }
+    let mut buffer = Vec::new();
+    let revocation = match tokio::time::timeout(PATIENCE, source.next(&mut buffer, 10))
+        .await
+        .expect("the loss is noticed")
+        .unwrap()
+    {
+        SourceEvent::Revoked(revocation) => revocation,
+        other => panic!("expected the revocation, got {other:?}"),
+    };
+    // The runtime still runs handlers of the lost channel until it completes
+    // the revocation: a new channel now would hand the same messages out
+    // again beside them.
+    let early = tokio::time::timeout(Duration::from_secs(1), source.next(&mut buffer, 10)).await;
+    assert!(
+        early.is_err(),
+        "the source reconnected while the revocation was pending: {early:?}"
+    );
+    revocation.complete(intake_core::source::RevocationOutcome::default());
+    let assigned = tokio::time::timeout(PATIENCE, source.next(&mut buffer, 10))
+        .await
+        .expect("the source reconnects once the revocation completed")
+        .unwrap();
+    assert!(
+        matches!(&assigned, SourceEvent::Assigned(partitions) if partitions == &[PartitionKey::new(queue.as_str(), 2)]),
+        "{assigned:?}"
+    );
+    let again = receive(&mut source, 1, 10).await;
+    assert_eq!(again.payloads(), ["a"]);
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() {
+    let Some(backend) = AmqpBackend::connect_or_skip("no_concurrent_copies").await else {
+        return;
+    };
+    let queue = backend.classic_queue("no-concurrent-copies").await.unwrap();
+    backend.publish(&queue, &[b"slow"]).await.unwrap();
+    let name = unique("copies-conn");
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .max_in_flight(8)
+        .connection_name(name.as_str())
+        .connect()
+        .await
+        .unwrap();
+
+    /// Copies of the message running now, and the most seen at once.
+    #[derive(Default)]
+    struct Running {
+        now: usize,
+        most: usize,
+        finished: usize,
+    }
+    struct Leaving(std::sync::Arc<std::sync::Mutex<Running>>);
+    impl Drop for Leaving {
+        fn drop(&mut self) {
+            if let Ok(mut running) = self.0.lock() {
+                running.now -= 1;
+            }
+        }
+    }
+    let running = std::sync::Arc::new(std::sync::Mutex::new(Running::default()));
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (running, started) = (running.clone(), started.clone());
+        tower::service_fn(move |message: Message| {
+            let (running, started) = (running.clone(), started.clone());
+            async move {
+                {
+                    let mut now = running.lock().unwrap();
+                    now.now += 1;
+                    now.most = now.most.max(now.now);
+                }
+                // Leaves when it returns or when the runtime cancels it.
+                let _leaving = Leaving(running.clone());
+                if message.metadata().attempt() == 1 {
+                    started.notify_one();
+                    // The first copy hangs until the runtime cancels it.
+                    std::future::pending::<()>().await;
+                }
+                if let Ok(mut running) = running.lock() {
+                    running.finished += 1;
+                }
+                Ok::<_, intake_core::HandlerError>(())
+            }
+        })
+    };
+    let acker = source.acker();
+    let consumer = intake_core::Consumer::builder()
+        .max_in_flight(8)
+        .ordering(intake_core::Ordering::Unordered)
+        .backoff(intake_core::Disabled)
+        .revoke_timeout(Duration::from_secs(2))
+        .build(source, acker, handler)
+        .expect("valid consumer settings");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+    tokio::time::timeout(PATIENCE, started.notified())
+        .await
+        .expect("the first copy starts");
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "no_concurrent_copies",
+            &format!("cannot close the connection: {why}"),
+        );
+        shutdown.cancel();
+        let _ = run.await;
+        backend.cleanup().await;
+        return;
+    }
+    let finished = || running.lock().map_or(0, |running| running.finished);
+    tokio::time::timeout(PATIENCE, async {
+        while finished() == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the redelivered copy is handled");
+    shutdown.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!(report.succeeded, 1);
+    let most = running.lock().map_or(0, |running| running.most);
+    assert_eq!(
+        most, 1,
+        "the broker's redelivery ran beside the lost channel's copy"
+    );
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_whose_headers_exceed_the_frame_size_is_written_without_them() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_frame_max").await else {
+        return;
+    };
+    let queue = backend.classic_queue("frame-max").await.unwrap();
+    // The smallest frame AMQP allows: the headers of one message travel in
+    // one frame, and 6 KB of them (plus a long error) cannot.
+    let url = format!("{}?frame_max=4096", backend.url());
+    let sink = AmqpDeadLetterSink::builder(url.as_str())
+        .exchange("")
+        .routing_key(dead_letter_queue(&queue))
+        .connect()
+        .await
+        .unwrap();
+    let big = "x".repeat(2_000);
+    let headers: intake_core::Headers = [
+        ("a", big.clone()),
+        ("b", big.clone()),
+        ("c", big.clone()),
+        (intake_amqp::headers::MESSAGE_ID, "m-1".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    let message = Message::new(
+        bytes::Bytes::from_static(b"poison"),
+        intake_core::Metadata::new(queue.as_str().into(), 1, Position::Tag(9)),
+    )
+    .with_key(bytes::Bytes::from_static(b"orders.eu"))
+    .with_headers(headers);
+    let letter = DeadLetter::new(message, "e".repeat(3_000), 2);
+    tokio::time::timeout(PATIENCE, sink.write(&letter))
+        .await
+        .expect("the write ends")
+        .expect("the dead letter is written, without what does not fit");
+    assert_eq!(sink.reduced_dead_letters(), 1);
+
+    let dead = backend.peek(&dead_letter_queue(&queue)).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    let record = support::dead_letter_record(dead[0].0.clone(), &dead[0].1);
+    assert_eq!(&record.payload[..], b"poison");
+    assert_eq!(record.source, queue);
+    assert_eq!(record.position, "9");
+    assert_eq!(record.attempts, 2);
+    assert!(record.error.starts_with("eee") && record.error.len() < 3_000);
+    let table = dead[0].1.inner();
+    assert!(
+        !table.contains_key("a"),
+        "the original headers are left out"
+    );
+    assert_eq!(
+        table.get(intake_amqp::headers::DEAD_LETTER_HEADERS_LEFT_OUT),
+        Some(&AMQPValue::LongLongInt(3))
+    );
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_addressed_to_the_queue_it_came_from_is_refused_not_consumed_again() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_into_itself").await else {
+        return;
+    };
+    let queue = backend.classic_queue("into-itself").await.unwrap();
+    // The default exchange routes by queue name: this sink would put every
+    // dead letter of `queue` back into `queue`.
+    let sink = AmqpDeadLetterSink::builder(backend.url())
+        .exchange("")
+        .routing_key(queue.as_str())
+        .connect()
+        .await
+        .unwrap();
+    let message = Message::new(
+        bytes::Bytes::from_static(b"poison"),
+        intake_core::Metadata::new(queue.as_str().into(), 1, Position::Tag(1)),
+    );
+    let error = sink
+        .write(&DeadLetter::new(message, "bad", 1))
+        .await
+        .expect_err("a dead letter into its own queue is refused");
+    assert!(error.to_string().contains("consumed again"), "{error}");
+    settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }

@@ -9,6 +9,7 @@ use intake_core::{BackoffPolicy, ConfigError, Exponential};
 use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::AmqpError;
 use crate::source::AmqpSource;
+use crate::tls::Tls;
 use crate::topology::{Topology, check_name};
 use crate::url::AmqpUrl;
 
@@ -34,6 +35,8 @@ pub(crate) struct Settings {
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) connection_name: Option<String>,
     pub(crate) connect_timeout: Duration,
+    pub(crate) close_timeout: Duration,
+    pub(crate) tls: Tls,
 }
 
 impl Settings {
@@ -69,6 +72,8 @@ pub struct AmqpSourceBuilder {
     reconnect: Arc<dyn BackoffPolicy>,
     connection_name: Option<String>,
     connect_timeout: Duration,
+    close_timeout: Duration,
+    tls: Tls,
 }
 
 impl fmt::Debug for AmqpSourceBuilder {
@@ -81,6 +86,7 @@ impl fmt::Debug for AmqpSourceBuilder {
             .field("target", &self.target)
             .field("max_in_flight", &self.max_in_flight)
             .field("connection_name", &self.connection_name)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +95,10 @@ impl AmqpSourceBuilder {
     /// The in-flight budget assumed unless [`max_in_flight`](Self::max_in_flight)
     /// says otherwise.
     pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+    /// How long [`Source::close`](intake_core::Source::close) waits for the
+    /// broker unless [`close_timeout`](Self::close_timeout) says otherwise.
+    pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
     pub(crate) fn new(url: impl Into<String>) -> Self {
         Self {
@@ -102,6 +112,8 @@ impl AmqpSourceBuilder {
             )),
             connection_name: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
+            tls: Tls::new(),
         }
     }
 
@@ -146,9 +158,14 @@ impl AmqpSourceBuilder {
     }
 
     /// How to wait between reconnect attempts after the connection or channel
-    /// is lost. When the policy gives up, [`Source::next`] returns the last
-    /// error and the next call starts over. Default: exponential from 100 ms
-    /// to 10 s, 10 attempts.
+    /// is lost. A channel that had delivered messages (or lasted the
+    /// [connect timeout](Self::connect_timeout)) is reopened at once; one
+    /// lost younger and empty, or lost to a delivery lapin cannot parse,
+    /// counts as a failed attempt like a failed reconnect, so a broker that
+    /// drops every new consumer is never reconnected to in a tight loop.
+    /// When the policy gives up, [`Source::next`] returns the last error and
+    /// the next call starts over. Default: exponential from 100 ms to 10 s,
+    /// 10 attempts.
     ///
     /// [`Source::next`]: intake_core::Source::next
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
@@ -163,9 +180,32 @@ impl AmqpSourceBuilder {
         self
     }
 
-    /// How long one connection attempt may take (default 10 s).
+    /// How long one connection attempt may take, from the TCP connect to
+    /// the consumer's start (handshake, channel, declarations, `basic.qos`,
+    /// `basic.consume`), so that a broker that accepts connections and then
+    /// stalls is a failed attempt, retried after the reconnect backoff.
+    /// Default 10 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// TLS beyond the defaults for an `amqps://` URL: a private CA to trust,
+    /// a client certificate to present (see [`Tls`]).
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// How long [`Source::close`](intake_core::Source::close) waits for the
+    /// broker to answer the consumer's cancel, the hand-back of unfinished
+    /// deliveries and the closing of channel and connection (default 5 s).
+    /// Past it the connection is dropped, close reports
+    /// [`SourceError::Unreachable`](intake_core::SourceError::Unreachable),
+    /// and the broker requeues the unacknowledged deliveries once it notices
+    /// the connection is gone.
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
         self
     }
 
@@ -195,6 +235,7 @@ impl AmqpSourceBuilder {
             Target::Broadcast { exchange } => check_name("broadcast", exchange)?,
         }
         self.topology.validate()?;
+        check_tls(&self.tls, &url)?;
         let prefetch = match u16::try_from(self.max_in_flight) {
             Ok(0) => {
                 return Err(ConfigError::new(
@@ -217,6 +258,13 @@ impl AmqpSourceBuilder {
                 ConfigError::new("connect_timeout", "is zero; give it at least a second").into(),
             );
         }
+        if self.close_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "close_timeout",
+                "is zero; the broker needs a moment to take unfinished deliveries back",
+            )
+            .into());
+        }
         Ok(Settings {
             url,
             target,
@@ -225,6 +273,8 @@ impl AmqpSourceBuilder {
             reconnect: self.reconnect,
             connection_name: self.connection_name,
             connect_timeout: self.connect_timeout,
+            close_timeout: self.close_timeout,
+            tls: self.tls,
         })
     }
 
@@ -236,6 +286,17 @@ impl AmqpSourceBuilder {
     pub async fn connect(self) -> Result<AmqpSource, AmqpError> {
         AmqpSource::connect(self.settings()?).await
     }
+}
+
+/// Checks `tls`, and that it goes with an `amqps://` URL.
+pub(crate) fn check_tls(tls: &Tls, url: &AmqpUrl) -> Result<(), ConfigError> {
+    if tls.is_set() && !url.is_tls() {
+        return Err(ConfigError::new(
+            "tls",
+            "is set, but the URL is `amqp://`; use `amqps://` (RabbitMQ's TLS port is 5671)",
+        ));
+    }
+    tls.validate()
 }
 
 #[cfg(test)]
@@ -267,6 +328,27 @@ mod tests {
     fn a_budget_beyond_the_amqp_prefetch_range_is_refused() {
         let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(70_000));
         assert!(error.problem.contains("65535"));
+    }
+
+    #[test]
+    fn tls_settings_on_a_plain_url_are_refused() {
+        let error = config_error(
+            AmqpSourceBuilder::new(URL)
+                .queue("q")
+                .tls(Tls::new().ca_certificate_pem("x")),
+        );
+        assert_eq!(error.setting, "tls");
+        assert!(error.problem.contains("amqps://"));
+    }
+
+    #[test]
+    fn a_zero_close_timeout_is_refused() {
+        let error = config_error(
+            AmqpSourceBuilder::new(URL)
+                .queue("q")
+                .close_timeout(Duration::ZERO),
+        );
+        assert_eq!(error.setting, "close_timeout");
     }
 
     #[test]

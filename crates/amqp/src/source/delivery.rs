@@ -178,12 +178,15 @@ fn render(value: &AMQPValue, out: &mut String) {
         AMQPValue::LongInt(v) => write!(out, "{v}"),
         AMQPValue::LongUInt(v) => write!(out, "{v}"),
         AMQPValue::LongLongInt(v) => write!(out, "{v}"),
-        AMQPValue::Float(v) => write!(out, "{v}"),
-        AMQPValue::Double(v) => write!(out, "{v}"),
+        // `Debug` switches to an exponent for very large and very small
+        // numbers; `Display` writes every digit (309 for `f64::MAX`), which
+        // would let nine bytes on the wire cost hundreds in memory.
+        AMQPValue::Float(v) => write!(out, "{v:?}"),
+        AMQPValue::Double(v) => write!(out, "{v:?}"),
         AMQPValue::Timestamp(v) => write!(out, "{v}"),
         AMQPValue::DecimalValue(decimal) => {
-            let scale = 10f64.powi(i32::from(decimal.scale));
-            write!(out, "{}", f64::from(decimal.value) / scale)
+            write_decimal(decimal.value, decimal.scale, out);
+            Ok(())
         }
         AMQPValue::ShortString(text) => write!(out, "{}", text.as_str()),
         AMQPValue::LongString(text) => write!(out, "{text}"),
@@ -213,6 +216,26 @@ fn render(value: &AMQPValue, out: &mut String) {
             out.push('}');
             Ok(())
         }
+    };
+}
+
+/// An AMQP decimal exactly (`value` × 10^-`scale`): `123.45`, `0.005`, or
+/// with an exponent (`12345e-20`) once zeros would outnumber the digits, so
+/// the text stays as short as the six bytes it came in are bounded.
+fn write_decimal(value: u32, scale: u8, out: &mut String) {
+    use std::fmt::Write;
+    let digits = value.to_string();
+    let scale = usize::from(scale);
+    // Writing to a String cannot fail.
+    let _ = if scale == 0 {
+        write!(out, "{digits}")
+    } else if scale < digits.len() {
+        let (whole, fraction) = digits.split_at(digits.len() - scale);
+        write!(out, "{whole}.{fraction}")
+    } else if scale <= 10 {
+        write!(out, "0.{}{digits}", "0".repeat(scale - digits.len()))
+    } else {
+        write!(out, "{digits}e-{scale}")
     };
 }
 
@@ -311,6 +334,44 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_nested_headers_read_exactly_and_briefly() {
+        let mut out = String::new();
+        render(
+            &AMQPValue::FieldArray(
+                vec![
+                    AMQPValue::DecimalValue(lapin::types::DecimalValue {
+                        scale: 2,
+                        value: 12345,
+                    }),
+                    AMQPValue::DecimalValue(lapin::types::DecimalValue { scale: 3, value: 5 }),
+                    AMQPValue::DecimalValue(lapin::types::DecimalValue {
+                        scale: 200,
+                        value: 7,
+                    }),
+                    AMQPValue::Double(f64::MAX),
+                    AMQPValue::Float(0.5),
+                ]
+                .into(),
+            ),
+            &mut out,
+        );
+        assert_eq!(out, "[123.45, 0.005, 7e-200, 1.7976931348623157e308, 0.5]");
+    }
+
+    #[test]
+    fn a_header_named_like_a_property_does_not_replace_it() {
+        let mut reader = DeliveryReader::new("orders".into());
+        let properties = BasicProperties::default()
+            .with_message_id("m-1".into())
+            .with_headers(table(&[(
+                headers::MESSAGE_ID,
+                AMQPValue::LongString("spoofed".into()),
+            )]));
+        let message = reader.read(delivery(1, false, properties), 1);
+        assert_eq!(message.headers().get_str(headers::MESSAGE_ID), Some("m-1"));
+    }
+
+    #[test]
     fn the_same_routing_key_is_shared_not_copied() {
         let mut reader = DeliveryReader::new("orders".into());
         let first = reader.read(delivery(1, false, BasicProperties::default()), 1);
@@ -320,5 +381,277 @@ mod tests {
             first.as_ref().map(|key| key.as_ptr()),
             second.as_ref().map(|key| key.as_ptr())
         );
+    }
+}
+
+/// Hostile content after the handshake: header tables of any shape, and
+/// `x-delivery-count` of every AMQP type, encoded as a producer would send
+/// them, parsed by lapin's own parser and converted by [`DeliveryReader`].
+#[cfg(test)]
+mod properties {
+    use lapin::BasicProperties;
+    use lapin::types::parsing::parse_field_table;
+    use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, ShortString};
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Every value type RabbitMQ puts on the wire (a short string has no
+    /// type tag in a table, so it never arrives as a value).
+    fn scalar() -> impl Strategy<Value = AMQPValue> {
+        prop_oneof![
+            any::<bool>().prop_map(AMQPValue::Boolean),
+            any::<i8>().prop_map(AMQPValue::ShortShortInt),
+            any::<u8>().prop_map(AMQPValue::ShortShortUInt),
+            any::<i16>().prop_map(AMQPValue::ShortInt),
+            any::<u16>().prop_map(AMQPValue::ShortUInt),
+            any::<i32>().prop_map(AMQPValue::LongInt),
+            any::<u32>().prop_map(AMQPValue::LongUInt),
+            any::<i64>().prop_map(AMQPValue::LongLongInt),
+            any::<f32>().prop_map(AMQPValue::Float),
+            any::<f64>().prop_map(AMQPValue::Double),
+            (any::<u8>(), any::<u32>())
+                .prop_map(|(scale, value)| AMQPValue::DecimalValue(DecimalValue { scale, value })),
+            vec(any::<u8>(), 0..48).prop_map(|bytes| AMQPValue::LongString(bytes.into())),
+            any::<u64>().prop_map(AMQPValue::Timestamp),
+            vec(any::<u8>(), 0..48).prop_map(|bytes| AMQPValue::ByteArray(bytes.into())),
+            Just(AMQPValue::Void),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = AMQPValue> {
+        scalar().prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..8)
+                    .prop_map(|items| AMQPValue::FieldArray(FieldArray::from(items))),
+                vec((".{0,12}", inner), 0..8).prop_map(|entries| {
+                    let mut table = FieldTable::default();
+                    for (name, value) in entries {
+                        table.insert(ShortString::from(name), value);
+                    }
+                    AMQPValue::FieldTable(table)
+                }),
+            ]
+        })
+    }
+
+    /// A header name as a producer in any language may write it: any bytes
+    /// up to AMQP's 255, mostly text.
+    fn name() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => ".{0,24}".prop_map(String::into_bytes),
+            1 => Just(headers::DELIVERY_COUNT.as_bytes().to_vec()),
+            1 => Just(headers::MESSAGE_ID.as_bytes().to_vec()),
+            1 => vec(any::<u8>(), 0..255),
+        ]
+    }
+
+    /// The AMQP 0-9-1 encoding (RabbitMQ's type tags), written here rather
+    /// than taken from lapin so that the parser is checked against an
+    /// independent producer.
+    fn encode_value(value: &AMQPValue, out: &mut Vec<u8>) {
+        fn long(bytes: &[u8], out: &mut Vec<u8>) {
+            out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+            out.extend_from_slice(bytes);
+        }
+        match value {
+            AMQPValue::Boolean(v) => out.extend_from_slice(&[b't', u8::from(*v)]),
+            AMQPValue::ShortShortInt(v) => out.extend_from_slice(&[b'b', v.to_be_bytes()[0]]),
+            AMQPValue::ShortShortUInt(v) => out.extend_from_slice(&[b'B', *v]),
+            AMQPValue::ShortInt(v) => {
+                out.push(b's');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::ShortUInt(v) => {
+                out.push(b'u');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::LongInt(v) => {
+                out.push(b'I');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::LongUInt(v) => {
+                out.push(b'i');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::LongLongInt(v) => {
+                out.push(b'l');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::Float(v) => {
+                out.push(b'f');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::Double(v) => {
+                out.push(b'd');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::DecimalValue(decimal) => {
+                out.extend_from_slice(&[b'D', decimal.scale]);
+                out.extend_from_slice(&decimal.value.to_be_bytes());
+            }
+            AMQPValue::ShortString(text) => {
+                out.push(b'S');
+                long(text.as_str().as_bytes(), out);
+            }
+            AMQPValue::LongString(text) => {
+                out.push(b'S');
+                long(text.as_bytes(), out);
+            }
+            AMQPValue::FieldArray(items) => {
+                out.push(b'A');
+                let mut inner = Vec::new();
+                for item in items.as_slice() {
+                    encode_value(item, &mut inner);
+                }
+                long(&inner, out);
+            }
+            AMQPValue::Timestamp(v) => {
+                out.push(b'T');
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+            AMQPValue::FieldTable(table) => {
+                out.push(b'F');
+                let entries: Vec<(Vec<u8>, AMQPValue)> = table
+                    .inner()
+                    .iter()
+                    .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.clone()))
+                    .collect();
+                encode_table(&entries, out);
+            }
+            AMQPValue::ByteArray(bytes) => {
+                out.push(b'x');
+                long(bytes.as_slice(), out);
+            }
+            AMQPValue::Void => out.push(b'V'),
+        }
+    }
+
+    fn encode_table(entries: &[(Vec<u8>, AMQPValue)], out: &mut Vec<u8>) {
+        let mut inner = Vec::new();
+        for (name, value) in entries {
+            inner.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
+            inner.extend_from_slice(&name[..name.len().min(255)]);
+            encode_value(value, &mut inner);
+        }
+        out.extend_from_slice(&u32::try_from(inner.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(&inner);
+    }
+
+    /// The bytes a message's headers hold, values and names.
+    fn header_bytes(message: &Message) -> usize {
+        message
+            .headers()
+            .iter()
+            .map(|header| header.name.len() + header.value.len())
+            .sum()
+    }
+
+    fn deliver(table: FieldTable, redelivered: bool, message_id: Option<String>) -> Delivery {
+        let mut delivery = Delivery::mock(
+            7,
+            ShortString::from("ex"),
+            ShortString::from("orders"),
+            redelivered,
+            b"payload".to_vec(),
+        );
+        let mut properties = BasicProperties::default().with_headers(table);
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(ShortString::from(id));
+        }
+        delivery.properties = properties;
+        delivery
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        /// Whatever header table a producer wrote: lapin either refuses it
+        /// (a name that is not UTF-8: the connection-level failure the
+        /// source handles) or it becomes a message with every entry, the
+        /// original tag and payload, and headers at most four times the
+        /// encoded table (byte arrays nested in arrays are escaped,
+        /// `\xff` for one byte), so a producer cannot make one delivery
+        /// cost more memory than a constant factor of what it sent.
+        #[test]
+        fn any_header_table_becomes_a_message_of_bounded_size_or_a_parse_error(
+            entries in vec((name(), value()), 0..10),
+            redelivered in any::<bool>(),
+            message_id in proptest::option::of(".{0,60}"),
+        ) {
+            let mut encoded = Vec::new();
+            encode_table(&entries, &mut encoded);
+            let parsed = parse_field_table(encoded.as_slice());
+            let every_name_is_text = entries.iter().all(|(name, _)| std::str::from_utf8(name).is_ok());
+            let table = match parsed {
+                Ok((rest, table)) => {
+                    prop_assert!(rest.is_empty());
+                    prop_assert!(every_name_is_text, "lapin took a name that is not UTF-8");
+                    table
+                }
+                Err(_) => {
+                    prop_assert!(!every_name_is_text, "lapin refused a table of text names");
+                    return Ok(());
+                }
+            };
+            let entries_in_table = table.inner().len();
+            let id_bytes = message_id.as_ref().map_or(0, |id| id.len() + headers::MESSAGE_ID.len());
+            let has_id = message_id.is_some();
+            let mut reader = DeliveryReader::new("orders".into());
+            let message = reader.read(deliver(table, redelivered, message_id), 1);
+            prop_assert_eq!(message.metadata().position(), Position::Tag(7));
+            prop_assert_eq!(&message.payload()[..], b"payload");
+            prop_assert_eq!(message.headers().len(), entries_in_table + usize::from(has_id));
+            prop_assert!(message.metadata().attempt() >= 1);
+            let bound = 4 * encoded.len() + id_bytes;
+            prop_assert!(
+                header_bytes(&message) <= bound,
+                "{} header bytes from a {}-byte table", header_bytes(&message), encoded.len()
+            );
+        }
+
+        /// `x-delivery-count` of any type: a non-negative integer (any
+        /// width, or a timestamp) counts the earlier attempts; anything
+        /// else is ignored and the attempt comes from the redelivered flag.
+        #[test]
+        fn a_delivery_count_of_any_type_gives_a_sensible_attempt(
+            count in value(),
+            redelivered in any::<bool>(),
+        ) {
+            let mut table = FieldTable::default();
+            table.insert(ShortString::from(headers::DELIVERY_COUNT), count.clone());
+            let mut reader = DeliveryReader::new("orders".into());
+            let message = reader.read(deliver(table, redelivered, None), 1);
+            let attempt = message.metadata().attempt();
+            let earlier: Option<i128> = match count {
+                AMQPValue::ShortShortInt(v) => Some(v.into()),
+                AMQPValue::ShortShortUInt(v) => Some(v.into()),
+                AMQPValue::ShortInt(v) => Some(v.into()),
+                AMQPValue::ShortUInt(v) => Some(v.into()),
+                AMQPValue::LongInt(v) => Some(v.into()),
+                AMQPValue::LongUInt(v) => Some(v.into()),
+                AMQPValue::LongLongInt(v) => Some(v.into()),
+                AMQPValue::Timestamp(v) => Some(v.into()),
+                _ => None,
+            };
+            let expected = match earlier.filter(|earlier| *earlier >= 0) {
+                Some(earlier) => u32::try_from(earlier + 1).unwrap_or(u32::MAX),
+                None if redelivered => 2,
+                None => 1,
+            };
+            prop_assert_eq!(attempt, expected);
+        }
+
+        /// Bytes off the wire as a header table: never a panic, and what
+        /// lapin accepts converts within the same bound.
+        #[test]
+        fn arbitrary_bytes_as_a_header_table_never_panic(bytes in vec(any::<u8>(), 0..512)) {
+            if let Ok((_, table)) = parse_field_table(bytes.as_slice()) {
+                let mut reader = DeliveryReader::new("orders".into());
+                let message = reader.read(deliver(table, false, None), 1);
+                prop_assert!(header_bytes(&message) <= 4 * bytes.len());
+            }
+        }
     }
 }

@@ -7,18 +7,21 @@
 //! reports its partition revoked: the runtime stops dispatching what it still
 //! holds of it, and the acker refuses its tags, because the broker has
 //! already put those deliveries back in the queue. The next channel is a new
-//! partition, reported assigned.
+//! partition, reported assigned; it is opened only once the revocation
+//! completed, because the broker hands the lost channel's messages out again
+//! at once and they must not run beside their first copies.
 
 mod builder;
 mod delivery;
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use std::pin::Pin;
-
 use futures_util::{FutureExt, Stream, StreamExt};
+use intake_core::source::{RevocationError, RevocationOutcome};
 use intake_core::{Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
@@ -29,12 +32,13 @@ use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 pub use builder::AmqpSourceBuilder;
-pub(crate) use builder::{Settings, Target};
+pub(crate) use builder::{Settings, Target, check_tls};
 use delivery::DeliveryReader;
 
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
 use crate::connection::open_within;
+use crate::counters::SourceCounters;
 use crate::error::{AmqpError, Operation, classify};
 use crate::live_channel::ChannelSlot;
 use crate::topology::{Exchange, short};
@@ -48,19 +52,39 @@ pub struct AmqpSource {
     reader: DeliveryReader,
     state: State,
     pending: VecDeque<SourceEvent>,
+    /// Reported once the pending events are out: the reconnect backoff gave
+    /// up.
+    failure: Option<AmqpError>,
+    /// Failed attempts in a row: reconnects that failed, sessions lost to
+    /// a delivery lapin could not parse (that delivery comes back on the
+    /// next session, so such a session is no sign of health), and sessions
+    /// lost before they delivered anything or lasted a connect timeout. A
+    /// session lost after that starts a fresh series.
+    failures: u32,
+    /// After a channel died on a delivery lapin could not parse: how many
+    /// deliveries the next channel takes one at a time (see
+    /// [`AmqpSource::poisoned`]).
+    quarantine: Option<u64>,
+    counters: SourceCounters,
     next_epoch: u32,
 }
 
 enum State {
     /// Boxed: a session is large and the other states are small.
     Live(Box<Session>),
-    /// Waiting to reconnect: `failures` attempts failed since the loss.
+    /// Waiting to reconnect.
     Down {
-        failures: u32,
         retry_at: Instant,
+        /// Resolves when the runtime completed (or dropped) the lost
+        /// channel's revocation; see [`AmqpSource::reconnect`].
+        drained: Option<Drained>,
     },
     Closed,
 }
+
+/// The wait for a revocation, kept across calls so that a dropped
+/// [`Source::next`] future resumes it instead of skipping it.
+type Drained = Pin<Box<dyn Future<Output = Result<RevocationOutcome, RevocationError>> + Send>>;
 
 /// One connection and the channel consuming on it.
 struct Session {
@@ -72,6 +96,17 @@ struct Session {
     /// channel shows here without taking a delivery from the consumer.
     events: Pin<Box<dyn Stream<Item = lapin::Event> + Send>>,
     queue: String,
+    /// The highest delivery tag read from the channel. RabbitMQ numbers a
+    /// channel's deliveries 1, 2, 3, … and lapin hands them over in order,
+    /// so a delivery lapin fails to parse is the one after it.
+    last_tag: u64,
+    /// Deliveries still to take at a prefetch of 1 before the full prefetch
+    /// is set; `Some(0)` once it is due.
+    quarantine: Option<u64>,
+    /// When the session started consuming, and whether it delivered
+    /// anything: a session lost young and empty was no success.
+    opened_at: Instant,
+    delivered: bool,
 }
 
 impl fmt::Debug for AmqpSource {
@@ -93,18 +128,19 @@ impl fmt::Debug for AmqpSource {
 impl AmqpSource {
     /// Starts building a source for the broker at `url`
     /// (`amqp://user:password@host:5672/vhost`, or `amqps://` for TLS,
-    /// checked against the system's root certificates; the default vhost `/`
-    /// is written `%2f`). Query parameters `heartbeat` (seconds),
-    /// `frame_max` and `channel_max` are passed to the broker: a shorter
-    /// heartbeat than RabbitMQ's default 60 s notices a silently dead
-    /// network sooner.
+    /// checked against the system's root certificates unless
+    /// [`tls`](AmqpSourceBuilder::tls) adds a private CA or a client
+    /// certificate; the default vhost `/` is written `%2f`). Query
+    /// parameters `heartbeat` (seconds), `frame_max` and `channel_max` are
+    /// passed to the broker: a shorter heartbeat than RabbitMQ's default
+    /// 60 s notices a silently dead network sooner.
     pub fn builder(url: impl Into<String>) -> AmqpSourceBuilder {
         AmqpSourceBuilder::new(url)
     }
 
     async fn connect(settings: Settings) -> Result<Self, AmqpError> {
         let settings = Arc::new(settings);
-        let session = open_session(&settings, 1).await?;
+        let session = open_session_within(&settings, 1, None).await?;
         let slot = Arc::new(ChannelSlot::default());
         slot.install(session.epoch, session.channel.clone());
         let reader = DeliveryReader::new(settings.source_name().into());
@@ -114,6 +150,10 @@ impl AmqpSource {
             reader,
             state: State::Live(Box::new(session)),
             pending: VecDeque::new(),
+            failure: None,
+            failures: 0,
+            quarantine: None,
+            counters: SourceCounters::default(),
             next_epoch: 2,
         };
         source
@@ -133,6 +173,12 @@ impl AmqpSource {
     /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`].
     pub fn broker_dead_letter(&self) -> BrokerDeadLetterSink {
         BrokerDeadLetterSink::new(self.slot.clone(), self.reader.source().clone())
+    }
+
+    /// Counts of connection trouble (lost channels, failed reconnects,
+    /// deliveries lapin could not parse), for metrics.
+    pub fn counters(&self) -> SourceCounters {
+        self.counters.clone()
     }
 
     /// The broker this source talks to (without password).
@@ -165,19 +211,37 @@ impl AmqpSource {
     /// The channel is gone: revoke its partition and wait to reconnect. The
     /// broker requeues its unacknowledged deliveries by itself.
     fn lose(&mut self, loss: Loss) {
-        let lost = std::mem::replace(
-            &mut self.state,
-            State::Down {
-                failures: 0,
-                retry_at: Instant::now(),
-            },
-        );
-        self.slot.clear();
-        let State::Live(session) = lost else {
-            return;
+        let mut session = match std::mem::replace(&mut self.state, State::Closed) {
+            State::Live(session) => session,
+            other => {
+                self.slot.clear();
+                self.state = other;
+                return;
+            }
         };
+        // What lapin still buffers of the lost channel is back in the queue
+        // already; it only tells how far the channel got.
+        while let Some(Some(Ok(delivery))) = session.consumer.next().now_or_never() {
+            session.last_tag = session.last_tag.max(delivery.delivery_tag);
+        }
+        let settled = self
+            .slot
+            .settled_through(session.epoch, session.last_tag)
+            .unwrap_or(0);
+        self.slot.clear();
+        self.counters.channel_lost();
+        // A channel lost otherwise before it was past an unreadable
+        // delivery's companions leaves the rest of that care to the next.
+        self.quarantine = session.quarantine.filter(|left| *left > 0);
         let endpoint = self.settings.url.endpoint();
         let (queue, epoch) = (&session.queue, session.epoch);
+        if let Loss::Error(error) = &loss
+            && is_unparsable(error)
+        {
+            let retry_at = self.poisoned(&session, settled, error);
+            self.down(retry_at, &session);
+            return;
+        }
         match &loss {
             Loss::Error(error) => tracing::warn!(
                 endpoint, queue, epoch, %error,
@@ -196,22 +260,142 @@ impl AmqpSource {
                 "AMQP channel closed; the broker requeues its unacknowledged deliveries; reconnecting"
             ),
         }
-        let (revocation, _nobody_waits) = Revocation::new(vec![self.partition(session.epoch)]);
+        let retry_at =
+            if session.delivered || session.opened_at.elapsed() >= self.settings.connect_timeout {
+                self.fresh_start()
+            } else {
+                self.short_lived(&session, &loss)
+            };
+        self.down(retry_at, &session);
+    }
+
+    /// Waits to reconnect, and tells the runtime that `session`'s channel
+    /// is revoked.
+    fn down(&mut self, retry_at: Instant, session: &Session) {
+        let (revocation, drained) = Revocation::new(vec![self.partition(session.epoch)]);
+        self.state = State::Down {
+            retry_at,
+            drained: Some(Box::pin(drained.wait())),
+        };
         self.pending.push_back(SourceEvent::Revoked(revocation));
     }
 
-    /// One reconnect attempt, after the backoff. Cancel-safe: the backoff
-    /// deadline and the failure count live in `self.state`.
+    /// The session was lost before it delivered anything and before it
+    /// lasted a connect timeout: a broker (or a proxy, a load balancer) that
+    /// lets consumers start and drops them at once must not be reconnected
+    /// to in a tight loop, so this counts as a failed attempt.
+    fn short_lived(&mut self, session: &Session, loss: &Loss) -> Instant {
+        self.failures = self.failures.saturating_add(1);
+        match self.settings.reconnect.delay(self.failures) {
+            Some(delay) => {
+                tracing::warn!(
+                    endpoint = self.settings.url.endpoint(),
+                    queue = session.queue,
+                    attempt = self.failures,
+                    lasted = ?session.opened_at.elapsed(),
+                    retry_in = ?delay,
+                    "AMQP channel lost before it delivered anything; reconnecting after the backoff"
+                );
+                Instant::now() + delay
+            }
+            None => {
+                self.failures = 0;
+                let reason = match loss {
+                    Loss::Error(error) => format!("every new channel was lost at once: {error}"),
+                    Loss::Cancelled => "every new consumer was cancelled at once".to_owned(),
+                    Loss::Closed => "every new channel was closed at once".to_owned(),
+                };
+                self.failure = Some(AmqpError::Unreachable {
+                    endpoint: self.settings.url.endpoint().to_owned(),
+                    source: reason.into(),
+                });
+                Instant::now()
+            }
+        }
+    }
+
+    /// A session that ended for a reason of its own (the broker closed it,
+    /// the network dropped) was healthy: reconnect at once.
+    fn fresh_start(&mut self) -> Instant {
+        self.failures = 0;
+        Instant::now()
+    }
+
+    /// The channel died on a delivery lapin could not parse. The broker
+    /// puts that delivery back and sends it first thing on the next channel,
+    /// so the session counts as a failed attempt: the backoff grows with
+    /// every such loss, and when the policy gives up the runtime is told.
+    ///
+    /// The broker also returns every delivery the channel held unsettled,
+    /// and the ones prefetched behind the poison were never seen; a quorum
+    /// queue counts each return against its delivery limit, so they would
+    /// be dead-lettered with it. The next channel therefore takes those
+    /// deliveries one at a time (prefetch 1), so that at most the poison is
+    /// in flight when lapin closes the connection again.
+    fn poisoned(&mut self, session: &Session, settled: u64, error: &lapin::Error) -> Instant {
+        self.failures = self.failures.saturating_add(1);
+        self.counters.unparsable();
+        let tag = session.last_tag.saturating_add(1);
+        let unsettled = tag.saturating_sub(settled);
+        self.quarantine = Some(unsettled.min(u64::from(self.settings.prefetch)));
+        let delay = self.settings.reconnect.delay(self.failures);
+        tracing::error!(
+            endpoint = self.settings.url.endpoint(),
+            queue = session.queue,
+            epoch = session.epoch,
+            tag,
+            failures = self.failures,
+            retry_in = ?delay,
+            %error,
+            "AMQP delivery could not be parsed (a header name, message id or routing key that is not UTF-8, \
+             or another malformed field): lapin closes the connection on it, and the broker redelivers it \
+             on every reconnect; move it out of the queue (it is at or near the head), or give the queue \
+             a delivery limit and a dead-letter exchange"
+        );
+        match delay {
+            Some(delay) => Instant::now() + delay,
+            None => {
+                // The runtime decides under its own reconnect backoff; the
+                // next call starts a new series of attempts.
+                self.failures = 0;
+                self.failure = Some(AmqpError::Unparsable {
+                    endpoint: self.settings.url.endpoint().to_owned(),
+                    queue: session.queue.clone(),
+                    epoch: session.epoch,
+                    tag,
+                    source: Box::new(error.clone()),
+                });
+                Instant::now()
+            }
+        }
+    }
+
+    /// One reconnect attempt, after the lost channel's revocation completed
+    /// and after the backoff. Cancel-safe: the wait, the backoff deadline
+    /// and the failure count live in `self`.
+    ///
+    /// The broker redelivers the lost channel's messages on the next
+    /// channel at once, while the runtime may still run handlers of the lost
+    /// one. Waiting for the revocation keeps two copies of one message from
+    /// running at the same time in this consumer: the runtime completes it
+    /// once those handlers finished or were cancelled at its
+    /// `revoke_timeout` (their acknowledgements fail at once, the channel
+    /// being gone), and a dropped revocation ends the wait too.
     async fn reconnect(&mut self) -> Result<(), SourceError> {
-        let State::Down { retry_at, .. } = self.state else {
+        let State::Down { retry_at, drained } = &mut self.state else {
             return Ok(());
         };
-        tokio::time::sleep_until(retry_at).await;
+        if let Some(wait) = drained {
+            let _outcome = wait.as_mut().await;
+            *drained = None;
+        }
+        tokio::time::sleep_until(*retry_at).await;
         let epoch = self.next_epoch;
-        match open_session(&self.settings, epoch).await {
+        match open_session_within(&self.settings, epoch, self.quarantine).await {
             Ok(session) => {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
+                self.counters.reconnected();
                 tracing::info!(
                     endpoint = self.settings.url.endpoint(),
                     queue = session.queue,
@@ -220,16 +404,15 @@ impl AmqpSource {
                 );
                 self.pending
                     .push_back(SourceEvent::Assigned(vec![self.partition(epoch)]));
+                self.quarantine = None;
                 self.state = State::Live(Box::new(session));
                 Ok(())
             }
             Err(error) => {
-                let State::Down { failures, retry_at } = &mut self.state else {
-                    return Err(error.into());
-                };
-                *failures += 1;
+                self.counters.reconnect_failed();
+                self.failures = self.failures.saturating_add(1);
                 let delay = if error.is_transient() {
-                    self.settings.reconnect.delay(*failures)
+                    self.settings.reconnect.delay(self.failures)
                 } else {
                     None
                 };
@@ -237,19 +420,25 @@ impl AmqpSource {
                     Some(delay) => {
                         tracing::warn!(
                             endpoint = self.settings.url.endpoint(),
-                            attempt = *failures,
+                            attempt = self.failures,
                             retry_in = ?delay,
                             %error,
                             "AMQP reconnect failed"
                         );
-                        *retry_at = Instant::now() + delay;
+                        self.state = State::Down {
+                            retry_at: Instant::now() + delay,
+                            drained: None,
+                        };
                         Ok(())
                     }
                     None => {
                         // Give the runtime the error; the next call starts
                         // a fresh series of attempts.
-                        *failures = 0;
-                        *retry_at = Instant::now();
+                        self.failures = 0;
+                        self.state = State::Down {
+                            retry_at: Instant::now(),
+                            drained: None,
+                        };
                         Err(error.into())
                     }
                 }
@@ -258,9 +447,35 @@ impl AmqpSource {
     }
 }
 
+/// [`open_session`] within the connect timeout: a broker that accepts the
+/// connection and then stalls (a node in trouble, a network that drops
+/// packets after the handshake) must not hold a reconnect for good.
+async fn open_session_within(
+    settings: &Settings,
+    epoch: u32,
+    quarantine: Option<u64>,
+) -> Result<Session, AmqpError> {
+    let timeout = settings.connect_timeout;
+    tokio::time::timeout(timeout, open_session(settings, epoch, quarantine))
+        .await
+        .unwrap_or_else(|_elapsed| {
+            Err(AmqpError::Unreachable {
+                endpoint: settings.url.endpoint().to_owned(),
+                source: format!(
+                    "the broker did not finish opening the consumer's channel within {timeout:?}"
+                )
+                .into(),
+            })
+        })
+}
+
 /// Connects, declares, and starts consuming with the prefetch from the
-/// budget.
-async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpError> {
+/// budget, or of 1 for the first `quarantine` deliveries.
+async fn open_session(
+    settings: &Settings,
+    epoch: u32,
+    quarantine: Option<u64>,
+) -> Result<Session, AmqpError> {
     let url = &settings.url;
     fn fail<'a>(
         url: &'a AmqpUrl,
@@ -271,6 +486,7 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
     let connection = open_within(
         url,
         settings.connection_name.as_deref(),
+        &settings.tls,
         settings.connect_timeout,
     )
     .await?;
@@ -334,7 +550,14 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         }
     };
     channel
-        .basic_qos(settings.prefetch, BasicQosOptions { global: false })
+        .basic_qos(
+            if quarantine.is_some() {
+                1
+            } else {
+                settings.prefetch
+            },
+            BasicQosOptions { global: false },
+        )
         .await
         .map_err(fail(url, Operation::Other))?;
     let consumer = channel
@@ -353,7 +576,28 @@ async fn open_session(settings: &Settings, epoch: u32) -> Result<Session, AmqpEr
         consumer,
         events,
         queue,
+        last_tag: 0,
+        quarantine,
+        opened_at: Instant::now(),
+        delivered: false,
     })
+}
+
+impl Session {
+    /// Records a delivery read from the channel.
+    fn took(&mut self, tag: u64) {
+        self.last_tag = tag;
+        self.delivered = true;
+        if let Some(left) = &mut self.quarantine {
+            *left = left.saturating_sub(1);
+        }
+    }
+}
+
+/// Whether lapin closed the connection because it could not parse a frame
+/// from the broker (a short string that is not UTF-8, among others).
+fn is_unparsable(error: &lapin::Error) -> bool {
+    matches!(error.kind(), lapin::ErrorKind::ParsingError(_))
 }
 
 /// What one poll of the consumer produced.
@@ -382,6 +626,9 @@ impl Source for AmqpSource {
             if let Some(event) = self.pending.pop_front() {
                 return Ok(event);
             }
+            if let Some(error) = self.failure.take() {
+                return Err(error.into());
+            }
             let session = match &mut self.state {
                 State::Live(session) => session,
                 State::Down { .. } => {
@@ -390,6 +637,30 @@ impl Source for AmqpSource {
                 }
                 State::Closed => return Ok(SourceEvent::Exhausted),
             };
+            if session.quarantine == Some(0) {
+                // Past what came back with an unreadable delivery: the full
+                // prefetch again. Cancel-safe: sent again if interrupted.
+                let raised = session
+                    .channel
+                    .basic_qos(self.settings.prefetch, BasicQosOptions { global: false })
+                    .await;
+                match raised {
+                    Ok(()) => {
+                        session.quarantine = None;
+                        tracing::info!(
+                            endpoint = self.settings.url.endpoint(),
+                            queue = session.queue,
+                            epoch = session.epoch,
+                            prefetch = self.settings.prefetch,
+                            "AMQP consumer past the deliveries returned with an unreadable one; full prefetch again"
+                        );
+                    }
+                    Err(error) => {
+                        self.lose(Loss::Error(error));
+                        continue;
+                    }
+                }
+            }
             if max == 0 {
                 // The budget is full: deliver nothing, but notice a lost
                 // channel, whose revocation frees the slots its deliveries
@@ -413,11 +684,13 @@ impl Source for AmqpSource {
             let already = deliveries.len();
             let polled = match session.consumer.next().await {
                 Some(Ok(delivery)) => {
+                    session.took(delivery.delivery_tag);
                     deliveries.push(self.reader.read(delivery, session.epoch));
                     let mut polled = Polled::Delivered;
                     while deliveries.len() < max {
                         match session.consumer.next().now_or_never() {
                             Some(Some(Ok(delivery))) => {
+                                session.took(delivery.delivery_tag);
                                 deliveries.push(self.reader.read(delivery, session.epoch));
                             }
                             Some(Some(Err(error))) => {
@@ -465,52 +738,68 @@ impl Source for AmqpSource {
     /// Stops consuming and hands back, with one `basic.nack(requeue)`,
     /// everything delivered and not acknowledged ("not now": RabbitMQ 4.3
     /// and later do not count it as a failed delivery), then closes the
-    /// channel and the connection.
+    /// channel and the connection, within the
+    /// [close timeout](AmqpSourceBuilder::close_timeout).
     async fn close(&mut self) -> Result<(), SourceError> {
         self.slot.clear();
         let State::Live(session) = std::mem::replace(&mut self.state, State::Closed) else {
             return Ok(());
         };
+        let timeout = self.settings.close_timeout;
         let url = &self.settings.url;
-        let fail = |error: lapin::Error| {
-            SourceError::from(classify(
-                error,
-                url.endpoint(),
-                url.vhost(),
-                Operation::Other,
-            ))
-        };
-        let Session {
-            channel,
-            connection,
-            consumer,
-            ..
-        } = *session;
-        if !channel.status().connected() {
-            return Ok(());
+        match tokio::time::timeout(timeout, close_session(*session, url)).await {
+            Ok(closed) => closed.map_err(SourceError::from),
+            Err(_elapsed) => {
+                tracing::warn!(
+                    endpoint = url.endpoint(),
+                    ?timeout,
+                    "the AMQP broker did not answer the close in time; the connection is dropped, \
+                     and the broker requeues the unacknowledged deliveries once it notices"
+                );
+                Err(AmqpError::Unreachable {
+                    endpoint: url.endpoint().to_owned(),
+                    source: format!("no answer to the close within {timeout:?}").into(),
+                }
+                .into())
+            }
         }
-        channel
-            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-            .await
-            .map_err(fail)?;
-        // Tag 0 with `multiple` covers every outstanding delivery.
-        channel
-            .basic_nack(
-                0,
-                BasicNackOptions {
-                    multiple: true,
-                    requeue: true,
-                },
-            )
-            .await
-            .map_err(fail)?;
-        channel
-            .close(200, short("intake consumer shut down"))
-            .await
-            .map_err(fail)?;
-        connection
-            .close(200, short("intake consumer shut down"))
-            .await
-            .map_err(fail)
     }
+}
+
+/// Cancels the consumer, hands back what it holds, closes channel and
+/// connection.
+async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), AmqpError> {
+    let fail = |error: lapin::Error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
+    let Session {
+        channel,
+        connection,
+        consumer,
+        ..
+    } = session;
+    if !channel.status().connected() {
+        return Ok(());
+    }
+    channel
+        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await
+        .map_err(fail)?;
+    // Tag 0 with `multiple` covers every outstanding delivery.
+    channel
+        .basic_nack(
+            0,
+            BasicNackOptions {
+                multiple: true,
+                requeue: true,
+            },
+        )
+        .await
+        .map_err(fail)?;
+    channel
+        .close(200, short("intake consumer shut down"))
+        .await
+        .map_err(fail)?;
+    connection
+        .close(200, short("intake consumer shut down"))
+        .await
+        .map_err(fail)
 }

@@ -7,6 +7,10 @@
 //! even a killed test run leaves nothing behind for long.
 #![allow(dead_code)]
 
+pub mod proxy;
+pub mod raw;
+
+use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -28,6 +32,118 @@ use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRec
 pub fn url() -> String {
     std::env::var("INTAKE_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A reconnect policy that records which retry numbers it was asked for,
+/// and waits 20 ms each time.
+#[derive(Clone, Default)]
+pub struct RecordingBackoff(std::sync::Arc<Mutex<Vec<u32>>>);
+
+impl intake_core::BackoffPolicy for RecordingBackoff {
+    fn delay(&self, retry: u32) -> Option<Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(retry);
+        Some(Duration::from_millis(20))
+    }
+}
+
+impl RecordingBackoff {
+    /// The retry numbers asked for so far.
+    pub fn asked(&self) -> Vec<u32> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
+    }
+}
+
+/// Runs `rabbitmqctl` with `args`; its output, or why it failed.
+pub async fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("rabbitmqctl")
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| format!("rabbitmqctl {args:?} did not finish within 60 s"))?
+    .map_err(|error| format!("rabbitmqctl is not available: {error}"))?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(format!(
+            "rabbitmqctl {args:?} failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// Asks `rabbitmqctl` to close the connection named `name`.
+pub async fn close_connection_named(name: &str) -> Result<(), String> {
+    let listing = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .await
+        .map_err(|error| format!("rabbitmqctl is not available: {error}"))?;
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let pid = listing
+        .lines()
+        .find(|line| line.contains(&format!("\"{name}\"")))
+        .and_then(|line| line.split_whitespace().next())
+        .ok_or_else(|| format!("no connection named {name} in: {listing}"))?;
+    let closed = tokio::process::Command::new("rabbitmqctl")
+        .args(["close_connection", pid, "closed by the test"])
+        .output()
+        .await
+        .map_err(|error| error.to_string())?;
+    closed
+        .status
+        .success()
+        .then_some(())
+        .ok_or_else(|| String::from_utf8_lossy(&closed.stderr).into_owned())
+}
+
+/// The test broker's `host:port`.
+pub fn broker_address() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let uri = intake_amqp::lapin::uri::AMQPUri::from_str(&url()).expect("a valid test URL");
+    (uri.authority.host.as_str(), uri.authority.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addresses| addresses.next())
+        .expect("the test broker's host resolves")
+}
+
+/// The test broker's URL with `address` in place of its host and port, and
+/// `query` (such as `heartbeat=0`) appended.
+pub fn url_at(address: std::net::SocketAddr, query: &str) -> String {
+    let uri = intake_amqp::lapin::uri::AMQPUri::from_str(&url()).expect("a valid test URL");
+    let user = &uri.authority.userinfo;
+    let vhost: String = uri
+        .vhost
+        .bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02x}")
+            }
+        })
+        .collect();
+    format!(
+        "amqp://{}:{}@{address}/{vhost}?{query}",
+        user.username, user.password
+    )
 }
 
 /// A name no other test (or earlier run) uses.
@@ -214,6 +330,26 @@ impl AmqpBackend {
             })
             .collect();
         self.produce(queue, messages).await
+    }
+
+    /// Publishes `messages` frame by frame, bypassing lapin (which cannot
+    /// write what is not UTF-8), and waits for the broker's confirms.
+    pub async fn publish_raw(&self, messages: &[raw::RawMessage]) -> Result<(), BoxError> {
+        let uri = intake_amqp::lapin::uri::AMQPUri::from_str(&self.url)?;
+        let address = format!("{}:{}", uri.authority.host, uri.authority.port);
+        let user = &uri.authority.userinfo;
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            raw::publish(
+                &address,
+                &user.username,
+                &user.password,
+                &uri.vhost,
+                messages,
+            ),
+        )
+        .await
+        .map_err(|_| "the raw publish timed out")?
     }
 
     /// Messages of `queue`, ready or unacknowledged. Asks `rabbitmqctl`
@@ -460,6 +596,7 @@ impl Backend for AmqpBackend {
         Ok(AmqpDeadLetterSink::builder(self.url.as_str())
             .exchange("")
             .routing_key(dead_letter_queue(source))
+            .consumed_queue(source)
             .connect()
             .await?)
     }
