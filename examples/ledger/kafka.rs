@@ -20,6 +20,11 @@ use crate::BoxError;
 /// every client after the example's own (so they win).
 pub const SETTINGS_ENV: &str = "LEDGER_KAFKA_SETTINGS";
 
+/// The source's `min_commit_interval` in milliseconds (default: the
+/// source's own, 100 ms): how often offsets may be committed while a
+/// backlog drains, and so how much work a crash repeats.
+pub const MIN_COMMIT_ENV: &str = "LEDGER_KAFKA_MIN_COMMIT_MS";
+
 /// `settings` with the environment's settings on top.
 fn with_env(mut settings: KafkaSettings) -> Result<KafkaSettings, BoxError> {
     if let Ok(extra) = std::env::var(SETTINGS_ENV) {
@@ -136,15 +141,19 @@ pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSo
             .set("max.poll.interval.ms", "60000")
             .set("topic.metadata.refresh.interval.ms", "5000"),
     )?;
-    let source = KafkaSource::builder(settings)
+    let mut builder = KafkaSource::builder(settings)
         .group(group)
         .topic(topic)
         .revoke_timeout(Duration::from_secs(20))
         .connect_timeout(Duration::from_secs(15))
-        .close_timeout(Duration::from_secs(5))
-        .build()
-        .await?;
-    Ok(source)
+        .close_timeout(Duration::from_secs(5));
+    if let Ok(millis) = std::env::var(MIN_COMMIT_ENV) {
+        let millis: u64 = millis
+            .parse()
+            .map_err(|error| format!("{MIN_COMMIT_ENV}=`{millis}`: {error}"))?;
+        builder = builder.min_commit_interval(Duration::from_millis(millis));
+    }
+    Ok(builder.build().await?)
 }
 
 /// Measures the group's lag: messages past its committed offsets, over
