@@ -1,8 +1,8 @@
 //! Chaos: the `ledger` example (`examples/ledger.rs`) consumes from the real
 //! brokers while this suite SIGKILLs it, breaks its connections or restarts
 //! its broker, and then checks the ledger it wrote: every produced id
-//! handled at least once (DESIGN.md §4: at-least-once through crashes,
-//! item 5, and broker outages, item 9), duplicates counted.
+//! handled at least once (docs/CONTRACT.md: at-least-once through crashes,
+//! §5, and broker outages, §9), duplicates counted.
 //!
 //! One test per backend runs its scenarios one after the other: they would
 //! only fight over the cores, and the Kafka broker restart must not overlap

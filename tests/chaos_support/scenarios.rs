@@ -2,7 +2,7 @@
 //! runs `ledger consume` children while breaking them (SIGKILL) or their
 //! broker (restart, killed connections), lets a last run drain, and then
 //! requires every id in the ledger at least once: zero lost. Duplicates are
-//! allowed (at-least-once, DESIGN.md §4 items 5 and 9) and counted.
+//! allowed (at-least-once, docs/CONTRACT.md §5 and §9) and counted.
 //!
 //! Each scenario prints one summary line (`chaos BACKEND SCENARIO: …`)
 //! before its assertions, so the figures are there whether it passes or not.

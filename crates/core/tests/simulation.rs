@@ -4,7 +4,7 @@
 //! consumer settings, and a schedule of crashes, rebalances, and fetch,
 //! commit and dead-letter faults) and plays it on tokio's paused clock over
 //! the real runtime, commit engine, retry and dead-letter layers. Every seed
-//! must keep the contract of DESIGN.md §4:
+//! must keep the contract of docs/CONTRACT.md (§1–§8):
 //!
 //! - nothing is lost: every produced message is handled or dead-lettered,
 //!   and in the end everything is committed;

@@ -267,7 +267,7 @@ impl Ledger {
             let p = key.partition as usize;
             let start = committed.get(p).copied().flatten().unwrap_or(0);
             // Everything fetched at or past the start may be handled again
-            // in this assignment: the duplicate bound of DESIGN.md §4.5 in
+            // in this assignment: the duplicate bound of docs/CONTRACT.md §5 in
             // checkable form (see RELIABILITY.md).
             let bound = u64::try_from(self.fetched_until[p] - start).unwrap_or(0);
             self.bound[p] += bound;
