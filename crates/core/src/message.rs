@@ -364,6 +364,19 @@ impl Message {
         &mut self.parts_mut().metadata
     }
 
+    /// The bytes this message holds: payload, key, and header names and
+    /// values. What the in-flight byte budget counts; the fixed cost of a
+    /// message (its metadata and the `Arc`, about 150 bytes) is not.
+    pub fn byte_size(&self) -> usize {
+        let parts = &*self.inner;
+        let headers: usize = parts
+            .headers
+            .iter()
+            .map(|header| header.name.len() + header.value.len())
+            .sum();
+        parts.payload.len() + parts.key.as_ref().map_or(0, Bytes::len) + headers
+    }
+
     /// The payload, taken out of the message (a reference-count bump if the
     /// message is shared).
     pub fn into_payload(self) -> Bytes {

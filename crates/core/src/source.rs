@@ -40,10 +40,39 @@ pub trait Source: Send + 'static {
         max: usize,
     ) -> impl Future<Output = Result<SourceEvent, SourceError>> + Send;
 
+    /// The runtime's in-flight budget, told once before the first
+    /// [`next`](Self::next). A source sizes from it what it buffers and what
+    /// it asks the broker to send ahead (AMQP's prefetch, Kafka's hand-over
+    /// queue, a pull batch), so that the consumer's one setting bounds the
+    /// memory on both sides. The default ignores it: a source that only
+    /// reads what `next`'s `max` allows needs nothing more.
+    fn set_budget(&mut self, budget: Budget) {
+        let _ = budget;
+    }
+
     /// Releases the connection after the final commit (leave the group,
     /// close the channel). Called once, at the end of a run.
     fn close(&mut self) -> impl Future<Output = Result<(), SourceError>> + Send {
         async { Ok(()) }
+    }
+}
+
+/// What a consumer holds at most: its in-flight budget, in deliveries and in
+/// bytes ([`Message::byte_size`]). See [`Source::set_budget`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Budget {
+    /// Most deliveries held at once (`ConsumerBuilder::max_in_flight`).
+    pub messages: usize,
+    /// Most bytes of messages held at once
+    /// (`ConsumerBuilder::max_in_flight_bytes`).
+    pub bytes: usize,
+}
+
+impl Budget {
+    /// A budget of `messages` deliveries and `bytes` bytes.
+    pub fn new(messages: usize, bytes: usize) -> Self {
+        Self { messages, bytes }
     }
 }
 

@@ -19,6 +19,14 @@ use crate::settings::KafkaSettings;
 /// librdkafka's default `max.poll.interval.ms`.
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 
+/// librdkafka's prefetch, bounded in bytes (see [`KafkaSourceBuilder`]):
+/// 16 MiB of queued messages, 16 MiB per fetch response. At 100-byte
+/// messages that is still 160,000 messages ahead; at 1 MiB, sixteen.
+const PREFETCH_BOUNDS: [(&str, &str); 2] = [
+    ("queued.max.messages.kbytes", "16384"),
+    ("fetch.max.bytes", "16777216"),
+];
+
 /// Builds a [`KafkaSource`]. Every setting has a default except the group
 /// (or broadcast mode) and the topics.
 ///
@@ -28,6 +36,14 @@ const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 /// `enable.auto.commit=false` and `enable.auto.offset.store=false` (offsets
 /// are committed only from the commit engine's watermark) and
 /// `enable.partition.eof=false`.
+///
+/// librdkafka's prefetch is bounded in bytes too, smaller than its own
+/// defaults (64 MiB queued, 50 MiB per fetch), unless the settings say
+/// otherwise: `queued.max.messages.kbytes=16384` (16 MiB of prefetched
+/// messages) and `fetch.max.bytes=16777216` (16 MiB per fetch response).
+/// With the runtime's byte budget and the hand-over queue (half of it),
+/// that bounds the consumer's message memory; `docs/ARCHITECTURE.md` lists
+/// every buffer.
 #[derive(Debug, Clone)]
 pub struct KafkaSourceBuilder {
     settings: KafkaSettings,
@@ -204,6 +220,11 @@ impl KafkaSourceBuilder {
             config.set("auto.offset.reset", "latest");
         } else if config.get("auto.offset.reset").is_none() {
             config.set("auto.offset.reset", "earliest");
+        }
+        for (key, value) in PREFETCH_BOUNDS {
+            if config.get(key).is_none() {
+                config.set(key, value);
+            }
         }
         Ok((settings, group_id))
     }

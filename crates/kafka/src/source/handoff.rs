@@ -9,6 +9,7 @@
 //! [`KafkaSource::next`]: super::KafkaSource
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,8 @@ pub(crate) enum Control {
 struct Queue {
     events: VecDeque<Control>,
     messages: VecDeque<Message>,
+    /// The bytes of `messages` ([`Message::byte_size`]).
+    bytes: usize,
     /// The polling thread is gone; nothing more will come.
     finished: bool,
 }
@@ -43,6 +46,16 @@ pub(crate) struct Handoff {
     /// waiting for room.
     room: Condvar,
     capacity: usize,
+    /// Most bytes queued before the polling thread pauses fetching; set
+    /// from the runtime's byte budget ([`Handoff::set_byte_capacity`]).
+    byte_capacity: AtomicUsize,
+}
+
+/// How full the queue is: messages and their bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fill {
+    pub(crate) messages: usize,
+    pub(crate) bytes: usize,
 }
 
 /// What [`Handoff::take`] found.
@@ -65,7 +78,14 @@ impl Handoff {
             messages_ready: Notify::new(),
             room: Condvar::new(),
             capacity,
+            byte_capacity: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// Bounds the queue's bytes too: the polling thread pauses fetching
+    /// once this many bytes wait for the runtime.
+    pub(crate) fn set_byte_capacity(&self, bytes: usize) {
+        self.byte_capacity.store(bytes.max(1), Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -74,21 +94,27 @@ impl Handoff {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Messages waiting for the runtime.
-    pub(crate) fn queued(&self) -> usize {
-        self.lock().messages.len()
+    /// What waits for the runtime.
+    pub(crate) fn fill(&self) -> Fill {
+        let queue = self.lock();
+        Fill {
+            messages: queue.messages.len(),
+            bytes: queue.bytes,
+        }
     }
 
-    /// Whether the queue holds `capacity` messages or more: time to pause.
-    pub(crate) fn is_full(&self, queued: usize) -> bool {
-        queued >= self.capacity
+    /// Whether the queue holds `capacity` messages or its byte capacity, or
+    /// more: time to pause.
+    pub(crate) fn is_full(&self, fill: Fill) -> bool {
+        fill.messages >= self.capacity || fill.bytes >= self.byte_capacity.load(Ordering::Relaxed)
     }
 
     /// Whether the queue drained far enough to resume fetching. Resuming at a
     /// quarter, not just below capacity, keeps a slow runtime from making the
     /// consumer pause and resume (and refetch) for every batch.
-    pub(crate) fn has_room(&self, queued: usize) -> bool {
-        queued <= self.capacity / 4
+    pub(crate) fn has_room(&self, fill: Fill) -> bool {
+        fill.messages <= self.capacity / 4
+            && fill.bytes <= self.byte_capacity.load(Ordering::Relaxed) / 4
     }
 
     /// Waits up to `timeout` for the queue to drop below capacity. Returns
@@ -99,7 +125,9 @@ impl Handoff {
         let deadline = Instant::now() + timeout;
         let mut queue = self.lock();
         loop {
-            if queue.messages.len() < self.capacity {
+            if queue.messages.len() < self.capacity
+                && queue.bytes < self.byte_capacity.load(Ordering::Relaxed)
+            {
                 return true;
             }
             let now = Instant::now();
@@ -119,7 +147,11 @@ impl Handoff {
         if messages.is_empty() {
             return;
         }
-        self.lock().messages.extend(messages.drain(..));
+        let bytes: usize = messages.iter().map(Message::byte_size).sum();
+        let mut queue = self.lock();
+        queue.bytes += bytes;
+        queue.messages.extend(messages.drain(..));
+        drop(queue);
         self.messages_ready.notify_one();
     }
 
@@ -133,12 +165,18 @@ impl Handoff {
     pub(crate) fn purge(&self, partitions: &[PartitionKey]) -> usize {
         let mut queue = self.lock();
         let before = queue.messages.len();
+        let mut purged_bytes = 0;
         queue.messages.retain(|message| {
             let metadata = message.metadata();
-            !partitions.iter().any(|key| {
+            let revoked = partitions.iter().any(|key| {
                 key.partition == metadata.partition() && *key.source == **metadata.source()
-            })
+            });
+            if revoked {
+                purged_bytes += message.byte_size();
+            }
+            !revoked
         });
+        queue.bytes -= purged_bytes;
         before - queue.messages.len()
     }
 
@@ -153,6 +191,7 @@ impl Handoff {
     pub(crate) fn abandon(&self) {
         let mut queue = self.lock();
         queue.messages.clear();
+        queue.bytes = 0;
         let events = std::mem::take(&mut queue.events);
         drop(queue);
         self.room.notify_all();
@@ -171,7 +210,11 @@ impl Handoff {
         }
         if max > 0 && !queue.messages.is_empty() {
             let count = max.min(queue.messages.len());
-            deliveries.extend(queue.messages.drain(..count));
+            let mut taken_bytes = 0;
+            deliveries.extend(queue.messages.drain(..count).inspect(|message| {
+                taken_bytes += message.byte_size();
+            }));
+            queue.bytes -= taken_bytes;
             drop(queue);
             self.room.notify_one();
             return Taken::Delivered;
@@ -242,7 +285,29 @@ mod tests {
         let mut out = Vec::new();
         assert!(matches!(handoff.take(&mut out, 2), Taken::Delivered));
         assert_eq!(out.len(), 2);
-        assert_eq!(handoff.queued(), 3);
+        assert_eq!(handoff.fill().messages, 3);
+    }
+
+    #[test]
+    fn the_queue_is_full_at_its_byte_capacity_and_counts_bytes_out_again() {
+        let handoff = Handoff::new(1000);
+        handoff.set_byte_capacity(10);
+        // `message` payloads are one byte each.
+        let mut batch: Vec<_> = (0..10).map(|offset| message("t", 0, offset)).collect();
+        handoff.push_messages(&mut batch);
+        assert!(handoff.is_full(handoff.fill()), "10 bytes of 10");
+        let mut out = Vec::new();
+        assert!(matches!(handoff.take(&mut out, 8), Taken::Delivered));
+        assert_eq!(
+            handoff.fill(),
+            Fill {
+                messages: 2,
+                bytes: 2
+            }
+        );
+        assert!(handoff.has_room(handoff.fill()));
+        assert_eq!(handoff.purge(&[PartitionKey::new("t", 0)]), 2);
+        assert_eq!(handoff.fill(), Fill::default());
     }
 
     #[test]

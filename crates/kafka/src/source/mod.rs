@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use intake_core::{Message, Source, SourceError, SourceEvent};
+use intake_core::{Budget, Message, Source, SourceError, SourceEvent};
 use rdkafka::consumer::BaseConsumer;
 use tokio::sync::oneshot;
 
@@ -89,6 +89,14 @@ impl KafkaSource {
 }
 
 impl Source for KafkaSource {
+    /// The hand-over queue holds at most half the runtime's byte budget
+    /// before the polling thread pauses fetching: with the runtime's own
+    /// budget, the source's queue and librdkafka's prefetch
+    /// (`queued.max.messages.kbytes`), memory stays bounded in bytes.
+    fn set_budget(&mut self, budget: Budget) {
+        self.shared.handoff.set_byte_capacity(budget.bytes / 2);
+    }
+
     async fn next(
         &mut self,
         deliveries: &mut Vec<Message>,

@@ -72,15 +72,15 @@ impl Poller {
     /// librdkafka keeps a partition's pause across an unassignment, so a
     /// partition revoked while paused would come back paused and never fetch.
     fn apply_backpressure(&mut self) {
-        let queued = self.shared.handoff.queued();
+        let fill = self.shared.handoff.fill();
         let changed = self.shared.assignment_changed.swap(false, Ordering::AcqRel);
         if self.paused {
-            if self.shared.handoff.has_room(queued) {
+            if self.shared.handoff.has_room(fill) {
                 self.set_paused(false);
             } else if changed {
                 self.set_paused(true);
             }
-        } else if self.shared.handoff.is_full(queued)
+        } else if self.shared.handoff.is_full(fill)
             && !self.shared.handoff.wait_for_room(PAUSE_AFTER)
         {
             self.set_paused(true);
@@ -227,7 +227,7 @@ impl Poller {
 
     /// The watchdog's check: called after an interval without messages.
     fn check_for_stall(&mut self) {
-        if self.paused || self.shared.handoff.queued() > 0 {
+        if self.paused || self.shared.handoff.fill().messages > 0 {
             return;
         }
         let Ok(positions) = self.consumer.position() else {
