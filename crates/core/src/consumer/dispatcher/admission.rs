@@ -2,18 +2,15 @@
 //! engine, a slot of the budget and its ordering lane, and starts at once
 //! when nothing waits before it (the fast path), or waits in `ready`.
 
-use std::sync::Arc;
-
 use tower::Service;
 
-use super::{Dispatcher, PartitionFlags};
-use crate::commit_engine::PartitionId;
+use super::Dispatcher;
 use crate::consumer::Ordering;
 use crate::consumer::lanes::LaneId;
 use crate::consumer::slots::SlotState;
 use crate::error::HandlerError;
 use crate::lifecycle;
-use crate::message::Message;
+use crate::message::{Message, PartitionKey};
 
 impl<H> Dispatcher<H>
 where
@@ -33,16 +30,15 @@ where
     }
 
     fn admit(&mut self, message: Message) {
-        let partition = self.partition_of(&message);
-        let flags = &mut self.partitions[partition.index()];
-        if flags.revoking {
+        let partition = self.partitions.of(&message);
+        if self.partitions.is_revoking(partition) {
             // Fetched after the revocation began: it belongs to the next
             // owner, who will receive it; acknowledging nothing is correct.
             self.report.released_on_revoke += 1;
             return;
         }
         let position = message.metadata().position();
-        let Some(ticket) = self.engine.admit(partition, position) else {
+        let Some(ticket) = self.partitions.admit(partition, position) else {
             return;
         };
         let Some(slot) = self.slots.acquire() else {
@@ -51,12 +47,7 @@ where
             tracing::error!("no free slot for an admitted delivery; it stays unacknowledged");
             return;
         };
-        let flags = &mut self.partitions[partition.index()];
-        flags.held += 1;
-        if !flags.over_window && self.engine.uncommitted(partition) >= self.settings.max_uncommitted
-        {
-            flags.over_window = true;
-            self.over_window += 1;
+        if self.partitions.slot_held(partition) {
             tracing::warn!(
                 partition = %message.metadata().partition_key(),
                 max_uncommitted = self.settings.max_uncommitted,
@@ -91,47 +82,14 @@ where
         self.ready.push_back(slot);
     }
 
-    fn partition_of(&mut self, message: &Message) -> PartitionId {
-        let metadata = message.metadata();
-        if let Some((source, partition, id)) = &self.last_partition
-            && *partition == metadata.partition()
-            && (Arc::ptr_eq(source, metadata.source()) || **source == **metadata.source())
-        {
-            return *id;
-        }
-        let key = metadata.partition_key();
-        let id = match self.engine.lookup(&key) {
-            Some(id) => id,
-            None => self.assign(key),
-        };
-        self.last_partition = Some((metadata.source().clone(), metadata.partition(), id));
-        id
-    }
-
-    pub(super) fn assign(&mut self, partition: crate::message::PartitionKey) -> PartitionId {
-        if let Some(id) = self.engine.lookup(&partition)
-            && self.partitions[id.index()].revoking
+    /// A partition the source announced as assigned. One still being
+    /// revoked is taken back first (see `take_back`).
+    pub(super) fn assign(&mut self, partition: PartitionKey) {
+        if let Some(id) = self.partitions.engine().lookup(&partition)
+            && self.partitions.is_revoking(id)
         {
             self.take_back(id);
         }
-        let id = self.engine.assign(partition);
-        if self.partitions.len() <= id.index() {
-            self.partitions
-                .resize(id.index() + 1, PartitionFlags::default());
-        }
-        let flags = &mut self.partitions[id.index()];
-        if flags.over_window {
-            self.over_window -= 1;
-        }
-        // Deliveries of an earlier assignment that was not revoked may still
-        // run; their tickets are stale now, and `held` keeps counting them
-        // until they finish.
-        let held = flags.held;
-        *flags = PartitionFlags {
-            held,
-            ..PartitionFlags::default()
-        };
-        self.last_partition = None;
-        id
+        self.partitions.assign(partition);
     }
 }

@@ -1,8 +1,6 @@
 //! Commits: the commit tick, the batches taken from the commit engine and
 //! handed to the ack loop, and the work of failed batches put back.
 
-use std::time::Duration;
-
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower::Service;
@@ -12,7 +10,6 @@ use crate::acker::AckBatch;
 use crate::consumer::ack_loop::AckRequest;
 use crate::error::HandlerError;
 use crate::message::Message;
-use crate::observer::PartitionSnapshot;
 
 impl<H> Dispatcher<H>
 where
@@ -30,36 +27,13 @@ where
         if let Some(observer) = self.settings.observer.clone() {
             observer.on_in_flight(self.slots.held());
             let now = Instant::now();
-            let mut snapshots = Vec::new();
-            for id in self.engine.assigned().collect::<Vec<_>>() {
-                let Some(stats) = self.engine.stats(id) else {
-                    continue;
-                };
-                let flags = &mut self.partitions[id.index()];
-                let age = match (stats.oldest_unfinished, flags.oldest) {
-                    (None, _) => {
-                        flags.oldest = None;
-                        None
-                    }
-                    (Some(position), Some((tracked, since))) if tracked == position => {
-                        Some(now.duration_since(since))
-                    }
-                    (Some(position), _) => {
-                        flags.oldest = Some((position, now));
-                        Some(Duration::ZERO)
-                    }
-                };
-                snapshots.push(PartitionSnapshot {
-                    stats,
-                    oldest_unfinished_age: age,
-                });
-            }
+            let snapshots = self.partitions.snapshots(now);
             observer.on_partitions(&snapshots);
         }
     }
 
     pub(super) fn flush_if_due(&mut self) {
-        let pending = self.engine.pending();
+        let pending = self.partitions.engine().pending();
         if pending == 0 || self.acks.outstanding() > 0 {
             return;
         }
@@ -72,7 +46,7 @@ where
             let ticked = std::mem::take(&mut self.flush_due);
             self.resend_on_tick = false;
             let mut batch = AckBatch::default();
-            self.engine.take_batch(&mut batch);
+            self.partitions.take_batch(&mut batch);
             // A batch of the tick goes out now; one of the threshold may
             // wait for the task's next yield (at the latest when its
             // cooperative budget is spent), which costs no yield per batch.
@@ -86,7 +60,7 @@ where
     pub(super) fn restore_failed(&mut self) {
         while let Some(failed) = self.acks.take_failed() {
             for ack in failed.partitions {
-                self.engine.restore(ack);
+                self.partitions.restore(ack);
             }
         }
     }

@@ -28,7 +28,7 @@ where
         let signal = match output {
             Ok(()) => {
                 self.report.succeeded += 1;
-                self.engine.complete(ticket);
+                self.partitions.complete(ticket);
                 self.release(slot);
                 Signal::Success
             }
@@ -44,25 +44,25 @@ where
         match error.class() {
             ErrorClass::Ignore => {
                 self.report.ignored += 1;
-                self.engine.complete(ticket);
+                self.partitions.complete(ticket);
                 self.release(slot);
                 Signal::Neutral
             }
             ErrorClass::Permanent => {
                 self.report.discarded += 1;
                 tracing::error!(
-                    partition = ?self.engine.key(ticket.partition()),
+                    partition = ?self.partitions.engine().key(ticket.partition()),
                     position = ?self.slots.get(slot).position,
                     %error,
                     "permanent failure with no dead-letter layer: the message is acknowledged and dropped"
                 );
-                self.engine.complete(ticket);
+                self.partitions.complete(ticket);
                 self.release(slot);
                 Signal::Neutral
             }
             ErrorClass::Interrupted
                 if self.stop.is_none_or(|stop| stop == Stop::Exhausted)
-                    && !self.partitions[ticket.partition().index()].revoking =>
+                    && !self.partitions.is_revoking(ticket.partition()) =>
             {
                 // Nothing is stopping: released unfinished, it would hold the
                 // partition's watermark for good (and, past
@@ -70,7 +70,7 @@ where
                 // retryable failure, after the consumer backoff, so a
                 // handler that keeps answering this way cannot spin.
                 tracing::warn!(
-                    partition = ?self.engine.key(ticket.partition()),
+                    partition = ?self.partitions.engine().key(ticket.partition()),
                     position = ?self.slots.get(slot).position,
                     %error,
                     "a handler was interrupted although the consumer is not stopping; retrying it"
@@ -90,10 +90,10 @@ where
                 } else {
                     Signal::Neutral
                 };
-                let revoking = self.partitions[ticket.partition().index()].revoking;
+                let revoking = self.partitions.is_revoking(ticket.partition());
                 if self.requeue {
                     self.report.requeued += 1;
-                    self.engine.requeue(ticket);
+                    self.partitions.requeue(ticket);
                     self.release(slot);
                 } else if matches!(self.stop, Some(Stop::Graceful { .. })) || revoking {
                     // No time to try again: leave it unacknowledged.
@@ -141,16 +141,7 @@ where
             self.backoff.probe_abandoned();
         }
         if let Some(ticket) = entry.ticket {
-            let index = ticket.partition().index();
-            if let Some(flags) = self.partitions.get_mut(index) {
-                flags.held = flags.held.saturating_sub(1);
-                if flags.over_window
-                    && self.engine.uncommitted(ticket.partition()) < self.settings.max_uncommitted
-                {
-                    flags.over_window = false;
-                    self.over_window -= 1;
-                }
-            }
+            self.partitions.slot_freed(ticket.partition());
         }
         self.slots.release(slot);
     }

@@ -112,8 +112,11 @@ where
         self.slots.get_mut(slot).probe = false;
         self.backoff.probe_timed_out(now);
         let entry = self.slots.get(slot);
+        let partition = entry
+            .ticket
+            .and_then(|ticket| self.partitions.engine().key(ticket.partition()));
         tracing::warn!(
-            partition = ?entry.ticket.and_then(|ticket| self.engine.key(ticket.partition())),
+            partition = ?partition,
             position = ?entry.position,
             timeout = ?self.settings.probe_timeout,
             "the backoff probe is still running after the probe timeout: backing off again \
@@ -165,7 +168,7 @@ where
             .slots
             .get(slot)
             .ticket
-            .and_then(|ticket| self.engine.key(ticket.partition()));
+            .and_then(|ticket| self.partitions.engine().key(ticket.partition()));
         tracing::error!(
             partition = ?partition,
             position = ?self.slots.get(slot).position,

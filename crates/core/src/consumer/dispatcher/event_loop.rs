@@ -149,7 +149,7 @@ where
         }
         while let Some(failed) = self.acks.take_failed() {
             for ack in failed.partitions {
-                self.engine.restore(ack);
+                self.partitions.restore(ack);
             }
             self.resend_on_tick = true;
         }

@@ -31,7 +31,7 @@ where
             }
             self.fetch_retry_at = None;
         }
-        if self.over_window > 0 {
+        if self.partitions.any_over_window() {
             return Some(0);
         }
         Some(self.slots.free_count().min(self.settings.fetch_batch))

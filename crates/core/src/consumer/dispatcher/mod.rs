@@ -27,6 +27,7 @@ mod completion;
 mod dispatch;
 mod event_loop;
 mod fetch;
+mod partitions;
 mod revocation;
 mod stop;
 mod timer;
@@ -48,10 +49,11 @@ use super::report::{RunError, RunReport, SourceClose};
 use super::shutdown::Shutdown;
 use super::slots::{Caught, SlotId, Slots};
 use crate::acker::Acker;
-use crate::commit_engine::{CommitEngine, PartitionId};
+use crate::commit_engine::CommitEngine;
 use crate::error::HandlerError;
-use crate::message::{Message, Position, SourceName};
+use crate::message::Message;
 use crate::source::{Source, SourceError};
+use partitions::Partitions;
 use revocation::PendingRevocation;
 
 /// Runs a consumer to the end. See [`Consumer::run`](super::Consumer::run).
@@ -165,17 +167,6 @@ enum Stop {
     Exhausted,
 }
 
-/// Per-partition state of the runtime (the commit engine keeps the rest).
-#[derive(Clone, Debug, Default)]
-struct PartitionFlags {
-    /// Slots held by deliveries of this partition.
-    held: u32,
-    revoking: bool,
-    over_window: bool,
-    /// The oldest unfinished position and since when it has been the oldest.
-    oldest: Option<(Position, Instant)>,
-}
-
 /// What a handler future resolves to.
 type HandlerOutput<H> = Result<(), <H as Service<Message>>::Error>;
 
@@ -184,7 +175,6 @@ struct Dispatcher<H: Service<Message>> {
     handler: H,
     slots: Slots<H::Future>,
     lanes: Lanes,
-    engine: CommitEngine,
     settings: Settings,
     keep_copy: bool,
     requeue: bool,
@@ -195,11 +185,8 @@ struct Dispatcher<H: Service<Message>> {
     ready: VecDeque<SlotId>,
     /// Handler outputs collected from woken slots.
     finished: Vec<(SlotId, Caught<HandlerOutput<H>>)>,
-    partitions: Vec<PartitionFlags>,
-    over_window: usize,
-    /// The partition of the previous delivery: most batches come from one
-    /// partition, so this saves a map lookup per message.
-    last_partition: Option<(SourceName, u32, PartitionId)>,
+    /// The commit engine and the runtime's entry for each partition.
+    partitions: Partitions,
     acks: AckQueue,
     flush_due: bool,
     /// A commit tick queued a batch, or found one still queued: yield to the
@@ -250,16 +237,13 @@ where
             handler,
             slots,
             lanes: Lanes::with_capacity(capacity),
-            engine,
             keep_copy: !requeue,
             requeue,
             backoff: ConsumerBackoff::new(settings.backoff.clone()),
             probe: None,
             ready: VecDeque::with_capacity(capacity),
             finished: Vec::with_capacity(capacity),
-            partitions: Vec::new(),
-            over_window: 0,
-            last_partition: None,
+            partitions: Partitions::new(engine, settings.max_uncommitted),
             acks,
             flush_due: false,
             yield_to_acks: false,

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::{Dispatcher, PartitionFlags};
+use super::Dispatcher;
 use crate::acker::{AckBatch, AckError};
 use crate::commit_engine::PartitionId;
 use crate::consumer::ack_loop::AckRequest;
@@ -36,12 +36,11 @@ where
     pub(super) fn begin_revoke(&mut self, revocation: Revocation) {
         let mut partitions = Vec::new();
         for key in revocation.partitions() {
-            if let Some(id) = self.engine.lookup(key) {
-                self.partitions[id.index()].revoking = true;
+            if let Some(id) = self.partitions.begin_revoke(key) {
                 partitions.push(id);
             }
         }
-        self.last_partition = None;
+        self.partitions.forget_last();
         // Deliveries of these partitions that have not started are released
         // unacknowledged: the next owner receives them. Running ones may
         // finish until the revoke timeout.
@@ -94,7 +93,7 @@ where
                 let running: u32 = pending
                     .partitions
                     .iter()
-                    .map(|id| self.partitions[id.index()].held)
+                    .map(|&id| self.partitions.held(id))
                     .sum();
                 if running > 0 && now < pending.deadline {
                     index += 1;
@@ -114,7 +113,7 @@ where
                     sync: true,
                 };
                 for &id in &partitions {
-                    self.engine.take_final_batch(id, &mut batch);
+                    self.partitions.take_final_batch(id, &mut batch);
                 }
                 let pending = &mut self.revocations[index];
                 // Sent even when empty: the acker handles batches in order,
@@ -175,25 +174,20 @@ where
     pub(super) fn complete_revocation(&mut self, pending: PendingRevocation, committed: bool) {
         let mut outcome = RevocationOutcome::default();
         for &id in &pending.partitions {
-            let Some(partition) = self.engine.key(id).cloned() else {
+            let Some(partition) = self.partitions.engine().key(id).cloned() else {
                 continue;
             };
-            let unfinished = self.engine.uncommitted(id);
+            let unfinished = self.partitions.engine().uncommitted(id);
             outcome.partitions.push(RevokedPartition {
                 committed: if committed {
-                    self.engine.watermark(id)
+                    self.partitions.engine().watermark(id)
                 } else {
                     None
                 },
                 partition: partition.clone(),
                 unfinished,
             });
-            self.engine.revoke(id);
-            let flags = &mut self.partitions[id.index()];
-            if flags.over_window {
-                self.over_window -= 1;
-            }
-            *flags = PartitionFlags::default();
+            self.partitions.revoke(id);
             if let Some(observer) = &self.settings.observer {
                 observer.on_revoked(&partition);
             }
@@ -221,7 +215,7 @@ where
     /// assignment's first commit would move the position back.
     pub(super) fn take_back(&mut self, id: PartitionId) {
         tracing::info!(
-            partition = ?self.engine.key(id),
+            partition = ?self.partitions.engine().key(id),
             "a partition being revoked is assigned again: its old assignment ends now"
         );
         self.cancel_partitions(&[id]);
@@ -231,7 +225,7 @@ where
         // Batches of the old assignment may still wait for the acker: they
         // must not commit it now that the new one redelivers from the
         // broker's committed position.
-        if let Some(partition) = self.engine.key(id) {
+        if let Some(partition) = self.partitions.engine().key(id) {
             self.acks.fence(partition.clone());
         }
     }

@@ -76,7 +76,7 @@ where
         for slot in held {
             let entry = self.slots.get(slot);
             if let (Some(ticket), Some(position)) = (entry.ticket, entry.position)
-                && let Some(partition) = self.engine.key(ticket.partition())
+                && let Some(partition) = self.partitions.engine().key(ticket.partition())
             {
                 unfinished.push(Unfinished {
                     partition: partition.clone(),
@@ -115,18 +115,19 @@ where
             partitions: Vec::new(),
             sync: true,
         };
-        let mut ids: Vec<PartitionId> = self.engine.assigned().collect();
+        let mut ids: Vec<PartitionId> = self.partitions.engine().assigned().collect();
         ids.sort();
         let mut watermarks = Vec::with_capacity(ids.len());
         for &id in &ids {
-            if let (Some(partition), Some(watermark)) =
-                (self.engine.key(id), self.engine.watermark(id))
-            {
+            if let (Some(partition), Some(watermark)) = (
+                self.partitions.engine().key(id),
+                self.partitions.engine().watermark(id),
+            ) {
                 watermarks.push((partition.clone(), watermark));
             }
-            self.engine.take_final_batch(id, &mut batch);
+            self.partitions.take_final_batch(id, &mut batch);
         }
-        self.engine.take_batch(&mut batch);
+        self.partitions.take_batch(&mut batch);
         let committed_ok = if batch.is_empty() {
             reachable
         } else {
