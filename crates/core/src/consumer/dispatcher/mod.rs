@@ -33,11 +33,11 @@ mod stop;
 mod timer;
 
 use std::collections::VecDeque;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
@@ -55,6 +55,7 @@ use crate::message::Message;
 use crate::source::{Source, SourceError};
 use partitions::Partitions;
 use revocation::PendingRevocation;
+use timer::Timer;
 
 /// Runs a consumer to the end. See [`Consumer::run`](super::Consumer::run).
 pub(crate) async fn run<S, A, H>(
@@ -200,14 +201,7 @@ struct Dispatcher<H: Service<Message>> {
     resend_on_tick: bool,
     /// When the next commit tick is due.
     next_tick_at: Instant,
-    timer: Pin<Box<Sleep>>,
-    timer_at: Option<Instant>,
-    /// The latest moment the timer woke the run for. Whatever was due by
-    /// then was looked at by the pass it woke, so it never arms the timer
-    /// again: a due time whose action waits on something else (a backoff
-    /// that ended while the run is stopping or the handler is not ready)
-    /// would otherwise wake the run in a loop.
-    woken_for: Option<Instant>,
+    timer: Timer,
     fetch_retry_at: Option<Instant>,
     fetch_failures: u32,
     revocations: Vec<PendingRevocation>,
@@ -249,9 +243,7 @@ where
             yield_to_acks: false,
             resend_on_tick: false,
             next_tick_at: Instant::now(),
-            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
-            timer_at: None,
-            woken_for: None,
+            timer: Timer::new(),
             fetch_retry_at: None,
             fetch_failures: 0,
             revocations: Vec::new(),

@@ -3,9 +3,10 @@
 //! fetch retry, the shutdown deadline).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::task::Context;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tower::Service;
 
 use super::{Dispatcher, Stop};
@@ -13,50 +14,84 @@ use crate::consumer::backoff::BackoffState;
 use crate::error::HandlerError;
 use crate::message::Message;
 
+/// One sleep, moved to whichever due moment comes first.
+pub(super) struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    /// The moment `sleep` is set for, while it is armed.
+    armed_at: Option<Instant>,
+    /// The latest moment the timer woke the run for. Whatever was due by
+    /// then was looked at by the pass it woke, so it never arms the timer
+    /// again: a due time whose action waits on something else (a backoff
+    /// that ended while the run is stopping or the handler is not ready)
+    /// would otherwise wake the run in a loop.
+    woken_for: Option<Instant>,
+}
+
+impl Timer {
+    pub(super) fn new() -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+            armed_at: None,
+            woken_for: None,
+        }
+    }
+
+    /// Arms the timer at the earliest of `due` it has not woken the run for
+    /// yet (disarms it if there is none), and wakes the task now if that
+    /// moment has come.
+    fn arm(&mut self, cx: &mut Context<'_>, due: impl Iterator<Item = Instant>) {
+        let woken_for = self.woken_for;
+        let Some(due) = due
+            .filter(|&at| woken_for.is_none_or(|woken| at > woken))
+            .min()
+        else {
+            self.armed_at = None;
+            return;
+        };
+        if self.armed_at != Some(due) {
+            self.sleep.as_mut().reset(due);
+            self.armed_at = Some(due);
+        }
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            self.armed_at = None;
+            self.woken_for = Some(due);
+            // Something is due now: run another pass.
+            cx.waker().wake_by_ref();
+        }
+    }
+}
+
 impl<H> Dispatcher<H>
 where
     H: Service<Message, Response = ()> + Send + 'static,
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
-    /// Keeps one timer armed at the earliest moment something is due.
+    /// Keeps the timer armed at the earliest moment something is due.
     pub(super) fn arm_timer(&mut self, cx: &mut Context<'_>) {
-        let mut due: Option<Instant> = None;
-        let woken_for = self.woken_for;
-        let mut consider = |at: Option<Instant>| {
-            if let Some(at) = at.filter(|&at| woken_for.is_none_or(|woken| at > woken)) {
-                due = Some(due.map_or(at, |due| due.min(at)));
-            }
+        let backoff_ends = match self.backoff.state() {
+            BackoffState::BackingOff { until } if !self.ready.is_empty() => Some(until),
+            _ => None,
         };
-        if let BackoffState::BackingOff { until } = self.backoff.state()
-            && !self.ready.is_empty()
-        {
-            consider(Some(until));
-        }
-        consider(Some(self.next_tick_at));
-        consider(self.probe.map(|(_, deadline)| deadline));
-        consider(self.fetch_retry_at);
-        for pending in &self.revocations {
-            if pending.reply.is_none() {
-                consider(Some(pending.deadline));
-            }
-        }
-        if let Some(Stop::Graceful { deadline }) = self.stop {
-            consider(Some(deadline));
-        }
-        let Some(due) = due else {
-            self.timer_at = None;
-            return;
+        let shutdown_deadline = match self.stop {
+            Some(Stop::Graceful { deadline }) => Some(deadline),
+            _ => None,
         };
-        if self.timer_at != Some(due) {
-            self.timer.as_mut().reset(due);
-            self.timer_at = Some(due);
-        }
-        if self.timer.as_mut().poll(cx).is_ready() {
-            self.timer_at = None;
-            self.woken_for = Some(due);
-            // Something is due now: run another pass.
-            cx.waker().wake_by_ref();
-        }
+        let revocation_deadlines = self
+            .revocations
+            .iter()
+            .filter(|pending| pending.reply.is_none())
+            .map(|pending| pending.deadline);
+        let due = [
+            backoff_ends,
+            Some(self.next_tick_at),
+            self.probe.map(|(_, deadline)| deadline),
+            self.fetch_retry_at,
+            shutdown_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(revocation_deadlines);
+        self.timer.arm(cx, due);
     }
 }
