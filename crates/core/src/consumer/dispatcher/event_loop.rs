@@ -161,10 +161,7 @@ where
         // back to this consumer meanwhile.
         self.poll_revocations(cx);
         self.flush_if_due();
-        if self.failure.is_none() && self.stop.is_some() && self.is_drained() {
-            return Poll::Ready(Wake::Done);
-        }
-        if self.failure.is_some() && self.stop.is_some() && self.is_drained() {
+        if self.is_drained() {
             return Poll::Ready(Wake::Done);
         }
         self.arm_timer(cx);

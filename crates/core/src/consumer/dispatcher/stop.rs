@@ -44,6 +44,8 @@ where
         self.token.cancel();
     }
 
+    /// Whether the run is over: it is stopping, and what it waits for is done
+    /// (or, for a graceful stop, its deadline has passed).
     pub(super) fn is_drained(&self) -> bool {
         match self.stop {
             None => false,
