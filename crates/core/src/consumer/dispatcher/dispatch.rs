@@ -128,7 +128,7 @@ where
     }
 
     pub(super) fn start(&mut self, slot: SlotId, probe: bool) {
-        let keep_copy = self.keep_copy;
+        let keep_copy = !self.requeue;
         let entry = self.slots.get_mut(slot);
         let Some(message) = entry.message.take() else {
             self.release(slot);

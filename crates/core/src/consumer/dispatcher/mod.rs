@@ -177,7 +177,9 @@ struct Dispatcher<H: Service<Message>> {
     slots: Slots<H::Future>,
     lanes: Lanes,
     settings: Settings,
-    keep_copy: bool,
+    /// Whether the broker takes a failed message back (the acker supports
+    /// requeue); if not, each running delivery keeps a copy of its message
+    /// to dispatch again.
     requeue: bool,
     backoff: ConsumerBackoff,
     /// The backoff probe's slot and its deadline, while it runs.
@@ -231,7 +233,6 @@ where
             handler,
             slots,
             lanes: Lanes::with_capacity(capacity),
-            keep_copy: !requeue,
             requeue,
             backoff: ConsumerBackoff::new(settings.backoff.clone()),
             probe: None,
