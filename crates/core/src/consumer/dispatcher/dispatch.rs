@@ -135,12 +135,9 @@ where
             return;
         };
         entry.probe = probe;
-        let message = if keep_copy {
+        if keep_copy {
             entry.message = Some(message.clone());
-            message
-        } else {
-            message
-        };
+        }
         // The runtime catches a handler's panics itself, with or without a
         // `CatchPanicLayer`: unwound through `Consumer::run`, a panic took the
         // consumer down, and the message, delivered again, took the next one.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::{Dispatcher, Failure, PendingRevocation, Stop};
+use super::{Dispatcher, Failure, Stop};
 use crate::acker::AckBatch;
 use crate::commit_engine::PartitionId;
 use crate::consumer::report::{RunReport, Unfinished};
@@ -144,24 +144,7 @@ where
         // Revocations still pending end with the run: what they held was
         // part of the final commit.
         for pending in std::mem::take(&mut self.revocations) {
-            if let Some(receiver) = pending.reply {
-                drop(receiver);
-            }
-            let PendingRevocation {
-                revocation,
-                partitions,
-                deadline,
-                ..
-            } = pending;
-            self.complete_revocation(
-                PendingRevocation {
-                    revocation,
-                    partitions,
-                    deadline,
-                    reply: None,
-                },
-                committed_ok,
-            );
+            self.complete_revocation(pending, committed_ok);
         }
         let mut report = std::mem::take(&mut self.report);
         if committed_ok {
