@@ -56,13 +56,17 @@ where
         }
     }
 
-    /// Puts the work of acknowledgements that failed back into the engine.
-    pub(super) fn restore_failed(&mut self) {
+    /// Puts the work of acknowledgements that failed back into the engine;
+    /// `true` if any had failed.
+    pub(super) fn restore_failed(&mut self) -> bool {
+        let mut restored = false;
         while let Some(failed) = self.acks.take_failed() {
             for ack in failed.partitions {
                 self.partitions.restore(ack);
             }
+            restored = true;
         }
+        restored
     }
 
     /// Sends `batch` and waits for the acker's answer until `until`;

@@ -147,10 +147,7 @@ where
         if self.probe.is_some() {
             self.expire_probe(now);
         }
-        while let Some(failed) = self.acks.take_failed() {
-            for ack in failed.partitions {
-                self.partitions.restore(ack);
-            }
+        if self.restore_failed() {
             self.resend_on_tick = true;
         }
         // Revocations first: one whose final commit just came back is
