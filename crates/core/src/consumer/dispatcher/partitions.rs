@@ -214,7 +214,7 @@ impl Partitions {
     /// oldest unfinished message has been the oldest.
     pub(super) fn snapshots(&mut self, now: Instant) -> Vec<PartitionSnapshot> {
         let mut snapshots = Vec::new();
-        for id in self.engine.assigned().collect::<Vec<_>>() {
+        for id in self.engine.assigned() {
             let Some(stats) = self.engine.stats(id) else {
                 continue;
             };
