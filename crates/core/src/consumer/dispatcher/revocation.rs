@@ -20,11 +20,22 @@ use crate::error::HandlerError;
 use crate::message::Message;
 use crate::source::{Revocation, RevocationOutcome, RevokedPartition};
 
+/// A revocation under way: its partitions' handlers drain until
+/// `deadline`, then its final commit is sent and its reply awaited.
 pub(super) struct PendingRevocation {
-    pub(super) revocation: Revocation,
-    pub(super) partitions: Vec<PartitionId>,
-    pub(super) deadline: Instant,
-    pub(super) reply: Option<oneshot::Receiver<Result<(), AckError>>>,
+    revocation: Revocation,
+    partitions: Vec<PartitionId>,
+    deadline: Instant,
+    /// The final commit's answer, once it is sent.
+    reply: Option<oneshot::Receiver<Result<(), AckError>>>,
+}
+
+impl PendingRevocation {
+    /// Until when the revoked partitions' handlers may run, while they still
+    /// may (the final commit is not sent yet).
+    pub(super) fn drain_deadline(&self) -> Option<Instant> {
+        self.reply.is_none().then_some(self.deadline)
+    }
 }
 
 impl<H> Dispatcher<H>
@@ -115,17 +126,14 @@ where
                 for &id in &partitions {
                     self.partitions.take_final_batch(id, &mut batch);
                 }
-                let pending = &mut self.revocations[index];
                 // Sent even when empty: the acker handles batches in order,
                 // so its reply also confirms earlier batches still under way.
-                {
-                    let (reply, receiver) = oneshot::channel();
-                    if self.acks.send(AckRequest {
-                        batch,
-                        reply: Some(reply),
-                    }) {
-                        pending.reply = Some(receiver);
-                    }
+                let (reply, receiver) = oneshot::channel();
+                if self.acks.send(AckRequest {
+                    batch,
+                    reply: Some(reply),
+                }) {
+                    self.revocations[index].reply = Some(receiver);
                 }
             }
             let pending = &mut self.revocations[index];

@@ -80,8 +80,7 @@ where
         let revocation_deadlines = self
             .revocations
             .iter()
-            .filter(|pending| pending.reply.is_none())
-            .map(|pending| pending.deadline);
+            .filter_map(|pending| pending.drain_deadline());
         let due = [
             backoff_ends,
             Some(self.next_tick_at),
