@@ -43,12 +43,11 @@ where
     /// the policy gives up on, stops the run with the error as its reason.
     /// Each is logged and reported to the observer.
     pub(super) fn source_failed(&mut self, error: SourceError) {
-        let retry_in = match error.is_transient() {
-            true => {
-                self.fetch_failures = self.fetch_failures.saturating_add(1);
-                self.settings.reconnect.delay(self.fetch_failures)
-            }
-            false => None,
+        let retry_in = if error.is_transient() {
+            self.fetch_failures = self.fetch_failures.saturating_add(1);
+            self.settings.reconnect.delay(self.fetch_failures)
+        } else {
+            None
         };
         if let Some(observer) = &self.settings.observer {
             observer.on_source_error(&error, retry_in);
