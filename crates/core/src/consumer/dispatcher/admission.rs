@@ -63,8 +63,8 @@ where
         entry.ticket = Some(ticket);
         entry.position = Some(position);
         entry.message = Some(message);
-        entry.lane = lane;
         entry.state = SlotState::Ready;
+        self.lanes.join(slot, lane);
         // The fast path: nothing waits before it and its lane is free, so it
         // starts now. It takes its lane only if its handler does not finish
         // on the first poll (see `start`), which most do not need.
@@ -73,11 +73,9 @@ where
             self.start(slot, false);
             return;
         }
-        if let Some(lane) = lane {
-            if !self.lanes.acquire(lane, slot, &mut self.slots) {
-                return;
-            }
-            self.slots.get_mut(slot).holds_lane = true;
+        if !self.lanes.acquire(slot) {
+            self.slots.get_mut(slot).state = SlotState::Queued;
+            return;
         }
         self.ready.push_back(slot);
     }

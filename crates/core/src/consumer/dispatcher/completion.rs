@@ -121,13 +121,8 @@ where
     /// Frees a delivery's slot and hands its lane to the next one. The
     /// delivery is acknowledged only if its ticket was completed before.
     pub(super) fn release(&mut self, slot: SlotId) {
-        let entry = self.slots.get(slot);
-        if let (Some(lane), true) = (entry.lane, entry.holds_lane)
-            && let Some(next) = self.lanes.release(lane, slot, &mut self.slots)
-        {
-            let next_entry = self.slots.get_mut(next);
-            next_entry.state = SlotState::Ready;
-            next_entry.holds_lane = true;
+        if let Some(next) = self.lanes.release(slot) {
+            self.slots.get_mut(next).state = SlotState::Ready;
             self.ready.push_back(next);
         }
         self.free_slot(slot);

@@ -182,12 +182,8 @@ where
     /// it will keep running (or run again). Its lane is free: nothing else
     /// ran in between.
     pub(super) fn hold_lane(&mut self, slot: SlotId) {
-        let entry = self.slots.get(slot);
-        if let (Some(lane), false) = (entry.lane, entry.holds_lane) {
-            let taken = self.lanes.acquire(lane, slot, &mut self.slots);
-            debug_assert!(taken, "a fast-path delivery's lane is free");
-            self.slots.get_mut(slot).holds_lane = true;
-        }
+        let taken = self.lanes.acquire(slot);
+        debug_assert!(taken, "a fast-path delivery's lane is free");
     }
 
     pub(super) fn poll_handlers(&mut self) {

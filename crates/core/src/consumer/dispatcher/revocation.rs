@@ -60,15 +60,14 @@ where
         for (slot, entry) in self.slots.held_slots() {
             let Some(ticket) = entry.ticket else { continue };
             if partitions.contains(&ticket.partition()) {
-                lanes.extend(entry.lane);
+                lanes.extend(self.lanes.lane_of(slot));
                 if entry.state != SlotState::Running {
                     waiting.push(slot);
                 }
             }
         }
-        let mut queued = Vec::new();
         for lane in lanes {
-            self.lanes.drop_lane(lane, &mut self.slots, &mut queued);
+            self.lanes.drop_lane(lane);
         }
         let slots = &self.slots;
         self.ready.retain(|&slot| {
