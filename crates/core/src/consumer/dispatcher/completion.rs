@@ -7,7 +7,7 @@ use tower::Service;
 
 use super::{Dispatcher, Stop};
 use crate::commit_engine::Ticket;
-use crate::consumer::backoff::{BackoffState, Signal};
+use crate::consumer::gate::{GateState, Signal};
 use crate::consumer::slots::{SlotId, SlotState};
 use crate::error::{ErrorClass, HandlerError};
 use crate::message::Message;
@@ -34,10 +34,10 @@ where
             }
             Err(error) => self.fail(slot, ticket, error.into()),
         };
-        if signal == Signal::Success && self.backoff.state() == BackoffState::Normal {
+        if signal == Signal::Success && self.gate.state() == GateState::Normal {
             return;
         }
-        self.backoff.record(signal, probe, Instant::now());
+        self.gate.record(signal, probe, Instant::now());
     }
 
     fn fail(&mut self, slot: SlotId, ticket: Ticket, error: HandlerError) -> Signal {
@@ -133,7 +133,7 @@ where
     pub(super) fn free_slot(&mut self, slot: SlotId) {
         let entry = self.slots.get(slot);
         if entry.probe && entry.state != SlotState::Running {
-            self.backoff.probe_abandoned();
+            self.gate.probe_abandoned();
         }
         if let Some(ticket) = entry.ticket {
             self.partitions.slot_freed(ticket.partition());

@@ -10,7 +10,7 @@ use tower::Service;
 
 use super::{Dispatcher, Failure, Stop};
 use crate::catch_panic::Panicked;
-use crate::consumer::backoff::{BackoffState, Gate};
+use crate::consumer::gate::{Decision, GateState};
 use crate::consumer::slots::{PanicPayload, SlotId, SlotState};
 use crate::deadline;
 use crate::error::HandlerError;
@@ -28,10 +28,7 @@ where
         if matches!(self.stop, Some(Stop::Graceful { .. })) {
             return false;
         }
-        if !matches!(
-            self.backoff.state(),
-            BackoffState::Normal | BackoffState::Disabled
-        ) {
+        if !matches!(self.gate.state(), GateState::Normal | GateState::Disabled) {
             return false;
         }
         self.handler_ready()
@@ -60,10 +57,12 @@ where
         false
     }
 
-    fn gate(&mut self) -> Gate {
-        match self.backoff.state() {
-            BackoffState::Normal | BackoffState::Disabled => Gate::Open,
-            _ => self.backoff.gate(Instant::now()),
+    /// The gate's decision for the next delivery, without reading the clock
+    /// while the gate is open, which it is except after failures.
+    fn gate_decision(&mut self) -> Decision {
+        match self.gate.state() {
+            GateState::Normal | GateState::Disabled => Decision::Open,
+            _ => self.gate.decide(Instant::now()),
         }
     }
 
@@ -76,14 +75,14 @@ where
             if !self.handler_ready() {
                 return;
             }
-            let probe = match self.gate() {
-                Gate::Open => false,
-                Gate::Probe => {
+            let probe = match self.gate_decision() {
+                Decision::Open => false,
+                Decision::Probe => {
                     let deadline = deadline::after(Instant::now(), self.settings.probe_timeout);
                     self.probe = Some((slot, deadline));
                     true
                 }
-                Gate::Closed(_) => return,
+                Decision::Closed(_) => return,
             };
             self.ready.pop_front();
             self.start(slot, probe);
@@ -99,7 +98,7 @@ where
         let entry = self.slots.get(slot);
         let waiting = entry.probe
             && entry.state == SlotState::Running
-            && self.backoff.state() == (BackoffState::Probing { in_flight: true });
+            && self.gate.state() == (GateState::Probing { in_flight: true });
         if !waiting {
             // It finished, failed or was abandoned: its outcome was recorded.
             self.probe = None;
@@ -110,7 +109,7 @@ where
         }
         self.probe = None;
         self.slots.get_mut(slot).probe = false;
-        self.backoff.probe_timed_out(now);
+        self.gate.probe_timed_out(now);
         let entry = self.slots.get(slot);
         let partition = entry
             .ticket

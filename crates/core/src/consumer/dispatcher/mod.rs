@@ -43,7 +43,7 @@ use tower::Service;
 
 use super::Settings;
 use super::ack_loop::{AckQueue, ack_loop};
-use super::backoff::ConsumerBackoff;
+use super::gate::BackoffGate;
 use super::lanes::Lanes;
 use super::report::{RunError, RunReport, SourceClose};
 use super::shutdown::Shutdown;
@@ -181,7 +181,8 @@ struct Dispatcher<H: Service<Message>> {
     /// requeue); if not, each running delivery keeps a copy of its message
     /// to dispatch again.
     requeue: bool,
-    backoff: ConsumerBackoff,
+    /// The consumer-level backoff gate.
+    gate: BackoffGate,
     /// The backoff probe's slot and its deadline, while it runs.
     probe: Option<(SlotId, Instant)>,
     /// Deliveries that hold their lane and wait to start, oldest first.
@@ -234,7 +235,7 @@ where
             slots,
             lanes: Lanes::with_capacity(capacity),
             requeue,
-            backoff: ConsumerBackoff::new(settings.backoff.clone()),
+            gate: BackoffGate::new(settings.backoff.clone()),
             probe: None,
             ready: VecDeque::with_capacity(capacity),
             finished: Vec::with_capacity(capacity),

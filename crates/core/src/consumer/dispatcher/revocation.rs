@@ -168,7 +168,7 @@ where
         }));
         for &slot in &cancelled {
             if self.slots.get(slot).probe {
-                self.backoff.probe_abandoned();
+                self.gate.probe_abandoned();
             }
             self.slots.cancel(slot);
             self.report.released_on_revoke += 1;

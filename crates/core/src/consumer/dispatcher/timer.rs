@@ -10,7 +10,7 @@ use tokio::time::{Instant, Sleep};
 use tower::Service;
 
 use super::{Dispatcher, Stop};
-use crate::consumer::backoff::BackoffState;
+use crate::consumer::gate::GateState;
 use crate::error::HandlerError;
 use crate::message::Message;
 
@@ -69,8 +69,8 @@ where
 {
     /// Keeps the timer armed at the earliest moment something is due.
     pub(super) fn arm_timer(&mut self, cx: &mut Context<'_>) {
-        let backoff_ends = match self.backoff.state() {
-            BackoffState::BackingOff { until } if !self.ready.is_empty() => Some(until),
+        let backoff_ends = match self.gate.state() {
+            GateState::BackingOff { until } if !self.ready.is_empty() => Some(until),
             _ => None,
         };
         let shutdown_deadline = match self.stop {
