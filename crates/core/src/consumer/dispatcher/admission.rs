@@ -9,8 +9,8 @@ use crate::consumer::Ordering;
 use crate::consumer::lanes::LaneId;
 use crate::consumer::slots::SlotState;
 use crate::error::HandlerError;
-use crate::lifecycle;
 use crate::message::{Message, PartitionKey};
+use crate::shutdown_scope;
 
 impl<H> Dispatcher<H>
 where
@@ -20,7 +20,7 @@ where
 {
     pub(super) fn admit_all(&mut self, buffer: &mut Vec<Message>) {
         let token = self.token.clone();
-        lifecycle::with_shutdown(&token, || {
+        shutdown_scope::with_shutdown(&token, || {
             let admitted = buffer.len().min(self.slots.free_count());
             for message in buffer.drain(..admitted) {
                 self.admit(message);

@@ -13,8 +13,8 @@ use tower::Service;
 use super::{Dispatcher, Failure, Stop};
 use crate::deadline;
 use crate::error::HandlerError;
-use crate::lifecycle;
 use crate::message::Message;
+use crate::shutdown_scope;
 use crate::source::{Source, SourceError, SourceEvent};
 
 /// Why the loop woke up.
@@ -115,7 +115,7 @@ where
     {
         self.slots.ready_set().register(cx.waker());
         let token = self.token.clone();
-        lifecycle::with_shutdown(&token, || self.poll_inner(cx, fetch, shutdown))
+        shutdown_scope::with_shutdown(&token, || self.poll_inner(cx, fetch, shutdown))
     }
 
     fn poll_inner<F, E>(
