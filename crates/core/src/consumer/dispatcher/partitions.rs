@@ -39,7 +39,9 @@ pub(super) struct Partitions {
     over_window: usize,
     max_uncommitted: usize,
     /// The partition of the previous delivery: most batches come from one
-    /// partition, so this saves a map lookup per message.
+    /// partition, so this saves a map lookup per message. It names an
+    /// assigned partition only: `assign` and `revoke` forget it (a revoked
+    /// id named here would turn the partition's next delivery away).
     last: Option<(SourceName, u32, PartitionId)>,
 }
 
@@ -115,12 +117,6 @@ impl Partitions {
         Some(id)
     }
 
-    /// Forgets the partition of the previous delivery, so the next one is
-    /// looked up again.
-    pub(super) fn forget_last(&mut self) {
-        self.last = None;
-    }
-
     /// Removes `id` from the engine (its tickets become stale) and clears its
     /// entry: a revocation completed.
     pub(super) fn revoke(&mut self, id: PartitionId) {
@@ -130,6 +126,7 @@ impl Partitions {
             self.over_window -= 1;
         }
         *entry = Entry::default();
+        self.last = None;
     }
 
     /// Whether `id` is being revoked.

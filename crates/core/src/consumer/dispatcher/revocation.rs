@@ -51,7 +51,6 @@ where
                 partitions.push(id);
             }
         }
-        self.partitions.forget_last();
         // Deliveries of these partitions that have not started are released
         // unacknowledged: the next owner receives them. Running ones may
         // finish until the revoke timeout.
