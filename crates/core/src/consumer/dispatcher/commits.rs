@@ -1,5 +1,6 @@
 //! Commits: the commit tick, the batches taken from the commit engine and
-//! handed to the ack loop, and the work of failed batches put back.
+//! handed to the ack loop, the work of failed batches put back, and the
+//! final commit of a run.
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -7,9 +8,19 @@ use tower::Service;
 
 use super::Dispatcher;
 use crate::acker::AckBatch;
+use crate::commit_engine::PartitionId;
 use crate::consumer::ack_loop::AckRequest;
 use crate::error::HandlerError;
-use crate::message::Message;
+use crate::message::{Message, PartitionKey, Position};
+
+/// What the final commit of a run carried, and whether the broker confirmed
+/// it.
+pub(super) struct FinalCommit {
+    /// The broker answered, and accepted every batch up to the final one.
+    pub(super) confirmed: bool,
+    /// Each assigned partition's watermark, as the final commit sent it.
+    pub(super) watermarks: Vec<(PartitionKey, Position)>,
+}
 
 impl<H> Dispatcher<H>
 where
@@ -83,5 +94,65 @@ where
             tokio::time::timeout_at(until, receiver).await,
             Ok(Ok(Ok(())))
         )
+    }
+
+    /// The final commit of a run: every assigned partition's watermark and
+    /// every id still to acknowledge, after the batches still with the
+    /// acker. Over by `until`, answered or not.
+    pub(super) async fn final_commit(&mut self, until: Instant) -> FinalCommit {
+        // Batches still with the acker answer first (it handles them in
+        // order; an empty batch is a barrier), so that the work of any that
+        // fail goes out again in the final commit rather than being taken
+        // for committed. Were the barrier not answered, the acker is stuck,
+        // and a final commit queued behind it would not be either.
+        self.restore_failed();
+        let mut reachable = true;
+        if self.acks.outstanding() > 0 {
+            reachable = self
+                .send_and_wait(
+                    AckBatch {
+                        partitions: Vec::new(),
+                        sync: true,
+                    },
+                    until,
+                )
+                .await;
+            self.restore_failed();
+        }
+        // The final commit: every assigned partition's watermark, sent again
+        // even if it was sent before (its answer then confirms it), and
+        // every id still to acknowledge.
+        let mut batch = AckBatch {
+            partitions: Vec::new(),
+            sync: true,
+        };
+        let mut ids: Vec<PartitionId> = self.partitions.engine().assigned().collect();
+        ids.sort();
+        let mut watermarks = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            if let (Some(partition), Some(watermark)) = (
+                self.partitions.engine().key(id),
+                self.partitions.engine().watermark(id),
+            ) {
+                watermarks.push((partition.clone(), watermark));
+            }
+            self.partitions.take_final_batch(id, &mut batch);
+        }
+        self.partitions.take_batch(&mut batch);
+        let confirmed = if batch.is_empty() {
+            reachable
+        } else {
+            reachable && self.send_and_wait(batch, until).await
+        };
+        if !confirmed {
+            tracing::error!(
+                "the final commit failed or was not answered in time; finished messages may be \
+                 delivered again"
+            );
+        }
+        FinalCommit {
+            confirmed,
+            watermarks,
+        }
     }
 }

@@ -16,9 +16,10 @@
 //! - `dispatch.rs`: the handler's readiness, the backoff gate, starting and
 //!   polling handlers;
 //! - `completion.rs`: outcomes, and freeing slots and lanes;
-//! - `commits.rs`: the commit tick and the batches for the ack loop;
+//! - `commits.rs`: the commit tick, the batches for the ack loop, and the
+//!   final commit;
 //! - `revocation.rs`: draining, committing and releasing revoked partitions;
-//! - `stop.rs`: stopping, draining, and the wind-down with the final commit;
+//! - `stop.rs`: stopping, draining, and the wind-down that ends a run;
 //! - `timer.rs`: the one timer that wakes the run when something is due.
 
 mod admission;

@@ -1,6 +1,6 @@
 //! How a run ends: a graceful stop (shutdown or failure) with its deadline,
 //! the end of an exhausted source, and the wind-down that cancels what still
-//! runs, makes the final commit and writes the report.
+//! runs, has the final commit made (see `commits.rs`) and writes the report.
 
 use std::time::Duration;
 
@@ -8,8 +8,6 @@ use tokio::time::Instant;
 use tower::Service;
 
 use super::{Dispatcher, Failure, Stop};
-use crate::acker::AckBatch;
-use crate::commit_engine::PartitionId;
 use crate::consumer::report::{RunReport, Unfinished};
 use crate::consumer::slots::SlotId;
 use crate::deadline;
@@ -90,67 +88,17 @@ where
             self.free_slot(slot);
         }
         self.ready.clear();
-
-        // Batches still with the acker answer first (it handles them in
-        // order; an empty batch is a barrier), so that the work of any that
-        // fail goes out again in the final commit rather than being taken
-        // for committed. Were the barrier not answered, the acker is stuck,
-        // and a final commit queued behind it would not be either.
-        self.restore_failed();
-        let mut reachable = true;
-        if self.acks.outstanding() > 0 {
-            reachable = self
-                .send_and_wait(
-                    AckBatch {
-                        partitions: Vec::new(),
-                        sync: true,
-                    },
-                    until,
-                )
-                .await;
-            self.restore_failed();
-        }
-        // The final commit: every assigned partition's watermark, sent again
-        // even if it was sent before (its answer then confirms it), and
-        // every id still to acknowledge.
-        let mut batch = AckBatch {
-            partitions: Vec::new(),
-            sync: true,
-        };
-        let mut ids: Vec<PartitionId> = self.partitions.engine().assigned().collect();
-        ids.sort();
-        let mut watermarks = Vec::with_capacity(ids.len());
-        for &id in &ids {
-            if let (Some(partition), Some(watermark)) = (
-                self.partitions.engine().key(id),
-                self.partitions.engine().watermark(id),
-            ) {
-                watermarks.push((partition.clone(), watermark));
-            }
-            self.partitions.take_final_batch(id, &mut batch);
-        }
-        self.partitions.take_batch(&mut batch);
-        let committed_ok = if batch.is_empty() {
-            reachable
-        } else {
-            reachable && self.send_and_wait(batch, until).await
-        };
-        if !committed_ok {
-            tracing::error!(
-                "the final commit failed or was not answered in time; finished messages may be \
-                 delivered again"
-            );
-        }
+        let commit = self.final_commit(until).await;
         // Revocations still pending end with the run: what they held was
         // part of the final commit.
         for pending in std::mem::take(&mut self.revocations) {
-            self.complete_revocation(pending, committed_ok);
+            self.complete_revocation(pending, commit.confirmed);
         }
         let mut report = std::mem::take(&mut self.report);
-        if committed_ok {
-            report.committed = watermarks;
+        if commit.confirmed {
+            report.committed = commit.watermarks;
         } else {
-            report.not_committed = watermarks;
+            report.not_committed = commit.watermarks;
         }
         unfinished.sort_by(|a, b| (&a.partition, a.position).cmp(&(&b.partition, b.position)));
         report.unfinished = unfinished;
