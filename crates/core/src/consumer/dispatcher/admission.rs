@@ -18,6 +18,8 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
+    /// Admits as many buffered deliveries as the budget has free slots (the
+    /// rest stay buffered), then starts what may start.
     pub(super) fn admit_all(&mut self, buffer: &mut Vec<Message>) {
         let token = self.token.clone();
         shutdown_scope::with_shutdown(&token, || {
@@ -29,6 +31,7 @@ where
         });
     }
 
+    /// Admits one delivery: see the module docs.
     fn admit(&mut self, message: Message) {
         let partition = self.partitions.of(&message);
         if self.partitions.is_revoking(partition) {

@@ -28,6 +28,8 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
+    /// The commit tick: the next pass sends a batch, and the observer gets the
+    /// in-flight count and a snapshot of each partition.
     pub(super) fn on_tick(&mut self) {
         self.flush_due = true;
         if self.acks.outstanding() > 0 {
@@ -43,6 +45,8 @@ where
         }
     }
 
+    /// Hands the engine's pending work to the ack loop when the tick asked for
+    /// it or enough completions wait, unless a batch is still under way.
     pub(super) fn flush_if_due(&mut self) {
         let pending = self.partitions.engine().pending();
         if pending == 0 || self.acks.outstanding() > 0 {

@@ -18,6 +18,8 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
+    /// Records the outcome of the handler in `slot` and tells the backoff gate
+    /// what it says.
     pub(super) fn finish<E: Into<HandlerError>>(&mut self, slot: SlotId, output: Result<(), E>) {
         let entry = self.slots.get(slot);
         let probe = entry.probe;
@@ -40,6 +42,8 @@ where
         self.gate.record(signal, probe, Instant::now());
     }
 
+    /// Handles a failure by its class; returns what it says to the backoff
+    /// gate.
     fn fail(&mut self, slot: SlotId, ticket: Ticket, error: HandlerError) -> Signal {
         match error.class() {
             ErrorClass::Ignore => {

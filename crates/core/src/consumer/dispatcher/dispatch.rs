@@ -126,6 +126,8 @@ where
         }
     }
 
+    /// Starts the handler of the delivery in `slot` (as the backoff probe if
+    /// `probe`), and completes it at once if it finishes on its first poll.
     pub(super) fn start(&mut self, slot: SlotId, probe: bool) {
         let keep_copy = !self.requeue;
         let entry = self.slots.get_mut(slot);
@@ -185,6 +187,8 @@ where
         debug_assert!(taken, "a fast-path delivery's lane is free");
     }
 
+    /// Polls the running handlers that were woken, and completes those that
+    /// finished.
     pub(super) fn poll_handlers(&mut self) {
         if self.slots.running() == 0 {
             return;

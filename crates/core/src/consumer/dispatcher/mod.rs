@@ -16,6 +16,8 @@
 //! - `dispatch.rs`: the handler's readiness, the backoff gate, starting and
 //!   polling handlers;
 //! - `completion.rs`: outcomes, and freeing slots and lanes;
+//! - `partitions.rs`: the commit engine and the runtime's entry for each
+//!   partition, kept in step by one type;
 //! - `commits.rs`: the commit tick, the batches for the ack loop, and the
 //!   final commit;
 //! - `revocation.rs`: draining, committing and releasing revoked partitions;
@@ -175,6 +177,7 @@ type HandlerOutput<H> = Result<(), <H as Service<Message>>::Error>;
 /// The state of one run.
 struct Dispatcher<H: Service<Message>> {
     handler: H,
+    /// The in-flight budget: one slot per delivery held.
     slots: Slots<H::Future>,
     lanes: Lanes,
     settings: Settings,
@@ -193,6 +196,7 @@ struct Dispatcher<H: Service<Message>> {
     /// The commit engine and the runtime's entry for each partition.
     partitions: Partitions,
     acks: AckQueue,
+    /// The commit tick asked for a batch, sent once none is under way.
     flush_due: bool,
     /// A commit tick queued a batch, or found one still queued: yield to the
     /// ack loop after this pass, so that the batch reaches the acker within
@@ -206,13 +210,20 @@ struct Dispatcher<H: Service<Message>> {
     /// When the next commit tick is due.
     next_tick_at: Instant,
     timer: Timer,
+    /// After a fetch error: when the source may be asked again.
     fetch_retry_at: Option<Instant>,
+    /// Fetch errors in a row (the reconnect policy's retry number).
     fetch_failures: u32,
     revocations: Vec<PendingRevocation>,
+    /// How the run is ending, once it is.
     stop: Option<Stop>,
+    /// Why the run stops, if it stops for a failure.
     failure: Option<Failure>,
+    /// Cancelled when the run stops; handlers read it through
+    /// [`current_shutdown`](crate::shutdown_scope::current_shutdown).
     token: CancellationToken,
     report: RunReport,
+    /// A list of slots reused by revocations, so they allocate once.
     scratch: Vec<SlotId>,
 }
 
@@ -222,6 +233,7 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
+    /// The state of a run that has fetched nothing yet.
     fn new(
         handler: H,
         slots: Slots<H::Future>,

@@ -50,6 +50,7 @@ pub(super) struct Partitions {
 // (non-generic) type is otherwise a call across crates (18 instructions per
 // message in `benches/callgrind.sh pipeline_bytes`).
 impl Partitions {
+    /// No partition yet; `max_uncommitted` is the window.
     pub(super) fn new(engine: CommitEngine, max_uncommitted: usize) -> Self {
         Self {
             engine,

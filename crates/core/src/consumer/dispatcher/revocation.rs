@@ -1,6 +1,8 @@
 //! Revocation: the revoked partitions' waiting deliveries are released, the
 //! running ones get until the revoke timeout, then a final synchronous
-//! commit, and the partitions leave the run.
+//! commit, and the partitions leave the run. A partition assigned again
+//! before its revocation completed ends its old assignment at once
+//! (`take_back`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -44,6 +46,7 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
+    /// Starts a revocation: see the module docs.
     pub(super) fn begin_revoke(&mut self, revocation: Revocation) {
         let mut partitions = Vec::new();
         for key in revocation.partitions() {
@@ -90,6 +93,9 @@ where
         });
     }
 
+    /// Moves each pending revocation on: once its partitions' handlers are
+    /// done (or the revoke timeout passed) its final commit is sent, and once
+    /// that is answered it completes.
     pub(super) fn poll_revocations(&mut self, cx: &mut Context<'_>) {
         if self.revocations.is_empty() {
             return;
@@ -157,6 +163,8 @@ where
         }
     }
 
+    /// Cancels the running handlers of `partitions` and frees their slots; their
+    /// deliveries stay unacknowledged.
     fn cancel_partitions(&mut self, partitions: &[PartitionId]) {
         let mut cancelled = std::mem::take(&mut self.scratch);
         cancelled.extend(self.slots.held_slots().filter_map(|(slot, entry)| {
@@ -177,6 +185,9 @@ where
         self.scratch = cancelled;
     }
 
+    /// Ends a revocation: its partitions leave the run, and the source learns
+    /// what was committed (nothing unless `committed`: the final commit was
+    /// confirmed).
     pub(super) fn complete_revocation(&mut self, pending: PendingRevocation, committed: bool) {
         let mut outcome = RevocationOutcome::default();
         for &id in &pending.partitions {

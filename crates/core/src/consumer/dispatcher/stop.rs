@@ -25,6 +25,9 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
+    /// Starts a graceful stop, unless one is under way: nothing new starts,
+    /// running handlers get until the shutdown deadline, and the token they can
+    /// read is cancelled. The first failure given is the run's reason.
     pub(super) fn begin_stop(&mut self, failure: Option<Failure>) {
         if self.failure.is_none() {
             self.failure = failure;

@@ -28,6 +28,7 @@ pub(super) struct Timer {
 }
 
 impl Timer {
+    /// A timer that is not armed.
     pub(super) fn new() -> Self {
         Self {
             sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
