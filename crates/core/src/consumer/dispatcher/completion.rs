@@ -36,6 +36,8 @@ where
             }
             Err(error) => self.fail(slot, ticket, error.into()),
         };
+        // A success while the gate is open changes nothing: skip the clock
+        // read on the path every message takes.
         if signal == Signal::Success && self.gate.state() == GateState::Normal {
             return;
         }
