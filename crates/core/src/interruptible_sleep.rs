@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::lifecycle::current_shutdown;
+use crate::shutdown_scope::current_shutdown;
 
 /// How an [`InterruptibleSleep`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub(crate) fn shutting_down() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::scope_shutdown;
+    use crate::shutdown_scope::scope_shutdown;
     use std::pin::pin;
     use tokio_util::sync::CancellationToken;
 

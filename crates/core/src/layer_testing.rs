@@ -16,8 +16,8 @@ use tower::Service;
 
 use crate::dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
 use crate::error::HandlerError;
-use crate::lifecycle::scope_shutdown;
 use crate::message::{Headers, Message, Metadata, Position};
+use crate::shutdown_scope::scope_shutdown;
 
 /// A message at offset 7 of `orders`/0 with key `k1` and one header.
 pub(crate) fn message(payload: &'static str) -> Message {

@@ -78,12 +78,12 @@ pub mod handler;
 mod interruptible_sleep;
 #[cfg(test)]
 mod layer_testing;
-pub mod lifecycle;
 pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod observer;
 pub mod retry;
+pub mod shutdown_scope;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;

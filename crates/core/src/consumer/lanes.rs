@@ -2,15 +2,17 @@
 //! deliveries of a lane start in the order they were admitted.
 //!
 //! A lane is a partition (`Ordering::Partition`) or a key within a partition
-//! (`Ordering::Key`). Waiting deliveries form an intrusive list through their
-//! slots, so queueing allocates nothing; the map holds only busy lanes.
+//! (`Ordering::Key`). Each slot has an entry here, allocated with the
+//! budget, that records its delivery's lane and links the deliveries
+//! waiting in a lane into a list, so queueing allocates nothing; the map
+//! holds only busy lanes.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 use foldhash::fast::FixedState;
 
-use super::slots::{SlotId, SlotState, Slots};
+use super::slots::SlotId;
 use crate::commit_engine::PartitionId;
 
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +21,18 @@ struct Lane {
     holder: SlotId,
     head: Option<SlotId>,
     tail: Option<SlotId>,
+}
+
+/// A held delivery's place in the lanes (one per slot).
+#[derive(Clone, Copy, Debug, Default)]
+struct Member {
+    /// Its lane (`None`: unordered).
+    lane: Option<LaneId>,
+    /// Whether it holds its lane (a delivery that starts on the fast path
+    /// and finishes at once never takes it).
+    holds: bool,
+    /// The next delivery queued behind it in its lane.
+    next: Option<SlotId>,
 }
 
 /// Which lane a delivery belongs to.
@@ -31,33 +45,16 @@ pub(crate) enum LaneId {
     Key(u64),
 }
 
-/// Busy lanes and their queues. Partition lanes live in a table indexed by
-/// partition (no hashing on the hot path); key lanes in a map.
-pub(crate) struct Lanes {
+/// The busy lanes, each with its holder and queue. Partition lanes live in a
+/// table indexed by partition (no hashing on the hot path); key lanes in a
+/// map.
+struct Busy {
     by_partition: Vec<Option<Lane>>,
     by_key: HashMap<u64, Lane, FixedState>,
-    hasher: FixedState,
 }
 
-impl Lanes {
-    pub(crate) fn with_capacity(capacity: usize) -> Self {
-        Self {
-            by_partition: Vec::new(),
-            by_key: HashMap::with_capacity_and_hasher(capacity, FixedState::default()),
-            hasher: FixedState::with_seed(rand::random()),
-        }
-    }
-
-    /// The lane of a keyed message within its partition.
-    pub(crate) fn key_lane(&self, partition: PartitionId, key: &[u8]) -> LaneId {
-        let mut hasher = self.hasher.build_hasher();
-        hasher.write_u32(partition.index() as u32);
-        hasher.write(key);
-        LaneId::Key(hasher.finish())
-    }
-
-    /// Whether a delivery holds `lane`.
-    pub(crate) fn is_busy(&self, lane: LaneId) -> bool {
+impl Busy {
+    fn contains(&self, lane: LaneId) -> bool {
         match lane {
             LaneId::Partition(partition) => self
                 .by_partition
@@ -95,18 +92,74 @@ impl Lanes {
             LaneId::Key(hash) => self.by_key.remove(&hash),
         }
     }
+}
 
-    /// Takes `lane` for `slot` if it is free (returns `true`), or queues
-    /// `slot` behind it (returns `false`).
-    pub(crate) fn acquire<F: std::future::Future>(
-        &mut self,
-        lane: LaneId,
-        slot: SlotId,
-        slots: &mut Slots<F>,
-    ) -> bool {
-        match self.get_mut(lane) {
+/// The busy lanes, and each held delivery's place in them.
+pub(crate) struct Lanes {
+    busy: Busy,
+    hasher: FixedState,
+    /// Indexed by slot: valid from `join` until the slot holds another
+    /// delivery, which joins again.
+    members: Box<[Member]>,
+}
+
+// `join` and `release` run for every message and are `#[inline]`: the
+// dispatcher is generic, so it is compiled in the user's crate, where a
+// method of this (non-generic) type is otherwise a call across crates.
+impl Lanes {
+    /// Lanes for a budget of `capacity` slots.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            busy: Busy {
+                by_partition: Vec::new(),
+                by_key: HashMap::with_capacity_and_hasher(capacity, FixedState::default()),
+            },
+            hasher: FixedState::with_seed(rand::random()),
+            members: vec![Member::default(); capacity].into_boxed_slice(),
+        }
+    }
+
+    /// The lane of a keyed message within its partition.
+    pub(crate) fn key_lane(&self, partition: PartitionId, key: &[u8]) -> LaneId {
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write_u32(partition.index() as u32);
+        hasher.write(key);
+        LaneId::Key(hasher.finish())
+    }
+
+    /// Whether a delivery holds `lane`.
+    pub(crate) fn is_busy(&self, lane: LaneId) -> bool {
+        self.busy.contains(lane)
+    }
+
+    /// Records the lane of the delivery `slot` now holds (`None`:
+    /// unordered). It holds no lane yet.
+    #[inline]
+    pub(crate) fn join(&mut self, slot: SlotId, lane: Option<LaneId>) {
+        self.members[slot as usize] = Member {
+            lane,
+            holds: false,
+            next: None,
+        };
+    }
+
+    /// The lane of the delivery in `slot`.
+    pub(crate) fn lane_of(&self, slot: SlotId) -> Option<LaneId> {
+        self.members[slot as usize].lane
+    }
+
+    /// Takes the lane of `slot`'s delivery if it is free (returns `true`),
+    /// or queues the delivery behind it (returns `false`). A delivery
+    /// without a lane, or holding its lane already, has nothing to wait
+    /// for (`true`).
+    pub(crate) fn acquire(&mut self, slot: SlotId) -> bool {
+        let member = self.members[slot as usize];
+        let Some(lane) = member.lane.filter(|_| !member.holds) else {
+            return true;
+        };
+        match self.busy.get_mut(lane) {
             None => {
-                self.insert(
+                self.busy.insert(
                     lane,
                     Lane {
                         holder: slot,
@@ -114,14 +167,13 @@ impl Lanes {
                         tail: None,
                     },
                 );
+                self.members[slot as usize].holds = true;
                 true
             }
             Some(queue) => {
-                let entry = slots.get_mut(slot);
-                entry.state = SlotState::Queued;
-                entry.next_in_lane = None;
+                self.members[slot as usize].next = None;
                 match queue.tail {
-                    Some(tail) => slots.get_mut(tail).next_in_lane = Some(slot),
+                    Some(tail) => self.members[tail as usize].next = Some(slot),
                     None => queue.head = Some(slot),
                 }
                 queue.tail = Some(slot);
@@ -130,93 +182,87 @@ impl Lanes {
         }
     }
 
-    /// Releases `lane` held by `slot` and returns the next queued delivery,
-    /// which now holds the lane. Does nothing if `slot` does not hold it (the
-    /// lane was dropped by a revocation and perhaps taken again since).
-    pub(crate) fn release<F: std::future::Future>(
-        &mut self,
-        lane: LaneId,
-        slot: SlotId,
-        slots: &mut Slots<F>,
-    ) -> Option<SlotId> {
-        let queue = self.get_mut(lane)?;
+    /// Releases the lane `slot`'s delivery holds, if it holds one, and
+    /// returns the next queued delivery, which now holds the lane. Does
+    /// nothing if the lane has another holder (it was dropped by a
+    /// revocation and perhaps taken again since).
+    #[inline]
+    pub(crate) fn release(&mut self, slot: SlotId) -> Option<SlotId> {
+        let member = self.members[slot as usize];
+        let lane = member.lane.filter(|_| member.holds)?;
+        let queue = self.busy.get_mut(lane)?;
         if queue.holder != slot {
             return None;
         }
         match queue.head {
             None => {
-                self.remove(lane);
+                self.busy.remove(lane);
                 None
             }
             Some(next) => {
-                let entry = slots.get_mut(next);
-                queue.head = entry.next_in_lane.take();
-                if queue.head.is_none() {
+                let after = self.members[next as usize].next.take();
+                queue.head = after;
+                if after.is_none() {
                     queue.tail = None;
                 }
                 queue.holder = next;
+                self.members[next as usize].holds = true;
                 Some(next)
             }
         }
     }
 
-    /// Forgets `lane` entirely (its partition was revoked) and returns the
-    /// deliveries that were queued in it, in order.
-    pub(crate) fn drop_lane<F: std::future::Future>(
-        &mut self,
-        lane: LaneId,
-        slots: &mut Slots<F>,
-        queued: &mut Vec<SlotId>,
-    ) {
-        let Some(queue) = self.remove(lane) else {
+    /// Forgets `lane` entirely (its partition was revoked), with the queue
+    /// of deliveries waiting in it.
+    pub(crate) fn drop_lane(&mut self, lane: LaneId) {
+        let Some(queue) = self.busy.remove(lane) else {
             return;
         };
         let mut next = queue.head;
         while let Some(slot) = next {
-            queued.push(slot);
-            next = slots.get_mut(slot).next_in_lane.take();
+            next = self.members[slot as usize].next.take();
         }
     }
 
     /// Number of busy lanes.
     #[cfg(test)]
     pub(crate) fn busy(&self) -> usize {
-        self.by_key.len() + self.by_partition.iter().flatten().count()
+        self.busy.by_key.len() + self.busy.by_partition.iter().flatten().count()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::future::Ready;
 
     #[test]
     fn a_lane_runs_one_delivery_at_a_time_in_admission_order() {
-        let mut slots: Slots<Ready<()>> = Slots::new(4);
         let mut lanes = Lanes::with_capacity(4);
-        let ids: Vec<SlotId> = (0..3).filter_map(|_| slots.acquire()).collect();
+        let ids: Vec<SlotId> = (0..3).collect();
         let lane = LaneId::Key(9);
-        assert!(lanes.acquire(lane, ids[0], &mut slots));
-        assert!(!lanes.acquire(lane, ids[1], &mut slots));
-        assert!(!lanes.acquire(lane, ids[2], &mut slots));
-        assert_eq!(lanes.release(lane, ids[0], &mut slots), Some(ids[1]));
-        assert_eq!(lanes.release(lane, ids[1], &mut slots), Some(ids[2]));
-        assert_eq!(lanes.release(lane, ids[2], &mut slots), None);
+        for &slot in &ids {
+            lanes.join(slot, Some(lane));
+        }
+        assert!(lanes.acquire(ids[0]));
+        assert!(!lanes.acquire(ids[1]));
+        assert!(!lanes.acquire(ids[2]));
+        assert_eq!(lanes.release(ids[0]), Some(ids[1]));
+        assert_eq!(lanes.release(ids[1]), Some(ids[2]));
+        assert_eq!(lanes.release(ids[2]), None);
         assert_eq!(lanes.busy(), 0);
     }
 
     #[test]
     fn a_former_holder_cannot_release_a_lane_taken_again() {
-        let mut slots: Slots<Ready<()>> = Slots::new(4);
         let mut lanes = Lanes::with_capacity(4);
-        let old = slots.acquire().unwrap_or_default();
-        let new = slots.acquire().unwrap_or_default();
+        let (old, new) = (0, 1);
         let lane = LaneId::Key(1);
-        assert!(lanes.acquire(lane, old, &mut slots));
-        let mut queued = Vec::new();
-        lanes.drop_lane(lane, &mut slots, &mut queued);
-        assert!(lanes.acquire(lane, new, &mut slots));
-        assert_eq!(lanes.release(lane, old, &mut slots), None);
+        lanes.join(old, Some(lane));
+        lanes.join(new, Some(lane));
+        assert!(lanes.acquire(old));
+        lanes.drop_lane(lane);
+        assert!(lanes.acquire(new));
+        assert_eq!(lanes.release(old), None);
         assert_eq!(lanes.busy(), 1);
     }
 }

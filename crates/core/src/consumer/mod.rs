@@ -39,8 +39,8 @@
 //! ```
 
 mod ack_loop;
-pub mod backoff;
 mod dispatcher;
+pub mod gate;
 mod lanes;
 mod report;
 mod shutdown;

@@ -21,7 +21,6 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
-use super::lanes::LaneId;
 use crate::commit_engine::Ticket;
 use crate::message::{Message, Position};
 
@@ -122,13 +121,6 @@ pub(crate) struct Slot<F> {
     pub(crate) ticket: Option<Ticket>,
     /// The broker position of the delivery.
     pub(crate) position: Option<Position>,
-    /// The ordering lane the delivery belongs to (`None`: unordered).
-    pub(crate) lane: Option<LaneId>,
-    /// Whether the delivery holds its lane (a delivery that starts on the
-    /// fast path and finishes at once never takes it).
-    pub(crate) holds_lane: bool,
-    /// Next slot queued in the same lane.
-    pub(crate) next_in_lane: Option<SlotId>,
     /// Whether this delivery is the backoff probe.
     pub(crate) probe: bool,
     /// Whether the handler ever started (for the shutdown report).
@@ -155,9 +147,6 @@ impl<F: Future> Slots<F> {
                 message: None,
                 ticket: None,
                 position: None,
-                lane: None,
-                holds_lane: false,
-                next_in_lane: None,
                 probe: false,
                 started: false,
                 future: None,
@@ -237,9 +226,6 @@ impl<F: Future> Slots<F> {
         entry.message = None;
         entry.ticket = None;
         entry.position = None;
-        entry.lane = None;
-        entry.holds_lane = false;
-        entry.next_in_lane = None;
         entry.probe = false;
         entry.started = false;
         self.free.push(slot);

@@ -866,6 +866,70 @@ async fn a_revocation_drains_commits_and_then_completes() {
     assert_eq!(report.succeeded, 5);
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_partition_delivered_again_after_its_revocation_is_assigned_again_by_that_delivery() {
+    // A source without explicit assignment may skip `Assigned`: a partition
+    // is assigned by its first delivery, also when it comes back after a
+    // revocation completed. Offset 1 arrives while the revocation drains
+    // offset 0 (it belongs to the next owner), offset 2 after it completed.
+    let source_name = topic();
+    let partition = PartitionKey::new("orders", 0);
+    let (revocation, handle) = Revocation::new(vec![partition.clone()]);
+    let (source, script) = open_script(vec![
+        Script::Messages(vec![message(&source_name, 0, 0, "a")]),
+        Script::Revoke(revocation),
+        Script::Messages(vec![message(&source_name, 0, 1, "a")]),
+    ]);
+    let handled: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let handler = {
+        let handled = handled.clone();
+        tower::service_fn(move |message: Message| {
+            let handled = handled.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if let Ok(mut handled) = handled.lock() {
+                    handled.push(offset_of(&message));
+                }
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let acker = RecordingAcker::default();
+    let consumer = Consumer::builder()
+        .build(source, acker.clone(), handler)
+        .expect("valid settings");
+    let run = tokio::spawn(consumer.run(super::Shutdown::never()));
+    let revoked = tokio::time::timeout(Duration::from_secs(60), handle.wait()).await;
+    assert!(
+        matches!(revoked, Ok(Ok(_))),
+        "the revocation completes once offset 0 is done"
+    );
+    let _ = script.send(Script::Messages(vec![message(&source_name, 0, 2, "a")]));
+    drop(script);
+    let report = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the run ends once the source is exhausted")
+        .expect("joins")
+        .expect("run succeeds");
+    assert_eq!(
+        report.released_on_revoke, 1,
+        "offset 1 went to the next owner"
+    );
+    assert_eq!(
+        handled
+            .lock()
+            .map(|handled| handled.clone())
+            .unwrap_or_default(),
+        vec![0, 2],
+        "offset 2, delivered after the revocation, is consumed"
+    );
+    assert_eq!(report.succeeded, 2);
+    assert_eq!(
+        acker.watermarks().get(&partition),
+        Some(&Position::Offset(2))
+    );
+}
+
 #[test]
 fn invalid_settings_fail_at_build_time() {
     let (source, _) = scripted(vec![]);

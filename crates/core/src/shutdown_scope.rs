@@ -1,4 +1,4 @@
-//! The consumer's lifecycle as seen from inside a handler.
+//! The running consumer's shutdown, as seen from inside a handler.
 //!
 //! While the runtime polls handler futures it makes its shutdown token the
 //! current one for the thread, so middleware can notice a shutdown without

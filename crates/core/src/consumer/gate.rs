@@ -1,6 +1,7 @@
-//! Consumer-level backoff: after a failure, pause intake, then let one probe
-//! delivery through; its outcome decides whether to step back toward normal
-//! or to back off deeper.
+//! The consumer-level backoff gate: after a failure, pause intake, then let
+//! one probe delivery through; its outcome decides whether to step back
+//! toward normal or to back off deeper. (The policies that give the delays
+//! are in [`crate::backoff`].)
 //!
 //! This is go-nsq's RDY model written as an explicit state machine, so that
 //! the bugs that model had cannot be expressed:
@@ -28,9 +29,9 @@ use tokio::time::Instant;
 
 use crate::backoff::BackoffPolicy;
 
-/// Where consumer-level backoff stands.
+/// Where the gate stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackoffState {
+pub enum GateState {
     /// Deliveries start freely.
     Normal,
     /// No delivery starts before `until`.
@@ -62,7 +63,7 @@ pub enum Signal {
 
 /// Whether a delivery may start now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gate {
+pub enum Decision {
     /// Start it.
     Open,
     /// Start it as the probe.
@@ -71,29 +72,29 @@ pub enum Gate {
     Closed(Option<Instant>),
 }
 
-/// The state machine. See the [module docs](self).
-pub struct ConsumerBackoff {
+/// The gate's state machine. See the [module docs](self).
+pub struct BackoffGate {
     policy: Arc<dyn BackoffPolicy>,
-    state: BackoffState,
+    state: GateState,
     level: u32,
 }
 
-impl std::fmt::Debug for ConsumerBackoff {
+impl std::fmt::Debug for BackoffGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsumerBackoff")
+        f.debug_struct("BackoffGate")
             .field("state", &self.state)
             .field("level", &self.level)
             .finish()
     }
 }
 
-impl ConsumerBackoff {
+impl BackoffGate {
     /// A machine driven by `policy`; `Disabled` if the policy is.
     pub fn new(policy: Arc<dyn BackoffPolicy>) -> Self {
         let state = if policy.is_disabled() {
-            BackoffState::Disabled
+            GateState::Disabled
         } else {
-            BackoffState::Normal
+            GateState::Normal
         };
         Self {
             policy,
@@ -103,7 +104,7 @@ impl ConsumerBackoff {
     }
 
     /// The current state.
-    pub fn state(&self) -> BackoffState {
+    pub fn state(&self) -> GateState {
         self.state
     }
 
@@ -114,15 +115,15 @@ impl ConsumerBackoff {
 
     /// Whether a delivery may start at `now`. A `Probe` answer means the
     /// caller starts exactly one delivery and marks it as the probe.
-    pub fn gate(&mut self, now: Instant) -> Gate {
+    pub fn decide(&mut self, now: Instant) -> Decision {
         match self.state {
-            BackoffState::Normal | BackoffState::Disabled => Gate::Open,
-            BackoffState::BackingOff { until } if now < until => Gate::Closed(Some(until)),
-            BackoffState::BackingOff { .. } | BackoffState::Probing { in_flight: false } => {
-                self.state = BackoffState::Probing { in_flight: true };
-                Gate::Probe
+            GateState::Normal | GateState::Disabled => Decision::Open,
+            GateState::BackingOff { until } if now < until => Decision::Closed(Some(until)),
+            GateState::BackingOff { .. } | GateState::Probing { in_flight: false } => {
+                self.state = GateState::Probing { in_flight: true };
+                Decision::Probe
             }
-            BackoffState::Probing { in_flight: true } => Gate::Closed(None),
+            GateState::Probing { in_flight: true } => Decision::Closed(None),
         }
     }
 
@@ -130,24 +131,24 @@ impl ConsumerBackoff {
     /// probe.
     pub fn record(&mut self, signal: Signal, probe: bool, now: Instant) {
         match self.state {
-            BackoffState::Disabled | BackoffState::BackingOff { .. } => {}
-            BackoffState::Normal => {
+            GateState::Disabled | GateState::BackingOff { .. } => {}
+            GateState::Normal => {
                 if signal == Signal::Failure {
                     self.deepen(now);
                 }
             }
-            BackoffState::Probing { .. } if !probe => {}
-            BackoffState::Probing { .. } => match signal {
+            GateState::Probing { .. } if !probe => {}
+            GateState::Probing { .. } => match signal {
                 Signal::Success => {
                     self.level = self.level.saturating_sub(1);
                     if self.level == 0 {
-                        self.state = BackoffState::Normal;
+                        self.state = GateState::Normal;
                     } else {
                         self.pause_for(self.level, now);
                     }
                 }
                 Signal::Failure => self.deepen(now),
-                Signal::Neutral => self.state = BackoffState::Probing { in_flight: false },
+                Signal::Neutral => self.state = GateState::Probing { in_flight: false },
             },
         }
     }
@@ -156,7 +157,7 @@ impl ConsumerBackoff {
     /// reopens into backoff, and the next probe starts once that ends. Its
     /// handler keeps running, and its outcome no longer decides anything.
     pub fn probe_timed_out(&mut self, now: Instant) {
-        if self.state == (BackoffState::Probing { in_flight: true }) {
+        if self.state == (GateState::Probing { in_flight: true }) {
             self.deepen(now);
         }
     }
@@ -164,8 +165,8 @@ impl ConsumerBackoff {
     /// A probe that ended without an outcome (revoked, dropped) lets the next
     /// delivery probe instead.
     pub fn probe_abandoned(&mut self) {
-        if self.state == (BackoffState::Probing { in_flight: true }) {
-            self.state = BackoffState::Probing { in_flight: false };
+        if self.state == (GateState::Probing { in_flight: true }) {
+            self.state = GateState::Probing { in_flight: false };
         }
     }
 
@@ -184,7 +185,7 @@ impl ConsumerBackoff {
     fn pause_for(&mut self, level: u32, now: Instant) {
         match self.policy.delay(level) {
             Some(delay) if delay > Duration::ZERO => {
-                self.state = BackoffState::BackingOff {
+                self.state = GateState::BackingOff {
                     until: crate::deadline::after(now, delay),
                 };
             }
@@ -192,7 +193,7 @@ impl ConsumerBackoff {
             // probe at a time.
             _ => {
                 self.level = 0;
-                self.state = BackoffState::Normal;
+                self.state = GateState::Normal;
             }
         }
     }
@@ -203,57 +204,57 @@ mod tests {
     use super::*;
     use crate::backoff::{Constant, Disabled, Exponential};
 
-    fn exponential() -> ConsumerBackoff {
-        ConsumerBackoff::new(Arc::new(
+    fn exponential() -> BackoffGate {
+        BackoffGate::new(Arc::new(
             Exponential::new(Duration::from_secs(1), Duration::from_secs(4)).jitter(0.0),
         ))
     }
 
     #[test]
     fn probe_requeued_without_backoff_still_leaves_backoff() {
-        let mut backoff = exponential();
+        let mut gate = exponential();
         let start = Instant::now();
-        backoff.record(Signal::Failure, false, start);
+        gate.record(Signal::Failure, false, start);
         let after = start + Duration::from_secs(2);
-        assert_eq!(backoff.gate(after), Gate::Probe);
-        backoff.record(Signal::Neutral, true, after);
+        assert_eq!(gate.decide(after), Decision::Probe);
+        gate.record(Signal::Neutral, true, after);
         // Not stalled: the next delivery probes at once, and its success
         // returns the consumer to normal.
-        assert_eq!(backoff.gate(after), Gate::Probe);
-        backoff.record(Signal::Success, true, after);
-        assert_eq!(backoff.state(), BackoffState::Normal);
-        assert_eq!(backoff.gate(after), Gate::Open);
+        assert_eq!(gate.decide(after), Decision::Probe);
+        gate.record(Signal::Success, true, after);
+        assert_eq!(gate.state(), GateState::Normal);
+        assert_eq!(gate.decide(after), Decision::Open);
     }
 
     #[test]
     fn disabled_policy_never_pauses() {
-        let mut backoff = ConsumerBackoff::new(Arc::new(Disabled));
+        let mut gate = BackoffGate::new(Arc::new(Disabled));
         let now = Instant::now();
         for _ in 0..10 {
-            backoff.record(Signal::Failure, false, now);
-            assert_eq!(backoff.gate(now), Gate::Open);
+            gate.record(Signal::Failure, false, now);
+            assert_eq!(gate.decide(now), Decision::Open);
         }
     }
 
     #[test]
     fn zero_delay_never_pauses() {
-        let mut backoff = ConsumerBackoff::new(Arc::new(Constant::new(Duration::ZERO)));
+        let mut gate = BackoffGate::new(Arc::new(Constant::new(Duration::ZERO)));
         let now = Instant::now();
         for _ in 0..10 {
-            backoff.record(Signal::Failure, false, now);
-            assert_eq!(backoff.gate(now), Gate::Open);
+            gate.record(Signal::Failure, false, now);
+            assert_eq!(gate.decide(now), Decision::Open);
         }
-        assert_eq!(backoff.state(), BackoffState::Normal);
+        assert_eq!(gate.state(), GateState::Normal);
     }
 
     #[test]
     fn simultaneous_failures_raise_the_level_once_per_window() {
-        let mut backoff = exponential();
+        let mut gate = exponential();
         let now = Instant::now();
         for _ in 0..5 {
-            backoff.record(Signal::Failure, false, now);
+            gate.record(Signal::Failure, false, now);
         }
-        assert_eq!(backoff.level(), 1);
+        assert_eq!(gate.level(), 1);
     }
 
     #[test]
@@ -261,63 +262,63 @@ mod tests {
         let policy = Exponential::new(Duration::from_secs(1), Duration::from_secs(4))
             .jitter(0.0)
             .max_retries(3);
-        let mut backoff = ConsumerBackoff::new(Arc::new(policy));
+        let mut gate = BackoffGate::new(Arc::new(policy));
         let mut now = Instant::now();
-        backoff.record(Signal::Failure, false, now);
+        gate.record(Signal::Failure, false, now);
         for _ in 0..10 {
             now += Duration::from_secs(10);
-            assert_eq!(backoff.gate(now), Gate::Probe);
-            backoff.record(Signal::Failure, true, now);
+            assert_eq!(gate.decide(now), Decision::Probe);
+            gate.record(Signal::Failure, true, now);
         }
-        assert_eq!(backoff.level(), 3);
+        assert_eq!(gate.level(), 3);
         // Three successful probes lead back to normal, not thirty.
         for _ in 0..3 {
             now += Duration::from_secs(10);
-            assert_eq!(backoff.gate(now), Gate::Probe);
-            backoff.record(Signal::Success, true, now);
+            assert_eq!(gate.decide(now), Decision::Probe);
+            gate.record(Signal::Success, true, now);
         }
-        assert_eq!(backoff.state(), BackoffState::Normal);
+        assert_eq!(gate.state(), GateState::Normal);
     }
 
     #[test]
     fn outcomes_of_other_deliveries_do_not_decide_the_probe() {
-        let mut backoff = exponential();
+        let mut gate = exponential();
         let now = Instant::now();
-        backoff.record(Signal::Failure, false, now);
+        gate.record(Signal::Failure, false, now);
         let later = now + Duration::from_secs(2);
-        assert_eq!(backoff.gate(later), Gate::Probe);
-        backoff.record(Signal::Failure, false, later);
-        backoff.record(Signal::Success, false, later);
-        assert_eq!(backoff.state(), BackoffState::Probing { in_flight: true });
-        assert_eq!(backoff.gate(later), Gate::Closed(None));
+        assert_eq!(gate.decide(later), Decision::Probe);
+        gate.record(Signal::Failure, false, later);
+        gate.record(Signal::Success, false, later);
+        assert_eq!(gate.state(), GateState::Probing { in_flight: true });
+        assert_eq!(gate.decide(later), Decision::Closed(None));
     }
 
     #[test]
     fn a_probe_past_its_deadline_reopens_the_gate_into_backoff() {
-        let mut backoff = exponential();
+        let mut gate = exponential();
         let now = Instant::now();
-        backoff.record(Signal::Failure, false, now);
+        gate.record(Signal::Failure, false, now);
         let later = now + Duration::from_secs(2);
-        assert_eq!(backoff.gate(later), Gate::Probe);
+        assert_eq!(gate.decide(later), Decision::Probe);
         assert_eq!(
-            backoff.gate(later),
-            Gate::Closed(None),
+            gate.decide(later),
+            Decision::Closed(None),
             "held for the probe"
         );
-        backoff.probe_timed_out(later);
-        assert_eq!(backoff.level(), 2, "as a failed probe");
+        gate.probe_timed_out(later);
+        assert_eq!(gate.level(), 2, "as a failed probe");
         let after = later + Duration::from_secs(3);
-        assert_eq!(backoff.gate(after), Gate::Probe, "the next probe");
+        assert_eq!(gate.decide(after), Decision::Probe, "the next probe");
     }
 
     #[test]
     fn an_abandoned_probe_lets_the_next_delivery_probe() {
-        let mut backoff = exponential();
+        let mut gate = exponential();
         let now = Instant::now();
-        backoff.record(Signal::Failure, false, now);
+        gate.record(Signal::Failure, false, now);
         let later = now + Duration::from_secs(2);
-        assert_eq!(backoff.gate(later), Gate::Probe);
-        backoff.probe_abandoned();
-        assert_eq!(backoff.gate(later), Gate::Probe);
+        assert_eq!(gate.decide(later), Decision::Probe);
+        gate.probe_abandoned();
+        assert_eq!(gate.decide(later), Decision::Probe);
     }
 }

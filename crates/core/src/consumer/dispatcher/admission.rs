@@ -1,0 +1,96 @@
+//! Admission: a fetched delivery gets its partition, a ticket of the commit
+//! engine, a slot of the budget and its ordering lane, and starts at once
+//! when nothing waits before it (the fast path), or waits in `ready`.
+
+use tower::Service;
+
+use super::Dispatcher;
+use crate::consumer::Ordering;
+use crate::consumer::lanes::LaneId;
+use crate::consumer::slots::SlotState;
+use crate::error::HandlerError;
+use crate::message::{Message, PartitionKey};
+use crate::shutdown_scope;
+
+impl<H> Dispatcher<H>
+where
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    /// Admits as many buffered deliveries as the budget has free slots (the
+    /// rest stay buffered), then starts what may start.
+    pub(super) fn admit_all(&mut self, buffer: &mut Vec<Message>) {
+        let token = self.token.clone();
+        shutdown_scope::with_shutdown(&token, || {
+            let admitted = buffer.len().min(self.slots.free_count());
+            for message in buffer.drain(..admitted) {
+                self.admit(message);
+            }
+            self.pump();
+        });
+    }
+
+    /// Admits one delivery: see the module docs.
+    fn admit(&mut self, message: Message) {
+        let partition = self.partitions.of(&message);
+        if self.partitions.is_revoking(partition) {
+            // Fetched after the revocation began: it belongs to the next
+            // owner, who will receive it; acknowledging nothing is correct.
+            self.report.released_on_revoke += 1;
+            return;
+        }
+        let position = message.metadata().position();
+        let Some(ticket) = self.partitions.admit(partition, position) else {
+            return;
+        };
+        let Some(slot) = self.slots.acquire() else {
+            // `admit_all` admits no more than the free slots; keep the
+            // engine consistent anyway.
+            tracing::error!("no free slot for an admitted delivery; it stays unacknowledged");
+            return;
+        };
+        if self.partitions.slot_held(partition) {
+            tracing::warn!(
+                partition = %message.metadata().partition_key(),
+                max_uncommitted = self.settings.max_uncommitted,
+                "a message holds this partition's watermark; fetching pauses until it finishes"
+            );
+        }
+        let lane = match self.settings.ordering {
+            Ordering::Unordered => None,
+            Ordering::Partition => Some(LaneId::Partition(partition)),
+            Ordering::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
+        };
+        let entry = self.slots.get_mut(slot);
+        entry.ticket = Some(ticket);
+        entry.position = Some(position);
+        entry.message = Some(message);
+        entry.state = SlotState::Ready;
+        self.lanes.join(slot, lane);
+        // The fast path: nothing waits before it and its lane is free, so it
+        // starts now. It takes its lane only if its handler does not finish
+        // on the first poll (see `start`), which most do not need.
+        let lane_free = lane.is_none_or(|lane| !self.lanes.is_busy(lane));
+        if lane_free && self.ready.is_empty() && self.may_start_now() {
+            self.start(slot, false);
+            return;
+        }
+        if !self.lanes.acquire(slot) {
+            self.slots.get_mut(slot).state = SlotState::Queued;
+            return;
+        }
+        self.ready.push_back(slot);
+    }
+
+    /// A partition the source announced as assigned. One still being
+    /// revoked is taken back first (see `take_back`).
+    pub(super) fn assign(&mut self, partition: PartitionKey) {
+        if let Some(id) = self.partitions.engine().lookup(&partition)
+            && self.partitions.is_revoking(id)
+        {
+            self.take_back(id);
+        }
+        self.partitions.assign(partition);
+    }
+}

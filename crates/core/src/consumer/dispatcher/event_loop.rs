@@ -1,0 +1,184 @@
+//! The loop of a run: fetch while the budget has room, and between fetches
+//! poll everything else (handlers, the commit tick, acknowledgements,
+//! revocations, the timer) in one pass, until the source has an event, the
+//! run has something to react to, or it is over.
+
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower::Service;
+
+use super::{Dispatcher, Failure, Stop};
+use crate::deadline;
+use crate::error::HandlerError;
+use crate::message::Message;
+use crate::shutdown_scope;
+use crate::source::{Source, SourceError, SourceEvent};
+
+/// Why the loop woke up.
+enum Wake<E> {
+    Fetched(E),
+    Shutdown,
+    /// The source may be asked (again, for more).
+    Budget,
+    Done,
+}
+
+impl<H> Dispatcher<H>
+where
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    /// Fetches and dispatches until the run is over.
+    pub(super) async fn drive<S: Source>(
+        &mut self,
+        source: &mut S,
+        mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) -> Option<Failure> {
+        let mut buffer: Vec<Message> = Vec::with_capacity(self.settings.fetch_batch);
+        loop {
+            if !buffer.is_empty() {
+                self.admit_all(&mut buffer);
+            }
+            let wake = match self.fetch_plan(buffer.len()) {
+                Some(max) => {
+                    let mut fetch = pin!(source.next(&mut buffer, max));
+                    poll_fn(|cx| {
+                        self.poll_until(cx, Some((fetch.as_mut(), max)), shutdown.as_mut())
+                    })
+                    .await
+                }
+                None => {
+                    poll_fn(|cx| {
+                        self.poll_until(
+                            cx,
+                            None::<(
+                                Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>,
+                                usize,
+                            )>,
+                            shutdown.as_mut(),
+                        )
+                    })
+                    .await
+                }
+            };
+            match wake {
+                Wake::Fetched(Ok(event)) => {
+                    self.fetch_failures = 0;
+                    match event {
+                        SourceEvent::Delivered => self.admit_all(&mut buffer),
+                        SourceEvent::Assigned(partitions) => {
+                            for partition in partitions {
+                                self.assign(partition);
+                            }
+                        }
+                        SourceEvent::Revoked(revocation) => self.begin_revoke(revocation),
+                        SourceEvent::Exhausted => {
+                            if self.stop.is_none() {
+                                self.stop = Some(Stop::Exhausted);
+                            }
+                        }
+                    }
+                    // A source that is always ready would otherwise keep
+                    // this task from yielding on a current-thread runtime.
+                    tokio::task::consume_budget().await;
+                }
+                Wake::Fetched(Err(error)) => self.source_failed(error),
+                Wake::Shutdown => self.begin_stop(None),
+                Wake::Budget => {}
+                Wake::Done => break,
+            }
+            if std::mem::take(&mut self.yield_to_acks) {
+                // The ack loop runs when this task yields: a busy source
+                // would otherwise keep it waiting for the whole budget.
+                tokio::task::yield_now().await;
+            }
+        }
+        // Deliveries fetched but never admitted stay unacknowledged.
+        drop(buffer);
+        self.failure.take()
+    }
+
+    /// Polls everything but the source until the source has an event, the
+    /// run should react to something, or it is over.
+    fn poll_until<F, E>(
+        &mut self,
+        cx: &mut Context<'_>,
+        fetch: Option<(Pin<&mut F>, usize)>,
+        shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
+    ) -> Poll<Wake<E>>
+    where
+        F: Future<Output = E>,
+    {
+        self.slots.ready_set().register(cx.waker());
+        let token = self.token.clone();
+        shutdown_scope::with_shutdown(&token, || self.poll_inner(cx, fetch, shutdown))
+    }
+
+    fn poll_inner<F, E>(
+        &mut self,
+        cx: &mut Context<'_>,
+        fetch: Option<(Pin<&mut F>, usize)>,
+        shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
+    ) -> Poll<Wake<E>>
+    where
+        F: Future<Output = E>,
+    {
+        if matches!(self.stop, None | Some(Stop::Exhausted)) && shutdown.poll(cx).is_ready() {
+            return Poll::Ready(Wake::Shutdown);
+        }
+        self.poll_handlers();
+        self.pump();
+        // The commit tick is read from the clock on every pass, not from a
+        // timer alone: under a saturated backlog this task seldom parks, and
+        // tokio fires a timer only when it turns its time driver (when the
+        // runtime parks, or every few dozen task polls), so a timer-driven
+        // tick came a whole cooperative budget of work late, or later. The
+        // timer (`arm_timer`) still wakes an idle run or a hung handler's
+        // for it (the observer's snapshots, a commit resent after a failure).
+        let now = Instant::now();
+        if now >= self.next_tick_at {
+            self.next_tick_at = deadline::after(now, self.settings.commit_interval);
+            self.on_tick();
+        }
+        if self.probe.is_some() {
+            self.expire_probe(now);
+        }
+        if self.restore_failed() {
+            self.resend_on_tick = true;
+        }
+        // Revocations first: one whose final commit just came back is
+        // completed (its partitions leave the engine) before the next batch
+        // is taken, so no batch sent after a revocation's final one carries
+        // work of the revoked assignment (work restored from a failed batch,
+        // for instance), which the broker would accept if the partition came
+        // back to this consumer meanwhile.
+        self.poll_revocations(cx);
+        self.flush_if_due();
+        if self.is_drained() {
+            return Poll::Ready(Wake::Done);
+        }
+        self.arm_timer(cx);
+        match fetch {
+            Some((fetch, max)) => {
+                if let Poll::Ready(event) = fetch.poll(cx) {
+                    return Poll::Ready(Wake::Fetched(event));
+                }
+                // Asked for assignment changes only, and slots are free now:
+                // ask again, for deliveries.
+                if max == 0 && self.fetch_plan(0).is_some_and(|max| max > 0) {
+                    return Poll::Ready(Wake::Budget);
+                }
+            }
+            None => {
+                if self.fetch_plan(0).is_some() {
+                    return Poll::Ready(Wake::Budget);
+                }
+            }
+        }
+        Poll::Pending
+    }
+}

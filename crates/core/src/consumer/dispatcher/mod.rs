@@ -1,0 +1,273 @@
+//! One run of a consumer: the loop that fetches, admits, dispatches,
+//! completes and commits.
+//!
+//! Everything happens in the task that awaits the run. The source's `next`
+//! future is polled side by side with the running handlers, the commit tick
+//! and the timers, so a slow fetch never delays a completion and a slow
+//! handler never delays a fetch. Handlers that finish on their first poll
+//! (most do) are completed on the spot, without a wake-up.
+//!
+//! `Dispatcher` is the state of a run; each file holds one part of what it
+//! does, under the section's name:
+//! - `event_loop.rs`: the loop, and the pass that polls everything but the
+//!   source;
+//! - `fetch.rs`: how much the source may be asked for, and fetch errors;
+//! - `admission.rs`: a fetched delivery's partition, ticket, slot and lane;
+//! - `dispatch.rs`: the handler's readiness, the backoff gate, starting and
+//!   polling handlers;
+//! - `completion.rs`: outcomes, and freeing slots and lanes;
+//! - `partitions.rs`: the commit engine and the runtime's entry for each
+//!   partition, kept in step by one type;
+//! - `commits.rs`: the commit tick, the batches for the ack loop, and the
+//!   final commit;
+//! - `revocation.rs`: draining, committing and releasing revoked partitions;
+//! - `stop.rs`: stopping, draining, and the wind-down that ends a run;
+//! - `timer.rs`: the one timer that wakes the run when something is due.
+
+mod admission;
+mod commits;
+mod completion;
+mod dispatch;
+mod event_loop;
+mod fetch;
+mod partitions;
+mod revocation;
+mod stop;
+mod timer;
+
+use std::collections::VecDeque;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+use super::Settings;
+use super::ack_loop::{AckQueue, ack_loop};
+use super::gate::BackoffGate;
+use super::lanes::Lanes;
+use super::report::{RunError, RunReport, SourceClose};
+use super::shutdown::Shutdown;
+use super::slots::{Caught, SlotId, Slots};
+use crate::acker::Acker;
+use crate::commit_engine::CommitEngine;
+use crate::error::HandlerError;
+use crate::message::Message;
+use crate::source::{Source, SourceError};
+use partitions::Partitions;
+use revocation::PendingRevocation;
+use timer::Timer;
+
+/// Runs a consumer to the end. See [`Consumer::run`](super::Consumer::run).
+pub(crate) async fn run<S, A, H>(
+    mut source: S,
+    acker: A,
+    handler: H,
+    settings: Settings,
+    shutdown: Shutdown,
+) -> Result<RunReport, RunError>
+where
+    S: Source,
+    A: Acker,
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let started = Instant::now();
+    let mode = acker.mode();
+    let requeue = acker.supports_requeue();
+    let slots = Slots::new(settings.max_in_flight);
+    let ack_failures = Arc::new(AtomicUsize::new(0));
+    let (acks, drain_acks) = ack_loop(
+        acker,
+        settings.observer.clone(),
+        slots.runtime_waker().clone(),
+        ack_failures.clone(),
+    );
+    let dispatch = async move {
+        let mut dispatcher = Dispatcher::new(
+            handler,
+            slots,
+            settings,
+            CommitEngine::new(mode),
+            requeue,
+            acks,
+        );
+        let stop = dispatcher.drive(&mut source, shutdown.into_future()).await;
+        // Every step from here on is bounded, whatever the broker does.
+        let until = dispatcher.final_steps_deadline();
+        let mut report = dispatcher.wind_down(until).await;
+        drop(dispatcher);
+        report.close = match tokio::time::timeout_at(until, source.close()).await {
+            Ok(Ok(())) => SourceClose::Closed,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "closing the source failed");
+                SourceClose::Failed
+            }
+            Err(_) => {
+                tracing::error!(
+                    "closing the source did not finish within the shutdown deadline; \
+                     dropping it"
+                );
+                SourceClose::TimedOut
+            }
+        };
+        report.ack_failures = ack_failures.load(AtomicOrdering::Acquire) as u64;
+        report.elapsed = started.elapsed();
+        let result = match stop {
+            None => Ok(report),
+            Some(Failure::Source(error)) => Err(RunError::Source {
+                error,
+                report: Box::new(report),
+            }),
+            Some(Failure::Handler(error)) => Err(RunError::HandlerUnavailable {
+                error,
+                report: Box::new(report),
+            }),
+        };
+        (result, until)
+    };
+    // The ack loop runs beside the dispatcher until the run is over. The run
+    // already waited (bounded) for its final commit, so by then the loop has
+    // nothing left to do, unless an acker hangs: it gets what is left of the
+    // final steps' time, and is then dropped rather than holding the run
+    // open forever.
+    //
+    // Unconstrained by tokio's cooperative budget: under a backlog the
+    // dispatcher yields only once it spent the task's budget, and a receive
+    // polled after it with that exhausted budget is refused every time, so
+    // no commit went out until the backlog was gone (issue 12, item 21).
+    let mut drain_acks = pin!(tokio::task::unconstrained(drain_acks));
+    let mut dispatch = pin!(dispatch);
+    let mut drained = false;
+    let (result, until) = loop {
+        tokio::select! {
+            biased;
+            ended = &mut dispatch => break ended,
+            () = &mut drain_acks, if !drained => drained = true,
+        }
+    };
+    if !drained && tokio::time::timeout_at(until, drain_acks).await.is_err() {
+        tracing::error!("the acker did not finish its last acknowledgement; dropping it");
+    }
+    result
+}
+
+/// Why a run stopped early.
+enum Failure {
+    Source(SourceError),
+    Handler(HandlerError),
+}
+
+/// How the run is ending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Shutdown (or a failure): running handlers get until `deadline`;
+    /// nothing new starts.
+    Graceful { deadline: Instant },
+    /// The source has nothing more: finish everything held, then stop.
+    Exhausted,
+}
+
+/// What a handler future resolves to.
+type HandlerOutput<H> = Result<(), <H as Service<Message>>::Error>;
+
+/// The state of one run.
+struct Dispatcher<H: Service<Message>> {
+    handler: H,
+    /// The in-flight budget: one slot per delivery held.
+    slots: Slots<H::Future>,
+    lanes: Lanes,
+    settings: Settings,
+    /// Whether the broker takes a failed message back (the acker supports
+    /// requeue); if not, each running delivery keeps a copy of its message
+    /// to dispatch again.
+    requeue: bool,
+    /// The consumer-level backoff gate.
+    gate: BackoffGate,
+    /// The backoff probe's slot and its deadline, while it runs.
+    probe: Option<(SlotId, Instant)>,
+    /// Deliveries that hold their lane and wait to start, oldest first.
+    ready: VecDeque<SlotId>,
+    /// Handler outputs collected from woken slots.
+    finished: Vec<(SlotId, Caught<HandlerOutput<H>>)>,
+    /// The commit engine and the runtime's entry for each partition.
+    partitions: Partitions,
+    acks: AckQueue,
+    /// The commit tick asked for a batch, sent once none is under way.
+    flush_due: bool,
+    /// A commit tick queued a batch, or found one still queued: yield to the
+    /// ack loop after this pass, so that the batch reaches the acker within
+    /// the commit interval even while the source is always ready.
+    yield_to_acks: bool,
+    /// An acknowledgement failed and its work was put back: until the next
+    /// commit tick only the tick sends a batch. Sending again at once would
+    /// loop as fast as the broker refuses (a partition it already moved
+    /// away, a broker that is down).
+    resend_on_tick: bool,
+    /// When the next commit tick is due.
+    next_tick_at: Instant,
+    timer: Timer,
+    /// After a fetch error: when the source may be asked again.
+    fetch_retry_at: Option<Instant>,
+    /// Fetch errors in a row (the reconnect policy's retry number).
+    fetch_failures: u32,
+    revocations: Vec<PendingRevocation>,
+    /// How the run is ending, once it is.
+    stop: Option<Stop>,
+    /// Why the run stops, if it stops for a failure.
+    failure: Option<Failure>,
+    /// Cancelled when the run stops; handlers read it through
+    /// [`current_shutdown`](crate::shutdown_scope::current_shutdown).
+    token: CancellationToken,
+    report: RunReport,
+    /// A list of slots reused by revocations, so they allocate once.
+    scratch: Vec<SlotId>,
+}
+
+impl<H> Dispatcher<H>
+where
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    /// The state of a run that has fetched nothing yet.
+    fn new(
+        handler: H,
+        slots: Slots<H::Future>,
+        settings: Settings,
+        engine: CommitEngine,
+        requeue: bool,
+        acks: AckQueue,
+    ) -> Self {
+        let capacity = slots.capacity();
+        Self {
+            handler,
+            slots,
+            lanes: Lanes::with_capacity(capacity),
+            requeue,
+            gate: BackoffGate::new(settings.backoff.clone()),
+            probe: None,
+            ready: VecDeque::with_capacity(capacity),
+            finished: Vec::with_capacity(capacity),
+            partitions: Partitions::new(engine, settings.max_uncommitted),
+            acks,
+            flush_due: false,
+            yield_to_acks: false,
+            resend_on_tick: false,
+            next_tick_at: Instant::now(),
+            timer: Timer::new(),
+            fetch_retry_at: None,
+            fetch_failures: 0,
+            revocations: Vec::new(),
+            stop: None,
+            failure: None,
+            token: CancellationToken::new(),
+            report: RunReport::default(),
+            scratch: Vec::new(),
+            settings,
+        }
+    }
+}

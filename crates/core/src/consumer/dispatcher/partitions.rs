@@ -1,0 +1,240 @@
+//! The partitions a run holds: the commit engine's table and the runtime's
+//! own entry for each partition, side by side in [`Partitions`], whose
+//! methods are the only way to change either, so the two stay in step.
+//!
+//! The runtime's entry counts the slots a partition's deliveries hold,
+//! marks a partition being revoked, marks one over its uncommitted window
+//! (`max_uncommitted`: fetching pauses while any partition is), and tracks
+//! since when its oldest unfinished message has been the oldest (for the
+//! observer's snapshots).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::acker::{AckBatch, PartitionAck};
+use crate::commit_engine::{CommitEngine, PartitionId, Ticket};
+use crate::message::{Message, PartitionKey, Position, SourceName};
+use crate::observer::PartitionSnapshot;
+
+/// The runtime's entry for one partition (the commit engine keeps the rest).
+#[derive(Clone, Debug, Default)]
+struct Entry {
+    /// Slots held by deliveries of this partition.
+    held: u32,
+    revoking: bool,
+    over_window: bool,
+    /// The oldest unfinished position and since when it has been the oldest.
+    oldest: Option<(Position, Instant)>,
+}
+
+/// The commit engine and the runtime's entries. See the [module docs](self).
+pub(super) struct Partitions {
+    engine: CommitEngine,
+    /// Indexed by [`PartitionId::index`]: the engine hands out the ids, and
+    /// the table grows to hold them when a partition is assigned.
+    entries: Vec<Entry>,
+    /// How many entries are over the window.
+    over_window: usize,
+    max_uncommitted: usize,
+    /// The partition of the previous delivery: most batches come from one
+    /// partition, so this saves a map lookup per message. It names an
+    /// assigned partition only: `assign` and `revoke` forget it (a revoked
+    /// id named here would turn the partition's next delivery away).
+    last: Option<(SourceName, u32, PartitionId)>,
+}
+
+// The methods on the per-message path are `#[inline]`: the dispatcher is
+// generic, so it is compiled in the user's crate, where a method of this
+// (non-generic) type is otherwise a call across crates (18 instructions per
+// message in `benches/callgrind.sh pipeline_bytes`).
+impl Partitions {
+    /// No partition yet; `max_uncommitted` is the window.
+    pub(super) fn new(engine: CommitEngine, max_uncommitted: usize) -> Self {
+        Self {
+            engine,
+            entries: Vec::new(),
+            over_window: 0,
+            max_uncommitted,
+            last: None,
+        }
+    }
+
+    /// The commit engine, to read from.
+    #[inline]
+    pub(super) fn engine(&self) -> &CommitEngine {
+        &self.engine
+    }
+
+    /// The partition of a fetched delivery, assigned on first sight (a
+    /// source need not announce an assignment before delivering).
+    #[inline]
+    pub(super) fn of(&mut self, message: &Message) -> PartitionId {
+        let metadata = message.metadata();
+        if let Some((source, partition, id)) = &self.last
+            && *partition == metadata.partition()
+            && (Arc::ptr_eq(source, metadata.source()) || **source == **metadata.source())
+        {
+            return *id;
+        }
+        let key = metadata.partition_key();
+        let id = match self.engine.lookup(&key) {
+            Some(id) => id,
+            None => self.assign(key),
+        };
+        self.last = Some((metadata.source().clone(), metadata.partition(), id));
+        id
+    }
+
+    /// Assigns `key` under a new generation of the engine (afresh if it was
+    /// assigned already).
+    pub(super) fn assign(&mut self, key: PartitionKey) -> PartitionId {
+        let id = self.engine.assign(key);
+        if self.entries.len() <= id.index() {
+            self.entries.resize(id.index() + 1, Entry::default());
+        }
+        let entry = &mut self.entries[id.index()];
+        if entry.over_window {
+            self.over_window -= 1;
+        }
+        // Deliveries of an earlier assignment that was not revoked may still
+        // run; their tickets are stale now, and `held` keeps counting them
+        // until they finish.
+        let held = entry.held;
+        *entry = Entry {
+            held,
+            ..Entry::default()
+        };
+        self.last = None;
+        id
+    }
+
+    /// Marks the assigned partition `key` as being revoked; `None` if it is
+    /// not assigned.
+    pub(super) fn begin_revoke(&mut self, key: &PartitionKey) -> Option<PartitionId> {
+        let id = self.engine.lookup(key)?;
+        self.entries[id.index()].revoking = true;
+        Some(id)
+    }
+
+    /// Removes `id` from the engine (its tickets become stale) and clears its
+    /// entry: a revocation completed.
+    pub(super) fn revoke(&mut self, id: PartitionId) {
+        self.engine.revoke(id);
+        let entry = &mut self.entries[id.index()];
+        if entry.over_window {
+            self.over_window -= 1;
+        }
+        *entry = Entry::default();
+        self.last = None;
+    }
+
+    /// Whether `id` is being revoked.
+    #[inline]
+    pub(super) fn is_revoking(&self, id: PartitionId) -> bool {
+        self.entries[id.index()].revoking
+    }
+
+    /// Slots held by deliveries of `id`.
+    pub(super) fn held(&self, id: PartitionId) -> u32 {
+        self.entries[id.index()].held
+    }
+
+    /// Whether fetching pauses: a partition is over its window.
+    #[inline]
+    pub(super) fn any_over_window(&self) -> bool {
+        self.over_window > 0
+    }
+
+    /// Admits a delivery of `id` at `position` to the engine; `None` if the
+    /// partition is not assigned.
+    #[inline]
+    pub(super) fn admit(&mut self, id: PartitionId, position: Position) -> Option<Ticket> {
+        self.engine.admit(id, position)
+    }
+
+    /// A slot now holds a delivery of `id`. `true` when this takes the
+    /// partition over its window.
+    #[inline]
+    pub(super) fn slot_held(&mut self, id: PartitionId) -> bool {
+        let entry = &mut self.entries[id.index()];
+        entry.held += 1;
+        if !entry.over_window && self.engine.uncommitted(id) >= self.max_uncommitted {
+            entry.over_window = true;
+            self.over_window += 1;
+            return true;
+        }
+        false
+    }
+
+    /// A slot that held a delivery of `id` is free again; the partition
+    /// leaves the window once its watermark has moved back under it.
+    #[inline]
+    pub(super) fn slot_freed(&mut self, id: PartitionId) {
+        if let Some(entry) = self.entries.get_mut(id.index()) {
+            entry.held = entry.held.saturating_sub(1);
+            if entry.over_window && self.engine.uncommitted(id) < self.max_uncommitted {
+                entry.over_window = false;
+                self.over_window -= 1;
+            }
+        }
+    }
+
+    /// Records that the delivery behind `ticket` is done.
+    #[inline]
+    pub(super) fn complete(&mut self, ticket: Ticket) {
+        self.engine.complete(ticket);
+    }
+
+    /// Records that the delivery behind `ticket` goes back to the broker.
+    pub(super) fn requeue(&mut self, ticket: Ticket) {
+        self.engine.requeue(ticket);
+    }
+
+    /// Puts back the work of an acknowledgement that failed.
+    pub(super) fn restore(&mut self, ack: PartitionAck) {
+        self.engine.restore(ack);
+    }
+
+    /// Moves all pending work into `batch`.
+    pub(super) fn take_batch(&mut self, batch: &mut AckBatch) {
+        self.engine.take_batch(batch);
+    }
+
+    /// Moves the work of `id` into `batch`, its watermark included even if
+    /// it was sent before.
+    pub(super) fn take_final_batch(&mut self, id: PartitionId, batch: &mut AckBatch) {
+        self.engine.take_final_batch(id, batch);
+    }
+
+    /// A snapshot of every assigned partition at `now`, with how long its
+    /// oldest unfinished message has been the oldest.
+    pub(super) fn snapshots(&mut self, now: Instant) -> Vec<PartitionSnapshot> {
+        let mut snapshots = Vec::new();
+        for id in self.engine.assigned() {
+            let Some(stats) = self.engine.stats(id) else {
+                continue;
+            };
+            let entry = &mut self.entries[id.index()];
+            let age = match (stats.oldest_unfinished, entry.oldest) {
+                (None, _) => {
+                    entry.oldest = None;
+                    None
+                }
+                (Some(position), Some((tracked, since))) if tracked == position => {
+                    Some(now.duration_since(since))
+                }
+                (Some(position), _) => {
+                    entry.oldest = Some((position, now));
+                    Some(Duration::ZERO)
+                }
+            };
+            snapshots.push(PartitionSnapshot {
+                stats,
+                oldest_unfinished_age: age,
+            });
+        }
+        snapshots
+    }
+}
