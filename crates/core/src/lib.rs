@@ -83,6 +83,7 @@ pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod observer;
+pub mod redact;
 pub mod retry;
 pub mod source;
 #[cfg(feature = "testkit")]
