@@ -79,12 +79,14 @@ pub fn url(url: &str) -> String {
 /// `url` replaced by [`REDACTED`]: each part [`url`] hides, as written and
 /// percent-decoded, and each parameter value within a hidden query (a
 /// password holding an unescaped `&` reads as two parameters, and a client
-/// may quote the second).
+/// may quote the second). A secret of a character or two takes those
+/// characters out of the rest of the text too: the message is only for
+/// people, and showing less beats showing a secret.
 ///
 /// ```
 /// use intake_core::redact;
 ///
-/// let url = "postgres://app:s3cret@db/t?password=a&sslmode=b4d";
+/// let url = "postgres://app:s3cret@db/t?password=pa55&sslmode=b4d";
 /// assert_eq!(
 ///     redact::scrub("unknown value \"b4d\" for `ssl_mode`", url),
 ///     "unknown value \"***\" for `ssl_mode`"
