@@ -367,6 +367,41 @@ mod tests {
         );
     }
 
+    /// Everything the crate prints about `url`: the configuration's `Debug`,
+    /// and the endpoint and `Debug` of the connector, or the error.
+    fn printed_forms(url: &str) -> String {
+        let config = format!("{:?}", crate::RedisStreamsConfig::new(url));
+        let parsed = Connector::new(
+            &SecretUrl::new(url),
+            None,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        match parsed {
+            Ok(connector) => format!("{config} {} {connector:?}", connector.endpoint()),
+            Err(error) => format!("{config} {error} {error:?}"),
+        }
+    }
+
+    #[test]
+    fn the_shapes_that_leaked_show_no_secret() {
+        let leaks: Vec<(&str, String)> = [
+            // The password's rest became the socket path.
+            "unix://:@/SECRET@",
+            // A unix socket takes its password in the query.
+            "unix:///run/redis.sock?db=x&pass=SECRET",
+            "redis+unix:///run/redis.sock?pass=SECRET&db=x",
+            // One slash: no authority, so no user info to a URL parser.
+            "redis:/u:SECRET@h",
+            "rediss://:#SECRET@",
+        ]
+        .into_iter()
+        .map(|url| (url, printed_forms(url)))
+        .filter(|(_, shown)| shown.contains("SECRET"))
+        .collect();
+        assert!(leaks.is_empty(), "{leaks:#?}");
+    }
+
     /// A secret: random characters, any a password or parameter may hold
     /// (those that end a URL's parts unescaped among them), around the
     /// canary `SECRET`. Nothing else in the generated URLs is upper case,
