@@ -104,11 +104,15 @@ impl DatabaseUrl {
             left_out: Vec::new(),
             unnamed: 0,
         };
-        // `check_user_info` passed: no `?` before the query.
-        let Some((base, query)) = self.url.split_once('?') else {
+        // As the URL grammar reads it: the fragment from the first `#`, the
+        // query from the first `?` before it (`check_user_info` passed, so
+        // no password holds either).
+        let (before_fragment, fragment) = self
+            .url
+            .split_at(self.url.find('#').unwrap_or(self.url.len()));
+        let Some((base, query)) = before_fragment.split_once('?') else {
             return driver;
         };
-        let (query, fragment) = query.split_at(query.find('#').unwrap_or(query.len()));
         let read = |name: &str| {
             DRIVER_PARAMETERS.contains(&name) || name.starts_with("options[") && name.ends_with(']')
         };
@@ -290,6 +294,8 @@ mod tests {
         let driver = url.for_driver();
         assert_eq!(driver.url, url.expose());
         assert!(driver.left_out.is_empty() && driver.unnamed == 0);
+        let fragment = DatabaseUrl::new("postgres://db/t#a?b=c").unwrap();
+        assert_eq!(fragment.for_driver().url, fragment.expose());
         // The driver reads each one: it warns about none.
         let (subscriber, logs) = captured_logs();
         let pool = tracing::subscriber::with_default(subscriber, || {
