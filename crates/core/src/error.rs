@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::redact::Capped;
+
 /// A boxed error, as tower middleware returns them.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -51,6 +53,11 @@ impl fmt::Display for ErrorClass {
 /// timeout (`tower::timeout::error::Elapsed`) is retryable, and anything else
 /// is retryable too, because a failure of unknown cause is most often
 /// transient and the retry layer caps it.
+///
+/// Its `Display` and `Debug` show at most
+/// [`TEXT_LIMIT`](Self::TEXT_LIMIT) bytes of the cause's text, so an error
+/// that quotes a whole payload cannot flood a log line, a span or a dead
+/// letter; [`cause`](Self::cause) is the whole cause.
 pub struct HandlerError {
     class: ErrorClass,
     source: BoxError,
@@ -59,6 +66,11 @@ pub struct HandlerError {
 }
 
 impl HandlerError {
+    /// Most bytes of the cause's text that `Display` and `Debug` show (cut
+    /// at a character boundary, then `… (N more bytes)`): the same bound as
+    /// a dead letter's error text.
+    pub const TEXT_LIMIT: usize = 4096;
+
     fn with_class(class: ErrorClass, source: impl Into<BoxError>) -> Self {
         Self {
             class,
@@ -148,7 +160,7 @@ impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HandlerError")
             .field("class", &self.class)
-            .field("source", &self.source)
+            .field("source", &Capped::new(&self.source, Self::TEXT_LIMIT))
             .field("attempts", &self.attempts)
             .finish()
     }
@@ -160,7 +172,7 @@ impl fmt::Display for HandlerError {
         if self.attempts > 0 {
             write!(f, " after {} attempt(s)", self.attempts)?;
         }
-        write!(f, ": {}", self.source)
+        write!(f, ": {}", Capped::new(&self.source, Self::TEXT_LIMIT))
     }
 }
 
@@ -230,5 +242,18 @@ mod tests {
             error.to_string(),
             "retryable error after 2 attempt(s): timeout"
         );
+    }
+
+    #[test]
+    fn display_and_debug_cap_the_cause_text() {
+        let quoted = "x".repeat(1 << 20);
+        let error = HandlerError::permanent(quoted.clone());
+        let shown = error.to_string();
+        assert!(shown.len() <= 4096 + 64, "{} bytes", shown.len());
+        assert!(shown.ends_with(&format!("… ({} more bytes)", (1 << 20) - 4096)));
+        let debugged = format!("{error:?}");
+        assert!(debugged.len() <= 4096 + 128, "{} bytes", debugged.len());
+        // The cause itself is whole.
+        assert_eq!(error.cause().to_string(), quoted);
     }
 }

@@ -82,6 +82,7 @@ pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod observer;
+pub mod redact;
 pub mod retry;
 pub mod shutdown_scope;
 pub mod source;

@@ -79,7 +79,11 @@ impl ConnectError {
         match error {
             KafkaError::ClientConfig(_, description, key, value) => {
                 let problem = if is_secret(&key) {
-                    description
+                    // librdkafka quotes a refused value in some messages.
+                    match value.is_empty() {
+                        true => description,
+                        false => description.replace(&value, "<redacted>"),
+                    }
                 } else {
                     format!("{description} (value `{value}`)")
                 };

@@ -68,7 +68,7 @@ mod source;
 pub use acker::KafkaAcker;
 pub use dead_letter::{DeadLetterTopicError, KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
 pub use error::ConnectError;
-pub use settings::{KafkaSettings, is_secret};
+pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
 
 /// The rdkafka version this crate builds on, for settings and types that

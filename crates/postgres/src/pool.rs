@@ -180,7 +180,16 @@ impl PoolConfig {
 
     fn options(&self) -> Result<(PgPoolOptions, PgConnectOptions), ConnectError> {
         self.validate()?;
-        let connect_options = PgConnectOptions::from_str(self.url.expose())
+        let driver = self.url.for_driver();
+        if !driver.left_out.is_empty() || driver.unnamed > 0 {
+            tracing::warn!(
+                url = %self.url,
+                parameters = %driver.left_out.join(", "),
+                unnamed = driver.unnamed,
+                "ignoring connection parameters the driver does not read",
+            );
+        }
+        let connect_options = PgConnectOptions::from_str(&driver.url)
             .map_err(|error| ConnectError::InvalidUrl {
                 url: self.url.redacted().to_owned(),
                 reason: self.url.scrub(&error.to_string()),

@@ -80,7 +80,7 @@ impl fmt::Debug for AmqpSourceBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let url = AmqpUrl::parse(&self.url)
             .map(|url| url.endpoint().to_owned())
-            .unwrap_or_else(|_| "<invalid URL>".to_owned());
+            .unwrap_or_else(|_| intake_core::redact::url(&self.url));
         f.debug_struct("AmqpSourceBuilder")
             .field("url", &url)
             .field("target", &self.target)

@@ -7,6 +7,14 @@
 //! producer's trace. A failure is recorded as `error` (its text) and
 //! `error.class`.
 //!
+//! Outside input is bounded: the key shows its first
+//! [`KEY_LIMIT`](Trace::KEY_LIMIT) bytes and the error text at most
+//! [`HandlerError::TEXT_LIMIT`] bytes of its cause, each followed by
+//! `… (N more bytes)` when cut. Keys that are personal data (an email
+//! address, an account number) can be left out of spans with
+//! [`TraceLayer::record_key`]; they are recorded by default, because a key
+//! is most often the id that makes a span findable.
+//!
 //! With no subscriber interested in the span, a message costs one level check:
 //! no field is formatted and no header is read.
 //!
@@ -49,6 +57,7 @@ pub use self::layer::TraceLayer;
 pub use self::traceparent::{TRACEPARENT, TraceParent};
 use crate::error::HandlerError;
 use crate::message::Message;
+use crate::redact::Capped;
 
 /// Runs each message of `S` in a span of its own. See the
 /// [module docs](self).
@@ -56,15 +65,27 @@ use crate::message::Message;
 pub struct Trace<S> {
     inner: S,
     handler: Arc<str>,
+    record_key: bool,
 }
 
 impl<S> Trace<S> {
-    /// Wraps `inner`; spans name it `handler`.
+    /// Most bytes of a message's key that its span shows.
+    pub const KEY_LIMIT: usize = 256;
+
+    /// Wraps `inner`; spans name it `handler` and record message keys.
     pub fn new(inner: S, handler: impl Into<Arc<str>>) -> Self {
         Self {
             inner,
             handler: handler.into(),
+            record_key: true,
         }
+    }
+
+    /// Whether spans record the message's key (default `true`); see
+    /// [`TraceLayer::record_key`].
+    pub fn record_key(mut self, record: bool) -> Self {
+        self.record_key = record;
+        self
     }
 
     /// The wrapped service.
@@ -87,7 +108,10 @@ impl<S> Trace<S> {
             source = %metadata.source(),
             partition = metadata.partition(),
             position = %metadata.position(),
-            key = message.key().map(|key| tracing::field::display(KeyText(key))),
+            key = message
+                .key()
+                .filter(|_| self.record_key)
+                .map(|key| tracing::field::display(KeyText(key))),
             attempt = metadata.attempt(),
             trace_id = Empty,
             parent_span_id = Empty,
@@ -108,14 +132,23 @@ impl<S> Trace<S> {
     }
 }
 
-/// A key as span text: as is when it is UTF-8, escaped otherwise.
+/// A key as span text: as is when it is UTF-8, escaped otherwise; its
+/// first [`Trace::KEY_LIMIT`] bytes.
 struct KeyText<'a>(&'a Bytes);
 
 impl fmt::Display for KeyText<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const LIMIT: usize = Trace::<()>::KEY_LIMIT;
         match std::str::from_utf8(self.0) {
-            Ok(text) => f.write_str(text),
-            Err(_) => write!(f, "{}", self.0.escape_ascii()),
+            Ok(text) => write!(f, "{}", Capped::new(text, LIMIT)),
+            Err(_) => {
+                let shown = &self.0[..self.0.len().min(LIMIT)];
+                write!(f, "{}", shown.escape_ascii())?;
+                if self.0.len() > LIMIT {
+                    write!(f, "… ({} more bytes)", self.0.len() - LIMIT)?;
+                }
+                Ok(())
+            }
         }
     }
 }

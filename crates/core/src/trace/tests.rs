@@ -198,3 +198,75 @@ async fn a_span_no_subscriber_wants_is_disabled_and_the_message_still_runs() {
     }
     service.oneshot(message("order")).await.expect("success");
 }
+
+/// An error whose text quotes a whole payload: a megabyte.
+#[derive(Debug)]
+struct Quoting(String);
+
+impl fmt::Display for Quoting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot process payload {}", self.0)
+    }
+}
+
+impl std::error::Error for Quoting {}
+
+#[tokio::test]
+async fn a_huge_error_text_is_recorded_capped() {
+    let spans = SpanFields::default();
+    let _default = subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let quoting = tower::service_fn(|_message: Message| async {
+        Err::<(), _>(HandlerError::permanent(Quoting("p".repeat(1 << 20))))
+    });
+    TraceLayer::new("billing")
+        .layer(quoting)
+        .oneshot(message("order"))
+        .await
+        .expect_err("failure passes through");
+    let fields = spans.only_span();
+    let error = field(&fields, "error").unwrap_or_default();
+    assert!(
+        error.starts_with("permanent error: cannot process payload ppp"),
+        "{error:.80}"
+    );
+    assert!(error.len() <= 4096 + 64, "{} bytes", error.len());
+    assert!(
+        error.ends_with(&format!("({} more bytes)", (1 << 20) + 23 - 4096)),
+        "{}",
+        &error[4000..]
+    );
+}
+
+#[tokio::test]
+async fn a_huge_key_is_recorded_capped() {
+    let spans = SpanFields::default();
+    let _default = subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let keyed = message("order").with_key(Bytes::from("k".repeat(1 << 20)));
+    TraceLayer::new("billing")
+        .layer(Scripted::default())
+        .oneshot(keyed)
+        .await
+        .expect("success");
+    let fields = spans.only_span();
+    let key = field(&fields, "key").unwrap_or_default();
+    assert!(key.len() <= 256 + 32, "{} bytes", key.len());
+    assert!(
+        key.ends_with(&format!("({} more bytes)", (1 << 20) - 256)),
+        "{key}"
+    );
+}
+
+#[tokio::test]
+async fn keys_can_be_left_out_of_spans() {
+    let spans = SpanFields::default();
+    let _default = subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    TraceLayer::new("billing")
+        .record_key(false)
+        .layer(Scripted::default())
+        .oneshot(message("order"))
+        .await
+        .expect("success");
+    let fields = spans.only_span();
+    assert_eq!(field(&fields, "key"), None);
+    assert_eq!(field(&fields, "position"), Some("7"));
+}
