@@ -367,6 +367,7 @@ impl Message {
     /// The bytes this message holds: payload, key, and header names and
     /// values. What the in-flight byte budget counts; the fixed cost of a
     /// message (its metadata and the `Arc`, about 150 bytes) is not.
+    #[inline]
     pub fn byte_size(&self) -> usize {
         let parts = &*self.inner;
         let headers: usize = parts

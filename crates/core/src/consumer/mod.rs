@@ -39,6 +39,7 @@
 //! ```
 
 mod ack_loop;
+mod byte_budget;
 mod dispatcher;
 pub mod gate;
 mod lanes;
@@ -79,6 +80,7 @@ pub enum Ordering {
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) max_in_flight: usize,
+    pub(crate) max_in_flight_bytes: usize,
     pub(crate) ordering: Ordering,
     pub(crate) commit_interval: Duration,
     pub(crate) commit_batch: usize,
@@ -104,6 +106,7 @@ impl std::fmt::Debug for ConsumerBuilder {
         let settings = &self.settings;
         f.debug_struct("ConsumerBuilder")
             .field("max_in_flight", &settings.max_in_flight)
+            .field("max_in_flight_bytes", &settings.max_in_flight_bytes)
             .field("ordering", &settings.ordering)
             .field("commit_interval", &settings.commit_interval)
             .field("commit_batch", &settings.commit_batch)
@@ -121,6 +124,7 @@ impl Default for ConsumerBuilder {
         Self {
             settings: Settings {
                 max_in_flight: 256,
+                max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 ordering: Ordering::default(),
                 commit_interval: Duration::from_millis(100),
                 commit_batch: 1024,
@@ -147,11 +151,29 @@ impl Default for ConsumerBuilder {
 /// arena allocated at start.
 pub const MAX_IN_FLIGHT_LIMIT: usize = 1 << 20;
 
+/// The default byte budget: 64 MiB of messages held at once.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+
 impl ConsumerBuilder {
-    /// Deliveries held at once, queued or running: the one bound on the
-    /// consumer's memory. Default 256.
+    /// Deliveries held at once, queued or running. Default 256. With
+    /// [`max_in_flight_bytes`](Self::max_in_flight_bytes) it bounds what the
+    /// runtime holds; the source sizes its own buffers and the broker's
+    /// prefetch from both ([`Source::set_budget`](crate::Source::set_budget)).
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.settings.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// Bytes of messages ([`Message::byte_size`](crate::Message::byte_size):
+    /// payload, key, headers) held at once, queued or running. Default
+    /// [`DEFAULT_MAX_IN_FLIGHT_BYTES`] (64 MiB). A delivery that would pass
+    /// it waits for room, except when nothing is held (one message larger
+    /// than the budget still gets through); fetching stops while the budget
+    /// is spent. The runtime holds at most this plus one fetch batch (what
+    /// a fetch brought beyond the room waits in the fetch buffer);
+    /// `docs/ARCHITECTURE.md` lists every buffer with its bound.
+    pub fn max_in_flight_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_in_flight_bytes = bytes;
         self
     }
 
@@ -271,6 +293,13 @@ impl ConsumerBuilder {
                     "is {}, above the limit of {MAX_IN_FLIGHT_LIMIT}",
                     settings.max_in_flight
                 ),
+            ));
+        }
+        if settings.max_in_flight_bytes == 0 {
+            return Err(ConfigError::new(
+                "max_in_flight_bytes",
+                "is 0: the consumer could never hold a delivery; use the memory its messages may \
+                 take, such as 64 MiB",
             ));
         }
         if settings.commit_interval.is_zero() {

@@ -72,6 +72,10 @@ pub struct RunReport {
     pub close: SourceClose,
     /// Deliveries left unfinished by the shutdown.
     pub unfinished: Vec<Unfinished>,
+    /// The most bytes of messages the runtime held at once
+    /// ([`Message::byte_size`](crate::Message::byte_size); at most
+    /// `max_in_flight_bytes`, or one message when a single one is larger).
+    pub peak_in_flight_bytes: u64,
     /// How long the run took.
     pub elapsed: Duration,
 }

@@ -125,6 +125,8 @@ pub(crate) struct Slot<F> {
     pub(crate) probe: bool,
     /// Whether the handler ever started (for the shutdown report).
     pub(crate) started: bool,
+    /// The delivery's bytes, counted in the byte budget while it is held.
+    pub(crate) bytes: usize,
     future: Option<F>,
 }
 
@@ -149,6 +151,7 @@ impl<F: Future> Slots<F> {
                 position: None,
                 probe: false,
                 started: false,
+                bytes: 0,
                 future: None,
             })
             .collect();

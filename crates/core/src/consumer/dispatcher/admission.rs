@@ -24,31 +24,34 @@ where
         let token = self.token.clone();
         shutdown_scope::with_shutdown(&token, || {
             let admitted = buffer.len().min(self.slots.free_count());
+            let mut bytes = 0;
             for message in buffer.drain(..admitted) {
-                self.admit(message);
+                bytes += self.admit(message);
             }
+            self.bytes.observe(bytes, admitted);
             self.pump();
         });
     }
 
-    /// Admits one delivery: see the module docs.
-    fn admit(&mut self, message: Message) {
+    /// Admits one delivery: see the module docs. Returns its bytes, counted
+    /// in the byte budget by the caller (0 when it was turned away).
+    fn admit(&mut self, message: Message) -> usize {
         let partition = self.partitions.of(&message);
         if self.partitions.is_revoking(partition) {
             // Fetched after the revocation began: it belongs to the next
             // owner, who will receive it; acknowledging nothing is correct.
             self.report.released_on_revoke += 1;
-            return;
+            return 0;
         }
         let position = message.metadata().position();
         let Some(ticket) = self.partitions.admit(partition, position) else {
-            return;
+            return 0;
         };
         let Some(slot) = self.slots.acquire() else {
             // `admit_all` admits no more than the free slots; keep the
             // engine consistent anyway.
             tracing::error!("no free slot for an admitted delivery; it stays unacknowledged");
-            return;
+            return 0;
         };
         if self.partitions.slot_held(partition) {
             tracing::warn!(
@@ -62,9 +65,12 @@ where
             Ordering::Partition => Some(LaneId::Partition(partition)),
             Ordering::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
         };
+        let bytes = message.byte_size();
+        self.bytes.hold(bytes);
         let entry = self.slots.get_mut(slot);
         entry.ticket = Some(ticket);
         entry.position = Some(position);
+        entry.bytes = bytes;
         entry.message = Some(message);
         entry.state = SlotState::Ready;
         self.lanes.join(slot, lane);
@@ -74,13 +80,14 @@ where
         let lane_free = lane.is_none_or(|lane| !self.lanes.is_busy(lane));
         if lane_free && self.ready.is_empty() && self.may_start_now() {
             self.start(slot, false);
-            return;
+            return bytes;
         }
         if !self.lanes.acquire(slot) {
             self.slots.get_mut(slot).state = SlotState::Queued;
-            return;
+            return bytes;
         }
         self.ready.push_back(slot);
+        bytes
     }
 
     /// A partition the source announced as assigned. One still being

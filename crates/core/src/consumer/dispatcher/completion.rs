@@ -144,6 +144,7 @@ where
         if let Some(ticket) = entry.ticket {
             self.partitions.slot_freed(ticket.partition());
         }
+        self.bytes.give_back(entry.bytes);
         self.slots.release(slot);
     }
 }

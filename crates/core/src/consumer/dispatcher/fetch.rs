@@ -34,7 +34,12 @@ where
         if self.partitions.any_over_window() {
             return Some(0);
         }
-        Some(self.slots.free_count().min(self.settings.fetch_batch))
+        Some(
+            self.slots
+                .free_count()
+                .min(self.settings.fetch_batch)
+                .min(self.bytes.fetch_limit()),
+        )
     }
 
     /// A transient error is retried after the reconnect policy's delay

@@ -46,6 +46,7 @@ use tower::Service;
 
 use super::Settings;
 use super::ack_loop::{AckQueue, ack_loop};
+use super::byte_budget::ByteBudget;
 use super::gate::BackoffGate;
 use super::lanes::Lanes;
 use super::report::{RunError, RunReport, SourceClose};
@@ -55,7 +56,7 @@ use crate::acker::Acker;
 use crate::commit_engine::CommitEngine;
 use crate::error::HandlerError;
 use crate::message::Message;
-use crate::source::{Source, SourceError};
+use crate::source::{Budget, Source, SourceError};
 use partitions::Partitions;
 use revocation::PendingRevocation;
 use timer::Timer;
@@ -79,6 +80,10 @@ where
     let mode = acker.mode();
     let requeue = acker.supports_requeue();
     let slots = Slots::new(settings.max_in_flight);
+    source.set_budget(Budget::new(
+        settings.max_in_flight,
+        settings.max_in_flight_bytes,
+    ));
     let ack_failures = Arc::new(AtomicUsize::new(0));
     let (acks, drain_acks) = ack_loop(
         acker,
@@ -99,6 +104,7 @@ where
         // Every step from here on is bounded, whatever the broker does.
         let until = dispatcher.final_steps_deadline();
         let mut report = dispatcher.wind_down(until).await;
+        report.peak_in_flight_bytes = dispatcher.bytes.high_water() as u64;
         drop(dispatcher);
         report.close = match tokio::time::timeout_at(until, source.close()).await {
             Ok(Ok(())) => SourceClose::Closed,
@@ -179,6 +185,8 @@ struct Dispatcher<H: Service<Message>> {
     handler: H,
     /// The in-flight budget: one slot per delivery held.
     slots: Slots<H::Future>,
+    /// The in-flight budget in bytes.
+    bytes: ByteBudget,
     lanes: Lanes,
     settings: Settings,
     /// Whether the broker takes a failed message back (the acker supports
@@ -247,6 +255,7 @@ where
             handler,
             slots,
             lanes: Lanes::with_capacity(capacity),
+            bytes: ByteBudget::new(settings.max_in_flight_bytes),
             requeue,
             gate: BackoffGate::new(settings.backoff.clone()),
             probe: None,
