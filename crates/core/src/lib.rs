@@ -108,5 +108,5 @@ pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, So
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use retry::RetryLayer;
-pub use source::{Budget, Revocation, RevocationHandle, Source, SourceError, SourceEvent};
+pub use source::{Limits, Revocation, RevocationHandle, Source, SourceError, SourceEvent};
 pub use trace::TraceLayer;

@@ -40,14 +40,16 @@ pub trait Source: Send + 'static {
         max: usize,
     ) -> impl Future<Output = Result<SourceEvent, SourceError>> + Send;
 
-    /// The runtime's in-flight budget, told once before the first
-    /// [`next`](Self::next). A source sizes from it what it buffers and what
-    /// it asks the broker to send ahead (AMQP's prefetch, Kafka's hand-over
-    /// queue, a pull batch), so that the consumer's one setting bounds the
-    /// memory on both sides. The default ignores it: a source that only
-    /// reads what `next`'s `max` allows needs nothing more.
-    fn set_budget(&mut self, budget: Budget) {
-        let _ = budget;
+    /// What the consumer promises the source, told once before the first
+    /// [`next`](Self::next): its in-flight budget (deliveries and bytes) and
+    /// how long it drains a revoked partition. A source sizes from them what
+    /// it buffers and what it asks the broker to send ahead (AMQP's
+    /// prefetch, Kafka's hand-over queue, a pull batch) and how long a
+    /// rebalance waits for the drain, so that each of these is set once, on
+    /// the consumer. The default ignores them: a source that only reads what
+    /// `next`'s `max` allows needs nothing more.
+    fn set_limits(&mut self, limits: Limits) {
+        let _ = limits;
     }
 
     /// Releases the connection after the final commit (leave the group,
@@ -57,22 +59,30 @@ pub trait Source: Send + 'static {
     }
 }
 
-/// What a consumer holds at most: its in-flight budget, in deliveries and in
-/// bytes ([`Message::byte_size`]). See [`Source::set_budget`].
+/// What a consumer promises its source: see [`Source::set_limits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Budget {
+pub struct Limits {
     /// Most deliveries held at once (`ConsumerBuilder::max_in_flight`).
-    pub messages: usize,
-    /// Most bytes of messages held at once
-    /// (`ConsumerBuilder::max_in_flight_bytes`).
-    pub bytes: usize,
+    pub max_in_flight: usize,
+    /// Most bytes of messages held at once ([`Message::byte_size`];
+    /// `ConsumerBuilder::max_in_flight_bytes`).
+    pub max_in_flight_bytes: usize,
+    /// How long a revoked partition's deliveries may run before the
+    /// consumer gives up on them and makes its final commit
+    /// (`ConsumerBuilder::revoke_timeout`).
+    pub revoke_timeout: Duration,
 }
 
-impl Budget {
-    /// A budget of `messages` deliveries and `bytes` bytes.
-    pub fn new(messages: usize, bytes: usize) -> Self {
-        Self { messages, bytes }
+impl Limits {
+    /// Limits of `max_in_flight` deliveries, `max_in_flight_bytes` bytes and
+    /// a `revoke_timeout` drain.
+    pub fn new(max_in_flight: usize, max_in_flight_bytes: usize, revoke_timeout: Duration) -> Self {
+        Self {
+            max_in_flight,
+            max_in_flight_bytes,
+            revoke_timeout,
+        }
     }
 }
 

@@ -158,7 +158,7 @@ impl ConsumerBuilder {
     /// Deliveries held at once, queued or running. Default 256. With
     /// [`max_in_flight_bytes`](Self::max_in_flight_bytes) it bounds what the
     /// runtime holds; the source sizes its own buffers and the broker's
-    /// prefetch from both ([`Source::set_budget`](crate::Source::set_budget)).
+    /// prefetch from both ([`Source::set_limits`](crate::Source::set_limits)).
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.settings.max_in_flight = max_in_flight;
         self

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use intake_core::{Budget, Message, Source, SourceError, SourceEvent};
+use intake_core::{Limits, Message, Source, SourceError, SourceEvent};
 use rdkafka::consumer::BaseConsumer;
 use tokio::sync::oneshot;
 
@@ -93,8 +93,10 @@ impl Source for KafkaSource {
     /// before the polling thread pauses fetching: with the runtime's own
     /// budget, the source's queue and librdkafka's prefetch
     /// (`queued.max.messages.kbytes`), memory stays bounded in bytes.
-    fn set_budget(&mut self, budget: Budget) {
-        self.shared.handoff.set_byte_capacity(budget.bytes / 2);
+    fn set_limits(&mut self, limits: Limits) {
+        self.shared
+            .handoff
+            .set_byte_capacity(limits.max_in_flight_bytes / 2);
     }
 
     async fn next(

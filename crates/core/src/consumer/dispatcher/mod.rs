@@ -56,7 +56,7 @@ use crate::acker::Acker;
 use crate::commit_engine::CommitEngine;
 use crate::error::HandlerError;
 use crate::message::Message;
-use crate::source::{Budget, Source, SourceError};
+use crate::source::{Limits, Source, SourceError};
 use partitions::Partitions;
 use revocation::PendingRevocation;
 use timer::Timer;
@@ -80,9 +80,10 @@ where
     let mode = acker.mode();
     let requeue = acker.supports_requeue();
     let slots = Slots::new(settings.max_in_flight);
-    source.set_budget(Budget::new(
+    source.set_limits(Limits::new(
         settings.max_in_flight,
         settings.max_in_flight_bytes,
+        settings.revoke_timeout,
     ));
     let ack_failures = Arc::new(AtomicUsize::new(0));
     let (acks, drain_acks) = ack_loop(
