@@ -26,8 +26,8 @@ use intake_amqp::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 use intake_amqp::{AmqpAcker, AmqpDeadLetterSink, AmqpSource, read_dead_letter};
-use intake_core::dead_letter::EnvelopeError;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
+use intake_core::dead_letter::{Broker, EnvelopeError};
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::{BoxError, DeadLetter};
 
 /// The broker the tests use (override with `INTAKE_AMQP_URL`).
@@ -515,6 +515,7 @@ impl Backend for AmqpBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Amqp,
             // A queue has no partitions; a channel is one, per consumer.
             partitions: false,
             // Consumers of one queue share its messages.
@@ -595,26 +596,11 @@ impl Backend for AmqpBackend {
             .await?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        _group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
+    async fn dead_letters(&self, source: &str, _group: &str) -> Result<Vec<DeadLetter>, BoxError> {
         self.peek_dead_letters(&dead_letter_queue(source))
             .await?
             .into_iter()
-            .map(|letter| {
-                let letter = letter?;
-                let metadata = letter.message.metadata();
-                Ok(DeadLetterRecord {
-                    payload: letter.message.payload().clone(),
-                    source: metadata.source().to_string(),
-                    partition: metadata.partition(),
-                    position: metadata.position().to_string(),
-                    error: letter.error,
-                    attempts: letter.attempts,
-                })
-            })
+            .map(|letter| Ok(letter?))
             .collect()
     }
 

@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use intake_core::dead_letter::EnvelopeError;
+use intake_core::dead_letter::{Broker, EnvelopeError};
 use intake_core::source::RevocationOutcome;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::{BoxError, DeadLetter, Headers, Message, PartitionKey, Source, SourceEvent};
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
@@ -447,6 +447,7 @@ impl Backend for KafkaBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Kafka,
             partitions: true,
             shared_groups: true,
             // A consumer dropped without closing leaves the group as its
@@ -488,27 +489,12 @@ impl Backend for KafkaBackend {
         Ok(KafkaDeadLetterSink::builder(self.settings(), group).build()?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
+    async fn dead_letters(&self, source: &str, group: &str) -> Result<Vec<DeadLetter>, BoxError> {
         let topic = format!("{source}.{group}.dlq");
         let records = self.read_all(&topic).await?;
         records
             .into_iter()
-            .map(|record| {
-                let letter = record.dead_letter()?;
-                let metadata = letter.message.metadata();
-                Ok(DeadLetterRecord {
-                    payload: letter.message.payload().clone(),
-                    source: metadata.source().to_string(),
-                    partition: metadata.partition(),
-                    position: metadata.position().to_string(),
-                    error: letter.error,
-                    attempts: letter.attempts,
-                })
-            })
+            .map(|record| Ok(record.dead_letter()?))
             .collect()
     }
 

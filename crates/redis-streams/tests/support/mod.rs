@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use intake_core::dead_letter::EnvelopeError;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
+use intake_core::dead_letter::{Broker, EnvelopeError};
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::{
     AckBatch, Acker, BoxError, DeadLetter, Headers, Message, PartitionAck, PartitionKey, Source,
 };
@@ -357,6 +357,7 @@ impl Backend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Redis,
             partitions: false,
             shared_groups: true,
             crash_redelivery_after: self.claim_min_idle,
@@ -398,28 +399,13 @@ impl Backend for RedisBackend {
         Ok(self.config(source, group).dead_letter_sink().await?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        _group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
+    async fn dead_letters(&self, source: &str, _group: &str) -> Result<Vec<DeadLetter>, BoxError> {
         let mut admin = self.admin.clone();
         let stream = format!("{source}:dlq");
         entries(&mut admin, &stream)
             .await
             .iter()
-            .map(|fields| {
-                let letter = dead_letter_of(fields)?;
-                let metadata = letter.message.metadata();
-                Ok(DeadLetterRecord {
-                    payload: letter.message.payload().clone(),
-                    source: metadata.source().to_string(),
-                    partition: metadata.partition(),
-                    position: metadata.position().to_string(),
-                    error: letter.error,
-                    attempts: letter.attempts,
-                })
-            })
+            .map(|fields| Ok(dead_letter_of(fields)?))
             .collect()
     }
 
