@@ -4,9 +4,12 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use intake_core::{ConfigError, DeadLetter, DeadLetterError, DeadLetterSink};
+use intake_core::dead_letter::EnvelopeError;
+use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
+use intake_core::{ConfigError, DeadLetter, DeadLetterError, DeadLetterSink, SourceName};
+use lapin::message::Delivery;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
@@ -15,7 +18,7 @@ use tokio::sync::Mutex;
 use crate::connection::open_within;
 use crate::error::{AmqpError, Operation, classify};
 use crate::headers;
-use crate::source::check_tls;
+use crate::source::{DeliveryReader, check_tls};
 use crate::tls::Tls;
 use crate::topology::{MAX_NAME_BYTES, Topology, check_name, short};
 use crate::url::AmqpUrl;
@@ -25,27 +28,34 @@ const PERSISTENT: u8 = 2;
 
 /// Publishes dead letters to an exchange with publisher confirms.
 ///
-/// Each dead letter is a copy of the original payload with the original
-/// headers and properties, plus its origin under the `x-intake-` headers
-/// (see [`headers`](crate::headers)): queue, channel epoch, delivery tag,
-/// routing key, the last error, the attempt count and the time it was given
-/// up. An original header in that namespace is kept under
-/// `x-intake-producer.`, so that nothing a producer wrote can pass for the
-/// origin. It is published persistent and `mandatory`, and [`write`] resolves
-/// only when the broker confirmed it; a message that no queue is bound to
-/// receive is an error, not a silent loss. The runtime acknowledges the
-/// original only after that, so a failed write leaves it in its queue.
+/// Each dead letter is a copy of the original payload and properties
+/// (`message-id`, `correlation-id`, `content-type`) with the dead-letter
+/// [envelope](intake_core::dead_letter::envelope) as headers: the original
+/// headers (a name in the `intake.` namespace as `intake.producer.<name>`,
+/// so nothing a producer wrote can pass for the origin), then the origin
+/// (queue, channel epoch, delivery tag, and the routing key in
+/// `intake.origin.key`: the letter's own routing key routes it), error
+/// class and text, attempts and times. `docs/DEAD-LETTERS.md` has the
+/// table; [`read_dead_letter`] reads a delivery of the dead-letter queue
+/// back. It is published persistent and `mandatory`, and [`write`]
+/// resolves only when the broker confirmed it; a message that no queue is
+/// bound to receive is an error, not a silent loss. The runtime
+/// acknowledges the original only after that, so a failed write leaves it
+/// in its queue.
 ///
 /// The headers of one message travel in one frame, so they must fit the
 /// connection's `frame_max` (128 KiB on RabbitMQ by default; a broker
 /// refuses a larger frame and closes the connection, so such a dead letter
 /// could never be written). A dead letter whose headers would not fit is
 /// written reduced: without the original headers (their number in
-/// `x-intake-headers-left-out`), with the source and routing key cut to 255
-/// bytes and the error to
-/// [`DEAD_LETTER_ERROR_REDUCED_BYTES`](crate::headers::DEAD_LETTER_ERROR_REDUCED_BYTES),
-/// which fits the smallest frame AMQP allows. It is logged and counted
-/// ([`reduced_dead_letters`](AmqpDeadLetterSink::reduced_dead_letters)).
+/// `intake.headers.omitted`) and with the error cut to
+/// [`DEAD_LETTER_ERROR_REDUCED_BYTES`](crate::headers::DEAD_LETTER_ERROR_REDUCED_BYTES);
+/// one from an AMQP queue always fits the smallest frame AMQP allows. It is
+/// logged and counted
+/// ([`reduced_dead_letters`](AmqpDeadLetterSink::reduced_dead_letters)). A
+/// letter that does not fit even reduced (a key or source longer than AMQP
+/// names, from another broker) is [rejected](DeadLetterError::rejected),
+/// and the dead-letter layer writes its reference instead.
 ///
 /// The sink has a connection of its own: RabbitMQ throttles publishing
 /// connections under memory pressure, and that must not stall the consumer's
@@ -64,6 +74,7 @@ pub struct AmqpDeadLetterSink {
     connection_name: Option<String>,
     confirm_timeout: Duration,
     tls: Tls,
+    carrier: Carrier,
     link: Mutex<Option<Link>>,
     reduced: AtomicU64,
 }
@@ -220,6 +231,7 @@ impl AmqpDeadLetterSinkBuilder {
             connection_name: self.connection_name,
             confirm_timeout: self.confirm_timeout,
             tls: self.tls,
+            carrier: Carrier::keyless(Broker::Amqp),
             link: Mutex::new(None),
             reduced: AtomicU64::new(0),
         };
@@ -284,33 +296,37 @@ impl AmqpDeadLetterSink {
         Ok((channel, frame_max))
     }
 
-    /// The dead letter's properties, reduced if they would not fit a frame.
-    fn fitting_properties(&self, letter: &DeadLetter, frame_max: u32) -> BasicProperties {
-        let full = properties(letter, Envelope::Full);
-        let size = content_header_len(&full);
-        // A frame carries 8 bytes besides its payload (type, channel, size,
-        // end marker); 0 means no limit.
-        let room = usize::try_from(frame_max)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(FRAME_OVERHEAD);
-        if frame_max == 0 || size <= room {
-            return full;
-        }
-        self.reduced.fetch_add(1, Ordering::Relaxed);
+    /// The dead letter's properties, reduced if they would not fit a frame;
+    /// rejected if they do not fit even then.
+    fn fitting_properties(
+        &self,
+        letter: &DeadLetter,
+        frame_max: u32,
+    ) -> Result<BasicProperties, DeadLetterError> {
         let origin = letter.message.metadata();
-        tracing::warn!(
-            exchange = self.exchange,
-            source = %origin.source(),
-            position = %origin.position(),
-            header_bytes = size,
-            frame_max,
-            "the dead letter's headers do not fit in one frame; it is written without the \
-             original headers and with its error cut"
-        );
-        properties(letter, Envelope::Reduced)
+        match fitting(letter, &self.carrier, frame_max) {
+            Fit::Full(properties) => Ok(properties),
+            Fit::Reduced { properties, full } => {
+                self.reduced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    exchange = self.exchange,
+                    source = %origin.source(),
+                    position = %origin.position(),
+                    header_bytes = full,
+                    frame_max,
+                    "the dead letter's headers do not fit in one frame; it is written without \
+                     the original headers and with its error cut"
+                );
+                Ok(properties)
+            }
+            Fit::Rejected { reduced } => Err(DeadLetterError::rejected(format!(
+                "its headers take {reduced} bytes even without the original headers, more \
+                 than one frame of {frame_max} bytes holds"
+            ))),
+        }
     }
 
-    async fn publish(&self, letter: &DeadLetter) -> Result<(), AmqpError> {
+    async fn publish(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
         let origin = letter.message.metadata();
         let routing_key = self
             .routing_key
@@ -320,20 +336,20 @@ impl AmqpDeadLetterSink {
             .topology
             .routes_into(&self.exchange, Some(routing_key), origin.source())
         {
-            return Err(ConfigError::new(
+            return Err(AmqpError::from(ConfigError::new(
                 "routing_key",
                 format!(
                     "routes the dead letter back into `{}`, the queue it came from, where it would \
                      be consumed again; publish dead letters to a queue of their own",
                     origin.source()
                 ),
-            )
+            ))
             .into());
         }
         let (channel, frame_max) = self.channel().await?;
         let url = &self.url;
         let fail = |error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
-        let properties = self.fitting_properties(letter, frame_max);
+        let properties = self.fitting_properties(letter, frame_max)?;
         let confirm = channel
             .basic_publish(
                 short(&self.exchange),
@@ -353,157 +369,158 @@ impl AmqpDeadLetterSink {
                 reason: format!("no publisher confirm within {:?}", self.confirm_timeout),
             })?
             .map_err(fail)?;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(AmqpError::NotConfirmed {
+        let refused = match confirmation {
+            Confirmation::Ack(None) => return Ok(()),
+            Confirmation::Ack(Some(returned)) => AmqpError::NotConfirmed {
                 reason: format!(
                     "no queue is bound to exchange `{}` with routing key `{routing_key}` ({}); declare and bind the dead-letter queue",
                     self.exchange, returned.reply_text
                 ),
-            }),
-            Confirmation::Nack(_) => Err(AmqpError::NotConfirmed {
+            },
+            Confirmation::Nack(_) => AmqpError::NotConfirmed {
                 reason: format!(
                     "the broker refused it (nack) on exchange `{}`",
                     self.exchange
                 ),
-            }),
-            Confirmation::NotRequested => Err(AmqpError::NotConfirmed {
+            },
+            Confirmation::NotRequested => AmqpError::NotConfirmed {
                 reason: "the channel is not in confirm mode".into(),
-            }),
-        }
+            },
+        };
+        Err(refused.into())
+    }
+}
+
+/// How a dead letter fits the connection's frames.
+enum Fit {
+    /// Whole.
+    Full(BasicProperties),
+    /// Reduced; `full` is the size its headers would have taken whole.
+    Reduced {
+        properties: BasicProperties,
+        full: usize,
+    },
+    /// Not even reduced; `reduced` is the size its headers take then.
+    Rejected { reduced: usize },
+}
+
+/// Frame type, channel, payload size and end marker.
+const FRAME_OVERHEAD: usize = 8;
+
+/// How `letter` fits frames of `frame_max` bytes (0: no limit): whole,
+/// reduced, or not at all.
+fn fitting(letter: &DeadLetter, carrier: &Carrier, frame_max: u32) -> Fit {
+    let full = properties(letter, carrier, Shape::Full);
+    let room = usize::try_from(frame_max)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(FRAME_OVERHEAD);
+    let full_size = content_header_len(&full);
+    if frame_max == 0 || full_size <= room {
+        return Fit::Full(full);
+    }
+    let reduced = properties(letter, carrier, Shape::Reduced);
+    match content_header_len(&reduced) {
+        size if size <= room => Fit::Reduced {
+            properties: reduced,
+            full: full_size,
+        },
+        size => Fit::Rejected { reduced: size },
     }
 }
 
 /// What a dead letter carries of its original.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Envelope {
+enum Shape {
     /// Everything.
     Full,
-    /// What fits the smallest frame: the properties and the origin, short.
+    /// What fits the smallest frame: the properties, the envelope, the
+    /// error cut; no other headers.
     Reduced,
 }
 
-/// The prefix of the origin headers intake writes (`x-intake-source`, …).
-const ORIGIN_NAMESPACE: &str = "x-intake-";
-
-/// Frame type, channel, payload size and end marker.
-const FRAME_OVERHEAD: usize = 8;
-
 /// Properties of the dead letter: persistent, the original properties, the
-/// original headers (unless reduced) and the origin headers.
-fn properties(letter: &DeadLetter, envelope: Envelope) -> BasicProperties {
-    let message = &letter.message;
-    let origin = message.metadata();
+/// original headers (unless reduced) and the envelope's fields, all as long
+/// strings.
+fn properties(letter: &DeadLetter, carrier: &Carrier, shape: Shape) -> BasicProperties {
+    let mut envelope = Envelope::new(letter, carrier);
     let mut properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
     let mut table = FieldTable::default();
-    let mut left_out = 0i64;
-    for header in message.headers() {
-        let property = || ShortString::try_new(String::from_utf8_lossy(&header.value).into_owned());
-        match &*header.name {
-            headers::MESSAGE_ID => {
-                if let Ok(value) = property() {
-                    properties = properties.with_message_id(value);
-                }
+    let mut omitted = 0;
+    for (name, value) in envelope.headers() {
+        // The properties a delivery's headers show under `amqp.` names go
+        // back to being properties; one that cannot be a property (longer
+        // than 255 bytes, not UTF-8: from another broker) stays a header.
+        let property = || {
+            std::str::from_utf8(value)
+                .ok()
+                .and_then(|text| ShortString::try_new(text).ok())
+        };
+        match (&*name, property()) {
+            (headers::MESSAGE_ID, Some(value)) => {
+                properties = properties.with_message_id(value);
+                continue;
             }
-            headers::CORRELATION_ID => {
-                if let Ok(value) = property() {
-                    properties = properties.with_correlation_id(value);
-                }
+            (headers::CORRELATION_ID, Some(value)) => {
+                properties = properties.with_correlation_id(value);
+                continue;
             }
-            headers::CONTENT_TYPE => {
-                if let Ok(value) = property() {
-                    properties = properties.with_content_type(value);
-                }
+            (headers::CONTENT_TYPE, Some(value)) => {
+                properties = properties.with_content_type(value);
+                continue;
             }
-            _ if envelope == Envelope::Reduced => left_out += 1,
-            name => {
-                // The origin headers below would replace a producer's of the
-                // same name, but not one the origin has no value for (a
-                // routing key): intake's namespace is moved aside whole.
-                let renamed;
-                let name = if name.starts_with(ORIGIN_NAMESPACE) {
-                    renamed = format!("{}{name}", headers::DEAD_LETTER_PRODUCER_PREFIX);
-                    renamed.as_str()
-                } else {
-                    name
-                };
-                match ShortString::try_new(name) {
-                    Ok(name) => {
-                        table.insert(
-                            name,
-                            AMQPValue::LongString(LongString::from(header.value.to_vec())),
-                        );
-                    }
-                    Err(_) => tracing::warn!(
-                        header = &name[..name.floor_char_boundary(64)],
-                        "header name longer than {MAX_NAME_BYTES} bytes left out of the dead letter"
-                    ),
-                }
+            _ if shape == Shape::Reduced => {
+                omitted += 1;
+                continue;
+            }
+            _ => {}
+        }
+        match ShortString::try_new(&*name) {
+            Ok(name) => {
+                table.insert(
+                    name,
+                    AMQPValue::LongString(LongString::from(value.to_vec())),
+                );
+            }
+            Err(_) => {
+                omitted += 1;
+                tracing::warn!(
+                    header = &name[..name.floor_char_boundary(64)],
+                    "header name longer than {MAX_NAME_BYTES} bytes left out of the dead letter"
+                );
             }
         }
     }
-    let mut origin_header = |name: &str, value: AMQPValue| {
-        table.insert(short(name), value);
-    };
-    let cut = |bytes: &[u8], limit: usize| -> Vec<u8> {
-        match envelope {
-            Envelope::Full => bytes.to_vec(),
-            Envelope::Reduced => bytes[..bytes.len().min(limit)].to_vec(),
-        }
-    };
-    origin_header(
-        headers::DEAD_LETTER_SOURCE,
-        AMQPValue::LongString(LongString::from(cut(
-            origin.source().as_bytes(),
-            MAX_NAME_BYTES,
-        ))),
-    );
-    origin_header(
-        headers::DEAD_LETTER_PARTITION,
-        AMQPValue::LongLongInt(i64::from(origin.partition())),
-    );
-    origin_header(
-        headers::DEAD_LETTER_POSITION,
-        AMQPValue::LongString(LongString::from(origin.position().to_string())),
-    );
-    if let Some(key) = message.key() {
-        origin_header(
-            headers::DEAD_LETTER_ROUTING_KEY,
-            AMQPValue::LongString(LongString::from(cut(key, MAX_NAME_BYTES))),
+    envelope.count_omitted(omitted);
+    if shape == Shape::Reduced {
+        envelope.cap_error(headers::DEAD_LETTER_ERROR_REDUCED_BYTES);
+    }
+    for (name, value) in envelope.fields() {
+        table.insert(
+            short(name),
+            AMQPValue::LongString(LongString::from(value.to_vec())),
         );
     }
-    let error = match envelope {
-        Envelope::Full => letter.error.as_str(),
-        Envelope::Reduced => {
-            let error = letter.error.as_str();
-            &error[..error.floor_char_boundary(headers::DEAD_LETTER_ERROR_REDUCED_BYTES)]
-        }
-    };
-    origin_header(
-        headers::DEAD_LETTER_ERROR,
-        AMQPValue::LongString(LongString::from(error)),
-    );
-    if envelope == Envelope::Reduced {
-        origin_header(
-            headers::DEAD_LETTER_HEADERS_LEFT_OUT,
-            AMQPValue::LongLongInt(left_out),
-        );
-    }
-    origin_header(
-        headers::DEAD_LETTER_ATTEMPTS,
-        AMQPValue::LongLongInt(i64::from(letter.attempts)),
-    );
-    let failed_at_ms = letter
-        .failed_at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |since| {
-            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-        });
-    origin_header(
-        headers::DEAD_LETTER_FAILED_AT_MS,
-        AMQPValue::LongLongInt(failed_at_ms),
-    );
     properties.with_headers(table)
+}
+
+/// Reads a delivery of a dead-letter queue back as the letter an
+/// [`AmqpDeadLetterSink`] wrote: its properties and headers as the
+/// [`AmqpSource`](crate::AmqpSource) shows them, through
+/// [`DeadLetter::read`] with no key slot (the delivery's routing key is the
+/// letter's, not the original's).
+///
+/// A message the broker dead-lettered itself
+/// ([`BrokerDeadLetterSink`](crate::BrokerDeadLetterSink)) carries
+/// RabbitMQ's `x-death`, not the envelope, and is refused with
+/// [`EnvelopeError::Missing`].
+///
+/// # Errors
+///
+/// [`EnvelopeError`] naming the envelope field that is missing, malformed
+/// or repeated.
+pub fn read_dead_letter(delivery: Delivery) -> Result<DeadLetter, EnvelopeError> {
+    let message = DeliveryReader::new(SourceName::from("")).read(delivery, 0);
+    DeadLetter::read(None, message.payload().clone(), message.headers())
 }
 
 /// The size of the content header frame's payload that carries
@@ -560,15 +577,22 @@ fn value_len(value: &AMQPValue) -> usize {
 #[async_trait::async_trait]
 impl DeadLetterSink for AmqpDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
-        self.publish(letter).await.map_err(|error| {
-            tracing::warn!(
-                endpoint = self.url.endpoint(),
-                exchange = self.exchange,
-                %error,
-                "dead letter not confirmed; the original stays unacknowledged"
-            );
-            DeadLetterError::from(error)
-        })
+        self.publish(letter)
+            .await
+            .inspect_err(|error| match error.is_rejected() {
+                true => tracing::warn!(
+                    endpoint = self.url.endpoint(),
+                    exchange = self.exchange,
+                    %error,
+                    "the dead letter does not fit a frame even reduced"
+                ),
+                false => tracing::warn!(
+                    endpoint = self.url.endpoint(),
+                    exchange = self.exchange,
+                    %error,
+                    "dead letter not confirmed; the original stays unacknowledged"
+                ),
+            })
     }
 }
 
@@ -576,6 +600,7 @@ impl DeadLetterSink for AmqpDeadLetterSink {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use intake_core::dead_letter::envelope;
     use intake_core::{Headers, Message, Metadata, Position};
 
     #[tokio::test]
@@ -630,17 +655,35 @@ mod tests {
         );
     }
 
+    fn carrier() -> Carrier {
+        Carrier::keyless(Broker::Amqp)
+    }
+
+    fn table_of(properties: &BasicProperties) -> std::collections::BTreeMap<String, String> {
+        properties
+            .headers()
+            .clone()
+            .unwrap_or_default()
+            .inner()
+            .iter()
+            .map(|(name, value)| {
+                let text = match value {
+                    AMQPValue::LongString(text) => text.to_string(),
+                    other => panic!("{name}: {other:?} is not a long string"),
+                };
+                (name.to_string(), text)
+            })
+            .collect()
+    }
+
     #[test]
     fn a_producers_headers_never_pass_for_the_origin() {
-        // The original has no routing key, so the origin has none to set:
-        // the producer's own `x-intake-routing-key` must not stand in.
+        // The original has no routing key, so the envelope has none to set:
+        // the producer's own `intake.origin.key` must not stand in.
         let headers: Headers = [
-            (
-                headers::DEAD_LETTER_ROUTING_KEY,
-                Bytes::from_static(b"spoofed"),
-            ),
-            (headers::DEAD_LETTER_SOURCE, Bytes::from_static(b"spoofed")),
-            (headers::DEAD_LETTER_ERROR, Bytes::from_static(b"spoofed")),
+            (envelope::ORIGIN_KEY, Bytes::from_static(b"spoofed")),
+            (envelope::ORIGIN_SOURCE, Bytes::from_static(b"spoofed")),
+            (envelope::ERROR_MESSAGE, Bytes::from_static(b"spoofed")),
         ]
         .into_iter()
         .collect();
@@ -649,26 +692,18 @@ mod tests {
             Metadata::new("orders".into(), 1, Position::Tag(5)),
         )
         .with_headers(headers);
-        let properties = properties(&DeadLetter::new(message, "bad json", 1), Envelope::Full);
-        let table = properties.headers().clone().unwrap_or_default();
-        let table = table.inner();
-        let text = |name: &str| match table.get(name) {
-            Some(AMQPValue::LongString(value)) => Some(value.to_string()),
-            _ => None,
-        };
-        assert_eq!(text(headers::DEAD_LETTER_ROUTING_KEY), None);
-        assert_eq!(text(headers::DEAD_LETTER_SOURCE).as_deref(), Some("orders"));
-        assert_eq!(
-            text(headers::DEAD_LETTER_ERROR).as_deref(),
-            Some("bad json")
+        let properties = properties(
+            &DeadLetter::new(message, "bad json", 1),
+            &carrier(),
+            Shape::Full,
         );
+        let table = table_of(&properties);
+        assert_eq!(table.get(envelope::ORIGIN_KEY), None);
+        assert_eq!(table[envelope::ORIGIN_SOURCE], "orders");
+        assert_eq!(table[envelope::ERROR_MESSAGE], "bad json");
         // Kept, under a name that cannot be taken for the origin.
-        let kept = format!(
-            "{}{}",
-            headers::DEAD_LETTER_PRODUCER_PREFIX,
-            headers::DEAD_LETTER_ROUTING_KEY
-        );
-        assert_eq!(text(&kept).as_deref(), Some("spoofed"));
+        let kept = format!("{}{}", envelope::PRODUCER_PREFIX, envelope::ORIGIN_KEY);
+        assert_eq!(table[&kept], "spoofed");
     }
 
     #[test]
@@ -686,36 +721,26 @@ mod tests {
         .with_key(Bytes::from_static(b"orders.eu"))
         .with_headers(headers);
         let letter = DeadLetter::new(message, "bad json", 4);
-        let properties = properties(&letter, Envelope::Full);
+        let properties = properties(&letter, &carrier(), Shape::Full);
         assert_eq!(
             properties.message_id().as_ref().map(ShortString::as_str),
             Some("m-7")
         );
         assert_eq!(*properties.delivery_mode(), Some(PERSISTENT));
-        let table = properties.headers().clone().unwrap_or_default();
-        let table = table.inner();
-        let text = |name: &str| match table.get(name) {
-            Some(AMQPValue::LongString(value)) => value.to_string(),
-            other => panic!("{name}: {other:?}"),
-        };
-        assert_eq!(text(headers::DEAD_LETTER_SOURCE), "orders");
-        assert_eq!(text(headers::DEAD_LETTER_POSITION), "42");
-        assert_eq!(text(headers::DEAD_LETTER_ROUTING_KEY), "orders.eu");
-        assert_eq!(text(headers::DEAD_LETTER_ERROR), "bad json");
-        assert_eq!(text("tenant"), "acme");
-        assert_eq!(
-            table.get(headers::DEAD_LETTER_ATTEMPTS),
-            Some(&AMQPValue::LongLongInt(4))
-        );
-        assert_eq!(
-            table.get(headers::DEAD_LETTER_PARTITION),
-            Some(&AMQPValue::LongLongInt(3))
-        );
+        let table = table_of(&properties);
+        assert_eq!(table[envelope::ORIGIN_BROKER], "amqp");
+        assert_eq!(table[envelope::ORIGIN_SOURCE], "orders");
+        assert_eq!(table[envelope::ORIGIN_PARTITION], "3");
+        assert_eq!(table[envelope::ORIGIN_POSITION], "42");
+        assert_eq!(table[envelope::ORIGIN_KEY], "orders.eu");
+        assert_eq!(table[envelope::ERROR_MESSAGE], "bad json");
+        assert_eq!(table[envelope::ATTEMPTS], "4");
+        assert_eq!(table["tenant"], "acme");
         assert!(!table.contains_key(headers::MESSAGE_ID));
     }
 
     #[test]
-    fn a_header_name_too_long_for_amqp_is_left_out_even_when_multibyte() {
+    fn a_header_name_too_long_for_amqp_is_left_out_and_counted_even_when_multibyte() {
         // 300 bytes of 3-byte characters: byte 64 is inside a character.
         let name = "€".repeat(100);
         let headers: Headers = [
@@ -732,17 +757,74 @@ mod tests {
         let letter = DeadLetter::new(message, "bad", 1);
         // With a subscriber, so that the warning's fields are evaluated.
         let subscriber = tracing_subscriber::fmt().with_test_writer().finish();
-        let properties =
-            tracing::subscriber::with_default(subscriber, || properties(&letter, Envelope::Full));
-        let table = properties.headers().clone().unwrap_or_default();
-        assert!(
-            !table
-                .inner()
-                .keys()
-                .any(|key| key.as_str().starts_with('€'))
+        let properties = tracing::subscriber::with_default(subscriber, || {
+            properties(&letter, &carrier(), Shape::Full)
+        });
+        let table = table_of(&properties);
+        assert!(!table.keys().any(|key| key.starts_with('€')));
+        assert_eq!(table["tenant"], "acme");
+        assert_eq!(table[envelope::HEADERS_OMITTED], "1");
+    }
+
+    #[test]
+    fn a_property_that_cannot_be_one_stays_a_header_instead_of_being_dropped() {
+        // From another broker: a message id longer than an AMQP short
+        // string (it was dropped), a correlation id that is not UTF-8 (it
+        // was replaced by a lossy copy).
+        let long_id = Bytes::from("m".repeat(300));
+        let binary = Bytes::from_static(&[0xff, 0xfe]);
+        let headers: Headers = [
+            (headers::MESSAGE_ID, long_id.clone()),
+            (headers::CORRELATION_ID, binary.clone()),
+        ]
+        .into_iter()
+        .collect();
+        let message = Message::new(
+            Bytes::from_static(b"{}"),
+            Metadata::new("orders".into(), 0, Position::Offset(3)),
+        )
+        .with_headers(headers);
+        let letter = DeadLetter::new(message, "bad", 1);
+        let properties = properties(&letter, &carrier(), Shape::Full);
+        assert_eq!(properties.message_id(), &None);
+        assert_eq!(properties.correlation_id(), &None);
+        let mut delivery = Delivery::mock(
+            1,
+            ShortString::from("dlx"),
+            ShortString::from("orders.dlq"),
+            false,
+            b"{}".to_vec(),
         );
-        assert!(table.contains_key("tenant"));
-        assert!(table.contains_key(headers::DEAD_LETTER_SOURCE));
+        delivery.properties = properties;
+        let read = read_dead_letter(delivery).expect("a dead letter");
+        assert_eq!(
+            read.message.headers().get(headers::MESSAGE_ID),
+            Some(&long_id)
+        );
+        assert_eq!(
+            read.message.headers().get(headers::CORRELATION_ID),
+            Some(&binary)
+        );
+    }
+
+    #[test]
+    fn a_letter_that_fits_no_frame_even_reduced_is_rejected() {
+        // A key from another broker, longer than any AMQP routing key.
+        let message = Message::new(
+            Bytes::from_static(b"{}"),
+            Metadata::new("orders".into(), 0, Position::Offset(9)),
+        )
+        .with_key(vec![b'k'; 5_000]);
+        let letter = DeadLetter::new(message, "bad", 1);
+        assert!(matches!(
+            fitting(&letter, &carrier(), 4096),
+            Fit::Rejected { .. }
+        ));
+        // Its reference has no key, and fits.
+        assert!(matches!(
+            fitting(&letter.to_reference(), &carrier(), 4096),
+            Fit::Full(_)
+        ));
     }
 
     fn letter_with(
@@ -763,17 +845,26 @@ mod tests {
         DeadLetter::new(message, error, u32::MAX)
     }
 
-    fn any_letter() -> impl proptest::strategy::Strategy<Value = DeadLetter> {
+    fn header_name() -> impl proptest::strategy::Strategy<Value = String> {
         use proptest::prelude::*;
-        let name = prop_oneof![
+        prop_oneof![
             ".{0,40}",
             Just(headers::MESSAGE_ID.to_owned()),
             Just(headers::CONTENT_TYPE.to_owned()),
+            Just(envelope::ORIGIN_SOURCE.to_owned()),
             "[a-z]{300}",
-        ];
+        ]
+    }
+
+    /// Any letter: names, keys and sources of any length.
+    fn any_letter() -> impl proptest::strategy::Strategy<Value = DeadLetter> {
+        use proptest::prelude::*;
         (
             proptest::collection::vec(
-                (name, proptest::collection::vec(any::<u8>(), 0..3_000)),
+                (
+                    header_name(),
+                    proptest::collection::vec(any::<u8>(), 0..3_000),
+                ),
                 0..8,
             ),
             proptest::option::of(proptest::collection::vec(any::<u8>(), 0..2_000)),
@@ -783,6 +874,49 @@ mod tests {
             .prop_map(|(headers, key, source, error)| letter_with(headers, key, source, error))
     }
 
+    /// A letter of a message from an AMQP queue: a queue name and a routing
+    /// key of at most 255 bytes, headers as a delivery's (distinct names
+    /// AMQP can carry, long-string values).
+    fn amqp_letter() -> impl proptest::strategy::Strategy<Value = DeadLetter> {
+        use proptest::prelude::*;
+        (
+            proptest::collection::btree_map(
+                prop_oneof![
+                    "[a-z.-]{1,40}",
+                    Just(headers::MESSAGE_ID.to_owned()),
+                    Just(headers::CORRELATION_ID.to_owned()),
+                    Just(envelope::ORIGIN_SOURCE.to_owned()),
+                    Just(envelope::VERSION.to_owned()),
+                ],
+                proptest::collection::vec(any::<u8>(), 0..3_000),
+                0..8,
+            ),
+            proptest::option::of("[a-z.]{1,255}"),
+            "[a-z.]{1,255}",
+            ".{0,5000}",
+        )
+            .prop_map(|(headers, key, source, error)| {
+                // A property comes as text of at most 255 bytes.
+                let headers = headers
+                    .into_iter()
+                    .map(|(name, value)| match name.starts_with("amqp.") {
+                        true => (name, value.escape_ascii().take(255).collect()),
+                        false => (name, value),
+                    })
+                    .collect();
+                letter_with(headers, key.map(String::into_bytes), source, error)
+            })
+    }
+
+    fn sorted(headers: &Headers) -> Vec<(String, Bytes)> {
+        let mut headers: Vec<_> = headers
+            .iter()
+            .map(|header| (header.name.to_string(), header.value.clone()))
+            .collect();
+        headers.sort();
+        headers
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
 
@@ -790,8 +924,8 @@ mod tests {
         /// writes on the wire.
         #[test]
         fn the_computed_header_size_is_what_lapin_encodes(letter in any_letter()) {
-            for envelope in [Envelope::Full, Envelope::Reduced] {
-                let properties = properties(&letter, envelope);
+            for shape in [Shape::Full, Shape::Reduced] {
+                let properties = properties(&letter, &carrier(), shape);
                 let (encoded, _) = cookie_factory::r#gen(
                     lapin::protocol::basic::gen_properties(&properties),
                     Vec::new(),
@@ -802,12 +936,61 @@ mod tests {
             }
         }
 
-        /// Whatever the original carried, the reduced dead letter fits the
-        /// smallest frame a broker may negotiate (4096 bytes).
+        /// Whatever the letter, what the sink publishes fits the frame, and
+        /// it is rejected only when even the reduced letter does not.
         #[test]
-        fn a_reduced_dead_letter_fits_the_smallest_frame(letter in any_letter()) {
-            let properties = properties(&letter, Envelope::Reduced);
-            proptest::prop_assert!(content_header_len(&properties) <= 4096 - FRAME_OVERHEAD);
+        fn what_the_sink_publishes_fits_the_frame(letter in any_letter()) {
+            let room = 4096 - FRAME_OVERHEAD;
+            match fitting(&letter, &carrier(), 4096) {
+                Fit::Full(properties) => {
+                    proptest::prop_assert!(content_header_len(&properties) <= room);
+                }
+                Fit::Reduced { properties, full } => {
+                    proptest::prop_assert!(full > room);
+                    proptest::prop_assert!(content_header_len(&properties) <= room);
+                }
+                Fit::Rejected { reduced } => proptest::prop_assert!(reduced > room),
+            }
+        }
+
+        /// A letter from an AMQP queue is never rejected: even reduced, it
+        /// fits the smallest frame a broker may negotiate (4096 bytes).
+        #[test]
+        fn a_letter_from_an_amqp_queue_fits_the_smallest_frame(letter in amqp_letter()) {
+            let rejected = matches!(fitting(&letter, &carrier(), 4096), Fit::Rejected { .. });
+            proptest::prop_assert!(!rejected, "rejected: {:?}", letter);
+        }
+
+        /// A letter published whole and delivered from the dead-letter
+        /// queue reads back as the letter: origin, key, headers (properties
+        /// among them), error, attempts, times.
+        #[test]
+        fn a_delivered_dead_letter_reads_back_as_the_letter(letter in amqp_letter()) {
+            let Fit::Full(properties) = fitting(&letter, &carrier(), 0) else {
+                return Err(proptest::test_runner::TestCaseError::fail("no frame limit"));
+            };
+            let mut delivery = Delivery::mock(
+                1,
+                ShortString::from("dlx"),
+                ShortString::from("orders.dlq"),
+                false,
+                letter.message.payload().to_vec(),
+            );
+            delivery.properties = properties;
+            let read = read_dead_letter(delivery)
+                .map_err(|error| proptest::test_runner::TestCaseError::fail(error.to_string()))?;
+            let (written, read_message) = (&letter.message, &read.message);
+            proptest::prop_assert_eq!(read_message.payload(), written.payload());
+            proptest::prop_assert_eq!(read_message.key(), written.key());
+            proptest::prop_assert_eq!(sorted(read_message.headers()), sorted(written.headers()));
+            proptest::prop_assert_eq!(read_message.metadata().source(), written.metadata().source());
+            proptest::prop_assert_eq!(read_message.metadata().partition(), 7);
+            proptest::prop_assert_eq!(read_message.metadata().position(), Position::Tag(u64::MAX));
+            proptest::prop_assert_eq!(&read.error, &letter.error);
+            proptest::prop_assert_eq!(read.attempts, u32::MAX);
+            proptest::prop_assert_eq!(read.headers_omitted, 0);
+            let origin = read.origin.expect("origin");
+            proptest::prop_assert_eq!(origin.broker, Broker::Amqp);
         }
     }
 }

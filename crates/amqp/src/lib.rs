@@ -113,7 +113,7 @@ mod url;
 pub use acker::AmqpAcker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
 pub use counters::SourceCounters;
-pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder};
+pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
 pub use error::AmqpError;
 pub use source::{AmqpSource, AmqpSourceBuilder};
 pub use tls::Tls;

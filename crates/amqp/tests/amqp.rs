@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use intake_amqp::lapin::types::AMQPValue;
 use intake_amqp::{AmqpDeadLetterSink, AmqpError, AmqpSource, Exchange, Queue, Topology};
+use intake_core::dead_letter::{EnvelopeError, envelope};
 use intake_core::testkit::skip_or_fail;
 use intake_core::{
     AckBatch, AckError, Acker, DeadLetter, DeadLetterSink, Message, PartitionAck, PartitionKey,
@@ -423,20 +424,22 @@ async fn a_poison_message_reaches_the_dead_letter_queue_with_its_origin() {
     ack_through(&mut acker, &poison).await.unwrap();
 
     settle_at(&backend, &queue, 0).await;
-    let dead = backend.peek(&dead_letter_queue(&queue)).await.unwrap();
+    let dead = backend
+        .peek_dead_letters(&dead_letter_queue(&queue))
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1);
-    let record = support::dead_letter_record(dead[0].0.clone(), &dead[0].1);
-    assert_eq!(&record.payload[..], b"{not json");
-    assert_eq!(record.source, queue);
-    assert_eq!(record.partition, 1);
-    assert_eq!(record.position, "1");
-    assert_eq!(record.error, "expected value at line 1");
-    assert_eq!(record.attempts, 3);
-    assert!(
-        dead[0]
-            .1
-            .contains_key(intake_amqp::headers::DEAD_LETTER_FAILED_AT_MS)
+    let letter = dead[0].as_ref().expect("a dead letter");
+    assert_eq!(&letter.message.payload()[..], b"{not json");
+    let origin = letter.message.metadata();
+    assert_eq!(
+        (&**origin.source(), origin.partition(), origin.position()),
+        (queue.as_str(), 1, Position::Tag(1))
     );
+    assert_eq!(letter.message.key(), poison.key());
+    assert_eq!(letter.error, "expected value at line 1");
+    assert_eq!(letter.attempts, 3);
+    assert!(letter.failed_at <= std::time::SystemTime::now());
     source.close().await.unwrap();
     backend.cleanup().await;
 }
@@ -513,6 +516,18 @@ async fn the_broker_dead_letter_sink_rejects_into_the_queues_dead_letter_exchang
     assert_eq!(dead.len(), 1);
     assert_eq!(&dead[0].0[..], b"poison");
     assert!(dead[0].1.contains_key("x-death"));
+    // The broker moves the message as it was: RabbitMQ's `x-death`, no
+    // envelope, so it is no dead letter `DeadLetter::read` can read.
+    let read = backend.peek_dead_letters(&dlq).await.unwrap();
+    assert!(
+        matches!(
+            read[..],
+            [Err(EnvelopeError::Missing {
+                field: envelope::VERSION
+            })]
+        ),
+        "{read:?}"
+    );
     source.close().await.unwrap();
     backend.cleanup().await;
 }
@@ -1200,23 +1215,37 @@ async fn a_dead_letter_whose_headers_exceed_the_frame_size_is_written_without_th
         .expect("the dead letter is written, without what does not fit");
     assert_eq!(sink.reduced_dead_letters(), 1);
 
-    let dead = backend.peek(&dead_letter_queue(&queue)).await.unwrap();
+    let dead = backend
+        .peek_dead_letters(&dead_letter_queue(&queue))
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1);
-    let record = support::dead_letter_record(dead[0].0.clone(), &dead[0].1);
-    assert_eq!(&record.payload[..], b"poison");
-    assert_eq!(record.source, queue);
-    assert_eq!(record.position, "9");
-    assert_eq!(record.attempts, 2);
-    assert!(record.error.starts_with("eee") && record.error.len() < 3_000);
-    let table = dead[0].1.inner();
+    let read = dead[0].as_ref().expect("a dead letter");
+    assert_eq!(&read.message.payload()[..], b"poison");
+    assert_eq!(&**read.message.metadata().source(), queue);
+    assert_eq!(read.message.metadata().position(), Position::Tag(9));
+    assert_eq!(
+        read.message.key().map(|key| &key[..]),
+        Some(&b"orders.eu"[..])
+    );
+    assert_eq!(read.attempts, 2);
     assert!(
-        !table.contains_key("a"),
-        "the original headers are left out"
+        read.error.starts_with("eee")
+            && read.error.len() <= intake_amqp::headers::DEAD_LETTER_ERROR_REDUCED_BYTES
     );
     assert_eq!(
-        table.get(intake_amqp::headers::DEAD_LETTER_HEADERS_LEFT_OUT),
-        Some(&AMQPValue::LongLongInt(3))
+        read.message
+            .headers()
+            .get_str(intake_amqp::headers::MESSAGE_ID),
+        Some("m-1"),
+        "the properties stay"
     );
+    assert_eq!(
+        read.message.headers().get_str("a"),
+        None,
+        "the original headers are left out"
+    );
+    assert_eq!(read.headers_omitted, 3);
     backend.cleanup().await;
 }
 

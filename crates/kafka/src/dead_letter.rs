@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -14,28 +15,6 @@ use rdkafka::util::Timeout;
 
 use crate::error::ConnectError;
 use crate::settings::KafkaSettings;
-use crate::source::epoch_millis;
-
-/// Names of the headers a dead letter carries besides the original ones.
-pub mod header {
-    /// The topic the message was consumed from.
-    pub const TOPIC: &str = "intake.origin.topic";
-    /// Its partition, in decimal.
-    pub const PARTITION: &str = "intake.origin.partition";
-    /// Its offset, in decimal.
-    pub const OFFSET: &str = "intake.origin.offset";
-    /// Its key, as raw bytes (absent when it had none; the dead letter's own
-    /// key is the original key too).
-    pub const KEY: &str = "intake.origin.key";
-    /// The consumer group that gave up on it.
-    pub const GROUP: &str = "intake.origin.group";
-    /// The last error, as text.
-    pub const ERROR: &str = "intake.error";
-    /// Attempts made, in decimal.
-    pub const ATTEMPTS: &str = "intake.attempts";
-    /// When it was given up, in milliseconds since the Unix epoch.
-    pub const FAILED_AT: &str = "intake.failed_at";
-}
 
 /// The default dead-letter topic: one per source topic and group, so groups
 /// never receive each other's dead letters.
@@ -45,9 +24,20 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 /// acknowledged the write (the producer's delivery report; with
 /// librdkafka's default `acks=all`, every in-sync replica has it).
 ///
-/// The record keeps the original payload, key and headers, and adds the
-/// [`header`] set: origin topic, partition, offset, key, group, the last
-/// error, the attempt count and the time.
+/// The record is the original payload and key (the record key is the
+/// original key, not repeated in a header) with the dead-letter
+/// [envelope](intake_core::dead_letter::envelope) as headers: the
+/// producer's headers (a name in the `intake.` namespace as
+/// `intake.producer.<name>`, so none passes for the origin), then origin
+/// (topic, partition, offset, group), error class and text, attempts and
+/// times. `docs/DEAD-LETTERS.md` has the table;
+/// [`DeadLetter::read`] reads a record of the topic back.
+///
+/// A letter larger than the producer's `message.max.bytes` or the topic's
+/// `max.message.bytes` can never be written: the write fails with
+/// [`DeadLetterError::rejected`], and the dead-letter layer writes the
+/// letter's [reference](intake_core::dead_letter::PayloadReference) (origin
+/// and sizes, no payload) at once instead of retrying.
 ///
 /// Before its first write to a dead-letter topic the sink checks that the
 /// topic exists and, unless [told not to](KafkaDeadLetterSinkBuilder::create_missing_topics),
@@ -60,6 +50,7 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 pub struct KafkaDeadLetterSink {
     producer: FutureProducer,
     topics: Arc<TopicCheck>,
+    carrier: Arc<Carrier>,
     group: Arc<str>,
     template: Arc<str>,
     queue_timeout: Duration,
@@ -349,10 +340,12 @@ impl KafkaDeadLetterSinkBuilder {
             settings,
             timeout: self.delivery_timeout,
         };
+        let group: Arc<str> = self.group.into();
         Ok(KafkaDeadLetterSink {
             producer,
             topics: Arc::new(topics),
-            group: self.group.into(),
+            carrier: Arc::new(Carrier::keyed(Broker::Kafka).with_group(group.clone())),
+            group,
             template: self.template.into(),
             queue_timeout: self.delivery_timeout,
             brokers,
@@ -378,44 +371,19 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         self.ensure_topic(&topic)
             .await
             .map_err(|error| DeadLetterError(Box::new(error)))?;
-        let partition = metadata.partition().to_string();
-        let offset = metadata.position().to_string();
-        let attempts = letter.attempts.to_string();
-        let failed_at = epoch_millis(letter.failed_at);
-
-        let mut headers = OwnedHeaders::new_with_capacity(message.headers().len() + 8);
-        for original in message.headers() {
+        let envelope = Envelope::new(letter, &self.carrier);
+        let mut headers =
+            OwnedHeaders::new_with_capacity(envelope.header_count() + envelope.field_count());
+        for (name, value) in envelope.pairs() {
             headers = headers.insert(Header {
-                key: &original.name,
-                value: Some(original.value.as_ref()),
-            });
-        }
-        let origin: [(&str, &[u8]); 7] = [
-            (header::TOPIC, metadata.source().as_bytes()),
-            (header::PARTITION, partition.as_bytes()),
-            (header::OFFSET, offset.as_bytes()),
-            (header::GROUP, self.group.as_bytes()),
-            (header::ERROR, letter.error.as_bytes()),
-            (header::ATTEMPTS, attempts.as_bytes()),
-            (header::FAILED_AT, failed_at.as_bytes()),
-        ];
-        for (key, value) in origin {
-            headers = headers.insert(Header {
-                key,
+                key: &name,
                 value: Some(value),
             });
         }
-        if let Some(key) = message.key() {
-            headers = headers.insert(Header {
-                key: header::KEY,
-                value: Some(key.as_ref()),
-            });
-        }
-
         let mut record = FutureRecord::<[u8], [u8]>::to(&topic)
-            .payload(message.payload().as_ref())
+            .payload(envelope.payload().as_ref())
             .headers(headers);
-        if let Some(key) = message.key() {
+        if let Some(key) = envelope.key() {
             record = record.key(key.as_ref());
         }
         match self
@@ -424,6 +392,20 @@ impl DeadLetterSink for KafkaDeadLetterSink {
             .await
         {
             Ok(_delivery) => Ok(()),
+            // librdkafka refuses a record over the producer's
+            // `message.max.bytes` before sending it, and the broker one over
+            // the topic's `max.message.bytes`: the same letter is refused
+            // every time, so it is rejected, not retried.
+            Err((
+                error @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                _,
+            )) => {
+                tracing::warn!(%error, dead_letter_topic = %topic, "the dead letter is larger than the topic takes");
+                Err(DeadLetterError::rejected(format!(
+                    "the dead letter is larger than `{topic}` on {} takes (the producer's `message.max.bytes` or the topic's `max.message.bytes`): {error}",
+                    self.brokers
+                )))
+            }
             Err((error, _unsent)) => {
                 tracing::warn!(%error, dead_letter_topic = %topic, "dead-letter write failed; the original stays unacknowledged");
                 Err(DeadLetterError(

@@ -10,13 +10,15 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use intake_core::dead_letter::{Broker, envelope};
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
-use intake_core::{DeadLetter, DeadLetterSink, Headers, Ordering, SourceError};
-use intake_kafka::dead_letter::header;
+use intake_core::{
+    DeadLetter, DeadLetterSink, ErrorClass, Message, Metadata, Ordering, Position, SourceError,
+};
 use intake_kafka::{ConnectError, KafkaDeadLetterSink};
 use support::consumer::{TestConsumer, eventually, settled};
-use support::{KafkaBackend, unique};
+use support::{KafkaBackend, ReadRecord, unique};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -152,48 +154,198 @@ async fn a_consumer_dropped_mid_run_leaves_its_uncommitted_messages_to_the_other
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_messages_land_in_the_dead_letter_topic_with_their_origin() {
-    let Some(kafka) = KafkaBackend::real("poison_messages_land_in_the_dead_letter_topic") else {
-        return;
-    };
+/// Produces `poison` to a new topic, consumes it, and writes it with the
+/// group's sink as a dead letter that failed with `error` after 5 attempts;
+/// returns the topic, the message as consumed and the dead-letter record.
+async fn dead_letter_one(
+    kafka: &KafkaBackend,
+    poison: TestMessage,
+    error: &str,
+) -> (String, Message, ReadRecord) {
     let topic = kafka.create_source(2).await.expect("topic");
     let group = unique("g");
-    let mut headers = Headers::new();
-    headers.insert("tenant", Bytes::from_static(b"acme"));
-    let mut poison = TestMessage::new("order-9", "{not json");
-    poison.headers = headers;
     kafka.produce(&topic, vec![poison]).await.expect("produce");
     let mut source = kafka.source(&topic, &group).build().await.expect("source");
     let original = support::next_message(&mut source, PATIENCE).await;
-
-    let dlq = format!("{topic}.{group}.dlq");
-    kafka.create_topic(&dlq, 1).await.expect("dlq topic");
     let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
         .build()
         .expect("sink");
-    sink.write(&DeadLetter::new(original.clone(), "expected value", 5))
+    sink.write(&DeadLetter::new(original.clone(), error, 5).with_class(ErrorClass::Retryable))
         .await
         .expect("accepted by the broker");
-
-    let records = kafka.read_all(&dlq).await.expect("read the dlq");
+    let mut records = kafka
+        .read_all(&sink.topic_for(&topic))
+        .await
+        .expect("read the dlq");
     assert_eq!(records.len(), 1);
-    let record = &records[0];
-    assert_eq!(record.payload.as_ref(), b"{not json");
-    assert_eq!(record.header("tenant"), Some("acme"));
-    assert_eq!(record.header(header::TOPIC), Some(topic.as_str()));
-    assert_eq!(
-        record.header(header::PARTITION),
-        Some(original.metadata().partition().to_string().as_str())
-    );
-    assert_eq!(record.header(header::OFFSET), Some("0"));
-    assert_eq!(record.header(header::KEY), Some("order-9"));
-    assert_eq!(record.header(header::GROUP), Some(group.as_str()));
-    assert_eq!(record.header(header::ERROR), Some("expected value"));
-    assert_eq!(record.header(header::ATTEMPTS), Some("5"));
     intake_core::Source::close(&mut source)
         .await
         .expect("close");
+    (topic, original, records.remove(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_read_back_from_the_dead_letter_topic_is_what_was_consumed() {
+    let Some(kafka) = KafkaBackend::real("a_poison_message_read_back_from_the_dead_letter_topic")
+    else {
+        return;
+    };
+    let mut poison = TestMessage::new("order-9", "{not json");
+    poison.headers = [("tenant", "acme"), ("trace", "t-1")]
+        .into_iter()
+        .map(|(name, value)| (name, Bytes::from_static(value.as_bytes())))
+        .collect();
+    let written = std::time::SystemTime::now();
+    let (topic, original, record) = dead_letter_one(&kafka, poison, "expected value").await;
+
+    // The envelope's names, as any Kafka tool shows them.
+    assert_eq!(record.header(envelope::ORIGIN_BROKER), Some("kafka"));
+    assert_eq!(record.header(envelope::ORIGIN_SOURCE), Some(topic.as_str()));
+    assert_eq!(record.header(envelope::ORIGIN_POSITION), Some("0"));
+    assert_eq!(record.header(envelope::ERROR_CLASS), Some("retryable"));
+    assert_eq!(record.header(envelope::ATTEMPTS), Some("5"));
+
+    let letter = record.dead_letter().expect("the record is a dead letter");
+    assert_eq!(letter.message.payload(), original.payload());
+    assert_eq!(letter.message.key(), original.key());
+    assert_eq!(letter.message.headers(), original.headers());
+    let (read, consumed) = (letter.message.metadata(), original.metadata());
+    assert_eq!(
+        (read.source(), read.partition(), read.position()),
+        (consumed.source(), consumed.partition(), consumed.position())
+    );
+    let origin = letter.origin.as_ref().expect("origin");
+    assert_eq!(origin.broker, Broker::Kafka);
+    assert!(origin.group.is_some());
+    assert_eq!(letter.error, "expected value");
+    assert_eq!(letter.class, ErrorClass::Retryable);
+    assert_eq!(letter.attempts, 5);
+    assert_eq!(letter.first_failed_at, letter.failed_at);
+    assert!(letter.failed_at >= written - Duration::from_millis(1));
+    assert!(letter.failed_at <= std::time::SystemTime::now());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_carries_the_key_once_as_its_record_key() {
+    // Before, the key was also written as an `intake.origin.key` header: a
+    // large key took twice its size out of the record's limit.
+    let Some(kafka) = KafkaBackend::real("a_dead_letter_carries_the_key_once") else {
+        return;
+    };
+    let (_, _, record) =
+        dead_letter_one(&kafka, TestMessage::new("order-9", "{not json"), "bad").await;
+    assert_eq!(record.key.as_deref(), Some(&b"order-9"[..]));
+    assert!(
+        record
+            .headers
+            .iter()
+            .all(|(_, value)| value.as_ref() != b"order-9"),
+        "the key appears among the headers too: {:?}",
+        record.headers
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_header_named_like_an_origin_field_does_not_change_the_origin() {
+    // Before, the producer's header came first and a reader taking the
+    // first value of `intake.origin.topic` read the producer's.
+    let Some(kafka) = KafkaBackend::real("a_producer_header_named_like_an_origin_field") else {
+        return;
+    };
+    let mut poison = TestMessage::new("order-9", "{not json");
+    poison.headers = [
+        (envelope::ORIGIN_SOURCE, "spoofed"),
+        (envelope::ORIGIN_POSITION, "999"),
+        (envelope::VERSION, "7"),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name, Bytes::from_static(value.as_bytes())))
+    .collect();
+    let (topic, original, record) = dead_letter_one(&kafka, poison, "bad").await;
+    let named = |name: &str| {
+        record
+            .headers
+            .iter()
+            .filter(|(header, _)| header == name)
+            .count()
+    };
+    assert_eq!(named(envelope::ORIGIN_SOURCE), 1, "{:?}", record.headers);
+    assert_eq!(record.header(envelope::ORIGIN_SOURCE), Some(topic.as_str()));
+    let letter = record.dead_letter().expect("a dead letter");
+    assert_eq!(&**letter.message.metadata().source(), topic);
+    assert_eq!(letter.message.metadata().position(), Position::Offset(0));
+    assert_eq!(
+        letter.message.headers(),
+        original.headers(),
+        "the producer's headers come back under their own names"
+    );
+}
+
+/// A letter of `payload_bytes` written by a sink with `sink_settings` to a
+/// dead-letter topic with `topic_config`: the write's outcome, and that of
+/// the letter's reference.
+async fn write_large_letter(
+    kafka: &KafkaBackend,
+    payload_bytes: usize,
+    sink_settings: &[(&str, &str)],
+    topic_config: &[(&str, &str)],
+) -> (
+    Result<(), intake_core::DeadLetterError>,
+    Result<(), intake_core::DeadLetterError>,
+) {
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    let settings = sink_settings
+        .iter()
+        .fold(kafka.settings(), |settings, (key, value)| {
+            settings.set(*key, *value)
+        });
+    let sink = KafkaDeadLetterSink::builder(settings, &group)
+        .build()
+        .expect("sink");
+    kafka
+        .create_topic_with(&sink.topic_for(&topic), 1, topic_config)
+        .await
+        .expect("dlq topic");
+    let message = Message::new(
+        vec![b'x'; payload_bytes],
+        Metadata::new(topic.as_str().into(), 0, Position::Offset(0)),
+    )
+    .with_key("k");
+    let letter = DeadLetter::new(message, "bad", 1);
+    let written = tokio::time::timeout(PATIENCE, sink.write(&letter))
+        .await
+        .expect("the write ends");
+    let reference = tokio::time::timeout(PATIENCE, sink.write(&letter.to_reference()))
+        .await
+        .expect("the write ends");
+    (written, reference)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_over_the_producers_message_max_bytes_is_rejected_not_retried() {
+    // Before, it failed as any write does: retried on the write backoff,
+    // the same way each time, before the layer fell back to the reference.
+    let Some(kafka) = KafkaBackend::real("a_letter_over_the_producers_message_max_bytes") else {
+        return;
+    };
+    let (written, reference) =
+        write_large_letter(&kafka, 20_000, &[("message.max.bytes", "10000")], &[]).await;
+    let refused = written.expect_err("larger than the producer sends");
+    assert!(refused.is_rejected(), "{refused:?}");
+    reference.expect("the reference letter fits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_over_the_topics_max_message_bytes_is_rejected_not_retried() {
+    let Some(kafka) = KafkaBackend::real("a_letter_over_the_topics_max_message_bytes") else {
+        return;
+    };
+    let (written, reference) =
+        write_large_letter(&kafka, 20_000, &[], &[("max.message.bytes", "4096")]).await;
+    let refused = written.expect_err("larger than the topic takes");
+    assert!(refused.is_rejected(), "{refused:?}");
+    reference.expect("the reference letter fits");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,13 +8,13 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use intake_core::dead_letter::envelope;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
     AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, Headers, Ordering,
     PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
-use intake_kafka::dead_letter::header;
 use intake_kafka::{
     ConnectError, DeadLetterTopicError, KafkaDeadLetterSink, KafkaSettings, KafkaSource,
 };
@@ -572,25 +572,34 @@ async fn a_dead_letter_carries_its_origin_and_is_confirmed_by_the_broker() {
     assert_eq!(record.payload.as_ref(), b"{not json");
     assert_eq!(record.key.as_deref(), Some(&b"order-7"[..]));
     assert_eq!(record.header("tenant"), Some("acme"));
-    assert_eq!(record.header(header::TOPIC), Some(topic.as_str()));
-    assert_eq!(record.header(header::PARTITION), Some("0"));
-    assert_eq!(record.header(header::OFFSET), Some("0"));
-    assert_eq!(record.header(header::KEY), Some("order-7"));
-    assert_eq!(record.header(header::GROUP), Some(group.as_str()));
+    assert_eq!(record.header(envelope::ORIGIN_SOURCE), Some(topic.as_str()));
+    assert_eq!(record.header(envelope::ORIGIN_PARTITION), Some("0"));
+    assert_eq!(record.header(envelope::ORIGIN_POSITION), Some("0"));
     assert_eq!(
-        record.header(header::ERROR),
+        record.header(envelope::ORIGIN_KEY),
+        None,
+        "the record key is the key"
+    );
+    assert_eq!(record.header(envelope::ORIGIN_GROUP), Some(group.as_str()));
+    assert_eq!(
+        record.header(envelope::ERROR_MESSAGE),
         Some("expected value at line 1")
     );
-    assert_eq!(record.header(header::ATTEMPTS), Some("3"));
+    assert_eq!(record.header(envelope::ATTEMPTS), Some("3"));
     assert!(
         record
-            .header(header::FAILED_AT)
+            .header(envelope::FAILED_LAST)
             .is_some_and(|at| at.parse::<u64>().is_ok())
     );
 
-    let records = kafka.dead_letters(&topic, &group).await.expect("records");
-    assert_eq!(records[0].position, "0");
-    assert_eq!(records[0].attempts, 3);
+    let read = record.dead_letter().expect("a dead letter");
+    assert_eq!(read.message.metadata().position(), Position::Offset(0));
+    assert_eq!(
+        read.message.key().map(|key| &key[..]),
+        Some(&b"order-7"[..])
+    );
+    assert_eq!(read.message.headers().get_str("tenant"), Some("acme"));
+    assert_eq!(read.attempts, 3);
     source.close().await.expect("close");
 }
 

@@ -12,9 +12,9 @@
 //! written.
 
 use std::sync::{Arc, LazyLock};
-use std::time::UNIX_EPOCH;
 
-use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink, Message};
+use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
+use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink};
 use redis::Script;
 
 use crate::config::Settings;
@@ -23,72 +23,15 @@ use crate::entry::StreamId;
 use crate::error::RedisStreamsError;
 use crate::stats::RedisStreamsStats;
 
-/// Names of the fields a dead letter carries besides the original ones.
-pub mod fields {
-    /// The stream the entry was read from.
-    pub const STREAM: &str = "dlq.stream";
-    /// The original entry id.
-    pub const ID: &str = "dlq.id";
-    /// The consumer group that gave up on it (empty in broadcast mode).
-    pub const GROUP: &str = "dlq.group";
-    /// The consumer that gave up on it.
-    pub const CONSUMER: &str = "dlq.consumer";
-    /// The last error, as text.
-    pub const ERROR: &str = "dlq.error";
-    /// Deliveries or attempts made.
-    pub const ATTEMPTS: &str = "dlq.attempts";
-    /// When it was given up, in milliseconds since the Unix epoch.
-    pub const FAILED_AT: &str = "dlq.failed_at_ms";
-    /// How many original fields (headers) were left out because, with
-    /// them, the dead letter would not fit into one script call (see
-    /// [`MAX_DEAD_LETTER_VALUES`](crate::MAX_DEAD_LETTER_VALUES)); only
-    /// present then. The original entry stays in the source stream under
-    /// its id (unless trimmed or deleted), to be read from there.
-    pub const FIELDS_OMITTED: &str = "dlq.fields_omitted";
-    /// A producer's own field whose name is one of the fields above keeps
-    /// its value under this prefix (`dlq.producer.dlq.stream`): the origin
-    /// fields appear once each and always tell the truth.
-    pub const PRODUCER_PREFIX: &str = "dlq.producer.";
-
-    /// The names the dead letter writes itself.
-    pub(crate) const ORIGIN: [&str; 8] = [
-        STREAM,
-        ID,
-        GROUP,
-        CONSUMER,
-        ERROR,
-        ATTEMPTS,
-        FAILED_AT,
-        FIELDS_OMITTED,
-    ];
-}
-
-/// Longest `dlq.error` text, in bytes: a longer error is cut at a character
-/// boundary and marked ` … (truncated)`. Errors can quote whole payloads.
-pub const MAX_DEAD_LETTER_ERROR_LEN: usize = 4_096;
-
 /// Most field names and values a dead letter passes to Redis in one script
-/// call, origin fields included. Lua's `unpack` (and any call from a script)
-/// fails near 8,000 values; an entry with more fields than fit is
-/// dead-lettered with its payload and origin but without its other fields
-/// ([`fields::FIELDS_OMITTED`]), counted in
+/// call, the envelope's fields included. Lua's `unpack` (and any call from a
+/// script) fails near 8,000 values; an entry with more fields than fit is
+/// written as a reduced letter: its payload and the envelope, without its
+/// other fields (their number in `intake.headers.omitted`), counted in
 /// [`RedisStreamsStats::dead_letters_reduced`], rather than failing on every
 /// attempt. Size is no limit of its own: every value is a copy of one Redis
 /// already stored.
 pub const MAX_DEAD_LETTER_VALUES: usize = 7_000;
-
-/// `error`, cut to [`MAX_DEAD_LETTER_ERROR_LEN`] bytes at a character
-/// boundary.
-fn capped_error(error: &str) -> std::borrow::Cow<'_, str> {
-    if error.len() <= MAX_DEAD_LETTER_ERROR_LEN {
-        return error.into();
-    }
-    let mut end = MAX_DEAD_LETTER_ERROR_LEN;
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{} … (truncated)", &error[..end]).into()
-}
 
 /// `KEYS[1]` dead-letter stream, `KEYS[2]` source stream; `ARGV[1]` group,
 /// `ARGV[2]` original id (empty: nothing to acknowledge), then the fields.
@@ -107,14 +50,20 @@ return id
 /// Writes dead letters to a Redis stream (`<stream>:dlq` by default) and
 /// acknowledges the original entry atomically.
 ///
-/// A dead letter holds the original fields (payload and headers) followed by
-/// the [`fields`] that record its origin. Get one from
+/// A dead letter is an entry of the payload field, the original's other
+/// fields (a name in the `intake.` namespace as `intake.producer.<name>`, so
+/// none passes for the origin) and the dead-letter
+/// [envelope](intake_core::dead_letter::envelope): origin (stream, id,
+/// group, consumer, key), error class and text, attempts and times.
+/// `docs/DEAD-LETTERS.md` has the table; [`DeadLetter::read`] with no key
+/// slot reads an entry of the stream back. Get a sink from
 /// [`RedisStreamsSource::dead_letter_sink`](crate::RedisStreamsSource::dead_letter_sink)
 /// and hand it to the dead-letter layer; it is cheap to clone.
 #[derive(Clone)]
 pub struct RedisDeadLetterSink {
     connection: SharedConnection,
     settings: Arc<Settings>,
+    carrier: Arc<Carrier>,
 }
 
 impl std::fmt::Debug for RedisDeadLetterSink {
@@ -129,9 +78,15 @@ impl std::fmt::Debug for RedisDeadLetterSink {
 
 impl RedisDeadLetterSink {
     pub(crate) fn new(connection: SharedConnection, settings: Arc<Settings>) -> Self {
+        let carrier = Carrier::keyless(Broker::Redis).with_consumer(settings.consumer.clone());
+        let carrier = match &settings.group {
+            Some(group) => carrier.with_group(group.clone()),
+            None => carrier,
+        };
         Self {
             connection,
             settings,
+            carrier: Arc::new(carrier),
         }
     }
 
@@ -145,22 +100,35 @@ impl RedisDeadLetterSink {
         self.settings.dead_letter_stream.name_for(stream)
     }
 
-    /// Writes `message` with its origin and acknowledges the original.
-    /// `with_payload` is false for an entry that had no payload field, so
-    /// that the copy holds exactly the original fields.
-    pub(crate) async fn write_message(
+    /// Writes `letter` and acknowledges the original. `with_payload` is
+    /// false for an entry that had no payload field, so that the copy holds
+    /// exactly the original fields.
+    pub(crate) async fn write_letter(
         &self,
-        message: &Message,
+        letter: &DeadLetter,
         with_payload: bool,
-        error: &str,
-        attempts: u32,
-        failed_at_ms: u128,
     ) -> Result<StreamId, RedisStreamsError> {
-        let metadata = message.metadata();
+        let metadata = letter.message.metadata();
         let stream: &str = metadata.source();
         let original = StreamId::from_position(metadata.position());
         let group = self.settings.group.as_deref();
         let dead_letters = self.stream_for(stream);
+
+        let mut envelope = Envelope::new(letter, &self.carrier);
+        let values =
+            2 * (usize::from(with_payload) + envelope.header_count() + envelope.field_count());
+        if values > MAX_DEAD_LETTER_VALUES {
+            tracing::warn!(
+                stream,
+                position = %metadata.position(),
+                omitted = envelope.header_count(),
+                "the entry has too many fields for one dead letter; writing it without them \
+                 (the original stays in the stream)"
+            );
+            // Redis limits the number of values, not their size: the error
+            // stays as long as the envelope allows.
+            envelope = envelope.reduced(DeadLetter::ERROR_LIMIT);
+        }
 
         let mut invocation = WRITE_AND_ACK.prepare_invoke();
         invocation.key(&dead_letters).key(stream);
@@ -172,51 +140,16 @@ impl RedisDeadLetterSink {
         if with_payload {
             invocation
                 .arg(&*self.settings.payload_field)
-                .arg(message.payload().as_ref());
+                .arg(envelope.payload().as_ref());
         }
-        let headers = message.headers().len();
-        let values = 2 * (usize::from(with_payload) + headers + fields::ORIGIN.len());
-        let reduced = values > MAX_DEAD_LETTER_VALUES;
-        if reduced {
-            tracing::warn!(
-                stream,
-                position = %metadata.position(),
-                omitted = headers,
-                "the entry has too many fields for one dead letter; writing it without them \
-                 (the original stays in the stream)"
-            );
-            invocation.arg(fields::FIELDS_OMITTED).arg(headers);
-        } else {
-            for header in message.headers() {
-                if fields::ORIGIN.contains(&&*header.name) {
-                    invocation
-                        .arg(format!("{}{}", fields::PRODUCER_PREFIX, header.name))
-                        .arg(header.value.as_ref());
-                } else {
-                    invocation.arg(&*header.name).arg(header.value.as_ref());
-                }
-            }
+        for (name, value) in envelope.pairs() {
+            invocation.arg(&*name).arg(value);
         }
-        invocation
-            .arg(fields::STREAM)
-            .arg(stream)
-            .arg(fields::ID)
-            .arg(metadata.position().to_string())
-            .arg(fields::GROUP)
-            .arg(group.unwrap_or_default())
-            .arg(fields::CONSUMER)
-            .arg(&*self.settings.consumer)
-            .arg(fields::ERROR)
-            .arg(&*capped_error(error))
-            .arg(fields::ATTEMPTS)
-            .arg(attempts)
-            .arg(fields::FAILED_AT)
-            .arg(failed_at_ms.to_string());
         let mut connection = self.connection.get();
         let written: Result<String, _> = invocation.invoke_async(&mut connection).await;
         let id = match written {
             Ok(id) => {
-                if reduced {
+                if envelope.is_reduced() {
                     self.settings.stats.add_dead_letters_reduced(1);
                 }
                 id
@@ -241,19 +174,7 @@ impl RedisDeadLetterSink {
 #[async_trait::async_trait]
 impl DeadLetterSink for RedisDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
-        let failed_at_ms = letter
-            .failed_at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis());
-        let id = self
-            .write_message(
-                &letter.message,
-                true,
-                &letter.error,
-                letter.attempts,
-                failed_at_ms,
-            )
-            .await?;
+        let id = self.write_letter(letter, true).await?;
         let metadata = letter.message.metadata();
         tracing::warn!(
             stream = %metadata.source(),

@@ -59,10 +59,7 @@ mod stats;
 pub use acker::RedisStreamsAcker;
 pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
 pub use connection::Endpoint;
-pub use dead_letter::{
-    MAX_DEAD_LETTER_ERROR_LEN, MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink,
-    fields as dead_letter_fields,
-};
+pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink};
 pub use error::{RedisStreamsError, TRANSIENT_CODES};
 pub use source::RedisStreamsSource;
 pub use stats::RedisStreamsStats;

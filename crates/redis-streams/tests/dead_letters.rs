@@ -1,14 +1,15 @@
 //! Dead letters against Redis's limits and against producers' fields: an
 //! entry with more fields than one script call can pass is still
 //! dead-lettered (without them, counted), the error text is capped, and the
-//! origin fields (`dlq.*`) cannot be spoofed by the producer.
+//! envelope's fields (`intake.*`) cannot be spoofed by the producer.
 
 mod support;
 
 use std::time::Duration;
 
+use intake_core::dead_letter::envelope;
 use intake_core::{DeadLetter, DeadLetterSink};
-use intake_redis_streams::{RedisStreamsConfig, dead_letter_fields};
+use intake_redis_streams::RedisStreamsConfig;
 use redis::aio::MultiplexedConnection;
 
 use support::*;
@@ -22,6 +23,7 @@ async fn dead_letter_the_entry(
 ) -> (
     Result<(), intake_core::DeadLetterError>,
     intake_redis_streams::RedisStreamsSource,
+    intake_core::Message,
 ) {
     let (mut source, _acker) = group_config(stream, group, "c1")
         .connect()
@@ -33,7 +35,7 @@ async fn dead_letter_the_entry(
     let written = sink
         .write(&DeadLetter::new(received[0].clone(), error, 3))
         .await;
-    (written, source)
+    (written, source, received[0].clone())
 }
 
 async fn add(redis: &mut MultiplexedConnection, stream: &str, fields: &[(String, String)]) {
@@ -45,6 +47,13 @@ async fn add(redis: &mut MultiplexedConnection, stream: &str, fields: &[(String,
     command.query_async::<String>(redis).await.expect("XADD");
 }
 
+/// An entry of a payload and `headers` fields `h0`, `h1`, ….
+fn wide_entry(headers: usize) -> Vec<(String, String)> {
+    let mut fields = vec![("payload".to_owned(), "body".to_owned())];
+    fields.extend((0..headers).map(|n| (format!("h{n}"), format!("v{n}"))));
+    fields
+}
+
 #[tokio::test]
 async fn an_entry_with_more_fields_than_a_script_can_pass_is_dead_lettered_without_them() {
     let Some(mut redis) = redis_or_skip("an_entry_with_more_fields_than_a_script").await else {
@@ -53,31 +62,71 @@ async fn an_entry_with_more_fields_than_a_script_can_pass_is_dead_lettered_witho
     let stream = unique("wide");
     let group = unique("group");
     // Lua's unpack (and any call from a script) stops near 8,000 values.
-    let mut fields = vec![("payload".to_owned(), "body".to_owned())];
-    fields.extend((0..5_000).map(|n| (format!("h{n}"), format!("v{n}"))));
-    add(&mut redis, &stream, &fields).await;
+    add(&mut redis, &stream, &wide_entry(5_000)).await;
 
-    let (written, source) = dead_letter_the_entry(&stream, &group, "cannot parse").await;
+    let (written, source, original) = dead_letter_the_entry(&stream, &group, "cannot parse").await;
     assert!(
         written.is_ok(),
         "the dead letter could not be written: {written:?}"
     );
     let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
     assert_eq!(dead.len(), 1);
-    let letter = &dead[0];
-    assert_eq!(field(letter, "payload").as_deref(), Some("body"));
-    assert_eq!(field(letter, "h0"), None, "the headers were left out");
+    let fields = &dead[0];
+    assert_eq!(field(fields, "payload").as_deref(), Some("body"));
+    assert_eq!(field(fields, "h0"), None, "the headers were left out");
     assert_eq!(
-        field(letter, dead_letter_fields::FIELDS_OMITTED).as_deref(),
+        field(fields, envelope::HEADERS_OMITTED).as_deref(),
         Some("5000")
     );
+    let letter = dead_letter_of(fields).expect("a dead letter");
+    assert_eq!(letter.headers_omitted, 5_000);
+    assert!(letter.message.headers().is_empty());
+    assert_eq!(&**letter.message.metadata().source(), stream);
     assert_eq!(
-        field(letter, dead_letter_fields::STREAM),
-        Some(stream.clone())
+        letter.message.metadata().position(),
+        original.metadata().position(),
+        "the origin, to find the entry with its fields in the source"
     );
-    assert!(field(letter, dead_letter_fields::ID).is_some());
+    assert_eq!(letter.error, "cannot parse");
     assert_eq!(source.stats().dead_letters_reduced(), 1);
     assert_all_acknowledged(&mut redis, &stream, &group).await;
+}
+
+#[tokio::test]
+async fn an_entry_just_under_the_field_limit_is_dead_lettered_with_every_field() {
+    let Some(mut redis) = redis_or_skip("an_entry_just_under_the_field_limit").await else {
+        return;
+    };
+    // Payload, headers and the 13 fields of this letter's envelope (version,
+    // broker, source, partition, position, group, consumer, class, message,
+    // attempts, first, last, replays), two values each: exactly the limit,
+    // and one header more is over it.
+    let headers = intake_redis_streams::MAX_DEAD_LETTER_VALUES / 2 - 1 - 13;
+    for (headers, reduced) in [(headers, false), (headers + 1, true)] {
+        let stream = unique("wide-enough");
+        let group = unique("group");
+        add(&mut redis, &stream, &wide_entry(headers)).await;
+        let (written, source, _) = dead_letter_the_entry(&stream, &group, "cannot parse").await;
+        assert!(written.is_ok(), "{written:?}");
+        let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
+        let letter = dead_letter_of(&dead[0]).expect("a dead letter");
+        let last = format!("h{}", headers - 1);
+        match reduced {
+            false => {
+                assert_eq!(letter.message.headers().len(), headers);
+                assert_eq!(letter.headers_omitted, 0);
+                assert_eq!(
+                    letter.message.headers().get_str(&last),
+                    Some(format!("v{}", headers - 1).as_str())
+                );
+            }
+            true => {
+                assert!(letter.message.headers().is_empty());
+                assert_eq!(letter.headers_omitted as usize, headers);
+            }
+        }
+        assert_eq!(source.stats().dead_letters_reduced(), u64::from(reduced));
+    }
 }
 
 #[tokio::test]
@@ -89,39 +138,46 @@ async fn the_error_text_of_a_dead_letter_is_capped() {
     let group = unique("group");
     produce(&mut redis, &stream, "m", 1).await;
     let error = "é".repeat(1 << 20);
-    let (written, _source) = dead_letter_the_entry(&stream, &group, &error).await;
+    let (written, _source, _) = dead_letter_the_entry(&stream, &group, &error).await;
     assert!(written.is_ok(), "{written:?}");
     let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
-    let text = field(&dead[0], dead_letter_fields::ERROR).expect("the error");
+    let text = field(&dead[0], envelope::ERROR_MESSAGE).expect("the error");
     assert!(
-        text.len() <= intake_redis_streams::MAX_DEAD_LETTER_ERROR_LEN + 64,
+        text.len() <= DeadLetter::ERROR_LIMIT,
         "{} bytes",
         text.len()
     );
     assert!(text.starts_with("éé"), "cut at a character boundary");
     assert!(
-        text.ends_with("(truncated)"),
+        text.ends_with(" bytes cut)"),
         "{}",
         &text[text.len() - 20..]
     );
 }
 
 #[tokio::test]
-async fn origin_fields_win_over_producer_fields_of_the_same_name() {
-    let Some(mut redis) = redis_or_skip("origin_fields_win_over_producer_fields").await else {
+async fn a_producer_field_named_like_an_envelope_field_does_not_change_the_letter() {
+    let Some(mut redis) = redis_or_skip("a_producer_field_named_like_an_envelope_field").await
+    else {
         return;
     };
     let stream = unique("spoof");
     let group = unique("group");
     let spoofed = [
-        dead_letter_fields::STREAM,
-        dead_letter_fields::ID,
-        dead_letter_fields::GROUP,
-        dead_letter_fields::CONSUMER,
-        dead_letter_fields::ERROR,
-        dead_letter_fields::ATTEMPTS,
-        dead_letter_fields::FAILED_AT,
-        dead_letter_fields::FIELDS_OMITTED,
+        envelope::VERSION,
+        envelope::ORIGIN_BROKER,
+        envelope::ORIGIN_SOURCE,
+        envelope::ORIGIN_PARTITION,
+        envelope::ORIGIN_POSITION,
+        envelope::ORIGIN_GROUP,
+        envelope::ORIGIN_CONSUMER,
+        envelope::ORIGIN_KEY,
+        envelope::ERROR_CLASS,
+        envelope::ERROR_MESSAGE,
+        envelope::ATTEMPTS,
+        envelope::FAILED_LAST,
+        envelope::HEADERS_OMITTED,
+        envelope::REFERENCE_PAYLOAD_BYTES,
     ];
     let mut fields = vec![("payload".to_owned(), "body".to_owned())];
     fields.extend(
@@ -132,36 +188,40 @@ async fn origin_fields_win_over_producer_fields_of_the_same_name() {
     fields.push(("dlq.custom".to_owned(), "kept".to_owned()));
     add(&mut redis, &stream, &fields).await;
 
-    let (written, _source) = dead_letter_the_entry(&stream, &group, "rejected").await;
+    let (written, _source, original) = dead_letter_the_entry(&stream, &group, "rejected").await;
     assert!(written.is_ok(), "{written:?}");
     let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
-    let letter = &dead[0];
+    let carried = &dead[0];
     for name in spoofed {
-        let values: Vec<_> = letter
-            .iter()
-            .filter(|(field, _)| field == name)
-            .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
-            .collect();
         assert!(
-            values.iter().all(|value| value != "spoofed"),
-            "{name} can be spoofed: {values:?}"
+            carried
+                .iter()
+                .filter(|(field, _)| field == name)
+                .all(|(_, value)| value.as_ref() != b"spoofed"),
+            "{name} can be spoofed: {carried:?}"
         );
-        let original = format!("{}{name}", dead_letter_fields::PRODUCER_PREFIX);
+        let kept = format!("{}{name}", envelope::PRODUCER_PREFIX);
         assert_eq!(
-            field(letter, &original).as_deref(),
+            field(carried, &kept).as_deref(),
             Some("spoofed"),
-            "the producer's {name} is kept as {original}"
+            "the producer's {name} is kept as {kept}"
         );
     }
+    let letter = dead_letter_of(carried).expect("a dead letter");
+    assert_eq!(&**letter.message.metadata().source(), stream);
     assert_eq!(
-        field(letter, dead_letter_fields::STREAM),
-        Some(stream.clone())
+        letter.message.metadata().position(),
+        original.metadata().position()
     );
+    assert_eq!(letter.message.key(), None, "the entry had no key");
+    assert_eq!(letter.error, "rejected");
+    assert_eq!(letter.reference, None);
+    assert_eq!(letter.headers_omitted, 0);
     assert_eq!(
-        field(letter, dead_letter_fields::ERROR).as_deref(),
-        Some("rejected")
+        letter.message.headers(),
+        original.headers(),
+        "the producer's fields come back under their own names"
     );
-    assert_eq!(field(letter, "dlq.custom").as_deref(), Some("kept"));
 }
 
 #[test]
@@ -172,29 +232,4 @@ fn a_dead_letter_stream_that_is_also_consumed_is_refused_when_built() {
         .validate()
         .expect_err("dead letters would be consumed again");
     assert_eq!(error.setting, "dead_letter_stream");
-}
-
-#[tokio::test]
-async fn an_entry_just_under_the_field_limit_is_dead_lettered_with_every_field() {
-    let Some(mut redis) = redis_or_skip("an_entry_just_under_the_field_limit").await else {
-        return;
-    };
-    let stream = unique("wide-enough");
-    let group = unique("group");
-    // Payload, headers and the eight origin fields, two values each.
-    let headers = intake_redis_streams::MAX_DEAD_LETTER_VALUES / 2 - 1 - 8;
-    let mut fields = vec![("payload".to_owned(), "body".to_owned())];
-    fields.extend((0..headers).map(|n| (format!("h{n}"), format!("v{n}"))));
-    add(&mut redis, &stream, &fields).await;
-
-    let (written, source) = dead_letter_the_entry(&stream, &group, "cannot parse").await;
-    assert!(written.is_ok(), "{written:?}");
-    let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
-    let letter = &dead[0];
-    assert_eq!(
-        field(letter, &format!("h{}", headers - 1)),
-        Some(format!("v{}", headers - 1))
-    );
-    assert_eq!(field(letter, dead_letter_fields::FIELDS_OMITTED), None);
-    assert_eq!(source.stats().dead_letters_reduced(), 0);
 }

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use intake_core::{AckBatch, AckMode, Acker, PartitionAck, Source};
+use intake_core::dead_letter::envelope;
+use intake_core::{AckBatch, AckMode, Acker, ErrorClass, PartitionAck, Source};
 use redis::{AsyncCommands, Value};
 
 use support::*;
@@ -285,19 +286,27 @@ async fn a_poison_entry_past_max_deliveries_lands_in_the_dead_letter_stream_and_
 
     let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
     assert_eq!(dead.len(), 1);
-    let letter = &dead[0];
-    assert_eq!(field(letter, "payload").as_deref(), Some("bad"));
-    assert_eq!(field(letter, "origin").as_deref(), Some("test"));
+    let fields = &dead[0];
+    assert_eq!(field(fields, "payload").as_deref(), Some("bad"));
+    assert_eq!(field(fields, "origin").as_deref(), Some("test"));
     assert_eq!(
-        field(letter, "dlq.stream").as_deref(),
+        field(fields, envelope::ORIGIN_SOURCE).as_deref(),
         Some(stream.as_str())
     );
-    assert_eq!(field(letter, "dlq.id"), Some(id));
-    assert_eq!(field(letter, "dlq.group"), Some(group.clone()));
-    assert_eq!(field(letter, "dlq.consumer").as_deref(), Some("c1"));
-    assert_eq!(field(letter, "dlq.attempts").as_deref(), Some("3"));
-    assert!(field(letter, "dlq.error").is_some_and(|error| error.contains("max_deliveries")));
-    assert!(field(letter, "dlq.failed_at_ms").is_some_and(|at| at.parse::<u64>().is_ok()));
+    assert_eq!(field(fields, envelope::ORIGIN_POSITION), Some(id.clone()));
+    let letter = dead_letter_of(fields).expect("a dead letter");
+    assert_eq!(letter.message.metadata().position().to_string(), id);
+    assert_eq!(letter.message.headers().get_str("origin"), Some("test"));
+    let origin = letter.origin.as_ref().expect("origin");
+    assert_eq!(origin.group.as_deref(), Some(group.as_str()));
+    assert_eq!(origin.consumer.as_deref(), Some("c1"));
+    assert_eq!(letter.attempts, 3);
+    assert_eq!(
+        letter.class,
+        ErrorClass::Retryable,
+        "its deliveries are used up"
+    );
+    assert!(letter.error.contains("max_deliveries"), "{}", letter.error);
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
@@ -327,7 +336,10 @@ async fn an_entry_without_the_payload_field_is_dead_lettered_with_its_fields() {
         None,
         "no payload field is invented"
     );
-    assert!(field(&dead[0], "dlq.error").is_some_and(|error| error.contains("payload_field")));
+    let letter = dead_letter_of(&dead[0]).expect("a dead letter");
+    assert!(letter.error.contains("payload_field"), "{}", letter.error);
+    assert_eq!(letter.class, ErrorClass::Permanent);
+    assert_eq!(letter.message.headers().get_str("body"), Some("x"));
 }
 
 #[tokio::test]
@@ -351,11 +363,13 @@ async fn the_dead_letter_sink_writes_the_origin_and_acknowledges_atomically() {
 
     let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
     assert_eq!(field(&dead[0], "payload").as_deref(), Some("m0"));
+    let read = dead_letter_of(&dead[0]).expect("a dead letter");
+    assert_eq!(read.error, "cannot parse");
+    assert_eq!(read.attempts, 4);
     assert_eq!(
-        field(&dead[0], "dlq.error").as_deref(),
-        Some("cannot parse")
+        read.message.metadata().position(),
+        received[0].metadata().position()
     );
-    assert_eq!(field(&dead[0], "dlq.attempts").as_deref(), Some("4"));
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 pub use builder::AmqpSourceBuilder;
 pub(crate) use builder::{Settings, Target, check_tls};
-use delivery::DeliveryReader;
+pub(crate) use delivery::DeliveryReader;
 
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use intake_amqp::lapin::message::Delivery;
 use intake_amqp::lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -24,9 +25,10 @@ use intake_amqp::lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use intake_amqp::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use intake_amqp::{AmqpAcker, AmqpDeadLetterSink, AmqpSource, headers};
-use intake_core::BoxError;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
+use intake_amqp::{AmqpAcker, AmqpDeadLetterSink, AmqpSource, read_dead_letter};
+use intake_core::dead_letter::{Broker, EnvelopeError};
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::{BoxError, DeadLetter};
 
 /// The broker the tests use (override with `INTAKE_AMQP_URL`).
 pub fn url() -> String {
@@ -395,22 +397,44 @@ impl AmqpBackend {
     /// Reads every message of `queue` without consuming it (they are
     /// requeued when the reading channel closes), oldest first.
     pub async fn peek(&self, queue: &str) -> Result<Vec<(Bytes, FieldTable)>, BoxError> {
+        Ok(self
+            .peek_deliveries(queue)
+            .await?
+            .into_iter()
+            .map(|delivery| {
+                let headers = delivery.properties.headers().clone().unwrap_or_default();
+                (Bytes::from(delivery.data), headers)
+            })
+            .collect())
+    }
+
+    /// The deliveries waiting in `queue`, left in it (taken unacknowledged
+    /// on a channel of their own, which is closed).
+    pub async fn peek_deliveries(&self, queue: &str) -> Result<Vec<Delivery>, BoxError> {
         let channel = self.connection.create_channel().await?;
         let mut read = Vec::new();
         while let Some(message) = channel
             .basic_get(queue.into(), BasicGetOptions { no_ack: false })
             .await?
         {
-            let headers = message
-                .delivery
-                .properties
-                .headers()
-                .clone()
-                .unwrap_or_default();
-            read.push((Bytes::from(message.delivery.data.clone()), headers));
+            read.push(message.delivery);
         }
         channel.close(200, "peeked".into()).await?;
         Ok(read)
+    }
+
+    /// The dead letters waiting in `queue`, read back with
+    /// [`read_dead_letter`], left in it.
+    pub async fn peek_dead_letters(
+        &self,
+        queue: &str,
+    ) -> Result<Vec<Result<DeadLetter, EnvelopeError>>, BoxError> {
+        Ok(self
+            .peek_deliveries(queue)
+            .await?
+            .into_iter()
+            .map(read_dead_letter)
+            .collect())
     }
 
     fn take_declared(&self) -> (Vec<String>, Vec<String>) {
@@ -479,36 +503,6 @@ fn redacted(url: &str) -> String {
         .map_or_else(|_| "<invalid URL>".to_owned(), |url| url.to_string())
 }
 
-fn text(table: &FieldTable, name: &str) -> String {
-    match table.inner().get(name) {
-        Some(AMQPValue::LongString(value)) => value.to_string(),
-        Some(AMQPValue::ShortString(value)) => value.to_string(),
-        Some(AMQPValue::LongLongInt(value)) => value.to_string(),
-        Some(other) => format!("{other:?}"),
-        None => String::new(),
-    }
-}
-
-fn number(table: &FieldTable, name: &str) -> u32 {
-    match table.inner().get(name) {
-        Some(AMQPValue::LongLongInt(value)) => u32::try_from(*value).unwrap_or(u32::MAX),
-        Some(AMQPValue::LongInt(value)) => u32::try_from(*value).unwrap_or(u32::MAX),
-        _ => 0,
-    }
-}
-
-/// A dead letter as the sink wrote it, read back from its headers.
-pub fn dead_letter_record(payload: Bytes, table: &FieldTable) -> DeadLetterRecord {
-    DeadLetterRecord {
-        payload,
-        source: text(table, headers::DEAD_LETTER_SOURCE),
-        partition: number(table, headers::DEAD_LETTER_PARTITION),
-        position: text(table, headers::DEAD_LETTER_POSITION),
-        error: text(table, headers::DEAD_LETTER_ERROR),
-        attempts: number(table, headers::DEAD_LETTER_ATTEMPTS),
-    }
-}
-
 #[async_trait::async_trait]
 impl Backend for AmqpBackend {
     type Source = AmqpSource;
@@ -521,6 +515,7 @@ impl Backend for AmqpBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Amqp,
             // A queue has no partitions; a channel is one, per consumer.
             partitions: false,
             // Consumers of one queue share its messages.
@@ -601,17 +596,12 @@ impl Backend for AmqpBackend {
             .await?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        _group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
-        Ok(self
-            .peek(&dead_letter_queue(source))
+    async fn dead_letters(&self, source: &str, _group: &str) -> Result<Vec<DeadLetter>, BoxError> {
+        self.peek_dead_letters(&dead_letter_queue(source))
             .await?
             .into_iter()
-            .map(|(payload, table)| dead_letter_record(payload, &table))
-            .collect())
+            .map(|letter| Ok(letter?))
+            .collect()
     }
 
     async fn unacknowledged(&self, source: &str, _group: &str) -> Result<u64, BoxError> {

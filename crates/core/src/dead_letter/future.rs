@@ -141,7 +141,8 @@ impl<S> Routing<S> {
                 .with_attempts(attempts)))
             }
             Action::DeadLetter { sink, .. } => {
-                let letter = DeadLetter::new(self.message.clone(), error.to_string(), attempts);
+                let letter = DeadLetter::new(self.message.clone(), error.to_string(), attempts)
+                    .with_class(error.class());
                 self.failure = Some(error);
                 self.failures = 0;
                 Next::Go(State::Writing {

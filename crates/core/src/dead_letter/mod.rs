@@ -61,6 +61,7 @@
 //! # let _ = handler;
 //! ```
 
+pub mod envelope;
 mod error;
 mod future;
 mod layer;
@@ -70,64 +71,133 @@ mod service;
 
 use std::time::SystemTime;
 
+use bytes::Bytes;
+
+pub use self::envelope::{Broker, EnvelopeError, Origin};
 pub use self::error::{DeadLetterWriteFailed, DeadLettered, Discarded};
 pub use self::future::ResponseFuture;
 pub use self::layer::DeadLetterLayer;
 pub use self::policy::FailurePolicy;
 pub use self::reference::PayloadReference;
 pub use self::service::DeadLetterService;
-use crate::error::BoxError;
-use crate::message::{Message, capped_text};
+use crate::error::{BoxError, ErrorClass};
+use crate::message::{Headers, Message};
 
-/// A message that failed for good, with why and when.
+/// A message that failed for good, with why, how often and when.
+///
+/// Sinks write it as the [`envelope`] (the same field names on
+/// every backend, see `docs/DEAD-LETTERS.md`), and [`DeadLetter::read`]
+/// reads what any sink wrote back into this type.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// The original message, with its metadata (the origin). In a letter
     /// that carries a [`reference`](Self::reference), a message with the
-    /// same metadata, no payload, no key, and the reference's headers.
+    /// same metadata, no payload, no key and no headers.
     pub message: Message,
     /// The last error, as text, at most [`ERROR_LIMIT`](Self::ERROR_LIMIT)
-    /// bytes (and a note of how much was cut).
+    /// bytes (with a note of how much was cut).
     pub error: String,
+    /// The class of the last failure: [`Permanent`](ErrorClass::Permanent),
+    /// or [`Retryable`](ErrorClass::Retryable) with its retries used up.
+    pub class: ErrorClass,
     /// Attempts made before giving up.
     pub attempts: u32,
-    /// When the message was given up.
+    /// When the message first failed for good: the time the message itself
+    /// carries in `intake.failed.first` (a message replayed from a
+    /// dead-letter destination), otherwise [`failed_at`](Self::failed_at).
+    pub first_failed_at: SystemTime,
+    /// When the message was given up this time.
     pub failed_at: SystemTime,
+    /// How often the message was replayed from a dead-letter destination:
+    /// what it carries in `intake.replays`, otherwise 0.
+    pub replays: u32,
     /// Set when this letter stands in for one that could not be written:
     /// the original's sizes; the original itself is still at its origin.
     pub reference: Option<PayloadReference>,
+    /// The broker, group and consumer the message was consumed by. `None`
+    /// in a letter the dead-letter layer makes: its sink fills them in as
+    /// it writes. Set in a letter [read back](Self::read).
+    pub origin: Option<Origin>,
+    /// How many of the message's headers the destination holds no copy of
+    /// (a reduced letter: the destination could not take them); they are
+    /// still at the origin.
+    pub headers_omitted: u32,
 }
 
 impl DeadLetter {
-    /// The most bytes of error text a letter carries. An error can quote
-    /// what it failed on (serde quotes a wrongly typed value whole), and a
-    /// letter must fit its destination.
+    /// The most bytes of error text a letter carries, the note of how much
+    /// was cut included. An error can quote what it failed on (serde quotes
+    /// a wrongly typed value whole), and a letter must fit its destination.
     pub const ERROR_LIMIT: usize = 4096;
 
-    /// A dead letter for `message` that failed with `error` after `attempts`;
-    /// the error text is cut at [`ERROR_LIMIT`](Self::ERROR_LIMIT) bytes.
+    /// A dead letter for `message` that failed permanently with `error`
+    /// after `attempts`, now; the error text is cut at
+    /// [`ERROR_LIMIT`](Self::ERROR_LIMIT) bytes.
     pub fn new(message: Message, error: impl Into<String>, attempts: u32) -> Self {
+        let failed_at = SystemTime::now();
+        let (first_failed_at, replays) = envelope::earlier_failure(&message);
+        let error = error.into();
+        let error = match envelope::capped_error(&error, Self::ERROR_LIMIT) {
+            std::borrow::Cow::Borrowed(_) => error,
+            std::borrow::Cow::Owned(capped) => capped,
+        };
         Self {
             message,
-            error: capped_text(error.into(), Self::ERROR_LIMIT),
+            error,
+            class: ErrorClass::Permanent,
             attempts,
-            failed_at: SystemTime::now(),
+            first_failed_at: first_failed_at.unwrap_or(failed_at),
+            failed_at,
+            replays,
             reference: None,
+            origin: None,
+            headers_omitted: 0,
         }
     }
 
+    /// Sets the class of the last failure (the dead-letter layer sets the
+    /// handler's).
+    pub fn with_class(mut self, class: ErrorClass) -> Self {
+        self.class = class;
+        self
+    }
+
     /// The letter that stands in for this one when it cannot be written:
-    /// the same origin, error, attempts and time, and instead of the
+    /// the same origin, error, attempts and times, and instead of the
     /// message's payload, key and headers, their sizes.
     pub fn to_reference(&self) -> DeadLetter {
         let reference = PayloadReference::of(&self.message);
         DeadLetter {
-            message: reference.message_for(&self.message),
-            error: self.error.clone(),
-            attempts: self.attempts,
-            failed_at: self.failed_at,
+            message: Message::new(Bytes::new(), self.message.metadata().clone()),
             reference: Some(reference),
+            ..self.clone()
         }
+    }
+
+    /// Reads a dead letter back from what a sink wrote: the record's key
+    /// slot (`None` on a carrier without one: Redis, AMQP), the payload,
+    /// and the headers or fields besides the payload. See
+    /// [`envelope::read`].
+    ///
+    /// ```
+    /// # use intake_core::{DeadLetter, Message};
+    /// # fn letter_of(consumed: &Message) -> Result<DeadLetter, intake_core::dead_letter::EnvelopeError> {
+    /// // A message consumed from a Kafka dead-letter topic:
+    /// DeadLetter::read(consumed.key().cloned(), consumed.payload().clone(), consumed.headers())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`EnvelopeError`] naming the field that is missing, malformed or
+    /// repeated.
+    pub fn read(
+        key_slot: Option<Bytes>,
+        payload: Bytes,
+        headers: &Headers,
+    ) -> Result<DeadLetter, EnvelopeError> {
+        envelope::read(key_slot, payload, headers)
     }
 }
 

@@ -206,7 +206,7 @@ impl MemoryBroker {
                 }
             }
         };
-        Ok(MemoryDeadLetterSink::new(dead_letters, faults.state))
+        Ok(MemoryDeadLetterSink::new(dead_letters, group, faults.state))
     }
 
     /// The fault injection of `group` on `topic`.
@@ -284,15 +284,36 @@ impl MemoryBroker {
     }
 
     /// Everything written to the dead-letter topic of `group` on `topic`,
-    /// oldest first (empty if nothing was).
+    /// oldest first (empty if nothing was), read back from the topic's
+    /// records as any consumer of it would ([`DeadLetter::read`]).
+    ///
+    /// # Errors
+    ///
+    /// [`MemoryError::UnknownTopic`] for a topic never created, and
+    /// [`MemoryError::MalformedDeadLetter`] for a record of the dead-letter
+    /// topic that is not a dead letter (something else wrote it there).
     pub fn dead_letters(&self, topic: &str, group: &str) -> Result<Vec<DeadLetter>, MemoryError> {
         self.topic(topic)?;
         let name = dead_letter_topic(topic, group);
         let Some(dead_letters) = self.topics().get(name.as_str()).cloned() else {
             return Ok(Vec::new());
         };
-        let state = dead_letters.lock();
-        Ok(state.dead_letters.clone())
+        let records = dead_letters.lock().logs[0].clone();
+        (0_i64..)
+            .zip(&records)
+            .map(|(offset, record)| {
+                DeadLetter::read(
+                    record.key().cloned(),
+                    record.payload().clone(),
+                    record.headers(),
+                )
+                .map_err(|source| MemoryError::MalformedDeadLetter {
+                    topic: name.clone(),
+                    offset,
+                    source,
+                })
+            })
+            .collect()
     }
 
     pub(crate) fn topic(&self, name: &str) -> Result<Arc<Topic>, MemoryError> {

@@ -2,35 +2,24 @@
 //!
 //! The dead-letter topic is an ordinary one-partition topic, by default
 //! `<topic>.<group>.dlq` (one per topic and group, so groups never see each
-//! other's failures). Each dead letter becomes a message with the original
-//! payload, key and headers plus headers naming its origin, the error, the
-//! attempts and the time; a dead-letter consumer reads it like any topic. The
-//! broker also keeps each [`DeadLetter`] as written, for inspection.
+//! other's failures). Each dead letter becomes a record with the original
+//! payload and key (the record key is the original key) and, as headers,
+//! the producer's headers and the fields of the
+//! [envelope](crate::dead_letter::envelope); a dead-letter consumer reads it
+//! like any topic, and [`DeadLetter::read`] turns it back into the letter
+//! ([`MemoryBroker::dead_letters`](super::MemoryBroker::dead_letters) does).
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
 
 use super::faults::{FaultState, InjectedFault};
 use super::record::Record;
 use super::topic::Topic;
+use crate::dead_letter::envelope::{Broker, Carrier, Envelope};
 use crate::dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink};
-
-/// Header with the topic the message was consumed from.
-pub const ORIGIN_TOPIC_HEADER: &str = "intake-origin-topic";
-/// Header with the partition the message was consumed from.
-pub const ORIGIN_PARTITION_HEADER: &str = "intake-origin-partition";
-/// Header with the message's offset in its original partition.
-pub const ORIGIN_OFFSET_HEADER: &str = "intake-origin-offset";
-/// Header with the last error's text.
-pub const ERROR_HEADER: &str = "intake-error";
-/// Header with the number of attempts made.
-pub const ATTEMPTS_HEADER: &str = "intake-attempts";
-/// Header with when the message was given up, in milliseconds since the Unix
-/// epoch.
-pub const FAILED_AT_HEADER: &str = "intake-failed-at-ms";
+use crate::message::Headers;
 
 /// The default dead-letter topic of `group` consuming `topic`.
 pub fn dead_letter_topic(topic: &str, group: &str) -> String {
@@ -42,12 +31,17 @@ pub fn dead_letter_topic(topic: &str, group: &str) -> String {
 #[derive(Clone)]
 pub struct MemoryDeadLetterSink {
     topic: Arc<Topic>,
+    carrier: Arc<Carrier>,
     faults: Arc<FaultState>,
 }
 
 impl MemoryDeadLetterSink {
-    pub(crate) fn new(topic: Arc<Topic>, faults: Arc<FaultState>) -> Self {
-        Self { topic, faults }
+    pub(crate) fn new(topic: Arc<Topic>, group: &str, faults: Arc<FaultState>) -> Self {
+        Self {
+            topic,
+            carrier: Arc::new(Carrier::keyed(Broker::Memory).with_group(group)),
+            faults,
+        }
     }
 
     /// The dead-letter topic this sink writes to.
@@ -70,37 +64,28 @@ impl DeadLetterSink for MemoryDeadLetterSink {
         if self.faults.take_dead_letter_failure() {
             return Err(DeadLetterError(Box::new(InjectedFault::DeadLetterWrite)));
         }
-        let record = record_of(letter);
+        let record = record_of(&Envelope::new(letter, &self.carrier));
         let mut state = self.topic.lock();
         self.topic
             .append(&mut state, record)
             .map_err(|error| DeadLetterError(Box::new(error)))?;
-        state.dead_letters.push(letter.clone());
         Ok(())
     }
 }
 
-/// The message stored for `letter`: the original with origin headers.
-fn record_of(letter: &DeadLetter) -> Record {
-    let original = &letter.message;
-    let metadata = original.metadata();
-    let failed_at_ms = letter
-        .failed_at
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis());
-    let mut headers = original.headers().clone();
-    headers.insert(
-        ORIGIN_TOPIC_HEADER,
-        Bytes::copy_from_slice(metadata.source().as_bytes()),
-    );
-    headers.insert(ORIGIN_PARTITION_HEADER, metadata.partition().to_string());
-    headers.insert(ORIGIN_OFFSET_HEADER, metadata.position().to_string());
-    headers.insert(ERROR_HEADER, letter.error.clone());
-    headers.insert(ATTEMPTS_HEADER, letter.attempts.to_string());
-    headers.insert(FAILED_AT_HEADER, failed_at_ms.to_string());
-    Record::new(original.payload().clone())
-        .with_optional_key(original.key().cloned())
+/// The record stored for a letter: its payload and key, and the envelope's
+/// pairs as headers.
+fn record_of(envelope: &Envelope<'_>) -> Record {
+    let producers = envelope
+        .headers()
+        .map(|(name, value)| (name.into_owned(), value.clone()));
+    let fields = envelope
+        .fields()
+        .map(|(name, value)| (name.to_owned(), Bytes::copy_from_slice(value)));
+    let headers: Headers = producers.chain(fields).collect();
+    Record::new(envelope.payload().clone())
+        .with_optional_key(envelope.key().cloned())
         .with_headers(headers)
-        .with_timestamp(letter.failed_at)
+        .with_timestamp(envelope.letter().failed_at)
         .to_partition(0)
 }

@@ -47,4 +47,16 @@ pub enum MemoryError {
         /// "topic" or "group".
         what: &'static str,
     },
+    /// A record of a dead-letter topic is not a dead letter intake can read
+    /// (something else wrote it there).
+    #[error("record {offset} of dead-letter topic `{topic}` is not a dead letter")]
+    MalformedDeadLetter {
+        /// The dead-letter topic.
+        topic: String,
+        /// The record's offset.
+        offset: i64,
+        /// What is wrong with it.
+        #[source]
+        source: crate::dead_letter::EnvelopeError,
+    },
 }

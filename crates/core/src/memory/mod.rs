@@ -93,10 +93,7 @@ pub use acker::MemoryAcker;
 pub use assignment::AssignmentStrategy;
 pub use broker::{BrokerConfig, MemoryBroker, MemoryBrokerBuilder};
 pub use consumer::{ConsumerBuilder, OffsetReset};
-pub use dead_letter::{
-    ATTEMPTS_HEADER, ERROR_HEADER, FAILED_AT_HEADER, MemoryDeadLetterSink, ORIGIN_OFFSET_HEADER,
-    ORIGIN_PARTITION_HEADER, ORIGIN_TOPIC_HEADER, dead_letter_topic,
-};
+pub use dead_letter::{MemoryDeadLetterSink, dead_letter_topic};
 pub use error::MemoryError;
 pub use faults::{Faults, InjectedFault};
 pub use group::MemberId;

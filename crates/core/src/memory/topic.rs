@@ -13,7 +13,6 @@ use super::error::MemoryError;
 use super::group::Group;
 use super::partitioner::partition_for_key;
 use super::record::{Produced, Record};
-use crate::dead_letter::DeadLetter;
 use crate::message::{Message, Metadata, Position, SourceName};
 
 /// The most partitions a topic may have. Each partition is a log and a slot
@@ -38,9 +37,6 @@ pub(crate) struct TopicState {
     group_index: HashMap<Arc<str>, usize>,
     /// Where the next record without key or partition goes.
     next_unkeyed: u32,
-    /// For a dead-letter topic: the record written for each message of
-    /// partition 0, in the same order.
-    pub(crate) dead_letters: Vec<DeadLetter>,
 }
 
 impl Topic {
@@ -68,7 +64,6 @@ impl Topic {
                 groups: Vec::new(),
                 group_index: HashMap::new(),
                 next_unkeyed: 0,
-                dead_letters: Vec::new(),
             }),
         })
     }

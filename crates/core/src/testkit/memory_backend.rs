@@ -3,10 +3,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::{Backend, Capabilities, ConnectSettings, TestMessage};
+use crate::dead_letter::{Broker, DeadLetter};
 use crate::error::BoxError;
 use crate::memory::{MemoryAcker, MemoryBroker, MemoryDeadLetterSink, MemorySource, Record};
-
-use super::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
 
 /// Runs the conformance suite on a [`MemoryBroker`].
 ///
@@ -55,6 +55,7 @@ impl Backend for MemoryBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Memory,
             partitions: true,
             shared_groups: true,
             crash_redelivery_after: Duration::ZERO,
@@ -95,27 +96,8 @@ impl Backend for MemoryBackend {
         Ok(self.broker.dead_letter_sink(source, group)?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
-        Ok(self
-            .broker
-            .dead_letters(source, group)?
-            .into_iter()
-            .map(|letter| {
-                let metadata = letter.message.metadata();
-                DeadLetterRecord {
-                    payload: letter.message.payload().clone(),
-                    source: metadata.source().to_string(),
-                    partition: metadata.partition(),
-                    position: metadata.position().to_string(),
-                    error: letter.error,
-                    attempts: letter.attempts,
-                }
-            })
-            .collect())
+    async fn dead_letters(&self, source: &str, group: &str) -> Result<Vec<DeadLetter>, BoxError> {
+        Ok(self.broker.dead_letters(source, group)?)
     }
 
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError> {
@@ -127,7 +109,7 @@ impl Backend for MemoryBackend {
 mod tests {
     use super::*;
     use crate::acker::{AckBatch, Acker, PartitionAck};
-    use crate::dead_letter::{DeadLetter, DeadLetterSink};
+    use crate::dead_letter::DeadLetterSink;
     use crate::source::{Source, SourceEvent};
 
     #[tokio::test]
@@ -187,16 +169,21 @@ mod tests {
             .dead_letters(&topic, "g")
             .await
             .expect("dead letters");
+        assert_eq!(letters.len(), 1);
+        let letter = &letters[0];
+        assert_eq!(letter.message.payload(), "hello");
         assert_eq!(
-            letters,
-            [DeadLetterRecord {
-                payload: "hello".into(),
-                source: topic.clone(),
-                partition: buf[0].metadata().partition(),
-                position: "0".into(),
-                error: "boom".into(),
-                attempts: 2,
-            }]
+            (
+                &**letter.message.metadata().source(),
+                letter.message.metadata().partition(),
+                letter.message.metadata().position()
+            ),
+            (
+                topic.as_str(),
+                buf[0].metadata().partition(),
+                crate::message::Position::Offset(0)
+            )
         );
+        assert_eq!((letter.error.as_str(), letter.attempts), ("boom", 2));
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::acker::Acker;
-use crate::dead_letter::DeadLetterSink;
+use crate::dead_letter::{DeadLetter, DeadLetterSink};
 use crate::error::BoxError;
 use crate::message::Headers;
 use crate::source::Source;
@@ -65,28 +65,12 @@ impl TestMessage {
     }
 }
 
-/// A dead letter as a backend fixture reads it back from its dead-letter
-/// destination.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeadLetterRecord {
-    /// The original payload.
-    pub payload: Bytes,
-    /// Origin: topic, stream or queue.
-    pub source: String,
-    /// Origin partition (0 where the backend has none).
-    pub partition: u32,
-    /// Origin position, as the backend prints it.
-    pub position: String,
-    /// The last error text.
-    pub error: String,
-    /// Attempts made.
-    pub attempts: u32,
-}
-
 /// What a backend can do, so scenarios that need more are skipped with a
 /// reason.
 #[derive(Clone, Copy, Debug)]
 pub struct Capabilities {
+    /// The broker, as dead letters name their origin's.
+    pub broker: crate::dead_letter::Broker,
     /// Sources can have more than one partition.
     pub partitions: bool,
     /// A second consumer in the group takes over partitions (Kafka, memory)
@@ -141,12 +125,11 @@ pub trait Backend: Send + Sync + 'static {
     /// The dead-letter sink for `source` consumed by `group`.
     async fn dead_letter_sink(&self, source: &str, group: &str) -> Result<Self::Sink, BoxError>;
 
-    /// Everything the sink wrote for `source` and `group`, oldest first.
-    async fn dead_letters(
-        &self,
-        source: &str,
-        group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError>;
+    /// Everything the sink wrote for `source` and `group`, oldest first,
+    /// read back from the dead-letter destination with
+    /// [`DeadLetter::read`] (so the suite checks the same envelope on every
+    /// backend).
+    async fn dead_letters(&self, source: &str, group: &str) -> Result<Vec<DeadLetter>, BoxError>;
 
     /// Messages of `source` that `group` has not acknowledged or committed
     /// (0 when everything produced was acknowledged).

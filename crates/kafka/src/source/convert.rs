@@ -8,7 +8,7 @@
 
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use intake_core::{Headers, Message, Metadata, Position, SourceName};
@@ -156,14 +156,6 @@ fn read_headers(message: &BorrowedMessage<'_>) -> Option<Headers> {
         })
         .collect();
     Some(headers)
-}
-
-/// Milliseconds since the Unix epoch, as text, for headers.
-pub(crate) fn epoch_millis(time: SystemTime) -> String {
-    time.duration_since(UNIX_EPOCH)
-        .map(|since| since.as_millis())
-        .unwrap_or(0)
-        .to_string()
 }
 
 #[cfg(test)]

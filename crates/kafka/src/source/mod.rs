@@ -24,7 +24,6 @@ use rdkafka::consumer::BaseConsumer;
 use tokio::sync::oneshot;
 
 pub use builder::KafkaSourceBuilder;
-pub(crate) use convert::epoch_millis;
 
 use self::context::{KafkaContext, Shared};
 use self::handoff::Taken;

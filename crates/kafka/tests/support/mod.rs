@@ -8,10 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use intake_core::dead_letter::{Broker, EnvelopeError};
 use intake_core::source::RevocationOutcome;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
-use intake_core::{BoxError, Message, PartitionKey, Source, SourceEvent};
-use intake_kafka::dead_letter::header;
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::{BoxError, DeadLetter, Headers, Message, PartitionKey, Source, SourceEvent};
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
 use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
@@ -184,6 +184,17 @@ impl KafkaBackend {
 
     /// Creates `topic` with `partitions` partitions.
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BoxError> {
+        self.create_topic_with(topic, partitions, &[]).await
+    }
+
+    /// Creates `topic` with `partitions` partitions and the topic settings
+    /// `config` (real tier; the mock cluster takes none).
+    pub async fn create_topic_with(
+        &self,
+        topic: &str,
+        partitions: u32,
+        config: &[(&str, &str)],
+    ) -> Result<(), BoxError> {
         let count = i32::try_from(partitions)?;
         match &self.tier {
             Tier::Mock => {
@@ -192,12 +203,19 @@ impl KafkaBackend {
                     .client()
                     .mock_cluster()
                     .ok_or("the producer owns no mock cluster")?;
+                if !config.is_empty() {
+                    return Err("the mock cluster takes no topic settings".into());
+                }
                 mock.create_topic(topic, count, 1)?;
             }
             Tier::Real(admin) => {
+                let new_topic = config.iter().fold(
+                    NewTopic::new(topic, count, TopicReplication::Fixed(1)),
+                    |new_topic, (key, value)| new_topic.set(key, value),
+                );
                 let results = admin
                     .create_topics(
-                        &[NewTopic::new(topic, count, TopicReplication::Fixed(1))],
+                        &[new_topic],
                         &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
                     )
                     .await?;
@@ -396,6 +414,16 @@ pub struct ReadRecord {
 }
 
 impl ReadRecord {
+    /// The record as a dead letter: the record key is the key slot.
+    pub fn dead_letter(&self) -> Result<DeadLetter, EnvelopeError> {
+        let headers: Headers = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.clone()))
+            .collect();
+        DeadLetter::read(self.key.clone(), self.payload.clone(), &headers)
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -419,6 +447,7 @@ impl Backend for KafkaBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Kafka,
             partitions: true,
             shared_groups: true,
             // A consumer dropped without closing leaves the group as its
@@ -460,35 +489,13 @@ impl Backend for KafkaBackend {
         Ok(KafkaDeadLetterSink::builder(self.settings(), group).build()?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
+    async fn dead_letters(&self, source: &str, group: &str) -> Result<Vec<DeadLetter>, BoxError> {
         let topic = format!("{source}.{group}.dlq");
-        let mut records = self.read_all(&topic).await?;
-        records.sort_by_key(|record| {
-            record
-                .header(header::FAILED_AT)
-                .and_then(|at| at.parse::<u128>().ok())
-        });
-        Ok(records
+        let records = self.read_all(&topic).await?;
+        records
             .into_iter()
-            .map(|record| DeadLetterRecord {
-                source: record.header(header::TOPIC).unwrap_or_default().to_owned(),
-                partition: record
-                    .header(header::PARTITION)
-                    .and_then(|p| p.parse().ok())
-                    .unwrap_or(u32::MAX),
-                position: record.header(header::OFFSET).unwrap_or_default().to_owned(),
-                error: record.header(header::ERROR).unwrap_or_default().to_owned(),
-                attempts: record
-                    .header(header::ATTEMPTS)
-                    .and_then(|a| a.parse().ok())
-                    .unwrap_or(0),
-                payload: record.payload,
-            })
-            .collect())
+            .map(|record| Ok(record.dead_letter()?))
+            .collect()
     }
 
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError> {

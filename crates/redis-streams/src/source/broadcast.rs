@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use intake_core::{Message, SourceName};
+use intake_core::{DeadLetter, Message, SourceName};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
@@ -157,14 +157,16 @@ impl BroadcastReader {
                 match self.decoder.decode(stream, entry.id, fields, 1) {
                     Decoded::Message(message) => self.staging.ready.push_back(message),
                     Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
-                        message,
-                        with_payload: false,
-                        error: format!(
-                            "the entry has no `{}` field; set `payload_field` to the field \
-                             that holds the payload",
-                            self.settings.payload_field
+                        letter: DeadLetter::new(
+                            message,
+                            format!(
+                                "the entry has no `{}` field; set `payload_field` to the field \
+                                 that holds the payload",
+                                self.settings.payload_field
+                            ),
+                            0,
                         ),
-                        attempts: 0,
+                        with_payload: false,
                     }),
                 }
             }

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use intake_core::Message;
+use intake_core::{DeadLetter, ErrorClass, Message};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
@@ -507,14 +507,18 @@ impl GroupReader {
             match self.decoder.decode(&stream.name, entry.id, fields, attempt) {
                 Decoded::Message(message) => match self.settings.max_deliveries {
                     Some(limit) if attempt > limit => self.staging.poison.push(Poison {
-                        message,
+                        letter: DeadLetter::new(
+                            message,
+                            format!(
+                                "delivered {} times without being acknowledged \
+                                 (max_deliveries = {limit})",
+                                attempt - 1
+                            ),
+                            attempt - 1,
+                        )
+                        // Its attempts are used up, whatever failed them.
+                        .with_class(ErrorClass::Retryable),
                         with_payload: true,
-                        error: format!(
-                            "delivered {} times without being acknowledged (max_deliveries = \
-                             {limit})",
-                            attempt - 1
-                        ),
-                        attempts: attempt - 1,
                     }),
                     _ => {
                         self.staged.push(entry.id);
@@ -522,14 +526,16 @@ impl GroupReader {
                     }
                 },
                 Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
-                    message,
-                    with_payload: false,
-                    error: format!(
-                        "the entry has no `{}` field; set `payload_field` to the field that \
-                         holds the payload",
-                        self.settings.payload_field
+                    letter: DeadLetter::new(
+                        message,
+                        format!(
+                            "the entry has no `{}` field; set `payload_field` to the field \
+                             that holds the payload",
+                            self.settings.payload_field
+                        ),
+                        attempt - 1,
                     ),
-                    attempts: attempt - 1,
+                    with_payload: false,
                 }),
             }
         }

@@ -30,9 +30,8 @@ mod group;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
-use intake_core::{Message, Source, SourceError, SourceEvent};
+use intake_core::{DeadLetter, Message, Source, SourceError, SourceEvent};
 use redis::aio::MultiplexedConnection;
 
 use crate::config::Settings;
@@ -204,12 +203,10 @@ impl Source for RedisStreamsSource {
 
 /// An entry that goes to the dead-letter stream instead of the handler.
 struct Poison {
-    message: Message,
+    letter: DeadLetter,
     /// Whether the entry had a payload field (the copy holds exactly the
     /// original fields).
     with_payload: bool,
-    error: String,
-    attempts: u32,
 }
 
 /// Decoded entries waiting to be handed out, and those to dead-letter.
@@ -231,25 +228,15 @@ impl Staging {
     /// leaves its entry pending, to be claimed and tried again later.
     async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
         for poison in self.poison.drain(..) {
-            let failed_at_ms = UNIX_EPOCH.elapsed().map_or(0, |since| since.as_millis());
-            let metadata = poison.message.metadata();
-            match sink
-                .write_message(
-                    &poison.message,
-                    poison.with_payload,
-                    &poison.error,
-                    poison.attempts,
-                    failed_at_ms,
-                )
-                .await
-            {
+            let metadata = poison.letter.message.metadata();
+            match sink.write_letter(&poison.letter, poison.with_payload).await {
                 Ok(id) => {
                     sink.stats().add_dead_lettered(1);
                     tracing::warn!(
                     stream = %metadata.source(),
                     position = %metadata.position(),
                     dead_letter_id = %id.position(),
-                    error = %poison.error,
+                    error = %poison.letter.error,
                     "entry dead-lettered by the source"
                     );
                 }

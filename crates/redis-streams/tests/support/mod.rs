@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, DeadLetterRecord, TestMessage};
-use intake_core::{AckBatch, Acker, BoxError, Message, PartitionAck, PartitionKey, Source};
+use intake_core::dead_letter::{Broker, EnvelopeError};
+use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::{
+    AckBatch, Acker, BoxError, DeadLetter, Headers, Message, PartitionAck, PartitionKey, Source,
+};
 use intake_redis_streams::{
     RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsConfig, RedisStreamsSource,
-    dead_letter_fields,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
@@ -306,6 +308,21 @@ pub fn field(fields: &[(String, Bytes)], name: &str) -> Option<String> {
         .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
 }
 
+/// A dead-letter entry's fields read back as a dead letter: the first
+/// `payload` field is the payload (as the source reads entries), the others
+/// the headers; a stream entry has no key slot.
+pub fn dead_letter_of(fields: &[(String, Bytes)]) -> Result<DeadLetter, EnvelopeError> {
+    let payload_at = fields.iter().position(|(name, _)| name == "payload");
+    let payload = payload_at.map_or_else(Bytes::new, |at| fields[at].1.clone());
+    let headers: Headers = fields
+        .iter()
+        .enumerate()
+        .filter(|(at, _)| Some(*at) != payload_at)
+        .map(|(_, (name, value))| (name.as_str(), value.clone()))
+        .collect();
+    DeadLetter::read(None, payload, &headers)
+}
+
 /// The conformance suite's fixture for Redis Streams.
 pub struct RedisBackend {
     admin: MultiplexedConnection,
@@ -340,6 +357,7 @@ impl Backend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            broker: Broker::Redis,
             partitions: false,
             shared_groups: true,
             crash_redelivery_after: self.claim_min_idle,
@@ -381,30 +399,14 @@ impl Backend for RedisBackend {
         Ok(self.config(source, group).dead_letter_sink().await?)
     }
 
-    async fn dead_letters(
-        &self,
-        source: &str,
-        _group: &str,
-    ) -> Result<Vec<DeadLetterRecord>, BoxError> {
+    async fn dead_letters(&self, source: &str, _group: &str) -> Result<Vec<DeadLetter>, BoxError> {
         let mut admin = self.admin.clone();
         let stream = format!("{source}:dlq");
-        let mut records = Vec::new();
-        for fields in entries(&mut admin, &stream).await {
-            let text = |name: &str| field(&fields, name).unwrap_or_default();
-            records.push(DeadLetterRecord {
-                payload: fields
-                    .iter()
-                    .find(|(name, _)| name == "payload")
-                    .map(|(_, value)| value.clone())
-                    .unwrap_or_default(),
-                source: text(dead_letter_fields::STREAM),
-                partition: 0,
-                position: text(dead_letter_fields::ID),
-                error: text(dead_letter_fields::ERROR),
-                attempts: text(dead_letter_fields::ATTEMPTS).parse().unwrap_or(0),
-            });
-        }
-        Ok(records)
+        entries(&mut admin, &stream)
+            .await
+            .iter()
+            .map(|fields| Ok(dead_letter_of(fields)?))
+            .collect()
     }
 
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError> {
