@@ -134,6 +134,22 @@ pub trait Backend: Send + Sync + 'static {
     /// Messages of `source` that `group` has not acknowledged or committed
     /// (0 when everything produced was acknowledged).
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError>;
+
+    /// Builds a source of `group` on `source` at an address where no broker
+    /// answers (a closed local port), with `password` as the credentials
+    /// the address or settings carry. `None` when the backend has no
+    /// address (the memory broker). A backend with an address implements
+    /// it: the suite checks that the answer is an error, in bounded time,
+    /// without the password.
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let _ = (source, group, password);
+        None
+    }
 }
 
 /// Writes one `#[tokio::test]` per conformance scenario. `$backend` is an
@@ -152,6 +168,8 @@ macro_rules! conformance_suite {
             in_flight_stays_within_its_bound,
             malformed_payloads_do_not_stop_the_consumer,
             poison_messages_reach_the_dead_letter_destination,
+            a_full_budget_still_sees_assignment_changes,
+            an_unreachable_broker_is_an_error_without_its_password,
         );
     };
     (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {

@@ -684,6 +684,152 @@ pub async fn poison_messages_reach_the_dead_letter_destination<B: Backend>(backe
     );
 }
 
+/// A consumer whose whole budget is held by handlers that do not finish
+/// still takes part in its group: a member that joins gets work while the
+/// first one's handlers are blocked (on Kafka the first one must serve the
+/// rebalance with no room for a delivery), and once they are released
+/// nothing is lost.
+pub async fn a_full_budget_still_sees_assignment_changes<B: Backend>(backend: &B) {
+    if !backend.capabilities().shared_groups {
+        eprintln!("skipped: {} has no shared consumer groups", backend.name());
+        return;
+    }
+    let partitions = if backend.capabilities().partitions {
+        2
+    } else {
+        1
+    };
+    let source = backend
+        .create_source(partitions)
+        .await
+        .expect("create the source");
+    let group = unique_group("full-budget");
+    backend
+        .produce(&source, numbered(0, 40))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let release = CancellationToken::new();
+    let blocked = {
+        let (ledger, release) = (ledger.clone(), release.clone());
+        tower::service_fn(move |message: Message| {
+            let (ledger, release) = (ledger.clone(), release.clone());
+            async move {
+                ledger.record(id_of(&message)?);
+                release.cancelled().await;
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let first = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Unordered),
+        4,
+        blocked,
+    )
+    .await
+    .expect("connect the first member");
+    ledger
+        .wait_until("the first member's budget of 4 to fill", || {
+            ledger.distinct() >= 4
+        })
+        .await;
+    let joined = Ledger::default();
+    let second = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(Ordering::Unordered),
+        4,
+        {
+            let (ledger, joined) = (ledger.clone(), joined.clone());
+            tower::service_fn(move |message: Message| {
+                let (ledger, joined) = (ledger.clone(), joined.clone());
+                async move {
+                    let id = id_of(&message)?;
+                    ledger.record(id);
+                    joined.record(id);
+                    Ok::<_, HandlerError>(())
+                }
+            })
+        },
+    )
+    .await
+    .expect("connect the second member");
+    joined
+        .wait_until(
+            "the member that joined to get work while the first one's budget is full",
+            || joined.distinct() > 0,
+        )
+        .await;
+    release.cancel();
+    ledger
+        .wait_for_all(40, "every message once the first member's handlers finish")
+        .await;
+    first.stop().await;
+    second.stop().await;
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0,
+        "{}: everything is acknowledged",
+        backend.name()
+    );
+}
+
+/// A broker that does not answer is a typed error within a bounded wait,
+/// never a hang, and neither its text nor its `Debug` holds the password
+/// the address carried. Skipped where the backend has no address (the
+/// memory broker).
+pub async fn an_unreachable_broker_is_an_error_without_its_password<B: Backend>(backend: &B) {
+    const PASSWORD: &str = "s3cret-conformance-password";
+    let group = unique_group("unreachable");
+    let attempt = tokio::time::timeout(
+        super::harness::PATIENCE,
+        backend.connect_unreachable("intake-unreachable", &group, PASSWORD),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{}: connecting to a broker that does not answer hung",
+            backend.name()
+        )
+    });
+    let Some(result) = attempt else {
+        eprintln!("skipped: {} has no broker address", backend.name());
+        return;
+    };
+    let error = match result {
+        Ok(_) => panic!(
+            "{}: a source was built although no broker answers",
+            backend.name()
+        ),
+        Err(error) => error,
+    };
+    let mut chain = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        chain.push_str(": ");
+        chain.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    let debug = format!("{error:?}");
+    assert!(
+        !chain.is_empty(),
+        "{}: the error says nothing",
+        backend.name()
+    );
+    assert!(
+        !chain.contains(PASSWORD) && !debug.contains(PASSWORD),
+        "{}: the password is in the error: {chain} / {debug}",
+        backend.name()
+    );
+}
+
 /// Asserts that `read` (a message read back from a dead letter) is
 /// `original` as the handler received it: payload, key, headers (as a set:
 /// an AMQP header table keeps no order) and origin.
