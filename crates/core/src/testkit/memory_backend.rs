@@ -92,6 +92,17 @@ impl Backend for MemoryBackend {
         Ok(self.broker.consumer(source, group)?)
     }
 
+    /// A group of the instance's own, as Kafka's broadcast mode does: the
+    /// memory broker delivers every message to every group.
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let group = super::harness::unique_group("broadcast");
+        Some(self.broker.consumer(source, &group).map_err(Into::into))
+    }
+
     async fn dead_letter_sink(&self, source: &str, group: &str) -> Result<Self::Sink, BoxError> {
         Ok(self.broker.dead_letter_sink(source, group)?)
     }

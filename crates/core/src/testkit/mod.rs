@@ -135,6 +135,18 @@ pub trait Backend: Send + Sync + 'static {
     /// (0 when everything produced was acknowledged).
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError>;
 
+    /// Connects an instance of a broadcast consumer of `source`: every
+    /// instance receives every message produced after it started. `None`
+    /// when the backend has no broadcast mode.
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let _ = (source, settings);
+        None
+    }
+
     /// Builds a source of `group` on `source` at an address where no broker
     /// answers (a closed local port), with `password` as the credentials
     /// the address or settings carry. `None` when the backend has no
@@ -170,6 +182,7 @@ macro_rules! conformance_suite {
             poison_messages_reach_the_dead_letter_destination,
             a_full_budget_still_sees_assignment_changes,
             an_unreachable_broker_is_an_error_without_its_password,
+            broadcast_delivers_to_every_instance,
         );
     };
     (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {

@@ -830,6 +830,61 @@ pub async fn an_unreachable_broker_is_an_error_without_its_password<B: Backend>(
     );
 }
 
+/// A broadcast consumer's instances each receive every message produced
+/// after they started. Skipped where the backend has no broadcast mode.
+pub async fn broadcast_delivers_to_every_instance<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let settings = super::ConnectSettings { max_in_flight: 16 };
+    let mut instances = Vec::new();
+    let mut ledgers = Vec::new();
+    for _ in 0..2 {
+        let Some(connected) = backend.connect_broadcast(&source, settings).await else {
+            eprintln!("skipped: {} has no broadcast mode", backend.name());
+            return;
+        };
+        let (source, acker) = connected.expect("connect a broadcast instance");
+        let ledger = Ledger::default();
+        instances.push(
+            Running::run(source, acker, Consumer::builder(), 16, recording(&ledger))
+                .expect("start a broadcast instance"),
+        );
+        ledgers.push(ledger);
+    }
+    // An instance receives what is produced once it has started, which the
+    // broker does not announce: probe until every instance has received one.
+    const PROBE: u64 = 1_000_000;
+    let deadline = tokio::time::Instant::now() + super::harness::PATIENCE;
+    let mut probe = PROBE;
+    while ledgers.iter().any(|ledger| ledger.distinct() == 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: a broadcast instance received nothing within {:?}",
+            backend.name(),
+            super::harness::PATIENCE
+        );
+        backend
+            .produce(&source, numbered(probe, 1))
+            .await
+            .expect("produce a probe");
+        probe += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    backend
+        .produce(&source, numbered(0, 100))
+        .await
+        .expect("produce");
+    for (number, ledger) in ledgers.iter().enumerate() {
+        ledger
+            .wait_until(&format!("instance {number} to receive all 100"), || {
+                ledger.missing(100).is_empty()
+            })
+            .await;
+    }
+    for instance in instances {
+        instance.stop().await;
+    }
+}
+
 /// Asserts that `read` (a message read back from a dead letter) is
 /// `original` as the handler received it: payload, key, headers (as a set:
 /// an AMQP header table keeps no order) and origin.
