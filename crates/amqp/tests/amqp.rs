@@ -467,7 +467,8 @@ async fn a_dead_letter_no_queue_would_receive_is_an_error_not_a_loss() {
         .write(&DeadLetter::new(received.messages[0].clone(), "bad", 1))
         .await
         .expect_err("no queue is bound");
-    assert!(error.to_string().contains("no queue is bound"), "{error}");
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    assert!(chain.contains("no queue is bound"), "{chain}");
     // Not acknowledged: still in the queue (unacknowledged, then ready).
     source.close().await.unwrap();
     settle_at(&backend, &queue, 1).await;
@@ -1271,7 +1272,8 @@ async fn a_dead_letter_addressed_to_the_queue_it_came_from_is_refused_not_consum
         .write(&DeadLetter::new(message, "bad", 1))
         .await
         .expect_err("a dead letter into its own queue is refused");
-    assert!(error.to_string().contains("consumed again"), "{error}");
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    assert!(chain.contains("consumed again"), "{chain}");
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }

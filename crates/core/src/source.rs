@@ -112,7 +112,7 @@ pub enum SourceEvent {
 #[non_exhaustive]
 pub enum SourceError {
     /// The broker could not be reached; the runtime retries with backoff.
-    #[error("cannot reach the broker at {endpoint}: {source}")]
+    #[error("cannot reach the broker at {endpoint}")]
     Unreachable {
         /// Where the source tried to connect (credentials removed).
         endpoint: String,
@@ -122,7 +122,7 @@ pub enum SourceError {
     },
     /// The broker refused the credentials. Fix the user name, password or
     /// certificate; retrying will not help.
-    #[error("the broker at {endpoint} refused the credentials: {source}")]
+    #[error("the broker at {endpoint} refused the credentials")]
     Unauthorized {
         /// The broker (credentials removed).
         endpoint: String,
@@ -146,10 +146,10 @@ pub enum SourceError {
     Config(String),
     /// A broker error that may pass (a lost connection, a timeout); the
     /// runtime retries with backoff.
-    #[error("broker error: {0}")]
+    #[error("broker error (transient: the consumer retries after a backoff)")]
     Transient(#[source] BoxError),
     /// A broker error that will not pass by retrying.
-    #[error("fatal broker error: {0}")]
+    #[error("fatal broker error (retrying cannot fix it)")]
     Fatal(#[source] BoxError),
 }
 

@@ -91,7 +91,7 @@ impl RunReport {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The source failed in a way retrying cannot fix (or retries ran out).
-    #[error("the source failed: {error}")]
+    #[error("the source failed")]
     Source {
         /// The source's error.
         #[source]
@@ -101,7 +101,7 @@ pub enum RunError {
     },
     /// The handler service reported an error from `poll_ready`, which means
     /// it can take no more messages.
-    #[error("the handler service stopped accepting messages: {error}")]
+    #[error("the handler service stopped accepting messages")]
     HandlerUnavailable {
         /// The service's error.
         #[source]

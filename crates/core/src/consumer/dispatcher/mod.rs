@@ -54,7 +54,7 @@ use super::shutdown::Shutdown;
 use super::slots::{Caught, SlotId, Slots};
 use crate::acker::Acker;
 use crate::commit_engine::CommitEngine;
-use crate::error::HandlerError;
+use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
 use crate::source::{Limits, Source, SourceError};
 use partitions::Partitions;
@@ -110,7 +110,7 @@ where
         report.close = match tokio::time::timeout_at(until, source.close()).await {
             Ok(Ok(())) => SourceClose::Closed,
             Ok(Err(error)) => {
-                tracing::warn!(%error, "closing the source failed");
+                tracing::warn!(error = %chain_for_log(&error), "closing the source failed");
                 SourceClose::Failed
             }
             Err(_) => {
