@@ -814,7 +814,7 @@ where
     let acker = source.acker();
     let consumer = intake_core::Consumer::builder()
         .max_in_flight(8)
-        .ordering(intake_core::Ordering::Unordered)
+        .ordering(intake_core::DeliveryOrder::Unordered)
         .backoff(intake_core::Disabled)
         .build(source, acker, handler)
         .expect("valid consumer settings");
@@ -1139,7 +1139,7 @@ async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() 
     let acker = source.acker();
     let consumer = intake_core::Consumer::builder()
         .max_in_flight(8)
-        .ordering(intake_core::Ordering::Unordered)
+        .ordering(intake_core::DeliveryOrder::Unordered)
         .backoff(intake_core::Disabled)
         .revoke_timeout(Duration::from_secs(2))
         .build(source, acker, handler)

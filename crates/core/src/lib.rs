@@ -18,7 +18,7 @@
 //! A consumer on the in-memory broker, with retries and a dead-letter topic:
 //!
 //! ```
-//! use intake_core::consumer::{Consumer, Ordering};
+//! use intake_core::consumer::{Consumer, DeliveryOrder};
 //! use intake_core::dead_letter::DeadLetterLayer;
 //! use intake_core::memory::{MemoryBroker, Record};
 //! use intake_core::retry::RetryLayer;
@@ -49,7 +49,7 @@
 //! let shutdown = CancellationToken::new();
 //! let consumer = Consumer::builder()
 //!     .max_in_flight(64)
-//!     .ordering(Ordering::Key)
+//!     .ordering(DeliveryOrder::Key)
 //!     .build(source, acker, handler)?;
 //! let run = tokio::spawn(consumer.run(shutdown.clone()));
 //! while broker.lag("orders", "billing")? > 0 {
@@ -94,7 +94,10 @@ pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use batch::{BatchLayer, BatchSettings};
 pub use catch_panic::CatchPanicLayer;
-pub use consumer::{Consumer, ConsumerBuilder, Ordering, RunError, RunReport, Shutdown};
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use consumer::Ordering;
+pub use consumer::{Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, Shutdown};
 pub use dead_letter::{
     DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
 };

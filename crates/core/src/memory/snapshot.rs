@@ -15,7 +15,7 @@ pub struct GroupSnapshot {
     /// The members, in the order they joined.
     pub members: Vec<MemberSnapshot>,
     /// Every partition of the topic, by number.
-    pub partitions: Vec<PartitionSnapshot>,
+    pub partitions: Vec<PartitionState>,
 }
 
 impl GroupSnapshot {
@@ -54,9 +54,12 @@ pub struct MemberSnapshot {
     pub pending_revocations: usize,
 }
 
-/// One partition as a group sees it.
+/// One partition as a group sees it, at the moment of its
+/// [`GroupSnapshot`]. Not the runtime's
+/// [`PartitionSnapshot`](crate::observer::PartitionSnapshot), which is a
+/// consumer's view of a partition it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PartitionSnapshot {
+pub struct PartitionState {
     /// The partition number.
     pub partition: u32,
     /// The committed offset: the next offset the group will consume. `None`
@@ -89,7 +92,7 @@ pub enum PartitionOwner {
     },
 }
 
-impl PartitionSnapshot {
+impl PartitionState {
     /// A partition of a group that holds nothing yet.
     pub(crate) fn unconsumed(partition: u32, high_watermark: usize) -> Self {
         Self {

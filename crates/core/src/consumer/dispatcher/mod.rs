@@ -38,7 +38,7 @@ mod timer;
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -121,7 +121,7 @@ where
                 SourceClose::TimedOut
             }
         };
-        report.ack_failures = ack_failures.load(AtomicOrdering::Acquire) as u64;
+        report.ack_failures = ack_failures.load(Ordering::Acquire) as u64;
         report.elapsed = started.elapsed();
         let result = match stop {
             None => Ok(report),
