@@ -25,13 +25,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use intake::amqp::lapin;
+use intake::backend::{Acker, Source};
 use intake::kafka::rdkafka::ClientConfig;
 use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake::kafka::rdkafka::client::DefaultClientContext;
 use intake::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use intake::memory::{MemoryBroker, Record};
 use intake::redis_streams::redis;
-use intake::{Acker, Consumer, DeliveryOrder, HandlerError, Message, RunReport, Source};
+use intake::{Consumer, DeliveryOrder, HandlerError, Message, RunReport};
 use tokio_util::sync::CancellationToken;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -66,9 +66,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use intake::backend::{Acker, Source};
 use intake::postgres::MessageId;
 use intake::retry::RetryLayer;
-use intake::{Acker, Consumer, ConsumerBuilder, DeliveryOrder, Exponential, RunReport, Source};
+use intake::{Consumer, ConsumerBuilder, DeliveryOrder, Exponential, RunReport};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 

@@ -1,17 +1,25 @@
 //! The core of intake: consume messages from any broker with an async fn,
 //! tower middleware and ordered commits.
 //!
-//! - [`Source`] and [`Acker`]: what a backend implements.
-//! - [`CommitEngine`](commit_engine::CommitEngine): handlers finish out of
-//!   order, yet a partition's committed position never passes a message still
-//!   in flight.
-//! - [`BackoffPolicy`]: one schedule type for retries, pauses and reconnects.
-//! - [`DeadLetterSink`]: where poison messages go.
+//! The crate root is for people who write handlers and run consumers:
+//!
+//! - [`Consumer`]: joins a source, an acker and a handler, and runs them
+//!   within a budget ([`ConsumerBuilder`]), in a [`DeliveryOrder`], until a
+//!   [`Shutdown`]; its [`RunReport`] says what it did.
 //! - [`handler_fn`]: an async fn whose arguments are extractors ([`Meta`],
-//!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service.
+//!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service; a failure
+//!   is a [`HandlerError`] whose [`ErrorClass`] says what it means.
 //! - Middleware as tower layers, composed with `tower::ServiceBuilder`:
 //!   [`RetryLayer`], [`CatchPanicLayer`], [`DeadLetterLayer`] (with its
-//!   [`FailurePolicy`]), [`TraceLayer`], [`Metrics`] and [`BatchLayer`].
+//!   [`FailurePolicy`]), [`TraceLayer`], [`BatchLayer`] and, with the
+//!   `metrics` feature, [`MetricsLayer`]; [`BackoffPolicy`] is the one
+//!   schedule type for retries, pauses and reconnects.
+//! - [`memory`]: an in-process broker with Kafka's model, for tests,
+//!   examples and benchmarks.
+//!
+//! What a backend author implements ([`backend::Source`],
+//! [`backend::Acker`], [`backend::DeadLetterSink`]) and the conformance
+//! suite that accepts a backend live in [`backend`].
 //!
 //! # Example
 //!
@@ -64,11 +72,22 @@
 //! ```
 #![warn(missing_docs)]
 
+// What a backend author needs is documented under `backend`; the modules
+// stay public, hidden, so that the backend crates' paths keep working until
+// they move to `backend`.
+#[doc(hidden)]
 pub mod acker;
+pub mod backend;
 pub mod backoff;
 pub mod batch;
 pub mod catch_panic;
+// The engine is the runtime's own; the `internals` feature opens it to the
+// property tests and the benchmark that drive it directly.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod commit_engine;
+#[cfg(not(feature = "internals"))]
+mod commit_engine;
 pub mod consumer;
 pub mod dead_letter;
 mod deadline;
@@ -85,12 +104,15 @@ pub mod observer;
 pub mod redact;
 pub mod retry;
 pub mod shutdown_scope;
+#[doc(hidden)]
 pub mod source;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod trace;
 
+#[doc(hidden)]
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub use backend::testkit;
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use batch::{BatchLayer, BatchSettings};
 pub use catch_panic::CatchPanicLayer;
@@ -98,11 +120,11 @@ pub use catch_panic::CatchPanicLayer;
 #[allow(deprecated)]
 pub use consumer::Ordering;
 pub use consumer::{Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, Shutdown};
-pub use dead_letter::{
-    DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
-};
+pub use dead_letter::{DeadLetter, DeadLetterLayer, FailurePolicy};
+#[doc(hidden)]
+pub use dead_letter::{DeadLetterError, DeadLetterSink};
 pub use decode::{Decode, DecodeError, Decoded, Json};
-pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
+pub use error::{BoxError, ConfigError, ErrorChain, ErrorClass, HandlerError};
 pub use handler::{
     FromMessage, FromMessageParts, Handler, HandlerFn, IntoHandlerResult, Key, Meta, Payload,
     handler_fn,
@@ -111,5 +133,6 @@ pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, So
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use retry::RetryLayer;
+#[doc(hidden)]
 pub use source::{Limits, Revocation, RevocationHandle, Source, SourceError, SourceEvent};
 pub use trace::TraceLayer;

@@ -41,7 +41,7 @@
 mod ack_loop;
 mod byte_budget;
 mod dispatcher;
-pub mod gate;
+mod gate;
 mod lanes;
 mod report;
 mod shutdown;
@@ -168,7 +168,7 @@ impl ConsumerBuilder {
     /// Deliveries held at once, queued or running. Default 256. With
     /// [`max_in_flight_bytes`](Self::max_in_flight_bytes) it bounds what the
     /// runtime holds; the source sizes its own buffers and the broker's
-    /// prefetch from both ([`Source::set_limits`](crate::Source::set_limits)).
+    /// prefetch from both ([`Source::set_limits`]).
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.settings.max_in_flight = max_in_flight;
         self

@@ -19,7 +19,7 @@ pub struct Unfinished {
     pub started: bool,
 }
 
-/// How the source's [`close`](crate::source::Source::close) at the end of
+/// How the source's [`close`](crate::backend::Source::close) at the end of
 /// the run went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SourceClose {
