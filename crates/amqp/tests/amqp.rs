@@ -53,6 +53,7 @@ async fn receive(source: &mut AmqpSource, count: usize, max: usize) -> Received 
                     received.revoked.extend_from_slice(revocation.partitions());
                 }
                 Ok(SourceEvent::Exhausted) => panic!("the source ended"),
+                Ok(other) => panic!("unexpected source event: {other:?}"),
                 Err(error) => panic!("source error: {error}"),
             }
         }
@@ -646,6 +647,7 @@ async fn the_broker_closing_the_connection_mid_run_leads_to_a_reconnect_and_noth
                 }
                 SourceEvent::Assigned(partitions) => assigned.extend(partitions),
                 SourceEvent::Exhausted => panic!("the source ended"),
+                other => panic!("unexpected source event: {other:?}"),
             }
         }
     })

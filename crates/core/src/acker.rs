@@ -13,6 +13,7 @@ use crate::message::{PartitionKey, Position};
 
 /// What the commit engine collects for the acker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AckMode {
     /// Only the contiguous watermark per partition (Kafka offsets, AMQP
     /// `ack multiple`, the memory broker). Cheapest.

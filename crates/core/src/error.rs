@@ -9,6 +9,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What a handler failure means for the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// Try again after a backoff (a downstream service was unavailable, a
     /// lock timed out). Retried by the retry layer; if it still fails, the
@@ -266,6 +267,7 @@ impl fmt::Debug for ErrorChain<'_> {
 /// A consumer setting that cannot work, found when the consumer is built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid consumer configuration: `{setting}` {problem}")]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The setting at fault.
     pub setting: &'static str,

@@ -88,6 +88,7 @@ impl Limits {
 
 /// What [`Source::next`] reports.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SourceEvent {
     /// Deliveries were appended to the buffer.
     Delivered,
@@ -165,6 +166,7 @@ impl SourceError {
 
 /// A partition's state when its revocation completed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RevokedPartition {
     /// The partition.
     pub partition: PartitionKey,
@@ -178,9 +180,30 @@ pub struct RevokedPartition {
 
 /// What the runtime did with a revocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RevocationOutcome {
     /// Each revoked partition, drained and committed.
     pub partitions: Vec<RevokedPartition>,
+}
+
+impl RevocationOutcome {
+    /// The outcome of a revocation of `partitions` (for a backend's tests of
+    /// its rebalance handling; the runtime builds the real ones).
+    pub fn new(partitions: Vec<RevokedPartition>) -> Self {
+        Self { partitions }
+    }
+}
+
+impl RevokedPartition {
+    /// `partition`, committed up to `committed`, with `unfinished` messages
+    /// left to its next owner.
+    pub fn new(partition: PartitionKey, committed: Option<Position>, unfinished: usize) -> Self {
+        Self {
+            partition,
+            committed,
+            unfinished,
+        }
+    }
 }
 
 /// Why waiting on a revocation ended without an outcome.

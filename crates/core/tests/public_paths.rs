@@ -58,3 +58,23 @@ fn the_former_ordering_name_is_delivery_order() {
     assert!(same::<intake_core::Ordering, intake_core::DeliveryOrder>());
     assert_eq!(intake_core::Ordering::Key, intake_core::DeliveryOrder::Key);
 }
+
+#[test]
+fn a_backend_builds_the_growing_types_through_their_constructors() {
+    use intake_core::backend::{RevocationOutcome, RevokedPartition};
+    use intake_core::{PartitionKey, Position};
+
+    let partition = PartitionKey::new("orders", 3);
+    let outcome = RevocationOutcome::new(vec![RevokedPartition::new(
+        partition.clone(),
+        Some(Position::Offset(41)),
+        2,
+    )]);
+    let revoked = &outcome.partitions[0];
+    assert_eq!(
+        (&revoked.partition, revoked.committed, revoked.unfinished),
+        (&partition, Some(Position::Offset(41)), 2)
+    );
+    let config = intake_core::ConfigError::new("max_in_flight", "is 0; use at least 1");
+    assert_eq!(config.setting, "max_in_flight");
+}

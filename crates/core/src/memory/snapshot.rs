@@ -5,6 +5,7 @@ use super::group::MemberId;
 
 /// A consumer group of one topic at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GroupSnapshot {
     /// The topic.
     pub topic: String,
@@ -44,6 +45,7 @@ impl GroupSnapshot {
 
 /// One member of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemberSnapshot {
     /// The member.
     pub id: MemberId,
@@ -59,6 +61,7 @@ pub struct MemberSnapshot {
 /// [`PartitionSnapshot`](crate::observer::PartitionSnapshot), which is a
 /// consumer's view of a partition it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PartitionState {
     /// The partition number.
     pub partition: u32,
@@ -76,6 +79,7 @@ pub struct PartitionState {
 
 /// Who owns a partition of a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PartitionOwner {
     /// Nobody (the group has no members).
     Unassigned,

@@ -534,7 +534,8 @@ pub async fn take(source: &mut KafkaSource, count: usize, max: usize, patience: 
                 Ok(SourceEvent::Revoked(revocation)) => {
                     revocation.complete(RevocationOutcome::default());
                 }
-                Ok(SourceEvent::Exhausted) | Err(_) => break,
+                // Exhausted, an event added later, or an error: done.
+                Ok(_) | Err(_) => break,
             }
         }
     })
