@@ -12,8 +12,8 @@
 //! - Middleware as tower layers, composed with `tower::ServiceBuilder`:
 //!   [`RetryLayer`], [`CatchPanicLayer`], [`DeadLetterLayer`] (with its
 //!   [`FailurePolicy`]), [`TraceLayer`], [`BatchLayer`] and, with the
-//!   `metrics` feature, [`MetricsLayer`]; [`BackoffPolicy`] is the one
-//!   schedule type for retries, pauses and reconnects.
+//!   `metrics` feature, `MetricsLayer` (prometheus); [`BackoffPolicy`] is
+//!   the one schedule type for retries, pauses and reconnects.
 //! - [`memory`]: an in-process broker with Kafka's model, for tests,
 //!   examples and benchmarks.
 //!
@@ -99,6 +99,7 @@ mod interruptible_sleep;
 mod layer_testing;
 pub mod memory;
 pub mod message;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod observer;
 pub mod redact;
@@ -130,6 +131,7 @@ pub use handler::{
     handler_fn,
 };
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+#[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use retry::RetryLayer;

@@ -308,6 +308,17 @@ async fn a_failed_batch_leaves_the_handler_failure_to_source() {
     assert_cause_once(&error);
 }
 
+#[cfg(feature = "metrics")]
+#[test]
+fn a_registration_error_leaves_the_registry_error_to_source() {
+    let registry = prometheus::Registry::new();
+    intake_core::metrics::Metrics::register(&registry).expect("first registration");
+    let error =
+        intake_core::metrics::Metrics::register(&registry).expect_err("the names are taken");
+    let chain = levels(&error);
+    assert!(chain.len() >= 2, "{chain:?}");
+}
+
 #[test]
 fn an_error_chain_prints_every_level_once() {
     let error = SourceError::Transient(cause());

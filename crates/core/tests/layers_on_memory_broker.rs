@@ -12,18 +12,23 @@ use intake_core::dead_letter::{
     DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
 };
 use intake_core::memory::{MemoryBroker, MemorySource, Record};
+#[cfg(feature = "metrics")]
 use intake_core::metrics::Metrics;
 use intake_core::retry::RetryLayer;
+#[cfg(feature = "metrics")]
 use intake_core::trace::TraceLayer;
 use intake_core::{Constant, Disabled, HandlerError, Json, Message, handler_fn};
+#[cfg(feature = "metrics")]
 use prometheus::Registry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder, service_fn};
 
+#[cfg(feature = "metrics")]
 #[path = "support/prometheus_sample.rs"]
 mod prometheus_sample;
 
+#[cfg(feature = "metrics")]
 use prometheus_sample::sample;
 
 const GROUP: &str = "billing";
@@ -428,6 +433,7 @@ async fn a_batch_with_partial_failure_commits_the_successes_and_routes_the_failu
     assert_eq!(letters, ["bad-1", "bad-4"]);
 }
 
+#[cfg(feature = "metrics")]
 #[tokio::test]
 async fn metrics_after_a_run_count_every_outcome_and_the_partition_state() {
     let topic = "metered";
