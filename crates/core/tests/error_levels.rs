@@ -17,7 +17,7 @@ use intake_core::dead_letter::{
     DeadLetterLayer, DeadLetterWriteFailed, DeadLettered, Discarded, FailurePolicy,
 };
 use intake_core::error::ErrorChain;
-use intake_core::memory::{MemoryBroker, MemoryError, Record, dead_letter_topic};
+use intake_core::memory::{InjectedFault, MemoryBroker, MemoryError, Record, dead_letter_topic};
 use intake_core::source::RevocationError;
 use intake_core::{
     AckError, BoxError, ConfigError, DeadLetter, DeadLetterError, DeadLetterSink, DecodeError,
@@ -185,7 +185,7 @@ fn a_handler_error_shows_its_cause_as_its_own_level_and_the_rest_through_source(
 }
 
 #[test]
-fn config_decode_envelope_panic_and_revocation_errors_say_everything_themselves() {
+fn errors_without_a_cause_say_everything_themselves() {
     assert_no_source(&ConfigError::new("max_in_flight", "is 0; use at least 1"));
     let decode = DecodeError::new::<u64>("JSON", b"not json", cause());
     assert_no_source(&decode);
@@ -196,6 +196,12 @@ fn config_decode_envelope_panic_and_revocation_errors_say_everything_themselves(
     assert_no_source(&Panicked::new("boom"));
     assert_no_source(&RevocationError::Abandoned);
     assert_no_source(&RevocationError::TimedOut(Duration::from_secs(1)));
+    assert_no_source(&InjectedFault::Fetch);
+    assert_no_source(&intake_core::redact::AmbiguousUserInfo);
+    let unknown = MemoryBroker::new()
+        .dead_letters("orders", "billing")
+        .expect_err("no such topic");
+    assert_no_source(&unknown);
 }
 
 #[test]
