@@ -22,11 +22,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use intake::consumer::Consumer;
 use intake::memory::{MemoryBroker, Record};
+use intake::metrics::prometheus::{Encoder, Registry, TextEncoder};
 use intake::{
     CatchPanicLayer, DeadLetterLayer, Exponential, HandlerError, Json, Meta, Metrics, RetryLayer,
     TraceLayer, handler_fn,
 };
-use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Deserialize;
 use tower::ServiceBuilder;
 

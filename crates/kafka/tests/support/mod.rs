@@ -534,7 +534,7 @@ impl Backend for KafkaBackend {
         password: &str,
     ) -> Option<Result<(KafkaSource, KafkaAcker), BoxError>> {
         // A closed port, with SASL credentials as a Kafka user gives them.
-        let settings = KafkaSettings::new(&format!("127.0.0.1:{}", closed_port()))
+        let settings = KafkaSettings::new(format!("127.0.0.1:{}", closed_port()))
             .set("security.protocol", "SASL_PLAINTEXT")
             .set("sasl.mechanism", "PLAIN")
             .set("sasl.username", "intake")
@@ -591,7 +591,8 @@ pub async fn take(source: &mut KafkaSource, count: usize, max: usize, patience: 
                 Ok(SourceEvent::Revoked(revocation)) => {
                     revocation.complete(RevocationOutcome::default());
                 }
-                Ok(SourceEvent::Exhausted) | Err(_) => break,
+                // Exhausted, an event added later, or an error: done.
+                Ok(_) | Err(_) => break,
             }
         }
     })

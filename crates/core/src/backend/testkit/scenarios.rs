@@ -2,14 +2,14 @@
 //! behaviour it proves and fails with a message saying what went wrong.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{Ledger, Running, id_of, numbered, unique_group};
 use super::{Backend, TestMessage};
-use crate::consumer::{Consumer, Ordering};
+use crate::consumer::{Consumer, DeliveryOrder};
 use crate::error::HandlerError;
 use crate::message::Message;
 
@@ -57,7 +57,7 @@ pub async fn delivers_every_message<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Key),
+        Consumer::builder().ordering(DeliveryOrder::Key),
         64,
         recording(&ledger),
     )
@@ -112,7 +112,7 @@ pub async fn commit_never_passes_an_unfinished_message<B: Backend>(backend: &B) 
         &source,
         &group,
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .shutdown_deadline(Duration::from_millis(200)),
         32,
         handler,
@@ -147,7 +147,7 @@ pub async fn commit_never_passes_an_unfinished_message<B: Backend>(backend: &B) 
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         32,
         recording(&second_ledger),
     )
@@ -187,7 +187,7 @@ pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
                     ));
                 }
                 if id % 5 == 0 {
-                    attempts_seen.fetch_max(attempt as usize, AtomicOrdering::Relaxed);
+                    attempts_seen.fetch_max(attempt as usize, Ordering::Relaxed);
                 }
                 ledger.record(id);
                 Ok(())
@@ -199,7 +199,7 @@ pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
         &source,
         &group,
         Consumer::builder()
-            .ordering(Ordering::Partition)
+            .ordering(DeliveryOrder::Partition)
             .backoff(crate::backoff::Constant::new(Duration::from_millis(10)).retry_forever()),
         16,
         handler,
@@ -211,7 +211,7 @@ pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
         .await;
     consumer.stop().await;
     assert!(
-        attempts_seen.load(AtomicOrdering::Relaxed) >= 2,
+        attempts_seen.load(Ordering::Relaxed) >= 2,
         "{}: a retried message carries its attempt number",
         backend.name()
     );
@@ -253,7 +253,7 @@ pub async fn redelivers_after_a_crash<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         32,
         handler,
     )
@@ -267,7 +267,7 @@ pub async fn redelivers_after_a_crash<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         32,
         recording(&ledger),
     )
@@ -319,7 +319,7 @@ pub async fn rebalances_between_two_consumers<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Partition),
+        Consumer::builder().ordering(DeliveryOrder::Partition),
         16,
         slow(&ledger),
     )
@@ -336,7 +336,7 @@ pub async fn rebalances_between_two_consumers<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Partition),
+        Consumer::builder().ordering(DeliveryOrder::Partition),
         16,
         slow(&ledger),
     )
@@ -440,10 +440,10 @@ pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
         tower::service_fn(move |message: Message| {
             let (ledger, running, peak) = (ledger.clone(), running.clone(), peak.clone());
             async move {
-                let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
-                peak.fetch_max(now, AtomicOrdering::SeqCst);
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_micros(200)).await;
-                running.fetch_sub(1, AtomicOrdering::SeqCst);
+                running.fetch_sub(1, Ordering::SeqCst);
                 ledger.record(id_of(&message)?);
                 Ok::<_, HandlerError>(())
             }
@@ -453,7 +453,7 @@ pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         8,
         handler,
     )
@@ -461,7 +461,7 @@ pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
     .expect("connect");
     ledger.wait_for_all(2_000, "the whole backlog").await;
     consumer.stop().await;
-    let peak = peak.load(AtomicOrdering::SeqCst);
+    let peak = peak.load(Ordering::SeqCst);
     assert!(
         peak <= 8,
         "{}: {peak} handlers ran at once with max_in_flight 8",
@@ -485,7 +485,7 @@ pub async fn malformed_payloads_do_not_stop_the_consumer<B: Backend>(backend: &B
         tower::service_fn(move |message: Message| {
             let (ledger, calls) = (ledger.clone(), calls.clone());
             async move {
-                calls.fetch_add(1, AtomicOrdering::SeqCst);
+                calls.fetch_add(1, Ordering::SeqCst);
                 ledger.record(id_of(&message)?);
                 Ok::<_, HandlerError>(())
             }
@@ -501,7 +501,7 @@ pub async fn malformed_payloads_do_not_stop_the_consumer<B: Backend>(backend: &B
         "the malformed payload failed permanently, once"
     );
     assert_eq!(
-        calls.load(AtomicOrdering::SeqCst),
+        calls.load(Ordering::SeqCst),
         11,
         "no retry of a permanent failure"
     );
@@ -725,7 +725,7 @@ pub async fn a_full_budget_still_sees_assignment_changes<B: Backend>(backend: &B
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         4,
         blocked,
     )
@@ -741,7 +741,7 @@ pub async fn a_full_budget_still_sees_assignment_changes<B: Backend>(backend: &B
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         4,
         {
             let (ledger, joined) = (ledger.clone(), joined.clone());

@@ -11,8 +11,8 @@ use crate::memory::{MemoryAcker, MemoryBroker, MemoryDeadLetterSink, MemorySourc
 /// Runs the conformance suite on a [`MemoryBroker`].
 ///
 /// ```
-/// use intake_core::testkit::Backend;
-/// use intake_core::testkit::memory_backend::MemoryBackend;
+/// use intake_core::backend::testkit::Backend;
+/// use intake_core::backend::testkit::memory_backend::MemoryBackend;
 ///
 /// let backend = MemoryBackend::new();
 /// assert_eq!(backend.name(), "memory");

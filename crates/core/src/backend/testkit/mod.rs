@@ -192,7 +192,7 @@ macro_rules! conformance_suite {
                 let Some(backend) = $backend.await else {
                     return;
                 };
-                $crate::testkit::scenarios::$scenario(&backend).await;
+                $crate::backend::testkit::scenarios::$scenario(&backend).await;
             }
         )*
     };
