@@ -10,7 +10,7 @@ use intake_core::{Backoff, ConfigError, Exponential, SourceName};
 use crate::acker::RedisStreamsAcker;
 use crate::connection::{Connector, SecretUrl, SharedConnection, check_server_version};
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::error::RedisStreamsError;
+use crate::error::Error;
 use crate::held::HeldEntries;
 use crate::source::RedisStreamsSource;
 use crate::stats::RedisStreamsStats;
@@ -90,7 +90,7 @@ impl Settings {
 /// more streams, or a broadcast reader.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), intake_redis_streams::RedisStreamsError> {
+/// # async fn demo() -> Result<(), intake_redis_streams::Error> {
 /// use std::time::Duration;
 /// use intake_redis_streams::RedisStreamsConfig;
 ///
@@ -486,7 +486,7 @@ impl RedisStreamsConfig {
         })
     }
 
-    fn connector(&self) -> Result<Connector, RedisStreamsError> {
+    fn connector(&self) -> Result<Connector, Error> {
         Connector::new(
             &self.url,
             self.tls_root_certificate.as_deref(),
@@ -500,9 +500,7 @@ impl RedisStreamsConfig {
     ///
     /// Fails with a typed error for a bad setting or URL, an unreachable
     /// server, refused credentials, or a key that is not a stream.
-    pub async fn connect(
-        self,
-    ) -> Result<(RedisStreamsSource, RedisStreamsAcker), RedisStreamsError> {
+    pub async fn connect(self) -> Result<(RedisStreamsSource, RedisStreamsAcker), Error> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;
         let mut reader = connector.blocking_reader(settings.block).await?;
@@ -519,7 +517,7 @@ impl RedisStreamsConfig {
     /// A dead-letter sink on a connection of its own, for a process that
     /// writes dead letters without consuming (a consumer's own sink is
     /// [`RedisStreamsSource::dead_letter_sink`]).
-    pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, RedisStreamsError> {
+    pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, Error> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;
         let shared = SharedConnection::new(connector.shared().await?, connector);

@@ -20,7 +20,7 @@ use redis::Script;
 use crate::config::Settings;
 use crate::connection::SharedConnection;
 use crate::entry::StreamId;
-use crate::error::RedisStreamsError;
+use crate::error::Error;
 use crate::stats::RedisStreamsStats;
 
 /// Most field names and values a dead letter passes to Redis in one script
@@ -107,7 +107,7 @@ impl RedisDeadLetterSink {
         &self,
         letter: &DeadLetter,
         with_payload: bool,
-    ) -> Result<StreamId, RedisStreamsError> {
+    ) -> Result<StreamId, Error> {
         let metadata = letter.message.metadata();
         let stream: &str = metadata.source();
         let original = StreamId::from_position(metadata.position());
@@ -164,7 +164,7 @@ impl RedisDeadLetterSink {
                     .key_error(error, "XADD", &dead_letters));
             }
         };
-        StreamId::parse(id.as_bytes()).ok_or_else(|| RedisStreamsError::UnexpectedReply {
+        StreamId::parse(id.as_bytes()).ok_or_else(|| Error::UnexpectedReply {
             command: "XADD",
             detail: format!("`{id}` is not an entry id"),
         })

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use intake_core::{Headers, Message, Metadata, Position, SourceName};
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
 
-use crate::error::RedisStreamsError;
+use crate::error::Error;
 
 /// A stream entry id, `<ms>-<seq>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -104,14 +104,14 @@ pub(crate) struct RawEntry {
     pub(crate) fields: Option<Vec<Value>>,
 }
 
-fn unexpected(command: &'static str, detail: impl Into<String>) -> RedisStreamsError {
-    RedisStreamsError::UnexpectedReply {
+fn unexpected(command: &'static str, detail: impl Into<String>) -> Error {
+    Error::UnexpectedReply {
         command,
         detail: detail.into(),
     }
 }
 
-fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, RedisStreamsError> {
+fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, Error> {
     match value {
         Value::Array(items) | Value::Set(items) => Ok(items),
         Value::Nil => Ok(Vec::new()),
@@ -175,7 +175,7 @@ pub(crate) fn parse_entries(
     value: Value,
     command: &'static str,
     out: &mut Vec<RawEntry>,
-) -> Result<Skipped, RedisStreamsError> {
+) -> Result<Skipped, Error> {
     let mut skipped = Skipped::default();
     for entry in into_items(value, command)? {
         if matches!(entry, Value::Nil) {
@@ -224,8 +224,8 @@ pub(crate) fn parse_entries(
 pub(crate) fn parse_read_reply(
     value: Value,
     command: &'static str,
-    mut on_stream: impl FnMut(&[u8], Value) -> Result<(), RedisStreamsError>,
-) -> Result<(), RedisStreamsError> {
+    mut on_stream: impl FnMut(&[u8], Value) -> Result<(), Error>,
+) -> Result<(), Error> {
     match value {
         Value::Nil => Ok(()),
         Value::Map(pairs) => {
@@ -257,7 +257,7 @@ pub(crate) fn split_read_reply(
     command: &'static str,
     index_of: impl Fn(&[u8]) -> Option<usize>,
     out: &mut Vec<(usize, Value)>,
-) -> Result<(), RedisStreamsError> {
+) -> Result<(), Error> {
     parse_read_reply(value, command, |key, entries| {
         match index_of(key) {
             Some(index) => out.push((index, entries)),
@@ -278,10 +278,7 @@ pub(crate) struct PendingEntry {
 
 /// Rows of `XPENDING key group [IDLE n] start end count [consumer]`:
 /// `[[id, consumer, idle ms, deliveries], …]`.
-pub(crate) fn parse_pending(
-    value: Value,
-    out: &mut Vec<PendingEntry>,
-) -> Result<(), RedisStreamsError> {
+pub(crate) fn parse_pending(value: Value, out: &mut Vec<PendingEntry>) -> Result<(), Error> {
     for row in into_items(value, "XPENDING")? {
         let row = into_items(row, "XPENDING")?;
         let id = row.first().and_then(bytes_of).and_then(StreamId::parse);

@@ -41,7 +41,7 @@
 //! # }
 //! ```
 //!
-//! Errors are typed ([`RedisStreamsError`]): a bad URL, an unreachable
+//! Errors are typed ([`Error`]): a bad URL, an unreachable
 //! server, refused credentials and a key that is not a stream each say what
 //! to fix, and none of them shows a password.
 #![warn(missing_docs)]
@@ -50,6 +50,7 @@ mod acker;
 mod config;
 mod connection;
 mod dead_letter;
+mod endpoint;
 mod entry;
 mod error;
 mod held;
@@ -58,9 +59,9 @@ mod stats;
 
 pub use acker::RedisStreamsAcker;
 pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
-pub use connection::Endpoint;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink};
-pub use error::{RedisStreamsError, TRANSIENT_CODES};
+pub use endpoint::Endpoint;
+pub use error::{Error, TRANSIENT_CODES};
 pub use source::RedisStreamsSource;
 pub use stats::RedisStreamsStats;
 

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use intake_core::{Constant, Source, SourceError};
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsConfig};
 use redis::AsyncCommands;
 
 use support::*;
@@ -20,8 +20,13 @@ async fn a_url_that_is_not_a_redis_url_is_refused_before_connecting() {
         .connect()
         .await;
     match connected {
-        Err(RedisStreamsError::InvalidUrl { reason }) => {
-            assert!(!reason.contains("opensesame"), "{reason}");
+        Err(error @ Error::InvalidUrl { .. }) => {
+            let shown = format!("{error} {error:?}");
+            assert!(!shown.contains("opensesame"), "{shown}");
+            assert!(
+                std::error::Error::source(&error).is_some(),
+                "what the client objected to is the cause"
+            );
         }
         other => panic!("expected InvalidUrl, got {other:?}"),
     }
@@ -34,7 +39,7 @@ async fn a_missing_group_is_a_configuration_error() {
         .connect()
         .await;
     match connected {
-        Err(RedisStreamsError::Config(error)) => assert_eq!(error.setting, "group"),
+        Err(Error::Config(error)) => assert_eq!(error.setting, "group"),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }
@@ -49,11 +54,12 @@ async fn an_unreachable_server_is_reported_with_its_endpoint_and_no_password() {
         .connect()
         .await;
     let error = match connected {
-        Err(error @ RedisStreamsError::Unreachable { .. }) => error,
+        Err(error @ Error::Unreachable { .. }) => error,
         other => panic!("expected Unreachable, got {other:?}"),
     };
     let text = error.to_string();
     assert!(text.contains("redis://bob@127.0.0.1:1/0"), "{text}");
+    assert_eq!(error.endpoint(), Some("redis://bob@127.0.0.1:1/0"));
     assert!(!text.contains("hunter2") && !format!("{error:?}").contains("hunter2"));
     assert!(error.is_transient());
     assert!(SourceError::from(error).is_transient());
@@ -75,7 +81,7 @@ async fn a_wrong_password_is_reported_as_refused_credentials() {
         .await;
     drop_user(&mut redis, &user).await;
     let error = match connected {
-        Err(error @ RedisStreamsError::Unauthorized { .. }) => error,
+        Err(error @ Error::Unauthorized { .. }) => error,
         other => panic!("expected Unauthorized, got {other:?}"),
     };
     assert!(!error.to_string().contains(&password));
@@ -126,7 +132,7 @@ async fn a_key_that_is_not_a_stream_is_reported_as_wrong_type() {
             config.group("g")
         };
         match config.connect().await {
-            Err(RedisStreamsError::WrongType { key: reported, .. }) => assert_eq!(reported, key),
+            Err(Error::WrongType { key: reported, .. }) => assert_eq!(reported, key),
             other => panic!("expected WrongType (broadcast: {broadcast}), got {other:?}"),
         }
     }
@@ -150,10 +156,7 @@ async fn a_stream_replaced_by_another_type_mid_run_fails_the_source_with_wrong_t
         panic!("expected a fatal source error, got {failed:?}");
     };
     assert!(
-        matches!(
-            error.downcast_ref::<RedisStreamsError>(),
-            Some(RedisStreamsError::WrongType { .. })
-        ),
+        matches!(error.downcast_ref::<Error>(), Some(Error::WrongType { .. })),
         "{error}"
     );
 }

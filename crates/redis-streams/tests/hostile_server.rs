@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsConfig};
 
 /// Far above the timeouts configured below: reaching it means a hang.
 const HANG: Duration = Duration::from_secs(60);
 
-async fn connect_to(misbehaviour: Misbehaviour) -> RedisStreamsError {
+async fn connect_to(misbehaviour: Misbehaviour) -> Error {
     let server = HostileServer::start(misbehaviour)
         .await
         .expect("a local listener");
@@ -35,19 +35,13 @@ async fn connect_to(misbehaviour: Misbehaviour) -> RedisStreamsError {
 #[tokio::test]
 async fn a_server_that_never_answers_is_unreachable_not_a_hang() {
     let error = connect_to(Misbehaviour::Silent).await;
-    assert!(
-        matches!(error, RedisStreamsError::Unreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
 }
 
 #[tokio::test]
 async fn a_server_that_hangs_up_at_once_is_unreachable() {
     let error = connect_to(Misbehaviour::CloseAtOnce).await;
-    assert!(
-        matches!(error, RedisStreamsError::Unreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
 }
 
 #[tokio::test]
@@ -62,9 +56,7 @@ async fn a_server_that_is_not_redis_fails_with_a_typed_error() {
         assert!(
             matches!(
                 error,
-                RedisStreamsError::Unreachable { .. }
-                    | RedisStreamsError::UnexpectedReply { .. }
-                    | RedisStreamsError::Command { .. }
+                Error::Unreachable { .. } | Error::UnexpectedReply { .. } | Error::Command { .. }
             ),
             "{}: {error:?}",
             garbage.escape_ascii()

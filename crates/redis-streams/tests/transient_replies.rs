@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use intake_core::{AckBatch, Acker, Constant, PartitionAck, Source, SourceError};
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsConfig};
 
 use scripted_server::{ScriptedServer, array, bulk, entry, error, int};
 use support::*;
@@ -115,10 +115,7 @@ async fn a_reply_the_user_must_act_on_still_stops_the_source() {
         panic!("expected a fatal error, got {fetched:?}");
     };
     assert!(
-        matches!(
-            error.downcast_ref::<RedisStreamsError>(),
-            Some(RedisStreamsError::Forbidden { .. })
-        ),
+        matches!(error.downcast_ref::<Error>(), Some(Error::Forbidden { .. })),
         "{error}"
     );
 }

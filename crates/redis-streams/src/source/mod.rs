@@ -37,7 +37,7 @@ use redis::aio::MultiplexedConnection;
 use crate::config::Settings;
 use crate::connection::{Connector, SharedConnection};
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::error::RedisStreamsError;
+use crate::error::Error;
 use crate::held::{self, HeldEntries};
 use crate::stats::RedisStreamsStats;
 
@@ -91,7 +91,7 @@ impl RedisStreamsSource {
         sink: RedisDeadLetterSink,
         shared: SharedConnection,
         held: Arc<HeldEntries>,
-    ) -> Result<Self, RedisStreamsError> {
+    ) -> Result<Self, Error> {
         // Groups are created and broadcast start positions resolved before
         // the connection is handed over, so that errors (a key of the wrong
         // type) surface from `connect`.
