@@ -17,11 +17,11 @@ use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink};
 use redis::Script;
 
-use crate::config::Settings;
 use crate::connection::SharedConnection;
-use crate::entry::StreamId;
 use crate::error::Error;
+use crate::settings::Settings;
 use crate::stats::RedisStreamsStats;
+use crate::stream_id::StreamId;
 
 /// Most field names and values a dead letter passes to Redis in one script
 /// call, the envelope's fields included. Lua's `unpack` (and any call from a

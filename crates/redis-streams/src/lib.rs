@@ -51,17 +51,19 @@ mod config;
 mod connection;
 mod dead_letter;
 mod endpoint;
-mod entry;
 mod error;
 mod held;
+mod settings;
 mod source;
 mod stats;
+mod stream_id;
 
 pub use acker::RedisStreamsAcker;
-pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
+pub use config::RedisStreamsConfig;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink};
 pub use endpoint::Endpoint;
 pub use error::{Error, TRANSIENT_CODES};
+pub use settings::{DeadLetterStream, StartFrom};
 pub use source::RedisStreamsSource;
 pub use stats::RedisStreamsStats;
 

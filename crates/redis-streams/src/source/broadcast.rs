@@ -9,12 +9,13 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 
 use super::blocking_connection::BlockingConnection;
-use super::{Poison, Staging};
-use crate::config::{Settings, StartFrom};
+use super::convert::{Decoded, EntryDecoder, RawEntry, parse_entries, split_read_reply};
+use super::staging::{Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::entry::{Decoded, EntryDecoder, RawEntry, StreamId, parse_entries, split_read_reply};
 use crate::error::Error;
+use crate::settings::{Settings, StartFrom};
+use crate::stream_id::StreamId;
 
 /// Where each stream's reading starts. "New entries" is resolved to the
 /// stream's last id now, not left as `$`: `$` means "newer than the last

@@ -32,16 +32,17 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use super::blocking_connection::BlockingConnection;
-use super::{Poison, Staging};
-use crate::config::{Settings, StartFrom};
+use super::convert::{
+    Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, parse_entries, parse_pending,
+    parse_read_reply, split_read_reply,
+};
+use super::staging::{Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::entry::{
-    After, Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, StreamId, parse_entries,
-    parse_pending, parse_read_reply, split_read_reply,
-};
 use crate::error::Error;
 use crate::held::HeldEntries;
+use crate::settings::{Settings, StartFrom};
+use crate::stream_id::{After, StreamId};
 
 /// Deletes this consumer from the group if it has no pending entries. Atomic,
 /// so a pending entry can never be dropped with its consumer.

@@ -26,19 +26,20 @@
 
 mod blocking_connection;
 mod broadcast;
+mod convert;
 mod group;
+mod staging;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use intake_core::{DeadLetter, Message, Source, SourceError, SourceEvent};
+use intake_core::{Message, Source, SourceError, SourceEvent};
 use redis::aio::MultiplexedConnection;
 
-use crate::config::Settings;
 use crate::connection::{Connector, SharedConnection};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
 use crate::held::{self, HeldEntries};
+use crate::settings::Settings;
 use crate::stats::RedisStreamsStats;
 
 use self::blocking_connection::BlockingConnection;
@@ -197,60 +198,6 @@ impl Source for RedisStreamsSource {
         match &mut self.reader {
             Reader::Group(reader) => reader.close().await.map_err(SourceError::from),
             Reader::Broadcast(_) => Ok(()),
-        }
-    }
-}
-
-/// An entry that goes to the dead-letter stream instead of the handler.
-struct Poison {
-    letter: DeadLetter,
-    /// Whether the entry had a payload field (the copy holds exactly the
-    /// original fields).
-    with_payload: bool,
-}
-
-/// Decoded entries waiting to be handed out, and those to dead-letter.
-#[derive(Default)]
-struct Staging {
-    ready: VecDeque<Message>,
-    poison: Vec<Poison>,
-}
-
-impl Staging {
-    /// Moves up to `max` waiting messages into `deliveries`; whether any.
-    fn hand_out(&mut self, deliveries: &mut Vec<Message>, max: usize) -> bool {
-        let count = self.ready.len().min(max);
-        deliveries.extend(self.ready.drain(..count));
-        count > 0
-    }
-
-    /// Writes the poison entries to the dead-letter stream. A failed write
-    /// leaves its entry pending, to be claimed and tried again later.
-    async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
-        for poison in self.poison.drain(..) {
-            let metadata = poison.letter.message.metadata();
-            match sink.write_letter(&poison.letter, poison.with_payload).await {
-                Ok(id) => {
-                    sink.stats().add_dead_lettered(1);
-                    tracing::warn!(
-                    stream = %metadata.source(),
-                    position = %metadata.position(),
-                    dead_letter_id = %id.position(),
-                    error = %poison.letter.error,
-                    "entry dead-lettered by the source"
-                    );
-                }
-                Err(error) => {
-                    sink.stats().add_dead_letter_failures(1);
-                    tracing::error!(
-                    stream = %metadata.source(),
-                    position = %metadata.position(),
-                    %error,
-                    "could not dead-letter the entry; it stays pending and is retried after \
-                     claim_min_idle"
-                    );
-                }
-            }
         }
     }
 }
