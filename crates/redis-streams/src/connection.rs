@@ -344,10 +344,10 @@ mod tests {
         );
     }
 
-    /// Everything the crate prints about `url`: the configuration's `Debug`,
+    /// Everything the crate prints about `url`: the source builder's `Debug`,
     /// and the endpoint and `Debug` of the connector, or the error.
     fn printed_forms(url: &str) -> String {
-        let config = format!("{:?}", crate::RedisStreamsConfig::new(url));
+        let builder = format!("{:?}", crate::RedisStreamsSource::builder(url));
         let parsed = Connector::new(
             &SecretUrl::new(url),
             None,
@@ -355,8 +355,8 @@ mod tests {
             Duration::from_secs(1),
         );
         match parsed {
-            Ok(connector) => format!("{config} {} {connector:?}", connector.endpoint()),
-            Err(error) => format!("{config} {error} {error:?}"),
+            Ok(connector) => format!("{builder} {} {connector:?}", connector.endpoint()),
+            Err(error) => format!("{builder} {error} {error:?}"),
         }
     }
 
@@ -440,8 +440,8 @@ mod tests {
 
         #[test]
         fn a_secret_anywhere_in_a_redis_url_never_shows(url in redis_url_with_a_secret()) {
-            let config = crate::RedisStreamsConfig::new(url.clone());
-            let shown = format!("{config:?}");
+            let builder = crate::RedisStreamsSource::builder(url.clone());
+            let shown = format!("{builder:?}");
             proptest::prop_assert!(!shown.contains("SECRET"), "{}", shown);
             let parsed = Connector::new(
                 &SecretUrl::new(url.clone()),

@@ -20,16 +20,16 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use intake_core::Source;
-//! use intake_redis_streams::RedisStreamsConfig;
+//! use intake_redis_streams::RedisStreamsSource;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let (mut source, _acker) = RedisStreamsConfig::new("redis://127.0.0.1:6379")
+//! let mut source = RedisStreamsSource::builder("redis://127.0.0.1:6379")
 //!     .stream("orders")
 //!     .group("billing")
 //!     .consumer("billing-1")
 //!     .key_field("customer")
 //!     .claim_min_idle(Duration::from_secs(60))
-//!     .connect()
+//!     .build()
 //!     .await?;
 //! // The runtime drives the source and the acker; by hand it looks like this:
 //! let mut deliveries = Vec::new();
@@ -47,7 +47,6 @@
 #![warn(missing_docs)]
 
 mod acker;
-mod config;
 mod connection;
 mod dead_letter;
 mod endpoint;
@@ -59,12 +58,12 @@ mod stats;
 mod stream_id;
 
 pub use acker::RedisStreamsAcker;
-pub use config::RedisStreamsConfig;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink};
 pub use endpoint::Endpoint;
 pub use error::{Error, TRANSIENT_CODES};
 pub use settings::{DeadLetterStream, StartFrom};
 pub use source::RedisStreamsSource;
+pub use source::builder::RedisStreamsSourceBuilder;
 pub use stats::RedisStreamsStats;
 
 /// The Redis client this crate is built on, so that applications use the

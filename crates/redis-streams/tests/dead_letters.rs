@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use intake_core::dead_letter::envelope;
 use intake_core::{DeadLetter, DeadLetterSink};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::RedisStreamsSource;
 use redis::aio::MultiplexedConnection;
 
 use support::*;
@@ -25,8 +25,8 @@ async fn dead_letter_the_entry(
     intake_redis_streams::RedisStreamsSource,
     intake_core::Message,
 ) {
-    let (mut source, _acker) = group_config(stream, group, "c1")
-        .connect()
+    let mut source = group_builder(stream, group, "c1")
+        .build()
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
@@ -226,7 +226,7 @@ async fn a_producer_field_named_like_an_envelope_field_does_not_change_the_lette
 
 #[test]
 fn a_dead_letter_stream_that_is_also_consumed_is_refused_when_built() {
-    let error = RedisStreamsConfig::new("redis://127.0.0.1")
+    let error = RedisStreamsSource::builder("redis://127.0.0.1")
         .streams(["orders", "orders:dlq"])
         .group("g")
         .validate()

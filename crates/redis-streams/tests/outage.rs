@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use intake_core::{AckBatch, Acker, Consumer, HandlerError, Message, PartitionAck, Source};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder};
 use tokio_util::sync::CancellationToken;
 
 use support::*;
@@ -138,8 +138,8 @@ fn own_server_or_skip(test: &str) -> Option<OwnServer> {
 
 /// A group consumer with short timeouts and the default reconnect policy
 /// (retry forever).
-fn config(server: &OwnServer, stream: &str) -> RedisStreamsConfig {
-    RedisStreamsConfig::new(server.url())
+fn config(server: &OwnServer, stream: &str) -> RedisStreamsSourceBuilder {
+    RedisStreamsSource::builder(server.url())
         .stream(stream)
         .group("g")
         .consumer("c1")
@@ -154,7 +154,7 @@ async fn closing_the_source_during_an_outage_returns_instead_of_reconnecting_for
         let Some(mut server) = own_server_or_skip("closing the source during an outage") else {
             return;
         };
-        let (mut source, _acker) = config(&server, "orders").connect().await.expect("connect");
+        let mut source = config(&server, "orders").build().await.expect("connect");
         // The runtime drops the source's pending read when it stops; that
         // read's connection is given up, so closing needs a new one.
         let mut buffer = Vec::new();
@@ -180,7 +180,8 @@ async fn the_last_acknowledgement_during_an_outage_fails_within_its_timeouts() {
         };
         let mut admin = server.admin().await;
         produce(&mut admin, "orders", "m", 3).await;
-        let (mut source, mut acker) = config(&server, "orders").connect().await.expect("connect");
+        let mut source = config(&server, "orders").build().await.expect("connect");
+        let mut acker = source.acker();
         let received = receive(&mut source, 3, 10, Duration::from_secs(5)).await;
         assert_eq!(received.len(), 3);
         server.break_down(outage);
@@ -210,7 +211,8 @@ async fn a_consumer_stopped_during_an_outage_returns_from_run() {
         };
         let mut admin = server.admin().await;
         produce(&mut admin, "orders", "m", 5).await;
-        let (source, acker) = config(&server, "orders").connect().await.expect("connect");
+        let source = config(&server, "orders").build().await.expect("connect");
+        let acker = source.acker();
         let shutdown = CancellationToken::new();
         let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
         let handler = tower::service_fn(move |message: Message| {

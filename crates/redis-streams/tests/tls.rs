@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use intake_redis_streams::{Error, RedisStreamsConfig};
+use intake_redis_streams::{Error, RedisStreamsSource};
 
 use support::*;
 
@@ -161,14 +161,15 @@ async fn rediss_with_a_private_ca_delivers_and_acknowledges() {
     let url = format!("rediss://127.0.0.1:{}", server.port);
     let stream = unique("tls");
     let group = unique("group");
-    let (mut source, mut acker) = RedisStreamsConfig::new(&url)
+    let mut source = RedisStreamsSource::builder(&url)
         .stream(&stream)
         .group(&group)
         .block(Duration::from_millis(100))
         .tls_root_certificate(server.ca.clone())
-        .connect()
+        .build()
         .await
         .expect("connect over TLS");
+    let mut acker = source.acker();
 
     let client = redis::Client::build_with_tls(
         url.as_str(),
@@ -196,10 +197,10 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     else {
         return;
     };
-    let connected = RedisStreamsConfig::new(format!("rediss://127.0.0.1:{}", server.port))
+    let connected = RedisStreamsSource::builder(format!("rediss://127.0.0.1:{}", server.port))
         .stream(unique("tls"))
         .group("g")
-        .connect()
+        .build()
         .await;
     match connected {
         Err(error @ Error::Unreachable { .. }) => {
@@ -218,11 +219,11 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
 
 #[tokio::test]
 async fn a_root_certificate_without_rediss_is_a_configuration_error() {
-    let connected = RedisStreamsConfig::new("redis://127.0.0.1:6379")
+    let connected = RedisStreamsSource::builder("redis://127.0.0.1:6379")
         .stream("s")
         .group("g")
         .tls_root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec())
-        .connect()
+        .build()
         .await;
     match connected {
         Err(Error::Config(error)) => assert_eq!(error.setting, "tls_root_certificate"),

@@ -26,6 +26,7 @@
 
 mod blocking_connection;
 mod broadcast;
+pub(crate) mod builder;
 mod convert;
 mod group;
 mod staging;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 use intake_core::{Message, Source, SourceError, SourceEvent};
 use redis::aio::MultiplexedConnection;
 
+use crate::acker::RedisStreamsAcker;
 use crate::connection::{Connector, SharedConnection};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
@@ -47,7 +49,8 @@ use self::broadcast::BroadcastReader;
 use self::group::GroupReader;
 
 /// Reads entries of Redis streams and hands them to the runtime as
-/// messages. Built by [`RedisStreamsConfig::connect`](crate::RedisStreamsConfig::connect).
+/// messages. Built by [`RedisStreamsSource::builder`]; its acker is
+/// [`acker`](Self::acker).
 ///
 /// Each message's partition is its stream (partition 0), its position the
 /// entry id, its timestamp the id's milliseconds, and its attempt the
@@ -56,6 +59,11 @@ pub struct RedisStreamsSource {
     reader: Reader,
     sink: RedisDeadLetterSink,
     settings: Arc<Settings>,
+    /// The connection of acknowledgements (and of the dead-letter sink).
+    shared: SharedConnection,
+    /// The entries handed out and not yet acknowledged, which the acker
+    /// releases.
+    held: Arc<HeldEntries>,
     /// Resets the idle time of the entries this consumer holds; ends with
     /// the source.
     keep_alive: Option<tokio::task::AbortHandle>,
@@ -112,14 +120,19 @@ impl RedisStreamsSource {
         )
         .await;
         let keep_alive = settings.group.is_some().then(|| {
-            tokio::spawn(held::keep_alive(held.clone(), shared, settings.clone())).abort_handle()
+            tokio::spawn(held::keep_alive(
+                held.clone(),
+                shared.clone(),
+                settings.clone(),
+            ))
+            .abort_handle()
         });
         let reader = match positions {
             None => Reader::Group(Box::new(GroupReader::new(
                 settings.clone(),
                 connection,
                 sink.clone(),
-                held,
+                held.clone(),
             ))),
             Some(positions) => Reader::Broadcast(Box::new(BroadcastReader::new(
                 settings.clone(),
@@ -138,8 +151,22 @@ impl RedisStreamsSource {
             reader,
             sink,
             settings,
+            shared,
+            held,
             keep_alive,
         })
+    }
+
+    /// The acker of this source's entries: `XACK` (with `XDEL` under
+    /// [`delete_acked`](builder::RedisStreamsSourceBuilder::delete_acked))
+    /// on the source's shared connection, or nothing at all for a
+    /// broadcast reader. Hand it to the consumer with the source.
+    pub fn acker(&self) -> RedisStreamsAcker {
+        RedisStreamsAcker::new(
+            self.shared.clone(),
+            self.settings.clone(),
+            self.held.clone(),
+        )
     }
 
     /// The dead-letter sink of this consumer (same group and consumer name,

@@ -1,4 +1,6 @@
-//! [`RedisStreamsConfig`]: what to read, as whom, and how to recover.
+//! [`RedisStreamsSourceBuilder`]: what to read, as whom, and how to
+//! recover; [`build`](RedisStreamsSourceBuilder::build) connects and
+//! returns the [`RedisStreamsSource`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,35 +8,47 @@ use std::time::Duration;
 
 use intake_core::{Backoff, ConfigError, Exponential, SourceName};
 
-use crate::acker::RedisStreamsAcker;
 use crate::connection::{Connector, SecretUrl, SharedConnection, check_server_version};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
 use crate::held::HeldEntries;
 use crate::settings::{DeadLetterStream, Settings, StartFrom, default_consumer_name};
-use crate::source::RedisStreamsSource;
 
-/// Configuration of a Redis Streams consumer: a consumer group over one or
-/// more streams, or a broadcast reader.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), intake_redis_streams::Error> {
-/// use std::time::Duration;
-/// use intake_redis_streams::RedisStreamsConfig;
-///
-/// let (source, acker) = RedisStreamsConfig::new("redis://127.0.0.1:6379")
-///     .stream("orders")
-///     .group("billing")
-///     .consumer("billing-1")
-///     .claim_min_idle(Duration::from_secs(60))
-///     .max_deliveries(5)
-///     .connect()
-///     .await?;
-/// let dead_letters = source.dead_letter_sink();
-/// # let _ = (acker, dead_letters);
-/// # Ok(())
-/// # }
-/// ```
+use super::RedisStreamsSource;
+
+impl RedisStreamsSource {
+    /// A builder of a source reading from the server at `url`:
+    /// `redis://[user[:password]@]host[:port][/db]`, or `rediss://…` for
+    /// TLS (feature `tls`, on by default). The password never appears in
+    /// `Debug` output, logs or errors.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), intake_redis_streams::Error> {
+    /// use std::time::Duration;
+    /// use intake_redis_streams::RedisStreamsSource;
+    ///
+    /// let source = RedisStreamsSource::builder("redis://127.0.0.1:6379")
+    ///     .stream("orders")
+    ///     .group("billing")
+    ///     .consumer("billing-1")
+    ///     .claim_min_idle(Duration::from_secs(60))
+    ///     .max_deliveries(5)
+    ///     .build()
+    ///     .await?;
+    /// let acker = source.acker();
+    /// let dead_letters = source.dead_letter_sink();
+    /// # let _ = (acker, dead_letters);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> RedisStreamsSourceBuilder {
+        RedisStreamsSourceBuilder::new(url)
+    }
+}
+
+/// Builds a [`RedisStreamsSource`]: a member of a consumer group over one
+/// or more streams, or a broadcast reader. See
+/// [`RedisStreamsSource::builder`].
 ///
 /// # Delivery
 ///
@@ -67,7 +81,8 @@ use crate::source::RedisStreamsSource;
 /// passes [`max_deliveries`](Self::max_deliveries) the source writes the
 /// entry to the dead-letter stream instead of dispatching it.
 #[derive(Clone)]
-pub struct RedisStreamsConfig {
+#[must_use = "a builder does nothing until `.build().await`"]
+pub struct RedisStreamsSourceBuilder {
     url: SecretUrl,
     streams: Vec<String>,
     group: Option<String>,
@@ -88,9 +103,9 @@ pub struct RedisStreamsConfig {
     tls_root_certificate: Option<Vec<u8>>,
 }
 
-impl fmt::Debug for RedisStreamsConfig {
+impl fmt::Debug for RedisStreamsSourceBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStreamsConfig")
+        f.debug_struct("RedisStreamsSourceBuilder")
             .field("url", &self.url)
             .field("streams", &self.streams)
             .field("group", &self.group)
@@ -113,7 +128,7 @@ impl fmt::Debug for RedisStreamsConfig {
     }
 }
 
-impl RedisStreamsConfig {
+impl RedisStreamsSourceBuilder {
     /// Default of [`claim_min_idle`](Self::claim_min_idle).
     pub const DEFAULT_CLAIM_MIN_IDLE: Duration = Duration::from_secs(60);
     /// Default of [`max_deliveries`](Self::max_deliveries).
@@ -121,11 +136,7 @@ impl RedisStreamsConfig {
     /// Default of [`payload_field`](Self::payload_field).
     pub const DEFAULT_PAYLOAD_FIELD: &'static str = "payload";
 
-    /// A configuration for the server at `url`: `redis://[user[:password]@]
-    /// host[:port][/db]`, or `rediss://…` for TLS (feature `tls`, on by
-    /// default). The password never appears in `Debug` output, logs or
-    /// errors.
-    pub fn new(url: impl Into<String>) -> Self {
+    pub(crate) fn new(url: impl Into<String>) -> Self {
         Self {
             url: SecretUrl::new(url),
             streams: Vec::new(),
@@ -424,11 +435,12 @@ impl RedisStreamsConfig {
     }
 
     /// Connects: checks the server, creates the consumer group (and the
-    /// stream) where missing, and returns the source and its acker.
+    /// stream) where missing, and returns the source. Its acker is
+    /// [`RedisStreamsSource::acker`].
     ///
     /// Fails with a typed error for a bad setting or URL, an unreachable
     /// server, refused credentials, or a key that is not a stream.
-    pub async fn connect(self) -> Result<(RedisStreamsSource, RedisStreamsAcker), Error> {
+    pub async fn build(self) -> Result<RedisStreamsSource, Error> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;
         let mut reader = connector.blocking_reader(settings.block).await?;
@@ -436,10 +448,7 @@ impl RedisStreamsConfig {
         let shared = SharedConnection::new(connector.shared().await?, connector.clone());
         let sink = RedisDeadLetterSink::new(shared.clone(), settings.clone());
         let held = Arc::new(HeldEntries::new(&settings.streams));
-        let acker = RedisStreamsAcker::new(shared.clone(), settings.clone(), held.clone());
-        let source =
-            RedisStreamsSource::start(connector, reader, settings, sink, shared, held).await?;
-        Ok((source, acker))
+        RedisStreamsSource::start(connector, reader, settings, sink, shared, held).await
     }
 
     /// A dead-letter sink on a connection of its own, for a process that
@@ -457,36 +466,36 @@ impl RedisStreamsConfig {
 mod tests {
     use super::*;
 
-    fn group_config() -> RedisStreamsConfig {
-        RedisStreamsConfig::new("redis://127.0.0.1")
+    fn group_builder() -> RedisStreamsSourceBuilder {
+        RedisStreamsSource::builder("redis://127.0.0.1")
             .stream("orders")
             .group("billing")
     }
 
     #[test]
     fn a_group_consumer_needs_a_stream_and_a_group() {
-        let error = RedisStreamsConfig::new("redis://127.0.0.1")
+        let error = RedisStreamsSource::builder("redis://127.0.0.1")
             .group("g")
             .validate();
         assert_eq!(error.map_err(|e| e.setting), Err("streams"));
-        let error = RedisStreamsConfig::new("redis://127.0.0.1")
+        let error = RedisStreamsSource::builder("redis://127.0.0.1")
             .stream("s")
             .validate();
         assert_eq!(error.map_err(|e| e.setting), Err("group"));
-        assert!(group_config().validate().is_ok());
+        assert!(group_builder().validate().is_ok());
     }
 
     #[test]
     fn broadcast_and_group_exclude_each_other() {
-        let error = group_config().broadcast().validate();
+        let error = group_builder().broadcast().validate();
         assert_eq!(error.map_err(|e| e.setting), Err("broadcast"));
     }
 
     #[test]
     fn dead_letters_may_not_go_to_a_consumed_stream() {
-        let error = group_config().stream("orders:dlq").validate();
+        let error = group_builder().stream("orders:dlq").validate();
         assert_eq!(error.map_err(|e| e.setting), Err("dead_letter_stream"));
-        let error = group_config()
+        let error = group_builder()
             .dead_letter_stream(DeadLetterStream::Fixed("orders".into()))
             .validate();
         assert_eq!(error.map_err(|e| e.setting), Err("dead_letter_stream"));
@@ -494,18 +503,19 @@ mod tests {
 
     #[test]
     fn zero_durations_and_counts_are_refused() {
-        let setting = |config: RedisStreamsConfig| config.validate().map_err(|e| e.setting);
-        assert_eq!(setting(group_config().block(Duration::ZERO)), Err("block"));
+        let setting =
+            |builder: RedisStreamsSourceBuilder| builder.validate().map_err(|e| e.setting);
+        assert_eq!(setting(group_builder().block(Duration::ZERO)), Err("block"));
         assert_eq!(
-            setting(group_config().claim_min_idle(Duration::ZERO)),
+            setting(group_builder().claim_min_idle(Duration::ZERO)),
             Err("claim_min_idle")
         );
         assert_eq!(
-            setting(group_config().max_deliveries(0)),
+            setting(group_builder().max_deliveries(0)),
             Err("max_deliveries")
         );
         assert_eq!(
-            setting(group_config().stream("orders")),
+            setting(group_builder().stream("orders")),
             Err("streams"),
             "a stream named twice"
         );
@@ -513,7 +523,7 @@ mod tests {
 
     #[test]
     fn the_claim_interval_follows_the_idle_time() {
-        let settings = group_config()
+        let settings = group_builder()
             .claim_min_idle(Duration::from_secs(2))
             .settings();
         assert_eq!(
@@ -524,8 +534,8 @@ mod tests {
 
     #[test]
     fn debug_output_hides_the_password() {
-        let config = RedisStreamsConfig::new("redis://user:topsecret@host:6379/0");
-        let debug = format!("{config:?}");
+        let builder = RedisStreamsSource::builder("redis://user:topsecret@host:6379/0");
+        let debug = format!("{builder:?}");
         assert!(!debug.contains("topsecret"), "{debug}");
         assert!(debug.contains("user:***@host"), "{debug}");
     }
