@@ -19,6 +19,12 @@ use intake_core::{ConfigError, redact};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, server_code};
 
+/// How long to wait for a connection unless set otherwise.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long to wait for the reply to a command unless set otherwise.
+pub(crate) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A URL as the user gave it, which may hold a password (in the user info,
 /// or in `?pass=` for a unix socket). Its `Debug` shows the URL with the
 /// secrets replaced by `***`.

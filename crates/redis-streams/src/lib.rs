@@ -58,7 +58,7 @@ mod stats;
 mod stream_id;
 
 pub use acker::RedisStreamsAcker;
-pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink};
+pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 pub use endpoint::Endpoint;
 pub use error::{Error, TRANSIENT_CODES};
 pub use settings::{DeadLetterStream, StartFrom};

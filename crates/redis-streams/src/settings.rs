@@ -5,9 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use intake_core::{Backoff, SourceName};
+use intake_core::{Backoff, ConfigError, SourceName};
 
 use crate::stats::RedisStreamsStats;
+
+/// The entry field that holds the payload unless set otherwise.
+pub(crate) const DEFAULT_PAYLOAD_FIELD: &str = "payload";
 
 /// Where a new consumer group starts reading a stream (or where a broadcast
 /// reader starts).
@@ -45,6 +48,31 @@ impl DeadLetterStream {
             DeadLetterStream::Suffix(suffix) => format!("{stream}{suffix}"),
             DeadLetterStream::Fixed(name) => name.clone(),
         }
+    }
+
+    /// Refuses a destination that is empty or, for one of the `consumed`
+    /// streams, is itself consumed: its dead letters would be read again.
+    pub(crate) fn check(&self, consumed: &[impl AsRef<str>]) -> Result<(), ConfigError> {
+        let (DeadLetterStream::Suffix(name) | DeadLetterStream::Fixed(name)) = self;
+        if name.is_empty() {
+            return Err(ConfigError::new(
+                "dead_letter_stream",
+                "is empty: dead letters would go back to the source stream",
+            ));
+        }
+        for stream in consumed {
+            let dead_letters = self.name_for(stream.as_ref());
+            if consumed.iter().any(|other| other.as_ref() == dead_letters) {
+                return Err(ConfigError::new(
+                    "dead_letter_stream",
+                    format!(
+                        "`{dead_letters}` is also a stream this consumer reads; dead letters \
+                         would be consumed again"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -361,7 +361,7 @@ async fn the_dead_letter_sink_writes_the_origin_and_acknowledges_atomically() {
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
-    let sink = source.dead_letter_sink();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = intake_core::DeadLetter::new(received[0].clone(), "cannot parse", 4);
     intake_core::DeadLetterSink::write(&sink, &letter)
         .await
@@ -399,7 +399,7 @@ async fn a_failed_dead_letter_write_leaves_the_original_pending() {
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
-    let sink = source.dead_letter_sink();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = intake_core::DeadLetter::new(received[0].clone(), "bad", 1);
     let written = intake_core::DeadLetterSink::write(&sink, &letter).await;
     assert!(written.is_err());

@@ -8,11 +8,16 @@ use std::time::Duration;
 
 use intake_core::{Backoff, ConfigError, Exponential, SourceName};
 
-use crate::connection::{Connector, SecretUrl, SharedConnection, check_server_version};
-use crate::dead_letter::RedisDeadLetterSink;
+use crate::connection::{
+    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
+    check_server_version,
+};
+use crate::dead_letter::RedisDeadLetterSinkBuilder;
 use crate::error::Error;
 use crate::held::HeldEntries;
-use crate::settings::{DeadLetterStream, Settings, StartFrom, default_consumer_name};
+use crate::settings::{
+    DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, StartFrom, default_consumer_name,
+};
 
 use super::RedisStreamsSource;
 
@@ -134,7 +139,7 @@ impl RedisStreamsSourceBuilder {
     /// Default of [`max_deliveries`](Self::max_deliveries).
     pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
     /// Default of [`payload_field`](Self::payload_field).
-    pub const DEFAULT_PAYLOAD_FIELD: &'static str = "payload";
+    pub const DEFAULT_PAYLOAD_FIELD: &'static str = DEFAULT_PAYLOAD_FIELD;
 
     pub(crate) fn new(url: impl Into<String>) -> Self {
         Self {
@@ -155,8 +160,8 @@ impl RedisStreamsSourceBuilder {
             reconnect: Exponential::new(Duration::from_millis(100), Duration::from_secs(5))
                 .retry_forever()
                 .into(),
-            connect_timeout: Duration::from_secs(5),
-            command_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
             tls_root_certificate: None,
         }
     }
@@ -322,17 +327,8 @@ impl RedisStreamsSourceBuilder {
                     format!("names `{stream}` twice"),
                 ));
             }
-            let dead_letters = self.dead_letter_stream.name_for(stream);
-            if self.streams.contains(&dead_letters) {
-                return Err(ConfigError::new(
-                    "dead_letter_stream",
-                    format!(
-                        "`{dead_letters}` is also a stream this consumer reads; dead letters \
-                         would be consumed again"
-                    ),
-                ));
-            }
         }
+        self.dead_letter_stream.check(&self.streams)?;
         let group = match (&self.group, self.broadcast) {
             (Some(_), true) => {
                 return Err(ConfigError::new(
@@ -361,14 +357,6 @@ impl RedisStreamsSourceBuilder {
         }
         if matches!(&self.key_field, Some(field) if field.is_empty()) {
             return Err(ConfigError::new("key_field", "is empty"));
-        }
-        let (DeadLetterStream::Suffix(name) | DeadLetterStream::Fixed(name)) =
-            &self.dead_letter_stream;
-        if name.is_empty() {
-            return Err(ConfigError::new(
-                "dead_letter_stream",
-                "is empty: dead letters would go back to the source stream",
-            ));
         }
         if self.block < Duration::from_millis(1) {
             return Err(ConfigError::new(
@@ -446,19 +434,16 @@ impl RedisStreamsSourceBuilder {
         let mut reader = connector.blocking_reader(settings.block).await?;
         check_server_version(&mut reader, &connector).await?;
         let shared = SharedConnection::new(connector.shared().await?, connector.clone());
-        let sink = RedisDeadLetterSink::new(shared.clone(), settings.clone());
+        let dead_letters = RedisDeadLetterSinkBuilder::from_source(
+            self.url,
+            self.tls_root_certificate,
+            self.connect_timeout,
+            self.command_timeout,
+            shared.clone(),
+            &settings,
+        );
         let held = Arc::new(HeldEntries::new(&settings.streams));
-        RedisStreamsSource::start(connector, reader, settings, sink, shared, held).await
-    }
-
-    /// A dead-letter sink on a connection of its own, for a process that
-    /// writes dead letters without consuming (a consumer's own sink is
-    /// [`RedisStreamsSource::dead_letter_sink`]).
-    pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, Error> {
-        let settings = Arc::new(self.settings()?);
-        let connector = self.connector()?;
-        let shared = SharedConnection::new(connector.shared().await?, connector);
-        Ok(RedisDeadLetterSink::new(shared, settings))
+        RedisStreamsSource::start(connector, reader, settings, dead_letters, shared, held).await
     }
 }
 

@@ -38,7 +38,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::acker::RedisStreamsAcker;
 use crate::connection::{Connector, SharedConnection};
-use crate::dead_letter::RedisDeadLetterSink;
+use crate::dead_letter::{RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 use crate::error::Error;
 use crate::held::{self, HeldEntries};
 use crate::settings::Settings;
@@ -57,7 +57,8 @@ use self::group::GroupReader;
 /// delivery count Redis keeps for the entry.
 pub struct RedisStreamsSource {
     reader: Reader,
-    sink: RedisDeadLetterSink,
+    /// What [`dead_letter_sink`](Self::dead_letter_sink) hands out.
+    dead_letters: RedisDeadLetterSinkBuilder,
     settings: Arc<Settings>,
     /// The connection of acknowledgements (and of the dead-letter sink).
     shared: SharedConnection,
@@ -97,13 +98,13 @@ impl RedisStreamsSource {
         connector: Connector,
         mut connection: MultiplexedConnection,
         settings: Arc<Settings>,
-        sink: RedisDeadLetterSink,
+        dead_letters: RedisDeadLetterSinkBuilder,
         shared: SharedConnection,
         held: Arc<HeldEntries>,
     ) -> Result<Self, Error> {
         // Groups are created and broadcast start positions resolved before
         // the connection is handed over, so that errors (a key of the wrong
-        // type) surface from `connect`.
+        // type) surface from `build`.
         let positions = match &settings.group {
             Some(_) => {
                 group::create_groups(&mut connection, &connector, &settings).await?;
@@ -119,6 +120,9 @@ impl RedisStreamsSource {
             settings.stats.clone(),
         )
         .await;
+        // The source's own dead letters (past `max_deliveries`, no payload
+        // field).
+        let sink = RedisDeadLetterSink::new(shared.clone(), &settings);
         let keep_alive = settings.group.is_some().then(|| {
             tokio::spawn(held::keep_alive(
                 held.clone(),
@@ -131,13 +135,13 @@ impl RedisStreamsSource {
             None => Reader::Group(Box::new(GroupReader::new(
                 settings.clone(),
                 connection,
-                sink.clone(),
+                sink,
                 held.clone(),
             ))),
             Some(positions) => Reader::Broadcast(Box::new(BroadcastReader::new(
                 settings.clone(),
                 connection,
-                sink.clone(),
+                sink,
                 positions,
             ))),
         };
@@ -149,7 +153,7 @@ impl RedisStreamsSource {
         );
         Ok(Self {
             reader,
-            sink,
+            dead_letters,
             settings,
             shared,
             held,
@@ -169,10 +173,14 @@ impl RedisStreamsSource {
         )
     }
 
-    /// The dead-letter sink of this consumer (same group and consumer name,
-    /// shared connection), for the dead-letter layer.
-    pub fn dead_letter_sink(&self) -> RedisDeadLetterSink {
-        self.sink.clone()
+    /// A builder of the dead-letter sink of this consumer, for the
+    /// dead-letter layer: prefilled from the source (server, TLS settings,
+    /// group, consumer name, payload field, dead-letter stream, the streams
+    /// it reads), on the source's connection. Its
+    /// [`build`](RedisDeadLetterSinkBuilder::build) refuses a dead-letter
+    /// stream the source reads.
+    pub fn dead_letter_sink(&self) -> RedisDeadLetterSinkBuilder {
+        self.dead_letters.clone()
     }
 
     /// This consumer's name within its group.

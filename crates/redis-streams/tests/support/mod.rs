@@ -398,7 +398,12 @@ impl Backend for RedisBackend {
     }
 
     async fn dead_letter_sink(&self, source: &str, group: &str) -> Result<Self::Sink, BoxError> {
-        Ok(self.config(source, group).dead_letter_sink().await?)
+        let sink = RedisDeadLetterSink::builder(redis_url())
+            .consumed_stream(source)
+            .group(group)
+            .build()
+            .await?;
+        Ok(sink)
     }
 
     async fn dead_letters(&self, source: &str, _group: &str) -> Result<Vec<DeadLetter>, BoxError> {
