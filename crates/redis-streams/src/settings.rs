@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use intake_core::{Backoff, ConfigError, SourceName};
+use intake_core::{BackoffPolicy, ConfigError, SourceName};
 
 use crate::stats::RedisStreamsStats;
 
@@ -77,7 +77,6 @@ impl DeadLetterStream {
 }
 
 /// Settings shared by a source, its acker and its dead-letter sink.
-#[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) streams: Vec<SourceName>,
     /// `None` in broadcast mode.
@@ -92,7 +91,7 @@ pub(crate) struct Settings {
     pub(crate) max_deliveries: Option<u32>,
     pub(crate) dead_letter_stream: DeadLetterStream,
     pub(crate) delete_acked: bool,
-    pub(crate) reconnect: Backoff,
+    pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     /// Counters shared by the source, the acker and the dead-letter sink.
     pub(crate) stats: Arc<RedisStreamsStats>,
 }

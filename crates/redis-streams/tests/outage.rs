@@ -245,3 +245,75 @@ async fn a_consumer_stopped_during_an_outage_returns_from_run() {
         assert_eq!(report.succeeded, 5);
     }
 }
+
+/// A reconnect policy that records each retry it is asked about and gives
+/// up after three; `validate` fails when `invalid`.
+#[derive(Clone, Default)]
+struct RecordingBackoff {
+    asked: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    invalid: bool,
+}
+
+impl intake_core::BackoffPolicy for RecordingBackoff {
+    fn delay(&self, retry: u32) -> Option<Duration> {
+        self.asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(retry);
+        (retry <= 3).then_some(Duration::from_millis(10))
+    }
+
+    fn validate(&self) -> Result<(), intake_core::ConfigError> {
+        if self.invalid {
+            Err(intake_core::ConfigError::new("min", "is above max"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test]
+async fn any_backoff_policy_paces_the_reconnects_and_its_giving_up_ends_the_read() {
+    let Some(mut server) = own_server_or_skip("any backoff policy paces the reconnects") else {
+        return;
+    };
+    let policy = RecordingBackoff::default();
+    let mut source = config(&server, "orders")
+        .reconnect_backoff(policy.clone())
+        .build()
+        .await
+        .expect("connect");
+    server.break_down(Outage::Killed);
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(HANG, source.next(&mut buffer, 10)).await;
+    assert!(
+        matches!(read, Ok(Err(intake_core::SourceError::Unreachable { .. }))),
+        "{read:?}"
+    );
+    let asked = policy.asked.lock().map(|asked| asked.clone()).ok();
+    assert_eq!(
+        asked,
+        Some(vec![1, 2, 3, 4]),
+        "one question per failed attempt, the fourth answered with giving up"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_reconnect_policy_is_refused_when_built() {
+    let built = RedisStreamsSource::builder("redis://127.0.0.1:1")
+        .stream("orders")
+        .group("g")
+        .reconnect_backoff(RecordingBackoff {
+            invalid: true,
+            ..RecordingBackoff::default()
+        })
+        .build()
+        .await;
+    match built {
+        Err(intake_redis_streams::Error::Config(error)) => {
+            assert_eq!(error.setting, "reconnect_backoff");
+            assert!(error.problem.contains("`min` is above max"), "{error}");
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+}

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use intake_core::{Backoff, BackoffPolicy};
+use intake_core::{BackoffPolicy, Disabled};
 use redis::aio::MultiplexedConnection;
 
 use crate::connection::Connector;
@@ -27,7 +27,7 @@ use crate::stats::RedisStreamsStats;
 pub(crate) struct BlockingConnection {
     connector: Connector,
     block: Duration,
-    policy: Backoff,
+    policy: Arc<dyn BackoffPolicy>,
     connection: Option<MultiplexedConnection>,
     /// The server's id of `connection` (`CLIENT ID`), if the user may ask.
     client_id: Option<i64>,
@@ -44,7 +44,7 @@ impl BlockingConnection {
     pub(crate) async fn new(
         connector: Connector,
         block: Duration,
-        policy: Backoff,
+        policy: Arc<dyn BackoffPolicy>,
         mut connection: MultiplexedConnection,
         stats: Arc<RedisStreamsStats>,
     ) -> Self {
@@ -181,7 +181,7 @@ impl BlockingConnection {
     /// Makes every later failure final: no reconnect policy, no wait. For
     /// the last steps of a source that is closing.
     pub(crate) fn stop_retrying(&mut self) {
-        self.policy = Backoff::Disabled;
+        self.policy = Arc::new(Disabled);
     }
 
     /// Records that a command worked.

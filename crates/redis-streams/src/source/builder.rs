@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use intake_core::{Backoff, ConfigError, Exponential, SourceName};
+use intake_core::{BackoffPolicy, ConfigError, Exponential, SourceName};
 
 use crate::connection::{
     Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
@@ -102,7 +102,7 @@ pub struct RedisStreamsSourceBuilder {
     max_deliveries: Option<u32>,
     dead_letter_stream: DeadLetterStream,
     delete_acked: bool,
-    reconnect: Backoff,
+    reconnect: Arc<dyn BackoffPolicy>,
     connect_timeout: Duration,
     command_timeout: Duration,
     tls_root_certificate: Option<Vec<u8>>,
@@ -125,11 +125,10 @@ impl fmt::Debug for RedisStreamsSourceBuilder {
             .field("max_deliveries", &self.max_deliveries)
             .field("dead_letter_stream", &self.dead_letter_stream)
             .field("delete_acked", &self.delete_acked)
-            .field("reconnect", &self.reconnect)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("tls_root_certificate", &self.tls_root_certificate.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -157,9 +156,10 @@ impl RedisStreamsSourceBuilder {
             max_deliveries: Some(Self::DEFAULT_MAX_DELIVERIES),
             dead_letter_stream: DeadLetterStream::default(),
             delete_acked: false,
-            reconnect: Exponential::new(Duration::from_millis(100), Duration::from_secs(5))
-                .retry_forever()
-                .into(),
+            reconnect: Arc::new(
+                Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
+                    .retry_forever(),
+            ),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             tls_root_certificate: None,
@@ -276,10 +276,16 @@ impl RedisStreamsSourceBuilder {
     }
 
     /// How to wait between attempts to reconnect the reading connection
-    /// (default: 100 ms doubling to 5 s, forever). When the policy gives up,
-    /// the source reports the server unreachable to the runtime.
-    pub fn reconnect_backoff(mut self, policy: impl Into<Backoff>) -> Self {
-        self.reconnect = policy.into();
+    /// after it was lost, or after a transient refusal ([`TRANSIENT_CODES`]):
+    /// any [`BackoffPolicy`], checked by [`build`](Self::build). Default:
+    /// exponential from 100 ms doubling to 10 s, 10 % jitter, forever. When
+    /// the policy gives up, [`Source::next`](intake_core::Source::next)
+    /// reports the server unreachable to the runtime (which backs off by its
+    /// own policy and calls again); closing the source never waits on it.
+    ///
+    /// [`TRANSIENT_CODES`]: crate::TRANSIENT_CODES
+    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.reconnect = Arc::new(policy);
         self
     }
 
@@ -383,9 +389,12 @@ impl RedisStreamsSourceBuilder {
                 "must be at least 1 (or use `unlimited_deliveries()`)",
             ));
         }
-        if let Backoff::Exponential(policy) = &self.reconnect {
-            policy.validate()?;
-        }
+        self.reconnect.validate().map_err(|error| {
+            ConfigError::new(
+                "reconnect_backoff",
+                format!("`{}` {}", error.setting, error.problem),
+            )
+        })?;
         let consumer = self.consumer.clone().unwrap_or_else(default_consumer_name);
         Ok(Settings {
             streams: self
@@ -408,7 +417,7 @@ impl RedisStreamsSourceBuilder {
             max_deliveries: self.max_deliveries,
             dead_letter_stream: self.dead_letter_stream.clone(),
             delete_acked: self.delete_acked,
-            reconnect: self.reconnect,
+            reconnect: self.reconnect.clone(),
             stats: Arc::default(),
         })
     }
@@ -523,5 +532,24 @@ mod tests {
         let debug = format!("{builder:?}");
         assert!(!debug.contains("topsecret"), "{debug}");
         assert!(debug.contains("user:***@host"), "{debug}");
+    }
+
+    #[test]
+    fn the_default_reconnect_policy_waits_100_ms_doubling_to_10_s_forever() {
+        use intake_core::BackoffPolicy as _;
+
+        let settings = group_builder().settings().expect("valid");
+        let policy = &settings.reconnect;
+        let first = policy.delay(1).expect("a first retry");
+        assert!(
+            first >= Duration::from_millis(90) && first <= Duration::from_millis(110),
+            "{first:?}"
+        );
+        let late = policy.delay(30).expect("a 30th retry");
+        assert!(
+            late >= Duration::from_secs(9) && late <= Duration::from_secs(10),
+            "{late:?}"
+        );
+        assert!(policy.delay(u32::MAX).is_some(), "it never gives up");
     }
 }

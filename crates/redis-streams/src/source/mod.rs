@@ -115,7 +115,7 @@ impl RedisStreamsSource {
         let connection = BlockingConnection::new(
             connector,
             settings.block,
-            settings.reconnect,
+            settings.reconnect.clone(),
             connection,
             settings.stats.clone(),
         )
