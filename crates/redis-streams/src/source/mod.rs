@@ -29,11 +29,12 @@ mod broadcast;
 pub(crate) mod builder;
 mod convert;
 mod group;
+mod read_size;
 mod staging;
 
 use std::sync::Arc;
 
-use intake_core::{Message, Source, SourceError, SourceEvent};
+use intake_core::{Limits, Message, Source, SourceError, SourceEvent};
 use redis::aio::MultiplexedConnection;
 
 use crate::acker::RedisStreamsAcker;
@@ -47,6 +48,7 @@ use crate::stats::RedisStreamsStats;
 use self::blocking_connection::BlockingConnection;
 use self::broadcast::BroadcastReader;
 use self::group::GroupReader;
+use self::read_size::ReadSize;
 
 /// Reads entries of Redis streams and hands them to the runtime as
 /// messages. Built by [`RedisStreamsSource::builder`]; its acker is
@@ -65,6 +67,9 @@ pub struct RedisStreamsSource {
     /// The entries handed out and not yet acknowledged, which the acker
     /// releases.
     held: Arc<HeldEntries>,
+    /// How many entries one read may bring, from the consumer's byte
+    /// budget.
+    read_size: ReadSize,
     /// Resets the idle time of the entries this consumer holds; ends with
     /// the source.
     keep_alive: Option<tokio::task::AbortHandle>,
@@ -157,6 +162,7 @@ impl RedisStreamsSource {
             settings,
             shared,
             held,
+            read_size: ReadSize::default(),
             keep_alive,
         })
     }
@@ -214,14 +220,29 @@ impl Source for RedisStreamsSource {
             // is under way, so dropping this wait costs nothing.
             return std::future::pending().await;
         }
+        let max = self.read_size.limit(max);
+        let before = deliveries.len();
         let delivered = match &mut self.reader {
             Reader::Group(reader) => reader.next(deliveries, max).await,
             Reader::Broadcast(reader) => reader.next(deliveries, max).await,
         };
+        if self.read_size.is_bounded() {
+            let read = &deliveries[before..];
+            let bytes = read.iter().map(Message::byte_size).sum();
+            self.read_size.observe(bytes, read.len());
+        }
         delivered.map(|()| SourceEvent::Delivered).map_err(|error| {
             tracing::error!(%error, "the Redis Streams source failed");
             SourceError::from(error)
         })
+    }
+
+    /// Sizes each read (`COUNT`) so that it brings at most an eighth of
+    /// `max_in_flight_bytes` at the average size of the entries before
+    /// (see [`ReadSize`]); `max_in_flight` already bounds every read
+    /// through `next`'s `max`, and a stream has no revocation to time.
+    fn set_limits(&mut self, limits: Limits) {
+        self.read_size.set_budget(limits.max_in_flight_bytes);
     }
 
     async fn close(&mut self) -> Result<(), SourceError> {
