@@ -2,7 +2,7 @@
 //! client, on the same stream contents.
 //!
 //! ```text
-//! cargo bench -p intake-redis-streams --bench redis_throughput
+//! cargo bench -p intake-redis-streams --bench throughput
 //! ```
 //!
 //! One stream of `INTAKE_BENCH_ENTRIES` (default 200,000) entries with a
