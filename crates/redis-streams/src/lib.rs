@@ -16,6 +16,7 @@
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
 //! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
 //! | broadcast | `XREAD` without a group |
+//! | read size | `COUNT` up to what the runtime allows, and at most what fits in an eighth of the byte budget at the average entry size |
 //!
 //! ```no_run
 //! use std::time::Duration;
