@@ -420,6 +420,55 @@ impl Backend for RedisBackend {
         let mut admin = self.admin.clone();
         unacknowledged(&mut admin, source, group).await
     }
+
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let built = RedisStreamsSource::builder(redis_url())
+            .stream(source)
+            .key_field("key")
+            .broadcast()
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
+
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free local port");
+        let built =
+            RedisStreamsSource::builder(format!("redis://intake:{password}@127.0.0.1:{port}"))
+                .stream(source)
+                .group(group)
+                .consumer("unreachable")
+                .connect_timeout(Duration::from_secs(2))
+                .build()
+                .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
 }
 
 /// The partition key of a stream.
