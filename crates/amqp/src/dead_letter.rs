@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use crate::connection::open_within;
 use crate::error::{AmqpError, Operation, classify};
 use crate::headers;
-use crate::source::{DeliveryReader, check_tls};
+use crate::source::DeliveryReader;
 use crate::tls::Tls;
 use crate::topology::{MAX_NAME_BYTES, Topology, check_name, short};
 use crate::url::AmqpUrl;
@@ -198,7 +198,7 @@ impl AmqpDeadLetterSinkBuilder {
             None => {}
         }
         self.topology.validate()?;
-        check_tls(&self.tls, &url)?;
+        self.tls.check_for(&url)?;
         for queue in &self.consumed_queues {
             let routing_key = self.routing_key.as_deref().unwrap_or(queue);
             if self

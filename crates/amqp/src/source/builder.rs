@@ -235,7 +235,7 @@ impl AmqpSourceBuilder {
             Target::Broadcast { exchange } => check_name("broadcast", exchange)?,
         }
         self.topology.validate()?;
-        check_tls(&self.tls, &url)?;
+        self.tls.check_for(&url)?;
         let prefetch = match u16::try_from(self.max_in_flight) {
             Ok(0) => {
                 return Err(ConfigError::new(
@@ -286,17 +286,6 @@ impl AmqpSourceBuilder {
     pub async fn connect(self) -> Result<AmqpSource, AmqpError> {
         AmqpSource::connect(self.settings()?).await
     }
-}
-
-/// Checks `tls`, and that it goes with an `amqps://` URL.
-pub(crate) fn check_tls(tls: &Tls, url: &AmqpUrl) -> Result<(), ConfigError> {
-    if tls.is_set() && !url.is_tls() {
-        return Err(ConfigError::new(
-            "tls",
-            "is set, but the URL is `amqp://`; use `amqps://` (RabbitMQ's TLS port is 5671)",
-        ));
-    }
-    tls.validate()
 }
 
 #[cfg(test)]

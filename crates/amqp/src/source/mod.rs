@@ -12,7 +12,7 @@
 //! at once and they must not run beside their first copies.
 
 mod builder;
-mod delivery;
+mod convert;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -32,8 +32,8 @@ use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 pub use builder::AmqpSourceBuilder;
-pub(crate) use builder::{Settings, Target, check_tls};
-pub(crate) use delivery::DeliveryReader;
+pub(crate) use builder::{Settings, Target};
+pub(crate) use convert::DeliveryReader;
 
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
