@@ -16,7 +16,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::Mutex;
 
 use crate::connection::open_within;
-use crate::error::{AmqpError, Operation, classify};
+use crate::error::{Error, Operation, classify};
 use crate::headers;
 use crate::source::DeliveryReader;
 use crate::tls::Tls;
@@ -177,7 +177,7 @@ impl AmqpDeadLetterSinkBuilder {
 
     /// Checks the settings and connects (one attempt), so that a wrong
     /// password or a refused declaration shows here.
-    pub async fn connect(self) -> Result<AmqpDeadLetterSink, AmqpError> {
+    pub async fn connect(self) -> Result<AmqpDeadLetterSink, Error> {
         let url = AmqpUrl::parse(&self.url)?;
         let exchange = self.exchange.ok_or_else(|| {
             ConfigError::new(
@@ -263,7 +263,7 @@ impl AmqpDeadLetterSink {
 
     /// The channel in confirm mode and the connection's `frame_max`,
     /// reconnecting if the channel is gone.
-    async fn channel(&self) -> Result<(Channel, u32), AmqpError> {
+    async fn channel(&self) -> Result<(Channel, u32), Error> {
         let mut link = self.link.lock().await;
         if let Some(live) = link
             .as_ref()
@@ -336,7 +336,7 @@ impl AmqpDeadLetterSink {
             .topology
             .routes_into(&self.exchange, Some(routing_key), origin.source())
         {
-            return Err(AmqpError::from(ConfigError::new(
+            return Err(Error::from(ConfigError::new(
                 "routing_key",
                 format!(
                     "routes the dead letter back into `{}`, the queue it came from, where it would \
@@ -365,25 +365,29 @@ impl AmqpDeadLetterSink {
             .map_err(fail)?;
         let confirmation = tokio::time::timeout(self.confirm_timeout, confirm)
             .await
-            .map_err(|_| AmqpError::NotConfirmed {
+            .map_err(|_| Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: format!("no publisher confirm within {:?}", self.confirm_timeout),
             })?
             .map_err(fail)?;
         let refused = match confirmation {
             Confirmation::Ack(None) => return Ok(()),
-            Confirmation::Ack(Some(returned)) => AmqpError::NotConfirmed {
+            Confirmation::Ack(Some(returned)) => Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: format!(
                     "no queue is bound to exchange `{}` with routing key `{routing_key}` ({}); declare and bind the dead-letter queue",
                     self.exchange, returned.reply_text
                 ),
             },
-            Confirmation::Nack(_) => AmqpError::NotConfirmed {
+            Confirmation::Nack(_) => Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: format!(
                     "the broker refused it (nack) on exchange `{}`",
                     self.exchange
                 ),
             },
-            Confirmation::NotRequested => AmqpError::NotConfirmed {
+            Confirmation::NotRequested => Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: "the channel is not in confirm mode".into(),
             },
         };
@@ -609,7 +613,7 @@ mod tests {
         let url = "amqp://guest:guest@127.0.0.1:1/%2f";
         let refused = |builder: AmqpDeadLetterSinkBuilder| async move {
             match builder.consumed_queue("orders").connect().await {
-                Err(AmqpError::Config(error)) => error,
+                Err(Error::Config(error)) => error,
                 other => panic!("expected a config error, got {other:?}"),
             }
         };
@@ -650,7 +654,7 @@ mod tests {
             .connect()
             .await;
         assert!(
-            matches!(elsewhere, Err(AmqpError::Unreachable { .. })),
+            matches!(elsewhere, Err(Error::Unreachable { .. })),
             "{elsewhere:?}"
         );
     }

@@ -31,7 +31,7 @@
 //! ```no_run
 //! use intake_amqp::{AmqpSource, Queue, Topology};
 //!
-//! # async fn run() -> Result<(), intake_amqp::AmqpError> {
+//! # async fn run() -> Result<(), intake_amqp::Error> {
 //! let source = AmqpSource::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 //!     .queue("orders")
 //!     .declare(Topology::new().queue(Queue::quorum("orders").delivery_limit(5)))
@@ -114,7 +114,7 @@ pub use acker::AmqpAcker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
 pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
-pub use error::AmqpError;
+pub use error::Error;
 pub use source::{AmqpSource, AmqpSourceBuilder};
 pub use tls::Tls;
 pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use intake_amqp::lapin::types::AMQPValue;
-use intake_amqp::{AmqpDeadLetterSink, AmqpError, AmqpSource, Exchange, Queue, Topology};
+use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error, Exchange, Queue, Topology};
 use intake_core::dead_letter::{EnvelopeError, envelope};
 use intake_core::testkit::skip_or_fail;
 use intake_core::{
@@ -135,7 +135,7 @@ async fn an_unreachable_broker_is_a_typed_error_without_the_password() {
         .connect()
         .await
         .expect_err("nothing listens on port 1");
-    assert!(matches!(error, AmqpError::Unreachable { .. }), "{error:?}");
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
     assert!(error.is_transient());
     let text = format!("{error} {error:?}");
     assert!(text.contains("amqp://guest@127.0.0.1:1/%2f"), "{text}");
@@ -152,7 +152,7 @@ async fn wrong_credentials_give_a_typed_error_that_retrying_will_not_fix() {
         .connect()
         .await
         .expect_err("the password is wrong");
-    assert!(matches!(error, AmqpError::Unauthorized { .. }), "{error:?}");
+    assert!(matches!(error, Error::Unauthorized { .. }), "{error:?}");
     assert!(!error.is_transient());
     assert!(!format!("{error} {error:?}").contains("not-the-password"));
     assert!(matches!(
@@ -173,7 +173,7 @@ async fn a_missing_queue_is_reported_when_the_source_does_not_declare_it() {
         .await
         .expect_err("the queue does not exist");
     match &error {
-        AmqpError::QueueNotFound { queue: named, .. } => assert_eq!(named, &queue),
+        Error::QueueNotFound { queue: named, .. } => assert_eq!(named, &queue),
         other => panic!("expected QueueNotFound, got {other:?}"),
     }
     assert!(matches!(

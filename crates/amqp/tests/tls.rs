@@ -12,7 +12,7 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use intake_amqp::{AmqpDeadLetterSink, AmqpError, AmqpSource, Tls};
+use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error, Tls};
 use intake_core::testkit::skip_or_fail;
 use intake_core::{AckBatch, Acker, DeadLetter, DeadLetterSink, PartitionAck, Source, SourceEvent};
 use support::{AmqpBackend, dead_letter_queue};
@@ -79,7 +79,7 @@ impl Material {
     }
 }
 
-async fn connect_error(builder: intake_amqp::AmqpSourceBuilder) -> AmqpError {
+async fn connect_error(builder: intake_amqp::AmqpSourceBuilder) -> Error {
     tokio::time::timeout(PATIENCE, builder.connect())
         .await
         .expect("the connect ends within its timeout")
@@ -103,7 +103,7 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
         .await
     {
         Ok(source) => source,
-        Err(AmqpError::Unreachable { .. }) => {
+        Err(Error::Unreachable { .. }) => {
             skip_or_fail(
                 "tls_consume",
                 "no TLS listener on 5671 (run .ci/services/amqp.sh start)",
@@ -174,7 +174,7 @@ async fn a_server_certificate_from_another_ca_is_refused_with_a_tls_error() {
             ),
     )
     .await;
-    assert!(matches!(error, AmqpError::Tls { .. }), "{error:?}");
+    assert!(matches!(error, Error::Tls { .. }), "{error:?}");
     assert!(
         !error.is_transient(),
         "a wrong CA does not pass by retrying"
@@ -196,7 +196,7 @@ async fn the_system_roots_alone_do_not_trust_a_private_ca() {
         ),
     ))
     .await;
-    assert!(matches!(error, AmqpError::Tls { .. }), "{error:?}");
+    assert!(matches!(error, Error::Tls { .. }), "{error:?}");
 }
 
 #[tokio::test]
@@ -215,7 +215,7 @@ async fn a_broker_that_requires_a_client_certificate_refuses_a_client_without_on
     // read (a typed TLS error) or, when the broker's close arrives first,
     // as a reset: either way no connection.
     assert!(
-        matches!(error, AmqpError::Tls { .. } | AmqpError::Unreachable { .. }),
+        matches!(error, Error::Tls { .. } | Error::Unreachable { .. }),
         "{error:?}"
     );
 }

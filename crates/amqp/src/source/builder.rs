@@ -7,7 +7,7 @@ use std::time::Duration;
 use intake_core::{BackoffPolicy, ConfigError, Exponential};
 
 use crate::connection::DEFAULT_CONNECT_TIMEOUT;
-use crate::error::AmqpError;
+use crate::error::Error;
 use crate::source::AmqpSource;
 use crate::tls::Tls;
 use crate::topology::{Topology, check_name};
@@ -136,7 +136,7 @@ impl AmqpSourceBuilder {
     }
 
     /// Declares `topology` on connect and on every reconnect. Without it, the
-    /// queue must exist: a missing one is [`AmqpError::QueueNotFound`].
+    /// queue must exist: a missing one is [`Error::QueueNotFound`].
     pub fn declare(mut self, topology: Topology) -> Self {
         self.topology = topology;
         self
@@ -210,7 +210,7 @@ impl AmqpSourceBuilder {
     }
 
     /// Checks the settings without touching the network.
-    pub(crate) fn settings(self) -> Result<Settings, AmqpError> {
+    pub(crate) fn settings(self) -> Result<Settings, Error> {
         let url = AmqpUrl::parse(&self.url)?;
         let target = self.target.ok_or_else(|| {
             ConfigError::new(
@@ -281,9 +281,9 @@ impl AmqpSourceBuilder {
     /// Checks the settings, connects, declares the topology, checks that the
     /// queue exists and starts consuming: one attempt, so a wrong password,
     /// a missing queue or a broker that is down are reported here as a typed
-    /// [`AmqpError`] (retry it yourself if the broker may still be starting).
+    /// [`Error`] (retry it yourself if the broker may still be starting).
     /// Later connection losses are retried by the source.
-    pub async fn connect(self) -> Result<AmqpSource, AmqpError> {
+    pub async fn connect(self) -> Result<AmqpSource, Error> {
         AmqpSource::connect(self.settings()?).await
     }
 }
@@ -296,7 +296,7 @@ mod tests {
 
     fn config_error(builder: AmqpSourceBuilder) -> ConfigError {
         match builder.settings() {
-            Err(AmqpError::Config(error)) => error,
+            Err(Error::Config(error)) => error,
             other => panic!("expected a config error, got {other:?}"),
         }
     }

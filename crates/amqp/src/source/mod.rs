@@ -39,7 +39,7 @@ use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
 use crate::connection::open_within;
 use crate::counters::SourceCounters;
-use crate::error::{AmqpError, Operation, classify};
+use crate::error::{Error, Operation, classify};
 use crate::live_channel::ChannelSlot;
 use crate::topology::{Exchange, short};
 use crate::url::AmqpUrl;
@@ -54,7 +54,7 @@ pub struct AmqpSource {
     pending: VecDeque<SourceEvent>,
     /// Reported once the pending events are out: the reconnect backoff gave
     /// up.
-    failure: Option<AmqpError>,
+    failure: Option<Error>,
     /// Failed attempts in a row: reconnects that failed, sessions lost to
     /// a delivery lapin could not parse (that delivery comes back on the
     /// next session, so such a session is no sign of health), and sessions
@@ -138,7 +138,7 @@ impl AmqpSource {
         AmqpSourceBuilder::new(url)
     }
 
-    async fn connect(settings: Settings) -> Result<Self, AmqpError> {
+    async fn connect(settings: Settings) -> Result<Self, Error> {
         let settings = Arc::new(settings);
         let session = open_session_within(&settings, 1, None).await?;
         let slot = Arc::new(ChannelSlot::default());
@@ -305,7 +305,7 @@ impl AmqpSource {
                     Loss::Cancelled => "every new consumer was cancelled at once".to_owned(),
                     Loss::Closed => "every new channel was closed at once".to_owned(),
                 };
-                self.failure = Some(AmqpError::Unreachable {
+                self.failure = Some(Error::Unreachable {
                     endpoint: self.settings.url.endpoint().to_owned(),
                     source: reason.into(),
                 });
@@ -358,7 +358,7 @@ impl AmqpSource {
                 // The runtime decides under its own reconnect backoff; the
                 // next call starts a new series of attempts.
                 self.failures = 0;
-                self.failure = Some(AmqpError::Unparsable {
+                self.failure = Some(Error::Unparsable {
                     endpoint: self.settings.url.endpoint().to_owned(),
                     queue: session.queue.clone(),
                     epoch: session.epoch,
@@ -454,12 +454,12 @@ async fn open_session_within(
     settings: &Settings,
     epoch: u32,
     quarantine: Option<u64>,
-) -> Result<Session, AmqpError> {
+) -> Result<Session, Error> {
     let timeout = settings.connect_timeout;
     tokio::time::timeout(timeout, open_session(settings, epoch, quarantine))
         .await
         .unwrap_or_else(|_elapsed| {
-            Err(AmqpError::Unreachable {
+            Err(Error::Unreachable {
                 endpoint: settings.url.endpoint().to_owned(),
                 source: format!(
                     "the broker did not finish opening the consumer's channel within {timeout:?}"
@@ -475,12 +475,9 @@ async fn open_session(
     settings: &Settings,
     epoch: u32,
     quarantine: Option<u64>,
-) -> Result<Session, AmqpError> {
+) -> Result<Session, Error> {
     let url = &settings.url;
-    fn fail<'a>(
-        url: &'a AmqpUrl,
-        operation: Operation<'a>,
-    ) -> impl Fn(lapin::Error) -> AmqpError + 'a {
+    fn fail<'a>(url: &'a AmqpUrl, operation: Operation<'a>) -> impl Fn(lapin::Error) -> Error + 'a {
         move |error| classify(error, url.endpoint(), url.vhost(), operation)
     }
     let connection = open_within(
@@ -756,7 +753,7 @@ impl Source for AmqpSource {
                     "the AMQP broker did not answer the close in time; the connection is dropped, \
                      and the broker requeues the unacknowledged deliveries once it notices"
                 );
-                Err(AmqpError::Unreachable {
+                Err(Error::Unreachable {
                     endpoint: url.endpoint().to_owned(),
                     source: format!("no answer to the close within {timeout:?}").into(),
                 }
@@ -768,7 +765,7 @@ impl Source for AmqpSource {
 
 /// Cancels the consumer, hands back what it holds, closes channel and
 /// connection.
-async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), AmqpError> {
+async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), Error> {
     let fail = |error: lapin::Error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
     let Session {
         channel,
