@@ -289,7 +289,7 @@ async fn measure(
             let source = intake::amqp::AmqpSource::builder(AMQP)
                 .queue(&name)
                 .max_in_flight(1024)
-                .connect()
+                .build()
                 .await?;
             let acker = source.acker();
             consume(source, acker, count, budget).await

@@ -61,7 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .declare(topology)
         .max_in_flight(max_in_flight)
         .connection_name("intake-example")
-        .connect()
+        .build()
         .await?;
     let acker = source.acker();
     tracing::info!(endpoint = source.endpoint(), queue = QUEUE, "consuming");
@@ -70,7 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // key, which the binding above routes to the dead-letter queue.
     let dead_letter_sink = AmqpDeadLetterSink::builder(url.as_str())
         .exchange("intake-example.dlx")
-        .connect()
+        .build()
         .await?;
 
     publish_orders(&url).await?;

@@ -94,7 +94,7 @@ pub async fn source(
         .declare(topology(queue))
         .max_in_flight(max_in_flight)
         .connection_name(format!("ledger {group} pid {}", std::process::id()))
-        .connect()
+        .build()
         .await?;
     Ok(source)
 }

@@ -315,7 +315,7 @@ async fn intake(
     let source = AmqpSource::builder(url)
         .queue(queue)
         .max_in_flight(usize::from(PREFETCH))
-        .connect()
+        .build()
         .await?;
     let acker = source.acker();
     let shutdown = CancellationToken::new();

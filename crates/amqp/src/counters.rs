@@ -25,7 +25,7 @@ struct Counts {
 /// # async fn run() -> Result<(), intake_amqp::Error> {
 /// let source = intake_amqp::AmqpSource::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 ///     .queue("orders")
-///     .connect()
+///     .build()
 ///     .await?;
 /// let counters = source.counters();
 /// // Later, from a metrics task:

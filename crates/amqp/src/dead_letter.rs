@@ -98,7 +98,7 @@ impl fmt::Debug for AmqpDeadLetterSink {
 }
 
 /// Builds an [`AmqpDeadLetterSink`]; see [`AmqpDeadLetterSink::builder`].
-#[must_use = "a builder does nothing until `.connect().await`"]
+#[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpDeadLetterSinkBuilder {
     url: String,
     exchange: Option<String>,
@@ -140,7 +140,7 @@ impl AmqpDeadLetterSinkBuilder {
     /// that routes them back into it (the default exchange with the queue's
     /// name as routing key, or an exchange declared in the sink's
     /// [topology](Self::declare) bound to the queue with the routing key
-    /// the dead letters get) is refused by [`connect`](Self::connect): they
+    /// the dead letters get) is refused by [`build`](Self::build): they
     /// would be consumed again, fail again, forever. Call it once per queue.
     ///
     /// Whether or not it is called, a dead letter the sink's own settings
@@ -177,7 +177,7 @@ impl AmqpDeadLetterSinkBuilder {
 
     /// Checks the settings and connects (one attempt), so that a wrong
     /// password or a refused declaration shows here.
-    pub async fn connect(self) -> Result<AmqpDeadLetterSink, Error> {
+    pub async fn build(self) -> Result<AmqpDeadLetterSink, Error> {
         let url = AmqpUrl::parse(&self.url)?;
         let exchange = self.exchange.ok_or_else(|| {
             ConfigError::new(
@@ -612,7 +612,7 @@ mod tests {
         // Nothing listens on port 1: a refusal here is the build's.
         let url = "amqp://guest:guest@127.0.0.1:1/%2f";
         let refused = |builder: AmqpDeadLetterSinkBuilder| async move {
-            match builder.consumed_queue("orders").connect().await {
+            match builder.consumed_queue("orders").build().await {
                 Err(Error::Config(error)) => error,
                 other => panic!("expected a config error, got {other:?}"),
             }
@@ -651,7 +651,7 @@ mod tests {
                     .queue(crate::Queue::classic("orders.dlq"))
                     .bind("orders.dlq", "dlx", "orders"),
             )
-            .connect()
+            .build()
             .await;
         assert!(
             matches!(elsewhere, Err(Error::Unreachable { .. })),

@@ -36,7 +36,7 @@
 //!     .queue("orders")
 //!     .declare(Topology::new().queue(Queue::quorum("orders").delivery_limit(5)))
 //!     .max_in_flight(256)
-//!     .connect()
+//!     .build()
 //!     .await?;
 //! let acker = source.acker();
 //! // Hand `source` and `acker` to the consumer runtime.

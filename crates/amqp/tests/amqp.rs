@@ -132,7 +132,7 @@ async fn an_unreachable_broker_is_a_typed_error_without_the_password() {
     let error = AmqpSource::builder("amqp://guest:hunter2@127.0.0.1:1/%2f")
         .queue("orders")
         .connect_timeout(Duration::from_secs(5))
-        .connect()
+        .build()
         .await
         .expect_err("nothing listens on port 1");
     assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
@@ -149,7 +149,7 @@ async fn wrong_credentials_give_a_typed_error_that_retrying_will_not_fix() {
     };
     let error = AmqpSource::builder("amqp://guest:not-the-password@127.0.0.1:5672/%2f")
         .queue("orders")
-        .connect()
+        .build()
         .await
         .expect_err("the password is wrong");
     assert!(matches!(error, Error::Unauthorized { .. }), "{error:?}");
@@ -169,7 +169,7 @@ async fn a_missing_queue_is_reported_when_the_source_does_not_declare_it() {
     let queue = unique("missing");
     let error = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .expect_err("the queue does not exist");
     match &error {
@@ -191,7 +191,7 @@ async fn deliveries_carry_the_channel_as_partition_and_the_tag_as_position() {
     backend.publish(&queue, &[b"a", b"b", b"c"]).await.unwrap();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
@@ -229,7 +229,7 @@ async fn prefetch_keeps_the_broker_from_pushing_past_the_in_flight_budget() {
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .max_in_flight(3)
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
@@ -263,7 +263,7 @@ async fn an_ack_whose_watermark_stops_on_a_requeued_tag_keeps_the_channel_open()
     backend.publish(&queue, &[b"a", b"b", b"c"]).await.unwrap();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
@@ -295,7 +295,7 @@ async fn a_quorum_queue_counts_retries_in_the_attempt() {
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .declare(Topology::new().queue(Queue::quorum(queue.as_str())))
-        .connect()
+        .build()
         .await
         .unwrap();
     backend.track_queue(&queue);
@@ -358,7 +358,7 @@ async fn a_quorum_delivery_limit_dead_letters_a_message_that_keeps_failing() {
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .declare(topology)
-        .connect()
+        .build()
         .await
         .unwrap();
     backend.track_queue(&queue);
@@ -401,14 +401,14 @@ async fn a_poison_message_reaches_the_dead_letter_queue_with_its_origin() {
     backend.publish(&queue, &[b"{not json"]).await.unwrap();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
     let sink = AmqpDeadLetterSink::builder(backend.url())
         .exchange("")
         .routing_key(dead_letter_queue(&queue))
-        .connect()
+        .build()
         .await
         .unwrap();
 
@@ -453,13 +453,13 @@ async fn a_dead_letter_no_queue_would_receive_is_an_error_not_a_loss() {
     backend.publish(&queue, &[b"x"]).await.unwrap();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let sink = AmqpDeadLetterSink::builder(backend.url())
         .exchange("")
         .routing_key(unique("nobody-listens"))
-        .connect()
+        .build()
         .await
         .unwrap();
     let received = receive(&mut source, 1, 10).await;
@@ -497,7 +497,7 @@ async fn the_broker_dead_letter_sink_rejects_into_the_queues_dead_letter_exchang
         .unwrap();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
@@ -543,7 +543,7 @@ async fn a_consumer_dropped_mid_run_leaves_its_messages_to_another_and_none_is_l
     let mut first = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .max_in_flight(10)
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut first_acker = first.acker();
@@ -559,7 +559,7 @@ async fn a_consumer_dropped_mid_run_leaves_its_messages_to_another_and_none_is_l
     let mut second = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .max_in_flight(20)
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut second_acker = second.acker();
@@ -601,7 +601,7 @@ async fn the_broker_closing_the_connection_mid_run_leads_to_a_reconnect_and_noth
         .queue(queue.as_str())
         .max_in_flight(5)
         .connection_name(name.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
@@ -674,7 +674,7 @@ async fn two_consumers_on_one_queue_share_the_work() {
         AmqpSource::builder(backend.url())
             .queue(queue.as_str())
             .max_in_flight(5)
-            .connect()
+            .build()
     };
     let (mut left, mut right) = (connect().await.unwrap(), connect().await.unwrap());
     backend.publish_numbered(&queue, 40).await.unwrap();
@@ -724,7 +724,7 @@ async fn shutdown_hands_back_what_was_delivered_but_not_finished() {
     backend.publish_numbered(&queue, 6).await.unwrap();
     let mut first = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = first.acker();
@@ -735,7 +735,7 @@ async fn shutdown_hands_back_what_was_delivered_but_not_finished() {
 
     let mut second = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let rest = receive(&mut second, 4, 10).await;
@@ -762,7 +762,7 @@ async fn broadcast_sources_each_receive_every_message() {
     let connect = || {
         AmqpSource::builder(backend.url())
             .broadcast(exchange.as_str())
-            .connect()
+            .build()
     };
     let (mut one, mut two) = (connect().await.unwrap(), connect().await.unwrap());
     backend.track_exchange(&exchange);
@@ -832,7 +832,7 @@ async fn the_runtime_carries_on_after_the_broker_closes_the_connection_and_loses
         .queue(queue.as_str())
         .max_in_flight(8)
         .connection_name(name.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
@@ -899,7 +899,7 @@ async fn a_message_that_keeps_failing_through_the_retry_path_reaches_the_quorum_
         .queue(queue.as_str())
         .declare(topology)
         .max_in_flight(8)
-        .connect()
+        .build()
         .await
         .unwrap();
     backend.track_queue(&queue);
@@ -966,7 +966,7 @@ async fn a_full_budget_takes_no_delivery_but_still_notices_a_lost_channel() {
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .connection_name(name.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut buffer = Vec::new();
@@ -1034,7 +1034,7 @@ async fn a_lost_channel_is_reopened_only_after_its_revocation_completed() {
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .connection_name(name.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     receive(&mut source, 1, 10).await;
@@ -1090,7 +1090,7 @@ async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() 
         .queue(queue.as_str())
         .max_in_flight(8)
         .connection_name(name.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
 
@@ -1190,7 +1190,7 @@ async fn a_dead_letter_whose_headers_exceed_the_frame_size_is_written_without_th
     let sink = AmqpDeadLetterSink::builder(url.as_str())
         .exchange("")
         .routing_key(dead_letter_queue(&queue))
-        .connect()
+        .build()
         .await
         .unwrap();
     let big = "x".repeat(2_000);
@@ -1260,7 +1260,7 @@ async fn a_dead_letter_addressed_to_the_queue_it_came_from_is_refused_not_consum
     let sink = AmqpDeadLetterSink::builder(backend.url())
         .exchange("")
         .routing_key(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let message = Message::new(

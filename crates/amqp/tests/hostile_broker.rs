@@ -29,7 +29,7 @@ async fn a_broker_that_never_answers_properly_fails_the_connect_with_a_typed_err
         let connecting = AmqpSource::builder(format!("amqp://app:hunter2@{}/%2f", server.addr()))
             .queue("orders")
             .connect_timeout(Duration::from_millis(500))
-            .connect();
+            .build();
         let error = match tokio::time::timeout(HANG, connecting).await {
             Err(_) => panic!("connecting to a {misbehaviour:?} broker hangs"),
             Ok(Ok(_)) => panic!("connecting to a {misbehaviour:?} broker succeeded"),
@@ -52,7 +52,7 @@ async fn a_dead_letter_sink_facing_a_silent_broker_fails_within_the_connect_time
     let connecting =
         AmqpDeadLetterSink::builder(format!("amqp://app:hunter2@{}/%2f", server.addr()))
             .exchange("orders.dlx")
-            .connect();
+            .build();
     let error = tokio::time::timeout(HANG, connecting)
         .await
         .expect("the connect ends within its timeout")

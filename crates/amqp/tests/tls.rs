@@ -80,7 +80,7 @@ impl Material {
 }
 
 async fn connect_error(builder: intake_amqp::AmqpSourceBuilder) -> Error {
-    tokio::time::timeout(PATIENCE, builder.connect())
+    tokio::time::timeout(PATIENCE, builder.build())
         .await
         .expect("the connect ends within its timeout")
         .expect_err("the connection is refused")
@@ -99,7 +99,7 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
     let mut source = match AmqpSource::builder(tls_url())
         .queue(queue.as_str())
         .tls(material.trusted_with_client_certificate())
-        .connect()
+        .build()
         .await
     {
         Ok(source) => source,
@@ -128,7 +128,7 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
         .exchange("")
         .routing_key(dead_letter_queue(&queue))
         .tls(material.trusted_with_client_certificate())
-        .connect()
+        .build()
         .await
         .expect("the dead-letter sink connects over TLS");
     sink.write(&DeadLetter::new(message.clone(), "bad", 1))

@@ -63,7 +63,7 @@ impl fmt::Debug for Settings {
 }
 
 /// Builds an [`AmqpSource`]; see [`AmqpSource::builder`].
-#[must_use = "a builder does nothing until `.connect().await`"]
+#[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpSourceBuilder {
     url: String,
     target: Option<Target>,
@@ -283,8 +283,8 @@ impl AmqpSourceBuilder {
     /// a missing queue or a broker that is down are reported here as a typed
     /// [`Error`] (retry it yourself if the broker may still be starting).
     /// Later connection losses are retried by the source.
-    pub async fn connect(self) -> Result<AmqpSource, Error> {
-        AmqpSource::connect(self.settings()?).await
+    pub async fn build(self) -> Result<AmqpSource, Error> {
+        AmqpSource::open(self.settings()?).await
     }
 }
 

@@ -138,7 +138,7 @@ impl AmqpSource {
         AmqpSourceBuilder::new(url)
     }
 
-    async fn connect(settings: Settings) -> Result<Self, Error> {
+    async fn open(settings: Settings) -> Result<Self, Error> {
         let settings = Arc::new(settings);
         let session = open_session_within(&settings, 1, None).await?;
         let slot = Arc::new(ChannelSlot::default());

@@ -581,7 +581,7 @@ impl Backend for AmqpBackend {
             .queue(source)
             .max_in_flight(settings.max_in_flight)
             .connection_name(format!("{source}/{group}"))
-            .connect()
+            .build()
             .await?;
         let acker = consumer.acker();
         Ok((consumer, acker))
@@ -592,7 +592,7 @@ impl Backend for AmqpBackend {
             .exchange("")
             .routing_key(dead_letter_queue(source))
             .consumed_queue(source)
-            .connect()
+            .build()
             .await?)
     }
 
