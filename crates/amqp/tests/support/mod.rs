@@ -9,6 +9,7 @@
 
 pub mod proxy;
 pub mod raw;
+pub mod steps;
 
 use std::str::FromStr;
 use std::sync::Mutex;
