@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpDeadLetterSink, AmqpSource, Exchange, Queue, Topology};
+use intake::amqp::{AmqpSource, Exchange, Queue, Topology};
 use intake::{Consumer, DeadLetterLayer, HandlerError, Json, Meta, Ordering, handler_fn};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -67,8 +67,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(endpoint = source.endpoint(), queue = QUEUE, "consuming");
 
     // Publishes to the dead-letter exchange with the queue's name as routing
-    // key, which the binding above routes to the dead-letter queue.
-    let dead_letter_sink = AmqpDeadLetterSink::builder(url.as_str())
+    // key, which the binding above routes to the dead-letter queue. The
+    // source fills in the broker, TLS and the queue it consumes (a
+    // destination that routed back into it would be refused).
+    let dead_letter_sink = source
+        .dead_letter_sink()
         .exchange("intake-example.dlx")
         .build()
         .await?;

@@ -55,12 +55,13 @@
 //!
 //! # Dead letters
 //!
-//! Wrap the handler in the dead-letter layer with one of two sinks:
-//! [`AmqpDeadLetterSink`] publishes a copy with its origin and error to an
-//! exchange of your choice and waits for the publisher confirm, or
-//! [`AmqpSource::broker_dead_letter`] rejects the message without requeue
-//! into the queue's own `x-dead-letter-exchange` (no error text; see
-//! [`BrokerDeadLetterSink`]). Independently of both, a quorum queue with
+//! Wrap the handler in the dead-letter layer with one of two sinks, both
+//! made from the source: [`AmqpSource::dead_letter_sink`] builds an
+//! [`AmqpDeadLetterSink`], which publishes a copy with its origin and error
+//! to an exchange of your choice and waits for the publisher confirm, and
+//! [`AmqpSource::broker_dead_letter_sink`] gives a [`BrokerDeadLetterSink`],
+//! which rejects the message without requeue into the queue's own
+//! `x-dead-letter-exchange` (no error text). Independently of both, a quorum queue with
 //! [`Queue::delivery_limit`] dead-letters a message that keeps failing
 //! through retries.
 //!

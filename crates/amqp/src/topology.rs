@@ -486,6 +486,15 @@ impl Topology {
         Ok(())
     }
 
+    /// This topology and `other`'s declarations together.
+    pub(crate) fn joined(&self, other: &Topology) -> Topology {
+        let mut joined = self.clone();
+        joined.exchanges.extend(other.exchanges.iter().cloned());
+        joined.queues.extend(other.queues.iter().cloned());
+        joined.bindings.extend(other.bindings.iter().cloned());
+        joined
+    }
+
     /// Whether a message published to `exchange` with `routing_key` reaches
     /// `queue`, as far as this topology shows: the default exchange routes
     /// by queue name; a fanout declared here reaches every queue bound to it,

@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use intake_amqp::lapin::types::AMQPValue;
-use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Exchange, Queue, Topology};
+use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error, Exchange, Queue, Topology};
 use intake_core::dead_letter::{EnvelopeError, envelope};
 use intake_core::{DeadLetter, DeadLetterSink, Message, Position, Source, SourceEvent};
 use support::steps::{PATIENCE, ack_through, publish_direct, receive, requeue, settle_at};
@@ -180,7 +180,7 @@ async fn the_broker_dead_letter_sink_rejects_into_the_queues_dead_letter_exchang
         .await
         .unwrap();
     let mut acker = source.acker();
-    let sink = source.broker_dead_letter();
+    let sink = source.broker_dead_letter_sink();
 
     let received = receive(&mut source, 3, 10).await;
     sink.write(&DeadLetter::new(received.messages[1].clone(), "bad", 1))
@@ -306,5 +306,120 @@ async fn a_dead_letter_addressed_to_the_queue_it_came_from_is_refused_not_consum
         .expect_err("a dead letter into its own queue is refused");
     assert!(error.to_string().contains("consumed again"), "{error}");
     settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_sink_from_a_source_writes_to_its_broker_without_repeating_the_url() {
+    let Some(backend) = AmqpBackend::connect_or_skip("sink_from_source").await else {
+        return;
+    };
+    let queue = backend.classic_queue("sink-from-source").await.unwrap();
+    backend.publish(&queue, &[b"poison"]).await.unwrap();
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .build()
+        .await
+        .unwrap();
+    let received = receive(&mut source, 1, 10).await;
+    let sink = source
+        .dead_letter_sink()
+        .exchange("")
+        .routing_key(dead_letter_queue(&queue))
+        .build()
+        .await
+        .expect("the sink connects with the source's URL");
+    sink.write(&DeadLetter::new(received.messages[0].clone(), "bad", 1))
+        .await
+        .unwrap();
+    ack_through(&mut source.acker(), &received.messages[0])
+        .await
+        .unwrap();
+    settle_at(&backend, &queue, 0).await;
+    let letters = backend
+        .peek_dead_letters(&dead_letter_queue(&queue))
+        .await
+        .unwrap();
+    let [Ok(letter)] = letters.as_slice() else {
+        panic!("expected one dead letter, got {letters:?}");
+    };
+    assert_eq!(letter.message.metadata().source().as_ref(), queue.as_str());
+    assert_eq!(&letter.message.payload()[..], b"poison");
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_sink_from_a_source_refuses_a_destination_that_routes_back_into_what_it_consumes() {
+    let Some(backend) = AmqpBackend::connect_or_skip("sink_from_source_refusals").await else {
+        return;
+    };
+    let queue = backend.classic_queue("sink-refusals").await.unwrap();
+    let direct = format!("{queue}.direct");
+    backend.track_exchange(&direct);
+    // The source declares an exchange that routes the queue's name into it:
+    // the sink must know that without being told again.
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .declare(
+            Topology::new()
+                .exchange(Exchange::direct(direct.as_str()))
+                .bind(queue.as_str(), direct.as_str(), queue.as_str()),
+        )
+        .build()
+        .await
+        .unwrap();
+    let refused = |result: Result<AmqpDeadLetterSink, Error>| match result {
+        Err(Error::Config(error)) => error,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let into_the_queue = refused(
+        source
+            .dead_letter_sink()
+            .exchange("")
+            .routing_key(queue.as_str())
+            .build()
+            .await,
+    );
+    assert!(into_the_queue.problem.contains(&queue), "{into_the_queue}");
+    let through_its_binding = refused(
+        source
+            .dead_letter_sink()
+            .exchange(direct.as_str())
+            .build()
+            .await,
+    );
+    assert!(
+        through_its_binding.problem.contains("consumed again"),
+        "{through_its_binding}"
+    );
+    // Another routing key on that exchange reaches no consumed queue.
+    source
+        .dead_letter_sink()
+        .exchange(direct.as_str())
+        .routing_key(dead_letter_queue(&queue))
+        .build()
+        .await
+        .expect("a routing key the binding does not match is accepted");
+
+    let fanout = unique("broadcast");
+    backend.track_exchange(&fanout);
+    let broadcast = AmqpSource::builder(backend.url())
+        .broadcast(fanout.as_str())
+        .build()
+        .await
+        .unwrap();
+    let back_to_every_consumer = refused(
+        broadcast
+            .dead_letter_sink()
+            .exchange(fanout.as_str())
+            .build()
+            .await,
+    );
+    assert!(
+        back_to_every_consumer.problem.contains(&fanout),
+        "{back_to_every_consumer}"
+    );
+    drop((source, broadcast));
     backend.cleanup().await;
 }

@@ -157,6 +157,63 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
 }
 
 #[tokio::test]
+async fn the_sink_from_a_tls_source_connects_with_the_sources_certificates() {
+    let Some(backend) = AmqpBackend::connect_or_skip("tls_sink_from_source").await else {
+        return;
+    };
+    let Some(material) = Material::load("tls_sink_from_source") else {
+        return;
+    };
+    let queue = backend.classic_queue("tls-sink").await.unwrap();
+    let source = match AmqpSource::builder(tls_url())
+        .queue(queue.as_str())
+        .tls(material.trusted_with_client_certificate())
+        .build()
+        .await
+    {
+        Ok(source) => source,
+        Err(Error::Unreachable { .. }) => {
+            skip_or_fail(
+                "tls_sink_from_source",
+                "no TLS listener on 5671 (run .ci/services/amqp.sh start)",
+            );
+            return;
+        }
+        Err(error) => panic!("TLS with the private CA and a client certificate failed: {error:?}"),
+    };
+    // The listener refuses a client without a certificate: the sink
+    // connects only with the source's TLS settings.
+    let sink = tokio::time::timeout(
+        PATIENCE,
+        source
+            .dead_letter_sink()
+            .exchange("")
+            .routing_key(dead_letter_queue(&queue))
+            .build(),
+    )
+    .await
+    .expect("the sink connects within its timeout")
+    .expect("the sink connects over TLS with the source's certificates");
+    let message = intake_core::Message::new(
+        bytes::Bytes::from_static(b"over tls"),
+        intake_core::Metadata::new(queue.as_str().into(), 1, intake_core::Position::Tag(1)),
+    );
+    sink.write(&DeadLetter::new(message, "bad", 1))
+        .await
+        .expect("the dead letter is confirmed over TLS");
+    assert_eq!(
+        backend
+            .peek(&dead_letter_queue(&queue))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    drop(source);
+    backend.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_server_certificate_from_another_ca_is_refused_with_a_tls_error() {
     let Some(material) = Material::load("tls_wrong_ca") else {
         return;

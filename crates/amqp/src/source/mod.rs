@@ -39,6 +39,7 @@ use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
 use crate::connection::open_within;
 use crate::counters::SourceCounters;
+use crate::dead_letter::AmqpDeadLetterSinkBuilder;
 use crate::error::{Error, Operation, classify};
 use crate::live_channel::ChannelSlot;
 use crate::topology::{Exchange, short};
@@ -168,10 +169,54 @@ impl AmqpSource {
         AmqpAcker::new(self.slot.clone(), self.settings.url.endpoint().to_owned())
     }
 
+    /// A builder for the sink that publishes this source's dead letters
+    /// with publisher confirms ([`AmqpDeadLetterSink`]), filled in from the
+    /// source: the broker and its credentials, the [TLS](AmqpSourceBuilder::tls)
+    /// settings, the connection name (with ` (dead letters)` appended), and
+    /// what the source consumes. Name the destination with
+    /// [`exchange`](AmqpDeadLetterSinkBuilder::exchange) (and
+    /// [`routing_key`](AmqpDeadLetterSinkBuilder::routing_key)) and
+    /// [`build`](AmqpDeadLetterSinkBuilder::build) it. A destination that
+    /// routes back into the consumed queue, through the default exchange or
+    /// through what the sink or the source [declares](AmqpSourceBuilder::declare),
+    /// or that is a broadcast source's own fanout exchange, is refused there:
+    /// its dead letters would be consumed again.
+    ///
+    /// ```no_run
+    /// # async fn run(source: &intake_amqp::AmqpSource) -> Result<(), intake_amqp::Error> {
+    /// let sink = source
+    ///     .dead_letter_sink()
+    ///     .exchange("")
+    ///     .routing_key("orders.dlq")
+    ///     .build()
+    ///     .await?;
+    /// # drop(sink);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn dead_letter_sink(&self) -> AmqpDeadLetterSinkBuilder {
+        let settings = &self.settings;
+        let builder = AmqpDeadLetterSinkBuilder::for_source(
+            settings.url.clone(),
+            settings.tls.clone(),
+            settings.topology.clone(),
+        );
+        let builder = match &settings.target {
+            Target::Queue(queue) => builder.consumed_queue(queue.as_str()),
+            Target::Broadcast { exchange } => builder.consumed_exchange(exchange.clone()),
+        };
+        match &settings.connection_name {
+            Some(name) => builder.connection_name(format!("{name} (dead letters)")),
+            None => builder,
+        }
+    }
+
     /// A dead-letter sink that rejects a message without requeue
     /// (`basic.reject(requeue=false)`), so that the broker moves it to the
-    /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`].
-    pub fn broker_dead_letter(&self) -> BrokerDeadLetterSink {
+    /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`]; for
+    /// a sink that publishes a copy with the error, see
+    /// [`dead_letter_sink`](Self::dead_letter_sink).
+    pub fn broker_dead_letter_sink(&self) -> BrokerDeadLetterSink {
         BrokerDeadLetterSink::new(self.slot.clone(), self.reader.source().clone())
     }
 
