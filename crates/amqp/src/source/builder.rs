@@ -106,10 +106,10 @@ impl AmqpSourceBuilder {
             target: None,
             topology: Topology::new(),
             max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
-            reconnect: Arc::new(Exponential::new(
-                Duration::from_millis(100),
-                Duration::from_secs(10),
-            )),
+            reconnect: Arc::new(
+                Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
+                    .retry_forever(),
+            ),
             connection_name: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
@@ -157,15 +157,22 @@ impl AmqpSourceBuilder {
         self
     }
 
-    /// How to wait between reconnect attempts after the connection or channel
-    /// is lost. A channel that had delivered messages (or lasted the
+    /// How the source waits between attempts to reconnect to the broker
+    /// after the connection or channel is lost. Default: from 100 ms,
+    /// doubling up to 10 s, forever (the same on every intake backend).
+    /// Checked with [`BackoffPolicy::validate`] by [`build`](Self::build).
+    ///
+    /// A channel that had delivered messages (or lasted the
     /// [connect timeout](Self::connect_timeout)) is reopened at once; one
     /// lost younger and empty, or lost to a delivery lapin cannot parse,
     /// counts as a failed attempt like a failed reconnect, so a broker that
     /// drops every new consumer is never reconnected to in a tight loop.
-    /// When the policy gives up, [`Source::next`] returns the last error and
-    /// the next call starts over. Default: exponential from 100 ms to 10 s,
-    /// 10 attempts.
+    /// Every failed attempt is logged at `WARN`. A refusal that retrying
+    /// cannot fix (credentials, a missing queue) is reported at once. When
+    /// a policy with a retry cap gives up, [`Source::next`] returns the last
+    /// error, the consumer's own
+    /// [`reconnect_backoff`](intake_core::ConsumerBuilder::reconnect_backoff)
+    /// paces its next call, and that call starts a new series of attempts.
     ///
     /// [`Source::next`]: intake_core::Source::next
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
@@ -236,6 +243,12 @@ impl AmqpSourceBuilder {
         }
         self.topology.validate()?;
         self.tls.check_for(&url)?;
+        self.reconnect.validate().map_err(|error| {
+            ConfigError::new(
+                "reconnect_backoff",
+                format!("`{}` {}", error.setting, error.problem),
+            )
+        })?;
         let prefetch = match u16::try_from(self.max_in_flight) {
             Ok(0) => {
                 return Err(ConfigError::new(
@@ -348,6 +361,35 @@ mod tests {
             .settings()
             .unwrap();
         assert_eq!(settings.prefetch, 500);
+    }
+
+    #[test]
+    fn the_default_reconnect_backoff_grows_from_100_ms_to_10_s_and_never_gives_up() {
+        let settings = AmqpSourceBuilder::new(URL).queue("q").settings().unwrap();
+        let first = settings.reconnect.delay(1).expect("a first retry");
+        assert!(
+            (Duration::from_millis(90)..=Duration::from_millis(110)).contains(&first),
+            "{first:?}"
+        );
+        for retry in [11, 1_000, u32::MAX] {
+            let delay = settings
+                .reconnect
+                .delay(retry)
+                .unwrap_or_else(|| panic!("gave up at retry {retry}"));
+            assert!(
+                (Duration::from_secs(9)..=Duration::from_secs(11)).contains(&delay),
+                "{delay:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_invalid_reconnect_backoff_is_refused_when_the_source_is_built() {
+        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").reconnect_backoff(
+            Exponential::new(Duration::from_secs(10), Duration::from_secs(1)),
+        ));
+        assert_eq!(error.setting, "reconnect_backoff");
+        assert!(error.problem.contains("backoff.min"), "{error}");
     }
 
     #[test]
