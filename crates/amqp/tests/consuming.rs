@@ -344,3 +344,60 @@ async fn broadcast_sources_each_receive_every_message() {
     two.close().await.unwrap();
     backend.cleanup().await;
 }
+
+/// Why a new prefetch needs a new consumer: RabbitMQ applies `basic.qos`
+/// (per consumer, `global = false`) to the consumers started after it,
+/// never to one already consuming.
+#[tokio::test]
+async fn rabbitmq_gives_a_new_prefetch_only_to_consumers_started_after_it() {
+    use futures_util::{FutureExt, StreamExt};
+    use intake_amqp::lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    use intake_amqp::lapin::types::FieldTable;
+    use intake_amqp::lapin::{Connection, ConnectionProperties};
+
+    let Some(backend) = AmqpBackend::connect_or_skip("qos_after_consume").await else {
+        return;
+    };
+    let queue = backend.classic_queue("qos-after-consume").await.unwrap();
+    backend.publish_numbered(&queue, 10).await.unwrap();
+    let connection = Connection::connect(backend.url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .basic_qos(1, BasicQosOptions { global: false })
+        .await
+        .unwrap();
+    let consume = || {
+        channel.basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+    };
+    let arrived = |consumer: &mut intake_amqp::lapin::Consumer| {
+        let mut count = 0;
+        while let Some(Some(Ok(_))) = consumer.next().now_or_never() {
+            count += 1;
+        }
+        count
+    };
+    let mut first = consume().await.unwrap();
+    channel
+        .basic_qos(4, BasicQosOptions { global: false })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        arrived(&mut first),
+        1,
+        "the running consumer kept prefetch 1"
+    );
+
+    let mut second = consume().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(arrived(&mut second), 4, "a consumer started after it has 4");
+    connection.close(200, "done".into()).await.unwrap();
+    backend.cleanup().await;
+}
