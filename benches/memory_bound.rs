@@ -288,7 +288,6 @@ async fn measure(
             produce_in_child(backend, &name, count)?;
             let source = intake::amqp::AmqpSource::builder(AMQP)
                 .queue(&name)
-                .max_in_flight(1024)
                 .build()
                 .await?;
             let acker = source.acker();

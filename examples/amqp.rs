@@ -59,7 +59,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let source = AmqpSource::builder(url.as_str())
         .queue(QUEUE)
         .declare(topology)
-        .max_in_flight(max_in_flight)
         .connection_name("intake-example")
         .build()
         .await?;

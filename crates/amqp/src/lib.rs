@@ -2,8 +2,10 @@
 //!
 //! - [`AmqpSource`] consumes a queue (or, in broadcast mode, every message of
 //!   a fanout exchange) on one channel with manual acknowledgements. Its
-//!   prefetch (`basic.qos`) is the consumer's in-flight budget, so memory
-//!   stays bounded however long the queue is.
+//!   prefetch (`basic.qos`) comes from the consumer's budget
+//!   ([`Source::set_limits`](intake_core::Source::set_limits)):
+//!   `max_in_flight` deliveries, so memory stays bounded however long the
+//!   queue is.
 //! - [`AmqpAcker`] turns the commit engine's watermark into one
 //!   `basic.ack(multiple=true)` per batch, and retries into individual
 //!   `basic.reject(requeue=true)` sent before it. Messages finished past one
@@ -35,12 +37,18 @@
 //! let source = AmqpSource::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 //!     .queue("orders")
 //!     .declare(Topology::new().queue(Queue::quorum("orders").delivery_limit(5)))
-//!     .max_in_flight(256)
 //!     .build()
 //!     .await?;
 //! let acker = source.acker();
-//! // Hand `source` and `acker` to the consumer runtime.
-//! # drop((source, acker));
+//! let dead_letters = source
+//!     .dead_letter_sink()
+//!     .exchange("")
+//!     .routing_key("orders.dlq")
+//!     .build()
+//!     .await?;
+//! // Hand `source` and `acker` to the consumer runtime (its `max_in_flight`
+//! // becomes the prefetch), and `dead_letters` to its dead-letter layer.
+//! # drop((source, acker, dead_letters));
 //! # Ok(())
 //! # }
 //! ```
@@ -105,6 +113,7 @@ mod dead_letter;
 mod error;
 pub mod headers;
 mod live_channel;
+mod prefetch;
 mod source;
 mod tag_ledger;
 mod tls;

@@ -12,8 +12,11 @@ mod support;
 use std::time::Duration;
 
 use intake_amqp::{AmqpSource, Error, Queue, Topology};
+use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
 use intake_core::{PartitionKey, Position, Source, SourceError, SourceEvent};
-use support::steps::{ack_through, publish_direct, receive, requeue, settle_at, tags};
+use support::steps::{
+    ack_through, arriving_within, limits, publish_direct, receive, requeue, settle_at, tags,
+};
 use support::{AmqpBackend, unique};
 
 #[tokio::test]
@@ -117,24 +120,21 @@ async fn prefetch_keeps_the_broker_from_pushing_past_the_in_flight_budget() {
     backend.publish_numbered(&queue, 10).await.unwrap();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(3)
         .build()
         .await
         .unwrap();
+    // What the consumer runtime tells the source before the first `next`.
+    source.set_limits(limits(3, DEFAULT_MAX_IN_FLIGHT_BYTES));
     let mut acker = source.acker();
 
     let first = receive(&mut source, 3, 100).await;
     // Nothing acknowledged: the broker holds the other 7 back.
-    let mut buffer = Vec::new();
-    let more = tokio::time::timeout(Duration::from_millis(300), async {
-        loop {
-            if let Ok(SourceEvent::Delivered) = source.next(&mut buffer, 100).await {
-                return buffer.len();
-            }
-        }
-    })
-    .await;
-    assert!(more.is_err(), "the broker pushed past the prefetch");
+    let more = arriving_within(&mut source, Duration::from_millis(300)).await;
+    assert!(
+        more.is_empty(),
+        "the broker pushed {} past the prefetch",
+        more.len()
+    );
 
     ack_through(&mut acker, &first.messages[2]).await.unwrap();
     let rest = receive(&mut source, 3, 100).await;
@@ -218,10 +218,11 @@ async fn two_consumers_on_one_queue_share_the_work() {
     let connect = || {
         AmqpSource::builder(backend.url())
             .queue(queue.as_str())
-            .max_in_flight(5)
             .build()
     };
     let (mut left, mut right) = (connect().await.unwrap(), connect().await.unwrap());
+    left.set_limits(limits(5, DEFAULT_MAX_IN_FLIGHT_BYTES));
+    right.set_limits(limits(5, DEFAULT_MAX_IN_FLIGHT_BYTES));
     backend.publish_numbered(&queue, 40).await.unwrap();
 
     /// Takes and acknowledges until the queue is drained.

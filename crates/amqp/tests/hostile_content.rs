@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
-use intake_core::{AckBatch, Acker, PartitionAck, Source, SourceEvent};
+use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
+use intake_core::{AckBatch, Acker, Limits, PartitionAck, Source, SourceEvent};
 use support::raw::{RawMessage, table};
 use support::{AmqpBackend, RecordingBackoff, inbound_exchange};
 
@@ -77,11 +78,15 @@ async fn poison_backs_off_and_is_named(test: &str, poison: impl FnOnce(&str) -> 
     let policy = RecordingBackoff::default();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(10)
         .reconnect_backoff(policy.clone())
         .build()
         .await
         .unwrap();
+    source.set_limits(Limits::new(
+        10,
+        DEFAULT_MAX_IN_FLIGHT_BYTES,
+        Duration::from_secs(10),
+    ));
     let mut acker = source.acker();
     let mut buffer = Vec::new();
     let mut losses = 0;

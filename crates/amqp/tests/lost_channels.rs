@@ -1,7 +1,7 @@
 //! Channels and connections lost under a source driven by hand, against a
 //! real RabbitMQ: the lost channel's partition is revoked, its tags are
-//! refused, the next channel opens only after the revocation completed, and
-//! nothing is lost.
+//! refused, the next channel opens only after the revocation completed, with
+//! the prefetch the consumer's limits give, and nothing is lost.
 //!
 //! Each test skips with a printed reason when no broker listens on
 //! 127.0.0.1:5672, unless `INTAKE_REQUIRE_BROKERS=1`.
@@ -12,9 +12,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
+use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
 use intake_core::testkit::skip_or_fail;
-use intake_core::{AckError, PartitionKey, Source, SourceEvent};
-use support::steps::{PATIENCE, ack_through, receive, settle_at};
+use intake_core::{AckError, Message, PartitionKey, Source, SourceEvent};
+use support::steps::{PATIENCE, ack_through, arriving_within, limits, receive, settle_at};
 use support::{AmqpBackend, close_connection_named, unique};
 
 #[tokio::test]
@@ -27,10 +28,10 @@ async fn a_consumer_dropped_mid_run_leaves_its_messages_to_another_and_none_is_l
 
     let mut first = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(10)
         .build()
         .await
         .unwrap();
+    first.set_limits(limits(10, DEFAULT_MAX_IN_FLIGHT_BYTES));
     let mut first_acker = first.acker();
     let taken = receive(&mut first, 10, 10).await;
     ack_through(&mut first_acker, &taken.messages[3])
@@ -43,10 +44,10 @@ async fn a_consumer_dropped_mid_run_leaves_its_messages_to_another_and_none_is_l
 
     let mut second = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(20)
         .build()
         .await
         .unwrap();
+    second.set_limits(limits(20, DEFAULT_MAX_IN_FLIGHT_BYTES));
     let mut second_acker = second.acker();
     let rest = receive(&mut second, 16, 20).await;
     let rest_payloads: BTreeSet<String> = rest.payloads().into_iter().collect();
@@ -84,11 +85,11 @@ async fn the_broker_closing_the_connection_mid_run_leads_to_a_reconnect_and_noth
     let name = unique("conn");
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(5)
         .connection_name(name.as_str())
         .build()
         .await
         .unwrap();
+    source.set_limits(limits(5, DEFAULT_MAX_IN_FLIGHT_BYTES));
     let mut acker = source.acker();
     let before = receive(&mut source, 5, 5).await;
     ack_through(&mut acker, &before.messages[1]).await.unwrap();
@@ -268,6 +269,71 @@ async fn a_lost_channel_is_reopened_only_after_its_revocation_completed() {
     );
     let again = receive(&mut source, 1, 10).await;
     assert_eq!(again.payloads(), ["a"]);
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}
+
+/// The deliveries of channel `epoch` until at least `count` arrived (all
+/// that came with them, too), other events left aside.
+async fn deliveries_on(source: &mut AmqpSource, epoch: u32, count: usize) -> Vec<Message> {
+    let partition = PartitionKey::new(source.source_name(), epoch);
+    let mut on_it = Vec::new();
+    let mut buffer = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while on_it.len() < count {
+            if let SourceEvent::Delivered = source.next(&mut buffer, 1000).await.unwrap() {
+                on_it.extend(
+                    buffer
+                        .drain(..)
+                        .filter(|message| message.metadata().partition_key() == partition),
+                );
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of {count} arrived on channel {epoch}", on_it.len()));
+    on_it
+}
+
+#[tokio::test]
+async fn a_reopened_channel_gets_its_prefetch_from_the_consumers_limits() {
+    let Some(backend) = AmqpBackend::connect_or_skip("reopened_prefetch").await else {
+        return;
+    };
+    let queue = backend.classic_queue("reopened-prefetch").await.unwrap();
+    backend.publish_numbered(&queue, 10).await.unwrap();
+    let name = unique("conn");
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .build()
+        .await
+        .unwrap();
+    source.set_limits(limits(3, DEFAULT_MAX_IN_FLIGHT_BYTES));
+    deliveries_on(&mut source, 1, 3).await;
+
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "reopened_prefetch",
+            &format!("cannot close the connection: {why}"),
+        );
+        backend.cleanup().await;
+        return;
+    }
+
+    // Nothing is acknowledged on the new channel either: it holds three.
+    let on_new = deliveries_on(&mut source, 2, 3).await;
+    assert_eq!(
+        on_new.len(),
+        3,
+        "the new channel took more than its prefetch"
+    );
+    let more = arriving_within(&mut source, Duration::from_millis(300)).await;
+    assert!(
+        more.is_empty(),
+        "the new channel took {} past the prefetch",
+        more.len()
+    );
     source.close().await.unwrap();
     backend.cleanup().await;
 }

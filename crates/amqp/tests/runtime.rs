@@ -27,7 +27,6 @@ async fn the_runtime_carries_on_after_the_broker_closes_the_connection_and_loses
     let name = unique("runtime-conn");
     let source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(8)
         .connection_name(name.as_str())
         .build()
         .await
@@ -95,7 +94,6 @@ async fn a_message_that_keeps_failing_through_the_retry_path_reaches_the_quorum_
     let source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .declare(topology)
-        .max_in_flight(8)
         .build()
         .await
         .unwrap();
@@ -162,7 +160,6 @@ async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() 
     let name = unique("copies-conn");
     let source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(8)
         .connection_name(name.as_str())
         .build()
         .await

@@ -31,7 +31,6 @@ pub(crate) struct Settings {
     pub(crate) url: AmqpUrl,
     pub(crate) target: Target,
     pub(crate) topology: Topology,
-    pub(crate) prefetch: u16,
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) connection_name: Option<String>,
     pub(crate) connect_timeout: Duration,
@@ -56,7 +55,6 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("url", &self.url)
             .field("target", &self.target)
-            .field("prefetch", &self.prefetch)
             .field("connection_name", &self.connection_name)
             .finish_non_exhaustive()
     }
@@ -68,7 +66,6 @@ pub struct AmqpSourceBuilder {
     url: String,
     target: Option<Target>,
     topology: Topology,
-    max_in_flight: usize,
     reconnect: Arc<dyn BackoffPolicy>,
     connection_name: Option<String>,
     connect_timeout: Duration,
@@ -84,7 +81,6 @@ impl fmt::Debug for AmqpSourceBuilder {
         f.debug_struct("AmqpSourceBuilder")
             .field("url", &url)
             .field("target", &self.target)
-            .field("max_in_flight", &self.max_in_flight)
             .field("connection_name", &self.connection_name)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
@@ -92,10 +88,6 @@ impl fmt::Debug for AmqpSourceBuilder {
 }
 
 impl AmqpSourceBuilder {
-    /// The in-flight budget assumed unless [`max_in_flight`](Self::max_in_flight)
-    /// says otherwise.
-    pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
-
     /// How long [`Source::close`](intake_core::Source::close) waits for the
     /// broker unless [`close_timeout`](Self::close_timeout) says otherwise.
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -105,7 +97,6 @@ impl AmqpSourceBuilder {
             url: url.into(),
             target: None,
             topology: Topology::new(),
-            max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
             reconnect: Arc::new(
                 Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
                     .retry_forever(),
@@ -139,21 +130,6 @@ impl AmqpSourceBuilder {
     /// queue must exist: a missing one is [`Error::QueueNotFound`].
     pub fn declare(mut self, topology: Topology) -> Self {
         self.topology = topology;
-        self
-    }
-
-    /// The consumer's in-flight budget: set it to the same value as the
-    /// consumer runtime's `max_in_flight`.
-    ///
-    /// It becomes the channel's prefetch (`basic.qos`): the broker never has
-    /// more unacknowledged deliveries out to this source than the runtime may
-    /// hold, so what lapin buffers plus what the runtime holds stays within
-    /// the budget however long the queue is. Finished messages count until
-    /// their `basic.ack` is sent, so acknowledgements must keep pace (the
-    /// runtime batches them by count and time). At most 65,535 (AMQP's
-    /// limit); 0 is refused, as it means "unlimited" to the broker.
-    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
-        self.max_in_flight = max_in_flight;
         self
     }
 
@@ -249,23 +225,6 @@ impl AmqpSourceBuilder {
                 format!("`{}` {}", error.setting, error.problem),
             )
         })?;
-        let prefetch = match u16::try_from(self.max_in_flight) {
-            Ok(0) => {
-                return Err(ConfigError::new(
-                    "max_in_flight",
-                    "is 0; it becomes the prefetch, where 0 would let the broker push without limit",
-                )
-                .into());
-            }
-            Ok(prefetch) => prefetch,
-            Err(_) => {
-                return Err(ConfigError::new(
-                    "max_in_flight",
-                    format!("is {}; AMQP prefetch is at most 65535", self.max_in_flight),
-                )
-                .into());
-            }
-        };
         if self.connect_timeout.is_zero() {
             return Err(
                 ConfigError::new("connect_timeout", "is zero; give it at least a second").into(),
@@ -282,7 +241,6 @@ impl AmqpSourceBuilder {
             url,
             target,
             topology: self.topology,
-            prefetch,
             reconnect: self.reconnect,
             connection_name: self.connection_name,
             connect_timeout: self.connect_timeout,
@@ -321,18 +279,6 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_budget_is_refused_because_it_would_mean_unlimited_prefetch() {
-        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(0));
-        assert_eq!(error.setting, "max_in_flight");
-    }
-
-    #[test]
-    fn a_budget_beyond_the_amqp_prefetch_range_is_refused() {
-        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(70_000));
-        assert!(error.problem.contains("65535"));
-    }
-
-    #[test]
     fn tls_settings_on_a_plain_url_are_refused() {
         let error = config_error(
             AmqpSourceBuilder::new(URL)
@@ -351,16 +297,6 @@ mod tests {
                 .close_timeout(Duration::ZERO),
         );
         assert_eq!(error.setting, "close_timeout");
-    }
-
-    #[test]
-    fn the_prefetch_is_the_in_flight_budget() {
-        let settings = AmqpSourceBuilder::new(URL)
-            .queue("q")
-            .max_in_flight(500)
-            .settings()
-            .unwrap();
-        assert_eq!(settings.prefetch, 500);
     }
 
     #[test]

@@ -22,12 +22,12 @@ use std::sync::Arc;
 
 use futures_util::{FutureExt, Stream, StreamExt};
 use intake_core::source::{RevocationError, RevocationOutcome};
-use intake_core::{Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
+use intake_core::{Limits, Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
@@ -42,6 +42,7 @@ use crate::counters::SourceCounters;
 use crate::dead_letter::AmqpDeadLetterSinkBuilder;
 use crate::error::{Error, Operation, classify};
 use crate::live_channel::ChannelSlot;
+use crate::prefetch::Prefetch;
 use crate::topology::{Exchange, short};
 use crate::url::AmqpUrl;
 
@@ -66,6 +67,8 @@ pub struct AmqpSource {
     /// deliveries the next channel takes one at a time (see
     /// [`AmqpSource::poisoned`]).
     quarantine: Option<u64>,
+    /// The consumer's limits: the prefetch of the next consumer started.
+    prefetch: Prefetch,
     counters: SourceCounters,
     next_epoch: u32,
 }
@@ -92,7 +95,7 @@ struct Session {
     epoch: u32,
     connection: Connection,
     channel: Channel,
-    consumer: lapin::Consumer,
+    consumer: Consuming,
     /// The connection's lifecycle events; an error on the connection or the
     /// channel shows here without taking a delivery from the consumer.
     events: Pin<Box<dyn Stream<Item = lapin::Event> + Send>>,
@@ -104,10 +107,36 @@ struct Session {
     /// Deliveries still to take at a prefetch of 1 before the full prefetch
     /// is set; `Some(0)` once it is due.
     quarantine: Option<u64>,
+    /// The prefetch the consumer was started with.
+    prefetch: u16,
     /// When the session started consuming, and whether it delivered
     /// anything: a session lost young and empty was no success.
     opened_at: Instant,
     delivered: bool,
+}
+
+/// A session's consumer. RabbitMQ applies `basic.qos` only to the
+/// consumers started after it, never to one already consuming
+/// (`rabbitmq_gives_a_new_prefetch_only_to_consumers_started_after_it`), so
+/// the prefetch is set once per consumer, when it starts: the first
+/// session's on the first [`Source::next`], after the runtime told its
+/// limits ([`Source::set_limits`]); a reopened session's as it opens.
+///
+/// A new prefetch on a running session would take a second consumer on
+/// the channel, and that was tried and left: what the first one holds
+/// unacknowledged counts against neither prefetch (so the budget is passed
+/// by that much), a broadcast source's auto-delete queue is deleted when
+/// its last consumer is cancelled, and a quorum queue counted an extra
+/// delivery attempt.
+enum Consuming {
+    /// The source was built and `next` not called yet.
+    NotStarted,
+    /// `basic.qos` and `basic.consume` sent; kept across calls so that a
+    /// dropped `next` resumes the start instead of leaving a consumer
+    /// nobody reads. Bounded by the connection's heartbeat: lapin fails the
+    /// pending calls when the connection is lost.
+    Starting(Pin<Box<dyn Future<Output = Result<lapin::Consumer, lapin::Error>> + Send>>),
+    Started(lapin::Consumer),
 }
 
 impl fmt::Debug for AmqpSource {
@@ -141,7 +170,8 @@ impl AmqpSource {
 
     async fn open(settings: Settings) -> Result<Self, Error> {
         let settings = Arc::new(settings);
-        let session = open_session_within(&settings, 1, None).await?;
+        // Consuming starts on the first `next`, with the consumer's limits.
+        let session = open_session_within(&settings, 1, None, None).await?;
         let slot = Arc::new(ChannelSlot::default());
         slot.install(session.epoch, session.channel.clone());
         let reader = DeliveryReader::new(settings.source_name().into());
@@ -154,6 +184,7 @@ impl AmqpSource {
             failure: None,
             failures: 0,
             quarantine: None,
+            prefetch: Prefetch::default(),
             counters: SourceCounters::default(),
             next_epoch: 2,
         };
@@ -266,8 +297,10 @@ impl AmqpSource {
         };
         // What lapin still buffers of the lost channel is back in the queue
         // already; it only tells how far the channel got.
-        while let Some(Some(Ok(delivery))) = session.consumer.next().now_or_never() {
-            session.last_tag = session.last_tag.max(delivery.delivery_tag);
+        if let Consuming::Started(consumer) = &mut session.consumer {
+            while let Some(Some(Ok(delivery))) = consumer.next().now_or_never() {
+                session.last_tag = session.last_tag.max(delivery.delivery_tag);
+            }
         }
         let settled = self
             .slot
@@ -382,7 +415,7 @@ impl AmqpSource {
         self.counters.unparsable();
         let tag = session.last_tag.saturating_add(1);
         let unsettled = tag.saturating_sub(settled);
-        self.quarantine = Some(unsettled.min(u64::from(self.settings.prefetch)));
+        self.quarantine = Some(unsettled.min(u64::from(session.prefetch)));
         let delay = self.settings.reconnect.delay(self.failures);
         tracing::error!(
             endpoint = self.settings.url.endpoint(),
@@ -436,7 +469,8 @@ impl AmqpSource {
         }
         tokio::time::sleep_until(*retry_at).await;
         let epoch = self.next_epoch;
-        match open_session_within(&self.settings, epoch, self.quarantine).await {
+        let prefetch = Some(self.prefetch.count());
+        match open_session_within(&self.settings, epoch, self.quarantine, prefetch).await {
             Ok(session) => {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
@@ -499,9 +533,10 @@ async fn open_session_within(
     settings: &Settings,
     epoch: u32,
     quarantine: Option<u64>,
+    prefetch: Option<u16>,
 ) -> Result<Session, Error> {
     let timeout = settings.connect_timeout;
-    tokio::time::timeout(timeout, open_session(settings, epoch, quarantine))
+    tokio::time::timeout(timeout, open_session(settings, epoch, quarantine, prefetch))
         .await
         .unwrap_or_else(|_elapsed| {
             Err(Error::Unreachable {
@@ -514,12 +549,14 @@ async fn open_session_within(
         })
 }
 
-/// Connects, declares, and starts consuming with the prefetch from the
-/// budget, or of 1 for the first `quarantine` deliveries.
+/// Connects, declares, and starts consuming with `prefetch`, or with a
+/// prefetch of 1 for the first `quarantine` deliveries; with no `prefetch`,
+/// leaves the consumer to the first [`Source::next`] (see [`Consuming`]).
 async fn open_session(
     settings: &Settings,
     epoch: u32,
     quarantine: Option<u64>,
+    prefetch: Option<u16>,
 ) -> Result<Session, Error> {
     let url = &settings.url;
     fn fail<'a>(url: &'a AmqpUrl, operation: Operation<'a>) -> impl Fn(lapin::Error) -> Error + 'a {
@@ -591,26 +628,16 @@ async fn open_session(
             own
         }
     };
-    channel
-        .basic_qos(
-            if quarantine.is_some() {
-                1
-            } else {
-                settings.prefetch
-            },
-            BasicQosOptions { global: false },
-        )
-        .await
-        .map_err(fail(url, Operation::Other))?;
-    let consumer = channel
-        .basic_consume(
-            short(&queue),
-            short(""),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(fail(url, Operation::UseQueue(&queue)))?;
+    let (consumer, prefetch) = match prefetch {
+        Some(prefetch) => {
+            let prefetch = if quarantine.is_some() { 1 } else { prefetch };
+            let consumer = start_consuming(channel.clone(), short(&queue), prefetch)
+                .await
+                .map_err(fail(url, Operation::UseQueue(&queue)))?;
+            (Consuming::Started(consumer), prefetch)
+        }
+        None => (Consuming::NotStarted, 0),
+    };
     Ok(Session {
         epoch,
         connection,
@@ -620,9 +647,30 @@ async fn open_session(
         queue,
         last_tag: 0,
         quarantine,
+        prefetch,
         opened_at: Instant::now(),
         delivered: false,
     })
+}
+
+/// Sets the channel's prefetch for the consumer started next and starts it.
+/// Owns what it uses, so that [`Consuming::Starting`] can keep it.
+async fn start_consuming(
+    channel: Channel,
+    queue: ShortString,
+    prefetch: u16,
+) -> Result<lapin::Consumer, lapin::Error> {
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await?;
+    channel
+        .basic_consume(
+            queue,
+            short(""),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
 }
 
 impl Session {
@@ -659,6 +707,16 @@ enum Loss {
 }
 
 impl Source for AmqpSource {
+    /// Takes the consumer's budget for the prefetch (`basic.qos`) of every
+    /// consumer the source starts from now on: the first on the first
+    /// [`next`](Source::next), and one on every reopened channel (RabbitMQ
+    /// applies `basic.qos` only to consumers started after it). The
+    /// prefetch is `max_in_flight` (AMQP allows 1 to 65,535). Until it is
+    /// called, the runtime's default applies (256 deliveries).
+    fn set_limits(&mut self, limits: Limits) {
+        self.prefetch.set_limits(limits);
+    }
+
     async fn next(
         &mut self,
         deliveries: &mut Vec<Message>,
@@ -679,12 +737,33 @@ impl Source for AmqpSource {
                 }
                 State::Closed => return Ok(SourceEvent::Exhausted),
             };
+            if let Consuming::NotStarted = session.consumer {
+                // The first session, now that the runtime told its limits.
+                session.prefetch = self.prefetch.count();
+                session.consumer = Consuming::Starting(Box::pin(start_consuming(
+                    session.channel.clone(),
+                    short(&session.queue),
+                    session.prefetch,
+                )));
+            }
+            if let Consuming::Starting(started) = &mut session.consumer {
+                // Cancel-safe: the start is kept in the session.
+                match started.as_mut().await {
+                    Ok(consumer) => session.consumer = Consuming::Started(consumer),
+                    Err(error) => self.lose(Loss::Error(error)),
+                }
+                continue;
+            }
             if session.quarantine == Some(0) {
                 // Past what came back with an unreadable delivery: the full
                 // prefetch again. Cancel-safe: sent again if interrupted.
+                // RabbitMQ gives it only to consumers started after it (see
+                // `Consuming`), so this consumer keeps taking one at a time
+                // until its channel is reopened.
+                let prefetch = self.prefetch.count();
                 let raised = session
                     .channel
-                    .basic_qos(self.settings.prefetch, BasicQosOptions { global: false })
+                    .basic_qos(prefetch, BasicQosOptions { global: false })
                     .await;
                 match raised {
                     Ok(()) => {
@@ -693,7 +772,7 @@ impl Source for AmqpSource {
                             endpoint = self.settings.url.endpoint(),
                             queue = session.queue,
                             epoch = session.epoch,
-                            prefetch = self.settings.prefetch,
+                            prefetch,
                             "AMQP consumer past the deliveries returned with an unreadable one; full prefetch again"
                         );
                     }
@@ -724,13 +803,21 @@ impl Source for AmqpSource {
             // Cancel-safe: a delivery leaves lapin's buffer only when this
             // poll returns it, and from then on nothing awaits.
             let already = deliveries.len();
-            let polled = match session.consumer.next().await {
+            let Consuming::Started(consumer) = &mut session.consumer else {
+                continue; // Started just above.
+            };
+            let first = consumer.next().await;
+            let polled = match first {
                 Some(Ok(delivery)) => {
                     session.took(delivery.delivery_tag);
                     deliveries.push(self.reader.read(delivery, session.epoch));
                     let mut polled = Polled::Delivered;
                     while deliveries.len() < max {
-                        match session.consumer.next().now_or_never() {
+                        let Consuming::Started(consumer) = &mut session.consumer else {
+                            break;
+                        };
+                        let ready = consumer.next().now_or_never();
+                        match ready {
                             Some(Some(Ok(delivery))) => {
                                 session.took(delivery.delivery_tag);
                                 deliveries.push(self.reader.read(delivery, session.epoch));
@@ -821,10 +908,13 @@ async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), Error> {
     if !channel.status().connected() {
         return Ok(());
     }
-    channel
-        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-        .await
-        .map_err(fail)?;
+    // A consumer still starting goes with the channel.
+    if let Consuming::Started(consumer) = consumer {
+        channel
+            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+            .await
+            .map_err(fail)?;
+    }
     // Tag 0 with `multiple` covers every outstanding delivery.
     channel
         .basic_nack(

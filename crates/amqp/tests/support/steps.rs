@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use intake_amqp::AmqpSource;
 use intake_core::{
-    AckBatch, AckError, Acker, Message, PartitionAck, PartitionKey, Position, Source, SourceEvent,
+    AckBatch, AckError, Acker, Limits, Message, PartitionAck, PartitionKey, Position, Source,
+    SourceEvent,
 };
 
 use super::AmqpBackend;
@@ -136,4 +137,27 @@ pub async fn publish_direct(backend: &AmqpBackend, queue: &str, payload: &[u8]) 
         .await
         .unwrap();
     assert!(confirm.is_ack());
+}
+
+/// Limits of `max_in_flight` deliveries and `max_in_flight_bytes` bytes, as
+/// a consumer tells its source.
+pub fn limits(max_in_flight: usize, max_in_flight_bytes: usize) -> Limits {
+    Limits::new(max_in_flight, max_in_flight_bytes, Duration::from_secs(10))
+}
+
+/// The deliveries that arrive within `wait` (asking for up to 1000 per
+/// call), other events left aside: what the broker pushes without being
+/// acknowledged.
+pub async fn arriving_within(source: &mut AmqpSource, wait: Duration) -> Vec<Message> {
+    let mut arrived = Vec::new();
+    let mut buffer = Vec::new();
+    let _ = tokio::time::timeout(wait, async {
+        loop {
+            if let Ok(SourceEvent::Delivered) = source.next(&mut buffer, 1000).await {
+                arrived.append(&mut buffer);
+            }
+        }
+    })
+    .await;
+    arrived
 }
