@@ -5,7 +5,10 @@
 //!   prefetch (`basic.qos`) comes from the consumer's budget
 //!   ([`Source::set_limits`](intake_core::Source::set_limits)):
 //!   `max_in_flight` deliveries, so memory stays bounded however long the
-//!   queue is.
+//!   queue is. RabbitMQ bounds a prefetch by count only and sets it as a
+//!   consumer starts, so the byte budget bounds it on reopened channels
+//!   (no more than fit in half of `max_in_flight_bytes` at the recent
+//!   average message size), not on the first.
 //! - [`AmqpAcker`] turns the commit engine's watermark into one
 //!   `basic.ack(multiple=true)` per batch, and retries into individual
 //!   `basic.reject(requeue=true)` sent before it. Messages finished past one

@@ -337,3 +337,59 @@ async fn a_reopened_channel_gets_its_prefetch_from_the_consumers_limits() {
     source.close().await.unwrap();
     backend.cleanup().await;
 }
+
+/// RabbitMQ bounds a prefetch by count only, and sets it as a consumer
+/// starts: the first channel knows no message size and takes the count; a
+/// reopened one keeps what the recent sizes let fit in half the bytes.
+#[tokio::test]
+async fn a_reopened_channel_prefetches_within_half_the_byte_budget_at_the_recent_size() {
+    let Some(backend) = AmqpBackend::connect_or_skip("reopened_prefetch_bytes").await else {
+        return;
+    };
+    let queue = backend
+        .classic_queue("reopened-prefetch-bytes")
+        .await
+        .unwrap();
+    let payload = vec![b'x'; 100_000];
+    let payloads: Vec<&[u8]> = (0..20).map(|_| payload.as_slice()).collect();
+    backend.publish(&queue, &payloads).await.unwrap();
+    let name = unique("conn");
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .build()
+        .await
+        .unwrap();
+    // 256 deliveries of these would be 25 MB; half of 1 MiB holds five.
+    source.set_limits(limits(256, 1 << 20));
+    deliveries_on(&mut source, 1, 20).await;
+
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "reopened_prefetch_bytes",
+            &format!("cannot close the connection: {why}"),
+        );
+        backend.cleanup().await;
+        return;
+    }
+
+    let first = deliveries_on(&mut source, 2, 5).await;
+    assert_eq!(first.len(), 5, "the new channel took more than five");
+    let more = arriving_within(&mut source, Duration::from_millis(300)).await;
+    assert!(
+        more.is_empty(),
+        "the new channel took {} past five 100 kB messages",
+        more.len()
+    );
+
+    // Acknowledged, they make room for as many again.
+    let mut acker = source.acker();
+    ack_through(&mut acker, first.last().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(deliveries_on(&mut source, 2, 5).await.len(), 5);
+    let more = arriving_within(&mut source, Duration::from_millis(300)).await;
+    assert!(more.is_empty(), "{} past the prefetch", more.len());
+    source.close().await.unwrap();
+    backend.cleanup().await;
+}

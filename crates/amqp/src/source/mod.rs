@@ -67,7 +67,8 @@ pub struct AmqpSource {
     /// deliveries the next channel takes one at a time (see
     /// [`AmqpSource::poisoned`]).
     quarantine: Option<u64>,
-    /// The consumer's limits: the prefetch of the next consumer started.
+    /// The consumer's limits and the recent delivery sizes: the prefetch
+    /// of the next consumer started.
     prefetch: Prefetch,
     counters: SourceCounters,
     next_epoch: u32,
@@ -709,10 +710,13 @@ enum Loss {
 impl Source for AmqpSource {
     /// Takes the consumer's budget for the prefetch (`basic.qos`) of every
     /// consumer the source starts from now on: the first on the first
-    /// [`next`](Source::next), and one on every reopened channel (RabbitMQ
-    /// applies `basic.qos` only to consumers started after it). The
-    /// prefetch is `max_in_flight` (AMQP allows 1 to 65,535). Until it is
-    /// called, the runtime's default applies (256 deliveries).
+    /// [`next`](Source::next), and one on every reopened channel. The
+    /// prefetch is `max_in_flight` (AMQP allows 1 to 65,535), and no more
+    /// than fit in half of `max_in_flight_bytes` at the average size of the
+    /// recent deliveries, once there were some: RabbitMQ bounds a prefetch
+    /// by count only, and applies `basic.qos` only to consumers started
+    /// after it. Until it is called, the runtime's defaults apply (256
+    /// deliveries, 64 MiB).
     fn set_limits(&mut self, limits: Limits) {
         self.prefetch.set_limits(limits);
     }
@@ -833,6 +837,9 @@ impl Source for AmqpSource {
                             None => break,
                         }
                     }
+                    let taken = &deliveries[already..];
+                    self.prefetch
+                        .observe(taken.iter().map(Message::byte_size).sum(), taken.len());
                     if !session.channel.status().connected() {
                         // The channel died while these sat in lapin's
                         // buffer: the broker has requeued them already, and
