@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use crate::connection::open_within;
 use crate::error::{Error, Operation, classify};
 use crate::headers;
-use crate::source::DeliveryReader;
+use crate::source::convert::DeliveryReader;
 use crate::tls::Tls;
 use crate::topology::{MAX_NAME_BYTES, Topology, check_name, short};
 use crate::url::AmqpUrl;

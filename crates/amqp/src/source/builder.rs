@@ -8,6 +8,8 @@ use intake_core::{BackoffPolicy, ConfigError, Exponential};
 
 use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::Error;
+// The one import loop of the crate, a builder and what it builds:
+// `build` opens an `AmqpSource`, which keeps the checked `Settings`.
 use crate::source::AmqpSource;
 use crate::tls::Tls;
 use crate::topology::{Topology, check_name};

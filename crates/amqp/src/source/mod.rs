@@ -12,7 +12,7 @@
 //! at once and they must not run beside their first copies.
 
 mod builder;
-mod convert;
+pub(crate) mod convert;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 pub use builder::AmqpSourceBuilder;
 pub(crate) use builder::{Settings, Target};
-pub(crate) use convert::DeliveryReader;
+use convert::DeliveryReader;
 
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
