@@ -202,7 +202,7 @@ impl AmqpSource {
     }
 
     /// A builder for the sink that publishes this source's dead letters
-    /// with publisher confirms ([`AmqpDeadLetterSink`]), filled in from the
+    /// with publisher confirms ([`AmqpDeadLetterSink`](crate::AmqpDeadLetterSink)), filled in from the
     /// source: the broker and its credentials, the [TLS](AmqpSourceBuilder::tls)
     /// settings, the connection name (with ` (dead letters)` appended), and
     /// what the source consumes. Name the destination with
