@@ -290,8 +290,7 @@ async fn measure(
             produce_in_child(backend, &name, count)?;
             let source = intake::amqp::AmqpSource::builder(AMQP)
                 .queue(&name)
-                .max_in_flight(1024)
-                .connect()
+                .build()
                 .await?;
             let acker = source.acker();
             consume(source, acker, count, budget).await

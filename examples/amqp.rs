@@ -1,35 +1,32 @@
-//! Consume orders from RabbitMQ with an async fn.
+//! Consume a RabbitMQ queue.
 //!
-//! Declares a quorum queue `intake-example-orders` (with a dead-letter
-//! exchange and a delivery limit), publishes a few orders, one of them
-//! invalid, handles them, and stops once all are done or on Ctrl-C. The
-//! invalid order fails permanently and is published, with its origin and
-//! error, to `intake-example-orders.dlq` (publisher-confirmed) before it is
-//! acknowledged.
+//! Needs RabbitMQ on 127.0.0.1:5672 (or set `INTAKE_AMQP_URL`). The example
+//! declares a quorum queue `intake-example-orders` (with a dead-letter
+//! exchange and a delivery limit), publishes the example orders to it with
+//! publisher confirms (one fails once, one is malformed, one has no items),
+//! reserves them with the handler every broker example shares
+//! (`examples/support`), and keeps consuming until SIGTERM or Ctrl-C. The
+//! malformed order and the one without items are published, with their
+//! origin and error, to `intake-example-orders.dlq` (publisher-confirmed)
+//! before they are acknowledged.
 //!
 //! ```text
 //! cargo run --example amqp --features amqp
 //! INTAKE_AMQP_URL=amqps://user:pass@broker:5671/%2f cargo run --example amqp --features amqp
 //! ```
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+#[path = "support/mod.rs"]
+mod support;
 
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpDeadLetterSink, AmqpSource, Exchange, Queue, Topology};
-use intake::{Consumer, DeadLetterLayer, DeliveryOrder, HandlerError, Json, Meta, handler_fn};
-use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
+use intake::amqp::{AmqpSource, Exchange, Queue, Topology};
+use intake::dead_letter::DeadLetterLayer;
+use intake::retry::RetryLayer;
+use intake::{CatchPanicLayer, Consumer, DeliveryOrder, Json, Meta, handler_fn};
+use tower::ServiceBuilder;
 
 const QUEUE: &str = "intake-example-orders";
-const ORDERS: usize = 5;
-
-#[derive(Deserialize)]
-struct Order {
-    id: u64,
-    quantity: u32,
-}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,102 +41,78 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Invalid orders end in `intake-example-orders.dlq`: published there by
     // the dead-letter layer, or by the broker after 5 failed deliveries.
-    let dead_letters = format!("{QUEUE}.dlq");
+    let dead_letter_queue = format!("{QUEUE}.dlq");
     let topology = Topology::new()
         .exchange(Exchange::direct("intake-example.dlx"))
-        .queue(Queue::classic(dead_letters.as_str()))
-        .bind(dead_letters.as_str(), "intake-example.dlx", QUEUE)
+        .queue(Queue::classic(dead_letter_queue.as_str()))
+        .bind(dead_letter_queue.as_str(), "intake-example.dlx", QUEUE)
         .queue(
             Queue::quorum(QUEUE)
                 .dead_letter_exchange("intake-example.dlx")
                 .delivery_limit(5),
         );
-
-    let max_in_flight = 64;
     let source = AmqpSource::builder(url.as_str())
         .queue(QUEUE)
         .declare(topology)
-        .max_in_flight(max_in_flight)
         .connection_name("intake-example")
-        .connect()
+        .build()
         .await?;
     let acker = source.acker();
-    tracing::info!(endpoint = source.endpoint(), queue = QUEUE, "consuming");
-
     // Publishes to the dead-letter exchange with the queue's name as routing
-    // key, which the binding above routes to the dead-letter queue.
-    let dead_letter_sink = AmqpDeadLetterSink::builder(url.as_str())
+    // key, which the binding above routes to the dead-letter queue. The
+    // source fills in the broker, TLS and the queue it consumes (a
+    // destination that routed back into it would be refused).
+    let dead_letters = source
+        .dead_letter_sink()
         .exchange("intake-example.dlx")
-        .connect()
+        .build()
         .await?;
 
     publish_orders(&url).await?;
 
-    let shutdown = CancellationToken::new();
-    let handled = Arc::new(AtomicUsize::new(0));
+    let tally = support::Tally::shared();
     let handler = {
-        let (handled, shutdown) = (handled.clone(), shutdown.clone());
-        handler_fn(move |Meta(meta): Meta, Json(order): Json<Order>| {
-            let (handled, shutdown) = (handled.clone(), shutdown.clone());
-            async move {
-                if handled.fetch_add(1, AtomicOrdering::SeqCst) + 1 == ORDERS {
-                    shutdown.cancel();
-                }
-                if order.quantity == 0 {
-                    return Err(HandlerError::permanent(format!(
-                        "order {} has no items",
-                        order.id
-                    )));
-                }
-                tracing::info!(
-                    order = order.id,
-                    quantity = order.quantity,
-                    attempt = meta.attempt(),
-                    tag = %meta.position(),
-                    "order reserved"
-                );
-                Ok(())
-            }
+        let tally = tally.clone();
+        handler_fn(move |Meta(meta): Meta, Json(order): Json<support::Order>| {
+            let tally = tally.clone();
+            async move { support::reserve(&meta, order, &tally).await }
         })
     };
-    let handler = tower::ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(dead_letter_sink))
+    // Outermost first: a message that fails for good (undecodable, or out of
+    // retries) is published to the dead-letter queue, then acknowledged.
+    let handler = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(dead_letters))
+        .layer(RetryLayer::new(support::retry_policy()))
+        .layer(CatchPanicLayer::new())
         .service(handler);
 
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                shutdown.cancel();
-            }
-        }
-    });
-
+    let shutdown = support::shutdown_on_signals();
+    tracing::info!(
+        endpoint = source.endpoint(),
+        queue = QUEUE,
+        "consuming; SIGTERM or Ctrl-C stops"
+    );
     let report = Consumer::builder()
-        .max_in_flight(max_in_flight)
+        // The consumer's budget is also the broker's prefetch.
+        .max_in_flight(64)
+        // A queue's messages carry its routing key, the same for all: no
+        // per-customer key to order by, so in parallel.
         .ordering(DeliveryOrder::Unordered)
         .build(source, acker, handler)?
         .run(shutdown)
         .await?;
-    tracing::info!(
-        succeeded = report.succeeded,
-        unfinished = report.unfinished.len(),
-        "stopped"
-    );
+    tally.print("amqp", &report);
     Ok(())
 }
 
-/// Publishes `ORDERS` orders with publisher confirms.
+/// Publishes the example orders with publisher confirms.
 async fn publish_orders(url: &str) -> Result<(), Box<dyn std::error::Error>> {
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    for id in 1..=ORDERS as u64 {
-        // Order 3 has no items: it goes to the dead-letter queue.
-        let quantity = if id == 3 { 0 } else { id * 2 };
-        let order = format!(r#"{{"id":{id},"quantity":{quantity}}}"#);
+    for (_customer, order) in support::example_orders() {
         channel
             .basic_publish(
                 "".into(),

@@ -216,7 +216,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
             run(consumer, source, acker, handler, run_args).await
         }
         Broker::Amqp { url } => {
-            let source = amqp::source(url, &args.source, &args.group, args.max_in_flight).await?;
+            let source = amqp::source(url, &args.source, &args.group).await?;
             let acker = source.acker();
             run(consumer, source, acker, handler, run_args).await
         }

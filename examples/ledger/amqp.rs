@@ -82,19 +82,14 @@ async fn confirm(pending: Option<(u64, PublisherConfirm)>) -> Result<(), BoxErro
 }
 
 /// A consumer of `queue` (declared if missing); `group` only names the
-/// connection, since every consumer of a queue shares its messages.
-pub async fn source(
-    url: &str,
-    queue: &str,
-    group: &str,
-    max_in_flight: usize,
-) -> Result<AmqpSource, BoxError> {
+/// connection, since every consumer of a queue shares its messages. The
+/// consumer's `max_in_flight` becomes the prefetch.
+pub async fn source(url: &str, queue: &str, group: &str) -> Result<AmqpSource, BoxError> {
     let source = AmqpSource::builder(url)
         .queue(queue)
         .declare(topology(queue))
-        .max_in_flight(max_in_flight)
         .connection_name(format!("ledger {group} pid {}", std::process::id()))
-        .connect()
+        .build()
         .await?;
     Ok(source)
 }

@@ -8,9 +8,9 @@
 //! is closed.
 //!
 //! - raw: lapin, `basic.ack(multiple)` every 100 messages;
-//! - intake: `AmqpSource` + `Consumer` with `max_in_flight(1000)` (the
-//!   prefetch), unordered, and a no-op handler (acks as the commit engine
-//!   batches them);
+//! - intake: `AmqpSource` + `Consumer` with `max_in_flight(1000)` (which
+//!   the consumer gives the source as its prefetch), unordered, and a
+//!   no-op handler (acks as the commit engine batches them);
 //! - intake-ordered: the same in partition order (the default ordering: one
 //!   message at a time per channel).
 //!
@@ -314,11 +314,8 @@ async fn intake(
     ordering: DeliveryOrder,
 ) -> Result<Duration, BoxError> {
     let started = Instant::now();
-    let source = AmqpSource::builder(url)
-        .queue(queue)
-        .max_in_flight(usize::from(PREFETCH))
-        .connect()
-        .await?;
+    // The consumer's max_in_flight becomes the prefetch (set_limits).
+    let source = AmqpSource::builder(url).queue(queue).build().await?;
     let acker = source.acker();
     let shutdown = CancellationToken::new();
     let handled = Arc::new(AtomicUsize::new(0));

@@ -10,7 +10,7 @@ use crate::live_channel::ChannelSlot;
 /// Dead-letters a message by rejecting it without requeue, so that RabbitMQ
 /// moves it to the queue's dead-letter exchange (`x-dead-letter-exchange`,
 /// see [`Queue::dead_letter_exchange`](crate::Queue::dead_letter_exchange)).
-/// Get it from [`AmqpSource::broker_dead_letter`](crate::AmqpSource::broker_dead_letter).
+/// Get it from [`AmqpSource::broker_dead_letter_sink`](crate::AmqpSource::broker_dead_letter_sink).
 ///
 /// Compared with [`AmqpDeadLetterSink`](crate::AmqpDeadLetterSink), which
 /// publishes a copy with publisher confirms:

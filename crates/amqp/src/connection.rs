@@ -6,7 +6,7 @@ use std::time::Duration;
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties};
 
-use crate::error::{AmqpError, Operation, classify};
+use crate::error::{Error, Operation, classify};
 use crate::tls::Tls;
 use crate::url::AmqpUrl;
 
@@ -18,7 +18,7 @@ pub(crate) async fn open(
     url: &AmqpUrl,
     name: Option<&str>,
     tls: &Tls,
-) -> Result<Connection, AmqpError> {
+) -> Result<Connection, Error> {
     open_within(url, name, tls, DEFAULT_CONNECT_TIMEOUT).await
 }
 
@@ -29,7 +29,7 @@ pub(crate) async fn open_within(
     name: Option<&str>,
     tls: &Tls,
     timeout: Duration,
-) -> Result<Connection, AmqpError> {
+) -> Result<Connection, Error> {
     let mut properties = ConnectionProperties::default();
     if let Some(name) = name {
         properties = properties.with_connection_name(LongString::from(name));
@@ -56,7 +56,7 @@ pub(crate) async fn open_within(
             url.vhost(),
             Operation::Connect,
         )),
-        Err(_elapsed) => Err(AmqpError::Unreachable {
+        Err(_elapsed) => Err(Error::Unreachable {
             endpoint: url.endpoint().to_owned(),
             source: format!("no answer within {timeout:?}").into(),
         }),

@@ -22,10 +22,10 @@ struct Counts {
 /// a Prometheus collector that reads them at scrape time).
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), intake_amqp::AmqpError> {
+/// # async fn run() -> Result<(), intake_amqp::Error> {
 /// let source = intake_amqp::AmqpSource::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 ///     .queue("orders")
-///     .connect()
+///     .build()
 ///     .await?;
 /// let counters = source.counters();
 /// // Later, from a metrics task:

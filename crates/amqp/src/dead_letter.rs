@@ -16,9 +16,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::Mutex;
 
 use crate::connection::open_within;
-use crate::error::{AmqpError, Operation, classify};
+use crate::error::{Error, Operation, classify};
 use crate::headers;
-use crate::source::{DeliveryReader, check_tls};
+use crate::source::convert::DeliveryReader;
 use crate::tls::Tls;
 use crate::topology::{MAX_NAME_BYTES, Topology, check_name, short};
 use crate::url::AmqpUrl;
@@ -71,6 +71,9 @@ pub struct AmqpDeadLetterSink {
     exchange: String,
     routing_key: Option<String>,
     topology: Topology,
+    /// The sink's topology and the source's: where a dead letter must not
+    /// be routed back into the queue it came from.
+    routes: Topology,
     connection_name: Option<String>,
     confirm_timeout: Duration,
     tls: Tls,
@@ -97,14 +100,23 @@ impl fmt::Debug for AmqpDeadLetterSink {
     }
 }
 
-/// Builds an [`AmqpDeadLetterSink`]; see [`AmqpDeadLetterSink::builder`].
-#[must_use = "a builder does nothing until `.connect().await`"]
+/// Builds an [`AmqpDeadLetterSink`]: from the source whose messages it
+/// dead-letters ([`AmqpSource::dead_letter_sink`](crate::AmqpSource::dead_letter_sink),
+/// which fills in the broker, TLS and what the source consumes), or from a
+/// URL ([`AmqpDeadLetterSink::builder`]).
+#[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpDeadLetterSinkBuilder {
-    url: String,
+    /// Parsed when the builder is made; a bad URL is reported by `build`.
+    url: Result<AmqpUrl, Error>,
     exchange: Option<String>,
     routing_key: Option<String>,
     consumed_queues: Vec<String>,
+    /// The fanout exchange a broadcast source receives from.
+    consumed_exchange: Option<String>,
     topology: Topology,
+    /// What the source declares: routes the sink does not declare but must
+    /// not publish into.
+    source_topology: Topology,
     connection_name: Option<String>,
     confirm_timeout: Duration,
     tls: Tls,
@@ -113,6 +125,7 @@ pub struct AmqpDeadLetterSinkBuilder {
 impl fmt::Debug for AmqpDeadLetterSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpDeadLetterSinkBuilder")
+            .field("endpoint", &self.url.as_ref().map(AmqpUrl::endpoint).ok())
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .finish_non_exhaustive()
@@ -120,6 +133,39 @@ impl fmt::Debug for AmqpDeadLetterSinkBuilder {
 }
 
 impl AmqpDeadLetterSinkBuilder {
+    fn new(url: Result<AmqpUrl, Error>) -> Self {
+        Self {
+            url,
+            exchange: None,
+            routing_key: None,
+            consumed_queues: Vec::new(),
+            consumed_exchange: None,
+            topology: Topology::new(),
+            source_topology: Topology::new(),
+            connection_name: None,
+            confirm_timeout: Duration::from_secs(30),
+            tls: Tls::new(),
+        }
+    }
+
+    /// A builder for the broker at `url` with the source's `tls` settings,
+    /// which knows the routes the source declared (`source_topology`).
+    pub(crate) fn for_source(url: AmqpUrl, tls: Tls, source_topology: Topology) -> Self {
+        Self {
+            tls,
+            source_topology,
+            ..Self::new(Ok(url))
+        }
+    }
+
+    /// Names the fanout exchange a broadcast source receives from: a
+    /// destination equal to it is refused, as its dead letters would come
+    /// back to every consumer of it.
+    pub(crate) fn consumed_exchange(mut self, exchange: String) -> Self {
+        self.consumed_exchange = Some(exchange);
+        self
+    }
+
     /// Publishes to `exchange`. `""` is the default exchange, which routes by
     /// queue name: then set [`routing_key`](Self::routing_key) to the
     /// dead-letter queue.
@@ -139,9 +185,12 @@ impl AmqpDeadLetterSinkBuilder {
     /// Names a queue whose messages this sink dead-letters. A destination
     /// that routes them back into it (the default exchange with the queue's
     /// name as routing key, or an exchange declared in the sink's
-    /// [topology](Self::declare) bound to the queue with the routing key
-    /// the dead letters get) is refused by [`connect`](Self::connect): they
-    /// would be consumed again, fail again, forever. Call it once per queue.
+    /// [topology](Self::declare), or the source's, bound to the queue with
+    /// the routing key the dead letters get) is refused by
+    /// [`build`](Self::build): they would be consumed again, fail again,
+    /// forever. A sink made by
+    /// [`AmqpSource::dead_letter_sink`](crate::AmqpSource::dead_letter_sink)
+    /// names the source's queue already; call it once per other queue.
     ///
     /// Whether or not it is called, a dead letter the sink's own settings
     /// would route back into the queue it came from is refused when written.
@@ -177,8 +226,8 @@ impl AmqpDeadLetterSinkBuilder {
 
     /// Checks the settings and connects (one attempt), so that a wrong
     /// password or a refused declaration shows here.
-    pub async fn connect(self) -> Result<AmqpDeadLetterSink, AmqpError> {
-        let url = AmqpUrl::parse(&self.url)?;
+    pub async fn build(self) -> Result<AmqpDeadLetterSink, Error> {
+        let url = self.url?;
         let exchange = self.exchange.ok_or_else(|| {
             ConfigError::new(
                 "exchange",
@@ -198,13 +247,11 @@ impl AmqpDeadLetterSinkBuilder {
             None => {}
         }
         self.topology.validate()?;
-        check_tls(&self.tls, &url)?;
+        self.tls.check_for(&url)?;
+        let routes = self.topology.joined(&self.source_topology);
         for queue in &self.consumed_queues {
             let routing_key = self.routing_key.as_deref().unwrap_or(queue);
-            if self
-                .topology
-                .routes_into(&exchange, Some(routing_key), queue)
-            {
+            if routes.routes_into(&exchange, Some(routing_key), queue) {
                 return Err(ConfigError::new(
                     "consumed_queue",
                     format!(
@@ -215,6 +262,20 @@ impl AmqpDeadLetterSinkBuilder {
                 )
                 .into());
             }
+        }
+        if let Some(consumed) = self
+            .consumed_exchange
+            .filter(|consumed| *consumed == exchange)
+        {
+            return Err(ConfigError::new(
+                "exchange",
+                format!(
+                    "`{consumed}` is the fanout exchange the source receives from: every dead \
+                     letter would come back to each of its consumers, this one included; publish \
+                     them to an exchange of their own"
+                ),
+            )
+            .into());
         }
         if self.confirm_timeout.is_zero() {
             return Err(ConfigError::new(
@@ -228,6 +289,7 @@ impl AmqpDeadLetterSinkBuilder {
             exchange,
             routing_key: self.routing_key,
             topology: self.topology,
+            routes,
             connection_name: self.connection_name,
             confirm_timeout: self.confirm_timeout,
             tls: self.tls,
@@ -241,18 +303,13 @@ impl AmqpDeadLetterSinkBuilder {
 }
 
 impl AmqpDeadLetterSink {
-    /// Starts building a sink for the broker at `url`.
+    /// Starts building a sink for the broker at `url`. For the dead letters
+    /// of an [`AmqpSource`](crate::AmqpSource), start from
+    /// [`AmqpSource::dead_letter_sink`](crate::AmqpSource::dead_letter_sink)
+    /// instead: it knows the broker, the TLS settings and what the source
+    /// consumes.
     pub fn builder(url: impl Into<String>) -> AmqpDeadLetterSinkBuilder {
-        AmqpDeadLetterSinkBuilder {
-            url: url.into(),
-            exchange: None,
-            routing_key: None,
-            consumed_queues: Vec::new(),
-            topology: Topology::new(),
-            connection_name: None,
-            confirm_timeout: Duration::from_secs(30),
-            tls: Tls::new(),
-        }
+        AmqpDeadLetterSinkBuilder::new(AmqpUrl::parse(&url.into()))
     }
 
     /// Dead letters written without their original headers because those
@@ -263,7 +320,7 @@ impl AmqpDeadLetterSink {
 
     /// The channel in confirm mode and the connection's `frame_max`,
     /// reconnecting if the channel is gone.
-    async fn channel(&self) -> Result<(Channel, u32), AmqpError> {
+    async fn channel(&self) -> Result<(Channel, u32), Error> {
         let mut link = self.link.lock().await;
         if let Some(live) = link
             .as_ref()
@@ -333,10 +390,10 @@ impl AmqpDeadLetterSink {
             .as_deref()
             .unwrap_or_else(|| origin.source());
         if self
-            .topology
+            .routes
             .routes_into(&self.exchange, Some(routing_key), origin.source())
         {
-            return Err(AmqpError::from(ConfigError::new(
+            return Err(Error::from(ConfigError::new(
                 "routing_key",
                 format!(
                     "routes the dead letter back into `{}`, the queue it came from, where it would \
@@ -365,25 +422,29 @@ impl AmqpDeadLetterSink {
             .map_err(fail)?;
         let confirmation = tokio::time::timeout(self.confirm_timeout, confirm)
             .await
-            .map_err(|_| AmqpError::NotConfirmed {
+            .map_err(|_| Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: format!("no publisher confirm within {:?}", self.confirm_timeout),
             })?
             .map_err(fail)?;
         let refused = match confirmation {
             Confirmation::Ack(None) => return Ok(()),
-            Confirmation::Ack(Some(returned)) => AmqpError::NotConfirmed {
+            Confirmation::Ack(Some(returned)) => Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: format!(
                     "no queue is bound to exchange `{}` with routing key `{routing_key}` ({}); declare and bind the dead-letter queue",
                     self.exchange, returned.reply_text
                 ),
             },
-            Confirmation::Nack(_) => AmqpError::NotConfirmed {
+            Confirmation::Nack(_) => Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: format!(
                     "the broker refused it (nack) on exchange `{}`",
                     self.exchange
                 ),
             },
-            Confirmation::NotRequested => AmqpError::NotConfirmed {
+            Confirmation::NotRequested => Error::NotConfirmed {
+                endpoint: url.endpoint().to_owned(),
                 reason: "the channel is not in confirm mode".into(),
             },
         };
@@ -608,8 +669,8 @@ mod tests {
         // Nothing listens on port 1: a refusal here is the build's.
         let url = "amqp://guest:guest@127.0.0.1:1/%2f";
         let refused = |builder: AmqpDeadLetterSinkBuilder| async move {
-            match builder.consumed_queue("orders").connect().await {
-                Err(AmqpError::Config(error)) => error,
+            match builder.consumed_queue("orders").build().await {
+                Err(Error::Config(error)) => error,
                 other => panic!("expected a config error, got {other:?}"),
             }
         };
@@ -647,10 +708,10 @@ mod tests {
                     .queue(crate::Queue::classic("orders.dlq"))
                     .bind("orders.dlq", "dlx", "orders"),
             )
-            .connect()
+            .build()
             .await;
         assert!(
-            matches!(elsewhere, Err(AmqpError::Unreachable { .. })),
+            matches!(elsewhere, Err(Error::Unreachable { .. })),
             "{elsewhere:?}"
         );
     }

@@ -1,26 +1,35 @@
-//! What can go wrong talking to RabbitMQ, in terms a user can act on.
+//! [`Error`]: what can go wrong talking to RabbitMQ, in terms a user can
+//! act on, and how it maps onto intake's [`SourceError`] and
+//! [`DeadLetterError`].
+//!
+//! Following hyper's rule, a variant's `Display` describes its own level
+//! only (what failed, where, and what to do); the failure beneath it
+//! (lapin's error, the broker's reply, rustls's reason) is its
+//! [`source`](std::error::Error::source), so a reporter that walks the
+//! chain prints each once.
 
 use intake_core::{AckError, BoxError, ConfigError, DeadLetterError, SourceError};
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 
-/// An AMQP failure, classified: each variant says what to fix.
+/// A failure of the AMQP backend, classified: each variant says what to fix.
 ///
-/// Endpoints in these errors never carry a password.
+/// Endpoints in these errors never carry a password (see
+/// [`endpoint`](Error::endpoint)).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum AmqpError {
+pub enum Error {
     /// The URL could not be parsed.
     #[error("invalid AMQP URL: {reason}")]
     InvalidUrl {
-        /// What is wrong with it.
+        /// What is wrong with it (the URL shown redacted).
         reason: String,
     },
     /// A setting of a builder cannot work.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// No broker answered at the address (refused, timed out, TLS failed).
+    /// No broker answered at the address (refused, timed out, stalled).
     #[error(
-        "cannot reach the AMQP broker at {endpoint}: {source}; check the host and port in the URL and that RabbitMQ is running"
+        "cannot reach the AMQP broker at {endpoint}; check the host and port in the URL and that RabbitMQ is running"
     )]
     Unreachable {
         /// The broker (without password).
@@ -46,17 +55,18 @@ pub enum AmqpError {
     /// The broker refused the user name or password, or the user may not do
     /// what was asked. Retrying does not help.
     #[error(
-        "the AMQP broker at {endpoint} refused access: {message}; check the user name and password in the URL and the user's permissions on the vhost"
+        "the AMQP broker at {endpoint} refused access; check the user name and password in the URL and the user's permissions on the vhost"
     )]
     Unauthorized {
         /// The broker (without password).
         endpoint: String,
         /// The broker's reply.
-        message: String,
+        #[source]
+        source: BoxError,
     },
     /// The virtual host does not exist, or the user has no access to it.
     #[error(
-        "the AMQP broker at {endpoint} does not let this user into vhost `{vhost}`: {message}; create the vhost or grant the user access (`rabbitmqctl set_permissions -p <vhost> <user> '.*' '.*' '.*'`)"
+        "the AMQP broker at {endpoint} does not let this user into vhost `{vhost}`; create the vhost or grant the user access (`rabbitmqctl set_permissions -p <vhost> <user> '.*' '.*' '.*'`)"
     )]
     VhostNotAllowed {
         /// The broker (without password).
@@ -64,7 +74,8 @@ pub enum AmqpError {
         /// The virtual host from the URL.
         vhost: String,
         /// The broker's reply.
-        message: String,
+        #[source]
+        source: BoxError,
     },
     /// The queue to consume does not exist and the source does not declare it.
     #[error(
@@ -75,6 +86,9 @@ pub enum AmqpError {
         endpoint: String,
         /// The queue.
         queue: String,
+        /// The broker's reply.
+        #[source]
+        source: BoxError,
     },
     /// The broker cannot serve a vhost or a queue for now: a connection
     /// limit is reached, the vhost is down, the queue's process or home node
@@ -82,20 +96,22 @@ pub enum AmqpError {
     /// still held by a connection the broker has not yet seen go. It passes
     /// without anyone acting; the source retries with its reconnect backoff.
     #[error(
-        "the AMQP broker at {endpoint} cannot serve {what} for now ({message}); retrying with backoff"
+        "the AMQP broker at {endpoint} cannot serve {what} for now; it passes without anyone acting, and the source retries with its reconnect backoff"
     )]
     Unavailable {
         /// The broker (without password).
         endpoint: String,
         /// What it cannot serve (`vhost \`orders\``, `queue \`orders\``).
         what: String,
-        /// The broker's reply.
-        message: String,
+        /// The broker's reply, which says why.
+        #[source]
+        source: BoxError,
     },
     /// The broker refused a declaration, most often because the entity
-    /// exists with other settings (`PRECONDITION_FAILED - inequivalent arg`).
+    /// exists with other settings (`PRECONDITION_FAILED - inequivalent arg`),
+    /// or because a binding names an exchange that does not exist.
     #[error(
-        "the AMQP broker at {endpoint} refused to declare {entity}: {message}; make the declaration match the existing one, or delete the existing one"
+        "the AMQP broker at {endpoint} refused to declare {entity}; make the declaration match the existing one (the broker's reply names the setting), or delete the existing one"
     )]
     Topology {
         /// The broker (without password).
@@ -103,7 +119,8 @@ pub enum AmqpError {
         /// What was declared (`queue \`orders\``).
         entity: String,
         /// The broker's reply.
-        message: String,
+        #[source]
+        source: BoxError,
     },
     /// A delivery that lapin cannot parse (a header name, message id or
     /// routing key that is not UTF-8: AMQP allows any bytes, lapin reads
@@ -126,15 +143,19 @@ pub enum AmqpError {
         #[source]
         source: BoxError,
     },
-    /// A publish to the dead-letter exchange was not confirmed.
-    #[error("the broker did not accept the dead letter: {reason}")]
+    /// A publish to the dead-letter exchange was not confirmed: the broker
+    /// refused it, no queue was bound to take it, or the confirm did not come
+    /// in time. The original stays unacknowledged.
+    #[error("the AMQP broker at {endpoint} did not accept the dead letter: {reason}")]
     NotConfirmed {
-        /// Why (nacked, unroutable, timed out).
+        /// The broker (without password).
+        endpoint: String,
+        /// Why (nacked, unroutable, timed out), and what to do.
         reason: String,
     },
     /// Any other broker failure (a lost connection, a closed channel).
     /// Usually transient.
-    #[error("AMQP error on {endpoint}: {source}")]
+    #[error("the connection or channel to the AMQP broker at {endpoint} failed")]
     Broker {
         /// The broker (without password).
         endpoint: String,
@@ -144,19 +165,38 @@ pub enum AmqpError {
     },
 }
 
-impl AmqpError {
+impl Error {
     /// Whether trying again later may succeed (the broker was unreachable or
     /// the connection dropped), as opposed to a fault of configuration or
     /// credentials.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            AmqpError::Unreachable { .. }
-                | AmqpError::Broker { .. }
-                | AmqpError::NotConfirmed { .. }
-                | AmqpError::Unparsable { .. }
-                | AmqpError::Unavailable { .. }
+            Error::Unreachable { .. }
+                | Error::Broker { .. }
+                | Error::NotConfirmed { .. }
+                | Error::Unparsable { .. }
+                | Error::Unavailable { .. }
         )
+    }
+
+    /// The broker the failure concerns (`amqp://user@host:5672/vhost`,
+    /// never the password), or `None` for a URL or setting refused before
+    /// any connection.
+    pub fn endpoint(&self) -> Option<&str> {
+        match self {
+            Error::InvalidUrl { .. } | Error::Config(_) => None,
+            Error::Unreachable { endpoint, .. }
+            | Error::Tls { endpoint, .. }
+            | Error::Unauthorized { endpoint, .. }
+            | Error::VhostNotAllowed { endpoint, .. }
+            | Error::QueueNotFound { endpoint, .. }
+            | Error::Unavailable { endpoint, .. }
+            | Error::Topology { endpoint, .. }
+            | Error::Unparsable { endpoint, .. }
+            | Error::NotConfirmed { endpoint, .. }
+            | Error::Broker { endpoint, .. } => Some(endpoint),
+        }
     }
 }
 
@@ -216,67 +256,69 @@ fn passes(kind: &AMQPErrorKind, message: &str) -> bool {
     }
 }
 
-/// Turns a lapin error into an [`AmqpError`] that says what to fix.
+/// Turns a lapin error into an [`Error`] that says what to fix.
 pub(crate) fn classify(
     error: lapin::Error,
     endpoint: &str,
     vhost: &str,
     operation: Operation<'_>,
-) -> AmqpError {
+) -> Error {
     let endpoint = endpoint.to_owned();
     if let Operation::Connect = operation
         && is_certificate_failure(&error)
     {
-        return AmqpError::Tls {
+        return Error::Tls {
             endpoint,
             source: Box::new(error),
         };
     }
     if let lapin::ErrorKind::ProtocolError(amqp) = error.kind() {
-        let message = amqp.get_message().to_string();
-        if let Some(what) = operation
-            .subject(vhost)
-            .filter(|_| passes(amqp.kind(), &message))
-        {
-            return AmqpError::Unavailable {
+        let kind = amqp.kind().clone();
+        let message = amqp.get_message().as_str();
+        if let Some(what) = operation.subject(vhost).filter(|_| passes(&kind, message)) {
+            return Error::Unavailable {
                 endpoint,
                 what,
-                message,
+                source: Box::new(error),
             };
         }
-        match (amqp.kind(), operation) {
+        match (kind, operation) {
             (AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED), _) => {
-                return AmqpError::Unauthorized { endpoint, message };
+                return Error::Unauthorized {
+                    endpoint,
+                    source: Box::new(error),
+                };
             }
             (AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED), Operation::Connect) => {
-                return AmqpError::VhostNotAllowed {
+                return Error::VhostNotAllowed {
                     endpoint,
                     vhost: vhost.to_owned(),
-                    message,
+                    source: Box::new(error),
                 };
             }
             (AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND), Operation::UseQueue(queue)) => {
-                return AmqpError::QueueNotFound {
+                return Error::QueueNotFound {
                     endpoint,
                     queue: queue.to_owned(),
+                    source: Box::new(error),
                 };
             }
             (_, Operation::Declare(entity)) => {
-                return AmqpError::Topology {
+                return Error::Topology {
                     endpoint,
                     entity: entity.to_owned(),
-                    message,
+                    source: Box::new(error),
                 };
             }
             _ => {}
         }
     }
     match operation {
-        Operation::Connect => AmqpError::Unreachable {
+        Operation::Connect => Error::Unreachable {
             endpoint,
             source: Box::new(error),
         },
-        _ => AmqpError::Broker {
+        _ => Error::Broker {
             endpoint,
             source: Box::new(error),
         },
@@ -314,44 +356,44 @@ fn is_certificate_failure(error: &lapin::Error) -> bool {
     )
 }
 
-impl From<AmqpError> for SourceError {
-    fn from(error: AmqpError) -> Self {
+impl From<Error> for SourceError {
+    fn from(error: Error) -> Self {
         match error {
-            AmqpError::Unreachable { endpoint, source } => {
+            Error::Unreachable { endpoint, source } => {
                 SourceError::Unreachable { endpoint, source }
             }
-            AmqpError::Unauthorized { ref endpoint, .. } | AmqpError::Tls { ref endpoint, .. } => {
+            Error::Unauthorized { ref endpoint, .. } | Error::Tls { ref endpoint, .. } => {
                 SourceError::Unauthorized {
                     endpoint: endpoint.clone(),
                     source: Box::new(error),
                 }
             }
-            AmqpError::QueueNotFound { ref queue, .. } => SourceError::NotFound {
+            Error::QueueNotFound { ref queue, .. } => SourceError::NotFound {
                 kind: "queue",
                 name: queue.clone(),
                 hint: "create it on the broker, or have the source declare it with `.declare(Topology::new().queue(..))`".into(),
             },
-            AmqpError::VhostNotAllowed { ref vhost, .. } => SourceError::NotFound {
+            Error::VhostNotAllowed { ref vhost, .. } => SourceError::NotFound {
                 kind: "vhost",
                 name: vhost.clone(),
                 hint: error.to_string(),
             },
-            AmqpError::InvalidUrl { .. } | AmqpError::Config(_) => {
+            Error::InvalidUrl { .. } | Error::Config(_) => {
                 SourceError::Config(error.to_string())
             }
-            AmqpError::Topology { .. } => SourceError::Fatal(Box::new(error)),
-            AmqpError::Broker { .. }
-            | AmqpError::NotConfirmed { .. }
-            | AmqpError::Unparsable { .. }
-            | AmqpError::Unavailable { .. } => {
+            Error::Topology { .. } => SourceError::Fatal(Box::new(error)),
+            Error::Broker { .. }
+            | Error::NotConfirmed { .. }
+            | Error::Unparsable { .. }
+            | Error::Unavailable { .. } => {
                 SourceError::Transient(Box::new(error))
             }
         }
     }
 }
 
-impl From<AmqpError> for DeadLetterError {
-    fn from(error: AmqpError) -> Self {
+impl From<Error> for DeadLetterError {
+    fn from(error: Error) -> Self {
         DeadLetterError(Box::new(error))
     }
 }
@@ -388,7 +430,7 @@ mod tests {
             "/",
             Operation::Connect,
         );
-        assert!(matches!(error, AmqpError::Unauthorized { .. }));
+        assert!(matches!(error, Error::Unauthorized { .. }));
         assert!(!error.is_transient());
         assert!(matches!(
             SourceError::from(error),
@@ -428,7 +470,7 @@ mod tests {
             "orders",
             Operation::Connect,
         );
-        assert!(matches!(error, AmqpError::VhostNotAllowed { .. }));
+        assert!(matches!(error, Error::VhostNotAllowed { .. }));
     }
 
     /// Replies RabbitMQ gives (`rabbit_reader`, `rabbit_amqqueue`) and what
@@ -548,7 +590,92 @@ mod tests {
             "/",
             Operation::Connect,
         );
-        assert!(matches!(error, AmqpError::Unreachable { .. }));
+        assert!(matches!(error, Error::Unreachable { .. }));
         assert!(SourceError::from(error).is_transient());
+    }
+
+    /// hyper's rule: each variant's text is its own level (what failed,
+    /// where, what to do); the broker's reply or the I/O failure beneath is
+    /// its `source()`, never repeated in it.
+    #[test]
+    fn display_describes_its_own_level_and_leaves_the_cause_to_source() {
+        use AMQPErrorKind::{Hard, Soft};
+        use std::error::Error as _;
+        let io = || {
+            lapin::Error::from(lapin::ErrorKind::IOError(std::sync::Arc::new(
+                std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer"),
+            )))
+        };
+        let cases = [
+            (io(), Operation::Connect),
+            (io(), Operation::Other),
+            (
+                protocol(
+                    Soft(AMQPSoftError::ACCESSREFUSED),
+                    "ACCESS_REFUSED - Login was refused",
+                ),
+                Operation::Connect,
+            ),
+            (
+                protocol(
+                    Hard(AMQPHardError::NOTALLOWED),
+                    "NOT_ALLOWED - vhost orders not found",
+                ),
+                Operation::Connect,
+            ),
+            (
+                protocol(
+                    Soft(AMQPSoftError::NOTFOUND),
+                    "NOT_FOUND - no queue 'orders'",
+                ),
+                Operation::UseQueue("orders"),
+            ),
+            (
+                protocol(
+                    Soft(AMQPSoftError::NOTFOUND),
+                    "NOT_FOUND - home node 'rabbit@b' of durable queue 'orders' is down",
+                ),
+                Operation::UseQueue("orders"),
+            ),
+            (
+                protocol(
+                    Soft(AMQPSoftError::PRECONDITIONFAILED),
+                    "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q'",
+                ),
+                Operation::Declare("queue `q`"),
+            ),
+        ];
+        for (lapin_error, operation) in cases {
+            let error = classify(lapin_error, "amqp://app@b:5672/%2f", "/", operation);
+            let cause = error
+                .source()
+                .unwrap_or_else(|| panic!("{error:?} keeps no cause"))
+                .to_string();
+            let shown = error.to_string();
+            assert!(
+                !shown.contains(&cause),
+                "`{shown}` repeats its cause `{cause}`"
+            );
+            assert!(shown.contains("amqp://app@b:5672/%2f"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn every_error_after_a_connection_names_its_endpoint_and_never_the_password() {
+        let url = crate::AmqpUrl::parse("amqp://app:hunter2@b:5672/%2f").unwrap();
+        let error = classify(
+            protocol(
+                AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED),
+                "ACCESS_REFUSED - Login was refused",
+            ),
+            url.endpoint(),
+            url.vhost(),
+            Operation::Connect,
+        );
+        assert_eq!(error.endpoint(), Some("amqp://app@b:5672/%2f"));
+        let invalid = crate::AmqpUrl::parse("amqp://app:hunter2@[::1]:5672/%2f").unwrap_err();
+        assert_eq!(invalid.endpoint(), None);
+        let printed = format!("{error} {error:?} {invalid} {invalid:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
     }
 }

@@ -2,8 +2,13 @@
 //!
 //! - [`AmqpSource`] consumes a queue (or, in broadcast mode, every message of
 //!   a fanout exchange) on one channel with manual acknowledgements. Its
-//!   prefetch (`basic.qos`) is the consumer's in-flight budget, so memory
-//!   stays bounded however long the queue is.
+//!   prefetch (`basic.qos`) comes from the consumer's budget
+//!   ([`Source::set_limits`](intake_core::Source::set_limits)):
+//!   `max_in_flight` deliveries, so memory stays bounded however long the
+//!   queue is. RabbitMQ bounds a prefetch by count only and sets it as a
+//!   consumer starts, so the byte budget bounds it on reopened channels
+//!   (no more than fit in half of `max_in_flight_bytes` at the recent
+//!   average message size), not on the first.
 //! - [`AmqpAcker`] turns the commit engine's watermark into one
 //!   `basic.ack(multiple=true)` per batch, and retries into individual
 //!   `basic.reject(requeue=true)` sent before it. Messages finished past one
@@ -31,16 +36,22 @@
 //! ```no_run
 //! use intake_amqp::{AmqpSource, Queue, Topology};
 //!
-//! # async fn run() -> Result<(), intake_amqp::AmqpError> {
+//! # async fn run() -> Result<(), intake_amqp::Error> {
 //! let source = AmqpSource::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 //!     .queue("orders")
 //!     .declare(Topology::new().queue(Queue::quorum("orders").delivery_limit(5)))
-//!     .max_in_flight(256)
-//!     .connect()
+//!     .build()
 //!     .await?;
 //! let acker = source.acker();
-//! // Hand `source` and `acker` to the consumer runtime.
-//! # drop((source, acker));
+//! let dead_letters = source
+//!     .dead_letter_sink()
+//!     .exchange("")
+//!     .routing_key("orders.dlq")
+//!     .build()
+//!     .await?;
+//! // Hand `source` and `acker` to the consumer runtime (its `max_in_flight`
+//! // becomes the prefetch), and `dead_letters` to its dead-letter layer.
+//! # drop((source, acker, dead_letters));
 //! # Ok(())
 //! # }
 //! ```
@@ -55,12 +66,13 @@
 //!
 //! # Dead letters
 //!
-//! Wrap the handler in the dead-letter layer with one of two sinks:
-//! [`AmqpDeadLetterSink`] publishes a copy with its origin and error to an
-//! exchange of your choice and waits for the publisher confirm, or
-//! [`AmqpSource::broker_dead_letter`] rejects the message without requeue
-//! into the queue's own `x-dead-letter-exchange` (no error text; see
-//! [`BrokerDeadLetterSink`]). Independently of both, a quorum queue with
+//! Wrap the handler in the dead-letter layer with one of two sinks, both
+//! made from the source: [`AmqpSource::dead_letter_sink`] builds an
+//! [`AmqpDeadLetterSink`], which publishes a copy with its origin and error
+//! to an exchange of your choice and waits for the publisher confirm, and
+//! [`AmqpSource::broker_dead_letter_sink`] gives a [`BrokerDeadLetterSink`],
+//! which rejects the message without requeue into the queue's own
+//! `x-dead-letter-exchange` (no error text). Independently of both, a quorum queue with
 //! [`Queue::delivery_limit`] dead-letters a message that keeps failing
 //! through retries.
 //!
@@ -104,6 +116,7 @@ mod dead_letter;
 mod error;
 pub mod headers;
 mod live_channel;
+mod prefetch;
 mod source;
 mod tag_ledger;
 mod tls;
@@ -114,7 +127,7 @@ pub use acker::AmqpAcker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
 pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
-pub use error::AmqpError;
+pub use error::Error;
 pub use source::{AmqpSource, AmqpSourceBuilder};
 pub use tls::Tls;
 pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};

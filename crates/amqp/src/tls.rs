@@ -7,6 +7,8 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::url::AmqpUrl;
+
 /// TLS settings for an `amqps://` connection: a private CA to trust, and a
 /// client certificate to present when the broker asks for one (RabbitMQ's
 /// `ssl_options.verify = verify_peer`). Without them the connection trusts
@@ -87,8 +89,20 @@ impl Tls {
         self.ca_pem.is_some() || self.client.is_some()
     }
 
+    /// Checks the PEM data, and that anything set goes with an `amqps://`
+    /// `url`. The errors never quote the PEM data (a key is a secret).
+    pub(crate) fn check_for(&self, url: &AmqpUrl) -> Result<(), ConfigError> {
+        if self.is_set() && !url.is_tls() {
+            return Err(ConfigError::new(
+                "tls",
+                "is set, but the URL is `amqp://`; use `amqps://` (RabbitMQ's TLS port is 5671)",
+            ));
+        }
+        self.validate()
+    }
+
     /// Checks the PEM data. The errors never quote it (a key is a secret).
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         if let Some(pem) = &self.ca_pem {
             certificates("tls.ca_certificate", pem.as_bytes())?;
         }

@@ -5,7 +5,7 @@
 //! reconnect, so a queue that was deleted while the broker restarted comes
 //! back. Declarations are idempotent as long as they match what exists; a
 //! mismatch (`PRECONDITION_FAILED - inequivalent arg`) is an
-//! [`AmqpError::Topology`] that names the entity.
+//! [`Error::Topology`] that names the entity.
 
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, ExchangeKind};
 
-use crate::error::{AmqpError, Operation, classify};
+use crate::error::{Error, Operation, classify};
 use crate::url::AmqpUrl;
 
 /// The longest name AMQP allows for a queue, exchange or routing key.
@@ -357,11 +357,7 @@ impl Exchange {
         check_name("exchange.name", &self.name)
     }
 
-    pub(crate) async fn declare_on(
-        &self,
-        channel: &Channel,
-        url: &AmqpUrl,
-    ) -> Result<(), AmqpError> {
+    pub(crate) async fn declare_on(&self, channel: &Channel, url: &AmqpUrl) -> Result<(), Error> {
         channel
             .exchange_declare(
                 short(&self.name),
@@ -490,6 +486,15 @@ impl Topology {
         Ok(())
     }
 
+    /// This topology and `other`'s declarations together.
+    pub(crate) fn joined(&self, other: &Topology) -> Topology {
+        let mut joined = self.clone();
+        joined.exchanges.extend(other.exchanges.iter().cloned());
+        joined.queues.extend(other.queues.iter().cloned());
+        joined.bindings.extend(other.bindings.iter().cloned());
+        joined
+    }
+
     /// Whether a message published to `exchange` with `routing_key` reaches
     /// `queue`, as far as this topology shows: the default exchange routes
     /// by queue name; a fanout declared here reaches every queue bound to it,
@@ -525,7 +530,7 @@ impl Topology {
 
     /// Opens a connection to `url`, declares everything and closes it: for
     /// setting a broker up (a producer, a test, a deploy step).
-    pub async fn declare(&self, url: &str) -> Result<(), AmqpError> {
+    pub async fn declare(&self, url: &str) -> Result<(), Error> {
         self.validate()?;
         let url = AmqpUrl::parse(url)?;
         let connection = crate::connection::open(&url, None, &crate::Tls::new()).await?;
@@ -538,11 +543,7 @@ impl Topology {
         declared
     }
 
-    pub(crate) async fn declare_on(
-        &self,
-        channel: &Channel,
-        url: &AmqpUrl,
-    ) -> Result<(), AmqpError> {
+    pub(crate) async fn declare_on(&self, channel: &Channel, url: &AmqpUrl) -> Result<(), Error> {
         for exchange in &self.exchanges {
             exchange.declare_on(channel, url).await?;
         }

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use intake_core::redact;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
-use crate::error::AmqpError;
+use crate::error::Error;
 
 /// A parsed `amqp://user:password@host:port/vhost` (or `amqps://`) URL.
 ///
@@ -21,7 +21,7 @@ use crate::error::AmqpError;
 /// let url: AmqpUrl = "amqp://app:s3cret@127.0.0.1:5672/%2f".parse()?;
 /// assert_eq!(url.to_string(), "amqp://app@127.0.0.1:5672/%2f");
 /// assert!(!format!("{url:?}").contains("s3cret"));
-/// # Ok::<(), intake_amqp::AmqpError>(())
+/// # Ok::<(), intake_amqp::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct AmqpUrl {
@@ -36,8 +36,8 @@ impl AmqpUrl {
     /// A URL whose password holds an unescaped `/`, `?` or `#` is refused:
     /// `amqp://app:123/x@broker` would otherwise connect to host `app`,
     /// port 123, vhost `x@broker`.
-    pub fn parse(url: &str) -> Result<Self, AmqpError> {
-        let invalid = |reason: String| AmqpError::InvalidUrl {
+    pub fn parse(url: &str) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidUrl {
             reason: reason.replace(url, &redact::url(url)),
         };
         let scheme_end = url.find("://").ok_or_else(|| {
@@ -108,7 +108,7 @@ fn encode_vhost(vhost: &str) -> String {
 }
 
 impl FromStr for AmqpUrl {
-    type Err = AmqpError;
+    type Err = Error;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
         Self::parse(url)
@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn a_rejected_url_is_not_repeated_in_the_error() {
         let error = AmqpUrl::parse("kafka://user:hunter2@host").unwrap_err();
-        assert!(matches!(error, AmqpError::InvalidUrl { .. }));
+        assert!(matches!(error, Error::InvalidUrl { .. }));
         assert!(!error.to_string().contains("hunter2"));
         let error = AmqpUrl::parse("user:hunter2@host").unwrap_err();
         assert!(!error.to_string().contains("hunter2"));
@@ -226,7 +226,7 @@ mod tests {
             proptest::prop_assert!(!shown.contains("SECRET"), "{} shows {}", url, shown);
             let shown = match AmqpUrl::parse(&url) {
                 Ok(parsed) => format!("{parsed} {parsed:?} {}", parsed.endpoint()),
-                Err(error @ AmqpError::InvalidUrl { .. }) => format!("{error} {error:?}"),
+                Err(error @ Error::InvalidUrl { .. }) => format!("{error} {error:?}"),
                 Err(other) => return Err(proptest::test_runner::TestCaseError::fail(
                     format!("unexpected error {other:?}"),
                 )),
@@ -238,7 +238,7 @@ mod tests {
         fn any_text_as_an_amqp_url_is_parsed_or_refused_with_a_typed_error(url in ".{0,60}") {
             let parsed = AmqpUrl::parse(&url);
             proptest::prop_assert!(
-                matches!(parsed, Ok(_) | Err(AmqpError::InvalidUrl { .. })),
+                matches!(parsed, Ok(_) | Err(Error::InvalidUrl { .. })),
                 "{:?}",
                 parsed.err()
             );
@@ -255,7 +255,7 @@ mod tests {
             "amqps://:9/SECRET?x@broker",
         ] {
             let error = AmqpUrl::parse(url).unwrap_err();
-            assert!(matches!(error, AmqpError::InvalidUrl { .. }), "{error:?}");
+            assert!(matches!(error, Error::InvalidUrl { .. }), "{error:?}");
             let shown = format!("{error} {error:?}");
             assert!(!shown.contains("SECRET"), "{shown}");
             assert!(shown.contains("%2F"), "says what to escape: {shown}");

@@ -167,7 +167,7 @@ async fn retried_until_lifted<F, L>(
     if declare {
         builder = builder.declare(Topology::new().queue(Queue::classic(QUEUE)));
     }
-    let mut source = builder.connect().await.unwrap();
+    let mut source = builder.build().await.unwrap();
     let counters = source.counters();
     let mut buffer = Vec::new();
     assert!(matches!(
@@ -324,7 +324,7 @@ async fn a_queue_deleted_under_the_consumer_stops_it_with_a_reason_to_act_on() {
     let mut source = AmqpSource::builder(vhost.url())
         .queue(QUEUE)
         .reconnect_backoff(RecordingBackoff::default())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut buffer = Vec::new();

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use intake_amqp::{AmqpDeadLetterSink, AmqpError, AmqpSource};
+use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error};
 use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
 
 /// Far above the timeouts in play: reaching it means a hang.
@@ -29,17 +29,14 @@ async fn a_broker_that_never_answers_properly_fails_the_connect_with_a_typed_err
         let connecting = AmqpSource::builder(format!("amqp://app:hunter2@{}/%2f", server.addr()))
             .queue("orders")
             .connect_timeout(Duration::from_millis(500))
-            .connect();
+            .build();
         let error = match tokio::time::timeout(HANG, connecting).await {
             Err(_) => panic!("connecting to a {misbehaviour:?} broker hangs"),
             Ok(Ok(_)) => panic!("connecting to a {misbehaviour:?} broker succeeded"),
             Ok(Err(error)) => error,
         };
         assert!(
-            matches!(
-                error,
-                AmqpError::Unreachable { .. } | AmqpError::Broker { .. }
-            ),
+            matches!(error, Error::Unreachable { .. } | Error::Broker { .. }),
             "{misbehaviour:?}: {error:?}"
         );
         assert!(!error.to_string().contains("hunter2"), "{error}");
@@ -55,11 +52,11 @@ async fn a_dead_letter_sink_facing_a_silent_broker_fails_within_the_connect_time
     let connecting =
         AmqpDeadLetterSink::builder(format!("amqp://app:hunter2@{}/%2f", server.addr()))
             .exchange("orders.dlx")
-            .connect();
+            .build();
     let error = tokio::time::timeout(HANG, connecting)
         .await
         .expect("the connect ends within its timeout")
         .expect_err("nothing answered");
-    assert!(matches!(error, AmqpError::Unreachable { .. }), "{error:?}");
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
     assert!(!error.to_string().contains("hunter2"), "{error}");
 }

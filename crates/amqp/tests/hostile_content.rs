@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
-use intake_core::{AckBatch, Acker, PartitionAck, Source, SourceEvent};
+use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
+use intake_core::{AckBatch, Acker, Limits, PartitionAck, Source, SourceEvent};
 use support::raw::{RawMessage, table};
 use support::{AmqpBackend, RecordingBackoff, inbound_exchange};
 
@@ -77,11 +78,15 @@ async fn poison_backs_off_and_is_named(test: &str, poison: impl FnOnce(&str) -> 
     let policy = RecordingBackoff::default();
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .max_in_flight(10)
         .reconnect_backoff(policy.clone())
-        .connect()
+        .build()
         .await
         .unwrap();
+    source.set_limits(Limits::new(
+        10,
+        DEFAULT_MAX_IN_FLIGHT_BYTES,
+        Duration::from_secs(10),
+    ));
     let mut acker = source.acker();
     let mut buffer = Vec::new();
     let mut losses = 0;
@@ -189,7 +194,7 @@ async fn a_poison_that_outlasts_the_reconnect_backoff_is_a_transient_error_that_
             intake_core::Exponential::new(Duration::from_millis(1), Duration::from_millis(1))
                 .max_retries(2),
         )
-        .connect()
+        .build()
         .await
         .unwrap();
     let counters = source.counters();
@@ -253,7 +258,7 @@ async fn a_header_nested_thousands_deep_overflows_lapins_parser_and_aborts_the_p
     if let Ok(queue) = std::env::var(CHILD) {
         let mut source = AmqpSource::builder(support::url())
             .queue(queue)
-            .connect()
+            .build()
             .await
             .expect("the child connects");
         let mut buffer = Vec::new();
@@ -342,7 +347,7 @@ async fn an_unreadable_message_on_a_quorum_queue_with_a_delivery_limit_is_dead_l
     let mut source = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
         .reconnect_backoff(policy.clone())
-        .connect()
+        .build()
         .await
         .unwrap();
     let counters = source.counters();

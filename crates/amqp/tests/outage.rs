@@ -61,7 +61,7 @@ async fn closing_the_source_during_a_network_partition_ends_within_the_close_tim
     let proxy = Proxy::start(broker_address()).await.unwrap();
     let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     take(&mut source, 3).await;
@@ -80,7 +80,7 @@ async fn closing_the_source_during_a_network_partition_ends_within_the_close_tim
     proxy.drop_connections();
     let mut again = AmqpSource::builder(backend.url())
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let back = take(&mut again, 3).await;
@@ -99,7 +99,7 @@ async fn acknowledging_during_a_network_partition_or_after_the_loss_returns_at_o
     let proxy = Proxy::start(broker_address()).await.unwrap();
     let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
         .queue(queue.as_str())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut acker = source.acker();
@@ -145,7 +145,7 @@ async fn a_reconnect_to_a_broker_that_stalls_after_the_handshake_fails_within_th
         .reconnect_backoff(
             Exponential::new(Duration::from_millis(1), Duration::from_millis(1)).max_retries(2),
         )
-        .connect()
+        .build()
         .await
         .unwrap();
     let counters = source.counters();
@@ -187,7 +187,7 @@ async fn a_consumer_stopped_during_a_network_partition_returns_its_report() {
     let source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
         .queue(queue.as_str())
         .close_timeout(Duration::from_secs(1))
-        .connect()
+        .build()
         .await
         .unwrap();
     let acker = source.acker();
@@ -239,7 +239,7 @@ async fn a_broker_that_drops_every_new_consumer_at_once_is_reconnected_to_with_b
     let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
         .queue(queue.as_str())
         .reconnect_backoff(policy.clone())
-        .connect()
+        .build()
         .await
         .unwrap();
     let mut buffer = Vec::new();

@@ -12,7 +12,7 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use intake_amqp::{AmqpDeadLetterSink, AmqpError, AmqpSource, Tls};
+use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error, Tls};
 use intake_core::testkit::skip_or_fail;
 use intake_core::{AckBatch, Acker, DeadLetter, DeadLetterSink, PartitionAck, Source, SourceEvent};
 use support::{AmqpBackend, dead_letter_queue};
@@ -79,8 +79,8 @@ impl Material {
     }
 }
 
-async fn connect_error(builder: intake_amqp::AmqpSourceBuilder) -> AmqpError {
-    tokio::time::timeout(PATIENCE, builder.connect())
+async fn connect_error(builder: intake_amqp::AmqpSourceBuilder) -> Error {
+    tokio::time::timeout(PATIENCE, builder.build())
         .await
         .expect("the connect ends within its timeout")
         .expect_err("the connection is refused")
@@ -99,11 +99,11 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
     let mut source = match AmqpSource::builder(tls_url())
         .queue(queue.as_str())
         .tls(material.trusted_with_client_certificate())
-        .connect()
+        .build()
         .await
     {
         Ok(source) => source,
-        Err(AmqpError::Unreachable { .. }) => {
+        Err(Error::Unreachable { .. }) => {
             skip_or_fail(
                 "tls_consume",
                 "no TLS listener on 5671 (run .ci/services/amqp.sh start)",
@@ -128,7 +128,7 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
         .exchange("")
         .routing_key(dead_letter_queue(&queue))
         .tls(material.trusted_with_client_certificate())
-        .connect()
+        .build()
         .await
         .expect("the dead-letter sink connects over TLS");
     sink.write(&DeadLetter::new(message.clone(), "bad", 1))
@@ -157,6 +157,63 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
 }
 
 #[tokio::test]
+async fn the_sink_from_a_tls_source_connects_with_the_sources_certificates() {
+    let Some(backend) = AmqpBackend::connect_or_skip("tls_sink_from_source").await else {
+        return;
+    };
+    let Some(material) = Material::load("tls_sink_from_source") else {
+        return;
+    };
+    let queue = backend.classic_queue("tls-sink").await.unwrap();
+    let source = match AmqpSource::builder(tls_url())
+        .queue(queue.as_str())
+        .tls(material.trusted_with_client_certificate())
+        .build()
+        .await
+    {
+        Ok(source) => source,
+        Err(Error::Unreachable { .. }) => {
+            skip_or_fail(
+                "tls_sink_from_source",
+                "no TLS listener on 5671 (run .ci/services/amqp.sh start)",
+            );
+            return;
+        }
+        Err(error) => panic!("TLS with the private CA and a client certificate failed: {error:?}"),
+    };
+    // The listener refuses a client without a certificate: the sink
+    // connects only with the source's TLS settings.
+    let sink = tokio::time::timeout(
+        PATIENCE,
+        source
+            .dead_letter_sink()
+            .exchange("")
+            .routing_key(dead_letter_queue(&queue))
+            .build(),
+    )
+    .await
+    .expect("the sink connects within its timeout")
+    .expect("the sink connects over TLS with the source's certificates");
+    let message = intake_core::Message::new(
+        bytes::Bytes::from_static(b"over tls"),
+        intake_core::Metadata::new(queue.as_str().into(), 1, intake_core::Position::Tag(1)),
+    );
+    sink.write(&DeadLetter::new(message, "bad", 1))
+        .await
+        .expect("the dead letter is confirmed over TLS");
+    assert_eq!(
+        backend
+            .peek(&dead_letter_queue(&queue))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    drop(source);
+    backend.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_server_certificate_from_another_ca_is_refused_with_a_tls_error() {
     let Some(material) = Material::load("tls_wrong_ca") else {
         return;
@@ -174,7 +231,7 @@ async fn a_server_certificate_from_another_ca_is_refused_with_a_tls_error() {
             ),
     )
     .await;
-    assert!(matches!(error, AmqpError::Tls { .. }), "{error:?}");
+    assert!(matches!(error, Error::Tls { .. }), "{error:?}");
     assert!(
         !error.is_transient(),
         "a wrong CA does not pass by retrying"
@@ -196,7 +253,7 @@ async fn the_system_roots_alone_do_not_trust_a_private_ca() {
         ),
     ))
     .await;
-    assert!(matches!(error, AmqpError::Tls { .. }), "{error:?}");
+    assert!(matches!(error, Error::Tls { .. }), "{error:?}");
 }
 
 #[tokio::test]
@@ -215,7 +272,7 @@ async fn a_broker_that_requires_a_client_certificate_refuses_a_client_without_on
     // read (a typed TLS error) or, when the broker's close arrives first,
     // as a reset: either way no connection.
     assert!(
-        matches!(error, AmqpError::Tls { .. } | AmqpError::Unreachable { .. }),
+        matches!(error, Error::Tls { .. } | Error::Unreachable { .. }),
         "{error:?}"
     );
 }

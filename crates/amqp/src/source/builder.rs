@@ -7,7 +7,9 @@ use std::time::Duration;
 use intake_core::{BackoffPolicy, ConfigError, Exponential};
 
 use crate::connection::DEFAULT_CONNECT_TIMEOUT;
-use crate::error::AmqpError;
+use crate::error::Error;
+// The one import loop of the crate, a builder and what it builds:
+// `build` opens an `AmqpSource`, which keeps the checked `Settings`.
 use crate::source::AmqpSource;
 use crate::tls::Tls;
 use crate::topology::{Topology, check_name};
@@ -31,7 +33,6 @@ pub(crate) struct Settings {
     pub(crate) url: AmqpUrl,
     pub(crate) target: Target,
     pub(crate) topology: Topology,
-    pub(crate) prefetch: u16,
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) connection_name: Option<String>,
     pub(crate) connect_timeout: Duration,
@@ -56,19 +57,17 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("url", &self.url)
             .field("target", &self.target)
-            .field("prefetch", &self.prefetch)
             .field("connection_name", &self.connection_name)
             .finish_non_exhaustive()
     }
 }
 
 /// Builds an [`AmqpSource`]; see [`AmqpSource::builder`].
-#[must_use = "a builder does nothing until `.connect().await`"]
+#[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpSourceBuilder {
     url: String,
     target: Option<Target>,
     topology: Topology,
-    max_in_flight: usize,
     reconnect: Arc<dyn BackoffPolicy>,
     connection_name: Option<String>,
     connect_timeout: Duration,
@@ -84,7 +83,6 @@ impl fmt::Debug for AmqpSourceBuilder {
         f.debug_struct("AmqpSourceBuilder")
             .field("url", &url)
             .field("target", &self.target)
-            .field("max_in_flight", &self.max_in_flight)
             .field("connection_name", &self.connection_name)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
@@ -92,10 +90,6 @@ impl fmt::Debug for AmqpSourceBuilder {
 }
 
 impl AmqpSourceBuilder {
-    /// The in-flight budget assumed unless [`max_in_flight`](Self::max_in_flight)
-    /// says otherwise.
-    pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
-
     /// How long [`Source::close`](intake_core::Source::close) waits for the
     /// broker unless [`close_timeout`](Self::close_timeout) says otherwise.
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -105,11 +99,10 @@ impl AmqpSourceBuilder {
             url: url.into(),
             target: None,
             topology: Topology::new(),
-            max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
-            reconnect: Arc::new(Exponential::new(
-                Duration::from_millis(100),
-                Duration::from_secs(10),
-            )),
+            reconnect: Arc::new(
+                Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
+                    .retry_forever(),
+            ),
             connection_name: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
@@ -136,36 +129,28 @@ impl AmqpSourceBuilder {
     }
 
     /// Declares `topology` on connect and on every reconnect. Without it, the
-    /// queue must exist: a missing one is [`AmqpError::QueueNotFound`].
+    /// queue must exist: a missing one is [`Error::QueueNotFound`].
     pub fn declare(mut self, topology: Topology) -> Self {
         self.topology = topology;
         self
     }
 
-    /// The consumer's in-flight budget: set it to the same value as the
-    /// consumer runtime's `max_in_flight`.
+    /// How the source waits between attempts to reconnect to the broker
+    /// after the connection or channel is lost. Default: from 100 ms,
+    /// doubling up to 10 s, forever (the same on every intake backend).
+    /// Checked with [`BackoffPolicy::validate`] by [`build`](Self::build).
     ///
-    /// It becomes the channel's prefetch (`basic.qos`): the broker never has
-    /// more unacknowledged deliveries out to this source than the runtime may
-    /// hold, so what lapin buffers plus what the runtime holds stays within
-    /// the budget however long the queue is. Finished messages count until
-    /// their `basic.ack` is sent, so acknowledgements must keep pace (the
-    /// runtime batches them by count and time). At most 65,535 (AMQP's
-    /// limit); 0 is refused, as it means "unlimited" to the broker.
-    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
-        self.max_in_flight = max_in_flight;
-        self
-    }
-
-    /// How to wait between reconnect attempts after the connection or channel
-    /// is lost. A channel that had delivered messages (or lasted the
+    /// A channel that had delivered messages (or lasted the
     /// [connect timeout](Self::connect_timeout)) is reopened at once; one
     /// lost younger and empty, or lost to a delivery lapin cannot parse,
     /// counts as a failed attempt like a failed reconnect, so a broker that
     /// drops every new consumer is never reconnected to in a tight loop.
-    /// When the policy gives up, [`Source::next`] returns the last error and
-    /// the next call starts over. Default: exponential from 100 ms to 10 s,
-    /// 10 attempts.
+    /// Every failed attempt is logged at `WARN`. A refusal that retrying
+    /// cannot fix (credentials, a missing queue) is reported at once. When
+    /// a policy with a retry cap gives up, [`Source::next`] returns the last
+    /// error, the consumer's own
+    /// [`reconnect_backoff`](intake_core::ConsumerBuilder::reconnect_backoff)
+    /// paces its next call, and that call starts a new series of attempts.
     ///
     /// [`Source::next`]: intake_core::Source::next
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
@@ -210,7 +195,7 @@ impl AmqpSourceBuilder {
     }
 
     /// Checks the settings without touching the network.
-    pub(crate) fn settings(self) -> Result<Settings, AmqpError> {
+    pub(crate) fn settings(self) -> Result<Settings, Error> {
         let url = AmqpUrl::parse(&self.url)?;
         let target = self.target.ok_or_else(|| {
             ConfigError::new(
@@ -235,24 +220,13 @@ impl AmqpSourceBuilder {
             Target::Broadcast { exchange } => check_name("broadcast", exchange)?,
         }
         self.topology.validate()?;
-        check_tls(&self.tls, &url)?;
-        let prefetch = match u16::try_from(self.max_in_flight) {
-            Ok(0) => {
-                return Err(ConfigError::new(
-                    "max_in_flight",
-                    "is 0; it becomes the prefetch, where 0 would let the broker push without limit",
-                )
-                .into());
-            }
-            Ok(prefetch) => prefetch,
-            Err(_) => {
-                return Err(ConfigError::new(
-                    "max_in_flight",
-                    format!("is {}; AMQP prefetch is at most 65535", self.max_in_flight),
-                )
-                .into());
-            }
-        };
+        self.tls.check_for(&url)?;
+        self.reconnect.validate().map_err(|error| {
+            ConfigError::new(
+                "reconnect_backoff",
+                format!("`{}` {}", error.setting, error.problem),
+            )
+        })?;
         if self.connect_timeout.is_zero() {
             return Err(
                 ConfigError::new("connect_timeout", "is zero; give it at least a second").into(),
@@ -269,7 +243,6 @@ impl AmqpSourceBuilder {
             url,
             target,
             topology: self.topology,
-            prefetch,
             reconnect: self.reconnect,
             connection_name: self.connection_name,
             connect_timeout: self.connect_timeout,
@@ -281,22 +254,11 @@ impl AmqpSourceBuilder {
     /// Checks the settings, connects, declares the topology, checks that the
     /// queue exists and starts consuming: one attempt, so a wrong password,
     /// a missing queue or a broker that is down are reported here as a typed
-    /// [`AmqpError`] (retry it yourself if the broker may still be starting).
+    /// [`Error`] (retry it yourself if the broker may still be starting).
     /// Later connection losses are retried by the source.
-    pub async fn connect(self) -> Result<AmqpSource, AmqpError> {
-        AmqpSource::connect(self.settings()?).await
+    pub async fn build(self) -> Result<AmqpSource, Error> {
+        AmqpSource::open(self.settings()?).await
     }
-}
-
-/// Checks `tls`, and that it goes with an `amqps://` URL.
-pub(crate) fn check_tls(tls: &Tls, url: &AmqpUrl) -> Result<(), ConfigError> {
-    if tls.is_set() && !url.is_tls() {
-        return Err(ConfigError::new(
-            "tls",
-            "is set, but the URL is `amqp://`; use `amqps://` (RabbitMQ's TLS port is 5671)",
-        ));
-    }
-    tls.validate()
 }
 
 #[cfg(test)]
@@ -307,7 +269,7 @@ mod tests {
 
     fn config_error(builder: AmqpSourceBuilder) -> ConfigError {
         match builder.settings() {
-            Err(AmqpError::Config(error)) => error,
+            Err(Error::Config(error)) => error,
             other => panic!("expected a config error, got {other:?}"),
         }
     }
@@ -316,18 +278,6 @@ mod tests {
     fn a_source_without_a_queue_says_how_to_name_one() {
         let error = config_error(AmqpSourceBuilder::new(URL));
         assert!(error.problem.contains(".queue("));
-    }
-
-    #[test]
-    fn a_zero_budget_is_refused_because_it_would_mean_unlimited_prefetch() {
-        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(0));
-        assert_eq!(error.setting, "max_in_flight");
-    }
-
-    #[test]
-    fn a_budget_beyond_the_amqp_prefetch_range_is_refused() {
-        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").max_in_flight(70_000));
-        assert!(error.problem.contains("65535"));
     }
 
     #[test]
@@ -352,13 +302,32 @@ mod tests {
     }
 
     #[test]
-    fn the_prefetch_is_the_in_flight_budget() {
-        let settings = AmqpSourceBuilder::new(URL)
-            .queue("q")
-            .max_in_flight(500)
-            .settings()
-            .unwrap();
-        assert_eq!(settings.prefetch, 500);
+    fn the_default_reconnect_backoff_grows_from_100_ms_to_10_s_and_never_gives_up() {
+        let settings = AmqpSourceBuilder::new(URL).queue("q").settings().unwrap();
+        let first = settings.reconnect.delay(1).expect("a first retry");
+        assert!(
+            (Duration::from_millis(90)..=Duration::from_millis(110)).contains(&first),
+            "{first:?}"
+        );
+        for retry in [11, 1_000, u32::MAX] {
+            let delay = settings
+                .reconnect
+                .delay(retry)
+                .unwrap_or_else(|| panic!("gave up at retry {retry}"));
+            assert!(
+                (Duration::from_secs(9)..=Duration::from_secs(11)).contains(&delay),
+                "{delay:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_invalid_reconnect_backoff_is_refused_when_the_source_is_built() {
+        let error = config_error(AmqpSourceBuilder::new(URL).queue("q").reconnect_backoff(
+            Exponential::new(Duration::from_secs(10), Duration::from_secs(1)),
+        ));
+        assert_eq!(error.setting, "reconnect_backoff");
+        assert!(error.problem.contains("backoff.min"), "{error}");
     }
 
     #[test]

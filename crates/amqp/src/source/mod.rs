@@ -12,7 +12,7 @@
 //! at once and they must not run beside their first copies.
 
 mod builder;
-mod delivery;
+pub(crate) mod convert;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -22,25 +22,27 @@ use std::sync::Arc;
 
 use futures_util::{FutureExt, Stream, StreamExt};
 use intake_core::source::{RevocationError, RevocationOutcome};
-use intake_core::{Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
+use intake_core::{Limits, Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 pub use builder::AmqpSourceBuilder;
-pub(crate) use builder::{Settings, Target, check_tls};
-pub(crate) use delivery::DeliveryReader;
+pub(crate) use builder::{Settings, Target};
+use convert::DeliveryReader;
 
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
 use crate::connection::open_within;
 use crate::counters::SourceCounters;
-use crate::error::{AmqpError, Operation, classify};
+use crate::dead_letter::AmqpDeadLetterSinkBuilder;
+use crate::error::{Error, Operation, classify};
 use crate::live_channel::ChannelSlot;
+use crate::prefetch::Prefetch;
 use crate::topology::{Exchange, short};
 use crate::url::AmqpUrl;
 
@@ -54,7 +56,7 @@ pub struct AmqpSource {
     pending: VecDeque<SourceEvent>,
     /// Reported once the pending events are out: the reconnect backoff gave
     /// up.
-    failure: Option<AmqpError>,
+    failure: Option<Error>,
     /// Failed attempts in a row: reconnects that failed, sessions lost to
     /// a delivery lapin could not parse (that delivery comes back on the
     /// next session, so such a session is no sign of health), and sessions
@@ -65,6 +67,9 @@ pub struct AmqpSource {
     /// deliveries the next channel takes one at a time (see
     /// [`AmqpSource::poisoned`]).
     quarantine: Option<u64>,
+    /// The consumer's limits and the recent delivery sizes: the prefetch
+    /// of the next consumer started.
+    prefetch: Prefetch,
     counters: SourceCounters,
     next_epoch: u32,
 }
@@ -91,7 +96,7 @@ struct Session {
     epoch: u32,
     connection: Connection,
     channel: Channel,
-    consumer: lapin::Consumer,
+    consumer: Consuming,
     /// The connection's lifecycle events; an error on the connection or the
     /// channel shows here without taking a delivery from the consumer.
     events: Pin<Box<dyn Stream<Item = lapin::Event> + Send>>,
@@ -103,10 +108,36 @@ struct Session {
     /// Deliveries still to take at a prefetch of 1 before the full prefetch
     /// is set; `Some(0)` once it is due.
     quarantine: Option<u64>,
+    /// The prefetch the consumer was started with.
+    prefetch: u16,
     /// When the session started consuming, and whether it delivered
     /// anything: a session lost young and empty was no success.
     opened_at: Instant,
     delivered: bool,
+}
+
+/// A session's consumer. RabbitMQ applies `basic.qos` only to the
+/// consumers started after it, never to one already consuming
+/// (`rabbitmq_gives_a_new_prefetch_only_to_consumers_started_after_it`), so
+/// the prefetch is set once per consumer, when it starts: the first
+/// session's on the first [`Source::next`], after the runtime told its
+/// limits ([`Source::set_limits`]); a reopened session's as it opens.
+///
+/// A new prefetch on a running session would take a second consumer on
+/// the channel, and that was tried and left: what the first one holds
+/// unacknowledged counts against neither prefetch (so the budget is passed
+/// by that much), a broadcast source's auto-delete queue is deleted when
+/// its last consumer is cancelled, and a quorum queue counted an extra
+/// delivery attempt.
+enum Consuming {
+    /// The source was built and `next` not called yet.
+    NotStarted,
+    /// `basic.qos` and `basic.consume` sent; kept across calls so that a
+    /// dropped `next` resumes the start instead of leaving a consumer
+    /// nobody reads. Bounded by the connection's heartbeat: lapin fails the
+    /// pending calls when the connection is lost.
+    Starting(Pin<Box<dyn Future<Output = Result<lapin::Consumer, lapin::Error>> + Send>>),
+    Started(lapin::Consumer),
 }
 
 impl fmt::Debug for AmqpSource {
@@ -138,9 +169,10 @@ impl AmqpSource {
         AmqpSourceBuilder::new(url)
     }
 
-    async fn connect(settings: Settings) -> Result<Self, AmqpError> {
+    async fn open(settings: Settings) -> Result<Self, Error> {
         let settings = Arc::new(settings);
-        let session = open_session_within(&settings, 1, None).await?;
+        // Consuming starts on the first `next`, with the consumer's limits.
+        let session = open_session_within(&settings, 1, None, None).await?;
         let slot = Arc::new(ChannelSlot::default());
         slot.install(session.epoch, session.channel.clone());
         let reader = DeliveryReader::new(settings.source_name().into());
@@ -153,6 +185,7 @@ impl AmqpSource {
             failure: None,
             failures: 0,
             quarantine: None,
+            prefetch: Prefetch::default(),
             counters: SourceCounters::default(),
             next_epoch: 2,
         };
@@ -168,10 +201,54 @@ impl AmqpSource {
         AmqpAcker::new(self.slot.clone(), self.settings.url.endpoint().to_owned())
     }
 
+    /// A builder for the sink that publishes this source's dead letters
+    /// with publisher confirms ([`AmqpDeadLetterSink`](crate::AmqpDeadLetterSink)), filled in from the
+    /// source: the broker and its credentials, the [TLS](AmqpSourceBuilder::tls)
+    /// settings, the connection name (with ` (dead letters)` appended), and
+    /// what the source consumes. Name the destination with
+    /// [`exchange`](AmqpDeadLetterSinkBuilder::exchange) (and
+    /// [`routing_key`](AmqpDeadLetterSinkBuilder::routing_key)) and
+    /// [`build`](AmqpDeadLetterSinkBuilder::build) it. A destination that
+    /// routes back into the consumed queue, through the default exchange or
+    /// through what the sink or the source [declares](AmqpSourceBuilder::declare),
+    /// or that is a broadcast source's own fanout exchange, is refused there:
+    /// its dead letters would be consumed again.
+    ///
+    /// ```no_run
+    /// # async fn run(source: &intake_amqp::AmqpSource) -> Result<(), intake_amqp::Error> {
+    /// let sink = source
+    ///     .dead_letter_sink()
+    ///     .exchange("")
+    ///     .routing_key("orders.dlq")
+    ///     .build()
+    ///     .await?;
+    /// # drop(sink);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn dead_letter_sink(&self) -> AmqpDeadLetterSinkBuilder {
+        let settings = &self.settings;
+        let builder = AmqpDeadLetterSinkBuilder::for_source(
+            settings.url.clone(),
+            settings.tls.clone(),
+            settings.topology.clone(),
+        );
+        let builder = match &settings.target {
+            Target::Queue(queue) => builder.consumed_queue(queue.as_str()),
+            Target::Broadcast { exchange } => builder.consumed_exchange(exchange.clone()),
+        };
+        match &settings.connection_name {
+            Some(name) => builder.connection_name(format!("{name} (dead letters)")),
+            None => builder,
+        }
+    }
+
     /// A dead-letter sink that rejects a message without requeue
     /// (`basic.reject(requeue=false)`), so that the broker moves it to the
-    /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`].
-    pub fn broker_dead_letter(&self) -> BrokerDeadLetterSink {
+    /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`]; for
+    /// a sink that publishes a copy with the error, see
+    /// [`dead_letter_sink`](Self::dead_letter_sink).
+    pub fn broker_dead_letter_sink(&self) -> BrokerDeadLetterSink {
         BrokerDeadLetterSink::new(self.slot.clone(), self.reader.source().clone())
     }
 
@@ -221,8 +298,10 @@ impl AmqpSource {
         };
         // What lapin still buffers of the lost channel is back in the queue
         // already; it only tells how far the channel got.
-        while let Some(Some(Ok(delivery))) = session.consumer.next().now_or_never() {
-            session.last_tag = session.last_tag.max(delivery.delivery_tag);
+        if let Consuming::Started(consumer) = &mut session.consumer {
+            while let Some(Some(Ok(delivery))) = consumer.next().now_or_never() {
+                session.last_tag = session.last_tag.max(delivery.delivery_tag);
+            }
         }
         let settled = self
             .slot
@@ -305,7 +384,7 @@ impl AmqpSource {
                     Loss::Cancelled => "every new consumer was cancelled at once".to_owned(),
                     Loss::Closed => "every new channel was closed at once".to_owned(),
                 };
-                self.failure = Some(AmqpError::Unreachable {
+                self.failure = Some(Error::Unreachable {
                     endpoint: self.settings.url.endpoint().to_owned(),
                     source: reason.into(),
                 });
@@ -337,7 +416,7 @@ impl AmqpSource {
         self.counters.unparsable();
         let tag = session.last_tag.saturating_add(1);
         let unsettled = tag.saturating_sub(settled);
-        self.quarantine = Some(unsettled.min(u64::from(self.settings.prefetch)));
+        self.quarantine = Some(unsettled.min(u64::from(session.prefetch)));
         let delay = self.settings.reconnect.delay(self.failures);
         tracing::error!(
             endpoint = self.settings.url.endpoint(),
@@ -358,7 +437,7 @@ impl AmqpSource {
                 // The runtime decides under its own reconnect backoff; the
                 // next call starts a new series of attempts.
                 self.failures = 0;
-                self.failure = Some(AmqpError::Unparsable {
+                self.failure = Some(Error::Unparsable {
                     endpoint: self.settings.url.endpoint().to_owned(),
                     queue: session.queue.clone(),
                     epoch: session.epoch,
@@ -391,7 +470,8 @@ impl AmqpSource {
         }
         tokio::time::sleep_until(*retry_at).await;
         let epoch = self.next_epoch;
-        match open_session_within(&self.settings, epoch, self.quarantine).await {
+        let prefetch = Some(self.prefetch.count());
+        match open_session_within(&self.settings, epoch, self.quarantine, prefetch).await {
             Ok(session) => {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
@@ -454,12 +534,13 @@ async fn open_session_within(
     settings: &Settings,
     epoch: u32,
     quarantine: Option<u64>,
-) -> Result<Session, AmqpError> {
+    prefetch: Option<u16>,
+) -> Result<Session, Error> {
     let timeout = settings.connect_timeout;
-    tokio::time::timeout(timeout, open_session(settings, epoch, quarantine))
+    tokio::time::timeout(timeout, open_session(settings, epoch, quarantine, prefetch))
         .await
         .unwrap_or_else(|_elapsed| {
-            Err(AmqpError::Unreachable {
+            Err(Error::Unreachable {
                 endpoint: settings.url.endpoint().to_owned(),
                 source: format!(
                     "the broker did not finish opening the consumer's channel within {timeout:?}"
@@ -469,18 +550,17 @@ async fn open_session_within(
         })
 }
 
-/// Connects, declares, and starts consuming with the prefetch from the
-/// budget, or of 1 for the first `quarantine` deliveries.
+/// Connects, declares, and starts consuming with `prefetch`, or with a
+/// prefetch of 1 for the first `quarantine` deliveries; with no `prefetch`,
+/// leaves the consumer to the first [`Source::next`] (see [`Consuming`]).
 async fn open_session(
     settings: &Settings,
     epoch: u32,
     quarantine: Option<u64>,
-) -> Result<Session, AmqpError> {
+    prefetch: Option<u16>,
+) -> Result<Session, Error> {
     let url = &settings.url;
-    fn fail<'a>(
-        url: &'a AmqpUrl,
-        operation: Operation<'a>,
-    ) -> impl Fn(lapin::Error) -> AmqpError + 'a {
+    fn fail<'a>(url: &'a AmqpUrl, operation: Operation<'a>) -> impl Fn(lapin::Error) -> Error + 'a {
         move |error| classify(error, url.endpoint(), url.vhost(), operation)
     }
     let connection = open_within(
@@ -549,26 +629,16 @@ async fn open_session(
             own
         }
     };
-    channel
-        .basic_qos(
-            if quarantine.is_some() {
-                1
-            } else {
-                settings.prefetch
-            },
-            BasicQosOptions { global: false },
-        )
-        .await
-        .map_err(fail(url, Operation::Other))?;
-    let consumer = channel
-        .basic_consume(
-            short(&queue),
-            short(""),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(fail(url, Operation::UseQueue(&queue)))?;
+    let (consumer, prefetch) = match prefetch {
+        Some(prefetch) => {
+            let prefetch = if quarantine.is_some() { 1 } else { prefetch };
+            let consumer = start_consuming(channel.clone(), short(&queue), prefetch)
+                .await
+                .map_err(fail(url, Operation::UseQueue(&queue)))?;
+            (Consuming::Started(consumer), prefetch)
+        }
+        None => (Consuming::NotStarted, 0),
+    };
     Ok(Session {
         epoch,
         connection,
@@ -578,9 +648,30 @@ async fn open_session(
         queue,
         last_tag: 0,
         quarantine,
+        prefetch,
         opened_at: Instant::now(),
         delivered: false,
     })
+}
+
+/// Sets the channel's prefetch for the consumer started next and starts it.
+/// Owns what it uses, so that [`Consuming::Starting`] can keep it.
+async fn start_consuming(
+    channel: Channel,
+    queue: ShortString,
+    prefetch: u16,
+) -> Result<lapin::Consumer, lapin::Error> {
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await?;
+    channel
+        .basic_consume(
+            queue,
+            short(""),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
 }
 
 impl Session {
@@ -617,6 +708,19 @@ enum Loss {
 }
 
 impl Source for AmqpSource {
+    /// Takes the consumer's budget for the prefetch (`basic.qos`) of every
+    /// consumer the source starts from now on: the first on the first
+    /// [`next`](Source::next), and one on every reopened channel. The
+    /// prefetch is `max_in_flight` (AMQP allows 1 to 65,535), and no more
+    /// than fit in half of `max_in_flight_bytes` at the average size of the
+    /// recent deliveries, once there were some: RabbitMQ bounds a prefetch
+    /// by count only, and applies `basic.qos` only to consumers started
+    /// after it. Until it is called, the runtime's defaults apply (256
+    /// deliveries, 64 MiB).
+    fn set_limits(&mut self, limits: Limits) {
+        self.prefetch.set_limits(limits);
+    }
+
     async fn next(
         &mut self,
         deliveries: &mut Vec<Message>,
@@ -637,12 +741,33 @@ impl Source for AmqpSource {
                 }
                 State::Closed => return Ok(SourceEvent::Exhausted),
             };
+            if let Consuming::NotStarted = session.consumer {
+                // The first session, now that the runtime told its limits.
+                session.prefetch = self.prefetch.count();
+                session.consumer = Consuming::Starting(Box::pin(start_consuming(
+                    session.channel.clone(),
+                    short(&session.queue),
+                    session.prefetch,
+                )));
+            }
+            if let Consuming::Starting(started) = &mut session.consumer {
+                // Cancel-safe: the start is kept in the session.
+                match started.as_mut().await {
+                    Ok(consumer) => session.consumer = Consuming::Started(consumer),
+                    Err(error) => self.lose(Loss::Error(error)),
+                }
+                continue;
+            }
             if session.quarantine == Some(0) {
                 // Past what came back with an unreadable delivery: the full
                 // prefetch again. Cancel-safe: sent again if interrupted.
+                // RabbitMQ gives it only to consumers started after it (see
+                // `Consuming`), so this consumer keeps taking one at a time
+                // until its channel is reopened.
+                let prefetch = self.prefetch.count();
                 let raised = session
                     .channel
-                    .basic_qos(self.settings.prefetch, BasicQosOptions { global: false })
+                    .basic_qos(prefetch, BasicQosOptions { global: false })
                     .await;
                 match raised {
                     Ok(()) => {
@@ -651,7 +776,7 @@ impl Source for AmqpSource {
                             endpoint = self.settings.url.endpoint(),
                             queue = session.queue,
                             epoch = session.epoch,
-                            prefetch = self.settings.prefetch,
+                            prefetch,
                             "AMQP consumer past the deliveries returned with an unreadable one; full prefetch again"
                         );
                     }
@@ -682,13 +807,21 @@ impl Source for AmqpSource {
             // Cancel-safe: a delivery leaves lapin's buffer only when this
             // poll returns it, and from then on nothing awaits.
             let already = deliveries.len();
-            let polled = match session.consumer.next().await {
+            let Consuming::Started(consumer) = &mut session.consumer else {
+                continue; // Started just above.
+            };
+            let first = consumer.next().await;
+            let polled = match first {
                 Some(Ok(delivery)) => {
                     session.took(delivery.delivery_tag);
                     deliveries.push(self.reader.read(delivery, session.epoch));
                     let mut polled = Polled::Delivered;
                     while deliveries.len() < max {
-                        match session.consumer.next().now_or_never() {
+                        let Consuming::Started(consumer) = &mut session.consumer else {
+                            break;
+                        };
+                        let ready = consumer.next().now_or_never();
+                        match ready {
                             Some(Some(Ok(delivery))) => {
                                 session.took(delivery.delivery_tag);
                                 deliveries.push(self.reader.read(delivery, session.epoch));
@@ -704,6 +837,9 @@ impl Source for AmqpSource {
                             None => break,
                         }
                     }
+                    let taken = &deliveries[already..];
+                    self.prefetch
+                        .observe(taken.iter().map(Message::byte_size).sum(), taken.len());
                     if !session.channel.status().connected() {
                         // The channel died while these sat in lapin's
                         // buffer: the broker has requeued them already, and
@@ -756,7 +892,7 @@ impl Source for AmqpSource {
                     "the AMQP broker did not answer the close in time; the connection is dropped, \
                      and the broker requeues the unacknowledged deliveries once it notices"
                 );
-                Err(AmqpError::Unreachable {
+                Err(Error::Unreachable {
                     endpoint: url.endpoint().to_owned(),
                     source: format!("no answer to the close within {timeout:?}").into(),
                 }
@@ -768,7 +904,7 @@ impl Source for AmqpSource {
 
 /// Cancels the consumer, hands back what it holds, closes channel and
 /// connection.
-async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), AmqpError> {
+async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), Error> {
     let fail = |error: lapin::Error| classify(error, url.endpoint(), url.vhost(), Operation::Other);
     let Session {
         channel,
@@ -779,10 +915,13 @@ async fn close_session(session: Session, url: &AmqpUrl) -> Result<(), AmqpError>
     if !channel.status().connected() {
         return Ok(());
     }
-    channel
-        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-        .await
-        .map_err(fail)?;
+    // A consumer still starting goes with the channel.
+    if let Consuming::Started(consumer) = consumer {
+        channel
+            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+            .await
+            .map_err(fail)?;
+    }
     // Tag 0 with `multiple` covers every outstanding delivery.
     channel
         .basic_nack(

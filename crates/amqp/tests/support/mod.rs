@@ -9,6 +9,7 @@
 
 pub mod proxy;
 pub mod raw;
+pub mod steps;
 
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -287,9 +288,11 @@ impl AmqpBackend {
             .exchange_declare(
                 inbound.as_str().into(),
                 ExchangeKind::Fanout,
-                // Goes with its binding when the queue expires.
+                // As a broadcast source declares a fanout exchange (durable,
+                // not auto-deleted), so broadcast instances can bind to it;
+                // deleted with the fixture (`cleanup`, or its drop).
                 ExchangeDeclareOptions {
-                    auto_delete: true,
+                    durable: true,
                     ..ExchangeDeclareOptions::default()
                 },
                 FieldTable::default(),
@@ -575,13 +578,13 @@ impl Backend for AmqpBackend {
         &self,
         source: &str,
         group: &str,
-        settings: ConnectSettings,
+        // The consumer the suite runs tells the source its limits itself.
+        _settings: ConnectSettings,
     ) -> Result<(Self::Source, Self::Acker), BoxError> {
         let consumer = AmqpSource::builder(self.url.as_str())
             .queue(source)
-            .max_in_flight(settings.max_in_flight)
             .connection_name(format!("{source}/{group}"))
-            .connect()
+            .build()
             .await?;
         let acker = consumer.acker();
         Ok((consumer, acker))
@@ -592,7 +595,7 @@ impl Backend for AmqpBackend {
             .exchange("")
             .routing_key(dead_letter_queue(source))
             .consumed_queue(source)
-            .connect()
+            .build()
             .await?)
     }
 
@@ -615,5 +618,52 @@ impl Backend for AmqpBackend {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Each instance binds a queue of its own to the fanout exchange the
+    /// fixture produces through.
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let built = AmqpSource::builder(self.url.as_str())
+            .broadcast(inbound_exchange(source))
+            .connection_name(format!("{source}/broadcast"))
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
+
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free local port");
+        let built = AmqpSource::builder(format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"))
+            .queue(source)
+            .connection_name(format!("{source}/{group}"))
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
     }
 }

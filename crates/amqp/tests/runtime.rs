@@ -1,0 +1,270 @@
+//! The consumer runtime over an `AmqpSource` against a real RabbitMQ, end to
+//! end: through connections the broker closes, through the retry path to a
+//! quorum queue's delivery limit, and never running two copies of one
+//! message at once.
+//!
+//! Each test skips with a printed reason when no broker listens on
+//! 127.0.0.1:5672, unless `INTAKE_REQUIRE_BROKERS=1`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use intake_amqp::{AmqpSource, Exchange, Queue, Topology};
+use intake_core::Message;
+use intake_core::testkit::skip_or_fail;
+use support::steps::{PATIENCE, publish_direct, settle_at};
+use support::{AmqpBackend, close_connection_named, dead_letter_queue, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_carries_on_after_the_broker_closes_the_connection_and_loses_nothing() {
+    let Some(backend) = AmqpBackend::connect_or_skip("runtime_reconnect").await else {
+        return;
+    };
+    let queue = backend.classic_queue("runtime-reconnect").await.unwrap();
+    backend.publish_numbered(&queue, 200).await.unwrap();
+    let name = unique("runtime-conn");
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .build()
+        .await
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let handler = {
+        let seen = seen.clone();
+        tower::service_fn(move |message: Message| {
+            let seen = seen.clone();
+            async move {
+                // Slow enough that the connection is closed mid-run.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let id = String::from_utf8_lossy(message.payload()).into_owned();
+                seen.lock().map(|mut seen| seen.insert(id)).ok();
+                Ok::<_, intake_core::HandlerError>(())
+            }
+        })
+    };
+    let count = |seen: &std::sync::Mutex<BTreeSet<String>>| seen.lock().map_or(0, |s| s.len());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = spawn_consumer(source, handler, shutdown.clone());
+    while count(&seen) < 20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "runtime_reconnect",
+            &format!("cannot close the connection: {why}"),
+        );
+        shutdown.cancel();
+        let _ = running.await;
+        return;
+    }
+    tokio::time::timeout(PATIENCE, async {
+        while count(&seen) < 200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of 200 handled after the reconnect", count(&seen)));
+    shutdown.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert!(report.succeeded >= 200);
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_failing_through_the_retry_path_reaches_the_quorum_delivery_limit() {
+    let Some(backend) = AmqpBackend::connect_or_skip("runtime_delivery_limit").await else {
+        return;
+    };
+    let queue = unique("runtime-limited");
+    let dlx = format!("{queue}.dlx");
+    let dlq = dead_letter_queue(&queue);
+    let topology = Topology::new()
+        .exchange(Exchange::direct(dlx.as_str()))
+        .queue(Queue::classic(dlq.as_str()))
+        .bind(dlq.as_str(), dlx.as_str(), queue.as_str())
+        .queue(
+            Queue::quorum(queue.as_str())
+                .dead_letter_exchange(dlx.as_str())
+                .delivery_limit(3),
+        );
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .declare(topology)
+        .build()
+        .await
+        .unwrap();
+    backend.track_queue(&queue);
+    backend.track_queue(&dlq);
+    backend.track_exchange(&dlx);
+    publish_direct(&backend, &queue, b"poison").await;
+    publish_direct(&backend, &queue, b"fine").await;
+
+    let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let attempts = attempts.clone();
+        tower::service_fn(move |message: Message| {
+            let attempts = attempts.clone();
+            async move {
+                if &message.payload()[..] == b"poison" {
+                    attempts
+                        .lock()
+                        .map(|mut seen| seen.push(message.metadata().attempt()))
+                        .ok();
+                    return Err(intake_core::HandlerError::retryable(
+                        "downstream refuses it",
+                    ));
+                }
+                Ok(())
+            }
+        })
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = spawn_consumer(source, handler, shutdown.clone());
+    let dead = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let dead = backend.peek(&dlq).await.unwrap();
+            if !dead.is_empty() {
+                return dead;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the poison message reaches the dead-letter queue");
+    shutdown.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(&dead[0].0[..], b"poison");
+    assert_eq!(report.succeeded, 1, "the good message was handled");
+    let attempts = attempts.lock().map(|seen| seen.clone()).unwrap_or_default();
+    assert_eq!(
+        attempts,
+        [1, 2, 3, 4],
+        "limit 3: the fourth failure dead-letters it"
+    );
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() {
+    let Some(backend) = AmqpBackend::connect_or_skip("no_concurrent_copies").await else {
+        return;
+    };
+    let queue = backend.classic_queue("no-concurrent-copies").await.unwrap();
+    backend.publish(&queue, &[b"slow"]).await.unwrap();
+    let name = unique("copies-conn");
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .connection_name(name.as_str())
+        .build()
+        .await
+        .unwrap();
+
+    /// Copies of the message running now, and the most seen at once.
+    #[derive(Default)]
+    struct Running {
+        now: usize,
+        most: usize,
+        finished: usize,
+    }
+    struct Leaving(std::sync::Arc<std::sync::Mutex<Running>>);
+    impl Drop for Leaving {
+        fn drop(&mut self) {
+            if let Ok(mut running) = self.0.lock() {
+                running.now -= 1;
+            }
+        }
+    }
+    let running = std::sync::Arc::new(std::sync::Mutex::new(Running::default()));
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (running, started) = (running.clone(), started.clone());
+        tower::service_fn(move |message: Message| {
+            let (running, started) = (running.clone(), started.clone());
+            async move {
+                {
+                    let mut now = running.lock().unwrap();
+                    now.now += 1;
+                    now.most = now.most.max(now.now);
+                }
+                // Leaves when it returns or when the runtime cancels it.
+                let _leaving = Leaving(running.clone());
+                if message.metadata().attempt() == 1 {
+                    started.notify_one();
+                    // The first copy hangs until the runtime cancels it.
+                    std::future::pending::<()>().await;
+                }
+                if let Ok(mut running) = running.lock() {
+                    running.finished += 1;
+                }
+                Ok::<_, intake_core::HandlerError>(())
+            }
+        })
+    };
+    let acker = source.acker();
+    let consumer = intake_core::Consumer::builder()
+        .max_in_flight(8)
+        .ordering(intake_core::DeliveryOrder::Unordered)
+        .backoff(intake_core::Disabled)
+        .revoke_timeout(Duration::from_secs(2))
+        .build(source, acker, handler)
+        .expect("valid consumer settings");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+    tokio::time::timeout(PATIENCE, started.notified())
+        .await
+        .expect("the first copy starts");
+    if let Err(why) = close_connection_named(&name).await {
+        skip_or_fail(
+            "no_concurrent_copies",
+            &format!("cannot close the connection: {why}"),
+        );
+        shutdown.cancel();
+        let _ = run.await;
+        backend.cleanup().await;
+        return;
+    }
+    let finished = || running.lock().map_or(0, |running| running.finished);
+    tokio::time::timeout(PATIENCE, async {
+        while finished() == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the redelivered copy is handled");
+    shutdown.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!(report.succeeded, 1);
+    let most = running.lock().map_or(0, |running| running.most);
+    assert_eq!(
+        most, 1,
+        "the broker's redelivery ran beside the lost channel's copy"
+    );
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+/// Runs a consumer over `source` until `shutdown` fires.
+fn spawn_consumer<H>(
+    source: AmqpSource,
+    handler: H,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Result<intake_core::RunReport, intake_core::RunError>>
+where
+    H: tower::Service<Message, Response = (), Error = intake_core::HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let acker = source.acker();
+    let consumer = intake_core::Consumer::builder()
+        .max_in_flight(8)
+        .ordering(intake_core::DeliveryOrder::Unordered)
+        .backoff(intake_core::Disabled)
+        .build(source, acker, handler)
+        .expect("valid consumer settings");
+    tokio::spawn(consumer.run(shutdown))
+}
