@@ -11,11 +11,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use intake_core::{AckError, PartitionKey, Position};
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::Offset;
-
-use crate::source::context::KafkaContext;
 
 /// What this consumer asked to commit for a partition it owns, and what the
 /// broker confirmed.
@@ -78,16 +76,18 @@ impl Ownership {
 
     /// Commits, synchronously, each `(partition, next offset)` whose
     /// partition this consumer owns. Blocks for a broker round trip: call it
-    /// off the async workers.
+    /// off the async workers. Generic over the consumer's context so that
+    /// this file does not name the source's context, which holds the
+    /// ownership (the two would import each other).
     ///
     /// # Errors
     ///
     /// [`AckError::Broker`] when the broker refused the commit,
     /// [`AckError::NotAssigned`] when the commit of the owned partitions
     /// succeeded but some partition of the batch is no longer owned.
-    pub(crate) fn commit(
+    pub(crate) fn commit<C: ConsumerContext>(
         &self,
-        consumer: &BaseConsumer<KafkaContext>,
+        consumer: &BaseConsumer<C>,
         offsets: &[(PartitionKey, i64)],
     ) -> Result<(), AckError> {
         let mut owned = self.lock();
@@ -126,9 +126,9 @@ impl Ownership {
     ///
     /// Runs on the polling thread inside the rebalance callback, before
     /// librdkafka unassigns the partitions.
-    pub(crate) fn commit_and_release(
+    pub(crate) fn commit_and_release<C: ConsumerContext>(
         &self,
-        consumer: &BaseConsumer<KafkaContext>,
+        consumer: &BaseConsumer<C>,
         revoked: &[PartitionKey],
         watermarks: &[(PartitionKey, Position)],
     ) -> Result<usize, KafkaError> {

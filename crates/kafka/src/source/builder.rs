@@ -8,6 +8,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::oneshot;
 
+// The builder and the source name each other (`KafkaSource::builder`,
+// `KafkaSourceBuilder::build`): the one loop between files of this crate,
+// the shape every intake adapter has.
 use super::KafkaSource;
 use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
