@@ -13,7 +13,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
-use crate::error::ConnectError;
+use crate::error::Error;
 use crate::settings::KafkaSettings;
 
 /// The default dead-letter topic: one per source topic and group, so groups
@@ -43,9 +43,10 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 /// topic exists and, unless [told not to](KafkaDeadLetterSinkBuilder::create_missing_topics),
 /// creates it (one partition, the broker's default replication factor;
 /// both [configurable](KafkaDeadLetterSinkBuilder::new_topic)). A topic that
-/// is missing and cannot be created fails the write with a
-/// [`DeadLetterTopicError`] that says what to do, and the original message
-/// stays unacknowledged.
+/// is missing and cannot be created fails the write with an [`Error`] that
+/// says what to do ([`DeadLetterTopicMissing`](Error::DeadLetterTopicMissing),
+/// [`DeadLetterTopicNotCreated`](Error::DeadLetterTopicNotCreated)), and the
+/// original message stays unacknowledged.
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     producer: FutureProducer,
@@ -55,46 +56,6 @@ pub struct KafkaDeadLetterSink {
     template: Arc<str>,
     queue_timeout: Duration,
     brokers: Arc<str>,
-}
-
-/// Why a dead letter could not be written to its topic. The sink's
-/// [`DeadLetterError`] carries it as its source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DeadLetterTopicError {
-    /// The topic does not exist and the sink may not create it.
-    #[error(
-        "dead-letter topic `{topic}` does not exist on {brokers}; create it, or let the sink create it (`create_missing_topics(true)`)"
-    )]
-    Missing {
-        /// The dead-letter topic.
-        topic: String,
-        /// The configured brokers.
-        brokers: String,
-    },
-    /// The topic does not exist and creating it failed.
-    #[error(
-        "dead-letter topic `{topic}` does not exist on {brokers} and creating it failed ({reason}); create it by hand or allow this client to create topics"
-    )]
-    CreateFailed {
-        /// The dead-letter topic.
-        topic: String,
-        /// The configured brokers.
-        brokers: String,
-        /// The broker's or client's answer.
-        reason: String,
-    },
-    /// The brokers did not say whether the topic exists.
-    #[error("cannot look up dead-letter topic `{topic}` on {brokers}: {source}")]
-    Lookup {
-        /// The dead-letter topic.
-        topic: String,
-        /// The configured brokers.
-        brokers: String,
-        /// The client's error.
-        #[source]
-        source: KafkaError,
-    },
 }
 
 /// How the sink makes sure a dead-letter topic exists before writing to it.
@@ -157,7 +118,7 @@ impl KafkaDeadLetterSink {
     }
 
     /// Makes sure `topic` exists (creating it if allowed), once per topic.
-    async fn ensure_topic(&self, topic: &str) -> Result<(), DeadLetterTopicError> {
+    async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         let check = &self.topics;
         if check.is_known(topic) {
             return Ok(());
@@ -170,7 +131,7 @@ impl KafkaDeadLetterSink {
                 .await
                 // The lookup task did not finish: the runtime is shutting down.
                 .unwrap_or(Err(KafkaError::Canceled))
-                .map_err(|source| DeadLetterTopicError::Lookup {
+                .map_err(|source| Error::DeadLetterTopicLookup {
                     topic: topic.to_owned(),
                     brokers: self.brokers.to_string(),
                     source,
@@ -178,17 +139,17 @@ impl KafkaDeadLetterSink {
         };
         if !exists {
             let Some((partitions, replication)) = check.create else {
-                return Err(DeadLetterTopicError::Missing {
+                return Err(Error::DeadLetterTopicMissing {
                     topic: topic.to_owned(),
                     brokers: self.brokers.to_string(),
                 });
             };
-            let failed = |reason: String| DeadLetterTopicError::CreateFailed {
+            let failed = |source: KafkaError| Error::DeadLetterTopicNotCreated {
                 topic: topic.to_owned(),
                 brokers: self.brokers.to_string(),
-                reason,
+                source,
             };
-            let admin = check.admin().map_err(|error| failed(error.to_string()))?;
+            let admin = check.admin().map_err(failed)?;
             let options = AdminOptions::new().operation_timeout(Some(check.timeout));
             let results = admin
                 .create_topics(
@@ -200,11 +161,11 @@ impl KafkaDeadLetterSink {
                     &options,
                 )
                 .await
-                .map_err(|error| failed(error.to_string()))?;
+                .map_err(failed)?;
             for result in results {
                 match result {
                     Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((_, code)) => return Err(failed(code.to_string())),
+                    Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
                 }
             }
             tracing::info!(dead_letter_topic = %topic, partitions, replication, "created the dead-letter topic");
@@ -276,7 +237,7 @@ impl KafkaDeadLetterSinkBuilder {
 
     /// Whether a missing dead-letter topic is created on first use (default
     /// true). When false, a write to a missing topic fails with
-    /// [`DeadLetterTopicError::Missing`].
+    /// [`Error::DeadLetterTopicMissing`].
     pub fn create_missing_topics(mut self, create: bool) -> Self {
         self.create_missing = create;
         self
@@ -295,31 +256,28 @@ impl KafkaDeadLetterSinkBuilder {
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] for settings librdkafka refuses, an empty
+    /// [`Error::Config`] for settings librdkafka refuses, an empty
     /// topic template, or a new-topic layout that cannot exist.
-    pub fn build(self) -> Result<KafkaDeadLetterSink, ConnectError> {
+    pub fn build(self) -> Result<KafkaDeadLetterSink, Error> {
         if self.template.trim().is_empty() {
-            return Err(ConnectError::Config {
-                setting: "topic_template".into(),
-                problem: "must not be empty".into(),
-            });
+            return Err(Error::config("topic_template", "must not be empty"));
         }
         if self.template.trim() == "{topic}" {
-            return Err(ConnectError::Config {
-                setting: "topic_template".into(),
-                problem: "`{topic}` alone names the source topic itself: dead letters would be consumed again, in a loop; use a name of their own, such as the default `{topic}.{group}.dlq`".into(),
-            });
+            return Err(Error::config(
+                "topic_template",
+                "`{topic}` alone names the source topic itself: dead letters would be consumed again, in a loop; use a name of their own, such as the default `{topic}.{group}.dlq`",
+            ));
         }
         if self.partitions < 1 || (self.replication < 1 && self.replication != -1) {
-            return Err(ConnectError::Config {
-                setting: "new_topic".into(),
-                problem: format!(
+            return Err(Error::config(
+                "new_topic",
+                format!(
                     "{} partitions with replication factor {}: use at least 1 partition and a replication factor of at least 1 (or -1 for the broker's default)",
                     self.partitions, self.replication
                 ),
-            });
+            ));
         }
-        let brokers: Arc<str> = self.settings.bootstrap_servers().into();
+        let brokers: Arc<str> = self.settings.endpoint().into();
         let mut settings = self.settings;
         if settings.get("message.timeout.ms").is_none() {
             settings = settings.set(
@@ -330,7 +288,7 @@ impl KafkaDeadLetterSinkBuilder {
         let producer: FutureProducer = settings
             .client_config()
             .create()
-            .map_err(|error| ConnectError::from_kafka(error, &brokers, Duration::ZERO))?;
+            .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
         let topics = TopicCheck {
             known: Mutex::new(HashSet::new()),
             create: self
@@ -361,16 +319,9 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         let topic = self.topic_for(metadata.source());
         if topic == **metadata.source() {
             // A template without placeholders that names a consumed topic.
-            return Err(DeadLetterError(
-                format!(
-                    "the dead-letter topic `{topic}` is the topic the message came from: it would be consumed again, in a loop; give the sink a topic of its own (`topic_template`)"
-                )
-                .into(),
-            ));
+            return Err(Error::DeadLetterTopicIsSource { topic }.into());
         }
-        self.ensure_topic(&topic)
-            .await
-            .map_err(|error| DeadLetterError(Box::new(error)))?;
+        self.ensure_topic(&topic).await?;
         let envelope = Envelope::new(letter, &self.carrier);
         let mut headers =
             OwnedHeaders::new_with_capacity(envelope.header_count() + envelope.field_count());
@@ -386,31 +337,36 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         if let Some(key) = envelope.key() {
             record = record.key(key.as_ref());
         }
-        match self
+        let written = self
             .producer
             .send(record, Timeout::After(self.queue_timeout))
-            .await
-        {
+            .await;
+        match written {
             Ok(_delivery) => Ok(()),
             // librdkafka refuses a record over the producer's
             // `message.max.bytes` before sending it, and the broker one over
             // the topic's `max.message.bytes`: the same letter is refused
             // every time, so it is rejected, not retried.
             Err((
-                error @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                source @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
                 _,
             )) => {
-                tracing::warn!(%error, dead_letter_topic = %topic, "the dead letter is larger than the topic takes");
-                Err(DeadLetterError::rejected(format!(
-                    "the dead letter is larger than `{topic}` on {} takes (the producer's `message.max.bytes` or the topic's `max.message.bytes`): {error}",
-                    self.brokers
-                )))
+                tracing::warn!(error = %source, dead_letter_topic = %topic, "the dead letter is larger than the topic takes");
+                Err(Error::DeadLetterTooLarge {
+                    topic,
+                    brokers: self.brokers.to_string(),
+                    source,
+                }
+                .into())
             }
-            Err((error, _unsent)) => {
-                tracing::warn!(%error, dead_letter_topic = %topic, "dead-letter write failed; the original stays unacknowledged");
-                Err(DeadLetterError(
-                    format!("producing to `{topic}` on {} failed: {error}", self.brokers).into(),
-                ))
+            Err((source, _unsent)) => {
+                tracing::warn!(error = %source, dead_letter_topic = %topic, "dead-letter write failed; the original stays unacknowledged");
+                Err(Error::DeadLetterWrite {
+                    topic,
+                    brokers: self.brokers.to_string(),
+                    source,
+                }
+                .into())
             }
         }
     }
@@ -435,7 +391,7 @@ mod tests {
             .build();
         assert!(matches!(
             built,
-            Err(ConnectError::Config { ref setting, .. }) if setting == "topic_template"
+            Err(Error::Config { ref setting, .. }) if setting == "topic_template"
         ));
     }
 
@@ -453,7 +409,13 @@ mod tests {
             .write(&DeadLetter::new(message, "bad", 1))
             .await
             .expect_err("refused without a broker round trip");
-        assert!(refused.to_string().contains("in a loop"), "{refused}");
+        assert!(
+            matches!(
+                refused.0.downcast_ref::<Error>(),
+                Some(Error::DeadLetterTopicIsSource { topic }) if topic == "orders"
+            ),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -66,8 +66,8 @@ mod settings;
 mod source;
 
 pub use acker::KafkaAcker;
-pub use dead_letter::{DeadLetterTopicError, KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
-pub use error::ConnectError;
+pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
+pub use error::Error;
 pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
 

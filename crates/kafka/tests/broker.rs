@@ -16,7 +16,7 @@ use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
     DeadLetter, DeadLetterSink, ErrorClass, Message, Metadata, Ordering, Position, SourceError,
 };
-use intake_kafka::{ConnectError, KafkaDeadLetterSink};
+use intake_kafka::{Error, KafkaDeadLetterSink};
 use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, ReadRecord, unique};
 
@@ -398,7 +398,7 @@ async fn an_unknown_topic_is_a_typed_error_within_the_connect_timeout() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(error @ ConnectError::UnknownTopic { .. }) => {
+        Err(error @ Error::UnknownTopic { .. }) => {
             assert!(matches!(
                 SourceError::from(error),
                 SourceError::NotFound { .. }

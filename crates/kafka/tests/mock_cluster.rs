@@ -15,9 +15,7 @@ use intake_core::{
     AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, Headers, Ordering,
     PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
-use intake_kafka::{
-    ConnectError, DeadLetterTopicError, KafkaDeadLetterSink, KafkaSettings, KafkaSource,
-};
+use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
 use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, take, unique};
 
@@ -628,12 +626,9 @@ async fn a_missing_dead_letter_topic_the_sink_may_not_create_is_a_typed_error() 
         .write(&DeadLetter::new(original, "bad", 1))
         .await
         .expect_err("the topic is missing");
-    let cause = error
-        .0
-        .downcast_ref::<DeadLetterTopicError>()
-        .expect("a dead-letter topic error");
+    let cause = error.0.downcast_ref::<Error>().expect("the crate's error");
     assert!(
-        matches!(cause, DeadLetterTopicError::Missing { topic: missing, .. } if *missing == sink.topic_for(&topic)),
+        matches!(cause, Error::DeadLetterTopicMissing { topic: missing, .. } if *missing == sink.topic_for(&topic)),
         "{cause}"
     );
     assert!(cause.to_string().contains("create"), "{cause}");
@@ -654,7 +649,7 @@ async fn an_unknown_topic_is_a_typed_error() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(ConnectError::UnknownTopic { topic, .. }) => assert_eq!(topic, missing),
+        Err(Error::UnknownTopic { topic, .. }) => assert_eq!(topic, missing),
         other => panic!("expected UnknownTopic, got {other:?}"),
     }
 }
@@ -673,10 +668,7 @@ async fn an_unreachable_broker_is_a_typed_error_within_the_connect_timeout() {
     .await
     .expect("build returns within its connect timeout");
     let error = built.expect_err("nothing listens on port 1");
-    assert!(
-        matches!(error, ConnectError::Unreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
     assert!(error.to_string().contains("bootstrap.servers"));
     assert!(SourceError::from(error).is_transient());
 }
@@ -691,7 +683,7 @@ async fn a_bad_setting_is_a_typed_error_naming_it() {
             .await
             .expect_err("librdkafka refuses the value");
     match error {
-        ConnectError::Config { setting, .. } => assert_eq!(setting, "fetch.wait.max.ms"),
+        Error::Config { setting, .. } => assert_eq!(setting, "fetch.wait.max.ms"),
         other => panic!("expected Config, got {other:?}"),
     }
 }

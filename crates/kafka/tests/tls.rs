@@ -13,7 +13,7 @@ use std::time::Duration;
 use intake_core::testkit::Backend;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::{DeadLetter, DeadLetterSink};
-use intake_kafka::{ConnectError, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
 use support::consumer::TestConsumer;
 use support::{KafkaBackend, unique};
 
@@ -147,8 +147,8 @@ async fn a_broker_certificate_from_another_ca_is_refused_with_a_tls_error() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(error @ ConnectError::Tls { .. }) => {
-            let shown = error.to_string();
+        Err(error @ Error::Tls { .. }) => {
+            let shown = support::error_chain(&error);
             assert!(
                 shown.contains("certificate verify failed"),
                 "the error says why: {shown}"
@@ -183,8 +183,8 @@ async fn wrong_scram_credentials_are_a_typed_error_without_the_password() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(error @ ConnectError::Unauthorized { .. }) => {
-            let shown = format!("{error} {error:?}");
+        Err(error @ Error::Unauthorized { .. }) => {
+            let shown = format!("{} {error:?}", support::error_chain(&error));
             assert!(
                 shown.contains("SCRAM-SHA-512") || shown.contains("Authentication"),
                 "the error says what failed: {shown}"

@@ -16,7 +16,7 @@ use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
 use super::poller::{Poller, guard_polling};
 use super::watchdog::{OffsetReset, Watchdog};
-use crate::error::ConnectError;
+use crate::error::Error;
 use crate::settings::KafkaSettings;
 
 /// librdkafka's default `max.poll.interval.ms`.
@@ -157,24 +157,20 @@ impl KafkaSourceBuilder {
 
     /// The librdkafka settings of the consumer, with intake's defaults and
     /// fixed settings applied, and its group id.
-    fn consumer_settings(&self) -> Result<(KafkaSettings, String), ConnectError> {
-        let config_error = |setting: &str, problem: String| ConnectError::Config {
-            setting: setting.into(),
-            problem,
-        };
+    fn consumer_settings(&self) -> Result<(KafkaSettings, String), Error> {
         if self.topics.is_empty() || self.topics.iter().any(String::is_empty) {
-            return Err(config_error(
+            return Err(Error::config(
                 "topics",
-                "name at least one topic, none empty (`.topic(\"orders\")`)".into(),
+                "name at least one topic, none empty (`.topic(\"orders\")`)",
             ));
         }
         if self.buffer == 0 {
-            return Err(config_error("buffer", "must be at least 1".into()));
+            return Err(Error::config("buffer", "must be at least 1"));
         }
         if self.settings.is_true("enable.auto.commit") == Some(true) {
-            return Err(config_error(
+            return Err(Error::config(
                 "enable.auto.commit",
-                "must be false: intake commits offsets only for finished messages; remove the setting".into(),
+                "must be false: intake commits offsets only for finished messages; remove the setting",
             ));
         }
         let max_poll = match self.settings.get("max.poll.interval.ms") {
@@ -182,7 +178,7 @@ impl KafkaSourceBuilder {
                 .parse::<u64>()
                 .map(Duration::from_millis)
                 .map_err(|_| {
-                    config_error(
+                    Error::config(
                         "max.poll.interval.ms",
                         format!("`{value}` is not a number of milliseconds"),
                     )
@@ -190,7 +186,7 @@ impl KafkaSourceBuilder {
             None => DEFAULT_MAX_POLL_INTERVAL,
         };
         if self.revoke_timeout >= max_poll {
-            return Err(config_error(
+            return Err(Error::config(
                 "revoke_timeout",
                 format!(
                     "{:?} must be shorter than max.poll.interval.ms ({max_poll:?}), or the group evicts the consumer while it drains",
@@ -206,10 +202,9 @@ impl KafkaSourceBuilder {
             ),
             (Some(group), false) if !group.is_empty() => group.clone(),
             (_, false) => {
-                return Err(config_error(
+                return Err(Error::config(
                     "group",
-                    "set a consumer group (`.group(\"orders-service\")`) or choose `.broadcast()`"
-                        .into(),
+                    "set a consumer group (`.group(\"orders-service\")`) or choose `.broadcast()`",
                 ));
             }
         };
@@ -238,13 +233,14 @@ impl KafkaSourceBuilder {
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] for settings that cannot work,
-    /// [`ConnectError::Unreachable`] when no broker answers in time,
-    /// [`ConnectError::UnknownTopic`] for a missing topic,
-    /// [`ConnectError::Unauthorized`] when the credentials are refused.
-    pub async fn build(self) -> Result<KafkaSource, ConnectError> {
+    /// [`Error::Config`] for settings that cannot work,
+    /// [`Error::Unreachable`] when no broker answers in time,
+    /// [`Error::UnknownTopic`] for a missing topic,
+    /// [`Error::Unauthorized`] when the credentials are refused,
+    /// [`Error::Tls`] when the TLS handshake fails.
+    pub async fn build(self) -> Result<KafkaSource, Error> {
         let (settings, group_id) = self.consumer_settings()?;
-        let brokers = settings.bootstrap_servers().to_owned();
+        let brokers = settings.endpoint();
         let shared = Arc::new(Shared::new(
             self.buffer,
             self.revoke_timeout,
@@ -258,7 +254,7 @@ impl KafkaSourceBuilder {
         let consumer: BaseConsumer<KafkaContext> = settings
             .client_config()
             .create_with_context(context)
-            .map_err(|error| ConnectError::from_kafka(error, &brokers, started.elapsed()))?;
+            .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))?;
         let consumer = Arc::new(consumer);
         let consumer = {
             let topics = self.topics.clone();
@@ -269,13 +265,13 @@ impl KafkaSourceBuilder {
             tokio::task::spawn_blocking(move || {
                 check_topics(&consumer, &topics, timeout, &brokers)?;
                 let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-                consumer.subscribe(&topics).map_err(|error| {
-                    ConnectError::from_kafka(error, &brokers, started.elapsed())
-                })?;
+                consumer
+                    .subscribe(&topics)
+                    .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))?;
                 Ok(consumer)
             })
             .await
-            .map_err(|error| ConnectError::Spawn(std::io::Error::other(error)))??
+            .map_err(|error| Error::Spawn(std::io::Error::other(error)))??
         };
         let handle = Arc::downgrade(&consumer);
 
@@ -303,7 +299,7 @@ impl KafkaSourceBuilder {
                 // waits for that.
                 drop(consumer);
             })
-            .map_err(ConnectError::Spawn)?;
+            .map_err(Error::Spawn)?;
         tracing::info!(group = %group_id, topics = ?self.topics, %brokers, "kafka source started");
         Ok(KafkaSource {
             shared,
@@ -322,7 +318,7 @@ fn check_topics(
     topics: &[String],
     timeout: Duration,
     brokers: &str,
-) -> Result<(), ConnectError> {
+) -> Result<(), Error> {
     let started = Instant::now();
     for topic in topics {
         let remaining = timeout.saturating_sub(started.elapsed());
@@ -342,7 +338,7 @@ fn check_topics(
             }
         };
         if missing {
-            return Err(ConnectError::UnknownTopic {
+            return Err(Error::UnknownTopic {
                 topic: topic.clone(),
                 brokers: brokers.into(),
             });
@@ -360,7 +356,7 @@ fn explain_failure(
     error: KafkaError,
     brokers: &str,
     waited: Duration,
-) -> ConnectError {
+) -> Error {
     // `poll` answers `None` both for an empty queue and for an event it
     // served (a log line), so it cannot say when the queue is empty: the
     // loop is bounded instead (the queue holds one connect timeout's worth
@@ -372,8 +368,8 @@ fn explain_failure(
         let _ = consumer.poll(Duration::ZERO);
     }
     match consumer.context().shared.connection_failure() {
-        Some((failure, reason)) => failure.into_connect_error(brokers, reason),
-        None => ConnectError::from_kafka(error, brokers, waited),
+        Some((failure, account)) => failure.into_error(brokers, account.into()),
+        None => Error::from_kafka(error, brokers, waited),
     }
 }
 
@@ -410,14 +406,14 @@ mod tests {
             .topic("t")
             .consumer_settings_with("enable.auto.commit", "true");
         assert!(
-            matches!(refused, Err(ConnectError::Config { setting, .. }) if setting == "enable.auto.commit")
+            matches!(refused, Err(Error::Config { setting, .. }) if setting == "enable.auto.commit")
         );
     }
 
     #[test]
     fn a_consumer_needs_a_group_or_broadcast() {
         let error = builder().topic("t").consumer_settings();
-        assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "group"));
+        assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "group"));
         let (settings, group) = builder()
             .topic("t")
             .broadcast()
@@ -444,15 +440,13 @@ mod tests {
             .topic("t")
             .revoke_timeout(Duration::from_secs(20))
             .consumer_settings_with("max.poll.interval.ms", "10000");
-        assert!(
-            matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "revoke_timeout")
-        );
+        assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "revoke_timeout"));
     }
 
     #[test]
     fn no_topic_is_a_configuration_error() {
         let error = builder().group("g").consumer_settings();
-        assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "topics"));
+        assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "topics"));
     }
 
     /// Settings whose values are secrets, by librdkafka's account (its
@@ -526,7 +520,7 @@ mod tests {
                     .client_config()
                     .create::<rdkafka::consumer::BaseConsumer>()
                     .map(drop)
-                    .map_err(|error| ConnectError::from_kafka(error, "127.0.0.1:9", Duration::ZERO))
+                    .map_err(|error| Error::from_kafka(error, "127.0.0.1:9", Duration::ZERO))
             });
             let error = outcome.err().map(|error| error.to_string()).unwrap_or_default();
             for secret in &secrets {
@@ -541,7 +535,7 @@ mod tests {
             mut self,
             key: &str,
             value: &str,
-        ) -> Result<(KafkaSettings, String), ConnectError> {
+        ) -> Result<(KafkaSettings, String), Error> {
             self.settings = self.settings.set(key, value);
             self.consumer_settings()
         }

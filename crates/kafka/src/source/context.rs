@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use super::handoff::{Control, Handoff};
-use crate::error::{ConnectionFailure, is_not_authorized};
+use crate::error::{ConnectionFailure, Error, is_not_authorized};
 use crate::ownership::Ownership;
 
 /// State shared by the source, the polling thread, the acker and this
@@ -33,7 +33,7 @@ pub(crate) struct Shared {
     pub(crate) revoke_timeout: Duration,
     /// Whether this consumer commits offsets (not in broadcast mode).
     pub(crate) commits: bool,
-    /// The brokers, for error messages.
+    /// The brokers, for error messages (credentials hidden).
     pub(crate) brokers: String,
     /// Partitions revoked inside the current `poll` call: the polling
     /// thread drops their messages from the batch it is assembling.
@@ -246,7 +246,7 @@ impl ClientContext for KafkaContext {
         {
             tracing::error!(reason = %last, "every kafka broker is down and the last refused the connection");
             if !self.shared.auth_reported.swap(true, Ordering::AcqRel) {
-                let refused = failure.into_connect_error(&self.shared.brokers, last);
+                let refused = failure.into_error(&self.shared.brokers, last.into());
                 self.shared
                     .handoff
                     .push_control(Control::Error(refused.into()));
@@ -254,12 +254,13 @@ impl ClientContext for KafkaContext {
         } else if code.is_some_and(is_not_authorized) {
             tracing::error!(%error, reason, "kafka broker refused the request");
             if !self.shared.auth_reported.swap(true, Ordering::AcqRel) {
-                self.shared
-                    .handoff
-                    .push_control(Control::Error(SourceError::Unauthorized {
-                        endpoint: self.shared.brokers.clone(),
+                self.shared.handoff.push_control(Control::Error(
+                    Error::Unauthorized {
+                        brokers: self.shared.brokers.clone(),
                         source: format!("{error}: {reason}").into(),
-                    }));
+                    }
+                    .into(),
+                ));
             }
         } else {
             // Connection losses and timeouts: librdkafka reconnects by itself.
@@ -337,7 +338,11 @@ mod tests {
         );
         match next_error(&context) {
             Some(SourceError::Unauthorized { source, .. }) => {
-                assert!(source.to_string().contains("certificate verify failed"));
+                let account = source.source().map(ToString::to_string);
+                assert!(
+                    account.is_some_and(|account| account.contains("certificate verify failed")),
+                    "{source:?}"
+                );
             }
             other => panic!("expected Unauthorized, got {other:?}"),
         }

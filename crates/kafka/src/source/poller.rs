@@ -16,7 +16,7 @@ use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
 use super::handoff::Control;
 use super::watchdog::{OffsetReset, Watchdog, stalled_at};
-use crate::error::is_not_authorized;
+use crate::error::{Error, is_not_authorized};
 
 /// Most messages taken from librdkafka per hand-over: large enough that the
 /// handoff lock is taken rarely, small enough to keep latency low.
@@ -181,12 +181,13 @@ impl Poller {
                 RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
             ) => self.report_missing_topic(error),
             KafkaError::MessageConsumption(code) if is_not_authorized(code) => {
-                self.shared
-                    .handoff
-                    .push_control(Control::Error(SourceError::Unauthorized {
-                        endpoint: self.shared.brokers.clone(),
+                self.shared.handoff.push_control(Control::Error(
+                    Error::Unauthorized {
+                        brokers: self.shared.brokers.clone(),
                         source: Box::new(error),
-                    }));
+                    }
+                    .into(),
+                ));
             }
             other => tracing::warn!(error = %other, "kafka consumer error; librdkafka retries"),
         }
@@ -194,7 +195,7 @@ impl Poller {
 
     /// A subscribed topic Kafka says does not exist (after librdkafka's
     /// `topic.metadata.propagation.max.ms`). At build time that is an
-    /// error to act on (`ConnectError::UnknownTopic`); while running it is
+    /// error to act on (`Error::UnknownTopic`); while running it is
     /// usually a topic being deleted and created again, or not created yet
     /// by a deploy: a transient error, so the runtime keeps the consumer and
     /// backs off, and librdkafka assigns the topic's partitions (from their

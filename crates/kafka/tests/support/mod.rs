@@ -561,3 +561,17 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// `error` and every cause below it (its `source` chain), as a log line
+/// that follows the chain shows them: each level's `Display` describes its
+/// own level only.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut shown = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        shown.push_str(": ");
+        shown.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    shown
+}
