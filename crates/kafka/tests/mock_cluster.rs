@@ -12,7 +12,7 @@ use intake_core::dead_letter::envelope;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
-    AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, Headers, Ordering,
+    AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, Headers, Limits, Ordering,
     PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
 use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
@@ -150,10 +150,11 @@ async fn a_full_buffer_pauses_fetching_and_loses_nothing() {
         .expect("produce");
     let mut source = kafka
         .source(&topic, &unique("g"))
-        .buffer(8)
         .build()
         .await
         .expect("source");
+    // A consumer with a budget of 8 (the source is used on its own here).
+    source.set_limits(Limits::new(8, 64 << 20, Duration::from_secs(10)));
     // Take a few, then leave the source alone long enough for its thread to
     // fill the buffer and pause.
     let mut taken = take(&mut source, 3, 64, PATIENCE).await.messages;
@@ -266,7 +267,6 @@ async fn two_consumers_share_partitions_without_loss(strategy: &str) {
         )
         .group(&group)
         .topic(&topic)
-        .revoke_timeout(Duration::from_secs(20))
         .build()
     };
     let ledger = Ledger::default();
@@ -380,8 +380,9 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
             .await
             .expect("produce");
     }
-    // A slow consumer with a small buffer: its fetching is paused most of
-    // the time, so the rebalances below find its partitions paused. The
+    // A slow consumer with a small budget (2, which sizes the source's
+    // hand-over queue): its fetching is paused most of the time, so the
+    // rebalances below find its partitions paused. The
     // watchdog is off: it would hide a partition that never fetches again.
     // Eager: every partition is revoked, paused, and one comes straight back.
     let source = || {
@@ -392,7 +393,6 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
         )
         .group(&group)
         .topic(&topic)
-        .buffer(4)
         .watchdog_interval(Duration::ZERO)
         .build()
     };

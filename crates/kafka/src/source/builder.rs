@@ -47,14 +47,18 @@ const PREFETCH_BOUNDS: [(&str, &str); 2] = [
 /// With the runtime's byte budget and the hand-over queue (half of it),
 /// that bounds the consumer's message memory; `docs/ARCHITECTURE.md` lists
 /// every buffer.
+///
+/// The consumer's budget is set once, on the consumer
+/// ([`ConsumerBuilder`](intake_core::ConsumerBuilder)): its
+/// `max_in_flight`, `max_in_flight_bytes` and `revoke_timeout` size the
+/// source's hand-over queue and its rebalance callback's wait (see
+/// [`KafkaSource`]'s [`set_limits`](intake_core::Source::set_limits)).
 #[derive(Debug, Clone)]
 pub struct KafkaSourceBuilder {
     settings: KafkaSettings,
     group: Option<String>,
     topics: Vec<String>,
     broadcast: bool,
-    buffer: usize,
-    revoke_timeout: Duration,
     connect_timeout: Duration,
     close_timeout: Duration,
     watchdog_interval: Duration,
@@ -68,8 +72,6 @@ impl KafkaSourceBuilder {
             group: None,
             topics: Vec::new(),
             broadcast: false,
-            buffer: 2048,
-            revoke_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(10),
             watchdog_interval: Duration::from_secs(30),
@@ -101,21 +103,6 @@ impl KafkaSourceBuilder {
     /// suffix), starts at the end of each partition and commits nothing.
     pub fn broadcast(mut self) -> Self {
         self.broadcast = true;
-        self
-    }
-
-    /// Messages fetched ahead of the runtime (default 2048). When that many
-    /// wait, fetching pauses until a quarter remain.
-    pub fn buffer(mut self, messages: usize) -> Self {
-        self.buffer = messages;
-        self
-    }
-
-    /// How long a revocation waits for the runtime to drain and commit the
-    /// revoked partitions before it lets them go at their last commit
-    /// (default 60 s). Must stay below `max.poll.interval.ms`.
-    pub fn revoke_timeout(mut self, timeout: Duration) -> Self {
-        self.revoke_timeout = timeout;
         self
     }
 
@@ -164,34 +151,10 @@ impl KafkaSourceBuilder {
                 "name at least one topic, none empty (`.topic(\"orders\")`)",
             ));
         }
-        if self.buffer == 0 {
-            return Err(Error::config("buffer", "must be at least 1"));
-        }
         if self.settings.is_true("enable.auto.commit") == Some(true) {
             return Err(Error::config(
                 "enable.auto.commit",
                 "must be false: intake commits offsets only for finished messages; remove the setting",
-            ));
-        }
-        let max_poll = match self.settings.get("max.poll.interval.ms") {
-            Some(value) => value
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| {
-                    Error::config(
-                        "max.poll.interval.ms",
-                        format!("`{value}` is not a number of milliseconds"),
-                    )
-                })?,
-            None => DEFAULT_MAX_POLL_INTERVAL,
-        };
-        if self.revoke_timeout >= max_poll {
-            return Err(Error::config(
-                "revoke_timeout",
-                format!(
-                    "{:?} must be shorter than max.poll.interval.ms ({max_poll:?}), or the group evicts the consumer while it drains",
-                    self.revoke_timeout
-                ),
             ));
         }
         let group_id = match (&self.group, self.broadcast) {
@@ -242,10 +205,9 @@ impl KafkaSourceBuilder {
         let (settings, group_id) = self.consumer_settings()?;
         let brokers = settings.endpoint();
         let shared = Arc::new(Shared::new(
-            self.buffer,
-            self.revoke_timeout,
             !self.broadcast,
             brokers.clone(),
+            max_poll_interval(&settings)?,
         ));
         let context = KafkaContext {
             shared: shared.clone(),
@@ -308,6 +270,23 @@ impl KafkaSourceBuilder {
             group_id,
             stopped: Some(stopped),
         })
+    }
+}
+
+/// The consumer's `max.poll.interval.ms`: how long it may go between two
+/// polls, a rebalance callback included, before the group evicts it.
+fn max_poll_interval(settings: &KafkaSettings) -> Result<Duration, Error> {
+    match settings.get("max.poll.interval.ms") {
+        Some(value) => value
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| {
+                Error::config(
+                    "max.poll.interval.ms",
+                    format!("`{value}` is not a number of milliseconds"),
+                )
+            }),
+        None => Ok(DEFAULT_MAX_POLL_INTERVAL),
     }
 }
 
@@ -431,16 +410,6 @@ mod tests {
             panic!("broadcast settings are valid");
         };
         assert_ne!(first, second);
-    }
-
-    #[test]
-    fn the_revoke_wait_must_fit_in_the_poll_interval() {
-        let error = builder()
-            .group("g")
-            .topic("t")
-            .revoke_timeout(Duration::from_secs(20))
-            .consumer_settings_with("max.poll.interval.ms", "10000");
-        assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "revoke_timeout"));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::error::{Error, is_not_authorized};
 
 /// Most messages taken from librdkafka per hand-over: large enough that the
 /// handoff lock is taken rarely, small enough to keep latency low.
-const MAX_BATCH: usize = 512;
+pub(super) const MAX_BATCH: usize = 512;
 
 /// How long one `poll` waits when nothing arrives; bounds how late the
 /// thread notices a stop request or a drained handoff.
@@ -386,10 +386,9 @@ mod tests {
     #[tokio::test]
     async fn a_panic_of_the_polling_thread_is_a_fatal_source_error_not_a_hang() {
         let shared = Arc::new(Shared::new(
-            8,
-            Duration::from_secs(1),
             true,
             "127.0.0.1:9092".into(),
+            Duration::from_secs(300),
         ));
         let polled = {
             let shared = shared.clone();

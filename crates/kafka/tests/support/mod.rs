@@ -177,7 +177,6 @@ impl KafkaBackend {
         KafkaSource::builder(self.settings())
             .group(group)
             .topic(topic)
-            .revoke_timeout(Duration::from_secs(20))
             .connect_timeout(Duration::from_secs(10))
             .close_timeout(Duration::from_secs(5))
     }
@@ -470,13 +469,11 @@ impl Backend for KafkaBackend {
         &self,
         source: &str,
         group: &str,
-        settings: ConnectSettings,
+        _settings: ConnectSettings,
     ) -> Result<(KafkaSource, KafkaAcker), BoxError> {
-        let source = self
-            .source(source, group)
-            .buffer(settings.max_in_flight.max(1))
-            .build()
-            .await?;
+        // The consumer sizes the source's hand-over queue from its own
+        // budget (`Source::set_limits`).
+        let source = self.source(source, group).build().await?;
         let acker = source.acker();
         Ok((source, acker))
     }
