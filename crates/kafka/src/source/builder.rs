@@ -4,6 +4,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use intake_core::BackoffPolicy;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::oneshot;
@@ -15,6 +16,7 @@ use super::KafkaSource;
 use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
 use super::poller::{Poller, guard_polling};
+use super::reconnect::ReconnectBackoff;
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::Error;
 use crate::settings::KafkaSettings;
@@ -59,6 +61,9 @@ pub struct KafkaSourceBuilder {
     group: Option<String>,
     topics: Vec<String>,
     broadcast: bool,
+    /// The policy given to [`reconnect_backoff`](Self::reconnect_backoff),
+    /// as librdkafka's schedule, or what is wrong with it.
+    reconnect: Option<Result<ReconnectBackoff, String>>,
     connect_timeout: Duration,
     close_timeout: Duration,
     watchdog_interval: Duration,
@@ -72,6 +77,7 @@ impl KafkaSourceBuilder {
             group: None,
             topics: Vec::new(),
             broadcast: false,
+            reconnect: None,
             connect_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(10),
             watchdog_interval: Duration::from_secs(30),
@@ -103,6 +109,33 @@ impl KafkaSourceBuilder {
     /// suffix), starts at the end of each partition and commits nothing.
     pub fn broadcast(mut self) -> Self {
         self.broadcast = true;
+        self
+    }
+
+    /// How the client waits between attempts to reconnect to a broker it
+    /// lost. Default: from 100 ms, doubling up to 10 s, forever (the same on
+    /// every intake backend, and librdkafka's own defaults).
+    ///
+    /// librdkafka reconnects by itself, on its own schedule: it doubles the
+    /// wait after each failure from `reconnect.backoff.ms` up to
+    /// `reconnect.backoff.max.ms`, spreads each wait by -25 % to +50 %, and
+    /// never gives up. The policy sets those two settings: an
+    /// [`Exponential`](intake_core::Exponential)'s first and longest delay
+    /// (its factor, jitter and retry cap are not honoured), a
+    /// [`Constant`](intake_core::Constant)'s delay for both (its retry cap
+    /// is not honoured). [`build`](Self::build) refuses
+    /// [`Disabled`](intake_core::Disabled) (librdkafka cannot stop
+    /// reconnecting), a policy of another type (librdkafka cannot follow
+    /// it), an invalid one, a delay over an hour, and a policy that
+    /// contradicts either setting given in the [`KafkaSettings`]. Without a
+    /// policy, those settings apply as given.
+    ///
+    /// The consumer's own
+    /// [`reconnect_backoff`](intake_core::ConsumerBuilder::reconnect_backoff)
+    /// paces its retries of errors the source reports (a topic being
+    /// created again), not librdkafka's reconnects.
+    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.reconnect = Some(ReconnectBackoff::of(&policy));
         self
     }
 
@@ -171,7 +204,7 @@ impl KafkaSourceBuilder {
                 ));
             }
         };
-        let mut settings = self.settings.clone();
+        let mut settings = self.client_settings()?;
         let config = settings.client_config_mut();
         config.set("group.id", &group_id);
         config.set("enable.auto.commit", "false");
@@ -188,6 +221,19 @@ impl KafkaSourceBuilder {
             }
         }
         Ok((settings, group_id))
+    }
+
+    /// The settings of any client of this source's brokers (the consumer,
+    /// a dead-letter producer): the given ones with the reconnect policy.
+    fn client_settings(&self) -> Result<KafkaSettings, Error> {
+        let mut settings = self.settings.clone();
+        let (reconnect, explicit) = match &self.reconnect {
+            None => (ReconnectBackoff::default(), false),
+            Some(Ok(reconnect)) => (*reconnect, true),
+            Some(Err(problem)) => return Err(Error::config("reconnect_backoff", problem.clone())),
+        };
+        reconnect.apply(&mut settings, explicit)?;
+        Ok(settings)
     }
 
     /// Creates the consumer, checks that the brokers answer and that every
@@ -410,6 +456,39 @@ mod tests {
             panic!("broadcast settings are valid");
         };
         assert_ne!(first, second);
+    }
+
+    #[test]
+    fn the_reconnect_policy_reaches_the_consumer_or_fails_the_build() {
+        let (settings, _) = builder()
+            .group("g")
+            .topic("t")
+            .consumer_settings()
+            .expect("valid settings");
+        assert_eq!(settings.get("reconnect.backoff.ms"), Some("100"));
+        assert_eq!(settings.get("reconnect.backoff.max.ms"), Some("10000"));
+
+        let (settings, _) = builder()
+            .group("g")
+            .topic("t")
+            .reconnect_backoff(intake_core::Exponential::new(
+                Duration::from_millis(500),
+                Duration::from_secs(20),
+            ))
+            .consumer_settings()
+            .expect("valid settings");
+        assert_eq!(settings.get("reconnect.backoff.ms"), Some("500"));
+        assert_eq!(settings.get("reconnect.backoff.max.ms"), Some("20000"));
+
+        let refused = builder()
+            .group("g")
+            .topic("t")
+            .reconnect_backoff(intake_core::Disabled)
+            .consumer_settings();
+        assert!(
+            matches!(refused, Err(Error::Config { ref setting, .. }) if setting == "reconnect_backoff"),
+            "{refused:?}"
+        );
     }
 
     #[test]

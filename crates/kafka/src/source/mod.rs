@@ -13,6 +13,7 @@ pub(crate) mod context;
 mod convert;
 mod handoff;
 mod poller;
+mod reconnect;
 mod watchdog;
 
 use std::sync::atomic::Ordering;
