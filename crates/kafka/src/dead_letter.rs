@@ -81,11 +81,16 @@ impl std::fmt::Debug for KafkaDeadLetterSink {
     }
 }
 
-/// Builds a [`KafkaDeadLetterSink`].
+/// Builds a [`KafkaDeadLetterSink`]: from its source with
+/// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink)
+/// (brokers, TLS and SASL settings, group and consumed topics filled in), or
+/// on its own with [`KafkaDeadLetterSink::builder`].
 #[derive(Debug, Clone)]
 pub struct KafkaDeadLetterSinkBuilder {
     settings: KafkaSettings,
     group: String,
+    /// Topics the consumer reads, which no dead letter may go to.
+    consumed: Vec<String>,
     template: String,
     delivery_timeout: Duration,
     create_missing: bool,
@@ -95,6 +100,8 @@ pub struct KafkaDeadLetterSinkBuilder {
 
 impl KafkaDeadLetterSink {
     /// A sink on the brokers of `settings` for the consumer group `group`.
+    /// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink)
+    /// starts one from a source, with its settings, group and topics.
     pub fn builder(
         settings: KafkaSettings,
         group: impl Into<String>,
@@ -102,6 +109,7 @@ impl KafkaDeadLetterSink {
         KafkaDeadLetterSinkBuilder {
             settings,
             group: group.into(),
+            consumed: Vec::new(),
             template: DEFAULT_TOPIC_TEMPLATE.into(),
             delivery_timeout: Duration::from_secs(30),
             create_missing: true,
@@ -112,9 +120,7 @@ impl KafkaDeadLetterSink {
 
     /// The dead-letter topic for messages of `topic`.
     pub fn topic_for(&self, topic: &str) -> String {
-        self.template
-            .replace("{topic}", topic)
-            .replace("{group}", &self.group)
+        resolve(&self.template, topic, &self.group)
     }
 
     /// Makes sure `topic` exists (creating it if allowed), once per topic.
@@ -205,6 +211,12 @@ impl TopicCheck {
     }
 }
 
+/// The dead-letter topic `template` names for messages of `topic` in
+/// `group`.
+fn resolve(template: &str, topic: &str, group: &str) -> String {
+    template.replace("{topic}", topic).replace("{group}", group)
+}
+
 /// Whether the brokers know `topic`. Blocks for a metadata round trip.
 fn topic_exists(
     producer: &FutureProducer,
@@ -224,6 +236,19 @@ impl KafkaDeadLetterSinkBuilder {
     /// dead letter to one topic.
     pub fn topic_template(mut self, template: impl Into<String>) -> Self {
         self.template = template.into();
+        self
+    }
+
+    /// Adds topics the consumer reads: [`build`](Self::build) refuses a
+    /// [template](Self::topic_template) that sends the dead letters of one
+    /// of them to one of them (they would be consumed again, in a loop).
+    /// Filled in by
+    /// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink).
+    pub fn consumed_topics<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        topics: I,
+    ) -> Self {
+        self.consumed.extend(topics.into_iter().map(Into::into));
         self
     }
 
@@ -252,13 +277,16 @@ impl KafkaDeadLetterSinkBuilder {
         self
     }
 
-    /// Creates the producer.
+    /// Creates the producer. It connects on its first write.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for settings librdkafka refuses, an empty
-    /// topic template, or a new-topic layout that cannot exist.
-    pub fn build(self) -> Result<KafkaDeadLetterSink, Error> {
+    /// [`Error::Config`] for settings librdkafka refuses, an empty topic
+    /// template, a template that names a consumed topic (`{topic}` alone,
+    /// or any template that resolves to one of the
+    /// [consumed topics](Self::consumed_topics)), or a new-topic layout that
+    /// cannot exist.
+    pub async fn build(self) -> Result<KafkaDeadLetterSink, Error> {
         if self.template.trim().is_empty() {
             return Err(Error::config("topic_template", "must not be empty"));
         }
@@ -267,6 +295,18 @@ impl KafkaDeadLetterSinkBuilder {
                 "topic_template",
                 "`{topic}` alone names the source topic itself: dead letters would be consumed again, in a loop; use a name of their own, such as the default `{topic}.{group}.dlq`",
             ));
+        }
+        for consumed in &self.consumed {
+            let topic = resolve(&self.template, consumed, &self.group);
+            if self.consumed.contains(&topic) {
+                return Err(Error::config(
+                    "topic_template",
+                    format!(
+                        "`{}` sends the dead letters of `{consumed}` to `{topic}`, a topic this consumer reads: they would be consumed again, in a loop; use a name of their own, such as the default `{DEFAULT_TOPIC_TEMPLATE}`",
+                        self.template
+                    ),
+                ));
+            }
         }
         if self.partitions < 1 || (self.replication < 1 && self.replication != -1) {
             return Err(Error::config(
@@ -376,23 +416,51 @@ impl DeadLetterSink for KafkaDeadLetterSink {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_default_topic_is_per_source_and_group() {
+    #[tokio::test]
+    async fn the_default_topic_is_per_source_and_group() {
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .build()
+            .await
             .expect("a producer needs no broker to be built");
         assert_eq!(sink.topic_for("orders"), "orders.billing.dlq");
     }
 
-    #[test]
-    fn a_template_naming_the_source_topic_is_refused_at_build_time() {
+    #[tokio::test]
+    async fn a_template_naming_the_source_topic_is_refused_at_build_time() {
         let built = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .topic_template(" {topic} ")
-            .build();
+            .build()
+            .await;
         assert!(matches!(
             built,
             Err(Error::Config { ref setting, .. }) if setting == "topic_template"
         ));
+    }
+
+    /// A template that resolves to a consumed topic, for one of them, is
+    /// refused when the sink is built (it was found only by the first write
+    /// before, and only for the topic the message came from).
+    #[tokio::test]
+    async fn a_template_that_resolves_to_a_consumed_topic_is_refused_at_build_time() {
+        let sink = || {
+            KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+                .consumed_topics(["orders", "payments", "orders.billing.dlq.billing.dlq"])
+        };
+        for template in ["payments", "{topic}.{group}.dlq.{group}.dlq", "{group}s"] {
+            let built = sink()
+                .consumed_topics(["billings"])
+                .topic_template(template)
+                .build()
+                .await;
+            assert!(
+                matches!(built, Err(Error::Config { ref setting, .. }) if setting == "topic_template"),
+                "{template}: {built:?}"
+            );
+        }
+        sink()
+            .build()
+            .await
+            .expect("the default template names no consumed topic");
     }
 
     #[tokio::test]
@@ -400,6 +468,7 @@ mod tests {
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .topic_template("orders")
             .build()
+            .await
             .expect("valid");
         let message = intake_core::Message::new(
             "poison",
@@ -418,11 +487,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_template_without_placeholders_is_one_topic() {
+    #[tokio::test]
+    async fn a_template_without_placeholders_is_one_topic() {
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .topic_template("all-dead-letters")
             .build()
+            .await
             .expect("valid");
         assert_eq!(sink.topic_for("orders"), "all-dead-letters");
     }

@@ -167,9 +167,7 @@ async fn dead_letter_one(
     kafka.produce(&topic, vec![poison]).await.expect("produce");
     let mut source = kafka.source(&topic, &group).build().await.expect("source");
     let original = support::next_message(&mut source, PATIENCE).await;
-    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
-        .build()
-        .expect("sink");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     sink.write(&DeadLetter::new(original.clone(), error, 5).with_class(ErrorClass::Retryable))
         .await
         .expect("accepted by the broker");
@@ -301,7 +299,9 @@ async fn write_large_letter(
             settings.set(*key, *value)
         });
     let sink = KafkaDeadLetterSink::builder(settings, &group)
+        .consumed_topics([&topic])
         .build()
+        .await
         .expect("sink");
     kafka
         .create_topic_with(&sink.topic_for(&topic), 1, topic_config)
@@ -364,9 +364,7 @@ async fn a_missing_dead_letter_topic_is_created_on_first_use() {
     let mut source = kafka.source(&topic, &group).build().await.expect("source");
     let original = support::next_message(&mut source, PATIENCE).await;
 
-    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
-        .build()
-        .expect("sink");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     for attempts in [1, 2] {
         sink.write(&DeadLetter::new(original.clone(), "bad", attempts))
             .await

@@ -61,6 +61,7 @@ async fn a_dead_letter_write_to_a_silent_broker_fails_within_its_delivery_timeou
         KafkaDeadLetterSink::builder(KafkaSettings::new(server.addr().to_string()), "billing")
             .delivery_timeout(Duration::from_secs(2))
             .build()
+            .await
             .expect("a producer needs no broker to be built");
     let letter = DeadLetter::new(
         Message::new(

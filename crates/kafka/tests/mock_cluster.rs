@@ -556,9 +556,7 @@ async fn a_dead_letter_carries_its_origin_and_is_confirmed_by_the_broker() {
 
     let dlq = format!("{topic}.{group}.dlq");
     kafka.create_topic(&dlq, 1).await.expect("dlq topic");
-    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
-        .build()
-        .expect("sink");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = DeadLetter::new(original, "expected value at line 1", 3);
     sink.write(&letter)
         .await
@@ -620,6 +618,7 @@ async fn a_missing_dead_letter_topic_the_sink_may_not_create_is_a_typed_error() 
     )
     .create_missing_topics(false)
     .build()
+    .await
     .expect("sink");
 
     let error = sink
@@ -632,6 +631,38 @@ async fn a_missing_dead_letter_topic_the_sink_may_not_create_is_a_typed_error() 
         "{cause}"
     );
     assert!(cause.to_string().contains("create"), "{cause}");
+    source.close().await.expect("close");
+}
+
+/// The source's own dead-letter sink knows the topics it reads: a template
+/// that sends one's dead letters to one of them is refused when the sink is
+/// built, not at its first write (which checked only the message's own
+/// topic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_dead_letter_sink_refuses_a_topic_it_consumes_when_built() {
+    let kafka = KafkaBackend::mock();
+    let orders = kafka.create_source(1).await.expect("topic");
+    let payments = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    let mut source = KafkaSource::builder(kafka.settings())
+        .group(&group)
+        .topics([&orders, &payments])
+        .build()
+        .await
+        .expect("source");
+    for template in [orders.as_str(), payments.as_str(), "{topic}"] {
+        let built = source
+            .dead_letter_sink()
+            .topic_template(template)
+            .build()
+            .await;
+        assert!(
+            matches!(built, Err(Error::Config { ref setting, .. }) if setting == "topic_template"),
+            "{template}: {built:?}"
+        );
+    }
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    assert_eq!(sink.topic_for(&orders), format!("{orders}.{group}.dlq"));
     source.close().await.expect("close");
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use intake_core::testkit::Backend;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::{DeadLetter, DeadLetterSink};
-use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+use intake_kafka::{Error, KafkaSettings, KafkaSource};
 use support::consumer::TestConsumer;
 use support::{KafkaBackend, unique};
 
@@ -86,14 +86,17 @@ async fn consume_and_dead_letter(kafka: &KafkaBackend, settings: KafkaSettings) 
         .build()
         .await
         .expect("a source over the secured listener");
+    // The source's own sink: its TLS and SASL settings are the source's.
+    let dead_letters = source.dead_letter_sink();
     let ledger = Ledger::default();
     let consumer = TestConsumer::recording(source, &ledger);
     ledger.wait_for_all(50, "every message over TLS").await;
     consumer.stop().await;
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 
-    let sink = KafkaDeadLetterSink::builder(settings, &group)
+    let sink = dead_letters
         .build()
+        .await
         .expect("a sink over the secured listener");
     let original = intake_core::Message::new(
         "poison",

@@ -18,8 +18,13 @@ use super::convert::Converter;
 use super::poller::{Poller, guard_polling};
 use super::reconnect::ReconnectBackoff;
 use super::watchdog::{OffsetReset, Watchdog};
+use crate::dead_letter::KafkaDeadLetterSink;
 use crate::error::Error;
 use crate::settings::KafkaSettings;
+
+/// The group name a broadcast consumer's own group starts with when it was
+/// given none.
+const BROADCAST_GROUP: &str = "intake";
 
 /// librdkafka's default `max.poll.interval.ms`.
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
@@ -193,7 +198,7 @@ impl KafkaSourceBuilder {
         let group_id = match (&self.group, self.broadcast) {
             (group, true) => format!(
                 "{}.broadcast.{}",
-                group.as_deref().unwrap_or("intake"),
+                group.as_deref().unwrap_or(BROADCAST_GROUP),
                 unique_suffix()
             ),
             (Some(group), false) if !group.is_empty() => group.clone(),
@@ -313,6 +318,11 @@ impl KafkaSourceBuilder {
             shared,
             consumer: handle,
             min_commit_interval: self.min_commit_interval,
+            dead_letters: KafkaDeadLetterSink::builder(
+                self.client_settings()?,
+                self.group.as_deref().unwrap_or(BROADCAST_GROUP),
+            )
+            .consumed_topics(self.topics),
             group_id,
             stopped: Some(stopped),
         })

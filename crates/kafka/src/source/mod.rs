@@ -29,12 +29,14 @@ pub use builder::KafkaSourceBuilder;
 use self::context::{FINAL_COMMIT_MARGIN, KafkaContext, RevokeWait, Shared};
 use self::handoff::Taken;
 use crate::acker::KafkaAcker;
+use crate::dead_letter::KafkaDeadLetterSinkBuilder;
 use crate::settings::KafkaSettings;
 
 /// A Kafka consumer as an intake [`Source`].
 ///
 /// Build one with [`KafkaSource::builder`]; take its acker with
-/// [`KafkaSource::acker`]. Partition = topic-partition, position =
+/// [`KafkaSource::acker`] and its dead-letter sink with
+/// [`KafkaSource::dead_letter_sink`]. Partition = topic-partition, position =
 /// [`Position::Offset`](intake_core::Position::Offset).
 ///
 /// Dropping the source without [`close`](Source::close) leaves the group
@@ -46,6 +48,8 @@ pub struct KafkaSource {
     /// reach it while it lives.
     consumer: Weak<BaseConsumer<KafkaContext>>,
     min_commit_interval: Duration,
+    /// The dead-letter sink of this source's brokers, group and topics.
+    dead_letters: KafkaDeadLetterSinkBuilder,
     group_id: String,
     /// Resolves when the polling thread has left the group.
     stopped: Option<oneshot::Receiver<()>>,
@@ -73,6 +77,18 @@ impl KafkaSource {
             self.shared.clone(),
             self.min_commit_interval,
         )
+    }
+
+    /// A builder for the dead-letter sink of this source: its brokers and
+    /// settings (TLS, SASL, the reconnect policy; none of the consumer's
+    /// own), its group and its topics, so that dead letters go to
+    /// `<topic>.<group>.dlq` and [`build`](KafkaDeadLetterSinkBuilder::build)
+    /// refuses a topic template that names a topic this source reads. In
+    /// broadcast mode the group is the one given to
+    /// [`group`](KafkaSourceBuilder::group) (or `intake`), without the
+    /// instance's suffix: the instances share their dead-letter topics.
+    pub fn dead_letter_sink(&self) -> KafkaDeadLetterSinkBuilder {
+        self.dead_letters.clone()
     }
 
     /// The consumer group id (generated in broadcast mode).

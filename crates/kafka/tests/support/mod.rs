@@ -480,10 +480,14 @@ impl Backend for KafkaBackend {
 
     async fn dead_letter_sink(
         &self,
-        _source: &str,
+        source: &str,
         group: &str,
     ) -> Result<KafkaDeadLetterSink, BoxError> {
-        Ok(KafkaDeadLetterSink::builder(self.settings(), group).build()?)
+        // What `KafkaSource::dead_letter_sink` fills in, without a source.
+        Ok(KafkaDeadLetterSink::builder(self.settings(), group)
+            .consumed_topics([source])
+            .build()
+            .await?)
     }
 
     async fn dead_letters(&self, source: &str, group: &str) -> Result<Vec<DeadLetter>, BoxError> {
