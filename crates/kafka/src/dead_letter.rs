@@ -140,7 +140,7 @@ impl KafkaDeadLetterSink {
                 .map_err(|source| Error::DeadLetterTopicLookup {
                     topic: topic.to_owned(),
                     brokers: self.brokers.to_string(),
-                    source,
+                    source: Box::new(source),
                 })?
         };
         if !exists {
@@ -153,7 +153,7 @@ impl KafkaDeadLetterSink {
             let failed = |source: KafkaError| Error::DeadLetterTopicNotCreated {
                 topic: topic.to_owned(),
                 brokers: self.brokers.to_string(),
-                source,
+                source: Box::new(source),
             };
             let admin = check.admin().map_err(failed)?;
             let options = AdminOptions::new().operation_timeout(Some(check.timeout));
@@ -395,7 +395,7 @@ impl DeadLetterSink for KafkaDeadLetterSink {
                 Err(Error::DeadLetterTooLarge {
                     topic,
                     brokers: self.brokers.to_string(),
-                    source,
+                    source: Box::new(source),
                 }
                 .into())
             }
@@ -404,7 +404,7 @@ impl DeadLetterSink for KafkaDeadLetterSink {
                 Err(Error::DeadLetterWrite {
                     topic,
                     brokers: self.brokers.to_string(),
-                    source,
+                    source: Box::new(source),
                 }
                 .into())
             }

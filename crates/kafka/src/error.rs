@@ -11,7 +11,8 @@ use crate::settings::is_secret;
 /// Everything this crate reports: a client that could not be built or
 /// connected, and a dead letter that could not be written. Each variant
 /// says what to fix; the client's own error, where there is one, is its
-/// [`source`](std::error::Error::source), never part of its `Display`.
+/// [`source`](std::error::Error::source), never part of its `Display`
+/// (boxed: librdkafka's error is large, and this one is returned often).
 ///
 /// The brokers a variant names (see [`endpoint`](Error::endpoint)) are
 /// `bootstrap.servers` with any credentials hidden; no variant shows the
@@ -38,7 +39,7 @@ pub enum Error {
         /// How long the client waited.
         waited: Duration,
         /// librdkafka's last error.
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
     /// A topic to consume does not exist.
     #[error(
@@ -83,7 +84,7 @@ pub enum Error {
         /// The configured brokers.
         brokers: String,
         /// The client's error.
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
     /// The dead-letter topic does not exist and the sink may not create it.
     #[error(
@@ -105,7 +106,7 @@ pub enum Error {
         /// The configured brokers.
         brokers: String,
         /// The broker's or client's answer.
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
     /// The brokers did not say whether the dead-letter topic exists.
     #[error("cannot look up dead-letter topic `{topic}` on {brokers}")]
@@ -115,7 +116,7 @@ pub enum Error {
         /// The configured brokers.
         brokers: String,
         /// The client's error.
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
     /// A dead letter would go to the topic its message came from, and be
     /// consumed again, in a loop.
@@ -137,7 +138,7 @@ pub enum Error {
         /// The configured brokers.
         brokers: String,
         /// The client's error.
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
     /// The broker did not confirm a dead letter within the delivery timeout,
     /// or refused it.
@@ -148,7 +149,7 @@ pub enum Error {
         /// The configured brokers.
         brokers: String,
         /// The producer's error.
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
 }
 
@@ -231,7 +232,7 @@ impl Error {
                 Error::Unreachable {
                     brokers: brokers.into(),
                     waited,
-                    source: error,
+                    source: Box::new(error),
                 }
             }
             KafkaError::MetadataFetch(code) | KafkaError::Global(code)
@@ -247,13 +248,13 @@ impl Error {
                     Some(failure) => failure.into_error(brokers, Box::new(error)),
                     None => Error::Client {
                         brokers: brokers.into(),
-                        source: error,
+                        source: Box::new(error),
                     },
                 }
             }
             other => Error::Client {
                 brokers: brokers.into(),
-                source: other,
+                source: Box::new(other),
             },
         }
     }
@@ -469,12 +470,16 @@ mod tests {
             Error::DeadLetterTopicLookup {
                 topic: topic(),
                 brokers: brokers(),
-                source: KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut),
+                source: Box::new(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::OperationTimedOut,
+                )),
             },
             Error::DeadLetterWrite {
                 topic: topic(),
                 brokers: brokers(),
-                source: KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
+                source: Box::new(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::MessageTimedOut,
+                )),
             },
         ];
         for error in transient {
@@ -485,12 +490,16 @@ mod tests {
             Error::DeadLetterTopicNotCreated {
                 topic: topic(),
                 brokers: brokers(),
-                source: KafkaError::AdminOp(RDKafkaErrorCode::TopicAuthorizationFailed),
+                source: Box::new(KafkaError::AdminOp(
+                    RDKafkaErrorCode::TopicAuthorizationFailed,
+                )),
             },
             Error::DeadLetterTopicNotCreated {
                 topic: topic(),
                 brokers: brokers(),
-                source: KafkaError::AdminOp(RDKafkaErrorCode::InvalidReplicationFactor),
+                source: Box::new(KafkaError::AdminOp(
+                    RDKafkaErrorCode::InvalidReplicationFactor,
+                )),
             },
             Error::DeadLetterTopicIsSource { topic: topic() },
         ];
@@ -505,13 +514,17 @@ mod tests {
         let too_large = DeadLetterError::from(Error::DeadLetterTooLarge {
             topic: "orders.billing.dlq".into(),
             brokers: "b:9092".into(),
-            source: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+            source: Box::new(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageSizeTooLarge,
+            )),
         });
         assert!(too_large.is_rejected());
         let timed_out = DeadLetterError::from(Error::DeadLetterWrite {
             topic: "orders.billing.dlq".into(),
             brokers: "b:9092".into(),
-            source: KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
+            source: Box::new(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut,
+            )),
         });
         assert!(!timed_out.is_rejected());
         assert!(chain(&timed_out).contains("orders.billing.dlq"));
