@@ -6,14 +6,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use intake_core::BackoffPolicy;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use tokio::sync::oneshot;
 
 // The builder and the source name each other (`KafkaSource::builder`,
 // `KafkaSourceBuilder::build`): the one loop between files of this crate,
 // the shape every intake adapter has.
 use super::KafkaSource;
-use super::context::{KafkaContext, Shared};
+use super::context::{KafkaContext, Shared, topic_missing};
 use super::convert::Converter;
 use super::poller::{Poller, guard_polling};
 use super::reconnect::ReconnectBackoff;
@@ -360,19 +360,7 @@ fn check_topics(
         let metadata = consumer
             .fetch_metadata(Some(topic), remaining)
             .map_err(|error| explain_failure(consumer, error, brokers, started.elapsed()))?;
-        let found = metadata.topics().iter().find(|found| found.name() == topic);
-        let missing = match found {
-            None => true,
-            Some(found) => {
-                found.error().is_some_and(|code| {
-                    matches!(
-                        RDKafkaErrorCode::from(code),
-                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
-                    )
-                }) || found.partitions().is_empty()
-            }
-        };
-        if missing {
+        if topic_missing(&metadata, topic) {
             return Err(Error::UnknownTopic {
                 topic: topic.clone(),
                 brokers: brokers.into(),

@@ -3,12 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use intake_core::source::RevocationError;
 use intake_core::{PartitionKey, Position, Revocation, SourceError, SourceEvent};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::metadata::Metadata;
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use super::handoff::{Control, Handoff};
@@ -32,6 +33,26 @@ pub(crate) const DEFAULT_REVOKE_WAIT: Duration = Duration::from_secs(60);
 /// broker round trip. The rebalance callback keeps the same time after its
 /// wait for its own final commit, before `max.poll.interval.ms`.
 pub(crate) const FINAL_COMMIT_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long a revocation asks the brokers whether the revoked partitions'
+/// topics still exist, out of its wait for the runtime. When they do not
+/// answer in time, the partitions are committed as usual.
+const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether `metadata` (fetched for `topic`) says the topic does not exist.
+pub(crate) fn topic_missing(metadata: &Metadata, topic: &str) -> bool {
+    match metadata.topics().iter().find(|found| found.name() == topic) {
+        None => true,
+        Some(found) => {
+            found.error().is_some_and(|code| {
+                matches!(
+                    RDKafkaErrorCode::from(code),
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                )
+            }) || found.partitions().is_empty()
+        }
+    }
+}
 
 /// How long the rebalance callback waits for the runtime to complete a
 /// revocation.
@@ -221,6 +242,10 @@ impl KafkaContext {
             }
             return;
         }
+        let started = Instant::now();
+        if self.shared.commits {
+            self.forget_deleted_topics(consumer, &partitions);
+        }
         if self.shared.is_closing() {
             // The runtime made its final commit before closing (or is gone);
             // only an attempt the broker did not confirm is left to send.
@@ -236,7 +261,7 @@ impl KafkaContext {
         // with a synchronous batch before it completes the revocation; what
         // that batch got confirmed is not committed again below.
         let watermarks: Vec<(PartitionKey, Position)> = match handle
-            .wait_blocking(self.shared.revoke_wait())
+            .wait_blocking(self.shared.revoke_wait().saturating_sub(started.elapsed()))
         {
             Ok(outcome) => outcome
                 .partitions
@@ -254,6 +279,42 @@ impl KafkaContext {
             Err(RevocationError::Abandoned) => Vec::new(),
         };
         self.commit_and_release(consumer, &partitions, &watermarks);
+    }
+
+    /// Asks the brokers whether the topics of `partitions` still exist, and
+    /// has the partitions of those that do not [never committed
+    /// again](Ownership::forget_deleted): not by the runtime's revocation
+    /// batch, not by the final commit below. Called before the runtime
+    /// hears of the revocation, so before a topic deleted and created again
+    /// can be mistaken for the old one by anything this consumer commits.
+    fn forget_deleted_topics(&self, consumer: &BaseConsumer<Self>, partitions: &[PartitionKey]) {
+        let mut topics: Vec<&str> = partitions.iter().map(|key| &*key.source).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        let deadline = Instant::now() + TOPIC_CHECK_TIMEOUT;
+        for topic in topics {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match consumer.fetch_metadata(Some(topic), remaining) {
+                Ok(metadata) if topic_missing(&metadata, topic) => {
+                    tracing::warn!(
+                        topic,
+                        "a revoked kafka topic was deleted; its offsets are not committed (they went with it, and could land on a topic created again under its name)"
+                    );
+                    let deleted: Vec<PartitionKey> = partitions
+                        .iter()
+                        .filter(|key| &*key.source == topic)
+                        .cloned()
+                        .collect();
+                    self.shared.ownership.forget_deleted(&deleted);
+                }
+                Ok(_) => {}
+                Err(error) => tracing::debug!(
+                    %error,
+                    topic,
+                    "could not ask whether a revoked kafka topic still exists; committing it as usual"
+                ),
+            }
+        }
     }
 
     /// Commits what the broker has not confirmed for `partitions` (nothing
