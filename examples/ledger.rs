@@ -66,9 +66,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use intake::backend::{Acker, Source};
 use intake::postgres::MessageId;
 use intake::retry::RetryLayer;
-use intake::{Acker, Consumer, ConsumerBuilder, Exponential, Ordering, RunReport, Source};
+use intake::{Consumer, ConsumerBuilder, DeliveryOrder, Exponential, RunReport};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
@@ -183,7 +184,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     let consumer = Consumer::builder()
         .max_in_flight(args.max_in_flight)
         // Ids have no order to keep; commits stay ordered regardless.
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .shutdown_deadline(Duration::from_secs(10));
 
     let run_args = RunArgs {
@@ -205,7 +206,8 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
             run(consumer, source, acker, handler, run_args).await
         }
         Broker::Redis { url } => {
-            let (source, acker) = redis::source(url, &args.source, &args.group).await?;
+            let source = redis::source(url, &args.source, &args.group).await?;
+            let acker = source.acker();
             let pending = redis::PendingProbe::connect(url, &args.source, &args.group).await?;
             let run_args = RunArgs {
                 backlog: Some(Backlog::Redis(pending)),

@@ -44,7 +44,7 @@ async fn a_broker_that_never_answers_properly_is_unreachable_within_the_connect_
             matches!(error, Error::Unreachable { .. } | Error::Config { .. }),
             "{misbehaviour:?}: {error:?}"
         );
-        let shown = format!("{} {error:?}", error_chain(&error));
+        let shown = format!("{} {error:?}", intake_core::error::ErrorChain::new(&error));
         assert!(!shown.contains("hunter2"), "{shown}");
         if matches!(error, Error::Unreachable { .. }) {
             assert!(SourceError::from(error).is_transient());
@@ -75,18 +75,6 @@ async fn a_dead_letter_write_to_a_silent_broker_fails_within_its_delivery_timeou
         .await
         .expect("the write ends within its delivery timeout");
     let error = written.expect_err("nothing confirmed the write");
-    let shown = error_chain(&error);
-    assert!(shown.contains("orders.billing.dlq"), "{shown}");
-}
-
-/// `error` and every cause below it (its `source` chain).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut shown = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        shown.push_str(": ");
-        shown.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    shown
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    assert!(chain.contains("orders.billing.dlq"), "{chain}");
 }

@@ -2,7 +2,7 @@
 //! client, on the same stream contents.
 //!
 //! ```text
-//! cargo bench -p intake-redis-streams --bench redis_throughput
+//! cargo bench -p intake-redis-streams --bench throughput
 //! ```
 //!
 //! One stream of `INTAKE_BENCH_ENTRIES` (default 200,000) entries with a
@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use intake_core::{Consumer, HandlerError, Message, Ordering};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
+use intake_redis_streams::RedisStreamsSource;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
@@ -92,9 +92,11 @@ async fn main() -> Result<(), BenchError> {
             let cpu_before = process_cpu();
             let elapsed = match kind {
                 Loop::Raw => raw(&client, &stream, &group, entries).await?,
-                Loop::Intake => intake(&url, &stream, &group, entries, Ordering::Unordered).await?,
+                Loop::Intake => {
+                    intake(&url, &stream, &group, entries, DeliveryOrder::Unordered).await?
+                }
                 Loop::IntakeOrdered => {
-                    intake(&url, &stream, &group, entries, Ordering::Partition).await?
+                    intake(&url, &stream, &group, entries, DeliveryOrder::Partition).await?
                 }
             };
             let cpu = process_cpu().saturating_sub(cpu_before);
@@ -307,15 +309,16 @@ async fn intake(
     stream: &str,
     group: &str,
     entries: usize,
-    ordering: Ordering,
+    ordering: DeliveryOrder,
 ) -> Result<Duration, BenchError> {
-    let (source, acker) = RedisStreamsConfig::new(url)
+    let source = RedisStreamsSource::builder(url)
         .stream(stream)
         .group(group)
         .consumer("intake")
         .block(Duration::from_millis(100))
-        .connect()
+        .build()
         .await?;
+    let acker = source.acker();
     let handled = Arc::new(AtomicUsize::new(0));
     let shutdown = CancellationToken::new();
     let handler = {
