@@ -25,7 +25,7 @@ use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicRe
 use intake::kafka::rdkafka::client::DefaultClientContext;
 use intake::kafka::rdkafka::error::RDKafkaErrorCode;
 use intake::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-use intake::kafka::{KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+use intake::kafka::{KafkaSettings, KafkaSource};
 use intake::retry::RetryLayer;
 use intake::{
     CatchPanicLayer, Consumer, DeliveryOrder, Exponential, HandlerError, Json, Meta, handler_fn,
@@ -68,7 +68,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .build()
     .await?;
     let acker = source.acker();
-    let dead_letters = KafkaDeadLetterSink::builder(settings, GROUP).build()?;
+    // Dead letters go to `intake-example.orders.billing.dlq`, on the source's
+    // brokers with its settings.
+    let dead_letters = source.dead_letter_sink().build().await?;
 
     let processed = Arc::new(AtomicU64::new(0));
     let retried = Arc::new(AtomicU64::new(0));

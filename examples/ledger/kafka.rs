@@ -144,7 +144,6 @@ pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSo
     let mut builder = KafkaSource::builder(settings)
         .group(group)
         .topic(topic)
-        .revoke_timeout(Duration::from_secs(20))
         .connect_timeout(Duration::from_secs(15))
         .close_timeout(Duration::from_secs(5));
     if let Ok(millis) = std::env::var(MIN_COMMIT_ENV) {

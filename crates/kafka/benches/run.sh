@@ -3,7 +3,7 @@
 # Kafka broker of the bench's own on 127.0.0.1:19092 (the test broker of
 # .ci/services/kafka.sh, in a temporary directory, so that no test topic or
 # group of the shared broker on 9092 competes with it), runs the
-# broker_throughput bench (release build) against it, and stops the broker.
+# throughput bench (release build) against it, and stops the broker.
 #
 #   crates/kafka/benches/run.sh
 #   BENCH_MESSAGES=1000000 BENCH_ROUNDS=3 crates/kafka/benches/run.sh
@@ -36,4 +36,4 @@ broker start
 KAFKA_BROKERS="127.0.0.1:$PORT" \
     BENCH_MESSAGES="${BENCH_MESSAGES:-1000000}" \
     BENCH_ROUNDS="${BENCH_ROUNDS:-3}" \
-    cargo bench -p intake-kafka --bench broker_throughput
+    cargo bench -p intake-kafka --bench throughput

@@ -13,7 +13,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
-use crate::error::ConnectError;
+use crate::error::Error;
 use crate::settings::KafkaSettings;
 
 /// The default dead-letter topic: one per source topic and group, so groups
@@ -43,9 +43,10 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 /// topic exists and, unless [told not to](KafkaDeadLetterSinkBuilder::create_missing_topics),
 /// creates it (one partition, the broker's default replication factor;
 /// both [configurable](KafkaDeadLetterSinkBuilder::new_topic)). A topic that
-/// is missing and cannot be created fails the write with a
-/// [`DeadLetterTopicError`] that says what to do, and the original message
-/// stays unacknowledged.
+/// is missing and cannot be created fails the write with an [`Error`] that
+/// says what to do ([`DeadLetterTopicMissing`](Error::DeadLetterTopicMissing),
+/// [`DeadLetterTopicNotCreated`](Error::DeadLetterTopicNotCreated)), and the
+/// original message stays unacknowledged.
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     producer: FutureProducer,
@@ -55,46 +56,6 @@ pub struct KafkaDeadLetterSink {
     template: Arc<str>,
     queue_timeout: Duration,
     brokers: Arc<str>,
-}
-
-/// Why a dead letter could not be written to its topic. The sink's
-/// [`DeadLetterError`] carries it as its source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DeadLetterTopicError {
-    /// The topic does not exist and the sink may not create it.
-    #[error(
-        "dead-letter topic `{topic}` does not exist on {brokers}; create it, or let the sink create it (`create_missing_topics(true)`)"
-    )]
-    Missing {
-        /// The dead-letter topic.
-        topic: String,
-        /// The configured brokers.
-        brokers: String,
-    },
-    /// The topic does not exist and creating it failed.
-    #[error(
-        "dead-letter topic `{topic}` does not exist on {brokers} and creating it failed ({reason}); create it by hand or allow this client to create topics"
-    )]
-    CreateFailed {
-        /// The dead-letter topic.
-        topic: String,
-        /// The configured brokers.
-        brokers: String,
-        /// The broker's or client's answer.
-        reason: String,
-    },
-    /// The brokers did not say whether the topic exists.
-    #[error("cannot look up dead-letter topic `{topic}` on {brokers}: {source}")]
-    Lookup {
-        /// The dead-letter topic.
-        topic: String,
-        /// The configured brokers.
-        brokers: String,
-        /// The client's error.
-        #[source]
-        source: KafkaError,
-    },
 }
 
 /// How the sink makes sure a dead-letter topic exists before writing to it.
@@ -120,11 +81,16 @@ impl std::fmt::Debug for KafkaDeadLetterSink {
     }
 }
 
-/// Builds a [`KafkaDeadLetterSink`].
+/// Builds a [`KafkaDeadLetterSink`]: from its source with
+/// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink)
+/// (brokers, TLS and SASL settings, group and consumed topics filled in), or
+/// on its own with [`KafkaDeadLetterSink::builder`].
 #[derive(Debug, Clone)]
 pub struct KafkaDeadLetterSinkBuilder {
     settings: KafkaSettings,
     group: String,
+    /// Topics the consumer reads, which no dead letter may go to.
+    consumed: Vec<String>,
     template: String,
     delivery_timeout: Duration,
     create_missing: bool,
@@ -134,6 +100,8 @@ pub struct KafkaDeadLetterSinkBuilder {
 
 impl KafkaDeadLetterSink {
     /// A sink on the brokers of `settings` for the consumer group `group`.
+    /// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink)
+    /// starts one from a source, with its settings, group and topics.
     pub fn builder(
         settings: KafkaSettings,
         group: impl Into<String>,
@@ -141,6 +109,7 @@ impl KafkaDeadLetterSink {
         KafkaDeadLetterSinkBuilder {
             settings,
             group: group.into(),
+            consumed: Vec::new(),
             template: DEFAULT_TOPIC_TEMPLATE.into(),
             delivery_timeout: Duration::from_secs(30),
             create_missing: true,
@@ -151,13 +120,11 @@ impl KafkaDeadLetterSink {
 
     /// The dead-letter topic for messages of `topic`.
     pub fn topic_for(&self, topic: &str) -> String {
-        self.template
-            .replace("{topic}", topic)
-            .replace("{group}", &self.group)
+        resolve(&self.template, topic, &self.group)
     }
 
     /// Makes sure `topic` exists (creating it if allowed), once per topic.
-    async fn ensure_topic(&self, topic: &str) -> Result<(), DeadLetterTopicError> {
+    async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         let check = &self.topics;
         if check.is_known(topic) {
             return Ok(());
@@ -170,25 +137,25 @@ impl KafkaDeadLetterSink {
                 .await
                 // The lookup task did not finish: the runtime is shutting down.
                 .unwrap_or(Err(KafkaError::Canceled))
-                .map_err(|source| DeadLetterTopicError::Lookup {
+                .map_err(|source| Error::DeadLetterTopicLookup {
                     topic: topic.to_owned(),
                     brokers: self.brokers.to_string(),
-                    source,
+                    source: Box::new(source),
                 })?
         };
         if !exists {
             let Some((partitions, replication)) = check.create else {
-                return Err(DeadLetterTopicError::Missing {
+                return Err(Error::DeadLetterTopicMissing {
                     topic: topic.to_owned(),
                     brokers: self.brokers.to_string(),
                 });
             };
-            let failed = |reason: String| DeadLetterTopicError::CreateFailed {
+            let failed = |source: KafkaError| Error::DeadLetterTopicNotCreated {
                 topic: topic.to_owned(),
                 brokers: self.brokers.to_string(),
-                reason,
+                source: Box::new(source),
             };
-            let admin = check.admin().map_err(|error| failed(error.to_string()))?;
+            let admin = check.admin().map_err(failed)?;
             let options = AdminOptions::new().operation_timeout(Some(check.timeout));
             let results = admin
                 .create_topics(
@@ -200,11 +167,11 @@ impl KafkaDeadLetterSink {
                     &options,
                 )
                 .await
-                .map_err(|error| failed(error.to_string()))?;
+                .map_err(failed)?;
             for result in results {
                 match result {
                     Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((_, code)) => return Err(failed(code.to_string())),
+                    Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
                 }
             }
             tracing::info!(dead_letter_topic = %topic, partitions, replication, "created the dead-letter topic");
@@ -244,6 +211,12 @@ impl TopicCheck {
     }
 }
 
+/// The dead-letter topic `template` names for messages of `topic` in
+/// `group`.
+fn resolve(template: &str, topic: &str, group: &str) -> String {
+    template.replace("{topic}", topic).replace("{group}", group)
+}
+
 /// Whether the brokers know `topic`. Blocks for a metadata round trip.
 fn topic_exists(
     producer: &FutureProducer,
@@ -266,6 +239,19 @@ impl KafkaDeadLetterSinkBuilder {
         self
     }
 
+    /// Adds topics the consumer reads: [`build`](Self::build) refuses a
+    /// [template](Self::topic_template) that sends the dead letters of one
+    /// of them to one of them (they would be consumed again, in a loop).
+    /// Filled in by
+    /// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink).
+    pub fn consumed_topics<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        topics: I,
+    ) -> Self {
+        self.consumed.extend(topics.into_iter().map(Into::into));
+        self
+    }
+
     /// How long a write may wait for the broker's acknowledgement, queueing
     /// and retries included (default 30 s; librdkafka's
     /// `message.timeout.ms`, unless the settings set it).
@@ -276,7 +262,7 @@ impl KafkaDeadLetterSinkBuilder {
 
     /// Whether a missing dead-letter topic is created on first use (default
     /// true). When false, a write to a missing topic fails with
-    /// [`DeadLetterTopicError::Missing`].
+    /// [`Error::DeadLetterTopicMissing`].
     pub fn create_missing_topics(mut self, create: bool) -> Self {
         self.create_missing = create;
         self
@@ -291,35 +277,47 @@ impl KafkaDeadLetterSinkBuilder {
         self
     }
 
-    /// Creates the producer.
+    /// Creates the producer. It connects on its first write.
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] for settings librdkafka refuses, an empty
-    /// topic template, or a new-topic layout that cannot exist.
-    pub fn build(self) -> Result<KafkaDeadLetterSink, ConnectError> {
+    /// [`Error::Config`] for settings librdkafka refuses, an empty topic
+    /// template, a template that names a consumed topic (`{topic}` alone,
+    /// or any template that resolves to one of the
+    /// [consumed topics](Self::consumed_topics)), or a new-topic layout that
+    /// cannot exist.
+    pub async fn build(self) -> Result<KafkaDeadLetterSink, Error> {
         if self.template.trim().is_empty() {
-            return Err(ConnectError::Config {
-                setting: "topic_template".into(),
-                problem: "must not be empty".into(),
-            });
+            return Err(Error::config("topic_template", "must not be empty"));
         }
         if self.template.trim() == "{topic}" {
-            return Err(ConnectError::Config {
-                setting: "topic_template".into(),
-                problem: "`{topic}` alone names the source topic itself: dead letters would be consumed again, in a loop; use a name of their own, such as the default `{topic}.{group}.dlq`".into(),
-            });
+            return Err(Error::config(
+                "topic_template",
+                "`{topic}` alone names the source topic itself: dead letters would be consumed again, in a loop; use a name of their own, such as the default `{topic}.{group}.dlq`",
+            ));
+        }
+        for consumed in &self.consumed {
+            let topic = resolve(&self.template, consumed, &self.group);
+            if self.consumed.contains(&topic) {
+                return Err(Error::config(
+                    "topic_template",
+                    format!(
+                        "`{}` sends the dead letters of `{consumed}` to `{topic}`, a topic this consumer reads: they would be consumed again, in a loop; use a name of their own, such as the default `{DEFAULT_TOPIC_TEMPLATE}`",
+                        self.template
+                    ),
+                ));
+            }
         }
         if self.partitions < 1 || (self.replication < 1 && self.replication != -1) {
-            return Err(ConnectError::Config {
-                setting: "new_topic".into(),
-                problem: format!(
+            return Err(Error::config(
+                "new_topic",
+                format!(
                     "{} partitions with replication factor {}: use at least 1 partition and a replication factor of at least 1 (or -1 for the broker's default)",
                     self.partitions, self.replication
                 ),
-            });
+            ));
         }
-        let brokers: Arc<str> = self.settings.bootstrap_servers().into();
+        let brokers: Arc<str> = self.settings.endpoint().into();
         let mut settings = self.settings;
         if settings.get("message.timeout.ms").is_none() {
             settings = settings.set(
@@ -330,7 +328,7 @@ impl KafkaDeadLetterSinkBuilder {
         let producer: FutureProducer = settings
             .client_config()
             .create()
-            .map_err(|error| ConnectError::from_kafka(error, &brokers, Duration::ZERO))?;
+            .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
         let topics = TopicCheck {
             known: Mutex::new(HashSet::new()),
             create: self
@@ -361,16 +359,9 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         let topic = self.topic_for(metadata.source());
         if topic == **metadata.source() {
             // A template without placeholders that names a consumed topic.
-            return Err(DeadLetterError(
-                format!(
-                    "the dead-letter topic `{topic}` is the topic the message came from: it would be consumed again, in a loop; give the sink a topic of its own (`topic_template`)"
-                )
-                .into(),
-            ));
+            return Err(Error::DeadLetterTopicIsSource { topic }.into());
         }
-        self.ensure_topic(&topic)
-            .await
-            .map_err(|error| DeadLetterError(Box::new(error)))?;
+        self.ensure_topic(&topic).await?;
         let envelope = Envelope::new(letter, &self.carrier);
         let mut headers =
             OwnedHeaders::new_with_capacity(envelope.header_count() + envelope.field_count());
@@ -386,31 +377,36 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         if let Some(key) = envelope.key() {
             record = record.key(key.as_ref());
         }
-        match self
+        let written = self
             .producer
             .send(record, Timeout::After(self.queue_timeout))
-            .await
-        {
+            .await;
+        match written {
             Ok(_delivery) => Ok(()),
             // librdkafka refuses a record over the producer's
             // `message.max.bytes` before sending it, and the broker one over
             // the topic's `max.message.bytes`: the same letter is refused
             // every time, so it is rejected, not retried.
             Err((
-                error @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                source @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
                 _,
             )) => {
-                tracing::warn!(%error, dead_letter_topic = %topic, "the dead letter is larger than the topic takes");
-                Err(DeadLetterError::rejected(format!(
-                    "the dead letter is larger than `{topic}` on {} takes (the producer's `message.max.bytes` or the topic's `max.message.bytes`): {error}",
-                    self.brokers
-                )))
+                tracing::warn!(error = %source, dead_letter_topic = %topic, "the dead letter is larger than the topic takes");
+                Err(Error::DeadLetterTooLarge {
+                    topic,
+                    brokers: self.brokers.to_string(),
+                    source: Box::new(source),
+                }
+                .into())
             }
-            Err((error, _unsent)) => {
-                tracing::warn!(%error, dead_letter_topic = %topic, "dead-letter write failed; the original stays unacknowledged");
-                Err(DeadLetterError(
-                    format!("producing to `{topic}` on {} failed: {error}", self.brokers).into(),
-                ))
+            Err((source, _unsent)) => {
+                tracing::warn!(error = %source, dead_letter_topic = %topic, "dead-letter write failed; the original stays unacknowledged");
+                Err(Error::DeadLetterWrite {
+                    topic,
+                    brokers: self.brokers.to_string(),
+                    source: Box::new(source),
+                }
+                .into())
             }
         }
     }
@@ -420,23 +416,51 @@ impl DeadLetterSink for KafkaDeadLetterSink {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_default_topic_is_per_source_and_group() {
+    #[tokio::test]
+    async fn the_default_topic_is_per_source_and_group() {
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .build()
+            .await
             .expect("a producer needs no broker to be built");
         assert_eq!(sink.topic_for("orders"), "orders.billing.dlq");
     }
 
-    #[test]
-    fn a_template_naming_the_source_topic_is_refused_at_build_time() {
+    #[tokio::test]
+    async fn a_template_naming_the_source_topic_is_refused_at_build_time() {
         let built = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .topic_template(" {topic} ")
-            .build();
+            .build()
+            .await;
         assert!(matches!(
             built,
-            Err(ConnectError::Config { ref setting, .. }) if setting == "topic_template"
+            Err(Error::Config { ref setting, .. }) if setting == "topic_template"
         ));
+    }
+
+    /// A template that resolves to a consumed topic, for one of them, is
+    /// refused when the sink is built (it was found only by the first write
+    /// before, and only for the topic the message came from).
+    #[tokio::test]
+    async fn a_template_that_resolves_to_a_consumed_topic_is_refused_at_build_time() {
+        let sink = || {
+            KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+                .consumed_topics(["orders", "payments", "orders.billing.dlq.billing.dlq"])
+        };
+        for template in ["payments", "{topic}.{group}.dlq.{group}.dlq", "{group}s"] {
+            let built = sink()
+                .consumed_topics(["billings"])
+                .topic_template(template)
+                .build()
+                .await;
+            assert!(
+                matches!(built, Err(Error::Config { ref setting, .. }) if setting == "topic_template"),
+                "{template}: {built:?}"
+            );
+        }
+        sink()
+            .build()
+            .await
+            .expect("the default template names no consumed topic");
     }
 
     #[tokio::test]
@@ -444,6 +468,7 @@ mod tests {
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .topic_template("orders")
             .build()
+            .await
             .expect("valid");
         let message = intake_core::Message::new(
             "poison",
@@ -453,14 +478,21 @@ mod tests {
             .write(&DeadLetter::new(message, "bad", 1))
             .await
             .expect_err("refused without a broker round trip");
-        assert!(refused.to_string().contains("in a loop"), "{refused}");
+        assert!(
+            matches!(
+                refused.0.downcast_ref::<Error>(),
+                Some(Error::DeadLetterTopicIsSource { topic }) if topic == "orders"
+            ),
+            "{refused:?}"
+        );
     }
 
-    #[test]
-    fn a_template_without_placeholders_is_one_topic() {
+    #[tokio::test]
+    async fn a_template_without_placeholders_is_one_topic() {
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .topic_template("all-dead-letters")
             .build()
+            .await
             .expect("valid");
         assert_eq!(sink.topic_for("orders"), "all-dead-letters");
     }

@@ -1,5 +1,13 @@
 //! Kafka for intake, on rdkafka: a [`KafkaSource`], its [`KafkaAcker`] and
-//! a [`KafkaDeadLetterSink`].
+//! a [`KafkaDeadLetterSink`]; [`Error`] is everything that can go wrong.
+//!
+//! | shape | Kafka |
+//! |---|---|
+//! | entry point | [`KafkaSource::builder`]`(KafkaSettings)`, then `.build().await` |
+//! | acker | [`KafkaSource::acker`] |
+//! | dead-letter sink | [`KafkaSource::dead_letter_sink`], then `.build().await` |
+//! | reconnect | [`KafkaSourceBuilder::reconnect_backoff`] (librdkafka's `reconnect.backoff.*`) |
+//! | budget | the consumer's `max_in_flight`, `max_in_flight_bytes`, `revoke_timeout` |
 //!
 //! | intake | Kafka |
 //! |---|---|
@@ -9,7 +17,7 @@
 //! | retry | in process (Kafka cannot take one message back) |
 //! | dead letter | produce to `<topic>.<group>.dlq` (created if missing) with origin headers |
 //! | backpressure | pause the assigned partitions, keep polling |
-//! | revoke | the rebalance callback waits (bounded) for the runtime to drain and commit |
+//! | revoke | the rebalance callback waits for the runtime to drain and commit: the consumer's `revoke_timeout` + 5 s, ending 5 s before `max.poll.interval.ms` |
 //! | broadcast | a group of its own per instance, from the end |
 //!
 //! All librdkafka settings pass through [`KafkaSettings`], so TLS and SASL are
@@ -18,7 +26,7 @@
 //! ```no_run
 //! use intake_core::dead_letter::DeadLetterLayer;
 //! use intake_core::{Consumer, HandlerError, Json, Meta, Ordering, handler_fn};
-//! use intake_kafka::{KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+//! use intake_kafka::{KafkaSettings, KafkaSource};
 //! use tokio_util::sync::CancellationToken;
 //! use tower::Layer;
 //!
@@ -28,16 +36,16 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let settings = KafkaSettings::new("127.0.0.1:9092");
-//! let source = KafkaSource::builder(
-//!     settings.clone().set("partition.assignment.strategy", "cooperative-sticky"),
-//! )
-//! .group("billing")
-//! .topic("orders")
-//! .build()
-//! .await?;
+//! let settings = KafkaSettings::new("127.0.0.1:9092")
+//!     .set("partition.assignment.strategy", "cooperative-sticky");
+//! let source = KafkaSource::builder(settings)
+//!     .group("billing")
+//!     .topic("orders")
+//!     .build()
+//!     .await?;
 //! let acker = source.acker();
-//! let dead_letters = KafkaDeadLetterSink::builder(settings, "billing").build()?;
+//! // The source's brokers, settings, group and topics.
+//! let dead_letters = source.dead_letter_sink().build().await?;
 //!
 //! let handler = handler_fn(|Meta(meta): Meta, Json(order): Json<Order>| async move {
 //!     tracing::info!(offset = %meta.position(), order = order.id, "billed");
@@ -66,8 +74,8 @@ mod settings;
 mod source;
 
 pub use acker::KafkaAcker;
-pub use dead_letter::{DeadLetterTopicError, KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
-pub use error::ConnectError;
+pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
+pub use error::Error;
 pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
 

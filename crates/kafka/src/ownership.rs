@@ -5,17 +5,23 @@
 //! acker commits under the ownership lock, and the revoke callback takes the
 //! same lock to make its final commit and give the partitions up before it
 //! returns to librdkafka. So no commit can slip in after a partition was lost.
+//!
+//! Nor after its topic was deleted: Kafka drops a group's offsets with the
+//! topic, and an offset of the old topic committed later may land on a
+//! topic created again under the same name (librdkafka retries a commit the
+//! broker refused with "unknown topic or partition"), whose consumers would
+//! then skip that many of its first records. A partition whose topic the
+//! broker no longer knows is [forgotten](Ownership::forget_deleted): owned
+//! until librdkafka takes it back, never committed again.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use intake_core::{AckError, PartitionKey, Position};
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::Offset;
-
-use crate::source::context::KafkaContext;
 
 /// What this consumer asked to commit for a partition it owns, and what the
 /// broker confirmed.
@@ -27,6 +33,9 @@ struct Owned {
     requested: Option<i64>,
     /// The newest offset the broker confirmed.
     confirmed: Option<i64>,
+    /// The broker said the partition's topic does not exist any more: its
+    /// offsets went with it, and none is committed again.
+    topic_deleted: bool,
 }
 
 impl Owned {
@@ -62,6 +71,17 @@ impl Ownership {
         }
     }
 
+    /// Marks `partitions` (of a topic the broker no longer knows) as never
+    /// to be committed again; they stay owned until released.
+    pub(crate) fn forget_deleted(&self, partitions: &[PartitionKey]) {
+        let mut owned = self.lock();
+        for key in partitions {
+            if let Some(state) = owned.get_mut(key) {
+                state.topic_deleted = true;
+            }
+        }
+    }
+
     /// Gives `partitions` up without committing: later commits for them are
     /// refused.
     pub(crate) fn release(&self, partitions: &[PartitionKey]) {
@@ -78,16 +98,19 @@ impl Ownership {
 
     /// Commits, synchronously, each `(partition, next offset)` whose
     /// partition this consumer owns. Blocks for a broker round trip: call it
-    /// off the async workers.
+    /// off the async workers. Generic over the consumer's context so that
+    /// this file does not name the source's context, which holds the
+    /// ownership (the two would import each other).
     ///
     /// # Errors
     ///
     /// [`AckError::Broker`] when the broker refused the commit,
     /// [`AckError::NotAssigned`] when the commit of the owned partitions
-    /// succeeded but some partition of the batch is no longer owned.
-    pub(crate) fn commit(
+    /// succeeded but some partition of the batch is no longer owned (or its
+    /// topic was deleted).
+    pub(crate) fn commit<C: ConsumerContext>(
         &self,
-        consumer: &BaseConsumer<KafkaContext>,
+        consumer: &BaseConsumer<C>,
         offsets: &[(PartitionKey, i64)],
     ) -> Result<(), AckError> {
         let mut owned = self.lock();
@@ -95,11 +118,11 @@ impl Ownership {
         let mut not_owned = None;
         for (key, next) in offsets {
             match owned.get_mut(key) {
-                Some(state) => {
+                Some(state) if !state.topic_deleted => {
                     add_offset(&mut list, key, *next)?;
                     state.requested = Some(*next);
                 }
-                None => not_owned = Some(key.clone()),
+                _ => not_owned = Some(key.clone()),
             }
         }
         if list.count() > 0 {
@@ -107,7 +130,9 @@ impl Ownership {
                 .commit(&list, CommitMode::Sync)
                 .map_err(|error| AckError::Broker(Box::new(error)))?;
             for (key, next) in offsets {
-                if let Some(state) = owned.get_mut(key) {
+                if let Some(state) = owned.get_mut(key)
+                    && !state.topic_deleted
+                {
                     state.confirmed = Some(*next);
                 }
             }
@@ -121,21 +146,21 @@ impl Ownership {
     /// The final commit of a revocation (or of a close): commits,
     /// synchronously, for each of `revoked` that this consumer owns, the
     /// newest offset it attempted or that `watermarks` reports done, unless
-    /// the broker already confirmed it; then gives the partitions up.
-    /// Returns how many partitions it committed.
+    /// the broker already confirmed it (or its topic was deleted); then gives
+    /// the partitions up. Returns how many partitions it committed.
     ///
     /// Runs on the polling thread inside the rebalance callback, before
     /// librdkafka unassigns the partitions.
-    pub(crate) fn commit_and_release(
+    pub(crate) fn commit_and_release<C: ConsumerContext>(
         &self,
-        consumer: &BaseConsumer<KafkaContext>,
+        consumer: &BaseConsumer<C>,
         revoked: &[PartitionKey],
         watermarks: &[(PartitionKey, Position)],
     ) -> Result<usize, KafkaError> {
         let mut owned = self.lock();
         let mut list = TopicPartitionList::new();
         for key in revoked {
-            let Some(state) = owned.get(key) else {
+            let Some(state) = owned.get(key).filter(|state| !state.topic_deleted) else {
                 continue;
             };
             let done = watermarks
@@ -187,12 +212,42 @@ fn add_offset(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::ClientConfig;
+
+    #[test]
+    fn a_partition_of_a_deleted_topic_is_never_committed_again() {
+        // Nothing is sent to this address: every commit below is refused
+        // before it reaches a broker.
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create()
+            .expect("a consumer");
+        let ownership = Ownership::default();
+        let orders = PartitionKey::new("orders", 0);
+        ownership.acquire(std::slice::from_ref(&orders));
+        ownership.forget_deleted(std::slice::from_ref(&orders));
+        match ownership.commit(&consumer, &[(orders.clone(), 10)]) {
+            Err(AckError::NotAssigned(partition)) => assert_eq!(partition, orders),
+            other => panic!("expected NotAssigned, got {other:?}"),
+        }
+        let committed = ownership
+            .commit_and_release(
+                &consumer,
+                std::slice::from_ref(&orders),
+                &[(orders.clone(), Position::Offset(9))],
+            )
+            .expect("nothing to commit");
+        assert_eq!(committed, 0);
+        assert!(ownership.lock().is_empty(), "released");
+    }
 
     #[test]
     fn a_confirmed_offset_is_not_committed_again() {
         let owned = Owned {
             requested: Some(10),
             confirmed: Some(10),
+            topic_deleted: false,
         };
         assert_eq!(owned.unconfirmed(None), None);
         assert_eq!(owned.unconfirmed(Some(8)), None);
@@ -203,6 +258,7 @@ mod tests {
         let owned = Owned {
             requested: Some(10),
             confirmed: Some(4),
+            topic_deleted: false,
         };
         assert_eq!(owned.unconfirmed(None), Some(10));
     }
@@ -212,6 +268,7 @@ mod tests {
         let owned = Owned {
             requested: Some(10),
             confirmed: None,
+            topic_deleted: false,
         };
         assert_eq!(owned.unconfirmed(Some(12)), Some(12));
         assert_eq!(owned.unconfirmed(Some(7)), Some(10));

@@ -107,6 +107,12 @@ impl KafkaSettings {
             .unwrap_or("<bootstrap.servers not set>")
     }
 
+    /// The brokers as errors and logs show them: `bootstrap.servers` with
+    /// any credentials hidden ([`redact::url`]).
+    pub(crate) fn endpoint(&self) -> String {
+        redact::url(self.bootstrap_servers())
+    }
+
     /// The underlying rdkafka configuration.
     pub fn client_config(&self) -> &ClientConfig {
         &self.config
@@ -208,8 +214,7 @@ mod tests {
                 .client_config()
                 .create::<rdkafka::consumer::BaseConsumer>();
             if let Err(error) = created {
-                let error =
-                    crate::ConnectError::from_kafka(error, "127.0.0.1:9", Default::default());
+                let error = crate::Error::from_kafka(error, "127.0.0.1:9", Default::default());
                 let shown = format!("{error} {error:?}");
                 assert!(!shown.contains(&secret), "{key} shows in {shown}");
             }
@@ -219,7 +224,7 @@ mod tests {
     #[test]
     fn a_refused_secret_setting_is_named_in_the_error_without_its_value() {
         for key in LIBRDKAFKA_SENSITIVE {
-            let error = crate::ConnectError::from_kafka(
+            let error = crate::Error::from_kafka(
                 rdkafka::error::KafkaError::ClientConfig(
                     rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_INVALID,
                     "Invalid value".into(),

@@ -16,7 +16,7 @@ use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
     DeadLetter, DeadLetterSink, DeliveryOrder, ErrorClass, Message, Metadata, Position, SourceError,
 };
-use intake_kafka::{ConnectError, KafkaDeadLetterSink};
+use intake_kafka::{Error, KafkaDeadLetterSink};
 use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, ReadRecord, unique};
 
@@ -173,9 +173,7 @@ async fn dead_letter_one(
     kafka.produce(&topic, vec![poison]).await.expect("produce");
     let mut source = kafka.source(&topic, &group).build().await.expect("source");
     let original = support::next_message(&mut source, PATIENCE).await;
-    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
-        .build()
-        .expect("sink");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     sink.write(&DeadLetter::new(original.clone(), error, 5).with_class(ErrorClass::Retryable))
         .await
         .expect("accepted by the broker");
@@ -307,7 +305,9 @@ async fn write_large_letter(
             settings.set(*key, *value)
         });
     let sink = KafkaDeadLetterSink::builder(settings, &group)
+        .consumed_topics([&topic])
         .build()
+        .await
         .expect("sink");
     kafka
         .create_topic_with(&sink.topic_for(&topic), 1, topic_config)
@@ -370,9 +370,7 @@ async fn a_missing_dead_letter_topic_is_created_on_first_use() {
     let mut source = kafka.source(&topic, &group).build().await.expect("source");
     let original = support::next_message(&mut source, PATIENCE).await;
 
-    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
-        .build()
-        .expect("sink");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     for attempts in [1, 2] {
         sink.write(&DeadLetter::new(original.clone(), "bad", attempts))
             .await
@@ -404,7 +402,7 @@ async fn an_unknown_topic_is_a_typed_error_within_the_connect_timeout() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(error @ ConnectError::UnknownTopic { .. }) => {
+        Err(error @ Error::UnknownTopic { .. }) => {
             assert!(matches!(
                 SourceError::from(error),
                 SourceError::NotFound { .. }
@@ -419,6 +417,14 @@ async fn an_unknown_topic_is_a_typed_error_within_the_connect_timeout() {
 /// says it no longer exists, the source reports it missing as a transient
 /// condition and waits, and consumes the new topic from its start once it
 /// exists, instead of stopping the consumer.
+///
+/// The old topic's records finish only after it is deleted, so every commit
+/// of their offset fails and the revocation's final commit has one to send.
+/// librdkafka retries a commit the broker refused with "unknown topic or
+/// partition" (twice, `retry.backoff.ms` apart, here long enough for the
+/// topic to be created again meanwhile): such a commit must not be sent,
+/// or the old offset lands on the new topic and its first records are
+/// skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
     support::init_tracing();
@@ -429,7 +435,11 @@ async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
     };
     // librdkafka waits this long (30 s by default) before it believes a
     // topic is gone.
-    let kafka = kafka.with_settings(&[("topic.metadata.propagation.max.ms", "2000")]);
+    let kafka = kafka.with_settings(&[
+        ("topic.metadata.propagation.max.ms", "2000"),
+        ("retry.backoff.ms", "400"),
+        ("retry.backoff.max.ms", "400"),
+    ]);
     let topic = kafka.create_source(1).await.expect("topic");
     let group = unique("g");
     kafka
@@ -437,9 +447,11 @@ async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
         .await
         .expect("produce");
     let ledger = Ledger::default();
-    let consumer = TestConsumer::recording(
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let consumer = TestConsumer::gated(
         kafka.source(&topic, &group).build().await.expect("source"),
         &ledger,
+        gate,
     );
     ledger.wait_for_all(10, "the first topic's records").await;
     eventually("the partition to be assigned", PATIENCE, || async {
@@ -448,6 +460,7 @@ async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
     .await;
 
     kafka.delete_topic(&topic).await.expect("delete");
+    open.send_replace(true);
     eventually(
         "the group to drop the deleted topic's partition",
         PATIENCE,

@@ -13,11 +13,9 @@ use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
     AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, DeliveryOrder, Headers,
-    PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
+    Limits, PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
-use intake_kafka::{
-    ConnectError, DeadLetterTopicError, KafkaDeadLetterSink, KafkaSettings, KafkaSource,
-};
+use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
 use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, take, unique};
 
@@ -152,10 +150,11 @@ async fn a_full_buffer_pauses_fetching_and_loses_nothing() {
         .expect("produce");
     let mut source = kafka
         .source(&topic, &unique("g"))
-        .buffer(8)
         .build()
         .await
         .expect("source");
+    // A consumer with a budget of 8 (the source is used on its own here).
+    source.set_limits(Limits::new(8, 64 << 20, Duration::from_secs(10)));
     // Take a few, then leave the source alone long enough for its thread to
     // fill the buffer and pause.
     let mut taken = take(&mut source, 3, 64, PATIENCE).await.messages;
@@ -268,7 +267,6 @@ async fn two_consumers_share_partitions_without_loss(strategy: &str) {
         )
         .group(&group)
         .topic(&topic)
-        .revoke_timeout(Duration::from_secs(20))
         .build()
     };
     let ledger = Ledger::default();
@@ -382,8 +380,9 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
             .await
             .expect("produce");
     }
-    // A slow consumer with a small buffer: its fetching is paused most of
-    // the time, so the rebalances below find its partitions paused. The
+    // A slow consumer with a small budget (2, which sizes the source's
+    // hand-over queue): its fetching is paused most of the time, so the
+    // rebalances below find its partitions paused. The
     // watchdog is off: it would hide a partition that never fetches again.
     // Eager: every partition is revoked, paused, and one comes straight back.
     let source = || {
@@ -394,7 +393,6 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
         )
         .group(&group)
         .topic(&topic)
-        .buffer(4)
         .watchdog_interval(Duration::ZERO)
         .build()
     };
@@ -558,9 +556,7 @@ async fn a_dead_letter_carries_its_origin_and_is_confirmed_by_the_broker() {
 
     let dlq = format!("{topic}.{group}.dlq");
     kafka.create_topic(&dlq, 1).await.expect("dlq topic");
-    let sink = KafkaDeadLetterSink::builder(kafka.settings(), &group)
-        .build()
-        .expect("sink");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = DeadLetter::new(original, "expected value at line 1", 3);
     sink.write(&letter)
         .await
@@ -622,21 +618,51 @@ async fn a_missing_dead_letter_topic_the_sink_may_not_create_is_a_typed_error() 
     )
     .create_missing_topics(false)
     .build()
+    .await
     .expect("sink");
 
     let error = sink
         .write(&DeadLetter::new(original, "bad", 1))
         .await
         .expect_err("the topic is missing");
-    let cause = error
-        .0
-        .downcast_ref::<DeadLetterTopicError>()
-        .expect("a dead-letter topic error");
+    let cause = error.0.downcast_ref::<Error>().expect("the crate's error");
     assert!(
-        matches!(cause, DeadLetterTopicError::Missing { topic: missing, .. } if *missing == sink.topic_for(&topic)),
+        matches!(cause, Error::DeadLetterTopicMissing { topic: missing, .. } if *missing == sink.topic_for(&topic)),
         "{cause}"
     );
     assert!(cause.to_string().contains("create"), "{cause}");
+    source.close().await.expect("close");
+}
+
+/// The source's own dead-letter sink knows the topics it reads: a template
+/// that sends one's dead letters to one of them is refused when the sink is
+/// built, not at its first write (which checked only the message's own
+/// topic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_dead_letter_sink_refuses_a_topic_it_consumes_when_built() {
+    let kafka = KafkaBackend::mock();
+    let orders = kafka.create_source(1).await.expect("topic");
+    let payments = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    let mut source = KafkaSource::builder(kafka.settings())
+        .group(&group)
+        .topics([&orders, &payments])
+        .build()
+        .await
+        .expect("source");
+    for template in [orders.as_str(), payments.as_str(), "{topic}"] {
+        let built = source
+            .dead_letter_sink()
+            .topic_template(template)
+            .build()
+            .await;
+        assert!(
+            matches!(built, Err(Error::Config { ref setting, .. }) if setting == "topic_template"),
+            "{template}: {built:?}"
+        );
+    }
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    assert_eq!(sink.topic_for(&orders), format!("{orders}.{group}.dlq"));
     source.close().await.expect("close");
 }
 
@@ -654,7 +680,7 @@ async fn an_unknown_topic_is_a_typed_error() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(ConnectError::UnknownTopic { topic, .. }) => assert_eq!(topic, missing),
+        Err(Error::UnknownTopic { topic, .. }) => assert_eq!(topic, missing),
         other => panic!("expected UnknownTopic, got {other:?}"),
     }
 }
@@ -673,10 +699,7 @@ async fn an_unreachable_broker_is_a_typed_error_within_the_connect_timeout() {
     .await
     .expect("build returns within its connect timeout");
     let error = built.expect_err("nothing listens on port 1");
-    assert!(
-        matches!(error, ConnectError::Unreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
     assert!(error.to_string().contains("bootstrap.servers"));
     assert!(SourceError::from(error).is_transient());
 }
@@ -691,7 +714,7 @@ async fn a_bad_setting_is_a_typed_error_naming_it() {
             .await
             .expect_err("librdkafka refuses the value");
     match error {
-        ConnectError::Config { setting, .. } => assert_eq!(setting, "fetch.wait.max.ms"),
+        Error::Config { setting, .. } => assert_eq!(setting, "fetch.wait.max.ms"),
         other => panic!("expected Config, got {other:?}"),
     }
 }

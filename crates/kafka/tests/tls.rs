@@ -13,7 +13,7 @@ use std::time::Duration;
 use intake_core::testkit::Backend;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::{DeadLetter, DeadLetterSink};
-use intake_kafka::{ConnectError, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
+use intake_kafka::{Error, KafkaSettings, KafkaSource};
 use support::consumer::TestConsumer;
 use support::{KafkaBackend, unique};
 
@@ -86,14 +86,17 @@ async fn consume_and_dead_letter(kafka: &KafkaBackend, settings: KafkaSettings) 
         .build()
         .await
         .expect("a source over the secured listener");
+    // The source's own sink: its TLS and SASL settings are the source's.
+    let dead_letters = source.dead_letter_sink();
     let ledger = Ledger::default();
     let consumer = TestConsumer::recording(source, &ledger);
     ledger.wait_for_all(50, "every message over TLS").await;
     consumer.stop().await;
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
 
-    let sink = KafkaDeadLetterSink::builder(settings, &group)
+    let sink = dead_letters
         .build()
+        .await
         .expect("a sink over the secured listener");
     let original = intake_core::Message::new(
         "poison",
@@ -147,8 +150,8 @@ async fn a_broker_certificate_from_another_ca_is_refused_with_a_tls_error() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(error @ ConnectError::Tls { .. }) => {
-            let shown = error.to_string();
+        Err(error @ Error::Tls { .. }) => {
+            let shown = support::error_chain(&error);
             assert!(
                 shown.contains("certificate verify failed"),
                 "the error says why: {shown}"
@@ -183,8 +186,8 @@ async fn wrong_scram_credentials_are_a_typed_error_without_the_password() {
     .await
     .expect("build returns within its connect timeout");
     match built {
-        Err(error @ ConnectError::Unauthorized { .. }) => {
-            let shown = format!("{error} {error:?}");
+        Err(error @ Error::Unauthorized { .. }) => {
+            let shown = format!("{} {error:?}", support::error_chain(&error));
             assert!(
                 shown.contains("SCRAM-SHA-512") || shown.contains("Authentication"),
                 "the error says what failed: {shown}"

@@ -4,17 +4,27 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use intake_core::BackoffPolicy;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use tokio::sync::oneshot;
 
+// The builder and the source name each other (`KafkaSource::builder`,
+// `KafkaSourceBuilder::build`): the one loop between files of this crate,
+// the shape every intake adapter has.
 use super::KafkaSource;
-use super::context::{KafkaContext, Shared};
+use super::context::{KafkaContext, Shared, topic_missing};
 use super::convert::Converter;
 use super::poller::{Poller, guard_polling};
+use super::reconnect::ReconnectBackoff;
 use super::watchdog::{OffsetReset, Watchdog};
-use crate::error::ConnectError;
+use crate::dead_letter::KafkaDeadLetterSink;
+use crate::error::Error;
 use crate::settings::KafkaSettings;
+
+/// The group name a broadcast consumer's own group starts with when it was
+/// given none.
+const BROADCAST_GROUP: &str = "intake";
 
 /// librdkafka's default `max.poll.interval.ms`.
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
@@ -44,14 +54,21 @@ const PREFETCH_BOUNDS: [(&str, &str); 2] = [
 /// With the runtime's byte budget and the hand-over queue (half of it),
 /// that bounds the consumer's message memory; `docs/ARCHITECTURE.md` lists
 /// every buffer.
+///
+/// The consumer's budget is set once, on the consumer
+/// ([`ConsumerBuilder`](intake_core::ConsumerBuilder)): its
+/// `max_in_flight`, `max_in_flight_bytes` and `revoke_timeout` size the
+/// source's hand-over queue and its rebalance callback's wait (see
+/// [`KafkaSource`]'s [`set_limits`](intake_core::Source::set_limits)).
 #[derive(Debug, Clone)]
 pub struct KafkaSourceBuilder {
     settings: KafkaSettings,
     group: Option<String>,
     topics: Vec<String>,
     broadcast: bool,
-    buffer: usize,
-    revoke_timeout: Duration,
+    /// The policy given to [`reconnect_backoff`](Self::reconnect_backoff),
+    /// as librdkafka's schedule, or what is wrong with it.
+    reconnect: Option<Result<ReconnectBackoff, String>>,
     connect_timeout: Duration,
     close_timeout: Duration,
     watchdog_interval: Duration,
@@ -65,8 +82,7 @@ impl KafkaSourceBuilder {
             group: None,
             topics: Vec::new(),
             broadcast: false,
-            buffer: 2048,
-            revoke_timeout: Duration::from_secs(60),
+            reconnect: None,
             connect_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(10),
             watchdog_interval: Duration::from_secs(30),
@@ -101,18 +117,30 @@ impl KafkaSourceBuilder {
         self
     }
 
-    /// Messages fetched ahead of the runtime (default 2048). When that many
-    /// wait, fetching pauses until a quarter remain.
-    pub fn buffer(mut self, messages: usize) -> Self {
-        self.buffer = messages;
-        self
-    }
-
-    /// How long a revocation waits for the runtime to drain and commit the
-    /// revoked partitions before it lets them go at their last commit
-    /// (default 60 s). Must stay below `max.poll.interval.ms`.
-    pub fn revoke_timeout(mut self, timeout: Duration) -> Self {
-        self.revoke_timeout = timeout;
+    /// How the client waits between attempts to reconnect to a broker it
+    /// lost. Default: from 100 ms, doubling up to 10 s, forever (the same on
+    /// every intake backend, and librdkafka's own defaults).
+    ///
+    /// librdkafka reconnects by itself, on its own schedule: it doubles the
+    /// wait after each failure from `reconnect.backoff.ms` up to
+    /// `reconnect.backoff.max.ms`, spreads each wait by -25 % to +50 %, and
+    /// never gives up. The policy sets those two settings: an
+    /// [`Exponential`](intake_core::Exponential)'s first and longest delay
+    /// (its factor, jitter and retry cap are not honoured), a
+    /// [`Constant`](intake_core::Constant)'s delay for both (its retry cap
+    /// is not honoured). [`build`](Self::build) refuses
+    /// [`Disabled`](intake_core::Disabled) (librdkafka cannot stop
+    /// reconnecting), a policy of another type (librdkafka cannot follow
+    /// it), an invalid one, a delay over an hour, and a policy that
+    /// contradicts either setting given in the [`KafkaSettings`]. Without a
+    /// policy, those settings apply as given.
+    ///
+    /// The consumer's own
+    /// [`reconnect_backoff`](intake_core::ConsumerBuilder::reconnect_backoff)
+    /// paces its retries of errors the source reports (a topic being
+    /// created again), not librdkafka's reconnects.
+    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.reconnect = Some(ReconnectBackoff::of(&policy));
         self
     }
 
@@ -154,63 +182,34 @@ impl KafkaSourceBuilder {
 
     /// The librdkafka settings of the consumer, with intake's defaults and
     /// fixed settings applied, and its group id.
-    fn consumer_settings(&self) -> Result<(KafkaSettings, String), ConnectError> {
-        let config_error = |setting: &str, problem: String| ConnectError::Config {
-            setting: setting.into(),
-            problem,
-        };
+    fn consumer_settings(&self) -> Result<(KafkaSettings, String), Error> {
         if self.topics.is_empty() || self.topics.iter().any(String::is_empty) {
-            return Err(config_error(
+            return Err(Error::config(
                 "topics",
-                "name at least one topic, none empty (`.topic(\"orders\")`)".into(),
+                "name at least one topic, none empty (`.topic(\"orders\")`)",
             ));
-        }
-        if self.buffer == 0 {
-            return Err(config_error("buffer", "must be at least 1".into()));
         }
         if self.settings.is_true("enable.auto.commit") == Some(true) {
-            return Err(config_error(
+            return Err(Error::config(
                 "enable.auto.commit",
-                "must be false: intake commits offsets only for finished messages; remove the setting".into(),
-            ));
-        }
-        let max_poll = match self.settings.get("max.poll.interval.ms") {
-            Some(value) => value
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| {
-                    config_error(
-                        "max.poll.interval.ms",
-                        format!("`{value}` is not a number of milliseconds"),
-                    )
-                })?,
-            None => DEFAULT_MAX_POLL_INTERVAL,
-        };
-        if self.revoke_timeout >= max_poll {
-            return Err(config_error(
-                "revoke_timeout",
-                format!(
-                    "{:?} must be shorter than max.poll.interval.ms ({max_poll:?}), or the group evicts the consumer while it drains",
-                    self.revoke_timeout
-                ),
+                "must be false: intake commits offsets only for finished messages; remove the setting",
             ));
         }
         let group_id = match (&self.group, self.broadcast) {
             (group, true) => format!(
                 "{}.broadcast.{}",
-                group.as_deref().unwrap_or("intake"),
+                group.as_deref().unwrap_or(BROADCAST_GROUP),
                 unique_suffix()
             ),
             (Some(group), false) if !group.is_empty() => group.clone(),
             (_, false) => {
-                return Err(config_error(
+                return Err(Error::config(
                     "group",
-                    "set a consumer group (`.group(\"orders-service\")`) or choose `.broadcast()`"
-                        .into(),
+                    "set a consumer group (`.group(\"orders-service\")`) or choose `.broadcast()`",
                 ));
             }
         };
-        let mut settings = self.settings.clone();
+        let mut settings = self.client_settings()?;
         let config = settings.client_config_mut();
         config.set("group.id", &group_id);
         config.set("enable.auto.commit", "false");
@@ -229,24 +228,37 @@ impl KafkaSourceBuilder {
         Ok((settings, group_id))
     }
 
+    /// The settings of any client of this source's brokers (the consumer,
+    /// a dead-letter producer): the given ones with the reconnect policy.
+    fn client_settings(&self) -> Result<KafkaSettings, Error> {
+        let mut settings = self.settings.clone();
+        let (reconnect, explicit) = match &self.reconnect {
+            None => (ReconnectBackoff::default(), false),
+            Some(Ok(reconnect)) => (*reconnect, true),
+            Some(Err(problem)) => return Err(Error::config("reconnect_backoff", problem.clone())),
+        };
+        reconnect.apply(&mut settings, explicit)?;
+        Ok(settings)
+    }
+
     /// Creates the consumer, checks that the brokers answer and that every
     /// topic exists (within the connect timeout), subscribes, and starts
     /// the polling thread.
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] for settings that cannot work,
-    /// [`ConnectError::Unreachable`] when no broker answers in time,
-    /// [`ConnectError::UnknownTopic`] for a missing topic,
-    /// [`ConnectError::Unauthorized`] when the credentials are refused.
-    pub async fn build(self) -> Result<KafkaSource, ConnectError> {
+    /// [`Error::Config`] for settings that cannot work,
+    /// [`Error::Unreachable`] when no broker answers in time,
+    /// [`Error::UnknownTopic`] for a missing topic,
+    /// [`Error::Unauthorized`] when the credentials are refused,
+    /// [`Error::Tls`] when the TLS handshake fails.
+    pub async fn build(self) -> Result<KafkaSource, Error> {
         let (settings, group_id) = self.consumer_settings()?;
-        let brokers = settings.bootstrap_servers().to_owned();
+        let brokers = settings.endpoint();
         let shared = Arc::new(Shared::new(
-            self.buffer,
-            self.revoke_timeout,
             !self.broadcast,
             brokers.clone(),
+            max_poll_interval(&settings)?,
         ));
         let context = KafkaContext {
             shared: shared.clone(),
@@ -255,7 +267,7 @@ impl KafkaSourceBuilder {
         let consumer: BaseConsumer<KafkaContext> = settings
             .client_config()
             .create_with_context(context)
-            .map_err(|error| ConnectError::from_kafka(error, &brokers, started.elapsed()))?;
+            .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))?;
         let consumer = Arc::new(consumer);
         let consumer = {
             let topics = self.topics.clone();
@@ -266,13 +278,13 @@ impl KafkaSourceBuilder {
             tokio::task::spawn_blocking(move || {
                 check_topics(&consumer, &topics, timeout, &brokers)?;
                 let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-                consumer.subscribe(&topics).map_err(|error| {
-                    ConnectError::from_kafka(error, &brokers, started.elapsed())
-                })?;
+                consumer
+                    .subscribe(&topics)
+                    .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))?;
                 Ok(consumer)
             })
             .await
-            .map_err(|error| ConnectError::Spawn(std::io::Error::other(error)))??
+            .map_err(|error| Error::Spawn(std::io::Error::other(error)))??
         };
         let handle = Arc::downgrade(&consumer);
 
@@ -300,15 +312,37 @@ impl KafkaSourceBuilder {
                 // waits for that.
                 drop(consumer);
             })
-            .map_err(ConnectError::Spawn)?;
+            .map_err(Error::Spawn)?;
         tracing::info!(group = %group_id, topics = ?self.topics, %brokers, "kafka source started");
         Ok(KafkaSource {
             shared,
             consumer: handle,
             min_commit_interval: self.min_commit_interval,
+            dead_letters: KafkaDeadLetterSink::builder(
+                self.client_settings()?,
+                self.group.as_deref().unwrap_or(BROADCAST_GROUP),
+            )
+            .consumed_topics(self.topics),
             group_id,
             stopped: Some(stopped),
         })
+    }
+}
+
+/// The consumer's `max.poll.interval.ms`: how long it may go between two
+/// polls, a rebalance callback included, before the group evicts it.
+fn max_poll_interval(settings: &KafkaSettings) -> Result<Duration, Error> {
+    match settings.get("max.poll.interval.ms") {
+        Some(value) => value
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| {
+                Error::config(
+                    "max.poll.interval.ms",
+                    format!("`{value}` is not a number of milliseconds"),
+                )
+            }),
+        None => Ok(DEFAULT_MAX_POLL_INTERVAL),
     }
 }
 
@@ -319,27 +353,15 @@ fn check_topics(
     topics: &[String],
     timeout: Duration,
     brokers: &str,
-) -> Result<(), ConnectError> {
+) -> Result<(), Error> {
     let started = Instant::now();
     for topic in topics {
         let remaining = timeout.saturating_sub(started.elapsed());
         let metadata = consumer
             .fetch_metadata(Some(topic), remaining)
             .map_err(|error| explain_failure(consumer, error, brokers, started.elapsed()))?;
-        let found = metadata.topics().iter().find(|found| found.name() == topic);
-        let missing = match found {
-            None => true,
-            Some(found) => {
-                found.error().is_some_and(|code| {
-                    matches!(
-                        RDKafkaErrorCode::from(code),
-                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
-                    )
-                }) || found.partitions().is_empty()
-            }
-        };
-        if missing {
-            return Err(ConnectError::UnknownTopic {
+        if topic_missing(&metadata, topic) {
+            return Err(Error::UnknownTopic {
                 topic: topic.clone(),
                 brokers: brokers.into(),
             });
@@ -357,7 +379,7 @@ fn explain_failure(
     error: KafkaError,
     brokers: &str,
     waited: Duration,
-) -> ConnectError {
+) -> Error {
     // `poll` answers `None` both for an empty queue and for an event it
     // served (a log line), so it cannot say when the queue is empty: the
     // loop is bounded instead (the queue holds one connect timeout's worth
@@ -369,8 +391,8 @@ fn explain_failure(
         let _ = consumer.poll(Duration::ZERO);
     }
     match consumer.context().shared.connection_failure() {
-        Some((failure, reason)) => failure.into_connect_error(brokers, reason),
-        None => ConnectError::from_kafka(error, brokers, waited),
+        Some((failure, account)) => failure.into_error(brokers, account.into()),
+        None => Error::from_kafka(error, brokers, waited),
     }
 }
 
@@ -407,14 +429,14 @@ mod tests {
             .topic("t")
             .consumer_settings_with("enable.auto.commit", "true");
         assert!(
-            matches!(refused, Err(ConnectError::Config { setting, .. }) if setting == "enable.auto.commit")
+            matches!(refused, Err(Error::Config { setting, .. }) if setting == "enable.auto.commit")
         );
     }
 
     #[test]
     fn a_consumer_needs_a_group_or_broadcast() {
         let error = builder().topic("t").consumer_settings();
-        assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "group"));
+        assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "group"));
         let (settings, group) = builder()
             .topic("t")
             .broadcast()
@@ -435,21 +457,42 @@ mod tests {
     }
 
     #[test]
-    fn the_revoke_wait_must_fit_in_the_poll_interval() {
-        let error = builder()
+    fn the_reconnect_policy_reaches_the_consumer_or_fails_the_build() {
+        let (settings, _) = builder()
             .group("g")
             .topic("t")
-            .revoke_timeout(Duration::from_secs(20))
-            .consumer_settings_with("max.poll.interval.ms", "10000");
+            .consumer_settings()
+            .expect("valid settings");
+        assert_eq!(settings.get("reconnect.backoff.ms"), Some("100"));
+        assert_eq!(settings.get("reconnect.backoff.max.ms"), Some("10000"));
+
+        let (settings, _) = builder()
+            .group("g")
+            .topic("t")
+            .reconnect_backoff(intake_core::Exponential::new(
+                Duration::from_millis(500),
+                Duration::from_secs(20),
+            ))
+            .consumer_settings()
+            .expect("valid settings");
+        assert_eq!(settings.get("reconnect.backoff.ms"), Some("500"));
+        assert_eq!(settings.get("reconnect.backoff.max.ms"), Some("20000"));
+
+        let refused = builder()
+            .group("g")
+            .topic("t")
+            .reconnect_backoff(intake_core::Disabled)
+            .consumer_settings();
         assert!(
-            matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "revoke_timeout")
+            matches!(refused, Err(Error::Config { ref setting, .. }) if setting == "reconnect_backoff"),
+            "{refused:?}"
         );
     }
 
     #[test]
     fn no_topic_is_a_configuration_error() {
         let error = builder().group("g").consumer_settings();
-        assert!(matches!(error, Err(ConnectError::Config { setting, .. }) if setting == "topics"));
+        assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "topics"));
     }
 
     /// Settings whose values are secrets, by librdkafka's account (its
@@ -523,7 +566,7 @@ mod tests {
                     .client_config()
                     .create::<rdkafka::consumer::BaseConsumer>()
                     .map(drop)
-                    .map_err(|error| ConnectError::from_kafka(error, "127.0.0.1:9", Duration::ZERO))
+                    .map_err(|error| Error::from_kafka(error, "127.0.0.1:9", Duration::ZERO))
             });
             let error = outcome.err().map(|error| error.to_string()).unwrap_or_default();
             for secret in &secrets {
@@ -538,7 +581,7 @@ mod tests {
             mut self,
             key: &str,
             value: &str,
-        ) -> Result<(KafkaSettings, String), ConnectError> {
+        ) -> Result<(KafkaSettings, String), Error> {
             self.settings = self.settings.set(key, value);
             self.consumer_settings()
         }

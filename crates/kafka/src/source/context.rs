@@ -1,19 +1,93 @@
 //! The rdkafka context: rebalance callbacks, commit results and client
 //! errors, all run on the polling thread.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use intake_core::source::RevocationError;
 use intake_core::{PartitionKey, Position, Revocation, SourceError, SourceEvent};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::metadata::Metadata;
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use super::handoff::{Control, Handoff};
-use crate::error::{ConnectionFailure, is_not_authorized};
+use crate::error::{ConnectionFailure, Error, is_not_authorized};
 use crate::ownership::Ownership;
+
+/// Messages the hand-over queue holds before fetching pauses, until a
+/// consumer tells the source its `max_in_flight` (a source used on its own
+/// keeps it).
+pub(crate) const DEFAULT_HANDOFF_CAPACITY: usize = 2048;
+
+/// How long a revocation waits for the runtime to drain and commit, until a
+/// consumer tells the source its `revoke_timeout` (a source used on its own
+/// keeps it, [within](RevokeWait::within) `max.poll.interval.ms`).
+pub(crate) const DEFAULT_REVOKE_WAIT: Duration = Duration::from_secs(60);
+
+/// What a revocation waits beyond the consumer's `revoke_timeout`: after
+/// it, the runtime cancels the revoked partitions' handlers and commits
+/// their watermarks with a synchronous batch, which may queue behind one
+/// commit the acker holds back (`min_commit_interval`) and then takes a
+/// broker round trip. The rebalance callback keeps the same time after its
+/// wait for its own final commit, before `max.poll.interval.ms`.
+pub(crate) const FINAL_COMMIT_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long a revocation asks the brokers whether the revoked partitions'
+/// topics still exist, out of its wait for the runtime. When they do not
+/// answer in time, the partitions are committed as usual.
+const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether `metadata` (fetched for `topic`) says the topic does not exist.
+pub(crate) fn topic_missing(metadata: &Metadata, topic: &str) -> bool {
+    match metadata.topics().iter().find(|found| found.name() == topic) {
+        None => true,
+        Some(found) => {
+            found.error().is_some_and(|code| {
+                matches!(
+                    RDKafkaErrorCode::from(code),
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                )
+            }) || found.partitions().is_empty()
+        }
+    }
+}
+
+/// How long the rebalance callback waits for the runtime to complete a
+/// revocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RevokeWait {
+    /// The wait.
+    pub(crate) wait: Duration,
+    /// Whether `max.poll.interval.ms` cut it short of what was wanted.
+    pub(crate) clamped: bool,
+}
+
+impl RevokeWait {
+    /// `wanted`, or less: the callback's wait and then its own final commit
+    /// ([`FINAL_COMMIT_MARGIN`], or half the interval when that is shorter)
+    /// must end before `max_poll_interval`, or the group evicts the
+    /// consumer while it drains.
+    pub(crate) fn within(wanted: Duration, max_poll_interval: Duration) -> Self {
+        let ceiling =
+            max_poll_interval.saturating_sub(FINAL_COMMIT_MARGIN.min(max_poll_interval / 2));
+        Self {
+            wait: wanted.min(ceiling),
+            clamped: wanted > ceiling,
+        }
+    }
+
+    /// The wait for a consumer with `revoke_timeout`: that, plus
+    /// [`FINAL_COMMIT_MARGIN`] for the runtime's final commit,
+    /// [within](Self::within) `max_poll_interval`.
+    pub(crate) fn for_consumer(revoke_timeout: Duration, max_poll_interval: Duration) -> Self {
+        Self::within(
+            revoke_timeout.saturating_add(FINAL_COMMIT_MARGIN),
+            max_poll_interval,
+        )
+    }
+}
 
 /// State shared by the source, the polling thread, the acker and this
 /// context.
@@ -29,11 +103,14 @@ pub(crate) struct Shared {
     /// The assignment changed since the polling thread last looked: newly
     /// assigned partitions may need pausing.
     pub(crate) assignment_changed: AtomicBool,
-    /// How long a revoke callback waits for the runtime to drain and commit.
-    pub(crate) revoke_timeout: Duration,
+    /// How long a revoke callback waits for the runtime to drain and
+    /// commit, in nanoseconds ([`Shared::revoke_wait`]).
+    revoke_wait: AtomicU64,
+    /// The consumer's `max.poll.interval.ms`, which bounds that wait.
+    pub(crate) max_poll_interval: Duration,
     /// Whether this consumer commits offsets (not in broadcast mode).
     pub(crate) commits: bool,
-    /// The brokers, for error messages.
+    /// The brokers, for error messages (credentials hidden).
     pub(crate) brokers: String,
     /// Partitions revoked inside the current `poll` call: the polling
     /// thread drops their messages from the batch it is assembling.
@@ -51,26 +128,37 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(
-        capacity: usize,
-        revoke_timeout: Duration,
-        commits: bool,
-        brokers: String,
-    ) -> Self {
-        Self {
-            handoff: Handoff::new(capacity),
+    /// The state of a consumer that commits offsets (`commits`, not in
+    /// broadcast mode), with the defaults of a source used on its own.
+    pub(crate) fn new(commits: bool, brokers: String, max_poll_interval: Duration) -> Self {
+        let shared = Self {
+            handoff: Handoff::new(DEFAULT_HANDOFF_CAPACITY),
             ownership: Ownership::default(),
             closing: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             assignment_changed: AtomicBool::new(false),
-            revoke_timeout,
+            revoke_wait: AtomicU64::new(0),
+            max_poll_interval,
             commits,
             brokers,
             revoked_in_poll: Mutex::new(Vec::new()),
             auth_reported: AtomicBool::new(false),
             connection_failure: Mutex::new(None),
             connection_failed: AtomicBool::new(false),
-        }
+        };
+        shared.set_revoke_wait(RevokeWait::within(DEFAULT_REVOKE_WAIT, max_poll_interval).wait);
+        shared
+    }
+
+    /// How long a revoke callback waits for the runtime to drain and commit.
+    pub(crate) fn revoke_wait(&self) -> Duration {
+        Duration::from_nanos(self.revoke_wait.load(Ordering::Relaxed))
+    }
+
+    /// Sets [`revoke_wait`](Self::revoke_wait) (at most 584 years).
+    pub(crate) fn set_revoke_wait(&self, wait: Duration) {
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.revoke_wait.store(nanos, Ordering::Relaxed);
     }
 
     /// Forgets a recorded TLS or authentication failure: messages arrived
@@ -154,6 +242,10 @@ impl KafkaContext {
             }
             return;
         }
+        let started = Instant::now();
+        if self.shared.commits {
+            self.forget_deleted_topics(consumer, &partitions);
+        }
         if self.shared.is_closing() {
             // The runtime made its final commit before closing (or is gone);
             // only an attempt the broker did not confirm is left to send.
@@ -169,7 +261,7 @@ impl KafkaContext {
         // with a synchronous batch before it completes the revocation; what
         // that batch got confirmed is not committed again below.
         let watermarks: Vec<(PartitionKey, Position)> = match handle
-            .wait_blocking(self.shared.revoke_timeout)
+            .wait_blocking(self.shared.revoke_wait().saturating_sub(started.elapsed()))
         {
             Ok(outcome) => outcome
                 .partitions
@@ -187,6 +279,42 @@ impl KafkaContext {
             Err(RevocationError::Abandoned) => Vec::new(),
         };
         self.commit_and_release(consumer, &partitions, &watermarks);
+    }
+
+    /// Asks the brokers whether the topics of `partitions` still exist, and
+    /// has the partitions of those that do not [never committed
+    /// again](Ownership::forget_deleted): not by the runtime's revocation
+    /// batch, not by the final commit below. Called before the runtime
+    /// hears of the revocation, so before a topic deleted and created again
+    /// can be mistaken for the old one by anything this consumer commits.
+    fn forget_deleted_topics(&self, consumer: &BaseConsumer<Self>, partitions: &[PartitionKey]) {
+        let mut topics: Vec<&str> = partitions.iter().map(|key| &*key.source).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        let deadline = Instant::now() + TOPIC_CHECK_TIMEOUT;
+        for topic in topics {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match consumer.fetch_metadata(Some(topic), remaining) {
+                Ok(metadata) if topic_missing(&metadata, topic) => {
+                    tracing::warn!(
+                        topic,
+                        "a revoked kafka topic was deleted; its offsets are not committed (they went with it, and could land on a topic created again under its name)"
+                    );
+                    let deleted: Vec<PartitionKey> = partitions
+                        .iter()
+                        .filter(|key| &*key.source == topic)
+                        .cloned()
+                        .collect();
+                    self.shared.ownership.forget_deleted(&deleted);
+                }
+                Ok(_) => {}
+                Err(error) => tracing::debug!(
+                    %error,
+                    topic,
+                    "could not ask whether a revoked kafka topic still exists; committing it as usual"
+                ),
+            }
+        }
     }
 
     /// Commits what the broker has not confirmed for `partitions` (nothing
@@ -246,7 +374,7 @@ impl ClientContext for KafkaContext {
         {
             tracing::error!(reason = %last, "every kafka broker is down and the last refused the connection");
             if !self.shared.auth_reported.swap(true, Ordering::AcqRel) {
-                let refused = failure.into_connect_error(&self.shared.brokers, last);
+                let refused = failure.into_error(&self.shared.brokers, last.into());
                 self.shared
                     .handoff
                     .push_control(Control::Error(refused.into()));
@@ -254,12 +382,13 @@ impl ClientContext for KafkaContext {
         } else if code.is_some_and(is_not_authorized) {
             tracing::error!(%error, reason, "kafka broker refused the request");
             if !self.shared.auth_reported.swap(true, Ordering::AcqRel) {
-                self.shared
-                    .handoff
-                    .push_control(Control::Error(SourceError::Unauthorized {
-                        endpoint: self.shared.brokers.clone(),
+                self.shared.handoff.push_control(Control::Error(
+                    Error::Unauthorized {
+                        brokers: self.shared.brokers.clone(),
                         source: format!("{error}: {reason}").into(),
-                    }));
+                    }
+                    .into(),
+                ));
             }
         } else {
             // Connection losses and timeouts: librdkafka reconnects by itself.
@@ -292,10 +421,9 @@ mod tests {
     fn context() -> KafkaContext {
         KafkaContext {
             shared: Arc::new(Shared::new(
-                8,
-                Duration::from_secs(1),
                 true,
                 "a:9093,b:9093".into(),
+                Duration::from_secs(300),
             )),
         }
     }
@@ -337,7 +465,11 @@ mod tests {
         );
         match next_error(&context) {
             Some(SourceError::Unauthorized { source, .. }) => {
-                assert!(source.to_string().contains("certificate verify failed"));
+                let account = source.source().map(ToString::to_string);
+                assert!(
+                    account.is_some_and(|account| account.contains("certificate verify failed")),
+                    "{source:?}"
+                );
             }
             other => panic!("expected Unauthorized, got {other:?}"),
         }
@@ -378,5 +510,42 @@ mod tests {
             "2/2 brokers are down",
         );
         assert!(next_error(&context).is_none(), "librdkafka reconnects");
+    }
+
+    #[test]
+    fn a_revocation_waits_the_revoke_timeout_and_a_margin_for_the_final_commit() {
+        let wait = RevokeWait::for_consumer(Duration::from_secs(10), Duration::from_secs(300));
+        assert_eq!(
+            wait,
+            RevokeWait {
+                wait: Duration::from_secs(10) + FINAL_COMMIT_MARGIN,
+                clamped: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_wait_leaves_the_callback_its_final_commit_within_the_poll_interval() {
+        let wait = RevokeWait::for_consumer(Duration::from_secs(10), Duration::from_secs(12));
+        assert_eq!(wait.wait, Duration::from_secs(12) - FINAL_COMMIT_MARGIN);
+        assert!(wait.clamped);
+        // An interval shorter than twice the margin: half of it is left.
+        let wait = RevokeWait::for_consumer(Duration::from_secs(10), Duration::from_secs(4));
+        assert_eq!(wait.wait, Duration::from_secs(2));
+        assert!(wait.clamped);
+        let wait = RevokeWait::within(Duration::MAX, Duration::ZERO);
+        assert_eq!(wait.wait, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_source_on_its_own_waits_the_default_within_the_poll_interval() {
+        let shared = Shared::new(true, "b:9092".into(), Duration::from_secs(300));
+        assert_eq!(shared.revoke_wait(), DEFAULT_REVOKE_WAIT);
+        assert_eq!(shared.handoff.capacity(), DEFAULT_HANDOFF_CAPACITY);
+        let shared = Shared::new(true, "b:9092".into(), Duration::from_secs(30));
+        assert_eq!(
+            shared.revoke_wait(),
+            Duration::from_secs(30) - FINAL_COMMIT_MARGIN
+        );
     }
 }

@@ -45,9 +45,11 @@ pub(crate) struct Handoff {
     /// Signalled when the source takes messages: the polling thread may be
     /// waiting for room.
     room: Condvar,
-    capacity: usize,
+    /// Most messages queued before the polling thread pauses fetching; set
+    /// from the runtime's budget ([`Handoff::set_capacity`]).
+    capacity: AtomicUsize,
     /// Most bytes queued before the polling thread pauses fetching; set
-    /// from the runtime's byte budget ([`Handoff::set_byte_capacity`]).
+    /// from the runtime's byte budget ([`Handoff::set_capacity`]).
     byte_capacity: AtomicUsize,
 }
 
@@ -77,15 +79,21 @@ impl Handoff {
             event_ready: Notify::new(),
             messages_ready: Notify::new(),
             room: Condvar::new(),
-            capacity,
+            capacity: AtomicUsize::new(capacity.max(1)),
             byte_capacity: AtomicUsize::new(usize::MAX),
         }
     }
 
-    /// Bounds the queue's bytes too: the polling thread pauses fetching
-    /// once this many bytes wait for the runtime.
-    pub(crate) fn set_byte_capacity(&self, bytes: usize) {
+    /// Bounds the queue: the polling thread pauses fetching once this many
+    /// messages, or this many bytes, wait for the runtime.
+    pub(crate) fn set_capacity(&self, messages: usize, bytes: usize) {
+        self.capacity.store(messages.max(1), Ordering::Relaxed);
         self.byte_capacity.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    /// Most messages queued before fetching pauses.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -106,14 +114,14 @@ impl Handoff {
     /// Whether the queue holds `capacity` messages or its byte capacity, or
     /// more: time to pause.
     pub(crate) fn is_full(&self, fill: Fill) -> bool {
-        fill.messages >= self.capacity || fill.bytes >= self.byte_capacity.load(Ordering::Relaxed)
+        fill.messages >= self.capacity() || fill.bytes >= self.byte_capacity.load(Ordering::Relaxed)
     }
 
     /// Whether the queue drained far enough to resume fetching. Resuming at a
     /// quarter, not just below capacity, keeps a slow runtime from making the
     /// consumer pause and resume (and refetch) for every batch.
     pub(crate) fn has_room(&self, fill: Fill) -> bool {
-        fill.messages <= self.capacity / 4
+        fill.messages <= self.capacity() / 4
             && fill.bytes <= self.byte_capacity.load(Ordering::Relaxed) / 4
     }
 
@@ -125,7 +133,7 @@ impl Handoff {
         let deadline = Instant::now() + timeout;
         let mut queue = self.lock();
         loop {
-            if queue.messages.len() < self.capacity
+            if queue.messages.len() < self.capacity()
                 && queue.bytes < self.byte_capacity.load(Ordering::Relaxed)
             {
                 return true;
@@ -291,7 +299,7 @@ mod tests {
     #[test]
     fn the_queue_is_full_at_its_byte_capacity_and_counts_bytes_out_again() {
         let handoff = Handoff::new(1000);
-        handoff.set_byte_capacity(10);
+        handoff.set_capacity(1000, 10);
         // `message` payloads are one byte each.
         let mut batch: Vec<_> = (0..10).map(|offset| message("t", 0, offset)).collect();
         handoff.push_messages(&mut batch);

@@ -13,6 +13,7 @@ pub(crate) mod context;
 mod convert;
 mod handoff;
 mod poller;
+mod reconnect;
 mod watchdog;
 
 use std::sync::atomic::Ordering;
@@ -25,15 +26,17 @@ use tokio::sync::oneshot;
 
 pub use builder::KafkaSourceBuilder;
 
-use self::context::{KafkaContext, Shared};
+use self::context::{FINAL_COMMIT_MARGIN, KafkaContext, RevokeWait, Shared};
 use self::handoff::Taken;
 use crate::acker::KafkaAcker;
+use crate::dead_letter::KafkaDeadLetterSinkBuilder;
 use crate::settings::KafkaSettings;
 
 /// A Kafka consumer as an intake [`Source`].
 ///
 /// Build one with [`KafkaSource::builder`]; take its acker with
-/// [`KafkaSource::acker`]. Partition = topic-partition, position =
+/// [`KafkaSource::acker`] and its dead-letter sink with
+/// [`KafkaSource::dead_letter_sink`]. Partition = topic-partition, position =
 /// [`Position::Offset`](intake_core::Position::Offset).
 ///
 /// Dropping the source without [`close`](Source::close) leaves the group
@@ -45,6 +48,8 @@ pub struct KafkaSource {
     /// reach it while it lives.
     consumer: Weak<BaseConsumer<KafkaContext>>,
     min_commit_interval: Duration,
+    /// The dead-letter sink of this source's brokers, group and topics.
+    dead_letters: KafkaDeadLetterSinkBuilder,
     group_id: String,
     /// Resolves when the polling thread has left the group.
     stopped: Option<oneshot::Receiver<()>>,
@@ -74,6 +79,18 @@ impl KafkaSource {
         )
     }
 
+    /// A builder for the dead-letter sink of this source: its brokers and
+    /// settings (TLS, SASL, the reconnect policy; none of the consumer's
+    /// own), its group and its topics, so that dead letters go to
+    /// `<topic>.<group>.dlq` and [`build`](KafkaDeadLetterSinkBuilder::build)
+    /// refuses a topic template that names a topic this source reads. In
+    /// broadcast mode the group is the one given to
+    /// [`group`](KafkaSourceBuilder::group) (or `intake`), without the
+    /// instance's suffix: the instances share their dead-letter topics.
+    pub fn dead_letter_sink(&self) -> KafkaDeadLetterSinkBuilder {
+        self.dead_letters.clone()
+    }
+
     /// The consumer group id (generated in broadcast mode).
     pub fn group_id(&self) -> &str {
         &self.group_id
@@ -88,14 +105,36 @@ impl KafkaSource {
 }
 
 impl Source for KafkaSource {
-    /// The hand-over queue holds at most half the runtime's byte budget
-    /// before the polling thread pauses fetching: with the runtime's own
-    /// budget, the source's queue and librdkafka's prefetch
-    /// (`queued.max.messages.kbytes`), memory stays bounded in bytes.
+    /// The consumer's budget sizes the hand-over queue: the polling thread
+    /// pauses fetching once `max_in_flight` messages or half of
+    /// `max_in_flight_bytes` wait for the runtime (so with the runtime's own
+    /// budget and librdkafka's prefetch, `queued.max.messages.kbytes`,
+    /// memory stays bounded in messages and bytes). Until then (a source
+    /// used without the runtime) the queue holds 2048 messages, unbounded in
+    /// bytes.
+    ///
+    /// A revocation's rebalance callback waits for the runtime the
+    /// consumer's `revoke_timeout` plus 5 s for the runtime's final commit,
+    /// but ends early enough to make its own final commit before
+    /// `max.poll.interval.ms` (5 s before it, or at half of it when it is
+    /// under 10 s), or the group would evict the consumer while it drains;
+    /// a warning says when that cuts the wait short. Until then the
+    /// callback waits 60 s, within the same bound.
     fn set_limits(&mut self, limits: Limits) {
         self.shared
             .handoff
-            .set_byte_capacity(limits.max_in_flight_bytes / 2);
+            .set_capacity(limits.max_in_flight, limits.max_in_flight_bytes / 2);
+        let revoke = RevokeWait::for_consumer(limits.revoke_timeout, self.shared.max_poll_interval);
+        if revoke.clamped {
+            tracing::warn!(
+                revoke_timeout = ?limits.revoke_timeout,
+                final_commit_margin = ?FINAL_COMMIT_MARGIN,
+                max_poll_interval = ?self.shared.max_poll_interval,
+                waits = ?revoke.wait,
+                "the consumer's revoke_timeout and the final commit do not fit in the kafka consumer's max.poll.interval.ms; a revocation waits less for the runtime (raise max.poll.interval.ms or lower revoke_timeout)"
+            );
+        }
+        self.shared.set_revoke_wait(revoke.wait);
     }
 
     async fn next(
@@ -239,6 +278,57 @@ mod tests {
             .await
             .expect("the unstarted partition was started");
         assert_eq!(first.payload().as_ref(), b"first");
+        source.close().await.expect("close");
+    }
+
+    /// Produces `count` messages to `topic` and waits for the broker to
+    /// confirm them.
+    async fn produce_many(producer: &FutureProducer, topic: &str, count: usize) {
+        let deliveries: Vec<_> = (0..count)
+            .map(|number| {
+                let payload = number.to_string();
+                producer
+                    .send_result(FutureRecord::<[u8], [u8]>::to(topic).payload(payload.as_bytes()))
+                    .expect("queued")
+            })
+            .collect();
+        for delivery in deliveries {
+            delivery.await.expect("delivered").expect("confirmed");
+        }
+    }
+
+    /// Waits (up to 30 s) until the hand-over queue holds at least
+    /// `messages`.
+    async fn wait_for_fill(source: &KafkaSource, messages: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while source.shared.handoff.fill().messages < messages {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the queue never filled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Once the consumer told the source its limits, the hand-over queue
+    /// holds about `max_in_flight` messages before fetching pauses (plus
+    /// what one poll took from librdkafka), not the 2048 of a source used
+    /// without the runtime.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_hand_over_queue_is_sized_from_the_consumers_max_in_flight() {
+        let (producer, mut source) = watched("sized").await;
+        source.set_limits(Limits::new(8, 64 << 20, Duration::from_secs(10)));
+        produce_many(&producer, "sized", 3000).await;
+        assert_eq!(
+            source.shared.revoke_wait(),
+            Duration::from_secs(10) + FINAL_COMMIT_MARGIN
+        );
+        wait_for_fill(&source, 8).await;
+        // Long enough for the poller to give up waiting for room and pause
+        // (it waits 500 ms), and for anything it still polls to arrive.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let held = source.shared.handoff.fill().messages;
+        assert!(held < 8 + super::poller::MAX_BATCH, "{held} messages held");
         source.close().await.expect("close");
     }
 }

@@ -16,11 +16,11 @@ use super::context::{KafkaContext, Shared};
 use super::convert::Converter;
 use super::handoff::Control;
 use super::watchdog::{OffsetReset, Watchdog, stalled_at};
-use crate::error::is_not_authorized;
+use crate::error::{Error, is_not_authorized};
 
 /// Most messages taken from librdkafka per hand-over: large enough that the
 /// handoff lock is taken rarely, small enough to keep latency low.
-const MAX_BATCH: usize = 512;
+pub(super) const MAX_BATCH: usize = 512;
 
 /// How long one `poll` waits when nothing arrives; bounds how late the
 /// thread notices a stop request or a drained handoff.
@@ -181,12 +181,13 @@ impl Poller {
                 RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
             ) => self.report_missing_topic(error),
             KafkaError::MessageConsumption(code) if is_not_authorized(code) => {
-                self.shared
-                    .handoff
-                    .push_control(Control::Error(SourceError::Unauthorized {
-                        endpoint: self.shared.brokers.clone(),
+                self.shared.handoff.push_control(Control::Error(
+                    Error::Unauthorized {
+                        brokers: self.shared.brokers.clone(),
                         source: Box::new(error),
-                    }));
+                    }
+                    .into(),
+                ));
             }
             other => tracing::warn!(error = %other, "kafka consumer error; librdkafka retries"),
         }
@@ -194,7 +195,7 @@ impl Poller {
 
     /// A subscribed topic Kafka says does not exist (after librdkafka's
     /// `topic.metadata.propagation.max.ms`). At build time that is an
-    /// error to act on (`ConnectError::UnknownTopic`); while running it is
+    /// error to act on (`Error::UnknownTopic`); while running it is
     /// usually a topic being deleted and created again, or not created yet
     /// by a deploy: a transient error, so the runtime keeps the consumer and
     /// backs off, and librdkafka assigns the topic's partitions (from their
@@ -385,10 +386,9 @@ mod tests {
     #[tokio::test]
     async fn a_panic_of_the_polling_thread_is_a_fatal_source_error_not_a_hang() {
         let shared = Arc::new(Shared::new(
-            8,
-            Duration::from_secs(1),
             true,
             "127.0.0.1:9092".into(),
+            Duration::from_secs(300),
         ));
         let polled = {
             let shared = shared.clone();

@@ -14,8 +14,10 @@ use intake_core::{
     PartitionKey, PartitionSnapshot, RunError, RunReport, handler_fn,
 };
 use intake_kafka::KafkaSource;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tower::Service;
 
 /// What the runtime reported about its partitions.
 #[derive(Default)]
@@ -58,8 +60,6 @@ impl TestConsumer {
         work: Duration,
         builder: ConsumerBuilder,
     ) -> Self {
-        let acker = source.acker();
-        let ownership = Arc::new(Ownership::default());
         let ledger = ledger.clone();
         let handler = handler_fn(move |message: Message| {
             let ledger = ledger.clone();
@@ -71,6 +71,17 @@ impl TestConsumer {
                 Ok::<(), HandlerError>(())
             }
         });
+        Self::run(source, builder, handler)
+    }
+
+    fn run<H>(source: KafkaSource, builder: ConsumerBuilder, handler: H) -> Self
+    where
+        H: Service<Message, Response = ()> + Send + 'static,
+        H::Error: Into<HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
+        let acker = source.acker();
+        let ownership = Arc::new(Ownership::default());
         let consumer = builder
             .observer(ownership.clone())
             .commit_interval(Duration::from_millis(50))
@@ -103,6 +114,29 @@ impl TestConsumer {
     /// Runs `source` with the default runtime settings and no handler delay.
     pub fn recording(source: KafkaSource, ledger: &Ledger) -> Self {
         Self::start(source, ledger, Duration::ZERO, Consumer::builder())
+    }
+
+    /// Runs `source` unordered (so that every message of a partition is
+    /// handled at once) with a handler that records each message's id in
+    /// `ledger`, then finishes only once `gate` is open: until then nothing
+    /// is done, so nothing is committed.
+    pub fn gated(source: KafkaSource, ledger: &Ledger, gate: watch::Receiver<bool>) -> Self {
+        let ledger = ledger.clone();
+        let handler = handler_fn(move |message: Message| {
+            let ledger = ledger.clone();
+            let mut gate = gate.clone();
+            async move {
+                ledger.record(id_of(&message)?);
+                // A closed gate's sender is gone: finish rather than hang.
+                let _ = gate.wait_for(|open| *open).await;
+                Ok::<(), HandlerError>(())
+            }
+        });
+        Self::run(
+            source,
+            Consumer::builder().ordering(DeliveryOrder::Unordered),
+            handler,
+        )
     }
 
     /// Partitions the runtime owned at its last commit tick.

@@ -177,7 +177,6 @@ impl KafkaBackend {
         KafkaSource::builder(self.settings())
             .group(group)
             .topic(topic)
-            .revoke_timeout(Duration::from_secs(20))
             .connect_timeout(Duration::from_secs(10))
             .close_timeout(Duration::from_secs(5))
     }
@@ -470,23 +469,25 @@ impl Backend for KafkaBackend {
         &self,
         source: &str,
         group: &str,
-        settings: ConnectSettings,
+        _settings: ConnectSettings,
     ) -> Result<(KafkaSource, KafkaAcker), BoxError> {
-        let source = self
-            .source(source, group)
-            .buffer(settings.max_in_flight.max(1))
-            .build()
-            .await?;
+        // The consumer sizes the source's hand-over queue from its own
+        // budget (`Source::set_limits`).
+        let source = self.source(source, group).build().await?;
         let acker = source.acker();
         Ok((source, acker))
     }
 
     async fn dead_letter_sink(
         &self,
-        _source: &str,
+        source: &str,
         group: &str,
     ) -> Result<KafkaDeadLetterSink, BoxError> {
-        Ok(KafkaDeadLetterSink::builder(self.settings(), group).build()?)
+        // What `KafkaSource::dead_letter_sink` fills in, without a source.
+        Ok(KafkaDeadLetterSink::builder(self.settings(), group)
+            .consumed_topics([source])
+            .build()
+            .await?)
     }
 
     async fn dead_letters(&self, source: &str, group: &str) -> Result<Vec<DeadLetter>, BoxError> {
@@ -618,4 +619,18 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// `error` and every cause below it (its `source` chain), as a log line
+/// that follows the chain shows them: each level's `Display` describes its
+/// own level only.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut shown = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        shown.push_str(": ");
+        shown.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    shown
 }

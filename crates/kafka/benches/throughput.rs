@@ -6,7 +6,7 @@
 //! ```text
 //! crates/kafka/benches/run.sh          # starts a broker, runs this, stops it
 //! KAFKA_BROKERS=127.0.0.1:9092 BENCH_MESSAGES=1000000 BENCH_ROUNDS=3 \
-//!     cargo bench -p intake-kafka --bench broker_throughput
+//!     cargo bench -p intake-kafka --bench throughput
 //! ```
 //!
 //! Each loop reads the whole topic from the start with a consumer group of
