@@ -2,11 +2,13 @@
 //!
 //! Needs a Kafka-protocol broker on 127.0.0.1:9092 (`.ci/services/kafka.sh`
 //! starts one), or set `KAFKA_BROKERS`. The example creates the topic
-//! `intake-example.orders` (4 partitions) if it is missing, produces a few
-//! orders to it, one of them malformed and one that fails once, and
-//! consumes until Ctrl-C. The malformed order goes to the dead-letter topic
-//! `intake-example.orders.billing.dlq` with its origin in headers; every
-//! other order is processed and committed. Produce more with any Kafka
+//! `intake-example.orders` (4 partitions) if it is missing, produces the
+//! example orders to it (one fails once, one is malformed, one has no
+//! items), reserves them with the handler every broker example shares
+//! (`examples/support`), and consumes until SIGTERM or Ctrl-C. The malformed
+//! order and the one without items go to the dead-letter topic
+//! `intake-example.orders.billing.dlq` with their origin in headers; every
+//! other order is reserved and committed. Produce more with any Kafka
 //! client, for example
 //!
 //! ```text
@@ -15,8 +17,9 @@
 //!
 //! Run it with `cargo run --example kafka --features kafka`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+#[path = "support/mod.rs"]
+mod support;
+
 use std::time::Duration;
 
 use intake::dead_letter::DeadLetterLayer;
@@ -27,22 +30,11 @@ use intake::kafka::rdkafka::error::RDKafkaErrorCode;
 use intake::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use intake::kafka::{KafkaSettings, KafkaSource};
 use intake::retry::RetryLayer;
-use intake::{
-    CatchPanicLayer, Consumer, DeliveryOrder, Exponential, HandlerError, Json, Meta, handler_fn,
-};
-use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
+use intake::{CatchPanicLayer, Consumer, DeliveryOrder, Json, Meta, handler_fn};
 use tower::ServiceBuilder;
 
 const TOPIC: &str = "intake-example.orders";
 const GROUP: &str = "billing";
-
-#[derive(Deserialize)]
-struct Order {
-    id: u64,
-    customer: String,
-    quantity: u32,
-}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -72,50 +64,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // brokers with its settings.
     let dead_letters = source.dead_letter_sink().build().await?;
 
-    let processed = Arc::new(AtomicU64::new(0));
-    let retried = Arc::new(AtomicU64::new(0));
+    let tally = support::Tally::shared();
     let handler = {
-        let (processed, retried) = (processed.clone(), retried.clone());
-        handler_fn(move |Meta(meta): Meta, Json(order): Json<Order>| {
-            let (processed, retried) = (processed.clone(), retried.clone());
-            async move {
-                if order.id == 3 && meta.attempt() == 1 {
-                    retried.fetch_add(1, AtomicOrdering::Relaxed);
-                    return Err(HandlerError::retryable("the stock service timed out"));
-                }
-                tracing::info!(
-                    partition = meta.partition(),
-                    offset = %meta.position(),
-                    attempt = meta.attempt(),
-                    order = order.id,
-                    customer = %order.customer,
-                    quantity = order.quantity,
-                    "order reserved"
-                );
-                processed.fetch_add(1, AtomicOrdering::Relaxed);
-                Ok::<(), HandlerError>(())
-            }
+        let tally = tally.clone();
+        handler_fn(move |Meta(meta): Meta, Json(order): Json<support::Order>| {
+            let tally = tally.clone();
+            async move { support::reserve(&meta, order, &tally).await }
         })
     };
     // Outermost first: a message that fails for good (undecodable, or out of
     // retries) is written to the dead-letter topic, then committed.
     let handler = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(dead_letters))
-        .layer(RetryLayer::new(
-            Exponential::new(Duration::from_millis(50), Duration::from_secs(2)).max_retries(3),
-        ))
+        .layer(RetryLayer::new(support::retry_policy()))
         .layer(CatchPanicLayer::new())
         .service(handler);
 
-    let shutdown = CancellationToken::new();
-    let on_ctrl_c = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("Ctrl-C: shutting down");
-        on_ctrl_c.cancel();
-    });
-    tracing::info!(%brokers, topic = TOPIC, group = GROUP, "consuming; Ctrl-C stops");
-
+    let shutdown = support::shutdown_on_signals();
+    tracing::info!(%brokers, topic = TOPIC, group = GROUP, "consuming; SIGTERM or Ctrl-C stops");
     let report = Consumer::builder()
         .max_in_flight(256)
         // Orders of one customer (the key) in order, customers in parallel.
@@ -123,19 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build(source, acker, handler)?
         .run(shutdown)
         .await?;
-
-    println!("intake kafka example: {TOPIC} as group {GROUP} on {brokers}");
-    println!(
-        "  processed:     {}",
-        processed.load(AtomicOrdering::Relaxed)
-    );
-    println!("  dead-lettered: {}", report.ignored);
-    println!("  retried:       {}", retried.load(AtomicOrdering::Relaxed));
-    println!("  unfinished:    {}", report.unfinished.len());
-    for (partition, position) in &report.committed {
-        println!("  {partition}: committed through offset {position}");
-    }
-    println!("  ran for {:.1?}", report.elapsed);
+    tally.print("kafka", &report);
     Ok(())
 }
 
@@ -157,18 +111,12 @@ async fn create_topic(settings: &KafkaSettings) -> Result<(), Box<dyn std::error
     Ok(())
 }
 
-/// Five orders keyed by customer: order 3 fails once, order 4 is malformed.
+/// The example orders, keyed by customer.
 async fn produce_example_orders(
     settings: &KafkaSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let producer: FutureProducer = ClientConfig::clone(settings.client_config()).create()?;
-    for id in 1..=5u64 {
-        let customer = format!("c-{}", id % 2);
-        let payload = if id == 4 {
-            format!(r#"{{"id":{id},"customer":"#)
-        } else {
-            format!(r#"{{"id":{id},"customer":"{customer}","quantity":{id}}}"#)
-        };
+    for (customer, payload) in support::example_orders() {
         producer
             .send(
                 FutureRecord::to(TOPIC).key(&customer).payload(&payload),
