@@ -3,9 +3,9 @@
 //!
 //! This facade re-exports [`intake_core`] (the traits, the runtime, the
 //! layers and the in-memory broker). The backends are features, none on by
-//! default: `kafka`, `redis`, `amqp` and `postgres` (or `full` for all) add
-//! the backend crates as `intake::kafka`, `intake::redis_streams`,
-//! `intake::amqp` and `intake::postgres`.
+//! default: `kafka`, `redis`, `amqp`, `nats` and `postgres` (or `full` for
+//! all) add the backend crates as `intake::kafka`, `intake::redis_streams`,
+//! `intake::amqp`, `intake::nats` and `intake::postgres`.
 //!
 //! ```
 //! use intake::consumer::Consumer;
@@ -48,6 +48,11 @@ pub use intake_redis_streams as redis_streams;
 /// (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use intake_amqp as amqp;
+
+/// NATS JetStream: source, acker and dead-letter sink on async-nats
+/// (feature `nats`).
+#[cfg(feature = "nats")]
+pub use intake_nats as nats;
 
 /// Exactly-once effects in PostgreSQL (feature `postgres`).
 #[cfg(feature = "postgres")]
