@@ -36,7 +36,7 @@ pub struct NatsAcker {
     sequences: Vec<u64>,
     requeued: Vec<u64>,
     found: Vec<(u64, Held)>,
-    settled: Vec<u64>,
+    settled: Vec<(u64, u32)>,
 }
 
 impl std::fmt::Debug for NatsAcker {
@@ -153,8 +153,11 @@ impl Acker for NatsAcker {
             })?;
         self.counters.add_naks(naks);
         self.settled.clear();
-        self.settled
-            .extend(self.found.iter().map(|(sequence, _)| *sequence));
+        self.settled.extend(
+            self.found
+                .iter()
+                .map(|(sequence, held)| (*sequence, held.delivered)),
+        );
         self.deliveries.release(self.settled.drain(..));
         Ok(())
     }

@@ -81,11 +81,19 @@ impl Deliveries {
         );
     }
 
-    /// Forgets deliveries the server confirmed as settled.
-    pub(crate) fn release(&self, sequences: impl IntoIterator<Item = u64>) {
+    /// Forgets deliveries the server confirmed as settled, each given as
+    /// `(sequence, delivery count)`. A sequence the server delivered again
+    /// meanwhile (a nak's redelivery can arrive before the nak's
+    /// confirmation) is held under its newer count and stays.
+    pub(crate) fn release(&self, settled: impl IntoIterator<Item = (u64, u32)>) {
         let mut held = self.lock();
-        for sequence in sequences {
-            held.remove(&sequence);
+        for (sequence, delivered) in settled {
+            if held
+                .get(&sequence)
+                .is_some_and(|entry| entry.delivered == delivered)
+            {
+                held.remove(&sequence);
+            }
         }
     }
 
@@ -172,6 +180,19 @@ impl Drop for ProgressTask {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_settled_delivery_does_not_release_its_redelivery() {
+        let deliveries = Deliveries::default();
+        deliveries.hold([(7, Subject::from("$JS.ACK.s.c.1.7.1.0.0"), 1)]);
+        // The nak of delivery 1 was answered by a redelivery before its
+        // confirmation.
+        deliveries.hold([(7, Subject::from("$JS.ACK.s.c.2.7.2.0.0"), 2)]);
+        deliveries.release([(7, 1)]);
+        assert_eq!(deliveries.get(7).map(|held| held.delivered), Some(2));
+        deliveries.release([(7, 2)]);
+        assert!(deliveries.get(7).is_none());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_delivery_is_due_for_progress_once_per_period() {
         let deliveries = Deliveries::default();
@@ -185,7 +206,7 @@ mod tests {
         due.clear();
         deliveries.due(Duration::from_secs(15), &mut due);
         assert!(due.is_empty(), "extended just now");
-        deliveries.release([7]);
+        deliveries.release([(7, 1)]);
         tokio::time::advance(Duration::from_secs(60)).await;
         deliveries.due(Duration::from_secs(15), &mut due);
         assert!(due.is_empty(), "released");

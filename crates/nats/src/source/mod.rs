@@ -92,7 +92,7 @@ pub struct NatsSource {
     requests_sent: u64,
     converter: Converter,
     ready: VecDeque<Message>,
-    poison: VecDeque<(Message, u64)>,
+    poison: VecDeque<(Message, u64, u32)>,
     own_sink: Option<NatsDeadLetterSink>,
     terms: Confirmations,
     deliveries: Arc<Deliveries>,
@@ -368,7 +368,8 @@ impl NatsSource {
             .push((delivery.sequence, delivery.reply, delivery.delivered));
         match self.max_deliveries {
             Some(cap) if delivery.delivered > cap => {
-                self.poison.push_back((delivery.message, delivery.sequence));
+                self.poison
+                    .push_back((delivery.message, delivery.sequence, delivery.delivered));
             }
             _ => self.ready.push_back(delivery.message),
         }
@@ -428,7 +429,7 @@ impl NatsSource {
     /// each removed only once written and terminated (so a call dropped
     /// half-way writes it again, never loses it).
     async fn dead_letter_poison(&mut self) {
-        while let Some((message, sequence)) = self.poison.front().cloned() {
+        while let Some((message, sequence, delivered)) = self.poison.front().cloned() {
             let attempts = message.metadata().attempt().saturating_sub(1);
             let cap = self.max_deliveries.unwrap_or(u32::MAX);
             let letter = DeadLetter::new(
@@ -454,7 +455,7 @@ impl NatsSource {
                 match builder.build().await {
                     Ok(sink) => self.own_sink = Some(sink),
                     Err(error) => {
-                        self.give_back_poison(sequence, &error);
+                        self.give_back_poison(sequence, delivered, &error);
                         return;
                     }
                 }
@@ -472,11 +473,11 @@ impl NatsSource {
                         subject = sink.subject(),
                         "dead-lettered a message delivered more often than max_deliveries"
                     );
-                    self.deliveries.release([sequence]);
+                    self.deliveries.release([(sequence, delivered)]);
                     self.poison.pop_front();
                 }
                 Err(error) => {
-                    self.give_back_poison(sequence, &error);
+                    self.give_back_poison(sequence, delivered, &error);
                     return;
                 }
             }
@@ -485,7 +486,7 @@ impl NatsSource {
 
     /// A poison delivery whose letter could not be written goes back with
     /// a delay; it comes back past the cap again and is tried again.
-    fn give_back_poison(&mut self, sequence: u64, error: &dyn std::fmt::Display) {
+    fn give_back_poison(&mut self, sequence: u64, delivered: u32, error: &dyn std::fmt::Display) {
         tracing::error!(
             sequence,
             %error,
@@ -498,7 +499,7 @@ impl NatsSource {
                 let _ = client.publish(held.reply, body).await;
             });
         }
-        self.deliveries.release([sequence]);
+        self.deliveries.release([(sequence, delivered)]);
         self.poison.pop_front();
     }
 

@@ -293,3 +293,120 @@ impl Backend for NatsBackend {
         unacknowledged(&self.client, source, group).await
     }
 }
+
+/// A consumer running in a task of its own.
+pub struct Running {
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub task: tokio::task::JoinHandle<Result<intake_core::RunReport, intake_core::RunError>>,
+}
+
+impl Running {
+    /// Runs `source` and `acker` with `handler` under `builder`.
+    pub fn start<H>(
+        builder: intake_core::ConsumerBuilder,
+        source: NatsSource,
+        acker: NatsAcker,
+        handler: H,
+    ) -> Self
+    where
+        H: tower::Service<Message, Response = (), Error = intake_core::HandlerError>
+            + Send
+            + 'static,
+        H::Future: Send + 'static,
+    {
+        let consumer = builder
+            .build(source, acker, handler)
+            .expect("valid consumer settings");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(consumer.run(shutdown.clone()));
+        Self { shutdown, task }
+    }
+
+    /// Stops gracefully and returns the report.
+    pub async fn stop(self) -> intake_core::RunReport {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the consumer stops within 60 s")
+            .expect("the consumer task")
+            .expect("the consumer run")
+    }
+}
+
+/// Waits until `condition` holds, at most `patience`; panics naming `what`.
+pub async fn wait_until(what: &str, patience: Duration, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + patience;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {patience:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Payloads seen by a test handler, with the attempt of each delivery.
+#[derive(Clone, Default)]
+pub struct Seen {
+    inner: std::sync::Arc<std::sync::Mutex<Vec<(Bytes, u32)>>>,
+}
+
+impl Seen {
+    pub fn record(&self, message: &Message) {
+        if let Ok(mut seen) = self.inner.lock() {
+            seen.push((message.payload().clone(), message.metadata().attempt()));
+        }
+    }
+
+    /// How often `payload` was handled.
+    pub fn count(&self, payload: &[u8]) -> usize {
+        self.inner
+            .lock()
+            .map(|seen| seen.iter().filter(|(seen, _)| &seen[..] == payload).count())
+            .unwrap_or_default()
+    }
+
+    /// The attempts `payload` was handled with, in order.
+    pub fn attempts(&self, payload: &[u8]) -> Vec<u32> {
+        self.inner
+            .lock()
+            .map(|seen| {
+                seen.iter()
+                    .filter(|(seen, _)| &seen[..] == payload)
+                    .map(|(_, attempt)| *attempt)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn total(&self) -> usize {
+        self.inner.lock().map(|seen| seen.len()).unwrap_or_default()
+    }
+}
+
+/// `count` messages `<prefix><n>` on `in.<stream>.k<n % 4>`.
+pub fn numbered(prefix: &str, count: usize) -> Vec<TestMessage> {
+    (0..count)
+        .map(|n| TestMessage::new(format!("k{}", n % 4), format!("{prefix}{n}")))
+        .collect()
+}
+
+/// [`unacknowledged`] from a synchronous condition (a test's `wait_until`).
+pub fn block_on_unacknowledged(client: &async_nats::Client, stream: &str, group: &str) -> u64 {
+    let client = client.clone();
+    let (stream, group) = (stream.to_owned(), group.to_owned());
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()
+            .and_then(|runtime| {
+                runtime
+                    .block_on(unacknowledged(&client, &stream, &group))
+                    .ok()
+            })
+            .unwrap_or(u64::MAX)
+    })
+    .join()
+    .unwrap_or(u64::MAX)
+}
