@@ -102,9 +102,13 @@ impl Tls {
 /// What a connection's events tell its users.
 #[derive(Debug, Default)]
 pub(crate) struct ConnectionEvents {
-    /// Counts connections made: a pull request made on an earlier one may
-    /// be gone.
-    connected: AtomicU64,
+    /// Counts reconnections (the first connection is 0): a pull request
+    /// made on an earlier connection may be gone.
+    reconnected: AtomicU64,
+    /// The connection was lost and not yet made anew.
+    lost: AtomicBool,
+    /// Wakes whoever waits on the old connection.
+    notify: tokio::sync::Notify,
     /// Reconnect attempts since the last connection.
     attempts: AtomicUsize,
     /// The reconnect backoff gave up.
@@ -112,9 +116,14 @@ pub(crate) struct ConnectionEvents {
 }
 
 impl ConnectionEvents {
-    /// The number of connections made so far.
+    /// The number of reconnections so far.
     pub(crate) fn epoch(&self) -> u64 {
-        self.connected.load(Ordering::Acquire)
+        self.reconnected.load(Ordering::Acquire)
+    }
+
+    /// Resolves at the next reconnection.
+    pub(crate) fn reconnection(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
     }
 
     /// `Some(attempts)` once the reconnect backoff gave up.
@@ -229,11 +238,15 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
         async move {
             match event {
                 Event::Connected => {
-                    events.connected.fetch_add(1, Ordering::AcqRel);
                     events.attempts.store(0, Ordering::Release);
-                    tracing::info!(%endpoint, "connected to NATS");
+                    if events.lost.swap(false, Ordering::AcqRel) {
+                        events.reconnected.fetch_add(1, Ordering::AcqRel);
+                        events.notify.notify_waiters();
+                        tracing::info!(%endpoint, "reconnected to NATS");
+                    }
                 }
                 Event::Disconnected => {
+                    events.lost.store(true, Ordering::Release);
                     tracing::warn!(%endpoint, "lost the connection to NATS; reconnecting with backoff");
                 }
                 Event::SlowConsumer(sid) => {
@@ -257,9 +270,6 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
         .connect(addresses)
         .await
         .map_err(|error| connect_error(&endpoint, error))?;
-    // The first connection counts too (the client reports it before
-    // `connect` returns, but through a task of its own).
-    events.connected.fetch_max(1, Ordering::AcqRel);
     Ok(Connection {
         client,
         endpoint,

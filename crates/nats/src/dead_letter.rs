@@ -14,9 +14,12 @@
 //! A NATS header value is text without line breaks: a line break in the
 //! error text is written as `\n`; an original header that cannot be carried
 //! (a name NATS refuses) is left out and counted in
-//! `intake.headers.omitted`. A letter larger than the server's
-//! `max_payload` is rejected, so the dead-letter layer writes its reference
-//! letter instead.
+//! `intake.headers.omitted`. JetStream stores at most 64 KiB of headers
+//! with a message: a letter whose headers pass that is written reduced,
+//! without the original headers (their count in `intake.headers.omitted`,
+//! the error cut to 1 KiB). A letter larger than the server's
+//! `max_payload` is rejected, so the dead-letter layer writes its
+//! reference letter instead.
 //!
 //! # The broker's name
 //!
@@ -50,6 +53,11 @@ pub const NATS_HEADER_PREFIX: &str = "intake.nats.";
 /// The stand-in the envelope is built with until intake-core knows NATS
 /// (see the module docs).
 const STAND_IN: Broker = Broker::Kafka;
+/// The most bytes of headers JetStream stores with a message (the server
+/// refuses more: `header size exceeds maximum allowed of 64k`, 10097).
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The error text of a reduced letter, as on AMQP.
+const REDUCED_ERROR_BYTES: usize = 1024;
 
 /// The default dead-letter subject of consumer `consumer` of `stream`.
 pub fn default_subject(stream: &str, consumer: &str) -> String {
@@ -275,12 +283,46 @@ impl NatsDeadLetterSink {
         &self.stream
     }
 
-    /// `letter` as NATS headers and payload.
+    /// `letter` as NATS headers and payload: whole, or reduced (without the
+    /// original headers) when its headers pass JetStream's limit for a
+    /// message's header block; rejected when even that is over the limit
+    /// or the whole is over the server's `max_payload`.
     fn message(&self, letter: &DeadLetter) -> Result<(HeaderMap, Bytes), DeadLetterError> {
-        let mut envelope = Envelope::new(letter, &self.carrier);
+        let envelope = Envelope::new(letter, &self.carrier);
+        let (headers, header_bytes) = self.headers(&envelope)?;
+        let (headers, header_bytes) = match header_bytes > MAX_HEADER_BYTES {
+            false => (headers, header_bytes),
+            true => {
+                let reduced = Envelope::new(letter, &self.carrier).reduced(REDUCED_ERROR_BYTES);
+                let (headers, header_bytes) = self.headers(&reduced)?;
+                if header_bytes > MAX_HEADER_BYTES {
+                    return Err(DeadLetterError::rejected(format!(
+                        "the letter's envelope alone is {header_bytes} bytes of headers, over JetStream's {MAX_HEADER_BYTES}"
+                    )));
+                }
+                tracing::warn!(
+                    omitted = letter.message.headers().len(),
+                    "a dead letter's headers pass JetStream's limit: written without the original headers (counted in intake.headers.omitted)"
+                );
+                (headers, header_bytes)
+            }
+        };
+        let payload = envelope.payload().clone();
+        let size = payload.len() + header_bytes;
+        let max_payload = self.client.server_info().max_payload;
+        if max_payload > 0 && size > max_payload {
+            return Err(DeadLetterError::rejected(format!(
+                "the letter is {size} bytes, over the server's max_payload of {max_payload}"
+            )));
+        }
+        Ok((headers, payload))
+    }
+
+    /// The envelope's headers and the size of their header block.
+    fn headers(&self, envelope: &Envelope<'_>) -> Result<(HeaderMap, usize), DeadLetterError> {
         let mut omitted = 0;
         let mut headers = HeaderMap::new();
-        let mut carried = Vec::with_capacity(envelope.header_count());
+        let mut size = "NATS/1.0\r\n\r\n".len();
         for (name, value) in envelope.headers() {
             let name = match name.starts_with("Nats-") || name.starts_with("nats-") {
                 true => format!("{NATS_HEADER_PREFIX}{name}"),
@@ -290,52 +332,56 @@ impl NatsDeadLetterSink {
                 HeaderName::try_from(name.as_str()),
                 header_value(value, false),
             ) {
-                (Ok(name), Some(value)) => carried.push((name, value)),
+                (Ok(header), Some(value)) => {
+                    size += name.len() + value.as_str().len() + 4;
+                    headers.append(header, value);
+                }
                 _ => omitted += 1,
             }
         }
-        envelope.count_omitted(omitted);
-        if omitted > 0 {
-            tracing::warn!(
-                omitted,
-                "a dead letter leaves out headers NATS cannot carry (counted in intake.headers.omitted)"
-            );
-        }
-        for (name, value) in carried {
-            headers.append(name, value);
-        }
-        let fresh = letter.origin.is_none();
+        let mut fields = Vec::with_capacity(envelope::MAX_FIELDS);
+        let fresh = envelope.letter().origin.is_none();
+        let omitted_text;
         for (name, value) in envelope.fields() {
             let value = match name {
                 envelope::ORIGIN_BROKER if fresh => Some(HeaderValue::from(BROKER_NAME)),
                 envelope::ERROR_MESSAGE => header_value(value, true),
+                envelope::HEADERS_OMITTED if omitted > 0 => None,
                 _ => header_value(value, false),
             };
+            if name == envelope::HEADERS_OMITTED && omitted > 0 {
+                continue;
+            }
             let Some(value) = value else {
                 return Err(DeadLetterError::rejected(format!(
                     "envelope field `{name}` is no NATS header value (not UTF-8, or a line break)"
                 )));
             };
+            fields.push((name, value));
+        }
+        if omitted > 0 {
+            // The envelope's own count (a reduced letter's) plus the headers
+            // NATS cannot carry.
+            let counted = envelope
+                .fields()
+                .find(|(name, _)| *name == envelope::HEADERS_OMITTED)
+                .and_then(|(_, value)| std::str::from_utf8(value).ok()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            omitted_text = (counted + omitted as u64).to_string();
+            fields.push((
+                envelope::HEADERS_OMITTED,
+                HeaderValue::from(omitted_text.as_str()),
+            ));
+            tracing::warn!(
+                omitted,
+                "a dead letter leaves out headers NATS cannot carry (counted in intake.headers.omitted)"
+            );
+        }
+        for (name, value) in fields {
+            size += name.len() + value.as_str().len() + 4;
             headers.append(HeaderName::from_static(name), value);
         }
-        let payload = envelope.payload().clone();
-        let size = payload.len()
-            + headers
-                .iter()
-                .flat_map(|(name, values)| {
-                    values.iter().map(move |value| {
-                        AsRef::<str>::as_ref(name).len() + value.as_str().len() + 4
-                    })
-                })
-                .sum::<usize>()
-            + 12;
-        let max_payload = self.client.server_info().max_payload;
-        if max_payload > 0 && size > max_payload {
-            return Err(DeadLetterError::rejected(format!(
-                "the letter is {size} bytes, over the server's max_payload of {max_payload}"
-            )));
-        }
-        Ok((headers, payload))
+        Ok((headers, size))
     }
 
     /// Ends the original of a letter written for this consumer with

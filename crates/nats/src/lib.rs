@@ -90,9 +90,9 @@ pub use acker::NatsAcker;
 pub use connection::Tls;
 pub use counters::Counters;
 pub use dead_letter::{
-    BROKER_NAME, NATS_HEADER_PREFIX, NatsDeadLetterSink, NatsDeadLetterSinkBuilder,
-    default_stream as default_dead_letter_stream, default_subject as default_dead_letter_subject,
-    read_dead_letter,
+    BROKER_NAME, MAX_HEADER_BYTES as MAX_DEAD_LETTER_HEADER_BYTES, NATS_HEADER_PREFIX,
+    NatsDeadLetterSink, NatsDeadLetterSinkBuilder, default_stream as default_dead_letter_stream,
+    default_subject as default_dead_letter_subject, read_dead_letter,
 };
 pub use error::Error;
 pub use source::{NatsSource, NatsSourceBuilder};

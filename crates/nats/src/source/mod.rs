@@ -101,6 +101,10 @@ pub struct NatsSource {
     limits_applied: bool,
     progress: Option<ProgressTask>,
     hold: Vec<(u64, Subject, u32)>,
+    /// The connection the source last saw.
+    epoch_seen: u64,
+    /// Until then, pull one message per request (see [`Self::reconnected`]).
+    one_at_a_time_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for NatsSource {
@@ -204,6 +208,8 @@ impl NatsSource {
             limits_applied: false,
             progress: Some(progress),
             hold: Vec::new(),
+            epoch_seen: 0,
+            one_at_a_time_until: None,
         })
     }
 
@@ -310,8 +316,35 @@ impl NatsSource {
         }
     }
 
+    /// The client connected anew. A connection can be lost to a delivery
+    /// async-nats cannot parse (a header that is not UTF-8): the client
+    /// drops the connection with everything after that delivery in its
+    /// buffer, and after `ack_wait` the server delivers them all again,
+    /// together, so the same delivery would take the same company down
+    /// with it every time, a stall. For one `ack_wait` (and a little) after
+    /// a reconnect, the source therefore pulls one message per request:
+    /// each of them arrives on its own, and only the unreadable one costs
+    /// a reconnect (`tests/hostile_records.rs`).
+    fn reconnected(&mut self, epoch: u64, now: Instant) {
+        tracing::info!(
+            epoch,
+            "reconnected: pulling one message at a time for one ack_wait"
+        );
+        self.one_at_a_time_until = Some(now + self.ack_wait + 2 * REQUEST_GRACE);
+        self.epoch_seen = epoch;
+        self.request = None;
+    }
+
     /// Sends a pull request for `batch` messages.
     async fn request(&mut self, batch: usize) -> Result<(), Error> {
+        let batch = match self.one_at_a_time_until {
+            Some(until) if Instant::now() < until => 1,
+            Some(_) => {
+                self.one_at_a_time_until = None;
+                batch
+            }
+            None => batch,
+        };
         self.requests_sent += 1;
         let reply = Subject::from(format!("{}.{}", self.inbox, self.requests_sent));
         let expires = self.fetch_wait.as_nanos();
@@ -519,6 +552,14 @@ impl NatsSource {
     }
 }
 
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The pull form of a consumer's configuration (`None` for a push one).
 fn pull_config(config: jetstream::consumer::Config) -> Option<jetstream::consumer::pull::Config> {
     if config.deliver_subject.is_some() {
@@ -580,6 +621,9 @@ impl Source for NatsSource {
             }
             let epoch = self.connection.events.epoch();
             let now = Instant::now();
+            if epoch != self.epoch_seen {
+                self.reconnected(epoch, now);
+            }
             if self
                 .request
                 .as_ref()
@@ -590,13 +634,15 @@ impl Source for NatsSource {
             if self.request.is_none() && max > 0 {
                 self.request(max).await?;
             }
-            let waited = match &self.request {
-                Some(request) => tokio::time::timeout_at(request.deadline, self.replies.next())
-                    .await
-                    .ok(),
-                // Nothing asked for (the budget is full): wait for what an
-                // earlier request still brings, until the runtime asks again.
-                None => Some(self.replies.next().await),
+            let events = self.connection.events.clone();
+            let reconnection = events.reconnection();
+            let deadline = self.request.as_ref().map(|request| request.deadline);
+            // Without a request (the budget is full) the wait is for what an
+            // earlier request still brings, until the runtime asks again.
+            let waited = tokio::select! {
+                message = self.replies.next() => Some(message),
+                () = reconnection => None,
+                () = sleep_until(deadline) => None,
             };
             match waited {
                 None => self.request = None,
