@@ -102,7 +102,10 @@ write_config() {
             echo "}"
         fi
         if [[ -n "${INTAKE_NATS_INCLUDE:-}" ]]; then
-            echo "include \"${INTAKE_NATS_INCLUDE}\""
+            # nats-server reads an include relative to the config's own
+            # directory, whatever its form: a copy goes next to it.
+            cp "${INTAKE_NATS_INCLUDE}" "$STATE_DIR/include.conf"
+            echo "include \"include.conf\""
         fi
     } >"$CONFIG"
 }

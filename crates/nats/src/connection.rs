@@ -277,8 +277,35 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
     })
 }
 
+/// Whether a certificate was refused somewhere in `error`'s causes:
+/// async-nats reports a handshake that failed on a certificate as an I/O
+/// error, which would pass for an outage.
+fn refused_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.downcast_ref::<async_nats::rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<async_nats::rustls::Error>().is_some())
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 fn connect_error(endpoint: &str, error: async_nats::ConnectError) -> Error {
     let endpoint = endpoint.to_owned();
+    if refused_certificate(&error) {
+        return Error::Tls {
+            endpoint,
+            source: boxed(error),
+        };
+    }
     match error.kind() {
         ConnectErrorKind::AuthorizationViolation => Error::Unauthorized {
             endpoint,

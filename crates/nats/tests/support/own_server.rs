@@ -41,7 +41,7 @@ impl OwnServer {
         std::fs::create_dir_all(&state)?;
         let include = match include {
             Some(text) => {
-                let path = state.join("include.conf");
+                let path = state.join("test-include.conf");
                 std::fs::write(&path, text)?;
                 Some(path)
             }
