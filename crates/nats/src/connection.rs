@@ -121,7 +121,7 @@ impl ConnectionEvents {
         self.reconnected.load(Ordering::Acquire)
     }
 
-    /// Resolves at the next reconnection.
+    /// Resolves at the next reconnection, or once the backoff gave up.
     pub(crate) fn reconnection(&self) -> tokio::sync::futures::Notified<'_> {
         self.notify.notified()
     }
@@ -166,9 +166,10 @@ impl std::fmt::Debug for ConnectSettings {
     }
 }
 
-/// The longest the reconnect callback waits when the policy gave up: the
-/// client then closes (see `max_reconnects`) and this only bounds the last
-/// wait.
+/// How often the client still tries to reconnect once the policy gave up:
+/// async-nats has no way to stop reconnecting from the callback, so the
+/// source ends the run with [`Error::GaveUp`] instead, and the client stops
+/// when the source and acker holding it are dropped.
 const GIVE_UP_DELAY: Duration = Duration::from_secs(1);
 
 /// Connects once (bounded by the connect timeout); afterwards the client
@@ -226,6 +227,8 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
             Some(delay) => delay,
             None => {
                 delay_events.gave_up.store(true, Ordering::Release);
+                // Wakes a source waiting for the connection to come back.
+                delay_events.notify.notify_waiters();
                 GIVE_UP_DELAY
             }
         }

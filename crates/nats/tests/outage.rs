@@ -15,6 +15,7 @@ use support::{Running, Seen, wait_until};
 /// Ports of this file's own servers (one per test: they run in parallel).
 const KILL_PORT: u16 = 14_231;
 const SHUTDOWN_PORT: u16 = 14_232;
+const GIVE_UP_PORT: u16 = 14_233;
 
 fn own_server(port: u16, test: &str) -> Option<OwnServer> {
     support::init_tracing();
@@ -171,4 +172,42 @@ async fn no_server_at_build_is_a_transient_error_naming_the_address_without_cred
     let shown = format!("{error} {error:?}");
     assert!(!shown.contains("s3cret-pw"), "{shown}");
     assert_eq!(error.endpoint(), Some("nats://app:***@127.0.0.1:9"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_backoff_that_gives_up_ends_the_run_saying_so() {
+    let Some(server) = own_server(GIVE_UP_PORT, "reconnect gives up") else {
+        return;
+    };
+    let client = intake_nats::async_nats::connect(server.url())
+        .await
+        .expect("connect");
+    let stream = support::unique("giveup");
+    support::create_stream(&client, &stream)
+        .await
+        .expect("stream");
+    drop(client);
+    let source = NatsSource::builder(server.url())
+        .stream(&stream)
+        .consumer("g")
+        .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)).max_retries(3))
+        .fetch_wait(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("source");
+    let acker = source.acker();
+    let consumer = Consumer::builder()
+        .ordering(Ordering::Unordered)
+        .build(source, acker, recording(Seen::default()))
+        .expect("consumer");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+    server.kill().expect("SIGKILL the server");
+    let ended = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the run ends by itself")
+        .expect("the run's task");
+    let error = ended.expect_err("the source gave up");
+    let text = format!("{error:?}");
+    assert!(text.contains("GaveUp"), "{text}");
 }

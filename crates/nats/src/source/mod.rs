@@ -600,17 +600,20 @@ impl Source for NatsSource {
         deliveries: &mut Vec<Message>,
         max: usize,
     ) -> Result<SourceEvent, SourceError> {
-        if let Some(attempts) = self.connection.events.gave_up() {
-            return Err(Error::GaveUp {
-                endpoint: self.endpoint(),
-                attempts,
-            }
-            .into());
-        }
         if !self.limits_applied {
             self.apply_limits().await;
         }
         loop {
+            // Checked on every turn: while the server is away, the loop
+            // below only waits on pull requests that expire, and never
+            // returns to the runtime by itself.
+            if let Some(attempts) = self.connection.events.gave_up() {
+                return Err(Error::GaveUp {
+                    endpoint: self.endpoint(),
+                    attempts,
+                }
+                .into());
+            }
             if !self.poison.is_empty() {
                 self.dead_letter_poison().await;
             }
