@@ -25,13 +25,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use intake::amqp::lapin;
+use intake::backend::{Acker, Source};
 use intake::kafka::rdkafka::ClientConfig;
 use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake::kafka::rdkafka::client::DefaultClientContext;
 use intake::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use intake::memory::{MemoryBroker, Record};
 use intake::redis_streams::redis;
-use intake::{Acker, Consumer, HandlerError, Message, Ordering, RunReport, Source};
+use intake::{Consumer, DeliveryOrder, HandlerError, Message, RunReport};
 use tokio_util::sync::CancellationToken;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -120,7 +121,7 @@ async fn consume<S: Source, A: Acker>(
     let consumer = Consumer::builder()
         .max_in_flight(1024)
         .max_in_flight_bytes(budget)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker, handler)?;
     let baseline = rss();
     let sampler = Sampler::start();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use intake::consumer::{Consumer, Ordering};
+use intake::consumer::{Consumer, DeliveryOrder};
 use intake::handler::{Meta, handler_fn};
 use intake::memory::{MemoryBroker, Record};
 use tokio_util::sync::CancellationToken;
@@ -56,7 +56,7 @@ fn main() {
     let (source, acker) = broker.consumer("orders", "bench").expect("join");
     let consumer = Consumer::builder()
         .max_in_flight(MAX_IN_FLIGHT)
-        .ordering(Ordering::Key)
+        .ordering(DeliveryOrder::Key)
         .build(source, acker, handler)
         .expect("valid settings");
     let started = Instant::now();

@@ -136,7 +136,7 @@ fn run(stack: &str) {
             TraceLayer::new("orders").layer(bytes_handler())
         }),
         "metrics" => {
-            let registry = prometheus::Registry::new();
+            let registry = intake::metrics::prometheus::Registry::new();
             let metrics = Metrics::register(&registry).expect("a fresh registry");
             support::main(&name, ORDER_JSON, || {
                 metrics.layer("orders").layer(bytes_handler())
@@ -146,7 +146,7 @@ fn run(stack: &str) {
             DeadLetterLayer::new(UnusedSink).layer(bytes_handler())
         }),
         "full" => {
-            let registry = prometheus::Registry::new();
+            let registry = intake::metrics::prometheus::Registry::new();
             let metrics = Metrics::register(&registry).expect("a fresh registry");
             support::main(&name, ORDER_JSON, || {
                 let measured = metrics.layer("orders");

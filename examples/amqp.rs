@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
 use intake::amqp::{AmqpDeadLetterSink, AmqpSource, Exchange, Queue, Topology};
-use intake::{Consumer, DeadLetterLayer, HandlerError, Json, Meta, Ordering, handler_fn};
+use intake::{Consumer, DeadLetterLayer, DeliveryOrder, HandlerError, Json, Meta, handler_fn};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -117,7 +117,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let report = Consumer::builder()
         .max_in_flight(max_in_flight)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker, handler)?
         .run(shutdown)
         .await?;

@@ -28,7 +28,7 @@ use intake::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use intake::kafka::{KafkaDeadLetterSink, KafkaSettings, KafkaSource};
 use intake::retry::RetryLayer;
 use intake::{
-    CatchPanicLayer, Consumer, Exponential, HandlerError, Json, Meta, Ordering, handler_fn,
+    CatchPanicLayer, Consumer, DeliveryOrder, Exponential, HandlerError, Json, Meta, handler_fn,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -117,7 +117,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = Consumer::builder()
         .max_in_flight(256)
         // Orders of one customer (the key) in order, customers in parallel.
-        .ordering(Ordering::Key)
+        .ordering(DeliveryOrder::Key)
         .build(source, acker, handler)?
         .run(shutdown)
         .await?;

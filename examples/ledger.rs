@@ -72,9 +72,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use intake::backend::{Acker, Source};
 use intake::postgres::MessageId;
 use intake::retry::RetryLayer;
-use intake::{Acker, Consumer, ConsumerBuilder, Exponential, Ordering, RunReport, Source};
+use intake::{Consumer, ConsumerBuilder, DeliveryOrder, Exponential, RunReport};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
@@ -190,7 +191,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     let consumer = Consumer::builder()
         .max_in_flight(args.max_in_flight)
         // Ids have no order to keep; commits stay ordered regardless.
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .shutdown_deadline(Duration::from_secs(10));
 
     let run_args = RunArgs {

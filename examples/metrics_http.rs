@@ -7,7 +7,10 @@
 //! ```
 //!
 //! `METRICS_ADDR` changes the listen address; `RUN_FOR_SECS` stops the
-//! example after that many seconds (otherwise Ctrl-C stops it).
+//! example after that many seconds (otherwise SIGTERM or Ctrl-C stops it).
+
+#[path = "support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,13 +22,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use intake::consumer::Consumer;
 use intake::memory::{MemoryBroker, Record};
+use intake::metrics::prometheus::{Encoder, Registry, TextEncoder};
 use intake::{
     CatchPanicLayer, DeadLetterLayer, Exponential, HandlerError, Json, Meta, Metrics, RetryLayer,
     TraceLayer, handler_fn,
 };
-use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 #[derive(Deserialize)]
@@ -77,7 +79,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let broker = MemoryBroker::new();
     broker.create_topic("orders", 4)?;
-    let shutdown = CancellationToken::new();
+    // SIGTERM (a container stop) or Ctrl-C drains the consumer.
+    let shutdown = support::shutdown_on_signals();
 
     // A producer: one order every 5 ms; every 97th is malformed and every
     // 89th is free (both permanent failures, dead-lettered).
@@ -140,13 +143,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(Duration::from_secs);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            match run_for {
-                Some(duration) => tokio::time::sleep(duration).await,
-                None => {
-                    let _ = tokio::signal::ctrl_c().await;
+            if let Some(duration) = run_for {
+                tokio::select! {
+                    () = tokio::time::sleep(duration) => stop.cancel(),
+                    () = stop.cancelled() => {}
                 }
             }
-            stop.cancel();
+            stop.cancelled().await;
         })
         .await?;
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use intake::consumer::{Consumer, Ordering};
+use intake::consumer::{Consumer, DeliveryOrder};
 use intake::dead_letter::DeadLetterLayer;
 use intake::memory::{MemoryBroker, Record};
 use intake::retry::RetryLayer;
@@ -101,7 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (source, acker) = broker.consumer(TOPIC, GROUP)?;
     let consumer = Consumer::builder()
         .max_in_flight(64)
-        .ordering(Ordering::Key)
+        .ordering(DeliveryOrder::Key)
         .commit_interval(Duration::from_millis(20))
         .build(source, acker, handler)?;
 

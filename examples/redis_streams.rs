@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use intake::redis_streams::{RedisStreamsConfig, redis};
-use intake::{Consumer, HandlerError, Message, Ordering};
+use intake::{Consumer, DeliveryOrder, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
 
 const STREAM: &str = "intake-example:orders";
@@ -66,7 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = Consumer::builder()
         .max_in_flight(256)
         // Orders of one customer in order, customers in parallel.
-        .ordering(Ordering::Key)
+        .ordering(DeliveryOrder::Key)
         .build(source, acker, handler)?
         .run(shutdown)
         .await?;

@@ -1,11 +1,15 @@
 //! intake: consume messages from brokers with async fn handlers, tower
 //! middleware and ordered commits.
 //!
-//! This facade re-exports [`intake_core`] (the traits, the runtime, the
-//! layers and the in-memory broker). The backends are features, none on by
-//! default: `kafka`, `redis`, `amqp`, `nats` and `postgres` (or `full` for
-//! all) add the backend crates as `intake::kafka`, `intake::redis_streams`,
-//! `intake::amqp`, `intake::nats` and `intake::postgres`.
+//! This facade re-exports [`intake_core`]: at the root, what a handler
+//! author uses (the consumer, handlers and extractors, the layers, the
+//! errors, the in-memory broker); under [`backend`], what a backend author
+//! implements (`Source`, `Acker`, `DeadLetterSink`) and, with core's
+//! `testkit` feature, the conformance suite. The backends are features,
+//! none on by default: `kafka`, `redis`, `amqp`, `nats` and `postgres` (or
+//! `full` for all) add the backend crates as `intake::kafka`,
+//! `intake::redis_streams`, `intake::amqp`, `intake::nats` and
+//! `intake::postgres`.
 //!
 //! ```
 //! use intake::consumer::Consumer;

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use intake::Message;
-use intake::consumer::{Consumer, Ordering, RunReport};
+use intake::consumer::{Consumer, DeliveryOrder, RunReport};
 use intake::memory::{MemoryBroker, Record};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
@@ -131,7 +131,7 @@ where
     let (source, acker) = broker.consumer("orders", "bench").expect("join the group");
     let consumer = Consumer::builder()
         .max_in_flight(256)
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .build(
             source,
             acker,

@@ -39,7 +39,7 @@ use intake_amqp::lapin::options::{
 };
 use intake_amqp::lapin::types::FieldTable;
 use intake_amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
 
 const PREFETCH: u16 = 1000;
@@ -136,9 +136,11 @@ async fn run() -> Result<(), BoxError> {
             let cpu_before = process_cpu();
             let elapsed = match contender {
                 Contender::Raw => raw(&url, &queue, messages).await?,
-                Contender::Intake => intake(&url, &queue, messages, Ordering::Unordered).await?,
+                Contender::Intake => {
+                    intake(&url, &queue, messages, DeliveryOrder::Unordered).await?
+                }
                 Contender::IntakeOrdered => {
-                    intake(&url, &queue, messages, Ordering::Partition).await?
+                    intake(&url, &queue, messages, DeliveryOrder::Partition).await?
                 }
             };
             let cpu_per_message = process_cpu()
@@ -309,7 +311,7 @@ async fn intake(
     url: &str,
     queue: &str,
     count: usize,
-    ordering: Ordering,
+    ordering: DeliveryOrder,
 ) -> Result<Duration, BoxError> {
     let started = Instant::now();
     let source = AmqpSource::builder(url)

@@ -53,6 +53,7 @@ async fn receive(source: &mut AmqpSource, count: usize, max: usize) -> Received 
                     received.revoked.extend_from_slice(revocation.partitions());
                 }
                 Ok(SourceEvent::Exhausted) => panic!("the source ended"),
+                Ok(other) => panic!("unexpected source event: {other:?}"),
                 Err(error) => panic!("source error: {error}"),
             }
         }
@@ -467,7 +468,8 @@ async fn a_dead_letter_no_queue_would_receive_is_an_error_not_a_loss() {
         .write(&DeadLetter::new(received.messages[0].clone(), "bad", 1))
         .await
         .expect_err("no queue is bound");
-    assert!(error.to_string().contains("no queue is bound"), "{error}");
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    assert!(chain.contains("no queue is bound"), "{chain}");
     // Not acknowledged: still in the queue (unacknowledged, then ready).
     source.close().await.unwrap();
     settle_at(&backend, &queue, 1).await;
@@ -645,6 +647,7 @@ async fn the_broker_closing_the_connection_mid_run_leads_to_a_reconnect_and_noth
                 }
                 SourceEvent::Assigned(partitions) => assigned.extend(partitions),
                 SourceEvent::Exhausted => panic!("the source ended"),
+                other => panic!("unexpected source event: {other:?}"),
             }
         }
     })
@@ -813,7 +816,7 @@ where
     let acker = source.acker();
     let consumer = intake_core::Consumer::builder()
         .max_in_flight(8)
-        .ordering(intake_core::Ordering::Unordered)
+        .ordering(intake_core::DeliveryOrder::Unordered)
         .backoff(intake_core::Disabled)
         .build(source, acker, handler)
         .expect("valid consumer settings");
@@ -1138,7 +1141,7 @@ async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() 
     let acker = source.acker();
     let consumer = intake_core::Consumer::builder()
         .max_in_flight(8)
-        .ordering(intake_core::Ordering::Unordered)
+        .ordering(intake_core::DeliveryOrder::Unordered)
         .backoff(intake_core::Disabled)
         .revoke_timeout(Duration::from_secs(2))
         .build(source, acker, handler)
@@ -1271,7 +1274,8 @@ async fn a_dead_letter_addressed_to_the_queue_it_came_from_is_refused_not_consum
         .write(&DeadLetter::new(message, "bad", 1))
         .await
         .expect_err("a dead letter into its own queue is refused");
-    assert!(error.to_string().contains("consumed again"), "{error}");
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    assert!(chain.contains("consumed again"), "{chain}");
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }

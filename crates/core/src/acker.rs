@@ -13,6 +13,7 @@ use crate::message::{PartitionKey, Position};
 
 /// What the commit engine collects for the acker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AckMode {
     /// Only the contiguous watermark per partition (Kafka offsets, AMQP
     /// `ack multiple`, the memory broker). Cheapest.
@@ -97,10 +98,10 @@ impl AckBatch {
 #[non_exhaustive]
 pub enum AckError {
     /// The broker answered with an error.
-    #[error("the broker rejected the acknowledgement: {0}")]
+    #[error("the broker rejected the acknowledgement")]
     Broker(#[source] BoxError),
     /// The connection was lost before the broker confirmed.
-    #[error("the connection was lost before the acknowledgement was confirmed: {0}")]
+    #[error("the connection was lost before the acknowledgement was confirmed")]
     Disconnected(#[source] BoxError),
     /// The partition now belongs to another consumer (or channel), so its
     /// positions may not be acknowledged by this one.

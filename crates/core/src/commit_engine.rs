@@ -21,6 +21,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::acker::{AckBatch, AckMode, PartitionAck};
 use crate::message::{PartitionKey, Position};
+use crate::observer::PartitionStats;
 
 /// Index of a partition inside the engine. Stable while it is assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,16 +47,6 @@ impl Ticket {
     /// The partition the delivery belongs to.
     pub fn partition(&self) -> PartitionId {
         self.partition
-    }
-
-    /// The generation of the assignment it was admitted under.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// Its sequence number within the partition.
-    pub fn seq(&self) -> u64 {
-        self.seq
     }
 }
 
@@ -148,24 +139,6 @@ impl PartitionState {
     }
 }
 
-/// A snapshot of one partition, for metrics and reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PartitionStats {
-    /// The partition.
-    pub partition: PartitionKey,
-    /// The last contiguous done position.
-    pub watermark: Option<Position>,
-    /// The newest position admitted.
-    pub newest: Option<Position>,
-    /// Admitted messages not yet committable: the watermark's lag behind the
-    /// newest admitted message, in messages.
-    pub uncommitted: usize,
-    /// Admitted messages whose handler has not finished.
-    pub in_flight: usize,
-    /// Position of the oldest unfinished message, if any.
-    pub oldest_unfinished: Option<Position>,
-}
-
 /// Per-partition ordered commit bookkeeping. See the [module docs](self).
 #[derive(Debug)]
 pub struct CommitEngine {
@@ -190,11 +163,6 @@ impl CommitEngine {
             next_generation: 1,
             pending: 0,
         }
-    }
-
-    /// What the engine collects.
-    pub fn mode(&self) -> AckMode {
-        self.mode
     }
 
     /// Assigns `key` to this consumer under a new generation and returns its
@@ -451,7 +419,9 @@ impl CommitEngine {
             .map_or(0, |state| state.window.len())
     }
 
-    /// Admitted messages of partition `id` whose handler has not finished.
+    /// Admitted messages of partition `id` whose handler has not finished
+    /// (the runtime reads it from [`stats`](Self::stats)).
+    #[cfg(any(test, feature = "internals"))]
     pub fn in_flight(&self, id: PartitionId) -> usize {
         self.partitions
             .get(id.index())

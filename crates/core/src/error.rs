@@ -9,6 +9,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What a handler failure means for the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// Try again after a backoff (a downstream service was unavailable, a
     /// lock timed out). Retried by the retry layer; if it still fails, the
@@ -58,6 +59,15 @@ impl fmt::Display for ErrorClass {
 /// [`TEXT_LIMIT`](Self::TEXT_LIMIT) bytes of the cause's text, so an error
 /// that quotes a whole payload cannot flood a log line, a span or a dead
 /// letter; [`cause`](Self::cause) is the whole cause.
+///
+/// A `HandlerError` classifies its cause rather than wrapping it in a level
+/// of its own: `Display` is the class, the attempts and the cause's own text
+/// (`permanent error after 3 attempt(s): no such customer`), and
+/// [`source`](std::error::Error::source) continues with the cause's source,
+/// as hyper's rule asks, so a report that prints the chain prints the
+/// cause's text once. An error made from a message
+/// (`HandlerError::retryable("timeout")`) has no source. To downcast the
+/// cause itself, use [`cause`](Self::cause).
 pub struct HandlerError {
     class: ErrorClass,
     source: BoxError,
@@ -177,8 +187,9 @@ impl fmt::Display for HandlerError {
 }
 
 impl std::error::Error for HandlerError {
+    /// The cause's source: the cause's own text is this error's level.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
+        self.source.source()
     }
 }
 
@@ -197,9 +208,66 @@ impl From<std::convert::Infallible> for HandlerError {
     }
 }
 
+/// An error and its causes on one line: each level's `Display`, outermost
+/// first, joined by `: ` (`the source failed: broker error: connection
+/// refused`).
+///
+/// intake's errors follow hyper's rule: `Display` describes one level, and
+/// the cause is reached through [`source`](std::error::Error::source). Log
+/// the chain, not the outer error alone, wherever the cause matters:
+/// `tracing::warn!(error = %ErrorChain::new(&error))`. The chain stops after
+/// [`MAX_LEVELS`](Self::MAX_LEVELS) levels. It formats without allocating;
+/// wrap it in [`Capped`] where a level may quote outside input at length.
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a> {
+    error: &'a (dyn std::error::Error + 'static),
+}
+
+impl<'a> ErrorChain<'a> {
+    /// Most levels shown: a longer chain ends with `: …`.
+    pub const MAX_LEVELS: usize = 16;
+
+    /// The chain of `error`.
+    pub fn new(error: &'a (dyn std::error::Error + 'static)) -> Self {
+        Self { error }
+    }
+}
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.error)?;
+        let mut level = self.error.source();
+        let mut shown = 1;
+        while let Some(cause) = level {
+            if shown == Self::MAX_LEVELS {
+                return f.write_str(": …");
+            }
+            write!(f, ": {cause}")?;
+            shown += 1;
+            level = cause.source();
+        }
+        Ok(())
+    }
+}
+
+/// `error` and its causes, bounded for a log line or a span field: room
+/// for one handler error's capped text and the levels around it.
+pub(crate) fn chain_for_log<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Capped<ErrorChain<'a>> {
+    Capped::new(ErrorChain::new(error), 2 * HandlerError::TEXT_LIMIT)
+}
+
+impl fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 /// A consumer setting that cannot work, found when the consumer is built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid consumer configuration: `{setting}` {problem}")]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The setting at fault.
     pub setting: &'static str,

@@ -1,24 +1,32 @@
 //! The core of intake: consume messages from any broker with an async fn,
 //! tower middleware and ordered commits.
 //!
-//! - [`Source`] and [`Acker`]: what a backend implements.
-//! - [`CommitEngine`](commit_engine::CommitEngine): handlers finish out of
-//!   order, yet a partition's committed position never passes a message still
-//!   in flight.
-//! - [`BackoffPolicy`]: one schedule type for retries, pauses and reconnects.
-//! - [`DeadLetterSink`]: where poison messages go.
+//! The crate root is for people who write handlers and run consumers:
+//!
+//! - [`Consumer`]: joins a source, an acker and a handler, and runs them
+//!   within a budget ([`ConsumerBuilder`]), in a [`DeliveryOrder`], until a
+//!   [`Shutdown`]; its [`RunReport`] says what it did.
 //! - [`handler_fn`]: an async fn whose arguments are extractors ([`Meta`],
-//!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service.
+//!   [`Key`], [`Json<T>`], [`Payload`], ...) as a handler service; a failure
+//!   is a [`HandlerError`] whose [`ErrorClass`] says what it means.
 //! - Middleware as tower layers, composed with `tower::ServiceBuilder`:
 //!   [`RetryLayer`], [`CatchPanicLayer`], [`DeadLetterLayer`] (with its
-//!   [`FailurePolicy`]), [`TraceLayer`], [`Metrics`] and [`BatchLayer`].
+//!   [`FailurePolicy`]), [`TraceLayer`], [`BatchLayer`] and, with the
+//!   `metrics` feature, `MetricsLayer` (prometheus); [`BackoffPolicy`] is
+//!   the one schedule type for retries, pauses and reconnects.
+//! - [`memory`]: an in-process broker with Kafka's model, for tests,
+//!   examples and benchmarks.
+//!
+//! What a backend author implements ([`backend::Source`],
+//! [`backend::Acker`], [`backend::DeadLetterSink`]) and the conformance
+//! suite that accepts a backend live in [`backend`].
 //!
 //! # Example
 //!
 //! A consumer on the in-memory broker, with retries and a dead-letter topic:
 //!
 //! ```
-//! use intake_core::consumer::{Consumer, Ordering};
+//! use intake_core::consumer::{Consumer, DeliveryOrder};
 //! use intake_core::dead_letter::DeadLetterLayer;
 //! use intake_core::memory::{MemoryBroker, Record};
 //! use intake_core::retry::RetryLayer;
@@ -49,7 +57,7 @@
 //! let shutdown = CancellationToken::new();
 //! let consumer = Consumer::builder()
 //!     .max_in_flight(64)
-//!     .ordering(Ordering::Key)
+//!     .ordering(DeliveryOrder::Key)
 //!     .build(source, acker, handler)?;
 //! let run = tokio::spawn(consumer.run(shutdown.clone()));
 //! while broker.lag("orders", "billing")? > 0 {
@@ -64,11 +72,22 @@
 //! ```
 #![warn(missing_docs)]
 
+// What a backend author needs is documented under `backend`; the modules
+// stay public, hidden, so that the backend crates' paths keep working until
+// they move to `backend`.
+#[doc(hidden)]
 pub mod acker;
+pub mod backend;
 pub mod backoff;
 pub mod batch;
 pub mod catch_panic;
+// The engine is the runtime's own; the `internals` feature opens it to the
+// property tests and the benchmark that drive it directly.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod commit_engine;
+#[cfg(not(feature = "internals"))]
+mod commit_engine;
 pub mod consumer;
 pub mod dead_letter;
 mod deadline;
@@ -80,33 +99,42 @@ mod interruptible_sleep;
 mod layer_testing;
 pub mod memory;
 pub mod message;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod observer;
 pub mod redact;
 pub mod retry;
 pub mod shutdown_scope;
+#[doc(hidden)]
 pub mod source;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod trace;
 
+#[doc(hidden)]
 pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub use backend::testkit;
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use batch::{BatchLayer, BatchSettings};
 pub use catch_panic::CatchPanicLayer;
-pub use consumer::{Consumer, ConsumerBuilder, Ordering, RunError, RunReport, Shutdown};
-pub use dead_letter::{
-    DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
-};
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use consumer::Ordering;
+pub use consumer::{Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, Shutdown};
+pub use dead_letter::{DeadLetter, DeadLetterLayer, FailurePolicy};
+#[doc(hidden)]
+pub use dead_letter::{DeadLetterError, DeadLetterSink};
 pub use decode::{Decode, DecodeError, Decoded, Json};
-pub use error::{BoxError, ConfigError, ErrorClass, HandlerError};
+pub use error::{BoxError, ConfigError, ErrorChain, ErrorClass, HandlerError};
 pub use handler::{
     FromMessage, FromMessageParts, Handler, HandlerFn, IntoHandlerResult, Key, Meta, Payload,
     handler_fn,
 };
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+#[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use retry::RetryLayer;
+#[doc(hidden)]
 pub use source::{Limits, Revocation, RevocationHandle, Source, SourceError, SourceEvent};
 pub use trace::TraceLayer;

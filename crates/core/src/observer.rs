@@ -8,10 +8,30 @@
 use std::time::Duration;
 
 use crate::acker::{AckBatch, AckError};
-use crate::commit_engine::PartitionStats;
+use crate::message::{PartitionKey, Position};
+
+/// A partition's positions and counts, as the commit engine holds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionStats {
+    /// The partition.
+    pub partition: PartitionKey,
+    /// The last contiguous done position.
+    pub watermark: Option<Position>,
+    /// The newest position admitted.
+    pub newest: Option<Position>,
+    /// Admitted messages not yet committable: the watermark's lag behind the
+    /// newest admitted message, in messages.
+    pub uncommitted: usize,
+    /// Admitted messages whose handler has not finished.
+    pub in_flight: usize,
+    /// Position of the oldest unfinished message, if any.
+    pub oldest_unfinished: Option<Position>,
+}
 
 /// A partition as the runtime sees it at a commit tick.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PartitionSnapshot {
     /// Positions, counts and the oldest unfinished message.
     pub stats: PartitionStats,
@@ -32,19 +52,19 @@ pub trait ConsumerObserver: Send + Sync + 'static {
     fn on_ack(&self, _batch: &AckBatch, _result: Result<(), &AckError>, _elapsed: Duration) {}
 
     /// When a partition is revoked (so per-partition series can be removed).
-    fn on_revoked(&self, _partition: &crate::message::PartitionKey) {}
+    fn on_revoked(&self, _partition: &PartitionKey) {}
 
     /// When the runtime caught a handler's panic (one that no
     /// `CatchPanicLayer` caught first) for a message of `partition`.
-    fn on_panic(&self, _partition: &crate::message::PartitionKey) {}
+    fn on_panic(&self, _partition: &PartitionKey) {}
 
     /// When a backoff probe outlived the probe timeout and the consumer
     /// backed off again without its outcome.
     fn on_probe_timeout(&self) {}
 
-    /// When [`Source::next`](crate::source::Source::next) failed: with the
+    /// When [`Source::next`](crate::backend::Source::next) failed: with the
     /// delay before the next attempt for an error that is retried (a
-    /// [transient](crate::source::SourceError::is_transient) one, while the
+    /// [transient](crate::backend::SourceError::is_transient) one, while the
     /// reconnect policy has retries left), `None` when the error ends the
     /// run.
     fn on_source_error(

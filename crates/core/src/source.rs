@@ -88,6 +88,7 @@ impl Limits {
 
 /// What [`Source::next`] reports.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SourceEvent {
     /// Deliveries were appended to the buffer.
     Delivered,
@@ -112,7 +113,7 @@ pub enum SourceEvent {
 #[non_exhaustive]
 pub enum SourceError {
     /// The broker could not be reached; the runtime retries with backoff.
-    #[error("cannot reach the broker at {endpoint}: {source}")]
+    #[error("cannot reach the broker at {endpoint}")]
     Unreachable {
         /// Where the source tried to connect (credentials removed).
         endpoint: String,
@@ -122,7 +123,7 @@ pub enum SourceError {
     },
     /// The broker refused the credentials. Fix the user name, password or
     /// certificate; retrying will not help.
-    #[error("the broker at {endpoint} refused the credentials: {source}")]
+    #[error("the broker at {endpoint} refused the credentials")]
     Unauthorized {
         /// The broker (credentials removed).
         endpoint: String,
@@ -146,10 +147,10 @@ pub enum SourceError {
     Config(String),
     /// A broker error that may pass (a lost connection, a timeout); the
     /// runtime retries with backoff.
-    #[error("broker error: {0}")]
+    #[error("broker error (transient: the consumer retries after a backoff)")]
     Transient(#[source] BoxError),
     /// A broker error that will not pass by retrying.
-    #[error("fatal broker error: {0}")]
+    #[error("fatal broker error (retrying cannot fix it)")]
     Fatal(#[source] BoxError),
 }
 
@@ -165,6 +166,7 @@ impl SourceError {
 
 /// A partition's state when its revocation completed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RevokedPartition {
     /// The partition.
     pub partition: PartitionKey,
@@ -178,9 +180,30 @@ pub struct RevokedPartition {
 
 /// What the runtime did with a revocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RevocationOutcome {
     /// Each revoked partition, drained and committed.
     pub partitions: Vec<RevokedPartition>,
+}
+
+impl RevocationOutcome {
+    /// The outcome of a revocation of `partitions` (for a backend's tests of
+    /// its rebalance handling; the runtime builds the real ones).
+    pub fn new(partitions: Vec<RevokedPartition>) -> Self {
+        Self { partitions }
+    }
+}
+
+impl RevokedPartition {
+    /// `partition`, committed up to `committed`, with `unfinished` messages
+    /// left to its next owner.
+    pub fn new(partition: PartitionKey, committed: Option<Position>, unfinished: usize) -> Self {
+        Self {
+            partition,
+            committed,
+            unfinished,
+        }
+    }
 }
 
 /// Why waiting on a revocation ended without an outcome.

@@ -5,11 +5,11 @@
 //! that deliveries pile up in the runtime as far as the budgets let them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use intake_core::consumer::{Consumer, Ordering};
+use intake_core::consumer::{Consumer, DeliveryOrder};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message, RunReport};
 use tokio_util::sync::CancellationToken;
@@ -26,19 +26,19 @@ async fn consume(broker: &MemoryBroker, topic: &str, total: u64, budget: usize) 
         let counter = counter.clone();
         async move {
             tokio::time::sleep(Duration::from_millis(1)).await;
-            counter.fetch_add(1, AtomicOrdering::Relaxed);
+            counter.fetch_add(1, Ordering::Relaxed);
             Ok::<_, HandlerError>(())
         }
     });
     let consumer = Consumer::builder()
         .max_in_flight(1024)
         .max_in_flight_bytes(budget)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker, handler)
         .expect("valid settings");
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(consumer.run(shutdown.clone()));
-    while handled.load(AtomicOrdering::Relaxed) < total || broker.lag(topic, "g").unwrap_or(1) > 0 {
+    while handled.load(Ordering::Relaxed) < total || broker.lag(topic, "g").unwrap_or(1) > 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     shutdown.cancel();

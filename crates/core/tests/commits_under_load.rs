@@ -6,13 +6,13 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
 use intake_core::acker::{AckBatch, AckError, AckMode, Acker};
-use intake_core::consumer::{Consumer, Ordering};
+use intake_core::consumer::{Consumer, DeliveryOrder};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message};
 use tokio::time::Instant;
@@ -94,14 +94,14 @@ async fn drain_backlog(backlog: u64, cost: Duration, spawned: bool) -> Drained {
         let (stop, handled) = (shutdown.clone(), handled.clone());
         tower::service_fn(move |_message: Message| {
             spend(cost);
-            if handled.fetch_add(1, AtomicOrdering::Relaxed) + 1 == backlog {
+            if handled.fetch_add(1, Ordering::Relaxed) + 1 == backlog {
                 stop.cancel();
             }
             std::future::ready(Ok::<_, HandlerError>(()))
         })
     };
     let consumer = Consumer::builder()
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .commit_interval(INTERVAL)
         .build(source, acker, handler)
         .expect("valid settings");

@@ -12,12 +12,12 @@
 //!   deadline still end the run, the message stays unacknowledged, and the
 //!   broker delivers it again.
 
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use intake_core::consumer::{Consumer, Ordering, RunError, RunReport};
+use intake_core::consumer::{Consumer, DeliveryOrder, RunError, RunReport};
 use intake_core::dead_letter::DeadLetterLayer;
 use intake_core::decode::{DecodeError, PREVIEW_LIMIT};
 use intake_core::memory::{MemoryBroker, Record};
@@ -283,7 +283,7 @@ async fn corrupt_and_oversized_payloads_are_dead_lettered_or_handled_never_lost(
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .commit_interval(Duration::from_millis(5))
             .build(source, acker, handler)
             .expect("valid settings")
@@ -365,7 +365,7 @@ fn stuck_on_first_delivery(
     handler_fn(move |message: Message| {
         let (calls, redelivered) = (calls.clone(), redelivered.clone());
         async move {
-            calls.fetch_add(1, AtomicOrdering::SeqCst);
+            calls.fetch_add(1, Ordering::SeqCst);
             let attempt = message.metadata().attempt();
             if message.metadata().position() == intake_core::Position::Offset(0) {
                 if attempt == 1 {
@@ -394,7 +394,7 @@ async fn a_handler_that_never_returns_is_cut_off_left_unacked_and_delivered_agai
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .shutdown_deadline(Duration::from_secs(2))
             .build(
                 source,
@@ -449,7 +449,7 @@ async fn a_timeout_layer_ends_a_handler_that_never_returns_and_it_is_retried_not
         handler_fn(move |_: Message| {
             let calls = calls.clone();
             async move {
-                calls.fetch_add(1, AtomicOrdering::SeqCst);
+                calls.fetch_add(1, Ordering::SeqCst);
                 std::future::pending::<()>().await;
                 Ok::<(), HandlerError>(())
             }
@@ -469,7 +469,7 @@ async fn a_timeout_layer_ends_a_handler_that_never_returns_and_it_is_retried_not
             .run(shutdown.clone()),
     );
     let report = stop_after(Duration::from_secs(2), shutdown, run).await;
-    let calls = calls.load(AtomicOrdering::SeqCst);
+    let calls = calls.load(Ordering::SeqCst);
     assert!(
         calls >= 3,
         "each timeout let the message be tried again: {calls}"

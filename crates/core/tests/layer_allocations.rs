@@ -5,18 +5,18 @@
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::Bytes;
 use intake_core::catch_panic::CatchPanicLayer;
 use intake_core::dead_letter::{
     DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
 };
+#[cfg(feature = "metrics")]
 use intake_core::metrics::Metrics;
 use intake_core::retry::RetryLayer;
 use intake_core::trace::TraceLayer;
 use intake_core::{Exponential, HandlerError, Headers, Message, Metadata, Position};
-use tower::{Layer, Service, ServiceBuilder};
+use tower::{Layer, Service};
 
 #[path = "support/counting_allocator.rs"]
 mod counting_allocator;
@@ -144,6 +144,7 @@ fn tracing_allocates_nothing_without_a_subscriber() {
     );
 }
 
+#[cfg(feature = "metrics")]
 #[test]
 fn metrics_allocate_nothing_once_the_source_is_known() {
     let registry = prometheus::Registry::new();
@@ -167,8 +168,12 @@ fn dead_lettering_allocates_nothing_when_the_handler_succeeds() {
     );
 }
 
+#[cfg(feature = "metrics")]
 #[test]
 fn the_full_stack_allocates_nothing_when_the_handler_succeeds() {
+    use std::time::Duration;
+    use tower::ServiceBuilder;
+
     let registry = prometheus::Registry::new();
     let metrics = Metrics::register(&registry).expect("fresh registry");
     let measured = metrics.layer("orders");

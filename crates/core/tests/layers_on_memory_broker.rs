@@ -1,29 +1,34 @@
 //! The layers composed as users write them, run by the consumer runtime on
 //! the memory broker: what ends up committed, dead-lettered and counted.
 
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::catch_panic::CatchPanicLayer;
-use intake_core::consumer::{Consumer, Ordering, RunReport};
+use intake_core::consumer::{Consumer, DeliveryOrder, RunReport};
 use intake_core::dead_letter::{
     DeadLetter, DeadLetterError, DeadLetterLayer, DeadLetterSink, FailurePolicy,
 };
 use intake_core::memory::{MemoryBroker, MemorySource, Record};
+#[cfg(feature = "metrics")]
 use intake_core::metrics::Metrics;
 use intake_core::retry::RetryLayer;
+#[cfg(feature = "metrics")]
 use intake_core::trace::TraceLayer;
 use intake_core::{Constant, Disabled, HandlerError, Json, Message, handler_fn};
+#[cfg(feature = "metrics")]
 use prometheus::Registry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder, service_fn};
 
+#[cfg(feature = "metrics")]
 #[path = "support/prometheus_sample.rs"]
 mod prometheus_sample;
 
+#[cfg(feature = "metrics")]
 use prometheus_sample::sample;
 
 const GROUP: &str = "billing";
@@ -139,7 +144,7 @@ async fn a_failing_dead_letter_sink_leaves_the_message_unacknowledged_until_it_r
     let handler = service_fn(move |message: Message| {
         let poison = message.payload() == "poison";
         if poison {
-            calls.fetch_add(1, AtomicOrdering::SeqCst);
+            calls.fetch_add(1, Ordering::SeqCst);
         }
         async move {
             match poison {
@@ -165,7 +170,7 @@ async fn a_failing_dead_letter_sink_leaves_the_message_unacknowledged_until_it_r
     // The sink keeps failing: the message is tried again and again, and
     // nothing of the partition is committed past it.
     let mut waited = 0;
-    while poison_calls.load(AtomicOrdering::SeqCst) < 5 {
+    while poison_calls.load(Ordering::SeqCst) < 5 {
         assert!(waited < 2_000, "the message was not retried");
         tokio::time::sleep(Duration::from_millis(5)).await;
         waited += 1;
@@ -269,7 +274,7 @@ async fn a_payload_that_does_not_decode_is_dead_lettered_without_a_retry() {
             Constant::new(Duration::from_millis(1)).max_retries(5),
         ))
         .map_request(move |message: Message| {
-            counted.fetch_add(1, AtomicOrdering::SeqCst);
+            counted.fetch_add(1, Ordering::SeqCst);
             message
         })
         .service(handler_fn(|Json(_order): Json<Order>| async {}));
@@ -277,7 +282,7 @@ async fn a_payload_that_does_not_decode_is_dead_lettered_without_a_retry() {
         committed(&broker, topic) == Some(3)
     })
     .await;
-    assert_eq!(attempts.load(AtomicOrdering::SeqCst), 3, "no retry");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3, "no retry");
     let letters = broker.dead_letters(topic, GROUP).expect("group");
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].message.payload(), "{not json");
@@ -291,7 +296,7 @@ async fn a_retry_sleeping_at_shutdown_leaves_the_message_for_redelivery() {
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
     let handler = service_fn(move |_message: Message| {
-        counted.fetch_add(1, AtomicOrdering::SeqCst);
+        counted.fetch_add(1, Ordering::SeqCst);
         async { Err::<(), _>(HandlerError::retryable("database down")) }
     });
     let stack = ServiceBuilder::new()
@@ -301,11 +306,11 @@ async fn a_retry_sleeping_at_shutdown_leaves_the_message_for_redelivery() {
         .layer(RetryLayer::new(Constant::new(Duration::from_secs(3600))))
         .service(handler);
     let report = run_until(&broker, topic, quick_consumer(), stack, || {
-        calls.load(AtomicOrdering::SeqCst) == 1
+        calls.load(Ordering::SeqCst) == 1
     })
     .await;
     assert_eq!(report.interrupted, 1);
-    assert_eq!(calls.load(AtomicOrdering::SeqCst), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(committed(&broker, topic), None, "not acknowledged");
     assert!(
         broker.dead_letters(topic, GROUP).expect("group").is_empty(),
@@ -316,14 +321,14 @@ async fn a_retry_sleeping_at_shutdown_leaves_the_message_for_redelivery() {
     let redelivered = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&redelivered);
     let handler = service_fn(move |_message: Message| {
-        seen.fetch_add(1, AtomicOrdering::SeqCst);
+        seen.fetch_add(1, Ordering::SeqCst);
         async { Ok::<(), HandlerError>(()) }
     });
     run_until(&broker, topic, quick_consumer(), handler, || {
         committed(&broker, topic) == Some(1)
     })
     .await;
-    assert_eq!(redelivered.load(AtomicOrdering::SeqCst), 1);
+    assert_eq!(redelivered.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
@@ -337,9 +342,7 @@ async fn block_holds_the_partition_until_the_failing_message_succeeds() {
         let payload = String::from_utf8_lossy(message.payload()).into_owned();
         let fail = payload == "first"
             && left
-                .fetch_update(AtomicOrdering::SeqCst, AtomicOrdering::SeqCst, |n| {
-                    n.checked_sub(1)
-                })
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok();
         if !fail && let Ok(mut seen) = seen.lock() {
             seen.push(payload);
@@ -358,7 +361,7 @@ async fn block_holds_the_partition_until_the_failing_message_succeeds() {
     run_until(
         &broker,
         topic,
-        quick_consumer().ordering(Ordering::Partition),
+        quick_consumer().ordering(DeliveryOrder::Partition),
         stack,
         || committed(&broker, topic) == Some(3),
     )
@@ -412,7 +415,7 @@ async fn a_batch_with_partial_failure_commits_the_successes_and_routes_the_failu
     run_until(
         &broker,
         topic,
-        quick_consumer().ordering(Ordering::Unordered),
+        quick_consumer().ordering(DeliveryOrder::Unordered),
         stack,
         || committed(&broker, topic) == Some(6),
     )
@@ -430,6 +433,7 @@ async fn a_batch_with_partial_failure_commits_the_successes_and_routes_the_failu
     assert_eq!(letters, ["bad-1", "bad-4"]);
 }
 
+#[cfg(feature = "metrics")]
 #[tokio::test]
 async fn metrics_after_a_run_count_every_outcome_and_the_partition_state() {
     let topic = "metered";
@@ -442,7 +446,7 @@ async fn metrics_after_a_run_count_every_outcome_and_the_partition_state() {
     let handler = service_fn(move |message: Message| {
         let outcome = match &message.payload()[..] {
             b"bad" => Err(HandlerError::permanent("rejected")),
-            b"flaky" if flaky.fetch_add(1, AtomicOrdering::SeqCst) < 2 => {
+            b"flaky" if flaky.fetch_add(1, Ordering::SeqCst) < 2 => {
                 Err(HandlerError::retryable("timeout"))
             }
             _ => Ok(()),

@@ -3,7 +3,7 @@
 //! Runs with the `testkit` feature: `cargo test -p intake-core --features testkit`.
 #![cfg(feature = "testkit")]
 
-use intake_core::testkit::memory_backend::MemoryBackend;
+use intake_core::backend::testkit::memory_backend::MemoryBackend;
 
 async fn backend() -> Option<MemoryBackend> {
     Some(MemoryBackend::new())

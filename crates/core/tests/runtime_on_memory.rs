@@ -2,11 +2,11 @@
 //! loses nothing, and a large backlog never exceeds the in-flight budget.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use intake_core::consumer::{Consumer, Ordering};
+use intake_core::consumer::{Consumer, DeliveryOrder};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message};
 use rand::rngs::StdRng;
@@ -46,7 +46,7 @@ fn spawn_consumer(
     });
     let consumer = Consumer::builder()
         .max_in_flight(32)
-        .ordering(Ordering::Key)
+        .ordering(DeliveryOrder::Key)
         .commit_interval(Duration::from_millis(3))
         .build(source, acker, handler)
         .expect("valid settings");
@@ -146,13 +146,13 @@ async fn max_in_flight_is_never_exceeded_with_a_backlog_of_100_000() {
         tower::service_fn(move |message: Message| {
             let (running, peak, handled) = (running.clone(), peak.clone(), handled.clone());
             async move {
-                let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
-                peak.fetch_max(now, AtomicOrdering::SeqCst);
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
                 if id_of(&message).is_multiple_of(4) {
                     tokio::task::yield_now().await;
                 }
-                running.fetch_sub(1, AtomicOrdering::SeqCst);
-                handled.fetch_add(1, AtomicOrdering::SeqCst);
+                running.fetch_sub(1, Ordering::SeqCst);
+                handled.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, HandlerError>(())
             }
         })
@@ -160,7 +160,7 @@ async fn max_in_flight_is_never_exceeded_with_a_backlog_of_100_000() {
     let (source, acker) = broker.consumer("orders", "bounded").expect("join");
     let consumer = Consumer::builder()
         .max_in_flight(64)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker, handler)
         .expect("valid settings");
     let shutdown = CancellationToken::new();
@@ -172,7 +172,7 @@ async fn max_in_flight_is_never_exceeded_with_a_backlog_of_100_000() {
     shutdown.cancel();
     let report = task.await.expect("joins").expect("run succeeds");
     assert_eq!(report.succeeded, BACKLOG);
-    let peak = peak.load(AtomicOrdering::SeqCst);
+    let peak = peak.load(Ordering::SeqCst);
     assert!(
         peak <= 64,
         "{peak} handlers ran at once with max_in_flight 64"

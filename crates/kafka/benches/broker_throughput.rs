@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use intake_core::{
-    AckBatch, Acker, Consumer, Ordering, PartitionAck, PartitionKey, Payload, Position, Source,
-    SourceEvent, handler_fn,
+    AckBatch, Acker, Consumer, DeliveryOrder, PartitionAck, PartitionKey, Payload, Position,
+    Source, SourceEvent, handler_fn,
 };
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
@@ -330,7 +330,7 @@ async fn intake(brokers: &str, topic: &str, messages: usize) -> Result<Measure, 
     let consumer = Consumer::builder()
         .max_in_flight(BATCH)
         .fetch_batch(BATCH)
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .commit_interval(COMMIT_INTERVAL)
         .build(source, acker, handler)?;
     let run = tokio::spawn(consumer.run(progress.done.clone()));

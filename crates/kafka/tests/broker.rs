@@ -14,7 +14,7 @@ use intake_core::dead_letter::{Broker, envelope};
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
-    DeadLetter, DeadLetterSink, ErrorClass, Message, Metadata, Ordering, Position, SourceError,
+    DeadLetter, DeadLetterSink, DeliveryOrder, ErrorClass, Message, Metadata, Position, SourceError,
 };
 use intake_kafka::{ConnectError, KafkaDeadLetterSink};
 use support::consumer::{TestConsumer, eventually, settled};
@@ -72,7 +72,13 @@ async fn third_consumer_joins_and_leaves(test: &str, settings: &[(&str, &str)]) 
     // A little work per message keeps deliveries in flight across each
     // rebalance, so revocations have something to drain.
     let start = |source| {
-        TestConsumer::working(source, &ledger, Duration::from_millis(1), Ordering::Key, 16)
+        TestConsumer::working(
+            source,
+            &ledger,
+            Duration::from_millis(1),
+            DeliveryOrder::Key,
+            16,
+        )
     };
 
     let first = start(kafka.source(&topic, &group).build().await.expect("first"));
@@ -124,7 +130,7 @@ async fn a_consumer_dropped_mid_run_leaves_its_uncommitted_messages_to_the_other
             .expect("crashing"),
         &Ledger::default(),
         Duration::from_secs(3600),
-        Ordering::Unordered,
+        DeliveryOrder::Unordered,
         256,
     );
     let ledger = Ledger::default();

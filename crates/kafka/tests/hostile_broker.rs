@@ -76,5 +76,6 @@ async fn a_dead_letter_write_to_a_silent_broker_fails_within_its_delivery_timeou
         .await
         .expect("the write ends within its delivery timeout");
     let error = written.expect_err("nothing confirmed the write");
-    assert!(error.to_string().contains("orders.billing.dlq"), "{error}");
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    assert!(chain.contains("orders.billing.dlq"), "{chain}");
 }

@@ -12,7 +12,7 @@ use intake_core::dead_letter::envelope;
 use intake_core::testkit::harness::{Ledger, numbered};
 use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
-    AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, Headers, Ordering,
+    AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, DeliveryOrder, Headers,
     PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
 };
 use intake_kafka::{
@@ -277,7 +277,7 @@ async fn two_consumers_share_partitions_without_loss(strategy: &str) {
             source,
             &ledger,
             Duration::from_millis(1),
-            Ordering::Partition,
+            DeliveryOrder::Partition,
             8,
         )
     };
@@ -340,7 +340,7 @@ async fn a_rebalance_gets_through_while_every_slot_is_taken() {
         &stuck_ledger,
         Duration::from_secs(3600),
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .max_in_flight(4)
             .revoke_timeout(Duration::from_millis(500))
             .shutdown_deadline(Duration::from_millis(100)),
@@ -404,7 +404,7 @@ async fn a_partition_revoked_while_paused_fetches_again_when_it_comes_back() {
             source,
             &ledger,
             Duration::from_millis(20),
-            Ordering::Partition,
+            DeliveryOrder::Partition,
             2,
         )
     };
@@ -437,7 +437,7 @@ async fn a_consumer_dropped_without_shutdown_leaves_its_uncommitted_messages_to_
         kafka.source(&topic, &group).build().await.expect("source"),
         &Ledger::default(),
         Duration::from_secs(3600),
-        Ordering::Unordered,
+        DeliveryOrder::Unordered,
         256,
     );
     eventually("the consumer to own the partitions", PATIENCE, || async {

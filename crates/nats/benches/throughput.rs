@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::NatsSource;
 use intake_nats::async_nats::{self, jetstream};
 use tokio_util::sync::CancellationToken;
@@ -159,10 +159,10 @@ async fn run() -> Result<(), BoxError> {
                     raw(&context, &stream, &consumer, messages, Acks::AsyncConfirmed).await?
                 }
                 Contender::Intake => {
-                    intake(&url, &stream, &consumer, messages, Ordering::Unordered).await?
+                    intake(&url, &stream, &consumer, messages, DeliveryOrder::Unordered).await?
                 }
                 Contender::IntakeOrdered => {
-                    intake(&url, &stream, &consumer, messages, Ordering::Partition).await?
+                    intake(&url, &stream, &consumer, messages, DeliveryOrder::Partition).await?
                 }
             };
             let cpu_per_message = process_cpu()
@@ -356,7 +356,7 @@ async fn intake(
     stream: &str,
     name: &str,
     count: usize,
-    ordering: Ordering,
+    ordering: DeliveryOrder,
 ) -> Result<Duration, BoxError> {
     let started = Instant::now();
     let source = NatsSource::builder(url)

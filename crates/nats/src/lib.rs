@@ -42,9 +42,9 @@
 //! # Ordering
 //!
 //! Each stream is one partition unless a subject token numbers them, so
-//! the runtime's default `Ordering::Partition` handles one message at a
-//! time. `Ordering::Key` keeps the order per subject and runs subjects in
-//! parallel; `Ordering::Unordered` runs everything in parallel. Instances
+//! the runtime's default `DeliveryOrder::Partition` handles one message at a
+//! time. `DeliveryOrder::Key` keeps the order per subject and runs subjects in
+//! parallel; `DeliveryOrder::Unordered` runs everything in parallel. Instances
 //! sharing a durable consumer have no order between them, and a message
 //! handed back (`-NAK`, an expired `ack_wait`) comes back after later ones.
 //!

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use intake_core::testkit::TestMessage;
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::async_nats::jetstream;
 use intake_nats::{Error, NatsSource};
 use support::{NatsBackend, Running, Seen, wait_until};
@@ -115,7 +115,7 @@ async fn broadcast_instances_each_receive_every_new_message() {
         let acker = source.acker();
         let instance = Seen::default();
         running.push(Running::start(
-            Consumer::builder().ordering(Ordering::Unordered),
+            Consumer::builder().ordering(DeliveryOrder::Unordered),
             source,
             acker,
             recording(instance.clone()),

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use intake_core::testkit::TestMessage;
-use intake_core::{Consumer, DeadLetterLayer, HandlerError, Headers, Message, Ordering};
+use intake_core::{Consumer, DeadLetterLayer, DeliveryOrder, HandlerError, Headers, Message};
 use support::{NatsBackend, Running, Seen, wait_until};
 
 /// Handles every message; a payload that is not `ok…` fails permanently.
@@ -54,7 +54,7 @@ async fn an_empty_payload_is_delivered_empty_and_dead_lettered_not_dropped() {
     let acker = source.acker();
     let seen = Seen::default();
     let running = Running::start(
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         source,
         acker,
         tower::ServiceBuilder::new()
@@ -116,7 +116,7 @@ async fn dead_letter_all_but_ok(
             .service(picky(seen.clone()))
     };
     let running = Running::start(
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         source,
         acker,
         handler,
@@ -253,7 +253,7 @@ async fn a_header_that_is_not_utf8_costs_its_delivery_a_reconnect_and_the_rest_f
     let acker = source.acker();
     let seen = Seen::default();
     let running = Running::start(
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         source,
         acker,
         picky(seen.clone()),

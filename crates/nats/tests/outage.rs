@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::{Error, NatsSource};
 use support::own_server::OwnServer;
 use support::{Running, Seen, wait_until};
@@ -77,7 +77,7 @@ async fn a_server_killed_and_started_again_loses_nothing() {
     let seen = Seen::default();
     let running = Running::start(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .max_in_flight(64),
         source,
         acker,
@@ -137,7 +137,7 @@ async fn a_shutdown_while_the_server_is_down_ends_within_its_deadline() {
     let seen = Seen::default();
     let running = Running::start(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .shutdown_deadline(Duration::from_secs(2)),
         source,
         acker,
@@ -197,7 +197,7 @@ async fn a_reconnect_backoff_that_gives_up_ends_the_run_saying_so() {
         .expect("source");
     let acker = source.acker();
     let consumer = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker, recording(Seen::default()))
         .expect("consumer");
     let shutdown = tokio_util::sync::CancellationToken::new();

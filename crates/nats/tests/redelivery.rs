@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{Constant, Consumer, HandlerError, Message, Ordering};
+use intake_core::{Constant, Consumer, DeliveryOrder, HandlerError, Message};
 use support::{NatsBackend, Running, Seen, wait_until};
 
 fn always_failing(
@@ -53,7 +53,7 @@ async fn a_retry_comes_back_after_the_redelivery_backoffs_delay_not_at_once() {
     let seen = Seen::default();
     let running = Running::start(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             // The consumer-level backoff would space the attempts out too:
             // off, so only the nak's delay does.
             .backoff(intake_core::Disabled),
@@ -118,7 +118,7 @@ async fn a_message_delivered_more_often_than_max_deliveries_is_dead_lettered_by_
     };
     let running = Running::start(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .backoff(intake_core::Disabled),
         source,
         acker,

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use support::{NatsBackend, Running, Seen, wait_until};
 
 const ACK_WAIT: Duration = Duration::from_secs(1);
@@ -60,7 +60,7 @@ async fn a_handler_slower_than_ack_wait_is_not_delivered_again_while_it_runs() {
     let seen = Seen::default();
     let running = Running::start(
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .max_in_flight(8),
         source,
         acker,
@@ -115,7 +115,7 @@ async fn a_message_waiting_behind_a_slow_handler_is_not_delivered_again() {
     // One partition, one at a time: m1 and m2 wait behind m0 for 3.5 s.
     let running = Running::start(
         Consumer::builder()
-            .ordering(Ordering::Partition)
+            .ordering(DeliveryOrder::Partition)
             .max_in_flight(8),
         source,
         acker,

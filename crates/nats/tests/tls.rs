@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use intake_core::testkit::TestMessage;
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::{Error, NatsSource, Tls};
 use support::own_server::OwnServer;
 use support::{Running, Seen, wait_until};
@@ -57,7 +57,7 @@ async fn consume_one(builder: intake_nats::NatsSourceBuilder, stream: &str) {
         })
     };
     let running = Running::start(
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         source,
         acker,
         handler,

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use intake_core::batch::{BatchLayer, BatchSettings};
-use intake_core::consumer::{Consumer, Ordering};
+use intake_core::consumer::{Consumer, DeliveryOrder};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message, Payload};
 use intake_postgres::{ExactlyOnce, MarkerTable, PoolConfig, Tx, handler_error};
@@ -479,7 +479,7 @@ where
     };
     let consumer = Consumer::builder()
         .max_in_flight(in_flight)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .shutdown_deadline(Duration::from_secs(60))
         .build(source, acker, counted)
         .expect("valid settings");

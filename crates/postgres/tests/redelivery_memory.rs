@@ -11,7 +11,7 @@ use common::database;
 use intake_core::testkit::harness::{Running, numbered};
 use intake_core::testkit::memory_backend::MemoryBackend;
 use intake_core::testkit::{Backend, TestMessage};
-use intake_core::{Consumer, Ordering, Payload};
+use intake_core::{Consumer, DeliveryOrder, Payload};
 use intake_postgres::{ExactlyOnce, MessageId, Tx};
 use sqlx::AssertSqlSafe;
 
@@ -91,7 +91,7 @@ async fn copies_a_producer_sent_twice_are_skipped_by_their_header_id() {
         &backend,
         &source,
         "ledger",
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         16,
         handler,
     )

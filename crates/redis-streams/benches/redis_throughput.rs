@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_redis_streams::RedisStreamsConfig;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
@@ -92,9 +92,11 @@ async fn main() -> Result<(), BenchError> {
             let cpu_before = process_cpu();
             let elapsed = match kind {
                 Loop::Raw => raw(&client, &stream, &group, entries).await?,
-                Loop::Intake => intake(&url, &stream, &group, entries, Ordering::Unordered).await?,
+                Loop::Intake => {
+                    intake(&url, &stream, &group, entries, DeliveryOrder::Unordered).await?
+                }
                 Loop::IntakeOrdered => {
-                    intake(&url, &stream, &group, entries, Ordering::Partition).await?
+                    intake(&url, &stream, &group, entries, DeliveryOrder::Partition).await?
                 }
             };
             let cpu = process_cpu().saturating_sub(cpu_before);
@@ -307,7 +309,7 @@ async fn intake(
     stream: &str,
     group: &str,
     entries: usize,
-    ordering: Ordering,
+    ordering: DeliveryOrder,
 ) -> Result<Duration, BenchError> {
     let (source, acker) = RedisStreamsConfig::new(url)
         .stream(stream)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
 
 use support::*;
@@ -43,7 +43,7 @@ async fn the_runtime_handles_and_acknowledges_every_entry() {
     });
     let report = Consumer::builder()
         .max_in_flight(100)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker, handler)
         .expect("consumer")
         .run(shutdown)
@@ -80,7 +80,7 @@ async fn a_retryable_failure_is_left_pending_and_comes_back_with_the_next_attemp
         Duration::from_secs(20),
         Consumer::builder()
             .max_in_flight(50)
-            .ordering(Ordering::Key)
+            .ordering(DeliveryOrder::Key)
             .build(source, acker, handler)
             .expect("consumer")
             .run(shutdown),
@@ -129,7 +129,7 @@ async fn shutdown_leaves_unfinished_entries_pending_for_the_next_run() {
     });
     let report = Consumer::builder()
         .max_in_flight(10)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .shutdown_deadline(Duration::from_millis(200))
         .build(source, acker, handler)
         .expect("consumer")

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use intake_core::{Consumer, HandlerError, Message, Ordering};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
 
 use support::*;
@@ -63,7 +63,7 @@ async fn entries_queued_behind_a_slow_handler_are_not_claimed_by_their_own_consu
         HANG,
         Consumer::builder()
             .max_in_flight(total)
-            .ordering(Ordering::Partition)
+            .ordering(DeliveryOrder::Partition)
             .build(source, acker, handler)
             .expect("consumer")
             .run(shutdown),

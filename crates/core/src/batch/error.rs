@@ -11,7 +11,7 @@ use crate::error::HandlerError;
 pub enum BatchError {
     /// The batch handler failed as a whole; every message of the batch gets
     /// this, with the class of the handler's error.
-    #[error("the batch handler failed for its whole batch of {size}: {error}")]
+    #[error("the batch handler failed for its whole batch of {size}")]
     Failed {
         /// Messages in the batch.
         size: usize,

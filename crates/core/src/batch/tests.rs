@@ -169,10 +169,9 @@ async fn a_batch_that_fails_as_a_whole_fails_every_message_with_its_class() {
     for outcome in outcomes {
         let error = outcome.expect_err("whole batch failed");
         assert!(error.is_retryable());
-        assert!(
-            error.to_string().contains("database unavailable"),
-            "{error}"
-        );
+        // The handler's failure is the batch error's source.
+        let chain = crate::error::ErrorChain::new(&error).to_string();
+        assert!(chain.contains("database unavailable"), "{chain}");
     }
 }
 

@@ -4,7 +4,7 @@
 //! A panic while the handler is called or while its future is polled is
 //! caught, logged at `ERROR` with its message, and becomes a
 //! [retryable](crate::error::ErrorClass::Retryable) [`HandlerError`] whose
-//! cause is [`Panicked`]. The [metrics layer](crate::metrics) counts it as a
+//! cause is [`Panicked`]. The metrics layer (feature `metrics`) counts it as a
 //! panic, whether a retry later succeeds or not.
 //!
 //! Place it inside the retry layer (so a panic is retried like any transient

@@ -12,6 +12,7 @@ use std::task::Waker;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::acker::{AckBatch, AckError, Acker};
+use crate::error::chain_for_log;
 use crate::message::PartitionKey;
 use crate::observer::ConsumerObserver;
 
@@ -152,7 +153,7 @@ pub(crate) fn ack_loop<A: Acker>(
             if let Err(error) = &result {
                 failures.fetch_add(1, Ordering::AcqRel);
                 tracing::warn!(
-                    %error,
+                    error = %chain_for_log(error),
                     messages = request.batch.len(),
                     sync = request.batch.sync,
                     "acknowledgement failed; the messages stay unacknowledged and may be delivered again"

@@ -109,6 +109,7 @@ impl BackoffGate {
     }
 
     /// How deep the backoff is (0 = normal).
+    #[cfg(test)]
     pub fn level(&self) -> u32 {
         self.level
     }

@@ -1,8 +1,8 @@
-//! Ordering lanes: at most one delivery per lane runs at a time, and the
+//! Delivery-order lanes: at most one delivery per lane runs at a time, and the
 //! deliveries of a lane start in the order they were admitted.
 //!
-//! A lane is a partition (`Ordering::Partition`) or a key within a partition
-//! (`Ordering::Key`). Each slot has an entry here, allocated with the
+//! A lane is a partition (`DeliveryOrder::Partition`) or a key within a partition
+//! (`DeliveryOrder::Key`). Each slot has an entry here, allocated with the
 //! budget, that records its delivery's lane and links the deliveries
 //! waiting in a lane into a list, so queueing allocates nothing; the map
 //! holds only busy lanes.
@@ -38,9 +38,9 @@ struct Member {
 /// Which lane a delivery belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LaneId {
-    /// A whole partition (`Ordering::Partition`).
+    /// A whole partition (`DeliveryOrder::Partition`).
     Partition(PartitionId),
-    /// A key within a partition (`Ordering::Key`), by hash. Two keys that
+    /// A key within a partition (`DeliveryOrder::Key`), by hash. Two keys that
     /// collide share a lane: over-serialized, never reordered.
     Key(u64),
 }

@@ -4,12 +4,12 @@
 //! A [`Consumer`] joins a [`Source`], an [`Acker`] and a handler (any
 //! `tower::Service<Message, Response = ()>`). It admits deliveries while its
 //! in-flight budget has room, runs handlers concurrently while keeping the
-//! chosen [`Ordering`], records every outcome in the commit engine, and
+//! chosen [`DeliveryOrder`], records every outcome in the commit engine, and
 //! hands the engine's batches to the acker. Everything runs in the task that
 //! awaits [`Consumer::run`]: no task is spawned per message.
 //!
 //! ```
-//! use intake_core::consumer::{Consumer, Ordering};
+//! use intake_core::consumer::{Consumer, DeliveryOrder};
 //! use intake_core::memory::MemoryBroker;
 //! use intake_core::{HandlerError, Message};
 //! use tokio_util::sync::CancellationToken;
@@ -29,7 +29,7 @@
 //! shutdown.cancel(); // stop at once, for the example
 //! let report = Consumer::builder()
 //!     .max_in_flight(64)
-//!     .ordering(Ordering::Key)
+//!     .ordering(DeliveryOrder::Key)
 //!     .build(source, acker, handler)?
 //!     .run(shutdown)
 //!     .await?;
@@ -41,7 +41,7 @@
 mod ack_loop;
 mod byte_budget;
 mod dispatcher;
-pub mod gate;
+mod gate;
 mod lanes;
 mod report;
 mod shutdown;
@@ -64,7 +64,7 @@ pub use shutdown::Shutdown;
 
 /// Which deliveries may run at the same time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Ordering {
+pub enum DeliveryOrder {
     /// One at a time per partition, in partition order (Kafka's own
     /// guarantee). The default.
     #[default]
@@ -76,12 +76,22 @@ pub enum Ordering {
     Unordered,
 }
 
+/// The former name of [`DeliveryOrder`], which clashed with
+/// `std::sync::atomic::Ordering` in every file that used both.
+#[doc(hidden)]
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `DeliveryOrder` (the variants are unchanged), so that it does not clash with \
+            `std::sync::atomic::Ordering`"
+)]
+pub type Ordering = DeliveryOrder;
+
 /// The settings of a consumer, checked when it is built.
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) max_in_flight: usize,
     pub(crate) max_in_flight_bytes: usize,
-    pub(crate) ordering: Ordering,
+    pub(crate) ordering: DeliveryOrder,
     pub(crate) commit_interval: Duration,
     pub(crate) commit_batch: usize,
     pub(crate) fetch_batch: usize,
@@ -125,7 +135,7 @@ impl Default for ConsumerBuilder {
             settings: Settings {
                 max_in_flight: 256,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
-                ordering: Ordering::default(),
+                ordering: DeliveryOrder::default(),
                 commit_interval: Duration::from_millis(100),
                 commit_batch: 1024,
                 fetch_batch: 1024,
@@ -158,7 +168,7 @@ impl ConsumerBuilder {
     /// Deliveries held at once, queued or running. Default 256. With
     /// [`max_in_flight_bytes`](Self::max_in_flight_bytes) it bounds what the
     /// runtime holds; the source sizes its own buffers and the broker's
-    /// prefetch from both ([`Source::set_limits`](crate::Source::set_limits)).
+    /// prefetch from both ([`Source::set_limits`]).
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.settings.max_in_flight = max_in_flight;
         self
@@ -178,8 +188,8 @@ impl ConsumerBuilder {
     }
 
     /// Which deliveries may run at the same time. Default
-    /// [`Ordering::Partition`].
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    /// [`DeliveryOrder::Partition`].
+    pub fn ordering(mut self, ordering: DeliveryOrder) -> Self {
         self.settings.ordering = ordering;
         self
     }

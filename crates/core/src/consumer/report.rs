@@ -9,6 +9,7 @@ use crate::source::SourceError;
 /// A delivery that was held but not finished when the run ended; the broker
 /// delivers it again.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Unfinished {
     /// Its partition.
     pub partition: PartitionKey,
@@ -19,9 +20,10 @@ pub struct Unfinished {
     pub started: bool,
 }
 
-/// How the source's [`close`](crate::source::Source::close) at the end of
+/// How the source's [`close`](crate::backend::Source::close) at the end of
 /// the run went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SourceClose {
     /// It closed.
     #[default]
@@ -36,6 +38,7 @@ pub enum SourceClose {
 
 /// What a run did, returned when it ends.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunReport {
     /// Handlers that succeeded.
     pub succeeded: u64,
@@ -89,9 +92,10 @@ impl RunReport {
 
 /// Why a run ended with an error. The report says what was done before.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
     /// The source failed in a way retrying cannot fix (or retries ran out).
-    #[error("the source failed: {error}")]
+    #[error("the source failed")]
     Source {
         /// The source's error.
         #[source]
@@ -101,7 +105,7 @@ pub enum RunError {
     },
     /// The handler service reported an error from `poll_ready`, which means
     /// it can take no more messages.
-    #[error("the handler service stopped accepting messages: {error}")]
+    #[error("the handler service stopped accepting messages")]
     HandlerUnavailable {
         /// The service's error.
         #[source]

@@ -1,7 +1,7 @@
 //! Runtime tests against a scripted source, independent of any broker.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Consumer, Ordering};
+use super::{Consumer, DeliveryOrder};
 use crate::acker::{AckBatch, AckError, AckMode, Acker};
 use crate::backoff::Disabled;
 use crate::error::HandlerError;
@@ -35,7 +35,7 @@ impl Source for ScriptedSource {
         deliveries: &mut Vec<Message>,
         max: usize,
     ) -> Result<SourceEvent, SourceError> {
-        self.largest_request.fetch_max(max, AtomicOrdering::Relaxed);
+        self.largest_request.fetch_max(max, Ordering::Relaxed);
         if max == 0 {
             // Only assignment changes may be reported; this script has its
             // revocations in line with its messages, so wait for room.
@@ -200,7 +200,7 @@ async fn committed_offset_never_passes_an_unfinished_message() {
                         partition == ack.partition.partition && offset <= watermark
                     });
                     if passes {
-                        self.violations.fetch_add(1, AtomicOrdering::Relaxed);
+                        self.violations.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
@@ -209,7 +209,7 @@ async fn committed_offset_never_passes_an_unfinished_message() {
     }
     let report = Consumer::builder()
         .max_in_flight(64)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .commit_interval(Duration::from_millis(5))
         .build(
             source,
@@ -225,7 +225,7 @@ async fn committed_offset_never_passes_an_unfinished_message() {
         .await
         .expect("run succeeds");
     assert_eq!(report.succeeded, 800);
-    assert_eq!(violations.load(AtomicOrdering::Relaxed), 0);
+    assert_eq!(violations.load(Ordering::Relaxed), 0);
     let watermarks = acker.watermarks();
     for partition in 0..4 {
         assert_eq!(
@@ -270,10 +270,10 @@ async fn key_ordering_never_runs_two_messages_of_a_key_at_once_and_keeps_their_o
                     .map(|mut set| !set.insert(lane.clone()))
                     .unwrap_or(true)
                 {
-                    overlaps.fetch_add(1, AtomicOrdering::Relaxed);
+                    overlaps.fetch_add(1, Ordering::Relaxed);
                 }
-                let now = concurrent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-                peak.fetch_max(now, AtomicOrdering::Relaxed);
+                let now = concurrent.fetch_add(1, Ordering::Relaxed) + 1;
+                peak.fetch_max(now, Ordering::Relaxed);
                 seen.lock()
                     .map(|mut map| {
                         map.entry((message.metadata().partition(), key))
@@ -282,7 +282,7 @@ async fn key_ordering_never_runs_two_messages_of_a_key_at_once_and_keeps_their_o
                     })
                     .ok();
                 tokio::time::sleep(Duration::from_millis((offset_of(&message) % 5) as u64)).await;
-                concurrent.fetch_sub(1, AtomicOrdering::Relaxed);
+                concurrent.fetch_sub(1, Ordering::Relaxed);
                 running.lock().map(|mut set| set.remove(&lane)).ok();
                 Ok::<_, HandlerError>(())
             }
@@ -290,16 +290,16 @@ async fn key_ordering_never_runs_two_messages_of_a_key_at_once_and_keeps_their_o
     };
     let report = Consumer::builder()
         .max_in_flight(32)
-        .ordering(Ordering::Key)
+        .ordering(DeliveryOrder::Key)
         .build(source, RecordingAcker::default(), handler)
         .expect("valid settings")
         .run(super::Shutdown::never())
         .await
         .expect("run succeeds");
     assert_eq!(report.succeeded, 600);
-    assert_eq!(overlaps.load(AtomicOrdering::Relaxed), 0);
+    assert_eq!(overlaps.load(Ordering::Relaxed), 0);
     assert!(
-        peak.load(AtomicOrdering::Relaxed) > 1,
+        peak.load(Ordering::Relaxed) > 1,
         "different keys run in parallel"
     );
     for offsets in seen
@@ -323,24 +323,24 @@ async fn partition_ordering_runs_one_message_per_partition_at_a_time() {
         tower::service_fn(move |_message: Message| {
             let (peak, concurrent) = (peak.clone(), concurrent.clone());
             async move {
-                let now = concurrent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-                peak.fetch_max(now, AtomicOrdering::Relaxed);
+                let now = concurrent.fetch_add(1, Ordering::Relaxed) + 1;
+                peak.fetch_max(now, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                concurrent.fetch_sub(1, AtomicOrdering::Relaxed);
+                concurrent.fetch_sub(1, Ordering::Relaxed);
                 Ok::<_, HandlerError>(())
             }
         })
     };
     let report = Consumer::builder()
         .max_in_flight(64)
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .build(source, RecordingAcker::default(), handler)
         .expect("valid settings")
         .run(super::Shutdown::never())
         .await
         .expect("run succeeds");
     assert_eq!(report.succeeded, 150);
-    assert_eq!(peak.load(AtomicOrdering::Relaxed), 3);
+    assert_eq!(peak.load(Ordering::Relaxed), 3);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -353,27 +353,27 @@ async fn max_in_flight_is_never_exceeded_with_a_large_backlog() {
         tower::service_fn(move |message: Message| {
             let (peak, concurrent) = (peak.clone(), concurrent.clone());
             async move {
-                let now = concurrent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-                peak.fetch_max(now, AtomicOrdering::Relaxed);
+                let now = concurrent.fetch_add(1, Ordering::Relaxed) + 1;
+                peak.fetch_max(now, Ordering::Relaxed);
                 if offset_of(&message) % 3 == 0 {
                     tokio::task::yield_now().await;
                 }
-                concurrent.fetch_sub(1, AtomicOrdering::Relaxed);
+                concurrent.fetch_sub(1, Ordering::Relaxed);
                 Ok::<_, HandlerError>(())
             }
         })
     };
     let report = Consumer::builder()
         .max_in_flight(100)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, RecordingAcker::default(), handler)
         .expect("valid settings")
         .run(super::Shutdown::never())
         .await
         .expect("run succeeds");
     assert_eq!(report.succeeded, 100_000);
-    assert!(peak.load(AtomicOrdering::Relaxed) <= 100);
-    assert!(largest_request.load(AtomicOrdering::Relaxed) <= 100);
+    assert!(peak.load(Ordering::Relaxed) <= 100);
+    assert!(largest_request.load(Ordering::Relaxed) <= 100);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -403,7 +403,7 @@ async fn graceful_shutdown_drains_running_handlers_commits_and_reports_the_rest(
         })
     };
     let report = Consumer::builder()
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .shutdown_deadline(Duration::from_secs(5))
         .build(source, acker.clone(), handler)
         .expect("valid settings")
@@ -454,7 +454,7 @@ async fn a_handler_past_the_shutdown_deadline_is_cut_off_and_left_unacknowledged
         })
     };
     let report = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .shutdown_deadline(Duration::from_secs(2))
         .build(source, acker.clone(), handler)
         .expect("valid settings")
@@ -528,7 +528,7 @@ fn a_graceful_stop_waits_for_running_handlers_without_spinning_after_a_backoff_e
             stop.cancel();
         });
         let report = Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .backoff(crate::backoff::Constant::new(Duration::from_millis(50)).retry_forever())
             .shutdown_deadline(Duration::from_secs(10))
             .build(source, RecordingAcker::default(), handler)
@@ -575,7 +575,7 @@ async fn a_retryable_failure_is_dispatched_again_with_the_next_attempt_number() 
     };
     let acker = RecordingAcker::default();
     let report = Consumer::builder()
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .build(source, acker.clone(), handler)
         .expect("valid settings")
         .run(super::Shutdown::never())
@@ -750,7 +750,7 @@ struct PanicCounter {
 
 impl crate::observer::ConsumerObserver for PanicCounter {
     fn on_panic(&self, _partition: &PartitionKey) {
-        self.panics.fetch_add(1, AtomicOrdering::Relaxed);
+        self.panics.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -763,7 +763,7 @@ async fn a_handler_panic_is_caught_by_the_runtime_counted_and_retried() {
     let observer = Arc::new(PanicCounter::default());
     let acker = RecordingAcker::default();
     let report = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .observer(observer.clone())
         .build(source, acker.clone(), handler.clone())
         .expect("valid settings")
@@ -773,7 +773,7 @@ async fn a_handler_panic_is_caught_by_the_runtime_counted_and_retried() {
     assert_eq!(report.succeeded, 3);
     assert_eq!(report.panicked, 2);
     assert_eq!(report.redispatched, 2, "each panicked message was retried");
-    assert_eq!(observer.panics.load(AtomicOrdering::Relaxed), 2);
+    assert_eq!(observer.panics.load(Ordering::Relaxed), 2);
     let mut calls = handler.calls.lock().map(|c| c.clone()).unwrap_or_default();
     calls.sort_unstable();
     assert_eq!(calls, vec![(0, 1), (0, 2), (1, 1), (1, 2), (2, 1)]);
@@ -844,7 +844,7 @@ async fn a_revocation_drains_commits_and_then_completes() {
         Ok::<_, HandlerError>(())
     });
     let consumer = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .build(source, acker.clone(), handler)
         .expect("valid settings");
     let run = tokio::spawn(consumer.run(super::Shutdown::never()));
@@ -1098,7 +1098,7 @@ async fn a_partition_assigned_again_while_draining_ends_its_old_assignment() {
     };
     let acker = RecordingAcker::default();
     let report = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .revoke_timeout(Duration::from_secs(5))
         .build(source, acker.clone(), handler)
         .expect("valid settings")
@@ -1181,7 +1181,7 @@ impl Acker for FlakyAcker {
         tokio::time::sleep(self.delay).await;
         let fail = self
             .failures
-            .fetch_update(AtomicOrdering::AcqRel, AtomicOrdering::Acquire, |left| {
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
                 left.checked_sub(1)
             })
             .is_ok();
@@ -1316,7 +1316,7 @@ async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
                 })
                 .max();
             if let Some(watermark) = watermark {
-                self.acked.fetch_max(watermark, AtomicOrdering::SeqCst);
+                self.acked.fetch_max(watermark, Ordering::SeqCst);
             }
             Ok(())
         }
@@ -1336,7 +1336,7 @@ async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
             self.inner.next(deliveries, max).await
         }
         async fn close(&mut self) -> Result<(), SourceError> {
-            let acked = self.acked.load(AtomicOrdering::SeqCst);
+            let acked = self.acked.load(Ordering::SeqCst);
             if let Ok(mut at_close) = self.acked_at_close.lock() {
                 *at_close = Some(acked);
             }
@@ -1355,7 +1355,7 @@ async fn the_source_closes_only_after_every_acknowledgement_was_handled() {
     // exhausted and the run winds down while that batch is with the acker.
     let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
     let report = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .commit_batch(1)
         .build(source, SlowAcker { acked }, handler)
         .expect("valid settings")
@@ -1526,7 +1526,7 @@ async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commi
                 if self.next_offset == self.total {
                     return Ok(SourceEvent::Exhausted);
                 }
-                let acked = self.acked_through.load(AtomicOrdering::SeqCst) as i64;
+                let acked = self.acked_through.load(Ordering::SeqCst) as i64;
                 let window_end = (acked + self.prefetch).min(self.total);
                 if self.next_offset < window_end {
                     let end = window_end.min(self.next_offset + max as i64);
@@ -1550,7 +1550,7 @@ async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commi
             for ack in &batch.partitions {
                 if let Some(Position::Offset(offset)) = ack.watermark {
                     self.acked_through
-                        .fetch_max(offset as usize + 1, AtomicOrdering::SeqCst);
+                        .fetch_max(offset as usize + 1, Ordering::SeqCst);
                 }
             }
             self.acked.notify_one();
@@ -1570,7 +1570,7 @@ async fn a_source_limited_by_unacknowledged_deliveries_never_waits_for_the_commi
     let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
     let report = Consumer::builder()
         .max_in_flight(8)
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .commit_interval(commit_interval)
         .build(
             source,
@@ -1619,7 +1619,7 @@ async fn a_probe_requeued_without_backoff_leads_out_of_backoff_at_the_runtime() 
     let backoff = crate::backoff::Constant::new(Duration::from_secs(10)).retry_forever();
     let started = tokio::time::Instant::now();
     let report = Consumer::builder()
-        .ordering(Ordering::Partition)
+        .ordering(DeliveryOrder::Partition)
         .backoff(backoff)
         .build(source, RecordingAcker::default(), handler)
         .expect("valid settings")
@@ -1662,7 +1662,7 @@ async fn a_hung_probe_reopens_the_gate_into_backoff_after_the_probe_timeout() {
     });
     let observer = Arc::new(ProbeTimeouts::default());
     let report = Consumer::builder()
-        .ordering(Ordering::Unordered)
+        .ordering(DeliveryOrder::Unordered)
         .backoff(crate::backoff::Constant::new(Duration::from_millis(100)).retry_forever())
         .shutdown_deadline(Duration::from_millis(10))
         .observer(observer.clone())
@@ -1684,7 +1684,7 @@ async fn a_hung_probe_reopens_the_gate_into_backoff_after_the_probe_timeout() {
             .collect::<Vec<_>>(),
         vec![Position::Offset(1)]
     );
-    assert_eq!(observer.timeouts.load(AtomicOrdering::Relaxed), 1);
+    assert_eq!(observer.timeouts.load(Ordering::Relaxed), 1);
 }
 
 /// Counts the probes that timed out.
@@ -1695,7 +1695,7 @@ struct ProbeTimeouts {
 
 impl crate::observer::ConsumerObserver for ProbeTimeouts {
     fn on_probe_timeout(&self) {
-        self.timeouts.fetch_add(1, AtomicOrdering::Relaxed);
+        self.timeouts.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -1827,7 +1827,7 @@ async fn a_disabled_or_zero_backoff_never_pauses_intake() {
             }
             Ok(())
         });
-        let builder = Consumer::builder().ordering(Ordering::Unordered);
+        let builder = Consumer::builder().ordering(DeliveryOrder::Unordered);
         let builder = if zero {
             builder.backoff(crate::backoff::Constant::new(Duration::ZERO).retry_forever())
         } else {
@@ -1949,7 +1949,7 @@ struct TickCounter {
 
 impl crate::observer::ConsumerObserver for TickCounter {
     fn on_partitions(&self, _partitions: &[crate::observer::PartitionSnapshot]) {
-        self.ticks.fetch_add(1, AtomicOrdering::Relaxed);
+        self.ticks.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -1972,7 +1972,7 @@ async fn the_commit_tick_keeps_running_while_a_handler_hangs_and_nothing_else_ha
         .expect("valid settings");
     let run = tokio::spawn(consumer.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let ticks = observer.ticks.load(AtomicOrdering::Relaxed);
+    let ticks = observer.ticks.load(Ordering::Relaxed);
     shutdown.cancel();
     let _ = run.await;
     drop(sender);

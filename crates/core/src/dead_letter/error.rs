@@ -9,7 +9,8 @@
 use std::fmt;
 
 use super::DeadLetterError;
-use crate::error::HandlerError;
+use crate::error::{ErrorChain, HandlerError};
+use crate::redact::Capped;
 
 /// The message failed for good and is now in the dead-letter destination,
 /// whole or as a [reference](super::PayloadReference).
@@ -35,8 +36,8 @@ impl DeadLettered {
 impl fmt::Display for DeadLettered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.reference {
-            true => write!(f, "dead-lettered as a reference after: {}", self.error),
-            false => write!(f, "dead-lettered after: {}", self.error),
+            true => f.write_str("the message failed and was dead-lettered as a reference"),
+            false => f.write_str("the message failed and was dead-lettered"),
         }
     }
 }
@@ -72,7 +73,7 @@ impl Discarded {
 
 impl fmt::Display for Discarded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "discarded after: {}", self.error)
+        f.write_str("the message failed and was discarded")
     }
 }
 
@@ -107,10 +108,14 @@ impl DeadLetterWriteFailed {
 
 impl fmt::Display for DeadLetterWriteFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The handler's failure is not this error's source (the write's
+        // is), so its whole chain is told here, bounded like the handler
+        // error's own text.
         write!(
             f,
-            "{} (left unacknowledged for redelivery) after the handler failed: {}",
-            self.write, self.error
+            "the message could not be dead-lettered and is left unacknowledged for redelivery; \
+             its handler failed with: {}",
+            Capped::new(ErrorChain::new(&self.error), HandlerError::TEXT_LIMIT)
         )
     }
 }

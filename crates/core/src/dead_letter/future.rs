@@ -16,7 +16,7 @@ use super::{
     DeadLetter, DeadLetterError, DeadLetterSink, DeadLetterWriteFailed, DeadLettered, Discarded,
     FailurePolicy,
 };
-use crate::error::{ErrorClass, HandlerError};
+use crate::error::{ErrorChain, ErrorClass, HandlerError, chain_for_log};
 use crate::interruptible_sleep::{InterruptibleSleep, Wake, shutting_down};
 use crate::message::Message;
 
@@ -119,8 +119,8 @@ impl<S> Routing<S> {
                         partition = metadata.partition(),
                         position = %metadata.position(),
                         attempts,
-                        error = %error,
-                        write_error = %write_error,
+                        error = %chain_for_log(&error),
+                        write_error = %chain_for_log(write_error),
                         "message discarded: the dead-letter destination took neither its letter \
                          nor a reference to it",
                     );
@@ -130,7 +130,7 @@ impl<S> Routing<S> {
                         partition = metadata.partition(),
                         position = %metadata.position(),
                         attempts,
-                        error = %error,
+                        error = %chain_for_log(&error),
                         "message discarded after a final failure",
                     );
                 }
@@ -141,8 +141,12 @@ impl<S> Routing<S> {
                 .with_attempts(attempts)))
             }
             Action::DeadLetter { sink, .. } => {
-                let letter = DeadLetter::new(self.message.clone(), error.to_string(), attempts)
-                    .with_class(error.class());
+                let letter = DeadLetter::new(
+                    self.message.clone(),
+                    ErrorChain::new(&error).to_string(),
+                    attempts,
+                )
+                .with_class(error.class());
                 self.failure = Some(error);
                 self.failures = 0;
                 Next::Go(State::Writing {
@@ -164,7 +168,7 @@ impl<S> Routing<S> {
                     position = %metadata.position(),
                     attempts,
                     retry_in = ?delay,
-                    error = %error,
+                    error = %chain_for_log(&error),
                     "message failed; blocking its partition until it succeeds",
                 );
                 self.message
@@ -209,7 +213,7 @@ impl<S> Routing<S> {
                         partition = metadata.partition(),
                         position = %metadata.position(),
                         attempts,
-                        error = %error,
+                        error = %chain_for_log(&error),
                         "message dead-lettered as a reference only (origin and sizes): its \
                          letter could not be written",
                     );
@@ -219,7 +223,7 @@ impl<S> Routing<S> {
                         partition = metadata.partition(),
                         position = %metadata.position(),
                         attempts,
-                        error = %error,
+                        error = %chain_for_log(&error),
                         "message dead-lettered",
                     );
                 }
@@ -247,7 +251,7 @@ impl<S> Routing<S> {
                     partition = metadata.partition(),
                     position = %metadata.position(),
                     retry_in = ?delay,
-                    error = %write_error,
+                    error = %chain_for_log(&write_error),
                     "dead-letter write failed; retrying",
                 );
                 self.failure = Some(error);
@@ -265,7 +269,7 @@ impl<S> Routing<S> {
                     partition = metadata.partition(),
                     position = %metadata.position(),
                     writes = self.failures,
-                    error = %write_error,
+                    error = %chain_for_log(&write_error),
                     "dead-letter write failed for good; writing a reference to the message \
                      instead",
                 );
@@ -299,8 +303,8 @@ impl<S> Routing<S> {
                     partition = metadata.partition(),
                     position = %metadata.position(),
                     attempts,
-                    error = %error,
-                    write_error = %write_error,
+                    error = %chain_for_log(&error),
+                    write_error = %chain_for_log(&write_error),
                     "the dead-letter destination took neither the letter nor a reference to it; \
                      the message is left unacknowledged for redelivery",
                 );

@@ -203,7 +203,7 @@ impl DeadLetter {
 
 /// A failed dead-letter write.
 #[derive(Debug, thiserror::Error)]
-#[error("the dead-letter write failed: {0}")]
+#[error("the dead-letter write failed")]
 pub struct DeadLetterError(#[source] pub BoxError);
 
 impl DeadLetterError {

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use super::acker::MemoryAcker;
 use super::assignment::AssignmentStrategy;
-use super::consumer::ConsumerBuilder;
+use super::consumer::MemoryConsumerBuilder;
 use super::dead_letter::{MemoryDeadLetterSink, dead_letter_topic};
 use super::error::MemoryError;
 use super::faults::Faults;
 use super::record::{Produced, Record};
-use super::snapshot::{GroupSnapshot, PartitionSnapshot};
+use super::snapshot::{GroupSnapshot, PartitionState};
 use super::source::MemorySource;
 use super::topic::Topic;
 use crate::dead_letter::DeadLetter;
@@ -171,7 +171,7 @@ impl MemoryBroker {
     }
 
     /// Joins `group` on `topic` with default settings and returns the new
-    /// member's source and acker. See [`ConsumerBuilder::build`].
+    /// member's source and acker. See [`MemoryConsumerBuilder::build`].
     pub fn consumer(
         &self,
         topic: &str,
@@ -181,8 +181,8 @@ impl MemoryBroker {
     }
 
     /// A builder for a member of `group` on `topic`.
-    pub fn consumer_builder(&self, topic: &str, group: &str) -> ConsumerBuilder {
-        ConsumerBuilder::new(self.clone(), topic, group)
+    pub fn consumer_builder(&self, topic: &str, group: &str) -> MemoryConsumerBuilder {
+        MemoryConsumerBuilder::new(self.clone(), topic, group)
     }
 
     /// A sink writing dead letters of `group` consuming `topic` to the topic
@@ -234,7 +234,7 @@ impl MemoryBroker {
                 members: Vec::new(),
                 partitions: (0..topic.partitions)
                     .zip(&state.logs)
-                    .map(|(partition, log)| PartitionSnapshot::unconsumed(partition, log.len()))
+                    .map(|(partition, log)| PartitionState::unconsumed(partition, log.len()))
                     .collect(),
             },
         })

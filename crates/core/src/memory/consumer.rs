@@ -1,4 +1,4 @@
-//! Joining a consumer group: [`ConsumerBuilder`] makes a source and its
+//! Joining a consumer group: [`MemoryConsumerBuilder`] makes a source and its
 //! acker.
 
 use super::acker::MemoryAcker;
@@ -21,14 +21,14 @@ pub enum OffsetReset {
 /// [`MemoryBroker::consumer_builder`].
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct ConsumerBuilder {
+pub struct MemoryConsumerBuilder {
     broker: MemoryBroker,
     topic: String,
     group: String,
     offset_reset: OffsetReset,
 }
 
-impl ConsumerBuilder {
+impl MemoryConsumerBuilder {
     pub(crate) fn new(broker: MemoryBroker, topic: &str, group: &str) -> Self {
         Self {
             broker,

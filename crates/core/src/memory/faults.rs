@@ -80,21 +80,21 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// The next `count` calls of [`Source::next`](crate::Source::next) on the
-    /// group's sources return [`SourceError::Transient`](crate::SourceError::Transient)
+    /// The next `count` calls of [`Source::next`](crate::backend::Source::next) on the
+    /// group's sources return [`SourceError::Transient`](crate::backend::SourceError::Transient)
     /// without fetching anything.
     pub fn fail_next_fetches(&self, count: u32) {
         self.state.failing_fetches.store(count, Ordering::Release);
     }
 
     /// The next `count` acknowledgement batches of the group's ackers fail
-    /// with [`AckError::Broker`](crate::AckError::Broker) and commit nothing.
+    /// with [`AckError::Broker`](crate::backend::AckError::Broker) and commit nothing.
     pub fn fail_next_commits(&self, count: u32) {
         self.state.failing_commits.store(count, Ordering::Release);
     }
 
     /// The next `count` writes of the group's dead-letter sinks fail with a
-    /// [`DeadLetterError`](crate::DeadLetterError) and store nothing.
+    /// [`DeadLetterError`](crate::backend::DeadLetterError) and store nothing.
     pub fn fail_next_dead_letter_writes(&self, count: u32) {
         self.state
             .failing_dead_letter_writes

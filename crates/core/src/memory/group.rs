@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use super::broker::BrokerConfig;
 use super::consumer::OffsetReset;
 use super::fetch::{Delivery, fetch};
-use super::snapshot::{GroupSnapshot, MemberSnapshot, PartitionOwner, PartitionSnapshot};
+use super::snapshot::{GroupSnapshot, MemberSnapshot, PartitionOwner, PartitionState};
 use crate::acker::AckError;
 use crate::message::{Message, PartitionKey, Position, SourceName};
 use crate::source::{Revocation, SourceEvent};
@@ -581,8 +581,8 @@ fn partition_snapshot(
     committed: Option<usize>,
     high_watermark: usize,
     ownership: &Ownership,
-) -> PartitionSnapshot {
-    PartitionSnapshot {
+) -> PartitionState {
+    PartitionState {
         partition,
         committed: committed.map(|offset| offset as i64),
         high_watermark: high_watermark as i64,

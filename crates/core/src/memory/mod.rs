@@ -3,9 +3,9 @@
 //! and rebalances, dead-letter topics, and fault injection.
 //!
 //! It is a backend like any other: [`MemorySource`] implements
-//! [`Source`](crate::Source), [`MemoryAcker`] implements
-//! [`Acker`](crate::Acker) and [`MemoryDeadLetterSink`] implements
-//! [`DeadLetterSink`](crate::DeadLetterSink), so a handler tested on it runs
+//! [`Source`](crate::backend::Source), [`MemoryAcker`] implements
+//! [`Acker`](crate::backend::Acker) and [`MemoryDeadLetterSink`] implements
+//! [`DeadLetterSink`](crate::backend::DeadLetterSink), so a handler tested on it runs
 //! unchanged on Kafka, Redis or AMQP.
 //!
 //! - **Produce** with [`MemoryBroker::send`]: a keyed [`Record`] goes to the
@@ -16,7 +16,7 @@
 //!   the acker commits `watermark + 1`.
 //! - **Rebalance** when a member joins or leaves: a partition moving away
 //!   from a live member is revoked from it first
-//!   ([`SourceEvent::Revoked`](crate::SourceEvent::Revoked)), and its new
+//!   ([`SourceEvent::Revoked`](crate::backend::SourceEvent::Revoked)), and its new
 //!   owner gets it (`Assigned`) only once the revocation completed, the old
 //!   member left, or the [rebalance timeout](MemoryBrokerBuilder::rebalance_timeout)
 //!   passed. A member's commits of a partition it lost, or sent under an
@@ -92,11 +92,11 @@ mod tests;
 pub use acker::MemoryAcker;
 pub use assignment::AssignmentStrategy;
 pub use broker::{BrokerConfig, MemoryBroker, MemoryBrokerBuilder};
-pub use consumer::{ConsumerBuilder, OffsetReset};
+pub use consumer::{MemoryConsumerBuilder, OffsetReset};
 pub use dead_letter::{MemoryDeadLetterSink, dead_letter_topic};
 pub use error::MemoryError;
 pub use faults::{Faults, InjectedFault};
 pub use group::MemberId;
 pub use record::{Produced, Record};
-pub use snapshot::{GroupSnapshot, MemberSnapshot, PartitionOwner, PartitionSnapshot};
+pub use snapshot::{GroupSnapshot, MemberSnapshot, PartitionOwner, PartitionState};
 pub use source::MemorySource;

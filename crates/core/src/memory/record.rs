@@ -73,6 +73,7 @@ impl Record {
 
 /// Where a produced record was stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Produced {
     /// The partition it went to.
     pub partition: u32,

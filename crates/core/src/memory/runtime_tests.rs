@@ -2,7 +2,7 @@
 //! faults as a real consumer lives through them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::consumer::{Consumer, Ordering, RunReport};
+use crate::consumer::{Consumer, DeliveryOrder, RunReport};
 use crate::error::HandlerError;
 use crate::message::{Message, Position};
 
@@ -39,7 +39,7 @@ struct Journal {
 
 impl Journal {
     fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, AtomicOrdering::SeqCst)
+        self.clock.fetch_add(1, Ordering::SeqCst)
     }
 
     fn executions(&self) -> Vec<Execution> {
@@ -119,7 +119,7 @@ struct Running {
 impl Running {
     fn start(
         broker: &MemoryBroker,
-        ordering: Ordering,
+        ordering: DeliveryOrder,
         handler: impl tower::Service<Message, Response = (), Error = HandlerError, Future: Send>
         + Send
         + 'static,
@@ -181,9 +181,17 @@ async fn a_rebalance_between_runtimes_processes_every_message_exactly_once() {
     produce(&broker, MESSAGES);
     let journal = Journal::default();
 
-    let first = Running::start(&broker, Ordering::Partition, journaling(&journal, 1, None));
+    let first = Running::start(
+        &broker,
+        DeliveryOrder::Partition,
+        journaling(&journal, 1, None),
+    );
     journal.wait_for(60).await;
-    let second = Running::start(&broker, Ordering::Partition, journaling(&journal, 2, None));
+    let second = Running::start(
+        &broker,
+        DeliveryOrder::Partition,
+        journaling(&journal, 2, None),
+    );
     journal.wait_for(MESSAGES).await;
     wait_until_committed(&broker).await;
     let second_report = second.stop().await;
@@ -244,13 +252,17 @@ async fn a_crashed_runtimes_unfinished_messages_return_as_later_attempts() {
 
     let crashed = Running::start(
         &broker,
-        Ordering::Unordered,
+        DeliveryOrder::Unordered,
         journaling(&journal, 1, Some(20)),
     );
     journal.wait_for(20).await;
     crashed.crash().await;
 
-    let next = Running::start(&broker, Ordering::Unordered, journaling(&journal, 2, None));
+    let next = Running::start(
+        &broker,
+        DeliveryOrder::Unordered,
+        journaling(&journal, 2, None),
+    );
     journal.wait_for(40).await;
     wait_until_committed(&broker).await;
     next.stop().await;
@@ -282,7 +294,11 @@ async fn injected_fetch_failures_only_delay_the_runtime() {
         .expect("faults")
         .fail_next_fetches(3);
     let journal = Journal::default();
-    let running = Running::start(&broker, Ordering::Partition, journaling(&journal, 1, None));
+    let running = Running::start(
+        &broker,
+        DeliveryOrder::Partition,
+        journaling(&journal, 1, None),
+    );
     journal.wait_for(50).await;
     wait_until_committed(&broker).await;
     running.stop().await;
@@ -298,7 +314,11 @@ async fn a_failed_commit_is_superseded_by_a_later_one() {
         .expect("faults")
         .fail_next_commits(2);
     let journal = Journal::default();
-    let running = Running::start(&broker, Ordering::Partition, journaling(&journal, 1, None));
+    let running = Running::start(
+        &broker,
+        DeliveryOrder::Partition,
+        journaling(&journal, 1, None),
+    );
     // A lost commit is made good by the next watermark, so keep messages
     // coming until one commit gets through.
     tokio::time::timeout(Duration::from_secs(30), async {

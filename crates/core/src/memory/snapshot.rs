@@ -5,6 +5,7 @@ use super::group::MemberId;
 
 /// A consumer group of one topic at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GroupSnapshot {
     /// The topic.
     pub topic: String,
@@ -15,7 +16,7 @@ pub struct GroupSnapshot {
     /// The members, in the order they joined.
     pub members: Vec<MemberSnapshot>,
     /// Every partition of the topic, by number.
-    pub partitions: Vec<PartitionSnapshot>,
+    pub partitions: Vec<PartitionState>,
 }
 
 impl GroupSnapshot {
@@ -44,6 +45,7 @@ impl GroupSnapshot {
 
 /// One member of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemberSnapshot {
     /// The member.
     pub id: MemberId,
@@ -54,9 +56,13 @@ pub struct MemberSnapshot {
     pub pending_revocations: usize,
 }
 
-/// One partition as a group sees it.
+/// One partition as a group sees it, at the moment of its
+/// [`GroupSnapshot`]. Not the runtime's
+/// [`PartitionSnapshot`](crate::observer::PartitionSnapshot), which is a
+/// consumer's view of a partition it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PartitionSnapshot {
+#[non_exhaustive]
+pub struct PartitionState {
     /// The partition number.
     pub partition: u32,
     /// The committed offset: the next offset the group will consume. `None`
@@ -73,6 +79,7 @@ pub struct PartitionSnapshot {
 
 /// Who owns a partition of a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PartitionOwner {
     /// Nobody (the group has no members).
     Unassigned,
@@ -89,7 +96,7 @@ pub enum PartitionOwner {
     },
 }
 
-impl PartitionSnapshot {
+impl PartitionState {
     /// A partition of a group that holds nothing yet.
     pub(crate) fn unconsumed(partition: u32, high_watermark: usize) -> Self {
         Self {

@@ -3,8 +3,8 @@
 /// The metrics could not be registered in the registry passed in.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "cannot register intake's metrics: {source}; build one `Metrics` per registry and clone it \
-     for each handler and consumer, or give a second one its own prefix"
+    "cannot register intake's metrics in this registry; build one `Metrics` per registry and \
+     clone it for each handler and consumer, or give a second one its own prefix"
 )]
 pub struct RegisterError {
     #[source]

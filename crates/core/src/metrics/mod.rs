@@ -51,6 +51,11 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
+/// The prometheus crate the metrics register in, so that a service names
+/// the same version ([`Registry`](prometheus::Registry), the encoders)
+/// without a dependency of its own.
+pub use prometheus;
+
 pub use self::collector::{Metrics, MetricsBuilder};
 pub use self::error::RegisterError;
 use self::future::InFlight;

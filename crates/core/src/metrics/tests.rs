@@ -7,10 +7,10 @@ use super::*;
 use crate::acker::{AckBatch, AckError};
 use crate::backoff::Constant;
 use crate::catch_panic::CatchPanicLayer;
-use crate::commit_engine::PartitionStats;
 use crate::dead_letter::{DeadLetterLayer, FailurePolicy};
 use crate::layer_testing::{RecordingSink, Scripted, Step, message};
 use crate::message::{Metadata, PartitionKey, Position};
+use crate::observer::PartitionStats;
 use crate::observer::{ConsumerObserver, PartitionSnapshot};
 use crate::retry::RetryLayer;
 

@@ -11,7 +11,7 @@ use tower::Service;
 
 use super::{RetryConfig, RetryObserver};
 use crate::backoff::BackoffPolicy;
-use crate::error::HandlerError;
+use crate::error::{HandlerError, chain_for_log};
 use crate::interruptible_sleep::{InterruptibleSleep, Wake, shutting_down};
 use crate::message::Message;
 
@@ -100,7 +100,7 @@ where
                             partition = again.message.metadata().partition(),
                             position = %again.message.metadata().position(),
                             attempts = *this.attempt,
-                            error = %error,
+                            error = %chain_for_log(&error),
                             "retries exhausted",
                         );
                         return Poll::Ready(Err(finish(error, *this.attempt)));
@@ -120,7 +120,7 @@ where
                         position = %again.message.metadata().position(),
                         attempt = *this.attempt,
                         retry_in = ?delay,
-                        error = %error,
+                        error = %chain_for_log(&error),
                         "handler failed, retrying",
                     );
                     *this.retries = retry;

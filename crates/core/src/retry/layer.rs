@@ -33,7 +33,7 @@ impl<P: BackoffPolicy> RetryLayer<P> {
 
 impl<P: BackoffPolicy, O: RetryObserver> RetryLayer<P, O> {
     /// Reports every retry to `observer`; a
-    /// [`MetricsLayer`](crate::metrics::MetricsLayer) counts them.
+    /// `MetricsLayer` (feature `metrics`) counts them.
     pub fn observe<O2: RetryObserver>(self, observer: O2) -> RetryLayer<P, O2> {
         RetryLayer {
             policy: self.policy,

@@ -8,7 +8,7 @@ use crate::message::Message;
 /// Hears about every retry the retry layer is about to make, before its
 /// backoff sleep. Only called on a failure path.
 ///
-/// The [metrics layer](crate::metrics::MetricsLayer) implements it, so retries
+/// The metrics layer (`MetricsLayer`, feature `metrics`) implements it, so retries
 /// (and panics that a retry hides) are counted even when the retry succeeds:
 /// `RetryLayer::new(policy).observe(metrics_layer.clone())`.
 pub trait RetryObserver: Send + Sync + 'static {

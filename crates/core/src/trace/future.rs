@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 use tracing::Span;
 
-use crate::error::HandlerError;
+use crate::error::{HandlerError, chain_for_log};
 
 pin_project! {
     /// The future of [`Trace`](super::Trace): enters the span on every poll
@@ -42,7 +42,7 @@ where
                 let error: HandlerError = error.into();
                 if !this.span.is_disabled() {
                     this.span
-                        .record("error", tracing::field::display(&error))
+                        .record("error", tracing::field::display(chain_for_log(&error)))
                         .record("error.class", error.class().as_str());
                     // Outside the retry layer, the span started at the
                     // first attempt; the error knows the last one.

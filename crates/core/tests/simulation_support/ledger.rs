@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
-use intake_core::{AckBatch, AckError, Ordering, PartitionKey, Position};
+use intake_core::{AckBatch, AckError, DeliveryOrder, PartitionKey, Position};
 use tokio::time::Instant;
 
 use super::rng::mix;
@@ -43,7 +43,7 @@ struct Held {
     running: BTreeMap<i64, u32>,
     /// Offsets this assignment finished: each at most once.
     finished: HashSet<i64>,
-    /// Ordering lanes: the last started offset per lane (one lane for the
+    /// Delivery-order lanes: the last started offset per lane (one lane for the
     /// partition, or one per key).
     lanes: BTreeMap<u32, i64>,
     /// Duplicates finished in this assignment, and its share of the bound.
@@ -350,11 +350,11 @@ impl Ledger {
     }
 
     /// The lane a delivery of `id` runs in under `ordering`, if any.
-    fn lane(&self, ordering: Ordering, id: u32) -> Option<u32> {
+    fn lane(&self, ordering: DeliveryOrder, id: u32) -> Option<u32> {
         match ordering {
-            Ordering::Partition => Some(u32::MAX),
-            Ordering::Key => Some(self.key_of(id)),
-            Ordering::Unordered => None,
+            DeliveryOrder::Partition => Some(u32::MAX),
+            DeliveryOrder::Key => Some(self.key_of(id)),
+            DeliveryOrder::Unordered => None,
         }
     }
 

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use intake_core::Ordering;
+use intake_core::DeliveryOrder;
 use intake_core::memory::AssignmentStrategy;
 
 use super::rng::SimRng;
@@ -27,7 +27,7 @@ pub struct MessagePlan {
 #[derive(Clone, Copy, Debug)]
 pub struct ConsumerPlan {
     pub max_in_flight: usize,
-    pub ordering: Ordering,
+    pub ordering: DeliveryOrder,
     pub commit_interval: Duration,
     pub commit_batch: usize,
     pub fetch_batch: usize,
@@ -197,7 +197,11 @@ fn message_plan(rng: &mut SimRng) -> MessagePlan {
 
 fn consumer_plan(rng: &mut SimRng) -> ConsumerPlan {
     let max_in_flight = rng.pick(&[1, 2, 3, 4, 8, 16]);
-    let ordering = rng.pick(&[Ordering::Partition, Ordering::Key, Ordering::Unordered]);
+    let ordering = rng.pick(&[
+        DeliveryOrder::Partition,
+        DeliveryOrder::Key,
+        DeliveryOrder::Unordered,
+    ]);
     ConsumerPlan {
         max_in_flight,
         ordering,

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use intake_core::testkit::harness::{Ledger, id_of};
 use intake_core::{
-    Consumer, ConsumerBuilder, ConsumerObserver, HandlerError, Message, Ordering, PartitionKey,
-    PartitionSnapshot, RunError, RunReport, handler_fn,
+    Consumer, ConsumerBuilder, ConsumerObserver, DeliveryOrder, HandlerError, Message,
+    PartitionKey, PartitionSnapshot, RunError, RunReport, handler_fn,
 };
 use intake_kafka::KafkaSource;
 use tokio::task::JoinHandle;
@@ -91,7 +91,7 @@ impl TestConsumer {
         source: KafkaSource,
         ledger: &Ledger,
         work: Duration,
-        ordering: Ordering,
+        ordering: DeliveryOrder,
         max_in_flight: usize,
     ) -> Self {
         let builder = Consumer::builder()

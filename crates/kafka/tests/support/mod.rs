@@ -505,6 +505,63 @@ impl Backend for KafkaBackend {
             .map(|(_, committed, high)| (high - committed.unwrap_or(0)).max(0) as u64)
             .sum())
     }
+
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(KafkaSource, KafkaAcker), BoxError>> {
+        let built = KafkaSource::builder(self.settings())
+            .topic(source)
+            .broadcast()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
+
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(KafkaSource, KafkaAcker), BoxError>> {
+        // A closed port, with SASL credentials as a Kafka user gives them.
+        let settings = KafkaSettings::new(format!("127.0.0.1:{}", closed_port()))
+            .set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", "PLAIN")
+            .set("sasl.username", "intake")
+            .set("sasl.password", password);
+        let built = KafkaSource::builder(settings)
+            .group(group)
+            .topic(source)
+            .connect_timeout(Duration::from_secs(3))
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
+}
+
+/// A local port nothing listens on: bound, then released.
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free local port")
 }
 
 pub mod consumer;
@@ -534,7 +591,8 @@ pub async fn take(source: &mut KafkaSource, count: usize, max: usize, patience: 
                 Ok(SourceEvent::Revoked(revocation)) => {
                     revocation.complete(RevocationOutcome::default());
                 }
-                Ok(SourceEvent::Exhausted) | Err(_) => break,
+                // Exhausted, an event added later, or an error: done.
+                Ok(_) | Err(_) => break,
             }
         }
     })

@@ -198,7 +198,7 @@ impl NatsSourceBuilder {
     /// Takes the partition from token `index` (from 0) of the subject, when
     /// it is a number: the token NATS's deterministic partitioning
     /// (`{{partition(n, …)}}` in a subject mapping) writes. Messages of one
-    /// partition run one at a time under `Ordering::Partition`. Without it,
+    /// partition run one at a time under `DeliveryOrder::Partition`. Without it,
     /// every message is in partition 0.
     pub fn partition_token(mut self, index: usize) -> Self {
         self.partition_token = Some(index);

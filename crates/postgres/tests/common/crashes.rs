@@ -10,7 +10,7 @@ use std::sync::Arc;
 use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::testkit::Backend;
 use intake_core::testkit::harness::{Running, numbered, unique_group};
-use intake_core::{Consumer, ConsumerBuilder, HandlerError, Message, Ordering, Payload};
+use intake_core::{Consumer, ConsumerBuilder, DeliveryOrder, HandlerError, Message, Payload};
 use intake_postgres::{ExactlyOnce, ExactlyOnceStats, MessageId, Tx};
 use sqlx::{AssertSqlSafe, PgPool};
 use tower::{Layer, Service};
@@ -283,7 +283,7 @@ impl<B: Backend> Run<'_, B> {
             self.backend,
             self.source,
             self.group,
-            builder.ordering(Ordering::Unordered),
+            builder.ordering(DeliveryOrder::Unordered),
             16,
             handler,
         )

@@ -5,7 +5,7 @@
 use tower::Service;
 
 use super::Dispatcher;
-use crate::consumer::Ordering;
+use crate::consumer::DeliveryOrder;
 use crate::consumer::lanes::LaneId;
 use crate::consumer::slots::SlotState;
 use crate::error::HandlerError;
@@ -61,9 +61,9 @@ where
             );
         }
         let lane = match self.settings.ordering {
-            Ordering::Unordered => None,
-            Ordering::Partition => Some(LaneId::Partition(partition)),
-            Ordering::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
+            DeliveryOrder::Unordered => None,
+            DeliveryOrder::Partition => Some(LaneId::Partition(partition)),
+            DeliveryOrder::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
         };
         let bytes = message.byte_size();
         self.bytes.hold(bytes);

@@ -9,7 +9,7 @@ use super::{Dispatcher, Stop};
 use crate::commit_engine::Ticket;
 use crate::consumer::gate::{GateState, Signal};
 use crate::consumer::slots::{SlotId, SlotState};
-use crate::error::{ErrorClass, HandlerError};
+use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
 
 impl<H> Dispatcher<H>
@@ -59,7 +59,7 @@ where
                 tracing::error!(
                     partition = ?self.partitions.engine().key(ticket.partition()),
                     position = ?self.slots.get(slot).position,
-                    %error,
+                    error = %chain_for_log(&error),
                     "permanent failure with no dead-letter layer: the message is acknowledged and dropped"
                 );
                 self.partitions.complete(ticket);
@@ -78,7 +78,7 @@ where
                 tracing::warn!(
                     partition = ?self.partitions.engine().key(ticket.partition()),
                     position = ?self.slots.get(slot).position,
-                    %error,
+                    error = %chain_for_log(&error),
                     "a handler was interrupted although the consumer is not stopping; retrying it"
                 );
                 self.fail(slot, ticket, error.reclassify(ErrorClass::Retryable))
@@ -108,7 +108,7 @@ where
                     // The broker cannot take it back: dispatch it again, in
                     // its lane, after the consumer-level backoff.
                     self.report.redispatched += 1;
-                    tracing::debug!(%error, "retryable failure: dispatching the message again");
+                    tracing::debug!(error = %chain_for_log(&error), "retryable failure: dispatching the message again");
                     let entry = self.slots.get_mut(slot);
                     entry.probe = false;
                     if let Some(message) = entry.message.as_mut() {

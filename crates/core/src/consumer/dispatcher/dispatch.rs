@@ -13,7 +13,7 @@ use crate::catch_panic::Panicked;
 use crate::consumer::gate::{Decision, GateState};
 use crate::consumer::slots::{PanicPayload, SlotId, SlotState};
 use crate::deadline;
-use crate::error::HandlerError;
+use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
 
 impl<H> Dispatcher<H>
@@ -52,7 +52,7 @@ where
                 HandlerError::retryable(panic)
             }
         };
-        tracing::error!(%error, "the handler service failed; the consumer stops");
+        tracing::error!(error = %chain_for_log(&error), "the handler service failed; the consumer stops");
         self.begin_stop(Some(Failure::Handler(error)));
         false
     }

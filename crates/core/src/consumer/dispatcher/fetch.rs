@@ -6,7 +6,7 @@ use tower::Service;
 
 use super::{Dispatcher, Failure};
 use crate::deadline;
-use crate::error::HandlerError;
+use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
 use crate::source::SourceError;
 
@@ -59,7 +59,7 @@ where
         }
         if let Some(delay) = retry_in {
             tracing::warn!(
-                %error,
+                error = %chain_for_log(&error),
                 failures = self.fetch_failures,
                 retry_in = ?delay,
                 "fetching failed; retrying"
@@ -68,9 +68,9 @@ where
             return;
         }
         if error.is_transient() {
-            tracing::error!(%error, attempts = self.fetch_failures, "fetching failed and retries are exhausted");
+            tracing::error!(error = %chain_for_log(&error), attempts = self.fetch_failures, "fetching failed and retries are exhausted");
         } else {
-            tracing::error!(%error, "fetching failed for good");
+            tracing::error!(error = %chain_for_log(&error), "fetching failed for good");
         }
         self.begin_stop(Some(Failure::Source(error)));
     }

@@ -38,7 +38,7 @@ mod timer;
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,7 +54,7 @@ use super::shutdown::Shutdown;
 use super::slots::{Caught, SlotId, Slots};
 use crate::acker::Acker;
 use crate::commit_engine::CommitEngine;
-use crate::error::HandlerError;
+use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
 use crate::source::{Limits, Source, SourceError};
 use partitions::Partitions;
@@ -110,7 +110,7 @@ where
         report.close = match tokio::time::timeout_at(until, source.close()).await {
             Ok(Ok(())) => SourceClose::Closed,
             Ok(Err(error)) => {
-                tracing::warn!(%error, "closing the source failed");
+                tracing::warn!(error = %chain_for_log(&error), "closing the source failed");
                 SourceClose::Failed
             }
             Err(_) => {
@@ -121,7 +121,7 @@ where
                 SourceClose::TimedOut
             }
         };
-        report.ack_failures = ack_failures.load(AtomicOrdering::Acquire) as u64;
+        report.ack_failures = ack_failures.load(Ordering::Acquire) as u64;
         report.elapsed = started.elapsed();
         let result = match stop {
             None => Ok(report),

@@ -2,14 +2,14 @@
 //! behaviour it proves and fails with a message saying what went wrong.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{Ledger, Running, id_of, numbered, unique_group};
 use super::{Backend, TestMessage};
-use crate::consumer::{Consumer, Ordering};
+use crate::consumer::{Consumer, DeliveryOrder};
 use crate::error::HandlerError;
 use crate::message::Message;
 
@@ -57,7 +57,7 @@ pub async fn delivers_every_message<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Key),
+        Consumer::builder().ordering(DeliveryOrder::Key),
         64,
         recording(&ledger),
     )
@@ -112,7 +112,7 @@ pub async fn commit_never_passes_an_unfinished_message<B: Backend>(backend: &B) 
         &source,
         &group,
         Consumer::builder()
-            .ordering(Ordering::Unordered)
+            .ordering(DeliveryOrder::Unordered)
             .shutdown_deadline(Duration::from_millis(200)),
         32,
         handler,
@@ -147,7 +147,7 @@ pub async fn commit_never_passes_an_unfinished_message<B: Backend>(backend: &B) 
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         32,
         recording(&second_ledger),
     )
@@ -187,7 +187,7 @@ pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
                     ));
                 }
                 if id % 5 == 0 {
-                    attempts_seen.fetch_max(attempt as usize, AtomicOrdering::Relaxed);
+                    attempts_seen.fetch_max(attempt as usize, Ordering::Relaxed);
                 }
                 ledger.record(id);
                 Ok(())
@@ -199,7 +199,7 @@ pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
         &source,
         &group,
         Consumer::builder()
-            .ordering(Ordering::Partition)
+            .ordering(DeliveryOrder::Partition)
             .backoff(crate::backoff::Constant::new(Duration::from_millis(10)).retry_forever()),
         16,
         handler,
@@ -211,7 +211,7 @@ pub async fn retries_then_succeeds<B: Backend>(backend: &B) {
         .await;
     consumer.stop().await;
     assert!(
-        attempts_seen.load(AtomicOrdering::Relaxed) >= 2,
+        attempts_seen.load(Ordering::Relaxed) >= 2,
         "{}: a retried message carries its attempt number",
         backend.name()
     );
@@ -253,7 +253,7 @@ pub async fn redelivers_after_a_crash<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         32,
         handler,
     )
@@ -267,7 +267,7 @@ pub async fn redelivers_after_a_crash<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         32,
         recording(&ledger),
     )
@@ -319,7 +319,7 @@ pub async fn rebalances_between_two_consumers<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Partition),
+        Consumer::builder().ordering(DeliveryOrder::Partition),
         16,
         slow(&ledger),
     )
@@ -336,7 +336,7 @@ pub async fn rebalances_between_two_consumers<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Partition),
+        Consumer::builder().ordering(DeliveryOrder::Partition),
         16,
         slow(&ledger),
     )
@@ -440,10 +440,10 @@ pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
         tower::service_fn(move |message: Message| {
             let (ledger, running, peak) = (ledger.clone(), running.clone(), peak.clone());
             async move {
-                let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
-                peak.fetch_max(now, AtomicOrdering::SeqCst);
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_micros(200)).await;
-                running.fetch_sub(1, AtomicOrdering::SeqCst);
+                running.fetch_sub(1, Ordering::SeqCst);
                 ledger.record(id_of(&message)?);
                 Ok::<_, HandlerError>(())
             }
@@ -453,7 +453,7 @@ pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
         backend,
         &source,
         &group,
-        Consumer::builder().ordering(Ordering::Unordered),
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
         8,
         handler,
     )
@@ -461,7 +461,7 @@ pub async fn in_flight_stays_within_its_bound<B: Backend>(backend: &B) {
     .expect("connect");
     ledger.wait_for_all(2_000, "the whole backlog").await;
     consumer.stop().await;
-    let peak = peak.load(AtomicOrdering::SeqCst);
+    let peak = peak.load(Ordering::SeqCst);
     assert!(
         peak <= 8,
         "{}: {peak} handlers ran at once with max_in_flight 8",
@@ -485,7 +485,7 @@ pub async fn malformed_payloads_do_not_stop_the_consumer<B: Backend>(backend: &B
         tower::service_fn(move |message: Message| {
             let (ledger, calls) = (ledger.clone(), calls.clone());
             async move {
-                calls.fetch_add(1, AtomicOrdering::SeqCst);
+                calls.fetch_add(1, Ordering::SeqCst);
                 ledger.record(id_of(&message)?);
                 Ok::<_, HandlerError>(())
             }
@@ -501,7 +501,7 @@ pub async fn malformed_payloads_do_not_stop_the_consumer<B: Backend>(backend: &B
         "the malformed payload failed permanently, once"
     );
     assert_eq!(
-        calls.load(AtomicOrdering::SeqCst),
+        calls.load(Ordering::SeqCst),
         11,
         "no retry of a permanent failure"
     );
@@ -682,6 +682,207 @@ pub async fn poison_messages_reach_the_dead_letter_destination<B: Backend>(backe
         "{}: dead-lettered messages are acknowledged",
         backend.name()
     );
+}
+
+/// A consumer whose whole budget is held by handlers that do not finish
+/// still takes part in its group: a member that joins gets work while the
+/// first one's handlers are blocked (on Kafka the first one must serve the
+/// rebalance with no room for a delivery), and once they are released
+/// nothing is lost.
+pub async fn a_full_budget_still_sees_assignment_changes<B: Backend>(backend: &B) {
+    if !backend.capabilities().shared_groups {
+        eprintln!("skipped: {} has no shared consumer groups", backend.name());
+        return;
+    }
+    let partitions = if backend.capabilities().partitions {
+        2
+    } else {
+        1
+    };
+    let source = backend
+        .create_source(partitions)
+        .await
+        .expect("create the source");
+    let group = unique_group("full-budget");
+    backend
+        .produce(&source, numbered(0, 40))
+        .await
+        .expect("produce");
+    let ledger = Ledger::default();
+    let release = CancellationToken::new();
+    let blocked = {
+        let (ledger, release) = (ledger.clone(), release.clone());
+        tower::service_fn(move |message: Message| {
+            let (ledger, release) = (ledger.clone(), release.clone());
+            async move {
+                ledger.record(id_of(&message)?);
+                release.cancelled().await;
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let first = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
+        4,
+        blocked,
+    )
+    .await
+    .expect("connect the first member");
+    ledger
+        .wait_until("the first member's budget of 4 to fill", || {
+            ledger.distinct() >= 4
+        })
+        .await;
+    let joined = Ledger::default();
+    let second = Running::start(
+        backend,
+        &source,
+        &group,
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
+        4,
+        {
+            let (ledger, joined) = (ledger.clone(), joined.clone());
+            tower::service_fn(move |message: Message| {
+                let (ledger, joined) = (ledger.clone(), joined.clone());
+                async move {
+                    let id = id_of(&message)?;
+                    ledger.record(id);
+                    joined.record(id);
+                    Ok::<_, HandlerError>(())
+                }
+            })
+        },
+    )
+    .await
+    .expect("connect the second member");
+    joined
+        .wait_until(
+            "the member that joined to get work while the first one's budget is full",
+            || joined.distinct() > 0,
+        )
+        .await;
+    release.cancel();
+    ledger
+        .wait_for_all(40, "every message once the first member's handlers finish")
+        .await;
+    first.stop().await;
+    second.stop().await;
+    assert_eq!(
+        backend
+            .unacknowledged(&source, &group)
+            .await
+            .expect("inspect"),
+        0,
+        "{}: everything is acknowledged",
+        backend.name()
+    );
+}
+
+/// A broker that does not answer is a typed error within a bounded wait,
+/// never a hang, and neither its text nor its `Debug` holds the password
+/// the address carried. Skipped where the backend has no address (the
+/// memory broker).
+pub async fn an_unreachable_broker_is_an_error_without_its_password<B: Backend>(backend: &B) {
+    const PASSWORD: &str = "s3cret-conformance-password";
+    let group = unique_group("unreachable");
+    let attempt = tokio::time::timeout(
+        super::harness::PATIENCE,
+        backend.connect_unreachable("intake-unreachable", &group, PASSWORD),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{}: connecting to a broker that does not answer hung",
+            backend.name()
+        )
+    });
+    let Some(result) = attempt else {
+        eprintln!("skipped: {} has no broker address", backend.name());
+        return;
+    };
+    let error = match result {
+        Ok(_) => panic!(
+            "{}: a source was built although no broker answers",
+            backend.name()
+        ),
+        Err(error) => error,
+    };
+    let mut chain = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        chain.push_str(": ");
+        chain.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    let debug = format!("{error:?}");
+    assert!(
+        !chain.is_empty(),
+        "{}: the error says nothing",
+        backend.name()
+    );
+    assert!(
+        !chain.contains(PASSWORD) && !debug.contains(PASSWORD),
+        "{}: the password is in the error: {chain} / {debug}",
+        backend.name()
+    );
+}
+
+/// A broadcast consumer's instances each receive every message produced
+/// after they started. Skipped where the backend has no broadcast mode.
+pub async fn broadcast_delivers_to_every_instance<B: Backend>(backend: &B) {
+    let source = backend.create_source(1).await.expect("create the source");
+    let settings = super::ConnectSettings { max_in_flight: 16 };
+    let mut instances = Vec::new();
+    let mut ledgers = Vec::new();
+    for _ in 0..2 {
+        let Some(connected) = backend.connect_broadcast(&source, settings).await else {
+            eprintln!("skipped: {} has no broadcast mode", backend.name());
+            return;
+        };
+        let (source, acker) = connected.expect("connect a broadcast instance");
+        let ledger = Ledger::default();
+        instances.push(
+            Running::run(source, acker, Consumer::builder(), 16, recording(&ledger))
+                .expect("start a broadcast instance"),
+        );
+        ledgers.push(ledger);
+    }
+    // An instance receives what is produced once it has started, which the
+    // broker does not announce: probe until every instance has received one.
+    const PROBE: u64 = 1_000_000;
+    let deadline = tokio::time::Instant::now() + super::harness::PATIENCE;
+    let mut probe = PROBE;
+    while ledgers.iter().any(|ledger| ledger.distinct() == 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: a broadcast instance received nothing within {:?}",
+            backend.name(),
+            super::harness::PATIENCE
+        );
+        backend
+            .produce(&source, numbered(probe, 1))
+            .await
+            .expect("produce a probe");
+        probe += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    backend
+        .produce(&source, numbered(0, 100))
+        .await
+        .expect("produce");
+    for (number, ledger) in ledgers.iter().enumerate() {
+        ledger
+            .wait_until(&format!("instance {number} to receive all 100"), || {
+                ledger.missing(100).is_empty()
+            })
+            .await;
+    }
+    for instance in instances {
+        instance.stop().await;
+    }
 }
 
 /// Asserts that `read` (a message read back from a dead letter) is

@@ -11,8 +11,8 @@ use crate::memory::{MemoryAcker, MemoryBroker, MemoryDeadLetterSink, MemorySourc
 /// Runs the conformance suite on a [`MemoryBroker`].
 ///
 /// ```
-/// use intake_core::testkit::Backend;
-/// use intake_core::testkit::memory_backend::MemoryBackend;
+/// use intake_core::backend::testkit::Backend;
+/// use intake_core::backend::testkit::memory_backend::MemoryBackend;
 ///
 /// let backend = MemoryBackend::new();
 /// assert_eq!(backend.name(), "memory");
@@ -90,6 +90,17 @@ impl Backend for MemoryBackend {
         // The memory broker has no prefetch to size: a fetch takes what the
         // runtime asks for.
         Ok(self.broker.consumer(source, group)?)
+    }
+
+    /// A group of the instance's own, as Kafka's broadcast mode does: the
+    /// memory broker delivers every message to every group.
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let group = super::harness::unique_group("broadcast");
+        Some(self.broker.consumer(source, &group).map_err(Into::into))
     }
 
     async fn dead_letter_sink(&self, source: &str, group: &str) -> Result<Self::Sink, BoxError> {

@@ -4,7 +4,7 @@
 //! never in a hang or a panic.
 //!
 //! ```
-//! use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
+//! use intake_core::backend::testkit::hostile_server::{HostileServer, Misbehaviour};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> std::io::Result<()> {

@@ -134,6 +134,34 @@ pub trait Backend: Send + Sync + 'static {
     /// Messages of `source` that `group` has not acknowledged or committed
     /// (0 when everything produced was acknowledged).
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError>;
+
+    /// Connects an instance of a broadcast consumer of `source`: every
+    /// instance receives every message produced after it started. `None`
+    /// when the backend has no broadcast mode.
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let _ = (source, settings);
+        None
+    }
+
+    /// Builds a source of `group` on `source` at an address where no broker
+    /// answers (a closed local port), with `password` as the credentials
+    /// the address or settings carry. `None` when the backend has no
+    /// address (the memory broker). A backend with an address implements
+    /// it: the suite checks that the answer is an error, in bounded time,
+    /// without the password.
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let _ = (source, group, password);
+        None
+    }
 }
 
 /// Writes one `#[tokio::test]` per conformance scenario. `$backend` is an
@@ -152,6 +180,9 @@ macro_rules! conformance_suite {
             in_flight_stays_within_its_bound,
             malformed_payloads_do_not_stop_the_consumer,
             poison_messages_reach_the_dead_letter_destination,
+            a_full_budget_still_sees_assignment_changes,
+            an_unreachable_broker_is_an_error_without_its_password,
+            broadcast_delivers_to_every_instance,
         );
     };
     (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {
@@ -161,7 +192,7 @@ macro_rules! conformance_suite {
                 let Some(backend) = $backend.await else {
                     return;
                 };
-                $crate::testkit::scenarios::$scenario(&backend).await;
+                $crate::backend::testkit::scenarios::$scenario(&backend).await;
             }
         )*
     };

@@ -9,9 +9,11 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use super::{Backend, ConnectSettings, TestMessage};
+use crate::acker::Acker;
 use crate::consumer::{Consumer, ConsumerBuilder, RunError, RunReport};
 use crate::error::{BoxError, HandlerError};
 use crate::message::Message;
+use crate::source::Source;
 
 /// How long a scenario waits for a condition before it fails. Generous: real
 /// brokers rebalance and redeliver on their own schedules.
@@ -133,7 +135,25 @@ impl Running {
         let (source, acker) = backend
             .connect(source, group, ConnectSettings { max_in_flight })
             .await?;
-        let consumer: Consumer<B::Source, B::Acker, H> = builder
+        Self::run(source, acker, builder, max_in_flight, handler)
+    }
+
+    /// Starts a consumer of a source and acker already connected.
+    pub fn run<S, A, H>(
+        source: S,
+        acker: A,
+        builder: ConsumerBuilder,
+        max_in_flight: usize,
+        handler: H,
+    ) -> Result<Self, BoxError>
+    where
+        S: Source,
+        A: Acker,
+        H: Service<Message, Response = ()> + Send + 'static,
+        H::Error: Into<HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
+        let consumer: Consumer<S, A, H> = builder
             .max_in_flight(max_in_flight)
             .build(source, acker, handler)?;
         let shutdown = CancellationToken::new();
