@@ -292,6 +292,59 @@ impl Backend for NatsBackend {
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError> {
         unacknowledged(&self.client, source, group).await
     }
+
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(NatsSource, NatsAcker), BoxError>> {
+        let built = NatsSource::builder(nats_url())
+            .stream(source)
+            .broadcast()
+            .ack_wait(ACK_WAIT)
+            .fetch_wait(Duration::from_secs(1))
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
+
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(NatsSource, NatsAcker), BoxError>> {
+        // A closed local port, the password in the URL as NATS users give
+        // it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port());
+        let port = match port {
+            Ok(port) => port,
+            Err(error) => return Some(Err(error.into())),
+        };
+        let built = NatsSource::builder(format!("nats://app:{password}@127.0.0.1:{port}"))
+            .stream(source)
+            .consumer(group)
+            .connect_timeout(Duration::from_secs(3))
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
 }
 
 /// A consumer running in a task of its own.
