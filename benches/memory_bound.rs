@@ -277,12 +277,13 @@ async fn measure(
         }
         "redis" => {
             produce_in_child(backend, &name, count)?;
-            let (source, acker) = intake::redis_streams::RedisStreamsConfig::new(REDIS)
+            let source = intake::redis_streams::RedisStreamsSource::builder(REDIS)
                 .stream(&name)
                 .group("bench")
                 .consumer("bench-1")
-                .connect()
+                .build()
                 .await?;
+            let acker = source.acker();
             consume(source, acker, count, budget).await
         }
         "amqp" => {

@@ -213,7 +213,8 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
             run(consumer, source, acker, handler, run_args).await
         }
         Broker::Redis { url } => {
-            let (source, acker) = redis::source(url, &args.source, &args.group).await?;
+            let source = redis::source(url, &args.source, &args.group).await?;
+            let acker = source.acker();
             let pending = redis::PendingProbe::connect(url, &args.source, &args.group).await?;
             let run_args = RunArgs {
                 backlog: Some(Backlog::Redis(pending)),

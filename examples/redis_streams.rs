@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use intake::redis_streams::{RedisStreamsConfig, redis};
+use intake::redis_streams::{RedisStreamsSource, redis};
 use intake::{Consumer, DeliveryOrder, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     add_example_orders(&url).await?;
 
-    let (source, acker) = RedisStreamsConfig::new(url)
+    let source = RedisStreamsSource::builder(url)
         .stream(STREAM)
         .group("billing")
         .consumer("billing-1")
@@ -38,8 +38,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // than this are taken over from consumers that died.
         .claim_min_idle(Duration::from_secs(30))
         .max_deliveries(5)
-        .connect()
+        .build()
         .await?;
+    let acker = source.acker();
 
     let handler = tower::service_fn(|message: Message| async move {
         let customer = message

@@ -6,8 +6,8 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
+use intake::redis_streams::RedisStreamsSource;
 use intake::redis_streams::redis;
-use intake::redis_streams::{RedisStreamsAcker, RedisStreamsConfig, RedisStreamsSource};
 use tokio::task::JoinSet;
 
 use crate::BoxError;
@@ -66,11 +66,7 @@ pub async fn produce(url: &str, stream: &str, count: u64) -> Result<(), BoxError
 /// A member of consumer group `group` on `stream`, under a consumer name
 /// of its own (`GROUP-<pid>-<random>`): a restarted process is a new
 /// consumer, and what the killed one held is claimed from it.
-pub async fn source(
-    url: &str,
-    stream: &str,
-    group: &str,
-) -> Result<(RedisStreamsSource, RedisStreamsAcker), BoxError> {
+pub async fn source(url: &str, stream: &str, group: &str) -> Result<RedisStreamsSource, BoxError> {
     let claim_min_idle = match std::env::var(CLAIM_MIN_IDLE_ENV) {
         Ok(ms) => Duration::from_millis(
             ms.parse()
@@ -84,7 +80,7 @@ pub async fn source(
         RandomState::new().hash_one(std::time::SystemTime::now()) as u32
     );
     tracing::info!(%consumer, ?claim_min_idle, "joining the consumer group");
-    let (source, acker) = RedisStreamsConfig::new(url)
+    let source = RedisStreamsSource::builder(url)
         .stream(stream)
         .group(group)
         .consumer(consumer)
@@ -95,9 +91,9 @@ pub async fn source(
         // flight at several kills is delivered again, never given up.
         .unlimited_deliveries()
         .block(Duration::from_millis(500))
-        .connect()
+        .build()
         .await?;
-    Ok((source, acker))
+    Ok(source)
 }
 
 /// Asks Redis whether the group still has entries that were delivered and

@@ -13,7 +13,7 @@ use intake_core::{FromMessage, HandlerError, Message};
 use tower::Service;
 
 use crate::context::Context;
-use crate::error::ExactlyOnceError;
+use crate::error::Error;
 use crate::handler::IntoTxResult;
 use crate::message_id::MarkerKey;
 use crate::stats::ExactlyOnceStats;
@@ -197,7 +197,7 @@ where
     };
     for ((index, key, message), repeated) in keyed.into_iter().zip(repeated) {
         if repeated {
-            let error = ExactlyOnceError::RepeatedInBatch {
+            let error = Error::RepeatedInBatch {
                 message_id: key.id.clone(),
             };
             outcomes[index] = Err(HandlerError::from(error).without_backoff());
@@ -262,7 +262,7 @@ struct Failure {
 }
 
 impl Failure {
-    fn of_step(error: ExactlyOnceError, affected: Vec<usize>) -> Self {
+    fn of_step(error: Error, affected: Vec<usize>) -> Self {
         Self {
             error: error.into(),
             affected,
@@ -323,7 +323,7 @@ where
     let (tx, lent) = Tx::lend(transaction);
     let outcome = handler.call(tx, items).await.into_tx_result();
     let Some(transaction) = lent.take_back() else {
-        return Err(Failure::of_step(ExactlyOnceError::TransactionEscaped, new));
+        return Err(Failure::of_step(Error::TransactionEscaped, new));
     };
     match outcome {
         Ok(()) => match context.commit(transaction, id).await {

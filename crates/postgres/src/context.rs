@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
-use crate::error::ExactlyOnceError;
+use crate::error::Error;
 use crate::isolation::IsolationLevel;
 use crate::marker_table::MarkerTable;
 use crate::message_id::{MarkerKey, MessageId};
@@ -28,12 +28,12 @@ pub(crate) struct Context {
 
 impl Context {
     /// Checks out a connection and begins a transaction.
-    pub(crate) async fn begin(&self) -> Result<Transaction, ExactlyOnceError> {
+    pub(crate) async fn begin(&self) -> Result<Transaction, Error> {
         let transaction = match self.isolation {
             Some(level) => self.pool.begin_with(level.begin_statement()).await,
             None => self.pool.begin().await,
         };
-        transaction.map_err(ExactlyOnceError::Begin)
+        transaction.map_err(Error::Begin)
     }
 
     /// Inserts the marker of `key`: the transaction's id if it is new,
@@ -48,7 +48,7 @@ impl Context {
         &self,
         transaction: &mut Transaction,
         key: &MarkerKey,
-    ) -> Result<Option<TransactionId>, ExactlyOnceError> {
+    ) -> Result<Option<TransactionId>, Error> {
         self.table
             .insert_one(transaction, &self.group, key)
             .await
@@ -61,15 +61,15 @@ impl Context {
         &self,
         transaction: &mut Transaction,
         keys: &[&MarkerKey],
-    ) -> Result<(Vec<usize>, Option<TransactionId>), ExactlyOnceError> {
+    ) -> Result<(Vec<usize>, Option<TransactionId>), Error> {
         self.table
             .insert_many(transaction, &self.group, keys)
             .await
             .map_err(|source| self.marker_error(source))
     }
 
-    fn marker_error(&self, source: sqlx::Error) -> ExactlyOnceError {
-        ExactlyOnceError::Marker {
+    fn marker_error(&self, source: sqlx::Error) -> Error {
+        Error::Marker {
             table: self.table.name().to_owned(),
             source,
         }
@@ -89,7 +89,7 @@ impl Context {
         &self,
         mut transaction: Transaction,
         id: TransactionId,
-    ) -> Result<(), ExactlyOnceError> {
+    ) -> Result<(), Error> {
         let current: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
             .fetch_one(&mut *transaction)
             .await
@@ -99,16 +99,16 @@ impl Context {
                     .and_then(|database| database.code())
                     .is_some_and(|code| code == IN_FAILED_TRANSACTION);
                 if failed_transaction {
-                    ExactlyOnceError::Aborted(error)
+                    Error::Aborted(error)
                 } else {
-                    ExactlyOnceError::Commit(error)
+                    Error::Commit(error)
                 }
             })?;
         if current != Some(id.0) {
             self.roll_back(transaction).await;
-            return Err(ExactlyOnceError::TransactionEnded);
+            return Err(Error::TransactionEnded);
         }
-        transaction.commit().await.map_err(ExactlyOnceError::Commit)
+        transaction.commit().await.map_err(Error::Commit)
     }
 
     /// Ends a transaction whose effects must not stay.

@@ -1,29 +1,47 @@
-//! The errors of this crate: connecting, migrating, and the steps of an
-//! exactly-once transaction.
+//! [`Error`]: the failures of this crate: connecting, migrating, and the
+//! steps of an exactly-once transaction.
+//!
+//! Following hyper's rule, a variant's `Display` describes its own level
+//! only; the driver's or server's error beneath it is its
+//! [`source`](std::error::Error::source), so a reporter that walks the chain
+//! prints each once. No variant carries a password: URLs are redacted.
 
-use intake_core::{ConfigError, ErrorClass, HandlerError};
+use intake_core::{BoxError, ConfigError, ErrorClass, HandlerError};
 
 use crate::classify::error_class;
 use crate::url::DatabaseUrl;
 
-/// Opening the pool failed.
+/// A failure of the PostgreSQL backend: opening the pool, creating the
+/// marker table, or a step of an exactly-once transaction.
+///
+/// [`is_transient`](Self::is_transient) tells whether the same operation
+/// may succeed later; [`class`](Self::class) what happens to the message
+/// when an exactly-once step fails (the runtime gets it as a
+/// [`HandlerError`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConnectError {
+pub enum Error {
     /// A pool setting cannot work.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The driver refused the URL.
-    #[error("invalid database URL {url}: {reason}")]
+    /// The driver refused the URL; the cause says why (password redacted).
+    #[error(
+        "invalid database URL {url}; expected \
+         postgres://[user[:password]@]host[:port]/database[?sslmode=...]"
+    )]
     InvalidUrl {
         /// The URL, password redacted.
         url: String,
         /// What the driver objected to (password redacted).
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// The server refused the user name or password (SQLSTATE `28xxx`). Fix
     /// the credentials; retrying will not help.
-    #[error("PostgreSQL at {url} refused the credentials: {source}")]
+    #[error(
+        "PostgreSQL at {url} refused the credentials; check the user name and password in the \
+         URL and pg_hba.conf"
+    )]
     Unauthorized {
         /// The URL, password redacted.
         url: String,
@@ -49,7 +67,10 @@ pub enum ConnectError {
     },
     /// The server could not be reached, or refused the connection for another
     /// reason (no such database, too many connections).
-    #[error("cannot connect to PostgreSQL at {url}: {source}")]
+    #[error(
+        "cannot connect to PostgreSQL at {url}; check that the server is running, that host, \
+         port and database are right, and that it accepts more connections"
+    )]
     Unreachable {
         /// The URL, password redacted.
         url: String,
@@ -57,62 +78,23 @@ pub enum ConnectError {
         #[source]
         source: sqlx::Error,
     },
-}
-
-impl ConnectError {
-    pub(crate) fn from_driver(url: &DatabaseUrl, error: sqlx::Error) -> Self {
-        let url = url.redacted().to_owned();
-        let refused_credentials = matches!(
-            &error,
-            sqlx::Error::Database(database)
-                if database.code().is_some_and(|code| code.starts_with("28"))
-        );
-        if refused_credentials {
-            ConnectError::Unauthorized { url, source: error }
-        } else if is_tls_failure(&error) {
-            ConnectError::Tls { url, source: error }
-        } else {
-            ConnectError::Unreachable { url, source: error }
-        }
-    }
-}
-
-/// Whether `error` is a failed TLS set-up: sqlx reports its own checks as
-/// `Error::Tls`, and the handshake's as an I/O error that wraps rustls's.
-fn is_tls_failure(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Tls(_) => true,
-        sqlx::Error::Io(io) => io
-            .get_ref()
-            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
-        _ => false,
-    }
-}
-
-/// Creating the marker table failed.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot create the processed-marker table {table}: {source}")]
-pub struct MigrateError {
-    /// The table.
-    pub table: String,
-    /// The database's error.
-    #[source]
-    pub source: sqlx::Error,
-}
-
-/// A step of an exactly-once transaction failed. Its [class](Self::class)
-/// decides what happens to the message; the runtime gets it as a
-/// [`HandlerError`].
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ExactlyOnceError {
+    /// Creating the processed-marker table failed ([`MarkerTable::migrate`](crate::MarkerTable::migrate)),
+    /// for instance for a missing `CREATE` privilege.
+    #[error("cannot create the processed-marker table {table}")]
+    Migrate {
+        /// The table.
+        table: String,
+        /// The database's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// No connection, or `BEGIN` failed.
-    #[error("cannot begin the exactly-once transaction: {0}")]
+    #[error("cannot begin the exactly-once transaction")]
     Begin(#[source] sqlx::Error),
     /// Inserting the processed-marker failed.
     #[error(
         "cannot insert the processed-marker into {table} (if the table does not exist, run \
-         MarkerTable::migrate): {source}"
+         MarkerTable::migrate)"
     )]
     Marker {
         /// The marker table.
@@ -127,7 +109,7 @@ pub enum ExactlyOnceError {
     /// retried. Propagate database errors from the handler with `?`.
     #[error(
         "the handler returned Ok, but its transaction had failed (a database error inside the \
-         handler was ignored), so nothing was committed: {0}"
+         handler was ignored), so nothing was committed; propagate database errors with `?`"
     )]
     Aborted(#[source] sqlx::Error),
     /// The handler ended the transaction itself (`COMMIT` or `ROLLBACK` in
@@ -140,7 +122,7 @@ pub enum ExactlyOnceError {
     TransactionEnded,
     /// `COMMIT` failed. If it failed after the server committed (a lost
     /// connection), the retry finds the marker and skips the message.
-    #[error("COMMIT of the exactly-once transaction failed: {0}")]
+    #[error("COMMIT of the exactly-once transaction failed")]
     Commit(#[source] sqlx::Error),
     /// The message has no usable id in the configured header.
     #[error(
@@ -183,7 +165,67 @@ pub enum ExactlyOnceError {
     TransactionEscaped,
 }
 
-impl ExactlyOnceError {
+impl Error {
+    pub(crate) fn from_driver(url: &DatabaseUrl, error: sqlx::Error) -> Self {
+        let url = url.redacted().to_owned();
+        let refused_credentials = matches!(
+            &error,
+            sqlx::Error::Database(database)
+                if database.code().is_some_and(|code| code.starts_with("28"))
+        );
+        if refused_credentials {
+            Error::Unauthorized { url, source: error }
+        } else if is_tls_failure(&error) {
+            Error::Tls { url, source: error }
+        } else {
+            Error::Unreachable { url, source: error }
+        }
+    }
+
+    /// Whether the same operation may succeed when tried again, unchanged:
+    /// an unreachable server, and a database error the server expects to
+    /// pass by its SQLSTATE (a serialization failure `40001`, a deadlock
+    /// `40P01`, a lost connection `08xxx`, resource exhaustion `53xxx`, an
+    /// operator's intervention `57xxx`, a lock timeout `55P03`), a failure
+    /// without SQLSTATE (I/O, a pool timeout), a transaction the handler
+    /// let fail or ended itself, and a message repeated in its batch. Not
+    /// transient: settings, the URL, credentials, TLS, bad data and
+    /// constraint violations (`22xxx`, `23xxx`), errors an operator must
+    /// fix (`42xxx`: a missing table or privilege), and a message without a
+    /// usable id.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Unreachable { .. }
+            | Error::Aborted(_)
+            | Error::TransactionEnded
+            | Error::RepeatedInBatch { .. } => true,
+            Error::Migrate { source, .. }
+            | Error::Begin(source)
+            | Error::Marker { source, .. }
+            | Error::Commit(source) => is_transient_driver_error(source),
+            Error::Config(_)
+            | Error::InvalidUrl { .. }
+            | Error::Unauthorized { .. }
+            | Error::Tls { .. }
+            | Error::MessageId { .. }
+            | Error::UnstablePosition { .. }
+            | Error::TransactionEscaped => false,
+        }
+    }
+
+    /// The server this error concerns, as a URL without its password, when
+    /// the pool was being opened. The steps of a transaction run on a pool
+    /// built by the application, whose URL this crate does not keep: `None`.
+    pub fn endpoint(&self) -> Option<&str> {
+        match self {
+            Error::InvalidUrl { url, .. }
+            | Error::Unauthorized { url, .. }
+            | Error::Tls { url, .. }
+            | Error::Unreachable { url, .. } => Some(url),
+            _ => None,
+        }
+    }
+
     /// What the failure means for the message: database failures by their
     /// SQLSTATE ([`error_class`]); a missing message id and a `Tx` that
     /// escaped the handler are permanent (the same message fails the same
@@ -191,25 +233,66 @@ impl ExactlyOnceError {
     /// (the handler's own error is unknown, and a retry loses nothing); a
     /// repeated message in a batch is retryable; unstable positions are
     /// retryable (a configuration error: the consumer stalls with this error
-    /// until it is fixed, and loses nothing).
+    /// until it is fixed, and loses nothing). Failures to open the pool or
+    /// create the table, should a handler return them: retryable when
+    /// [transient](Self::is_transient), else permanent.
     pub fn class(&self) -> ErrorClass {
         match self {
-            ExactlyOnceError::Begin(source)
-            | ExactlyOnceError::Marker { source, .. }
-            | ExactlyOnceError::Commit(source) => error_class(source),
-            ExactlyOnceError::MessageId { .. } | ExactlyOnceError::TransactionEscaped => {
-                ErrorClass::Permanent
+            Error::Begin(source) | Error::Marker { source, .. } | Error::Commit(source) => {
+                error_class(source)
             }
-            ExactlyOnceError::Aborted(_)
-            | ExactlyOnceError::TransactionEnded
-            | ExactlyOnceError::UnstablePosition { .. }
-            | ExactlyOnceError::RepeatedInBatch { .. } => ErrorClass::Retryable,
+            Error::MessageId { .. } | Error::TransactionEscaped => ErrorClass::Permanent,
+            Error::Aborted(_)
+            | Error::TransactionEnded
+            | Error::UnstablePosition { .. }
+            | Error::RepeatedInBatch { .. } => ErrorClass::Retryable,
+            Error::Config(_)
+            | Error::InvalidUrl { .. }
+            | Error::Unauthorized { .. }
+            | Error::Tls { .. }
+            | Error::Unreachable { .. }
+            | Error::Migrate { .. } => {
+                if self.is_transient() {
+                    ErrorClass::Retryable
+                } else {
+                    ErrorClass::Permanent
+                }
+            }
         }
     }
 }
 
-impl From<ExactlyOnceError> for HandlerError {
-    fn from(error: ExactlyOnceError) -> Self {
+/// Whether a driver's error may pass: a database error unless its SQLSTATE
+/// says the data (`22xxx`), a constraint (`23xxx`), the credentials
+/// (`28xxx`) or the schema or privileges (`42xxx`) are wrong, which the
+/// same operation meets again (the runtime still retries `42xxx`, see
+/// [`sqlstate_class`](crate::sqlstate_class): an operator may fix it); of
+/// the others, a lost connection, a pool timeout and a crashed worker.
+fn is_transient_driver_error(error: &sqlx::Error) -> bool {
+    const LASTING: [&str; 4] = ["22", "23", "28", "42"];
+    match error {
+        sqlx::Error::Database(database) => database
+            .code()
+            .is_none_or(|code| !LASTING.iter().any(|class| code.starts_with(class))),
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// Whether `error` is a failed TLS set-up: sqlx reports its own checks as
+/// `Error::Tls`, and the handshake's as an I/O error that wraps rustls's.
+fn is_tls_failure(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    }
+}
+
+impl From<Error> for HandlerError {
+    fn from(error: Error) -> Self {
         let class = error.class();
         HandlerError::retryable(error).reclassify(class)
     }

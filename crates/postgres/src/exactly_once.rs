@@ -14,7 +14,7 @@ use tower::Service;
 
 use crate::builder::ExactlyOnceBuilder;
 use crate::context::Context;
-use crate::error::ExactlyOnceError;
+use crate::error::Error;
 use crate::handler::{IntoTxResult, TxHandler};
 use crate::stats::ExactlyOnceStats;
 use crate::tx::Tx;
@@ -171,7 +171,7 @@ where
     let outcome = handler.call(tx, extracted).await.into_tx_result();
     let Some(transaction) = lent.take_back() else {
         context.stats.add_rolled_back(1);
-        return Err(ExactlyOnceError::TransactionEscaped.into());
+        return Err(Error::TransactionEscaped.into());
     };
     match outcome {
         Ok(()) => match context.commit(transaction, id).await {

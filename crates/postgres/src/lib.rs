@@ -188,7 +188,7 @@ mod url;
 pub use batch::{BatchResponseFuture, ExactlyOnceBatch, TxBatchHandler};
 pub use builder::ExactlyOnceBuilder;
 pub use classify::{error_class, handler_error, sqlstate_class};
-pub use error::{ConnectError, ExactlyOnceError, MigrateError};
+pub use error::Error;
 pub use exactly_once::{ExactlyOnce, ResponseFuture, exactly_once};
 pub use handler::{IntoTxResult, TxHandler};
 pub use isolation::IsolationLevel;

@@ -12,7 +12,7 @@ use sqlx::Row;
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::error::MigrateError;
+use crate::error::Error;
 use crate::message_id::MarkerKey;
 use crate::tx::TransactionId;
 
@@ -170,8 +170,8 @@ impl MarkerTable {
     /// # Errors
     ///
     /// The database's error, for instance a missing `CREATE` privilege.
-    pub async fn migrate(&self, pool: &PgPool) -> Result<(), MigrateError> {
-        let failed = |source| MigrateError {
+    pub async fn migrate(&self, pool: &PgPool) -> Result<(), Error> {
+        let failed = |source| Error::Migrate {
             table: self.inner.name.clone(),
             source,
         };

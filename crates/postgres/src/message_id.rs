@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use intake_core::{Message, Position, SourceName};
 
-use crate::error::ExactlyOnceError;
+use crate::error::Error;
 
 /// Longest message id accepted from a header, in bytes. Longer ids would
 /// bloat the marker index (and past about 2.7 kB PostgreSQL refuses them).
@@ -48,7 +48,7 @@ impl MessageId {
     }
 
     /// The marker key of `message`.
-    pub(crate) fn key_of(&self, message: &Message) -> Result<MarkerKey, ExactlyOnceError> {
+    pub(crate) fn key_of(&self, message: &Message) -> Result<MarkerKey, Error> {
         let metadata = message.metadata();
         match self {
             MessageId::Position => {
@@ -56,7 +56,7 @@ impl MessageId {
                     Position::Offset(offset) => offset.to_string(),
                     Position::StreamId { ms, seq } => format!("{ms}-{seq}"),
                     Position::Tag(_) => {
-                        return Err(ExactlyOnceError::UnstablePosition {
+                        return Err(Error::UnstablePosition {
                             source_name: metadata.source().to_string(),
                         });
                     }
@@ -68,7 +68,7 @@ impl MessageId {
                 })
             }
             MessageId::Header(name) => {
-                let problem = |problem| ExactlyOnceError::MessageId {
+                let problem = |problem| Error::MessageId {
                     header: name.to_string(),
                     problem,
                 };

@@ -8,7 +8,7 @@ use intake_core::ConfigError;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::error::ConnectError;
+use crate::error::Error;
 use crate::url::DatabaseUrl;
 
 /// How to reach PostgreSQL and how many connections to hold at most.
@@ -40,7 +40,7 @@ use crate::url::DatabaseUrl;
 /// Trusted CAs are the platform's root certificates plus `sslrootcert=<path>`
 /// in the URL or [`ssl_root_certificate`](Self::ssl_root_certificate). A
 /// client certificate goes in `sslcert` and `sslkey`. A refused certificate
-/// fails [`connect`](Self::connect) with [`ConnectError::Tls`].
+/// fails [`connect`](Self::connect) with [`Error::Tls`].
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -155,16 +155,16 @@ impl PoolConfig {
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] for settings that cannot work,
-    /// [`ConnectError::InvalidUrl`] for a URL the driver refuses,
-    /// [`ConnectError::Unauthorized`] for refused credentials and
-    /// [`ConnectError::Unreachable`] when the server cannot be reached.
-    pub async fn connect(&self) -> Result<PgPool, ConnectError> {
+    /// [`Error::Config`] for settings that cannot work,
+    /// [`Error::InvalidUrl`] for a URL the driver refuses,
+    /// [`Error::Unauthorized`] for refused credentials and
+    /// [`Error::Unreachable`] when the server cannot be reached.
+    pub async fn connect(&self) -> Result<PgPool, Error> {
         let (pool_options, connect_options) = self.options()?;
         pool_options
             .connect_with(connect_options)
             .await
-            .map_err(|error| ConnectError::from_driver(&self.url, error))
+            .map_err(|error| Error::from_driver(&self.url, error))
     }
 
     /// Like [`connect`](Self::connect), but opens connections only when they
@@ -172,13 +172,13 @@ impl PoolConfig {
     ///
     /// # Errors
     ///
-    /// [`ConnectError::Config`] or [`ConnectError::InvalidUrl`].
-    pub fn connect_lazy(&self) -> Result<PgPool, ConnectError> {
+    /// [`Error::Config`] or [`Error::InvalidUrl`].
+    pub fn connect_lazy(&self) -> Result<PgPool, Error> {
         let (pool_options, connect_options) = self.options()?;
         Ok(pool_options.connect_lazy_with(connect_options))
     }
 
-    fn options(&self) -> Result<(PgPoolOptions, PgConnectOptions), ConnectError> {
+    fn options(&self) -> Result<(PgPoolOptions, PgConnectOptions), Error> {
         self.validate()?;
         let driver = self.url.for_driver();
         if !driver.left_out.is_empty() || driver.unnamed > 0 {
@@ -190,9 +190,9 @@ impl PoolConfig {
             );
         }
         let connect_options = PgConnectOptions::from_str(&driver.url)
-            .map_err(|error| ConnectError::InvalidUrl {
+            .map_err(|error| Error::InvalidUrl {
                 url: self.url.redacted().to_owned(),
-                reason: self.url.scrub(&error.to_string()),
+                source: self.url.scrub(&error.to_string()).into(),
             })?
             .application_name(&self.application_name);
         let connect_options = match &self.ssl_root_certificate {
@@ -268,10 +268,7 @@ mod tests {
             .unwrap()
             .acquire_timeout(Duration::from_millis(500));
         let error = config.connect().await.unwrap_err();
-        assert!(
-            matches!(error, ConnectError::Unreachable { .. }),
-            "{error:?}"
-        );
+        assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
         for shown in [error.to_string(), format!("{error:?}")] {
             assert!(!shown.contains("topsecret"), "{shown}");
             assert!(shown.contains("127.0.0.1:1"), "{shown}");
@@ -295,7 +292,7 @@ mod tests {
             .min_connections(3);
         assert!(matches!(
             config.connect_lazy(),
-            Err(ConnectError::Config(error)) if error.setting == "min_connections"
+            Err(Error::Config(error)) if error.setting == "min_connections"
         ));
     }
 }

@@ -29,13 +29,13 @@ pub(crate) struct TransactionId(pub(crate) i64);
 /// block), and gives it back by dropping it when it finishes. Do not move it
 /// into a spawned task or keep it: the commit waits for it, and a `Tx` that
 /// outlives its handler fails the message with
-/// [`ExactlyOnceError::TransactionEscaped`](crate::ExactlyOnceError::TransactionEscaped).
+/// [`Error::TransactionEscaped`](crate::Error::TransactionEscaped).
 /// There is no `commit` on a `Tx`: the framework commits, so that the message
 /// is acknowledged only after its effects are durable. Do not run `COMMIT` or
 /// `ROLLBACK` in SQL either, and propagate database errors (`?`) rather than
 /// ignore them: a handler that ends the transaction or lets it fail gets an
-/// [`ExactlyOnceError::TransactionEnded`](crate::ExactlyOnceError::TransactionEnded)
-/// or [`ExactlyOnceError::Aborted`](crate::ExactlyOnceError::Aborted) error
+/// [`Error::TransactionEnded`](crate::Error::TransactionEnded)
+/// or [`Error::Aborted`](crate::Error::Aborted) error
 /// and its message is retried.
 pub struct Tx {
     transaction: Option<Transaction>,

@@ -53,10 +53,11 @@ async fn consume(
     count: usize,
     message_id: MessageId,
 ) -> (Vec<Message>, std::sync::Arc<ExactlyOnceStats>) {
-    let (mut source, mut acker) = redis_support::group_config(stream, group, "c1")
-        .connect()
+    let mut source = redis_support::group_builder(stream, group, "c1")
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     let received = redis_support::receive(&mut source, count, 10, Duration::from_secs(5)).await;
     assert_eq!(received.len(), count);
     let effects = fixture.effects.clone();

@@ -11,7 +11,7 @@
 
 mod common;
 
-use intake_postgres::{ConnectError, PoolConfig};
+use intake_postgres::{Error, PoolConfig};
 
 /// The test database's URL with `query` appended, and `host` in place of
 /// the URL's host when given.
@@ -207,7 +207,7 @@ async fn verify_full_refuses_a_certificate_no_trusted_ca_signed_with_a_tls_error
         .connect()
         .await;
     let error = match connected {
-        Err(error @ ConnectError::Tls { .. }) => error,
+        Err(error @ Error::Tls { .. }) => error,
         other => panic!("expected a TLS error, got {other:?}"),
     };
     let text = error.to_string();
@@ -269,8 +269,5 @@ async fn verify_full_refuses_the_local_servers_certificate_for_a_host_it_does_no
     .max_connections(1)
     .connect()
     .await;
-    assert!(
-        matches!(connected, Err(ConnectError::Tls { .. })),
-        "{connected:?}"
-    );
+    assert!(matches!(connected, Err(Error::Tls { .. })), "{connected:?}");
 }

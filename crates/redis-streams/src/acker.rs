@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
-use crate::config::Settings;
 use crate::connection::SharedConnection;
-use crate::entry::StreamId;
 use crate::held::HeldEntries;
+use crate::settings::Settings;
+use crate::stream_id::StreamId;
 use intake_core::{AckBatch, AckError, AckMode, Acker};
 
 /// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a

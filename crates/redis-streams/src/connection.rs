@@ -16,31 +16,14 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo};
 
 use intake_core::{ConfigError, redact};
 
-use crate::error::{RedisStreamsError, server_code};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, server_code};
 
-/// Where the backend connects, as `scheme://[user@]host:port/db`: the URL
-/// without its password, safe for logs and errors.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Endpoint(Arc<str>);
+/// How long to wait for a connection unless set otherwise.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Endpoint {
-    /// The endpoint as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
+/// How long to wait for the reply to a command unless set otherwise.
+pub(crate) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A URL as the user gave it, which may hold a password (in the user info,
 /// or in `?pass=` for a unix socket). Its `Debug` shows the URL with the
@@ -92,16 +75,20 @@ impl Connector {
         tls_root_certificate: Option<&[u8]>,
         connect_timeout: Duration,
         command_timeout: Duration,
-    ) -> Result<Self, RedisStreamsError> {
-        let info = url.0.as_str().into_connection_info().map_err(|error| {
-            RedisStreamsError::InvalidUrl {
-                reason: format!("{} ({})", error, url.redacted()),
-            }
-        })?;
+    ) -> Result<Self, Error> {
+        let info = url
+            .0
+            .as_str()
+            .into_connection_info()
+            .map_err(|error| Error::InvalidUrl {
+                url: url.redacted(),
+                source: Box::new(error),
+            })?;
         // Parsed is not enough: `unix://:@/pw@` parses as the socket
         // `/pw@`, which the endpoint would show.
-        redact::check_user_info(&url.0).map_err(|error| RedisStreamsError::InvalidUrl {
-            reason: format!("{} {error}", url.redacted()),
+        redact::check_user_info(&url.0).map_err(|error| Error::InvalidUrl {
+            url: url.redacted(),
+            source: Box::new(error),
         })?;
         let (scheme, address) = match info.addr() {
             ConnectionAddr::Tcp(..) => ("redis", info.addr().to_string()),
@@ -120,11 +107,14 @@ impl Connector {
         // Built from the parsed parts (no password among them), and still
         // shown through the redaction: a user name decoded from `%3A` and
         // `%40` would otherwise print like user info.
-        let endpoint =
-            Endpoint(redact::url(&format!("{scheme}://{user}{address}/{}", settings.db())).into());
+        let endpoint = Endpoint::from_redacted(redact::url(&format!(
+            "{scheme}://{user}{address}/{}",
+            settings.db()
+        )));
         let client = match tls_root_certificate {
-            None => Client::open(info).map_err(|error| RedisStreamsError::InvalidUrl {
-                reason: format!("{} ({})", error, endpoint),
+            None => Client::open(info).map_err(|error| Error::InvalidUrl {
+                url: endpoint.to_string(),
+                source: Box::new(error),
             })?,
             Some(_) if scheme != "rediss" => {
                 return Err(ConfigError::new(
@@ -152,7 +142,7 @@ impl Connector {
     pub(crate) async fn blocking_reader(
         &self,
         block: Duration,
-    ) -> Result<MultiplexedConnection, RedisStreamsError> {
+    ) -> Result<MultiplexedConnection, Error> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(block + self.command_timeout));
@@ -163,7 +153,7 @@ impl Connector {
     }
 
     /// The shared, self-reconnecting connection for short commands.
-    pub(crate) async fn shared(&self) -> Result<ConnectionManager, RedisStreamsError> {
+    pub(crate) async fn shared(&self) -> Result<ConnectionManager, Error> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.command_timeout))
@@ -175,12 +165,8 @@ impl Connector {
     }
 
     /// Classifies a client error of `command`.
-    pub(crate) fn error(
-        &self,
-        error: redis::RedisError,
-        command: &'static str,
-    ) -> RedisStreamsError {
-        RedisStreamsError::from_redis(error, command, None, &self.endpoint)
+    pub(crate) fn error(&self, error: redis::RedisError, command: &'static str) -> Error {
+        Error::from_redis(error, command, None, &self.endpoint)
     }
 
     /// Classifies a client error of `command` on stream `key`.
@@ -189,8 +175,8 @@ impl Connector {
         error: redis::RedisError,
         command: &'static str,
         key: &str,
-    ) -> RedisStreamsError {
-        RedisStreamsError::from_redis(error, command, Some(key), &self.endpoint)
+    ) -> Error {
+        Error::from_redis(error, command, Some(key), &self.endpoint)
     }
 }
 
@@ -253,10 +239,7 @@ impl SharedConnection {
 }
 
 #[cfg(feature = "tls")]
-fn client_with_root_certificate(
-    info: redis::ConnectionInfo,
-    pem: &[u8],
-) -> Result<Client, RedisStreamsError> {
+fn client_with_root_certificate(info: redis::ConnectionInfo, pem: &[u8]) -> Result<Client, Error> {
     let certificates = redis::TlsCertificates {
         client_tls: None,
         root_cert: Some(pem.to_vec()),
@@ -274,7 +257,7 @@ fn client_with_root_certificate(
 fn client_with_root_certificate(
     _info: redis::ConnectionInfo,
     _pem: &[u8],
-) -> Result<Client, RedisStreamsError> {
+) -> Result<Client, Error> {
     Err(ConfigError::new("tls_root_certificate", "needs the `tls` feature").into())
 }
 
@@ -296,7 +279,7 @@ fn install_tls_provider() {}
 pub(crate) async fn check_server_version(
     connection: &mut MultiplexedConnection,
     connector: &Connector,
-) -> Result<(), RedisStreamsError> {
+) -> Result<(), Error> {
     let info: String = match redis::cmd("INFO")
         .arg("server")
         .query_async(connection)
@@ -320,7 +303,7 @@ pub(crate) async fn check_server_version(
     let major = parts.next().flatten().unwrap_or(0);
     let minor = parts.next().flatten().unwrap_or(0);
     if (major, minor) < (6, 2) {
-        return Err(RedisStreamsError::UnsupportedServer {
+        return Err(Error::UnsupportedServer {
             endpoint: connector.endpoint().clone(),
             version: version.to_owned(),
         });
@@ -367,10 +350,10 @@ mod tests {
         );
     }
 
-    /// Everything the crate prints about `url`: the configuration's `Debug`,
+    /// Everything the crate prints about `url`: the source builder's `Debug`,
     /// and the endpoint and `Debug` of the connector, or the error.
     fn printed_forms(url: &str) -> String {
-        let config = format!("{:?}", crate::RedisStreamsConfig::new(url));
+        let builder = format!("{:?}", crate::RedisStreamsSource::builder(url));
         let parsed = Connector::new(
             &SecretUrl::new(url),
             None,
@@ -378,8 +361,8 @@ mod tests {
             Duration::from_secs(1),
         );
         match parsed {
-            Ok(connector) => format!("{config} {} {connector:?}", connector.endpoint()),
-            Err(error) => format!("{config} {error} {error:?}"),
+            Ok(connector) => format!("{builder} {} {connector:?}", connector.endpoint()),
+            Err(error) => format!("{builder} {error} {error:?}"),
         }
     }
 
@@ -463,8 +446,8 @@ mod tests {
 
         #[test]
         fn a_secret_anywhere_in_a_redis_url_never_shows(url in redis_url_with_a_secret()) {
-            let config = crate::RedisStreamsConfig::new(url.clone());
-            let shown = format!("{config:?}");
+            let builder = crate::RedisStreamsSource::builder(url.clone());
+            let shown = format!("{builder:?}");
             proptest::prop_assert!(!shown.contains("SECRET"), "{}", shown);
             let parsed = Connector::new(
                 &SecretUrl::new(url.clone()),
@@ -474,7 +457,7 @@ mod tests {
             );
             let shown = match parsed {
                 Ok(connector) => format!("{} {connector:?}", connector.endpoint()),
-                Err(error @ (RedisStreamsError::InvalidUrl { .. } | RedisStreamsError::Config(_))) => {
+                Err(error @ (Error::InvalidUrl { .. } | Error::Config(_))) => {
                     format!("{error} {error:?}")
                 }
                 Err(other) => return Err(proptest::test_runner::TestCaseError::fail(
@@ -494,7 +477,7 @@ mod tests {
             );
             let typed = matches!(
                 parsed,
-                Ok(_) | Err(RedisStreamsError::InvalidUrl { .. } | RedisStreamsError::Config(_))
+                Ok(_) | Err(Error::InvalidUrl { .. } | Error::Config(_))
             );
             proptest::prop_assert!(typed, "{:?}", parsed.err());
         }
@@ -509,7 +492,10 @@ mod tests {
             Duration::from_secs(1),
         );
         match connector {
-            Err(RedisStreamsError::InvalidUrl { reason }) => assert!(!reason.contains("pa55")),
+            Err(error @ Error::InvalidUrl { .. }) => {
+                let shown = format!("{error} {error:?}");
+                assert!(!shown.contains("pa55"), "{shown}");
+            }
             other => panic!("expected InvalidUrl, got {other:?}"),
         }
     }

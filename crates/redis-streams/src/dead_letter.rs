@@ -11,17 +11,21 @@
 //! failing call, so the original is acknowledged only if its copy was
 //! written.
 
+use std::fmt;
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
-use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink};
+use intake_core::{ConfigError, DeadLetter, DeadLetterError, DeadLetterSink};
 use redis::Script;
 
-use crate::config::Settings;
-use crate::connection::SharedConnection;
-use crate::entry::StreamId;
-use crate::error::RedisStreamsError;
+use crate::connection::{
+    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
+};
+use crate::error::Error;
+use crate::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, default_consumer_name};
 use crate::stats::RedisStreamsStats;
+use crate::stream_id::StreamId;
 
 /// Most field names and values a dead letter passes to Redis in one script
 /// call, the envelope's fields included. Lua's `unpack` (and any call from a
@@ -56,48 +60,99 @@ return id
 /// [envelope](intake_core::dead_letter::envelope): origin (stream, id,
 /// group, consumer, key), error class and text, attempts and times.
 /// `docs/DEAD-LETTERS.md` has the table; [`DeadLetter::read`] with no key
-/// slot reads an entry of the stream back. Get a sink from
+/// slot reads an entry of the stream back.
+///
+/// Build one with
 /// [`RedisStreamsSource::dead_letter_sink`](crate::RedisStreamsSource::dead_letter_sink)
-/// and hand it to the dead-letter layer; it is cheap to clone.
+/// (prefilled from the source) or [`RedisDeadLetterSink::builder`], and
+/// hand it to the dead-letter layer; it is cheap to clone.
 #[derive(Clone)]
 pub struct RedisDeadLetterSink {
     connection: SharedConnection,
-    settings: Arc<Settings>,
-    carrier: Arc<Carrier>,
+    destination: Arc<Destination>,
 }
 
-impl std::fmt::Debug for RedisDeadLetterSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+/// Where a sink writes, and what it writes into each letter.
+struct Destination {
+    /// The group whose pending entry a letter acknowledges; `None` for a
+    /// broadcast reader's letters (nothing to acknowledge).
+    group: Option<Arc<str>>,
+    payload_field: Arc<str>,
+    stream: DeadLetterStream,
+    carrier: Carrier,
+    stats: Arc<RedisStreamsStats>,
+}
+
+impl fmt::Debug for RedisDeadLetterSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisDeadLetterSink")
             .field("endpoint", self.connection.connector().endpoint())
-            .field("group", &self.settings.group)
-            .field("dead_letter_stream", &self.settings.dead_letter_stream)
+            .field("group", &self.destination.group)
+            .field("dead_letter_stream", &self.destination.stream)
             .finish()
     }
 }
 
 impl RedisDeadLetterSink {
-    pub(crate) fn new(connection: SharedConnection, settings: Arc<Settings>) -> Self {
-        let carrier = Carrier::keyless(Broker::Redis).with_consumer(settings.consumer.clone());
-        let carrier = match &settings.group {
+    /// A builder of a sink on a connection of its own to the server at
+    /// `url`, for a process that writes dead letters without consuming
+    /// (a consumer's is [`RedisStreamsSource::dead_letter_sink`]). Name the
+    /// group whose entries it acknowledges with
+    /// [`group`](RedisDeadLetterSinkBuilder::group) and the streams those
+    /// entries come from with
+    /// [`consumed_stream`](RedisDeadLetterSinkBuilder::consumed_stream).
+    ///
+    /// [`RedisStreamsSource::dead_letter_sink`]: crate::RedisStreamsSource::dead_letter_sink
+    pub fn builder(url: impl Into<String>) -> RedisDeadLetterSinkBuilder {
+        RedisDeadLetterSinkBuilder::new(url)
+    }
+
+    /// The sink a source writes its own dead letters with (past
+    /// `max_deliveries`, no payload field), on the source's connection.
+    pub(crate) fn new(connection: SharedConnection, settings: &Settings) -> Self {
+        Self::on(
+            connection,
+            settings.group.clone(),
+            settings.consumer.clone(),
+            settings.payload_field.clone(),
+            settings.dead_letter_stream.clone(),
+            settings.stats.clone(),
+        )
+    }
+
+    fn on(
+        connection: SharedConnection,
+        group: Option<Arc<str>>,
+        consumer: Arc<str>,
+        payload_field: Arc<str>,
+        stream: DeadLetterStream,
+        stats: Arc<RedisStreamsStats>,
+    ) -> Self {
+        let carrier = Carrier::keyless(Broker::Redis).with_consumer(consumer);
+        let carrier = match &group {
             Some(group) => carrier.with_group(group.clone()),
             None => carrier,
         };
         Self {
             connection,
-            settings,
-            carrier: Arc::new(carrier),
+            destination: Arc::new(Destination {
+                group,
+                payload_field,
+                stream,
+                carrier,
+                stats,
+            }),
         }
     }
 
     /// The counters of the consumer this sink belongs to.
     pub(crate) fn stats(&self) -> &RedisStreamsStats {
-        &self.settings.stats
+        &self.destination.stats
     }
 
     /// The dead-letter stream for entries of `stream`.
     pub fn stream_for(&self, stream: &str) -> String {
-        self.settings.dead_letter_stream.name_for(stream)
+        self.destination.stream.name_for(stream)
     }
 
     /// Writes `letter` and acknowledges the original. `with_payload` is
@@ -107,14 +162,28 @@ impl RedisDeadLetterSink {
         &self,
         letter: &DeadLetter,
         with_payload: bool,
-    ) -> Result<StreamId, RedisStreamsError> {
+    ) -> Result<StreamId, Error> {
         let metadata = letter.message.metadata();
         let stream: &str = metadata.source();
         let original = StreamId::from_position(metadata.position());
-        let group = self.settings.group.as_deref();
+        let group = self.destination.group.as_deref();
         let dead_letters = self.stream_for(stream);
+        if dead_letters == stream {
+            // A sink built without the consumed streams (or for others)
+            // cannot refuse this destination when built: written, the
+            // letter would be read and fail again, forever, and its
+            // original acknowledged.
+            return Err(ConfigError::new(
+                "dead_letter_stream",
+                format!(
+                    "sends the dead letters of `{stream}` back into `{stream}`, where they \
+                     would be consumed again; choose another dead-letter stream"
+                ),
+            )
+            .into());
+        }
 
-        let mut envelope = Envelope::new(letter, &self.carrier);
+        let mut envelope = Envelope::new(letter, &self.destination.carrier);
         let values =
             2 * (usize::from(with_payload) + envelope.header_count() + envelope.field_count());
         if values > MAX_DEAD_LETTER_VALUES {
@@ -139,7 +208,7 @@ impl RedisDeadLetterSink {
         };
         if with_payload {
             invocation
-                .arg(&*self.settings.payload_field)
+                .arg(&*self.destination.payload_field)
                 .arg(envelope.payload().as_ref());
         }
         for (name, value) in envelope.pairs() {
@@ -150,7 +219,7 @@ impl RedisDeadLetterSink {
         let id = match written {
             Ok(id) => {
                 if envelope.is_reduced() {
-                    self.settings.stats.add_dead_letters_reduced(1);
+                    self.destination.stats.add_dead_letters_reduced(1);
                 }
                 id
             }
@@ -164,10 +233,200 @@ impl RedisDeadLetterSink {
                     .key_error(error, "XADD", &dead_letters));
             }
         };
-        StreamId::parse(id.as_bytes()).ok_or_else(|| RedisStreamsError::UnexpectedReply {
+        StreamId::parse(id.as_bytes()).ok_or_else(|| Error::UnexpectedReply {
             command: "XADD",
             detail: format!("`{id}` is not an entry id"),
         })
+    }
+}
+
+/// Builds a [`RedisDeadLetterSink`]; see [`RedisDeadLetterSink::builder`]
+/// and [`RedisStreamsSource::dead_letter_sink`].
+///
+/// A builder from a source starts with the source's server, TLS settings,
+/// group, consumer name, payload field, dead-letter stream and streams, and
+/// shares the source's connection for acknowledgements (and its counters)
+/// until a setting of the connection ([`connect_timeout`](Self::connect_timeout),
+/// [`command_timeout`](Self::command_timeout), `tls_root_certificate`)
+/// changes: then [`build`](Self::build) opens a connection of its own to
+/// the same server.
+///
+/// [`RedisStreamsSource::dead_letter_sink`]: crate::RedisStreamsSource::dead_letter_sink
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `.build().await`"]
+pub struct RedisDeadLetterSinkBuilder {
+    url: SecretUrl,
+    tls_root_certificate: Option<Vec<u8>>,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    /// The source's connection and counters, used while no setting of the
+    /// connection changed.
+    from_source: Option<(SharedConnection, Arc<RedisStreamsStats>)>,
+    consumed: Vec<String>,
+    group: Option<String>,
+    consumer: Option<String>,
+    payload_field: String,
+    dead_letter_stream: DeadLetterStream,
+}
+
+impl fmt::Debug for RedisDeadLetterSinkBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisDeadLetterSinkBuilder")
+            .field("url", &self.url)
+            .field("consumed", &self.consumed)
+            .field("group", &self.group)
+            .field("consumer", &self.consumer)
+            .field("payload_field", &self.payload_field)
+            .field("dead_letter_stream", &self.dead_letter_stream)
+            .field("shares_the_source_connection", &self.from_source.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisDeadLetterSinkBuilder {
+    fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: SecretUrl::new(url),
+            tls_root_certificate: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            from_source: None,
+            consumed: Vec::new(),
+            group: None,
+            consumer: None,
+            payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
+            dead_letter_stream: DeadLetterStream::default(),
+        }
+    }
+
+    /// A builder prefilled from a source: its server and TLS settings, its
+    /// checked settings, and its connection and counters.
+    pub(crate) fn from_source(
+        url: SecretUrl,
+        tls_root_certificate: Option<Vec<u8>>,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+        connection: SharedConnection,
+        settings: &Settings,
+    ) -> Self {
+        Self {
+            url,
+            tls_root_certificate,
+            connect_timeout,
+            command_timeout,
+            from_source: Some((connection, settings.stats.clone())),
+            consumed: settings.streams.iter().map(|s| s.to_string()).collect(),
+            group: settings.group.as_deref().map(str::to_owned),
+            consumer: Some(settings.consumer.to_string()),
+            payload_field: settings.payload_field.to_string(),
+            dead_letter_stream: settings.dead_letter_stream.clone(),
+        }
+    }
+
+    /// Where dead letters go (default: the source stream's name plus
+    /// `:dlq`). A destination that is one of the
+    /// [consumed streams](Self::consumed_stream) is refused by
+    /// [`build`](Self::build); a letter the destination would send back
+    /// into the stream it came from is refused when written.
+    pub fn dead_letter_stream(mut self, stream: DeadLetterStream) -> Self {
+        self.dead_letter_stream = stream;
+        self
+    }
+
+    /// Names a stream whose entries this sink dead-letters (a builder from
+    /// a source names the source's streams). Call it once per stream.
+    pub fn consumed_stream(mut self, stream: impl Into<String>) -> Self {
+        self.consumed.push(stream.into());
+        self
+    }
+
+    /// The consumer group whose pending entry each letter acknowledges, in
+    /// the same atomic step as the write. Without one, nothing is
+    /// acknowledged (a broadcast reader's letters).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// The consumer name the letters record as their origin's (default
+    /// `<hostname>-<pid>-<n>`).
+    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
+        self.consumer = Some(consumer.into());
+        self
+    }
+
+    /// The field that carries each letter's payload (default `payload`).
+    pub fn payload_field(mut self, field: impl Into<String>) -> Self {
+        self.payload_field = field.into();
+        self
+    }
+
+    /// How long to wait for a connection (default 5 s). Gives the sink a
+    /// connection of its own.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self.from_source = None;
+        self
+    }
+
+    /// How long to wait for the reply to a command (default 5 s). Gives the
+    /// sink a connection of its own.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self.from_source = None;
+        self
+    }
+
+    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
+    /// root certificates, for a `rediss://` server whose certificate a
+    /// private CA signed. Gives the sink a connection of its own.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self.from_source = None;
+        self
+    }
+
+    /// Checks the settings, then connects (unless the sink shares its
+    /// source's connection).
+    ///
+    /// Fails with [`Error::Config`] for an empty name or a dead-letter
+    /// stream that is one of the consumed streams, before connecting, and
+    /// with a typed error for a bad URL, an unreachable server or refused
+    /// credentials.
+    pub async fn build(self) -> Result<RedisDeadLetterSink, Error> {
+        if matches!(&self.group, Some(group) if group.is_empty()) {
+            return Err(ConfigError::new("group", "is empty").into());
+        }
+        if matches!(&self.consumer, Some(consumer) if consumer.is_empty()) {
+            return Err(ConfigError::new("consumer", "is empty").into());
+        }
+        if self.payload_field.is_empty() {
+            return Err(ConfigError::new("payload_field", "is empty").into());
+        }
+        self.dead_letter_stream.check(&self.consumed)?;
+        let (connection, stats) = match self.from_source {
+            Some(shared) => shared,
+            None => {
+                let connector = Connector::new(
+                    &self.url,
+                    self.tls_root_certificate.as_deref(),
+                    self.connect_timeout,
+                    self.command_timeout,
+                )?;
+                let connection = SharedConnection::new(connector.shared().await?, connector);
+                (connection, Arc::default())
+            }
+        };
+        let consumer = self.consumer.unwrap_or_else(default_consumer_name);
+        Ok(RedisDeadLetterSink::on(
+            connection,
+            self.group.map(Arc::from),
+            consumer.into(),
+            self.payload_field.into(),
+            self.dead_letter_stream,
+            stats,
+        ))
     }
 }
 

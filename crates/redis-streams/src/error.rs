@@ -1,34 +1,42 @@
-//! The errors of the Redis Streams backend, and how they map onto intake's
-//! [`SourceError`], [`AckError`] and [`DeadLetterError`].
+//! [`Error`]: the failures of the Redis Streams backend, and how they map
+//! onto intake's [`SourceError`], [`AckError`] and [`DeadLetterError`].
 //!
 //! Every variant says what to fix. None of them carries a password: the
 //! endpoint is always the [redacted](crate::Endpoint) form of the URL.
+//! Following hyper's rule, a variant's `Display` describes its own level
+//! only; the client's or server's error beneath it is its
+//! [`source`](std::error::Error::source), so a reporter that walks the
+//! chain prints each once.
 
-use intake_core::{AckError, ConfigError, DeadLetterError, SourceError};
+use intake_core::{AckError, BoxError, ConfigError, DeadLetterError, SourceError};
 use redis::{ErrorKind, RedisError};
 
-use crate::connection::Endpoint;
+use crate::endpoint::Endpoint;
 
 /// A failure of the Redis Streams backend.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RedisStreamsError {
-    /// The URL cannot be used.
+pub enum Error {
+    /// The URL cannot be used; the cause says why.
     #[error(
-        "invalid Redis URL: {reason}; expected redis://[user[:password]@]host[:port][/db], \
+        "invalid Redis URL `{url}`; expected redis://[user[:password]@]host[:port][/db], \
          or rediss://… for TLS"
     )]
     InvalidUrl {
-        /// Why it cannot be used.
-        reason: String,
+        /// The URL, its secrets replaced by `***`.
+        url: String,
+        /// What the client (or the check for an ambiguous password) objected
+        /// to.
+        #[source]
+        source: BoxError,
     },
     /// A setting cannot work.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The server could not be reached, or the connection to it was lost.
     #[error(
-        "cannot reach Redis at {endpoint}: {source}; check that the server is running and that \
-         host and port are right"
+        "cannot reach Redis at {endpoint}; check that the server is running and that host and \
+         port are right"
     )]
     Unreachable {
         /// Where the backend connects (without password).
@@ -39,8 +47,7 @@ pub enum RedisStreamsError {
     },
     /// The server refused the user name or password.
     #[error(
-        "Redis at {endpoint} refused the credentials: {source}; check the user name and password \
-         in the URL"
+        "Redis at {endpoint} refused the credentials; check the user name and password in the URL"
     )]
     Unauthorized {
         /// Where the backend connects (without password).
@@ -51,10 +58,12 @@ pub enum RedisStreamsError {
     },
     /// The ACL user may not run a command the backend needs.
     #[error(
-        "the Redis user may not run `{command}` ({source}); grant it the stream commands \
+        "the Redis user at {endpoint} may not run `{command}`; grant it the stream commands \
          (for example `+@stream +@scripting +info +client`)"
     )]
     Forbidden {
+        /// Where the backend connects (without password).
+        endpoint: Endpoint,
         /// The refused command.
         command: &'static str,
         /// The server's answer.
@@ -63,10 +72,12 @@ pub enum RedisStreamsError {
     },
     /// A configured key exists and holds something other than a stream.
     #[error(
-        "key `{key}` holds a value that is not a stream (WRONGTYPE); configure another stream \
-         name or remove that key"
+        "key `{key}` at {endpoint} holds a value that is not a stream (WRONGTYPE); configure \
+         another stream name or remove that key"
     )]
     WrongType {
+        /// Where the backend connects (without password).
+        endpoint: Endpoint,
         /// The key (or, for a command over several streams, all of them).
         key: String,
         /// The server's answer.
@@ -84,9 +95,12 @@ pub enum RedisStreamsError {
         /// The version the server reported.
         version: String,
     },
-    /// A command failed for another reason.
-    #[error("Redis command `{command}` failed: {source}")]
+    /// A command failed for another reason; the cause is the server's or
+    /// client's error.
+    #[error("Redis command `{command}` failed at {endpoint}")]
     Command {
+        /// Where the backend connects (without password).
+        endpoint: Endpoint,
         /// The command.
         command: &'static str,
         /// The server's or client's error.
@@ -103,7 +117,7 @@ pub enum RedisStreamsError {
     },
 }
 
-impl RedisStreamsError {
+impl Error {
     /// Sorts a client error by what the user can do about it.
     ///
     /// `key` names the stream the command touched, for `WRONGTYPE`.
@@ -113,31 +127,35 @@ impl RedisStreamsError {
         key: Option<&str>,
         endpoint: &Endpoint,
     ) -> Self {
+        let endpoint = endpoint.clone();
         let code = server_code(&error);
         let code = code.as_deref();
         if error.kind() == ErrorKind::AuthenticationFailed
             || matches!(code, Some("WRONGPASS" | "NOAUTH"))
         {
             return Self::Unauthorized {
-                endpoint: endpoint.clone(),
+                endpoint,
                 source: error,
             };
         }
         if code == Some("NOPERM") {
             return Self::Forbidden {
+                endpoint,
                 command,
                 source: error,
             };
         }
         if code == Some("WRONGTYPE") {
             return Self::WrongType {
+                endpoint,
                 key: key.unwrap_or_default().to_owned(),
                 source: error,
             };
         }
         if error.kind() == ErrorKind::InvalidClientConfig {
             return Self::InvalidUrl {
-                reason: error.to_string(),
+                url: endpoint.to_string(),
+                source: Box::new(error),
             };
         }
         if error.is_io_error()
@@ -147,13 +165,29 @@ impl RedisStreamsError {
             || error.is_unrecoverable_error()
         {
             return Self::Unreachable {
-                endpoint: endpoint.clone(),
+                endpoint,
                 source: error,
             };
         }
         Self::Command {
+            endpoint,
             command,
             source: error,
+        }
+    }
+
+    /// The server this error is about, as `scheme://[user@]host:port/db`
+    /// (no password), or `None` for a setting or URL that was refused
+    /// before connecting and for a reply the backend could not read.
+    pub fn endpoint(&self) -> Option<&str> {
+        match self {
+            Self::Unreachable { endpoint, .. }
+            | Self::Unauthorized { endpoint, .. }
+            | Self::Forbidden { endpoint, .. }
+            | Self::WrongType { endpoint, .. }
+            | Self::UnsupportedServer { endpoint, .. }
+            | Self::Command { endpoint, .. } => Some(endpoint.as_str()),
+            Self::InvalidUrl { .. } | Self::Config(_) | Self::UnexpectedReply { .. } => None,
         }
     }
 
@@ -216,17 +250,20 @@ pub(crate) fn server_code(error: &RedisError) -> Option<String> {
         .and_then(|errors| errors.first().map(|(_, error)| error.code().to_owned()))
 }
 
-impl From<RedisStreamsError> for SourceError {
-    fn from(error: RedisStreamsError) -> Self {
+impl From<Error> for SourceError {
+    fn from(error: Error) -> Self {
         match error {
-            RedisStreamsError::InvalidUrl { .. } | RedisStreamsError::Config(_) => {
-                SourceError::Config(error.to_string())
+            // `SourceError::Config` holds text only: the URL's problem
+            // goes into it with the cause.
+            Error::InvalidUrl { ref source, .. } => {
+                SourceError::Config(format!("{error}: {source}"))
             }
-            RedisStreamsError::Unreachable { endpoint, source } => SourceError::Unreachable {
+            Error::Config(_) => SourceError::Config(error.to_string()),
+            Error::Unreachable { endpoint, source } => SourceError::Unreachable {
                 endpoint: endpoint.to_string(),
                 source: Box::new(source),
             },
-            RedisStreamsError::Unauthorized { endpoint, source } => SourceError::Unauthorized {
+            Error::Unauthorized { endpoint, source } => SourceError::Unauthorized {
                 endpoint: endpoint.to_string(),
                 source: Box::new(source),
             },
@@ -236,17 +273,89 @@ impl From<RedisStreamsError> for SourceError {
     }
 }
 
-impl From<RedisStreamsError> for AckError {
-    fn from(error: RedisStreamsError) -> Self {
+impl From<Error> for AckError {
+    fn from(error: Error) -> Self {
         match error {
-            RedisStreamsError::Unreachable { .. } => AckError::Disconnected(Box::new(error)),
+            Error::Unreachable { .. } => AckError::Disconnected(Box::new(error)),
             error => AckError::Broker(Box::new(error)),
         }
     }
 }
 
-impl From<RedisStreamsError> for DeadLetterError {
-    fn from(error: RedisStreamsError) -> Self {
+impl From<Error> for DeadLetterError {
+    fn from(error: Error) -> Self {
         DeadLetterError(Box::new(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// A client error of each kind the backend sorts into its own variant
+    /// (a lost connection, refused credentials, a missing permission, a key
+    /// of another type, any other server error), each with `CAUSE` in its
+    /// text.
+    fn causes() -> Vec<RedisError> {
+        vec![
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "CAUSE-io",
+            )),
+            redis::make_extension_error("WRONGPASS".into(), Some("CAUSE-auth".into())),
+            redis::make_extension_error("NOPERM".into(), Some("CAUSE-perm".into())),
+            redis::make_extension_error("WRONGTYPE".into(), Some("CAUSE-type".into())),
+            redis::make_extension_error("ERR".into(), Some("CAUSE-other".into())),
+        ]
+    }
+
+    #[test]
+    fn each_variant_describes_its_own_level_and_keeps_the_cause_as_source() {
+        let endpoint = Endpoint::from_redacted("redis://app@cache:6379/0");
+        for cause in causes() {
+            let error = Error::from_redis(cause, "XREADGROUP", Some("orders"), &endpoint);
+            let shown = error.to_string();
+            assert!(
+                !shown.contains("CAUSE"),
+                "{error:?} prints its cause: `{shown}`; the cause belongs to source()"
+            );
+            let source = error.source().map(ToString::to_string);
+            assert!(
+                source
+                    .as_deref()
+                    .is_some_and(|source| source.contains("CAUSE")),
+                "{error:?}: the cause is not kept as source(): {source:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_error_from_the_server_names_its_endpoint_and_a_refused_setting_none() {
+        let endpoint = Endpoint::from_redacted("redis://app@cache:6379/0");
+        for cause in causes() {
+            let error = Error::from_redis(cause, "XREADGROUP", Some("orders"), &endpoint);
+            assert_eq!(
+                error.endpoint(),
+                Some("redis://app@cache:6379/0"),
+                "{error:?}"
+            );
+        }
+        let refused = Error::from(ConfigError::new("group", "is empty"));
+        assert_eq!(refused.endpoint(), None);
+    }
+
+    #[test]
+    fn an_invalid_url_in_a_source_error_keeps_what_was_wrong() {
+        let error = Error::InvalidUrl {
+            url: "redis://app:***@cache".to_owned(),
+            source: "port is not a number".into(),
+        };
+        let SourceError::Config(text) = SourceError::from(error) else {
+            panic!("an invalid URL is a configuration error");
+        };
+        assert!(text.contains("redis://app:***@cache"), "{text}");
+        assert!(text.contains("port is not a number"), "{text}");
     }
 }

@@ -29,9 +29,9 @@ use foldhash::fast::RandomState;
 use intake_core::SourceName;
 use redis::Script;
 
-use crate::config::Settings;
 use crate::connection::SharedConnection;
-use crate::entry::StreamId;
+use crate::settings::Settings;
+use crate::stream_id::StreamId;
 
 /// Ids held per stream, in the order of `Settings::streams`.
 #[derive(Debug)]

@@ -16,20 +16,21 @@
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
 //! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
 //! | broadcast | `XREAD` without a group |
+//! | read size | `COUNT` up to what the runtime allows, and at most what fits in an eighth of the byte budget at the average entry size |
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use intake_core::Source;
-//! use intake_redis_streams::RedisStreamsConfig;
+//! use intake_redis_streams::RedisStreamsSource;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let (mut source, _acker) = RedisStreamsConfig::new("redis://127.0.0.1:6379")
+//! let mut source = RedisStreamsSource::builder("redis://127.0.0.1:6379")
 //!     .stream("orders")
 //!     .group("billing")
 //!     .consumer("billing-1")
 //!     .key_field("customer")
 //!     .claim_min_idle(Duration::from_secs(60))
-//!     .connect()
+//!     .build()
 //!     .await?;
 //! // The runtime drives the source and the acker; by hand it looks like this:
 //! let mut deliveries = Vec::new();
@@ -41,27 +42,29 @@
 //! # }
 //! ```
 //!
-//! Errors are typed ([`RedisStreamsError`]): a bad URL, an unreachable
+//! Errors are typed ([`Error`]): a bad URL, an unreachable
 //! server, refused credentials and a key that is not a stream each say what
 //! to fix, and none of them shows a password.
 #![warn(missing_docs)]
 
 mod acker;
-mod config;
 mod connection;
 mod dead_letter;
-mod entry;
+mod endpoint;
 mod error;
 mod held;
+mod settings;
 mod source;
 mod stats;
+mod stream_id;
 
 pub use acker::RedisStreamsAcker;
-pub use config::{DeadLetterStream, RedisStreamsConfig, StartFrom};
-pub use connection::Endpoint;
-pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink};
-pub use error::{RedisStreamsError, TRANSIENT_CODES};
+pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
+pub use endpoint::Endpoint;
+pub use error::{Error, TRANSIENT_CODES};
+pub use settings::{DeadLetterStream, StartFrom};
 pub use source::RedisStreamsSource;
+pub use source::builder::RedisStreamsSourceBuilder;
 pub use stats::RedisStreamsStats;
 
 /// The Redis client this crate is built on, so that applications use the

@@ -5,12 +5,12 @@ mod support;
 use std::time::Duration;
 
 use intake_core::{AckBatch, AckMode, Acker, PartitionAck};
-use intake_redis_streams::{RedisStreamsConfig, StartFrom};
+use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder, StartFrom};
 
 use support::*;
 
-fn broadcast(stream: &str) -> RedisStreamsConfig {
-    RedisStreamsConfig::new(redis_url())
+fn broadcast(stream: &str) -> RedisStreamsSourceBuilder {
+    RedisStreamsSource::builder(redis_url())
         .stream(stream)
         .broadcast()
         .block(Duration::from_millis(100))
@@ -23,8 +23,9 @@ async fn every_broadcast_reader_sees_every_new_entry() {
     };
     let stream = unique("broadcast");
     produce(&mut redis, &stream, "old-", 3).await;
-    let (mut first, first_acker) = broadcast(&stream).connect().await.expect("connect");
-    let (mut second, _) = broadcast(&stream).connect().await.expect("connect");
+    let mut first = broadcast(&stream).build().await.expect("connect");
+    let first_acker = first.acker();
+    let mut second = broadcast(&stream).build().await.expect("connect");
     assert_eq!(first_acker.mode(), AckMode::Watermark);
     assert!(!first_acker.supports_requeue());
 
@@ -47,7 +48,7 @@ async fn entries_added_between_two_reads_are_not_skipped() {
         return;
     };
     let stream = unique("gap");
-    let (mut reader, _) = broadcast(&stream).connect().await.expect("connect");
+    let mut reader = broadcast(&stream).build().await.expect("connect");
     // Nobody is reading while these are added.
     produce(&mut redis, &stream, "m", 4).await;
     let received = receive(&mut reader, 4, 10, Duration::from_secs(5)).await;
@@ -62,11 +63,12 @@ async fn a_broadcast_reader_can_start_at_the_beginning_and_acknowledges_nothing(
     };
     let stream = unique("replay");
     produce(&mut redis, &stream, "m", 3).await;
-    let (mut reader, mut acker) = broadcast(&stream)
+    let mut reader = broadcast(&stream)
         .start_from(StartFrom::Beginning)
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let mut acker = reader.acker();
     let received = receive(&mut reader, 3, 10, Duration::from_secs(5)).await;
     assert_eq!(payloads(&received), vec!["m0", "m1", "m2"]);
     let mut batch = AckBatch::default();

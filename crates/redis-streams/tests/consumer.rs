@@ -31,10 +31,11 @@ async fn the_runtime_handles_and_acknowledges_every_entry() {
     let stream = unique("runtime");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 1000).await;
-    let (source, acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
+    let acker = source.acker();
     let shutdown = CancellationToken::new();
     let done = stop_after(1000, &shutdown);
     let handler = tower::service_fn(move |_message: Message| {
@@ -61,10 +62,11 @@ async fn a_retryable_failure_is_left_pending_and_comes_back_with_the_next_attemp
     let stream = unique("runtime-retry");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 20).await;
-    let (source, acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
+    let acker = source.acker();
     let shutdown = CancellationToken::new();
     let done = stop_after(20, &shutdown);
     let handler = tower::service_fn(move |message: Message| {
@@ -107,8 +109,9 @@ async fn shutdown_leaves_unfinished_entries_pending_for_the_next_run() {
     let group = unique("group");
     produce(&mut redis, &stream, "m", 10).await;
     let config =
-        || group_config(&stream, &group, "stable").claim_min_idle(Duration::from_secs(600));
-    let (source, acker) = config().connect().await.expect("connect");
+        || group_builder(&stream, &group, "stable").claim_min_idle(Duration::from_secs(600));
+    let source = config().build().await.expect("connect");
+    let acker = source.acker();
     let shutdown = CancellationToken::new();
     let stop = stop_after(5, &shutdown);
     // Handles five, then stops while the other five wait behind a handler
@@ -143,7 +146,8 @@ async fn shutdown_leaves_unfinished_entries_pending_for_the_next_run() {
     );
 
     // The next run of the same consumer takes them up at once.
-    let (mut source, mut acker) = config().connect().await.expect("connect");
+    let mut source = config().build().await.expect("connect");
+    let mut acker = source.acker();
     let again = receive(&mut source, 5, 10, Duration::from_secs(5)).await;
     let mut names = payloads(&again);
     names.sort();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use intake_core::dead_letter::envelope;
 use intake_core::{DeadLetter, DeadLetterSink};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::{DeadLetterStream, Error, RedisDeadLetterSink, RedisStreamsSource};
 use redis::aio::MultiplexedConnection;
 
 use support::*;
@@ -25,13 +25,13 @@ async fn dead_letter_the_entry(
     intake_redis_streams::RedisStreamsSource,
     intake_core::Message,
 ) {
-    let (mut source, _acker) = group_config(stream, group, "c1")
-        .connect()
+    let mut source = group_builder(stream, group, "c1")
+        .build()
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
     assert_eq!(received.len(), 1, "the entry was delivered");
-    let sink = source.dead_letter_sink();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let written = sink
         .write(&DeadLetter::new(received[0].clone(), error, 3))
         .await;
@@ -226,10 +226,88 @@ async fn a_producer_field_named_like_an_envelope_field_does_not_change_the_lette
 
 #[test]
 fn a_dead_letter_stream_that_is_also_consumed_is_refused_when_built() {
-    let error = RedisStreamsConfig::new("redis://127.0.0.1")
+    let error = RedisStreamsSource::builder("redis://127.0.0.1")
         .streams(["orders", "orders:dlq"])
         .group("g")
         .validate()
         .expect_err("dead letters would be consumed again");
     assert_eq!(error.setting, "dead_letter_stream");
+}
+
+#[tokio::test]
+async fn a_letter_its_sink_would_write_back_into_its_own_stream_is_refused() {
+    let Some(mut redis) = redis_or_skip("a_letter_its_sink_would_write_back").await else {
+        return;
+    };
+    let stream = unique("loop");
+    let group = unique("group");
+    add(&mut redis, &stream, &wide_entry(0)).await;
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
+        .await
+        .expect("connect");
+    let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
+    assert_eq!(received.len(), 1, "the entry was delivered");
+    // A sink for other streams whose one destination is this stream: it
+    // does not know this stream is consumed.
+    let sink = RedisDeadLetterSink::builder(redis_url())
+        .consumed_stream(unique("other"))
+        .group(&group)
+        .dead_letter_stream(DeadLetterStream::Fixed(stream.clone()))
+        .build()
+        .await
+        .expect("sink");
+    let written = sink
+        .write(&DeadLetter::new(received[0].clone(), "rejected", 1))
+        .await;
+    assert!(written.is_err(), "the letter would be consumed again");
+    assert_eq!(
+        entries(&mut redis, &stream).await.len(),
+        1,
+        "nothing was written into the consumed stream"
+    );
+    assert_eq!(
+        unacknowledged(&mut redis, &stream, &group).await.ok(),
+        Some(1),
+        "the original stays pending"
+    );
+}
+
+#[tokio::test]
+async fn a_sink_of_the_source_refuses_a_dead_letter_stream_the_source_reads() {
+    if redis_or_skip("a_sink_of_the_source_refuses")
+        .await
+        .is_none()
+    {
+        return;
+    }
+    let stream = unique("consumed");
+    let source = group_builder(&stream, &unique("group"), "c1")
+        .build()
+        .await
+        .expect("connect");
+    let built = source
+        .dead_letter_sink()
+        .dead_letter_stream(DeadLetterStream::Fixed(stream))
+        .build()
+        .await;
+    match built {
+        Err(Error::Config(error)) => assert_eq!(error.setting, "dead_letter_stream"),
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_sink_refuses_a_consumed_dead_letter_stream_before_connecting() {
+    // Nothing listens on port 1: an attempt to connect would fail otherwise.
+    let built = RedisDeadLetterSink::builder("redis://127.0.0.1:1")
+        .consumed_stream("orders")
+        .consumed_stream("payments")
+        .dead_letter_stream(DeadLetterStream::Fixed("payments".into()))
+        .build()
+        .await;
+    match built {
+        Err(Error::Config(error)) => assert_eq!(error.setting, "dead_letter_stream"),
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
 }

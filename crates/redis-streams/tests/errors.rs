@@ -7,21 +7,26 @@ mod support;
 use std::time::Duration;
 
 use intake_core::{Constant, Source, SourceError};
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsSource};
 use redis::AsyncCommands;
 
 use support::*;
 
 #[tokio::test]
 async fn a_url_that_is_not_a_redis_url_is_refused_before_connecting() {
-    let connected = RedisStreamsConfig::new("http://alice:opensesame@127.0.0.1:6379")
+    let connected = RedisStreamsSource::builder("http://alice:opensesame@127.0.0.1:6379")
         .stream("s")
         .group("g")
-        .connect()
+        .build()
         .await;
     match connected {
-        Err(RedisStreamsError::InvalidUrl { reason }) => {
-            assert!(!reason.contains("opensesame"), "{reason}");
+        Err(error @ Error::InvalidUrl { .. }) => {
+            let shown = format!("{error} {error:?}");
+            assert!(!shown.contains("opensesame"), "{shown}");
+            assert!(
+                std::error::Error::source(&error).is_some(),
+                "what the client objected to is the cause"
+            );
         }
         other => panic!("expected InvalidUrl, got {other:?}"),
     }
@@ -29,12 +34,12 @@ async fn a_url_that_is_not_a_redis_url_is_refused_before_connecting() {
 
 #[tokio::test]
 async fn a_missing_group_is_a_configuration_error() {
-    let connected = RedisStreamsConfig::new(redis_url())
+    let connected = RedisStreamsSource::builder(redis_url())
         .stream("s")
-        .connect()
+        .build()
         .await;
     match connected {
-        Err(RedisStreamsError::Config(error)) => assert_eq!(error.setting, "group"),
+        Err(Error::Config(error)) => assert_eq!(error.setting, "group"),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }
@@ -42,18 +47,19 @@ async fn a_missing_group_is_a_configuration_error() {
 #[tokio::test]
 async fn an_unreachable_server_is_reported_with_its_endpoint_and_no_password() {
     // Nothing listens on port 1.
-    let connected = RedisStreamsConfig::new("redis://bob:hunter2@127.0.0.1:1/0")
+    let connected = RedisStreamsSource::builder("redis://bob:hunter2@127.0.0.1:1/0")
         .stream("s")
         .group("g")
         .connect_timeout(Duration::from_secs(1))
-        .connect()
+        .build()
         .await;
     let error = match connected {
-        Err(error @ RedisStreamsError::Unreachable { .. }) => error,
+        Err(error @ Error::Unreachable { .. }) => error,
         other => panic!("expected Unreachable, got {other:?}"),
     };
     let text = error.to_string();
     assert!(text.contains("redis://bob@127.0.0.1:1/0"), "{text}");
+    assert_eq!(error.endpoint(), Some("redis://bob@127.0.0.1:1/0"));
     assert!(!text.contains("hunter2") && !format!("{error:?}").contains("hunter2"));
     assert!(error.is_transient());
     assert!(SourceError::from(error).is_transient());
@@ -68,14 +74,14 @@ async fn a_wrong_password_is_reported_as_refused_credentials() {
     };
     let (user, password, _) = temporary_user(&mut redis).await;
     let url = redis_url().replacen("redis://", &format!("redis://{user}:not-{password}@"), 1);
-    let connected = RedisStreamsConfig::new(url)
+    let connected = RedisStreamsSource::builder(url)
         .stream(unique("s"))
         .group("g")
-        .connect()
+        .build()
         .await;
     drop_user(&mut redis, &user).await;
     let error = match connected {
-        Err(error @ RedisStreamsError::Unauthorized { .. }) => error,
+        Err(error @ Error::Unauthorized { .. }) => error,
         other => panic!("expected Unauthorized, got {other:?}"),
     };
     assert!(!error.to_string().contains(&password));
@@ -94,13 +100,13 @@ async fn the_right_password_in_the_url_logs_in() {
     let (user, _, url) = temporary_user(&mut redis).await;
     let stream = unique("login");
     produce(&mut redis, &stream, "m", 1).await;
-    let connected = RedisStreamsConfig::new(url)
+    let connected = RedisStreamsSource::builder(url)
         .stream(&stream)
         .group("g")
         .block(Duration::from_millis(100))
-        .connect()
+        .build()
         .await;
-    let (mut source, _acker) = connected.expect("connect with user and password");
+    let mut source = connected.expect("connect with user and password");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
     drop_user(&mut redis, &user).await;
     assert_eq!(payloads(&received), vec!["m0"]);
@@ -119,14 +125,14 @@ async fn a_key_that_is_not_a_stream_is_reported_as_wrong_type() {
         .await
         .expect("SET");
     for broadcast in [false, true] {
-        let config = RedisStreamsConfig::new(redis_url()).stream(&key);
+        let config = RedisStreamsSource::builder(redis_url()).stream(&key);
         let config = if broadcast {
             config.broadcast()
         } else {
             config.group("g")
         };
-        match config.connect().await {
-            Err(RedisStreamsError::WrongType { key: reported, .. }) => assert_eq!(reported, key),
+        match config.build().await {
+            Err(Error::WrongType { key: reported, .. }) => assert_eq!(reported, key),
             other => panic!("expected WrongType (broadcast: {broadcast}), got {other:?}"),
         }
     }
@@ -138,8 +144,8 @@ async fn a_stream_replaced_by_another_type_mid_run_fails_the_source_with_wrong_t
         return;
     };
     let stream = unique("replaced");
-    let (mut source, _acker) = group_config(&stream, &unique("group"), "c1")
-        .connect()
+    let mut source = group_builder(&stream, &unique("group"), "c1")
+        .build()
         .await
         .expect("connect");
     redis.del::<_, ()>(&stream).await.expect("DEL");
@@ -150,10 +156,7 @@ async fn a_stream_replaced_by_another_type_mid_run_fails_the_source_with_wrong_t
         panic!("expected a fatal source error, got {failed:?}");
     };
     assert!(
-        matches!(
-            error.downcast_ref::<RedisStreamsError>(),
-            Some(RedisStreamsError::WrongType { .. })
-        ),
+        matches!(error.downcast_ref::<Error>(), Some(Error::WrongType { .. })),
         "{error}"
     );
 }
@@ -166,8 +169,8 @@ async fn a_deleted_stream_and_group_are_created_again() {
     };
     let stream = unique("recreated");
     let group = unique("group");
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
     redis.del::<_, ()>(&stream).await.expect("DEL");
@@ -183,13 +186,13 @@ async fn a_server_that_goes_away_is_reported_unreachable_once_the_policy_gives_u
     }
     let mut proxy = Proxy::start().await;
     let stream = unique("gone");
-    let (mut source, _acker) = RedisStreamsConfig::new(format!("redis://{}", proxy.address()))
+    let mut source = RedisStreamsSource::builder(format!("redis://{}", proxy.address()))
         .stream(&stream)
         .group("g")
         .block(Duration::from_millis(100))
         .connect_timeout(Duration::from_millis(500))
         .reconnect_backoff(Constant::new(Duration::from_millis(10)).max_retries(2))
-        .connect()
+        .build()
         .await
         .expect("connect");
     proxy.stop();
@@ -209,15 +212,16 @@ async fn a_server_that_comes_back_is_read_again_without_losing_entries() {
     let mut proxy = Proxy::start().await;
     let stream = unique("outage");
     let group = unique("group");
-    let (mut source, mut acker) = RedisStreamsConfig::new(format!("redis://{}", proxy.address()))
+    let mut source = RedisStreamsSource::builder(format!("redis://{}", proxy.address()))
         .stream(&stream)
         .group(&group)
         .block(Duration::from_millis(100))
         .connect_timeout(Duration::from_millis(500))
         .reconnect_backoff(Constant::new(Duration::from_millis(50)).retry_forever())
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     produce(&mut redis, &stream, "before-", 5).await;
     let mut received = receive(&mut source, 5, 10, Duration::from_secs(5)).await;
     proxy.stop();
@@ -241,12 +245,12 @@ async fn a_user_removed_mid_run_is_reported_as_refused_credentials() {
         return;
     };
     let (user, _, url) = temporary_user(&mut redis).await;
-    let (mut source, _acker) = RedisStreamsConfig::new(url)
+    let mut source = RedisStreamsSource::builder(url)
         .stream(unique("gone"))
         .group("g")
         .block(Duration::from_millis(100))
         .reconnect_backoff(Constant::new(Duration::from_millis(10)).max_retries(2))
-        .connect()
+        .build()
         .await
         .expect("connect");
     // The user can no longer log in: every reconnection is refused.

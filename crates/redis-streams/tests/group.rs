@@ -29,11 +29,12 @@ async fn entries_arrive_with_payload_key_headers_and_position() {
         )
         .await
         .expect("XADD");
-    let (mut source, acker) = group_config(&stream, &unique("group"), "c1")
+    let mut source = group_builder(&stream, &unique("group"), "c1")
         .key_field("customer")
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let acker = source.acker();
     assert_eq!(acker.mode(), AckMode::Ids);
     assert!(acker.supports_requeue());
 
@@ -59,11 +60,12 @@ async fn acknowledged_entries_leave_the_pending_list_in_one_batch() {
     for stream in &streams {
         produce(&mut redis, stream, "m", 300).await;
     }
-    let (mut source, mut acker) = group_config(&streams[0], &group, "c1")
+    let mut source = group_builder(&streams[0], &group, "c1")
         .stream(&streams[1])
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     let received = receive(&mut source, 600, 1000, Duration::from_secs(10)).await;
     assert_eq!(received.len(), 600);
     for stream in &streams {
@@ -90,8 +92,8 @@ async fn reading_stops_at_the_number_the_runtime_asks_for() {
     let stream = unique("budget");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 50).await;
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
     let mut buffer = Vec::new();
@@ -111,8 +113,8 @@ async fn a_full_budget_reads_nothing_and_the_next_call_reads_on() {
     let stream = unique("full");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 5).await;
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
     let mut buffer = Vec::new();
@@ -138,10 +140,11 @@ async fn a_consumer_dropped_mid_batch_has_its_entries_claimed_by_another() {
     let group = unique("group");
     produce(&mut redis, &stream, "m", 100).await;
 
-    let (mut doomed, mut doomed_acker) = group_config(&stream, &group, "doomed")
-        .connect()
+    let mut doomed = group_builder(&stream, &group, "doomed")
+        .build()
         .await
         .expect("connect");
+    let mut doomed_acker = doomed.acker();
     let first = receive(&mut doomed, 60, 60, Duration::from_secs(5)).await;
     assert_eq!(first.len(), 60);
     // Half of the batch was handled and acknowledged, then the consumer died
@@ -149,10 +152,11 @@ async fn a_consumer_dropped_mid_batch_has_its_entries_claimed_by_another() {
     ack(&mut doomed_acker, &first[..30]).await;
     drop((doomed, doomed_acker));
 
-    let (mut heir, mut heir_acker) = group_config(&stream, &group, "heir")
-        .connect()
+    let mut heir = group_builder(&stream, &group, "heir")
+        .build()
         .await
         .expect("connect");
+    let mut heir_acker = heir.acker();
     let rest = receive(&mut heir, 70, 100, Duration::from_secs(10)).await;
     ack(&mut heir_acker, &rest).await;
 
@@ -187,8 +191,8 @@ async fn a_restarted_consumer_takes_up_its_own_pending_entries_at_once() {
     // A claim would take 10 minutes: the entries can only come back as the
     // consumer's own.
     let config =
-        || group_config(&stream, &group, "stable-name").claim_min_idle(Duration::from_secs(600));
-    let (mut source, _acker) = config().connect().await.expect("connect");
+        || group_builder(&stream, &group, "stable-name").claim_min_idle(Duration::from_secs(600));
+    let mut source = config().build().await.expect("connect");
     assert_eq!(
         receive(&mut source, 10, 10, Duration::from_secs(5))
             .await
@@ -197,7 +201,8 @@ async fn a_restarted_consumer_takes_up_its_own_pending_entries_at_once() {
     );
     drop(source);
 
-    let (mut source, mut acker) = config().connect().await.expect("connect");
+    let mut source = config().build().await.expect("connect");
+    let mut acker = source.acker();
     let again = receive(&mut source, 10, 100, Duration::from_secs(5)).await;
     assert_eq!(
         payloads(&again),
@@ -222,10 +227,11 @@ async fn retry_later_leaves_the_entry_pending_until_it_is_claimed_again() {
     let stream = unique("retry");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 1).await;
-    let (mut source, mut acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     let first = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
 
     let mut batch = AckBatch::default();
@@ -259,9 +265,9 @@ async fn a_poison_entry_past_max_deliveries_lands_in_the_dead_letter_stream_and_
         .await
         .expect("XADD");
     let connect = || async {
-        group_config(&stream, &group, "c1")
+        group_builder(&stream, &group, "c1")
             .max_deliveries(3)
-            .connect()
+            .build()
             .await
             .expect("connect")
     };
@@ -272,12 +278,12 @@ async fn a_poison_entry_past_max_deliveries_lands_in_the_dead_letter_stream_and_
     // instead.
     let mut attempts = Vec::new();
     for _ in 0..3 {
-        let (mut source, _acker) = connect().await;
+        let mut source = connect().await;
         let delivered = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
         attempts.extend(delivered.iter().map(|message| message.metadata().attempt()));
     }
     assert_eq!(attempts, vec![1, 2, 3]);
-    let (mut source, _acker) = connect().await;
+    let mut source = connect().await;
     let nothing = receive(&mut source, 1, 10, Duration::from_millis(1500)).await;
     assert!(
         nothing.is_empty(),
@@ -322,8 +328,8 @@ async fn an_entry_without_the_payload_field_is_dead_lettered_with_its_fields() {
         .await
         .expect("XADD");
     produce(&mut redis, &stream, "ok", 1).await;
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
@@ -350,12 +356,12 @@ async fn the_dead_letter_sink_writes_the_origin_and_acknowledges_atomically() {
     let stream = unique("sink");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 1).await;
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
-    let sink = source.dead_letter_sink();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = intake_core::DeadLetter::new(received[0].clone(), "cannot parse", 4);
     intake_core::DeadLetterSink::write(&sink, &letter)
         .await
@@ -388,12 +394,12 @@ async fn a_failed_dead_letter_write_leaves_the_original_pending() {
         .set::<_, _, ()>(format!("{stream}:dlq"), "occupied")
         .await
         .expect("SET");
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
-        .connect()
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
         .await
         .expect("connect");
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
-    let sink = source.dead_letter_sink();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = intake_core::DeadLetter::new(received[0].clone(), "bad", 1);
     let written = intake_core::DeadLetterSink::write(&sink, &letter).await;
     assert!(written.is_err());
@@ -412,9 +418,10 @@ async fn two_consumers_in_one_group_split_the_work() {
     let stream = unique("split");
     let group = unique("group");
     let consume = |name: &'static str| {
-        let config = group_config(&stream, &group, name);
+        let config = group_builder(&stream, &group, name);
         async move {
-            let (mut source, mut acker) = config.connect().await.expect("connect");
+            let mut source = config.build().await.expect("connect");
+            let mut acker = source.acker();
             let mut handled = Vec::new();
             let mut buffer = Vec::new();
             let mut idle = 0;
@@ -465,16 +472,17 @@ async fn connections_killed_from_outside_mid_run_lose_nothing() {
     // The consumer logs in as a user of its own, so that the kill below can
     // spare the connections of tests running alongside.
     let (user, _, url) = temporary_user(&mut redis).await;
-    let (mut source, mut acker) = intake_redis_streams::RedisStreamsConfig::new(url)
+    let mut source = intake_redis_streams::RedisStreamsSource::builder(url)
         .stream(&stream)
         .group(&group)
         .consumer(&consumer)
         .block(Duration::from_millis(100))
         .claim_min_idle(Duration::from_millis(500))
         .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)).retry_forever())
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     let total = 2000;
     let producer = {
         let mut redis = redis.clone();
@@ -546,9 +554,9 @@ async fn a_dropped_next_loses_no_entry() {
     };
     let stream = unique("cancel");
     let group = unique("group");
-    let (mut source, _acker) = group_config(&stream, &group, "c1")
+    let mut source = group_builder(&stream, &group, "c1")
         .claim_min_idle(Duration::from_secs(600))
-        .connect()
+        .build()
         .await
         .expect("connect");
     let total: usize = 200;
@@ -614,11 +622,12 @@ async fn delete_acked_removes_entries_with_their_acknowledgement() {
     let stream = unique("xdel");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 20).await;
-    let (mut source, mut acker) = group_config(&stream, &group, "c1")
+    let mut source = group_builder(&stream, &group, "c1")
         .delete_acked(true)
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     let received = receive(&mut source, 20, 50, Duration::from_secs(5)).await;
     ack(&mut acker, &received).await;
     let length: u64 = redis.xlen(&stream).await.expect("XLEN");
@@ -634,10 +643,11 @@ async fn closing_an_idle_consumer_removes_it_from_the_group() {
     let stream = unique("close");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 3).await;
-    let (mut source, mut acker) = group_config(&stream, &group, "leaving")
-        .connect()
+    let mut source = group_builder(&stream, &group, "leaving")
+        .build()
         .await
         .expect("connect");
+    let mut acker = source.acker();
     let received = receive(&mut source, 3, 10, Duration::from_secs(5)).await;
     ack(&mut acker, &received[..2]).await;
     source.close().await.expect("close");

@@ -29,13 +29,14 @@ async fn entries_queued_behind_a_slow_handler_are_not_claimed_by_their_own_consu
     produce(&mut redis, &stream, "m", total).await;
     // Partition ordering runs one handler at a time, so the last entries of
     // a full budget wait in the queue far longer than claim_min_idle.
-    let (source, acker) = group_config(&stream, &group, "slow")
+    let source = group_builder(&stream, &group, "slow")
         .claim_min_idle(Duration::from_millis(300))
         .claim_interval(Duration::from_millis(50))
         .max_deliveries(2)
-        .connect()
+        .build()
         .await
         .expect("connect");
+    let acker = source.acker();
     let stats = source.stats();
     let handled: Arc<Mutex<BTreeMap<String, Vec<u32>>>> = Arc::default();
     let shutdown = CancellationToken::new();
@@ -99,18 +100,18 @@ async fn entries_held_by_a_live_consumer_are_not_claimed_by_another_until_it_is_
     let group = unique("group");
     produce(&mut redis, &stream, "m", 5).await;
     let config = |name: &str| {
-        group_config(&stream, &group, name)
+        group_builder(&stream, &group, name)
             .claim_min_idle(Duration::from_millis(300))
             .claim_interval(Duration::from_millis(50))
     };
-    let (mut holder, _holder_acker) = config("holder").connect().await.expect("connect");
+    let mut holder = config("holder").build().await.expect("connect");
     let held = receive(&mut holder, 5, 10, Duration::from_secs(5)).await;
     assert_eq!(held.len(), 5);
 
     // The holder's handlers take long: its entries stay unacknowledged for
     // several claim_min_idle, while another consumer of the group looks for
     // entries to claim.
-    let (mut other, _other_acker) = config("other").connect().await.expect("connect");
+    let mut other = config("other").build().await.expect("connect");
     let claimed = receive(&mut other, 1, 10, Duration::from_millis(1500)).await;
     assert!(
         claimed.is_empty(),

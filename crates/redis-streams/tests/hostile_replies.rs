@@ -12,7 +12,7 @@ mod support;
 use std::time::Duration;
 
 use intake_core::{Constant, Source};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::RedisStreamsSource;
 use proptest::prelude::*;
 
 use scripted_server::ScriptedServer;
@@ -111,7 +111,7 @@ proptest! {
                 claimable(command)
             })
             .await;
-            let (mut source, _acker) = RedisStreamsConfig::new(server.url())
+            let mut source = RedisStreamsSource::builder(server.url())
                 .stream("orders")
                 .group("billing")
                 .consumer("c1")
@@ -119,7 +119,7 @@ proptest! {
                 .connect_timeout(Duration::from_millis(200))
                 .command_timeout(Duration::from_millis(100))
                 .reconnect_backoff(Constant::new(Duration::from_millis(1)).max_retries(1))
-                .connect()
+                .build()
                 .await
                 .expect("the handshake is not hostile");
             let mut delivered = Vec::new();

@@ -6,22 +6,22 @@
 use std::time::Duration;
 
 use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsSource};
 
 /// Far above the timeouts configured below: reaching it means a hang.
 const HANG: Duration = Duration::from_secs(60);
 
-async fn connect_to(misbehaviour: Misbehaviour) -> RedisStreamsError {
+async fn connect_to(misbehaviour: Misbehaviour) -> Error {
     let server = HostileServer::start(misbehaviour)
         .await
         .expect("a local listener");
-    let connecting = RedisStreamsConfig::new(format!("redis://:hunter2@{}", server.addr()))
+    let connecting = RedisStreamsSource::builder(format!("redis://:hunter2@{}", server.addr()))
         .stream("orders")
         .group("billing")
         .connect_timeout(Duration::from_millis(300))
         .command_timeout(Duration::from_millis(300))
         .block(Duration::from_millis(50))
-        .connect();
+        .build();
     match tokio::time::timeout(HANG, connecting).await {
         Err(_) => panic!("connecting to a {misbehaviour:?} server hangs"),
         Ok(Ok(_)) => panic!("connecting to a {misbehaviour:?} server succeeded"),
@@ -35,19 +35,13 @@ async fn connect_to(misbehaviour: Misbehaviour) -> RedisStreamsError {
 #[tokio::test]
 async fn a_server_that_never_answers_is_unreachable_not_a_hang() {
     let error = connect_to(Misbehaviour::Silent).await;
-    assert!(
-        matches!(error, RedisStreamsError::Unreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
 }
 
 #[tokio::test]
 async fn a_server_that_hangs_up_at_once_is_unreachable() {
     let error = connect_to(Misbehaviour::CloseAtOnce).await;
-    assert!(
-        matches!(error, RedisStreamsError::Unreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
 }
 
 #[tokio::test]
@@ -62,9 +56,7 @@ async fn a_server_that_is_not_redis_fails_with_a_typed_error() {
         assert!(
             matches!(
                 error,
-                RedisStreamsError::Unreachable { .. }
-                    | RedisStreamsError::UnexpectedReply { .. }
-                    | RedisStreamsError::Command { .. }
+                Error::Unreachable { .. } | Error::UnexpectedReply { .. } | Error::Command { .. }
             ),
             "{}: {error:?}",
             garbage.escape_ascii()

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use intake_core::{AckBatch, Acker, Consumer, HandlerError, Message, PartitionAck, Source};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder};
 use tokio_util::sync::CancellationToken;
 
 use support::*;
@@ -138,8 +138,8 @@ fn own_server_or_skip(test: &str) -> Option<OwnServer> {
 
 /// A group consumer with short timeouts and the default reconnect policy
 /// (retry forever).
-fn config(server: &OwnServer, stream: &str) -> RedisStreamsConfig {
-    RedisStreamsConfig::new(server.url())
+fn config(server: &OwnServer, stream: &str) -> RedisStreamsSourceBuilder {
+    RedisStreamsSource::builder(server.url())
         .stream(stream)
         .group("g")
         .consumer("c1")
@@ -154,7 +154,7 @@ async fn closing_the_source_during_an_outage_returns_instead_of_reconnecting_for
         let Some(mut server) = own_server_or_skip("closing the source during an outage") else {
             return;
         };
-        let (mut source, _acker) = config(&server, "orders").connect().await.expect("connect");
+        let mut source = config(&server, "orders").build().await.expect("connect");
         // The runtime drops the source's pending read when it stops; that
         // read's connection is given up, so closing needs a new one.
         let mut buffer = Vec::new();
@@ -180,7 +180,8 @@ async fn the_last_acknowledgement_during_an_outage_fails_within_its_timeouts() {
         };
         let mut admin = server.admin().await;
         produce(&mut admin, "orders", "m", 3).await;
-        let (mut source, mut acker) = config(&server, "orders").connect().await.expect("connect");
+        let mut source = config(&server, "orders").build().await.expect("connect");
+        let mut acker = source.acker();
         let received = receive(&mut source, 3, 10, Duration::from_secs(5)).await;
         assert_eq!(received.len(), 3);
         server.break_down(outage);
@@ -210,7 +211,8 @@ async fn a_consumer_stopped_during_an_outage_returns_from_run() {
         };
         let mut admin = server.admin().await;
         produce(&mut admin, "orders", "m", 5).await;
-        let (source, acker) = config(&server, "orders").connect().await.expect("connect");
+        let source = config(&server, "orders").build().await.expect("connect");
+        let acker = source.acker();
         let shutdown = CancellationToken::new();
         let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
         let handler = tower::service_fn(move |message: Message| {
@@ -241,5 +243,77 @@ async fn a_consumer_stopped_during_an_outage_returns_from_run() {
             .expect("the run task")
             .expect("a stop is not a failure");
         assert_eq!(report.succeeded, 5);
+    }
+}
+
+/// A reconnect policy that records each retry it is asked about and gives
+/// up after three; `validate` fails when `invalid`.
+#[derive(Clone, Default)]
+struct RecordingBackoff {
+    asked: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    invalid: bool,
+}
+
+impl intake_core::BackoffPolicy for RecordingBackoff {
+    fn delay(&self, retry: u32) -> Option<Duration> {
+        self.asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(retry);
+        (retry <= 3).then_some(Duration::from_millis(10))
+    }
+
+    fn validate(&self) -> Result<(), intake_core::ConfigError> {
+        if self.invalid {
+            Err(intake_core::ConfigError::new("min", "is above max"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test]
+async fn any_backoff_policy_paces_the_reconnects_and_its_giving_up_ends_the_read() {
+    let Some(mut server) = own_server_or_skip("any backoff policy paces the reconnects") else {
+        return;
+    };
+    let policy = RecordingBackoff::default();
+    let mut source = config(&server, "orders")
+        .reconnect_backoff(policy.clone())
+        .build()
+        .await
+        .expect("connect");
+    server.break_down(Outage::Killed);
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(HANG, source.next(&mut buffer, 10)).await;
+    assert!(
+        matches!(read, Ok(Err(intake_core::SourceError::Unreachable { .. }))),
+        "{read:?}"
+    );
+    let asked = policy.asked.lock().map(|asked| asked.clone()).ok();
+    assert_eq!(
+        asked,
+        Some(vec![1, 2, 3, 4]),
+        "one question per failed attempt, the fourth answered with giving up"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_reconnect_policy_is_refused_when_built() {
+    let built = RedisStreamsSource::builder("redis://127.0.0.1:1")
+        .stream("orders")
+        .group("g")
+        .reconnect_backoff(RecordingBackoff {
+            invalid: true,
+            ..RecordingBackoff::default()
+        })
+        .build()
+        .await;
+    match built {
+        Err(intake_redis_streams::Error::Config(error)) => {
+            assert_eq!(error.setting, "reconnect_backoff");
+            assert!(error.problem.contains("`min` is above max"), "{error}");
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsSource};
 
 use support::*;
 
@@ -161,14 +161,15 @@ async fn rediss_with_a_private_ca_delivers_and_acknowledges() {
     let url = format!("rediss://127.0.0.1:{}", server.port);
     let stream = unique("tls");
     let group = unique("group");
-    let (mut source, mut acker) = RedisStreamsConfig::new(&url)
+    let mut source = RedisStreamsSource::builder(&url)
         .stream(&stream)
         .group(&group)
         .block(Duration::from_millis(100))
         .tls_root_certificate(server.ca.clone())
-        .connect()
+        .build()
         .await
         .expect("connect over TLS");
+    let mut acker = source.acker();
 
     let client = redis::Client::build_with_tls(
         url.as_str(),
@@ -196,14 +197,21 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     else {
         return;
     };
-    let connected = RedisStreamsConfig::new(format!("rediss://127.0.0.1:{}", server.port))
+    let connected = RedisStreamsSource::builder(format!("rediss://127.0.0.1:{}", server.port))
         .stream(unique("tls"))
         .group("g")
-        .connect()
+        .build()
         .await;
     match connected {
-        Err(error @ RedisStreamsError::Unreachable { .. }) => {
-            assert!(error.to_string().contains("certificate"), "{error}");
+        Err(error @ Error::Unreachable { .. }) => {
+            // The handshake's reason is the cause, not this level's text.
+            let mut chain = String::new();
+            let mut next: Option<&dyn std::error::Error> = Some(&error);
+            while let Some(level) = next {
+                chain.push_str(&format!("{level}; "));
+                next = level.source();
+            }
+            assert!(chain.contains("certificate"), "{chain}");
         }
         other => panic!("expected the handshake to fail, got {other:?}"),
     }
@@ -211,14 +219,14 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
 
 #[tokio::test]
 async fn a_root_certificate_without_rediss_is_a_configuration_error() {
-    let connected = RedisStreamsConfig::new("redis://127.0.0.1:6379")
+    let connected = RedisStreamsSource::builder("redis://127.0.0.1:6379")
         .stream("s")
         .group("g")
         .tls_root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec())
-        .connect()
+        .build()
         .await;
     match connected {
-        Err(RedisStreamsError::Config(error)) => assert_eq!(error.setting, "tls_root_certificate"),
+        Err(Error::Config(error)) => assert_eq!(error.setting, "tls_root_certificate"),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }

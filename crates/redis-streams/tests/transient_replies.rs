@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use intake_core::{AckBatch, Acker, Constant, PartitionAck, Source, SourceError};
-use intake_redis_streams::{RedisStreamsConfig, RedisStreamsError};
+use intake_redis_streams::{Error, RedisStreamsSource};
 
 use scripted_server::{ScriptedServer, array, bulk, entry, error, int};
 use support::*;
@@ -54,13 +54,13 @@ async fn failover_and_loading_replies_to_a_read_are_retried_and_counted() {
             ])]))
         })
         .await;
-        let (mut source, _acker) = RedisStreamsConfig::new(server.url())
+        let mut source = RedisStreamsSource::builder(server.url())
             .stream("orders")
             .group("billing")
             .consumer("c1")
             .block(Duration::from_millis(50))
             .reconnect_backoff(Constant::new(Duration::from_millis(10)).retry_forever())
-            .connect()
+            .build()
             .await
             .expect("connect to the scripted server");
         let mut delivered = Vec::new();
@@ -75,12 +75,12 @@ async fn failover_and_loading_replies_to_a_read_are_retried_and_counted() {
 async fn a_transient_reply_ends_the_source_only_when_the_reconnect_policy_gives_up() {
     let server =
         ScriptedServer::start(|_, command| is_read(command).then(|| error(TRANSIENT[0]))).await;
-    let (mut source, _acker) = RedisStreamsConfig::new(server.url())
+    let mut source = RedisStreamsSource::builder(server.url())
         .stream("orders")
         .group("billing")
         .block(Duration::from_millis(50))
         .reconnect_backoff(Constant::new(Duration::from_millis(10)).max_retries(3))
-        .connect()
+        .build()
         .await
         .expect("connect to the scripted server");
     let mut delivered = Vec::new();
@@ -102,11 +102,11 @@ async fn a_reply_the_user_must_act_on_still_stops_the_source() {
             .then(|| error("NOPERM this user has no permissions to run the 'xreadgroup' command"))
     })
     .await;
-    let (mut source, _acker) = RedisStreamsConfig::new(server.url())
+    let mut source = RedisStreamsSource::builder(server.url())
         .stream("orders")
         .group("billing")
         .block(Duration::from_millis(50))
-        .connect()
+        .build()
         .await
         .expect("connect to the scripted server");
     let mut delivered = Vec::new();
@@ -115,10 +115,7 @@ async fn a_reply_the_user_must_act_on_still_stops_the_source() {
         panic!("expected a fatal error, got {fetched:?}");
     };
     assert!(
-        matches!(
-            error.downcast_ref::<RedisStreamsError>(),
-            Some(RedisStreamsError::Forbidden { .. })
-        ),
+        matches!(error.downcast_ref::<Error>(), Some(Error::Forbidden { .. })),
         "{error}"
     );
 }
@@ -138,13 +135,14 @@ async fn an_acker_told_readonly_by_a_demoted_master_connects_anew() {
         }
     })
     .await;
-    let (_source, mut acker) = RedisStreamsConfig::new(server.url())
+    let _source = RedisStreamsSource::builder(server.url())
         .stream("orders")
         .group("billing")
         .block(Duration::from_millis(50))
-        .connect()
+        .build()
         .await
         .expect("connect to the scripted server");
+    let mut acker = _source.acker();
     let mut batch = AckBatch::default();
     let mut partition = PartitionAck::new(partition("orders"));
     partition

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use intake_core::Source;
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::RedisStreamsSource;
 use redis::AsyncCommands;
 
 use scripted_server::{NULL, ScriptedServer, array, entry, pending_row};
@@ -43,14 +43,14 @@ async fn a_claimed_entry_that_redis_6_answers_with_nil_is_acknowledged_and_count
         None
     })
     .await;
-    let (mut source, _acker) = RedisStreamsConfig::new(server.url())
+    let mut source = RedisStreamsSource::builder(server.url())
         .stream("orders")
         .group("billing")
         .consumer("heir")
         .block(Duration::from_millis(50))
         .connect_timeout(Duration::from_secs(1))
         .command_timeout(Duration::from_secs(1))
-        .connect()
+        .build()
         .await
         .expect("connect to the scripted Redis 6.2");
 
@@ -105,12 +105,12 @@ async fn a_claimed_entry_missing_from_the_reply_but_still_in_the_stream_is_left_
         }
     })
     .await;
-    let (mut source, _acker) = RedisStreamsConfig::new(server.url())
+    let mut source = RedisStreamsSource::builder(server.url())
         .stream("orders")
         .group("billing")
         .consumer("heir")
         .block(Duration::from_millis(50))
-        .connect()
+        .build()
         .await
         .expect("connect to the scripted Redis 6.2");
     let mut delivered = Vec::new();
@@ -133,8 +133,8 @@ async fn entries_deleted_or_trimmed_while_pending_leave_the_group_when_claimed_o
     let stream = unique("vanished-claim");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 4).await;
-    let (mut dead, _) = group_config(&stream, &group, "dead")
-        .connect()
+    let mut dead = group_builder(&stream, &group, "dead")
+        .build()
         .await
         .expect("connect");
     let held = receive(&mut dead, 4, 10, Duration::from_secs(5)).await;
@@ -157,10 +157,11 @@ async fn entries_deleted_or_trimmed_while_pending_leave_the_group_when_claimed_o
         .await
         .expect("XTRIM");
 
-    let (mut heir, mut acker) = group_config(&stream, &group, "heir")
-        .connect()
+    let mut heir = group_builder(&stream, &group, "heir")
+        .build()
         .await
         .expect("connect");
+    let mut acker = heir.acker();
     let claimed = receive(&mut heir, 2, 10, Duration::from_secs(10)).await;
     assert_eq!(payloads(&claimed), vec!["m2", "m3"]);
     assert!(
@@ -182,8 +183,8 @@ async fn own_pending_entries_deleted_before_a_restart_are_acknowledged_and_count
     let stream = unique("vanished-own");
     let group = unique("group");
     produce(&mut redis, &stream, "m", 3).await;
-    let config = || group_config(&stream, &group, "same").claim_min_idle(Duration::from_secs(600));
-    let (mut first, _) = config().connect().await.expect("connect");
+    let config = || group_builder(&stream, &group, "same").claim_min_idle(Duration::from_secs(600));
+    let mut first = config().build().await.expect("connect");
     let held = receive(&mut first, 3, 10, Duration::from_secs(5)).await;
     drop(first);
     let deleted = held[1].metadata().position().to_string();
@@ -192,7 +193,8 @@ async fn own_pending_entries_deleted_before_a_restart_are_acknowledged_and_count
         .await
         .expect("XDEL");
 
-    let (mut again, mut acker) = config().connect().await.expect("connect");
+    let mut again = config().build().await.expect("connect");
+    let mut acker = again.acker();
     let redelivered = receive(&mut again, 2, 10, Duration::from_secs(5)).await;
     assert_eq!(payloads(&redelivered), vec!["m0", "m2"]);
     ack(&mut acker, &redelivered).await;

@@ -17,17 +17,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use intake_core::{Backoff, BackoffPolicy};
+use intake_core::{BackoffPolicy, Disabled};
 use redis::aio::MultiplexedConnection;
 
 use crate::connection::Connector;
-use crate::error::RedisStreamsError;
+use crate::error::Error;
 use crate::stats::RedisStreamsStats;
 
 pub(crate) struct BlockingConnection {
     connector: Connector,
     block: Duration,
-    policy: Backoff,
+    policy: Arc<dyn BackoffPolicy>,
     connection: Option<MultiplexedConnection>,
     /// The server's id of `connection` (`CLIENT ID`), if the user may ask.
     client_id: Option<i64>,
@@ -44,7 +44,7 @@ impl BlockingConnection {
     pub(crate) async fn new(
         connector: Connector,
         block: Duration,
-        policy: Backoff,
+        policy: Arc<dyn BackoffPolicy>,
         mut connection: MultiplexedConnection,
         stats: Arc<RedisStreamsStats>,
     ) -> Self {
@@ -68,9 +68,7 @@ impl BlockingConnection {
 
     /// The connection, reopened first if it was lost. The flag says whether
     /// it was reopened: what was in flight on the old one is unknown then.
-    pub(crate) async fn get(
-        &mut self,
-    ) -> Result<(&mut MultiplexedConnection, bool), RedisStreamsError> {
+    pub(crate) async fn get(&mut self) -> Result<(&mut MultiplexedConnection, bool), Error> {
         let (connection, reopened) = match self.connection.take() {
             Some(connection) => (connection, false),
             None => (self.reopen().await?, true),
@@ -78,7 +76,7 @@ impl BlockingConnection {
         Ok((self.connection.insert(connection), reopened))
     }
 
-    async fn reopen(&mut self) -> Result<MultiplexedConnection, RedisStreamsError> {
+    async fn reopen(&mut self) -> Result<MultiplexedConnection, Error> {
         loop {
             match self.connector.blocking_reader(self.block).await {
                 Ok(mut connection) => {
@@ -161,10 +159,7 @@ impl BlockingConnection {
 
     /// Waits as the policy says after a transient failure, or gives the
     /// error back when the policy gives up.
-    pub(crate) async fn back_off(
-        &mut self,
-        error: RedisStreamsError,
-    ) -> Result<(), RedisStreamsError> {
+    pub(crate) async fn back_off(&mut self, error: Error) -> Result<(), Error> {
         self.failures = self.failures.saturating_add(1);
         if self.policy.is_disabled() {
             return Err(error);
@@ -186,7 +181,7 @@ impl BlockingConnection {
     /// Makes every later failure final: no reconnect policy, no wait. For
     /// the last steps of a source that is closing.
     pub(crate) fn stop_retrying(&mut self) {
-        self.policy = Backoff::Disabled;
+        self.policy = Arc::new(Disabled);
     }
 
     /// Records that a command worked.

@@ -9,12 +9,13 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 
 use super::blocking_connection::BlockingConnection;
-use super::{Poison, Staging};
-use crate::config::{Settings, StartFrom};
+use super::convert::{Decoded, EntryDecoder, RawEntry, parse_entries, split_read_reply};
+use super::staging::{Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::entry::{Decoded, EntryDecoder, RawEntry, StreamId, parse_entries, split_read_reply};
-use crate::error::RedisStreamsError;
+use crate::error::Error;
+use crate::settings::{Settings, StartFrom};
+use crate::stream_id::StreamId;
 
 /// Where each stream's reading starts. "New entries" is resolved to the
 /// stream's last id now, not left as `$`: `$` means "newer than the last
@@ -24,7 +25,7 @@ pub(super) async fn start_positions(
     connection: &mut MultiplexedConnection,
     connector: &Connector,
     settings: &Settings,
-) -> Result<Vec<StreamId>, RedisStreamsError> {
+) -> Result<Vec<StreamId>, Error> {
     let mut positions = Vec::with_capacity(settings.streams.len());
     for stream in &settings.streams {
         let last: Value = redis::cmd("XREVRANGE")
@@ -83,18 +84,14 @@ impl BroadcastReader {
         &mut self,
         deliveries: &mut Vec<Message>,
         max: usize,
-    ) -> Result<(), RedisStreamsError> {
+    ) -> Result<(), Error> {
         self.connection.begin_call();
         let result = self.fill(deliveries, max).await;
         self.connection.end_call();
         result
     }
 
-    async fn fill(
-        &mut self,
-        deliveries: &mut Vec<Message>,
-        max: usize,
-    ) -> Result<(), RedisStreamsError> {
+    async fn fill(&mut self, deliveries: &mut Vec<Message>, max: usize) -> Result<(), Error> {
         loop {
             if self.staging.hand_out(deliveries, max) {
                 return Ok(());
@@ -110,7 +107,7 @@ impl BroadcastReader {
         }
     }
 
-    async fn read(&mut self, max: usize) -> Result<(), RedisStreamsError> {
+    async fn read(&mut self, max: usize) -> Result<(), Error> {
         let count = (max / self.streams.len()).max(1);
         let mut command = redis::cmd("XREAD");
         command

@@ -32,16 +32,17 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use super::blocking_connection::BlockingConnection;
-use super::{Poison, Staging};
-use crate::config::{Settings, StartFrom};
+use super::convert::{
+    Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, parse_entries, parse_pending,
+    parse_read_reply, split_read_reply,
+};
+use super::staging::{Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
-use crate::entry::{
-    After, Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, StreamId, parse_entries,
-    parse_pending, parse_read_reply, split_read_reply,
-};
-use crate::error::RedisStreamsError;
+use crate::error::Error;
 use crate::held::HeldEntries;
+use crate::settings::{Settings, StartFrom};
+use crate::stream_id::{After, StreamId};
 
 /// Deletes this consumer from the group if it has no pending entries. Atomic,
 /// so a pending entry can never be dropped with its consumer.
@@ -62,7 +63,7 @@ pub(super) async fn create_groups(
     connection: &mut MultiplexedConnection,
     connector: &Connector,
     settings: &Settings,
-) -> Result<(), RedisStreamsError> {
+) -> Result<(), Error> {
     let Some(group) = settings.group.as_deref() else {
         return Ok(());
     };
@@ -155,7 +156,7 @@ impl GroupReader {
         &mut self,
         deliveries: &mut Vec<Message>,
         max: usize,
-    ) -> Result<(), RedisStreamsError> {
+    ) -> Result<(), Error> {
         if self.connection.begin_call() {
             self.resync_all();
         }
@@ -170,11 +171,7 @@ impl GroupReader {
         }
     }
 
-    async fn fill(
-        &mut self,
-        deliveries: &mut Vec<Message>,
-        max: usize,
-    ) -> Result<(), RedisStreamsError> {
+    async fn fill(&mut self, deliveries: &mut Vec<Message>, max: usize) -> Result<(), Error> {
         loop {
             if self.staging.hand_out(deliveries, max) {
                 return Ok(());
@@ -208,7 +205,7 @@ impl GroupReader {
 
     /// One round of reading: own pending entries if they need a re-read,
     /// else claims if due, else a blocking read of new entries.
-    async fn step(&mut self, max: usize) -> Result<(), RedisStreamsError> {
+    async fn step(&mut self, max: usize) -> Result<(), Error> {
         if let Some(index) = self.streams.iter().position(|stream| stream.resync) {
             return self.read_own_pending(index, max).await;
         }
@@ -229,11 +226,7 @@ impl GroupReader {
 
     /// Re-reads this consumer's pending entries after the newest decoded id
     /// of one stream, with their delivery counts.
-    async fn read_own_pending(
-        &mut self,
-        index: usize,
-        max: usize,
-    ) -> Result<(), RedisStreamsError> {
+    async fn read_own_pending(&mut self, index: usize, max: usize) -> Result<(), Error> {
         let stream = &self.streams[index];
         let name = stream.name.clone();
         let mut pipe = redis::pipe();
@@ -282,7 +275,7 @@ impl GroupReader {
 
     /// Claims entries pending longer than `claim_min_idle` with any
     /// consumer; returns how many ids were claimed.
-    async fn claim(&mut self, max: usize) -> Result<usize, RedisStreamsError> {
+    async fn claim(&mut self, max: usize) -> Result<usize, Error> {
         let min_idle = millis(self.settings.claim_min_idle);
         let mut pipe = redis::pipe();
         for (index, stream) in self.streams.iter().enumerate() {
@@ -365,7 +358,7 @@ impl GroupReader {
     /// and an id missing from the reply may also have been claimed by
     /// another consumer in between, so only the ids that are no longer in
     /// the stream are acknowledged: nobody can handle those any more.
-    async fn acknowledge_vanished_claims(&mut self, index: usize) -> Result<(), RedisStreamsError> {
+    async fn acknowledge_vanished_claims(&mut self, index: usize) -> Result<(), Error> {
         let mut returned: Vec<StreamId> = self.raw.iter().map(|entry| entry.id).collect();
         returned.sort_unstable();
         self.deleted.clear();
@@ -406,7 +399,7 @@ impl GroupReader {
     /// deleted from the stream while pending. Nothing is left to handle, so
     /// the pending entry is only clutter (and would be met again by every
     /// claim).
-    async fn acknowledge_deleted(&mut self, index: usize) -> Result<(), RedisStreamsError> {
+    async fn acknowledge_deleted(&mut self, index: usize) -> Result<(), Error> {
         if self.deleted.is_empty() {
             return Ok(());
         }
@@ -433,7 +426,7 @@ impl GroupReader {
     }
 
     /// A blocking read of new entries of every stream.
-    async fn read_new(&mut self, max: usize) -> Result<(), RedisStreamsError> {
+    async fn read_new(&mut self, max: usize) -> Result<(), Error> {
         // Redis applies COUNT per stream; splitting it keeps one read near
         // `max` in total. Any excess waits in the staging queue.
         let count = (max / self.streams.len()).max(1);
@@ -485,7 +478,7 @@ impl GroupReader {
     /// Decodes `self.raw` (entries of stream `index`) into the staging
     /// queue. An entry's attempt is its count in `self.pending` (sorted by
     /// id) plus `added`, or 1 for an entry not listed there (a new one).
-    async fn stage(&mut self, index: usize, added: u64) -> Result<(), RedisStreamsError> {
+    async fn stage(&mut self, index: usize, added: u64) -> Result<(), Error> {
         let stream = &mut self.streams[index];
         let mut newest = stream.decoded;
         self.deleted.clear();
@@ -552,7 +545,7 @@ impl GroupReader {
 
     /// Leaves the group if nothing is pending for this consumer, so that
     /// consumers with generated names do not pile up in `XINFO CONSUMERS`.
-    pub(super) async fn close(&mut self) -> Result<(), RedisStreamsError> {
+    pub(super) async fn close(&mut self) -> Result<(), Error> {
         // If the runtime dropped a blocking read to stop, the server would
         // answer the commands below only after that block ran out: begin on
         // a fresh connection then.
@@ -567,7 +560,7 @@ impl GroupReader {
         result
     }
 
-    async fn delete_if_idle(&mut self) -> Result<(), RedisStreamsError> {
+    async fn delete_if_idle(&mut self) -> Result<(), Error> {
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
         for stream in &self.streams {

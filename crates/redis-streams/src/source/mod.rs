@@ -26,35 +26,50 @@
 
 mod blocking_connection;
 mod broadcast;
+pub(crate) mod builder;
+mod convert;
 mod group;
+mod read_size;
+mod staging;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use intake_core::{DeadLetter, Message, Source, SourceError, SourceEvent};
+use intake_core::{Limits, Message, Source, SourceError, SourceEvent};
 use redis::aio::MultiplexedConnection;
 
-use crate::config::Settings;
+use crate::acker::RedisStreamsAcker;
 use crate::connection::{Connector, SharedConnection};
-use crate::dead_letter::RedisDeadLetterSink;
-use crate::error::RedisStreamsError;
+use crate::dead_letter::{RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
+use crate::error::Error;
 use crate::held::{self, HeldEntries};
+use crate::settings::Settings;
 use crate::stats::RedisStreamsStats;
 
 use self::blocking_connection::BlockingConnection;
 use self::broadcast::BroadcastReader;
 use self::group::GroupReader;
+use self::read_size::ReadSize;
 
 /// Reads entries of Redis streams and hands them to the runtime as
-/// messages. Built by [`RedisStreamsConfig::connect`](crate::RedisStreamsConfig::connect).
+/// messages. Built by [`RedisStreamsSource::builder`]; its acker is
+/// [`acker`](Self::acker).
 ///
 /// Each message's partition is its stream (partition 0), its position the
 /// entry id, its timestamp the id's milliseconds, and its attempt the
 /// delivery count Redis keeps for the entry.
 pub struct RedisStreamsSource {
     reader: Reader,
-    sink: RedisDeadLetterSink,
+    /// What [`dead_letter_sink`](Self::dead_letter_sink) hands out.
+    dead_letters: RedisDeadLetterSinkBuilder,
     settings: Arc<Settings>,
+    /// The connection of acknowledgements (and of the dead-letter sink).
+    shared: SharedConnection,
+    /// The entries handed out and not yet acknowledged, which the acker
+    /// releases.
+    held: Arc<HeldEntries>,
+    /// How many entries one read may bring, from the consumer's byte
+    /// budget.
+    read_size: ReadSize,
     /// Resets the idle time of the entries this consumer holds; ends with
     /// the source.
     keep_alive: Option<tokio::task::AbortHandle>,
@@ -88,13 +103,13 @@ impl RedisStreamsSource {
         connector: Connector,
         mut connection: MultiplexedConnection,
         settings: Arc<Settings>,
-        sink: RedisDeadLetterSink,
+        dead_letters: RedisDeadLetterSinkBuilder,
         shared: SharedConnection,
         held: Arc<HeldEntries>,
-    ) -> Result<Self, RedisStreamsError> {
+    ) -> Result<Self, Error> {
         // Groups are created and broadcast start positions resolved before
         // the connection is handed over, so that errors (a key of the wrong
-        // type) surface from `connect`.
+        // type) surface from `build`.
         let positions = match &settings.group {
             Some(_) => {
                 group::create_groups(&mut connection, &connector, &settings).await?;
@@ -105,25 +120,33 @@ impl RedisStreamsSource {
         let connection = BlockingConnection::new(
             connector,
             settings.block,
-            settings.reconnect,
+            settings.reconnect.clone(),
             connection,
             settings.stats.clone(),
         )
         .await;
+        // The source's own dead letters (past `max_deliveries`, no payload
+        // field).
+        let sink = RedisDeadLetterSink::new(shared.clone(), &settings);
         let keep_alive = settings.group.is_some().then(|| {
-            tokio::spawn(held::keep_alive(held.clone(), shared, settings.clone())).abort_handle()
+            tokio::spawn(held::keep_alive(
+                held.clone(),
+                shared.clone(),
+                settings.clone(),
+            ))
+            .abort_handle()
         });
         let reader = match positions {
             None => Reader::Group(Box::new(GroupReader::new(
                 settings.clone(),
                 connection,
-                sink.clone(),
-                held,
+                sink,
+                held.clone(),
             ))),
             Some(positions) => Reader::Broadcast(Box::new(BroadcastReader::new(
                 settings.clone(),
                 connection,
-                sink.clone(),
+                sink,
                 positions,
             ))),
         };
@@ -135,16 +158,35 @@ impl RedisStreamsSource {
         );
         Ok(Self {
             reader,
-            sink,
+            dead_letters,
             settings,
+            shared,
+            held,
+            read_size: ReadSize::default(),
             keep_alive,
         })
     }
 
-    /// The dead-letter sink of this consumer (same group and consumer name,
-    /// shared connection), for the dead-letter layer.
-    pub fn dead_letter_sink(&self) -> RedisDeadLetterSink {
-        self.sink.clone()
+    /// The acker of this source's entries: `XACK` (with `XDEL` under
+    /// [`delete_acked`](builder::RedisStreamsSourceBuilder::delete_acked))
+    /// on the source's shared connection, or nothing at all for a
+    /// broadcast reader. Hand it to the consumer with the source.
+    pub fn acker(&self) -> RedisStreamsAcker {
+        RedisStreamsAcker::new(
+            self.shared.clone(),
+            self.settings.clone(),
+            self.held.clone(),
+        )
+    }
+
+    /// A builder of the dead-letter sink of this consumer, for the
+    /// dead-letter layer: prefilled from the source (server, TLS settings,
+    /// group, consumer name, payload field, dead-letter stream, the streams
+    /// it reads), on the source's connection. Its
+    /// [`build`](RedisDeadLetterSinkBuilder::build) refuses a dead-letter
+    /// stream the source reads.
+    pub fn dead_letter_sink(&self) -> RedisDeadLetterSinkBuilder {
+        self.dead_letters.clone()
     }
 
     /// This consumer's name within its group.
@@ -178,14 +220,29 @@ impl Source for RedisStreamsSource {
             // is under way, so dropping this wait costs nothing.
             return std::future::pending().await;
         }
+        let max = self.read_size.limit(max);
+        let before = deliveries.len();
         let delivered = match &mut self.reader {
             Reader::Group(reader) => reader.next(deliveries, max).await,
             Reader::Broadcast(reader) => reader.next(deliveries, max).await,
         };
+        if self.read_size.is_bounded() {
+            let read = &deliveries[before..];
+            let bytes = read.iter().map(Message::byte_size).sum();
+            self.read_size.observe(bytes, read.len());
+        }
         delivered.map(|()| SourceEvent::Delivered).map_err(|error| {
             tracing::error!(%error, "the Redis Streams source failed");
             SourceError::from(error)
         })
+    }
+
+    /// Sizes each read (`COUNT`) so that it brings at most an eighth of
+    /// `max_in_flight_bytes` at the average size of the entries before
+    /// (see [`ReadSize`]); `max_in_flight` already bounds every read
+    /// through `next`'s `max`, and a stream has no revocation to time.
+    fn set_limits(&mut self, limits: Limits) {
+        self.read_size.set_budget(limits.max_in_flight_bytes);
     }
 
     async fn close(&mut self) -> Result<(), SourceError> {
@@ -197,60 +254,6 @@ impl Source for RedisStreamsSource {
         match &mut self.reader {
             Reader::Group(reader) => reader.close().await.map_err(SourceError::from),
             Reader::Broadcast(_) => Ok(()),
-        }
-    }
-}
-
-/// An entry that goes to the dead-letter stream instead of the handler.
-struct Poison {
-    letter: DeadLetter,
-    /// Whether the entry had a payload field (the copy holds exactly the
-    /// original fields).
-    with_payload: bool,
-}
-
-/// Decoded entries waiting to be handed out, and those to dead-letter.
-#[derive(Default)]
-struct Staging {
-    ready: VecDeque<Message>,
-    poison: Vec<Poison>,
-}
-
-impl Staging {
-    /// Moves up to `max` waiting messages into `deliveries`; whether any.
-    fn hand_out(&mut self, deliveries: &mut Vec<Message>, max: usize) -> bool {
-        let count = self.ready.len().min(max);
-        deliveries.extend(self.ready.drain(..count));
-        count > 0
-    }
-
-    /// Writes the poison entries to the dead-letter stream. A failed write
-    /// leaves its entry pending, to be claimed and tried again later.
-    async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
-        for poison in self.poison.drain(..) {
-            let metadata = poison.letter.message.metadata();
-            match sink.write_letter(&poison.letter, poison.with_payload).await {
-                Ok(id) => {
-                    sink.stats().add_dead_lettered(1);
-                    tracing::warn!(
-                    stream = %metadata.source(),
-                    position = %metadata.position(),
-                    dead_letter_id = %id.position(),
-                    error = %poison.letter.error,
-                    "entry dead-lettered by the source"
-                    );
-                }
-                Err(error) => {
-                    sink.stats().add_dead_letter_failures(1);
-                    tracing::error!(
-                    stream = %metadata.source(),
-                    position = %metadata.position(),
-                    %error,
-                    "could not dead-letter the entry; it stays pending and is retried after \
-                     claim_min_idle"
-                    );
-                }
-            }
         }
     }
 }

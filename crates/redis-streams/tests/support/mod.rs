@@ -13,7 +13,7 @@ use intake_core::{
     AckBatch, Acker, BoxError, DeadLetter, Headers, Message, PartitionAck, PartitionKey, Source,
 };
 use intake_redis_streams::{
-    RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsConfig, RedisStreamsSource,
+    RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsSource, RedisStreamsSourceBuilder,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
@@ -116,8 +116,8 @@ pub async fn drop_user(connection: &mut MultiplexedConnection, name: &str) {
 }
 
 /// A group consumer config for tests: short block and claim times.
-pub fn group_config(stream: &str, group: &str, consumer: &str) -> RedisStreamsConfig {
-    RedisStreamsConfig::new(redis_url())
+pub fn group_builder(stream: &str, group: &str, consumer: &str) -> RedisStreamsSourceBuilder {
+    RedisStreamsSource::builder(redis_url())
         .stream(stream)
         .group(group)
         .consumer(consumer)
@@ -338,8 +338,8 @@ impl RedisBackend {
         })
     }
 
-    fn config(&self, source: &str, group: &str) -> RedisStreamsConfig {
-        group_config(source, group, &unique("consumer"))
+    fn config(&self, source: &str, group: &str) -> RedisStreamsSourceBuilder {
+        group_builder(source, group, &unique("consumer"))
             .key_field("key")
             .claim_min_idle(self.claim_min_idle)
     }
@@ -392,11 +392,18 @@ impl Backend for RedisBackend {
         group: &str,
         _settings: ConnectSettings,
     ) -> Result<(Self::Source, Self::Acker), BoxError> {
-        Ok(self.config(source, group).connect().await?)
+        let source = self.config(source, group).build().await?;
+        let acker = source.acker();
+        Ok((source, acker))
     }
 
     async fn dead_letter_sink(&self, source: &str, group: &str) -> Result<Self::Sink, BoxError> {
-        Ok(self.config(source, group).dead_letter_sink().await?)
+        let sink = RedisDeadLetterSink::builder(redis_url())
+            .consumed_stream(source)
+            .group(group)
+            .build()
+            .await?;
+        Ok(sink)
     }
 
     async fn dead_letters(&self, source: &str, _group: &str) -> Result<Vec<DeadLetter>, BoxError> {
@@ -412,6 +419,55 @@ impl Backend for RedisBackend {
     async fn unacknowledged(&self, source: &str, group: &str) -> Result<u64, BoxError> {
         let mut admin = self.admin.clone();
         unacknowledged(&mut admin, source, group).await
+    }
+
+    async fn connect_broadcast(
+        &self,
+        source: &str,
+        _settings: ConnectSettings,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let built = RedisStreamsSource::builder(redis_url())
+            .stream(source)
+            .key_field("key")
+            .broadcast()
+            .build()
+            .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
+    }
+
+    async fn connect_unreachable(
+        &self,
+        source: &str,
+        group: &str,
+        password: &str,
+    ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free local port");
+        let built =
+            RedisStreamsSource::builder(format!("redis://intake:{password}@127.0.0.1:{port}"))
+                .stream(source)
+                .group(group)
+                .consumer("unreachable")
+                .connect_timeout(Duration::from_secs(2))
+                .build()
+                .await;
+        Some(
+            built
+                .map(|source| {
+                    let acker = source.acker();
+                    (source, acker)
+                })
+                .map_err(Into::into),
+        )
     }
 }
 

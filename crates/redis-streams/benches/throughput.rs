@@ -2,7 +2,7 @@
 //! client, on the same stream contents.
 //!
 //! ```text
-//! cargo bench -p intake-redis-streams --bench redis_throughput
+//! cargo bench -p intake-redis-streams --bench throughput
 //! ```
 //!
 //! One stream of `INTAKE_BENCH_ENTRIES` (default 200,000) entries with a
@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
-use intake_redis_streams::RedisStreamsConfig;
+use intake_redis_streams::RedisStreamsSource;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
@@ -311,13 +311,14 @@ async fn intake(
     entries: usize,
     ordering: DeliveryOrder,
 ) -> Result<Duration, BenchError> {
-    let (source, acker) = RedisStreamsConfig::new(url)
+    let source = RedisStreamsSource::builder(url)
         .stream(stream)
         .group(group)
         .consumer("intake")
         .block(Duration::from_millis(100))
-        .connect()
+        .build()
         .await?;
+    let acker = source.acker();
     let handled = Arc::new(AtomicUsize::new(0));
     let shutdown = CancellationToken::new();
     let handler = {

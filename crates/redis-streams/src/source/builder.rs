@@ -1,112 +1,59 @@
-//! [`RedisStreamsConfig`]: what to read, as whom, and how to recover.
+//! [`RedisStreamsSourceBuilder`]: what to read, as whom, and how to
+//! recover; [`build`](RedisStreamsSourceBuilder::build) connects and
+//! returns the [`RedisStreamsSource`].
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use intake_core::{Backoff, ConfigError, Exponential, SourceName};
+use intake_core::{BackoffPolicy, ConfigError, Exponential, SourceName};
 
-use crate::acker::RedisStreamsAcker;
-use crate::connection::{Connector, SecretUrl, SharedConnection, check_server_version};
-use crate::dead_letter::RedisDeadLetterSink;
-use crate::error::RedisStreamsError;
+use crate::connection::{
+    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
+    check_server_version,
+};
+use crate::dead_letter::RedisDeadLetterSinkBuilder;
+use crate::error::Error;
 use crate::held::HeldEntries;
-use crate::source::RedisStreamsSource;
-use crate::stats::RedisStreamsStats;
+use crate::settings::{
+    DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, StartFrom, default_consumer_name,
+};
 
-/// Where a new consumer group starts reading a stream (or where a broadcast
-/// reader starts).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StartFrom {
-    /// The oldest entry still in the stream (`0`). The default for consumer
-    /// groups: entries written before the group existed are processed too.
-    #[default]
-    Beginning,
-    /// Only entries added after the group was created or the broadcast
-    /// reader connected (`$`). The default for broadcast readers.
-    NewEntries,
-}
+use super::RedisStreamsSource;
 
-/// The stream that receives dead letters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeadLetterStream {
-    /// The source stream's name followed by this suffix: `orders` with
-    /// `":dlq"` (the default) writes to `orders:dlq`.
-    Suffix(String),
-    /// One stream for the dead letters of every source stream.
-    Fixed(String),
-}
-
-impl Default for DeadLetterStream {
-    fn default() -> Self {
-        DeadLetterStream::Suffix(":dlq".to_owned())
+impl RedisStreamsSource {
+    /// A builder of a source reading from the server at `url`:
+    /// `redis://[user[:password]@]host[:port][/db]`, or `rediss://…` for
+    /// TLS (feature `tls`, on by default). The password never appears in
+    /// `Debug` output, logs or errors.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), intake_redis_streams::Error> {
+    /// use std::time::Duration;
+    /// use intake_redis_streams::RedisStreamsSource;
+    ///
+    /// let source = RedisStreamsSource::builder("redis://127.0.0.1:6379")
+    ///     .stream("orders")
+    ///     .group("billing")
+    ///     .consumer("billing-1")
+    ///     .claim_min_idle(Duration::from_secs(60))
+    ///     .max_deliveries(5)
+    ///     .build()
+    ///     .await?;
+    /// let acker = source.acker();
+    /// let dead_letters = source.dead_letter_sink();
+    /// # let _ = (acker, dead_letters);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> RedisStreamsSourceBuilder {
+        RedisStreamsSourceBuilder::new(url)
     }
 }
 
-impl DeadLetterStream {
-    /// The dead-letter stream of source stream `stream`.
-    pub fn name_for(&self, stream: &str) -> String {
-        match self {
-            DeadLetterStream::Suffix(suffix) => format!("{stream}{suffix}"),
-            DeadLetterStream::Fixed(name) => name.clone(),
-        }
-    }
-}
-
-/// Settings shared by a source, its acker and its dead-letter sink.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    pub(crate) streams: Vec<SourceName>,
-    /// `None` in broadcast mode.
-    pub(crate) group: Option<Arc<str>>,
-    pub(crate) consumer: Arc<str>,
-    pub(crate) payload_field: Arc<str>,
-    pub(crate) key_field: Option<Arc<str>>,
-    pub(crate) start: StartFrom,
-    pub(crate) block: Duration,
-    pub(crate) claim_min_idle: Duration,
-    pub(crate) claim_interval: Duration,
-    pub(crate) max_deliveries: Option<u32>,
-    pub(crate) dead_letter_stream: DeadLetterStream,
-    pub(crate) delete_acked: bool,
-    pub(crate) reconnect: Backoff,
-    /// Counters shared by the source, the acker and the dead-letter sink.
-    pub(crate) stats: Arc<RedisStreamsStats>,
-}
-
-impl Settings {
-    /// The streams as one text, for errors of commands that span them all.
-    pub(crate) fn stream_list(&self) -> String {
-        self.streams
-            .iter()
-            .map(|stream| &**stream)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-/// Configuration of a Redis Streams consumer: a consumer group over one or
-/// more streams, or a broadcast reader.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), intake_redis_streams::RedisStreamsError> {
-/// use std::time::Duration;
-/// use intake_redis_streams::RedisStreamsConfig;
-///
-/// let (source, acker) = RedisStreamsConfig::new("redis://127.0.0.1:6379")
-///     .stream("orders")
-///     .group("billing")
-///     .consumer("billing-1")
-///     .claim_min_idle(Duration::from_secs(60))
-///     .max_deliveries(5)
-///     .connect()
-///     .await?;
-/// let dead_letters = source.dead_letter_sink();
-/// # let _ = (acker, dead_letters);
-/// # Ok(())
-/// # }
-/// ```
+/// Builds a [`RedisStreamsSource`]: a member of a consumer group over one
+/// or more streams, or a broadcast reader. See
+/// [`RedisStreamsSource::builder`].
 ///
 /// # Delivery
 ///
@@ -139,7 +86,8 @@ impl Settings {
 /// passes [`max_deliveries`](Self::max_deliveries) the source writes the
 /// entry to the dead-letter stream instead of dispatching it.
 #[derive(Clone)]
-pub struct RedisStreamsConfig {
+#[must_use = "a builder does nothing until `.build().await`"]
+pub struct RedisStreamsSourceBuilder {
     url: SecretUrl,
     streams: Vec<String>,
     group: Option<String>,
@@ -154,15 +102,15 @@ pub struct RedisStreamsConfig {
     max_deliveries: Option<u32>,
     dead_letter_stream: DeadLetterStream,
     delete_acked: bool,
-    reconnect: Backoff,
+    reconnect: Arc<dyn BackoffPolicy>,
     connect_timeout: Duration,
     command_timeout: Duration,
     tls_root_certificate: Option<Vec<u8>>,
 }
 
-impl fmt::Debug for RedisStreamsConfig {
+impl fmt::Debug for RedisStreamsSourceBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStreamsConfig")
+        f.debug_struct("RedisStreamsSourceBuilder")
             .field("url", &self.url)
             .field("streams", &self.streams)
             .field("group", &self.group)
@@ -177,27 +125,22 @@ impl fmt::Debug for RedisStreamsConfig {
             .field("max_deliveries", &self.max_deliveries)
             .field("dead_letter_stream", &self.dead_letter_stream)
             .field("delete_acked", &self.delete_acked)
-            .field("reconnect", &self.reconnect)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("tls_root_certificate", &self.tls_root_certificate.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-impl RedisStreamsConfig {
+impl RedisStreamsSourceBuilder {
     /// Default of [`claim_min_idle`](Self::claim_min_idle).
     pub const DEFAULT_CLAIM_MIN_IDLE: Duration = Duration::from_secs(60);
     /// Default of [`max_deliveries`](Self::max_deliveries).
     pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
     /// Default of [`payload_field`](Self::payload_field).
-    pub const DEFAULT_PAYLOAD_FIELD: &'static str = "payload";
+    pub const DEFAULT_PAYLOAD_FIELD: &'static str = DEFAULT_PAYLOAD_FIELD;
 
-    /// A configuration for the server at `url`: `redis://[user[:password]@]
-    /// host[:port][/db]`, or `rediss://…` for TLS (feature `tls`, on by
-    /// default). The password never appears in `Debug` output, logs or
-    /// errors.
-    pub fn new(url: impl Into<String>) -> Self {
+    pub(crate) fn new(url: impl Into<String>) -> Self {
         Self {
             url: SecretUrl::new(url),
             streams: Vec::new(),
@@ -213,11 +156,12 @@ impl RedisStreamsConfig {
             max_deliveries: Some(Self::DEFAULT_MAX_DELIVERIES),
             dead_letter_stream: DeadLetterStream::default(),
             delete_acked: false,
-            reconnect: Exponential::new(Duration::from_millis(100), Duration::from_secs(5))
-                .retry_forever()
-                .into(),
-            connect_timeout: Duration::from_secs(5),
-            command_timeout: Duration::from_secs(5),
+            reconnect: Arc::new(
+                Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
+                    .retry_forever(),
+            ),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
             tls_root_certificate: None,
         }
     }
@@ -332,10 +276,16 @@ impl RedisStreamsConfig {
     }
 
     /// How to wait between attempts to reconnect the reading connection
-    /// (default: 100 ms doubling to 5 s, forever). When the policy gives up,
-    /// the source reports the server unreachable to the runtime.
-    pub fn reconnect_backoff(mut self, policy: impl Into<Backoff>) -> Self {
-        self.reconnect = policy.into();
+    /// after it was lost, or after a transient refusal ([`TRANSIENT_CODES`]):
+    /// any [`BackoffPolicy`], checked by [`build`](Self::build). Default:
+    /// exponential from 100 ms doubling to 10 s, 10 % jitter, forever. When
+    /// the policy gives up, [`Source::next`](intake_core::Source::next)
+    /// reports the server unreachable to the runtime (which backs off by its
+    /// own policy and calls again); closing the source never waits on it.
+    ///
+    /// [`TRANSIENT_CODES`]: crate::TRANSIENT_CODES
+    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
+        self.reconnect = Arc::new(policy);
         self
     }
 
@@ -383,17 +333,8 @@ impl RedisStreamsConfig {
                     format!("names `{stream}` twice"),
                 ));
             }
-            let dead_letters = self.dead_letter_stream.name_for(stream);
-            if self.streams.contains(&dead_letters) {
-                return Err(ConfigError::new(
-                    "dead_letter_stream",
-                    format!(
-                        "`{dead_letters}` is also a stream this consumer reads; dead letters \
-                         would be consumed again"
-                    ),
-                ));
-            }
         }
+        self.dead_letter_stream.check(&self.streams)?;
         let group = match (&self.group, self.broadcast) {
             (Some(_), true) => {
                 return Err(ConfigError::new(
@@ -423,14 +364,6 @@ impl RedisStreamsConfig {
         if matches!(&self.key_field, Some(field) if field.is_empty()) {
             return Err(ConfigError::new("key_field", "is empty"));
         }
-        let (DeadLetterStream::Suffix(name) | DeadLetterStream::Fixed(name)) =
-            &self.dead_letter_stream;
-        if name.is_empty() {
-            return Err(ConfigError::new(
-                "dead_letter_stream",
-                "is empty: dead letters would go back to the source stream",
-            ));
-        }
         if self.block < Duration::from_millis(1) {
             return Err(ConfigError::new(
                 "block",
@@ -456,9 +389,12 @@ impl RedisStreamsConfig {
                 "must be at least 1 (or use `unlimited_deliveries()`)",
             ));
         }
-        if let Backoff::Exponential(policy) = &self.reconnect {
-            policy.validate()?;
-        }
+        self.reconnect.validate().map_err(|error| {
+            ConfigError::new(
+                "reconnect_backoff",
+                format!("`{}` {}", error.setting, error.problem),
+            )
+        })?;
         let consumer = self.consumer.clone().unwrap_or_else(default_consumer_name);
         Ok(Settings {
             streams: self
@@ -481,12 +417,12 @@ impl RedisStreamsConfig {
             max_deliveries: self.max_deliveries,
             dead_letter_stream: self.dead_letter_stream.clone(),
             delete_acked: self.delete_acked,
-            reconnect: self.reconnect,
+            reconnect: self.reconnect.clone(),
             stats: Arc::default(),
         })
     }
 
-    fn connector(&self) -> Result<Connector, RedisStreamsError> {
+    fn connector(&self) -> Result<Connector, Error> {
         Connector::new(
             &self.url,
             self.tls_root_certificate.as_deref(),
@@ -496,84 +432,64 @@ impl RedisStreamsConfig {
     }
 
     /// Connects: checks the server, creates the consumer group (and the
-    /// stream) where missing, and returns the source and its acker.
+    /// stream) where missing, and returns the source. Its acker is
+    /// [`RedisStreamsSource::acker`].
     ///
     /// Fails with a typed error for a bad setting or URL, an unreachable
     /// server, refused credentials, or a key that is not a stream.
-    pub async fn connect(
-        self,
-    ) -> Result<(RedisStreamsSource, RedisStreamsAcker), RedisStreamsError> {
+    pub async fn build(self) -> Result<RedisStreamsSource, Error> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;
         let mut reader = connector.blocking_reader(settings.block).await?;
         check_server_version(&mut reader, &connector).await?;
         let shared = SharedConnection::new(connector.shared().await?, connector.clone());
-        let sink = RedisDeadLetterSink::new(shared.clone(), settings.clone());
+        let dead_letters = RedisDeadLetterSinkBuilder::from_source(
+            self.url,
+            self.tls_root_certificate,
+            self.connect_timeout,
+            self.command_timeout,
+            shared.clone(),
+            &settings,
+        );
         let held = Arc::new(HeldEntries::new(&settings.streams));
-        let acker = RedisStreamsAcker::new(shared.clone(), settings.clone(), held.clone());
-        let source =
-            RedisStreamsSource::start(connector, reader, settings, sink, shared, held).await?;
-        Ok((source, acker))
+        RedisStreamsSource::start(connector, reader, settings, dead_letters, shared, held).await
     }
-
-    /// A dead-letter sink on a connection of its own, for a process that
-    /// writes dead letters without consuming (a consumer's own sink is
-    /// [`RedisStreamsSource::dead_letter_sink`]).
-    pub async fn dead_letter_sink(&self) -> Result<RedisDeadLetterSink, RedisStreamsError> {
-        let settings = Arc::new(self.settings()?);
-        let connector = self.connector()?;
-        let shared = SharedConnection::new(connector.shared().await?, connector);
-        Ok(RedisDeadLetterSink::new(shared, settings))
-    }
-}
-
-fn default_consumer_name() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|host| !host.is_empty())
-        .unwrap_or_else(|| "intake".to_owned());
-    format!(
-        "{host}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn group_config() -> RedisStreamsConfig {
-        RedisStreamsConfig::new("redis://127.0.0.1")
+    fn group_builder() -> RedisStreamsSourceBuilder {
+        RedisStreamsSource::builder("redis://127.0.0.1")
             .stream("orders")
             .group("billing")
     }
 
     #[test]
     fn a_group_consumer_needs_a_stream_and_a_group() {
-        let error = RedisStreamsConfig::new("redis://127.0.0.1")
+        let error = RedisStreamsSource::builder("redis://127.0.0.1")
             .group("g")
             .validate();
         assert_eq!(error.map_err(|e| e.setting), Err("streams"));
-        let error = RedisStreamsConfig::new("redis://127.0.0.1")
+        let error = RedisStreamsSource::builder("redis://127.0.0.1")
             .stream("s")
             .validate();
         assert_eq!(error.map_err(|e| e.setting), Err("group"));
-        assert!(group_config().validate().is_ok());
+        assert!(group_builder().validate().is_ok());
     }
 
     #[test]
     fn broadcast_and_group_exclude_each_other() {
-        let error = group_config().broadcast().validate();
+        let error = group_builder().broadcast().validate();
         assert_eq!(error.map_err(|e| e.setting), Err("broadcast"));
     }
 
     #[test]
     fn dead_letters_may_not_go_to_a_consumed_stream() {
-        let error = group_config().stream("orders:dlq").validate();
+        let error = group_builder().stream("orders:dlq").validate();
         assert_eq!(error.map_err(|e| e.setting), Err("dead_letter_stream"));
-        let error = group_config()
+        let error = group_builder()
             .dead_letter_stream(DeadLetterStream::Fixed("orders".into()))
             .validate();
         assert_eq!(error.map_err(|e| e.setting), Err("dead_letter_stream"));
@@ -581,18 +497,19 @@ mod tests {
 
     #[test]
     fn zero_durations_and_counts_are_refused() {
-        let setting = |config: RedisStreamsConfig| config.validate().map_err(|e| e.setting);
-        assert_eq!(setting(group_config().block(Duration::ZERO)), Err("block"));
+        let setting =
+            |builder: RedisStreamsSourceBuilder| builder.validate().map_err(|e| e.setting);
+        assert_eq!(setting(group_builder().block(Duration::ZERO)), Err("block"));
         assert_eq!(
-            setting(group_config().claim_min_idle(Duration::ZERO)),
+            setting(group_builder().claim_min_idle(Duration::ZERO)),
             Err("claim_min_idle")
         );
         assert_eq!(
-            setting(group_config().max_deliveries(0)),
+            setting(group_builder().max_deliveries(0)),
             Err("max_deliveries")
         );
         assert_eq!(
-            setting(group_config().stream("orders")),
+            setting(group_builder().stream("orders")),
             Err("streams"),
             "a stream named twice"
         );
@@ -600,7 +517,7 @@ mod tests {
 
     #[test]
     fn the_claim_interval_follows_the_idle_time() {
-        let settings = group_config()
+        let settings = group_builder()
             .claim_min_idle(Duration::from_secs(2))
             .settings();
         assert_eq!(
@@ -611,9 +528,28 @@ mod tests {
 
     #[test]
     fn debug_output_hides_the_password() {
-        let config = RedisStreamsConfig::new("redis://user:topsecret@host:6379/0");
-        let debug = format!("{config:?}");
+        let builder = RedisStreamsSource::builder("redis://user:topsecret@host:6379/0");
+        let debug = format!("{builder:?}");
         assert!(!debug.contains("topsecret"), "{debug}");
         assert!(debug.contains("user:***@host"), "{debug}");
+    }
+
+    #[test]
+    fn the_default_reconnect_policy_waits_100_ms_doubling_to_10_s_forever() {
+        use intake_core::BackoffPolicy as _;
+
+        let settings = group_builder().settings().expect("valid");
+        let policy = &settings.reconnect;
+        let first = policy.delay(1).expect("a first retry");
+        assert!(
+            first >= Duration::from_millis(90) && first <= Duration::from_millis(110),
+            "{first:?}"
+        );
+        let late = policy.delay(30).expect("a 30th retry");
+        assert!(
+            late >= Duration::from_secs(9) && late <= Duration::from_secs(10),
+            "{late:?}"
+        );
+        assert!(policy.delay(u32::MAX).is_some(), "it never gives up");
     }
 }

@@ -5,96 +5,15 @@
 //! names are interned: a stream's entries repeat the same few field names,
 //! and a name shared by reference costs no allocation per message.
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use intake_core::{Headers, Message, Metadata, Position, SourceName};
-use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg, Value};
+use intake_core::{Headers, Message, Metadata, SourceName};
+use redis::Value;
 
-use crate::error::RedisStreamsError;
-
-/// A stream entry id, `<ms>-<seq>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct StreamId {
-    pub(crate) ms: u64,
-    pub(crate) seq: u64,
-}
-
-impl StreamId {
-    pub(crate) const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
-
-    pub(crate) fn parse(text: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(text).ok()?;
-        let (ms, seq) = text.split_once('-')?;
-        Some(Self {
-            ms: ms.parse().ok()?,
-            seq: seq.parse().ok()?,
-        })
-    }
-
-    pub(crate) fn position(self) -> Position {
-        Position::StreamId {
-            ms: self.ms,
-            seq: self.seq,
-        }
-    }
-
-    pub(crate) fn from_position(position: Position) -> Option<Self> {
-        match position {
-            Position::StreamId { ms, seq } => Some(Self { ms, seq }),
-            _ => None,
-        }
-    }
-}
-
-impl StreamId {
-    /// The id as `<ms>-<seq>` text in `buffer`. Hand-rolled rather than
-    /// `write!`: an acknowledgement formats every id of a batch, and the
-    /// formatting machinery costs several times more per number.
-    fn format(self, buffer: &mut [u8; 41]) -> &[u8] {
-        fn digits(mut value: u64, end: usize, buffer: &mut [u8; 41]) -> usize {
-            let mut start = end;
-            loop {
-                start -= 1;
-                buffer[start] = b'0' + (value % 10) as u8;
-                value /= 10;
-                if value == 0 {
-                    return start;
-                }
-            }
-        }
-        // Both numbers fit in 20 digits; the sequence goes at the end, the
-        // milliseconds before the dash.
-        let seq_start = digits(self.seq, buffer.len(), buffer);
-        let dash = seq_start - 1;
-        buffer[dash] = b'-';
-        let ms_start = digits(self.ms, dash, buffer);
-        &buffer[ms_start..]
-    }
-}
-
-impl ToRedisArgs for StreamId {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut buffer = [0; 41];
-        out.write_arg(self.format(&mut buffer));
-    }
-}
-
-impl ToSingleRedisArg for StreamId {}
-
-/// An exclusive range start, `(<ms>-<seq>`, for `XPENDING`.
-pub(crate) struct After(pub(crate) StreamId);
-
-impl ToRedisArgs for After {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut writer = out.writer_for_next_arg();
-        let _ = write!(writer, "({}-{}", self.0.ms, self.0.seq);
-    }
-}
-
-impl ToSingleRedisArg for After {}
+use crate::error::Error;
+use crate::stream_id::StreamId;
 
 /// A stream entry taken out of a reply.
 pub(crate) struct RawEntry {
@@ -104,14 +23,14 @@ pub(crate) struct RawEntry {
     pub(crate) fields: Option<Vec<Value>>,
 }
 
-fn unexpected(command: &'static str, detail: impl Into<String>) -> RedisStreamsError {
-    RedisStreamsError::UnexpectedReply {
+fn unexpected(command: &'static str, detail: impl Into<String>) -> Error {
+    Error::UnexpectedReply {
         command,
         detail: detail.into(),
     }
 }
 
-fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, RedisStreamsError> {
+fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, Error> {
     match value {
         Value::Array(items) | Value::Set(items) => Ok(items),
         Value::Nil => Ok(Vec::new()),
@@ -175,7 +94,7 @@ pub(crate) fn parse_entries(
     value: Value,
     command: &'static str,
     out: &mut Vec<RawEntry>,
-) -> Result<Skipped, RedisStreamsError> {
+) -> Result<Skipped, Error> {
     let mut skipped = Skipped::default();
     for entry in into_items(value, command)? {
         if matches!(entry, Value::Nil) {
@@ -224,8 +143,8 @@ pub(crate) fn parse_entries(
 pub(crate) fn parse_read_reply(
     value: Value,
     command: &'static str,
-    mut on_stream: impl FnMut(&[u8], Value) -> Result<(), RedisStreamsError>,
-) -> Result<(), RedisStreamsError> {
+    mut on_stream: impl FnMut(&[u8], Value) -> Result<(), Error>,
+) -> Result<(), Error> {
     match value {
         Value::Nil => Ok(()),
         Value::Map(pairs) => {
@@ -257,7 +176,7 @@ pub(crate) fn split_read_reply(
     command: &'static str,
     index_of: impl Fn(&[u8]) -> Option<usize>,
     out: &mut Vec<(usize, Value)>,
-) -> Result<(), RedisStreamsError> {
+) -> Result<(), Error> {
     parse_read_reply(value, command, |key, entries| {
         match index_of(key) {
             Some(index) => out.push((index, entries)),
@@ -278,10 +197,7 @@ pub(crate) struct PendingEntry {
 
 /// Rows of `XPENDING key group [IDLE n] start end count [consumer]`:
 /// `[[id, consumer, idle ms, deliveries], …]`.
-pub(crate) fn parse_pending(
-    value: Value,
-    out: &mut Vec<PendingEntry>,
-) -> Result<(), RedisStreamsError> {
+pub(crate) fn parse_pending(value: Value, out: &mut Vec<PendingEntry>) -> Result<(), Error> {
     for row in into_items(value, "XPENDING")? {
         let row = into_items(row, "XPENDING")?;
         let id = row.first().and_then(bytes_of).and_then(StreamId::parse);
@@ -390,49 +306,12 @@ impl EntryDecoder {
 
 #[cfg(test)]
 mod tests {
+    use intake_core::Position;
+
     use super::*;
 
     fn bulk(text: &str) -> Value {
         Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn ids_parse_and_print_in_redis_form() {
-        assert_eq!(
-            StreamId::parse(b"1700000000000-7"),
-            Some(StreamId {
-                ms: 1_700_000_000_000,
-                seq: 7
-            })
-        );
-        assert_eq!(StreamId::parse(b"17"), None);
-        assert_eq!(StreamId::parse(b"a-b"), None);
-        let mut cmd = redis::cmd("XACK");
-        cmd.arg(StreamId { ms: 5, seq: 9 })
-            .arg(After(StreamId { ms: 5, seq: 9 }));
-        let args: Vec<_> = cmd.args_iter().collect();
-        assert_eq!(
-            args,
-            vec![
-                redis::Arg::Simple(&b"XACK"[..]),
-                redis::Arg::Simple(&b"5-9"[..]),
-                redis::Arg::Simple(&b"(5-9"[..])
-            ]
-        );
-    }
-
-    #[test]
-    fn ids_format_like_redis_at_the_extremes() {
-        let mut buffer = [0; 41];
-        for (ms, seq) in [
-            (0, 0),
-            (1, 10),
-            (1_700_000_000_000, 7),
-            (u64::MAX, u64::MAX),
-        ] {
-            let text = StreamId { ms, seq }.format(&mut buffer).to_vec();
-            assert_eq!(text, format!("{ms}-{seq}").into_bytes());
-        }
     }
 
     #[test]
@@ -741,13 +620,5 @@ mod tests {
             }
         }
 
-        #[test]
-        fn any_id_text_parses_only_as_what_it_prints(text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48)) {
-            if let Some(id) = StreamId::parse(&text) {
-                let mut buffer = [0; 41];
-                let printed = id.format(&mut buffer).to_vec();
-                proptest::prop_assert_eq!(StreamId::parse(&printed), Some(id));
-            }
-        }
     }
 }

@@ -1,0 +1,62 @@
+//! [`Staging`]: entries decoded and waiting for a call of the source, and
+//! those it writes to the dead-letter stream instead.
+
+use std::collections::VecDeque;
+
+use intake_core::{DeadLetter, Message};
+
+use crate::dead_letter::RedisDeadLetterSink;
+
+/// An entry that goes to the dead-letter stream instead of the handler.
+pub(super) struct Poison {
+    pub(super) letter: DeadLetter,
+    /// Whether the entry had a payload field (the copy holds exactly the
+    /// original fields).
+    pub(super) with_payload: bool,
+}
+
+/// Decoded entries waiting to be handed out, and those to dead-letter.
+#[derive(Default)]
+pub(super) struct Staging {
+    pub(super) ready: VecDeque<Message>,
+    pub(super) poison: Vec<Poison>,
+}
+
+impl Staging {
+    /// Moves up to `max` waiting messages into `deliveries`; whether any.
+    pub(super) fn hand_out(&mut self, deliveries: &mut Vec<Message>, max: usize) -> bool {
+        let count = self.ready.len().min(max);
+        deliveries.extend(self.ready.drain(..count));
+        count > 0
+    }
+
+    /// Writes the poison entries to the dead-letter stream. A failed write
+    /// leaves its entry pending, to be claimed and tried again later.
+    pub(super) async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
+        for poison in self.poison.drain(..) {
+            let metadata = poison.letter.message.metadata();
+            match sink.write_letter(&poison.letter, poison.with_payload).await {
+                Ok(id) => {
+                    sink.stats().add_dead_lettered(1);
+                    tracing::warn!(
+                    stream = %metadata.source(),
+                    position = %metadata.position(),
+                    dead_letter_id = %id.position(),
+                    error = %poison.letter.error,
+                    "entry dead-lettered by the source"
+                    );
+                }
+                Err(error) => {
+                    sink.stats().add_dead_letter_failures(1);
+                    tracing::error!(
+                    stream = %metadata.source(),
+                    position = %metadata.position(),
+                    %error,
+                    "could not dead-letter the entry; it stays pending and is retried after \
+                     claim_min_idle"
+                    );
+                }
+            }
+        }
+    }
+}
