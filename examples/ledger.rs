@@ -9,20 +9,23 @@
 //!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K] [--effects-db POSTGRES_URL]
 //! ```
 //!
-//! `URL` is `kafka://HOST:PORT`, `redis://[USER:PASS@]HOST:PORT` or
-//! `amqp://USER:PASS@HOST:PORT/VHOST` (an empty vhost is `/`). `NAME` is the
-//! topic, stream or queue, created if missing: a Kafka topic with `P`
-//! partitions (default 4), a durable quorum queue on RabbitMQ.
+//! `URL` is `kafka://HOST:PORT`, `redis://[USER:PASS@]HOST:PORT`,
+//! `amqp://USER:PASS@HOST:PORT/VHOST` (an empty vhost is `/`) or
+//! `nats://[USER:PASS@]HOST:PORT`. `NAME` is the topic, stream or queue,
+//! created if missing: a Kafka topic with `P` partitions (default 4), a
+//! durable quorum queue on RabbitMQ, a JetStream stream storing
+//! `ledger.NAME.>` (and its durable consumer `GROUP`) on NATS.
 //!
 //! `produce` sends the payloads `0` … `N-1` (key `id % 64`) and exits 0 once
 //! the broker confirmed every one of them (Kafka `acks=all`, Redis `XADD`
-//! replies, AMQP publisher confirms).
+//! replies, AMQP publisher confirms, JetStream publish acks).
 //!
 //! `consume` appends `ID\tPARTITION\tPOSITION\n` to `FILE` for every delivery
 //! it handles, before the handler reports success, so a line exists for
 //! every acknowledged message even after SIGKILL. PARTITION and POSITION are
 //! the message's metadata: Kafka partition and offset; Redis `0` and the
-//! entry id; AMQP the channel epoch and the delivery tag. `--fail-every K`
+//! entry id; AMQP the channel epoch and the delivery tag; NATS `0` and the
+//! stream sequence. `--fail-every K`
 //! fails every K-th first attempt retryably (the retry layer tries again).
 //! It stops after `S` seconds (default 5) without a handled message, or on
 //! SIGTERM or Ctrl-C, commits what it finished, and prints one last line to
@@ -42,7 +45,8 @@
 //! Logs go to stderr (`RUST_LOG`, default `info`). Environment:
 //! `LEDGER_KAFKA_SETTINGS` (`key=value,…` librdkafka settings on top of the
 //! example's), `LEDGER_REDIS_CLAIM_MIN_IDLE_MS` (default 3000),
-//! `LEDGER_PG_POOL` (connections, default 16).
+//! `LEDGER_PG_POOL` (connections, default 16), `LEDGER_NATS_ACK_WAIT_MS`
+//! (default 5000).
 
 // A crate root in examples/ looks for its modules next to itself, where the
 // other examples live; these are the ledger's own.
@@ -58,6 +62,8 @@ mod handler;
 mod journal;
 #[path = "ledger/kafka.rs"]
 mod kafka;
+#[path = "ledger/nats.rs"]
+mod nats;
 #[path = "ledger/redis.rs"]
 mod redis;
 
@@ -133,6 +139,7 @@ async fn produce(args: Produce) -> Result<(), BoxError> {
         }
         Broker::Redis { url } => redis::produce(url, &args.source, args.count).await?,
         Broker::Amqp { url } => amqp::produce(url, &args.source, args.count).await?,
+        Broker::Nats { url } => nats::produce(url, &args.source, args.count).await?,
     }
     let elapsed = started.elapsed();
     tracing::info!(
@@ -157,7 +164,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     // property does not.
     let message_id = match args.broker {
         Broker::Amqp { .. } => MessageId::header(intake::amqp::headers::MESSAGE_ID),
-        Broker::Kafka { .. } | Broker::Redis { .. } => MessageId::Position,
+        Broker::Kafka { .. } | Broker::Redis { .. } | Broker::Nats { .. } => MessageId::Position,
     };
     let effects = match &args.effects_db {
         Some(url) => Some(
@@ -220,6 +227,16 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
             let acker = source.acker();
             run(consumer, source, acker, handler, run_args).await
         }
+        Broker::Nats { url } => {
+            let source = nats::source(url, &args.source, &args.group).await?;
+            let acker = source.acker();
+            let pending = nats::PendingProbe::connect(url, &args.source, &args.group).await?;
+            let run_args = RunArgs {
+                backlog: Some(Backlog::Nats(pending)),
+                ..run_args
+            };
+            run(consumer, source, acker, handler, run_args).await
+        }
     };
     // The handler, and with it the last Journal, is gone: the writer thread
     // finishes its last batch and stops.
@@ -247,12 +264,15 @@ struct RunArgs<'a> {
 /// still has unfinished messages that it may yet receive. After a SIGKILL
 /// they come back only later: Redis entries once they are idle longer than
 /// the claim delay, Kafka partitions once the broker expires the dead
-/// member's session. (RabbitMQ requeues a dead consumer's messages at once.)
+/// member's session, NATS messages after the consumer's `ack_wait`.
+/// (RabbitMQ requeues a dead consumer's messages at once.)
 enum Backlog {
     /// Entries delivered and not acknowledged, with any consumer.
     Redis(redis::PendingProbe),
     /// Messages past the group's committed offsets.
     Kafka(kafka::LagProbe),
+    /// Messages the durable consumer has not had acknowledged.
+    Nats(nats::PendingProbe),
 }
 
 impl Backlog {
@@ -261,6 +281,7 @@ impl Backlog {
         match self {
             Backlog::Redis(probe) => probe.pending().await,
             Backlog::Kafka(probe) => probe.lag().await,
+            Backlog::Nats(probe) => probe.pending().await,
         }
     }
 }

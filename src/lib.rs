@@ -6,9 +6,10 @@
 //! errors, the in-memory broker); under [`backend`], what a backend author
 //! implements (`Source`, `Acker`, `DeadLetterSink`) and, with core's
 //! `testkit` feature, the conformance suite. The backends are features,
-//! none on by default: `kafka`, `redis`, `amqp` and `postgres` (or `full`
-//! for all) add the backend crates as `intake::kafka`,
-//! `intake::redis_streams`, `intake::amqp` and `intake::postgres`.
+//! none on by default: `kafka`, `redis`, `amqp`, `nats` and `postgres` (or
+//! `full` for all) add the backend crates as `intake::kafka`,
+//! `intake::redis_streams`, `intake::amqp`, `intake::nats` and
+//! `intake::postgres`.
 //!
 //! ```
 //! use intake::consumer::Consumer;
@@ -51,6 +52,11 @@ pub use intake_redis_streams as redis_streams;
 /// (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use intake_amqp as amqp;
+
+/// NATS JetStream: source, acker and dead-letter sink on async-nats
+/// (feature `nats`).
+#[cfg(feature = "nats")]
+pub use intake_nats as nats;
 
 /// Exactly-once effects in PostgreSQL (feature `postgres`).
 #[cfg(feature = "postgres")]

@@ -89,3 +89,16 @@ fn amqp_loses_nothing_to_kills_closed_connections_or_a_killed_consumer() {
     scenarios::two_consumers_one_killed(test, amqp, TWO_CONSUMER_MESSAGES);
     scenarios::sigkill_restarts(test, amqp, EFFECTS);
 }
+
+#[test]
+fn nats_loses_nothing_to_kills_a_server_crash_or_a_killed_group_member() {
+    let test = "nats_loses_nothing_to_kills_a_server_crash_or_a_killed_group_member";
+    let Some(nats) = broker(test, Backend::Nats) else {
+        return;
+    };
+    scenarios::sigkill_restarts(test, nats, KILLS);
+    scenarios::two_consumers_one_killed(test, nats, TWO_CONSUMER_MESSAGES);
+    // A server of the scenario's own, SIGKILLed and started again.
+    scenarios::broker_faults(test, nats, FAULT_MESSAGES, FAULTS);
+    scenarios::sigkill_restarts(test, nats, EFFECTS);
+}

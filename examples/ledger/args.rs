@@ -10,7 +10,8 @@ usage:
                  [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
                  [--effects-db POSTGRES_URL]
 
-URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST";
+URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST
+   | nats://[USER:PASS@]HOST:PORT";
 
 /// Which broker a URL names, with the address in the form its client wants.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +22,8 @@ pub enum Broker {
     Redis { url: String },
     /// The AMQP URL, with an empty vhost spelled out as `%2f`.
     Amqp { url: String },
+    /// The NATS URL as given.
+    Nats { url: String },
 }
 
 impl Broker {
@@ -50,9 +53,13 @@ impl Broker {
                 Some(_) => url.to_owned(),
             };
             Ok(Broker::Amqp { url })
+        } else if url.starts_with("nats://") || url.starts_with("tls://") {
+            Ok(Broker::Nats {
+                url: url.to_owned(),
+            })
         } else {
             Err(UsageError::new(
-                "--broker must start with kafka://, redis:// or amqp://",
+                "--broker must start with kafka://, redis://, amqp:// or nats://",
             ))
         }
     }
@@ -67,7 +74,7 @@ impl Broker {
         };
         match self {
             Broker::Kafka { bootstrap } => format!("kafka://{bootstrap}"),
-            Broker::Redis { url } | Broker::Amqp { url } => strip(url),
+            Broker::Redis { url } | Broker::Amqp { url } | Broker::Nats { url } => strip(url),
         }
     }
 }

@@ -10,6 +10,7 @@ use intake::redis_streams::redis;
 
 use super::child::run_to_completion;
 use super::own_broker::OwnBroker;
+use super::own_nats::OwnServer;
 use super::sockets;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,11 +18,13 @@ pub enum Backend {
     Kafka,
     Redis,
     Amqp,
+    Nats,
 }
 
 const KAFKA_PORT: u16 = 9092;
 const REDIS_PORT: u16 = 6379;
 const AMQP_PORT: u16 = 5672;
+const NATS_PORT: u16 = 4222;
 
 impl Backend {
     pub fn name(self) -> &'static str {
@@ -29,6 +32,7 @@ impl Backend {
             Self::Kafka => "kafka",
             Self::Redis => "redis",
             Self::Amqp => "amqp",
+            Self::Nats => "nats",
         }
     }
 
@@ -38,6 +42,7 @@ impl Backend {
             Self::Kafka => format!("kafka://127.0.0.1:{KAFKA_PORT}"),
             Self::Redis => format!("redis://127.0.0.1:{REDIS_PORT}"),
             Self::Amqp => format!("amqp://guest:guest@127.0.0.1:{AMQP_PORT}/%2f"),
+            Self::Nats => format!("nats://127.0.0.1:{NATS_PORT}"),
         }
     }
 
@@ -46,6 +51,7 @@ impl Backend {
             Self::Kafka => KAFKA_PORT,
             Self::Redis => REDIS_PORT,
             Self::Amqp => AMQP_PORT,
+            Self::Nats => NATS_PORT,
         }
     }
 
@@ -55,7 +61,7 @@ impl Backend {
     pub fn partitions(self) -> Option<u32> {
         match self {
             Self::Kafka => Some(4),
-            Self::Redis | Self::Amqp => None,
+            Self::Redis | Self::Amqp | Self::Nats => None,
         }
     }
 
@@ -69,6 +75,9 @@ impl Backend {
             // back after 3 s.
             Self::Redis => Duration::from_secs(6),
             Self::Amqp => Duration::from_secs(5),
+            // The ledger's ack_wait is 5 s; its backlog probe waits for
+            // what the server still has to deliver again.
+            Self::Nats => Duration::from_secs(8),
         }
     }
 
@@ -84,6 +93,9 @@ impl Backend {
             // The ledger claims entries idle for 3 s, looking every 0.5 s.
             Self::Redis => Duration::from_secs(6),
             Self::Amqp => Duration::from_secs(3),
+            // What a killed consumer held comes back after the ledger's 5 s
+            // ack_wait; the ledger's backlog probe waits for it.
+            Self::Nats => Duration::from_secs(3),
         }
     }
 
@@ -105,7 +117,7 @@ impl Backend {
                 "LEDGER_KAFKA_SETTINGS",
                 "session.timeout.ms=6000,max.poll.interval.ms=25000",
             )],
-            Self::Redis | Self::Amqp => &[],
+            Self::Redis | Self::Amqp | Self::Nats => &[],
         }
     }
 
@@ -127,7 +139,7 @@ impl Backend {
         match self {
             // The scenario starts a broker of its own; a machine that cannot
             // has no Kafka at all.
-            Self::Kafka | Self::Redis => Ok(()),
+            Self::Kafka | Self::Redis | Self::Nats => Ok(()),
             Self::Amqp => list_amqp_connections(logs)
                 .map(drop)
                 .map_err(|error| format!("rabbitmqctl cannot list connections here: {error}")),
@@ -140,6 +152,7 @@ impl Backend {
             Self::Kafka => "broker-crash",
             Self::Redis => "client-kill",
             Self::Amqp => "connection-close",
+            Self::Nats => "server-crash",
         }
     }
 
@@ -161,6 +174,9 @@ impl Backend {
             }
             (Self::Redis, _) => kill_redis_clients(pid),
             (Self::Amqp, _) => close_amqp_connections(pid, logs),
+            (Self::Nats, _) => {
+                Err("NATS's fault needs the scenario's own server (crash_nats)".to_owned())
+            }
         }
     }
 }
@@ -174,6 +190,7 @@ impl Backend {
     pub fn remove_source(self, source: &str, logs: &Path) {
         let removed = match self {
             Self::Kafka => Ok(()),
+            Self::Nats => delete_nats_stream(source),
             Self::Redis => redis::Client::open(self.url())
                 .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
                 .and_then(|mut admin| redis::cmd("DEL").arg(source).query::<()>(&mut admin))
@@ -199,6 +216,41 @@ fn crash_kafka(broker: &OwnBroker) -> Result<String, String> {
     broker.kill().map_err(|error| error.to_string())?;
     broker.restart().map_err(|error| error.to_string())?;
     Ok("killed the broker (SIGKILL) and started it again".to_owned())
+}
+
+/// Deletes JetStream stream `stream` of the shared server, over the plain
+/// protocol (`$JS.API.STREAM.DELETE.<stream>`, then a `PING` answered once
+/// the server processed it): the suite has no async runtime here.
+fn delete_nats_stream(stream: &str) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let failed = |error: std::io::Error| format!("NATS admin connection: {error}");
+    let mut socket = TcpStream::connect(("127.0.0.1", NATS_PORT)).map_err(failed)?;
+    socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(failed)?;
+    let mut greeting = [0u8; 4096];
+    let _ = socket.read(&mut greeting).map_err(failed)?;
+    let request = format!(
+        "CONNECT {{\"verbose\":false}}\r\nPUB $JS.API.STREAM.DELETE.{stream} 0\r\n\r\nPING\r\n"
+    );
+    socket.write_all(request.as_bytes()).map_err(failed)?;
+    let mut answer = [0u8; 256];
+    let read = socket.read(&mut answer).map_err(failed)?;
+    match answer[..read].windows(4).any(|window| window == b"PONG") {
+        true => Ok(()),
+        false => Err(format!(
+            "no PONG after deleting the stream: {}",
+            String::from_utf8_lossy(&answer[..read])
+        )),
+    }
+}
+
+/// SIGKILLs the NATS scenario's own server, then starts it again on the
+/// same storage (streams, consumers and their acknowledgements survive).
+pub fn crash_nats(server: &OwnServer) -> Result<String, String> {
+    server.kill().map_err(|error| error.to_string())?;
+    server.restart().map_err(|error| error.to_string())?;
+    Ok("killed the server (SIGKILL) and started it again".to_owned())
 }
 
 /// `CLIENT KILL`s every connection of `pid` (found by client port; the

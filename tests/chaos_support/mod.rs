@@ -10,6 +10,9 @@ pub mod ledger_program;
 #[allow(dead_code)]
 #[path = "../../crates/kafka/tests/support/own_broker.rs"]
 pub mod own_broker;
+#[allow(dead_code)]
+#[path = "../../crates/nats/tests/support/own_server.rs"]
+pub mod own_nats;
 pub mod scenarios;
 pub mod seed;
 pub mod sockets;

@@ -18,6 +18,7 @@ use super::effects_db::{self, EffectsStats};
 use super::ledger_file::{LedgerStats, Progress, end_torn_line};
 use super::ledger_program::{self, Consume};
 use super::own_broker::OwnBroker;
+use super::own_nats::OwnServer;
 use super::seed::{SplitMix64, suite_seed};
 use intake_core::testkit::skip_or_fail as skip;
 
@@ -33,6 +34,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(180);
 /// The plaintext port of the Kafka broker fault scenario's own broker (it
 /// takes the three after it too).
 const OWN_KAFKA_PORT: u16 = 19392;
+/// The client port of the NATS broker fault scenario's own server.
+const OWN_NATS_PORT: u16 = 14392;
 
 /// One scenario's run: names, seeded moments, logs, and the failure message
 /// that tells how to replay it.
@@ -338,6 +341,16 @@ pub fn broker_faults(test: &'static str, backend: Backend, messages: u64, faults
         scenario.url = format!("kafka://{}", broker.brokers());
         broker
     });
+    // The same for NATS: a server of the scenario's own, crashed and
+    // started again on its storage.
+    let own_nats = (backend == Backend::Nats).then(|| {
+        let server = scenario.check(
+            OwnServer::start(OWN_NATS_PORT)
+                .map_err(|error| format!("the scenario's own NATS server: {error}")),
+        );
+        scenario.url = server.url();
+        server
+    });
     scenario.produce(messages);
     let ledger = scenario.ledger("ledger");
     // Idleness while the broker is away or the consumer reconnects is not
@@ -350,7 +363,10 @@ pub fn broker_faults(test: &'static str, backend: Backend, messages: u64, faults
         let fault_at = scenario.moment(fault, faults, messages);
         scenario.check(consumer.wait_for_progress(&mut progress, fault_at, PROGRESS_TIMEOUT));
         let at = progress.distinct();
-        let injected = backend.inject_fault(consumer.pid(), &scenario.dir, own_kafka.as_ref());
+        let injected = match &own_nats {
+            Some(server) => super::backends::crash_nats(server),
+            None => backend.inject_fault(consumer.pid(), &scenario.dir, own_kafka.as_ref()),
+        };
         done.push(format!("at {at} ids: {}", scenario.check(injected)));
     }
     let counts = scenario.check(consumer.expect_clean_exit(DRAIN_TIMEOUT));
@@ -378,6 +394,7 @@ pub fn broker_faults(test: &'static str, backend: Backend, messages: u64, faults
     scenario.assert_nothing_lost(&stats);
     scenario.pass();
     drop(own_kafka);
+    drop(own_nats);
 }
 
 /// Two consumers share one group; once both handle messages, one is

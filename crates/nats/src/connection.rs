@@ -1,0 +1,337 @@
+//! Connecting: credentials, TLS, the reconnect backoff, and what the
+//! client's events tell the source (a new connection, a backoff that gave
+//! up).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::{ConnectErrorKind, ConnectOptions, Event};
+use intake_core::BackoffPolicy;
+
+use crate::error::{Error, boxed};
+use crate::url::{ServerUrls, UrlCredentials};
+
+/// How the client proves who it is, besides credentials in the URL.
+///
+/// `Debug` never shows a secret: a token, password or seed prints as `***`;
+/// a creds file shows its path only.
+#[derive(Clone)]
+pub(crate) enum Credentials {
+    Token(String),
+    UserPassword(String, String),
+    /// An nkey seed (`SU…`).
+    Nkey(String),
+    /// A `.creds` file: a user JWT and its nkey seed.
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::Token(_) => f.write_str("Token(***)"),
+            Credentials::UserPassword(user, _) => write!(f, "UserPassword({user}, ***)"),
+            Credentials::Nkey(_) => f.write_str("Nkey(***)"),
+            Credentials::File(path) => write!(f, "File({})", path.display()),
+        }
+    }
+}
+
+/// TLS settings: which CAs to trust, a client certificate, whether to
+/// require TLS even for a `nats://` URL.
+///
+/// ```
+/// use intake_nats::Tls;
+///
+/// let tls = Tls::new()
+///     .ca_file("/etc/nats/ca.pem")
+///     .client_certificate("/etc/nats/client.pem", "/etc/nats/client.key");
+/// # drop(tls);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Tls {
+    ca_files: Vec<PathBuf>,
+    client: Option<(PathBuf, PathBuf)>,
+    required: bool,
+    first: bool,
+}
+
+impl Tls {
+    /// TLS with the system's trusted roots, required.
+    pub fn new() -> Self {
+        Self {
+            required: true,
+            ..Self::default()
+        }
+    }
+
+    /// Trusts the CA certificates (PEM) in `path` too.
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_files.push(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) to a server
+    /// that verifies clients.
+    pub fn client_certificate(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Starts TLS before the server's greeting (`handshake_first` servers).
+    pub fn handshake_first(mut self) -> Self {
+        self.first = true;
+        self
+    }
+
+    fn apply(&self, mut options: ConnectOptions) -> ConnectOptions {
+        for ca in &self.ca_files {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.client {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        if self.first {
+            options = options.tls_first();
+        }
+        options.require_tls(self.required)
+    }
+}
+
+/// What a connection's events tell its users.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionEvents {
+    /// Counts reconnections (the first connection is 0): a pull request
+    /// made on an earlier connection may be gone.
+    reconnected: AtomicU64,
+    /// The connection was lost and not yet made anew.
+    lost: AtomicBool,
+    /// Wakes whoever waits on the old connection.
+    notify: tokio::sync::Notify,
+    /// Reconnect attempts since the last connection.
+    attempts: AtomicUsize,
+    /// The reconnect backoff gave up.
+    gave_up: AtomicBool,
+}
+
+impl ConnectionEvents {
+    /// The number of reconnections so far.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.reconnected.load(Ordering::Acquire)
+    }
+
+    /// Resolves at the next reconnection, or once the backoff gave up.
+    pub(crate) fn reconnection(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// `Some(attempts)` once the reconnect backoff gave up.
+    pub(crate) fn gave_up(&self) -> Option<usize> {
+        self.gave_up
+            .load(Ordering::Acquire)
+            .then(|| self.attempts.load(Ordering::Acquire))
+    }
+}
+
+/// A connected client and what the source needs to know about it.
+#[derive(Clone, Debug)]
+pub(crate) struct Connection {
+    pub(crate) client: async_nats::Client,
+    pub(crate) endpoint: Arc<str>,
+    pub(crate) events: Arc<ConnectionEvents>,
+}
+
+/// What [`connect`] needs.
+#[derive(Clone)]
+pub(crate) struct ConnectSettings {
+    pub(crate) urls: ServerUrls,
+    pub(crate) credentials: Option<Credentials>,
+    pub(crate) tls: Option<Tls>,
+    pub(crate) reconnect_backoff: Arc<dyn BackoffPolicy>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) name: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectSettings")
+            .field("endpoint", &self.urls.endpoint)
+            .field("credentials", &self.credentials)
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often the client still tries to reconnect once the policy gave up:
+/// async-nats has no way to stop reconnecting from the callback, so the
+/// source ends the run with [`Error::GaveUp`] instead, and the client stops
+/// when the source and acker holding it are dropped.
+const GIVE_UP_DELAY: Duration = Duration::from_secs(1);
+
+/// Connects once (bounded by the connect timeout); afterwards the client
+/// reconnects by itself on the backoff's schedule.
+pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Error> {
+    let endpoint: Arc<str> = settings.urls.endpoint.as_str().into();
+    let events = Arc::new(ConnectionEvents::default());
+    let mut options = ConnectOptions::new()
+        .connection_timeout(settings.connect_timeout)
+        .request_timeout(Some(settings.request_timeout))
+        // Reconnects are bounded by the backoff (see the callback below),
+        // never by a count of async-nats's own.
+        .max_reconnects(None)
+        .ignore_discovered_servers();
+    if let Some(name) = &settings.name {
+        options = options.name(name);
+    }
+    match &settings.urls.credentials {
+        Some(UrlCredentials::Token(token)) => options = options.token(token.clone()),
+        Some(UrlCredentials::UserPassword(user, password)) => {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        None => {}
+    }
+    match &settings.credentials {
+        Some(Credentials::Token(token)) => options = options.token(token.clone()),
+        Some(Credentials::UserPassword(user, password)) => {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        Some(Credentials::Nkey(seed)) => options = options.nkey(seed.clone()),
+        Some(Credentials::File(path)) => {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|error| Error::Credentials {
+                    what: format!("file {}", path.display()),
+                    source: boxed(error),
+                })?;
+        }
+        None => {}
+    }
+    if let Some(tls) = &settings.tls {
+        options = tls.apply(options);
+    } else if settings.urls.tls {
+        options = options.require_tls(true);
+    }
+    let backoff = settings.reconnect_backoff.clone();
+    let delay_events = events.clone();
+    options = options.reconnect_delay_callback(move |attempts| {
+        // async-nats counts from 1 and calls this before each reconnect;
+        // the policy's first retry is 1 as well.
+        delay_events.attempts.store(attempts, Ordering::Release);
+        let retry = u32::try_from(attempts).unwrap_or(u32::MAX);
+        match backoff.delay(retry) {
+            Some(delay) => delay,
+            None => {
+                delay_events.gave_up.store(true, Ordering::Release);
+                // Wakes a source waiting for the connection to come back.
+                delay_events.notify.notify_waiters();
+                GIVE_UP_DELAY
+            }
+        }
+    });
+    let event_endpoint = endpoint.clone();
+    let callback_events = events.clone();
+    options = options.event_callback(move |event| {
+        let events = callback_events.clone();
+        let endpoint = event_endpoint.clone();
+        async move {
+            match event {
+                Event::Connected => {
+                    events.attempts.store(0, Ordering::Release);
+                    if events.lost.swap(false, Ordering::AcqRel) {
+                        events.reconnected.fetch_add(1, Ordering::AcqRel);
+                        events.notify.notify_waiters();
+                        tracing::info!(%endpoint, "reconnected to NATS");
+                    }
+                }
+                Event::Disconnected => {
+                    events.lost.store(true, Ordering::Release);
+                    tracing::warn!(%endpoint, "lost the connection to NATS; reconnecting with backoff");
+                }
+                Event::SlowConsumer(sid) => {
+                    tracing::warn!(%endpoint, sid, "the client dropped messages of a slow subscription");
+                }
+                other => tracing::info!(%endpoint, event = %other, "NATS client event"),
+            }
+        }
+    });
+    let addresses: Vec<async_nats::ServerAddr> = settings
+        .urls
+        .addresses
+        .iter()
+        .map(|address| address.parse())
+        .collect::<Result<_, _>>()
+        .map_err(|error: std::io::Error| Error::InvalidUrl {
+            url: endpoint.to_string(),
+            reason: format!("the client cannot use the address ({error})"),
+        })?;
+    let client = options
+        .connect(addresses)
+        .await
+        .map_err(|error| connect_error(&endpoint, error))?;
+    Ok(Connection {
+        client,
+        endpoint,
+        events,
+    })
+}
+
+/// Whether a certificate was refused somewhere in `error`'s causes:
+/// async-nats reports a handshake that failed on a certificate as an I/O
+/// error, which would pass for an outage.
+fn refused_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.downcast_ref::<async_nats::rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<async_nats::rustls::Error>().is_some())
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+fn connect_error(endpoint: &str, error: async_nats::ConnectError) -> Error {
+    let endpoint = endpoint.to_owned();
+    if refused_certificate(&error) {
+        return Error::Tls {
+            endpoint,
+            source: boxed(error),
+        };
+    }
+    match error.kind() {
+        ConnectErrorKind::AuthorizationViolation => Error::Unauthorized {
+            endpoint,
+            source: boxed(error),
+        },
+        ConnectErrorKind::Authentication => Error::Credentials {
+            what: "given (the nkey seed or creds file cannot sign the server's nonce)".to_owned(),
+            source: boxed(error),
+        },
+        ConnectErrorKind::Tls => Error::Tls {
+            endpoint,
+            source: boxed(error),
+        },
+        ConnectErrorKind::ServerParse => Error::InvalidUrl {
+            url: endpoint,
+            reason: "the client cannot parse the server address".to_owned(),
+        },
+        ConnectErrorKind::Dns
+        | ConnectErrorKind::TimedOut
+        | ConnectErrorKind::Io
+        | ConnectErrorKind::MaxReconnects => Error::Unreachable {
+            endpoint,
+            source: boxed(error),
+        },
+    }
+}

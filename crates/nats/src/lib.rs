@@ -1,0 +1,102 @@
+//! NATS JetStream for intake, on [async-nats].
+//!
+//! - [`NatsSource`] consumes a stream through a pull consumer: a durable
+//!   consumer shared by a group's instances (each message goes to one), or
+//!   in broadcast mode an ephemeral consumer per instance (each gets every
+//!   new message). It asks the server for no more messages than the
+//!   runtime has free slots, one pull request at a time, so memory stays
+//!   bounded whatever the backlog; the consumer's `max_ack_pending` follows
+//!   the budget.
+//! - [`NatsAcker`] acknowledges each finished message on its own (`+ACK`;
+//!   JetStream has no watermark), and hands retries back with `-NAK` and
+//!   the redelivery backoff's delay, so a failing message does not come
+//!   back in a tight loop. The server confirms every batch of acks before
+//!   the acker counts it done.
+//! - Slow handlers: every delivery the consumer holds is reported in
+//!   progress (`+WPI`) before half its `ack_wait` has passed, so it is not
+//!   delivered again while it runs.
+//! - [`NatsDeadLetterSink`] publishes a poison message to a dead-letter
+//!   subject (default `<stream>.<consumer>.dlq`, on the stream
+//!   `<stream>_dlq`) with the dead-letter envelope as headers, waits for
+//!   JetStream's publish ack, then ends the original with `+TERM`.
+//! - A lost connection is made anew with a
+//!   [`BackoffPolicy`](intake_core::BackoffPolicy); held deliveries stay
+//!   valid across reconnects (JetStream acks go by subject, not by
+//!   connection).
+//!
+//! # Mapping onto intake
+//!
+//! | intake | JetStream |
+//! |---|---|
+//! | source name | the stream |
+//! | partition | 0, or the number in a subject token ([`NatsSourceBuilder::partition_token`]) |
+//! | position | the stream sequence ([`Position::Offset`](intake_core::Position::Offset)) |
+//! | key | the subject |
+//! | attempt | the server's delivery count (`num_delivered`) |
+//! | ack | `+ACK` per message, confirmed, in batches (the commit engine's ids mode) |
+//! | retry later | `-NAK` with the redelivery backoff's delay |
+//! | retry cap | `max_deliveries`: the source dead-letters a message delivered more often |
+//! | dead letter | publish to a subject, confirmed, then `+TERM` |
+//! | backpressure | pull requests sized from the free budget; `max_ack_pending` from `max_in_flight` |
+//!
+//! # Ordering
+//!
+//! Each stream is one partition unless a subject token numbers them, so
+//! the runtime's default `DeliveryOrder::Partition` handles one message at a
+//! time. `DeliveryOrder::Key` keeps the order per subject and runs subjects in
+//! parallel; `DeliveryOrder::Unordered` runs everything in parallel. Instances
+//! sharing a durable consumer have no order between them, and a message
+//! handed back (`-NAK`, an expired `ack_wait`) comes back after later ones.
+//!
+//! ```no_run
+//! use intake_nats::NatsSource;
+//!
+//! # async fn run() -> Result<(), intake_nats::Error> {
+//! let source = NatsSource::builder("nats://127.0.0.1:4222")
+//!     .stream("ORDERS")
+//!     .consumer("billing")
+//!     .build()
+//!     .await?;
+//! let acker = source.acker();
+//! let sink = source.dead_letter_sink().build().await?;
+//! // Hand `source` and `acker` to the consumer runtime, `sink` to the
+//! // dead-letter layer.
+//! # drop((source, acker, sink));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Content async-nats cannot read
+//!
+//! NATS headers are bytes on the wire; async-nats reads a header block
+//! that is not UTF-8 (or a header name with a control character) as a
+//! protocol error and drops the connection. Such a message is never seen
+//! by the source: the client reconnects, the server delivers it again
+//! after `ack_wait`, and so on (`tests/hostile_records.rs`). Move it out
+//! of the stream (`nats stream rmm`), or give the producer valid headers.
+#![warn(missing_docs)]
+
+mod acker;
+mod confirm;
+mod connection;
+mod counters;
+mod dead_letter;
+mod deliveries;
+mod error;
+mod source;
+mod url;
+
+pub use acker::NatsAcker;
+pub use connection::Tls;
+pub use counters::Counters;
+pub use dead_letter::{
+    BROKER_NAME, MAX_HEADER_BYTES as MAX_DEAD_LETTER_HEADER_BYTES, NATS_HEADER_PREFIX,
+    NatsDeadLetterSink, NatsDeadLetterSinkBuilder, default_stream as default_dead_letter_stream,
+    default_subject as default_dead_letter_subject, read_dead_letter,
+};
+pub use error::Error;
+pub use source::{NatsSource, NatsSourceBuilder};
+
+/// The async-nats version this crate is built on, for producing alongside
+/// intake.
+pub use async_nats;

@@ -1,0 +1,701 @@
+//! [`NatsSource`]: a pull consumer of one stream, asking the server for no
+//! more messages than the runtime has free slots.
+//!
+//! # Pulling
+//!
+//! The source speaks JetStream's pull protocol itself, on one subscription
+//! of its own (`<inbox>.*`): one pull request at a time, `{"batch": n,
+//! "expires": …}` with `n` the free slots the runtime asked for, to
+//! `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`, reply `<inbox>.<k>`.
+//! The next request goes out once this one is filled, or the server ended
+//! it (`404`/`408`/`409` status on its reply subject), or its expiry plus
+//! a second passed, or the connection was made anew. So what the server
+//! sends ahead is bounded by the budget: a fetched message waits in the
+//! source's buffer only while the runtime has no slot for it, at most one
+//! request's worth. (async-nats's own pull stream refills on its own
+//! schedule, whatever the runtime can take.)
+//!
+//! # Holding
+//!
+//! Every delivery handed to the runtime is held (see `deliveries.rs`)
+//! until the acker settled it: the source reports each one in progress
+//! before half its `ack_wait` has passed, so a handler slower than
+//! `ack_wait`, or a message queued behind it, is not delivered a second
+//! time while it runs. A crashed process stops reporting, and the server
+//! delivers its messages again after `ack_wait`.
+//!
+//! # Retry cap
+//!
+//! A delivery the server made more often than `max_deliveries` is written
+//! to the dead-letter subject by the source and ended with `+TERM`,
+//! without calling the handler: a message whose handler keeps failing, or
+//! whose consumer keeps crashing, stops there.
+//!
+//! # Closing
+//!
+//! `close` hands every delivery still held back with `-NAK` (no delay), so
+//! another instance receives it at once instead of after `ack_wait`.
+
+mod builder;
+pub(crate) mod convert;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::{StatusCode, Subject, Subscriber};
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use intake_core::{
+    DeadLetter, DeadLetterSink, ErrorClass, Limits, Message, Source, SourceError, SourceEvent,
+};
+use tokio::time::Instant;
+
+pub use self::builder::NatsSourceBuilder;
+use self::convert::{Converter, NotADelivery};
+use crate::acker::{NatsAcker, nak_with_delay};
+use crate::confirm::Confirmations;
+use crate::connection::Connection;
+use crate::counters::Counters;
+use crate::dead_letter::{NatsDeadLetterSink, NatsDeadLetterSinkBuilder};
+use crate::deliveries::{Deliveries, ProgressTask};
+use crate::error::{Error, boxed};
+
+/// How long past its expiry a pull request is waited for before the
+/// source assumes the server's `408` was lost and asks again.
+const REQUEST_GRACE: Duration = Duration::from_secs(1);
+
+/// A JetStream pull consumer as an intake [`Source`].
+///
+/// Build one with [`NatsSource::builder`]; acknowledge through
+/// [`NatsSource::acker`]; dead-letter through
+/// [`NatsSource::dead_letter_sink`]. See the [crate docs](crate) for the
+/// mapping onto intake's model.
+pub struct NatsSource {
+    connection: Connection,
+    stream: String,
+    consumer: String,
+    durable: bool,
+    ack_wait: Duration,
+    max_ack_pending: i64,
+    explicit_max_ack_pending: Option<i64>,
+    max_deliveries: Option<u32>,
+    fetch_wait: Duration,
+    ack_timeout: Duration,
+    dead_letter_subject: Option<String>,
+    redelivery_backoff: Arc<dyn intake_core::BackoffPolicy>,
+    pull_subject: Subject,
+    inbox: String,
+    replies: Subscriber,
+    request: Option<PullRequest>,
+    requests_sent: u64,
+    converter: Converter,
+    ready: VecDeque<Message>,
+    poison: VecDeque<(Message, u64, u32)>,
+    own_sink: Option<NatsDeadLetterSink>,
+    terms: Confirmations,
+    deliveries: Arc<Deliveries>,
+    counters: Arc<Counters>,
+    limits: Option<Limits>,
+    limits_applied: bool,
+    progress: Option<ProgressTask>,
+    hold: Vec<(u64, Subject, u32)>,
+    /// The connection the source last saw.
+    epoch_seen: u64,
+    /// Until then, pull one message per request (see [`Self::reconnected`]).
+    one_at_a_time_until: Option<Instant>,
+}
+
+impl std::fmt::Debug for NatsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsSource")
+            .field("endpoint", &self.connection.endpoint)
+            .field("stream", &self.stream)
+            .field("consumer", &self.consumer)
+            .field("ack_wait", &self.ack_wait)
+            .field("held", &self.deliveries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The pull request the server is filling.
+#[derive(Debug)]
+struct PullRequest {
+    reply: Subject,
+    remaining: usize,
+    deadline: Instant,
+    /// The connection it was sent on.
+    epoch: u64,
+}
+
+/// What [`NatsSourceBuilder::build`] found or made.
+pub(crate) struct Started {
+    connection: Connection,
+    stream: String,
+    consumer: String,
+    durable: bool,
+    ack_wait: Duration,
+    max_ack_pending: i64,
+    explicit_max_ack_pending: Option<i64>,
+    max_deliveries: Option<u32>,
+    builder: NatsSourceBuilder,
+}
+
+impl NatsSource {
+    /// A builder for a source on the server(s) at `url`:
+    /// `nats://[user:password@|token@]host[:port]`, `tls://…` for TLS,
+    /// several separated by commas.
+    pub fn builder(url: impl Into<String>) -> NatsSourceBuilder {
+        NatsSourceBuilder::new(url.into())
+    }
+
+    async fn start(started: Started) -> Result<Self, Error> {
+        let Started {
+            connection,
+            stream,
+            consumer,
+            durable,
+            ack_wait,
+            max_ack_pending,
+            explicit_max_ack_pending,
+            max_deliveries,
+            builder,
+        } = started;
+        let inbox = connection.client.new_inbox();
+        let replies = connection
+            .client
+            .subscribe(format!("{inbox}.*"))
+            .await
+            .map_err(|error| Error::Disconnected {
+                endpoint: connection.endpoint.to_string(),
+                source: boxed(error),
+            })?;
+        let deliveries = Arc::new(Deliveries::default());
+        let counters = Arc::new(Counters::default());
+        let progress = ProgressTask::start(
+            connection.client.clone(),
+            deliveries.clone(),
+            ack_wait,
+            counters.clone(),
+        );
+        Ok(Self {
+            pull_subject: Subject::from(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")),
+            converter: Converter::new(&stream, builder.partition_token),
+            terms: Confirmations::new(connection.client.clone()),
+            connection,
+            stream,
+            consumer,
+            durable,
+            ack_wait,
+            max_ack_pending,
+            explicit_max_ack_pending,
+            max_deliveries,
+            fetch_wait: builder.fetch_wait,
+            ack_timeout: builder.ack_timeout,
+            dead_letter_subject: builder.dead_letter_subject,
+            redelivery_backoff: builder.redelivery_backoff,
+            inbox,
+            replies,
+            request: None,
+            requests_sent: 0,
+            ready: VecDeque::new(),
+            poison: VecDeque::new(),
+            own_sink: None,
+            deliveries,
+            counters,
+            limits: None,
+            limits_applied: false,
+            progress: Some(progress),
+            hold: Vec::new(),
+            epoch_seen: 0,
+            one_at_a_time_until: None,
+        })
+    }
+
+    /// The acker for this source's deliveries.
+    pub fn acker(&self) -> NatsAcker {
+        NatsAcker::new(
+            self.connection.client.clone(),
+            self.deliveries.clone(),
+            self.redelivery_backoff.clone(),
+            self.ack_wait,
+            self.ack_timeout,
+            self.connection.endpoint.clone(),
+            self.counters.clone(),
+        )
+    }
+
+    /// A dead-letter sink builder, prefilled with this source's connection,
+    /// stream and consumer (default subject `<stream>.<consumer>.dlq`).
+    pub fn dead_letter_sink(&self) -> NatsDeadLetterSinkBuilder {
+        NatsDeadLetterSinkBuilder::new(
+            self.connection.clone(),
+            self.stream.clone(),
+            self.durable.then(|| self.consumer.clone()),
+            self.deliveries.clone(),
+            self.counters.clone(),
+            self.ack_timeout,
+        )
+    }
+
+    /// What the source, its acker and sinks counted.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// The consumer's name (the durable name, or the server's name for a
+    /// broadcast consumer).
+    pub fn consumer_name(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The `ack_wait` the server applies to this consumer.
+    pub fn ack_wait(&self) -> Duration {
+        self.ack_wait
+    }
+
+    /// The async-nats client, for producing alongside the source.
+    pub fn client(&self) -> async_nats::Client {
+        self.connection.client.clone()
+    }
+
+    fn endpoint(&self) -> String {
+        self.connection.endpoint.to_string()
+    }
+
+    /// Raises the consumer's `max_ack_pending` to the budget once the
+    /// runtime told it (never lowers it: other instances share it).
+    async fn apply_limits(&mut self) {
+        self.limits_applied = true;
+        let Some(limits) = self.limits else {
+            return;
+        };
+        let wanted = self
+            .explicit_max_ack_pending
+            .unwrap_or_else(|| i64::try_from(limits.max_in_flight).unwrap_or(i64::MAX));
+        if self.max_ack_pending >= wanted && self.explicit_max_ack_pending.is_none() {
+            return;
+        }
+        if self.max_ack_pending == wanted {
+            return;
+        }
+        let context = jetstream::new(self.connection.client.clone());
+        let updated = async {
+            let stream = context.get_stream(&self.stream).await.map_err(boxed)?;
+            let info = stream.consumer_info(&self.consumer).await.map_err(boxed)?;
+            let mut config: jetstream::consumer::pull::Config =
+                pull_config(info.config).ok_or("a push consumer")?;
+            config.max_ack_pending = wanted;
+            // nats-server 2.9 updates a consumer that a create request
+            // names with changed settings.
+            stream
+                .create_consumer::<jetstream::consumer::pull::Config>(config)
+                .await
+                .map_err(boxed)?;
+            Ok::<(), intake_core::BoxError>(())
+        }
+        .await;
+        match updated {
+            Ok(()) => {
+                tracing::info!(
+                    consumer = %self.consumer,
+                    from = self.max_ack_pending,
+                    to = wanted,
+                    "set the consumer's max_ack_pending from the budget"
+                );
+                self.max_ack_pending = wanted;
+            }
+            Err(error) => tracing::warn!(
+                consumer = %self.consumer,
+                %error,
+                max_ack_pending = self.max_ack_pending,
+                wanted,
+                "could not change the consumer's max_ack_pending; the server may send less than the budget allows"
+            ),
+        }
+    }
+
+    /// The client connected anew. A connection can be lost to a delivery
+    /// async-nats cannot parse (a header that is not UTF-8): the client
+    /// drops the connection with everything after that delivery in its
+    /// buffer, and after `ack_wait` the server delivers them all again,
+    /// together, so the same delivery would take the same company down
+    /// with it every time, a stall. For one `ack_wait` (and a little) after
+    /// a reconnect, the source therefore pulls one message per request:
+    /// each of them arrives on its own, and only the unreadable one costs
+    /// a reconnect (`tests/hostile_records.rs`).
+    fn reconnected(&mut self, epoch: u64, now: Instant) {
+        tracing::info!(
+            epoch,
+            "reconnected: pulling one message at a time for one ack_wait"
+        );
+        self.one_at_a_time_until = Some(now + self.ack_wait + 2 * REQUEST_GRACE);
+        self.epoch_seen = epoch;
+        self.request = None;
+    }
+
+    /// Sends a pull request for `batch` messages.
+    async fn request(&mut self, batch: usize) -> Result<(), Error> {
+        let batch = match self.one_at_a_time_until {
+            Some(until) if Instant::now() < until => 1,
+            Some(_) => {
+                self.one_at_a_time_until = None;
+                batch
+            }
+            None => batch,
+        };
+        self.requests_sent += 1;
+        let reply = Subject::from(format!("{}.{}", self.inbox, self.requests_sent));
+        let expires = self.fetch_wait.as_nanos();
+        let body = Bytes::from(format!("{{\"batch\":{batch},\"expires\":{expires}}}"));
+        self.connection
+            .client
+            .publish_with_reply(self.pull_subject.clone(), reply.clone(), body)
+            .await
+            .map_err(|error| Error::Disconnected {
+                endpoint: self.endpoint(),
+                source: boxed(error),
+            })?;
+        self.counters.add_pull_request();
+        self.request = Some(PullRequest {
+            reply,
+            remaining: batch,
+            deadline: Instant::now() + self.fetch_wait + REQUEST_GRACE,
+            epoch: self.connection.events.epoch(),
+        });
+        Ok(())
+    }
+
+    /// Takes one message from the inbox subscription.
+    fn accept(&mut self, message: async_nats::Message) -> Result<(), Error> {
+        if let Some(status) = message.status {
+            return self.status(status, &message);
+        }
+        let delivery = match self.converter.convert(message) {
+            Ok(delivery) => delivery,
+            Err(NotADelivery::NoAckSubject) => {
+                self.counters.add_not_delivery();
+                tracing::warn!(
+                    inbox = %self.inbox,
+                    "a message without a JetStream ack subject arrived on the source's inbox; skipped (nothing can acknowledge it)"
+                );
+                return Ok(());
+            }
+            Err(NotADelivery::SequenceOutOfRange(sequence)) => {
+                return Err(Error::JetStream {
+                    endpoint: self.endpoint(),
+                    operation: format!("deliver stream sequence {sequence}"),
+                    transient: false,
+                    source: "a stream sequence past 2^63 does not fit an intake position".into(),
+                });
+            }
+        };
+        if let Some(request) = &mut self.request {
+            request.remaining = request.remaining.saturating_sub(1);
+            if request.remaining == 0 {
+                self.request = None;
+            }
+        }
+        self.hold
+            .push((delivery.sequence, delivery.reply, delivery.delivered));
+        match self.max_deliveries {
+            Some(cap) if delivery.delivered > cap => {
+                self.poison
+                    .push_back((delivery.message, delivery.sequence, delivery.delivered));
+            }
+            _ => self.ready.push_back(delivery.message),
+        }
+        Ok(())
+    }
+
+    /// A status message on the inbox: heartbeats, and the server ending a
+    /// pull request.
+    fn status(&mut self, status: StatusCode, message: &async_nats::Message) -> Result<(), Error> {
+        let ours = self
+            .request
+            .as_ref()
+            .is_some_and(|request| request.reply == message.subject);
+        let description = message.description.as_deref().unwrap_or("");
+        match status {
+            StatusCode::IDLE_HEARTBEAT => {}
+            StatusCode::NOT_FOUND | StatusCode::TIMEOUT => {
+                if ours {
+                    self.request = None;
+                }
+            }
+            StatusCode::NO_RESPONDERS => {
+                // Nobody serves the consumer's API subject: JetStream is
+                // not ready yet (a server starting), or the consumer is
+                // gone. The runtime retries with backoff; a consumer that
+                // is gone shows in the next request's 409.
+                self.request = None;
+                return Err(Error::JetStream {
+                    endpoint: self.endpoint(),
+                    operation: format!(
+                        "serve pull requests of consumer `{}` of stream `{}`",
+                        self.consumer, self.stream
+                    ),
+                    transient: true,
+                    source: "no responders (503): JetStream is not ready, or the consumer is gone"
+                        .into(),
+                });
+            }
+            _ if description.contains("Consumer Deleted") => {
+                return Err(Error::ConsumerDeleted {
+                    endpoint: self.endpoint(),
+                    stream: self.stream.clone(),
+                    consumer: self.consumer.clone(),
+                });
+            }
+            _ => {
+                if ours {
+                    self.request = None;
+                }
+                tracing::debug!(%status, description, "the server ended a pull request");
+            }
+        }
+        Ok(())
+    }
+
+    /// Dead-letters the deliveries past the retry cap, one at a time,
+    /// each removed only once written and terminated (so a call dropped
+    /// half-way writes it again, never loses it).
+    async fn dead_letter_poison(&mut self) {
+        while let Some((message, sequence, delivered)) = self.poison.front().cloned() {
+            let attempts = message.metadata().attempt().saturating_sub(1);
+            let cap = self.max_deliveries.unwrap_or(u32::MAX);
+            let letter = DeadLetter::new(
+                message,
+                format!(
+                    "delivered {attempts} times without being acknowledged (max_deliveries = {cap})"
+                ),
+                attempts,
+            )
+            .with_class(ErrorClass::Retryable);
+            if self.own_sink.is_none() {
+                let mut builder = NatsDeadLetterSinkBuilder::new(
+                    self.connection.clone(),
+                    self.stream.clone(),
+                    self.durable.then(|| self.consumer.clone()),
+                    self.deliveries.clone(),
+                    self.counters.clone(),
+                    self.ack_timeout,
+                );
+                if let Some(subject) = &self.dead_letter_subject {
+                    builder = builder.subject(subject.clone());
+                }
+                match builder.build().await {
+                    Ok(sink) => self.own_sink = Some(sink),
+                    Err(error) => {
+                        self.give_back_poison(sequence, delivered, &error);
+                        return;
+                    }
+                }
+            }
+            let Some(sink) = &self.own_sink else {
+                return;
+            };
+            // The sink terms the original once the letter is confirmed.
+            match sink.write(&letter).await {
+                Ok(()) => {
+                    self.counters.add_source_dead_letter();
+                    tracing::warn!(
+                        sequence,
+                        attempts,
+                        subject = sink.subject(),
+                        "dead-lettered a message delivered more often than max_deliveries"
+                    );
+                    self.deliveries.release([(sequence, delivered)]);
+                    self.poison.pop_front();
+                }
+                Err(error) => {
+                    self.give_back_poison(sequence, delivered, &error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A poison delivery whose letter could not be written goes back with
+    /// a delay; it comes back past the cap again and is tried again.
+    fn give_back_poison(&mut self, sequence: u64, delivered: u32, error: &dyn std::fmt::Display) {
+        tracing::error!(
+            sequence,
+            %error,
+            "could not dead-letter a message past max_deliveries; it is handed back and tried again later"
+        );
+        if let Some(held) = self.deliveries.get(sequence) {
+            let client = self.connection.client.clone();
+            let body = nak_with_delay(self.ack_wait);
+            tokio::spawn(async move {
+                let _ = client.publish(held.reply, body).await;
+            });
+        }
+        self.deliveries.release([(sequence, delivered)]);
+        self.poison.pop_front();
+    }
+
+    /// Moves every message waiting on the inbox into the buffers, without
+    /// waiting.
+    fn drain_inbox(&mut self) -> Result<(), Error> {
+        while let Some(Some(message)) = self.replies.next().now_or_never() {
+            self.accept(message)?;
+        }
+        Ok(())
+    }
+
+    fn hold_accepted(&mut self) {
+        if !self.hold.is_empty() {
+            self.deliveries.hold(self.hold.drain(..));
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The pull form of a consumer's configuration (`None` for a push one).
+fn pull_config(config: jetstream::consumer::Config) -> Option<jetstream::consumer::pull::Config> {
+    if config.deliver_subject.is_some() {
+        return None;
+    }
+    Some(jetstream::consumer::pull::Config {
+        durable_name: config.durable_name,
+        name: config.name,
+        description: config.description,
+        deliver_policy: config.deliver_policy,
+        ack_policy: config.ack_policy,
+        ack_wait: config.ack_wait,
+        max_deliver: config.max_deliver,
+        filter_subject: config.filter_subject,
+        replay_policy: config.replay_policy,
+        rate_limit: config.rate_limit,
+        sample_frequency: config.sample_frequency,
+        max_waiting: config.max_waiting,
+        max_ack_pending: config.max_ack_pending,
+        headers_only: config.headers_only,
+        max_batch: config.max_batch,
+        max_bytes: config.max_bytes,
+        max_expires: config.max_expires,
+        inactive_threshold: config.inactive_threshold,
+        num_replicas: config.num_replicas,
+        memory_storage: config.memory_storage,
+        backoff: config.backoff,
+    })
+}
+
+impl Source for NatsSource {
+    fn set_limits(&mut self, limits: Limits) {
+        self.limits = Some(limits);
+    }
+
+    async fn next(
+        &mut self,
+        deliveries: &mut Vec<Message>,
+        max: usize,
+    ) -> Result<SourceEvent, SourceError> {
+        if !self.limits_applied {
+            self.apply_limits().await;
+        }
+        loop {
+            // Checked on every turn: while the server is away, the loop
+            // below only waits on pull requests that expire, and never
+            // returns to the runtime by itself.
+            if let Some(attempts) = self.connection.events.gave_up() {
+                return Err(Error::GaveUp {
+                    endpoint: self.endpoint(),
+                    attempts,
+                }
+                .into());
+            }
+            if !self.poison.is_empty() {
+                self.dead_letter_poison().await;
+            }
+            if max > 0 && !self.ready.is_empty() {
+                let take = max.min(self.ready.len());
+                deliveries.extend(self.ready.drain(..take));
+                return Ok(SourceEvent::Delivered);
+            }
+            let epoch = self.connection.events.epoch();
+            let now = Instant::now();
+            if epoch != self.epoch_seen {
+                self.reconnected(epoch, now);
+            }
+            if self
+                .request
+                .as_ref()
+                .is_some_and(|request| request.epoch != epoch || request.deadline <= now)
+            {
+                self.request = None;
+            }
+            if self.request.is_none() && max > 0 {
+                self.request(max).await?;
+            }
+            let events = self.connection.events.clone();
+            let reconnection = events.reconnection();
+            let deadline = self.request.as_ref().map(|request| request.deadline);
+            // Without a request (the budget is full) the wait is for what an
+            // earlier request still brings, until the runtime asks again.
+            let waited = tokio::select! {
+                message = self.replies.next() => Some(message),
+                () = reconnection => None,
+                () = sleep_until(deadline) => None,
+            };
+            match waited {
+                None => self.request = None,
+                Some(None) => {
+                    return Err(Error::Disconnected {
+                        endpoint: self.endpoint(),
+                        source: "the client closed the source's subscription".into(),
+                    }
+                    .into());
+                }
+                Some(Some(message)) => {
+                    let accepted = self.accept(message).and_then(|()| self.drain_inbox());
+                    self.hold_accepted();
+                    accepted?;
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), SourceError> {
+        // Stop reporting progress: what is still held goes back now.
+        self.progress = None;
+        let _ = self.replies.unsubscribe().await;
+        self.drain_inbox().ok();
+        self.hold_accepted();
+        let held = self.deliveries.take_all();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let count = held.len();
+        let naks = held
+            .into_iter()
+            .map(|(_, held)| (held.reply, Bytes::from_static(b"-NAK")));
+        let timeout = self.ack_timeout;
+        let sent = self.terms.send(naks, timeout).await;
+        match sent {
+            Ok(()) => {
+                self.counters.add_naks(count);
+                tracing::info!(count, "handed unfinished deliveries back to the server");
+                Ok(())
+            }
+            Err(unconfirmed) => {
+                let error = unconfirmed.into_error(&self.endpoint(), "the close's naks", timeout);
+                tracing::warn!(
+                    %error,
+                    count,
+                    "unfinished deliveries were not handed back; the server delivers them again after ack_wait"
+                );
+                Ok(())
+            }
+        }
+    }
+}

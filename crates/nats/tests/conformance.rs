@@ -1,0 +1,7 @@
+//! intake's backend conformance suite, unchanged, on nats-server with
+//! JetStream at 127.0.0.1:4222 (`.ci/services/nats.sh`). Skipped with a
+//! printed reason when no server listens, unless `INTAKE_REQUIRE_BROKERS=1`.
+
+mod support;
+
+intake_core::conformance_suite!(support::NatsBackend::new("the conformance suite on NATS"));
