@@ -12,6 +12,9 @@ use intake_core::{ConfigError, HandlerError, Message};
 use sqlx::PgPool;
 use tower::Service;
 
+// The one import loop of the crate, as in every adapter: a type and the
+// builder that makes it (`ExactlyOnce::builder` returns the builder, whose
+// `handler` returns an `ExactlyOnce`).
 use crate::builder::ExactlyOnceBuilder;
 use crate::context::Context;
 use crate::error::Error;
