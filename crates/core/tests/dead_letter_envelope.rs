@@ -30,6 +30,7 @@ fn broker() -> impl Strategy<Value = Broker> {
         Just(Broker::Redis),
         Just(Broker::Amqp),
         Just(Broker::Memory),
+        Just(Broker::Nats),
     ]
 }
 

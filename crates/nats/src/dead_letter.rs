@@ -23,12 +23,8 @@
 //!
 //! # The broker's name
 //!
-//! intake-core's [`Broker`] has no NATS variant, and `DeadLetter::read`
-//! refuses a broker name it does not know. The letter on the wire says
-//! `nats` all the same (what it says is kept for good; the enum is a code
-//! change), and [`read_dead_letter`] reads it back, reporting the origin's
-//! broker as [`Broker::Kafka`], the broker whose positions are offsets like
-//! stream sequences. See `docs/DEAD-LETTERS.md`.
+//! A letter says `nats` as its origin's broker ([`Broker::Nats`]), its
+//! position the stream sequence. See `docs/DEAD-LETTERS.md`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,9 +46,6 @@ use crate::error::{Error, boxed};
 pub const BROKER_NAME: &str = "nats";
 /// Original headers named `Nats-…` are carried under this prefix.
 pub const NATS_HEADER_PREFIX: &str = "intake.nats.";
-/// The stand-in the envelope is built with until intake-core knows NATS
-/// (see the module docs).
-const STAND_IN: Broker = Broker::Kafka;
 /// The most bytes of headers JetStream stores with a message (the server
 /// refuses more: `header size exceeds maximum allowed of 64k`, 10097).
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -226,7 +219,7 @@ impl NatsDeadLetterSinkBuilder {
                 name
             }
         };
-        let mut carrier = Carrier::keyless(STAND_IN);
+        let mut carrier = Carrier::keyless(Broker::Nats);
         if let Some(consumer) = &self.consumer {
             carrier = carrier.with_group(consumer.as_str());
         }
@@ -340,11 +333,9 @@ impl NatsDeadLetterSink {
             }
         }
         let mut fields = Vec::with_capacity(envelope::MAX_FIELDS);
-        let fresh = envelope.letter().origin.is_none();
         let omitted_text;
         for (name, value) in envelope.fields() {
             let value = match name {
-                envelope::ORIGIN_BROKER if fresh => Some(HeaderValue::from(BROKER_NAME)),
                 envelope::ERROR_MESSAGE => header_value(value, true),
                 envelope::HEADERS_OMITTED if omitted > 0 => None,
                 _ => header_value(value, false),
@@ -474,8 +465,9 @@ impl DeadLetterSink for NatsDeadLetterSink {
 /// into an intake [`Message`]): the original payload, key, headers and
 /// origin, the error, class, attempts and times.
 ///
-/// The origin's broker comes back as [`Broker::Kafka`] for a letter that
-/// says `nats` (see the [module docs](self)).
+/// Headers named `Nats-…` come back under their own names (the letter
+/// carries them as `intake.nats.…`, since JetStream acts on them in a
+/// publish).
 ///
 /// # Errors
 ///
@@ -490,13 +482,7 @@ pub fn read_dead_letter(message: &Message) -> Result<DeadLetter, EnvelopeError> 
                 Some(original) => original.into(),
                 None => header.name.clone(),
             };
-            let value = match &*header.name == envelope::ORIGIN_BROKER
-                && &header.value[..] == BROKER_NAME.as_bytes()
-            {
-                true => Bytes::from_static(STAND_IN.as_str().as_bytes()),
-                false => header.value.clone(),
-            };
-            (name, value)
+            (name, header.value.clone())
         })
         .collect();
     DeadLetter::read(None, message.payload().clone(), &headers)

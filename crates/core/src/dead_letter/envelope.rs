@@ -152,24 +152,34 @@ pub enum Broker {
     Amqp,
     /// intake's in-process broker: positions are offsets.
     Memory,
+    /// NATS JetStream: positions are stream sequences, carried as offsets.
+    Nats,
 }
 
 impl Broker {
-    /// The name the envelope carries: `kafka`, `redis`, `amqp`, `memory`.
+    /// The name the envelope carries: `kafka`, `redis`, `amqp`, `memory`,
+    /// `nats`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Broker::Kafka => "kafka",
             Broker::Redis => "redis",
             Broker::Amqp => "amqp",
             Broker::Memory => "memory",
+            Broker::Nats => "nats",
         }
     }
 
     /// The broker of that name, if intake knows it.
     pub fn from_name(name: &str) -> Option<Self> {
-        [Broker::Kafka, Broker::Redis, Broker::Amqp, Broker::Memory]
-            .into_iter()
-            .find(|broker| broker.as_str() == name)
+        [
+            Broker::Kafka,
+            Broker::Redis,
+            Broker::Amqp,
+            Broker::Memory,
+            Broker::Nats,
+        ]
+        .into_iter()
+        .find(|broker| broker.as_str() == name)
     }
 
     /// The broker a message at `position` came from: `preferred` when its
@@ -187,8 +197,10 @@ impl Broker {
     fn has_positions_like(self, position: Position) -> bool {
         matches!(
             (self, position),
-            (Broker::Kafka | Broker::Memory, Position::Offset(_))
-                | (Broker::Redis, Position::StreamId { .. })
+            (
+                Broker::Kafka | Broker::Memory | Broker::Nats,
+                Position::Offset(_)
+            ) | (Broker::Redis, Position::StreamId { .. })
                 | (Broker::Amqp, Position::Tag(_))
         )
     }
@@ -196,7 +208,9 @@ impl Broker {
     /// `text` as a position of this broker.
     fn position(self, text: &str) -> Option<Position> {
         match self {
-            Broker::Kafka | Broker::Memory => text.parse().ok().map(Position::Offset),
+            Broker::Kafka | Broker::Memory | Broker::Nats => {
+                text.parse().ok().map(Position::Offset)
+            }
             Broker::Redis => {
                 let (ms, seq) = text.split_once('-')?;
                 Some(Position::StreamId {
@@ -738,7 +752,7 @@ pub fn read(
             match broker {
                 Broker::Redis => "a stream entry id",
                 Broker::Amqp => "a delivery tag",
-                Broker::Kafka | Broker::Memory => "an offset",
+                Broker::Kafka | Broker::Memory | Broker::Nats => "an offset",
             },
         )
     })?;
@@ -863,6 +877,7 @@ mod tests {
         let cases = [
             (Broker::Kafka, Position::Offset(41)),
             (Broker::Memory, Position::Offset(0)),
+            (Broker::Nats, Position::Offset(1)),
             (
                 Broker::Redis,
                 Position::StreamId {

@@ -239,10 +239,7 @@ impl Backend for NatsBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            // intake-core has no `Broker::Nats` (a finding of issue 17):
-            // letters say `nats` on the wire and read back as the broker
-            // whose positions are offsets.
-            broker: Broker::Kafka,
+            broker: Broker::Nats,
             partitions: false,
             shared_groups: true,
             crash_redelivery_after: ACK_WAIT + Duration::from_secs(1),
