@@ -20,7 +20,7 @@ mod chaos_support;
 
 use chaos_support::backends::Backend;
 use chaos_support::scenarios::{self, Kills};
-use intake_core::testkit::skip_or_fail as skip;
+use intake_core::backend::testkit::skip_or_fail as skip;
 
 /// The figures: 50,000 messages, at least ten kills.
 const KILLS: Kills = Kills {

@@ -20,7 +20,7 @@ use super::ledger_program::{self, Consume};
 use super::own_broker::OwnBroker;
 use super::own_nats::OwnServer;
 use super::seed::{SplitMix64, suite_seed};
-use intake_core::testkit::skip_or_fail as skip;
+use intake_core::backend::testkit::skip_or_fail as skip;
 
 /// A consumer that will be killed must not exit first; it never idles this
 /// long within a scenario.

@@ -101,7 +101,7 @@ async fn run() -> Result<(), BoxError> {
         .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
         Ok(connection) => connection,
-        Err(error) if intake_core::testkit::brokers_required() => {
+        Err(error) if intake_core::backend::testkit::brokers_required() => {
             return Err(format!("RabbitMQ is required but: {error}").into());
         }
         Err(error) => {

@@ -15,7 +15,10 @@
 //! runtime sends again (after a failed batch, on revocation, at shutdown)
 //! never acknowledges a tag twice.
 
-use intake_core::{AckBatch, AckError, AckMode, Acker, PartitionAck, Position};
+use intake_core::{
+    Position,
+    backend::{AckBatch, AckError, AckMode, Acker, PartitionAck},
+};
 use lapin::options::{BasicAckOptions, BasicRejectOptions};
 
 use crate::error::ack_error;

@@ -2,7 +2,10 @@
 //! letting the broker route the message to the queue's own dead-letter
 //! exchange.
 
-use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink, Position, SourceName};
+use intake_core::{
+    DeadLetter, Position, SourceName,
+    backend::{DeadLetterError, DeadLetterSink},
+};
 use lapin::options::BasicRejectOptions;
 
 use crate::live_channel::ChannelSlot;

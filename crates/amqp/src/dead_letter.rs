@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use intake_core::dead_letter::EnvelopeError;
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
-use intake_core::{ConfigError, DeadLetter, DeadLetterError, DeadLetterSink, SourceName};
+use intake_core::{
+    ConfigError, DeadLetter, SourceName,
+    backend::{DeadLetterError, DeadLetterSink},
+};
 use lapin::message::Delivery;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};

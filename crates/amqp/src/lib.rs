@@ -3,7 +3,7 @@
 //! - [`AmqpSource`] consumes a queue (or, in broadcast mode, every message of
 //!   a fanout exchange) on one channel with manual acknowledgements. Its
 //!   prefetch (`basic.qos`) comes from the consumer's budget
-//!   ([`Source::set_limits`](intake_core::Source::set_limits)):
+//!   ([`Source::set_limits`](intake_core::backend::Source::set_limits)):
 //!   `max_in_flight` deliveries, so memory stays bounded however long the
 //!   queue is. RabbitMQ bounds a prefetch by count only and sets it as a
 //!   consumer starts, so the byte budget bounds it on reopened channels
@@ -59,9 +59,9 @@
 //! # Ordering
 //!
 //! A source consumes on one channel, which is one partition, so the
-//! runtime's default `Ordering::Partition` handles one message at a time,
-//! in queue order. For concurrency, use `Ordering::Unordered`, or
-//! `Ordering::Key` to keep the order per routing key. A queue shared by
+//! runtime's default `DeliveryOrder::Partition` handles one message at a time,
+//! in queue order. For concurrency, use `DeliveryOrder::Unordered`, or
+//! `DeliveryOrder::Key` to keep the order per routing key. A queue shared by
 //! several consumers has no order across them anyway.
 //!
 //! # Dead letters

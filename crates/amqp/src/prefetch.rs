@@ -18,7 +18,7 @@
 //! Changing it on a running consumer would take a second consumer on the
 //! channel; see `Consuming` in the source for why the source does not.
 
-use intake_core::Limits;
+use intake_core::backend::Limits;
 use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
 
 /// AMQP's `prefetch-count` is a 16-bit number; 0 means "no limit".

@@ -22,8 +22,8 @@ use intake_amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions, Que
 use intake_amqp::lapin::types::FieldTable;
 use intake_amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
 use intake_amqp::{AmqpSource, Queue, Topology};
-use intake_core::testkit::skip_or_fail;
-use intake_core::{Source, SourceError, SourceEvent};
+use intake_core::backend::testkit::skip_or_fail;
+use intake_core::backend::{Source, SourceError, SourceEvent};
 use support::{AmqpBackend, RecordingBackoff, close_connection_named, rabbitmqctl, unique};
 
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use intake_amqp::{AmqpSource, Error, Queue, Topology};
 use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
-use intake_core::{PartitionKey, Position, Source, SourceError, SourceEvent};
+use intake_core::{
+    PartitionKey, Position,
+    backend::{Source, SourceError, SourceEvent},
+};
 use support::steps::{
     ack_through, arriving_within, limits, publish_direct, receive, requeue, settle_at, tags,
 };

@@ -13,7 +13,10 @@ use std::time::Duration;
 use intake_amqp::lapin::types::AMQPValue;
 use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error, Exchange, Queue, Topology};
 use intake_core::dead_letter::{EnvelopeError, envelope};
-use intake_core::{DeadLetter, DeadLetterSink, Message, Position, Source, SourceEvent};
+use intake_core::{
+    DeadLetter, Message, Position,
+    backend::{DeadLetterSink, Source, SourceEvent},
+};
 use support::steps::{PATIENCE, ack_through, publish_direct, receive, requeue, settle_at};
 use support::{AmqpBackend, dead_letter_queue, expiring, unique};
 

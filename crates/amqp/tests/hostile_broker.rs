@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error};
-use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
+use intake_core::backend::testkit::hostile_server::{HostileServer, Misbehaviour};
 
 /// Far above the timeouts in play: reaching it means a hang.
 const HANG: Duration = Duration::from_secs(60);

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
+use intake_core::backend::{AckBatch, Acker, Limits, PartitionAck, Source, SourceEvent};
 use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
-use intake_core::{AckBatch, Acker, Limits, PartitionAck, Source, SourceEvent};
 use support::raw::{RawMessage, table};
 use support::{AmqpBackend, RecordingBackoff, inbound_exchange};
 

@@ -12,9 +12,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use intake_amqp::AmqpSource;
+use intake_core::backend::testkit::skip_or_fail;
 use intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES;
-use intake_core::testkit::skip_or_fail;
-use intake_core::{AckError, Message, PartitionKey, Source, SourceEvent};
+use intake_core::{
+    Message, PartitionKey,
+    backend::{AckError, Source, SourceEvent},
+};
 use support::steps::{PATIENCE, ack_through, arriving_within, limits, receive, settle_at};
 use support::{AmqpBackend, close_connection_named, unique};
 
@@ -259,7 +262,7 @@ async fn a_lost_channel_is_reopened_only_after_its_revocation_completed() {
         early.is_err(),
         "the source reconnected while the revocation was pending: {early:?}"
     );
-    revocation.complete(intake_core::source::RevocationOutcome::default());
+    revocation.complete(intake_core::backend::RevocationOutcome::default());
     let assigned = tokio::time::timeout(PATIENCE, source.next(&mut buffer, 10))
         .await
         .expect("the source reconnects once the revocation completed")

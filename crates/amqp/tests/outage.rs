@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use intake_amqp::AmqpSource;
 use intake_core::{
-    AckBatch, AckError, Acker, Exponential, Message, PartitionAck, Source, SourceEvent,
+    Exponential, Message,
+    backend::{AckBatch, AckError, Acker, PartitionAck, Source, SourceEvent},
 };
 use support::proxy::{Mode, Proxy};
 use support::{AmqpBackend, broker_address, url_at};

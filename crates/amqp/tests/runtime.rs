@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use intake_amqp::{AmqpSource, Exchange, Queue, Topology};
 use intake_core::Message;
-use intake_core::testkit::skip_or_fail;
+use intake_core::backend::testkit::skip_or_fail;
 use support::steps::{PATIENCE, publish_direct, settle_at};
 use support::{AmqpBackend, close_connection_named, dead_letter_queue, unique};
 

@@ -13,8 +13,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use intake_amqp::{AmqpDeadLetterSink, AmqpSource, Error, Tls};
-use intake_core::testkit::skip_or_fail;
-use intake_core::{AckBatch, Acker, DeadLetter, DeadLetterSink, PartitionAck, Source, SourceEvent};
+use intake_core::backend::testkit::skip_or_fail;
+use intake_core::{
+    DeadLetter,
+    backend::{AckBatch, Acker, DeadLetterSink, PartitionAck, Source, SourceEvent},
+};
 use support::{AmqpBackend, dead_letter_queue};
 
 const PATIENCE: Duration = Duration::from_secs(20);

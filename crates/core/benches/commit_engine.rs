@@ -14,7 +14,10 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use intake_core::commit_engine::{CommitEngine, PartitionId, Ticket};
-use intake_core::{AckBatch, AckMode, PartitionKey, Position};
+use intake_core::{
+    PartitionKey, Position,
+    backend::{AckBatch, AckMode},
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

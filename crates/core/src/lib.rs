@@ -72,11 +72,8 @@
 //! ```
 #![warn(missing_docs)]
 
-// What a backend author needs is documented under `backend`; the modules
-// stay public, hidden, so that the backend crates' paths keep working until
-// they move to `backend`.
-#[doc(hidden)]
-pub mod acker;
+// What a backend author needs is public under `backend` only.
+mod acker;
 pub mod backend;
 pub mod backoff;
 pub mod batch;
@@ -105,25 +102,14 @@ pub mod observer;
 pub mod redact;
 pub mod retry;
 pub mod shutdown_scope;
-#[doc(hidden)]
-pub mod source;
+mod source;
 pub mod trace;
 
-#[doc(hidden)]
-pub use acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
-#[cfg(feature = "testkit")]
-#[doc(hidden)]
-pub use backend::testkit;
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use batch::{BatchLayer, BatchSettings};
 pub use catch_panic::CatchPanicLayer;
-#[doc(hidden)]
-#[allow(deprecated)]
-pub use consumer::Ordering;
 pub use consumer::{Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, Shutdown};
 pub use dead_letter::{DeadLetter, DeadLetterLayer, FailurePolicy};
-#[doc(hidden)]
-pub use dead_letter::{DeadLetterError, DeadLetterSink};
 pub use decode::{Decode, DecodeError, Decoded, Json};
 pub use error::{BoxError, ConfigError, ErrorChain, ErrorClass, HandlerError};
 pub use handler::{
@@ -135,6 +121,4 @@ pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, So
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
 pub use retry::RetryLayer;
-#[doc(hidden)]
-pub use source::{Limits, Revocation, RevocationHandle, Source, SourceError, SourceEvent};
 pub use trace::TraceLayer;

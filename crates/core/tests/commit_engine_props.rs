@@ -8,7 +8,10 @@
 use std::collections::HashSet;
 
 use intake_core::commit_engine::{CommitEngine, Completion, PartitionId, Ticket};
-use intake_core::{AckBatch, AckMode, PartitionKey, Position};
+use intake_core::{
+    PartitionKey, Position,
+    backend::{AckBatch, AckMode},
+};
 use proptest::prelude::*;
 
 fn key(partition: u32) -> PartitionKey {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use intake_core::acker::{AckBatch, AckError, AckMode, Acker};
+use intake_core::backend::{AckBatch, AckError, AckMode, Acker};
 use intake_core::consumer::{Consumer, DeliveryOrder};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message};

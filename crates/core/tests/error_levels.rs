@@ -10,6 +10,7 @@ use std::error::Error;
 use std::fmt;
 use std::time::Duration;
 
+use intake_core::backend::RevocationError;
 use intake_core::batch::{BatchError, BatchLayer, BatchSettings};
 use intake_core::catch_panic::Panicked;
 use intake_core::consumer::RunError;
@@ -18,10 +19,10 @@ use intake_core::dead_letter::{
 };
 use intake_core::error::ErrorChain;
 use intake_core::memory::{InjectedFault, MemoryBroker, MemoryError, Record, dead_letter_topic};
-use intake_core::source::RevocationError;
 use intake_core::{
-    AckError, BoxError, ConfigError, DeadLetter, DeadLetterError, DeadLetterSink, DecodeError,
-    HandlerError, Headers, Message, Metadata, PartitionKey, Position, RunReport, SourceError,
+    BoxError, ConfigError, DeadLetter, DecodeError, HandlerError, Headers, Message, Metadata,
+    PartitionKey, Position, RunReport,
+    backend::{AckError, DeadLetterError, DeadLetterSink, SourceError},
 };
 use tower::{Layer, ServiceExt, service_fn};
 

@@ -486,10 +486,10 @@ async fn a_timeout_layer_ends_a_handler_that_never_returns_and_it_is_retried_not
     );
     let (mut source, _acker) = broker.consumer("payments", "ledger").expect("consumer");
     let mut deliveries = Vec::new();
-    let _assigned = intake_core::Source::next(&mut source, &mut deliveries, 10)
+    let _assigned = intake_core::backend::Source::next(&mut source, &mut deliveries, 10)
         .await
         .expect("assigned");
-    intake_core::Source::next(&mut source, &mut deliveries, 10)
+    intake_core::backend::Source::next(&mut source, &mut deliveries, 10)
         .await
         .expect("delivered");
     assert_eq!(deliveries.len(), 1, "the broker delivers it again");

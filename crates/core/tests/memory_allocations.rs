@@ -8,7 +8,10 @@ mod counting_allocator;
 use counting_allocator::allocations_during;
 use futures_util::FutureExt;
 use intake_core::memory::{MemoryBroker, Record};
-use intake_core::{Headers, Message, Source, SourceEvent};
+use intake_core::{
+    Headers, Message,
+    backend::{Source, SourceEvent},
+};
 
 /// One `next` call, which must complete without waiting: the partitions are
 /// prefilled.

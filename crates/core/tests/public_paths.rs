@@ -1,6 +1,6 @@
-//! The public API by audience: `backend` holds what a backend implements,
-//! and the root paths the backend crates import today still name the same
-//! items (hidden from the root's documentation) until they switch over.
+//! The public API by audience: `backend` holds what a backend implements;
+//! the message and dead-letter types both audiences use are the same items
+//! under the root and under `backend`.
 
 use std::any::TypeId;
 
@@ -9,54 +9,16 @@ fn same<A: ?Sized + 'static, B: ?Sized + 'static>() -> bool {
 }
 
 #[test]
-fn the_backend_module_and_the_hidden_root_paths_name_the_same_items() {
-    use intake_core::backend;
-
-    assert!(same::<backend::SourceEvent, intake_core::SourceEvent>());
-    assert!(same::<backend::SourceError, intake_core::source::SourceError>());
-    assert!(same::<backend::Limits, intake_core::Limits>());
-    assert!(same::<backend::Revocation, intake_core::Revocation>());
+fn the_envelope_under_backend_is_the_dead_letter_modules() {
     assert!(same::<
-        backend::RevocationHandle,
-        intake_core::RevocationHandle,
-    >());
-    assert!(same::<
-        backend::RevocationOutcome,
-        intake_core::source::RevocationOutcome,
-    >());
-    assert!(same::<
-        backend::RevocationError,
-        intake_core::source::RevocationError,
-    >());
-    assert!(same::<backend::AckBatch, intake_core::AckBatch>());
-    assert!(same::<backend::AckError, intake_core::acker::AckError>());
-    assert!(same::<backend::AckMode, intake_core::AckMode>());
-    assert!(same::<backend::PartitionAck, intake_core::PartitionAck>());
-    assert!(same::<backend::DeadLetterError, intake_core::DeadLetterError>());
-    assert!(same::<
-        dyn backend::DeadLetterSink,
-        dyn intake_core::DeadLetterSink,
-    >());
-    assert!(same::<
-        backend::envelope::Broker,
+        intake_core::backend::envelope::Broker,
         intake_core::dead_letter::Broker,
     >());
-}
-
-#[cfg(feature = "testkit")]
-#[test]
-fn the_testkit_is_under_backend_and_at_its_old_path() {
     assert!(same::<
-        intake_core::backend::testkit::TestMessage,
-        intake_core::testkit::TestMessage,
+        intake_core::backend::DeadLetter,
+        intake_core::DeadLetter,
     >());
-}
-
-#[test]
-#[allow(deprecated)]
-fn the_former_ordering_name_is_delivery_order() {
-    assert!(same::<intake_core::Ordering, intake_core::DeliveryOrder>());
-    assert_eq!(intake_core::Ordering::Key, intake_core::DeliveryOrder::Key);
+    assert!(same::<intake_core::backend::Message, intake_core::Message>());
 }
 
 #[test]

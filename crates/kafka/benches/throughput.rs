@@ -32,8 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use intake_core::{
-    AckBatch, Acker, Consumer, DeliveryOrder, PartitionAck, PartitionKey, Payload, Position,
-    Source, SourceEvent, handler_fn,
+    Consumer, DeliveryOrder, PartitionKey, Payload, Position,
+    backend::{AckBatch, Acker, PartitionAck, Source, SourceEvent},
+    handler_fn,
 };
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
@@ -265,7 +266,7 @@ async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure,
         if committing.as_ref().is_some_and(|task| task.is_finished())
             && let Some(task) = committing.take()
         {
-            let (returned, result): (_, Result<(), intake_core::AckError>) = task.await?;
+            let (returned, result): (_, Result<(), intake_core::backend::AckError>) = task.await?;
             result?;
             acker = Some(returned);
         }

@@ -3,7 +3,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use intake_core::{AckBatch, AckError, AckMode, Acker, PartitionKey};
+use intake_core::{
+    PartitionKey,
+    backend::{AckBatch, AckError, AckMode, Acker},
+};
 use rdkafka::consumer::BaseConsumer;
 use tokio::time::Instant;
 

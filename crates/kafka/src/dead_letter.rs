@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
-use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink};
+use intake_core::{
+    DeadLetter,
+    backend::{DeadLetterError, DeadLetterSink},
+};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

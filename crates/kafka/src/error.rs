@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use intake_core::{BoxError, DeadLetterError, SourceError};
+use intake_core::{
+    BoxError,
+    backend::{DeadLetterError, SourceError},
+};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::settings::is_secret;

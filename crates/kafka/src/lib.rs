@@ -25,7 +25,7 @@
 //!
 //! ```no_run
 //! use intake_core::dead_letter::DeadLetterLayer;
-//! use intake_core::{Consumer, HandlerError, Json, Meta, Ordering, handler_fn};
+//! use intake_core::{Consumer, DeliveryOrder, HandlerError, Json, Meta, handler_fn};
 //! use intake_kafka::{KafkaSettings, KafkaSource};
 //! use tokio_util::sync::CancellationToken;
 //! use tower::Layer;
@@ -56,7 +56,7 @@
 //!
 //! let shutdown = CancellationToken::new();
 //! let report = Consumer::builder()
-//!     .ordering(Ordering::Key)
+//!     .ordering(DeliveryOrder::Key)
 //!     .build(source, acker, handler)?
 //!     .run(shutdown)
 //!     .await?;

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use intake_core::{AckError, PartitionKey, Position};
+use intake_core::{PartitionKey, Position, backend::AckError};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;

@@ -10,11 +10,12 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use intake_core::backend::testkit::harness::{Ledger, numbered};
+use intake_core::backend::testkit::{Backend, TestMessage};
 use intake_core::dead_letter::{Broker, envelope};
-use intake_core::testkit::harness::{Ledger, numbered};
-use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
-    DeadLetter, DeadLetterSink, DeliveryOrder, ErrorClass, Message, Metadata, Position, SourceError,
+    DeadLetter, DeliveryOrder, ErrorClass, Message, Metadata, Position,
+    backend::{DeadLetterSink, SourceError},
 };
 use intake_kafka::{Error, KafkaDeadLetterSink};
 use support::consumer::{TestConsumer, eventually, settled};
@@ -182,7 +183,7 @@ async fn dead_letter_one(
         .await
         .expect("read the dlq");
     assert_eq!(records.len(), 1);
-    intake_core::Source::close(&mut source)
+    intake_core::backend::Source::close(&mut source)
         .await
         .expect("close");
     (topic, original, records.remove(0))
@@ -294,8 +295,8 @@ async fn write_large_letter(
     sink_settings: &[(&str, &str)],
     topic_config: &[(&str, &str)],
 ) -> (
-    Result<(), intake_core::DeadLetterError>,
-    Result<(), intake_core::DeadLetterError>,
+    Result<(), intake_core::backend::DeadLetterError>,
+    Result<(), intake_core::backend::DeadLetterError>,
 ) {
     let topic = kafka.create_source(1).await.expect("topic");
     let group = unique("g");
@@ -381,7 +382,7 @@ async fn a_missing_dead_letter_topic_is_created_on_first_use() {
         .await
         .expect("read the dlq");
     assert_eq!(records.len(), 2);
-    intake_core::Source::close(&mut source)
+    intake_core::backend::Source::close(&mut source)
         .await
         .expect("close");
 }

@@ -11,8 +11,8 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::testkit::Backend;
-use intake_core::testkit::harness::{Ledger, numbered};
+use intake_core::backend::testkit::Backend;
+use intake_core::backend::testkit::harness::{Ledger, numbered};
 use support::consumer::TestConsumer;
 use support::own_broker::OwnBroker;
 use support::{KafkaBackend, unique};

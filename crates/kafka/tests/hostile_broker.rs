@@ -7,8 +7,11 @@
 
 use std::time::Duration;
 
-use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
-use intake_core::{DeadLetter, DeadLetterSink, Message, Metadata, Position, SourceError};
+use intake_core::backend::testkit::hostile_server::{HostileServer, Misbehaviour};
+use intake_core::{
+    DeadLetter, Message, Metadata, Position,
+    backend::{DeadLetterSink, SourceError},
+};
 use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
 
 /// Far above the timeouts configured below: reaching it means a hang.

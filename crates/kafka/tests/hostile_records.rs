@@ -12,8 +12,8 @@ use bytes::Bytes;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
 
-use intake_core::testkit::Backend;
-use intake_core::testkit::harness::{Ledger, numbered};
+use intake_core::backend::testkit::Backend;
+use intake_core::backend::testkit::harness::{Ledger, numbered};
 use intake_kafka::rdkafka::ClientConfig;
 use intake_kafka::rdkafka::bindings;
 use intake_kafka::rdkafka::message::{BorrowedHeaders, OwnedHeaders};
@@ -125,7 +125,7 @@ async fn a_header_name_that_is_not_utf8_is_read_lossily_and_never_stops_the_part
         "the value keeps its raw bytes"
     );
     assert_eq!(hostile.headers().get_str("tenant"), Some("acme"));
-    intake_core::Source::close(&mut source)
+    intake_core::backend::Source::close(&mut source)
         .await
         .expect("close");
 }
@@ -312,7 +312,7 @@ async fn arbitrary_records_arrive_as_messages_with_their_bytes() {
             );
         }
     }
-    intake_core::Source::close(&mut source)
+    intake_core::backend::Source::close(&mut source)
         .await
         .expect("close");
 }

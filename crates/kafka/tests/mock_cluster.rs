@@ -8,12 +8,15 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use intake_core::backend::testkit::harness::{Ledger, numbered};
+use intake_core::backend::testkit::{Backend, TestMessage};
 use intake_core::dead_letter::envelope;
-use intake_core::testkit::harness::{Ledger, numbered};
-use intake_core::testkit::{Backend, TestMessage};
 use intake_core::{
-    AckBatch, AckError, Acker, Consumer, DeadLetter, DeadLetterSink, DeliveryOrder, Headers,
-    Limits, PartitionAck, PartitionKey, Position, Source, SourceError, SourceEvent,
+    Consumer, DeadLetter, DeliveryOrder, Headers, PartitionKey, Position,
+    backend::{
+        AckBatch, AckError, Acker, DeadLetterSink, Limits, PartitionAck, Source, SourceError,
+        SourceEvent,
+    },
 };
 use intake_kafka::{Error, KafkaDeadLetterSink, KafkaSettings, KafkaSource};
 use support::consumer::{TestConsumer, eventually, settled};

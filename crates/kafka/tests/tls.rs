@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use intake_core::testkit::Backend;
-use intake_core::testkit::harness::{Ledger, numbered};
-use intake_core::{DeadLetter, DeadLetterSink};
+use intake_core::backend::testkit::Backend;
+use intake_core::backend::testkit::harness::{Ledger, numbered};
+use intake_core::{DeadLetter, backend::DeadLetterSink};
 use intake_kafka::{Error, KafkaSettings, KafkaSource};
 use support::consumer::TestConsumer;
 use support::{KafkaBackend, unique};

@@ -121,7 +121,7 @@ async fn run() -> Result<(), BoxError> {
         .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
     let client = match async_nats::connect(&url).await {
         Ok(client) => client,
-        Err(error) if intake_core::testkit::brokers_required() => {
+        Err(error) if intake_core::backend::testkit::brokers_required() => {
             return Err(format!("NATS is required but: {error}").into());
         }
         Err(error) => {

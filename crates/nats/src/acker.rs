@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use async_nats::Subject;
 use bytes::Bytes;
-use intake_core::{AckBatch, AckError, AckMode, Acker, BackoffPolicy, Position};
+use intake_core::{
+    BackoffPolicy, Position,
+    backend::{AckBatch, AckError, AckMode, Acker},
+};
 
 use crate::confirm::Confirmations;
 use crate::counters::Counters;

@@ -33,7 +33,10 @@ use async_nats::jetstream;
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use intake_core::dead_letter::envelope::{self, Broker, Carrier, Envelope, EnvelopeError};
-use intake_core::{DeadLetter, DeadLetterError, DeadLetterSink, Headers, Message, SourceName};
+use intake_core::{
+    DeadLetter, Headers, Message, SourceName,
+    backend::{DeadLetterError, DeadLetterSink},
+};
 
 use crate::acker::sequence;
 use crate::confirm::Confirmations;
@@ -240,7 +243,7 @@ impl NatsDeadLetterSinkBuilder {
 }
 
 /// Publishes dead letters to a JetStream subject, confirmed, then terms the
-/// original. See the [module docs](self).
+/// original. See `docs/DEAD-LETTERS.md`.
 pub struct NatsDeadLetterSink {
     context: jetstream::Context,
     client: async_nats::Client,

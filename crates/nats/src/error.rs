@@ -5,7 +5,10 @@
 //! this level and what to do; the client's own error is its
 //! [`source`](std::error::Error::source), never part of the text.
 
-use intake_core::{AckError, BoxError, ConfigError, DeadLetterError, SourceError};
+use intake_core::{
+    BoxError, ConfigError,
+    backend::{AckError, DeadLetterError, SourceError},
+};
 
 /// A NATS JetStream failure, classified.
 ///

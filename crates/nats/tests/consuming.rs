@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::testkit::TestMessage;
+use intake_core::backend::testkit::TestMessage;
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::async_nats::jetstream;
 use intake_nats::{Error, NatsSource};

@@ -5,7 +5,7 @@ mod support;
 
 use bytes::Bytes;
 use intake_core::dead_letter::envelope::{self, Broker};
-use intake_core::{DeadLetter, DeadLetterSink, Headers, Message, Metadata, Position};
+use intake_core::{DeadLetter, Headers, Message, Metadata, Position, backend::DeadLetterSink};
 use intake_nats::async_nats::jetstream;
 use intake_nats::{Error, NatsSource};
 use support::NatsBackend;

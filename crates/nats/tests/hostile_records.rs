@@ -6,7 +6,7 @@ mod support;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use intake_core::testkit::TestMessage;
+use intake_core::backend::testkit::TestMessage;
 use intake_core::{Consumer, DeadLetterLayer, DeliveryOrder, HandlerError, Headers, Message};
 use support::{NatsBackend, Running, Seen, wait_until};
 
@@ -67,7 +67,7 @@ async fn an_empty_payload_is_delivered_empty_and_dead_lettered_not_dropped() {
     .await;
     running.stop().await;
     assert_eq!(seen.count(b""), 1, "the empty payload reached the handler");
-    let letters = intake_core::testkit::Backend::dead_letters(&backend, &stream, "g")
+    let letters = intake_core::backend::testkit::Backend::dead_letters(&backend, &stream, "g")
         .await
         .expect("read back");
     assert_eq!(letters.len(), 1);
@@ -127,7 +127,7 @@ async fn dead_letter_all_but_ok(
     })
     .await;
     running.stop().await;
-    let letters = intake_core::testkit::Backend::dead_letters(backend, &stream, "g")
+    let letters = intake_core::backend::testkit::Backend::dead_letters(backend, &stream, "g")
         .await
         .expect("read back");
     let sizes = sizes.lock().expect("sizes").clone();

@@ -22,7 +22,10 @@ fn own_server(port: u16, test: &str) -> Option<OwnServer> {
     match OwnServer::start(port) {
         Ok(server) => Some(server),
         Err(error) => {
-            intake_core::testkit::skip_or_fail(test, &format!("cannot start nats-server: {error}"));
+            intake_core::backend::testkit::skip_or_fail(
+                test,
+                &format!("cannot start nats-server: {error}"),
+            );
             None
         }
     }

@@ -139,7 +139,7 @@ async fn a_message_delivered_more_often_than_max_deliveries_is_dead_lettered_by_
         "three deliveries handled, the fourth dead-lettered"
     );
     assert_eq!(seen.count(b"m1"), 1);
-    let letters = intake_core::testkit::Backend::dead_letters(&backend, &stream, "capped")
+    let letters = intake_core::backend::testkit::Backend::dead_letters(&backend, &stream, "capped")
         .await
         .expect("read the dead letters");
     assert_eq!(letters.len(), 1, "{letters:?}");

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::testkit::TestMessage;
+use intake_core::backend::testkit::TestMessage;
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::{Error, NatsSource, Tls};
 use support::own_server::OwnServer;
@@ -21,7 +21,10 @@ fn start(port: u16, tls: bool, include: Option<&str>, test: &str) -> Option<OwnS
     match OwnServer::start_with(port, tls, include) {
         Ok(server) => Some(server),
         Err(error) => {
-            intake_core::testkit::skip_or_fail(test, &format!("cannot start nats-server: {error}"));
+            intake_core::backend::testkit::skip_or_fail(
+                test,
+                &format!("cannot start nats-server: {error}"),
+            );
             None
         }
     }

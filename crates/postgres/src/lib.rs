@@ -11,7 +11,8 @@
 //! handler is skipped and the message is acknowledged as a duplicate.
 //!
 //! ```no_run
-//! use intake_core::{Consumer, Json, Meta, Source, Acker};
+//! use intake_core::backend::{Acker, Source};
+//! use intake_core::{Consumer, Json, Meta};
 //! use intake_postgres::{exactly_once, MarkerTable, PoolConfig, PruneSettings, Pruner, Tx};
 //! use serde::Deserialize;
 //! use tokio_util::sync::CancellationToken;

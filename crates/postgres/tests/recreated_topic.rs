@@ -17,7 +17,7 @@ mod kafka_support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use intake_core::testkit::{Backend, TestMessage};
+use intake_core::backend::testkit::{Backend, TestMessage};
 use intake_core::{Headers, Message};
 use intake_postgres::{ExactlyOnceStats, MessageId, Tx};
 use kafka_support::{KafkaBackend, unique};
@@ -68,7 +68,7 @@ async fn consume(
             .await
             .expect("processed or skipped");
     }
-    intake_core::Source::close(&mut source)
+    intake_core::backend::Source::close(&mut source)
         .await
         .expect("close");
     stats

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use common::crashes::{Form, ID_HEADER, ROUNDS, batches, check};
 use common::database;
-use intake_core::testkit::harness::{Running, numbered};
-use intake_core::testkit::memory_backend::MemoryBackend;
-use intake_core::testkit::{Backend, TestMessage};
+use intake_core::backend::testkit::harness::{Running, numbered};
+use intake_core::backend::testkit::memory_backend::MemoryBackend;
+use intake_core::backend::testkit::{Backend, TestMessage};
 use intake_core::{Consumer, DeliveryOrder, Payload};
 use intake_postgres::{ExactlyOnce, MessageId, Tx};
 use sqlx::AssertSqlSafe;

@@ -49,7 +49,7 @@ async fn server_with_tls(test: &str) -> bool {
         .await
         .expect("SHOW ssl");
     if on != "on" {
-        intake_core::testkit::skip_or_fail(test, "the server has ssl = off");
+        intake_core::backend::testkit::skip_or_fail(test, "the server has ssl = off");
         return false;
     }
     true
@@ -189,7 +189,7 @@ async fn verify_full_refuses_a_certificate_no_trusted_ca_signed_with_a_tls_error
     let server = match UntrustedTlsServer::start().await {
         Ok(server) => server,
         Err(why) => {
-            intake_core::testkit::skip_or_fail(
+            intake_core::backend::testkit::skip_or_fail(
                 "verify_full_refuses_an_untrusted_certificate",
                 &why,
             );
@@ -229,7 +229,7 @@ async fn verify_full_connects_when_the_servers_certificate_is_trusted() {
     }
     let snakeoil = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
     let Ok(pem) = std::fs::read(snakeoil) else {
-        intake_core::testkit::skip_or_fail(
+        intake_core::backend::testkit::skip_or_fail(
             "verify_full_connects_when_trusted",
             "no snakeoil certificate",
         );

@@ -12,7 +12,7 @@ use crate::connection::SharedConnection;
 use crate::held::HeldEntries;
 use crate::settings::Settings;
 use crate::stream_id::StreamId;
-use intake_core::{AckBatch, AckError, AckMode, Acker};
+use intake_core::backend::{AckBatch, AckError, AckMode, Acker};
 
 /// Acknowledges entries of a consumer group (`XACK`), or nothing at all for a
 /// broadcast reader.

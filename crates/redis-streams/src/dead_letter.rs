@@ -16,7 +16,10 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
-use intake_core::{ConfigError, DeadLetter, DeadLetterError, DeadLetterSink};
+use intake_core::{
+    ConfigError, DeadLetter,
+    backend::{DeadLetterError, DeadLetterSink},
+};
 use redis::Script;
 
 use crate::connection::{

@@ -8,7 +8,10 @@
 //! [`source`](std::error::Error::source), so a reporter that walks the
 //! chain prints each once.
 
-use intake_core::{AckError, BoxError, ConfigError, DeadLetterError, SourceError};
+use intake_core::{
+    BoxError, ConfigError,
+    backend::{AckError, DeadLetterError, SourceError},
+};
 use redis::{ErrorKind, RedisError};
 
 use crate::endpoint::Endpoint;

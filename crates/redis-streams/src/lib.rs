@@ -20,7 +20,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use intake_core::Source;
+//! use intake_core::backend::Source;
 //! use intake_redis_streams::RedisStreamsSource;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{AckBatch, AckMode, Acker, PartitionAck};
+use intake_core::backend::{AckBatch, AckMode, Acker, PartitionAck};
 use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder, StartFrom};
 
 use support::*;

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use intake_core::dead_letter::envelope;
-use intake_core::{DeadLetter, DeadLetterSink};
+use intake_core::{DeadLetter, backend::DeadLetterSink};
 use intake_redis_streams::{DeadLetterStream, Error, RedisDeadLetterSink, RedisStreamsSource};
 use redis::aio::MultiplexedConnection;
 
@@ -21,7 +21,7 @@ async fn dead_letter_the_entry(
     group: &str,
     error: &str,
 ) -> (
-    Result<(), intake_core::DeadLetterError>,
+    Result<(), intake_core::backend::DeadLetterError>,
     intake_redis_streams::RedisStreamsSource,
     intake_core::Message,
 ) {

@@ -6,7 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{Constant, Source, SourceError};
+use intake_core::{
+    Constant,
+    backend::{Source, SourceError},
+};
 use intake_redis_streams::{Error, RedisStreamsSource};
 use redis::AsyncCommands;
 

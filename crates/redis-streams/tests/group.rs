@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use intake_core::dead_letter::envelope;
-use intake_core::{AckBatch, AckMode, Acker, ErrorClass, PartitionAck, Source};
+use intake_core::{
+    ErrorClass,
+    backend::{AckBatch, AckMode, Acker, PartitionAck, Source},
+};
 use redis::{AsyncCommands, Value};
 
 use support::*;
@@ -363,7 +366,7 @@ async fn the_dead_letter_sink_writes_the_origin_and_acknowledges_atomically() {
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
     let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = intake_core::DeadLetter::new(received[0].clone(), "cannot parse", 4);
-    intake_core::DeadLetterSink::write(&sink, &letter)
+    intake_core::backend::DeadLetterSink::write(&sink, &letter)
         .await
         .expect("write");
 
@@ -401,7 +404,7 @@ async fn a_failed_dead_letter_write_leaves_the_original_pending() {
     let received = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
     let sink = source.dead_letter_sink().build().await.expect("sink");
     let letter = intake_core::DeadLetter::new(received[0].clone(), "bad", 1);
-    let written = intake_core::DeadLetterSink::write(&sink, &letter).await;
+    let written = intake_core::backend::DeadLetterSink::write(&sink, &letter).await;
     assert!(written.is_err());
     assert_eq!(
         unacknowledged(&mut redis, &stream, &group).await.ok(),

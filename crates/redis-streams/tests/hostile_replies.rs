@@ -11,7 +11,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{Constant, Source};
+use intake_core::{Constant, backend::Source};
 use intake_redis_streams::RedisStreamsSource;
 use proptest::prelude::*;
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use intake_core::testkit::hostile_server::{HostileServer, Misbehaviour};
+use intake_core::backend::testkit::hostile_server::{HostileServer, Misbehaviour};
 use intake_redis_streams::{Error, RedisStreamsSource};
 
 /// Far above the timeouts configured below: reaching it means a hang.

@@ -11,7 +11,10 @@ mod support;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use intake_core::{AckBatch, Acker, Consumer, HandlerError, Message, PartitionAck, Source};
+use intake_core::{
+    Consumer, HandlerError, Message,
+    backend::{AckBatch, Acker, PartitionAck, Source},
+};
 use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder};
 use tokio_util::sync::CancellationToken;
 
@@ -127,7 +130,7 @@ fn own_server_or_skip(test: &str) -> Option<OwnServer> {
     match OwnServer::start() {
         Ok(server) => Some(server),
         Err(error) => {
-            intake_core::testkit::skip_or_fail(
+            intake_core::backend::testkit::skip_or_fail(
                 test,
                 &format!("no redis-server of its own: {error}"),
             );
@@ -287,7 +290,10 @@ async fn any_backoff_policy_paces_the_reconnects_and_its_giving_up_ends_the_read
     let mut buffer = Vec::new();
     let read = tokio::time::timeout(HANG, source.next(&mut buffer, 10)).await;
     assert!(
-        matches!(read, Ok(Err(intake_core::SourceError::Unreachable { .. }))),
+        matches!(
+            read,
+            Ok(Err(intake_core::backend::SourceError::Unreachable { .. }))
+        ),
         "{read:?}"
     );
     let asked = policy.asked.lock().map(|asked| asked.clone()).ok();

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::{Limits, Source};
+use intake_core::backend::{Limits, Source};
 use intake_redis_streams::{RedisStreamsSource, StartFrom};
 use redis::aio::MultiplexedConnection;
 

@@ -146,7 +146,7 @@ fn tls_server_or_skip(test: &str) -> Option<TlsServer> {
         Ok(server) => Some(server),
         Err(error) => {
             let why = format!("cannot start a TLS Redis: {error}");
-            intake_core::testkit::skip_or_fail(test, &why);
+            intake_core::backend::testkit::skip_or_fail(test, &why);
             None
         }
     }

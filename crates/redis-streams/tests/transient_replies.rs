@@ -11,7 +11,10 @@ mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use intake_core::{AckBatch, Acker, Constant, PartitionAck, Source, SourceError};
+use intake_core::{
+    Constant,
+    backend::{AckBatch, Acker, PartitionAck, Source, SourceError},
+};
 use intake_redis_streams::{Error, RedisStreamsSource};
 
 use scripted_server::{ScriptedServer, array, bulk, entry, error, int};

@@ -9,7 +9,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use intake_core::Source;
+use intake_core::backend::Source;
 use intake_redis_streams::RedisStreamsSource;
 use redis::AsyncCommands;
 

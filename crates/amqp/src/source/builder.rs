@@ -90,7 +90,7 @@ impl fmt::Debug for AmqpSourceBuilder {
 }
 
 impl AmqpSourceBuilder {
-    /// How long [`Source::close`](intake_core::Source::close) waits for the
+    /// How long [`Source::close`](intake_core::backend::Source::close) waits for the
     /// broker unless [`close_timeout`](Self::close_timeout) says otherwise.
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -152,7 +152,7 @@ impl AmqpSourceBuilder {
     /// [`reconnect_backoff`](intake_core::ConsumerBuilder::reconnect_backoff)
     /// paces its next call, and that call starts a new series of attempts.
     ///
-    /// [`Source::next`]: intake_core::Source::next
+    /// [`Source::next`]: intake_core::backend::Source::next
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
         self.reconnect = Arc::new(policy);
         self
@@ -182,11 +182,11 @@ impl AmqpSourceBuilder {
         self
     }
 
-    /// How long [`Source::close`](intake_core::Source::close) waits for the
+    /// How long [`Source::close`](intake_core::backend::Source::close) waits for the
     /// broker to answer the consumer's cancel, the hand-back of unfinished
     /// deliveries and the closing of channel and connection (default 5 s).
     /// Past it the connection is dropped, close reports
-    /// [`SourceError::Unreachable`](intake_core::SourceError::Unreachable),
+    /// [`SourceError::Unreachable`](intake_core::backend::SourceError::Unreachable),
     /// and the broker requeues the unacknowledged deliveries once it notices
     /// the connection is gone.
     pub fn close_timeout(mut self, timeout: Duration) -> Self {

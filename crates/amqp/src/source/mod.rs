@@ -21,8 +21,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::{FutureExt, Stream, StreamExt};
-use intake_core::source::{RevocationError, RevocationOutcome};
-use intake_core::{Limits, Message, PartitionKey, Revocation, Source, SourceError, SourceEvent};
+use intake_core::backend::{RevocationError, RevocationOutcome};
+use intake_core::{
+    Message, PartitionKey,
+    backend::{Limits, Revocation, Source, SourceError, SourceEvent},
+};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
     QueueDeclareOptions,

@@ -27,8 +27,8 @@ use intake_amqp::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 use intake_amqp::{AmqpAcker, AmqpDeadLetterSink, AmqpSource, read_dead_letter};
+use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::{Broker, EnvelopeError};
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::{BoxError, DeadLetter};
 
 /// The broker the tests use (override with `INTAKE_AMQP_URL`).
@@ -198,7 +198,7 @@ impl AmqpBackend {
             Ok(backend) => Some(backend),
             Err(error) => {
                 let why = format!("no RabbitMQ at {}: {error}", redacted(&url()));
-                intake_core::testkit::skip_or_fail(test, &why);
+                intake_core::backend::testkit::skip_or_fail(test, &why);
                 None
             }
         }

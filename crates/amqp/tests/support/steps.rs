@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use intake_amqp::AmqpSource;
 use intake_core::{
-    AckBatch, AckError, Acker, Limits, Message, PartitionAck, PartitionKey, Position, Source,
-    SourceEvent,
+    Message, PartitionKey, Position,
+    backend::{AckBatch, AckError, Acker, Limits, PartitionAck, Source, SourceEvent},
 };
 
 use super::AmqpBackend;

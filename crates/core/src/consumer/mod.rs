@@ -76,16 +76,6 @@ pub enum DeliveryOrder {
     Unordered,
 }
 
-/// The former name of [`DeliveryOrder`], which clashed with
-/// `std::sync::atomic::Ordering` in every file that used both.
-#[doc(hidden)]
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `DeliveryOrder` (the variants are unchanged), so that it does not clash with \
-            `std::sync::atomic::Ordering`"
-)]
-pub type Ordering = DeliveryOrder;
-
 /// The settings of a consumer, checked when it is built.
 #[derive(Clone)]
 pub(crate) struct Settings {

@@ -40,7 +40,7 @@
 //!
 //! ```
 //! use intake_core::memory::{MemoryBroker, Record};
-//! use intake_core::{AckBatch, Acker, PartitionAck, Source, SourceEvent};
+//! use intake_core::backend::{AckBatch, Acker, PartitionAck, Source, SourceEvent};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use intake_core::dead_letter::DeadLettered;
 use intake_core::memory::{MemoryAcker, MemoryBroker, MemorySource};
 use intake_core::{
-    AckBatch, AckError, AckMode, Acker, ErrorClass, HandlerError, Message, Position, Source,
-    SourceError, SourceEvent,
+    ErrorClass, HandlerError, Message, Position,
+    backend::{AckBatch, AckError, AckMode, Acker, Source, SourceError, SourceEvent},
 };
 use tower::Service;
 

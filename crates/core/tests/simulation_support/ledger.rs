@@ -9,7 +9,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
-use intake_core::{AckBatch, AckError, DeliveryOrder, PartitionKey, Position};
+use intake_core::{
+    DeliveryOrder, PartitionKey, Position,
+    backend::{AckBatch, AckError},
+};
 use tokio::time::Instant;
 
 use super::rng::mix;

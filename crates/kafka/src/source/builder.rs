@@ -59,7 +59,7 @@ const PREFETCH_BOUNDS: [(&str, &str); 2] = [
 /// ([`ConsumerBuilder`](intake_core::ConsumerBuilder)): its
 /// `max_in_flight`, `max_in_flight_bytes` and `revoke_timeout` size the
 /// source's hand-over queue and its rebalance callback's wait (see
-/// [`KafkaSource`]'s [`set_limits`](intake_core::Source::set_limits)).
+/// [`KafkaSource`]'s [`set_limits`](intake_core::backend::Source::set_limits)).
 #[derive(Debug, Clone)]
 pub struct KafkaSourceBuilder {
     settings: KafkaSettings,

@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use intake_core::source::RevocationError;
-use intake_core::{PartitionKey, Position, Revocation, SourceError, SourceEvent};
+use intake_core::backend::RevocationError;
+use intake_core::{
+    PartitionKey, Position,
+    backend::{Revocation, SourceError, SourceEvent},
+};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::metadata::Metadata;

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use intake_core::{Message, PartitionKey, SourceError, SourceEvent};
+use intake_core::{
+    Message, PartitionKey,
+    backend::{SourceError, SourceEvent},
+};
 use tokio::sync::Notify;
 
 /// What the polling thread hands over besides messages.
@@ -253,7 +256,7 @@ impl Handoff {
 
 #[cfg(test)]
 mod tests {
-    use intake_core::{Metadata, Position, Revocation};
+    use intake_core::{Metadata, Position, backend::Revocation};
 
     use super::*;
 

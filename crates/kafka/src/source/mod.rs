@@ -20,7 +20,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use intake_core::{Limits, Message, Source, SourceError, SourceEvent};
+use intake_core::{
+    Message,
+    backend::{Limits, Source, SourceError, SourceEvent},
+};
 use rdkafka::consumer::BaseConsumer;
 use tokio::sync::oneshot;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use intake_core::{Message, PartitionKey, SourceError};
+use intake_core::{Message, PartitionKey, backend::SourceError};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -378,7 +378,7 @@ fn message_topic(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use intake_core::SourceEvent;
+    use intake_core::backend::SourceEvent;
 
     use super::*;
     use crate::source::handoff::Taken;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use intake_core::testkit::harness::{Ledger, id_of};
+use intake_core::backend::testkit::harness::{Ledger, id_of};
 use intake_core::{
     Consumer, ConsumerBuilder, ConsumerObserver, DeliveryOrder, HandlerError, Message,
     PartitionKey, PartitionSnapshot, RunError, RunReport, handler_fn,

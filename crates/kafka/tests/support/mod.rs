@@ -8,10 +8,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use intake_core::backend::RevocationOutcome;
+use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::{Broker, EnvelopeError};
-use intake_core::source::RevocationOutcome;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
-use intake_core::{BoxError, DeadLetter, Headers, Message, PartitionKey, Source, SourceEvent};
+use intake_core::{
+    BoxError, DeadLetter, Headers, Message, PartitionKey,
+    backend::{Source, SourceEvent},
+};
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
 use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
@@ -102,7 +105,7 @@ impl KafkaBackend {
             let why = format!(
                 "no Kafka broker on {REAL_BROKERS} (start one with `.ci/services/kafka.sh`)"
             );
-            intake_core::testkit::skip_or_fail(test, &why);
+            intake_core::backend::testkit::skip_or_fail(test, &why);
             return None;
         }
         Some(Self::at(REAL_BROKERS))

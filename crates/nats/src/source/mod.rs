@@ -48,7 +48,8 @@ use async_nats::{StatusCode, Subject, Subscriber};
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use intake_core::{
-    DeadLetter, DeadLetterSink, ErrorClass, Limits, Message, Source, SourceError, SourceEvent,
+    DeadLetter, ErrorClass, Message,
+    backend::{DeadLetterSink, Limits, Source, SourceError, SourceEvent},
 };
 use tokio::time::Instant;
 

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::Broker;
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::{BoxError, Constant, DeadLetter, Headers, Message, Metadata, Position};
 use intake_nats::async_nats::jetstream;
 use intake_nats::async_nats::{self, HeaderMap};
@@ -46,7 +46,7 @@ pub async fn nats_or_skip(test: &str) -> Option<async_nats::Client> {
                 "no NATS server at {} ({error}); start one with `.ci/services/nats.sh`",
                 nats_url()
             );
-            intake_core::testkit::skip_or_fail(test, &why);
+            intake_core::backend::testkit::skip_or_fail(test, &why);
             None
         }
     }

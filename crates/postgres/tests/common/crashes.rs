@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use intake_core::backend::testkit::Backend;
+use intake_core::backend::testkit::harness::{Running, numbered, unique_group};
 use intake_core::batch::{BatchLayer, BatchSettings};
-use intake_core::testkit::Backend;
-use intake_core::testkit::harness::{Running, numbered, unique_group};
 use intake_core::{Consumer, ConsumerBuilder, DeliveryOrder, HandlerError, Message, Payload};
 use intake_postgres::{ExactlyOnce, ExactlyOnceStats, MessageId, Tx};
 use sqlx::{AssertSqlSafe, PgPool};

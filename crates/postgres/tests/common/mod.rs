@@ -40,7 +40,7 @@ pub async fn database(test: &str, max_connections: u32) -> Option<PgPool> {
         }
     }
     let why = format!("no PostgreSQL: {}", failures.join("; "));
-    intake_core::testkit::skip_or_fail(test, &why);
+    intake_core::backend::testkit::skip_or_fail(test, &why);
     None
 }
 

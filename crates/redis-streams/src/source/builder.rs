@@ -279,7 +279,7 @@ impl RedisStreamsSourceBuilder {
     /// after it was lost, or after a transient refusal ([`TRANSIENT_CODES`]):
     /// any [`BackoffPolicy`], checked by [`build`](Self::build). Default:
     /// exponential from 100 ms doubling to 10 s, 10 % jitter, forever. When
-    /// the policy gives up, [`Source::next`](intake_core::Source::next)
+    /// the policy gives up, [`Source::next`](intake_core::backend::Source::next)
     /// reports the server unreachable to the runtime (which backs off by its
     /// own policy and calls again); closing the source never waits on it.
     ///

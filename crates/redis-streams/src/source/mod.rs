@@ -34,7 +34,10 @@ mod staging;
 
 use std::sync::Arc;
 
-use intake_core::{Limits, Message, Source, SourceError, SourceEvent};
+use intake_core::{
+    Message,
+    backend::{Limits, Source, SourceError, SourceEvent},
+};
 use redis::aio::MultiplexedConnection;
 
 use crate::acker::RedisStreamsAcker;
@@ -239,7 +242,7 @@ impl Source for RedisStreamsSource {
 
     /// Sizes each read (`COUNT`) so that it brings at most an eighth of
     /// `max_in_flight_bytes` at the average size of the entries before
-    /// (see [`ReadSize`]); `max_in_flight` already bounds every read
+    /// (see `source/read_size.rs`); `max_in_flight` already bounds every read
     /// through `next`'s `max`, and a stream has no revocation to time.
     fn set_limits(&mut self, limits: Limits) {
         self.read_size.set_budget(limits.max_in_flight_bytes);

@@ -8,7 +8,7 @@
 //! the runtime's room alone (64 MiB of room, 1 MB entries: 64 entries)
 //! therefore held twice the budget at its peak, measured with
 //! `benches/memory_bound.rs`. So once the consumer told its byte budget
-//! ([`Source::set_limits`](intake_core::Source::set_limits)), one read asks
+//! ([`Source::set_limits`](intake_core::backend::Source::set_limits)), one read asks
 //! for at most as many entries as fit in an eighth of it at the average
 //! size of the entries read before, and for one while no size is known.
 //! Entries much larger than those before them can still make one read

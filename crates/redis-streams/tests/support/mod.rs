@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::{Broker, EnvelopeError};
-use intake_core::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::{
-    AckBatch, Acker, BoxError, DeadLetter, Headers, Message, PartitionAck, PartitionKey, Source,
+    BoxError, DeadLetter, Headers, Message, PartitionKey,
+    backend::{AckBatch, Acker, PartitionAck, Source},
 };
 use intake_redis_streams::{
     RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsSource, RedisStreamsSourceBuilder,
@@ -41,7 +42,7 @@ pub async fn redis_or_skip(test: &str) -> Option<MultiplexedConnection> {
         Ok(connection) => Some(connection),
         Err(error) => {
             let why = format!("Redis is not reachable at {}: {error}", redis_url());
-            intake_core::testkit::skip_or_fail(test, &why);
+            intake_core::backend::testkit::skip_or_fail(test, &why);
             None
         }
     }
