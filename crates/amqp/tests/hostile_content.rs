@@ -211,7 +211,7 @@ async fn a_poison_that_outlasts_the_reconnect_backoff_is_a_transient_error_that_
     .await
     .expect("the backoff gives up after two retries");
     assert!(error.is_transient(), "{error:?}");
-    let text = error.to_string();
+    let text = intake_core::ErrorChain::new(&error).to_string();
     assert!(text.contains(&queue) && text.contains("tag 1"), "{text}");
     assert_eq!(
         counters.unparsable_deliveries(),
