@@ -236,13 +236,24 @@ impl<B: Backend> Run<'_, B> {
         H::Future: Send + 'static,
     {
         for (index, round) in self.rounds.iter().enumerate() {
-            let builder = match round.acks {
-                Acks::Never => Consumer::builder()
-                    .commit_interval(Duration::from_secs(3600))
-                    .commit_batch(usize::MAX),
-                Acks::Often => Consumer::builder().commit_interval(Duration::from_millis(5)),
+            // The runtime sends an acknowledgement once a quarter of
+            // `max_in_flight` has completed, whatever `commit_batch` says
+            // (so a prefetch of `max_in_flight` never stalls): a round that
+            // must not acknowledge takes a budget whose quarter it never
+            // reaches.
+            let (builder, max_in_flight) = match round.acks {
+                Acks::Never => (
+                    Consumer::builder()
+                        .commit_interval(Duration::from_secs(3600))
+                        .commit_batch(usize::MAX),
+                    4096,
+                ),
+                Acks::Often => (
+                    Consumer::builder().commit_interval(Duration::from_millis(5)),
+                    16,
+                ),
             };
-            let running = self.start(builder, handler()).await;
+            let running = self.start(builder, max_in_flight, handler()).await;
             wait_until(&format!("round {index}: {round:?}"), || {
                 stats.processed() >= round.crash_after_processed
             })
@@ -252,7 +263,7 @@ impl<B: Backend> Run<'_, B> {
         }
 
         let builder = Consumer::builder().commit_interval(Duration::from_millis(5));
-        let running = self.start(builder, handler()).await;
+        let running = self.start(builder, 16, handler()).await;
         // Drained when the broker holds nothing unacknowledged. (The
         // handler's `processed` count may stay below the message count: a
         // crash while COMMIT was under way leaves effects committed but
@@ -274,7 +285,7 @@ impl<B: Backend> Run<'_, B> {
         running.stop().await;
     }
 
-    async fn start<H>(&self, builder: ConsumerBuilder, handler: H) -> Running
+    async fn start<H>(&self, builder: ConsumerBuilder, max_in_flight: usize, handler: H) -> Running
     where
         H: Service<Message, Response = (), Error = HandlerError> + Send + 'static,
         H::Future: Send + 'static,
@@ -284,7 +295,7 @@ impl<B: Backend> Run<'_, B> {
             self.source,
             self.group,
             builder.ordering(DeliveryOrder::Unordered),
-            16,
+            max_in_flight,
             handler,
         )
         .await
