@@ -189,10 +189,14 @@ share.coordinator.state.topic.min.isr=1
 min.insync.replicas=1
 default.replication.factor=1
 
-# Tests start consumers and expect work at once: no wait for more members
-# before the first rebalance (default 3 s), and session timeouts as short as
-# 1 s allowed (tests of a crashed member's takeover use short sessions).
-group.initial.rebalance.delay.ms=0
+# A new group's first rebalance waits 1.5 s for more members (Kafka's default
+# is 3 s): consumers started together share the first assignment, as in
+# production, instead of the first one draining a small backlog alone before
+# the second is in (the chaos two-consumer scenario's victim got nothing
+# that way: 20,000 records took the first member under a second). Session
+# timeouts as short as 1 s are allowed (tests of a crashed member's
+# takeover use short sessions).
+group.initial.rebalance.delay.ms=1500
 group.min.session.timeout.ms=1000
 group.consumer.min.session.timeout.ms=1000
 group.consumer.min.heartbeat.interval.ms=500
