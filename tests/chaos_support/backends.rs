@@ -305,8 +305,20 @@ fn kill_redis_clients(pid: u32) -> Result<String, String> {
 /// with whatever it has in flight, and thawed once the broker has closed its
 /// connections: it wakes up to a dead connection mid-work.
 fn close_amqp_connections(pid: u32, logs: &Path) -> Result<String, String> {
-    let _frozen = Frozen::stop(pid)?;
-    let ports = sockets::client_ports(pid, AMQP_PORT)?;
+    // A fault that lands right after the previous one can freeze the
+    // consumer while it reconnects, with no connection to close: thaw it,
+    // give it a moment to reconnect, and try again (bounded).
+    let mut attempts = 0;
+    let (_frozen, ports) = loop {
+        let frozen = Frozen::stop(pid)?;
+        let ports = sockets::client_ports(pid, AMQP_PORT)?;
+        attempts += 1;
+        if !ports.is_empty() || attempts == RECONNECT_ATTEMPTS {
+            break (frozen, ports);
+        }
+        drop(frozen);
+        std::thread::sleep(Duration::from_millis(500));
+    };
     let listing = list_amqp_connections(logs)?;
     let mut closed = 0;
     for line in listing.lines() {
@@ -330,6 +342,10 @@ fn close_amqp_connections(pid: u32, logs: &Path) -> Result<String, String> {
     }
     Ok(format!("closed {closed} connections"))
 }
+
+/// How often a fault looks for the consumer's connection before it gives
+/// up: 500 ms apart, longer than a reconnect's first backoff.
+const RECONNECT_ATTEMPTS: u32 = 10;
 
 /// rabbitmqctl starts an Erlang VM per call: a second or two.
 const RABBITMQCTL_TIMEOUT: Duration = Duration::from_secs(30);
