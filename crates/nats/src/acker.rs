@@ -22,7 +22,7 @@ use intake_core::{
 
 use crate::confirm::Confirmations;
 use crate::counters::Counters;
-use crate::deliveries::{Deliveries, Held};
+use crate::deliveries::Deliveries;
 
 /// Sends acknowledgements for a [`NatsSource`](crate::NatsSource); get it
 /// from [`NatsSource::acker`](crate::NatsSource::acker).
@@ -39,7 +39,6 @@ pub struct NatsAcker {
     /// Reused per batch.
     sequences: Vec<u64>,
     requeued: Vec<u64>,
-    found: Vec<(u64, Held)>,
     acks: Vec<(Subject, Bytes)>,
     settled: Vec<(u64, u32)>,
 }
@@ -85,7 +84,6 @@ impl NatsAcker {
             counters,
             sequences: Vec::new(),
             requeued: Vec::new(),
-            found: Vec::new(),
             acks: Vec::new(),
             settled: Vec::new(),
         }
@@ -130,24 +128,23 @@ impl Acker for NatsAcker {
         if self.sequences.is_empty() && self.requeued.is_empty() {
             return Ok(());
         }
-        // Naks first: a batch applies its requeues before its acks.
-        self.found.clear();
-        self.deliveries.lookup(&self.requeued, &mut self.found);
-        let naks = self.found.len();
-        self.deliveries.lookup(&self.sequences, &mut self.found);
-        // A sequence no longer held was settled before (a dead letter's
+        // Naks first: a batch applies its requeues before its acks. A
+        // sequence no longer held was settled before (a dead letter's
         // term, a batch resent after its confirmation was lost): nothing
         // to send for it.
         let (backoff, cap) = (&*self.redelivery_backoff, self.nak_delay_cap);
-        self.acks.clear();
-        self.acks
-            .extend(self.found.iter().enumerate().map(|(index, (_, held))| {
-                let body = match index < naks {
-                    true => nak(backoff, cap, held.delivered),
-                    false => ACK,
-                };
-                (held.reply.clone(), body)
-            }));
+        let (acks, settled) = (&mut self.acks, &mut self.settled);
+        acks.clear();
+        settled.clear();
+        self.deliveries.lookup(&self.requeued, |sequence, held| {
+            acks.push((held.reply.clone(), nak(backoff, cap, held.delivered)));
+            settled.push((sequence, held.delivered));
+        });
+        let naks = acks.len();
+        self.deliveries.lookup(&self.sequences, |sequence, held| {
+            acks.push((held.reply.clone(), ACK));
+            settled.push((sequence, held.delivered));
+        });
         // One confirmation for the whole batch: sound because the server
         // applies one connection's acks to a consumer in order (see
         // `confirm.rs`).
@@ -162,12 +159,6 @@ impl Acker for NatsAcker {
                 ))
             })?;
         self.counters.add_naks(naks);
-        self.settled.clear();
-        self.settled.extend(
-            self.found
-                .iter()
-                .map(|(sequence, held)| (*sequence, held.delivered)),
-        );
         self.deliveries.release(self.settled.drain(..));
         Ok(())
     }

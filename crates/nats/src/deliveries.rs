@@ -71,14 +71,15 @@ impl Deliveries {
         self.lock().get(&sequence).cloned()
     }
 
-    /// Looks up each sequence; appends `(sequence, held)` for those held.
-    pub(crate) fn lookup(&self, sequences: &[u64], found: &mut Vec<(u64, Held)>) {
+    /// Looks up each sequence and calls `found` with those held, under
+    /// one lock (so keep `found` short).
+    pub(crate) fn lookup(&self, sequences: &[u64], mut found: impl FnMut(u64, &Held)) {
         let held = self.lock();
-        found.extend(
-            sequences
-                .iter()
-                .filter_map(|sequence| held.get(sequence).map(|entry| (*sequence, entry.clone()))),
-        );
+        for sequence in sequences {
+            if let Some(entry) = held.get(sequence) {
+                found(*sequence, entry);
+            }
+        }
     }
 
     /// Forgets deliveries the server confirmed as settled, each given as
