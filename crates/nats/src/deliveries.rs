@@ -15,6 +15,7 @@
 //! tick, never across an await.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -89,11 +90,11 @@ impl Deliveries {
     pub(crate) fn release(&self, settled: impl IntoIterator<Item = (u64, u32)>) {
         let mut held = self.lock();
         for (sequence, delivered) in settled {
-            if held
-                .get(&sequence)
-                .is_some_and(|entry| entry.delivered == delivered)
+            // One probe per sequence, not a look and a removal.
+            if let Entry::Occupied(entry) = held.entry(sequence)
+                && entry.get().delivered == delivered
             {
-                held.remove(&sequence);
+                entry.remove();
             }
         }
     }
