@@ -196,3 +196,116 @@ impl Confirmations {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! On the shared nats-server as a plain NATS server (no JetStream): a
+    //! responder of the test's own stands in for the consumer's acks.
+
+    use super::*;
+
+    fn url() -> String {
+        std::env::var("INTAKE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+    }
+
+    /// Two clients (the confirmations', the responder's), or `None` after
+    /// saying why when no server runs and none is required.
+    async fn clients(test: &str) -> Option<(async_nats::Client, async_nats::Client)> {
+        let connect = || {
+            async_nats::ConnectOptions::new()
+                .connection_timeout(Duration::from_secs(2))
+                .connect(url())
+        };
+        match (connect().await, connect().await) {
+            (Ok(ours), Ok(responder)) => Some((ours, responder)),
+            (Err(error), _) | (_, Err(error)) => {
+                intake_core::backend::testkit::skip_or_fail(
+                    test,
+                    &format!("no NATS server at {} ({error})", url()),
+                );
+                None
+            }
+        }
+    }
+
+    /// Starts a round of three "acks" on a fresh subject and returns it
+    /// with what the responder received (all three, in order).
+    async fn round_under_way(
+        ours: &async_nats::Client,
+        responder: &async_nats::Client,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), Unconfirmed>>,
+        Vec<async_nats::Message>,
+    ) {
+        let subject = Subject::from(format!("intake.confirm.{}", ours.new_inbox()));
+        let mut requests = responder
+            .subscribe(subject.clone())
+            .await
+            .expect("subscribe");
+        responder.flush().await.expect("flush");
+        let mut confirmations = Confirmations::new(ours.clone());
+        let round = tokio::spawn(async move {
+            let acks = (0..3).map(|_| (subject.clone(), Bytes::from_static(b"+ACK")));
+            confirmations.send(acks, Duration::from_secs(20)).await
+        });
+        let mut received = Vec::new();
+        while received.len() < 3 {
+            let message = tokio::time::timeout(Duration::from_secs(10), requests.next())
+                .await
+                .expect("the acks within 10 s")
+                .expect("the subscription open");
+            received.push(message);
+        }
+        (round, received)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_last_ack_asks_for_a_reply_and_that_reply_confirms_the_round() {
+        let Some((ours, responder)) = clients("confirmed round").await else {
+            return;
+        };
+        let (round, received) = round_under_way(&ours, &responder).await;
+        let replies: Vec<_> = received
+            .iter()
+            .map(|message| message.reply.clone())
+            .collect();
+        assert!(replies[0].is_none() && replies[1].is_none(), "{replies:?}");
+        let reply = replies[2]
+            .clone()
+            .expect("the last carries the reply subject");
+        responder.publish(reply, Bytes::new()).await.expect("reply");
+        responder.flush().await.expect("flush");
+        let confirmed = round.await.expect("the round's task");
+        assert!(confirmed.is_ok(), "{confirmed:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reconnect_during_the_round_leaves_it_unconfirmed_though_the_reply_comes() {
+        let Some((ours, responder)) = clients("reconnect during a round").await else {
+            return;
+        };
+        let (round, received) = round_under_way(&ours, &responder).await;
+        let reply = received[2].reply.clone().expect("the reply subject");
+        // Acks written to the connection that went away could have been
+        // lost with it; the reply comes on the new one.
+        let connects = ours.statistics().connects.load(Ordering::Acquire);
+        ours.force_reconnect().await.expect("reconnect");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while ours.statistics().connects.load(Ordering::Acquire) == connects {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no reconnect in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The reply subscription is renewed before anything later goes out.
+        ours.flush().await.expect("flush on the new connection");
+        responder.publish(reply, Bytes::new()).await.expect("reply");
+        responder.flush().await.expect("flush");
+        let confirmed = round.await.expect("the round's task");
+        assert!(
+            matches!(confirmed, Err(Unconfirmed::Reconnected { sent: 3 })),
+            "{confirmed:?}"
+        );
+    }
+}
