@@ -199,8 +199,8 @@ impl Confirmations {
 
 #[cfg(test)]
 mod tests {
-    //! On the shared nats-server as a plain NATS server (no JetStream): a
-    //! responder of the test's own stands in for the consumer's acks.
+    //! On the shared nats-server: a responder of the test's own stands in
+    //! for the consumer that answers acks.
 
     use super::*;
 
@@ -242,7 +242,13 @@ mod tests {
             .subscribe(subject.clone())
             .await
             .expect("subscribe");
-        responder.flush().await.expect("flush");
+        // `flush` only writes the socket; a request the server answers on
+        // the same connection proves it registered the subscription (it
+        // reads a connection's commands in order).
+        responder
+            .request("$JS.API.INFO", Bytes::new())
+            .await
+            .expect("a round trip to the server");
         let mut confirmations = Confirmations::new(ours.clone());
         let round = tokio::spawn(async move {
             let acks = (0..3).map(|_| (subject.clone(), Bytes::from_static(b"+ACK")));
