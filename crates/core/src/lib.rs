@@ -92,6 +92,7 @@ pub mod decode;
 pub mod error;
 pub mod handler;
 mod interruptible_sleep;
+pub mod lag;
 #[cfg(test)]
 mod layer_testing;
 pub mod memory;
@@ -116,6 +117,7 @@ pub use handler::{
     FromMessage, FromMessageParts, Handler, HandlerFn, IntoHandlerResult, Key, Meta, Payload,
     handler_fn,
 };
+pub use lag::{LagError, LagProbe, PartitionLag};
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
 #[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer};

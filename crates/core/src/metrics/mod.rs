@@ -42,6 +42,7 @@
 mod collector;
 mod error;
 mod future;
+mod lag;
 mod layer;
 mod observer;
 mod series;
@@ -60,6 +61,7 @@ pub use self::collector::{Metrics, MetricsBuilder};
 pub use self::error::RegisterError;
 use self::future::InFlight;
 pub use self::future::ResponseFuture;
+pub use self::lag::{LagExporter, LagMetrics};
 pub use self::layer::MetricsLayer;
 use self::series::{HandlerSeries, SourceSeries};
 use crate::error::HandlerError;
