@@ -204,6 +204,18 @@ impl RedisStreamsSource {
         self.settings.stats.clone()
     }
 
+    /// A probe of the group's broker-side lag on the source's streams,
+    /// sharing the source's connection; `None` for a broadcast reader,
+    /// which has no group on the server.
+    pub fn lag_probe(&self) -> Option<crate::RedisLagProbe> {
+        let group = self.settings.group.clone()?;
+        Some(crate::RedisLagProbe::of_source(
+            &self.shared,
+            group,
+            &self.settings.streams,
+        ))
+    }
+
     /// The consumer group, or `None` for a broadcast reader.
     pub fn group(&self) -> Option<&str> {
         self.settings.group.as_deref()

@@ -1,0 +1,224 @@
+//! [`RedisLagProbe`]: a consumer group's lag on its streams, from
+//! `XINFO GROUPS`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, PartitionLag};
+use intake_core::{PartitionKey, SourceName};
+use redis::aio::ConnectionManager;
+use redis::streams::{StreamInfoGroupsReply, StreamPendingReply};
+use tokio::sync::OnceCell;
+
+use crate::connection::{
+    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
+};
+use crate::error::Error;
+
+/// Reports a consumer group's lag on each of its streams (partition 0 of
+/// each), as `XINFO GROUPS` counts it: `lag` (entries added after the
+/// group's last delivered one, never delivered) plus `pending` (delivered
+/// and not `XACK`ed). The age is that of the oldest of them, from its
+/// entry id: the oldest pending entry, else the first undelivered one.
+///
+/// `lag` needs Redis 7; where the server cannot tell it (Redis 6, or after
+/// an `XDEL` or a trim past the group's position) the probe reports the
+/// count as unknown (`messages: None`) rather than a guess.
+///
+/// Get one from a source ([`RedisStreamsSource::lag_probe`](crate::RedisStreamsSource::lag_probe),
+/// sharing its connection) or with [`RedisLagProbe::new`] in a process
+/// that does not consume. Every query is bounded by
+/// [`timeout`](Self::timeout) (5 s by default).
+#[derive(Clone)]
+pub struct RedisLagProbe {
+    connector: Connector,
+    connection: Arc<OnceCell<ConnectionManager>>,
+    group: Arc<str>,
+    streams: Arc<[SourceName]>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisLagProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLagProbe")
+            .field("endpoint", self.connector.endpoint())
+            .field("group", &self.group)
+            .field("streams", &self.streams)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl RedisLagProbe {
+    /// A probe of `group` on `streams` at `url` (`redis://…`; `rediss://`
+    /// with the system's roots). It connects at its first query.
+    ///
+    /// # Errors
+    ///
+    /// A URL the client cannot use ([`Error::InvalidUrl`], password
+    /// redacted).
+    pub fn new(
+        url: &str,
+        group: &str,
+        streams: impl IntoIterator<Item = impl Into<SourceName>>,
+    ) -> Result<Self, Error> {
+        let connector = Connector::new(
+            &SecretUrl::new(url),
+            None,
+            DEFAULT_CONNECT_TIMEOUT,
+            DEFAULT_COMMAND_TIMEOUT,
+        )?;
+        Ok(Self {
+            connector,
+            connection: Arc::new(OnceCell::new()),
+            group: group.into(),
+            streams: streams.into_iter().map(Into::into).collect(),
+            timeout: DEFAULT_LAG_TIMEOUT,
+        })
+    }
+
+    /// The probe of a source's group, on the source's connection.
+    pub(crate) fn of_source(
+        shared: &SharedConnection,
+        group: Arc<str>,
+        streams: &[SourceName],
+    ) -> Self {
+        Self {
+            connector: shared.connector().clone(),
+            connection: Arc::new(OnceCell::new_with(Some(shared.get()))),
+            group,
+            streams: streams.into(),
+            timeout: DEFAULT_LAG_TIMEOUT,
+        }
+    }
+
+    /// The longest a query may take, connecting included.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    async fn query(&self) -> Result<Vec<PartitionLag>, Error> {
+        let mut connection = self
+            .connection
+            .get_or_try_init(|| self.connector.shared())
+            .await?
+            .clone();
+        let mut lags = Vec::with_capacity(self.streams.len());
+        for stream in self.streams.iter() {
+            lags.push(self.stream_lag(&mut connection, stream).await?);
+        }
+        Ok(lags)
+    }
+
+    async fn stream_lag(
+        &self,
+        connection: &mut ConnectionManager,
+        stream: &SourceName,
+    ) -> Result<PartitionLag, Error> {
+        let key = stream.as_ref();
+        let reply: StreamInfoGroupsReply = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(key)
+            .query_async(connection)
+            .await
+            .map_err(|error| self.connector.key_error(error, "XINFO GROUPS", key))?;
+        let partition = PartitionKey::new(stream.clone(), 0);
+        let Some(group) = reply
+            .groups
+            .into_iter()
+            .find(|group| *group.name == *self.group)
+        else {
+            return Err(Error::UnexpectedReply {
+                command: "XINFO GROUPS",
+                detail: format!("stream `{key}` has no consumer group `{}`", self.group),
+            });
+        };
+        let messages = group
+            .lag
+            .map(|undelivered| (undelivered + group.pending) as u64);
+        // The oldest entry the group still owes: the oldest pending one, or
+        // else the first one after its last delivered id.
+        let oldest_id = if group.pending > 0 {
+            let pending: StreamPendingReply = redis::cmd("XPENDING")
+                .arg(key)
+                .arg(&*self.group)
+                .query_async(connection)
+                .await
+                .map_err(|error| self.connector.key_error(error, "XPENDING", key))?;
+            match pending {
+                StreamPendingReply::Data(data) => Some(data.start_id),
+                _ => None,
+            }
+        } else if group.lag != Some(0) {
+            let next: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(key)
+                .arg(format!("({}", group.last_delivered_id))
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(connection)
+                .await
+                .map_err(|error| self.connector.key_error(error, "XRANGE", key))?;
+            next.ids.into_iter().next().map(|entry| entry.id)
+        } else {
+            None
+        };
+        let lag = PartitionLag::new(partition, messages);
+        Ok(match oldest_id.as_deref().and_then(id_millis) {
+            Some(millis) => lag.with_oldest_age(age_of(millis)),
+            None if messages == Some(0) => lag.with_oldest_age(Duration::ZERO),
+            None => lag,
+        })
+    }
+}
+
+/// The milliseconds part of an entry id (`<ms>-<seq>`).
+fn id_millis(id: &str) -> Option<u64> {
+    id.split_once('-')
+        .map_or(id, |(millis, _)| millis)
+        .parse()
+        .ok()
+}
+
+/// How long ago `millis` (since the epoch) was; zero for a clock behind
+/// the server's.
+fn age_of(millis: u64) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    now.saturating_sub(Duration::from_millis(millis))
+}
+
+impl LagProbe for RedisLagProbe {
+    fn group(&self) -> &str {
+        &self.group
+    }
+
+    async fn lag(&self) -> Result<Vec<PartitionLag>, LagError> {
+        match tokio::time::timeout(self.timeout, self.query()).await {
+            Err(_) => Err(LagError::TimedOut(self.timeout)),
+            Ok(Ok(lags)) => Ok(lags),
+            Ok(Err(error)) if error.is_transient() => Err(LagError::Unavailable(Box::new(error))),
+            Ok(Err(error)) => Err(LagError::Refused(Box::new(error))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_id_gives_its_milliseconds() {
+        assert_eq!(id_millis("1700000000000-3"), Some(1_700_000_000_000));
+        assert_eq!(id_millis("42"), Some(42));
+        assert_eq!(id_millis("not-an-id"), None);
+    }
+
+    #[test]
+    fn a_url_with_a_password_stays_out_of_debug() {
+        let probe = RedisLagProbe::new("redis://user:hunter2@127.0.0.1:1", "g", ["s"]).unwrap();
+        assert!(!format!("{probe:?}").contains("hunter2"));
+    }
+}
