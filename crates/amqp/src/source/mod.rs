@@ -246,6 +246,23 @@ impl AmqpSource {
         }
     }
 
+    /// A probe of the consumed queue's depth (see [`AmqpLagProbe`] for
+    /// what it counts), on a connection of its own with the source's URL,
+    /// credentials and TLS; `None` for a broadcast source, whose queue is
+    /// exclusive to its own connection.
+    pub fn lag_probe(&self) -> Option<crate::AmqpLagProbe> {
+        let settings = &self.settings;
+        let Target::Queue(queue) = &settings.target else {
+            return None;
+        };
+        Some(crate::AmqpLagProbe::with_settings(
+            settings.url.clone(),
+            settings.tls.clone(),
+            settings.connection_name.clone(),
+            queue,
+        ))
+    }
+
     /// A dead-letter sink that rejects a message without requeue
     /// (`basic.reject(requeue=false)`), so that the broker moves it to the
     /// queue's own dead-letter exchange. See [`BrokerDeadLetterSink`]; for
