@@ -83,6 +83,7 @@ mod counters;
 mod dead_letter;
 mod deliveries;
 mod error;
+mod lag;
 mod source;
 mod url;
 
@@ -95,6 +96,7 @@ pub use dead_letter::{
     default_subject as default_dead_letter_subject, read_dead_letter,
 };
 pub use error::Error;
+pub use lag::NatsLagProbe;
 pub use source::{NatsSource, NatsSourceBuilder};
 
 /// The async-nats version this crate is built on, for producing alongside

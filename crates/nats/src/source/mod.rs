@@ -240,6 +240,17 @@ impl NatsSource {
         )
     }
 
+    /// A probe of the consumer's broker-side lag (see [`NatsLagProbe`]),
+    /// on the source's client.
+    pub fn lag_probe(&self) -> crate::NatsLagProbe {
+        crate::NatsLagProbe::of_source(
+            self.connection.client.clone(),
+            self.connection.endpoint.clone(),
+            &self.stream,
+            &self.consumer,
+        )
+    }
+
     /// What the source, its acker and sinks counted.
     pub fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
