@@ -69,6 +69,7 @@
 mod acker;
 pub mod dead_letter;
 mod error;
+mod lag;
 mod ownership;
 mod settings;
 mod source;
@@ -76,6 +77,7 @@ mod source;
 pub use acker::KafkaAcker;
 pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
 pub use error::Error;
+pub use lag::KafkaLagProbe;
 pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
 
