@@ -20,7 +20,9 @@ use support::{CountingAllocator, ORDER_JSON, Shape};
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn setting<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|value| value.parse().ok())
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
 }
 
 fn main() {
