@@ -16,7 +16,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
@@ -115,6 +115,32 @@ impl Wake for RuntimeWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.runtime.wake();
+    }
+}
+
+/// Wakes the runtime task and remembers that it did: for a future the
+/// runtime polls only once it was woken, not on every pass (the shutdown
+/// signal: a `CancellationToken`'s future takes a mutex when polled).
+pub(crate) struct WakeFlag {
+    woken: AtomicBool,
+    ready: Arc<ReadySet>,
+}
+
+impl WakeFlag {
+    /// Whether the future was woken since the last call (or never polled).
+    pub(crate) fn take(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
         self.ready.runtime.wake();
     }
 }
@@ -222,6 +248,16 @@ impl<F: Future> Slots<F> {
     /// A waker that wakes the runtime task.
     pub(crate) fn runtime_waker(&self) -> &Waker {
         &self.runtime_waker
+    }
+
+    /// A waker that wakes the runtime task and sets its flag, which starts
+    /// set (a future must be polled once to be woken at all).
+    pub(crate) fn flag_waker(&self) -> (Arc<WakeFlag>, Waker) {
+        let flag = Arc::new(WakeFlag {
+            woken: AtomicBool::new(true),
+            ready: self.ready.clone(),
+        });
+        (flag.clone(), Waker::from(flag))
     }
 
     /// Takes a free slot for a new delivery.
