@@ -177,9 +177,8 @@ pub(crate) fn ack_loop<A: Acker>(
                 // Nobody waits for it: give the work back, so the next batch
                 // sends it again instead of leaving it to a later watermark.
                 None if result.is_err() => {
-                    if failed_sender.send(request.batch).is_ok() {
-                        returned.fetch_add(1, Ordering::AcqRel);
-                    }
+                    let sent = failed_sender.send(request.batch).is_ok();
+                    returned.fetch_add(usize::from(sent), Ordering::AcqRel);
                 }
                 None => {}
             }
