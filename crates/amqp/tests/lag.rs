@@ -74,7 +74,9 @@ async fn a_missing_queue_is_refused_and_the_probe_recovers() {
 
 #[tokio::test]
 async fn an_unreachable_broker_is_a_transient_error_within_the_timeout() {
-    let probe = AmqpLagProbe::new("amqp://guest:hunter2@127.0.0.1:1/%2f", "orders")
+    let port = intake_core::backend::testkit::closed_port().expect("a free local port");
+    let url = format!("amqp://guest:hunter2@127.0.0.1:{port}/%2f");
+    let probe = AmqpLagProbe::new(&url, "orders")
         .unwrap()
         .timeout(Duration::from_secs(2));
     let error = tokio::time::timeout(Duration::from_secs(30), probe.lag())

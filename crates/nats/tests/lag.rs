@@ -101,13 +101,15 @@ async fn an_unknown_consumer_is_refused() {
 async fn an_unreachable_server_is_a_transient_error_within_the_timeout() {
     // The client is made without a server (it keeps trying to connect):
     // the query cannot be answered.
+    let port = intake_core::backend::testkit::closed_port().expect("a free local port");
+    let url = format!("nats://127.0.0.1:{port}");
     let client = async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
-        .connect("nats://127.0.0.1:1")
+        .connect(url.as_str())
         .await
         .expect("a client that connects later");
-    let probe = NatsLagProbe::new(client, "nats://127.0.0.1:1", "orders", "billing")
-        .timeout(Duration::from_secs(2));
+    let probe =
+        NatsLagProbe::new(client, &url, "orders", "billing").timeout(Duration::from_secs(2));
     let error = tokio::time::timeout(Duration::from_secs(30), probe.lag())
         .await
         .expect("the probe keeps to its timeout")

@@ -72,8 +72,9 @@ async fn an_unknown_group_is_refused() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_transient_error_within_the_timeout() {
-    // Port 1 is closed: the connection is refused at once.
-    let probe = RedisLagProbe::new("redis://:secret@127.0.0.1:1", "group", ["stream"])
+    let port = intake_core::backend::testkit::closed_port().expect("a free local port");
+    let url = format!("redis://:secret@127.0.0.1:{port}");
+    let probe = RedisLagProbe::new(&url, "group", ["stream"])
         .unwrap()
         .timeout(Duration::from_secs(2));
     let error = tokio::time::timeout(Duration::from_secs(30), probe.lag())
