@@ -246,7 +246,7 @@ impl AmqpSource {
         }
     }
 
-    /// A probe of the consumed queue's depth (see [`AmqpLagProbe`] for
+    /// A probe of the consumed queue's depth (see [`AmqpLagProbe`](crate::AmqpLagProbe) for
     /// what it counts), on a connection of its own with the source's URL,
     /// credentials and TLS; `None` for a broadcast source, whose queue is
     /// exclusive to its own connection.

@@ -1,52 +1,6 @@
 //! Broker-side lag as prometheus gauges: [`LagMetrics`] and the
-//! [`LagExporter`] task that refreshes them from a [`LagProbe`].
-//!
-//! Two lags, side by side:
-//!
-//! | metric | counts | measured by |
-//! |---|---|---|
-//! | `intake_partition_commit_lag_messages{source,partition}` | messages this consumer admitted and has not committed yet | the runtime, at each commit tick ([`Metrics`](super::Metrics) as the observer) |
-//! | `intake_broker_lag_messages{source,partition,group}` | messages the group has not committed on the broker, fetched or not | a [`LagProbe`] asking the broker, every `interval` |
-//! | `intake_broker_lag_seconds{source,partition,group}` | age of the oldest of those, where the broker tells | the same probe |
-//! | `intake_broker_lag_errors_total{group,kind}` | lag queries that failed (`transient` or `permanent`) | the exporter |
-//!
-//! A growing broker lag with a flat commit lag means the consumer keeps up
-//! with what it takes but takes too little (too few consumers, a budget too
-//! small); a growing commit lag means its handlers or commits are slow.
-//!
-//! When a query fails, the exporter removes the group's gauges (a stale
-//! number would look like a healthy one), logs the error and counts it; the
-//! next successful query restores them. A partition the broker no longer
-//! reports loses its gauges.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use intake_core::memory::{MemoryBroker, Record};
-//! use intake_core::metrics::{LagExporter, LagMetrics};
-//! use tokio_util::sync::CancellationToken;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let broker = MemoryBroker::new();
-//! broker.create_topic("orders", 1)?;
-//! broker.send("orders", Record::new("a"))?;
-//!
-//! let registry = prometheus::Registry::new();
-//! let lag_metrics = LagMetrics::register(&registry)?;
-//! let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &lag_metrics);
-//! exporter.refresh().await;
-//! assert_eq!(lag_metrics.messages("orders", 0, "billing"), Some(1));
-//!
-//! // In a service: refresh every 15 s until shutdown.
-//! let shutdown = CancellationToken::new();
-//! let task = tokio::spawn(exporter.run(Duration::from_secs(15), shutdown.clone()));
-//! shutdown.cancel();
-//! task.await?;
-//! # Ok(())
-//! # }
-//! ```
+//! [`LagExporter`] task that refreshes them from a
+//! [`LagProbe`](crate::lag::LagProbe).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -180,8 +134,54 @@ impl LagMetrics {
     }
 }
 
-/// Refreshes the broker-lag gauges of one probe's group. See the
-/// [module docs](self).
+/// Refreshes the broker-lag gauges of one probe's group.
+///
+/// Two lags, side by side:
+///
+/// | metric | counts | measured by |
+/// |---|---|---|
+/// | `intake_partition_commit_lag_messages{source,partition}` | messages this consumer admitted and has not committed yet | the runtime, at each commit tick ([`Metrics`](super::Metrics) as the observer) |
+/// | `intake_broker_lag_messages{source,partition,group}` | messages the group has not committed on the broker, fetched or not | a [`LagProbe`] asking the broker, every `interval` |
+/// | `intake_broker_lag_seconds{source,partition,group}` | age of the oldest of those, where the broker tells | the same probe |
+/// | `intake_broker_lag_errors_total{group,kind}` | lag queries that failed (`transient` or `permanent`) | the exporter |
+///
+/// A growing broker lag with a flat commit lag means the consumer keeps up
+/// with what it takes but takes too little (too few consumers, a budget too
+/// small); a growing commit lag means its handlers or commits are slow.
+///
+/// When a query fails, the exporter removes the group's gauges (a stale
+/// number would look like a healthy one), logs the error and counts it; the
+/// next successful query restores them. A partition the broker no longer
+/// reports loses its gauges.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use intake_core::memory::{MemoryBroker, Record};
+/// use intake_core::metrics::{LagExporter, LagMetrics};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let broker = MemoryBroker::new();
+/// broker.create_topic("orders", 1)?;
+/// broker.send("orders", Record::new("a"))?;
+///
+/// let registry = prometheus::Registry::new();
+/// let lag_metrics = LagMetrics::register(&registry)?;
+/// let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &lag_metrics);
+/// exporter.refresh().await;
+/// assert_eq!(lag_metrics.messages("orders", 0, "billing"), Some(1));
+///
+/// // In a service: refresh every 15 s until shutdown.
+/// let shutdown = CancellationToken::new();
+/// let task = tokio::spawn(exporter.run(Duration::from_secs(15), shutdown.clone()));
+/// shutdown.cancel();
+/// task.await?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct LagExporter<P> {
     probe: P,
     metrics: LagMetrics,

@@ -240,7 +240,7 @@ impl NatsSource {
         )
     }
 
-    /// A probe of the consumer's broker-side lag (see [`NatsLagProbe`]),
+    /// A probe of the consumer's broker-side lag (see [`NatsLagProbe`](crate::NatsLagProbe)),
     /// on the source's client.
     pub fn lag_probe(&self) -> crate::NatsLagProbe {
         crate::NatsLagProbe::of_source(
