@@ -153,8 +153,10 @@ impl LagProbe for AmqpLagProbe {
                 PartitionKey::new(&*self.queue, 0),
                 Some(ready),
             )]),
-            Ok(Err(error)) if error.is_transient() => Err(LagError::Unavailable(Box::new(error))),
-            Ok(Err(error)) => Err(LagError::Refused(Box::new(error))),
+            Ok(Err(error)) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
         }
     }
 }

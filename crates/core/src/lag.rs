@@ -114,6 +114,18 @@ pub enum LagError {
 }
 
 impl LagError {
+    /// A backend's failed query: [`Unavailable`](Self::Unavailable) when
+    /// the backend deems `error` transient, else [`Refused`](Self::Refused).
+    pub fn from_backend(
+        error: impl std::error::Error + Send + Sync + 'static,
+        transient: bool,
+    ) -> Self {
+        match transient {
+            true => Self::Unavailable(Box::new(error)),
+            false => Self::Refused(Box::new(error)),
+        }
+    }
+
     /// Whether the same query may succeed later without a change of
     /// settings.
     pub fn is_transient(&self) -> bool {

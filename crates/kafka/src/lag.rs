@@ -150,10 +150,10 @@ impl LagProbe for KafkaLagProbe {
             Err(_) => Err(LagError::TimedOut(self.timeout)),
             Ok(Err(join)) => Err(LagError::Unavailable(Box::new(join))),
             Ok(Ok(Ok(lags))) => Ok(lags),
-            Ok(Ok(Err(error))) if error.is_transient() => {
-                Err(LagError::Unavailable(Box::new(error)))
+            Ok(Ok(Err(error))) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
             }
-            Ok(Ok(Err(error))) => Err(LagError::Refused(Box::new(error))),
         }
     }
 }

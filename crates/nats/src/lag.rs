@@ -118,8 +118,10 @@ impl LagProbe for NatsLagProbe {
                 PartitionKey::new(&*self.stream, 0),
                 Some(messages),
             )]),
-            Ok(Err(error)) if error.is_transient() => Err(LagError::Unavailable(Box::new(error))),
-            Ok(Err(error)) => Err(LagError::Refused(Box::new(error))),
+            Ok(Err(error)) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
         }
     }
 }

@@ -199,8 +199,10 @@ impl LagProbe for RedisLagProbe {
         match tokio::time::timeout(self.timeout, self.query()).await {
             Err(_) => Err(LagError::TimedOut(self.timeout)),
             Ok(Ok(lags)) => Ok(lags),
-            Ok(Err(error)) if error.is_transient() => Err(LagError::Unavailable(Box::new(error))),
-            Ok(Err(error)) => Err(LagError::Refused(Box::new(error))),
+            Ok(Err(error)) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
         }
     }
 }
