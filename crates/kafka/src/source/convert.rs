@@ -16,20 +16,52 @@ use rdkafka::Message as _;
 use rdkafka::bindings;
 use rdkafka::message::BorrowedMessage;
 
-/// Interns topic names so that each message shares its topic's `Arc<str>`
-/// instead of allocating one.
+/// Interns topic names so that messages share their topic's `Arc<str>`
+/// instead of allocating one each.
+///
+/// Each message clones the `Arc` on the polling thread and the runtime drops
+/// that clone on another, so one `Arc` shared by every message would bounce
+/// its reference count's cache line between the two cores on every message.
+/// A name is handed out [`SHARED_BY`] times, then replaced by a fresh copy:
+/// one small allocation per that many messages, and the runtime's decrements
+/// land on a count the polling thread no longer touches.
 #[derive(Debug, Default)]
 pub(crate) struct TopicNames {
-    names: Vec<SourceName>,
+    names: Vec<TopicName>,
 }
 
+#[derive(Debug)]
+struct TopicName {
+    name: SourceName,
+    handed_out: u32,
+}
+
+/// How many messages share one copy of a topic name.
+const SHARED_BY: u32 = 256;
+
 impl TopicNames {
-    pub(crate) fn get(&mut self, topic: &str) -> SourceName {
-        if let Some(name) = self.names.iter().find(|name| ***name == *topic) {
-            return name.clone();
+    /// The shared name of `topic`, given as librdkafka's bytes: compared as
+    /// bytes, so a known name is not validated as UTF-8 again; a new one
+    /// with bytes that are not UTF-8 (which no broker allows in a topic
+    /// name) gets U+FFFD in their place.
+    pub(crate) fn get(&mut self, topic: &[u8]) -> SourceName {
+        let known = self
+            .names
+            .iter_mut()
+            .find(|known| known.name.as_bytes() == topic);
+        if let Some(known) = known {
+            known.handed_out += 1;
+            if known.handed_out >= SHARED_BY {
+                known.name = SourceName::from(&*known.name);
+                known.handed_out = 0;
+            }
+            return known.name.clone();
         }
-        let name: SourceName = topic.into();
-        self.names.push(name.clone());
+        let name: SourceName = String::from_utf8_lossy(topic).into();
+        self.names.push(TopicName {
+            name: name.clone(),
+            handed_out: 0,
+        });
         name
     }
 }
@@ -87,7 +119,7 @@ fn to_message(
 ) -> Option<Message> {
     let partition = u32::try_from(message.partition()).ok()?;
     let mut metadata = Metadata::new(
-        topics.get(message.topic()),
+        topics.get(topic_name(message)),
         partition,
         Position::Offset(message.offset()),
     );
@@ -109,6 +141,22 @@ fn to_message(
         converted = converted.with_headers(headers);
     }
     Some(converted)
+}
+
+/// The message's topic name as librdkafka holds it, without rdkafka's UTF-8
+/// check (which [`TopicNames`] makes once per name, not per message).
+fn topic_name<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
+    // SAFETY: `message.ptr()` is the live message `message` borrows; a
+    // fetched message always carries its topic handle, and the handle's name
+    // is a NUL-terminated string that lives as long as the handle, which the
+    // message holds.
+    unsafe {
+        let topic = (*message.ptr()).rkt;
+        if topic.is_null() {
+            return &[];
+        }
+        CStr::from_ptr(bindings::rd_kafka_topic_name(topic)).to_bytes()
+    }
 }
 
 /// The record's headers: names as text (bytes that are not UTF-8 become
@@ -161,6 +209,24 @@ fn read_headers(message: &BorrowedMessage<'_>) -> Option<Headers> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_topic_name_is_shared_then_replaced_by_an_equal_copy() {
+        let mut names = TopicNames::default();
+        let first = names.get(b"orders");
+        let second = names.get(b"orders");
+        assert!(std::sync::Arc::ptr_eq(&first, &second));
+        assert_eq!(&*names.get(b"payments"), "payments");
+        let later: Vec<SourceName> = (0..SHARED_BY).map(|_| names.get(b"orders")).collect();
+        assert!(later.iter().all(|name| &**name == "orders"));
+        assert!(
+            later
+                .iter()
+                .any(|name| !std::sync::Arc::ptr_eq(name, &first)),
+            "after {SHARED_BY} messages a fresh copy is handed out"
+        );
+        assert_eq!(&*names.get(b"bad\xffname"), "bad\u{fffd}name");
+    }
 
     #[test]
     fn small_copies_share_a_chunk_and_keep_their_bytes() {
