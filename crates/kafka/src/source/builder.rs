@@ -336,6 +336,7 @@ impl KafkaSourceBuilder {
             .consumed_topics(self.topics),
             group_id,
             stopped: Some(stopped),
+            taken: Vec::new(),
         })
     }
 }

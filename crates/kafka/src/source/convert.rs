@@ -1,10 +1,20 @@
-//! Turning an rdkafka message into an intake [`Message`].
+//! Turning an rdkafka message into an intake [`Message`], in two steps: the
+//! polling thread copies it out of librdkafka's buffer into a [`Record`],
+//! and the source makes the record a `Message` on the runtime's thread.
 //!
 //! librdkafka's buffer is released when the polled message is, so payloads
 //! and keys are copied out. Small ones are copied into shared chunks rather
 //! than an allocation each: at ~100-byte messages, two allocations per
 //! message (freed on another thread) cost more than the rest of the
 //! conversion.
+//!
+//! The `Message` itself is one allocation, which the runtime frees when it is
+//! done with it. Made on the polling thread, every one would be freed on
+//! another thread, and glibc's allocator then takes the polling thread's
+//! arena lock for each free, against the polling thread's own allocations:
+//! measured, about a quarter of the adapter's CPU per message
+//! (`BENCHMARKS.md`). Made on the thread that will free it, it comes from
+//! and goes back to that thread's cache.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
@@ -96,6 +106,56 @@ impl Chunks {
     }
 }
 
+/// A message copied out of librdkafka, not yet a [`Message`]
+/// ([`into_message`](Self::into_message), on the thread that will drop it).
+#[derive(Debug)]
+pub(crate) struct Record {
+    metadata: Metadata,
+    payload: Bytes,
+    key: Option<Bytes>,
+    headers: Headers,
+}
+
+impl Record {
+    /// A record of `payload` without key or headers (tests build their own).
+    #[cfg(test)]
+    pub(crate) fn new(payload: Bytes, metadata: Metadata) -> Self {
+        Self {
+            metadata,
+            payload,
+            key: None,
+            headers: Headers::new(),
+        }
+    }
+
+    pub(crate) fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The bytes the message will hold: [`Message::byte_size`] of
+    /// [`into_message`](Self::into_message).
+    pub(crate) fn byte_size(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|header| header.name.len() + header.value.len())
+            .sum();
+        self.payload.len() + self.key.as_ref().map_or(0, Bytes::len) + headers
+    }
+
+    /// The message: its one allocation, made on the calling thread.
+    pub(crate) fn into_message(self) -> Message {
+        let mut message = Message::new(self.payload, self.metadata);
+        if let Some(key) = self.key {
+            message = message.with_key(key);
+        }
+        if !self.headers.is_empty() {
+            message = message.with_headers(self.headers);
+        }
+        message
+    }
+}
+
 /// Converts polled messages, sharing topic names and chunks across them.
 #[derive(Debug, Default)]
 pub(crate) struct Converter {
@@ -107,16 +167,16 @@ impl Converter {
     /// Copies `message` out of librdkafka's buffer. A header without a value
     /// becomes an empty one. Returns `None` for a negative partition number,
     /// which no broker sends.
-    pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Message> {
-        to_message(message, &mut self.topics, &mut self.chunks)
+    pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Record> {
+        to_record(message, &mut self.topics, &mut self.chunks)
     }
 }
 
-fn to_message(
+fn to_record(
     message: &BorrowedMessage<'_>,
     topics: &mut TopicNames,
     chunks: &mut Chunks,
-) -> Option<Message> {
+) -> Option<Record> {
     let partition = u32::try_from(message.partition()).ok()?;
     let mut metadata = Metadata::new(
         topics.get(topic_name(message)),
@@ -133,14 +193,12 @@ fn to_message(
         .payload()
         .map(|payload| chunks.copy(payload))
         .unwrap_or_default();
-    let mut converted = Message::new(payload, metadata);
-    if let Some(key) = message.key() {
-        converted = converted.with_key(chunks.copy(key));
-    }
-    if let Some(headers) = read_headers(message) {
-        converted = converted.with_headers(headers);
-    }
-    Some(converted)
+    Some(Record {
+        metadata,
+        payload,
+        key: message.key().map(|key| chunks.copy(key)),
+        headers: read_headers(message).unwrap_or_default(),
+    })
 }
 
 /// The message's topic name as librdkafka holds it, without rdkafka's UTF-8
@@ -209,6 +267,34 @@ fn read_headers(message: &BorrowedMessage<'_>) -> Option<Headers> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_counts_the_bytes_of_the_message_it_becomes() {
+        let mut headers = Headers::new();
+        headers.insert("trace", Bytes::from_static(b"abc"));
+        let record = Record {
+            key: Some(Bytes::from_static(b"key")),
+            headers,
+            ..Record::new(
+                Bytes::from_static(b"payload"),
+                Metadata::new("t".into(), 2, Position::Offset(7)),
+            )
+        };
+        let size = record.byte_size();
+        let message = record.into_message();
+        assert_eq!(size, message.byte_size());
+        assert_eq!(message.key().map(Bytes::as_ref), Some(&b"key"[..]));
+        assert_eq!(message.headers().get_str("trace"), Some("abc"));
+        assert_eq!(message.metadata().position(), Position::Offset(7));
+        assert_eq!(message.payload().as_ref(), b"payload");
+
+        let bare = Record::new(
+            Bytes::new(),
+            Metadata::new("t".into(), 0, Position::Offset(0)),
+        )
+        .into_message();
+        assert!(bare.key().is_none() && bare.headers().is_empty());
+    }
 
     #[test]
     fn a_topic_name_is_shared_then_replaced_by_an_equal_copy() {

@@ -14,10 +14,12 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use intake_core::{
-    Message, PartitionKey,
+    PartitionKey,
     backend::{SourceError, SourceEvent},
 };
 use tokio::sync::Notify;
+
+use super::convert::Record;
 
 /// What the polling thread hands over besides messages.
 #[derive(Debug)]
@@ -29,8 +31,8 @@ pub(crate) enum Control {
 #[derive(Debug, Default)]
 struct Queue {
     events: VecDeque<Control>,
-    messages: VecDeque<Message>,
-    /// The bytes of `messages` ([`Message::byte_size`]).
+    messages: VecDeque<Record>,
+    /// The bytes of `messages` ([`Record::byte_size`]).
     bytes: usize,
     /// The polling thread is gone; nothing more will come.
     finished: bool,
@@ -65,7 +67,7 @@ pub(crate) struct Fill {
 
 /// What [`Handoff::take`] found.
 pub(crate) enum Taken {
-    /// Messages were appended to the caller's buffer.
+    /// Records were appended to the caller's buffer.
     Delivered,
     Event(SourceEvent),
     Error(SourceError),
@@ -154,11 +156,11 @@ impl Handoff {
     }
 
     /// Appends `messages` (emptying it) and wakes the source.
-    pub(crate) fn push_messages(&self, messages: &mut Vec<Message>) {
+    pub(crate) fn push_messages(&self, messages: &mut Vec<Record>) {
         if messages.is_empty() {
             return;
         }
-        let bytes: usize = messages.iter().map(Message::byte_size).sum();
+        let bytes: usize = messages.iter().map(Record::byte_size).sum();
         let mut queue = self.lock();
         queue.bytes += bytes;
         queue.messages.extend(messages.drain(..));
@@ -211,7 +213,7 @@ impl Handoff {
 
     /// Takes the next event, or up to `max` messages into `deliveries`. With
     /// `max == 0` (the runtime's budget is full) only events are taken.
-    pub(crate) fn take(&self, deliveries: &mut Vec<Message>, max: usize) -> Taken {
+    pub(crate) fn take(&self, deliveries: &mut Vec<Record>, max: usize) -> Taken {
         let mut queue = self.lock();
         if let Some(control) = queue.events.pop_front() {
             return match control {
@@ -256,13 +258,14 @@ impl Handoff {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use intake_core::{Metadata, Position, backend::Revocation};
 
     use super::*;
 
-    fn message(topic: &str, partition: u32, offset: i64) -> Message {
-        Message::new(
-            "x",
+    fn message(topic: &str, partition: u32, offset: i64) -> Record {
+        Record::new(
+            Bytes::from_static(b"x"),
             Metadata::new(topic.into(), partition, Position::Offset(offset)),
         )
     }
