@@ -163,7 +163,18 @@ impl Handoff {
         let bytes: usize = messages.iter().map(Record::byte_size).sum();
         let mut queue = self.lock();
         queue.bytes += bytes;
-        queue.messages.extend(messages.drain(..));
+        if queue.messages.is_empty() {
+            // The usual case when the runtime keeps up: the batch's buffer
+            // becomes the queue and the queue's empty one the next batch's,
+            // instead of moving every record.
+            let empty = std::mem::replace(
+                &mut queue.messages,
+                VecDeque::from(std::mem::take(messages)),
+            );
+            *messages = Vec::from(empty);
+        } else {
+            queue.messages.extend(messages.drain(..));
+        }
         drop(queue);
         self.messages_ready.notify_one();
     }
@@ -222,12 +233,23 @@ impl Handoff {
             };
         }
         if max > 0 && !queue.messages.is_empty() {
-            let count = max.min(queue.messages.len());
-            let mut taken_bytes = 0;
-            deliveries.extend(queue.messages.drain(..count).inspect(|message| {
-                taken_bytes += message.byte_size();
-            }));
-            queue.bytes -= taken_bytes;
+            if deliveries.is_empty() && queue.messages.len() <= max {
+                // Everything queued fits: the queue's buffer is handed out
+                // whole and the caller's empty one becomes the queue.
+                let taken = std::mem::replace(
+                    &mut queue.messages,
+                    VecDeque::from(std::mem::take(deliveries)),
+                );
+                *deliveries = Vec::from(taken);
+                queue.bytes = 0;
+            } else {
+                let count = max.min(queue.messages.len());
+                let mut taken_bytes = 0;
+                deliveries.extend(queue.messages.drain(..count).inspect(|message| {
+                    taken_bytes += message.byte_size();
+                }));
+                queue.bytes -= taken_bytes;
+            }
             drop(queue);
             self.room.notify_one();
             return Taken::Delivered;
@@ -289,6 +311,36 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].metadata().partition(), 1);
         assert!(matches!(handoff.take(&mut out, 10), Taken::Empty));
+    }
+
+    #[test]
+    fn whole_batches_change_hands_in_order_and_keep_the_byte_count() {
+        let handoff = Handoff::new(100);
+        let mut batch: Vec<_> = (0..3).map(|offset| message("t", 0, offset)).collect();
+        handoff.push_messages(&mut batch);
+        assert!(batch.is_empty());
+        batch.extend((3..5).map(|offset| message("t", 0, offset)));
+        handoff.push_messages(&mut batch);
+        assert_eq!(
+            handoff.fill(),
+            Fill {
+                messages: 5,
+                bytes: 5
+            }
+        );
+        let mut out = Vec::new();
+        assert!(matches!(handoff.take(&mut out, 10), Taken::Delivered));
+        let offsets: Vec<_> = out.iter().map(|r| r.metadata().position()).collect();
+        assert_eq!(offsets, (0..5).map(Position::Offset).collect::<Vec<_>>());
+        assert_eq!(handoff.fill(), Fill::default());
+
+        // A caller that still holds records gets the rest appended.
+        batch.extend((5..7).map(|offset| message("t", 0, offset)));
+        handoff.push_messages(&mut batch);
+        assert!(matches!(handoff.take(&mut out, 10), Taken::Delivered));
+        assert_eq!(out.len(), 7);
+        assert_eq!(out[6].metadata().position(), Position::Offset(6));
+        assert_eq!(handoff.fill(), Fill::default());
     }
 
     #[test]
