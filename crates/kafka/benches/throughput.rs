@@ -246,13 +246,22 @@ fn raw(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError>
     ))
 }
 
+/// The adapter's and the runtime's source; `BENCH_IGNORE_HEADERS=1` builds
+/// it with `ignore_headers` (the raw loop reads no headers either).
+async fn source(brokers: &str, topic: &str, group: &str) -> Result<KafkaSource, BoxError> {
+    let builder = KafkaSource::builder(consumer_settings(brokers))
+        .group(unique(group))
+        .topic(topic);
+    let builder = match env_or("BENCH_IGNORE_HEADERS", 0) {
+        0 => builder,
+        _ => builder.ignore_headers(),
+    };
+    Ok(builder.build().await?)
+}
+
 async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
     let started = Instant::now();
-    let mut source = KafkaSource::builder(consumer_settings(brokers))
-        .group(unique("bench-adapter"))
-        .topic(topic)
-        .build()
-        .await?;
+    let mut source = source(brokers, topic, "bench-adapter").await?;
     let mut acker = Some(source.acker());
     let mut committing: Option<tokio::task::JoinHandle<_>> = None;
     let mut buffer = Vec::with_capacity(BATCH);
@@ -327,11 +336,7 @@ async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure,
 
 async fn intake(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
     let started = Instant::now();
-    let source = KafkaSource::builder(consumer_settings(brokers))
-        .group(unique("bench-intake"))
-        .topic(topic)
-        .build()
-        .await?;
+    let source = source(brokers, topic, "bench-intake").await?;
     let acker = source.acker();
     let progress = Arc::new(Progress {
         seen: AtomicUsize::new(0),
@@ -499,7 +504,8 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     println!(
-        "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}"
+        "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}, BENCH_IGNORE_HEADERS={}",
+        env_or("BENCH_IGNORE_HEADERS", 0)
     );
     if results
         .iter()

@@ -157,21 +157,37 @@ impl Record {
 }
 
 /// Converts polled messages, sharing topic names and chunks across them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Converter {
     topics: TopicNames,
     chunks: Chunks,
+    /// Whether records' headers are read (see `ignore_headers` on the
+    /// builder).
+    read_headers: bool,
 }
 
 impl Converter {
+    pub(crate) fn new(read_headers: bool) -> Self {
+        Self {
+            topics: TopicNames::default(),
+            chunks: Chunks::default(),
+            read_headers,
+        }
+    }
+
     /// Copies `message` out of librdkafka's buffer. A header without a value
     /// becomes an empty one. Returns `None` for a negative partition number,
     /// which no broker sends.
     pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Record> {
-        to_record(message, &mut self.topics, &mut self.chunks)
+        let mut record = to_record(message, &mut self.topics, &mut self.chunks)?;
+        if self.read_headers {
+            record.headers = read_headers(message).unwrap_or_default();
+        }
+        Some(record)
     }
 }
 
+/// The record without its headers.
 fn to_record(
     message: &BorrowedMessage<'_>,
     topics: &mut TopicNames,
@@ -197,7 +213,7 @@ fn to_record(
         metadata,
         payload,
         key: message.key().map(|key| chunks.copy(key)),
-        headers: read_headers(message).unwrap_or_default(),
+        headers: Headers::new(),
     })
 }
 
