@@ -150,7 +150,8 @@ impl Source for KafkaSource {
         max: usize,
     ) -> Result<SourceEvent, SourceError> {
         // Cancel safety: everything taken from librdkafka sits in the handoff
-        // until `take` moves it into `deliveries`; only the wait is dropped.
+        // until `take` moves it out, and it reaches `deliveries` in the same
+        // poll (no await in between); only the wait is dropped.
         loop {
             match self.shared.handoff.take(&mut self.taken, max) {
                 Taken::Delivered => {
