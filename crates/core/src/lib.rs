@@ -74,6 +74,7 @@
 
 // What a backend author needs is public under `backend` only.
 mod acker;
+pub mod app;
 pub mod backend;
 pub mod backoff;
 pub mod batch;
@@ -105,10 +106,13 @@ pub mod shutdown_scope;
 mod source;
 pub mod trace;
 
+pub use app::{App, AppError, AppReport};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use batch::{BatchLayer, BatchSettings};
 pub use catch_panic::CatchPanicLayer;
-pub use consumer::{Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, Shutdown};
+pub use consumer::{
+    Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, SharedBudget, Shutdown,
+};
 pub use dead_letter::{DeadLetter, DeadLetterLayer, FailurePolicy};
 pub use decode::{Decode, DecodeError, Decoded, Json};
 pub use error::{BoxError, ConfigError, ErrorChain, ErrorClass, HandlerError};
