@@ -75,6 +75,7 @@ use tower::Service;
 use crate::acker::Acker;
 use crate::consumer::{Consumer, RunError, RunReport, SharedBudget, Shutdown};
 use crate::error::{BoxError, ConfigError, HandlerError, chain_for_log};
+use crate::handler::{Handler, HandlerFn, handler_fn_with_state};
 use crate::message::Message;
 use crate::source::Source;
 
@@ -102,9 +103,12 @@ struct Hook {
     run: Box<dyn FnOnce() -> BoxFuture<Result<(), BoxError>> + Send>,
 }
 
-/// Several routes run as one service. See the [module docs](self).
+/// Several routes run as one service, with a state `S` their handler fns
+/// share ([`with_state`](Self::with_state), [`handler`](Self::handler)). See
+/// the [module docs](self).
 #[must_use = "an App does nothing until `run` or `run_until` is awaited"]
-pub struct App {
+pub struct App<S = ()> {
+    state: S,
     routes: Vec<Route>,
     budget: Option<SharedBudget>,
     drain_deadline: Option<Duration>,
@@ -112,13 +116,13 @@ pub struct App {
     shutdown: Vec<Hook>,
 }
 
-impl Default for App {
+impl Default for App<()> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl std::fmt::Debug for App {
+impl<S> std::fmt::Debug for App<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App")
             .field(
@@ -131,10 +135,23 @@ impl std::fmt::Debug for App {
     }
 }
 
-impl App {
-    /// An app with no route yet.
+impl App<()> {
+    /// An app with no route and no state yet.
     pub fn new() -> Self {
+        Self::with_state(())
+    }
+}
+
+impl<S> App<S> {
+    /// An app whose handler fns share `state`: made with
+    /// [`handler`](Self::handler), their [`State<T>`](crate::handler::State)
+    /// arguments are taken from it ([`FromRef`](crate::handler::FromRef)).
+    /// The state is held once per route and cloned per message, so make it
+    /// cheap to clone: an `Arc` around what is not `Clone`, pools that are
+    /// handles already.
+    pub fn with_state(state: S) -> Self {
         Self {
+            state,
             routes: Vec::new(),
             budget: None,
             drain_deadline: None,
@@ -143,12 +160,34 @@ impl App {
         }
     }
 
+    /// The state the app's handler fns share.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// `f` as a handler service whose [`State<T>`](crate::handler::State)
+    /// arguments come from the app's state: [`handler_fn_with_state`] with
+    /// a clone of it, made once. Wrap it in layers as any handler.
+    ///
+    /// [`handler_fn_with_state`]: crate::handler::handler_fn_with_state
+    pub fn handler<F, Args>(&self, f: F) -> HandlerFn<F, Args, S>
+    where
+        S: Clone,
+        F: Handler<Args, S>,
+    {
+        handler_fn_with_state(self.state.clone(), f)
+    }
+
     /// Adds a route: a consumer, run under `name` (which the report and any
     /// error name). Its settings are its own, except the shared budget and
     /// the drain deadline when the app sets them.
-    pub fn route<S, A, H>(mut self, name: impl Into<String>, consumer: Consumer<S, A, H>) -> Self
+    pub fn route<Src, A, H>(
+        mut self,
+        name: impl Into<String>,
+        consumer: Consumer<Src, A, H>,
+    ) -> Self
     where
-        S: Source,
+        Src: Source,
         A: Acker,
         H: Service<Message, Response = ()> + Send + 'static,
         H::Error: Into<HandlerError> + Send + 'static,
@@ -283,6 +322,7 @@ impl App {
     async fn run_inner(self, mut trigger: Trigger) -> Result<AppReport, AppError> {
         self.validate().map_err(AppError::Config)?;
         let App {
+            state: _,
             routes,
             budget,
             drain_deadline,
