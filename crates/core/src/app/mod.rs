@@ -61,6 +61,9 @@
 //! # }
 //! ```
 
+mod health;
+#[cfg(feature = "health")]
+mod http;
 mod report;
 mod signals;
 
@@ -79,6 +82,11 @@ use crate::handler::{Handler, HandlerFn, handler_fn_with_state};
 use crate::message::Message;
 use crate::source::Source;
 
+pub use health::{Health, HealthReport, HealthSettings, Problem};
+#[cfg(feature = "health-server")]
+pub use http::HealthListener;
+#[cfg(feature = "health")]
+pub use http::HealthService;
 pub use report::{AppError, AppReport, RouteOutcome, RouteReport};
 pub use signals::Signals;
 
@@ -87,6 +95,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// What a route needs to start: built once, when the app starts.
 struct RouteStart {
     shutdown: CancellationToken,
+    /// The route's health observer, when the app reports health.
+    health: Option<(Health, String)>,
     budget: Option<SharedBudget>,
     drain_deadline: Option<Duration>,
 }
@@ -112,6 +122,7 @@ pub struct App<S = ()> {
     routes: Vec<Route>,
     budget: Option<SharedBudget>,
     drain_deadline: Option<Duration>,
+    health: Option<Health>,
     startup: Vec<Hook>,
     shutdown: Vec<Hook>,
 }
@@ -155,6 +166,7 @@ impl<S> App<S> {
             routes: Vec::new(),
             budget: None,
             drain_deadline: None,
+            health: None,
             startup: Vec::new(),
             shutdown: Vec::new(),
         }
@@ -203,6 +215,10 @@ impl<S> App<S> {
                 if let Some(deadline) = start.drain_deadline {
                     consumer.settings.shutdown_deadline = deadline;
                 }
+                if let Some((health, name)) = start.health {
+                    let observer = health.register(name, consumer.settings.observer.take());
+                    consumer.settings.observer = Some(observer);
+                }
                 Box::pin(consumer.run(start.shutdown))
             }),
         });
@@ -215,6 +231,16 @@ impl<S> App<S> {
     /// [`SharedBudget`]).
     pub fn shared_budget(mut self, budget: SharedBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Reports every route's readiness and liveness to `health` (see
+    /// [`Health`]): each route's consumer gets an observer that forwards to
+    /// the one it had (metrics) and judges its progress at each commit tick.
+    /// Routes are ready once they run and have an assignment, and not ready
+    /// from the moment a stop begins.
+    pub fn health(mut self, health: Health) -> Self {
+        self.health = Some(health);
         self
     }
 
@@ -326,6 +352,7 @@ impl<S> App<S> {
             routes,
             budget,
             drain_deadline,
+            health,
             startup,
             shutdown,
         } = self;
@@ -351,12 +378,16 @@ impl<S> App<S> {
         for route in routes {
             let run = (route.start)(RouteStart {
                 shutdown: token.clone(),
+                health: health.clone().map(|health| (health, route.name.clone())),
                 budget: budget.clone(),
                 drain_deadline,
             });
             ids.push(set.spawn(run).id());
             names.push(route.name);
             outcomes.push(None);
+        }
+        if let Some(health) = &health {
+            health.started();
         }
         tracing::info!(routes = names.len(), "app started");
 
@@ -397,12 +428,18 @@ impl<S> App<S> {
                     }
                     if !draining && outcomes.iter().any(|o| o.as_ref().is_some_and(RouteOutcome::is_failure)) {
                         draining = true;
+                        if let Some(health) = &health {
+                            health.stopping();
+                        }
                         token.cancel();
                     }
                 }
                 () = &mut trigger.first, if !draining => {
                     tracing::info!("stop requested: draining the routes");
                     draining = true;
+                    if let Some(health) = &health {
+                        health.stopping();
+                    }
                     token.cancel();
                 }
                 () = &mut trigger.second, if draining && !abandoned => {
@@ -413,6 +450,9 @@ impl<S> App<S> {
             }
         }
 
+        if let Some(health) = &health {
+            health.ended();
+        }
         let mut hook_failure = None;
         for hook in shutdown {
             if let Err(error) = (hook.run)().await {
