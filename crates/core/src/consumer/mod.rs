@@ -44,6 +44,8 @@ mod dispatcher;
 mod gate;
 mod lanes;
 mod report;
+#[cfg(feature = "serde")]
+pub(crate) mod settings;
 mod shared_budget;
 mod shutdown;
 mod slots;
@@ -61,6 +63,8 @@ use crate::observer::ConsumerObserver;
 use crate::source::Source;
 
 pub use report::{RunError, RunReport, SourceClose, Unfinished};
+#[cfg(feature = "serde")]
+pub use settings::ConsumerSettings;
 pub use shared_budget::{MAX_SHARED_BYTES, MAX_SHARED_MESSAGES, SharedBudget};
 pub use shutdown::Shutdown;
 
@@ -118,6 +122,7 @@ impl std::fmt::Debug for ConsumerBuilder {
             .field("shutdown_deadline", &settings.shutdown_deadline)
             .field("revoke_timeout", &settings.revoke_timeout)
             .field("probe_timeout", &settings.probe_timeout)
+            .field("shared_budget", &settings.shared_budget)
             .finish_non_exhaustive()
     }
 }
