@@ -194,14 +194,12 @@ impl SharedBudget {
             .state
             .fetch_sub(pack(messages, bytes.min(BYTE_MASK)), Ordering::SeqCst);
         if inner.waiting.load(Ordering::SeqCst) > 0 {
-            let parked = {
-                let mut parked = inner.parked.lock().unwrap_or_else(PoisonError::into_inner);
-                // Under the lock: a consumer parking meanwhile counts itself
-                // after this.
-                inner.waiting.store(0, Ordering::SeqCst);
-                std::mem::take(&mut *parked)
-            };
-            for waker in parked {
+            let mut parked = inner.parked.lock().unwrap_or_else(PoisonError::into_inner);
+            // Under the lock: a consumer parking meanwhile counts itself
+            // after this. Draining keeps the list's capacity, so parking
+            // again allocates nothing; a wake only schedules the run.
+            inner.waiting.store(0, Ordering::SeqCst);
+            for waker in parked.drain(..) {
                 waker.wake();
             }
         }
