@@ -411,17 +411,14 @@ impl<S> App<S> {
                             }
                             (id, RouteOutcome::Failed(report))
                         }
-                        Err(join) => {
-                            let outcome = if join.is_panic() {
-                                RouteOutcome::Panicked
-                            } else {
-                                RouteOutcome::Abandoned
-                            };
+                        Err(join) if join.is_panic() => {
                             if let Some(index) = ids.iter().position(|i| *i == join.id()) {
                                 tracing::error!(route = %names[index], "a route panicked; stopping the others");
                             }
-                            (join.id(), outcome)
+                            (join.id(), RouteOutcome::Panicked)
                         }
+                        // Aborted by a second stop request.
+                        Err(join) => (join.id(), RouteOutcome::Abandoned),
                     };
                     if let Some(index) = ids.iter().position(|i| *i == id) {
                         outcomes[index] = Some(outcome);
