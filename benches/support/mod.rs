@@ -100,14 +100,49 @@ impl<S: Service<Message>> Service<Message> for StopAfterTarget<S> {
     }
 }
 
-fn prefilled(messages: u64, body: &'static [u8]) -> MemoryBroker {
+/// The consumer's shape: the peer benchmark's by default (4 partitions, no
+/// keys, partition order, 256 in flight); `benches/scaling.rs` varies one
+/// dimension at a time.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Partitions of the topic; records go round-robin, so consecutive
+    /// deliveries of a fetch interleave partitions.
+    pub partitions: u32,
+    /// Distinct keys, assigned round-robin; `None` sends records without a key.
+    pub keys: Option<u64>,
+    /// The consumer's `max_in_flight`.
+    pub max_in_flight: usize,
+    /// The consumer's ordering.
+    pub ordering: DeliveryOrder,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Self {
+            partitions: 4,
+            keys: None,
+            max_in_flight: 256,
+            ordering: DeliveryOrder::Partition,
+        }
+    }
+}
+
+fn prefilled(messages: u64, body: &'static [u8], shape: Shape) -> MemoryBroker {
     let broker = MemoryBroker::new();
-    broker.create_topic("orders", 4).expect("create the topic");
+    broker
+        .create_topic("orders", shape.partitions)
+        .expect("create the topic");
+    let partitions = u64::from(shape.partitions);
     broker
         .send_batch(
             "orders",
             (0..messages).map(|index| {
-                Record::new(bytes::Bytes::from_static(body)).to_partition((index % 4) as u32)
+                let record = Record::new(bytes::Bytes::from_static(body))
+                    .to_partition((index % partitions) as u32);
+                match shape.keys {
+                    Some(keys) => record.with_key((index % keys).to_string()),
+                    None => record,
+                }
             }),
         )
         .expect("prefill");
@@ -120,6 +155,7 @@ pub fn consume_region<H>(
     runtime: &tokio::runtime::Runtime,
     broker: &MemoryBroker,
     messages: u64,
+    shape: Shape,
     handler: H,
 ) -> RunReport
 where
@@ -130,8 +166,9 @@ where
     let token = CancellationToken::new();
     let (source, acker) = broker.consumer("orders", "bench").expect("join the group");
     let consumer = Consumer::builder()
-        .max_in_flight(256)
-        .ordering(DeliveryOrder::Partition)
+        .max_in_flight(shape.max_in_flight)
+        .max_uncommitted(shape.max_in_flight.max(100_000))
+        .ordering(shape.ordering)
         .build(
             source,
             acker,
@@ -174,8 +211,19 @@ fn args() -> Args {
     args
 }
 
-/// The whole benchmark for one scenario.
+/// The whole benchmark for one scenario, in the default shape.
 pub fn main<H, F>(name: &str, body: &'static [u8], make_handler: F)
+where
+    F: Fn() -> H,
+    H: Service<Message, Response = ()> + Send + 'static,
+    H::Error: Into<intake::HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    main_shaped(name, body, Shape::default(), make_handler);
+}
+
+/// The whole benchmark for one scenario in `shape`.
+pub fn main_shaped<H, F>(name: &str, body: &'static [u8], shape: Shape, make_handler: F)
 where
     F: Fn() -> H,
     H: Service<Message, Response = ()> + Send + 'static,
@@ -188,18 +236,18 @@ where
         .expect("runtime");
     let args = args();
     if let Some(messages) = args.once {
-        let broker = prefilled(messages, body);
-        let report = consume_region(&runtime, &broker, messages, make_handler());
+        let broker = prefilled(messages, body, shape);
+        let report = consume_region(&runtime, &broker, messages, shape, make_handler());
         black_box(report);
         return;
     }
     let messages = args.messages;
 
     let allocations_for = |count: u64| {
-        let broker = prefilled(count, body);
+        let broker = prefilled(count, body, shape);
         ALLOCATIONS.store(0, AtomicOrdering::Relaxed);
         COUNTING.store(true, AtomicOrdering::Relaxed);
-        let report = consume_region(&runtime, &broker, count, make_handler());
+        let report = consume_region(&runtime, &broker, count, shape, make_handler());
         COUNTING.store(false, AtomicOrdering::Relaxed);
         assert!(report.succeeded >= count, "every message was handled");
         ALLOCATIONS.load(AtomicOrdering::Relaxed)
@@ -210,9 +258,9 @@ where
 
     let mut best = Duration::MAX;
     for _ in 0..5 {
-        let broker = prefilled(messages, body);
+        let broker = prefilled(messages, body, shape);
         let started = Instant::now();
-        let report = consume_region(&runtime, &broker, messages, make_handler());
+        let report = consume_region(&runtime, &broker, messages, shape, make_handler());
         let elapsed = started.elapsed();
         assert!(report.succeeded >= messages);
         best = best.min(elapsed);

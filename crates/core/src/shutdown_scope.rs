@@ -6,12 +6,18 @@
 //! leaves the message unacknowledged. Reading the token costs nothing on the
 //! success path; only code about to wait asks for it.
 
-use std::cell::RefCell;
+use std::cell::Cell;
+use std::ptr;
 
 use tokio_util::sync::CancellationToken;
 
 thread_local! {
-    static CURRENT_SHUTDOWN: RefCell<Option<CancellationToken>> = const { RefCell::new(None) };
+    /// The token of the scope being run on this thread, borrowed for the
+    /// scope only: making a token current costs two thread-local writes
+    /// and no clone (a `CancellationToken` clone and drop each take the
+    /// token tree's mutex, and the runtime makes its token current on
+    /// every pass).
+    static CURRENT_SHUTDOWN: Cell<*const CancellationToken> = const { Cell::new(ptr::null()) };
 }
 
 /// The shutdown token of the consumer whose handler is being polled on this
@@ -20,19 +26,23 @@ thread_local! {
 /// Call it while being polled (inside `Future::poll` or an `async` block the
 /// runtime drives), not from a task spawned elsewhere.
 pub fn current_shutdown() -> Option<CancellationToken> {
-    CURRENT_SHUTDOWN.with(|current| current.borrow().clone())
+    let current = CURRENT_SHUTDOWN.with(Cell::get);
+    // SAFETY: a non-null pointer was set by `with_shutdown` from a reference
+    // that outlives its scope, and the scope's guard puts the previous value
+    // back when the scope ends, unwinding included; so a non-null pointer
+    // read here points to a live token.
+    unsafe { current.as_ref() }.cloned()
 }
 
 /// Makes `token` current for the duration of `poll`.
 pub(crate) fn with_shutdown<R>(token: &CancellationToken, poll: impl FnOnce() -> R) -> R {
-    struct Restore(Option<CancellationToken>);
+    struct Restore(*const CancellationToken);
     impl Drop for Restore {
         fn drop(&mut self) {
-            let previous = self.0.take();
-            CURRENT_SHUTDOWN.with(|current| *current.borrow_mut() = previous);
+            CURRENT_SHUTDOWN.with(|current| current.set(self.0));
         }
     }
-    let previous = CURRENT_SHUTDOWN.with(|current| current.borrow_mut().replace(token.clone()));
+    let previous = CURRENT_SHUTDOWN.with(|current| current.replace(ptr::from_ref(token)));
     let _restore = Restore(previous);
     poll()
 }
@@ -53,6 +63,28 @@ mod tests {
         assert!(current_shutdown().is_none());
         let inside = with_shutdown(&token, current_shutdown);
         assert!(inside.is_some());
+        assert!(current_shutdown().is_none());
+    }
+
+    #[test]
+    fn a_nested_scope_puts_the_outer_token_back_even_when_it_panics() {
+        let outer = CancellationToken::new();
+        let inner = CancellationToken::new();
+        inner.cancel();
+        with_shutdown(&outer, || {
+            let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                with_shutdown(&inner, || {
+                    assert!(current_shutdown().is_some_and(|token| token.is_cancelled()));
+                    panic!("a handler's panic");
+                })
+            }));
+            assert!(unwound.is_err());
+            let current = current_shutdown();
+            assert!(
+                current.is_some_and(|token| !token.is_cancelled()),
+                "the outer token"
+            );
+        });
         assert!(current_shutdown().is_none());
     }
 }

@@ -12,10 +12,10 @@
 //!   the next batch;
 //! - raw-async-acks: the same, with each batch's acks sent by a task of
 //!   their own while the next batch is pulled;
-//! - raw-confirmed-acks: the same, each batch's acks sent with a reply
-//!   subject and the server's confirmations counted by that task, as
-//!   intake's acker does (the raw loops above never learn whether an ack
-//!   arrived: a lost one is a redelivery after `ack_wait`);
+//! - raw-confirmed-acks: the same, the last ack of each batch sent with a
+//!   reply subject and the server's one confirmation awaited by that task,
+//!   as intake's acker does (the raw loops above never learn whether an
+//!   ack arrived: a lost one is a redelivery after `ack_wait`);
 //! - intake: `NatsSource` + `Consumer` with `max_in_flight(1000)`,
 //!   unordered, a no-op handler; acks as the commit engine batches them,
 //!   each batch confirmed by the server;
@@ -73,7 +73,7 @@ enum Acks {
     Inline,
     /// A batch's `+ACK`s from a task of their own.
     Async,
-    /// The same, each with a reply subject, the confirmations awaited.
+    /// The same, the last with a reply subject, its confirmation awaited.
     AsyncConfirmed,
 }
 
@@ -240,7 +240,7 @@ async fn all_acknowledged(
 /// Raw async-nats: a durable pull consumer, batches of 1000, an ack per
 /// message; with [`Acks::Async`], a batch's acks go out from a task of
 /// their own while the next batch is pulled; with [`Acks::AsyncConfirmed`]
-/// that task also waits for the server's confirmation of each.
+/// that task also waits for the server's confirmation of the batch.
 async fn raw(
     context: &jetstream::Context,
     stream: &str,
@@ -313,20 +313,27 @@ async fn raw(
                     let (give_back, returned) = tokio::sync::oneshot::channel();
                     returning = Some(returned);
                     tokio::spawn(async move {
-                        let sent = subjects.len();
+                        // All but the last plain, the last with the reply
+                        // subject: one confirmation for the batch, as
+                        // intake's acker does (see `src/confirm.rs`).
+                        let mut subjects = subjects;
+                        let Some(last) = subjects.pop() else {
+                            let _ = give_back.send(replies);
+                            return Ok(());
+                        };
                         for subject in subjects {
-                            client
-                                .publish_with_reply(subject, reply.clone(), ACK.clone())
-                                .await?;
+                            client.publish(subject, ACK.clone()).await?;
                         }
-                        let mut confirmed = 0;
-                        while confirmed < sent {
+                        client
+                            .publish_with_reply(last, reply.clone(), ACK.clone())
+                            .await?;
+                        loop {
                             let answer =
                                 tokio::time::timeout(Duration::from_secs(10), replies.next())
                                     .await?
                                     .ok_or("the confirmation subscription ended")?;
                             if answer.subject == reply {
-                                confirmed += 1;
+                                break;
                             }
                         }
                         let _ = give_back.send(replies);

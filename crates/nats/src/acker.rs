@@ -5,9 +5,10 @@
 //! JetStream acknowledges deliveries one by one, not a position: there is
 //! no watermark to commit, so the acker ignores the watermark and sends
 //! the completed ids, in any order, as soon as they finish. The server
-//! confirms every ack of a batch (see `confirm.rs`), and only then does the
-//! acker forget the deliveries; a batch that was not confirmed fails, and
-//! the runtime sends its work again.
+//! confirms a batch with one reply to its last ack (see `confirm.rs` for
+//! why that confirms them all), and only then does the acker forget the
+//! deliveries; a batch that was not confirmed fails, and the runtime sends
+//! its work again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,7 @@ use intake_core::{
 
 use crate::confirm::Confirmations;
 use crate::counters::Counters;
-use crate::deliveries::{Deliveries, Held};
+use crate::deliveries::Deliveries;
 
 /// Sends acknowledgements for a [`NatsSource`](crate::NatsSource); get it
 /// from [`NatsSource::acker`](crate::NatsSource::acker).
@@ -38,7 +39,7 @@ pub struct NatsAcker {
     /// Reused per batch.
     sequences: Vec<u64>,
     requeued: Vec<u64>,
-    found: Vec<(u64, Held)>,
+    acks: Vec<(Subject, Bytes)>,
     settled: Vec<(u64, u32)>,
 }
 
@@ -83,21 +84,20 @@ impl NatsAcker {
             counters,
             sequences: Vec::new(),
             requeued: Vec::new(),
-            found: Vec::new(),
+            acks: Vec::new(),
             settled: Vec::new(),
         }
     }
+}
 
-    /// The `-NAK` body for a delivery the server made `delivered` times:
-    /// the redelivery backoff's delay for that retry.
-    fn nak(&self, delivered: u32) -> Bytes {
-        let delay = self
-            .redelivery_backoff
-            .delay(delivered.max(1))
-            .unwrap_or(self.nak_delay_cap)
-            .min(self.nak_delay_cap.max(Duration::from_millis(1)));
-        nak_with_delay(delay)
-    }
+/// The `-NAK` body for a delivery the server made `delivered` times: the
+/// redelivery backoff's delay for that retry, at most `cap`.
+fn nak(backoff: &dyn BackoffPolicy, cap: Duration, delivered: u32) -> Bytes {
+    let delay = backoff
+        .delay(delivered.max(1))
+        .unwrap_or(cap)
+        .min(cap.max(Duration::from_millis(1)));
+    nak_with_delay(delay)
 }
 
 /// `-NAK {"delay":…}`: redeliver after `delay`, not at once.
@@ -128,24 +128,28 @@ impl Acker for NatsAcker {
         if self.sequences.is_empty() && self.requeued.is_empty() {
             return Ok(());
         }
-        // Naks first: a batch applies its requeues before its acks.
-        self.found.clear();
-        self.deliveries.lookup(&self.requeued, &mut self.found);
-        let naks = self.found.len();
-        self.deliveries.lookup(&self.sequences, &mut self.found);
-        let mut messages: Vec<(Subject, Bytes)> = Vec::with_capacity(self.found.len());
-        for (index, (_, held)) in self.found.iter().enumerate() {
-            let body = match index < naks {
-                true => self.nak(held.delivered),
-                false => ACK,
-            };
-            messages.push((held.reply.clone(), body));
-        }
-        // A sequence no longer held was settled before (a dead letter's
+        // Naks first: a batch applies its requeues before its acks. A
+        // sequence no longer held was settled before (a dead letter's
         // term, a batch resent after its confirmation was lost): nothing
         // to send for it.
+        let (backoff, cap) = (&*self.redelivery_backoff, self.nak_delay_cap);
+        let (acks, settled) = (&mut self.acks, &mut self.settled);
+        acks.clear();
+        settled.clear();
+        self.deliveries.lookup(&self.requeued, |sequence, held| {
+            acks.push((held.reply.clone(), nak(backoff, cap, held.delivered)));
+            settled.push((sequence, held.delivered));
+        });
+        let naks = acks.len();
+        self.deliveries.lookup(&self.sequences, |sequence, held| {
+            acks.push((held.reply.clone(), ACK));
+            settled.push((sequence, held.delivered));
+        });
+        // One confirmation for the whole batch: sound because the server
+        // applies one connection's acks to a consumer in order (see
+        // `confirm.rs`).
         self.confirmations
-            .send(messages, self.ack_timeout)
+            .send(self.acks.drain(..), self.ack_timeout)
             .await
             .map_err(|unconfirmed| {
                 AckError::from(unconfirmed.into_error(
@@ -155,12 +159,6 @@ impl Acker for NatsAcker {
                 ))
             })?;
         self.counters.add_naks(naks);
-        self.settled.clear();
-        self.settled.extend(
-            self.found
-                .iter()
-                .map(|(sequence, held)| (*sequence, held.delivered)),
-        );
         self.deliveries.release(self.settled.drain(..));
         Ok(())
     }

@@ -15,6 +15,7 @@
 //! tick, never across an await.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -71,14 +72,15 @@ impl Deliveries {
         self.lock().get(&sequence).cloned()
     }
 
-    /// Looks up each sequence; appends `(sequence, held)` for those held.
-    pub(crate) fn lookup(&self, sequences: &[u64], found: &mut Vec<(u64, Held)>) {
+    /// Looks up each sequence and calls `found` with those held, under
+    /// one lock (so keep `found` short).
+    pub(crate) fn lookup(&self, sequences: &[u64], mut found: impl FnMut(u64, &Held)) {
         let held = self.lock();
-        found.extend(
-            sequences
-                .iter()
-                .filter_map(|sequence| held.get(sequence).map(|entry| (*sequence, entry.clone()))),
-        );
+        for sequence in sequences {
+            if let Some(entry) = held.get(sequence) {
+                found(*sequence, entry);
+            }
+        }
     }
 
     /// Forgets deliveries the server confirmed as settled, each given as
@@ -88,11 +90,11 @@ impl Deliveries {
     pub(crate) fn release(&self, settled: impl IntoIterator<Item = (u64, u32)>) {
         let mut held = self.lock();
         for (sequence, delivered) in settled {
-            if held
-                .get(&sequence)
-                .is_some_and(|entry| entry.delivered == delivered)
+            // One probe per sequence, not a look and a removal.
+            if let Entry::Occupied(entry) = held.entry(sequence)
+                && entry.get().delivered == delivered
             {
-                held.remove(&sequence);
+                entry.remove();
             }
         }
     }

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
@@ -34,15 +34,24 @@ pub(crate) type PanicPayload = Box<dyn Any + Send>;
 pub(crate) type Caught<T> = Result<T, PanicPayload>;
 
 /// Marks slots whose futures were woken, and wakes the runtime task.
+///
+/// Two levels of bits: a bit per slot in `words`, and a bit per word in
+/// `summary` saying the word may have bits set. A pass reads the summary
+/// and only the words it names, so its cost follows the woken slots, not
+/// `max_in_flight` (a pass over every word cost 19,195 instructions per
+/// message at 65,536 in flight, against 2,993 at 16).
 pub(crate) struct ReadySet {
     words: Box<[AtomicU64]>,
+    summary: Box<[AtomicU64]>,
     runtime: AtomicWaker,
 }
 
 impl ReadySet {
     fn new(slots: usize) -> Self {
+        let words = slots.div_ceil(64);
         Self {
-            words: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            summary: (0..words.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             runtime: AtomicWaker::new(),
         }
     }
@@ -51,6 +60,12 @@ impl ReadySet {
         let word = (slot / 64) as usize;
         if let Some(bits) = self.words.get(word) {
             bits.fetch_or(1 << (slot % 64), Ordering::AcqRel);
+            // After the slot's bit: a pass that takes the summary bit before
+            // this sets it takes the word's bits now or on the next pass
+            // (the bit stays set), so no wake-up is lost.
+            if let Some(summary) = self.summary.get(word / 64) {
+                summary.fetch_or(1 << (word % 64), Ordering::AcqRel);
+            }
         }
         self.runtime.wake();
     }
@@ -59,6 +74,12 @@ impl ReadySet {
     /// [`RuntimeWaker`]).
     pub(crate) fn register(&self, waker: &Waker) {
         self.runtime.register(waker);
+    }
+
+    /// Takes the marks of one summary word: which 64-slot words may hold
+    /// woken slots.
+    fn take_summary(&self, index: usize) -> u64 {
+        self.summary[index].swap(0, Ordering::AcqRel)
     }
 
     /// Takes the woken slots of one 64-slot word.
@@ -94,6 +115,32 @@ impl Wake for RuntimeWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.runtime.wake();
+    }
+}
+
+/// Wakes the runtime task and remembers that it did: for a future the
+/// runtime polls only once it was woken, not on every pass (the shutdown
+/// signal: a `CancellationToken`'s future takes a mutex when polled).
+pub(crate) struct WakeFlag {
+    woken: AtomicBool,
+    ready: Arc<ReadySet>,
+}
+
+impl WakeFlag {
+    /// Whether the future was woken since the last call (or never polled).
+    pub(crate) fn take(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
         self.ready.runtime.wake();
     }
 }
@@ -203,6 +250,16 @@ impl<F: Future> Slots<F> {
         &self.runtime_waker
     }
 
+    /// A waker that wakes the runtime task and sets its flag, which starts
+    /// set (a future must be polled once to be woken at all).
+    pub(crate) fn flag_waker(&self) -> (Arc<WakeFlag>, Waker) {
+        let flag = Arc::new(WakeFlag {
+            woken: AtomicBool::new(true),
+            ready: self.ready.clone(),
+        });
+        (flag.clone(), Waker::from(flag))
+    }
+
     /// Takes a free slot for a new delivery.
     pub(crate) fn acquire(&mut self) -> Option<SlotId> {
         self.free.pop()
@@ -305,22 +362,32 @@ impl<F: Future> Slots<F> {
     /// Polls every woken running future and appends the outputs of those that
     /// finished (or panicked: the slot is recovered) to `finished`.
     pub(crate) fn poll_woken(&mut self, finished: &mut Vec<(SlotId, Caught<F::Output>)>) {
-        for word in 0..self.ready.words.len() {
-            let mut bits = self.ready.take_word(word);
-            while bits != 0 {
-                let bit = bits.trailing_zeros();
-                bits &= bits - 1;
-                let slot = (word * 64) as SlotId + bit;
-                if self.slots[slot as usize].state != SlotState::Running {
-                    continue;
-                }
-                match catch_unwind(AssertUnwindSafe(|| self.poll_slot(slot))) {
-                    Ok(Poll::Ready(output)) => finished.push((slot, Ok(output))),
-                    Ok(Poll::Pending) => {}
-                    Err(panic) => {
-                        self.recover(slot);
-                        finished.push((slot, Err(panic)));
-                    }
+        for index in 0..self.ready.summary.len() {
+            let mut words = self.ready.take_summary(index);
+            while words != 0 {
+                let word = index * 64 + words.trailing_zeros() as usize;
+                words &= words - 1;
+                self.poll_word(word, finished);
+            }
+        }
+    }
+
+    /// Polls the woken running futures of one 64-slot word.
+    fn poll_word(&mut self, word: usize, finished: &mut Vec<(SlotId, Caught<F::Output>)>) {
+        let mut bits = self.ready.take_word(word);
+        while bits != 0 {
+            let bit = bits.trailing_zeros();
+            bits &= bits - 1;
+            let slot = (word * 64) as SlotId + bit;
+            if self.slots[slot as usize].state != SlotState::Running {
+                continue;
+            }
+            match catch_unwind(AssertUnwindSafe(|| self.poll_slot(slot))) {
+                Ok(Poll::Ready(output)) => finished.push((slot, Ok(output))),
+                Ok(Poll::Pending) => {}
+                Err(panic) => {
+                    self.recover(slot);
+                    finished.push((slot, Err(panic)));
                 }
             }
         }
@@ -370,5 +437,37 @@ mod tests {
             .filter_map(|(slot, output)| Some((slot, output.ok()?)))
             .collect();
         assert_eq!(outputs, vec![(first, 5)]);
+    }
+
+    #[tokio::test]
+    async fn a_slot_far_from_the_first_word_is_polled_when_woken() {
+        let capacity = 64 * 64 * 2 + 5;
+        let mut slots = Slots::new(capacity);
+        let mut senders = Vec::new();
+        let mut started = Vec::new();
+        for _ in 0..capacity {
+            let slot = slots.acquire().unwrap_or_default();
+            let (sender, receiver) = tokio::sync::oneshot::channel::<u32>();
+            let waiting = Box::pin(async move { receiver.await.unwrap_or_default() })
+                as Pin<Box<dyn Future<Output = u32> + Send>>;
+            assert!(slots.start(slot, waiting).is_pending());
+            senders.push(sender);
+            started.push(slot);
+        }
+        let mut outputs = Vec::new();
+        slots.poll_woken(&mut outputs);
+        assert!(outputs.is_empty());
+        // The last slot lives in the second summary word.
+        let last = senders.len() - 1;
+        let _ = senders.swap_remove(last).send(9);
+        let _ = senders.swap_remove(70).send(3);
+        slots.poll_woken(&mut outputs);
+        let mut finished: Vec<(SlotId, u32)> = outputs
+            .into_iter()
+            .filter_map(|(slot, output)| Some((slot, output.ok()?)))
+            .collect();
+        finished.sort_unstable();
+        assert_eq!(finished, vec![(started[70], 3), (started[last], 9)]);
+        assert_eq!(slots.running(), capacity - 2);
     }
 }

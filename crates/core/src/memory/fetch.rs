@@ -35,11 +35,21 @@ impl Delivery {
     }
 
     /// Appends up to `limit` messages from the cursor; returns how many.
+    #[inline]
     fn take(&mut self, log: &[Message], buf: &mut Vec<Message>, limit: usize) -> usize {
-        let start = self.cursor.min(log.len());
-        let end = log.len().min(start.saturating_add(limit));
-        if start == end {
+        let start = self.cursor;
+        let Some(available) = log.len().checked_sub(start).filter(|&n| n > 0) else {
             return 0;
+        };
+        let end = start + available.min(limit);
+        if self.delivered_until <= start {
+            // The hot path: first deliveries only, plain clones (reference
+            // count increments, no allocation). With many partitions a fetch
+            // takes one message from each, so this path is per message.
+            buf.extend_from_slice(&log[start..end]);
+            self.cursor = end;
+            self.delivered_until = end;
+            return end - start;
         }
         let first_delivery = self.delivered_until.clamp(start, end);
         for (offset, message) in (start..first_delivery).zip(&log[start..first_delivery]) {
@@ -49,8 +59,6 @@ impl Delivery {
             message.metadata_mut().set_attempt(*deliveries);
             buf.push(message);
         }
-        // The hot path: first deliveries are plain clones, reference-count
-        // increments with no allocation.
         buf.extend_from_slice(&log[first_delivery..end]);
         self.cursor = end;
         self.delivered_until = self.delivered_until.max(end);

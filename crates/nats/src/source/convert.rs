@@ -33,11 +33,14 @@ pub(crate) struct AckInfo {
 /// (`$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>`)
 /// or the form with domain and account hash after `ACK` (11 tokens or
 /// more). `None` for anything else.
+///
+/// Bytes, not `str::split` and `str::parse`: it runs once per delivery, and
+/// the generic versions took a third of the source's time in a profile.
 pub(crate) fn parse_ack_subject(reply: &str) -> Option<AckInfo> {
-    let rest = reply.strip_prefix("$JS.ACK.")?;
-    let mut tokens: [&str; 10] = [""; 10];
+    let rest = reply.strip_prefix("$JS.ACK.")?.as_bytes();
+    let mut tokens: [&[u8]; 10] = [&[]; 10];
     let mut count = 0;
-    for token in rest.split('.') {
+    for token in rest.split(|byte| *byte == b'.') {
         if count == tokens.len() {
             break;
         }
@@ -53,9 +56,20 @@ pub(crate) fn parse_ack_subject(reply: &str) -> Option<AckInfo> {
         return None;
     };
     Some(AckInfo {
-        delivered: delivered.parse().ok()?,
-        stream_sequence: sequence.parse().ok()?,
-        published_nanos: published.parse().ok()?,
+        delivered: decimal(delivered)?,
+        stream_sequence: decimal(sequence)?,
+        published_nanos: decimal(published)?,
+    })
+}
+
+/// A non-empty run of ASCII digits that fits a `u64`.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |value, byte| {
+        let digit = byte.checked_sub(b'0').filter(|digit| *digit <= 9)?;
+        value.checked_mul(10)?.checked_add(u64::from(digit))
     })
 }
 
@@ -171,6 +185,21 @@ mod tests {
             parse_ack_subject("$JS.ACK.hub.hash.orders.billing.2.50.9.1700000000000000000.0.x");
         assert_eq!(v2_token.map(|info| info.stream_sequence), Some(50));
         assert_eq!(parse_ack_subject("$JS.ACK.orders.billing.3.100"), None);
+        assert_eq!(
+            parse_ack_subject("$JS.ACK.orders.billing.3..7.1700000000000000000.42"),
+            None,
+            "an empty number"
+        );
+        assert_eq!(
+            parse_ack_subject("$JS.ACK.orders.billing.3.+100.7.1700000000000000000.42"),
+            None,
+            "a sign is no digit"
+        );
+        assert_eq!(
+            parse_ack_subject("$JS.ACK.orders.billing.3.18446744073709551616.7.1.42"),
+            None,
+            "past u64"
+        );
         assert_eq!(parse_ack_subject("_INBOX.abc"), None);
     }
 

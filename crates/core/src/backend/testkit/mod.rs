@@ -54,6 +54,34 @@ pub fn skip_or_fail(test: &str, why: &str) {
     println!("skipped: {test}: {why}");
 }
 
+/// A local port nothing listens on (bound, then released), for a fixture's
+/// [`Backend::connect_unreachable`].
+pub fn closed_port() -> std::io::Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+}
+
+/// A fixture's answer from a source's build: the source with the acker it
+/// hands out (`acker`, usually `|source| source.acker()`), or the build's
+/// error.
+pub fn with_acker<S, A, E>(
+    built: Result<S, E>,
+    acker: impl FnOnce(&S) -> A,
+) -> Option<Result<(S, A), BoxError>>
+where
+    E: Into<BoxError>,
+{
+    Some(
+        built
+            .map(|source| {
+                let acker = acker(&source);
+                (source, acker)
+            })
+            .map_err(Into::into),
+    )
+}
+
 impl TestMessage {
     /// A message with `payload` and `key`, no headers.
     pub fn new(key: impl Into<Bytes>, payload: impl Into<Bytes>) -> Self {

@@ -5,12 +5,14 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use tokio::time::Instant;
 use tower::Service;
 
 use super::{Dispatcher, Failure, Stop};
+use crate::consumer::slots::WakeFlag;
 use crate::deadline;
 use crate::error::HandlerError;
 use crate::message::Message;
@@ -26,6 +28,27 @@ enum Wake<E> {
     Done,
 }
 
+/// The shutdown signal, polled only once it woke the run (and once at the
+/// start, to be woken at all) instead of on every pass: the future of a
+/// `CancellationToken` takes the token tree's mutex each time it is polled.
+pub(super) struct ShutdownSignal {
+    signal: Pin<Box<dyn Future<Output = ()> + Send>>,
+    flag: Arc<WakeFlag>,
+    /// Sets `flag` and wakes the task running the consumer, whichever it is.
+    waker: Waker,
+}
+
+impl ShutdownSignal {
+    fn poll(&mut self) -> Poll<()> {
+        if !self.flag.take() {
+            return Poll::Pending;
+        }
+        self.signal
+            .as_mut()
+            .poll(&mut Context::from_waker(&self.waker))
+    }
+}
+
 impl<H> Dispatcher<H>
 where
     H: Service<Message, Response = ()> + Send + 'static,
@@ -36,8 +59,14 @@ where
     pub(super) async fn drive<S: Source>(
         &mut self,
         source: &mut S,
-        mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+        shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     ) -> Option<Failure> {
+        let (flag, waker) = self.slots.flag_waker();
+        let mut shutdown = ShutdownSignal {
+            signal: shutdown,
+            flag,
+            waker,
+        };
         let mut buffer: Vec<Message> = Vec::with_capacity(self.settings.fetch_batch);
         loop {
             if !buffer.is_empty() {
@@ -46,10 +75,8 @@ where
             let wake = match self.fetch_plan(buffer.len()) {
                 Some(max) => {
                     let mut fetch = pin!(source.next(&mut buffer, max));
-                    poll_fn(|cx| {
-                        self.poll_until(cx, Some((fetch.as_mut(), max)), shutdown.as_mut())
-                    })
-                    .await
+                    poll_fn(|cx| self.poll_until(cx, Some((fetch.as_mut(), max)), &mut shutdown))
+                        .await
                 }
                 None => {
                     poll_fn(|cx| {
@@ -59,7 +86,7 @@ where
                                 Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>,
                                 usize,
                             )>,
-                            shutdown.as_mut(),
+                            &mut shutdown,
                         )
                     })
                     .await
@@ -108,7 +135,7 @@ where
         &mut self,
         cx: &mut Context<'_>,
         fetch: Option<(Pin<&mut F>, usize)>,
-        shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
+        shutdown: &mut ShutdownSignal,
     ) -> Poll<Wake<E>>
     where
         F: Future<Output = E>,
@@ -122,12 +149,12 @@ where
         &mut self,
         cx: &mut Context<'_>,
         fetch: Option<(Pin<&mut F>, usize)>,
-        shutdown: Pin<&mut (dyn Future<Output = ()> + Send)>,
+        shutdown: &mut ShutdownSignal,
     ) -> Poll<Wake<E>>
     where
         F: Future<Output = E>,
     {
-        if matches!(self.stop, None | Some(Stop::Exhausted)) && shutdown.poll(cx).is_ready() {
+        if matches!(self.stop, None | Some(Stop::Exhausted)) && shutdown.poll().is_ready() {
             return Poll::Ready(Wake::Shutdown);
         }
         self.poll_handlers();
@@ -161,7 +188,7 @@ where
         if self.is_drained() {
             return Poll::Ready(Wake::Done);
         }
-        self.arm_timer(cx);
+        self.arm_timer(now);
         match fetch {
             Some((fetch, max)) => {
                 if let Poll::Ready(event) = fetch.poll(cx) {

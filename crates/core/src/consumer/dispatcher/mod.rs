@@ -229,8 +229,10 @@ struct Dispatcher<H: Service<Message>> {
     /// Why the run stops, if it stops for a failure.
     failure: Option<Failure>,
     /// Cancelled when the run stops; handlers read it through
-    /// [`current_shutdown`](crate::shutdown_scope::current_shutdown).
-    token: CancellationToken,
+    /// [`current_shutdown`](crate::shutdown_scope::current_shutdown). In an
+    /// `Arc` so a pass can make it current while it changes the dispatcher:
+    /// an `Arc` clone is one atomic increment, a token's takes a mutex.
+    token: Arc<CancellationToken>,
     report: RunReport,
     /// A list of slots reused by revocations, so they allocate once.
     scratch: Vec<SlotId>,
@@ -279,7 +281,7 @@ where
             revocations: Vec::new(),
             stop: None,
             failure: None,
-            token: CancellationToken::new(),
+            token: Arc::new(CancellationToken::new()),
             report: RunReport::default(),
             scratch: Vec::new(),
             settings,

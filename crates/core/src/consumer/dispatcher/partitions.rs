@@ -38,11 +38,82 @@ pub(super) struct Partitions {
     /// How many entries are over the window.
     over_window: usize,
     max_uncommitted: usize,
-    /// The partition of the previous delivery: most batches come from one
-    /// partition, so this saves a map lookup per message. It names an
-    /// assigned partition only: `assign` and `revoke` forget it (a revoked
-    /// id named here would turn the partition's next delivery away).
-    last: Option<(SourceName, u32, PartitionId)>,
+    /// The ids of assigned partitions by source and partition number, so a
+    /// delivery finds its partition with a compare and an index, however
+    /// the partitions of a fetch interleave. It names assigned partitions
+    /// only: `assign` and `revoke` keep it in step (a revoked id named here
+    /// would turn the partition's next delivery away).
+    ids: PartitionIds,
+}
+
+/// Partition numbers above this are looked up in the engine's map instead:
+/// a source's partition number must not size a table.
+const DIRECT_PARTITIONS: u32 = 1 << 16;
+
+/// Assigned partitions' ids, a table per source indexed by partition
+/// number. A consumer reads one source or a few: the first source seen has
+/// its table in place (the per-message path is a pointer compare and an
+/// index), any other source's table is found by a linear search.
+#[derive(Default)]
+struct PartitionIds {
+    first: Option<(SourceName, Vec<Option<PartitionId>>)>,
+    others: Vec<(SourceName, Vec<Option<PartitionId>>)>,
+}
+
+impl PartitionIds {
+    #[inline]
+    fn get(&self, source: &SourceName, partition: u32) -> Option<PartitionId> {
+        let ids = match &self.first {
+            Some((name, ids)) if Arc::ptr_eq(name, source) => ids,
+            _ => self.table(source)?,
+        };
+        *ids.get(partition as usize)?
+    }
+
+    fn table(&self, source: &SourceName) -> Option<&Vec<Option<PartitionId>>> {
+        self.first
+            .iter()
+            .chain(&self.others)
+            .find(|(name, _)| **name == **source)
+            .map(|(_, ids)| ids)
+    }
+
+    fn set(&mut self, key: &PartitionKey, id: Option<PartitionId>) {
+        if key.partition >= DIRECT_PARTITIONS {
+            return;
+        }
+        let table = match self
+            .first
+            .iter_mut()
+            .chain(&mut self.others)
+            .position(|(name, _)| **name == *key.source)
+        {
+            Some(0) if self.first.is_some() => self.first.as_mut().map(|(_, ids)| ids),
+            Some(index) => {
+                let offset = usize::from(self.first.is_some());
+                self.others.get_mut(index - offset).map(|(_, ids)| ids)
+            }
+            None if id.is_none() => None,
+            None if self.first.is_none() => {
+                Some(&mut self.first.insert((key.source.clone(), Vec::new())).1)
+            }
+            None => {
+                self.others.push((key.source.clone(), Vec::new()));
+                self.others.last_mut().map(|(_, ids)| ids)
+            }
+        };
+        let Some(ids) = table else {
+            return;
+        };
+        let slot = key.partition as usize;
+        if ids.len() <= slot {
+            if id.is_none() {
+                return;
+            }
+            ids.resize(slot + 1, None);
+        }
+        ids[slot] = id;
+    }
 }
 
 // The methods on the per-message path are `#[inline]`: the dispatcher is
@@ -57,7 +128,7 @@ impl Partitions {
             entries: Vec::new(),
             over_window: 0,
             max_uncommitted,
-            last: None,
+            ids: PartitionIds::default(),
         }
     }
 
@@ -72,19 +143,14 @@ impl Partitions {
     #[inline]
     pub(super) fn of(&mut self, message: &Message) -> PartitionId {
         let metadata = message.metadata();
-        if let Some((source, partition, id)) = &self.last
-            && *partition == metadata.partition()
-            && (Arc::ptr_eq(source, metadata.source()) || **source == **metadata.source())
-        {
-            return *id;
+        if let Some(id) = self.ids.get(metadata.source(), metadata.partition()) {
+            return id;
         }
         let key = metadata.partition_key();
-        let id = match self.engine.lookup(&key) {
+        match self.engine.lookup(&key) {
             Some(id) => id,
             None => self.assign(key),
-        };
-        self.last = Some((metadata.source().clone(), metadata.partition(), id));
-        id
+        }
     }
 
     /// Assigns `key` under a new generation of the engine (afresh if it was
@@ -106,7 +172,9 @@ impl Partitions {
             held,
             ..Entry::default()
         };
-        self.last = None;
+        if let Some(key) = self.engine.key(id) {
+            self.ids.set(key, Some(id));
+        }
         id
     }
 
@@ -121,13 +189,15 @@ impl Partitions {
     /// Removes `id` from the engine (its tickets become stale) and clears its
     /// entry: a revocation completed.
     pub(super) fn revoke(&mut self, id: PartitionId) {
+        if let Some(key) = self.engine.key(id) {
+            self.ids.set(key, None);
+        }
         self.engine.revoke(id);
         let entry = &mut self.entries[id.index()];
         if entry.over_window {
             self.over_window -= 1;
         }
         *entry = Entry::default();
-        self.last = None;
     }
 
     /// Whether `id` is being revoked.
@@ -236,5 +306,74 @@ impl Partitions {
             });
         }
         snapshots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::acker::AckMode;
+    use crate::message::Metadata;
+
+    fn message(source: &SourceName, partition: u32) -> Message {
+        Message::new(
+            "",
+            Metadata::new(source.clone(), partition, Position::Offset(0)),
+        )
+    }
+
+    fn partitions() -> Partitions {
+        Partitions::new(CommitEngine::new(AckMode::Watermark), 100)
+    }
+
+    #[test]
+    fn interleaved_partitions_of_several_sources_each_find_their_own_id() {
+        let mut partitions = partitions();
+        let orders: SourceName = Arc::from("orders");
+        let refunds: SourceName = Arc::from("refunds");
+        let mut seen = Vec::new();
+        for round in 0..3 {
+            for partition in [0, 7, 3, DIRECT_PARTITIONS + 1] {
+                for source in [&orders, &refunds] {
+                    let id = partitions.of(&message(source, partition));
+                    let key = PartitionKey::new(source.clone(), partition);
+                    assert_eq!(partitions.engine().key(id), Some(&key));
+                    if round == 0 {
+                        seen.push(id);
+                    } else {
+                        assert!(seen.contains(&id), "the same id every time");
+                    }
+                }
+            }
+        }
+        assert_eq!(seen.len(), 8, "one id per partition");
+        // Another Arc with the same name is the same source.
+        let again: SourceName = Arc::from("orders");
+        assert_eq!(partitions.of(&message(&again, 7)), seen[2]);
+    }
+
+    #[test]
+    fn a_revoked_partition_is_assigned_afresh_and_its_old_id_is_not_reused_for_it() {
+        let mut partitions = partitions();
+        let orders: SourceName = Arc::from("orders");
+        let first = partitions.of(&message(&orders, 1));
+        let other = partitions.of(&message(&orders, 2));
+        let ticket = partitions.admit(first, Position::Offset(0));
+        assert!(ticket.is_some());
+        partitions.revoke(first);
+        // The freed id goes to the next new partition; partition 1's next
+        // delivery must not resolve to it through a stale table entry.
+        let third = partitions.of(&message(&orders, 3));
+        let again = partitions.of(&message(&orders, 1));
+        assert_ne!(again, third);
+        assert_ne!(again, other);
+        assert_eq!(
+            partitions.engine().key(again),
+            Some(&PartitionKey::new(orders.clone(), 1))
+        );
+        assert_eq!(
+            partitions.engine().key(third),
+            Some(&PartitionKey::new(orders, 3))
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Context;
+use std::task::{Context, Waker};
 
 use tokio::time::{Instant, Sleep};
 use tower::Service;
@@ -19,6 +19,12 @@ pub(super) struct Timer {
     sleep: Pin<Box<Sleep>>,
     /// The moment `sleep` is set for, while it is armed.
     armed_at: Option<Instant>,
+    /// Whether `sleep` was polled since it was set. It is polled with the
+    /// runtime's own waker, which wakes whichever task runs the consumer
+    /// now, so one poll registers it for good: polling it on every pass
+    /// (about 330 instructions, several times per message for handlers
+    /// that await) would learn nothing until its moment has come.
+    registered: bool,
     /// The latest moment the timer woke the run for. Whatever was due by
     /// then was looked at by the pass it woke, so it never arms the timer
     /// again: a due time whose action waits on something else (a backoff
@@ -33,14 +39,16 @@ impl Timer {
         Self {
             sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
             armed_at: None,
+            registered: false,
             woken_for: None,
         }
     }
 
     /// Arms the timer at the earliest of `due` it has not woken the run for
     /// yet (disarms it if there is none), and wakes the task now if that
-    /// moment has come.
-    fn arm(&mut self, cx: &mut Context<'_>, due: impl Iterator<Item = Instant>) {
+    /// moment has come (by `now`, the pass's reading of the clock).
+    /// `runtime` is the waker that wakes the task running the consumer.
+    fn arm(&mut self, runtime: &Waker, now: Instant, due: impl Iterator<Item = Instant>) {
         let woken_for = self.woken_for;
         let Some(due) = due
             .filter(|&at| woken_for.is_none_or(|woken| at > woken))
@@ -52,12 +60,21 @@ impl Timer {
         if self.armed_at != Some(due) {
             self.sleep.as_mut().reset(due);
             self.armed_at = Some(due);
+            self.registered = false;
+        } else if self.registered && due > now {
+            return;
         }
-        if self.sleep.as_mut().poll(cx).is_ready() {
+        self.registered = true;
+        if self
+            .sleep
+            .as_mut()
+            .poll(&mut Context::from_waker(runtime))
+            .is_ready()
+        {
             self.armed_at = None;
             self.woken_for = Some(due);
             // Something is due now: run another pass.
-            cx.waker().wake_by_ref();
+            runtime.wake_by_ref();
         }
     }
 }
@@ -69,7 +86,7 @@ where
     H::Future: Send + 'static,
 {
     /// Keeps the timer armed at the earliest moment something is due.
-    pub(super) fn arm_timer(&mut self, cx: &mut Context<'_>) {
+    pub(super) fn arm_timer(&mut self, now: Instant) {
         let backoff_ends = match self.gate.state() {
             GateState::BackingOff { until } if !self.ready.is_empty() => Some(until),
             _ => None,
@@ -92,6 +109,6 @@ where
         .into_iter()
         .flatten()
         .chain(revocation_deadlines);
-        self.timer.arm(cx, due);
+        self.timer.arm(self.slots.runtime_waker(), now, due);
     }
 }
