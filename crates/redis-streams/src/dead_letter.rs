@@ -438,7 +438,9 @@ impl DeadLetterSink for RedisDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
         let id = self.write_letter(letter, true).await?;
         let metadata = letter.message.metadata();
-        tracing::warn!(
+        // The dead-letter layer logs the decision (with the error) at warn;
+        // this adds where the letter went, for whoever follows one up.
+        tracing::debug!(
             stream = %metadata.source(),
             position = %metadata.position(),
             attempts = letter.attempts,

@@ -27,7 +27,7 @@ use intake_amqp::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 use intake_amqp::{AmqpAcker, AmqpDeadLetterSink, AmqpSource, read_dead_letter};
-use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::backend::testkit::{self, Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::{Broker, EnvelopeError};
 use intake_core::{BoxError, DeadLetter};
 
@@ -632,14 +632,7 @@ impl Backend for AmqpBackend {
             .connection_name(format!("{source}/broadcast"))
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 
     async fn connect_unreachable(
@@ -648,22 +641,12 @@ impl Backend for AmqpBackend {
         group: &str,
         password: &str,
     ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|address| address.port())
-            .expect("a free local port");
+        let port = testkit::closed_port().expect("a free local port");
         let built = AmqpSource::builder(format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"))
             .queue(source)
             .connection_name(format!("{source}/{group}"))
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::backend::testkit::{self, Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::Broker;
 use intake_core::{BoxError, Constant, DeadLetter, Headers, Message, Metadata, Position};
 use intake_nats::async_nats::jetstream;
@@ -302,14 +302,7 @@ impl Backend for NatsBackend {
             .fetch_wait(Duration::from_secs(1))
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 
     async fn connect_unreachable(
@@ -320,9 +313,7 @@ impl Backend for NatsBackend {
     ) -> Option<Result<(NatsSource, NatsAcker), BoxError>> {
         // A closed local port, the password in the URL as NATS users give
         // it.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|address| address.port());
+        let port = testkit::closed_port();
         let port = match port {
             Ok(port) => port,
             Err(error) => return Some(Err(error.into())),
@@ -333,14 +324,7 @@ impl Backend for NatsBackend {
             .connect_timeout(Duration::from_secs(3))
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 }
 

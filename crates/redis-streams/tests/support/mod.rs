@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::backend::testkit::{self, Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::{Broker, EnvelopeError};
 use intake_core::{
     BoxError, DeadLetter, Headers, Message, PartitionKey,
@@ -433,14 +433,7 @@ impl Backend for RedisBackend {
             .broadcast()
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 
     async fn connect_unreachable(
@@ -449,10 +442,7 @@ impl Backend for RedisBackend {
         group: &str,
         password: &str,
     ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|address| address.port())
-            .expect("a free local port");
+        let port = testkit::closed_port().expect("a free local port");
         let built =
             RedisStreamsSource::builder(format!("redis://intake:{password}@127.0.0.1:{port}"))
                 .stream(source)
@@ -461,14 +451,7 @@ impl Backend for RedisBackend {
                 .connect_timeout(Duration::from_secs(2))
                 .build()
                 .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 }
 
