@@ -14,6 +14,9 @@
 //!   [`FailurePolicy`]), [`TraceLayer`], [`BatchLayer`] and, with the
 //!   `metrics` feature, `MetricsLayer` (prometheus); [`BackoffPolicy`] is
 //!   the one schedule type for retries, pauses and reconnects.
+//! - [`App`]: several consumers (routes) run as one service under one
+//!   [`SharedBudget`], with a shared [`State`], startup and shutdown hooks
+//!   and a drain on SIGTERM or Ctrl-C (see [`app`]).
 //! - [`memory`]: an in-process broker with Kafka's model, for tests,
 //!   examples and benchmarks.
 //!
@@ -74,6 +77,7 @@
 
 // What a backend author needs is public under `backend` only.
 mod acker;
+pub mod app;
 pub mod backend;
 pub mod backoff;
 pub mod batch;
@@ -106,16 +110,19 @@ pub mod shutdown_scope;
 mod source;
 pub mod trace;
 
+pub use app::{App, AppError, AppReport};
 pub use backoff::{Backoff, BackoffPolicy, Constant, Disabled, Exponential};
 pub use batch::{BatchLayer, BatchSettings};
 pub use catch_panic::CatchPanicLayer;
-pub use consumer::{Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, Shutdown};
+pub use consumer::{
+    Consumer, ConsumerBuilder, DeliveryOrder, RunError, RunReport, SharedBudget, Shutdown,
+};
 pub use dead_letter::{DeadLetter, DeadLetterLayer, FailurePolicy};
 pub use decode::{Decode, DecodeError, Decoded, Json};
 pub use error::{BoxError, ConfigError, ErrorChain, ErrorClass, HandlerError};
 pub use handler::{
-    FromMessage, FromMessageParts, Handler, HandlerFn, IntoHandlerResult, Key, Meta, Payload,
-    handler_fn,
+    FromMessage, FromMessageParts, FromRef, Handler, HandlerFn, IntoHandlerResult, Key, Meta,
+    Payload, State, handler_fn, handler_fn_with_state,
 };
 pub use lag::{LagError, LagProbe, PartitionLag};
 pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};

@@ -15,7 +15,7 @@
 //! (`/proc/self/stat`, librdkafka's threads included), which a busy machine
 //! disturbs less than wall-clock throughput.
 //!
-//! - `raw`: `BaseConsumer::poll`, read the payload, `store_offset`,
+//! - `raw`: `BaseConsumer::poll`, read the payload, `store_offset_from_message`,
 //!   librdkafka's auto-commit of stored offsets every 100 ms.
 //! - `adapter`: `KafkaSource::next` in batches of up to 1024, read each
 //!   payload, track the watermark per partition, and commit through
@@ -25,7 +25,6 @@
 //!   `fetch_batch(1024)`, in partition order (Kafka's default guarantee),
 //!   committing every 100 ms.
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
@@ -180,11 +179,26 @@ async fn prepare(brokers: &str, messages: usize) -> Result<String, BoxError> {
 
 /// librdkafka settings every loop's consumer shares. A short session timeout
 /// only makes joining the (new, empty) group faster; it changes nothing
-/// once messages flow.
+/// once messages flow. The prefetch settings are the ones `KafkaSource`
+/// applies by default (smaller bounds than librdkafka's own, and a 20 ms
+/// instead of a 1 s backoff once a partition's queue is full): given to
+/// every loop, so that the raw consumer prefetches exactly as the adapter's
+/// does.
+///
+/// `BENCH_KAFKA_SET=key=value,key=value` adds librdkafka settings to every
+/// loop (for comparing settings).
 fn consumer_settings(brokers: &str) -> KafkaSettings {
-    KafkaSettings::new(brokers)
+    let settings = KafkaSettings::new(brokers)
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
+        .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.max.bytes", "16777216")
+        .set("fetch.queue.backoff.ms", "20");
+    let extra: String = env_or("BENCH_KAFKA_SET", String::new());
+    extra
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .fold(settings, |settings, (key, value)| settings.set(key, value))
 }
 
 fn raw(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
@@ -199,21 +213,24 @@ fn raw(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError>
     consumer.subscribe(&[topic])?;
     let mut count = 0;
     let mut first = None;
+    // The clock is read when a poll comes back empty, not for every
+    // message: the loop measures rdkafka, not the bench.
     let mut last_progress = Instant::now();
+    let mut progressed = false;
     while count < messages {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
                 first.get_or_insert_with(Mark::now);
                 black_box(message.payload().map(<[u8]>::len));
-                consumer.store_offset(
-                    message.topic(),
-                    message.partition(),
-                    message.offset() + 1,
-                )?;
+                consumer.store_offset_from_message(&message)?;
                 count += 1;
-                last_progress = Instant::now();
+                progressed = true;
             }
             Some(Err(error)) => return Err(error.into()),
+            None if progressed => {
+                progressed = false;
+                last_progress = Instant::now();
+            }
             None if last_progress.elapsed() > STALL => {
                 return Err(format!("raw: stalled at {count} of {messages}").into());
             }
@@ -229,17 +246,28 @@ fn raw(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError>
     ))
 }
 
+/// The adapter's and the runtime's source; `BENCH_IGNORE_HEADERS=1` builds
+/// it with `ignore_headers` (the raw loop reads no headers either).
+async fn source(brokers: &str, topic: &str, group: &str) -> Result<KafkaSource, BoxError> {
+    let builder = KafkaSource::builder(consumer_settings(brokers))
+        .group(unique(group))
+        .topic(topic);
+    let builder = match env_or("BENCH_IGNORE_HEADERS", 0) {
+        0 => builder,
+        _ => builder.ignore_headers(),
+    };
+    Ok(builder.build().await?)
+}
+
 async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
     let started = Instant::now();
-    let mut source = KafkaSource::builder(consumer_settings(brokers))
-        .group(unique("bench-adapter"))
-        .topic(topic)
-        .build()
-        .await?;
+    let mut source = source(brokers, topic, "bench-adapter").await?;
     let mut acker = Some(source.acker());
     let mut committing: Option<tokio::task::JoinHandle<_>> = None;
     let mut buffer = Vec::with_capacity(BATCH);
-    let mut watermarks: HashMap<PartitionKey, i64> = HashMap::new();
+    // A handful of partitions: a linear search by number and name costs
+    // less per message than hashing a key (and cloning its name) would.
+    let mut watermarks: Vec<(PartitionKey, i64)> = Vec::new();
     let mut count = 0;
     let mut first = None;
     let mut last_commit = Instant::now();
@@ -252,12 +280,14 @@ async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure,
             first.get_or_insert_with(Mark::now);
             for message in buffer.drain(..) {
                 black_box(message.payload().len());
-                if let Position::Offset(offset) = message.metadata().position() {
-                    match watermarks.get_mut(&message.metadata().partition_key()) {
-                        Some(watermark) => *watermark = offset,
-                        None => {
-                            watermarks.insert(message.metadata().partition_key(), offset);
-                        }
+                let metadata = message.metadata();
+                if let Position::Offset(offset) = metadata.position() {
+                    let known = watermarks.iter_mut().find(|(key, _)| {
+                        key.partition == metadata.partition() && *key.source == **metadata.source()
+                    });
+                    match known {
+                        Some((_, watermark)) => *watermark = offset,
+                        None => watermarks.push((metadata.partition_key(), offset)),
                     }
                 }
                 count += 1;
@@ -306,11 +336,7 @@ async fn adapter(brokers: &str, topic: &str, messages: usize) -> Result<Measure,
 
 async fn intake(brokers: &str, topic: &str, messages: usize) -> Result<Measure, BoxError> {
     let started = Instant::now();
-    let source = KafkaSource::builder(consumer_settings(brokers))
-        .group(unique("bench-intake"))
-        .topic(topic)
-        .build()
-        .await?;
+    let source = source(brokers, topic, "bench-intake").await?;
     let acker = source.acker();
     let progress = Arc::new(Progress {
         seen: AtomicUsize::new(0),
@@ -478,7 +504,8 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     println!(
-        "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}"
+        "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}, BENCH_IGNORE_HEADERS={}",
+        env_or("BENCH_IGNORE_HEADERS", 0)
     );
     if results
         .iter()

@@ -130,6 +130,52 @@ async fn a_header_name_that_is_not_utf8_is_read_lossily_and_never_stops_the_part
         .expect("close");
 }
 
+/// A source told to ignore headers delivers a record with headers without
+/// them (and everything else as usual); one that is not keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_ignores_headers_delivers_records_without_them() {
+    support::init_tracing();
+    let test = "a_source_that_ignores_headers_delivers_records_without_them";
+    let Some(kafka) = KafkaBackend::real(test) else {
+        return;
+    };
+    let topic = kafka.create_source(1).await.expect("topic");
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(&topic)
+                .key(b"k")
+                .payload(b"with headers")
+                .headers(headers_with_raw_names(&[(b"tenant", b"acme")])),
+            PATIENCE,
+        )
+        .await
+        .expect("produce");
+
+    for ignore in [true, false] {
+        let mut builder = kafka.source(&topic, &unique("g"));
+        if ignore {
+            builder = builder.ignore_headers();
+        }
+        let mut source = builder.build().await.expect("source");
+        let taken = support::take(&mut source, 1, 16, PATIENCE).await;
+        let message = taken.messages.first().expect("the record arrives");
+        assert_eq!(message.payload().as_ref(), b"with headers");
+        assert_eq!(message.key().map(|key| key.as_ref()), Some(&b"k"[..]));
+        assert_eq!(
+            message.headers().get_str("tenant"),
+            (!ignore).then_some("acme"),
+            "ignore_headers: {ignore}"
+        );
+        intake_core::backend::Source::close(&mut source)
+            .await
+            .expect("close");
+    }
+}
+
 /// Each codec Kafka producers use, zstd (the default of many) among them:
 /// a batch the consumer cannot decompress would stall its partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,14 @@
 //! the budget plus what one fetch brings beyond its average (deliveries of
 //! one fetch that are larger than those before), and a single message larger
 //! than the whole budget still gets through, alone.
+//!
+//! A consumer given a [`SharedBudget`](super::SharedBudget) also holds its
+//! lease here: admission takes room from it for a fetched batch, every byte
+//! given back here goes back there too, and fetches are sized by both.
+
+use std::task::Waker;
+
+use super::shared_budget::{SharedBudget, SharedLease};
 
 /// See the [module docs](self).
 #[derive(Debug)]
@@ -20,6 +28,8 @@ pub(crate) struct ByteBudget {
     average: usize,
     /// The most bytes held at once in this run.
     high_water: usize,
+    /// This consumer's share of a budget shared with other consumers.
+    shared: Option<SharedLease>,
 }
 
 impl ByteBudget {
@@ -29,7 +39,47 @@ impl ByteBudget {
             held: 0,
             average: 0,
             high_water: 0,
+            shared: None,
         }
+    }
+
+    /// A budget that also takes its room from `shared`, waking the run with
+    /// `waker` when room it waits for is freed there.
+    pub(crate) fn with_shared(limit: usize, shared: Option<&SharedBudget>, waker: &Waker) -> Self {
+        let mut budget = Self::new(limit);
+        budget.shared = shared.map(|shared| SharedLease::new(shared.clone(), waker.clone()));
+        budget
+    }
+
+    /// How many of the first `candidates` deliveries of `buffer` may be
+    /// admitted by the shared budget (all without one); takes their room.
+    #[inline]
+    pub(crate) fn take_shared(&mut self, buffer: &[crate::Message], candidates: usize) -> usize {
+        match &mut self.shared {
+            None => candidates,
+            Some(lease) => lease.take_prefix(
+                buffer[..candidates]
+                    .iter()
+                    .map(|message| message.byte_size() as u64),
+            ),
+        }
+    }
+
+    /// Gives back the shared room taken for a delivery that was then turned
+    /// away (its own bytes were never held here).
+    pub(crate) fn untake_shared(&mut self, bytes: usize) {
+        if let Some(lease) = &mut self.shared {
+            lease.give_back(bytes as u64);
+        }
+    }
+
+    /// Whether fetched deliveries wait for shared room that is still not
+    /// free; the run is woken when some is.
+    pub(crate) fn waiting_for_shared(&mut self) -> bool {
+        let average = self.average as u64;
+        self.shared
+            .as_mut()
+            .is_some_and(|lease| lease.blocked(average))
     }
 
     /// Counts an admitted delivery's bytes (before its handler may finish
@@ -60,6 +110,9 @@ impl ByteBudget {
     #[inline]
     pub(crate) fn give_back(&mut self, size: usize) {
         self.held = self.held.saturating_sub(size);
+        if let Some(lease) = &mut self.shared {
+            lease.give_back(size as u64);
+        }
     }
 
     /// How many deliveries the next fetch should bring at most, by bytes:
@@ -67,6 +120,14 @@ impl ByteBudget {
     /// than one fits), one while no size is known or nothing is held.
     #[inline]
     pub(crate) fn fetch_limit(&self) -> usize {
+        let own = self.own_fetch_limit();
+        match &self.shared {
+            Some(lease) if own > 0 => own.min(lease.fetch_limit(self.average as u64)),
+            _ => own,
+        }
+    }
+
+    fn own_fetch_limit(&self) -> usize {
         if self.held == 0 {
             self.limit
                 .checked_div(self.average)

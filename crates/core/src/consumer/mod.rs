@@ -44,6 +44,9 @@ mod dispatcher;
 mod gate;
 mod lanes;
 mod report;
+#[cfg(feature = "serde")]
+pub(crate) mod settings;
+mod shared_budget;
 mod shutdown;
 mod slots;
 
@@ -60,6 +63,9 @@ use crate::observer::ConsumerObserver;
 use crate::source::Source;
 
 pub use report::{RunError, RunReport, SourceClose, Unfinished};
+#[cfg(feature = "serde")]
+pub use settings::ConsumerSettings;
+pub use shared_budget::{MAX_SHARED_BYTES, MAX_SHARED_MESSAGES, SharedBudget};
 pub use shutdown::Shutdown;
 
 /// Which deliveries may run at the same time.
@@ -92,6 +98,7 @@ pub(crate) struct Settings {
     pub(crate) probe_timeout: Duration,
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) observer: Option<Arc<dyn ConsumerObserver>>,
+    pub(crate) shared_budget: Option<SharedBudget>,
 }
 
 /// Builds a [`Consumer`]; every setting has a default that suits a
@@ -115,6 +122,7 @@ impl std::fmt::Debug for ConsumerBuilder {
             .field("shutdown_deadline", &settings.shutdown_deadline)
             .field("revoke_timeout", &settings.revoke_timeout)
             .field("probe_timeout", &settings.probe_timeout)
+            .field("shared_budget", &settings.shared_budget)
             .finish_non_exhaustive()
     }
 }
@@ -142,6 +150,7 @@ impl Default for ConsumerBuilder {
                         .retry_forever(),
                 ),
                 observer: None,
+                shared_budget: None,
             },
         }
     }
@@ -278,6 +287,17 @@ impl ConsumerBuilder {
         self
     }
 
+    /// An in-flight budget shared with other consumers (see
+    /// [`SharedBudget`]): this consumer holds at most
+    /// [`max_in_flight`](Self::max_in_flight) deliveries, and all the
+    /// consumers sharing the budget together at most its limits. A consumer
+    /// whose fetched deliveries find the shared budget spent waits, without
+    /// polling, until another one frees room.
+    pub fn shared_budget(mut self, budget: SharedBudget) -> Self {
+        self.settings.shared_budget = Some(budget);
+        self
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let settings = &self.settings;
         if settings.max_in_flight == 0 {
@@ -375,7 +395,8 @@ pub struct Consumer<S, A, H> {
     source: S,
     acker: A,
     handler: H,
-    settings: Settings,
+    // The app sets a route's shared budget and drain deadline here.
+    pub(crate) settings: Settings,
 }
 
 impl<S, A, H> std::fmt::Debug for Consumer<S, A, H> {

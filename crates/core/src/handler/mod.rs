@@ -49,7 +49,9 @@
 //! [permanent](HandlerError::permanent).
 //!
 //! The fn is cloned for each message, so keep a closure's captures cheap to
-//! clone: shared state goes in an `Arc`.
+//! clone: shared state goes in an `Arc`, or, better, is given once to
+//! [`handler_fn_with_state`] (or [`App::handler`](crate::app::App::handler))
+//! and taken as a [`State<T>`] argument (see [`state`]).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -86,24 +88,30 @@ mod extract;
 mod future;
 mod handler_fn;
 mod into_result;
+pub mod state;
 
 use std::future::Future;
 
 pub use extract::{FromMessage, FromMessageParts, Key, Meta, Payload};
 pub use future::ResponseFuture;
-pub use handler_fn::{HandlerFn, handler_fn};
+pub use handler_fn::{HandlerFn, handler_fn, handler_fn_with_state};
 pub use into_result::IntoHandlerResult;
+pub use state::{FromRef, State};
 
 use crate::error::HandlerError;
 use crate::message::Message;
+use state::{FromMessageAndState, FromMessagePartsAndState};
 
 /// An async fn (or closure) whose arguments are extractors: what
-/// [`handler_fn`] accepts. `Args` records the argument types, so one fn type
-/// has one implementation; you never name it.
+/// [`handler_fn`] accepts (and [`handler_fn_with_state`], with the state
+/// `S` that [`State`] arguments are taken from). `Args` records the
+/// argument types, so one fn type has one implementation; you never name
+/// it.
 ///
 /// Implemented for every `FnOnce(A1, …, An) -> Fut + Clone` with `n <= 8`
-/// where `A1 … An-1: FromMessageParts`, `An: FromMessage` and
-/// `Fut::Output: IntoHandlerResult`. See the [module docs](self).
+/// where `A1 … An-1: FromMessageParts` (or are a `State<T>`), `An:
+/// FromMessage` (or a `State<T>`) and `Fut::Output: IntoHandlerResult`. See
+/// the [module docs](self).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an intake handler fn",
     label = "expected an async fn taking extractors and returning `()` or `Result<(), E>`",
@@ -112,47 +120,53 @@ use crate::message::Message;
     note = "`An` may consume the payload: it implements `FromMessage` (`Json<T>`, `Decoded<T>`, \
             `Payload`, `Message`) or `FromMessageParts`; the payload extractor goes last",
     note = "`R` is `()` or `Result<(), E>` with `E: Into<BoxError>` (`HandlerError`, your error type)",
-    note = "a closure needs its argument types written out: `async |Json(order): Json<Order>| {{ … }}`"
+    note = "a closure needs its argument types written out: `async |Json(order): Json<Order>| {{ … }}`",
+    note = "the fn is cloned for each message: share state rather than copy it, as a `State<T>` \
+            argument (`handler_fn_with_state(state, f)`, `app.handler(f)`) or a captured `Arc`; \
+            deriving `Clone` on the state would give every message its own copy",
+    note = "a `State<T>` argument takes `T` from the handler's state by `FromRef`: any `Clone` \
+            state (put what is not `Clone` in an `Arc`), or a part of it you implement `FromRef` for"
 )]
-pub trait Handler<Args>: Clone + Sized {
+pub trait Handler<Args, S = ()>: Clone + Sized {
     /// The fn's future.
     type Future: Future<Output: IntoHandlerResult>;
 
-    /// Extracts the arguments from `message` and calls the fn, or returns
-    /// the error of the first extractor that failed.
-    fn call(self, message: Message) -> Result<Self::Future, HandlerError>;
+    /// Extracts the arguments from `message` (and `state`) and calls the
+    /// fn, or returns the error of the first extractor that failed.
+    fn call(self, message: Message, state: &S) -> Result<Self::Future, HandlerError>;
 }
 
-impl<F, Fut> Handler<()> for F
+impl<F, Fut, S> Handler<(), S> for F
 where
     F: FnOnce() -> Fut + Clone,
     Fut: Future<Output: IntoHandlerResult>,
 {
     type Future = Fut;
 
-    fn call(self, _message: Message) -> Result<Fut, HandlerError> {
+    fn call(self, _message: Message, _state: &S) -> Result<Fut, HandlerError> {
         Ok(self())
     }
 }
 
 /// Implements [`Handler`] for fns whose metadata extractors are `$parts` and
 /// whose last argument is `$last`. `M` tells a direct `FromMessage` last
-/// argument from a `FromMessageParts` one.
+/// argument from a `FromMessageParts` one or a `State`.
 macro_rules! impl_handler {
     ([$($parts:ident),*], $last:ident) => {
         #[allow(non_snake_case)]
-        impl<F, Fut, M, $($parts,)* $last> Handler<(M, $($parts,)* $last,)> for F
+        impl<F, Fut, S, M, $($parts,)* $last> Handler<(M, $($parts,)* $last,), S> for F
         where
             F: FnOnce($($parts,)* $last) -> Fut + Clone,
             Fut: Future<Output: IntoHandlerResult>,
-            $($parts: FromMessageParts,)*
-            $last: FromMessage<M>,
+            $($parts: FromMessagePartsAndState<S>,)*
+            $last: FromMessageAndState<S, M>,
         {
             type Future = Fut;
 
-            fn call(self, message: Message) -> Result<Fut, HandlerError> {
-                $(let $parts = $parts::from_message_parts(&message)?;)*
-                let $last = <$last as FromMessage<M>>::from_message(message)?;
+            #[inline]
+            fn call(self, message: Message, state: &S) -> Result<Fut, HandlerError> {
+                $(let $parts = $parts::from_parts_and_state(&message, state)?;)*
+                let $last = <$last as FromMessageAndState<S, M>>::from_message_and_state(message, state)?;
                 Ok(self($($parts,)* $last))
             }
         }

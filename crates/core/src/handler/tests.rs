@@ -235,3 +235,68 @@ fn debug_names_the_fn_type() {
     let debug = format!("{:?}", handler_fn(reserve_stock));
     assert!(debug.contains("reserve_stock"), "{debug}");
 }
+
+mod with_state {
+    use super::*;
+    use crate::handler::{FromRef, State, handler_fn_with_state};
+
+    #[derive(Clone)]
+    struct Services {
+        seen: Arc<AtomicUsize>,
+        region: &'static str,
+    }
+
+    struct Region(&'static str);
+
+    impl FromRef<Services> for Region {
+        fn from_ref(services: &Services) -> Self {
+            Region(services.region)
+        }
+    }
+
+    fn services() -> Services {
+        Services {
+            seen: Arc::new(AtomicUsize::new(0)),
+            region: "eu",
+        }
+    }
+
+    #[tokio::test]
+    async fn state_arguments_come_from_the_shared_state_in_any_position() {
+        let state = services();
+        let handler = handler_fn_with_state(
+            state.clone(),
+            async |State(services): State<Services>,
+                   State(Region(region)): State<Region>,
+                   Key(key): Key,
+                   Payload(payload): Payload| {
+                assert_eq!(region, "eu");
+                assert_eq!(key.as_deref(), Some(&b"k"[..]));
+                services.seen.fetch_add(payload.len(), Ordering::SeqCst);
+            },
+        );
+        run(handler).await.unwrap();
+        let last = handler_fn_with_state(
+            state.clone(),
+            async |Meta(_meta): Meta, State(services): State<Services>| {
+                services.seen.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        run(last).await.unwrap();
+        assert_eq!(state.seen.load(Ordering::SeqCst), b"payload".len() + 1);
+    }
+
+    #[tokio::test]
+    async fn every_message_shares_one_state() {
+        let state = services();
+        let mut handler =
+            handler_fn_with_state(state.clone(), async |State(services): State<Services>| {
+                services.seen.fetch_add(1, Ordering::SeqCst);
+            });
+        for _ in 0..3 {
+            handler.call(message()).await.unwrap();
+        }
+        assert_eq!(state.seen.load(Ordering::SeqCst), 3, "the same counter");
+        assert_eq!(handler.state().region, "eu");
+    }
+}

@@ -1,10 +1,20 @@
-//! Turning an rdkafka message into an intake [`Message`].
+//! Turning an rdkafka message into an intake [`Message`], in two steps: the
+//! polling thread copies it out of librdkafka's buffer into a [`Record`],
+//! and the source makes the record a `Message` on the runtime's thread.
 //!
 //! librdkafka's buffer is released when the polled message is, so payloads
 //! and keys are copied out. Small ones are copied into shared chunks rather
 //! than an allocation each: at ~100-byte messages, two allocations per
 //! message (freed on another thread) cost more than the rest of the
 //! conversion.
+//!
+//! The `Message` itself is one allocation, which the runtime frees when it is
+//! done with it. Made on the polling thread, every one would be freed on
+//! another thread, and glibc's allocator then takes the polling thread's
+//! arena lock for each free, against the polling thread's own allocations:
+//! measured, about a quarter of the adapter's CPU per message
+//! (`BENCHMARKS.md`). Made on the thread that will free it, it comes from
+//! and goes back to that thread's cache.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
@@ -16,20 +26,52 @@ use rdkafka::Message as _;
 use rdkafka::bindings;
 use rdkafka::message::BorrowedMessage;
 
-/// Interns topic names so that each message shares its topic's `Arc<str>`
-/// instead of allocating one.
+/// Interns topic names so that messages share their topic's `Arc<str>`
+/// instead of allocating one each.
+///
+/// Each message clones the `Arc` on the polling thread and the runtime drops
+/// that clone on another, so one `Arc` shared by every message would bounce
+/// its reference count's cache line between the two cores on every message.
+/// A name is handed out [`SHARED_BY`] times, then replaced by a fresh copy:
+/// one small allocation per that many messages, and the runtime's decrements
+/// land on a count the polling thread no longer touches.
 #[derive(Debug, Default)]
 pub(crate) struct TopicNames {
-    names: Vec<SourceName>,
+    names: Vec<TopicName>,
 }
 
+#[derive(Debug)]
+struct TopicName {
+    name: SourceName,
+    handed_out: u32,
+}
+
+/// How many messages share one copy of a topic name.
+const SHARED_BY: u32 = 256;
+
 impl TopicNames {
-    pub(crate) fn get(&mut self, topic: &str) -> SourceName {
-        if let Some(name) = self.names.iter().find(|name| ***name == *topic) {
-            return name.clone();
+    /// The shared name of `topic`, given as librdkafka's bytes: compared as
+    /// bytes, so a known name is not validated as UTF-8 again; a new one
+    /// with bytes that are not UTF-8 (which no broker allows in a topic
+    /// name) gets U+FFFD in their place.
+    pub(crate) fn get(&mut self, topic: &[u8]) -> SourceName {
+        let known = self
+            .names
+            .iter_mut()
+            .find(|known| known.name.as_bytes() == topic);
+        if let Some(known) = known {
+            known.handed_out += 1;
+            if known.handed_out >= SHARED_BY {
+                known.name = SourceName::from(&*known.name);
+                known.handed_out = 0;
+            }
+            return known.name.clone();
         }
-        let name: SourceName = topic.into();
-        self.names.push(name.clone());
+        let name: SourceName = String::from_utf8_lossy(topic).into();
+        self.names.push(TopicName {
+            name: name.clone(),
+            handed_out: 0,
+        });
         name
     }
 }
@@ -64,30 +106,96 @@ impl Chunks {
     }
 }
 
-/// Converts polled messages, sharing topic names and chunks across them.
-#[derive(Debug, Default)]
-pub(crate) struct Converter {
-    topics: TopicNames,
-    chunks: Chunks,
+/// A message copied out of librdkafka, not yet a [`Message`]
+/// ([`into_message`](Self::into_message), on the thread that will drop it).
+#[derive(Debug)]
+pub(crate) struct Record {
+    metadata: Metadata,
+    payload: Bytes,
+    key: Option<Bytes>,
+    headers: Headers,
 }
 
-impl Converter {
-    /// Copies `message` out of librdkafka's buffer. A header without a value
-    /// becomes an empty one. Returns `None` for a negative partition number,
-    /// which no broker sends.
-    pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Message> {
-        to_message(message, &mut self.topics, &mut self.chunks)
+impl Record {
+    /// A record of `payload` without key or headers (tests build their own).
+    #[cfg(test)]
+    pub(crate) fn new(payload: Bytes, metadata: Metadata) -> Self {
+        Self {
+            metadata,
+            payload,
+            key: None,
+            headers: Headers::new(),
+        }
+    }
+
+    pub(crate) fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The bytes the message will hold: [`Message::byte_size`] of
+    /// [`into_message`](Self::into_message).
+    pub(crate) fn byte_size(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|header| header.name.len() + header.value.len())
+            .sum();
+        self.payload.len() + self.key.as_ref().map_or(0, Bytes::len) + headers
+    }
+
+    /// The message: its one allocation, made on the calling thread.
+    pub(crate) fn into_message(self) -> Message {
+        let mut message = Message::new(self.payload, self.metadata);
+        if let Some(key) = self.key {
+            message = message.with_key(key);
+        }
+        if !self.headers.is_empty() {
+            message = message.with_headers(self.headers);
+        }
+        message
     }
 }
 
-fn to_message(
+/// Converts polled messages, sharing topic names and chunks across them.
+#[derive(Debug)]
+pub(crate) struct Converter {
+    topics: TopicNames,
+    chunks: Chunks,
+    /// Whether records' headers are read (see `ignore_headers` on the
+    /// builder).
+    read_headers: bool,
+}
+
+impl Converter {
+    pub(crate) fn new(read_headers: bool) -> Self {
+        Self {
+            topics: TopicNames::default(),
+            chunks: Chunks::default(),
+            read_headers,
+        }
+    }
+
+    /// Copies `message` out of librdkafka's buffer. A header without a value
+    /// becomes an empty one. Returns `None` for a negative partition number,
+    /// which no broker sends.
+    pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Record> {
+        let mut record = to_record(message, &mut self.topics, &mut self.chunks)?;
+        if self.read_headers {
+            record.headers = read_headers(message).unwrap_or_default();
+        }
+        Some(record)
+    }
+}
+
+/// The record without its headers.
+fn to_record(
     message: &BorrowedMessage<'_>,
     topics: &mut TopicNames,
     chunks: &mut Chunks,
-) -> Option<Message> {
+) -> Option<Record> {
     let partition = u32::try_from(message.partition()).ok()?;
     let mut metadata = Metadata::new(
-        topics.get(message.topic()),
+        topics.get(topic_name(message)),
         partition,
         Position::Offset(message.offset()),
     );
@@ -101,14 +209,28 @@ fn to_message(
         .payload()
         .map(|payload| chunks.copy(payload))
         .unwrap_or_default();
-    let mut converted = Message::new(payload, metadata);
-    if let Some(key) = message.key() {
-        converted = converted.with_key(chunks.copy(key));
+    Some(Record {
+        metadata,
+        payload,
+        key: message.key().map(|key| chunks.copy(key)),
+        headers: Headers::new(),
+    })
+}
+
+/// The message's topic name as librdkafka holds it, without rdkafka's UTF-8
+/// check (which [`TopicNames`] makes once per name, not per message).
+fn topic_name<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
+    // SAFETY: `message.ptr()` is the live message `message` borrows; a
+    // fetched message always carries its topic handle, and the handle's name
+    // is a NUL-terminated string that lives as long as the handle, which the
+    // message holds.
+    unsafe {
+        let topic = (*message.ptr()).rkt;
+        if topic.is_null() {
+            return &[];
+        }
+        CStr::from_ptr(bindings::rd_kafka_topic_name(topic)).to_bytes()
     }
-    if let Some(headers) = read_headers(message) {
-        converted = converted.with_headers(headers);
-    }
-    Some(converted)
 }
 
 /// The record's headers: names as text (bytes that are not UTF-8 become
@@ -161,6 +283,52 @@ fn read_headers(message: &BorrowedMessage<'_>) -> Option<Headers> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_counts_the_bytes_of_the_message_it_becomes() {
+        let mut headers = Headers::new();
+        headers.insert("trace", Bytes::from_static(b"abc"));
+        let record = Record {
+            key: Some(Bytes::from_static(b"key")),
+            headers,
+            ..Record::new(
+                Bytes::from_static(b"payload"),
+                Metadata::new("t".into(), 2, Position::Offset(7)),
+            )
+        };
+        let size = record.byte_size();
+        let message = record.into_message();
+        assert_eq!(size, message.byte_size());
+        assert_eq!(message.key().map(Bytes::as_ref), Some(&b"key"[..]));
+        assert_eq!(message.headers().get_str("trace"), Some("abc"));
+        assert_eq!(message.metadata().position(), Position::Offset(7));
+        assert_eq!(message.payload().as_ref(), b"payload");
+
+        let bare = Record::new(
+            Bytes::new(),
+            Metadata::new("t".into(), 0, Position::Offset(0)),
+        )
+        .into_message();
+        assert!(bare.key().is_none() && bare.headers().is_empty());
+    }
+
+    #[test]
+    fn a_topic_name_is_shared_then_replaced_by_an_equal_copy() {
+        let mut names = TopicNames::default();
+        let first = names.get(b"orders");
+        let second = names.get(b"orders");
+        assert!(std::sync::Arc::ptr_eq(&first, &second));
+        assert_eq!(&*names.get(b"payments"), "payments");
+        let later: Vec<SourceName> = (0..SHARED_BY).map(|_| names.get(b"orders")).collect();
+        assert!(later.iter().all(|name| &**name == "orders"));
+        assert!(
+            later
+                .iter()
+                .any(|name| !std::sync::Arc::ptr_eq(name, &first)),
+            "after {SHARED_BY} messages a fresh copy is handed out"
+        );
+        assert_eq!(&*names.get(b"bad\xffname"), "bad\u{fffd}name");
+    }
 
     #[test]
     fn small_copies_share_a_chunk_and_keep_their_bytes() {

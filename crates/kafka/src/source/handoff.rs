@@ -14,10 +14,12 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use intake_core::{
-    Message, PartitionKey,
+    PartitionKey,
     backend::{SourceError, SourceEvent},
 };
 use tokio::sync::Notify;
+
+use super::convert::Record;
 
 /// What the polling thread hands over besides messages.
 #[derive(Debug)]
@@ -29,8 +31,8 @@ pub(crate) enum Control {
 #[derive(Debug, Default)]
 struct Queue {
     events: VecDeque<Control>,
-    messages: VecDeque<Message>,
-    /// The bytes of `messages` ([`Message::byte_size`]).
+    messages: VecDeque<Record>,
+    /// The bytes of `messages` ([`Record::byte_size`]).
     bytes: usize,
     /// The polling thread is gone; nothing more will come.
     finished: bool,
@@ -65,7 +67,7 @@ pub(crate) struct Fill {
 
 /// What [`Handoff::take`] found.
 pub(crate) enum Taken {
-    /// Messages were appended to the caller's buffer.
+    /// Records were appended to the caller's buffer.
     Delivered,
     Event(SourceEvent),
     Error(SourceError),
@@ -154,14 +156,25 @@ impl Handoff {
     }
 
     /// Appends `messages` (emptying it) and wakes the source.
-    pub(crate) fn push_messages(&self, messages: &mut Vec<Message>) {
+    pub(crate) fn push_messages(&self, messages: &mut Vec<Record>) {
         if messages.is_empty() {
             return;
         }
-        let bytes: usize = messages.iter().map(Message::byte_size).sum();
+        let bytes: usize = messages.iter().map(Record::byte_size).sum();
         let mut queue = self.lock();
         queue.bytes += bytes;
-        queue.messages.extend(messages.drain(..));
+        if queue.messages.is_empty() {
+            // The usual case when the runtime keeps up: the batch's buffer
+            // becomes the queue and the queue's empty one the next batch's,
+            // instead of moving every record.
+            let empty = std::mem::replace(
+                &mut queue.messages,
+                VecDeque::from(std::mem::take(messages)),
+            );
+            *messages = Vec::from(empty);
+        } else {
+            queue.messages.extend(messages.drain(..));
+        }
         drop(queue);
         self.messages_ready.notify_one();
     }
@@ -211,7 +224,7 @@ impl Handoff {
 
     /// Takes the next event, or up to `max` messages into `deliveries`. With
     /// `max == 0` (the runtime's budget is full) only events are taken.
-    pub(crate) fn take(&self, deliveries: &mut Vec<Message>, max: usize) -> Taken {
+    pub(crate) fn take(&self, deliveries: &mut Vec<Record>, max: usize) -> Taken {
         let mut queue = self.lock();
         if let Some(control) = queue.events.pop_front() {
             return match control {
@@ -220,12 +233,23 @@ impl Handoff {
             };
         }
         if max > 0 && !queue.messages.is_empty() {
-            let count = max.min(queue.messages.len());
-            let mut taken_bytes = 0;
-            deliveries.extend(queue.messages.drain(..count).inspect(|message| {
-                taken_bytes += message.byte_size();
-            }));
-            queue.bytes -= taken_bytes;
+            if deliveries.is_empty() && queue.messages.len() <= max {
+                // Everything queued fits: the queue's buffer is handed out
+                // whole and the caller's empty one becomes the queue.
+                let taken = std::mem::replace(
+                    &mut queue.messages,
+                    VecDeque::from(std::mem::take(deliveries)),
+                );
+                *deliveries = Vec::from(taken);
+                queue.bytes = 0;
+            } else {
+                let count = max.min(queue.messages.len());
+                let mut taken_bytes = 0;
+                deliveries.extend(queue.messages.drain(..count).inspect(|message| {
+                    taken_bytes += message.byte_size();
+                }));
+                queue.bytes -= taken_bytes;
+            }
             drop(queue);
             self.room.notify_one();
             return Taken::Delivered;
@@ -256,13 +280,14 @@ impl Handoff {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use intake_core::{Metadata, Position, backend::Revocation};
 
     use super::*;
 
-    fn message(topic: &str, partition: u32, offset: i64) -> Message {
-        Message::new(
-            "x",
+    fn message(topic: &str, partition: u32, offset: i64) -> Record {
+        Record::new(
+            Bytes::from_static(b"x"),
             Metadata::new(topic.into(), partition, Position::Offset(offset)),
         )
     }
@@ -286,6 +311,36 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].metadata().partition(), 1);
         assert!(matches!(handoff.take(&mut out, 10), Taken::Empty));
+    }
+
+    #[test]
+    fn whole_batches_change_hands_in_order_and_keep_the_byte_count() {
+        let handoff = Handoff::new(100);
+        let mut batch: Vec<_> = (0..3).map(|offset| message("t", 0, offset)).collect();
+        handoff.push_messages(&mut batch);
+        assert!(batch.is_empty());
+        batch.extend((3..5).map(|offset| message("t", 0, offset)));
+        handoff.push_messages(&mut batch);
+        assert_eq!(
+            handoff.fill(),
+            Fill {
+                messages: 5,
+                bytes: 5
+            }
+        );
+        let mut out = Vec::new();
+        assert!(matches!(handoff.take(&mut out, 10), Taken::Delivered));
+        let offsets: Vec<_> = out.iter().map(|r| r.metadata().position()).collect();
+        assert_eq!(offsets, (0..5).map(Position::Offset).collect::<Vec<_>>());
+        assert_eq!(handoff.fill(), Fill::default());
+
+        // A caller that still holds records gets the rest appended.
+        batch.extend((5..7).map(|offset| message("t", 0, offset)));
+        handoff.push_messages(&mut batch);
+        assert!(matches!(handoff.take(&mut out, 10), Taken::Delivered));
+        assert_eq!(out.len(), 7);
+        assert_eq!(out[6].metadata().position(), Position::Offset(6));
+        assert_eq!(handoff.fill(), Fill::default());
     }
 
     #[test]

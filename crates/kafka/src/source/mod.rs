@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 pub use builder::KafkaSourceBuilder;
 
 use self::context::{FINAL_COMMIT_MARGIN, KafkaContext, RevokeWait, Shared};
+use self::convert::Record;
 use self::handoff::Taken;
 use crate::acker::KafkaAcker;
 use crate::dead_letter::KafkaDeadLetterSinkBuilder;
@@ -56,6 +57,9 @@ pub struct KafkaSource {
     group_id: String,
     /// Resolves when the polling thread has left the group.
     stopped: Option<oneshot::Receiver<()>>,
+    /// Records taken from the handoff, made messages here: on the runtime's
+    /// thread, which frees them (see `convert`).
+    taken: Vec<Record>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -146,10 +150,14 @@ impl Source for KafkaSource {
         max: usize,
     ) -> Result<SourceEvent, SourceError> {
         // Cancel safety: everything taken from librdkafka sits in the handoff
-        // until `take` moves it into `deliveries`; only the wait is dropped.
+        // until `take` moves it out, and it reaches `deliveries` in the same
+        // poll (no await in between); only the wait is dropped.
         loop {
-            match self.shared.handoff.take(deliveries, max) {
-                Taken::Delivered => return Ok(SourceEvent::Delivered),
+            match self.shared.handoff.take(&mut self.taken, max) {
+                Taken::Delivered => {
+                    deliveries.extend(self.taken.drain(..).map(Record::into_message));
+                    return Ok(SourceEvent::Delivered);
+                }
                 Taken::Event(event) => return Ok(event),
                 Taken::Error(error) => return Err(error),
                 Taken::Finished => {

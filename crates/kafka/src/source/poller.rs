@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use intake_core::{Message, PartitionKey, backend::SourceError};
+use intake_core::{PartitionKey, backend::SourceError};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::topic_partition_list::Offset;
 
 use super::context::{KafkaContext, Shared};
-use super::convert::Converter;
+use super::convert::{Converter, Record};
 use super::handoff::Control;
 use super::watchdog::{OffsetReset, Watchdog, stalled_at};
 use crate::error::{Error, is_not_authorized};
@@ -39,7 +39,7 @@ pub(crate) struct Poller {
     pub(crate) shared: Arc<Shared>,
     pub(crate) watchdog: Watchdog,
     pub(crate) close_timeout: Duration,
-    pub(crate) batch: Vec<Message>,
+    pub(crate) batch: Vec<Record>,
     pub(crate) converter: Converter,
     pub(crate) paused: bool,
     /// Unknown-topic errors already logged, so a deleted topic is logged at

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use intake_core::backend::RevocationOutcome;
-use intake_core::backend::testkit::{Backend, Capabilities, ConnectSettings, TestMessage};
+use intake_core::backend::testkit::{self, Backend, Capabilities, ConnectSettings, TestMessage};
 use intake_core::dead_letter::{Broker, EnvelopeError};
 use intake_core::{
     BoxError, DeadLetter, Headers, Message, PartitionKey,
@@ -521,14 +521,7 @@ impl Backend for KafkaBackend {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
 
     async fn connect_unreachable(
@@ -538,34 +531,22 @@ impl Backend for KafkaBackend {
         password: &str,
     ) -> Option<Result<(KafkaSource, KafkaAcker), BoxError>> {
         // A closed port, with SASL credentials as a Kafka user gives them.
-        let settings = KafkaSettings::new(format!("127.0.0.1:{}", closed_port()))
-            .set("security.protocol", "SASL_PLAINTEXT")
-            .set("sasl.mechanism", "PLAIN")
-            .set("sasl.username", "intake")
-            .set("sasl.password", password);
+        let settings = KafkaSettings::new(format!(
+            "127.0.0.1:{}",
+            testkit::closed_port().expect("a free local port")
+        ))
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "PLAIN")
+        .set("sasl.username", "intake")
+        .set("sasl.password", password);
         let built = KafkaSource::builder(settings)
             .group(group)
             .topic(source)
             .connect_timeout(Duration::from_secs(3))
             .build()
             .await;
-        Some(
-            built
-                .map(|source| {
-                    let acker = source.acker();
-                    (source, acker)
-                })
-                .map_err(Into::into),
-        )
+        testkit::with_acker(built, |source| source.acker())
     }
-}
-
-/// A local port nothing listens on: bound, then released.
-pub fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free local port")
 }
 
 pub mod consumer;

@@ -18,12 +18,14 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
-    /// Admits as many buffered deliveries as the budget has free slots (the
-    /// rest stay buffered), then starts what may start.
+    /// Admits as many buffered deliveries as the budget has free slots, and
+    /// a shared budget room (the rest stay buffered, and the run waits for
+    /// room), then starts what may start.
     pub(super) fn admit_all(&mut self, buffer: &mut Vec<Message>) {
         let token = self.token.clone();
         shutdown_scope::with_shutdown(&token, || {
-            let admitted = buffer.len().min(self.slots.free_count());
+            let free = buffer.len().min(self.slots.free_count());
+            let admitted = self.bytes.take_shared(buffer, free);
             let mut bytes = 0;
             for message in buffer.drain(..admitted) {
                 bytes += self.admit(message);
@@ -41,16 +43,19 @@ where
             // Fetched after the revocation began: it belongs to the next
             // owner, who will receive it; acknowledging nothing is correct.
             self.report.released_on_revoke += 1;
+            self.bytes.untake_shared(message.byte_size());
             return 0;
         }
         let position = message.metadata().position();
         let Some(ticket) = self.partitions.admit(partition, position) else {
+            self.bytes.untake_shared(message.byte_size());
             return 0;
         };
         let Some(slot) = self.slots.acquire() else {
             // `admit_all` admits no more than the free slots; keep the
             // engine consistent anyway.
             tracing::error!("no free slot for an admitted delivery; it stays unacknowledged");
+            self.bytes.untake_shared(message.byte_size());
             return 0;
         };
         if self.partitions.slot_held(partition) {

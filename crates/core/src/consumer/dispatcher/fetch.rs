@@ -22,7 +22,7 @@ where
     /// budget of stuck handlers would hold a rebalance forever); `Some(n)`,
     /// for up to `n` deliveries.
     pub(super) fn fetch_plan(&mut self, buffered: usize) -> Option<usize> {
-        if self.stop.is_some() || buffered > 0 {
+        if self.stop.is_some() || buffered > 0 || self.bytes.waiting_for_shared() {
             return None;
         }
         if let Some(at) = self.fetch_retry_at {

@@ -254,11 +254,16 @@ where
         acks: AckQueue,
     ) -> Self {
         let capacity = slots.capacity();
+        let bytes = ByteBudget::with_shared(
+            settings.max_in_flight_bytes,
+            settings.shared_budget.as_ref(),
+            slots.runtime_waker(),
+        );
         Self {
             handler,
             slots,
             lanes: Lanes::with_capacity(capacity),
-            bytes: ByteBudget::new(settings.max_in_flight_bytes),
+            bytes,
             requeue,
             gate: BackoffGate::new(settings.backoff.clone()),
             probe: None,

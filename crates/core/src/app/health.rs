@@ -1,0 +1,488 @@
+//! Readiness and liveness of an app's routes, from what the runtime reports
+//! at each commit tick (a [`ConsumerObserver`]), never per message.
+//!
+//! - **Ready**: every route runs and is not stopping, has received an
+//!   assignment (or has waited longer than [`HealthSettings::assignment_grace`]
+//!   without one: a group with more members than partitions leaves some
+//!   with none), its last acknowledgement succeeded, and its source is not
+//!   failing (an error reported since the last tick that saw progress).
+//! - **Live**: no partition is stalled. A partition stalls when it has
+//!   uncommitted work, its watermark has not moved for
+//!   [`HealthSettings::stall_window`], and its oldest unfinished message is
+//!   older than the window too. For [`HealthSettings::rebalance_grace`]
+//!   after a route's assignment changes, its partitions count as live, so
+//!   liveness does not flap during rebalances.
+//!
+//! A route's runtime that stops ticking altogether (a blocked executor) is
+//! caught too: a stall is judged against the time of the question, not of
+//! the last tick.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::acker::{AckBatch, AckError};
+use crate::message::{PartitionKey, Position};
+use crate::observer::{ConsumerObserver, PartitionSnapshot};
+use crate::source::SourceError;
+
+/// How health is judged. See the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthSettings {
+    /// How long a partition with uncommitted work may go without its
+    /// watermark moving (and its oldest unfinished message waiting) before
+    /// it fails liveness. Default 5 minutes: longer than the slowest
+    /// legitimate handler.
+    pub stall_window: Duration,
+    /// How long after a route's assignment changes its partitions count as
+    /// live whatever they do. Default 60 s.
+    pub rebalance_grace: Duration,
+    /// How long a route may wait for its first assignment before it counts
+    /// as ready without one. Default 60 s.
+    pub assignment_grace: Duration,
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod settings_tests {
+    use super::*;
+
+    #[test]
+    fn health_settings_load_with_units_and_name_the_field_in_errors() {
+        let settings: HealthSettings = serde_json::from_str(r#"{"stall_window": "90s"}"#).unwrap();
+        assert_eq!(settings.stall_window, Duration::from_secs(90));
+        assert_eq!(
+            settings.rebalance_grace,
+            HealthSettings::default().rebalance_grace
+        );
+        let error = serde_json::from_str::<HealthSettings>(r#"{"rebalance_grace": 5}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("`rebalance_grace`:"), "{error}");
+    }
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        Self {
+            stall_window: Duration::from_secs(300),
+            rebalance_grace: Duration::from_secs(60),
+            assignment_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Every field optional (absent keeps the default), durations with a unit
+/// (`"90s"`, `"5m"`), errors naming the field (feature `serde`).
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for HealthSettings {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use crate::consumer::settings::duration;
+
+        fn stall_window<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            duration(d, "stall_window")
+        }
+        fn rebalance_grace<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            duration(d, "rebalance_grace")
+        }
+        fn assignment_grace<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            duration(d, "assignment_grace")
+        }
+
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(default, deserialize_with = "stall_window")]
+            stall_window: Option<Duration>,
+            #[serde(default, deserialize_with = "rebalance_grace")]
+            rebalance_grace: Option<Duration>,
+            #[serde(default, deserialize_with = "assignment_grace")]
+            assignment_grace: Option<Duration>,
+        }
+
+        let raw = Raw::deserialize(deserializer)?;
+        let defaults = HealthSettings::default();
+        Ok(HealthSettings {
+            stall_window: raw.stall_window.unwrap_or(defaults.stall_window),
+            rebalance_grace: raw.rebalance_grace.unwrap_or(defaults.rebalance_grace),
+            assignment_grace: raw.assignment_grace.unwrap_or(defaults.assignment_grace),
+        })
+    }
+}
+
+/// The health of an app's routes: give it to
+/// [`App::health`](super::App::health), ask it with [`is_live`](Self::is_live)
+/// and [`is_ready`](Self::is_ready), or serve it (with the `health`
+/// feature, as a tower service or a small HTTP listener).
+///
+/// Cloning gives another handle to the same health.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    inner: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    settings: HealthSettings,
+    routes: Mutex<Vec<(String, Arc<RouteHealth>)>>,
+}
+
+/// A route's state, as its observer last saw it.
+pub(crate) struct RouteHealth {
+    state: Mutex<RouteState>,
+    /// The route's own observer (metrics), which hears everything first.
+    inner: Option<Arc<dyn ConsumerObserver>>,
+}
+
+#[derive(Debug)]
+struct RouteState {
+    started_at: Option<Instant>,
+    stopping: bool,
+    ended: bool,
+    assigned: bool,
+    assignment_changed_at: Option<Instant>,
+    ack_failing: bool,
+    source_failing: bool,
+    partitions: HashMap<PartitionKey, PartitionProgress>,
+}
+
+#[derive(Debug)]
+struct PartitionProgress {
+    watermark: Option<Position>,
+    uncommitted: usize,
+    last_progress: Instant,
+    /// When the oldest unfinished message became unfinished, as far as the
+    /// last tick could tell.
+    oldest_since: Option<Instant>,
+}
+
+/// Why a route is not ready, or not live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// The route has not started, or has ended.
+    NotRunning,
+    /// The route is draining.
+    Stopping,
+    /// No assignment yet (within the assignment grace).
+    NoAssignment,
+    /// The last acknowledgement failed.
+    AcksFailing,
+    /// Fetching fails.
+    SourceFailing,
+    /// A partition's watermark has not moved for the stall window.
+    Stalled {
+        /// The partition.
+        partition: PartitionKey,
+        /// How long since it last moved.
+        since: Duration,
+    },
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::NotRunning => f.write_str("not running"),
+            Problem::Stopping => f.write_str("stopping"),
+            Problem::NoAssignment => f.write_str("no assignment yet"),
+            Problem::AcksFailing => f.write_str("acknowledgements failing"),
+            Problem::SourceFailing => f.write_str("fetching failing"),
+            Problem::Stalled { partition, since } => {
+                write!(f, "partition {partition} stalled for {since:?}")
+            }
+        }
+    }
+}
+
+/// A health answer: each route's problems (empty when healthy).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthReport {
+    /// Each route's name and problems, in the order added.
+    pub routes: Vec<(String, Vec<Problem>)>,
+}
+
+impl HealthReport {
+    /// Whether no route has a problem.
+    pub fn is_healthy(&self) -> bool {
+        self.routes.iter().all(|(_, problems)| problems.is_empty())
+    }
+}
+
+impl std::fmt::Display for HealthReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (route, problems) in &self.routes {
+            if problems.is_empty() {
+                writeln!(f, "{route}: ok")?;
+            } else {
+                let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+                writeln!(f, "{route}: {}", list.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Health {
+    /// Health judged with `settings`.
+    pub fn new(settings: HealthSettings) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                settings,
+                routes: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> HealthSettings {
+        self.inner.settings
+    }
+
+    /// Registers route `name`, whose consumer reports to the returned
+    /// observer (which forwards everything to `inner` first, if any). The
+    /// [`App`](super::App) does this for each route; call it for a
+    /// [`Consumer`](crate::Consumer) run on its own, with
+    /// [`ConsumerBuilder::observer`](crate::ConsumerBuilder::observer), and
+    /// mark it [`started`](Self::started) when it runs.
+    pub fn register(
+        &self,
+        name: impl Into<String>,
+        inner: Option<Arc<dyn ConsumerObserver>>,
+    ) -> Arc<dyn ConsumerObserver> {
+        let route = Arc::new(RouteHealth {
+            state: Mutex::new(RouteState {
+                started_at: None,
+                stopping: false,
+                ended: false,
+                assigned: false,
+                assignment_changed_at: None,
+                ack_failing: false,
+                source_failing: false,
+                partitions: HashMap::new(),
+            }),
+            inner,
+        });
+        lock(&self.inner.routes).push((name.into(), route.clone()));
+        route
+    }
+
+    fn each_route(&self, mut f: impl FnMut(&mut RouteState)) {
+        for (_, route) in lock(&self.inner.routes).iter() {
+            f(&mut lock(&route.state));
+        }
+    }
+
+    /// Marks every registered route as running (from now on it may become
+    /// ready).
+    pub fn started(&self) {
+        let now = Instant::now();
+        self.each_route(|state| {
+            state.started_at = Some(now);
+            state.stopping = false;
+            state.ended = false;
+        });
+    }
+
+    /// Marks every route as stopping: not ready from now on (a load
+    /// balancer stops sending work before the drain ends).
+    pub fn stopping(&self) {
+        self.each_route(|state| state.stopping = true);
+    }
+
+    /// Marks every route as ended.
+    pub fn ended(&self) {
+        self.each_route(|state| state.ended = true);
+    }
+
+    /// Readiness: each route's problems. See the [module docs](self).
+    pub fn readiness(&self) -> HealthReport {
+        if lock(&self.inner.routes).is_empty() {
+            return HealthReport {
+                routes: vec![("app".to_owned(), vec![Problem::NotRunning])],
+            };
+        }
+        let now = Instant::now();
+        let grace = self.inner.settings.assignment_grace;
+        self.report(|state| {
+            let mut problems = Vec::new();
+            match state.started_at {
+                None => problems.push(Problem::NotRunning),
+                Some(_) if state.ended => problems.push(Problem::NotRunning),
+                Some(_) if state.stopping => problems.push(Problem::Stopping),
+                Some(started) => {
+                    if !state.assigned && now.saturating_duration_since(started) < grace {
+                        problems.push(Problem::NoAssignment);
+                    }
+                    if state.ack_failing {
+                        problems.push(Problem::AcksFailing);
+                    }
+                    if state.source_failing {
+                        problems.push(Problem::SourceFailing);
+                    }
+                }
+            }
+            problems
+        })
+    }
+
+    /// Liveness: each route's stalled partitions. See the [module
+    /// docs](self).
+    pub fn liveness(&self) -> HealthReport {
+        let now = Instant::now();
+        let settings = self.inner.settings;
+        self.report(|state| {
+            if state
+                .assignment_changed_at
+                .is_some_and(|at| now.saturating_duration_since(at) < settings.rebalance_grace)
+            {
+                return Vec::new();
+            }
+            let mut stalled: Vec<Problem> = state
+                .partitions
+                .iter()
+                .filter_map(|(partition, progress)| {
+                    let since = now.saturating_duration_since(progress.last_progress);
+                    let oldest_waits = progress.oldest_since.is_some_and(|at| {
+                        now.saturating_duration_since(at) >= settings.stall_window
+                    });
+                    (progress.uncommitted > 0 && since >= settings.stall_window && oldest_waits)
+                        .then(|| Problem::Stalled {
+                            partition: partition.clone(),
+                            since,
+                        })
+                })
+                .collect();
+            stalled.sort_by_key(ToString::to_string);
+            stalled
+        })
+    }
+
+    /// Whether every route is ready.
+    pub fn is_ready(&self) -> bool {
+        self.readiness().is_healthy()
+    }
+
+    /// Whether every route is live.
+    pub fn is_live(&self) -> bool {
+        self.liveness().is_healthy()
+    }
+
+    fn report(&self, mut judge: impl FnMut(&RouteState) -> Vec<Problem>) -> HealthReport {
+        HealthReport {
+            routes: lock(&self.inner.routes)
+                .iter()
+                .map(|(name, route)| (name.clone(), judge(&lock(&route.state))))
+                .collect(),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl std::fmt::Debug for RouteHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteHealth")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerObserver for RouteHealth {
+    fn on_partitions(&self, partitions: &[PartitionSnapshot]) {
+        if let Some(inner) = &self.inner {
+            inner.on_partitions(partitions);
+        }
+        let now = Instant::now();
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        let mut changed = partitions.len() != state.partitions.len();
+        for snapshot in partitions {
+            let stats = &snapshot.stats;
+            let oldest_since = snapshot
+                .oldest_unfinished_age
+                .map(|age| now.checked_sub(age).unwrap_or(now));
+            match state.partitions.get_mut(&stats.partition) {
+                Some(progress) => {
+                    if progress.watermark != stats.watermark || stats.uncommitted == 0 {
+                        progress.last_progress = now;
+                        state.source_failing = false;
+                    }
+                    progress.watermark = stats.watermark;
+                    progress.uncommitted = stats.uncommitted;
+                    progress.oldest_since = oldest_since;
+                }
+                None => {
+                    changed = true;
+                    state.partitions.insert(
+                        stats.partition.clone(),
+                        PartitionProgress {
+                            watermark: stats.watermark,
+                            uncommitted: stats.uncommitted,
+                            last_progress: now,
+                            oldest_since,
+                        },
+                    );
+                }
+            }
+        }
+        if changed {
+            state.assignment_changed_at = Some(now);
+        }
+        if !partitions.is_empty() {
+            state.assigned = true;
+        }
+    }
+
+    fn on_in_flight(&self, in_flight: usize) {
+        if let Some(inner) = &self.inner {
+            inner.on_in_flight(in_flight);
+        }
+    }
+
+    fn on_ack(&self, batch: &AckBatch, result: Result<(), &AckError>, elapsed: Duration) {
+        if let Some(inner) = &self.inner {
+            inner.on_ack(batch, result, elapsed);
+        }
+        let mut state = lock(&self.state);
+        state.ack_failing = result.is_err();
+        if result.is_ok() {
+            // Acknowledging needs the broker: it answers again.
+            state.source_failing = false;
+        }
+    }
+
+    fn on_revoked(&self, partition: &PartitionKey) {
+        if let Some(inner) = &self.inner {
+            inner.on_revoked(partition);
+        }
+        let mut state = lock(&self.state);
+        state.partitions.remove(partition);
+        state.assignment_changed_at = Some(Instant::now());
+    }
+
+    fn on_panic(&self, partition: &PartitionKey) {
+        if let Some(inner) = &self.inner {
+            inner.on_panic(partition);
+        }
+    }
+
+    fn on_probe_timeout(&self) {
+        if let Some(inner) = &self.inner {
+            inner.on_probe_timeout();
+        }
+    }
+
+    fn on_source_error(&self, error: &SourceError, retry_in: Option<Duration>) {
+        if let Some(inner) = &self.inner {
+            inner.on_source_error(error, retry_in);
+        }
+        lock(&self.state).source_failing = true;
+    }
+}

@@ -1,0 +1,528 @@
+//! An application: several consumers (routes) run and stopped as one
+//! service, under one shared in-flight budget, with startup and shutdown
+//! hooks and a graceful stop on SIGTERM or Ctrl-C.
+//!
+//! Each route is a [`Consumer`] built as usual (its own source, acker,
+//! handler and [`ConsumerBuilder`](crate::ConsumerBuilder) settings, any
+//! backend); the app names it and runs every route's
+//! [`Consumer::run`] in one [`JoinSet`](tokio::task::JoinSet) on the
+//! current runtime: one task per route, none per message.
+//!
+//! ```
+//! use intake_core::app::App;
+//! use intake_core::consumer::{Consumer, SharedBudget};
+//! use intake_core::memory::{MemoryBroker, Record};
+//! use intake_core::{Payload, handler_fn};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = MemoryBroker::new();
+//! broker.create_topic("orders", 2)?;
+//! broker.create_topic("payments", 2)?;
+//! broker.send("orders", Record::new("order 1"))?;
+//!
+//! let (orders, orders_acker) = broker.consumer("orders", "billing")?;
+//! let (payments, payments_acker) = broker.consumer("payments", "audit")?;
+//! let app = App::new()
+//!     .shared_budget(SharedBudget::new(256, 64 << 20)?)
+//!     .on_startup("warm up", async || Ok::<_, std::io::Error>(()))
+//!     .route(
+//!         "orders",
+//!         Consumer::builder().max_in_flight(192).build(
+//!             orders,
+//!             orders_acker,
+//!             handler_fn(async |Payload(order): Payload| {
+//!                 tracing::info!(?order, "billed");
+//!             }),
+//!         )?,
+//!     )
+//!     .route(
+//!         "payments",
+//!         Consumer::builder().max_in_flight(64).build(
+//!             payments,
+//!             payments_acker,
+//!             handler_fn(async |Payload(payment): Payload| {
+//!                 tracing::info!(?payment, "audited");
+//!             }),
+//!         )?,
+//!     );
+//!
+//! // `app.run()` stops on SIGTERM or Ctrl-C; a token stops it here.
+//! let stop = CancellationToken::new();
+//! let running = tokio::spawn(app.run_until(stop.clone()));
+//! while broker.lag("orders", "billing")? > 0 {
+//!     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+//! }
+//! stop.cancel();
+//! let report = running.await??;
+//! assert_eq!(report.route("orders").and_then(|route| route.report()).map(|run| run.succeeded), Some(1));
+//! # Ok(())
+//! # }
+//! ```
+
+mod health;
+#[cfg(feature = "health")]
+mod http;
+mod report;
+mod signals;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+use crate::acker::Acker;
+use crate::consumer::{Consumer, RunError, RunReport, SharedBudget, Shutdown};
+use crate::error::{BoxError, ConfigError, HandlerError, chain_for_log};
+use crate::handler::{Handler, HandlerFn, handler_fn_with_state};
+use crate::message::Message;
+use crate::source::Source;
+
+pub use health::{Health, HealthReport, HealthSettings, Problem};
+#[cfg(feature = "health-server")]
+pub use http::HealthListener;
+#[cfg(feature = "health")]
+pub use http::HealthService;
+pub use report::{AppError, AppReport, RouteOutcome, RouteReport};
+pub use signals::Signals;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What a route needs to start: built once, when the app starts.
+struct RouteStart {
+    shutdown: CancellationToken,
+    /// The route's health observer, when the app reports health.
+    health: Option<(Health, String)>,
+    budget: Option<SharedBudget>,
+    drain_deadline: Option<Duration>,
+}
+
+/// A route with its types erased: the consumer, and how to run it.
+struct Route {
+    name: String,
+    start: Box<dyn FnOnce(RouteStart) -> BoxFuture<Result<RunReport, RunError>> + Send>,
+}
+
+/// A startup or shutdown hook.
+struct Hook {
+    name: String,
+    run: Box<dyn FnOnce() -> BoxFuture<Result<(), BoxError>> + Send>,
+}
+
+/// Several routes run as one service, with a state `S` their handler fns
+/// share ([`with_state`](Self::with_state), [`handler`](Self::handler)). See
+/// the [module docs](self).
+#[must_use = "an App does nothing until `run` or `run_until` is awaited"]
+pub struct App<S = ()> {
+    state: S,
+    routes: Vec<Route>,
+    budget: Option<SharedBudget>,
+    drain_deadline: Option<Duration>,
+    health: Option<Health>,
+    startup: Vec<Hook>,
+    shutdown: Vec<Hook>,
+}
+
+impl Default for App<()> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> std::fmt::Debug for App<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field(
+                "routes",
+                &self.routes.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            )
+            .field("budget", &self.budget)
+            .field("drain_deadline", &self.drain_deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl App<()> {
+    /// An app with no route and no state yet.
+    pub fn new() -> Self {
+        Self::with_state(())
+    }
+}
+
+impl<S> App<S> {
+    /// An app whose handler fns share `state`: made with
+    /// [`handler`](Self::handler), their [`State<T>`](crate::handler::State)
+    /// arguments are taken from it ([`FromRef`](crate::handler::FromRef)).
+    /// The state is held once per route and cloned per message, so make it
+    /// cheap to clone: an `Arc` around what is not `Clone`, pools that are
+    /// handles already.
+    pub fn with_state(state: S) -> Self {
+        Self {
+            state,
+            routes: Vec::new(),
+            budget: None,
+            drain_deadline: None,
+            health: None,
+            startup: Vec::new(),
+            shutdown: Vec::new(),
+        }
+    }
+
+    /// The state the app's handler fns share.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// `f` as a handler service whose [`State<T>`](crate::handler::State)
+    /// arguments come from the app's state: [`handler_fn_with_state`] with
+    /// a clone of it, made once. Wrap it in layers as any handler.
+    ///
+    /// [`handler_fn_with_state`]: crate::handler::handler_fn_with_state
+    pub fn handler<F, Args>(&self, f: F) -> HandlerFn<F, Args, S>
+    where
+        S: Clone,
+        F: Handler<Args, S>,
+    {
+        handler_fn_with_state(self.state.clone(), f)
+    }
+
+    /// Adds a route: a consumer, run under `name` (which the report and any
+    /// error name). Its settings are its own, except the shared budget and
+    /// the drain deadline when the app sets them.
+    pub fn route<Src, A, H>(
+        mut self,
+        name: impl Into<String>,
+        consumer: Consumer<Src, A, H>,
+    ) -> Self
+    where
+        Src: Source,
+        A: Acker,
+        H: Service<Message, Response = ()> + Send + 'static,
+        H::Error: Into<HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
+        self.routes.push(Route {
+            name: name.into(),
+            start: Box::new(move |start: RouteStart| {
+                let mut consumer = consumer;
+                if let Some(budget) = start.budget {
+                    consumer.settings.shared_budget = Some(budget);
+                }
+                if let Some(deadline) = start.drain_deadline {
+                    consumer.settings.shutdown_deadline = deadline;
+                }
+                if let Some((health, name)) = start.health {
+                    let observer = health.register(name, consumer.settings.observer.take());
+                    consumer.settings.observer = Some(observer);
+                }
+                Box::pin(consumer.run(start.shutdown))
+            }),
+        });
+        self
+    }
+
+    /// One in-flight budget (messages and bytes) for all the routes
+    /// together; each route still holds at most its own `max_in_flight`,
+    /// which keeps a hot route from taking all of it (see
+    /// [`SharedBudget`]).
+    pub fn shared_budget(mut self, budget: SharedBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Reports every route's readiness and liveness to `health` (see
+    /// [`Health`]): each route's consumer gets an observer that forwards to
+    /// the one it had (metrics) and judges its progress at each commit tick.
+    /// Routes are ready once they run and have an assignment, and not ready
+    /// from the moment a stop begins.
+    pub fn health(mut self, health: Health) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// How long the routes' handlers get to finish once a stop begins: the
+    /// [`shutdown_deadline`](crate::ConsumerBuilder::shutdown_deadline) of
+    /// every route, in place of its own.
+    pub fn drain_deadline(mut self, deadline: Duration) -> Self {
+        self.drain_deadline = Some(deadline);
+        self
+    }
+
+    /// Runs `hook` before any route starts (connect, migrate, warm up), in
+    /// the order added. If one fails, the app does not start: no route
+    /// consumes anything, the later hooks do not run, and
+    /// [`AppError::Startup`] names it.
+    pub fn on_startup<F, Fut, E>(mut self, name: impl Into<String>, hook: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.startup.push(Hook::new(name, hook));
+        self
+    }
+
+    /// Runs `hook` after every route has stopped (drained, failed or been
+    /// stopped at once), in the order added; every hook runs even if an
+    /// earlier one failed.
+    pub fn on_shutdown<F, Fut, E>(mut self, name: impl Into<String>, hook: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.shutdown.push(Hook::new(name, hook));
+        self
+    }
+
+    /// Runs the app until SIGTERM or SIGINT (Ctrl-C), then drains: fetching
+    /// stops, running handlers get the drain deadline, finished work is
+    /// committed. A second signal stops at once: the routes are dropped,
+    /// what they held stays unacknowledged (the broker delivers it again),
+    /// and their outcome is [`RouteOutcome::Abandoned`].
+    ///
+    /// A route that fails stops the others (drained) and the app returns
+    /// [`AppError::Route`] naming it.
+    pub async fn run(self) -> Result<AppReport, AppError> {
+        let signals = Signals::install().map_err(AppError::Signals)?;
+        self.run_with(signals).await
+    }
+
+    /// Runs the app until `shutdown` fires (a [`CancellationToken`] or any
+    /// future), then drains, as [`run`](Self::run) does on a signal; for
+    /// services that handle signals themselves. Drop the returned future to
+    /// stop at once (what the routes hold stays unacknowledged).
+    pub async fn run_until(self, shutdown: impl Into<Shutdown>) -> Result<AppReport, AppError> {
+        self.run_until_or_abort(shutdown, Shutdown::never()).await
+    }
+
+    /// Runs the app until `drain` fires, then drains; if `stop_now` fires
+    /// while it drains, stops at once as a second signal does in
+    /// [`run`](Self::run).
+    pub async fn run_until_or_abort(
+        self,
+        drain: impl Into<Shutdown>,
+        stop_now: impl Into<Shutdown>,
+    ) -> Result<AppReport, AppError> {
+        self.run_inner(Trigger {
+            first: drain.into().into_future(),
+            second: stop_now.into().into_future(),
+            _signals: None,
+        })
+        .await
+    }
+
+    /// Runs the app until `signals` deliver one (drain) or two (stop at
+    /// once): [`run`](Self::run) with signals installed beforehand.
+    pub async fn run_with(self, signals: Signals) -> Result<AppReport, AppError> {
+        self.run_inner(Trigger {
+            first: Box::pin(signals.drain_token().cancelled_owned()),
+            second: Box::pin(signals.stop_now_token().cancelled_owned()),
+            _signals: Some(signals),
+        })
+        .await
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.routes.is_empty() {
+            return Err(ConfigError::new(
+                "routes",
+                "is empty: add at least one with `App::route`",
+            ));
+        }
+        for (index, route) in self.routes.iter().enumerate() {
+            if self.routes[..index].iter().any(|r| r.name == route.name) {
+                return Err(ConfigError::new(
+                    "routes",
+                    format!("name `{}` is used twice; name each route once", route.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_inner(self, mut trigger: Trigger) -> Result<AppReport, AppError> {
+        self.validate().map_err(AppError::Config)?;
+        let App {
+            state: _,
+            routes,
+            budget,
+            drain_deadline,
+            health,
+            startup,
+            shutdown,
+        } = self;
+        for hook in startup {
+            let name = hook.name;
+            tokio::select! {
+                result = (hook.run)() => if let Err(error) = result {
+                    tracing::error!(hook = %name, error = %chain_for_log(&*error), "a startup hook failed; the app does not start");
+                    return Err(AppError::Startup { hook: name, error });
+                },
+                () = &mut trigger.first => {
+                    tracing::info!(hook = %name, "stopped while starting; the app does not start");
+                    return Err(AppError::StoppedWhileStarting { hook: name });
+                }
+            }
+        }
+
+        let token = CancellationToken::new();
+        let mut names = Vec::with_capacity(routes.len());
+        let mut outcomes: Vec<Option<RouteOutcome>> = Vec::with_capacity(routes.len());
+        let mut set = JoinSet::new();
+        let mut ids = Vec::with_capacity(routes.len());
+        for route in routes {
+            let run = (route.start)(RouteStart {
+                shutdown: token.clone(),
+                health: health.clone().map(|health| (health, route.name.clone())),
+                budget: budget.clone(),
+                drain_deadline,
+            });
+            ids.push(set.spawn(run).id());
+            names.push(route.name);
+            outcomes.push(None);
+        }
+        if let Some(health) = &health {
+            health.started();
+        }
+        tracing::info!(routes = names.len(), "app started");
+
+        let mut failure: Option<(usize, RunError)> = None;
+        let mut draining = false;
+        let mut abandoned = false;
+        loop {
+            tokio::select! {
+                joined = set.join_next_with_id() => {
+                    let Some(joined) = joined else { break };
+                    let (id, outcome) = match joined {
+                        Ok((id, Ok(report))) => (id, RouteOutcome::Finished(report)),
+                        Ok((id, Err(error))) => {
+                            let report = error.report().clone();
+                            let index = ids.iter().position(|i| *i == id);
+                            if let Some(index) = index {
+                                tracing::error!(route = %names[index], error = %chain_for_log(&error), "a route failed; stopping the others");
+                                if failure.is_none() {
+                                    failure = Some((index, error));
+                                }
+                            }
+                            (id, RouteOutcome::Failed(report))
+                        }
+                        Err(join) if join.is_panic() => {
+                            if let Some(index) = ids.iter().position(|i| *i == join.id()) {
+                                tracing::error!(route = %names[index], "a route panicked; stopping the others");
+                            }
+                            (join.id(), RouteOutcome::Panicked)
+                        }
+                        // Aborted by a second stop request.
+                        Err(join) => (join.id(), RouteOutcome::Abandoned),
+                    };
+                    if let Some(index) = ids.iter().position(|i| *i == id) {
+                        outcomes[index] = Some(outcome);
+                    }
+                    if !draining && outcomes.iter().any(|o| o.as_ref().is_some_and(RouteOutcome::is_failure)) {
+                        draining = true;
+                        if let Some(health) = &health {
+                            health.stopping();
+                        }
+                        token.cancel();
+                    }
+                }
+                () = &mut trigger.first, if !draining => {
+                    tracing::info!("stop requested: draining the routes");
+                    draining = true;
+                    if let Some(health) = &health {
+                        health.stopping();
+                    }
+                    token.cancel();
+                }
+                () = &mut trigger.second, if draining && !abandoned => {
+                    tracing::warn!("second stop request: stopping at once; what the routes hold stays unacknowledged");
+                    abandoned = true;
+                    set.abort_all();
+                }
+            }
+        }
+
+        if let Some(health) = &health {
+            health.ended();
+        }
+        let mut hook_failure = None;
+        for hook in shutdown {
+            if let Err(error) = (hook.run)().await {
+                tracing::error!(hook = %hook.name, error = %chain_for_log(&*error), "a shutdown hook failed");
+                if hook_failure.is_none() {
+                    hook_failure = Some((hook.name, error));
+                }
+            }
+        }
+
+        let report = AppReport {
+            routes: names
+                .into_iter()
+                .zip(outcomes)
+                .map(|(name, outcome)| RouteReport {
+                    name,
+                    outcome: outcome.unwrap_or(RouteOutcome::Abandoned),
+                })
+                .collect(),
+            peak_shared_messages: budget.as_ref().map(SharedBudget::peak_messages),
+            peak_shared_bytes: budget.as_ref().map(SharedBudget::peak_bytes),
+        };
+        if let Some((index, error)) = failure {
+            return Err(AppError::Route {
+                route: report.routes[index].name.clone(),
+                error,
+                report: Box::new(report),
+            });
+        }
+        if let Some(route) = report
+            .routes
+            .iter()
+            .find(|route| matches!(route.outcome, RouteOutcome::Panicked))
+        {
+            return Err(AppError::RoutePanicked {
+                route: route.name.clone(),
+                report: Box::new(report),
+            });
+        }
+        if abandoned {
+            return Err(AppError::StoppedAtOnce {
+                report: Box::new(report),
+            });
+        }
+        if let Some((hook, error)) = hook_failure {
+            return Err(AppError::Shutdown {
+                hook,
+                error,
+                report: Box::new(report),
+            });
+        }
+        Ok(report)
+    }
+}
+
+impl Hook {
+    fn new<F, Fut, E>(name: impl Into<String>, hook: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        Self {
+            name: name.into(),
+            run: Box::new(move || Box::pin(async move { hook().await.map_err(Into::into) })),
+        }
+    }
+}
+
+/// What stops the app: the first fires a drain, the second a stop at once.
+struct Trigger {
+    first: BoxFuture<()>,
+    second: BoxFuture<()>,
+    /// The signal listener behind the two, kept for as long as the app runs.
+    _signals: Option<Signals>,
+}
