@@ -13,7 +13,7 @@ use intake_core::backend::{AckBatch, Acker, PartitionAck, Source};
 use intake_core::lag::LagProbe;
 use intake_core::{PartitionKey, Position};
 use intake_kafka::{KafkaLagProbe, KafkaSettings};
-use support::{KafkaBackend, closed_port, take, unique};
+use support::{KafkaBackend, take, unique};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
