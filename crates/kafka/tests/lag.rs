@@ -83,8 +83,8 @@ async fn on_the_mock_cluster_the_lag_is_log_end_minus_committed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_broker_is_a_transient_error_within_the_timeout() {
-    let settings =
-        KafkaSettings::new(format!("127.0.0.1:{}", closed_port())).set("sasl.password", "hunter2");
+    let port = intake_core::backend::testkit::closed_port().expect("a free local port");
+    let settings = KafkaSettings::new(format!("127.0.0.1:{port}")).set("sasl.password", "hunter2");
     let probe = KafkaLagProbe::new(&settings, "g", ["orders"])
         .expect("probe")
         .timeout(Duration::from_secs(2));
