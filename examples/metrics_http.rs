@@ -156,9 +156,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     producer.await?;
     let report = consumer.await??;
     println!(
-        "consumed {} messages ({} succeeded, {} dead-lettered or ignored) in {:?}",
+        "consumed {} messages ({} succeeded, {} dead-lettered, {} ignored) in {:?}",
         report.completed(),
         report.succeeded,
+        report.dead_lettered,
         report.ignored,
         report.elapsed,
     );

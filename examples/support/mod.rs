@@ -74,7 +74,7 @@ impl Tally {
             "  retried:       {}",
             self.retried.load(AtomicOrdering::Relaxed)
         );
-        println!("  dead-lettered: {}", report.ignored);
+        println!("  dead-lettered: {}", report.dead_lettered);
         println!("  unfinished:    {}", report.unfinished.len());
         for (partition, position) in &report.committed {
             println!("  {partition}: committed through {position}");

@@ -325,7 +325,9 @@ async fn corrupt_and_oversized_payloads_are_dead_lettered_or_handled_never_lost(
             "the error stays small"
         );
     }
-    assert_eq!(report.succeeded + report.ignored, end);
+    assert_eq!(report.dead_lettered, dead_letters.len() as u64);
+    assert_eq!(report.ignored, 0, "dead letters are not counted as ignored");
+    assert_eq!(report.succeeded + report.dead_lettered, end);
 }
 
 /// Waits (on the paused clock) until `group` committed everything of

@@ -37,6 +37,15 @@ pub enum SourceClose {
 }
 
 /// What a run did, returned when it ends.
+///
+/// It counts what the runtime held, not what the broker holds. After a
+/// shutdown the broker still has, unacknowledged: the deliveries in
+/// `unfinished`; the finished work past the positions in `not_committed`;
+/// and what the source had fetched ahead but never handed to the runtime
+/// (librdkafka's prefetch, RabbitMQ's prefetch, Redis entries read into the
+/// source's staging queue), which the report cannot see. So a broker's
+/// pending count after a stop is usually larger than `unfinished`, and all
+/// of it is delivered again to the group's next consumer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunReport {
@@ -44,6 +53,10 @@ pub struct RunReport {
     pub succeeded: u64,
     /// Messages a handler asked to ignore (acknowledged).
     pub ignored: u64,
+    /// Messages the dead-letter layer wrote to the dead-letter destination
+    /// (acknowledged once the destination confirmed; the letters are there,
+    /// not lost). Counted apart from `ignored`.
+    pub dead_lettered: u64,
     /// Permanent failures that reached the runtime (no dead-letter layer took
     /// them): logged at error level and acknowledged.
     pub discarded: u64,
@@ -84,9 +97,9 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// Messages completed (succeeded, ignored or discarded).
+    /// Messages completed (succeeded, ignored, dead-lettered or discarded).
     pub fn completed(&self) -> u64 {
-        self.succeeded + self.ignored + self.discarded
+        self.succeeded + self.ignored + self.dead_lettered + self.discarded
     }
 }
 

@@ -9,6 +9,7 @@ use super::{Dispatcher, Stop};
 use crate::commit_engine::Ticket;
 use crate::consumer::gate::{GateState, Signal};
 use crate::consumer::slots::{SlotId, SlotState};
+use crate::dead_letter::DeadLettered;
 use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
 
@@ -49,7 +50,11 @@ where
     fn fail(&mut self, slot: SlotId, ticket: Ticket, error: HandlerError) -> Signal {
         match error.class() {
             ErrorClass::Ignore => {
-                self.report.ignored += 1;
+                if error.cause().is::<DeadLettered>() {
+                    self.report.dead_lettered += 1;
+                } else {
+                    self.report.ignored += 1;
+                }
                 self.partitions.complete(ticket);
                 self.release(slot);
                 Signal::Neutral
