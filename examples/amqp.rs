@@ -30,12 +30,7 @@ const QUEUE: &str = "intake-example-orders";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,lapin=warn".into()),
-        )
-        .init();
+    support::init_logging("info,lapin=warn");
     let url = std::env::var("INTAKE_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
 

@@ -38,11 +38,7 @@ const GROUP: &str = "billing";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    support::init_logging("info");
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     // Every librdkafka setting passes through: TLS and SASL go here too.
     let settings = KafkaSettings::new(&brokers);

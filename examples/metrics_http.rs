@@ -68,11 +68,7 @@ async fn scrape(State(registry): State<Registry>) -> Response {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    support::init_logging("warn");
 
     let registry = Registry::new();
     let metrics = Metrics::register(&registry)?;

@@ -16,6 +16,16 @@ use intake::{HandlerError, Metadata};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+/// Logs to stdout at `default` levels (`RUST_LOG` overrides them).
+pub fn init_logging(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default.into()),
+        )
+        .init();
+}
+
 /// How many orders [`example_orders`] produces.
 pub const ORDERS: u64 = 5;
 
