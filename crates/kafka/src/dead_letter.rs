@@ -233,6 +233,12 @@ fn topic_exists(
 }
 
 impl KafkaDeadLetterSinkBuilder {
+    /// A lag probe on the same brokers, settings and topics as the source
+    /// this builder came from, for `group`.
+    pub(crate) fn lag_probe(&self, group: &str) -> Result<crate::KafkaLagProbe, Error> {
+        crate::KafkaLagProbe::new(&self.settings, group, self.consumed.iter().cloned())
+    }
+
     /// The dead-letter topic's name, with `{topic}` and `{group}` replaced by
     /// the source topic and the group (default
     /// [`DEFAULT_TOPIC_TEMPLATE`]). A name without placeholders sends every

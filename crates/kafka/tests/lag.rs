@@ -65,6 +65,17 @@ async fn lag_after_committing_three_of_ten(kafka: KafkaBackend) {
         .map(|(_, committed, high)| Some((high - committed.unwrap_or(0)) as u64))
         .collect();
     assert_eq!(counts, expected);
+
+    // The source's own probe: the same group, topics and settings.
+    let from_source = source.lag_probe().expect("the source's probe");
+    let counts_from_source: Vec<_> = from_source
+        .lag()
+        .await
+        .expect("lag")
+        .iter()
+        .map(|lag| lag.messages)
+        .collect();
+    assert_eq!(counts_from_source, expected);
     source.close().await.expect("close");
 }
 

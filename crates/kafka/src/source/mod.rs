@@ -98,6 +98,17 @@ impl KafkaSource {
         self.dead_letters.clone()
     }
 
+    /// A probe of this source's group lag on the brokers (high watermark −
+    /// committed offset per partition of its topics), on a client of its
+    /// own with the source's settings (TLS, SASL).
+    ///
+    /// # Errors
+    ///
+    /// Settings librdkafka refuses ([`Error::Config`](crate::Error::Config)).
+    pub fn lag_probe(&self) -> Result<crate::KafkaLagProbe, crate::Error> {
+        self.dead_letters.lag_probe(&self.group_id)
+    }
+
     /// The consumer group id (generated in broadcast mode).
     pub fn group_id(&self) -> &str {
         &self.group_id
