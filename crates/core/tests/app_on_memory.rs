@@ -407,3 +407,64 @@ async fn routes_need_distinct_names() {
     };
     assert_eq!(config.setting, "routes");
 }
+
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_lag_exporter_runs_beside_the_routes_and_stops_after_them() {
+    use intake_core::handler::{Payload, handler_fn};
+    use intake_core::metrics::{LagExporter, LagMetrics};
+
+    let broker = MemoryBroker::new();
+    fill(&broker, "orders", 40);
+    let registry = intake_core::metrics::prometheus::Registry::new();
+    let lag_metrics = LagMetrics::register(&registry).expect("register");
+    let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &lag_metrics);
+    let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
+    let consumer = Consumer::builder()
+        .commit_interval(Duration::from_millis(5))
+        .build(
+            source,
+            acker,
+            handler_fn(|Payload(_): Payload| async { Ok::<_, HandlerError>(()) }),
+        )
+        .expect("settings");
+    let stopped_after_routes = Arc::new(AtomicUsize::new(0));
+    let witness = stopped_after_routes.clone();
+    let drain = CancellationToken::new();
+    let app = App::new()
+        .route("billing", consumer)
+        .background("broker lag", move |stop| {
+            exporter.run(Duration::from_millis(10), stop)
+        })
+        .background("witness", move |stop| async move {
+            stop.cancelled().await;
+            witness.fetch_add(1, Ordering::SeqCst);
+        });
+    let running = tokio::spawn(app.run_until(drain.clone()));
+
+    // The exporter runs while the route does: the broker's lag for the
+    // group reaches 0 once the route has committed all 40.
+    eventually("the exported lag is 0", || {
+        lag_metrics.messages("orders", 0, "billing") == Some(0)
+            && (1..4)
+                .all(|partition| lag_metrics.messages("orders", partition, "billing") == Some(0))
+    })
+    .await;
+    assert_eq!(
+        stopped_after_routes.load(Ordering::SeqCst),
+        0,
+        "not stopped while the routes run"
+    );
+
+    drain.cancel();
+    let report = running.await.expect("join").expect("the app drains");
+    assert!(matches!(
+        report.routes[0].outcome,
+        RouteOutcome::Finished(_)
+    ));
+    assert_eq!(
+        stopped_after_routes.load(Ordering::SeqCst),
+        1,
+        "the background task was told to stop, and awaited, before run returned"
+    );
+}

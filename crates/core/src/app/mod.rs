@@ -107,6 +107,17 @@ struct Route {
     start: Box<dyn FnOnce(RouteStart) -> BoxFuture<Result<RunReport, RunError>> + Send>,
 }
 
+/// A task that runs beside the routes (a lag exporter, a relay), stopped by
+/// its token once every route has stopped.
+struct Background {
+    name: String,
+    run: Box<dyn FnOnce(CancellationToken) -> BoxFuture<()> + Send>,
+}
+
+/// How long the background tasks get to finish once told to stop, before
+/// they are aborted.
+const BACKGROUND_STOP: Duration = Duration::from_secs(5);
+
 /// A startup or shutdown hook.
 struct Hook {
     name: String,
@@ -125,6 +136,7 @@ pub struct App<S = ()> {
     health: Option<Health>,
     startup: Vec<Hook>,
     shutdown: Vec<Hook>,
+    background: Vec<Background>,
 }
 
 impl Default for App<()> {
@@ -169,6 +181,7 @@ impl<S> App<S> {
             health: None,
             startup: Vec::new(),
             shutdown: Vec::new(),
+            background: Vec::new(),
         }
     }
 
@@ -266,6 +279,30 @@ impl<S> App<S> {
         self
     }
 
+    /// Runs `task` beside the routes, from after the startup hooks until
+    /// every route has stopped: then its token is cancelled, and it has 5 s
+    /// to return before it is aborted (before the shutdown hooks run). For
+    /// what a service runs next to its consumers, such as a
+    /// [`LagExporter`](crate::metrics::LagExporter):
+    ///
+    /// ```ignore
+    /// let exporter = LagExporter::new(source.lag_probe()?, &lag_metrics);
+    /// app.background("broker lag", move |stop| exporter.run(Duration::from_secs(15), stop))
+    /// ```
+    ///
+    /// A task that returns early is logged; the routes keep running.
+    pub fn background<F, Fut>(mut self, name: impl Into<String>, task: F) -> Self
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.background.push(Background {
+            name: name.into(),
+            run: Box::new(move |stop| Box::pin(task(stop))),
+        });
+        self
+    }
+
     /// Runs `hook` after every route has stopped (drained, failed or been
     /// stopped at once), in the order added; every hook runs even if an
     /// earlier one failed.
@@ -355,6 +392,7 @@ impl<S> App<S> {
             health,
             startup,
             shutdown,
+            background,
         } = self;
         for hook in startup {
             let name = hook.name;
@@ -385,6 +423,19 @@ impl<S> App<S> {
             ids.push(set.spawn(run).id());
             names.push(route.name);
             outcomes.push(None);
+        }
+        let background_stop = CancellationToken::new();
+        let mut companions = JoinSet::new();
+        for task in background {
+            let name = task.name;
+            let run = (task.run)(background_stop.clone());
+            let stop = background_stop.clone();
+            companions.spawn(async move {
+                run.await;
+                if !stop.is_cancelled() {
+                    tracing::warn!(task = %name, "a background task ended while the routes run");
+                }
+            });
         }
         if let Some(health) = &health {
             health.started();
@@ -447,6 +498,18 @@ impl<S> App<S> {
             }
         }
 
+        background_stop.cancel();
+        let stopped = tokio::time::timeout(BACKGROUND_STOP, async {
+            while companions.join_next().await.is_some() {}
+        })
+        .await;
+        if stopped.is_err() {
+            tracing::warn!(
+                within = ?BACKGROUND_STOP,
+                "background tasks did not stop when told to; aborting them"
+            );
+            companions.abort_all();
+        }
         if let Some(health) = &health {
             health.ended();
         }
