@@ -282,12 +282,24 @@ impl<S> App<S> {
     /// Runs `task` beside the routes, from after the startup hooks until
     /// every route has stopped: then its token is cancelled, and it has 5 s
     /// to return before it is aborted (before the shutdown hooks run). For
-    /// what a service runs next to its consumers, such as a
-    /// [`LagExporter`](crate::metrics::LagExporter):
+    /// what a service runs next to its consumers, such as a broker-lag
+    /// exporter (`move |stop| exporter.run(Duration::from_secs(15), stop)`
+    /// with a `LagExporter` of the `metrics` feature) or a heartbeat:
     ///
-    /// ```ignore
-    /// let exporter = LagExporter::new(source.lag_probe()?, &lag_metrics);
-    /// app.background("broker lag", move |stop| exporter.run(Duration::from_secs(15), stop))
+    /// ```
+    /// use std::time::Duration;
+    /// use intake_core::app::App;
+    ///
+    /// let app = App::new().background("heartbeat", |stop| async move {
+    ///     let mut ticks = tokio::time::interval(Duration::from_secs(30));
+    ///     loop {
+    ///         tokio::select! {
+    ///             () = stop.cancelled() => return,
+    ///             _ = ticks.tick() => tracing::info!("alive"),
+    ///         }
+    ///     }
+    /// });
+    /// # drop(app);
     /// ```
     ///
     /// A task that returns early is logged; the routes keep running.
