@@ -1981,3 +1981,47 @@ async fn the_commit_tick_keeps_running_while_a_handler_hangs_and_nothing_else_ha
         "10 s at a 100 ms commit interval gave {ticks} observer ticks"
     );
 }
+
+/// A run that goes idle right after a handler spent the task's cooperative
+/// budget is still woken for its commit tick (a sleep polled with no budget
+/// left answers `Pending` without registering, so the timer polls it
+/// unconstrained). This shape did not reproduce the lost tick on its own;
+/// it guards the behaviour.
+#[tokio::test(flavor = "current_thread")]
+async fn an_idle_run_still_ticks_after_a_handler_spent_the_cooperative_budget() {
+    let broker = crate::memory::MemoryBroker::new();
+    broker.create_topic("orders", 1).unwrap_or_default();
+    let _ = broker.send("orders", crate::memory::Record::new("only"));
+    let Ok((source, acker)) = broker.consumer("orders", "g") else {
+        panic!("consumer");
+    };
+    let handler = tower::service_fn(|_message: Message| async {
+        for _ in 0..1_000 {
+            tokio::task::consume_budget().await;
+        }
+        Ok::<_, HandlerError>(())
+    });
+    let stop = CancellationToken::new();
+    let Ok(consumer) = Consumer::builder()
+        .commit_interval(Duration::from_millis(20))
+        .build(source, acker, handler)
+    else {
+        panic!("settings");
+    };
+    let run = tokio::spawn(consumer.run(stop.clone()));
+    let mut committed = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        committed = broker.committed("orders", "g").ok().and_then(|c| c[0]);
+        if committed.is_some() {
+            break;
+        }
+    }
+    stop.cancel();
+    let _ = run.await;
+    assert_eq!(
+        committed,
+        Some(1),
+        "committed by a tick while idle, before the stop"
+    );
+}

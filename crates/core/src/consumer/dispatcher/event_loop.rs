@@ -43,9 +43,12 @@ impl ShutdownSignal {
         if !self.flag.take() {
             return Poll::Pending;
         }
-        self.signal
-            .as_mut()
-            .poll(&mut Context::from_waker(&self.waker))
+        // Unconstrained: a signal made of tokio primitives (a oneshot
+        // receiver) polled once the task's cooperative budget is spent
+        // answers `Pending` without registering its waker, and the flag
+        // would never be set again.
+        let mut signal = tokio::task::unconstrained(self.signal.as_mut());
+        Pin::new(&mut signal).poll(&mut Context::from_waker(&self.waker))
     }
 }
 

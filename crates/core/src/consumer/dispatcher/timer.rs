@@ -65,9 +65,13 @@ impl Timer {
             return;
         }
         self.registered = true;
-        if self
-            .sleep
-            .as_mut()
+        // Unconstrained: a sleep polled once the task's cooperative budget
+        // is spent answers `Pending` without registering with the timer (it
+        // only asks to be polled again), and an idle run whose sleep was
+        // never registered would never tick again (no commit, no retried
+        // commit after a broker outage).
+        let mut sleep = tokio::task::unconstrained(self.sleep.as_mut());
+        if Pin::new(&mut sleep)
             .poll(&mut Context::from_waker(runtime))
             .is_ready()
         {
