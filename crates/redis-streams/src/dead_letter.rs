@@ -42,9 +42,21 @@ pub const MAX_DEAD_LETTER_VALUES: usize = 7_000;
 
 /// `KEYS[1]` dead-letter stream, `KEYS[2]` source stream; `ARGV[1]` group,
 /// `ARGV[2]` original id (empty: nothing to acknowledge), then the fields.
+///
+/// Returns the letter's id, or nil when the original is no longer pending
+/// in the group: a write whose reply was lost (a call dropped midway, a
+/// timeout) already wrote and acknowledged it, and writing again would
+/// duplicate the letter. An error from `XPENDING` (the group is gone) does
+/// not stop the write: the letter is all that is left of the entry then.
 static WRITE_AND_ACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if ARGV[2] ~= '' then
+  local pending = redis.pcall('XPENDING', KEYS[2], ARGV[1], ARGV[2], ARGV[2], 1)
+  if type(pending) == 'table' and pending.err == nil and #pending == 0 then
+    return false
+  end
+end
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 if ARGV[2] ~= '' then
   redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
@@ -158,14 +170,16 @@ impl RedisDeadLetterSink {
         self.destination.stream.name_for(stream)
     }
 
-    /// Writes `letter` and acknowledges the original. `with_payload` is
-    /// false for an entry that had no payload field, so that the copy holds
-    /// exactly the original fields.
+    /// Writes `letter` and acknowledges the original; the letter's id, or
+    /// `None` when the original was acknowledged already (by an earlier
+    /// write whose reply was lost): written once, never twice. `with_payload`
+    /// is false for an entry that had no payload field, so that the copy
+    /// holds exactly the original fields.
     pub(crate) async fn write_letter(
         &self,
         letter: &DeadLetter,
         with_payload: bool,
-    ) -> Result<StreamId, Error> {
+    ) -> Result<Option<StreamId>, Error> {
         let metadata = letter.message.metadata();
         let stream: &str = metadata.source();
         let original = StreamId::from_position(metadata.position());
@@ -218,9 +232,10 @@ impl RedisDeadLetterSink {
             invocation.arg(&*name).arg(value);
         }
         let mut connection = self.connection.get();
-        let written: Result<String, _> = invocation.invoke_async(&mut connection).await;
+        let written: Result<Option<String>, _> = invocation.invoke_async(&mut connection).await;
         let id = match written {
-            Ok(id) => {
+            Ok(None) => return Ok(None),
+            Ok(Some(id)) => {
                 if envelope.is_reduced() {
                     self.destination.stats.add_dead_letters_reduced(1);
                 }
@@ -236,10 +251,12 @@ impl RedisDeadLetterSink {
                     .key_error(error, "XADD", &dead_letters));
             }
         };
-        StreamId::parse(id.as_bytes()).ok_or_else(|| Error::UnexpectedReply {
-            command: "XADD",
-            detail: format!("`{id}` is not an entry id"),
-        })
+        StreamId::parse(id.as_bytes())
+            .map(Some)
+            .ok_or_else(|| Error::UnexpectedReply {
+                command: "XADD",
+                detail: format!("`{id}` is not an entry id"),
+            })
     }
 }
 
@@ -436,7 +453,15 @@ impl RedisDeadLetterSinkBuilder {
 #[async_trait::async_trait]
 impl DeadLetterSink for RedisDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
-        let id = self.write_letter(letter, true).await?;
+        let Some(id) = self.write_letter(letter, true).await? else {
+            tracing::debug!(
+                stream = %letter.message.metadata().source(),
+                position = %letter.message.metadata().position(),
+                "the original was acknowledged already (by an earlier write whose reply \
+                 was lost); no second dead letter"
+            );
+            return Ok(());
+        };
         let metadata = letter.message.metadata();
         // The dead-letter layer logs the decision (with the error) at warn;
         // this adds where the letter went, for whoever follows one up.

@@ -156,6 +156,30 @@ async fn the_error_text_of_a_dead_letter_is_capped() {
 }
 
 #[tokio::test]
+async fn a_write_retried_after_its_reply_was_lost_writes_one_letter() {
+    let Some(mut redis) = redis_or_skip("a_write_retried_after_its_reply_was_lost").await else {
+        return;
+    };
+    let stream = unique("retried-letter");
+    let group = unique("group");
+    produce(&mut redis, &stream, "m", 1).await;
+    let (written, source, message) = dead_letter_the_entry(&stream, &group, "poison").await;
+    assert!(written.is_ok(), "{written:?}");
+    // The caller saw a timeout and tries again: the first write went
+    // through, so the second must not add a copy.
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let again = sink.write(&DeadLetter::new(message, "poison", 3)).await;
+    assert!(again.is_ok(), "{again:?}");
+    let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
+    assert_eq!(dead.len(), 1, "one dead letter");
+    let pending: redis::streams::StreamPendingReply =
+        redis::AsyncCommands::xpending(&mut redis, &stream, &group)
+            .await
+            .expect("XPENDING");
+    assert_eq!(pending.count(), 0, "the original is acknowledged");
+}
+
+#[tokio::test]
 async fn a_producer_field_named_like_an_envelope_field_does_not_change_the_letter() {
     let Some(mut redis) = redis_or_skip("a_producer_field_named_like_an_envelope_field").await
     else {

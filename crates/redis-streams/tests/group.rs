@@ -608,13 +608,201 @@ async fn a_dropped_next_loses_no_entry() {
     let mut inspect = redis.clone();
     let pending: redis::streams::StreamPendingReply =
         inspect.xpending(&stream, &group).await.expect("XPENDING");
+    let mut seen = BTreeSet::new();
+    let twice: Vec<_> = handled
+        .iter()
+        .filter(|payload| !seen.insert(payload.as_str()))
+        .collect();
     assert!(
         missing.is_empty(),
-        "entries {missing:?} were lost ({} pending for the group)",
-        pending.count()
+        "entries {missing:?} were lost ({} pending for the group; {} handled, {twice:?} twice)",
+        pending.count(),
+        handled.len(),
     );
     assert_eq!(distinct.len(), total, "no entry was lost");
     assert_eq!(handled.len(), total, "and none was delivered twice");
+}
+
+/// Polls `future` up to `polls` times, letting the runtime (and the
+/// network) move between polls, and drops it if it is not done by then: a
+/// cancellation at every await point in turn as `polls` grows, which a
+/// timer (whose resolution is a millisecond) cannot aim at.
+async fn poll_then_drop<F: std::future::Future>(future: F, polls: usize) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    for _ in 0..polls {
+        let polled =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await;
+        if let std::task::Poll::Ready(output) = polled {
+            return Some(output);
+        }
+        std::thread::sleep(Duration::from_micros(20));
+        tokio::task::yield_now().await;
+    }
+    None
+}
+
+/// The delivery count of the group's first pending entry, 0 when nothing
+/// is pending.
+async fn first_pending_deliveries(
+    redis: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) -> i64 {
+    let rows: Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query_async(redis)
+        .await
+        .expect("XPENDING");
+    match rows {
+        Value::Array(rows) => match rows.first() {
+            Some(Value::Array(row)) => match row.get(3) {
+                Some(Value::Int(count)) => *count,
+                other => panic!("no delivery count in {other:?}"),
+            },
+            _ => 0,
+        },
+        other => panic!("unexpected XPENDING reply {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn calls_dropped_while_re_reading_add_no_delivery() {
+    let Some(mut redis) = redis_or_skip("calls_dropped_while_re_reading_add_no_delivery").await
+    else {
+        return;
+    };
+    let stream = unique("re-read");
+    let group = unique("group");
+    let mut source = group_builder(&stream, &group, "c1")
+        .claim_min_idle(Duration::from_secs(600))
+        .max_deliveries(2)
+        .build()
+        .await
+        .expect("connect");
+    let mut buffer = Vec::new();
+    // A blocking read of new entries, dropped while it waits: the entry
+    // added next is served to it, enters the pending list once and never
+    // reaches the source.
+    let waiting = tokio::time::timeout(Duration::from_millis(300), source.next(&mut buffer, 10));
+    assert!(waiting.await.is_err(), "nothing to read yet");
+    produce(&mut redis, &stream, "m", 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while first_pending_deliveries(&mut redis, &stream, &group).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiting read took the entry"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        first_pending_deliveries(&mut redis, &stream, &group).await,
+        1
+    );
+    // Later calls re-read it; each one dropped at a later await point than
+    // the one before, until one completes.
+    let mut dropped = 0;
+    let received = loop {
+        buffer.clear();
+        match poll_then_drop(source.next(&mut buffer, 10), dropped + 1).await {
+            Some(result) => {
+                result.expect("next");
+                break std::mem::take(&mut buffer);
+            }
+            None => dropped += 1,
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline + Duration::from_secs(10),
+            "no call delivered the entry ({dropped} dropped)"
+        );
+    };
+    assert!(dropped > 0, "calls were dropped before one completed");
+    assert_eq!(payloads(&received), ["m0"]);
+    assert_eq!(
+        received[0].metadata().attempt(),
+        1,
+        "{dropped} dropped calls counted as deliveries of an entry the handler never saw"
+    );
+    assert_eq!(
+        first_pending_deliveries(&mut redis, &stream, &group).await,
+        1,
+        "Redis counts one delivery"
+    );
+    assert_eq!(source.stats().dead_lettered(), 0);
+}
+
+#[tokio::test]
+async fn a_poison_entry_is_dead_lettered_once_however_its_calls_are_dropped() {
+    let Some(mut redis) =
+        redis_or_skip("a_poison_entry_is_dead_lettered_once_however_its_calls_are_dropped").await
+    else {
+        return;
+    };
+    let stream = unique("poison-drop");
+    let group = unique("group");
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg(&group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async::<()>(&mut redis)
+        .await
+        .expect("XGROUP CREATE");
+    produce(&mut redis, &stream, "m", 1).await;
+    // An earlier process of consumer c1 took the entry and failed on it
+    // five times: past max_deliveries, the restarted source dead-letters it.
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&group)
+        .arg("c1")
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut redis)
+        .await
+        .expect("XREADGROUP");
+    let id: Vec<(String, Vec<(String, String)>)> =
+        redis.xrange(&stream, "-", "+").await.expect("XRANGE");
+    let _: Value = redis::cmd("XCLAIM")
+        .arg(&stream)
+        .arg(&group)
+        .arg("c1")
+        .arg(0)
+        .arg(&id[0].0)
+        .arg("RETRYCOUNT")
+        .arg(5)
+        .arg("JUSTID")
+        .query_async(&mut redis)
+        .await
+        .expect("XCLAIM");
+    let mut source = group_builder(&stream, &group, "c1")
+        .claim_min_idle(Duration::from_secs(600))
+        .max_deliveries(2)
+        .build()
+        .await
+        .expect("connect");
+    // Every call is dropped, each at a later await point than the one
+    // before: before, during and after the dead-letter write.
+    let mut buffer = Vec::new();
+    for polls in 1..=200 {
+        buffer.clear();
+        let finished = poll_then_drop(source.next(&mut buffer, 10), polls).await;
+        assert!(finished.is_none(), "nothing is delivered to a handler");
+    }
+    let dead = entries(&mut redis, &format!("{stream}:dlq")).await;
+    assert_eq!(dead.len(), 1, "dead-lettered exactly once");
+    assert_eq!(
+        first_pending_deliveries(&mut redis, &stream, &group).await,
+        0,
+        "and acknowledged"
+    );
+    // A write whose reply was lost with its call is not counted: the
+    // source cannot tell it from one made by another consumer.
+    assert!(source.stats().dead_lettered() <= 1);
 }
 
 #[tokio::test]

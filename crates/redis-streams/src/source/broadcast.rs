@@ -93,6 +93,7 @@ impl BroadcastReader {
 
     async fn fill(&mut self, deliveries: &mut Vec<Message>, max: usize) -> Result<(), Error> {
         loop {
+            self.staging.dead_letter(&self.sink).await;
             if self.staging.hand_out(deliveries, max) {
                 return Ok(());
             }
@@ -153,7 +154,7 @@ impl BroadcastReader {
                 };
                 match self.decoder.decode(stream, entry.id, fields, 1) {
                     Decoded::Message(message) => self.staging.ready.push_back(message),
-                    Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
+                    Decoded::MissingPayload(message) => self.staging.poison.push_back(Poison {
                         letter: DeadLetter::new(
                             message,
                             format!(
@@ -169,9 +170,6 @@ impl BroadcastReader {
             }
         }
         self.replies = replies;
-        if !self.staging.poison.is_empty() {
-            self.staging.dead_letter(&self.sink).await;
-        }
         Ok(())
     }
 }

@@ -98,6 +98,14 @@ struct GroupStream {
     /// before new ones (at start, after a lost connection, after a dropped
     /// call).
     resync: bool,
+    /// Whether the pending entries an earlier process left to this consumer
+    /// were all read. Until then a re-read counts as a delivery (a handler
+    /// there may have seen them, and a poison entry must not crash-loop
+    /// with its count standing still); after, every entry a re-read finds
+    /// was delivered to this process and never reached it, so re-reads
+    /// leave the counts alone: calls dropped one after another must not
+    /// push an entry no handler saw past `max_deliveries`.
+    recovered: bool,
 }
 
 pub(super) struct GroupReader {
@@ -132,6 +140,7 @@ impl GroupReader {
                 name: name.clone(),
                 decoded: None,
                 resync: true,
+                recovered: false,
             })
             .collect();
         Self {
@@ -173,6 +182,7 @@ impl GroupReader {
 
     async fn fill(&mut self, deliveries: &mut Vec<Message>, max: usize) -> Result<(), Error> {
         loop {
+            self.staging.dead_letter(&self.sink).await;
             if self.staging.hand_out(deliveries, max) {
                 return Ok(());
             }
@@ -227,6 +237,9 @@ impl GroupReader {
     /// Re-reads this consumer's pending entries after the newest decoded id
     /// of one stream, with their delivery counts.
     async fn read_own_pending(&mut self, index: usize, max: usize) -> Result<(), Error> {
+        if self.streams[index].recovered {
+            return self.read_own_pending_uncounted(index, max).await;
+        }
         let stream = &self.streams[index];
         let name = stream.name.clone();
         let mut pipe = redis::pipe();
@@ -261,7 +274,9 @@ impl GroupReader {
         })?;
         self.settings.stats.add_malformed(malformed);
         if self.raw.is_empty() {
-            self.streams[index].resync = false;
+            let stream = &mut self.streams[index];
+            stream.resync = false;
+            stream.recovered = true;
             return Ok(());
         }
         tracing::info!(
@@ -271,6 +286,66 @@ impl GroupReader {
         );
         // The counts were taken just before the read, which adds one.
         self.stage(index, 1).await
+    }
+
+    /// Re-reads, by id and without adding a delivery, the pending entries of
+    /// one stream that were delivered to this process (`XREADGROUP` would
+    /// count each re-read as one) but never reached it: their reply was
+    /// lost with a dropped call or connection.
+    async fn read_own_pending_uncounted(&mut self, index: usize, max: usize) -> Result<(), Error> {
+        let name = self.streams[index].name.clone();
+        let mut command = redis::cmd("XPENDING");
+        command.arg(&*name).arg(&*self.group);
+        match self.streams[index].decoded {
+            Some(id) => command.arg(After(id)),
+            None => command.arg("-"),
+        };
+        command.arg("+").arg(max).arg(&*self.settings.consumer);
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let pending: Value = command
+            .query_async(connection)
+            .await
+            .map_err(|error| connector.key_error(error, "XPENDING", &name))?;
+        self.pending.clear();
+        parse_pending(pending, &mut self.pending)?;
+        if self.pending.is_empty() {
+            self.streams[index].resync = false;
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for entry in &self.pending {
+            pipe.cmd("XRANGE").arg(&*name).arg(entry.id).arg(entry.id);
+        }
+        let (connection, _) = self.connection.get().await?;
+        let ranges: Vec<Value> = pipe
+            .query_async(connection)
+            .await
+            .map_err(|error| connector.key_error(error, "XRANGE", &name))?;
+        self.raw.clear();
+        let mut malformed = 0;
+        for (entry, range) in self.pending.iter().zip(ranges) {
+            let before = self.raw.len();
+            let skipped = parse_entries(range, "XRANGE", &mut self.raw)?;
+            malformed += skipped.malformed;
+            // Only a clean empty answer means the entry was trimmed or
+            // deleted while pending (and is acknowledged as such); one that
+            // could not be read leaves it pending, for a claim.
+            if self.raw.len() == before && skipped == Skipped::default() {
+                self.raw.push(RawEntry {
+                    id: entry.id,
+                    fields: None,
+                });
+            }
+        }
+        self.settings.stats.add_malformed(malformed);
+        tracing::info!(
+            stream = %name,
+            entries = self.raw.len(),
+            "re-reading entries delivered to this consumer whose reply was lost"
+        );
+        // Nothing was delivered again: the counts stand as they are.
+        self.stage(index, 0).await
     }
 
     /// Claims entries pending longer than `claim_min_idle` with any
@@ -499,7 +574,7 @@ impl GroupReader {
             let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
             match self.decoder.decode(&stream.name, entry.id, fields, attempt) {
                 Decoded::Message(message) => match self.settings.max_deliveries {
-                    Some(limit) if attempt > limit => self.staging.poison.push(Poison {
+                    Some(limit) if attempt > limit => self.staging.poison.push_back(Poison {
                         letter: DeadLetter::new(
                             message,
                             format!(
@@ -518,7 +593,7 @@ impl GroupReader {
                         self.staging.ready.push_back(message);
                     }
                 },
-                Decoded::MissingPayload(message) => self.staging.poison.push(Poison {
+                Decoded::MissingPayload(message) => self.staging.poison.push_back(Poison {
                     letter: DeadLetter::new(
                         message,
                         format!(
@@ -536,11 +611,7 @@ impl GroupReader {
         // dropped call starts after them (see the module docs of `source`).
         stream.decoded = newest;
         self.held.hold(index, &self.staged);
-        self.acknowledge_deleted(index).await?;
-        if !self.staging.poison.is_empty() {
-            self.staging.dead_letter(&self.sink).await;
-        }
-        Ok(())
+        self.acknowledge_deleted(index).await
     }
 
     /// Leaves the group if nothing is pending for this consumer, so that

@@ -20,7 +20,14 @@
 //!   exactly those that reached the PEL but not the source. Entries at or
 //!   before it were decoded and are either waiting in the source, with the
 //!   runtime, or (if the source itself is dropped) pending in Redis, where a
-//!   restart or a claim finds them.
+//!   restart or a claim finds them. Such a re-read fetches the entries by id
+//!   (`XRANGE`) rather than with `XREADGROUP`, which would count one more
+//!   delivery each time: calls dropped in a row must not push an entry that
+//!   no handler saw past `max_deliveries`.
+//! - An entry bound for the dead-letter stream stays in the source until its
+//!   write finished; a dropped call leaves it to the next one. The write is
+//!   idempotent (it does nothing once the original is acknowledged), so a
+//!   write whose reply was lost is not repeated as a second letter.
 //! - A broadcast read changes nothing on the server; the next read starts
 //!   after the last entry decoded.
 

@@ -19,7 +19,10 @@ pub(super) struct Poison {
 #[derive(Default)]
 pub(super) struct Staging {
     pub(super) ready: VecDeque<Message>,
-    pub(super) poison: Vec<Poison>,
+    /// Left here until its write finished, so that a call dropped midway
+    /// loses none: the next call writes it (again: the write is
+    /// idempotent).
+    pub(super) poison: VecDeque<Poison>,
 }
 
 impl Staging {
@@ -33,10 +36,20 @@ impl Staging {
     /// Writes the poison entries to the dead-letter stream. A failed write
     /// leaves its entry pending, to be claimed and tried again later.
     pub(super) async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
-        for poison in self.poison.drain(..) {
+        while let Some(poison) = self.poison.front() {
+            let written = sink.write_letter(&poison.letter, poison.with_payload).await;
+            let Some(poison) = self.poison.pop_front() else {
+                break;
+            };
             let metadata = poison.letter.message.metadata();
-            match sink.write_letter(&poison.letter, poison.with_payload).await {
-                Ok(id) => {
+            match written {
+                Ok(None) => tracing::debug!(
+                    stream = %metadata.source(),
+                    position = %metadata.position(),
+                    "entry already acknowledged (by an earlier write whose reply was lost); \
+                     no second dead letter"
+                ),
+                Ok(Some(id)) => {
                     sink.stats().add_dead_lettered(1);
                     tracing::warn!(
                     stream = %metadata.source(),
