@@ -1,13 +1,22 @@
 //! The app layer on the memory broker: routes under one shared budget,
 //! startup hooks that abort the start, a drain on a token, a stop at once,
 //! and a failing route named in the error.
+//!
+//! Waits for commits with `backend::testkit` (feature `testkit`, on with
+//! `--all-features` as the README's test command runs).
+#![cfg(feature = "testkit")]
+
+#[path = "support/eventually.rs"]
+mod eventually;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use eventually::eventually;
 use intake_core::app::{App, AppError, RouteOutcome};
+use intake_core::backend::testkit::{assert_committed, wait_until_committed};
 use intake_core::consumer::{Consumer, DeliveryOrder, SharedBudget};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message};
@@ -68,16 +77,8 @@ fn fill(broker: &MemoryBroker, topic: &str, count: usize) {
     }
 }
 
-/// Waits (bounded) until `condition` holds.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..2_000 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
+/// How long a test waits for a route to commit what it was given.
+const COMMITTED_WITHIN: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_together_stay_within_the_shared_budget_and_a_hot_route_leaves_room() {
@@ -130,10 +131,11 @@ async fn routes_together_stay_within_the_shared_budget_and_a_hot_route_leaves_ro
     // Let them all through: the budget turns over many times, waking the
     // route that waits for room each time the other frees some.
     gate.cancel();
-    eventually("both topics are consumed", || {
-        broker.lag("hot", "app").unwrap_or(1) == 0 && broker.lag("cold", "app").unwrap_or(1) == 0
-    })
-    .await;
+    for topic in ["hot", "cold"] {
+        wait_until_committed(&broker, topic, "app", COMMITTED_WITHIN)
+            .await
+            .expect("both topics are consumed");
+    }
     stop.cancel();
     let report = running.await.expect("join").expect("app");
 
@@ -205,10 +207,9 @@ async fn a_failed_startup_hook_consumes_nothing() {
             .expect("settings"),
     );
     let running = tokio::spawn(app.run_until(stop.clone()));
-    eventually("the next consumer committed everything", || {
-        broker.lag("orders", "billing").unwrap_or(1) == 0
-    })
-    .await;
+    wait_until_committed(&broker, "orders", "billing", COMMITTED_WITHIN)
+        .await
+        .expect("the next consumer committed everything");
     stop.cancel();
     let report = running.await.expect("join").expect("app");
     assert_eq!(
@@ -276,7 +277,7 @@ async fn a_token_drains_every_route_and_then_runs_the_shutdown_hooks() {
         3,
         "the hook ran after the drain"
     );
-    assert_eq!(broker.lag("orders", "billing").expect("lag"), 0);
+    assert_committed(&broker, "orders", "billing");
 }
 
 #[tokio::test]

@@ -11,11 +11,20 @@
 //! async fn backend() -> Option<MyBackend> { /* None: broker absent, skipped */ }
 //! intake_core::conformance_suite!(backend());
 //! ```
+//!
+//! Tests of a consumer or an app on the memory broker wait for its commits
+//! and read its dead letters with [`wait_until_committed`],
+//! [`assert_committed`] and [`dead_letters`].
 
 pub mod harness;
 pub mod hostile_server;
 pub mod memory_backend;
+pub mod memory_broker;
 pub mod scenarios;
+
+pub use memory_broker::{
+    CommitWaitError, Uncommitted, assert_committed, dead_letters, wait_until_committed,
+};
 
 use std::time::Duration;
 
