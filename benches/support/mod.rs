@@ -185,13 +185,26 @@ where
         .expect("the run succeeds")
 }
 
-/// Parses `--once N` (callgrind mode) and `--messages N`.
-struct Args {
-    once: Option<u64>,
-    messages: u64,
+/// Runs `work` and returns its result with the heap allocations made while it
+/// ran (on any thread), for benchmarks with a consume region of their own.
+pub fn allocations_during<R>(work: impl FnOnce() -> R) -> (R, u64) {
+    ALLOCATIONS.store(0, AtomicOrdering::Relaxed);
+    COUNTING.store(true, AtomicOrdering::Relaxed);
+    let result = work();
+    COUNTING.store(false, AtomicOrdering::Relaxed);
+    (result, ALLOCATIONS.load(AtomicOrdering::Relaxed))
 }
 
-fn args() -> Args {
+/// The command line: `--once N` (callgrind mode) and `--messages N`.
+pub struct Args {
+    /// Consume `N` messages once and exit (`benches/callgrind.sh`).
+    pub once: Option<u64>,
+    /// Messages of the timed runs (1,000,000 by default).
+    pub messages: u64,
+}
+
+/// Parses `--once N` (callgrind mode) and `--messages N`.
+pub fn args() -> Args {
     let mut args = Args {
         once: None,
         messages: 1_000_000,
