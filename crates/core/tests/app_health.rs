@@ -1,27 +1,20 @@
 //! Readiness and liveness of an app's routes on the memory broker, and the
 //! built-in listener that serves them.
 
+#[path = "support/eventually.rs"]
+mod eventually;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use eventually::eventually;
 use intake_core::app::{App, Health, HealthListener, HealthService, HealthSettings, Problem};
 use intake_core::consumer::{Consumer, DeliveryOrder};
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{HandlerError, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-
-/// Waits (bounded) until `condition` holds.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..2_000 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
 
 fn settings(stall_window: Duration) -> HealthSettings {
     HealthSettings {
