@@ -272,3 +272,52 @@ async fn a_broker_that_drops_every_new_consumer_at_once_is_reconnected_to_with_b
     drop(proxy);
     backend.cleanup().await;
 }
+
+#[tokio::test]
+async fn reachability_follows_a_broker_that_refuses_and_then_returns() {
+    let Some(backend) = AmqpBackend::connect_or_skip("reachability").await else {
+        return;
+    };
+    let queue = backend.classic_queue("reachability").await.unwrap();
+    let proxy = Proxy::start(broker_address()).await.unwrap();
+    let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
+        .queue(queue.as_str())
+        .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let reachability = source.reachability().expect("the source marks it");
+    let mut buffer = Vec::new();
+    let assigned = source.next(&mut buffer, 10).await.unwrap();
+    assert!(matches!(assigned, SourceEvent::Assigned(_)), "{assigned:?}");
+    assert_eq!(reachability.unreachable_for(), None);
+
+    // Every new connection is closed before its handshake: the broker is
+    // gone, and the source keeps reconnecting on its own.
+    proxy.set(Mode::CloseAfterFrames(0));
+    proxy.drop_connections();
+    let mut polls = 0;
+    tokio::time::timeout(HANG, async {
+        while reachability.unreachable_for().is_none() {
+            polls += 1;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut buffer, 10)).await;
+        }
+    })
+    .await
+    .expect("unreachable once a reconnect failed");
+
+    proxy.set(Mode::Relay);
+    tokio::time::timeout(HANG, async {
+        while reachability.unreachable_for().is_some() {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), source.next(&mut buffer, 10)).await;
+        }
+    })
+    .await
+    .expect("reachable again once a reconnect succeeded");
+    assert!(polls > 0);
+    drop(proxy);
+    backend.cleanup().await;
+}

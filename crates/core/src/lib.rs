@@ -104,6 +104,7 @@ pub mod message;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod observer;
+mod reachability;
 pub mod redact;
 pub mod retry;
 pub mod shutdown_scope;

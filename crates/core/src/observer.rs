@@ -62,6 +62,18 @@ pub trait ConsumerObserver: Send + Sync + 'static {
     /// backed off again without its outcome.
     fn on_probe_timeout(&self) {}
 
+    /// At every commit tick: how long the source has been unable to reach
+    /// its broker, `None` while it reaches it. Only sources that reconnect
+    /// on their own report this (see
+    /// [`Source::reachability`](crate::backend::Source::reachability));
+    /// for the others it is always `None`.
+    fn on_reachability(&self, _unreachable_for: Option<Duration>) {}
+
+    /// At every commit tick: the consumer-level backoff level (0: not
+    /// backing off; see
+    /// [`ConsumerBuilder::backoff`](crate::ConsumerBuilder::backoff)).
+    fn on_backoff(&self, _level: u32) {}
+
     /// When [`Source::next`](crate::backend::Source::next) failed: with the
     /// delay before the next attempt for an error that is retried (a
     /// [transient](crate::backend::SourceError::is_transient) one, while the

@@ -52,6 +52,17 @@ pub trait Source: Send + 'static {
         let _ = limits;
     }
 
+    /// Whether the source reaches its broker, for a source that reconnects
+    /// on its own instead of returning transient errors (see
+    /// [`Reachability`](crate::backend::Reachability)). Asked once, before
+    /// the first [`next`](Self::next); the runtime reads the mark at each
+    /// commit tick and reports it to the observer (health's readiness).
+    /// The default, `None`, suits a source whose failures reach the
+    /// runtime as errors.
+    fn reachability(&self) -> Option<crate::backend::Reachability> {
+        None
+    }
+
     /// Releases the connection after the final commit (leave the group,
     /// close the channel). Called once, at the end of a run.
     fn close(&mut self) -> impl Future<Output = Result<(), SourceError>> + Send {

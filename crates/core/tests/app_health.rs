@@ -21,6 +21,7 @@ fn settings(stall_window: Duration) -> HealthSettings {
         stall_window,
         rebalance_grace: Duration::ZERO,
         assignment_grace: Duration::from_secs(3_600),
+        ..HealthSettings::default()
     }
 }
 

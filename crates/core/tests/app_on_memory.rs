@@ -2,9 +2,8 @@
 //! startup hooks that abort the start, a drain on a token, a stop at once,
 //! and a failing route named in the error.
 //!
-//! Waits for commits with `backend::testkit` (feature `testkit`, on with
-//! `--all-features` as the README's test command runs).
-#![cfg(feature = "testkit")]
+//! Waits for commits with `backend::testkit` (core's own tests always have
+//! its `testkit` feature: see the dev-dependency in its manifest).
 
 #[path = "support/eventually.rs"]
 mod eventually;

@@ -113,6 +113,9 @@ pub(crate) struct ConnectionEvents {
     attempts: AtomicUsize,
     /// The reconnect backoff gave up.
     gave_up: AtomicBool,
+    /// Unreachable from a lost connection until the client connects again,
+    /// for readiness (the client reconnects on its own).
+    pub(crate) reachability: intake_core::backend::Reachability,
 }
 
 impl ConnectionEvents {
@@ -242,6 +245,7 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
             match event {
                 Event::Connected => {
                     events.attempts.store(0, Ordering::Release);
+                    events.reachability.reachable();
                     if events.lost.swap(false, Ordering::AcqRel) {
                         events.reconnected.fetch_add(1, Ordering::AcqRel);
                         events.notify.notify_waiters();
@@ -250,6 +254,7 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
                 }
                 Event::Disconnected => {
                     events.lost.store(true, Ordering::Release);
+                    events.reachability.unreachable();
                     tracing::warn!(%endpoint, "lost the connection to NATS; reconnecting with backoff");
                 }
                 Event::SlowConsumer(sid) => {

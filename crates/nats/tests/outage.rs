@@ -1,12 +1,14 @@
 //! Outages on a nats-server of the test's own (never the shared one): the
 //! server SIGKILLed and started again on its storage under a running
 //! consumer, a shutdown while it is down, a server that is not there at
-//! build time.
+//! build time. Readiness follows the outage: false while the server is
+//! down, true again once the client reconnected.
 
 mod support;
 
 use std::time::Duration;
 
+use intake_core::app::{Health, HealthSettings, Problem};
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::{Error, NatsSource};
 use support::own_server::OwnServer;
@@ -78,21 +80,43 @@ async fn a_server_killed_and_started_again_loses_nothing() {
         .expect("source");
     let acker = source.acker();
     let seen = Seen::default();
+    let health = Health::new(HealthSettings::default());
     let running = Running::start(
         Consumer::builder()
             .ordering(DeliveryOrder::Unordered)
-            .max_in_flight(64),
+            .max_in_flight(64)
+            .commit_interval(Duration::from_millis(50))
+            .observer(health.register("outage", None)),
         source,
         acker,
         recording(seen.clone()),
     );
+    health.started();
     wait_until("some progress", Duration::from_secs(30), || {
         seen.total() >= 300
     })
     .await;
+    wait_until("ready", Duration::from_secs(30), || health.is_ready()).await;
     server.kill().expect("SIGKILL the server");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The client reconnects on its own: readiness still sees the outage.
+    wait_until(
+        "not ready while the server is down",
+        Duration::from_secs(30),
+        || {
+            health.readiness().routes[0]
+                .1
+                .iter()
+                .any(|problem| matches!(problem, Problem::Unreachable { .. }))
+        },
+    )
+    .await;
     server.restart().expect("start it again");
+    wait_until(
+        "ready again after the restart",
+        Duration::from_secs(30),
+        || health.is_ready(),
+    )
+    .await;
     wait_until(
         "every message after the restart",
         Duration::from_secs(90),

@@ -4,13 +4,15 @@
 //! reconnect policy. The server is a `redis-server` of the test's own, on a
 //! port of its own, which the test kills (refused connections) or freezes
 //! with SIGSTOP (connections accepted, never answered); the shared server is
-//! never touched.
+//! never touched. Readiness follows such an outage: false while the server
+//! is down, true again once it is back.
 
 mod support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use intake_core::app::{App, Health, HealthSettings, Problem};
 use intake_core::{
     Consumer, HandlerError, Message,
     backend::{AckBatch, Acker, PartitionAck, Source},
@@ -58,7 +60,25 @@ impl OwnServer {
             .and_then(|listener| listener.local_addr())
             .map_err(|error| error.to_string())?
             .port();
-        let child = Command::new("redis-server")
+        Ok(Self {
+            child: Self::spawn(port)?,
+            port,
+            blackhole: None,
+        })
+    }
+
+    /// A new server on the port of the one that was killed, empty (nothing
+    /// is saved): a restart that lost the data.
+    fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.blackhole = None;
+        self.child = Self::spawn(self.port).expect("the server starts again");
+    }
+
+    /// A `redis-server` on `port`, once it listens.
+    fn spawn(port: u16) -> Result<Child, String> {
+        let mut child = Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -73,17 +93,14 @@ impl OwnServer {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|error| format!("cannot start redis-server: {error}"))?;
-        let server = Self {
-            child,
-            port,
-            blackhole: None,
-        };
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(server);
+                return Ok(child);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         Err("redis-server did not start listening".into())
     }
 
@@ -246,6 +263,82 @@ async fn a_consumer_stopped_during_an_outage_returns_from_run() {
             .expect("the run task")
             .expect("a stop is not a failure");
         assert_eq!(report.succeeded, 5);
+    }
+}
+
+#[tokio::test]
+async fn readiness_fails_while_the_server_is_down_and_returns_after_its_restart() {
+    let Some(mut server) = own_server_or_skip("readiness during an outage") else {
+        return;
+    };
+    let mut admin = server.admin().await;
+    produce(&mut admin, "orders", "before", 1).await;
+    let source = config(&server, "orders")
+        .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)))
+        .build()
+        .await
+        .expect("connect");
+    let acker = source.acker();
+    let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
+    let handler = tower::service_fn(move |message: Message| {
+        let _ = handled.send(message.payload().clone());
+        std::future::ready(Ok::<_, HandlerError>(()))
+    });
+    let health = Health::new(HealthSettings {
+        rebalance_grace: Duration::ZERO,
+        ..HealthSettings::default()
+    });
+    let stop = CancellationToken::new();
+    let app = App::new().health(health.clone()).route(
+        "orders",
+        Consumer::builder()
+            .commit_interval(Duration::from_millis(20))
+            .build(source, acker, handler)
+            .expect("consumer"),
+    );
+    let running = tokio::spawn(app.run_until(stop.clone()));
+    let first = tokio::time::timeout(HANG, handled_rx.recv()).await;
+    assert_eq!(first.expect("handled").expect("alive"), "before0");
+    eventually(&health, "ready", |health| health.is_ready()).await;
+
+    server.break_down(Outage::Killed);
+    eventually(&health, "not ready while the server is down", |health| {
+        matches!(
+            health.readiness().routes[0].1.as_slice(),
+            [Problem::Unreachable { .. }, ..]
+        )
+    })
+    .await;
+    assert!(health.is_live(), "an outage is a readiness matter");
+
+    server.restart();
+    let mut admin = server.admin().await;
+    produce(&mut admin, "orders", "after", 1).await;
+    let next = tokio::time::timeout(HANG, handled_rx.recv()).await;
+    assert_eq!(
+        next.expect("handled after the restart").expect("alive"),
+        "after0"
+    );
+    eventually(&health, "ready again", |health| health.is_ready()).await;
+    stop.cancel();
+    tokio::time::timeout(HANG, running)
+        .await
+        .expect("the app stops")
+        .expect("join")
+        .expect("a stop is not a failure");
+}
+
+/// Waits (within [`HANG`]) until `condition` holds, naming the readiness
+/// report when it never does.
+async fn eventually(health: &Health, what: &str, condition: impl Fn(&Health) -> bool) {
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !condition(health) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never {what}: {}",
+            health.readiness()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

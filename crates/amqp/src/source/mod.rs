@@ -24,7 +24,7 @@ use futures_util::{FutureExt, Stream, StreamExt};
 use intake_core::backend::{RevocationError, RevocationOutcome};
 use intake_core::{
     Message, PartitionKey,
-    backend::{Limits, Revocation, Source, SourceError, SourceEvent},
+    backend::{Limits, Reachability, Revocation, Source, SourceError, SourceEvent},
 };
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueBindOptions,
@@ -75,6 +75,10 @@ pub struct AmqpSource {
     prefetch: Prefetch,
     counters: SourceCounters,
     next_epoch: u32,
+    /// Unreachable from a failed reconnect until one succeeds, for
+    /// readiness: the source reconnects on its own, so the runtime sees no
+    /// error meanwhile.
+    reachability: Reachability,
 }
 
 enum State {
@@ -191,6 +195,7 @@ impl AmqpSource {
             prefetch: Prefetch::default(),
             counters: SourceCounters::default(),
             next_epoch: 2,
+            reachability: Reachability::new(),
         };
         source
             .pending
@@ -496,6 +501,7 @@ impl AmqpSource {
                 self.next_epoch = epoch.wrapping_add(1).max(1);
                 self.slot.install(epoch, session.channel.clone());
                 self.counters.reconnected();
+                self.reachability.reachable();
                 tracing::info!(
                     endpoint = self.settings.url.endpoint(),
                     queue = session.queue,
@@ -510,6 +516,7 @@ impl AmqpSource {
             }
             Err(error) => {
                 self.counters.reconnect_failed();
+                self.reachability.unreachable();
                 self.failures = self.failures.saturating_add(1);
                 let delay = if error.is_transient() {
                     self.settings.reconnect.delay(self.failures)
@@ -896,6 +903,11 @@ impl Source for AmqpSource {
     /// and later do not count it as a failed delivery), then closes the
     /// channel and the connection, within the
     /// [close timeout](AmqpSourceBuilder::close_timeout).
+    /// Unreachable from a failed reconnect until one succeeds.
+    fn reachability(&self) -> Option<Reachability> {
+        Some(self.reachability.clone())
+    }
+
     async fn close(&mut self) -> Result<(), SourceError> {
         self.slot.clear();
         let State::Live(session) = std::mem::replace(&mut self.state, State::Closed) else {

@@ -4,8 +4,13 @@
 //! - **Ready**: every route runs and is not stopping, has received an
 //!   assignment (or has waited longer than [`HealthSettings::assignment_grace`]
 //!   without one: a group with more members than partitions leaves some
-//!   with none), its last acknowledgement succeeded, and its source is not
-//!   failing (an error reported since the last tick that saw progress).
+//!   with none), its last acknowledgement succeeded, its source is not
+//!   failing (an error reported since the last tick that saw progress) and
+//!   reaches its broker (for a source that reconnects on its own, see
+//!   [`Reachability`](crate::backend::Reachability)), and it has not been
+//!   in consumer-level backoff, with no probe succeeding, for longer than
+//!   [`HealthSettings::backoff_grace`] (everything failing for that long
+//!   means this instance should get no traffic; a short backoff is normal).
 //! - **Live**: no partition is stalled. A partition stalls when it has
 //!   uncommitted work, its watermark has not moved for
 //!   [`HealthSettings::stall_window`], and its oldest unfinished message is
@@ -40,6 +45,9 @@ pub struct HealthSettings {
     /// How long a route may wait for its first assignment before it counts
     /// as ready without one. Default 60 s.
     pub assignment_grace: Duration,
+    /// How long a route may stay in consumer-level backoff before it stops
+    /// counting as ready. Default 60 s.
+    pub backoff_grace: Duration,
 }
 
 #[cfg(all(test, feature = "serde"))]
@@ -67,6 +75,7 @@ impl Default for HealthSettings {
             stall_window: Duration::from_secs(300),
             rebalance_grace: Duration::from_secs(60),
             assignment_grace: Duration::from_secs(60),
+            backoff_grace: Duration::from_secs(60),
         }
     }
 }
@@ -93,6 +102,11 @@ impl<'de> serde::Deserialize<'de> for HealthSettings {
         ) -> Result<Option<Duration>, D::Error> {
             duration(d, "assignment_grace")
         }
+        fn backoff_grace<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            duration(d, "backoff_grace")
+        }
 
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -103,6 +117,8 @@ impl<'de> serde::Deserialize<'de> for HealthSettings {
             rebalance_grace: Option<Duration>,
             #[serde(default, deserialize_with = "assignment_grace")]
             assignment_grace: Option<Duration>,
+            #[serde(default, deserialize_with = "backoff_grace")]
+            backoff_grace: Option<Duration>,
         }
 
         let raw = Raw::deserialize(deserializer)?;
@@ -111,6 +127,7 @@ impl<'de> serde::Deserialize<'de> for HealthSettings {
             stall_window: raw.stall_window.unwrap_or(defaults.stall_window),
             rebalance_grace: raw.rebalance_grace.unwrap_or(defaults.rebalance_grace),
             assignment_grace: raw.assignment_grace.unwrap_or(defaults.assignment_grace),
+            backoff_grace: raw.backoff_grace.unwrap_or(defaults.backoff_grace),
         })
     }
 }
@@ -148,6 +165,13 @@ struct RouteState {
     assignment_changed_at: Option<Instant>,
     ack_failing: bool,
     source_failing: bool,
+    /// Since when the source has not reached its broker, at the last tick.
+    unreachable_since: Option<Instant>,
+    /// Since when the consumer has been backing off without a successful
+    /// probe, at the last tick.
+    backing_off_since: Option<Instant>,
+    /// The backoff level at the last tick.
+    backoff_level: u32,
     partitions: HashMap<PartitionKey, PartitionProgress>,
 }
 
@@ -175,6 +199,17 @@ pub enum Problem {
     AcksFailing,
     /// Fetching fails.
     SourceFailing,
+    /// The source cannot reach its broker (it keeps reconnecting).
+    Unreachable {
+        /// How long it has not reached it.
+        since: Duration,
+    },
+    /// The consumer has been backing off (everything it handles fails)
+    /// for longer than the backoff grace.
+    BackingOff {
+        /// How long it has been backing off.
+        since: Duration,
+    },
     /// A partition's watermark has not moved for the stall window.
     Stalled {
         /// The partition.
@@ -192,6 +227,12 @@ impl std::fmt::Display for Problem {
             Problem::NoAssignment => f.write_str("no assignment yet"),
             Problem::AcksFailing => f.write_str("acknowledgements failing"),
             Problem::SourceFailing => f.write_str("fetching failing"),
+            Problem::Unreachable { since } => {
+                write!(f, "broker unreachable for {since:?}")
+            }
+            Problem::BackingOff { since } => {
+                write!(f, "backing off for {since:?}")
+            }
             Problem::Stalled { partition, since } => {
                 write!(f, "partition {partition} stalled for {since:?}")
             }
@@ -263,6 +304,9 @@ impl Health {
                 assignment_changed_at: None,
                 ack_failing: false,
                 source_failing: false,
+                unreachable_since: None,
+                backing_off_since: None,
+                backoff_level: 0,
                 partitions: HashMap::new(),
             }),
             inner,
@@ -308,6 +352,7 @@ impl Health {
         }
         let now = Instant::now();
         let grace = self.inner.settings.assignment_grace;
+        let backoff_grace = self.inner.settings.backoff_grace;
         self.report(|state| {
             let mut problems = Vec::new();
             match state.started_at {
@@ -323,6 +368,17 @@ impl Health {
                     }
                     if state.source_failing {
                         problems.push(Problem::SourceFailing);
+                    }
+                    if let Some(since) = state.unreachable_since {
+                        problems.push(Problem::Unreachable {
+                            since: now.saturating_duration_since(since),
+                        });
+                    }
+                    if let Some(since) = state.backing_off_since {
+                        let since = now.saturating_duration_since(since);
+                        if since >= backoff_grace {
+                            problems.push(Problem::BackingOff { since });
+                        }
                     }
                 }
             }
@@ -484,5 +540,29 @@ impl ConsumerObserver for RouteHealth {
             inner.on_source_error(error, retry_in);
         }
         lock(&self.state).source_failing = true;
+    }
+
+    fn on_reachability(&self, unreachable_for: Option<Duration>) {
+        if let Some(inner) = &self.inner {
+            inner.on_reachability(unreachable_for);
+        }
+        let now = Instant::now();
+        lock(&self.state).unreachable_since =
+            unreachable_for.map(|duration| now.checked_sub(duration).unwrap_or(now));
+    }
+
+    fn on_backoff(&self, level: u32) {
+        if let Some(inner) = &self.inner {
+            inner.on_backoff(level);
+        }
+        let mut state = lock(&self.state);
+        // A level that fell means a probe succeeded: the consumer recovers,
+        // even if it stays above 0 for want of messages to probe with.
+        if level == 0 || level < state.backoff_level {
+            state.backing_off_since = None;
+        } else if level > state.backoff_level && state.backing_off_since.is_none() {
+            state.backing_off_since = Some(Instant::now());
+        }
+        state.backoff_level = level;
     }
 }

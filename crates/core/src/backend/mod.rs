@@ -134,6 +134,7 @@
 pub use crate::acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use crate::dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink, envelope};
 pub use crate::message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use crate::reachability::Reachability;
 pub use crate::source::{
     Limits, Revocation, RevocationError, RevocationHandle, RevocationOutcome, RevokedPartition,
     Source, SourceError, SourceEvent,

@@ -109,7 +109,6 @@ impl BackoffGate {
     }
 
     /// How deep the backoff is (0 = normal).
-    #[cfg(test)]
     pub fn level(&self) -> u32 {
         self.level
     }

@@ -677,6 +677,12 @@ impl Source for NatsSource {
         }
     }
 
+    /// Unreachable from a lost connection until the client connects again
+    /// (it reconnects on its own, with the reconnect backoff).
+    fn reachability(&self) -> Option<intake_core::backend::Reachability> {
+        Some(self.connection.events.reachability.clone())
+    }
+
     async fn close(&mut self) -> Result<(), SourceError> {
         // Stop reporting progress: what is still held goes back now.
         self.progress = None;

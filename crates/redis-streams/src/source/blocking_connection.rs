@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use intake_core::backend::Reachability;
 use intake_core::{BackoffPolicy, Disabled};
 use redis::aio::MultiplexedConnection;
 
@@ -37,6 +38,8 @@ pub(crate) struct BlockingConnection {
     in_call: bool,
     /// Consecutive failures, for the backoff; reset by a command that worked.
     failures: u32,
+    /// Marked while the server cannot be reached, for readiness.
+    reachability: Reachability,
     stats: Arc<RedisStreamsStats>,
 }
 
@@ -58,12 +61,19 @@ impl BlockingConnection {
             abandoned: None,
             in_call: false,
             failures: 0,
+            reachability: Reachability::new(),
             stats,
         }
     }
 
     pub(crate) fn connector(&self) -> &Connector {
         &self.connector
+    }
+
+    /// Whether the server answers: unreachable from the first failed
+    /// attempt in a row until a command works again.
+    pub(crate) fn reachability(&self) -> &Reachability {
+        &self.reachability
     }
 
     /// The connection, reopened first if it was lost. The flag says whether
@@ -161,6 +171,7 @@ impl BlockingConnection {
     /// error back when the policy gives up.
     pub(crate) async fn back_off(&mut self, error: Error) -> Result<(), Error> {
         self.failures = self.failures.saturating_add(1);
+        self.reachability.unreachable();
         if self.policy.is_disabled() {
             return Err(error);
         }
@@ -187,6 +198,7 @@ impl BlockingConnection {
     /// Records that a command worked.
     pub(crate) fn succeeded(&mut self) {
         self.failures = 0;
+        self.reachability.reachable();
     }
 }
 

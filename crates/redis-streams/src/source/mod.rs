@@ -83,6 +83,9 @@ pub struct RedisStreamsSource {
     /// Resets the idle time of the entries this consumer holds; ends with
     /// the source.
     keep_alive: Option<tokio::task::AbortHandle>,
+    /// Whether the reading connection reaches the server (it reconnects on
+    /// its own, so the runtime sees no error during an outage).
+    reachability: intake_core::backend::Reachability,
 }
 
 impl Drop for RedisStreamsSource {
@@ -135,6 +138,7 @@ impl RedisStreamsSource {
             settings.stats.clone(),
         )
         .await;
+        let reachability = connection.reachability().clone();
         // The source's own dead letters (past `max_deliveries`, no payload
         // field).
         let sink = RedisDeadLetterSink::new(shared.clone(), &settings);
@@ -174,6 +178,7 @@ impl RedisStreamsSource {
             held,
             read_size: ReadSize::default(),
             keep_alive,
+            reachability,
         })
     }
 
@@ -265,6 +270,13 @@ impl Source for RedisStreamsSource {
     /// through `next`'s `max`, and a stream has no revocation to time.
     fn set_limits(&mut self, limits: Limits) {
         self.read_size.set_budget(limits.max_in_flight_bytes);
+    }
+
+    /// Unreachable from the first failed attempt to reach the server until
+    /// a command works again: the source reconnects with its own policy
+    /// (`reconnect`), and `next` waits meanwhile.
+    fn reachability(&self) -> Option<intake_core::backend::Reachability> {
+        Some(self.reachability.clone())
     }
 
     async fn close(&mut self) -> Result<(), SourceError> {

@@ -29,7 +29,8 @@ where
     H::Future: Send + 'static,
 {
     /// The commit tick: the next pass sends a batch, and the observer gets the
-    /// in-flight count and a snapshot of each partition.
+    /// in-flight count, a snapshot of each partition, whether the source
+    /// reaches its broker and the backoff level.
     pub(super) fn on_tick(&mut self) {
         self.flush_due = true;
         if self.acks.outstanding() > 0 {
@@ -42,6 +43,12 @@ where
             let now = Instant::now();
             let snapshots = self.partitions.snapshots(now);
             observer.on_partitions(&snapshots);
+            observer.on_reachability(
+                self.reachability
+                    .as_ref()
+                    .and_then(crate::backend::Reachability::unreachable_for),
+            );
+            observer.on_backoff(self.gate.level());
         }
     }
 

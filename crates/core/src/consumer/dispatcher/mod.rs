@@ -85,6 +85,7 @@ where
         settings.max_in_flight_bytes,
         settings.revoke_timeout,
     ));
+    let reachability = source.reachability();
     let ack_failures = Arc::new(AtomicUsize::new(0));
     let (acks, drain_acks) = ack_loop(
         acker,
@@ -101,6 +102,7 @@ where
             requeue,
             acks,
         );
+        dispatcher.reachability = reachability;
         let stop = dispatcher.drive(&mut source, shutdown.into_future()).await;
         // Every step from here on is bounded, whatever the broker does.
         let until = dispatcher.final_steps_deadline();
@@ -223,6 +225,9 @@ struct Dispatcher<H: Service<Message>> {
     fetch_retry_at: Option<Instant>,
     /// Fetch errors in a row (the reconnect policy's retry number).
     fetch_failures: u32,
+    /// The source's mark of whether it reaches its broker, if it keeps one
+    /// (reported at each tick).
+    reachability: Option<crate::backend::Reachability>,
     revocations: Vec<PendingRevocation>,
     /// How the run is ending, once it is.
     stop: Option<Stop>,
@@ -278,6 +283,7 @@ where
             timer: Timer::new(),
             fetch_retry_at: None,
             fetch_failures: 0,
+            reachability: None,
             revocations: Vec::new(),
             stop: None,
             failure: None,
