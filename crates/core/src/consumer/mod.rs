@@ -99,7 +99,14 @@ pub(crate) struct Settings {
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     pub(crate) observer: Option<Arc<dyn ConsumerObserver>>,
     pub(crate) shared_budget: Option<SharedBudget>,
+    /// Where `DeliveryOrder::Key` finds a message's key; `None`: the
+    /// broker's key field.
+    pub(crate) key_with: Option<KeyFn>,
 }
+
+/// A function that finds a message's ordering key (see
+/// [`ConsumerBuilder::key_with`]).
+pub(crate) type KeyFn = Arc<dyn for<'a> Fn(&'a Message) -> Option<&'a [u8]> + Send + Sync>;
 
 /// Builds a [`Consumer`]; every setting has a default that suits a
 /// production consumer.
@@ -123,6 +130,7 @@ impl std::fmt::Debug for ConsumerBuilder {
             .field("revoke_timeout", &settings.revoke_timeout)
             .field("probe_timeout", &settings.probe_timeout)
             .field("shared_budget", &settings.shared_budget)
+            .field("key_with", &settings.key_with.as_ref().map(|_| "fn"))
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +159,7 @@ impl Default for ConsumerBuilder {
                 ),
                 observer: None,
                 shared_budget: None,
+                key_with: None,
             },
         }
     }
@@ -190,6 +199,32 @@ impl ConsumerBuilder {
     /// [`DeliveryOrder::Partition`].
     pub fn ordering(mut self, ordering: DeliveryOrder) -> Self {
         self.settings.ordering = ordering;
+        self
+    }
+
+    /// Where [`DeliveryOrder::Key`] finds a message's key, for producers
+    /// that put it in a header or the payload rather than the broker's key
+    /// field (a Redis entry's fields, an AMQP message's headers). It borrows
+    /// from the message, so it costs no allocation; it runs once per
+    /// message, on the runtime's task, before the handler: keep it cheap. A
+    /// message it finds no key for runs unordered, counted in
+    /// [`RunReport::without_key`] and warned about once per run. Default: the
+    /// broker's key ([`Message::key`]).
+    ///
+    /// ```
+    /// use intake_core::consumer::{Consumer, DeliveryOrder};
+    ///
+    /// // One customer's orders in order, the customer in a header.
+    /// let builder = Consumer::builder()
+    ///     .ordering(DeliveryOrder::Key)
+    ///     .key_with(|message| message.headers().get("customer").map(|value| &value[..]));
+    /// # let _ = builder;
+    /// ```
+    pub fn key_with<F>(mut self, key: F) -> Self
+    where
+        F: for<'a> Fn(&'a Message) -> Option<&'a [u8]> + Send + Sync + 'static,
+    {
+        self.settings.key_with = Some(Arc::new(key));
         self
     }
 

@@ -76,6 +76,12 @@ pub struct RunReport {
     pub released_on_revoke: u64,
     /// Acknowledgement round trips that failed.
     pub ack_failures: u64,
+    /// Messages that ran unordered under [`DeliveryOrder::Key`](super::DeliveryOrder::Key)
+    /// because they had no key (none from the broker, or none that
+    /// [`ConsumerBuilder::key_with`](super::ConsumerBuilder::key_with)
+    /// found). Warned about once per run: ordering degrades silently
+    /// otherwise.
+    pub without_key: u64,
     /// The last committed position of each partition at the end of the run,
     /// as the broker confirmed it in the final commit.
     pub committed: Vec<(PartitionKey, Position)>,

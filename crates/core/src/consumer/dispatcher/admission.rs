@@ -68,7 +68,19 @@ where
         let lane = match self.settings.ordering {
             DeliveryOrder::Unordered => None,
             DeliveryOrder::Partition => Some(LaneId::Partition(partition)),
-            DeliveryOrder::Key => message.key().map(|key| self.lanes.key_lane(partition, key)),
+            DeliveryOrder::Key => {
+                let key = match &self.settings.key_with {
+                    Some(key_with) => key_with(&message),
+                    None => message.key().map(|key| &key[..]),
+                };
+                match key {
+                    Some(key) => Some(self.lanes.key_lane(partition, key)),
+                    None => {
+                        self.without_key(&message);
+                        None
+                    }
+                }
+            }
         };
         let bytes = message.byte_size();
         self.bytes.hold(bytes);
@@ -93,6 +105,23 @@ where
         }
         self.ready.push_back(slot);
         bytes
+    }
+
+    /// Counts a message that runs unordered in `Key` mode for want of a
+    /// key, and warns at the first: the ordering the user asked for does
+    /// not hold for it.
+    #[cold]
+    fn without_key(&mut self, message: &Message) {
+        self.report.without_key += 1;
+        if self.report.without_key == 1 {
+            tracing::warn!(
+                partition = %message.metadata().partition_key(),
+                position = %message.metadata().position(),
+                "a message without a key runs unordered under DeliveryOrder::Key (the run \
+                 report counts them in `without_key`); set ConsumerBuilder::key_with if the \
+                 key is in a header or the payload"
+            );
+        }
     }
 
     /// A partition the source announced as assigned. One still being
