@@ -220,6 +220,8 @@ macro_rules! conformance_suite {
             a_full_budget_still_sees_assignment_changes,
             an_unreachable_broker_is_an_error_without_its_password,
             broadcast_delivers_to_every_instance,
+            an_app_runs_two_routes_under_one_budget,
+            a_failed_startup_consumes_nothing,
         );
     };
     (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {
