@@ -1,7 +1,8 @@
 //! Real outages: an Apache Kafka broker of the test's own (on its own ports,
 //! in its own directory, through `.ci/services/kafka.sh`) stopped or killed
 //! under a running consumer and started again on the same storage. The
-//! consumer carries on and nothing is lost.
+//! consumer carries on and nothing is lost, and its reachability mark (what
+//! readiness reads) is down during the outage and up after it.
 //!
 //! Needs Java and the jars the script fetches; skipped with a printed reason
 //! when the shared broker is not there either (a machine without Kafka),
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use intake_core::backend::testkit::Backend;
 use intake_core::backend::testkit::harness::{Ledger, numbered};
+use intake_core::backend::{Reachability, Source};
 use support::consumer::TestConsumer;
 use support::own_broker::OwnBroker;
 use support::{KafkaBackend, unique};
@@ -30,12 +32,21 @@ async fn own_broker(test: &str, port: u16) -> Option<(OwnBroker, KafkaBackend)> 
     Some((broker, kafka))
 }
 
+/// Waits (bounded, blocking) until the source's mark says `unreachable`.
+fn wait_for(reachability: &Reachability, unreachable: bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while reachability.unreachable_for().is_some() != unreachable {
+        assert!(std::time::Instant::now() < deadline, "never {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs a consumer through `outage` (which takes the broker down and brings
 /// it back) while messages are produced before and after.
 async fn consumer_survives(
     test: &str,
     port: u16,
-    outage: impl FnOnce(&OwnBroker) -> Result<(), intake_core::BoxError> + Send + 'static,
+    outage: impl FnOnce(&OwnBroker, &Reachability) -> Result<(), intake_core::BoxError> + Send + 'static,
 ) {
     support::init_tracing();
     let Some((broker, kafka)) = own_broker(test, port).await else {
@@ -48,23 +59,24 @@ async fn consumer_survives(
         .await
         .expect("produce");
     let ledger = Ledger::default();
-    let consumer = TestConsumer::recording(
-        kafka
-            .source(&topic, &group)
-            // The outage lasts as long as the JVM takes to start again.
-            .connect_timeout(Duration::from_secs(30))
-            .build()
-            .await
-            .expect("source"),
-        &ledger,
-    );
+    let source = kafka
+        .source(&topic, &group)
+        // The outage lasts as long as the JVM takes to start again.
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .await
+        .expect("source");
+    let reachability = source.reachability().expect("the source marks it");
+    let consumer = TestConsumer::recording(source, &ledger);
     ledger
         .wait_for_all(100, "the messages before the outage")
         .await;
 
     // The consumer keeps running through the outage, as in production.
     let broker = tokio::task::spawn_blocking(move || {
-        outage(&broker).expect("the outage and the broker's return");
+        outage(&broker, &reachability).expect("the outage and the broker's return");
+        // Readiness learns that the broker is back without a message.
+        wait_for(&reachability, false, "reachable once the broker is back");
         broker
     })
     .await
@@ -87,8 +99,13 @@ async fn the_consumer_carries_on_after_a_broker_restart_and_loses_nothing() {
     consumer_survives(
         "the_consumer_carries_on_after_a_broker_restart_and_loses_nothing",
         19192,
-        |broker| {
+        |broker, reachability| {
             broker.stop()?;
+            wait_for(
+                reachability,
+                true,
+                "unreachable while the broker is stopped",
+            );
             broker.restart()
         },
     )
@@ -100,11 +117,12 @@ async fn the_consumer_carries_on_after_the_broker_is_killed_and_loses_nothing() 
     consumer_survives(
         "the_consumer_carries_on_after_the_broker_is_killed_and_loses_nothing",
         19292,
-        |broker| {
+        |broker, reachability| {
             broker.kill()?;
             // Down for a while, as a crashed broker is until its supervisor
             // notices: the consumer sees connection refusals meanwhile.
             std::thread::sleep(Duration::from_secs(3));
+            wait_for(reachability, true, "unreachable while the broker is down");
             broker.restart()
         },
     )

@@ -328,6 +328,7 @@ impl KafkaSourceBuilder {
             paused: false,
             reported_missing: Vec::new(),
             reset: OffsetReset::from_setting(settings.get("auto.offset.reset")),
+            last_reachability_probe: Instant::now(),
         };
         std::thread::Builder::new()
             .name("intake-kafka-poll".into())

@@ -128,6 +128,11 @@ pub(crate) struct Shared {
     /// Whether `connection_failure` holds one: read per polled batch, so
     /// that the lock is taken only when there is something to forget.
     connection_failed: AtomicBool,
+    /// Unreachable from librdkafka's "all brokers down" until the polling
+    /// thread hears from a broker again (a message, or its metadata probe),
+    /// for readiness: librdkafka reconnects on its own and the runtime sees
+    /// no error meanwhile.
+    pub(crate) reachability: intake_core::backend::Reachability,
 }
 
 impl Shared {
@@ -148,6 +153,7 @@ impl Shared {
             auth_reported: AtomicBool::new(false),
             connection_failure: Mutex::new(None),
             connection_failed: AtomicBool::new(false),
+            reachability: intake_core::backend::Reachability::new(),
         };
         shared.set_revoke_wait(RevokeWait::within(DEFAULT_REVOKE_WAIT, max_poll_interval).wait);
         shared
@@ -357,6 +363,9 @@ impl ClientContext for KafkaContext {
     /// user fixing the settings.
     fn error(&self, error: KafkaError, reason: &str) {
         let code = error.rdkafka_error_code();
+        if code == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.shared.reachability.unreachable();
+        }
         if code == Some(RDKafkaErrorCode::Fatal) {
             tracing::error!(%error, reason, "fatal kafka client error");
             self.shared

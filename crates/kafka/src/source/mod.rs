@@ -181,6 +181,12 @@ impl Source for KafkaSource {
         }
     }
 
+    /// Unreachable from librdkafka's "all brokers down" until a broker
+    /// answers again (librdkafka reconnects on its own).
+    fn reachability(&self) -> Option<intake_core::backend::Reachability> {
+        Some(self.shared.reachability.clone())
+    }
+
     async fn close(&mut self) -> Result<(), SourceError> {
         self.request_stop();
         if let Some(stopped) = self.stopped.take() {

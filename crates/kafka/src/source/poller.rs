@@ -34,6 +34,14 @@ const PAUSE_AFTER: Duration = Duration::from_millis(500);
 /// Bound on each broker query the watchdog makes.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often the polling thread asks whether a broker answers again while
+/// none does.
+const REACHABILITY_PROBE: Duration = Duration::from_secs(1);
+
+/// How long that question waits for an answer: the polling thread polls
+/// nothing meanwhile, and with every broker down there is nothing to poll.
+const REACHABILITY_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
 pub(crate) struct Poller {
     pub(crate) consumer: Arc<BaseConsumer<KafkaContext>>,
     pub(crate) shared: Arc<Shared>,
@@ -47,6 +55,9 @@ pub(crate) struct Poller {
     pub(crate) reported_missing: Vec<String>,
     /// Where a partition without a committed offset starts.
     pub(crate) reset: OffsetReset,
+    /// When the brokers were last asked whether one answers again, while
+    /// none did (see [`Poller::probe_reachability`]).
+    pub(crate) last_reachability_probe: Instant,
 }
 
 impl Poller {
@@ -56,6 +67,7 @@ impl Poller {
         while !self.shared.stop.load(Ordering::Acquire) {
             self.apply_backpressure();
             self.poll_batch();
+            self.probe_reachability();
             if let Some(idle) = self.watchdog.due(Instant::now())
                 && idle
             {
@@ -64,6 +76,27 @@ impl Poller {
         }
         self.close();
         self.consumer
+    }
+
+    /// While every broker is down (librdkafka said so), asks for the
+    /// cluster's metadata once a [`REACHABILITY_PROBE`] interval: an answer
+    /// means a broker is back, which an idle consumer would otherwise not
+    /// learn until a message arrived. Costs nothing while brokers answer.
+    fn probe_reachability(&mut self) {
+        if self.shared.reachability.unreachable_for().is_none()
+            || self.last_reachability_probe.elapsed() < REACHABILITY_PROBE
+        {
+            return;
+        }
+        self.last_reachability_probe = Instant::now();
+        if self
+            .consumer
+            .fetch_metadata(None, REACHABILITY_PROBE_TIMEOUT)
+            .is_ok()
+        {
+            tracing::info!(brokers = %self.shared.brokers, "a kafka broker answers again");
+            self.shared.reachability.reachable();
+        }
     }
 
     /// Pauses every assigned partition when the handoff is full and resumes
@@ -142,6 +175,7 @@ impl Poller {
         self.drop_revoked();
         if !self.batch.is_empty() {
             self.shared.forget_connection_failure();
+            self.shared.reachability.reachable();
         }
         self.watchdog.record(self.batch.len());
         self.shared.handoff.push_messages(&mut self.batch);
