@@ -4,27 +4,20 @@
 //! drain still runs) and a long rebalance (a stuck partition stays live
 //! within the rebalance grace).
 
+#[path = "support/eventually.rs"]
+mod eventually;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use eventually::eventually;
 use intake_core::app::{App, Health, HealthSettings, Problem};
 use intake_core::backend::{Limits, Reachability, Source, SourceError, SourceEvent};
 use intake_core::consumer::Consumer;
 use intake_core::memory::{MemoryBroker, MemorySource, Record};
 use intake_core::{Constant, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
-
-/// Waits (bounded) until `condition` holds.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..2_000 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
 
 fn settings() -> HealthSettings {
     HealthSettings {
