@@ -399,24 +399,19 @@ impl DeadLetterSink for KafkaDeadLetterSink {
             Err((
                 source @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
                 _,
-            )) => {
-                tracing::warn!(error = %source, dead_letter_topic = %topic, "the dead letter is larger than the topic takes");
-                Err(Error::DeadLetterTooLarge {
-                    topic,
-                    brokers: self.brokers.to_string(),
-                    source: Box::new(source),
-                }
-                .into())
+            )) => Err(Error::DeadLetterTooLarge {
+                topic,
+                brokers: self.brokers.to_string(),
+                source: Box::new(source),
             }
-            Err((source, _unsent)) => {
-                tracing::warn!(error = %source, dead_letter_topic = %topic, "dead-letter write failed; the original stays unacknowledged");
-                Err(Error::DeadLetterWrite {
-                    topic,
-                    brokers: self.brokers.to_string(),
-                    source: Box::new(source),
-                }
-                .into())
+            .into()),
+            // The dead-letter layer logs the failure, with this error.
+            Err((source, _unsent)) => Err(Error::DeadLetterWrite {
+                topic,
+                brokers: self.brokers.to_string(),
+                source: Box::new(source),
             }
+            .into()),
         }
     }
 }
