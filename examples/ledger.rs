@@ -54,6 +54,8 @@
 mod amqp;
 #[path = "ledger/args.rs"]
 mod args;
+#[path = "support/broker_url.rs"]
+mod broker_url;
 #[path = "ledger/effects.rs"]
 mod effects;
 #[path = "ledger/handler.rs"]
@@ -62,6 +64,8 @@ mod handler;
 mod journal;
 #[path = "ledger/kafka.rs"]
 mod kafka;
+#[path = "support/kafka_topics.rs"]
+mod kafka_topics;
 #[path = "ledger/nats.rs"]
 mod nats;
 #[path = "ledger/redis.rs"]

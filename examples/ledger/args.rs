@@ -13,71 +13,7 @@ usage:
 URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST
    | nats://[USER:PASS@]HOST:PORT";
 
-/// Which broker a URL names, with the address in the form its client wants.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Broker {
-    /// Kafka bootstrap servers, `HOST:PORT`.
-    Kafka { bootstrap: String },
-    /// The Redis URL as given.
-    Redis { url: String },
-    /// The AMQP URL, with an empty vhost spelled out as `%2f`.
-    Amqp { url: String },
-    /// The NATS URL as given.
-    Nats { url: String },
-}
-
-impl Broker {
-    pub fn parse(url: &str) -> Result<Self, UsageError> {
-        if let Some(bootstrap) = url.strip_prefix("kafka://") {
-            let bootstrap = bootstrap.trim_end_matches('/');
-            if bootstrap.is_empty() {
-                return Err(UsageError::new("--broker kafka:// needs HOST:PORT"));
-            }
-            Ok(Broker::Kafka {
-                bootstrap: bootstrap.to_owned(),
-            })
-        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-            Ok(Broker::Redis {
-                url: url.to_owned(),
-            })
-        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
-            // lapin reads an empty path as the vhost "", which RabbitMQ does
-            // not have; the interface promises that empty means "/".
-            let authority_start = url.find("://").map_or(0, |at| at + 3);
-            let authority_end = url[authority_start..]
-                .find('/')
-                .map(|at| at + authority_start);
-            let url = match authority_end {
-                None => format!("{url}/%2f"),
-                Some(slash) if url[slash + 1..].is_empty() => format!("{url}%2f"),
-                Some(_) => url.to_owned(),
-            };
-            Ok(Broker::Amqp { url })
-        } else if url.starts_with("nats://") || url.starts_with("tls://") {
-            Ok(Broker::Nats {
-                url: url.to_owned(),
-            })
-        } else {
-            Err(UsageError::new(
-                "--broker must start with kafka://, redis://, amqp:// or nats://",
-            ))
-        }
-    }
-
-    /// The URL without credentials, for logs.
-    pub fn endpoint(&self) -> String {
-        let strip = |url: &str| match (url.find("://"), url.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}{}", &url[..scheme + 3], &url[at + 1..])
-            }
-            _ => url.to_owned(),
-        };
-        match self {
-            Broker::Kafka { bootstrap } => format!("kafka://{bootstrap}"),
-            Broker::Redis { url } | Broker::Amqp { url } | Broker::Nats { url } => strip(url),
-        }
-    }
-}
+pub use crate::broker_url::Broker;
 
 #[derive(Debug)]
 pub struct Produce {
@@ -208,7 +144,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
         "produce" => {
             let flags = Flags::parse(args, &["--broker", "--source", "--count", "--partitions"])?;
             Ok(Command::Produce(Produce {
-                broker: Broker::parse(flags.required("--broker")?)?,
+                broker: Broker::parse(flags.required("--broker")?).map_err(UsageError::new)?,
                 source: flags.required("--source")?.to_owned(),
                 count: flags
                     .number("--count")?
@@ -233,7 +169,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                 ],
             )?;
             Ok(Command::Consume(Consume {
-                broker: Broker::parse(flags.required("--broker")?)?,
+                broker: Broker::parse(flags.required("--broker")?).map_err(UsageError::new)?,
                 source: flags.required("--source")?.to_owned(),
                 group: flags.required("--group")?.to_owned(),
                 ledger: flags.required("--ledger")?.to_owned(),

@@ -6,8 +6,6 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use intake::kafka::rdkafka::ClientConfig;
-use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use intake::kafka::rdkafka::client::DefaultClientContext;
 use intake::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -39,28 +37,10 @@ fn with_env(mut settings: KafkaSettings) -> Result<KafkaSettings, BoxError> {
 }
 
 /// Creates `topic` with `partitions` partitions unless it exists (with
-/// whatever partition count it has).
+/// whatever partition count it has), with the environment's settings.
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), BoxError> {
-    let admin: AdminClient<DefaultClientContext> = with_env(KafkaSettings::new(bootstrap))?
-        .client_config()
-        .create()?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(
-                topic,
-                partitions,
-                TopicReplication::Fixed(-1),
-            )],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => return Err(format!("creating topic {topic}: {code}").into()),
-        }
-    }
-    Ok(())
+    let settings = with_env(KafkaSettings::new(bootstrap))?;
+    crate::kafka_topics::create_topic(&settings, topic, partitions).await
 }
 
 /// Most deliveries awaited at once: bounds memory, and stays below

@@ -26,6 +26,18 @@ pub fn init_logging(default: &str) {
         .init();
 }
 
+/// Logs to stderr at `default` levels (`RUST_LOG` overrides them), for
+/// examples whose stdout is read by a program (a test, a script).
+pub fn init_logging_on_stderr(default: &str) {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default.into()),
+        )
+        .init();
+}
+
 /// How many orders [`example_orders`] produces.
 pub const ORDERS: u64 = 5;
 
