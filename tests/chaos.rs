@@ -2,7 +2,10 @@
 //! brokers while this suite SIGKILLs it, breaks its connections or restarts
 //! its broker, and then checks the ledger it wrote: every produced id
 //! handled at least once (docs/CONTRACT.md: at-least-once through crashes,
-//! §5, and broker outages, §9), duplicates counted.
+//! §5, and broker outages, §9), duplicates counted. A rolling restart
+//! (SIGTERM and replace each of three group members in turn while messages
+//! keep arriving, §4) must lose nothing either; its duplicates are counted
+//! apart, those of the graceful handovers and the others.
 //!
 //! One test per backend runs its scenarios one after the other: they would
 //! only fight over the cores, and the Kafka broker restart must not overlap
@@ -19,7 +22,7 @@
 mod chaos_support;
 
 use chaos_support::backends::Backend;
-use chaos_support::scenarios::{self, Kills};
+use chaos_support::scenarios::{self, Kills, Rolling};
 use intake_core::backend::testkit::skip_or_fail as skip;
 
 /// The figures: 50,000 messages, at least ten kills.
@@ -34,6 +37,17 @@ const KILLS: Kills = Kills {
 const FAULT_MESSAGES: u64 = 20_000;
 const FAULTS: u32 = 3;
 const TWO_CONSUMER_MESSAGES: u64 = 20_000;
+/// Three instances, each replaced once, while 5,000 ids a second arrive
+/// (about 10 s on Kafka, whose group rebalances at each stop and start);
+/// each new instance handles 2,000 ids before the next stop. Every 13th
+/// first attempt fails, so retries are waiting in backoff when the SIGTERMs
+/// land.
+const ROLLING: Rolling = Rolling {
+    instances: 3,
+    per_second: 5_000,
+    progress: 2_000,
+    fail_every: Some(13),
+};
 /// Exactly-once effects: a transaction per message is slower, and five
 /// kills already leave redeliveries to dedupe.
 const EFFECTS: Kills = Kills {
@@ -62,6 +76,7 @@ fn kafka_loses_nothing_to_kills_a_broker_restart_or_a_killed_group_member() {
     };
     scenarios::sigkill_restarts(test, kafka, KILLS);
     scenarios::two_consumers_one_killed(test, kafka, TWO_CONSUMER_MESSAGES);
+    scenarios::rolling_restart(test, kafka, ROLLING);
     // The broker is down for a while: nothing else on Kafka runs meanwhile.
     scenarios::broker_faults(test, kafka, FAULT_MESSAGES, 1);
 }
@@ -75,6 +90,7 @@ fn redis_loses_nothing_to_kills_killed_connections_or_a_killed_group_member() {
     scenarios::sigkill_restarts(test, redis, KILLS);
     scenarios::broker_faults(test, redis, FAULT_MESSAGES, FAULTS);
     scenarios::two_consumers_one_killed(test, redis, TWO_CONSUMER_MESSAGES);
+    scenarios::rolling_restart(test, redis, ROLLING);
     scenarios::sigkill_restarts(test, redis, EFFECTS);
 }
 
@@ -87,6 +103,7 @@ fn amqp_loses_nothing_to_kills_closed_connections_or_a_killed_consumer() {
     scenarios::sigkill_restarts(test, amqp, KILLS);
     scenarios::broker_faults(test, amqp, FAULT_MESSAGES, FAULTS);
     scenarios::two_consumers_one_killed(test, amqp, TWO_CONSUMER_MESSAGES);
+    scenarios::rolling_restart(test, amqp, ROLLING);
     scenarios::sigkill_restarts(test, amqp, EFFECTS);
 }
 
@@ -98,6 +115,7 @@ fn nats_loses_nothing_to_kills_a_server_crash_or_a_killed_group_member() {
     };
     scenarios::sigkill_restarts(test, nats, KILLS);
     scenarios::two_consumers_one_killed(test, nats, TWO_CONSUMER_MESSAGES);
+    scenarios::rolling_restart(test, nats, ROLLING);
     // A server of the scenario's own, SIGKILLed and started again.
     scenarios::broker_faults(test, nats, FAULT_MESSAGES, FAULTS);
     scenarios::sigkill_restarts(test, nats, EFFECTS);

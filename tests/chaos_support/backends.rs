@@ -385,7 +385,7 @@ impl Drop for Frozen {
 }
 
 /// `kill -SIGNAL pid` (std only sends SIGKILL).
-fn send_signal(pid: u32, signal: &str) -> Result<(), String> {
+pub fn send_signal(pid: u32, signal: &str) -> Result<(), String> {
     let status = Command::new("kill")
         .arg(signal)
         .arg(pid.to_string())

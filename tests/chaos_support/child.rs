@@ -142,6 +142,15 @@ impl ChildProcess {
         Ok(())
     }
 
+    /// SIGTERM: a graceful stop, as Kubernetes starts one. `Err` if it had
+    /// already exited on its own. Wait for it with
+    /// [`expect_clean_exit`](Self::expect_clean_exit).
+    pub fn sigterm(&mut self) -> Result<(), String> {
+        self.check_running()?;
+        super::backends::send_signal(self.pid(), "-TERM")
+            .map_err(|error| format!("cannot SIGTERM {}: {error}", self.label))
+    }
+
     /// Waits for the process to exit on its own, SIGKILLing it (and failing)
     /// after `timeout`: a consumer that never goes idle must not hang the
     /// suite.

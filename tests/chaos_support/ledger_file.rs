@@ -159,6 +159,94 @@ impl Progress {
     }
 }
 
+/// A graceful stop in a rolling restart: which ledger file the stopped
+/// instance wrote, and how long every ledger file was when it was sent
+/// SIGTERM (a line starting at or past that length was written after).
+#[derive(Clone, Debug)]
+pub struct GracefulStop {
+    /// Index of the stopped instance's file in the files attributed.
+    pub stopped: usize,
+    /// Length of each file, by index, when SIGTERM was sent.
+    pub lengths_at_sigterm: Vec<u64>,
+}
+
+/// Duplicate deliveries (lines beyond the first per id) by cause.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DuplicateCauses {
+    /// Per graceful stop, in order: lines of ids the stopped instance had
+    /// handled, written by another instance after the stop's SIGTERM. The
+    /// stop handed them over although the stopped instance had handled
+    /// them: the handover repeated them.
+    pub per_stop: Vec<u64>,
+    /// Every other duplicate: one instance handling an id twice, or two
+    /// instances that were not stopping (a rebalance when one joins).
+    pub other: u64,
+}
+
+impl DuplicateCauses {
+    /// Duplicates attributed to graceful stops, all together.
+    pub fn handover(&self) -> u64 {
+        self.per_stop.iter().sum()
+    }
+
+    /// Attributes the duplicate deliveries in `files` (one per instance;
+    /// ids `0..produced`) to the graceful `stops`.
+    pub fn attribute(
+        files: &[PathBuf],
+        stops: &[GracefulStop],
+        produced: u64,
+    ) -> Result<Self, String> {
+        // Each id's lines as (file, offset of the line's start).
+        let mut lines: Vec<Vec<(usize, u64)>> =
+            vec![Vec::new(); usize::try_from(produced).expect("fits memory")];
+        for (index, file) in files.iter().enumerate() {
+            let text = match fs::read(file) {
+                Ok(text) => text,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(format!("cannot read {}: {error}", file.display())),
+            };
+            let mut offset = 0_u64;
+            for line in text.split_inclusive(|&byte| byte == b'\n') {
+                let id = line.split(|&byte| byte == b'\t').next().unwrap_or_default();
+                let id = std::str::from_utf8(id)
+                    .ok()
+                    .and_then(|id| id.parse::<usize>().ok());
+                // Torn and foreign lines are LedgerStats' business.
+                if line.ends_with(b"\n")
+                    && let Some(handled) = id.and_then(|id| lines.get_mut(id))
+                {
+                    handled.push((index, offset));
+                }
+                offset += line.len() as u64;
+            }
+        }
+        let mut causes = Self {
+            per_stop: vec![0; stops.len()],
+            other: 0,
+        };
+        for handled in lines.iter().filter(|handled| handled.len() > 1) {
+            let extra = handled.len() as u64 - 1;
+            let mut by_stops = 0;
+            for &(file, offset) in handled {
+                let stop = stops.iter().position(|stop| {
+                    stop.stopped != file
+                        && handled.iter().any(|&(other, _)| other == stop.stopped)
+                        // A file that is not in the list did not exist yet.
+                        && offset >= stop.lengths_at_sigterm.get(file).copied().unwrap_or(0)
+                });
+                if let Some(stop) = stop
+                    && by_stops < extra
+                {
+                    causes.per_stop[stop] += 1;
+                    by_stops += 1;
+                }
+            }
+            causes.other += extra - by_stops;
+        }
+        Ok(causes)
+    }
+}
+
 /// Ends a line a SIGKILL cut short, so that the next run's first line does
 /// not glue onto it (which would turn a good line into a torn one and hide
 /// its id). Called between runs, while no process writes the file.
@@ -200,6 +288,41 @@ mod tests {
         assert_eq!(stats.torn_lines, 1);
         assert_eq!(stats.foreign_ids, vec!["9".to_owned()]);
         assert_eq!(stats.lines, 6);
+    }
+
+    #[test]
+    fn duplicates_after_a_sigterm_of_ids_the_stopped_instance_handled_are_the_handovers() {
+        let dir =
+            std::env::temp_dir().join(format!("intake-chaos-handover-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let (stopped, survivor, replacement) =
+            (dir.join("a.tsv"), dir.join("b.tsv"), dir.join("c.tsv"));
+        // The stopped instance handled 0, 1 and 2, and 3 twice itself.
+        fs::write(&stopped, "0\t0\t0\n1\t0\t1\n2\t0\t2\n3\t0\t3\n3\t0\t3\n").expect("write");
+        // Before the SIGTERM the survivor handled 4 and 2 (a rebalance);
+        // after it, 0 again.
+        let before = "4\t1\t0\n2\t0\t2\n";
+        fs::write(&survivor, format!("{before}0\t0\t0\n")).expect("write");
+        // The replacement started after the SIGTERM: 1 again, and 4.
+        fs::write(&replacement, "1\t0\t1\n4\t1\t0\n").expect("write");
+        let stop = GracefulStop {
+            stopped: 0,
+            // The replacement's file came after the SIGTERM.
+            lengths_at_sigterm: vec![30, before.len() as u64],
+        };
+        let causes = DuplicateCauses::attribute(&[stopped, survivor, replacement], &[stop], 5)
+            .expect("attribute");
+        fs::remove_dir_all(&dir).expect("clean up");
+        // 0 and 1 after the stop; 2 before it, 3 within one instance and 4
+        // between two instances that were not stopping.
+        assert_eq!(
+            causes,
+            DuplicateCauses {
+                per_stop: vec![2],
+                other: 3
+            }
+        );
+        assert_eq!(causes.handover(), 2);
     }
 
     #[test]

@@ -16,3 +16,4 @@ pub mod own_nats;
 pub mod scenarios;
 pub mod seed;
 pub mod sockets;
+pub mod trickle;

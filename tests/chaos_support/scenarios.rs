@@ -15,11 +15,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::backends::Backend;
 use super::child::{ChildProcess, RunCounts};
 use super::effects_db::{self, EffectsStats};
-use super::ledger_file::{LedgerStats, Progress, end_torn_line};
+use super::ledger_file::{DuplicateCauses, GracefulStop, LedgerStats, Progress, end_torn_line};
 use super::ledger_program::{self, Consume};
 use super::own_broker::OwnBroker;
 use super::own_nats::OwnServer;
 use super::seed::{SplitMix64, suite_seed};
+use super::trickle::Trickle;
 use intake_core::backend::testkit::skip_or_fail as skip;
 
 /// A consumer that will be killed must not exit first; it never idles this
@@ -457,6 +458,148 @@ pub fn two_consumers_one_killed(test: &'static str, backend: Backend, messages: 
         ));
     }
     scenario.pass();
+}
+
+/// The rolling restart's parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct Rolling {
+    /// Instances in the group at any time.
+    pub instances: usize,
+    /// Ids a second the producer sends throughout.
+    pub per_second: u64,
+    /// Distinct ids each new instance must handle (in its own ledger)
+    /// before the next one is stopped: it has joined and got work.
+    pub progress: u64,
+    /// `--fail-every`: retries waiting in backoff when a SIGTERM lands,
+    /// work the drain must finish.
+    pub fail_every: Option<u32>,
+}
+
+/// How long a SIGTERMed instance may take to drain and exit: the ledger's
+/// shutdown deadline (10 s) and the Kafka client's close (5 s), plus room
+/// on a busy machine. A graceful stop never took close to it.
+const GRACEFUL_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A rolling restart as Kubernetes does it: `instances` consumers in one
+/// group (one Kafka group, one Redis consumer group, one AMQP queue, one
+/// NATS durable consumer) while a producer keeps producing; one at a time,
+/// an instance is SIGTERMed, must drain and exit 0, and its replacement
+/// must handle messages before the next one goes. Then the producer stops,
+/// the group catches up, and every instance is SIGTERMed.
+///
+/// Nothing may be lost. Duplicates are counted and attributed: those of ids
+/// a stopped instance had handled, handled again by another after its
+/// SIGTERM, are the handover's (a graceful stop finishes and commits what
+/// it started, so the goal is none); the rest come from elsewhere (a
+/// rebalance when the replacement joins, one instance handling an id twice).
+pub fn rolling_restart(test: &'static str, backend: Backend, plan: Rolling) {
+    let scenario = Scenario::new(test, backend, "rolling-restart");
+    // Creates the topic, queue or stream; the trickle fills it.
+    scenario.produce(0);
+    let mut trickle = Trickle::start(backend, &scenario.url, &scenario.source, plan.per_second);
+    // Progress follows ids below this: ten minutes of producing.
+    let ids_bound = plan.per_second * 600;
+
+    // One ledger per instance, replacements included: the file says who
+    // handled what.
+    let consume = |ledger: &Path| Consume {
+        fail_every: plan.fail_every,
+        ..scenario.consume(ledger, NEVER_IDLE_EXIT)
+    };
+    let mut ledgers = Vec::new();
+    let mut slots = Vec::new();
+    for _ in 0..plan.instances {
+        let index = ledgers.len();
+        let ledger = scenario.ledger(&format!("instance-{}", index + 1));
+        let child = scenario.spawn(&consume(&ledger), &format!("instance-{}", index + 1));
+        ledgers.push(ledger);
+        slots.push((index, child));
+    }
+    for (index, child) in &mut slots {
+        let mut own = Progress::new(&ledgers[*index..=*index], ids_bound);
+        scenario.check(child.wait_for_progress(&mut own, plan.progress, PROGRESS_TIMEOUT));
+    }
+
+    let mut stops = Vec::new();
+    let mut drains = Vec::new();
+    let mut takeovers = Vec::new();
+    for slot in 0..plan.instances {
+        let lengths_at_sigterm = ledgers.iter().map(|file| file_length(file)).collect();
+        let stopped = slots[slot].0;
+        stops.push(GracefulStop {
+            stopped,
+            lengths_at_sigterm,
+        });
+        let sent = Instant::now();
+        scenario.check(slots[slot].1.sigterm());
+        scenario.check(slots[slot].1.expect_clean_exit(GRACEFUL_EXIT_TIMEOUT));
+        drains.push(sent.elapsed());
+
+        let index = ledgers.len();
+        let ledger = scenario.ledger(&format!("instance-{}", index + 1));
+        let started = Instant::now();
+        let mut replacement = scenario.spawn(&consume(&ledger), &format!("instance-{}", index + 1));
+        ledgers.push(ledger);
+        let mut own = Progress::new(&ledgers[index..=index], ids_bound);
+        scenario.check(replacement.wait_for_progress(&mut own, plan.progress, PROGRESS_TIMEOUT));
+        takeovers.push(started.elapsed());
+        slots[slot] = (index, replacement);
+        for (_, child) in &mut slots {
+            scenario.check(child.check_running());
+        }
+        scenario.check(trickle.confirmed().map(drop));
+    }
+
+    let produced = scenario.check(trickle.stop());
+    // The group catches up: what stopped instances had fetched and not
+    // started comes back to the others (at once, or after the claim delay
+    // or ack_wait).
+    let mut all = Progress::new(&ledgers, produced);
+    let (_, first) = &mut slots[0];
+    scenario.check(first.wait_for_progress(&mut all, produced, DRAIN_TIMEOUT));
+    for (_, child) in &mut slots {
+        scenario.check(child.sigterm());
+    }
+    for (_, child) in &mut slots {
+        scenario.check(child.expect_clean_exit(GRACEFUL_EXIT_TIMEOUT));
+    }
+
+    let stats = scenario.read_ledgers(&ledgers, produced);
+    let causes = scenario.check(DuplicateCauses::attribute(&ledgers, &stops, produced));
+    let seconds = |times: &[Duration]| {
+        times
+            .iter()
+            .map(|time| format!("{:.1}", time.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    println!(
+        "chaos {} rolling-restart: produced={produced} instances={} restarts={} lost={} \
+         duplicate_deliveries={} duplicated_ids={} handover_duplicates={} per_restart={:.1} \
+         by_restart={:?} other_duplicates={} drains_s=[{}] takeovers_s=[{}] elapsed={}s \
+         seed={:#x}",
+        backend.name(),
+        plan.instances,
+        stops.len(),
+        stats.lost(),
+        stats.duplicate_deliveries,
+        stats.duplicated_ids,
+        causes.handover(),
+        causes.handover() as f64 / stops.len() as f64,
+        causes.per_stop,
+        causes.other,
+        seconds(&drains),
+        seconds(&takeovers),
+        scenario.elapsed_secs(),
+        scenario.seed
+    );
+    scenario.assert_nothing_lost(&stats);
+    scenario.pass();
+}
+
+/// The length of `file` now (0 if it does not exist yet).
+fn file_length(file: &Path) -> u64 {
+    fs::metadata(file).map_or(0, |metadata| metadata.len())
 }
 
 fn counts_text(counts: RunCounts) -> String {
