@@ -53,7 +53,9 @@ const DIRECT_PARTITIONS: u32 = 1 << 16;
 /// Assigned partitions' ids, a table per source indexed by partition
 /// number. A consumer reads one source or a few: the first source seen has
 /// its table in place (the per-message path is a pointer compare and an
-/// index), any other source's table is found by a linear search.
+/// index), any other source's table is found by a linear search. (One
+/// `Vec` of tables, the first checked first, reads simpler but cost 26
+/// instructions per message in `pipeline_bytes`.)
 #[derive(Default)]
 struct PartitionIds {
     first: Option<(SourceName, Vec<Option<PartitionId>>)>,
@@ -82,27 +84,23 @@ impl PartitionIds {
         if key.partition >= DIRECT_PARTITIONS {
             return;
         }
-        let table = match self
-            .first
-            .iter_mut()
-            .chain(&mut self.others)
-            .position(|(name, _)| **name == *key.source)
-        {
-            Some(0) if self.first.is_some() => self.first.as_mut().map(|(_, ids)| ids),
-            Some(index) => {
-                let offset = usize::from(self.first.is_some());
-                self.others.get_mut(index - offset).map(|(_, ids)| ids)
-            }
-            None if id.is_none() => None,
-            None if self.first.is_none() => {
+        let source = &*key.source;
+        let in_first = matches!(&self.first, Some((name, _)) if **name == *source);
+        let other = self.others.iter().position(|(name, _)| **name == *source);
+        let ids = match (in_first, other) {
+            (true, _) => self.first.as_mut().map(|(_, ids)| ids),
+            (false, Some(index)) => self.others.get_mut(index).map(|(_, ids)| ids),
+            // Nothing to forget for a source never seen.
+            (false, None) if id.is_none() => None,
+            (false, None) if self.first.is_none() => {
                 Some(&mut self.first.insert((key.source.clone(), Vec::new())).1)
             }
-            None => {
+            (false, None) => {
                 self.others.push((key.source.clone(), Vec::new()));
                 self.others.last_mut().map(|(_, ids)| ids)
             }
         };
-        let Some(ids) = table else {
+        let Some(ids) = ids else {
             return;
         };
         let slot = key.partition as usize;
