@@ -15,9 +15,18 @@ use eventually::eventually;
 use intake_core::app::{App, Health, HealthSettings, Problem};
 use intake_core::backend::{Limits, Reachability, Source, SourceError, SourceEvent};
 use intake_core::consumer::Consumer;
-use intake_core::memory::{MemoryBroker, MemorySource, Record};
+use intake_core::memory::{MemoryAcker, MemoryBroker, MemorySource, Record};
 use intake_core::{Constant, HandlerError, Message};
 use tokio_util::sync::CancellationToken;
+
+/// A memory broker with an `orders` topic of `partitions`, and a member
+/// of group `billing` on it.
+fn orders(partitions: u32) -> (MemoryBroker, MemorySource, MemoryAcker) {
+    let broker = MemoryBroker::new();
+    broker.create_topic("orders", partitions).expect("topic");
+    let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
+    (broker, source, acker)
+}
 
 fn settings() -> HealthSettings {
     HealthSettings {
@@ -58,9 +67,7 @@ impl Source for Reconnecting {
 
 #[tokio::test]
 async fn a_source_that_cannot_reach_its_broker_makes_the_route_unready() {
-    let broker = MemoryBroker::new();
-    broker.create_topic("orders", 1).expect("topic");
-    let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
+    let (broker, source, acker) = orders(1);
     let reachability = Reachability::new();
     let source = Reconnecting {
         inner: source,
@@ -100,9 +107,7 @@ async fn a_source_that_cannot_reach_its_broker_makes_the_route_unready() {
 
 #[tokio::test]
 async fn a_consumer_backing_off_longer_than_the_grace_is_not_ready() {
-    let broker = MemoryBroker::new();
-    broker.create_topic("orders", 1).expect("topic");
-    let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
+    let (broker, source, acker) = orders(1);
     let failing = Arc::new(AtomicBool::new(true));
     let handler = tower::service_fn({
         let failing = failing.clone();
@@ -150,9 +155,7 @@ async fn a_consumer_backing_off_longer_than_the_grace_is_not_ready() {
 
 #[tokio::test]
 async fn a_stop_is_not_ready_from_its_first_moment_until_the_drain_ends() {
-    let broker = MemoryBroker::new();
-    broker.create_topic("orders", 1).expect("topic");
-    let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
+    let (broker, source, acker) = orders(1);
     let started = CancellationToken::new();
     let release = CancellationToken::new();
     let handler = tower::service_fn({
@@ -210,8 +213,7 @@ async fn a_stop_is_not_ready_from_its_first_moment_until_the_drain_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_rebalance_keeps_a_stuck_partition_live_within_the_grace() {
-    let broker = MemoryBroker::new();
-    broker.create_topic("orders", 2).expect("topic");
+    let (broker, source, acker) = orders(2);
     let stuck = CancellationToken::new();
     let release = CancellationToken::new();
     let handler = tower::service_fn({
@@ -234,7 +236,6 @@ async fn a_long_rebalance_keeps_a_stuck_partition_live_within_the_grace() {
         assignment_grace: Duration::ZERO,
         ..HealthSettings::default()
     });
-    let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
     let stop = CancellationToken::new();
     let app = App::new().health(health.clone()).route(
         "orders",

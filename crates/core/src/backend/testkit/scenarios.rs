@@ -26,10 +26,29 @@ fn recording(
 > + Clone
 + Send
 + use<> {
+    recording_after(ledger, None)
+}
+
+/// Like [`recording`], each handler first waiting `pause` (so that
+/// deliveries overlap and fill a budget).
+fn recording_after(
+    ledger: &Ledger,
+    pause: Option<Duration>,
+) -> impl tower::Service<
+    Message,
+    Response = (),
+    Error = HandlerError,
+    Future = impl Future<Output = Outcome> + Send + use<>,
+> + Clone
++ Send
++ use<> {
     let ledger = ledger.clone();
     tower::service_fn(move |message: Message| {
         let ledger = ledger.clone();
         async move {
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
             ledger.record(id_of(&message)?);
             Ok(())
         }
@@ -910,29 +929,6 @@ fn assert_same_message(read: &Message, original: &Message, what: &str) {
     );
 }
 
-/// A handler that records each id in `ledger` after a short wait, so that
-/// deliveries overlap and fill a budget.
-fn recording_slowly(
-    ledger: &Ledger,
-) -> impl tower::Service<
-    Message,
-    Response = (),
-    Error = HandlerError,
-    Future = impl Future<Output = Outcome> + Send + use<>,
-> + Clone
-+ Send
-+ use<> {
-    let ledger = ledger.clone();
-    tower::service_fn(move |message: Message| {
-        let ledger = ledger.clone();
-        async move {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            ledger.record(id_of(&message)?);
-            Ok(())
-        }
-    })
-}
-
 /// Two routes of one app, each on a source of its own, under one shared
 /// in-flight budget: every message reaches its own route's handler, the
 /// budget is never exceeded, and after the app stops everything handled is
@@ -967,7 +963,11 @@ pub async fn an_app_runs_two_routes_under_one_budget<B: Backend>(backend: &B) {
             .ordering(DeliveryOrder::Unordered)
             .max_in_flight(64)
             .commit_interval(Duration::from_millis(20))
-            .build(source, acker, recording_slowly(ledger))
+            .build(
+                source,
+                acker,
+                recording_after(ledger, Some(Duration::from_millis(1))),
+            )
             .expect("settings");
         app = app.route(name, consumer);
     }
