@@ -22,6 +22,7 @@
 //! cargo run --example service --features health-server,kafka -- --broker kafka://127.0.0.1:9092
 //! cargo run --example service --features health-server,redis -- --broker redis://127.0.0.1:6379
 //! cargo run --example service --features health-server,amqp -- --broker amqp://guest:guest@127.0.0.1:5672
+//! cargo run --example service --features health-server,nats -- --broker nats://127.0.0.1:4222
 //! ```
 //!
 //! With `--broker` it creates what it needs on the broker, named after
@@ -32,8 +33,12 @@
 //! `<stream>:dlq`; RabbitMQ topic exchanges `NAME.orders` and
 //! `NAME.payments` bound to queues of the same names with `#` (the routing
 //! key is the record key), dead letters in queue `NAME.dlq` (the queues
-//! expire after 10 minutes unused). The groups are `NAME.billing` and
-//! `NAME.audit`. The same handlers and layers run on every broker; the
+//! expire after 10 minutes unused); JetStream streams `NAME_orders` and
+//! `NAME_payments` storing `NAME.orders.>` and `NAME.payments.>` (the
+//! subject, the key, is `NAME.orders.<customer>`), durable consumers
+//! `NAME_billing` and `NAME_audit`, dead letters in the sink's default
+//! `<stream>.<consumer>.dlq`. The groups are `NAME.billing` and
+//! `NAME.audit` elsewhere. The same handlers and layers run on every broker; the
 //! producer is that broker's own client.
 //!
 //! Environment: `INTAKE_HTTP_ADDR` (default `127.0.0.1:9898`; port 0 picks
@@ -83,6 +88,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const USAGE: &str = "usage: service [--broker URL] [--prefix NAME]
 
 URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST
+   | nats://[USER:PASS@]HOST:PORT (each with its feature)
 Without --broker the service runs on the in-memory broker.";
 
 // ---------------------------------------------------------------------------
@@ -435,6 +441,43 @@ async fn on_amqp(
     wire(app, metrics, routes, Producer::amqp(url).await?, to)
 }
 
+#[cfg(feature = "nats")]
+async fn on_nats(
+    app: App<Services>,
+    metrics: &Metrics,
+    url: &str,
+    names: &Names,
+) -> Result<Wired, BoxError> {
+    use intake::nats::NatsSource;
+
+    // Stream and durable consumer names take no dots; subjects do.
+    let prefix = names.prefix.replace('.', "_");
+    let parts = async |route: &str, group: &str| -> Result<_, BoxError> {
+        let source = NatsSource::builder(url)
+            .stream(format!("{prefix}_{route}"))
+            .consumer(format!("{prefix}_{group}"))
+            .create_stream([format!("{prefix}.{route}.>")])
+            .build()
+            .await?;
+        let acker = source.acker();
+        let dead_letters = source.dead_letter_sink().build().await?;
+        Ok(RouteParts {
+            source,
+            acker,
+            dead_letters,
+        })
+    };
+    let routes = (
+        parts("orders", "billing").await?,
+        parts("payments", "audit").await?,
+    );
+    let to = Destinations {
+        orders: format!("{prefix}.orders"),
+        payments: format!("{prefix}.payments"),
+    };
+    wire(app, metrics, routes, Producer::nats(url).await?, to)
+}
+
 // ---------------------------------------------------------------------------
 // The upstream this service simulates.
 
@@ -600,10 +643,12 @@ async fn main() -> Result<(), BoxError> {
                 Broker::Redis { url } => on_redis(app, &metrics, url, &names).await?,
                 #[cfg(feature = "amqp")]
                 Broker::Amqp { url } => on_amqp(app, &metrics, url, &names).await?,
+                #[cfg(feature = "nats")]
+                Broker::Nats { url } => on_nats(app, &metrics, url, &names).await?,
                 #[allow(unreachable_patterns)] // with every backend feature on
                 other => {
                     eprintln!(
-                        "service: {} is not built in (build with --features kafka, redis or amqp; nats:// is not supported yet)",
+                        "service: {} is not built in (build with --features kafka, redis, amqp or nats)",
                         other.endpoint()
                     );
                     std::process::exit(2);

@@ -325,3 +325,13 @@ fn on_amqp_sigterm_drains_and_exits_zero() {
         );
     }
 }
+
+#[test]
+fn on_nats_sigterm_drains_and_exits_zero() {
+    if broker_answers("on_nats_sigterm_drains_and_exits_zero", 4222) {
+        serves_handles_dead_letters_and_drains(
+            &["--broker", "nats://127.0.0.1:4222"],
+            Duration::from_secs(20),
+        );
+    }
+}

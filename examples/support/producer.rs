@@ -13,7 +13,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A producer for one broker. `send(destination, key, payload)` means on
 /// each: a memory topic and the record key; a Kafka topic and the record
 /// key; a Redis stream and the entry's `key` field (the payload in
-/// `payload`); an AMQP exchange and the routing key.
+/// `payload`); an AMQP exchange and the routing key; on NATS JetStream the
+/// subject `<destination>.<key>` (the source's key is the subject).
 pub enum Producer {
     /// The in-memory broker.
     Memory(MemoryBroker),
@@ -31,6 +32,9 @@ pub enum Producer {
         /// The channel publishes go to.
         channel: intake::amqp::lapin::Channel,
     },
+    /// A JetStream context (boxed: it is large).
+    #[cfg(feature = "nats")]
+    Nats(Box<intake::nats::async_nats::jetstream::Context>),
 }
 
 impl Producer {
@@ -68,6 +72,15 @@ impl Producer {
             connection: Box::new(connection),
             channel,
         })
+    }
+
+    /// A JetStream producer (each publish acknowledged by the stream).
+    #[cfg(feature = "nats")]
+    pub async fn nats(url: &str) -> Result<Self, BoxError> {
+        use intake::nats::async_nats;
+
+        let client = async_nats::connect(url).await?;
+        Ok(Producer::Nats(Box::new(async_nats::jetstream::new(client))))
     }
 
     /// Sends one record and waits until the broker confirmed it.
@@ -133,6 +146,13 @@ impl Producer {
                 if confirmation.take_message().is_some() {
                     return Err(format!("{destination} routed a record to no queue").into());
                 }
+            }
+            #[cfg(feature = "nats")]
+            Producer::Nats(context) => {
+                context
+                    .publish(format!("{destination}.{key}"), payload.to_owned().into())
+                    .await?
+                    .await?;
             }
         }
         Ok(())
