@@ -17,7 +17,7 @@ use super::{
     FailurePolicy,
 };
 use crate::error::{ErrorChain, ErrorClass, HandlerError, chain_for_log};
-use crate::interruptible_sleep::{InterruptibleSleep, Wake, shutting_down};
+use crate::interruptible_sleep::{InterruptibleSleep, Wake, outlasts_the_drain};
 use crate::message::Message;
 
 /// A dead-letter write in progress; it hands the letter back so that a
@@ -159,7 +159,7 @@ impl<S> Routing<S> {
                 // gives up.
                 let delay = backoff.delay(self.failures).unwrap_or(self.last_delay);
                 self.last_delay = delay;
-                if shutting_down() {
+                if outlasts_the_drain(delay) {
                     return Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)));
                 }
                 tracing::warn!(
@@ -242,7 +242,7 @@ impl<S> Routing<S> {
             false => write_backoff.delay(self.failures),
         };
         match retry_in {
-            Some(_) if shutting_down() => {
+            Some(delay) if outlasts_the_drain(delay) => {
                 Next::Finish(Err(HandlerError::interrupted().with_attempts(attempts)))
             }
             Some(delay) => {

@@ -12,7 +12,7 @@ use tower::Service;
 use super::{RetryConfig, RetryObserver};
 use crate::backoff::BackoffPolicy;
 use crate::error::{HandlerError, chain_for_log};
-use crate::interruptible_sleep::{InterruptibleSleep, Wake, shutting_down};
+use crate::interruptible_sleep::{InterruptibleSleep, Wake, outlasts_the_drain};
 use crate::message::Message;
 
 pin_project! {
@@ -105,7 +105,7 @@ where
                         );
                         return Poll::Ready(Err(finish(error, *this.attempt)));
                     };
-                    if shutting_down() {
+                    if outlasts_the_drain(delay) {
                         return Poll::Ready(Err(
                             HandlerError::interrupted().with_attempts(*this.attempt)
                         ));

@@ -10,9 +10,13 @@
 //! policies give up after [`Exponential::DEFAULT_MAX_RETRIES`] and retry
 //! forever only when asked with `retry_forever()`.
 //!
-//! A retry that is sleeping when the consumer starts to shut down ends at
-//! once with [`HandlerError::interrupted`]: the message is neither
-//! acknowledged nor dead-lettered, and the broker delivers it again.
+//! A retry that is sleeping when the consumer starts to shut down, and
+//! would wake after the drain (`shutdown_deadline`), ends at once with
+//! [`HandlerError::interrupted`]: the message is neither acknowledged nor
+//! dead-lettered, and the broker delivers it again. One that wakes within
+//! the drain makes its attempt there: interrupted, it would leave a hole
+//! that holds back the commit of everything after it (on Kafka the next
+//! owner would repeat all of that work).
 //!
 //! # Why not `tower::retry`
 //!

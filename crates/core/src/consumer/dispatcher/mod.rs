@@ -41,7 +41,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use super::Settings;
@@ -237,7 +236,7 @@ struct Dispatcher<H: Service<Message>> {
     /// [`current_shutdown`](crate::shutdown_scope::current_shutdown). In an
     /// `Arc` so a pass can make it current while it changes the dispatcher:
     /// an `Arc` clone is one atomic increment, a token's takes a mutex.
-    token: Arc<CancellationToken>,
+    token: Arc<crate::shutdown_scope::ShutdownScope>,
     report: RunReport,
     /// A list of slots reused by revocations, so they allocate once.
     scratch: Vec<SlotId>,
@@ -287,7 +286,7 @@ where
             revocations: Vec::new(),
             stop: None,
             failure: None,
-            token: Arc::new(CancellationToken::new()),
+            token: Arc::default(),
             report: RunReport::default(),
             scratch: Vec::new(),
             settings,

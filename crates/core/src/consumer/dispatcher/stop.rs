@@ -42,7 +42,10 @@ where
                 "shutting down: draining running handlers"
             );
         }
-        self.token.cancel();
+        if let Some(Stop::Graceful { deadline }) = self.stop {
+            // Handlers read it: a retry due before it still runs.
+            self.token.begin_drain(deadline);
+        }
     }
 
     /// Whether the run is over: it is stopping, and what it waits for is done
