@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use intake_core::backend::{AckBatch, AckMode, Acker, PartitionAck};
+use intake_core::backend::{AckBatch, AckMode, Acker, PartitionAck, Source};
 use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder, StartFrom};
 
 use support::*;
@@ -83,4 +83,62 @@ async fn a_broadcast_reader_can_start_at_the_beginning_and_acknowledges_nothing(
         .await
         .expect("XINFO GROUPS");
     assert!(groups.is_empty(), "a broadcast reader creates no group");
+}
+
+#[tokio::test]
+async fn an_entry_a_broadcast_reader_cannot_dead_letter_stops_the_read_instead_of_vanishing() {
+    let Some(mut redis) = redis_or_skip("a broadcast dead letter that cannot be written").await
+    else {
+        return;
+    };
+    let stream = unique("bcast-poison");
+    // An entry without the payload field (the source dead-letters it),
+    // then a good one; the dead-letter key holds a string, so the write
+    // fails with WRONGTYPE.
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("other")
+        .arg("x")
+        .query_async(&mut redis)
+        .await
+        .expect("XADD");
+    produce(&mut redis, &stream, "m", 1).await;
+    let dead_letters = format!("{stream}:dlq");
+    redis::cmd("SET")
+        .arg(&dead_letters)
+        .arg("occupied")
+        .query_async::<()>(&mut redis)
+        .await
+        .expect("SET");
+    let mut reader = broadcast(&stream)
+        .start_from(StartFrom::Beginning)
+        .build()
+        .await
+        .expect("connect");
+    let mut buffer = Vec::new();
+    // A broadcast entry has no pending list to come back from: skipped,
+    // it would be gone. The read fails instead, saying why.
+    let first = tokio::time::timeout(Duration::from_secs(5), reader.next(&mut buffer, 10))
+        .await
+        .expect("an answer");
+    let error = first.expect_err("the read stops at the entry it cannot dead-letter");
+    assert!(
+        error.to_string().contains("XADD") || format!("{error:?}").contains("WRONGTYPE"),
+        "{error:?}"
+    );
+    assert!(
+        buffer.is_empty(),
+        "nothing after it is handed out: {buffer:?}"
+    );
+
+    // Once the key is fixed, the next read writes the letter and goes on.
+    redis::cmd("DEL")
+        .arg(&dead_letters)
+        .query_async::<()>(&mut redis)
+        .await
+        .expect("DEL");
+    let received = receive(&mut reader, 1, 10, Duration::from_secs(5)).await;
+    assert_eq!(payloads(&received), vec!["m0"]);
+    assert_eq!(entries(&mut redis, &dead_letters).await.len(), 1);
 }

@@ -10,7 +10,7 @@ use redis::aio::MultiplexedConnection;
 
 use super::blocking_connection::BlockingConnection;
 use super::convert::{Decoded, EntryDecoder, RawEntry, parse_entries, split_read_reply};
-use super::staging::{Poison, Staging};
+use super::staging::{OnFailure, Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
@@ -93,7 +93,9 @@ impl BroadcastReader {
 
     async fn fill(&mut self, deliveries: &mut Vec<Message>, max: usize) -> Result<(), Error> {
         loop {
-            self.staging.dead_letter(&self.sink).await;
+            self.staging
+                .dead_letter(&self.sink, OnFailure::Stop)
+                .await?;
             if self.staging.hand_out(deliveries, max) {
                 return Ok(());
             }

@@ -36,7 +36,7 @@ use super::convert::{
     Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, parse_entries, parse_pending,
     parse_read_reply, split_read_reply,
 };
-use super::staging::{Poison, Staging};
+use super::staging::{OnFailure, Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
@@ -182,7 +182,11 @@ impl GroupReader {
 
     async fn fill(&mut self, deliveries: &mut Vec<Message>, max: usize) -> Result<(), Error> {
         loop {
-            self.staging.dead_letter(&self.sink).await;
+            // A failed write leaves its entry pending, for a claim.
+            let _ = self
+                .staging
+                .dead_letter(&self.sink, OnFailure::LeavePending)
+                .await;
             if self.staging.hand_out(deliveries, max) {
                 return Ok(());
             }

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use intake_core::{DeadLetter, Message};
 
 use crate::dead_letter::RedisDeadLetterSink;
+use crate::error::Error;
 
 /// An entry that goes to the dead-letter stream instead of the handler.
 pub(super) struct Poison {
@@ -33,11 +34,35 @@ impl Staging {
         count > 0
     }
 
-    /// Writes the poison entries to the dead-letter stream. A failed write
-    /// leaves its entry pending, to be claimed and tried again later.
-    pub(super) async fn dead_letter(&mut self, sink: &RedisDeadLetterSink) {
+    /// Writes the poison entries to the dead-letter stream. An entry whose
+    /// write fails is dropped from here under [`OnFailure::LeavePending`]
+    /// (it stays pending, to be claimed and tried again later), and kept
+    /// at the front under [`OnFailure::Stop`], with the error returned: the
+    /// next call tries again first.
+    pub(super) async fn dead_letter(
+        &mut self,
+        sink: &RedisDeadLetterSink,
+        on_failure: OnFailure,
+    ) -> Result<(), Error> {
         while let Some(poison) = self.poison.front() {
-            let written = sink.write_letter(&poison.letter, poison.with_payload).await;
+            let written = match (
+                sink.write_letter(&poison.letter, poison.with_payload).await,
+                on_failure,
+            ) {
+                (Err(error), OnFailure::Stop) => {
+                    let metadata = poison.letter.message.metadata();
+                    sink.stats().add_dead_letter_failures(1);
+                    tracing::error!(
+                        stream = %metadata.source(),
+                        position = %metadata.position(),
+                        %error,
+                        "could not dead-letter the entry; reading stops here until it can (a \
+                         broadcast entry has no pending list to come back from)"
+                    );
+                    return Err(error);
+                }
+                (written, _) => written,
+            };
             let Some(poison) = self.poison.pop_front() else {
                 break;
             };
@@ -71,5 +96,16 @@ impl Staging {
                 }
             }
         }
+        Ok(())
     }
+}
+
+/// What [`Staging::dead_letter`] does with an entry whose write failed.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum OnFailure {
+    /// Drop it here: it stays pending in the group, and a claim brings it
+    /// back.
+    LeavePending,
+    /// Keep it, and stop the read with the error: nothing else holds it.
+    Stop,
 }
