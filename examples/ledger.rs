@@ -336,6 +336,7 @@ where
         requeued = report.requeued,
         redispatched = report.redispatched,
         discarded = report.discarded,
+        interrupted = report.interrupted,
         unfinished = report.unfinished.len(),
         elapsed = ?report.elapsed,
         "stopped"
