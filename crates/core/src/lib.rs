@@ -104,6 +104,7 @@ pub mod message;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod observer;
+pub mod publish;
 mod reachability;
 pub mod redact;
 pub mod retry;

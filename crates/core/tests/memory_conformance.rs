@@ -10,3 +10,4 @@ async fn backend() -> Option<MemoryBackend> {
 }
 
 intake_core::conformance_suite!(backend());
+intake_core::publisher_suite!(backend());

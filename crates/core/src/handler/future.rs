@@ -53,7 +53,7 @@ where
     Fut: Future,
     Fut::Output: IntoHandlerResult,
 {
-    type Output = Result<(), HandlerError>;
+    type Output = Result<<Fut::Output as IntoHandlerResult>::Response, HandlerError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {

@@ -1,6 +1,7 @@
 //! [`handler_fn`]: an async fn as a tower service.
 
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
@@ -8,6 +9,7 @@ use tower::Service;
 
 use super::Handler;
 use super::future::ResponseFuture;
+use super::into_result::IntoHandlerResult;
 use crate::error::HandlerError;
 use crate::message::Message;
 
@@ -123,7 +125,7 @@ impl<F, Args, S> Service<Message> for HandlerFn<F, Args, S>
 where
     F: Handler<Args, S>,
 {
-    type Response = ();
+    type Response = <<F::Future as Future>::Output as IntoHandlerResult>::Response;
     type Error = HandlerError;
     type Future = ResponseFuture<F::Future>;
 

@@ -1,11 +1,16 @@
 //! What a handler fn may return.
 
 use crate::error::{BoxError, HandlerError};
+use crate::publish::{Output, Outputs};
 
 /// A handler fn's return value, turned into the runtime's verdict.
 ///
 /// Implemented for:
 /// - `()`: the message is done;
+/// - [`Output`], `Option<Output>`, `Vec<Output>` or [`Outputs`] (or a
+///   `Result` of one): messages to publish; the handler is then wrapped in a
+///   [`PublishLayer`](crate::publish::PublishLayer), which completes the
+///   message once they are confirmed;
 /// - `Result<(), E>` for any `E: Into<BoxError>`: `Ok` is done; `Err` becomes
 ///   a [`HandlerError`]. A `HandlerError` keeps its class (build one with
 ///   [`HandlerError::permanent`] to skip retries); any other error (your own
@@ -18,17 +23,25 @@ use crate::error::{BoxError, HandlerError};
 /// `Result<(), anyhow::Error>` without a `From` impl for `HandlerError`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a handler result",
-    label = "a handler fn returns `()` or `Result<(), E>`",
+    label = "a handler fn returns `()`, `Result<(), E>`, or outputs to publish (`Output`, `Outputs`)",
     note = "return `()`, `Result<(), HandlerError>` (to choose retryable / permanent / ignore), or \
             `Result<(), E>` for any error `E` that converts into `Box<dyn Error + Send + Sync>` \
             (such an error is retryable)"
 )]
 pub trait IntoHandlerResult {
-    /// The verdict: `Ok(())` acknowledges the message.
-    fn into_handler_result(self) -> Result<(), HandlerError>;
+    /// What the handler service answers on success: `()` (the message is
+    /// done), or the [`Outputs`] a [`PublishLayer`](crate::publish::PublishLayer)
+    /// publishes before the message is done.
+    type Response;
+
+    /// The verdict: `Ok` acknowledges the message (once its outputs, if
+    /// any, are confirmed).
+    fn into_handler_result(self) -> Result<Self::Response, HandlerError>;
 }
 
 impl IntoHandlerResult for () {
+    type Response = ();
+
     fn into_handler_result(self) -> Result<(), HandlerError> {
         Ok(())
     }
@@ -38,6 +51,8 @@ impl<E> IntoHandlerResult for Result<(), E>
 where
     E: Into<BoxError>,
 {
+    type Response = ();
+
     fn into_handler_result(self) -> Result<(), HandlerError> {
         // A `HandlerError` is boxed here and unboxed by `From<BoxError>`: one
         // allocation on the failure path only, for one rule that covers every
@@ -45,6 +60,33 @@ where
         self.map_err(|error| HandlerError::from(error.into()))
     }
 }
+
+/// Implements [`IntoHandlerResult`] for a value that converts into
+/// [`Outputs`], returned as it is or in a `Result`.
+macro_rules! outputs_result {
+    ($($output:ty),*) => {$(
+        impl IntoHandlerResult for $output {
+            type Response = Outputs;
+
+            fn into_handler_result(self) -> Result<Outputs, HandlerError> {
+                Ok(self.into())
+            }
+        }
+
+        impl<E> IntoHandlerResult for Result<$output, E>
+        where
+            E: Into<BoxError>,
+        {
+            type Response = Outputs;
+
+            fn into_handler_result(self) -> Result<Outputs, HandlerError> {
+                self.map(Into::into).map_err(|error| HandlerError::from(error.into()))
+            }
+        }
+    )*};
+}
+
+outputs_result!(Outputs, Output, Option<Output>, Vec<Output>);
 
 #[cfg(test)]
 mod tests {

@@ -170,6 +170,12 @@ impl MemoryBroker {
             .collect()
     }
 
+    /// A publisher to this broker's topics, for handlers that produce (see
+    /// [`publish`](crate::publish)).
+    pub fn publisher(&self) -> super::MemoryPublisher {
+        super::MemoryPublisher::new(self.clone())
+    }
+
     /// Joins `group` on `topic` with default settings and returns the new
     /// member's source and acker. See [`MemoryConsumerBuilder::build`].
     pub fn consumer(

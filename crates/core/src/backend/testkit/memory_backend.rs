@@ -116,6 +116,19 @@ impl Backend for MemoryBackend {
     }
 }
 
+#[async_trait::async_trait]
+impl super::PublishingBackend for MemoryBackend {
+    type Publisher = crate::memory::MemoryPublisher;
+
+    async fn publisher(&self) -> Result<Self::Publisher, BoxError> {
+        Ok(self.broker.publisher())
+    }
+
+    fn destination(&self, source: &str) -> String {
+        source.to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,12 +21,14 @@ pub mod hostile_server;
 mod lag_probe;
 pub mod memory_backend;
 pub mod memory_broker;
+pub mod publishing;
 pub mod scenarios;
 
 pub use lag_probe::assert_unreachable_lag_probe;
 pub use memory_broker::{
     CommitWaitError, Uncommitted, assert_committed, dead_letters, wait_until_committed,
 };
+pub use publishing::PublishingBackend;
 
 use std::time::Duration;
 

@@ -1,0 +1,201 @@
+//! [`PublishLayer`]: publishes what a handler returns, and completes the
+//! input only once every output is confirmed.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tower::{Layer, Service};
+
+use super::output::Outputs;
+use super::{PublishError, Publisher};
+use crate::error::HandlerError;
+use crate::message::Message;
+use crate::trace::TRACEPARENT;
+
+/// Wraps a handler whose response is [`Outputs`] (a handler fn returning
+/// `Outputs` or `Result<Outputs, E>`) into one the consumer runs: it calls
+/// the handler, sends its outputs in order through the [`Publisher`], and
+/// answers only once the broker confirmed every one of them. The input is
+/// therefore committed after its outputs are durable, never before.
+///
+/// - A failed or unconfirmed output fails the input with the
+///   [`PublishError`]'s class: retryable for an unavailable broker, permanent
+///   for an output the broker rejects. A retried input runs its handler
+///   again and publishes all of its outputs again, so an output confirmed
+///   before another failed is published twice: downstream sees at least
+///   once (deduplicate by a key or id of your own, or use a backend's
+///   exactly-once pipeline).
+/// - Outputs of one input are sent in the order returned, and the next
+///   input of the same key (in [`Key`](crate::DeliveryOrder::Key) or
+///   [`Partition`](crate::DeliveryOrder::Partition) order) runs only after
+///   they are confirmed, so outputs keep their inputs' order per key.
+/// - Each output without a `traceparent` of its own carries its input's.
+///
+/// Put it innermost (next to the handler), inside the retry and
+/// dead-letter layers, so a failed publish is retried and dead-lettered as
+/// the handler's failure.
+///
+/// ```
+/// use intake_core::memory::{MemoryBroker, Record};
+/// use intake_core::publish::{Output, PublishLayer};
+/// use intake_core::{Consumer, Payload, handler_fn};
+/// use tokio_util::sync::CancellationToken;
+/// use tower::ServiceBuilder;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let broker = MemoryBroker::new();
+/// broker.create_topic("orders", 1)?;
+/// broker.create_topic("receipts", 1)?;
+/// broker.send("orders", Record::new("order 1"))?;
+///
+/// let handler = ServiceBuilder::new()
+///     .layer(PublishLayer::new(broker.publisher()))
+///     .service(handler_fn(|Payload(order): Payload| async move {
+///         Output::new("receipts", order).with_key("customer-7")
+///     }));
+/// let (source, acker) = broker.consumer("orders", "billing")?;
+/// let consumer = Consumer::builder().build(source, acker, handler)?;
+/// let shutdown = CancellationToken::new();
+/// let run = tokio::spawn(consumer.run(shutdown.clone()));
+/// while broker.lag("orders", "billing")? > 0 {
+///     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+/// }
+/// shutdown.cancel();
+/// run.await??;
+/// assert_eq!(broker.messages("receipts", 0, 0)?[0].payload().as_ref(), b"order 1");
+/// # Ok(())
+/// # }
+/// ```
+pub struct PublishLayer<P> {
+    publisher: Arc<P>,
+}
+
+impl<P> PublishLayer<P> {
+    /// Publishes through `publisher`.
+    pub fn new(publisher: P) -> Self {
+        Self {
+            publisher: Arc::new(publisher),
+        }
+    }
+
+    /// Publishes through a publisher shared with others (the app's state,
+    /// another route).
+    pub fn shared(publisher: Arc<P>) -> Self {
+        Self { publisher }
+    }
+}
+
+impl<P> Clone for PublishLayer<P> {
+    fn clone(&self) -> Self {
+        Self {
+            publisher: Arc::clone(&self.publisher),
+        }
+    }
+}
+
+impl<P> fmt::Debug for PublishLayer<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublishLayer")
+            .field("publisher", &std::any::type_name::<P>())
+            .finish()
+    }
+}
+
+impl<S, P> Layer<S> for PublishLayer<P> {
+    type Service = PublishService<S, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PublishService {
+            inner,
+            publisher: Arc::clone(&self.publisher),
+        }
+    }
+}
+
+/// The service of [`PublishLayer`].
+pub struct PublishService<S, P> {
+    inner: S,
+    publisher: Arc<P>,
+}
+
+impl<S: Clone, P> Clone for PublishService<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            publisher: Arc::clone(&self.publisher),
+        }
+    }
+}
+
+impl<S: fmt::Debug, P> fmt::Debug for PublishService<S, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublishService")
+            .field("inner", &self.inner)
+            .field("publisher", &std::any::type_name::<P>())
+            .finish()
+    }
+}
+
+/// The future of [`PublishService`]. Boxed: publishing allocates per output
+/// anyway (the output, the client's record, the confirmation), and the
+/// publisher's send future has no name to store.
+pub type PublishFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+
+impl<S, P> Service<Message> for PublishService<S, P>
+where
+    S: Service<Message, Response = Outputs>,
+    S::Error: Into<HandlerError>,
+    S::Future: Send + 'static,
+    P: Publisher,
+{
+    type Response = ();
+    type Error = HandlerError;
+    type Future = PublishFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), HandlerError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, message: Message) -> Self::Future {
+        let trace = message.headers().get(TRACEPARENT).cloned();
+        let handled = self.inner.call(message);
+        let publisher = Arc::clone(&self.publisher);
+        Box::pin(async move {
+            let outputs = handled.await.map_err(Into::into)?;
+            publish_confirmed(&*publisher, outputs, trace.as_ref())
+                .await
+                .map_err(HandlerError::from)
+        })
+    }
+}
+
+/// Sends `outputs` in order (each waits only for room in the publisher),
+/// then waits for every confirmation: the sends overlap the broker's round
+/// trips, and the order of sending is the order on the broker.
+pub(crate) async fn publish_confirmed<P: Publisher>(
+    publisher: &P,
+    outputs: Outputs,
+    trace: Option<&Bytes>,
+) -> Result<(), PublishError> {
+    let mut outputs = outputs.into_iter();
+    let Some(mut first) = outputs.next() else {
+        return Ok(());
+    };
+    first.continue_trace(trace);
+    let first = publisher.send(first).await?;
+    if outputs.len() == 0 {
+        return first.await.map(drop);
+    }
+    let mut receipts = Vec::with_capacity(outputs.len() + 1);
+    receipts.push(first);
+    for mut output in outputs {
+        output.continue_trace(trace);
+        receipts.push(publisher.send(output).await?);
+    }
+    futures_util::future::try_join_all(receipts).await.map(drop)
+}
