@@ -71,6 +71,21 @@ use crate::trace::TRACEPARENT;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// A handler that returns outputs is not run without this layer: nothing
+/// would publish them, so the consumer does not accept it.
+///
+/// ```compile_fail
+/// use intake_core::memory::MemoryBroker;
+/// use intake_core::publish::Output;
+/// use intake_core::{Consumer, Payload, handler_fn};
+///
+/// let broker = MemoryBroker::new();
+/// broker.create_topic("orders", 1).unwrap();
+/// let (source, acker) = broker.consumer("orders", "billing").unwrap();
+/// let handler = handler_fn(|Payload(order): Payload| async move { Output::new("receipts", order) });
+/// let consumer = Consumer::builder().build(source, acker, handler);
+/// ```
 pub struct PublishLayer<P> {
     publisher: Arc<P>,
 }
