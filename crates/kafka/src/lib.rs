@@ -1,11 +1,14 @@
-//! Kafka for intake, on rdkafka: a [`KafkaSource`], its [`KafkaAcker`] and
-//! a [`KafkaDeadLetterSink`]; [`Error`] is everything that can go wrong.
+//! Kafka for intake, on rdkafka: a [`KafkaSource`], its [`KafkaAcker`], a
+//! [`KafkaDeadLetterSink`] and a [`KafkaPublisher`] (outputs to topics from
+//! an idempotent producer, each confirmed by its delivery report); [`Error`]
+//! is everything that can go wrong building them.
 //!
 //! | shape | Kafka |
 //! |---|---|
 //! | entry point | [`KafkaSource::builder`]`(KafkaSettings)`, then `.build().await` |
 //! | acker | [`KafkaSource::acker`] |
 //! | dead-letter sink | [`KafkaSource::dead_letter_sink`], then `.build().await` |
+//! | publisher | [`KafkaPublisher::builder`]`(KafkaSettings)`, then `.build()` |
 //! | reconnect | [`KafkaSourceBuilder::reconnect_backoff`] (librdkafka's `reconnect.backoff.*`) |
 //! | budget | the consumer's `max_in_flight`, `max_in_flight_bytes`, `revoke_timeout` |
 //!
@@ -71,6 +74,7 @@ pub mod dead_letter;
 mod error;
 mod lag;
 mod ownership;
+mod publisher;
 mod settings;
 mod source;
 
@@ -78,6 +82,7 @@ pub use acker::KafkaAcker;
 pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
 pub use error::Error;
 pub use lag::KafkaLagProbe;
+pub use publisher::{KafkaPublisher, KafkaPublisherBuilder, KafkaReceipt};
 pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
 
