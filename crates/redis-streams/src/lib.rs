@@ -16,6 +16,7 @@
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
 //! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
 //! | broadcast | `XREAD` without a group |
+//! | publish | [`RedisStreamsPublisher`]: `XADD` of the payload, key and header fields the source reads, pipelined, each confirmed by its entry id |
 //! | read size | `COUNT` up to what the runtime allows, and at most what fits in an eighth of the byte budget at the average entry size |
 //!
 //! ```no_run
@@ -54,6 +55,7 @@ mod endpoint;
 mod error;
 mod held;
 mod lag;
+mod publisher;
 mod settings;
 mod source;
 mod stats;
@@ -64,6 +66,7 @@ pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLett
 pub use endpoint::Endpoint;
 pub use error::{Error, TRANSIENT_CODES};
 pub use lag::RedisLagProbe;
+pub use publisher::{RedisStreamsPublisher, RedisStreamsPublisherBuilder, RedisStreamsReceipt};
 pub use settings::{DeadLetterStream, StartFrom};
 pub use source::RedisStreamsSource;
 pub use source::builder::RedisStreamsSourceBuilder;

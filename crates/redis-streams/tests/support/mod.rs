@@ -14,7 +14,8 @@ use intake_core::{
     backend::{AckBatch, Acker, PartitionAck, Source},
 };
 use intake_redis_streams::{
-    RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsSource, RedisStreamsSourceBuilder,
+    RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsPublisher, RedisStreamsSource,
+    RedisStreamsSourceBuilder,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
@@ -452,6 +453,19 @@ impl Backend for RedisBackend {
                 .build()
                 .await;
         testkit::with_acker(built, |source| source.acker())
+    }
+}
+
+#[async_trait::async_trait]
+impl testkit::PublishingBackend for RedisBackend {
+    type Publisher = RedisStreamsPublisher;
+
+    async fn publisher(&self) -> Result<Self::Publisher, BoxError> {
+        Ok(RedisStreamsPublisher::builder(redis_url()).build().await?)
+    }
+
+    fn destination(&self, source: &str) -> String {
+        source.to_owned()
     }
 }
 
