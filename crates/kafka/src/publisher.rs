@@ -76,7 +76,11 @@ const EVERY_DESTINATION: &str = "<every destination>";
 /// [`Closed`](PublishErrorKind::Closed). Each has librdkafka's error as its
 /// source; none shows a credential.
 ///
-/// Clones share the producer. It connects on the first send.
+/// Clones share the producer. It connects on the first send. Dropping the
+/// last clone ends the outputs still unconfirmed as
+/// [`Closed`](PublishErrorKind::Closed) and blocks for up to about 0.6 s
+/// while librdkafka stops: [`close`](Self::close) it first to let them be
+/// confirmed.
 ///
 /// ```no_run
 /// use intake_core::publish::{Output, Publisher};
