@@ -8,6 +8,8 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use tokio::sync::{Semaphore, mpsc};
 use tower::Service;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 use super::BatchSettings;
 use super::state::{Completion, OpenBatch};
@@ -46,13 +48,35 @@ pub(super) async fn run<S>(
             completion.failed(error.into());
             continue;
         }
-        let call = AssertUnwindSafe(service.call(messages)).catch_unwind();
-        tokio::spawn(async move {
-            let _permit = permit;
-            match call.await {
-                Ok(answer) => completion.outcomes(answer.map_err(Into::into)),
-                Err(payload) => completion.panicked(&Panicked::from_payload(&*payload)),
+        let span = batch_span(&messages);
+        let call = {
+            let _entered = span.enter();
+            AssertUnwindSafe(service.call(messages)).catch_unwind()
+        };
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                match call.await {
+                    Ok(answer) => completion.outcomes(answer.map_err(Into::into)),
+                    Err(payload) => completion.panicked(&Panicked::from_payload(&*payload)),
+                }
             }
-        });
+            .instrument(span),
+        );
     }
+}
+
+/// The span a batch is handled in: its size, and with the `opentelemetry`
+/// feature a link to each message's remote context (a batch has many
+/// parents, so it links them instead of choosing one).
+fn batch_span(messages: &[Message]) -> Span {
+    let span = tracing::info_span!("batch", size = messages.len(), otel.kind = Empty);
+    #[cfg(feature = "opentelemetry")]
+    if !span.is_disabled() {
+        span.record("otel.kind", "consumer");
+        for message in messages {
+            crate::trace::otel::link_to_remote(&span, message.headers());
+        }
+    }
+    span
 }

@@ -96,12 +96,23 @@ impl Output {
         (self.destination, self.payload, self.key, self.headers)
     }
 
-    /// Carries the trace of the input it came from: sets `traceparent` to
-    /// `trace` unless the output already names a trace of its own.
+    /// Carries the trace of the input it came from (`trace`, its
+    /// `traceparent`), unless the output names a trace of its own: the
+    /// current span's context with the `opentelemetry` feature (when a span
+    /// is recorded), otherwise the input's. An output that copied the
+    /// input's headers ([`forward`](Self::forward)) holds the input's
+    /// `traceparent`, which is not a trace of its own.
     pub(crate) fn continue_trace(&mut self, trace: Option<&Bytes>) {
-        if let Some(trace) = trace
-            && self.headers.get(TRACEPARENT).is_none()
-        {
+        let carried = self.headers.get(TRACEPARENT);
+        if carried.is_some() && carried != trace {
+            return;
+        }
+        let carries_none = carried.is_none();
+        #[cfg(feature = "opentelemetry")]
+        if crate::trace::otel::inject_current(&mut self.headers) {
+            return;
+        }
+        if carries_none && let Some(trace) = trace {
             self.headers.insert(TRACEPARENT, trace.clone());
         }
     }

@@ -15,6 +15,15 @@
 //! [`TraceLayer::record_key`]; they are recorded by default, because a key
 //! is most often the id that makes a span findable.
 //!
+//! With the `opentelemetry` feature, the span is also parented on the remote
+//! context the headers carry, read by the global propagator (W3C trace
+//! context unless the application sets another), and it records the span
+//! kind (`consumer`) and the messaging attributes
+//! `messaging.operation.type`, `messaging.destination.name` and
+//! `messaging.destination.partition.id`; a `tracing-opentelemetry` layer
+//! in the application's subscriber exports it. Outputs published within
+//! the span carry its context (see [`publish`](crate::publish)).
+//!
 //! With no subscriber interested in the span, a message costs one level check:
 //! no field is formatted and no header is read.
 //!
@@ -41,6 +50,8 @@
 
 mod future;
 mod layer;
+#[cfg(feature = "opentelemetry")]
+pub(crate) mod otel;
 mod traceparent;
 
 use std::fmt;
@@ -117,8 +128,25 @@ impl<S> Trace<S> {
             parent_span_id = Empty,
             error = Empty,
             error.class = Empty,
+            // OpenTelemetry's span kind and messaging attributes, recorded
+            // with the `opentelemetry` feature only.
+            otel.kind = Empty,
+            messaging.operation.type = Empty,
+            messaging.destination.name = Empty,
+            messaging.destination.partition.id = Empty,
         );
         if !span.is_disabled() {
+            #[cfg(feature = "opentelemetry")]
+            {
+                span.record("otel.kind", "consumer")
+                    .record("messaging.operation.type", "process")
+                    .record(
+                        "messaging.destination.name",
+                        tracing::field::display(metadata.source()),
+                    )
+                    .record("messaging.destination.partition.id", metadata.partition());
+                otel::parent_on_remote(&span, message.headers());
+            }
             let parent = message
                 .headers()
                 .get(TRACEPARENT)
