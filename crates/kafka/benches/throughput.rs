@@ -24,25 +24,45 @@
 //! - `intake`: `Consumer` with a no-op `handler_fn`, `max_in_flight(1024)`,
 //!   `fetch_batch(1024)`, in partition order (Kafka's default guarantee),
 //!   committing every 100 ms.
+//!
+//! Two relay loops consume the topic, publish each message (payload and
+//! key) to a new topic of the loop's own (4 partitions), and acknowledge
+//! each input only after its output's delivery report, with at most 1024
+//! inputs in flight and the same producer settings (idempotent, `linger.ms`
+//! 5, `murmur2_random`); their time runs from the first confirmed output to
+//! the last:
+//!
+//! - `raw-relay`: `BaseConsumer::poll`, `ThreadedProducer::send` with the
+//!   input's partition and offset as the delivery opaque, the delivery
+//!   callback passing them back over a channel; per input partition the
+//!   confirmed prefix is stored (`store_offset`) for librdkafka's auto-commit
+//!   every 100 ms.
+//! - `intake-relay`: `Consumer` in key order (`max_in_flight(1024)`,
+//!   `fetch_batch(1024)`) with `PublishLayer` over a `KafkaPublisher` and a
+//!   `handler_fn` returning `Output::forward`, committing every 100 ms.
 
+use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use intake_core::publish::{Output, PublishLayer};
 use intake_core::{
-    Consumer, DeliveryOrder, PartitionKey, Payload, Position,
+    Consumer, DeliveryOrder, Message, PartitionKey, Payload, Position,
     backend::{AckBatch, Acker, PartitionAck, Source, SourceEvent},
     handler_fn,
 };
 use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use intake_kafka::rdkafka::client::DefaultClientContext;
 use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+use intake_kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake_kafka::rdkafka::producer::{
-    BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
+    BaseRecord, DefaultProducerContext, DeliveryResult, Producer, ProducerContext, ThreadedProducer,
 };
-use intake_kafka::rdkafka::{ClientConfig, Message as _};
-use intake_kafka::{KafkaSettings, KafkaSource};
+use intake_kafka::rdkafka::{ClientConfig, ClientContext, Message as _};
+use intake_kafka::{KafkaPublisher, KafkaSettings, KafkaSource};
 use tokio_util::sync::CancellationToken;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -128,8 +148,8 @@ impl Measure {
     }
 }
 
-async fn prepare(brokers: &str, messages: usize) -> Result<String, BoxError> {
-    let topic = unique("intake-bench");
+async fn create_topic(brokers: &str, prefix: &str) -> Result<String, BoxError> {
+    let topic = unique(prefix);
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()?;
@@ -146,6 +166,11 @@ async fn prepare(brokers: &str, messages: usize) -> Result<String, BoxError> {
     {
         result.map_err(|(name, code)| format!("create {name}: {code}"))?;
     }
+    Ok(topic)
+}
+
+async fn prepare(brokers: &str, messages: usize) -> Result<String, BoxError> {
+    let topic = create_topic(brokers, "intake-bench").await?;
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "20")
@@ -385,6 +410,251 @@ async fn intake(brokers: &str, topic: &str, messages: usize) -> Result<Measure, 
     Ok(Measure::between(started, first, last, messages))
 }
 
+/// The relay loops' producer settings: what `KafkaPublisher` applies by
+/// default, given to the raw relay's producer too.
+const RELAY_PRODUCER: [(&str, &str); 5] = [
+    ("enable.idempotence", "true"),
+    ("linger.ms", "5"),
+    ("partitioner", "murmur2_random"),
+    ("queue.buffering.max.messages", "100000"),
+    ("queue.buffering.max.kbytes", "65536"),
+];
+
+/// The raw relay's producer context: each delivery report's opaque (the
+/// input's partition and offset, see [`relay_opaque`]) back to the loop,
+/// `None` for a failed delivery.
+struct RelayContext {
+    confirmed: mpsc::Sender<Option<usize>>,
+}
+
+impl ClientContext for RelayContext {}
+
+impl ProducerContext for RelayContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        let _ = self.confirmed.send(result.is_ok().then_some(opaque));
+    }
+}
+
+/// An input's partition (below 256) and offset in one word, so the raw
+/// relay allocates nothing per message for its opaque.
+fn relay_opaque(partition: i32, offset: i64) -> usize {
+    ((offset as usize) << 8) | (partition as usize & 0xff)
+}
+
+/// Inputs of one partition in flight, in offset order, with whether each
+/// one's output is confirmed.
+#[derive(Default)]
+struct InFlight {
+    inputs: VecDeque<(i64, bool)>,
+}
+
+impl InFlight {
+    /// Marks `offset` confirmed; returns the last offset of the confirmed
+    /// prefix it released, if any.
+    fn confirm(&mut self, offset: i64) -> Option<i64> {
+        let front = self.inputs.front()?.0;
+        // Offsets of a fresh topic without transactions are contiguous.
+        let index = usize::try_from(offset - front).ok()?;
+        match self.inputs.get_mut(index) {
+            Some(entry) if entry.0 == offset => entry.1 = true,
+            _ => self.inputs.iter_mut().find(|entry| entry.0 == offset)?.1 = true,
+        }
+        let mut released = None;
+        while let Some(&(offset, true)) = self.inputs.front() {
+            released = Some(offset);
+            self.inputs.pop_front();
+        }
+        released
+    }
+}
+
+fn raw_relay(
+    brokers: &str,
+    topic: &str,
+    output: &str,
+    messages: usize,
+) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let consumer: BaseConsumer = ClientConfig::clone(consumer_settings(brokers).client_config())
+        .set("group.id", unique("bench-raw-relay"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "100")
+        .set("enable.auto.offset.store", "false")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let (confirmed_tx, confirmed) = mpsc::channel();
+    let producer: ThreadedProducer<RelayContext> = RELAY_PRODUCER
+        .iter()
+        .fold(
+            ClientConfig::clone(KafkaSettings::new(brokers).client_config()),
+            |mut config, (key, value)| {
+                config.set(*key, *value);
+                config
+            },
+        )
+        .create_with_context(RelayContext {
+            confirmed: confirmed_tx,
+        })?;
+    let mut pending: Vec<InFlight> = (0..PARTITIONS).map(|_| InFlight::default()).collect();
+    let mut released: Vec<Option<i64>> = vec![None; PARTITIONS as usize];
+    let (mut received, mut done, mut in_flight) = (0, 0, 0);
+    let mut first = None;
+    let mut last_progress = Instant::now();
+    while done < messages {
+        // Confirmations: wait for one when the window is full or nothing
+        // is left to read, else take what has come.
+        let mut next = if in_flight >= BATCH || (received == messages && in_flight > 0) {
+            match confirmed.recv_timeout(STALL) {
+                Ok(opaque) => Some(opaque),
+                Err(_) => return Err(format!("raw-relay: stalled at {done} of {messages}").into()),
+            }
+        } else {
+            confirmed.try_recv().ok()
+        };
+        while let Some(opaque) = next {
+            let opaque = opaque.ok_or("raw-relay: an output was not delivered")?;
+            let (partition, offset) = (opaque & 0xff, (opaque >> 8) as i64);
+            let in_partition = pending.get_mut(partition).ok_or("raw-relay: partition")?;
+            if let Some(offset) = in_partition.confirm(offset) {
+                released[partition] = Some(offset);
+            }
+            first.get_or_insert_with(Mark::now);
+            in_flight -= 1;
+            done += 1;
+            next = confirmed.try_recv().ok();
+        }
+        for (partition, offset) in released.iter_mut().enumerate() {
+            if let Some(offset) = offset.take() {
+                consumer.store_offset(topic, partition as i32, offset)?;
+            }
+        }
+        if received == messages || in_flight >= BATCH {
+            continue;
+        }
+        // With outputs in flight, a short poll: a confirmation may be due.
+        let wait = match in_flight {
+            0 => Duration::from_millis(100),
+            _ => Duration::from_millis(1),
+        };
+        match consumer.poll(wait) {
+            Some(Ok(message)) => {
+                let partition = message.partition();
+                let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
+                    output,
+                    relay_opaque(partition, message.offset()),
+                )
+                .payload(message.payload().unwrap_or_default());
+                if let Some(key) = message.key() {
+                    record = record.key(key);
+                }
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((
+                            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                            unsent,
+                        )) => {
+                            record = unsent;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err((error, _)) => return Err(error.into()),
+                    }
+                }
+                pending
+                    .get_mut(partition as usize)
+                    .ok_or("raw-relay: partition")?
+                    .inputs
+                    .push_back((message.offset(), false));
+                in_flight += 1;
+                received += 1;
+                last_progress = Instant::now();
+            }
+            Some(Err(error)) => return Err(error.into()),
+            None if in_flight == 0 && last_progress.elapsed() > STALL => {
+                return Err(format!("raw-relay: stalled at {received} of {messages}").into());
+            }
+            None => {}
+        }
+    }
+    let last = Mark::now();
+    Ok(Measure::between(
+        started,
+        first.ok_or("raw-relay: no message")?,
+        last,
+        messages,
+    ))
+}
+
+async fn intake_relay(
+    brokers: &str,
+    topic: &str,
+    output: &str,
+    messages: usize,
+) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let source = source(brokers, topic, "bench-intake-relay").await?;
+    let acker = source.acker();
+    let publisher = KafkaPublisher::builder(KafkaSettings::new(brokers)).build()?;
+    let progress = Arc::new(Progress {
+        seen: AtomicUsize::new(0),
+        first: Mutex::new(None),
+        last: Mutex::new(None),
+        done: CancellationToken::new(),
+        messages,
+    });
+    let destination: Arc<str> = output.into();
+    let handler = tower::ServiceBuilder::new()
+        .map_result({
+            let progress = progress.clone();
+            move |result: Result<(), intake_core::HandlerError>| {
+                if result.is_ok() {
+                    progress.record();
+                }
+                result
+            }
+        })
+        .layer(PublishLayer::new(publisher))
+        .service(handler_fn(move |message: Message| {
+            std::future::ready(Output::forward(&message, Arc::clone(&destination)))
+        }));
+    let consumer = Consumer::builder()
+        .max_in_flight(BATCH)
+        .fetch_batch(BATCH)
+        .ordering(DeliveryOrder::Key)
+        .commit_interval(COMMIT_INTERVAL)
+        .build(source, acker, handler)?;
+    let run = tokio::spawn(consumer.run(progress.done.clone()));
+    let mut seen = 0;
+    loop {
+        tokio::select! {
+            () = progress.done.cancelled() => break,
+            () = tokio::time::sleep(STALL) => {
+                let now = progress.seen.load(AtomicOrdering::Relaxed);
+                if now == seen {
+                    progress.done.cancel();
+                    run.await??;
+                    return Err(format!("intake-relay: stalled at {now} of {messages}").into());
+                }
+                seen = now;
+            }
+        }
+    }
+    let report = run.await??;
+    if report.succeeded < messages as u64 {
+        return Err(format!("intake-relay: {} of {messages} relayed", report.succeeded).into());
+    }
+    let first = progress
+        .mark(&progress.first)
+        .ok_or("intake-relay: no message")?;
+    let last = progress
+        .mark(&progress.last)
+        .ok_or("intake-relay: not done")?;
+    Ok(Measure::between(started, first, last, messages))
+}
+
 /// What the intake loop's handler records.
 struct Progress {
     seen: AtomicUsize,
@@ -445,8 +715,11 @@ async fn main() -> Result<(), BoxError> {
     let brokers: String = env_or("KAFKA_BROKERS", "127.0.0.1:9092".to_string());
     let messages: usize = env_or("BENCH_MESSAGES", 1_000_000);
     let rounds: usize = env_or("BENCH_ROUNDS", 3);
-    // A comma-separated subset of raw, adapter, intake (for profiling one).
-    let only: String = env_or("BENCH_LOOPS", "raw,adapter,intake".to_string());
+    // A comma-separated subset of the loops (for profiling one).
+    let only: String = env_or(
+        "BENCH_LOOPS",
+        "raw,adapter,intake,raw-relay,intake-relay".to_string(),
+    );
     let address: std::net::SocketAddr = brokers
         .split(',')
         .next()
@@ -463,20 +736,11 @@ async fn main() -> Result<(), BoxError> {
         Ok(topic) => topic,
         Err(_) => prepare(&brokers, messages).await?,
     };
-    let mut results = [
-        Results {
-            name: "raw",
+    let mut results =
+        ["raw", "adapter", "intake", "raw-relay", "intake-relay"].map(|name| Results {
+            name,
             measures: Vec::new(),
-        },
-        Results {
-            name: "adapter",
-            measures: Vec::new(),
-        },
-        Results {
-            name: "intake",
-            measures: Vec::new(),
-        },
-    ];
+        });
     for round in 0..rounds {
         for turn in 0..results.len() {
             let index = (round + turn) % results.len();
@@ -490,10 +754,22 @@ async fn main() -> Result<(), BoxError> {
                     tokio::task::spawn_blocking(move || raw(&brokers, &topic, messages)).await??
                 }
                 1 => adapter(&brokers, &topic, messages).await?,
-                _ => intake(&brokers, &topic, messages).await?,
+                2 => intake(&brokers, &topic, messages).await?,
+                3 => {
+                    let output = create_topic(&brokers, "intake-bench-raw-relayed").await?;
+                    let (brokers, topic) = (brokers.clone(), topic.clone());
+                    tokio::task::spawn_blocking(move || {
+                        raw_relay(&brokers, &topic, &output, messages)
+                    })
+                    .await??
+                }
+                _ => {
+                    let output = create_topic(&brokers, "intake-bench-relayed").await?;
+                    intake_relay(&brokers, &topic, &output, messages).await?
+                }
             };
             eprintln!(
-                "round {round}: {:<8} {:>10.0} msg/s {:>6.0} ns CPU/msg (first message after {:.1?}, loop {:.1?})",
+                "round {round}: {:<12} {:>10.0} msg/s {:>6.0} ns CPU/msg (first message after {:.1?}, loop {:.1?})",
                 results[index].name,
                 measure.rate,
                 measure.cpu_ns_per_message,
@@ -507,28 +783,31 @@ async fn main() -> Result<(), BoxError> {
         "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}, BENCH_IGNORE_HEADERS={}",
         env_or("BENCH_IGNORE_HEADERS", 0)
     );
-    if results
-        .iter()
-        .any(|loop_results| loop_results.measures.is_empty())
-    {
-        return Ok(());
-    }
-    let raw = results[0].median();
-    println!(
-        "| loop | best msg/s | median msg/s | median / raw median | median ns CPU/msg | CPU / raw CPU |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for loop_results in &results {
-        let median = loop_results.median();
+    let (consume, relay) = results.split_at(3);
+    for (group, baseline) in [(consume, "raw"), (relay, "raw-relay")] {
+        if group
+            .iter()
+            .any(|loop_results| loop_results.measures.is_empty())
+        {
+            continue;
+        }
+        let raw = group[0].median();
         println!(
-            "| {} | {:.0} | {:.0} | {:.3} | {:.0} | {:.2} |",
-            loop_results.name,
-            loop_results.best(),
-            median.rate,
-            median.rate / raw.rate,
-            median.cpu_ns_per_message,
-            median.cpu_ns_per_message / raw.cpu_ns_per_message
+            "| loop | best msg/s | median msg/s | median / {baseline} median | median ns CPU/msg | CPU / {baseline} CPU |"
         );
+        println!("|---|---|---|---|---|---|");
+        for loop_results in group {
+            let median = loop_results.median();
+            println!(
+                "| {} | {:.0} | {:.0} | {:.3} | {:.0} | {:.2} |",
+                loop_results.name,
+                loop_results.best(),
+                median.rate,
+                median.rate / raw.rate,
+                median.cpu_ns_per_message,
+                median.cpu_ns_per_message / raw.cpu_ns_per_message
+            );
+        }
     }
     Ok(())
 }
