@@ -14,7 +14,16 @@
 //!   `XACK` of the batch, the payload touched;
 //! - `intake`: `Consumer` with a no-op handler, `max_in_flight` 1000,
 //!   fetches of 500, unordered;
-//! - `intake-ordered`: the same in partition order (the default).
+//! - `intake-ordered`: the same in partition order (the default);
+//! - `raw-relay`: the redis crate alone, relaying: `XREADGROUP COUNT 500`,
+//!   one pipeline of an `XADD` per payload to another stream, awaited, then
+//!   one `XACK` of the batch;
+//! - `intake-relay`: `Consumer` (unordered, as `intake`) with a handler that
+//!   returns each payload as an `Output` to another stream, published by
+//!   `PublishLayer` through a `RedisStreamsPublisher`: each input is
+//!   acknowledged after its output's `XADD` reply.
+//!
+//! The relay loops also check that the other stream holds every entry.
 //!
 //! A loop's time runs from its first read to the acknowledgement of its
 //! last entry; it is checked that nothing is left pending. Besides msg/s,
@@ -29,8 +38,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
-use intake_redis_streams::RedisStreamsSource;
+use intake_core::publish::{Output, PublishLayer};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message, handler_fn};
+use intake_redis_streams::{RedisStreamsPublisher, RedisStreamsSource};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +53,8 @@ enum Loop {
     Raw,
     Intake,
     IntakeOrdered,
+    RawRelay,
+    IntakeRelay,
 }
 
 impl Loop {
@@ -51,6 +63,8 @@ impl Loop {
             Loop::Raw => "raw",
             Loop::Intake => "intake",
             Loop::IntakeOrdered => "intake-ordered",
+            Loop::RawRelay => "raw-relay",
+            Loop::IntakeRelay => "intake-relay",
         }
     }
 }
@@ -80,7 +94,13 @@ async fn main() -> Result<(), BenchError> {
     fill(&mut admin, &stream, entries).await?;
     println!("stream {stream}: {entries} entries of {PAYLOAD_BYTES} bytes, {rounds} rounds");
 
-    let loops = [Loop::Raw, Loop::Intake, Loop::IntakeOrdered];
+    let loops = [
+        Loop::Raw,
+        Loop::Intake,
+        Loop::IntakeOrdered,
+        Loop::RawRelay,
+        Loop::IntakeRelay,
+    ];
     let mut rates: Vec<(Loop, Vec<f64>, Vec<f64>)> = loops
         .iter()
         .map(|&kind| (kind, Vec::new(), Vec::new()))
@@ -97,6 +117,26 @@ async fn main() -> Result<(), BenchError> {
                 }
                 Loop::IntakeOrdered => {
                     intake(&url, &stream, &group, entries, DeliveryOrder::Partition).await?
+                }
+                Loop::RawRelay | Loop::IntakeRelay => {
+                    let relayed = format!("{stream}:{group}");
+                    let elapsed = if kind == Loop::RawRelay {
+                        raw_relay(&client, &stream, &relayed, &group, entries).await?
+                    } else {
+                        intake_relay(&url, &stream, &relayed, &group, entries).await?
+                    };
+                    let length: usize = redis::cmd("XLEN")
+                        .arg(&relayed)
+                        .query_async(&mut admin)
+                        .await?;
+                    redis::cmd("DEL")
+                        .arg(&relayed)
+                        .query_async::<()>(&mut admin)
+                        .await?;
+                    if length != entries {
+                        return Err(format!("{} relayed {length} of {entries}", kind.name()).into());
+                    }
+                    elapsed
                 }
             };
             let cpu = process_cpu().saturating_sub(cpu_before);
@@ -271,6 +311,65 @@ async fn raw(
     Ok(started.elapsed())
 }
 
+/// The redis crate alone, relaying: read a batch, add each payload to
+/// `relayed` in one pipeline and wait for its replies, acknowledge the
+/// batch, repeat.
+async fn raw_relay(
+    client: &redis::Client,
+    stream: &str,
+    relayed: &str,
+    group: &str,
+    entries: usize,
+) -> Result<Duration, BenchError> {
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    create_group(&mut connection, stream, group).await?;
+    let started = Instant::now();
+    let mut consumed = 0;
+    let mut ids: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
+    let mut pipe = redis::pipe();
+    while consumed < entries {
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(group)
+            .arg("raw")
+            .arg("COUNT")
+            .arg(BATCH)
+            .arg("BLOCK")
+            .arg(1000)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .query_async(&mut connection)
+            .await?;
+        ids.clear();
+        pipe.clear();
+        for (id, payload) in raw_entries(reply) {
+            pipe.cmd("XADD")
+                .arg(relayed)
+                .arg("*")
+                .arg("payload")
+                .arg(payload);
+            ids.push(id);
+        }
+        if ids.is_empty() {
+            return Err("the raw relay ran out of entries".into());
+        }
+        // The entry ids, as a confirming relay would read them.
+        let added: Vec<Value> = pipe.query_async(&mut connection).await?;
+        if added.len() != ids.len() {
+            return Err("the raw relay lost replies".into());
+        }
+        consumed += ids.len();
+        redis::cmd("XACK")
+            .arg(stream)
+            .arg(group)
+            .arg(&ids)
+            .query_async::<()>(&mut connection)
+            .await?;
+    }
+    Ok(started.elapsed())
+}
+
 /// `(id, payload)` of each entry of a one-stream read reply.
 fn raw_entries(reply: Value) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
@@ -342,6 +441,57 @@ async fn intake(
     let elapsed = started.elapsed();
     if report.succeeded as usize != entries {
         return Err(format!("intake handled {} of {entries}", report.succeeded).into());
+    }
+    Ok(elapsed)
+}
+
+/// The consumer runtime relaying each payload to `relayed` through
+/// `PublishLayer`; the run returns after the final acknowledgement, which
+/// follows the last output's confirmation.
+async fn intake_relay(
+    url: &str,
+    stream: &str,
+    relayed: &str,
+    group: &str,
+    entries: usize,
+) -> Result<Duration, BenchError> {
+    let source = RedisStreamsSource::builder(url)
+        .stream(stream)
+        .group(group)
+        .consumer("intake")
+        .block(Duration::from_millis(100))
+        .build()
+        .await?;
+    let acker = source.acker();
+    let publisher = RedisStreamsPublisher::builder(url).build().await?;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let shutdown = CancellationToken::new();
+    let destination: Arc<str> = relayed.into();
+    let handler = {
+        let handled = handled.clone();
+        let shutdown = shutdown.clone();
+        handler_fn(move |message: Message| {
+            if handled.fetch_add(1, AtomicOrdering::Relaxed) + 1 == entries {
+                shutdown.cancel();
+            }
+            let output = Output::new(Arc::clone(&destination), message.payload().clone());
+            async move { output }
+        })
+    };
+    let handler = tower::ServiceBuilder::new()
+        .layer(PublishLayer::new(publisher.clone()))
+        .service(handler);
+    let consumer = Consumer::builder()
+        .max_in_flight(1000)
+        .fetch_batch(BATCH)
+        .ordering(DeliveryOrder::Unordered)
+        .build(source, acker, handler)?;
+    let started = Instant::now();
+    let report = consumer.run(shutdown).await?;
+    let elapsed = started.elapsed();
+    publisher.close().await;
+    if report.succeeded as usize != entries {
+        return Err(format!("intake relayed {} of {entries}", report.succeeded).into());
     }
     Ok(elapsed)
 }
