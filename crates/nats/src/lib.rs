@@ -19,6 +19,11 @@
 //!   subject (default `<stream>.<consumer>.dlq`, on the stream
 //!   `<stream>_dlq`) with the dead-letter envelope as headers, waits for
 //!   JetStream's publish ack, then ends the original with `+TERM`.
+//! - [`NatsPublisher`] publishes handlers' outputs (`intake_core::publish`)
+//!   to subjects, many in flight on one connection, at most
+//!   `max_unconfirmed` awaiting their ack; each receipt resolves on the
+//!   stream's publish ack (the key is the subject's last token, what the
+//!   source reads back as the key).
 //! - A lost connection is made anew with a
 //!   [`BackoffPolicy`](intake_core::BackoffPolicy); held deliveries stay
 //!   valid across reconnects (JetStream acks go by subject, not by
@@ -84,6 +89,7 @@ mod dead_letter;
 mod deliveries;
 mod error;
 mod lag;
+mod publisher;
 mod source;
 mod url;
 
@@ -97,6 +103,7 @@ pub use dead_letter::{
 };
 pub use error::Error;
 pub use lag::NatsLagProbe;
+pub use publisher::{NatsPublisher, NatsPublisherBuilder, NatsReceipt};
 pub use source::{NatsSource, NatsSourceBuilder};
 
 /// The async-nats version this crate is built on, for producing alongside

@@ -328,6 +328,24 @@ impl Backend for NatsBackend {
     }
 }
 
+#[async_trait::async_trait]
+impl testkit::PublishingBackend for NatsBackend {
+    type Publisher = intake_nats::NatsPublisher;
+
+    async fn publisher(&self) -> Result<intake_nats::NatsPublisher, BoxError> {
+        Ok(intake_nats::NatsPublisher::builder(nats_url())
+            .ack_timeout(Duration::from_secs(5))
+            .build()
+            .await?)
+    }
+
+    /// A subject of the stream (`in.<stream>.>`): an output's key becomes
+    /// its last token, `in.<stream>.published.<key>`.
+    fn destination(&self, source: &str) -> String {
+        format!("in.{source}.published")
+    }
+}
+
 /// A consumer running in a task of its own.
 pub struct Running {
     pub shutdown: tokio_util::sync::CancellationToken,
