@@ -22,6 +22,25 @@
 //! - intake-ordered: the same in partition order (the default ordering:
 //!   one message at a time, as a stream is one partition).
 //!
+//! Two relay loops read the stream the same way, publish each payload to
+//! a stream of the bench's own (subject `relayed.<pid>.<loop>.<token>`, the
+//! token the input's subject with its dots replaced: what
+//! `NatsPublisher` makes of a key), and acknowledge each input only after
+//! its output's JetStream publish ack:
+//!
+//! - raw-relay: async-nats alone: pull a batch of 1000, publish each
+//!   payload (`jetstream::Context::publish`, pipelined), then a task awaits
+//!   the batch's publish acks in order, acking each input after its output
+//!   (`+ACK`, not confirmed) while the next batch is pulled and published;
+//! - intake-relay: `NatsSource` + `Consumer` with `max_in_flight(1000)` in
+//!   key order (the subject; `INTAKE_BENCH_RELAY_ORDER=unordered` or
+//!   `partition` instead), `PublishLayer` over a `NatsPublisher`
+//!   (`max_unconfirmed(1000)`) and a handler returning `Output::forward`;
+//!   acks confirmed in batches as always.
+//!
+//! Each relay run checks that the output stream grew by the messages
+//! relayed, then purges it.
+//!
 //! Besides msg/s it reports the client process's CPU time per message
 //! (`/proc/self/stat`), which a busy machine disturbs far less.
 //!
@@ -39,9 +58,10 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
-use intake_nats::NatsSource;
+use intake_core::publish::{Output, PublishLayer};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message, handler_fn};
 use intake_nats::async_nats::{self, jetstream};
+use intake_nats::{NatsPublisher, NatsSource};
 use tokio_util::sync::CancellationToken;
 
 const BATCH: usize = 1000;
@@ -64,6 +84,8 @@ enum Contender {
     RawConfirmedAcks,
     Intake,
     IntakeOrdered,
+    RawRelay,
+    IntakeRelay,
 }
 
 /// How a raw loop acknowledges.
@@ -78,12 +100,14 @@ enum Acks {
 }
 
 impl Contender {
-    const ALL: [Contender; 5] = [
+    const ALL: [Contender; 7] = [
         Contender::Raw,
         Contender::RawAsyncAcks,
         Contender::RawConfirmedAcks,
         Contender::Intake,
         Contender::IntakeOrdered,
+        Contender::RawRelay,
+        Contender::IntakeRelay,
     ];
 
     fn name(self) -> &'static str {
@@ -93,7 +117,13 @@ impl Contender {
             Contender::RawConfirmedAcks => "raw-confirmed-acks",
             Contender::Intake => "intake",
             Contender::IntakeOrdered => "intake-ordered",
+            Contender::RawRelay => "raw-relay",
+            Contender::IntakeRelay => "intake-relay",
         }
+    }
+
+    fn relays(self) -> bool {
+        matches!(self, Contender::RawRelay | Contender::IntakeRelay)
     }
 }
 
@@ -139,6 +169,20 @@ async fn run() -> Result<(), BoxError> {
         })
         .await?;
     fill(&context, &stream, messages).await?;
+    let relayed = format!("intake_bench_relayed_{}", std::process::id());
+    let relayed_prefix = format!("relayed.{}", std::process::id());
+    context
+        .create_stream(jetstream::stream::Config {
+            name: relayed.clone(),
+            subjects: vec![format!("{relayed_prefix}.>")],
+            ..Default::default()
+        })
+        .await?;
+    let relay_order = match std::env::var("INTAKE_BENCH_RELAY_ORDER").as_deref() {
+        Ok("unordered") => DeliveryOrder::Unordered,
+        Ok("partition") => DeliveryOrder::Partition,
+        _ => DeliveryOrder::Key,
+    };
     println!("{messages} messages of {PAYLOAD_BYTES} bytes, batches of {BATCH}, {rounds} rounds");
     let mut samples = Vec::new();
     for round in 0..rounds {
@@ -164,11 +208,23 @@ async fn run() -> Result<(), BoxError> {
                 Contender::IntakeOrdered => {
                     intake(&url, &stream, &consumer, messages, DeliveryOrder::Partition).await?
                 }
+                Contender::RawRelay => {
+                    let output = format!("{relayed_prefix}.{consumer}");
+                    raw_relay(&context, &stream, &consumer, &output, messages).await?
+                }
+                Contender::IntakeRelay => {
+                    let output = format!("{relayed_prefix}.{consumer}");
+                    let ordering = relay_order;
+                    intake_relay(&url, &stream, &consumer, &output, messages, ordering).await?
+                }
             };
             let cpu_per_message = process_cpu()
                 .zip(cpu_before)
                 .map(|(after, before)| (after - before) / messages as u32);
             all_acknowledged(&context, &stream, &consumer).await?;
+            if contender.relays() {
+                all_relayed(&context, &relayed, messages).await?;
+            }
             let rate = messages as f64 / elapsed.as_secs_f64();
             println!(
                 "round {}: {:<15} {:>9.0} msg/s ({:.2} s), client CPU {}/msg",
@@ -187,6 +243,7 @@ async fn run() -> Result<(), BoxError> {
         }
     }
     context.delete_stream(&stream).await?;
+    context.delete_stream(&relayed).await?;
     summarize(&samples);
     Ok(())
 }
@@ -357,6 +414,141 @@ async fn raw(
     Ok(started.elapsed())
 }
 
+/// Fails unless the output stream holds `count` messages; purges it.
+async fn all_relayed(
+    context: &jetstream::Context,
+    relayed: &str,
+    count: usize,
+) -> Result<(), BoxError> {
+    let mut handle = context.get_stream(relayed).await?;
+    let stored = handle.info().await?.state.messages;
+    handle.purge().await?;
+    if stored != count as u64 {
+        return Err(format!("{stored} outputs stored of {count} relayed").into());
+    }
+    Ok(())
+}
+
+/// The output subject of an input on `subject`: what `NatsPublisher` makes
+/// of `Output::forward` (the key, the input's subject, as the last token).
+fn relay_subject(output: &str, subject: &str) -> String {
+    let mut relayed = String::with_capacity(output.len() + 1 + subject.len());
+    relayed.push_str(output);
+    relayed.push('.');
+    relayed.extend(subject.chars().map(|c| match c {
+        '.' | '*' | '>' => '_',
+        c => c,
+    }));
+    relayed
+}
+
+/// Raw async-nats relay: batches of 1000; each payload published at once
+/// (pipelined), then a task awaits the batch's publish acks in order and
+/// acks each input after its output while the next batch is pulled.
+async fn raw_relay(
+    context: &jetstream::Context,
+    stream: &str,
+    name: &str,
+    output: &str,
+    count: usize,
+) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let consumer: jetstream::consumer::PullConsumer = context
+        .get_stream(stream)
+        .await?
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some(name.to_owned()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            max_ack_pending: 10 * BATCH as i64,
+            ..Default::default()
+        })
+        .await?;
+    let mut received = 0;
+    let mut acking: Option<tokio::task::JoinHandle<Result<(), BoxError>>> = None;
+    while received < count {
+        let mut batch = consumer
+            .batch()
+            .max_messages(BATCH.min(count - received))
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await?;
+        let mut pending = Vec::with_capacity(BATCH);
+        while let Some(message) = batch.next().await {
+            let (message, acker) = message?.split();
+            received += 1;
+            let subject = relay_subject(output, &message.subject);
+            let ack = context.publish(subject, message.payload).await?;
+            pending.push((ack, acker));
+        }
+        if let Some(previous) = acking.take() {
+            previous.await??;
+        }
+        acking = Some(tokio::spawn(async move {
+            for (ack, acker) in pending {
+                ack.await?;
+                acker.ack().await?;
+            }
+            Ok(())
+        }));
+    }
+    if let Some(last) = acking.take() {
+        last.await??;
+    }
+    context.client().flush().await?;
+    Ok(started.elapsed())
+}
+
+/// intake relay: `NatsSource`, `Consumer`, `PublishLayer` over a
+/// `NatsPublisher`, a handler forwarding each input.
+async fn intake_relay(
+    url: &str,
+    stream: &str,
+    name: &str,
+    output: &str,
+    count: usize,
+    ordering: DeliveryOrder,
+) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let source = NatsSource::builder(url)
+        .stream(stream)
+        .consumer(name)
+        .build()
+        .await?;
+    let acker = source.acker();
+    let publisher = NatsPublisher::builder(url)
+        .max_unconfirmed(BATCH)
+        .build()
+        .await?;
+    let shutdown = CancellationToken::new();
+    let relayed = Arc::new(AtomicUsize::new(0));
+    let destination: Arc<str> = output.into();
+    let handler = tower::ServiceBuilder::new()
+        .map_result({
+            let (relayed, shutdown) = (relayed.clone(), shutdown.clone());
+            move |result: Result<(), HandlerError>| {
+                if result.is_ok() && relayed.fetch_add(1, AtomicOrdering::Relaxed) + 1 == count {
+                    shutdown.cancel();
+                }
+                result
+            }
+        })
+        .layer(PublishLayer::new(publisher))
+        .service(handler_fn(move |message: Message| {
+            std::future::ready(Output::forward(&message, Arc::clone(&destination)))
+        }));
+    let report = Consumer::builder()
+        .max_in_flight(BATCH)
+        .ordering(ordering)
+        .build(source, acker, handler)?
+        .run(shutdown)
+        .await?;
+    let elapsed = started.elapsed();
+    if report.succeeded < count as u64 {
+        return Err(format!("intake relayed {} of {count}", report.succeeded).into());
+    }
+    Ok(elapsed)
+}
+
 /// intake: `NatsSource` and `Consumer` with a no-op handler.
 async fn intake(
     url: &str,
@@ -444,11 +636,20 @@ fn summarize(samples: &[Sample]) {
         "reference: the better raw loop by median, {}",
         reference.name()
     );
+    println!("relay loops against raw-relay");
     println!(
         "| loop | best msg/s | median msg/s | worst msg/s | best / raw best | median / raw median | median ns CPU/msg | CPU / raw CPU |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let relay_rates = rates(Contender::RawRelay);
+    let (relay_best, relay_median) = (relay_rates.last().copied(), median(&relay_rates));
+    let relay_cpu = cpu(Contender::RawRelay);
     for contender in Contender::ALL {
+        // Relays against the raw relay, the others against the raw loop.
+        let (raw_best, raw_median, raw_cpu) = match contender.relays() {
+            true => (relay_best, relay_median, relay_cpu),
+            false => (raw_best, raw_median, raw_cpu),
+        };
         let rates = rates(contender);
         let (Some(best), Some(middle), Some(worst)) = (
             rates.last().copied(),
