@@ -133,18 +133,18 @@ impl Writer {
                     self.answer(&mut batch, replies).await;
                 }
                 Ok(replies) => {
-                    let error = Error::UnexpectedReply {
-                        command: "XADD",
-                        detail: format!(
-                            "{} replies to a pipeline of {} entries",
-                            replies.len(),
-                            batch.len()
-                        ),
-                    };
-                    tracing::warn!(%error, "cannot tell which outputs Redis added");
+                    let detail = format!(
+                        "{} replies to a pipeline of {} entries",
+                        replies.len(),
+                        batch.len()
+                    );
+                    tracing::warn!(%detail, "cannot tell which outputs Redis added");
                     for queued in batch.drain(..) {
                         let destination = queued.output.destination();
-                        let failed = unconfirmed(destination).with_source(error.to_string());
+                        let failed = unconfirmed(destination).with_source(Error::UnexpectedReply {
+                            command: "XADD",
+                            detail: detail.clone(),
+                        });
                         let _ = queued.reply.send(Err(failed));
                     }
                 }
@@ -267,5 +267,84 @@ fn entry_id(reply: &Value) -> Option<StreamId> {
         Value::SimpleString(id) => StreamId::parse(id.as_bytes()),
         Value::VerbatimString { text, .. } => StreamId::parse(text.as_bytes()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arguments(format: &EntryFormat, output: &Output) -> Vec<String> {
+        let mut pipe = redis::pipe();
+        format.add(&mut pipe, output);
+        let packed = pipe.get_packed_pipeline();
+        // RESP: `*<n>`, then `$<len>` and the argument, each on its line.
+        let text = String::from_utf8_lossy(&packed).into_owned();
+        text.split("\r\n")
+            .skip(1)
+            .collect::<Vec<_>>()
+            .chunks(2)
+            .filter_map(|pair| pair.get(1).map(|argument| (*argument).to_owned()))
+            .collect()
+    }
+
+    fn format(max_len: Option<u64>) -> EntryFormat {
+        EntryFormat {
+            payload_field: "payload".into(),
+            key_field: "key".into(),
+            max_len,
+        }
+    }
+
+    #[test]
+    fn the_payload_comes_first_then_the_key_then_the_headers_in_order() {
+        let output = Output::new("orders", "body")
+            .with_key("k1")
+            .with_header("trace", "t")
+            .with_header("payload", "a header named like the payload field");
+        assert_eq!(
+            arguments(&format(Some(1000)), &output),
+            [
+                "XADD",
+                "orders",
+                "MAXLEN",
+                "~",
+                "1000",
+                "*",
+                "payload",
+                "body",
+                "key",
+                "k1",
+                "trace",
+                "t",
+                "payload",
+                "a header named like the payload field",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_key_its_first_header_already_carries_is_written_once() {
+        // What `Output::forward` makes of a message the source decoded with
+        // `key_field("key")`: the key field is among its headers too.
+        let forwarded = Output::new("copy", "body")
+            .with_key("k1")
+            .with_header("key", "k1")
+            .with_header("h", "v");
+        assert_eq!(
+            arguments(&format(None), &forwarded),
+            [
+                "XADD", "copy", "*", "payload", "body", "key", "k1", "h", "v"
+            ]
+        );
+        let other = Output::new("copy", "body")
+            .with_key("k2")
+            .with_header("key", "k1");
+        assert_eq!(
+            arguments(&format(None), &other),
+            [
+                "XADD", "copy", "*", "payload", "body", "key", "k2", "key", "k1"
+            ]
+        );
     }
 }
