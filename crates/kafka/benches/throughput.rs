@@ -28,16 +28,17 @@
 //! Two relay loops consume the topic, publish each message (payload and
 //! key) to a new topic of the loop's own (4 partitions), and acknowledge
 //! each input only after its output's delivery report, with at most 1024
-//! inputs in flight and the same producer settings (idempotent, `linger.ms`
-//! 5, `murmur2_random`); their time runs from the first confirmed output to
-//! the last:
+//! inputs in flight (`BENCH_RELAY_WINDOW`) and the same producer settings
+//! (idempotent, `linger.ms` 5, `murmur2_random`); their time runs from the
+//! first confirmed output to the last:
 //!
 //! - `raw-relay`: `BaseConsumer::poll`, `ThreadedProducer::send` with the
 //!   input's partition and offset as the delivery opaque, the delivery
 //!   callback passing them back over a channel; per input partition the
 //!   confirmed prefix is stored (`store_offset`) for librdkafka's auto-commit
 //!   every 100 ms.
-//! - `intake-relay`: `Consumer` in key order (`max_in_flight(1024)`,
+//! - `intake-relay`: `Consumer` in key order (`BENCH_RELAY_ORDER` picks
+//!   `partition` or `unordered` instead; `max_in_flight` the window,
 //!   `fetch_batch(1024)`) with `PublishLayer` over a `KafkaPublisher` and a
 //!   `handler_fn` returning `Output::forward`, committing every 100 ms.
 
@@ -500,13 +501,14 @@ fn raw_relay(
         })?;
     let mut pending: Vec<InFlight> = (0..PARTITIONS).map(|_| InFlight::default()).collect();
     let mut released: Vec<Option<i64>> = vec![None; PARTITIONS as usize];
+    let window = relay_window();
     let (mut received, mut done, mut in_flight) = (0, 0, 0);
     let mut first = None;
     let mut last_progress = Instant::now();
     while done < messages {
         // Confirmations: wait for one when the window is full or nothing
         // is left to read, else take what has come.
-        let mut next = if in_flight >= BATCH || (received == messages && in_flight > 0) {
+        let mut next = if in_flight >= window || (received == messages && in_flight > 0) {
             match confirmed.recv_timeout(STALL) {
                 Ok(opaque) => Some(opaque),
                 Err(_) => return Err(format!("raw-relay: stalled at {done} of {messages}").into()),
@@ -531,7 +533,7 @@ fn raw_relay(
                 consumer.store_offset(topic, partition as i32, offset)?;
             }
         }
-        if received == messages || in_flight >= BATCH {
+        if received == messages || in_flight >= window {
             continue;
         }
         // With outputs in flight, a short poll: a confirmation may be due.
@@ -588,6 +590,25 @@ fn raw_relay(
     ))
 }
 
+/// Inputs in flight in either relay loop: `BENCH_RELAY_WINDOW`, default
+/// 1024.
+fn relay_window() -> usize {
+    env_or("BENCH_RELAY_WINDOW", BATCH)
+}
+
+/// The intake relay's delivery order: `BENCH_RELAY_ORDER=key` (default),
+/// `partition` or `unordered`.
+fn relay_order() -> Result<DeliveryOrder, BoxError> {
+    match env_or("BENCH_RELAY_ORDER", "key".to_string()).as_str() {
+        "key" => Ok(DeliveryOrder::Key),
+        "partition" => Ok(DeliveryOrder::Partition),
+        "unordered" => Ok(DeliveryOrder::Unordered),
+        other => {
+            Err(format!("BENCH_RELAY_ORDER `{other}`: use key, partition or unordered").into())
+        }
+    }
+}
+
 async fn intake_relay(
     brokers: &str,
     topic: &str,
@@ -621,9 +642,9 @@ async fn intake_relay(
             std::future::ready(Output::forward(&message, Arc::clone(&destination)))
         }));
     let consumer = Consumer::builder()
-        .max_in_flight(BATCH)
+        .max_in_flight(relay_window())
         .fetch_batch(BATCH)
-        .ordering(DeliveryOrder::Key)
+        .ordering(relay_order()?)
         .commit_interval(COMMIT_INTERVAL)
         .build(source, acker, handler)?;
     let run = tokio::spawn(consumer.run(progress.done.clone()));
