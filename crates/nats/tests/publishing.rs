@@ -350,3 +350,35 @@ async fn a_lost_server_makes_outputs_unavailable_within_the_bounded_waits() {
     let shown = format!("{publisher:?}");
     assert!(!shown.contains(SECRET), "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_published_again_with_its_id_is_stored_once() {
+    let Some(client) = nats_or_skip("an_output_published_again_with_its_id").await else {
+        return;
+    };
+    let stream = unique("deduplicated");
+    create_stream(&client, &stream)
+        .await
+        .expect("create the stream");
+    let publisher = NatsPublisher::builder(nats_url())
+        .message_id_header("order-id")
+        .build()
+        .await
+        .expect("connect");
+    let output = Output::new(format!("in.{stream}.out"), "paid").with_header("order-id", "o-17");
+    let first = publisher.publish(output.clone()).await.expect("confirmed");
+    let again = publisher.publish(output).await.expect("confirmed again");
+    assert_eq!(again.position, first.position, "the stream kept the first");
+    let other = Output::new(format!("in.{stream}.out"), "paid").with_header("order-id", "o-18");
+    let second = publisher.publish(other).await.expect("confirmed");
+    assert_ne!(
+        second.position, first.position,
+        "another id is another output"
+    );
+    let mut handle = intake_nats::async_nats::jetstream::new(client)
+        .get_stream(&stream)
+        .await
+        .expect("the stream");
+    let stored = handle.info().await.expect("stream info").state.messages;
+    assert_eq!(stored, 2);
+}
