@@ -145,7 +145,7 @@ async fn an_entry_redis_refuses_is_rejected_alone_and_a_closed_publisher_sends_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_server_is_unavailable_in_time_and_shows_no_password() {
+async fn an_unreachable_server_is_unavailable_in_time_without_the_password_and_then_recovers() {
     let Some(mut admin) = redis_or_skip("publisher outage").await else {
         return;
     };
@@ -170,7 +170,7 @@ async fn an_unreachable_server_is_unavailable_in_time_and_shows_no_password() {
     // unavailable within the reply timeout, and nothing shows the password.
     let (user, password, url) = support::temporary_user(&mut admin).await;
     let upstream = url.rsplit('@').next().unwrap_or_default().to_owned();
-    let (address, forwarding) = proxy_one_connection(upstream.clone()).await;
+    let (address, forwarding) = proxy_one_connection(&upstream, "127.0.0.1:0").await;
     let publisher = RedisStreamsPublisher::builder(url.replace(&upstream, &address.to_string()))
         .connect_timeout(Duration::from_secs(1))
         .command_timeout(Duration::from_secs(1))
@@ -197,16 +197,47 @@ async fn an_unreachable_server_is_unavailable_in_time_and_shows_no_password() {
     assert_eq!(error.destination(), stream);
     let shown = everything_shown(&error);
     assert!(!shown.contains(&password), "{shown}");
+
+    // The server is back on the same address: the connection reconnects by
+    // itself and publishing goes on.
+    let (_, forwarding) = proxy_one_connection(&upstream, &address.to_string()).await;
+    let mut attempts = 0;
+    let confirmed = loop {
+        attempts += 1;
+        match publisher
+            .publish(Output::new(stream.as_str(), "after"))
+            .await
+        {
+            Ok(confirmation) => break confirmation,
+            Err(error) if attempts < 20 => {
+                assert_eq!(error.kind(), PublishErrorKind::Unavailable, "{error:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("still not published after the server came back: {error}"),
+        }
+    };
+    assert!(confirmed.position.is_some(), "{confirmed:?}");
+    forwarding.abort();
+    let payloads: Vec<_> = entries(&mut admin, &stream)
+        .await
+        .iter()
+        .map(|fields| field(fields, "payload"))
+        .collect();
+    assert_eq!(payloads.first(), Some(&Some("before".to_owned())));
+    assert_eq!(payloads.last(), Some(&Some("after".to_owned())));
     support::drop_user(&mut admin, &user).await;
     let _: Result<(), _> = admin.del(&stream).await;
 }
 
-/// A proxy to `upstream` for one connection: the port refuses any other,
-/// and aborting the task (then awaiting it) closes that one for sure.
+/// A proxy on `address` to `upstream` for one connection: the port refuses
+/// any other, and aborting the task (then awaiting it) closes that one for
+/// sure.
 async fn proxy_one_connection(
-    upstream: String,
+    upstream: &str,
+    address: &str,
 ) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let upstream = upstream.to_owned();
+    let listener = tokio::net::TcpListener::bind(address)
         .await
         .expect("bind the proxy");
     let address = listener.local_addr().expect("the proxy's address");
