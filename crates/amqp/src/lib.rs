@@ -29,6 +29,9 @@
 //! - Dead letters go to an exchange with publisher confirms
 //!   ([`AmqpDeadLetterSink`]) or, by rejecting without requeue, to the
 //!   queue's own dead-letter exchange ([`BrokerDeadLetterSink`]).
+//! - [`AmqpPublisher`] publishes outputs on one channel in confirm mode,
+//!   many in flight under a bound, each receipt resolved by the publisher
+//!   confirm (unroutable, nacked or oversized outputs are rejected).
 //! - [`Metadata::attempt`](intake_core::Metadata::attempt) is the quorum
 //!   queue's `x-delivery-count` plus one, or 2 for a redelivery the queue
 //!   does not count.
@@ -118,6 +121,7 @@ pub mod headers;
 mod lag;
 mod live_channel;
 mod prefetch;
+mod publisher;
 mod source;
 mod tag_ledger;
 mod tls;
@@ -130,6 +134,7 @@ pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
 pub use error::Error;
 pub use lag::AmqpLagProbe;
+pub use publisher::{AmqpPublisher, AmqpPublisherBuilder, AmqpReceipt};
 pub use source::{AmqpSource, AmqpSourceBuilder};
 pub use tls::Tls;
 pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};

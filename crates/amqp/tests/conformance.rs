@@ -7,3 +7,4 @@ async fn backend() -> Option<support::AmqpBackend> {
 }
 
 intake_core::conformance_suite!(backend());
+intake_core::publisher_suite!(backend());

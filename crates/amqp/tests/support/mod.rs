@@ -650,3 +650,22 @@ impl Backend for AmqpBackend {
         testkit::with_acker(built, |source| source.acker())
     }
 }
+
+/// Publishes through the fanout exchange the fixture produces through,
+/// with the key as the routing key, which the source reads back as the key.
+#[async_trait::async_trait]
+impl testkit::PublishingBackend for AmqpBackend {
+    type Publisher = intake_amqp::AmqpPublisher;
+
+    async fn publisher(&self) -> Result<Self::Publisher, BoxError> {
+        Ok(intake_amqp::AmqpPublisher::builder(self.url.as_str())
+            .route_by_key()
+            .connection_name("conformance publisher")
+            .build()
+            .await?)
+    }
+
+    fn destination(&self, source: &str) -> String {
+        inbound_exchange(source)
+    }
+}
