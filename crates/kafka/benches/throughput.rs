@@ -41,6 +41,12 @@
 //!   `partition` or `unordered` instead; `max_in_flight` the window,
 //!   `fetch_batch(1024)`) with `PublishLayer` over a `KafkaPublisher` and a
 //!   `handler_fn` returning `Output::forward`, committing every 100 ms.
+//!
+//! Two produce loops publish 100-byte outputs with keys to a new topic, at
+//! most the relay window unconfirmed, timed from the first send to the last
+//! confirmation: `raw-produce` with `ThreadedProducer` and the relay's
+//! delivery callback, `publisher` with `KafkaPublisher::send` and its
+//! receipts.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -590,6 +596,87 @@ fn raw_relay(
     ))
 }
 
+/// Publishes `messages` outputs of 100 bytes (keys as in [`prepare`]) to a
+/// new topic with librdkafka alone, at most the relay window unconfirmed.
+fn raw_produce(brokers: &str, output: &str, messages: usize) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let (confirmed_tx, confirmed) = mpsc::channel();
+    let producer: ThreadedProducer<RelayContext> = RELAY_PRODUCER
+        .iter()
+        .fold(
+            ClientConfig::clone(KafkaSettings::new(brokers).client_config()),
+            |mut config, (key, value)| {
+                config.set(*key, *value);
+                config
+            },
+        )
+        .create_with_context(RelayContext {
+            confirmed: confirmed_tx,
+        })?;
+    let window = relay_window();
+    let payload = vec![b'x'; PAYLOAD];
+    let first = Mark::now();
+    let (mut sent, mut done) = (0, 0);
+    while done < messages {
+        if sent < messages && sent - done < window {
+            let key = (sent % 1024).to_string();
+            let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(output, sent)
+                .key(key.as_bytes())
+                .payload(&payload);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), unsent)) => {
+                        record = unsent;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err((error, _)) => return Err(error.into()),
+                }
+            }
+            sent += 1;
+            while let Ok(delivered) = confirmed.try_recv() {
+                delivered.ok_or("raw-produce: an output was not delivered")?;
+                done += 1;
+            }
+        } else {
+            confirmed
+                .recv_timeout(STALL)
+                .map_err(|_| format!("raw-produce: stalled at {done} of {messages}"))?
+                .ok_or("raw-produce: an output was not delivered")?;
+            done += 1;
+        }
+    }
+    Ok(Measure::between(started, first, Mark::now(), messages))
+}
+
+/// What [`raw_produce`] does, through a [`KafkaPublisher`].
+async fn publisher(brokers: &str, output: &str, messages: usize) -> Result<Measure, BoxError> {
+    use intake_core::publish::Publisher as _;
+    let started = Instant::now();
+    let publisher = KafkaPublisher::builder(KafkaSettings::new(brokers)).build()?;
+    let window = relay_window();
+    let destination: Arc<str> = output.into();
+    let payload = bytes::Bytes::from(vec![b'x'; PAYLOAD]);
+    let mut receipts = VecDeque::with_capacity(window);
+    let first = Mark::now();
+    for n in 0..messages {
+        if receipts.len() >= window
+            && let Some(receipt) = receipts.pop_front()
+        {
+            receipt.await?;
+        }
+        let output =
+            Output::new(Arc::clone(&destination), payload.clone()).with_key((n % 1024).to_string());
+        receipts.push_back(publisher.send(output).await?);
+    }
+    for receipt in receipts {
+        receipt.await?;
+    }
+    let last = Mark::now();
+    publisher.close(Duration::from_secs(5)).await?;
+    Ok(Measure::between(started, first, last, messages))
+}
+
 /// Inputs in flight in either relay loop: `BENCH_RELAY_WINDOW`, default
 /// 1024.
 fn relay_window() -> usize {
@@ -739,7 +826,7 @@ async fn main() -> Result<(), BoxError> {
     // A comma-separated subset of the loops (for profiling one).
     let only: String = env_or(
         "BENCH_LOOPS",
-        "raw,adapter,intake,raw-relay,intake-relay".to_string(),
+        "raw,adapter,intake,raw-relay,intake-relay,raw-produce,publisher".to_string(),
     );
     let address: std::net::SocketAddr = brokers
         .split(',')
@@ -757,11 +844,19 @@ async fn main() -> Result<(), BoxError> {
         Ok(topic) => topic,
         Err(_) => prepare(&brokers, messages).await?,
     };
-    let mut results =
-        ["raw", "adapter", "intake", "raw-relay", "intake-relay"].map(|name| Results {
-            name,
-            measures: Vec::new(),
-        });
+    let mut results = [
+        "raw",
+        "adapter",
+        "intake",
+        "raw-relay",
+        "intake-relay",
+        "raw-produce",
+        "publisher",
+    ]
+    .map(|name| Results {
+        name,
+        measures: Vec::new(),
+    });
     for round in 0..rounds {
         for turn in 0..results.len() {
             let index = (round + turn) % results.len();
@@ -784,9 +879,19 @@ async fn main() -> Result<(), BoxError> {
                     })
                     .await??
                 }
-                _ => {
+                4 => {
                     let output = create_topic(&brokers, "intake-bench-relayed").await?;
                     intake_relay(&brokers, &topic, &output, messages).await?
+                }
+                5 => {
+                    let output = create_topic(&brokers, "intake-bench-raw-produced").await?;
+                    let brokers = brokers.clone();
+                    tokio::task::spawn_blocking(move || raw_produce(&brokers, &output, messages))
+                        .await??
+                }
+                _ => {
+                    let output = create_topic(&brokers, "intake-bench-published").await?;
+                    publisher(&brokers, &output, messages).await?
                 }
             };
             eprintln!(
@@ -804,8 +909,13 @@ async fn main() -> Result<(), BoxError> {
         "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}, BENCH_IGNORE_HEADERS={}",
         env_or("BENCH_IGNORE_HEADERS", 0)
     );
-    let (consume, relay) = results.split_at(3);
-    for (group, baseline) in [(consume, "raw"), (relay, "raw-relay")] {
+    let (consume, rest) = results.split_at(3);
+    let (relay, produce) = rest.split_at(2);
+    for (group, baseline) in [
+        (consume, "raw"),
+        (relay, "raw-relay"),
+        (produce, "raw-produce"),
+    ] {
         if group
             .iter()
             .any(|loop_results| loop_results.measures.is_empty())
