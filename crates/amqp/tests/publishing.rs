@@ -178,3 +178,56 @@ async fn an_unreachable_broker_is_unavailable_within_the_send_timeout_without_th
     assert!(!text.contains(PASSWORD), "the password leaked: {text}");
     assert!(error.source().is_some(), "no cause: {text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_in_flight_on_a_lost_connection_are_unavailable_and_the_next_send_reconnects() {
+    let Some(backend) = AmqpBackend::connect_or_skip("publisher_lost_connection").await else {
+        return;
+    };
+    let queue = backend.classic_queue("lost").await.expect("queue");
+    let proxy = support::proxy::Proxy::start(support::broker_address())
+        .await
+        .expect("proxy");
+    let publisher = AmqpPublisher::builder(support::url_at(proxy.address(), ""))
+        // Far beyond the test's patience: what ends the receipts below is
+        // the lost connection, not the timeout.
+        .confirm_timeout(Duration::from_secs(600))
+        .build()
+        .await
+        .expect("publisher");
+    publisher
+        .publish(Output::new(queue.as_str(), "before"))
+        .await
+        .expect("confirmed");
+
+    // Nothing reaches the broker, and no confirm comes back.
+    proxy.set(support::proxy::Mode::Blackhole);
+    let mut receipts = Vec::new();
+    for id in 0..20 {
+        let output = Output::new(queue.as_str(), format!("lost {id}"));
+        receipts.push(publisher.send(output).await.expect("sent"));
+    }
+    proxy.drop_connections();
+    proxy.set(support::proxy::Mode::Relay);
+    for receipt in receipts {
+        let error = tokio::time::timeout(PATIENCE, receipt)
+            .await
+            .expect("the lost connection ends the wait")
+            .expect_err("never reached the broker");
+        assert_eq!(error.kind(), PublishErrorKind::Unavailable, "{error}");
+    }
+    publisher
+        .publish(Output::new(queue.as_str(), "after"))
+        .await
+        .expect("confirmed on a new connection");
+    let payloads: Vec<_> = backend
+        .peek(&queue)
+        .await
+        .expect("peek")
+        .into_iter()
+        .map(|(payload, _)| payload)
+        .collect();
+    assert_eq!(payloads, ["before", "after"]);
+    publisher.close().await;
+    backend.cleanup().await;
+}
