@@ -135,8 +135,8 @@ impl NatsPublisher {
         NatsPublisherBuilder::new(url.into())
     }
 
-    /// Outputs sent whose publish ack has not come yet (their receipts are
-    /// held, not yet resolved): never more than
+    /// Outputs sent whose publish ack has not come yet (nor timed out),
+    /// whether or not their receipts are awaited: never more than
     /// [`max_unconfirmed`](Self::max_unconfirmed).
     pub fn unconfirmed(&self) -> usize {
         self.inner
@@ -169,7 +169,7 @@ impl NatsPublisher {
             tracing::warn!(
                 endpoint = %inner.endpoint,
                 unconfirmed = self.unconfirmed(),
-                "closing the publisher with outputs still unconfirmed; their receipts end unavailable"
+                "closing the publisher with outputs still unconfirmed; their receipts end closed, the outputs stored or not"
             );
         }
         inner.permits.close();
