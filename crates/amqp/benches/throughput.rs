@@ -14,6 +14,20 @@
 //! - intake-ordered: the same in partition order (the default ordering: one
 //!   message at a time per channel).
 //!
+//! Two relays consume the queue and publish each payload to a second queue
+//! (default exchange, persistent, `mandatory`), acknowledging an input only
+//! after its output is confirmed:
+//!
+//! - relay-raw: lapin, publishes on a confirm-mode channel of a second
+//!   connection, and a task awaits the confirms in order and sends
+//!   `basic.ack(multiple)` every 100 inputs, or at once when no confirm is
+//!   waiting;
+//! - relay-intake: the consumer above, unordered, with a handler returning
+//!   an `Output` under `PublishLayer` with an `AmqpPublisher` (its
+//!   defaults: 1,000 unconfirmed at most).
+//!
+//! `INTAKE_BENCH_RELAY=0` leaves the relays out.
+//!
 //! Besides msg/s it reports the client process's CPU time per message
 //! (`/proc/self/stat`), which a busy machine disturbs far less.
 //!
@@ -32,14 +46,16 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use intake_amqp::AmqpSource;
+use intake_amqp::lapin::PublisherConfirm;
 use intake_amqp::lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use intake_amqp::lapin::types::FieldTable;
 use intake_amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
+use intake_amqp::{AmqpPublisher, AmqpSource};
+use intake_core::publish::{Output, PublishLayer};
+use intake_core::{Consumer, DeliveryOrder, HandlerError, Message, handler_fn};
 use tokio_util::sync::CancellationToken;
 
 const PREFETCH: u16 = 1000;
@@ -60,16 +76,39 @@ enum Contender {
     Raw,
     Intake,
     IntakeOrdered,
+    RelayRaw,
+    RelayIntake,
 }
 
 impl Contender {
-    const ALL: [Contender; 3] = [Contender::Raw, Contender::Intake, Contender::IntakeOrdered];
+    const ALL: [Contender; 5] = [
+        Contender::Raw,
+        Contender::Intake,
+        Contender::IntakeOrdered,
+        Contender::RelayRaw,
+        Contender::RelayIntake,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Contender::Raw => "raw",
             Contender::Intake => "intake",
             Contender::IntakeOrdered => "intake-ordered",
+            Contender::RelayRaw => "relay-raw",
+            Contender::RelayIntake => "relay-intake",
+        }
+    }
+
+    fn is_relay(self) -> bool {
+        matches!(self, Contender::RelayRaw | Contender::RelayIntake)
+    }
+
+    /// What its rate is compared with.
+    fn baseline(self) -> Contender {
+        if self.is_relay() {
+            Contender::RelayRaw
+        } else {
+            Contender::Raw
         }
     }
 }
@@ -99,6 +138,7 @@ async fn run() -> Result<(), BoxError> {
     let only = std::env::var("INTAKE_BENCH_ONLY")
         .ok()
         .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
+    let relays = std::env::var("INTAKE_BENCH_RELAY").map_or(true, |relay| relay != "0");
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
         Ok(connection) => connection,
         Err(error) if intake_core::backend::testkit::brokers_required() => {
@@ -121,6 +161,14 @@ async fn run() -> Result<(), BoxError> {
             FieldTable::default(),
         )
         .await?;
+    let relayed = format!("{queue}-relayed");
+    channel
+        .queue_declare(
+            relayed.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
 
     println!("{messages} messages of {PAYLOAD_BYTES} bytes, prefetch {PREFETCH}, {rounds} rounds");
     let mut samples: Vec<Sample> = Vec::new();
@@ -129,7 +177,7 @@ async fn run() -> Result<(), BoxError> {
         let mut order = Contender::ALL;
         order.rotate_left(round % Contender::ALL.len());
         for contender in order {
-            if only.is_some_and(|only| only != contender) {
+            if only.is_some_and(|only| only != contender) || (contender.is_relay() && !relays) {
                 continue;
             }
             fill(&channel, &queue, messages).await?;
@@ -142,7 +190,21 @@ async fn run() -> Result<(), BoxError> {
                 Contender::IntakeOrdered => {
                     intake(&url, &queue, messages, DeliveryOrder::Partition).await?
                 }
+                Contender::RelayRaw => relay_raw(&url, &queue, &relayed, messages).await?,
+                Contender::RelayIntake => relay_intake(&url, &queue, &relayed, messages).await?,
             };
+            if contender.is_relay() {
+                let purged = channel
+                    .queue_purge(relayed.as_str().into(), QueuePurgeOptions::default())
+                    .await?;
+                if purged as usize != messages {
+                    return Err(format!(
+                        "{} left {purged} outputs for {messages} inputs",
+                        contender.name()
+                    )
+                    .into());
+                }
+            }
             let cpu_per_message = process_cpu()
                 .zip(cpu_before)
                 .map(|(after, before)| (after - before) / messages as u32);
@@ -163,9 +225,11 @@ async fn run() -> Result<(), BoxError> {
             });
         }
     }
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
+    for queue in [&queue, &relayed] {
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+    }
     admin.close(200, "bench done".into()).await?;
     summarize(&samples);
     Ok(())
@@ -175,7 +239,8 @@ fn median<T: Copy>(sorted: &[T]) -> Option<T> {
     sorted.get(sorted.len() / 2).copied()
 }
 
-/// Best, median and worst rate per loop, against raw lapin.
+/// Best, median and worst rate per loop, against raw lapin (the relays
+/// against the raw relay).
 fn summarize(samples: &[Sample]) {
     let rates = |who: Contender| {
         let mut rates: Vec<f64> = samples
@@ -195,15 +260,15 @@ fn summarize(samples: &[Sample]) {
         cpu.sort();
         median(&cpu)
     };
-    let raw = rates(Contender::Raw);
-    let (raw_best, raw_median) = (raw.last().copied(), median(&raw));
-    let raw_cpu = cpu(Contender::Raw);
     println!();
     println!(
         "| loop | best msg/s | median msg/s | worst msg/s | best / raw best | median / raw median | median ns CPU/msg | CPU / raw CPU |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for contender in Contender::ALL {
+        let raw = rates(contender.baseline());
+        let (raw_best, raw_median) = (raw.last().copied(), median(&raw));
+        let raw_cpu = cpu(contender.baseline());
         let rates = rates(contender);
         let (Some(best), Some(middle), Some(worst)) = (
             rates.last().copied(),
@@ -343,6 +408,140 @@ async fn intake(
         .await?;
     if report.succeeded < count as u64 {
         return Err(format!("intake handled {} of {count}", report.succeeded).into());
+    }
+    Ok(started.elapsed())
+}
+
+/// Inputs the raw relay acknowledges at once at most (fewer when no
+/// confirm is waiting).
+const RAW_RELAY_ACK_EVERY: u64 = 100;
+
+/// Raw lapin relay: consumes `queue` (prefetch 1000) and publishes each
+/// payload to `relayed` on a confirm-mode channel of a second connection;
+/// a task of its own awaits the confirms in order and acks the inputs
+/// (multiple) every 100, or as soon as no confirm is waiting.
+async fn relay_raw(
+    url: &str,
+    queue: &str,
+    relayed: &str,
+    count: usize,
+) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    let publishing = Connection::connect(url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let output = publishing.create_channel().await?;
+    output
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let (confirmed, mut confirms) =
+        tokio::sync::mpsc::unbounded_channel::<(u64, PublisherConfirm)>();
+    let acking = tokio::spawn({
+        let channel = channel.clone();
+        async move {
+            let mut unacked = 0;
+            while let Some((tag, confirm)) = confirms.recv().await {
+                let confirmation = confirm.await?;
+                if !confirmation.is_ack() || confirmation.take_message().is_some() {
+                    return Err::<(), BoxError>("the broker refused an output".into());
+                }
+                unacked += 1;
+                if unacked == RAW_RELAY_ACK_EVERY || confirms.is_empty() {
+                    channel
+                        .basic_ack(tag, BasicAckOptions { multiple: true })
+                        .await?;
+                    unacked = 0;
+                }
+            }
+            Ok(())
+        }
+    });
+    let mut received = 0;
+    while let Some(delivery) = consumer.next().await {
+        let delivery = delivery?;
+        received += 1;
+        let confirm = output
+            .basic_publish(
+                "".into(),
+                relayed.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &delivery.data,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?;
+        confirmed.send((delivery.delivery_tag, confirm))?;
+        if received == count {
+            break;
+        }
+    }
+    drop(confirmed);
+    acking.await??;
+    channel.close(200, "done".into()).await?;
+    connection.close(200, "done".into()).await?;
+    publishing.close(200, "done".into()).await?;
+    Ok(started.elapsed())
+}
+
+/// intake relay: `AmqpSource`, `Consumer` (unordered), and a handler whose
+/// `Output` an `AmqpPublisher` publishes under `PublishLayer`.
+async fn relay_intake(
+    url: &str,
+    queue: &str,
+    relayed: &str,
+    count: usize,
+) -> Result<Duration, BoxError> {
+    use tower::Service;
+
+    let started = Instant::now();
+    let source = AmqpSource::builder(url).queue(queue).build().await?;
+    let acker = source.acker();
+    let publisher = AmqpPublisher::builder(url).build().await?;
+    let destination: Arc<str> = relayed.into();
+    let relay = tower::ServiceBuilder::new()
+        .layer(PublishLayer::new(publisher.clone()))
+        .service(handler_fn(move |message: Message| {
+            let output = Output::new(Arc::clone(&destination), message.payload().clone());
+            async move { output }
+        }));
+    let shutdown = CancellationToken::new();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (handled, shutdown) = (handled.clone(), shutdown.clone());
+        tower::service_fn(move |message: Message| {
+            let mut relay = relay.clone();
+            let (handled, shutdown) = (handled.clone(), shutdown.clone());
+            async move {
+                relay.call(message).await?;
+                if handled.fetch_add(1, AtomicOrdering::Relaxed) + 1 == count {
+                    shutdown.cancel();
+                }
+                Ok::<_, HandlerError>(())
+            }
+        })
+    };
+    let report = Consumer::builder()
+        .max_in_flight(usize::from(PREFETCH))
+        .ordering(DeliveryOrder::Unordered)
+        .build(source, acker, handler)?
+        .run(shutdown)
+        .await?;
+    publisher.close().await;
+    if report.succeeded < count as u64 {
+        return Err(format!("intake relayed {} of {count}", report.succeeded).into());
     }
     Ok(started.elapsed())
 }
