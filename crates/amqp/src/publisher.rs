@@ -501,60 +501,9 @@ impl Shared {
         ))
     }
 
-    /// The output's properties: persistent, the `amqp.` headers as
-    /// properties again, the others as a table of long strings.
+    /// The output's properties (see [`properties`]).
     fn properties(&self, output: &Output) -> Result<BasicProperties, PublishError> {
-        let mut properties = BasicProperties::default();
-        if self.persistent {
-            properties = properties.with_delivery_mode(PERSISTENT);
-        }
-        let mut table = FieldTable::default();
-        if let (Routing::Exchange(_), Some(key)) = (&self.routing, output.key()) {
-            table.insert(
-                ShortString::from(AmqpPublisher::KEY_HEADER),
-                AMQPValue::LongString(LongString::from(key.to_vec())),
-            );
-        }
-        for header in output.headers() {
-            let (name, value) = (&*header.name, &header.value);
-            let property = || {
-                std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|text| ShortString::try_new(text).ok())
-            };
-            match (name, property()) {
-                (headers::MESSAGE_ID, Some(value)) => {
-                    properties = properties.with_message_id(value);
-                    continue;
-                }
-                (headers::CORRELATION_ID, Some(value)) => {
-                    properties = properties.with_correlation_id(value);
-                    continue;
-                }
-                (headers::CONTENT_TYPE, Some(value)) => {
-                    properties = properties.with_content_type(value);
-                    continue;
-                }
-                (headers::DELIVERY_COUNT, _) => continue,
-                _ => {}
-            }
-            let Ok(name) = ShortString::try_new(name) else {
-                return Err(self.error(
-                    PublishErrorKind::Rejected,
-                    output.destination(),
-                    format!(
-                        "header `{}…` has a name longer than the {MAX_NAME_BYTES} bytes AMQP \
-                         allows",
-                        &name[..name.floor_char_boundary(32)]
-                    ),
-                ));
-            };
-            table.insert(
-                name,
-                AMQPValue::LongString(LongString::from(value.to_vec())),
-            );
-        }
-        Ok(properties.with_headers(table))
+        properties(output, &self.routing, self.persistent)
     }
 
     /// Rejects what the broker would refuse by closing the channel (or the
@@ -795,6 +744,68 @@ impl Shared {
             Err(error) => Err(unavailable(error)),
         }
     }
+}
+
+/// The output's properties: persistent, the `amqp.` headers as
+/// properties again, the others as a table of long strings.
+fn properties(
+    output: &Output,
+    routing: &Routing,
+    persistent: bool,
+) -> Result<BasicProperties, PublishError> {
+    let mut properties = BasicProperties::default();
+    if persistent {
+        properties = properties.with_delivery_mode(PERSISTENT);
+    }
+    let mut table = FieldTable::default();
+    for header in output.headers() {
+        let (name, value) = (&*header.name, &header.value);
+        let property = || {
+            std::str::from_utf8(value)
+                .ok()
+                .and_then(|text| ShortString::try_new(text).ok())
+        };
+        match (name, property()) {
+            (headers::MESSAGE_ID, Some(value)) => {
+                properties = properties.with_message_id(value);
+                continue;
+            }
+            (headers::CORRELATION_ID, Some(value)) => {
+                properties = properties.with_correlation_id(value);
+                continue;
+            }
+            (headers::CONTENT_TYPE, Some(value)) => {
+                properties = properties.with_content_type(value);
+                continue;
+            }
+            (headers::DELIVERY_COUNT, _) => continue,
+            _ => {}
+        }
+        let Ok(name) = ShortString::try_new(name) else {
+            return Err(PublishError::new(
+                PublishErrorKind::Rejected,
+                output.destination(),
+                format!(
+                    "header `{}…` has a name longer than the {MAX_NAME_BYTES} bytes AMQP \
+                     allows",
+                    &name[..name.floor_char_boundary(32)]
+                ),
+            ));
+        };
+        table.insert(
+            name,
+            AMQPValue::LongString(LongString::from(value.to_vec())),
+        );
+    }
+    // After the headers: a forwarded message's own key header must not
+    // stand in for this output's key.
+    if let (Routing::Exchange(_), Some(key)) = (routing, output.key()) {
+        table.insert(
+            ShortString::from(AmqpPublisher::KEY_HEADER),
+            AMQPValue::LongString(LongString::from(key.to_vec())),
+        );
+    }
+    Ok(properties.with_headers(table))
 }
 
 fn is_not_found(error: &lapin::Error) -> bool {
@@ -1054,4 +1065,54 @@ fn content_header_len(properties: &BasicProperties) -> usize {
         + short(properties.correlation_id())
         + usize::from(properties.delivery_mode().is_some())
         + table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(properties: &BasicProperties) -> FieldTable {
+        properties.headers().clone().unwrap_or_default()
+    }
+
+    fn text(table: &FieldTable, name: &str) -> Option<Vec<u8>> {
+        match table.inner().get(name) {
+            Some(AMQPValue::LongString(text)) => Some(text.as_bytes().to_vec()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_forwarded_key_header_never_replaces_the_outputs_own_key() {
+        let output = Output::new("orders.out", "x")
+            .with_header(AmqpPublisher::KEY_HEADER, "stale")
+            .with_key("fresh");
+        let routing = Routing::Exchange(String::new());
+        let properties = properties(&output, &routing, true).expect("properties");
+        assert_eq!(
+            text(&table(&properties), AmqpPublisher::KEY_HEADER),
+            Some(b"fresh".to_vec())
+        );
+    }
+
+    #[test]
+    fn properties_come_back_and_the_inputs_delivery_count_is_left_out() {
+        let output = Output::new("orders.out", "x")
+            .with_header(headers::MESSAGE_ID, "m-1")
+            .with_header(headers::DELIVERY_COUNT, "3")
+            .with_header("tenant", "acme")
+            .with_key("k");
+        let properties = properties(&output, &Routing::ByKey, false).expect("properties");
+        let table = table(&properties);
+        assert_eq!(
+            properties.message_id().as_ref().map(ShortString::as_str),
+            Some("m-1")
+        );
+        assert_eq!(*properties.delivery_mode(), None);
+        assert_eq!(text(&table, "tenant"), Some(b"acme".to_vec()));
+        assert!(!table.inner().contains_key(headers::DELIVERY_COUNT));
+        assert!(!table.inner().contains_key(headers::MESSAGE_ID));
+        // The routing key carries it.
+        assert!(!table.inner().contains_key(AmqpPublisher::KEY_HEADER));
+    }
 }
