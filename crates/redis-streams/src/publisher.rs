@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use intake_core::publish::{Output, PublishError, PublishErrorKind, Publisher};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc, watch};
+use tokio::time::Instant;
 
 pub use self::builder::RedisStreamsPublisherBuilder;
 pub use self::receipt::RedisStreamsReceipt;
@@ -49,20 +50,31 @@ use crate::endpoint::Endpoint;
 /// Outputs sent one after another are added in that order: one writer
 /// sends them as pipelines over one connection, one pipeline at a time.
 /// Every wait is bounded: for room in the buffer
-/// ([`send_timeout`](RedisStreamsPublisherBuilder::send_timeout)) and for
-/// the reply ([`confirm_timeout`](RedisStreamsPublisherBuilder::confirm_timeout)).
+/// ([`send_timeout`](RedisStreamsPublisherBuilder::send_timeout)), in the
+/// queue ([`queue_timeout`](RedisStreamsPublisherBuilder::queue_timeout))
+/// and for a pipeline's reply, reconnecting included
+/// ([`command_timeout`](RedisStreamsPublisherBuilder::command_timeout)): a
+/// receipt is answered at most `queue_timeout + command_timeout` after its
+/// send.
 ///
 /// A receipt fails with
 /// - [`Unavailable`](PublishErrorKind::Unavailable) when its pipeline
-///   failed (connection lost, no reply within the command timeout) or no
-///   reply came in time: **the entry may or may not have been added**, and
-///   publishing it again may add it twice (at-least-once); also for a
-///   refusal Redis lifts by itself (`READONLY` after a failover, `OOM`,
-///   `MISCONF`, `LOADING`, …: [`TRANSIENT_CODES`](crate::TRANSIENT_CODES));
+///   failed (connection lost, no reply within the command timeout): **the
+///   entry may or may not have been added**, and publishing it again may add
+///   it twice (at-least-once); when it waited longer than the queue timeout
+///   (it was not sent); and for a refusal Redis lifts by itself (`READONLY`
+///   after a failover, `OOM`, `MISCONF`, `LOADING`, …:
+///   [`TRANSIENT_CODES`](crate::TRANSIENT_CODES));
 /// - [`Rejected`](PublishErrorKind::Rejected) when Redis refused this
 ///   entry alone (`WRONGTYPE`: the key holds another type; `NOPERM`): the
 ///   other outputs of its pipeline are not affected;
 /// - [`Closed`](PublishErrorKind::Closed) after [`close`](Self::close).
+///
+/// The publisher does not send a failed output again: outputs sent after
+/// it may be added before the caller publishes it again. A
+/// [`PublishLayer`](intake_core::publish::PublishLayer) in `Key` or
+/// `Partition` order runs the next input of a key only once the outputs of
+/// the one before are confirmed, so order per key holds across retries.
 ///
 /// The connection reconnects by itself (the same self-reconnecting
 /// connection the acker uses, connected anew after `READONLY`). Clones
@@ -104,7 +116,6 @@ struct Shared {
     room: Arc<Semaphore>,
     max_pending: usize,
     send_timeout: Duration,
-    confirm_timeout: Duration,
     /// Tells the writer to take no more outputs once the queued ones are
     /// sent.
     closing: Arc<Notify>,
@@ -120,7 +131,6 @@ impl fmt::Debug for RedisStreamsPublisher {
             .field("pending", &self.pending())
             .field("max_pending", &self.shared.max_pending)
             .field("send_timeout", &self.shared.send_timeout)
-            .field("confirm_timeout", &self.shared.confirm_timeout)
             .finish()
     }
 }
@@ -154,8 +164,8 @@ impl RedisStreamsPublisher {
     }
 
     /// Refuses new sends ([`Closed`](PublishErrorKind::Closed)) and waits
-    /// until every output already sent has its answer (each within its
-    /// reply timeout), for every clone.
+    /// until every output already sent has its answer (each within the
+    /// bound above), for every clone.
     pub async fn close(&self) {
         self.shared.room.close();
         self.shared.closing.notify_one();
@@ -207,15 +217,12 @@ impl Publisher for RedisStreamsPublisher {
         let queued = Queued {
             output,
             reply,
-            _room: room,
+            sent_at: Instant::now(),
+            room,
         };
         if self.shared.queue.send(queued).is_err() {
             return Err(closed(&destination));
         }
-        Ok(RedisStreamsReceipt::new(
-            answer,
-            destination,
-            self.shared.confirm_timeout,
-        ))
+        Ok(RedisStreamsReceipt::new(answer, destination))
     }
 }

@@ -145,6 +145,57 @@ async fn an_entry_redis_refuses_is_rejected_alone_and_a_closed_publisher_sends_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_that_wait_past_the_queue_timeout_fail_unsent() {
+    let Some(mut admin) = redis_or_skip("publisher queue timeout").await else {
+        return;
+    };
+    let stream = unique("stalled");
+    let publisher = RedisStreamsPublisher::builder(redis_url())
+        .max_pipeline(1)
+        .queue_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .expect("connect the publisher");
+    // Redis holds every write for half a second: the first output's XADD
+    // waits in the server, the others in the queue behind it.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+    let mut receipts = Vec::new();
+    for n in 0..3 {
+        let output = Output::new(stream.as_str(), n.to_string());
+        receipts.push(publisher.send(output).await.expect("send"));
+    }
+    let mut answers = Vec::new();
+    for receipt in receipts {
+        answers.push(tokio::time::timeout(HANG, receipt).await.expect("answered"));
+    }
+    assert!(answers[0].is_ok(), "{:?}", answers[0]);
+    for answer in &answers[1..] {
+        let error = answer
+            .as_ref()
+            .expect_err("sent after waiting past the timeout");
+        assert_eq!(error.kind(), PublishErrorKind::Unavailable, "{error:?}");
+        assert!(error.to_string().contains("not sent"), "{error}");
+    }
+    let payloads: Vec<_> = entries(&mut admin, &stream)
+        .await
+        .iter()
+        .map(|fields| field(fields, "payload"))
+        .collect();
+    assert_eq!(
+        payloads,
+        vec![Some("0".to_owned())],
+        "only the first was added"
+    );
+    let _: Result<(), _> = admin.del(&stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_in_time_without_the_password_and_then_recovers() {
     let Some(mut admin) = redis_or_skip("publisher outage").await else {
         return;
@@ -174,7 +225,7 @@ async fn an_unreachable_server_is_unavailable_in_time_without_the_password_and_t
     let publisher = RedisStreamsPublisher::builder(url.replace(&upstream, &address.to_string()))
         .connect_timeout(Duration::from_secs(1))
         .command_timeout(Duration::from_secs(1))
-        .confirm_timeout(Duration::from_secs(3))
+        .queue_timeout(Duration::from_secs(3))
         .build()
         .await
         .expect("connect through the proxy");

@@ -31,7 +31,7 @@ pub struct RedisStreamsPublisherBuilder {
     max_pending: usize,
     max_pipeline: usize,
     send_timeout: Duration,
-    confirm_timeout: Duration,
+    queue_timeout: Duration,
 }
 
 impl fmt::Debug for RedisStreamsPublisherBuilder {
@@ -46,7 +46,7 @@ impl fmt::Debug for RedisStreamsPublisherBuilder {
             .field("max_pending", &self.max_pending)
             .field("max_pipeline", &self.max_pipeline)
             .field("send_timeout", &self.send_timeout)
-            .field("confirm_timeout", &self.confirm_timeout)
+            .field("queue_timeout", &self.queue_timeout)
             .field("tls_root_certificate", &self.tls_root_certificate.is_some())
             .finish()
     }
@@ -63,8 +63,8 @@ impl RedisStreamsPublisherBuilder {
     pub const DEFAULT_MAX_PIPELINE: usize = 1_000;
     /// Default of [`send_timeout`](Self::send_timeout).
     pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
-    /// Default of [`confirm_timeout`](Self::confirm_timeout).
-    pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Default of [`queue_timeout`](Self::queue_timeout).
+    pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(25);
 
     pub(super) fn new(url: impl Into<String>) -> Self {
         Self {
@@ -78,7 +78,7 @@ impl RedisStreamsPublisherBuilder {
             max_pending: Self::DEFAULT_MAX_PENDING,
             max_pipeline: Self::DEFAULT_MAX_PIPELINE,
             send_timeout: Self::DEFAULT_SEND_TIMEOUT,
-            confirm_timeout: Self::DEFAULT_CONFIRM_TIMEOUT,
+            queue_timeout: Self::DEFAULT_QUEUE_TIMEOUT,
         }
     }
 
@@ -129,13 +129,15 @@ impl RedisStreamsPublisherBuilder {
         self
     }
 
-    /// How long a receipt waits for its reply, from the send, before it
-    /// fails with
+    /// How long an output may wait in the queue, from its send (default
+    /// 25 s): one the writer takes later fails with
     /// [`Unavailable`](intake_core::publish::PublishErrorKind::Unavailable)
-    /// (default 30 s). A pipeline's round trip is also bounded by
-    /// [`command_timeout`](Self::command_timeout).
-    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
-        self.confirm_timeout = timeout;
+    /// without being sent (certainly not added). With
+    /// [`command_timeout`](Self::command_timeout) it bounds every receipt:
+    /// answered at most `queue_timeout + command_timeout` (30 s by default)
+    /// after the send.
+    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
+        self.queue_timeout = timeout;
         self
     }
 
@@ -145,8 +147,8 @@ impl RedisStreamsPublisherBuilder {
         self
     }
 
-    /// How long to wait for the reply to one pipeline (default 5 s); its
-    /// outputs are unconfirmed after that.
+    /// How long to wait for the reply to one pipeline, reconnecting
+    /// included (default 5 s); its outputs are unconfirmed after that.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -191,7 +193,7 @@ impl RedisStreamsPublisherBuilder {
         }
         for (name, timeout) in [
             ("send_timeout", self.send_timeout),
-            ("confirm_timeout", self.confirm_timeout),
+            ("queue_timeout", self.queue_timeout),
             ("command_timeout", self.command_timeout),
             ("connect_timeout", self.connect_timeout),
         ] {
@@ -220,6 +222,7 @@ impl RedisStreamsPublisherBuilder {
         let (queue, queued) = mpsc::unbounded_channel();
         let (stopped, stopped_receiver) = watch::channel(false);
         let closing = Arc::new(Notify::new());
+        let room = Arc::new(Semaphore::new(self.max_pending));
         let writer = Writer {
             queue: queued,
             connection,
@@ -229,6 +232,9 @@ impl RedisStreamsPublisherBuilder {
                 max_len: self.max_len,
             },
             max_pipeline: self.max_pipeline,
+            queue_timeout: self.queue_timeout,
+            command_timeout: self.command_timeout,
+            room: Arc::clone(&room),
             closing: Arc::clone(&closing),
             stopped,
         };
@@ -241,10 +247,9 @@ impl RedisStreamsPublisherBuilder {
         Ok(RedisStreamsPublisher {
             shared: Arc::new(Shared {
                 queue,
-                room: Arc::new(Semaphore::new(self.max_pending)),
+                room,
                 max_pending: self.max_pending,
                 send_timeout: self.send_timeout,
-                confirm_timeout: self.confirm_timeout,
                 closing,
                 stopped: stopped_receiver,
                 endpoint: connector.endpoint().clone(),

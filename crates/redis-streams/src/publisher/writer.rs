@@ -2,10 +2,12 @@
 //! pipeline of `XADD`s, and answers each receipt from its own reply.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use intake_core::publish::{Confirmation, Output, PublishError, PublishErrorKind};
 use redis::{RedisError, Value};
-use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, oneshot, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::time::Instant;
 
 use super::receipt::Answer;
 use crate::TRANSIENT_CODES;
@@ -18,12 +20,13 @@ use crate::stream_id::StreamId;
 /// bounds that copy however large the outputs are.
 const MAX_PIPELINE_BYTES: usize = 4 << 20;
 
-/// One output on its way: what to write, whom to answer, and its room in
-/// the buffer, given back once answered.
+/// One output on its way: what to write, whom to answer, when it was
+/// sent, and its room in the buffer, given back once answered.
 pub(super) struct Queued {
     pub(super) output: Output,
     pub(super) reply: oneshot::Sender<Answer>,
-    pub(super) _room: OwnedSemaphorePermit,
+    pub(super) sent_at: Instant,
+    pub(super) room: OwnedSemaphorePermit,
 }
 
 /// How outputs become entries.
@@ -79,6 +82,11 @@ pub(super) struct Writer {
     pub(super) connection: SharedConnection,
     pub(super) format: EntryFormat,
     pub(super) max_pipeline: usize,
+    pub(super) queue_timeout: Duration,
+    pub(super) command_timeout: Duration,
+    /// The buffer's permits: each answered output's is given back here,
+    /// all of a pipeline's at once (one lock instead of one per output).
+    pub(super) room: Arc<Semaphore>,
     pub(super) closing: Arc<Notify>,
     pub(super) stopped: watch::Sender<bool>,
 }
@@ -105,14 +113,9 @@ impl Writer {
             let Some(first) = first else {
                 break;
             };
-            let mut bytes = size_of(&first.output);
-            batch.push(first);
-            while batch.len() < self.max_pipeline && bytes < MAX_PIPELINE_BYTES {
-                let Ok(next) = self.queue.try_recv() else {
-                    break;
-                };
-                bytes += size_of(&next.output);
-                batch.push(next);
+            self.take(first, &mut batch);
+            if batch.is_empty() {
+                continue;
             }
             pipe.clear();
             pipe.ignore_errors();
@@ -120,7 +123,19 @@ impl Writer {
                 self.format.add(&mut pipe, &queued.output);
             }
             let mut connection = self.connection.get();
-            let reply: Result<Vec<Value>, RedisError> = pipe.query_async(&mut connection).await;
+            // The connection's own response timeout does not cover waiting
+            // for a reconnect; this bounds both.
+            let reply = tokio::time::timeout(self.command_timeout, async {
+                pipe.query_async::<Vec<Value>>(&mut connection).await
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no reply to the pipeline within the command timeout",
+                )))
+            });
+            let answered = batch.len();
             match reply {
                 Ok(replies) if replies.len() == batch.len() => {
                     if failing {
@@ -140,12 +155,13 @@ impl Writer {
                     );
                     tracing::warn!(%detail, "cannot tell which outputs Redis added");
                     for queued in batch.drain(..) {
-                        let destination = queued.output.destination();
-                        let failed = unconfirmed(destination).with_source(Error::UnexpectedReply {
-                            command: "XADD",
-                            detail: detail.clone(),
-                        });
-                        let _ = queued.reply.send(Err(failed));
+                        let failed = unconfirmed(queued.output.destination()).with_source(
+                            Error::UnexpectedReply {
+                                command: "XADD",
+                                detail: detail.clone(),
+                            },
+                        );
+                        finish(queued, Err(failed));
                     }
                 }
                 Err(error) => {
@@ -172,16 +188,58 @@ impl Writer {
                         let destination = queued.output.destination();
                         let source = connector.key_error(error.clone(), "XADD", destination);
                         let failed = unconfirmed(destination).with_source(source);
-                        let _ = queued.reply.send(Err(failed));
+                        finish(queued, Err(failed));
                     }
                 }
             }
+            self.room.add_permits(answered);
         }
         tracing::debug!(
             endpoint = %self.connection.connector().endpoint(),
             "Redis publisher stopped: every output sent was answered"
         );
         let _ = self.stopped.send(true);
+    }
+
+    /// Fills `batch` with `first` and what else is queued, up to a
+    /// pipeline's worth; answers at once the outputs that waited longer
+    /// than the queue timeout (not sent).
+    fn take(&mut self, first: Queued, batch: &mut Vec<Queued>) {
+        let now = Instant::now();
+        let mut bytes = 0;
+        let mut expired = 0;
+        let mut next = Some(first);
+        while let Some(queued) = next.take() {
+            if now.duration_since(queued.sent_at) > self.queue_timeout {
+                let destination = queued.output.destination();
+                let failed = PublishError::new(
+                    PublishErrorKind::Unavailable,
+                    destination,
+                    format!(
+                        "not sent: it waited longer than {:?} for the outputs before it (Redis \
+                         is slow or unreachable); publish again",
+                        self.queue_timeout
+                    ),
+                );
+                finish(queued, Err(failed));
+                expired += 1;
+            } else {
+                bytes += size_of(&queued.output);
+                batch.push(queued);
+            }
+            if batch.len() < self.max_pipeline && bytes < MAX_PIPELINE_BYTES {
+                next = self.queue.try_recv().ok();
+            }
+        }
+        if expired > 0 {
+            tracing::warn!(
+                endpoint = %self.connection.connector().endpoint(),
+                expired,
+                queue_timeout = ?self.queue_timeout,
+                "outputs waited too long in the publisher's queue; failed without sending them"
+            );
+            self.room.add_permits(expired);
+        }
     }
 
     /// Answers each output of `batch` from its reply.
@@ -207,7 +265,7 @@ impl Writer {
                     ),
                 },
             };
-            let _ = queued.reply.send(answer);
+            finish(queued, answer);
         }
     }
 
@@ -248,6 +306,14 @@ impl Writer {
         tracing::debug!(destination, kind = %kind, error = %source, "Redis refused an output");
         PublishError::new(kind, destination, what).with_source(source)
     }
+}
+
+/// Answers `queued`; its permit is given back by the caller, with the
+/// others of its pipeline.
+fn finish(queued: Queued, answer: Answer) {
+    let Queued { reply, room, .. } = queued;
+    room.forget();
+    let _ = reply.send(answer);
 }
 
 /// An output whose pipeline got no usable reply.
