@@ -4,7 +4,7 @@
 //!
 //! `send` takes room in a bounded buffer (a semaphore of
 //! [`max_pending`](RedisStreamsPublisherBuilder::max_pending) permits, each
-//! held from the send until the output's reply is handed to its receipt)
+//! held from the send until the output is answered)
 //! and queues the output for the writer. The writer takes whatever is
 //! queued, up to a pipeline's worth, sends it as one pipeline on its
 //! connection and answers each receipt from its own reply, one pipeline at
@@ -76,8 +76,9 @@ use crate::endpoint::Endpoint;
 /// `Partition` order runs the next input of a key only once the outputs of
 /// the one before are confirmed, so order per key holds across retries.
 ///
-/// The connection reconnects by itself (the same self-reconnecting
-/// connection the acker uses, connected anew after `READONLY`). Clones
+/// The connection reconnects by itself (a connection of its own, of the
+/// self-reconnecting kind the acker uses, connected anew after `READONLY`).
+/// Clones
 /// share the writer, the buffer and the connection; the writer stops once
 /// every clone is dropped (after the outputs already sent) or closed.
 ///
