@@ -78,9 +78,9 @@ use crate::endpoint::Endpoint;
 ///
 /// The connection reconnects by itself (a connection of its own, of the
 /// self-reconnecting kind the acker uses, connected anew after `READONLY`).
-/// Clones
-/// share the writer, the buffer and the connection; the writer stops once
-/// every clone is dropped (after the outputs already sent) or closed.
+/// Clones share the writer, the buffer and the connection; the writer
+/// stops once every clone is dropped (after the outputs already sent) or
+/// closed.
 ///
 /// ```no_run
 /// use intake_core::publish::{Output, Publisher};
