@@ -7,6 +7,9 @@
 //! cargo run --release --features full --example ledger -- \
 //!     consume --broker URL --source NAME --group GROUP --ledger FILE \
 //!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K] [--effects-db POSTGRES_URL]
+//! cargo run --release --features full --example ledger -- \
+//!     relay --broker URL --source NAME --group GROUP --to NAME2 \
+//!     [--max-in-flight N] [--idle-exit-secs S]
 //! ```
 //!
 //! `URL` is `kafka://HOST:PORT`, `redis://[USER:PASS@]HOST:PORT`,
@@ -36,6 +39,17 @@
 //! still has unfinished messages that only arrive later: Redis entries
 //! pending with a killed consumer, Kafka partitions a killed member holds
 //! until its session expires.
+//!
+//! `relay` consumes `NAME` as `consume` does and publishes each payload
+//! unchanged (same key and headers) to `NAME2` on the same broker, created
+//! if missing like `NAME` (on NATS a stream `NAME2` storing
+//! `ledger.NAME2.>`, published on `ledger.NAME2.relayed`), through the
+//! backend's publisher and `PublishLayer`: an input is acknowledged only
+//! after the broker confirmed its output, so a SIGKILL at any moment loses
+//! no id (it may publish one twice). Inputs of one key are relayed in order.
+//! Its last line is `relayed=… retried=… dead_lettered=…` (inputs whose
+//! output was confirmed in this run; retries; payloads that are not ids).
+//! `ledger consume` on `NAME2` then checks what arrived.
 //!
 //! `--effects-db` runs each message through intake-postgres's exactly-once
 //! handler, which inserts `(GROUP, NAME, ID)` into `ledger_effects`: the
@@ -78,12 +92,17 @@ use std::time::{Duration, Instant};
 
 use intake::backend::{Acker, Source};
 use intake::postgres::MessageId;
+use intake::publish::{Output, PublishLayer, Publisher};
 use intake::retry::RetryLayer;
-use intake::{Consumer, ConsumerBuilder, DeliveryOrder, Exponential, RunReport};
+use intake::{
+    Consumer, ConsumerBuilder, DeliveryOrder, Exponential, HandlerError, Message, RunReport,
+    handler_fn,
+};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
+use tower::util::BoxService;
 
-use crate::args::{Broker, Command, Consume, Produce};
+use crate::args::{Broker, Command, Consume, Produce, Relay};
 use crate::handler::{Activity, CountRetries};
 use crate::journal::Journal;
 
@@ -120,6 +139,7 @@ fn main() -> ExitCode {
         match command {
             Command::Produce(produce_args) => produce(produce_args).await,
             Command::Consume(consume_args) => consume(consume_args).await,
+            Command::Relay(relay_args) => relay(relay_args).await,
         }
     });
     // Clients that linger in the background (a Kafka client closing) must
@@ -184,13 +204,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         None => None,
     };
     let handler = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                Exponential::new(Duration::from_millis(10), Duration::from_millis(500))
-                    .max_retries(10),
-            )
-            .observe(CountRetries(activity.clone())),
-        )
+        .layer(retries(&activity))
         .service(handler::service(journal, activity.clone(), effects));
     let consumer = Consumer::builder()
         .max_in_flight(args.max_in_flight)
@@ -198,50 +212,13 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         .ordering(DeliveryOrder::Unordered)
         .shutdown_deadline(Duration::from_secs(10));
 
-    let run_args = RunArgs {
+    let job = Job {
         activity: &activity,
-        args: &args,
+        labels: Labels::of_consume(&args),
         shutdown: &shutdown,
-        backlog: None,
+        consumer,
     };
-    let ran = match &args.broker {
-        Broker::Kafka { bootstrap } => {
-            let source = kafka::source(bootstrap, &args.source, &args.group).await?;
-            let acker = source.acker();
-            let backlog =
-                Backlog::Kafka(kafka::LagProbe::new(bootstrap, &args.source, &args.group)?);
-            let run_args = RunArgs {
-                backlog: Some(backlog),
-                ..run_args
-            };
-            run(consumer, source, acker, handler, run_args).await
-        }
-        Broker::Redis { url } => {
-            let source = redis::source(url, &args.source, &args.group).await?;
-            let acker = source.acker();
-            let pending = redis::PendingProbe::connect(url, &args.source, &args.group).await?;
-            let run_args = RunArgs {
-                backlog: Some(Backlog::Redis(pending)),
-                ..run_args
-            };
-            run(consumer, source, acker, handler, run_args).await
-        }
-        Broker::Amqp { url } => {
-            let source = amqp::source(url, &args.source, &args.group).await?;
-            let acker = source.acker();
-            run(consumer, source, acker, handler, run_args).await
-        }
-        Broker::Nats { url } => {
-            let source = nats::source(url, &args.source, &args.group).await?;
-            let acker = source.acker();
-            let pending = nats::PendingProbe::connect(url, &args.source, &args.group).await?;
-            let run_args = RunArgs {
-                backlog: Some(Backlog::Nats(pending)),
-                ..run_args
-            };
-            run(consumer, source, acker, handler, run_args).await
-        }
-    };
+    let ran = connect_and_run(&args.broker, &args.source, &args.group, job, handler).await;
     // The handler, and with it the last Journal, is gone: the writer thread
     // finishes its last batch and stops.
     journal_thread.join();
@@ -255,13 +232,164 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// What [`run`] needs besides the consumer's parts.
-struct RunArgs<'a> {
+async fn relay(args: Relay) -> Result<(), BoxError> {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let activity = Arc::new(Activity::new(None));
+    let handler = match &args.broker {
+        Broker::Kafka { bootstrap } => {
+            kafka::create_topic(bootstrap, &args.to, args::DEFAULT_PARTITIONS).await?;
+            relay_handler(kafka::publisher(bootstrap)?, args.to.clone(), &activity)
+        }
+        Broker::Redis { url } => {
+            relay_handler(redis::publisher(url).await?, args.to.clone(), &activity)
+        }
+        Broker::Amqp { url } => {
+            amqp::declare(url, &args.to).await?;
+            relay_handler(amqp::publisher(url).await?, args.to.clone(), &activity)
+        }
+        Broker::Nats { url } => {
+            nats::create_stream(url, &args.to).await?;
+            let subject = nats::relay_subject(&args.to);
+            relay_handler(nats::publisher(url).await?, subject, &activity)
+        }
+    };
+    let consumer = Consumer::builder()
+        .max_in_flight(args.max_in_flight)
+        // Each key's outputs in its inputs' order.
+        .ordering(DeliveryOrder::Key)
+        .shutdown_deadline(Duration::from_secs(10));
+    let job = Job {
+        activity: &activity,
+        labels: Labels {
+            broker: &args.broker,
+            source: &args.source,
+            group: &args.group,
+            writes_to: &args.to,
+            idle_exit: args.idle_exit,
+        },
+        shutdown: &shutdown,
+        consumer,
+    };
+    let report = connect_and_run(&args.broker, &args.source, &args.group, job, handler).await?;
+    println!(
+        "relayed={} retried={} dead_lettered={}",
+        report.succeeded,
+        activity.retried() + report.requeued + report.redispatched,
+        report.discarded,
+    );
+    Ok(())
+}
+
+/// Forwards each input to `destination` unchanged (payload, key, headers)
+/// and completes it once the broker confirmed the output: a payload that is
+/// not an id is a permanent failure, a failed publish a retryable one.
+/// Boxed, because each backend's publisher makes a handler of its own type
+/// and one `run` takes them all.
+fn relay_handler<P: Publisher>(
+    publisher: P,
+    destination: String,
+    activity: &Arc<Activity>,
+) -> BoxService<Message, (), HandlerError> {
+    let destination: Arc<str> = destination.into();
+    let touched = Arc::clone(activity);
+    let forward = handler_fn(move |message: Message| {
+        touched.touch();
+        let destination = Arc::clone(&destination);
+        async move {
+            handler::parse_id(message.payload())?;
+            Ok::<_, HandlerError>(Output::forward(&message, destination))
+        }
+    });
+    BoxService::new(
+        ServiceBuilder::new()
+            .layer(retries(activity))
+            .layer(PublishLayer::new(publisher))
+            .service(forward),
+    )
+}
+
+/// The retry layer of both commands: ten tries within a few seconds, each
+/// counted.
+fn retries(activity: &Arc<Activity>) -> RetryLayer<Exponential, CountRetries> {
+    RetryLayer::new(
+        Exponential::new(Duration::from_millis(10), Duration::from_millis(500)).max_retries(10),
+    )
+    .observe(CountRetries(Arc::clone(activity)))
+}
+
+/// A consumer to run on whichever backend the broker URL names: what
+/// [`connect_and_run`] needs besides the source and the handler.
+struct Job<'a> {
     activity: &'a Arc<Activity>,
-    args: &'a Consume,
+    labels: Labels<'a>,
     shutdown: &'a CancellationToken,
-    /// Work the group has not finished, which postpones the idle exit.
-    backlog: Option<Backlog>,
+    consumer: ConsumerBuilder,
+}
+
+/// What the run's log lines name, and when it exits.
+struct Labels<'a> {
+    broker: &'a Broker,
+    source: &'a str,
+    group: &'a str,
+    /// The ledger file (`consume`) or the destination (`relay`).
+    writes_to: &'a str,
+    idle_exit: Duration,
+}
+
+impl<'a> Labels<'a> {
+    fn of_consume(args: &'a Consume) -> Self {
+        Self {
+            broker: &args.broker,
+            source: &args.source,
+            group: &args.group,
+            writes_to: &args.ledger,
+            idle_exit: args.idle_exit,
+        }
+    }
+}
+
+/// Connects a member of `group` to `source` on `broker`, and runs it with
+/// `handler` until it is idle or signalled.
+async fn connect_and_run<H>(
+    broker: &Broker,
+    source: &str,
+    group: &str,
+    job: Job<'_>,
+    handler: H,
+) -> Result<RunReport, BoxError>
+where
+    H: tower::Service<intake::Message, Response = (), Error = intake::HandlerError>
+        + Send
+        + 'static,
+    H::Future: Send + 'static,
+{
+    match broker {
+        Broker::Kafka { bootstrap } => {
+            let source_name = source;
+            let source = kafka::source(bootstrap, source_name, group).await?;
+            let acker = source.acker();
+            let backlog = Backlog::Kafka(kafka::LagProbe::new(bootstrap, source_name, group)?);
+            run(source, acker, handler, job, Some(backlog)).await
+        }
+        Broker::Redis { url } => {
+            let pending = redis::PendingProbe::connect(url, source, group).await?;
+            let source = redis::source(url, source, group).await?;
+            let acker = source.acker();
+            run(source, acker, handler, job, Some(Backlog::Redis(pending))).await
+        }
+        Broker::Amqp { url } => {
+            let source = amqp::source(url, source, group).await?;
+            let acker = source.acker();
+            run(source, acker, handler, job, None).await
+        }
+        Broker::Nats { url } => {
+            let pending = nats::PendingProbe::connect(url, source, group).await?;
+            let source = nats::source(url, source, group).await?;
+            let acker = source.acker();
+            run(source, acker, handler, job, Some(Backlog::Nats(pending))).await
+        }
+    }
 }
 
 /// What a consumer that is idle asks before it exits: whether its group
@@ -293,16 +421,16 @@ impl Backlog {
 /// Runs the consumer until it has been idle for `--idle-exit-secs` or a
 /// signal arrives, and reports what it did.
 async fn run<S, A, H>(
-    consumer: ConsumerBuilder,
     source: S,
     acker: A,
     handler: H,
-    RunArgs {
+    Job {
         activity,
-        args,
+        labels,
         shutdown,
-        backlog,
-    }: RunArgs<'_>,
+        consumer,
+    }: Job<'_>,
+    backlog: Option<Backlog>,
 ) -> Result<RunReport, BoxError>
 where
     S: Source,
@@ -314,17 +442,17 @@ where
 {
     let consumer = consumer.build(source, acker, handler)?;
     tracing::info!(
-        broker = %args.broker.endpoint(),
-        source = %args.source,
-        group = %args.group,
-        ledger = %args.ledger,
+        broker = %labels.broker.endpoint(),
+        source = %labels.source,
+        group = %labels.group,
+        to = %labels.writes_to,
         "consuming"
     );
     // Connecting is not idleness: the clock starts now.
     activity.touch();
     let idle_watch = tokio::spawn(exit_when_idle(
         activity.clone(),
-        args.idle_exit,
+        labels.idle_exit,
         backlog,
         shutdown.clone(),
     ));

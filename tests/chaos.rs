@@ -7,6 +7,10 @@
 //! keep arriving, §4) must lose nothing either; its duplicates are counted
 //! apart, those of the graceful handovers and the others.
 //!
+//! The relay (`ledger relay`, consuming one source and publishing into
+//! another) is SIGKILLed the same way, and every id must reach the second
+//! source at least once.
+//!
 //! One test per backend runs its scenarios one after the other: they would
 //! only fight over the cores, and the Kafka broker restart must not overlap
 //! the other Kafka scenarios. Each scenario prints a summary line
@@ -48,6 +52,10 @@ const ROLLING: Rolling = Rolling {
     progress: 2_000,
     fail_every: Some(13),
 };
+/// The relay (issue 16): fewer messages, a few kills; each kill between an
+/// output's confirmation and its input's acknowledgement repeats an output.
+const RELAY_MESSAGES: u64 = 6_000;
+const RELAY_KILLS: u32 = 3;
 /// Exactly-once effects: a transaction per message is slower, and five
 /// kills already leave redeliveries to dedupe.
 const EFFECTS: Kills = Kills {
@@ -75,6 +83,7 @@ fn kafka_loses_nothing_to_kills_a_broker_restart_or_a_killed_group_member() {
         return;
     };
     scenarios::sigkill_restarts(test, kafka, KILLS);
+    scenarios::relay_kills(test, kafka, RELAY_MESSAGES, RELAY_KILLS);
     scenarios::two_consumers_one_killed(test, kafka, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, kafka, ROLLING);
     // The broker is down for a while: nothing else on Kafka runs meanwhile.
@@ -88,6 +97,7 @@ fn redis_loses_nothing_to_kills_killed_connections_or_a_killed_group_member() {
         return;
     };
     scenarios::sigkill_restarts(test, redis, KILLS);
+    scenarios::relay_kills(test, redis, RELAY_MESSAGES, RELAY_KILLS);
     scenarios::broker_faults(test, redis, FAULT_MESSAGES, FAULTS);
     scenarios::two_consumers_one_killed(test, redis, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, redis, ROLLING);
@@ -101,6 +111,7 @@ fn amqp_loses_nothing_to_kills_closed_connections_or_a_killed_consumer() {
         return;
     };
     scenarios::sigkill_restarts(test, amqp, KILLS);
+    scenarios::relay_kills(test, amqp, RELAY_MESSAGES, RELAY_KILLS);
     scenarios::broker_faults(test, amqp, FAULT_MESSAGES, FAULTS);
     scenarios::two_consumers_one_killed(test, amqp, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, amqp, ROLLING);
@@ -114,6 +125,7 @@ fn nats_loses_nothing_to_kills_a_server_crash_or_a_killed_group_member() {
         return;
     };
     scenarios::sigkill_restarts(test, nats, KILLS);
+    scenarios::relay_kills(test, nats, RELAY_MESSAGES, RELAY_KILLS);
     scenarios::two_consumers_one_killed(test, nats, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, nats, ROLLING);
     // A server of the scenario's own, SIGKILLed and started again.

@@ -11,7 +11,7 @@ use intake::amqp::lapin::PublisherConfirm;
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::types::{AMQPValue, FieldTable, ShortString};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpSource, Queue, Topology};
+use intake::amqp::{AmqpPublisher, AmqpSource, Queue, Topology};
 
 use crate::BoxError;
 
@@ -22,13 +22,25 @@ fn topology(queue: &str) -> Topology {
     Topology::new().queue(Queue::quorum(queue))
 }
 
+/// Declares the queue, as every command does before it uses it.
+pub async fn declare(url: &str, queue: &str) -> Result<(), BoxError> {
+    topology(queue).declare(url).await?;
+    Ok(())
+}
+
+/// The relay's publisher: one channel in confirm mode, outputs to the
+/// default exchange with the queue's name as the routing key.
+pub async fn publisher(url: &str) -> Result<AmqpPublisher, BoxError> {
+    Ok(AmqpPublisher::builder(url).build().await?)
+}
+
 /// Publishes awaited at once; the rest wait for confirms to free room.
 const MAX_UNCONFIRMED: usize = 5_000;
 
 /// Publishes ids `0..count` (`message-id` = the id, header `key` = `id %
 /// 64`), persistent, and returns once the broker confirmed every one.
 pub async fn produce(url: &str, queue: &str, count: u64) -> Result<(), BoxError> {
-    topology(queue).declare(url).await?;
+    declare(url, queue).await?;
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
     channel

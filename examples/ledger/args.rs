@@ -9,6 +9,8 @@ usage:
   ledger consume --broker URL --source NAME --group GROUP --ledger FILE
                  [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
                  [--effects-db POSTGRES_URL]
+  ledger relay --broker URL --source NAME --group GROUP --to NAME2
+               [--max-in-flight N] [--idle-exit-secs S]
 
 URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST
    | nats://[USER:PASS@]HOST:PORT";
@@ -36,10 +38,24 @@ pub struct Consume {
     pub effects_db: Option<String>,
 }
 
+/// Consumes `source` and publishes each payload, key and headers unchanged
+/// to `to` on the same broker, acknowledging an input only once its output
+/// is confirmed.
+#[derive(Debug)]
+pub struct Relay {
+    pub broker: Broker,
+    pub source: String,
+    pub group: String,
+    pub to: String,
+    pub max_in_flight: usize,
+    pub idle_exit: Duration,
+}
+
 #[derive(Debug)]
 pub enum Command {
     Produce(Produce),
     Consume(Consume),
+    Relay(Relay),
 }
 
 /// Kafka topics are created with this many partitions unless `--partitions`
@@ -122,6 +138,18 @@ impl Flags {
             .transpose()
     }
 
+    /// `--idle-exit-secs`, in seconds (fractions allowed).
+    fn idle_exit(&self) -> Result<Duration, UsageError> {
+        Ok(self
+            .number::<f64>("--idle-exit-secs")?
+            .map(|secs| {
+                Duration::try_from_secs_f64(secs)
+                    .map_err(|_| UsageError::new("--idle-exit-secs must be a non-negative number"))
+            })
+            .transpose()?
+            .unwrap_or(DEFAULT_IDLE_EXIT))
+    }
+
     fn positive<T>(&self, name: &str) -> Result<Option<T>, UsageError>
     where
         T: std::str::FromStr + PartialOrd + Default,
@@ -139,7 +167,7 @@ impl Flags {
 pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageError> {
     let command = args
         .next()
-        .ok_or_else(|| UsageError::new("name a command: produce or consume"))?;
+        .ok_or_else(|| UsageError::new("name a command: produce, consume or relay"))?;
     match command.as_str() {
         "produce" => {
             let flags = Flags::parse(args, &["--broker", "--source", "--count", "--partitions"])?;
@@ -176,22 +204,43 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                 max_in_flight: flags
                     .positive("--max-in-flight")?
                     .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
-                idle_exit: flags
-                    .number::<f64>("--idle-exit-secs")?
-                    .map(|secs| {
-                        Duration::try_from_secs_f64(secs).map_err(|_| {
-                            UsageError::new("--idle-exit-secs must be a non-negative number")
-                        })
-                    })
-                    .transpose()?
-                    .unwrap_or(DEFAULT_IDLE_EXIT),
+                idle_exit: flags.idle_exit()?,
                 fail_every: flags.positive("--fail-every")?,
                 effects_db: flags.optional("--effects-db").map(str::to_owned),
             }))
         }
+        "relay" => {
+            let flags = Flags::parse(
+                args,
+                &[
+                    "--broker",
+                    "--source",
+                    "--group",
+                    "--to",
+                    "--max-in-flight",
+                    "--idle-exit-secs",
+                ],
+            )?;
+            let relay = Relay {
+                broker: Broker::parse(flags.required("--broker")?).map_err(UsageError::new)?,
+                source: flags.required("--source")?.to_owned(),
+                group: flags.required("--group")?.to_owned(),
+                to: flags.required("--to")?.to_owned(),
+                max_in_flight: flags
+                    .positive("--max-in-flight")?
+                    .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+                idle_exit: flags.idle_exit()?,
+            };
+            if relay.to == relay.source {
+                return Err(UsageError::new(
+                    "--to must name another source than --source (a relay into its own input never ends)",
+                ));
+            }
+            Ok(Command::Relay(relay))
+        }
         "-h" | "--help" | "help" => Err(UsageError::new("")),
         other => Err(UsageError::new(format!(
-            "unknown command `{other}`; expected produce or consume"
+            "unknown command `{other}`; expected produce, consume or relay"
         ))),
     }
 }

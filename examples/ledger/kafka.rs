@@ -10,7 +10,7 @@ use intake::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use intake::kafka::rdkafka::{Offset, TopicPartitionList};
-use intake::kafka::{KafkaSettings, KafkaSource};
+use intake::kafka::{KafkaPublisher, KafkaSettings, KafkaSource};
 
 use crate::BoxError;
 
@@ -105,6 +105,12 @@ async fn confirm(delivery: Option<(u64, DeliveryFuture)>) -> Result<(), BoxError
         Ok(Err((error, _))) => Err(format!("the broker refused id {id}: {error}").into()),
         Err(_) => Err(format!("the producer dropped id {id} unconfirmed").into()),
     }
+}
+
+/// The relay's publisher: an idempotent producer (no duplicates from the
+/// client's own retries; a killed relay may still repeat an output).
+pub fn publisher(bootstrap: &str) -> Result<KafkaPublisher, BoxError> {
+    Ok(KafkaPublisher::builder(KafkaSettings::new(bootstrap)).build()?)
 }
 
 /// A consumer-group member of `group` on `topic` (created if missing).

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use intake::nats::async_nats::jetstream::{self, context::PublishAckFuture};
-use intake::nats::{NatsSource, async_nats};
+use intake::nats::{NatsPublisher, NatsSource, async_nats};
 
 use crate::BoxError;
 
@@ -34,14 +34,7 @@ fn subjects(stream: &str) -> String {
 pub async fn produce(url: &str, stream: &str, count: u64) -> Result<(), BoxError> {
     let client = async_nats::connect(url).await?;
     let context = jetstream::new(client.clone());
-    context
-        .get_or_create_stream(jetstream::stream::Config {
-            name: stream.to_owned(),
-            subjects: vec![subjects(stream)],
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
-        .await?;
+    get_or_create_stream(&context, stream).await?;
     let mut unconfirmed: VecDeque<(u64, PublishAckFuture)> = VecDeque::new();
     for id in 0..count {
         if unconfirmed.len() >= MAX_UNCONFIRMED {
@@ -60,6 +53,36 @@ pub async fn produce(url: &str, stream: &str, count: u64) -> Result<(), BoxError
     }
     client.flush().await?;
     Ok(())
+}
+
+/// The stream `stream`, storing `ledger.<stream>.>`, created if missing.
+async fn get_or_create_stream(context: &jetstream::Context, stream: &str) -> Result<(), BoxError> {
+    context
+        .get_or_create_stream(jetstream::stream::Config {
+            name: stream.to_owned(),
+            subjects: vec![subjects(stream)],
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await?;
+    Ok(())
+}
+
+/// Creates the stream a relay publishes into, if missing.
+pub async fn create_stream(url: &str, stream: &str) -> Result<(), BoxError> {
+    let client = async_nats::connect(url).await?;
+    get_or_create_stream(&jetstream::new(client), stream).await
+}
+
+/// The relay's publisher: JetStream publishes pipelined on a connection of
+/// its own, each confirmed by the stream's ack.
+pub async fn publisher(url: &str) -> Result<NatsPublisher, BoxError> {
+    Ok(NatsPublisher::builder(url).build().await?)
+}
+
+/// The subject a relay publishes on: one the stream `stream` stores.
+pub fn relay_subject(stream: &str) -> String {
+    format!("ledger.{stream}.relayed")
 }
 
 async fn confirm(pending: Option<(u64, PublishAckFuture)>) -> Result<(), BoxError> {

@@ -6,8 +6,8 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
-use intake::redis_streams::RedisStreamsSource;
 use intake::redis_streams::redis;
+use intake::redis_streams::{RedisStreamsPublisher, RedisStreamsSource};
 use tokio::task::JoinSet;
 
 use crate::BoxError;
@@ -61,6 +61,12 @@ pub async fn produce(url: &str, stream: &str, count: u64) -> Result<(), BoxError
         }
     }
     Ok(())
+}
+
+/// The relay's publisher: `XADD`s pipelined on one connection, each
+/// output confirmed by its reply.
+pub async fn publisher(url: &str) -> Result<RedisStreamsPublisher, BoxError> {
+    Ok(RedisStreamsPublisher::builder(url).build().await?)
 }
 
 /// A member of consumer group `group` on `stream`, under a consumer name

@@ -34,7 +34,8 @@ pub struct Finished {
     pub counts: Option<RunCounts>,
 }
 
-/// The final stdout line, `processed=… retried=… dead_lettered=…`.
+/// The final stdout line, `processed=… retried=… dead_lettered=…` (a
+/// relay's says `relayed=…` for `processed=…`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunCounts {
     pub processed: u64,
@@ -51,7 +52,7 @@ impl RunCounts {
                 .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
         };
         Some(Self {
-            processed: field("processed")?,
+            processed: field("processed").or_else(|| field("relayed"))?,
             retried: field("retried")?,
             dead_lettered: field("dead_lettered")?,
         })

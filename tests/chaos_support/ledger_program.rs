@@ -134,3 +134,32 @@ impl Consume {
         ChildProcess::spawn(command, label, logs)
     }
 }
+
+/// One `ledger relay` invocation: consumes `source` and publishes each
+/// payload to `to`, acknowledging an input after its output is confirmed.
+#[derive(Clone, Debug)]
+pub struct Relay {
+    pub backend: Backend,
+    pub url: String,
+    pub source: String,
+    pub group: String,
+    pub to: String,
+    /// Exits 0 after this long without messages, everything committed.
+    pub idle_exit: Duration,
+}
+
+impl Relay {
+    /// Starts the relay; `label` names its log files in `logs`.
+    pub fn spawn(&self, label: &str, logs: &Path) -> Result<ChildProcess, String> {
+        let mut command = Command::new(binary());
+        command
+            .arg("relay")
+            .args(["--broker", &self.url])
+            .args(["--source", &self.source])
+            .args(["--group", &self.group])
+            .args(["--to", &self.to])
+            .args(["--idle-exit-secs", &self.idle_exit.as_secs().to_string()]);
+        command.envs(self.backend.consumer_env().iter().copied());
+        ChildProcess::spawn(command, label, logs)
+    }
+}

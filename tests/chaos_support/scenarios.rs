@@ -16,7 +16,7 @@ use super::backends::Backend;
 use super::child::{ChildProcess, RunCounts};
 use super::effects_db::{self, EffectsStats};
 use super::ledger_file::{DuplicateCauses, GracefulStop, LedgerStats, Progress, end_torn_line};
-use super::ledger_program::{self, Consume};
+use super::ledger_program::{self, Consume, Relay};
 use super::own_broker::OwnBroker;
 use super::own_nats::OwnServer;
 use super::seed::{SplitMix64, suite_seed};
@@ -607,4 +607,80 @@ fn counts_text(counts: RunCounts) -> String {
         "processed={} retried={} dead_lettered={}",
         counts.processed, counts.retried, counts.dead_lettered
     )
+}
+
+/// Produce, then run `ledger relay` from the scenario's source to a second
+/// one while `ledger consume` reads the second into the ledger; SIGKILL the
+/// relay at seeded moments of that ledger's progress, `kills` times, then
+/// let a last relay drain and the reader read everything. Every id must reach the second
+/// source at least once: an input is acknowledged only after its output
+/// was confirmed, so a kill between the two repeats an output and loses
+/// none.
+pub fn relay_kills(test: &'static str, backend: Backend, messages: u64, kills: u32) {
+    let mut scenario = Scenario::new(test, backend, "relay-kill");
+    let to = format!("{}-relayed", scenario.source);
+    scenario.produce(messages);
+    // Creates the destination (an empty produce), so that its reader can
+    // start before the first relay.
+    scenario.check(ledger_program::produce(
+        &scenario.url,
+        &to,
+        0,
+        backend.partitions(),
+        &scenario.dir,
+    ));
+    let mut relay = Relay {
+        backend,
+        url: scenario.url.clone(),
+        source: scenario.source.clone(),
+        group: scenario.group.clone(),
+        to: to.clone(),
+        idle_exit: NEVER_IDLE_EXIT,
+    };
+    let ledger = scenario.ledger("relayed");
+    let mut read = scenario.consume(&ledger, NEVER_IDLE_EXIT);
+    read.source.clone_from(&to);
+    read.group = format!("{}-reader", scenario.group);
+    let mut reader = scenario.spawn(&read, "reader");
+
+    let mut progress = Progress::new(std::slice::from_ref(&ledger), messages);
+    let mut killed_at = Vec::new();
+    for kill in 1..=kills {
+        let kill_at = scenario
+            .moment(kill, kills, messages)
+            .max(progress.distinct() + 1);
+        let mut run = scenario.check(relay.spawn(&format!("relay-{kill}"), &scenario.dir));
+        scenario.check(run.wait_for_progress(&mut progress, kill_at, PROGRESS_TIMEOUT));
+        scenario.check(run.sigkill());
+        killed_at.push(progress.distinct());
+    }
+    relay.idle_exit = backend.drain_idle_exit();
+    let mut last = scenario.check(relay.spawn("relay-drain", &scenario.dir));
+    let relayed = scenario.check(last.expect_clean_exit(DRAIN_TIMEOUT));
+    // Everything is relayed and confirmed: the reader gets all of it, then
+    // stops gracefully.
+    scenario.check(reader.wait_for_progress(&mut progress, messages, DRAIN_TIMEOUT));
+    scenario.check(reader.sigterm());
+    let counts = scenario.check(reader.expect_clean_exit(DRAIN_TIMEOUT));
+
+    let stats = scenario.read_ledgers(std::slice::from_ref(&ledger), messages);
+    println!(
+        "chaos {} relay-kill: produced={messages} kills={kills} lost={} duplicate_outputs={} \
+         duplicated_ids={} last_relay=[{}] reader=[{}] elapsed={}s seed={:#x}",
+        backend.name(),
+        stats.lost(),
+        stats.duplicate_deliveries,
+        stats.duplicated_ids,
+        counts_text(relayed),
+        counts_text(counts),
+        scenario.elapsed_secs(),
+        scenario.seed
+    );
+    println!(
+        "chaos {} relay-kill: distinct ids relayed at each kill: {killed_at:?}",
+        backend.name()
+    );
+    scenario.assert_nothing_lost(&stats);
+    backend.remove_source(&to, &scenario.dir);
+    scenario.pass();
 }
