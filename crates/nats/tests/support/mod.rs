@@ -344,6 +344,11 @@ impl testkit::PublishingBackend for NatsBackend {
     fn destination(&self, source: &str) -> String {
         format!("in.{source}.published")
     }
+
+    /// The source reads a message's key from its subject.
+    fn key_read_back(&self, destination: &str, key: &str) -> String {
+        format!("{destination}.{key}")
+    }
 }
 
 /// A consumer running in a task of its own.

@@ -39,6 +39,15 @@ pub trait PublishingBackend: Backend {
     /// source made by [`Backend::create_source`]): the topic or stream
     /// itself, the queue's routing key, a subject of the stream.
     fn destination(&self, source: &str) -> String;
+
+    /// The key a consumer of `source` reads back for an output sent to
+    /// `destination` with `key`: the key itself (the default), or what the
+    /// backend's documented mapping makes of it (NATS: the subject, of which
+    /// the key is the last token).
+    fn key_read_back(&self, destination: &str, key: &str) -> String {
+        let _ = destination;
+        key.to_owned()
+    }
 }
 
 /// Writes one `#[tokio::test]` per publisher scenario, like
@@ -109,7 +118,13 @@ pub async fn published_outputs_are_confirmed_and_delivered<B: PublishingBackend>
         .await
         .expect("create the source");
     let publisher = backend.publisher().await.expect("connect the publisher");
-    publish_numbered(&publisher, &backend.destination(&source), 300).await;
+    let destination = backend.destination(&source);
+    publish_numbered(&publisher, &destination, 300).await;
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..KEYS)
+            .map(|key| backend.key_read_back(&destination, &format!("k{key}")))
+            .collect(),
+    );
 
     let ledger = Ledger::default();
     let mismatches = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -119,9 +134,10 @@ pub async fn published_outputs_are_confirmed_and_delivered<B: PublishingBackend>
         tower::service_fn(move |message: Message| {
             let ledger = ledger.clone();
             let mismatches = Arc::clone(&mismatches);
+            let keys = Arc::clone(&keys);
             async move {
                 let id = id_of(&message)?;
-                let key = format!("k{}", id % KEYS);
+                let key = &keys[(id % KEYS) as usize];
                 let header = message.headers().get_str("scenario-id").map(str::to_owned);
                 let intact = message.key().map(Bytes::as_ref) == Some(key.as_bytes())
                     && header.as_deref() == Some(id.to_string().as_str());
