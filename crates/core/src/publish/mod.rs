@@ -95,6 +95,13 @@ impl Confirmation {
 /// Every wait is bounded: a send that finds no room, or a confirmation
 /// that does not come, ends with [`PublishErrorKind::Unavailable`] after
 /// the publisher's own timeout.
+///
+/// A place in the buffer is freed when the broker's confirmation arrives,
+/// whether or not its receipt is being awaited: callers send several
+/// outputs before they await any receipt ([`PublishLayer`] sends all of an
+/// input's outputs first), and a publisher that freed places only as
+/// receipts are polled would keep such a caller waiting for room until its
+/// timeout.
 pub trait Publisher: Send + Sync + 'static {
     /// Resolves when the broker confirmed one output, or with why not.
     type Receipt: Future<Output = Result<Confirmation, PublishError>> + Send + 'static;
