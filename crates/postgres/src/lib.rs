@@ -146,6 +146,18 @@
 //! deletes markers older than the retention in the background. Keep markers
 //! longer than any redelivery can take (see [`PruneSettings`]).
 //!
+//! # Publishing: the outbox
+//!
+//! A handler that also publishes writes its outputs into an
+//! [`OutboxTable`] through its `Tx` ([`OutboxTable::write`]), so they
+//! commit with its effects and its marker, or not at all. An
+//! [`OutboxRelay`] publishes the committed rows with any intake
+//! `Publisher`, in id order, and deletes them once the broker confirmed
+//! them: exactly-once effects, at-least-once publishing, and every copy of
+//! an output carries the same [`OUTBOX_ID_HEADER`] for downstream to drop
+//! duplicates by. See the [`outbox`] module for an
+//! example.
+//!
 //! # Cost
 //!
 //! A message costs a transaction: `BEGIN`, the marker `INSERT`, the
@@ -180,6 +192,7 @@ mod handler;
 mod isolation;
 mod marker_table;
 mod message_id;
+pub mod outbox;
 mod pool;
 mod prune;
 mod stats;
@@ -195,6 +208,9 @@ pub use handler::{IntoTxResult, TxHandler};
 pub use isolation::IsolationLevel;
 pub use marker_table::MarkerTable;
 pub use message_id::{HEADER_ID_PARTITION, MAX_MESSAGE_ID_LEN, MessageId};
+pub use outbox::{
+    OUTBOX_ID_HEADER, OutboxError, OutboxRelay, OutboxRelayHandle, OutboxTable, RelaySettings,
+};
 pub use pool::PoolConfig;
 pub use prune::{PruneSettings, Pruner, PrunerHandle};
 pub use stats::ExactlyOnceStats;
