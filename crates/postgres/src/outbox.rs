@@ -118,10 +118,10 @@ pub enum OutboxError {
         #[source]
         source: intake_core::publish::PublishError,
     },
-    /// Row `id`'s confirmation did not come within the relay's
-    /// [`confirm_timeout`](RelaySettings::confirm_timeout); its batch rolled
-    /// back and is published again.
-    #[error("outbox row {id} was not confirmed within {timeout:?}; publishing it again")]
+    /// Row `id` could not be sent, or its confirmation did not come, within
+    /// the relay's [`confirm_timeout`](RelaySettings::confirm_timeout); its
+    /// batch rolled back and is published again.
+    #[error("outbox row {id} was not sent and confirmed within {timeout:?}; publishing it again")]
     Unconfirmed {
         /// The row.
         id: i64,

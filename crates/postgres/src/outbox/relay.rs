@@ -20,9 +20,9 @@ pub struct RelaySettings {
     /// Pause before looking again when the outbox had fewer rows than a
     /// batch: the most a new row waits before it is picked up.
     pub poll_interval: Duration,
-    /// The longest wait for one output's confirmation, on top of the
-    /// publisher's own timeout; past it the batch rolls back and is
-    /// published again.
+    /// The longest wait for room to send one output, and then for its
+    /// confirmation, on top of the publisher's own timeouts; past it the
+    /// batch rolls back and is published again.
     pub confirm_timeout: Duration,
     /// Pauses after failed batches (retry `n` after `n` failures in a row).
     /// The relay never gives up on a row: a policy that would (past its
@@ -93,7 +93,6 @@ impl RelaySettings {
 /// several, each locks different rows and their batches interleave.
 ///
 /// ```no_run
-/// use std::time::Duration;
 /// use intake_postgres::{OutboxRelay, OutboxTable, RelaySettings};
 ///
 /// # async fn run(pool: sqlx::PgPool, publisher: intake_core::memory::MemoryPublisher)
@@ -105,9 +104,9 @@ impl RelaySettings {
 /// // Publish what is there now, once...
 /// let published = relay.relay_batch().await?;
 /// // ...or keep publishing in the background until stopped.
-/// let handle = relay.spawn();
+/// let handle = relay.start();
 /// handle.stop().await;
-/// # let _ = (published, Duration::ZERO);
+/// # let _ = published;
 /// # Ok(())
 /// # }
 /// ```
@@ -224,10 +223,12 @@ impl<P: Publisher> OutboxRelay<P> {
                 ))
             };
             let (id, output) = read().map_err(table.database_error("read rows"))?;
-            let receipt = self
-                .publisher
-                .send(output)
+            // The publisher bounds its own wait for room; this bounds a
+            // publisher that does not.
+            let timeout = self.settings.confirm_timeout;
+            let receipt = tokio::time::timeout(timeout, self.publisher.send(output))
                 .await
+                .map_err(|_elapsed| OutboxError::Unconfirmed { id, timeout })?
                 .map_err(|source| OutboxError::Publish { id, source })?;
             ids.push(id);
             receipts.push(receipt);
