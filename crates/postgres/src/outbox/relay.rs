@@ -210,17 +210,16 @@ impl<P: Publisher> OutboxRelay<P> {
         // costs about one round trip to the broker, not one per row.
         for row in &rows {
             let read = || -> Result<_, sqlx::Error> {
-                Ok((
-                    row.try_get::<i64, _>(0)?,
-                    output_of(
-                        row.try_get::<i64, _>(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                        row.try_get(5)?,
-                    ),
-                ))
+                let id = row.try_get(0)?;
+                let output = output_of(
+                    id,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                    row.try_get(4)?,
+                    row.try_get(5)?,
+                );
+                Ok((id, output))
             };
             let (id, output) = read().map_err(table.database_error("read rows"))?;
             // The publisher bounds its own wait for room; this bounds a
