@@ -80,28 +80,7 @@ impl MarkerTable {
     ///
     /// A name that is empty, too long or not a plain identifier.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
-        let parts: Vec<&str> = name.split('.').collect();
-        if parts.len() > 2 || parts.iter().any(|part| !is_identifier(part)) {
-            return Err(ConfigError::new(
-                "marker_table",
-                format!(
-                    "`{name}` is not `table` or `schema.table` made of letters, digits and \
-                     underscores (not starting with a digit)"
-                ),
-            ));
-        }
-        let table = parts[parts.len() - 1];
-        if table.len() > MAX_TABLE_NAME_LEN {
-            return Err(ConfigError::new(
-                "marker_table",
-                format!("`{table}` is longer than {MAX_TABLE_NAME_LEN} bytes"),
-            ));
-        }
-        let quoted = parts
-            .iter()
-            .map(|part| format!("\"{part}\""))
-            .collect::<Vec<_>>()
-            .join(".");
+        let (quoted, table) = quoted_table_name("marker_table", name, MAX_TABLE_NAME_LEN)?;
         let index = format!("\"{table}_processed_at_idx\"");
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         Ok(Self {
@@ -292,6 +271,40 @@ impl fmt::Debug for MarkerTable {
             .field(&self.inner.name)
             .finish()
     }
+}
+
+/// `name` (`table` or `schema.table`) checked and quoted for SQL, and its
+/// table part: each part letters, digits and underscores, not starting with
+/// a digit, the table at most `max_len` bytes (what leaves room for the
+/// names derived from it). `setting` names the setting in the error.
+pub(crate) fn quoted_table_name<'a>(
+    setting: &'static str,
+    name: &'a str,
+    max_len: usize,
+) -> Result<(String, &'a str), ConfigError> {
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 || parts.iter().any(|part| !is_identifier(part)) {
+        return Err(ConfigError::new(
+            setting,
+            format!(
+                "`{name}` is not `table` or `schema.table` made of letters, digits and \
+                 underscores (not starting with a digit)"
+            ),
+        ));
+    }
+    let table = parts[parts.len() - 1];
+    if table.len() > max_len {
+        return Err(ConfigError::new(
+            setting,
+            format!("`{table}` is longer than {max_len} bytes"),
+        ));
+    }
+    let quoted = parts
+        .iter()
+        .map(|part| format!("\"{part}\""))
+        .collect::<Vec<_>>()
+        .join(".");
+    Ok((quoted, table))
 }
 
 fn is_identifier(part: &str) -> bool {

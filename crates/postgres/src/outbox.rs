@@ -63,6 +63,8 @@ use intake_core::{ConfigError, Headers};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
 
+use crate::marker_table::quoted_table_name;
+
 pub use self::relay::{OutboxRelay, OutboxRelayHandle, RelaySettings};
 
 /// The header that carries an output's outbox row id (decimal ASCII), the
@@ -214,28 +216,7 @@ impl OutboxTable {
     ///
     /// A name that is empty, too long or not a plain identifier.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
-        let parts: Vec<&str> = name.split('.').collect();
-        if parts.len() > 2 || parts.iter().any(|part| !is_identifier(part)) {
-            return Err(ConfigError::new(
-                "outbox_table",
-                format!(
-                    "`{name}` is not `table` or `schema.table` made of letters, digits and \
-                     underscores (not starting with a digit)"
-                ),
-            ));
-        }
-        let table = parts[parts.len() - 1];
-        if table.len() > MAX_TABLE_NAME_LEN {
-            return Err(ConfigError::new(
-                "outbox_table",
-                format!("`{table}` is longer than {MAX_TABLE_NAME_LEN} bytes"),
-            ));
-        }
-        let quoted = parts
-            .iter()
-            .map(|part| format!("\"{part}\""))
-            .collect::<Vec<_>>()
-            .join(".");
+        let (quoted, table) = quoted_table_name("outbox_table", name, MAX_TABLE_NAME_LEN)?;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         Ok(Self {
             inner: Arc::new(Inner {
@@ -407,14 +388,6 @@ fn output_of(
         Some(key) => output.with_key(key),
         None => output,
     }
-}
-
-fn is_identifier(part: &str) -> bool {
-    let mut chars = part.chars();
-    chars
-        .next()
-        .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
