@@ -123,6 +123,32 @@ fn relay_of<P: Publisher>(
         ))
 }
 
+/// Runs a consumer of `in` in group `relay` with `handler` until
+/// everything is committed, stops it, and returns its report.
+async fn relay_until_committed<H>(
+    broker: &MemoryBroker,
+    builder: intake_core::ConsumerBuilder,
+    handler: H,
+) -> intake_core::RunReport
+where
+    H: tower::Service<intake_core::Message, Response = (), Error = HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let (source, acker) = broker.consumer("in", "relay").unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        builder
+            .build(source, acker, handler)
+            .unwrap()
+            .run(shutdown.clone()),
+    );
+    wait_until_committed(broker, "in", "relay", PATIENCE)
+        .await
+        .unwrap();
+    shutdown.cancel();
+    run.await.unwrap().unwrap()
+}
+
 fn stored(broker: &MemoryBroker, topic: &str) -> Vec<String> {
     let partitions = broker.partitions(topic).expect("the topic exists");
     (0..partitions)
@@ -209,19 +235,7 @@ async fn a_failed_output_is_retried_with_its_input() {
                 async move { Output::new("out", body) }
             }
         }));
-    let (source, acker) = broker.consumer("in", "relay").unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        Consumer::builder()
-            .build(source, acker, handler)
-            .unwrap()
-            .run(shutdown.clone()),
-    );
-    wait_until_committed(&broker, "in", "relay", PATIENCE)
-        .await
-        .unwrap();
-    shutdown.cancel();
-    let report = run.await.unwrap().unwrap();
+    let report = relay_until_committed(&broker, Consumer::builder(), handler).await;
     assert_eq!(report.succeeded, 1);
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -254,19 +268,7 @@ async fn a_rejected_output_dead_letters_its_input() {
                 async move { Output::new("no-such-topic", body) }
             }
         }));
-    let (source, acker) = broker.consumer("in", "relay").unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        Consumer::builder()
-            .build(source, acker, handler)
-            .unwrap()
-            .run(shutdown.clone()),
-    );
-    wait_until_committed(&broker, "in", "relay", PATIENCE)
-        .await
-        .unwrap();
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    relay_until_committed(&broker, Consumer::builder(), handler).await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,
@@ -303,21 +305,14 @@ async fn outputs_keep_their_inputs_order_per_key() {
         inner: broker.publisher(),
         next: Arc::new(AtomicU32::new(0)),
     };
-    let (source, acker) = broker.consumer("in", "relay").unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
+    relay_until_committed(
+        &broker,
         Consumer::builder()
             .ordering(DeliveryOrder::Key)
-            .max_in_flight(64)
-            .build(source, acker, relay_of(publisher))
-            .unwrap()
-            .run(shutdown.clone()),
-    );
-    wait_until_committed(&broker, "in", "relay", PATIENCE)
-        .await
-        .unwrap();
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+            .max_in_flight(64),
+        relay_of(publisher),
+    )
+    .await;
 
     let mut per_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for output in stored(&broker, "out") {
@@ -360,19 +355,7 @@ async fn a_handler_publishes_through_the_extractor() {
             Ok::<(), HandlerError>(())
         },
     );
-    let (source, acker) = broker.consumer("in", "relay").unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        Consumer::builder()
-            .build(source, acker, handler)
-            .unwrap()
-            .run(shutdown.clone()),
-    );
-    wait_until_committed(&broker, "in", "relay", PATIENCE)
-        .await
-        .unwrap();
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    relay_until_committed(&broker, Consumer::builder(), handler).await;
     let outputs = broker.messages("out", 0, 0).unwrap();
     let bodies: Vec<_> = outputs
         .iter()
@@ -396,17 +379,6 @@ async fn no_output_completes_the_input() {
     let handler = ServiceBuilder::new()
         .layer(PublishLayer::new(broker.publisher()))
         .service(handler_fn(|Payload(_): Payload| async { Outputs::none() }));
-    let (source, acker) = broker.consumer("in", "relay").unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        Consumer::builder()
-            .build(source, acker, handler)
-            .unwrap()
-            .run(shutdown.clone()),
-    );
-    wait_until_committed(&broker, "in", "relay", PATIENCE)
-        .await
-        .unwrap();
-    shutdown.cancel();
-    assert_eq!(run.await.unwrap().unwrap().succeeded, 1);
+    let report = relay_until_committed(&broker, Consumer::builder(), handler).await;
+    assert_eq!(report.succeeded, 1);
 }
