@@ -37,6 +37,8 @@
 # downloaded (with Maven, from Maven Central) and the storage formatted only
 # when missing.
 set -euo pipefail
+# shellcheck source=../lib/log.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/log.sh"
 
 KAFKA_VERSION=4.1.1
 # The SLF4J binding Kafka's own distribution ships (log4j 2).
@@ -257,12 +259,13 @@ wait_until_serving() {
             return 1
         fi
         if listening "$PORT" && listening "$SASL_PORT" \
-            && tail -c +"$started_at" "$LOG_FILE" | grep -q "Kafka Server started"; then
+            && log_says_since "$LOG_FILE" "$started_at" "Kafka Server started"; then
             return 0
         fi
         sleep 0.2
     done
-    log "the broker did not start within 120 s; log: $LOG_FILE"
+    log "the broker did not start within 120 s; last log lines ($LOG_FILE):"
+    tail -n 30 "$LOG_FILE" >&2 || true
     return 1
 }
 

@@ -28,6 +28,8 @@
 #
 # Idempotent: a second `start` leaves a running server alone.
 set -euo pipefail
+# shellcheck source=../lib/log.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/log.sh"
 
 HOST=127.0.0.1
 PORT="${INTAKE_NATS_PORT:-4222}"
@@ -123,12 +125,13 @@ wait_until_serving() {
             return 1
         fi
         # TLS-only servers still send their INFO in clear text first.
-        if answers && tail -c +"$started_at" "$LOG_FILE" | grep -q "Server is ready"; then
+        if answers && log_says_since "$LOG_FILE" "$started_at" "Server is ready"; then
             return 0
         fi
         sleep 0.1
     done
-    log "the server did not start within 30 s; log: $LOG_FILE"
+    log "the server did not start within 30 s; last log lines ($LOG_FILE):"
+    tail -n 30 "$LOG_FILE" >&2 || true
     return 1
 }
 
