@@ -11,6 +11,7 @@ usage:
                  [--effects-db POSTGRES_URL]
   ledger relay --broker URL --source NAME --group GROUP --to NAME2
                [--max-in-flight N] [--idle-exit-secs S]
+               [--exactly-once [--effects-db POSTGRES_URL]]
 
 URL: kafka://HOST:PORT | redis://[USER:PASS@]HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST
    | nats://[USER:PASS@]HOST:PORT";
@@ -49,6 +50,11 @@ pub struct Relay {
     pub to: String,
     pub max_in_flight: usize,
     pub idle_exit: Duration,
+    /// Each output exactly once: Kafka transactions on Kafka; elsewhere the
+    /// PostgreSQL outbox of `effects_db`, whose ids let readers drop repeats.
+    pub exactly_once: bool,
+    /// The outbox's database; required with `exactly_once` off Kafka.
+    pub effects_db: Option<String>,
 }
 
 #[derive(Debug)]
@@ -86,6 +92,9 @@ struct Flags {
     pairs: Vec<(String, String)>,
 }
 
+/// Flags that take no value: present or not.
+const SWITCHES: &[&str] = &["--exactly-once"];
+
 impl Flags {
     fn parse(args: impl Iterator<Item = String>, known: &[&str]) -> Result<Self, UsageError> {
         let mut pairs: Vec<(String, String)> = Vec::new();
@@ -96,12 +105,17 @@ impl Flags {
                 Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
                 None => (flag, None),
             };
+            let is_switch = SWITCHES.contains(&name.as_str());
             if !known.contains(&name.as_str()) {
                 return Err(UsageError::new(format!("unknown argument `{name}`")));
             }
-            let value = match inline {
-                Some(value) => value,
-                None => args
+            let value = match (inline, is_switch) {
+                (Some(_), true) => {
+                    return Err(UsageError::new(format!("{name} takes no value")));
+                }
+                (None, true) => String::new(),
+                (Some(value), false) => value,
+                (None, false) => args
                     .next()
                     .ok_or_else(|| UsageError::new(format!("{name} needs a value")))?,
             };
@@ -111,6 +125,11 @@ impl Flags {
             pairs.push((name, value));
         }
         Ok(Self { pairs })
+    }
+
+    /// Whether a [switch](SWITCHES) was given.
+    fn switch(&self, name: &str) -> bool {
+        self.pairs.iter().any(|(flag, _)| flag == name)
     }
 
     fn optional(&self, name: &str) -> Option<&str> {
@@ -219,6 +238,8 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                     "--to",
                     "--max-in-flight",
                     "--idle-exit-secs",
+                    "--exactly-once",
+                    "--effects-db",
                 ],
             )?;
             let relay = Relay {
@@ -230,11 +251,32 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                     .positive("--max-in-flight")?
                     .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
                 idle_exit: flags.idle_exit()?,
+                exactly_once: flags.switch("--exactly-once"),
+                effects_db: flags.optional("--effects-db").map(str::to_owned),
             };
             if relay.to == relay.source {
                 return Err(UsageError::new(
                     "--to must name another source than --source (a relay into its own input never ends)",
                 ));
+            }
+            let on_kafka = matches!(relay.broker, Broker::Kafka { .. });
+            match (relay.exactly_once, on_kafka, relay.effects_db.is_some()) {
+                (false, _, true) => {
+                    return Err(UsageError::new(
+                        "--effects-db goes with --exactly-once (the outbox it names is how outputs go out exactly once)",
+                    ));
+                }
+                (true, true, true) => {
+                    return Err(UsageError::new(
+                        "--effects-db is not used on Kafka: --exactly-once uses Kafka transactions there",
+                    ));
+                }
+                (true, false, false) => {
+                    return Err(UsageError::new(
+                        "--exactly-once needs --effects-db POSTGRES_URL off Kafka: the outbox lives there",
+                    ));
+                }
+                _ => {}
             }
             Ok(Command::Relay(relay))
         }
