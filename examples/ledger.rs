@@ -9,7 +9,7 @@
 //!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K] [--effects-db POSTGRES_URL]
 //! cargo run --release --features full --example ledger -- \
 //!     relay --broker URL --source NAME --group GROUP --to NAME2 \
-//!     [--max-in-flight N] [--idle-exit-secs S]
+//!     [--max-in-flight N] [--idle-exit-secs S] [--exactly-once [--effects-db POSTGRES_URL]]
 //! ```
 //!
 //! `URL` is `kafka://HOST:PORT`, `redis://[USER:PASS@]HOST:PORT`,
@@ -51,6 +51,16 @@
 //! output was confirmed in this run; retries; payloads that are not ids).
 //! `ledger consume` on `NAME2` then checks what arrived.
 //!
+//! `relay --exactly-once` off Kafka needs `--effects-db`: each input's
+//! forward is written to a PostgreSQL outbox table (one per `NAME2`) in the
+//! exactly-once transaction that marks the input processed, and a relay in
+//! the same process publishes the rows, each with its row id in the header
+//! `intake.outbox-id`. Each id gets one row, whatever the kills; a row may be
+//! published twice (a kill between the broker's confirmation and the
+//! outbox's commit), always with the same `intake.outbox-id`, for readers to
+//! drop. Before it exits, the relay waits (up to 30 s) for its outbox to
+//! empty.
+//!
 //! `--effects-db` runs each message through intake-postgres's exactly-once
 //! handler, which inserts `(GROUP, NAME, ID)` into `ledger_effects`: the
 //! ledger file shows every delivery, the table each id once.
@@ -82,6 +92,8 @@ mod kafka;
 mod kafka_topics;
 #[path = "ledger/nats.rs"]
 mod nats;
+#[path = "ledger/outbox.rs"]
+mod outbox;
 #[path = "ledger/redis.rs"]
 mod redis;
 
@@ -184,12 +196,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     let (journal, journal_thread) =
         Journal::open(&args.ledger).map_err(|error| format!("opening {}: {error}", args.ledger))?;
     let activity = Arc::new(Activity::new(args.fail_every));
-    // AMQP delivery tags change on redelivery; the producer's message-id
-    // property does not.
-    let message_id = match args.broker {
-        Broker::Amqp { .. } => MessageId::header(intake::amqp::headers::MESSAGE_ID),
-        Broker::Kafka { .. } | Broker::Redis { .. } | Broker::Nats { .. } => MessageId::Position,
-    };
+    let message_id = message_id(&args.broker);
     let effects = match &args.effects_db {
         Some(url) => Some(
             effects::connect(
@@ -236,22 +243,25 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let activity = Arc::new(Activity::new(None));
-    let handler = match &args.broker {
+    let (handler, outbox) = match &args.broker {
         Broker::Kafka { bootstrap } => {
             kafka::create_topic(bootstrap, &args.to, args::DEFAULT_PARTITIONS).await?;
-            relay_handler(kafka::publisher(bootstrap)?, args.to.clone(), &activity)
+            let handler = relay_handler(kafka::publisher(bootstrap)?, args.to.clone(), &activity);
+            (handler, None)
         }
         Broker::Redis { url } => {
-            relay_handler(redis::publisher(url).await?, args.to.clone(), &activity)
+            let publisher = redis::publisher(url).await?;
+            forwarding(publisher, args.to.clone(), &args, &activity).await?
         }
         Broker::Amqp { url } => {
             amqp::declare(url, &args.to).await?;
-            relay_handler(amqp::publisher(url).await?, args.to.clone(), &activity)
+            let publisher = amqp::publisher(url).await?;
+            forwarding(publisher, args.to.clone(), &args, &activity).await?
         }
         Broker::Nats { url } => {
             nats::create_stream(url, &args.to).await?;
             let subject = nats::relay_subject(&args.to);
-            relay_handler(nats::publisher(url).await?, subject, &activity)
+            forwarding(nats::publisher(url).await?, subject, &args, &activity).await?
         }
     };
     let consumer = Consumer::builder()
@@ -272,6 +282,10 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
         consumer,
     };
     let report = connect_and_run(&args.broker, &args.source, &args.group, job, handler).await?;
+    if let Some(outbox) = outbox {
+        let published = outbox.drain().await?;
+        tracing::info!(published, "the outbox relay published its rows");
+    }
     println!(
         "relayed={} retried={} dead_lettered={}",
         report.succeeded,
@@ -279,6 +293,51 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
         report.discarded,
     );
     Ok(())
+}
+
+/// What a relay runs each input through.
+type RelayHandler = BoxService<Message, (), HandlerError>;
+
+/// The relay's handler off Kafka: publishing directly, or with
+/// `--exactly-once` through the outbox in `--effects-db` (and the outbox's
+/// relay, which the caller drains before it exits).
+async fn forwarding<P: Publisher + Sync>(
+    publisher: P,
+    destination: String,
+    args: &Relay,
+    activity: &Arc<Activity>,
+) -> Result<(RelayHandler, Option<outbox::Outbox>), BoxError> {
+    let Some(url) = args.effects_db.as_deref().filter(|_| args.exactly_once) else {
+        return Ok((relay_handler(publisher, destination, activity), None));
+    };
+    let (write_outbox, outbox) = outbox::connect(
+        url,
+        &args.group,
+        destination,
+        message_id(&args.broker),
+        args.max_in_flight,
+        publisher,
+    )
+    .await?;
+    let touched = Arc::clone(activity);
+    let handler = ServiceBuilder::new()
+        .layer(retries(activity))
+        .map_request(move |message: Message| {
+            touched.touch();
+            message
+        })
+        .service(write_outbox);
+    Ok((BoxService::new(handler), Some(outbox)))
+}
+
+/// What identifies a message across redeliveries, for the processed-markers.
+fn message_id(broker: &Broker) -> MessageId {
+    match broker {
+        // AMQP delivery tags change on redelivery; the producer's
+        // message-id property does not.
+        Broker::Amqp { .. } => MessageId::header(intake::amqp::headers::MESSAGE_ID),
+        Broker::Kafka { .. } | Broker::Redis { .. } | Broker::Nats { .. } => MessageId::Position,
+    }
 }
 
 /// Forwards each input to `destination` unchanged (payload, key, headers)
@@ -290,7 +349,7 @@ fn relay_handler<P: Publisher>(
     publisher: P,
     destination: String,
     activity: &Arc<Activity>,
-) -> BoxService<Message, (), HandlerError> {
+) -> RelayHandler {
     let destination: Arc<str> = destination.into();
     let touched = Arc::clone(activity);
     let forward = handler_fn(move |message: Message| {

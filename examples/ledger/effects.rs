@@ -37,19 +37,7 @@ pub async fn connect(
     message_id: MessageId,
     max_in_flight: usize,
 ) -> Result<Effects, BoxError> {
-    let connections = match std::env::var(POOL_ENV) {
-        Ok(value) => value
-            .parse()
-            .map_err(|_| format!("{POOL_ENV}: `{value}` is not a number"))?,
-        Err(_) => DEFAULT_POOL,
-    }
-    .min(u32::try_from(max_in_flight).unwrap_or(u32::MAX))
-    .max(1);
-    let pool = PoolConfig::new(url)?
-        .max_connections(connections)
-        .application_name("ledger")
-        .connect()
-        .await?;
+    let (pool, connections) = pool(url, max_in_flight).await?;
     MarkerTable::default().migrate(&pool).await?;
     create_table(&pool).await?;
 
@@ -77,6 +65,25 @@ pub async fn connect(
         .concurrency_limit(connections as usize)
         .service(service);
     Ok(BoxCloneService::new(service))
+}
+
+/// A pool of `LEDGER_PG_POOL` connections (default [`DEFAULT_POOL`]), never
+/// more than messages in flight, and how many that is.
+pub async fn pool(url: &str, max_in_flight: usize) -> Result<(PgPool, u32), BoxError> {
+    let connections = match std::env::var(POOL_ENV) {
+        Ok(value) => value
+            .parse()
+            .map_err(|_| format!("{POOL_ENV}: `{value}` is not a number"))?,
+        Err(_) => DEFAULT_POOL,
+    }
+    .min(u32::try_from(max_in_flight).unwrap_or(u32::MAX))
+    .max(1);
+    let pool = PoolConfig::new(url)?
+        .max_connections(connections)
+        .application_name("ledger")
+        .connect()
+        .await?;
+    Ok((pool, connections))
 }
 
 /// `CREATE TABLE IF NOT EXISTS` races with itself when consumers start
