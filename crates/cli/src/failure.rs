@@ -1,0 +1,148 @@
+//! Why a command failed, and the exit code each reason maps to.
+//!
+//! The codes are the command's interface for scripts (see the crate docs):
+//! they only ever grow, and a code never changes its meaning.
+
+use std::error::Error as StdError;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Any error a backend's client returns.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Exit code: the broker could not be reached, did not answer in time, or
+/// the connection broke. Trying again later may succeed.
+pub const EXIT_UNAVAILABLE: u8 = 1;
+/// Exit code: the arguments are wrong (clap's own code for usage errors).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: the broker answered but refused (an unknown source, group,
+/// queue or consumer, a permission), or knows nothing of the source.
+/// Trying again will not help until something changes.
+pub const EXIT_REFUSED: u8 = 3;
+
+/// Why a command failed. `Display` says this level only; the client's
+/// error, where there is one, is the [`source`](StdError::source).
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// The arguments are wrong; the text says what to change.
+    #[error("{0}")]
+    Usage(String),
+    /// The broker could not be reached or the connection broke.
+    #[error("{what}: the broker could not be reached")]
+    Unavailable {
+        /// What the command was doing.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The broker did not answer in time.
+    #[error("{what}: the broker did not answer within {after:?}")]
+    TimedOut {
+        /// What the command was doing.
+        what: String,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The broker refused or answered something unusable.
+    #[error("{what}: the broker refused")]
+    Refused {
+        /// What the command was doing.
+        what: String,
+        /// The broker's or client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The broker knows nothing of what was asked.
+    #[error("{0}")]
+    NotFound(String),
+}
+
+impl Failure {
+    /// The exit code scripts see for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => EXIT_USAGE,
+            Failure::Unavailable { .. } | Failure::TimedOut { .. } => EXIT_UNAVAILABLE,
+            Failure::Refused { .. } | Failure::NotFound(_) => EXIT_REFUSED,
+        }
+    }
+
+    /// What to print on stderr: this failure and each cause on a line of
+    /// its own, each secret of `url` scrubbed out (the backends redact
+    /// their errors already; a client's text quoting the URL is the case
+    /// this catches).
+    pub fn report(&self, url: Option<&str>) -> String {
+        let mut text = format!("error: {self}");
+        let mut cause = self.source();
+        // Bounded: a cyclic or very deep chain is cut, not followed.
+        for _ in 0..16 {
+            let Some(error) = cause else { break };
+            text.push_str(&format!("\n  caused by: {error}"));
+            cause = error.source();
+        }
+        match url {
+            Some(url) => intake_core::redact::scrub(&text, url),
+            None => text,
+        }
+    }
+
+    /// The exit code as the process returns it.
+    pub fn exit(&self) -> ExitCode {
+        ExitCode::from(self.exit_code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_the_documented_ones() {
+        let io = || -> BoxError { Box::new(std::io::Error::other("x")) };
+        let cases = [
+            (Failure::Usage("u".into()), 2),
+            (
+                Failure::Unavailable {
+                    what: "w".into(),
+                    source: io(),
+                },
+                1,
+            ),
+            (
+                Failure::TimedOut {
+                    what: "w".into(),
+                    after: Duration::from_secs(1),
+                },
+                1,
+            ),
+            (
+                Failure::Refused {
+                    what: "w".into(),
+                    source: io(),
+                },
+                3,
+            ),
+            (Failure::NotFound("n".into()), 3),
+        ];
+        for (failure, code) in cases {
+            assert_eq!(failure.exit_code(), code, "{failure}");
+        }
+    }
+
+    #[test]
+    fn the_report_prints_the_chain_once_and_no_password() {
+        let failure = Failure::Unavailable {
+            what: "lag of orders".into(),
+            source: Box::new(std::io::Error::other(
+                "connect to amqp://app:s3cret@h:5672 refused",
+            )),
+        };
+        let report = failure.report(Some("amqp://app:s3cret@h:5672/%2f"));
+        assert_eq!(
+            report,
+            "error: lag of orders: the broker could not be reached\n  \
+             caused by: connect to amqp://app:***@h:5672 refused"
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! `intake lag`: a group's broker-side lag through each backend's
+//! [`LagProbe`].
+
+use std::time::Duration;
+
+use intake_core::lag::{LagError, LagProbe, PartitionLag};
+use intake_nats::async_nats;
+
+use crate::broker::{Broker, NatsCredentials, nats_addresses};
+use crate::failure::Failure;
+
+/// Asks `broker` for `group`'s lag on `source`, every wait bounded by
+/// `timeout` (connecting included).
+///
+/// For RabbitMQ the queue is `source` and `group` names nothing (every
+/// consumer of a queue shares it); for NATS `group` is the durable
+/// consumer of stream `source`.
+pub async fn query(
+    broker: &Broker,
+    source: &str,
+    group: &str,
+    timeout: Duration,
+) -> Result<Vec<PartitionLag>, Failure> {
+    let what = format!("lag of group {group} on {source}");
+    let usage = |error: &dyn std::fmt::Display| Failure::Usage(format!("--broker: {error}"));
+    let answer = match broker {
+        Broker::Kafka { bootstrap } => {
+            let settings = intake_kafka::KafkaSettings::new(bootstrap.as_str());
+            let probe = intake_kafka::KafkaLagProbe::new(&settings, group, [source])
+                .map_err(|error| usage(&error))?
+                .timeout(timeout);
+            probe.lag().await
+        }
+        Broker::Redis { url } => {
+            let probe = intake_redis_streams::RedisLagProbe::new(url, group, [source])
+                .map_err(|error| usage(&error))?
+                .timeout(timeout);
+            probe.lag().await
+        }
+        Broker::Amqp { url } => {
+            let probe = intake_amqp::AmqpLagProbe::new(url, source)
+                .map_err(|error| usage(&error))?
+                .timeout(timeout);
+            probe.lag().await
+        }
+        Broker::Nats { url } => {
+            let client = connect_nats(url, &broker.endpoint(), timeout, &what).await?;
+            let probe = intake_nats::NatsLagProbe::new(client, &broker.endpoint(), source, group)
+                .timeout(timeout);
+            probe.lag().await
+        }
+    };
+    let lags = answer.map_err(|error| match error {
+        LagError::TimedOut(after) => Failure::TimedOut {
+            what: what.clone(),
+            after,
+        },
+        error if error.is_transient() => Failure::Unavailable {
+            what: what.clone(),
+            source: Box::new(error),
+        },
+        error => Failure::Refused {
+            what: what.clone(),
+            source: Box::new(error),
+        },
+    })?;
+    if lags.is_empty() {
+        // Kafka answers an unknown topic with no partitions: "no lag" would
+        // be a lie a script could act on.
+        return Err(Failure::NotFound(format!(
+            "{what}: the broker knows no partition of {source}"
+        )));
+    }
+    Ok(lags)
+}
+
+/// A client of the NATS server at `url`: credentials from the URL, one
+/// attempt bounded by `timeout`, no reconnecting (a command that waits
+/// for a server that is down should say so, not retry forever).
+pub async fn connect_nats(
+    url: &str,
+    endpoint: &str,
+    timeout: Duration,
+    what: &str,
+) -> Result<async_nats::Client, Failure> {
+    let (addresses, credentials) = nats_addresses(url)?;
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(timeout)
+        .request_timeout(Some(timeout))
+        .max_reconnects(Some(1))
+        .ignore_discovered_servers()
+        .name("intake cli");
+    match credentials {
+        Some(NatsCredentials::Token(token)) => options = options.token(token),
+        Some(NatsCredentials::UserPassword(user, password)) => {
+            options = options.user_and_password(user, password);
+        }
+        None => {}
+    }
+    if url.starts_with("tls://") {
+        options = options.require_tls(true);
+    }
+    let servers: Vec<async_nats::ServerAddr> = addresses
+        .iter()
+        .map(|address| {
+            address
+                .parse()
+                .map_err(|error| Failure::Usage(format!("--broker {endpoint}: {error}")))
+        })
+        .collect::<Result<_, _>>()?;
+    // connection_timeout bounds each TCP and TLS handshake; this bounds the
+    // whole attempt, the server's INFO and CONNECT included.
+    match tokio::time::timeout(timeout, options.connect(servers)).await {
+        Err(_) => Err(Failure::TimedOut {
+            what: what.to_owned(),
+            after: timeout,
+        }),
+        Ok(Err(error)) => Err(Failure::Unavailable {
+            what: format!("{what} (connecting to {endpoint})"),
+            source: Box::new(error),
+        }),
+        Ok(Ok(client)) => Ok(client),
+    }
+}

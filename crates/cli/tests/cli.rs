@@ -1,0 +1,436 @@
+//! The `intake` binary end to end, against the real brokers on 127.0.0.1
+//! (Redis 6379, RabbitMQ 5672, Kafka 9092, NATS 4222): each test sets the
+//! broker up with its own client, runs the built command, and reads its
+//! stdout, stderr and exit code as a script would.
+//!
+//! A test whose broker does not listen skips with a printed reason, unless
+//! `INTAKE_REQUIRE_BROKERS=1` (as in CI).
+
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use intake_amqp::lapin;
+use intake_kafka::rdkafka;
+use intake_nats::async_nats;
+use intake_redis_streams::redis;
+use serde_json::Value;
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const KAFKA: &str = "127.0.0.1:9092";
+const NATS: &str = "nats://127.0.0.1:4222";
+
+/// Longest a run of the command may take: its own waits are bounded by
+/// `--timeout`, this bounds the test should one not be.
+const RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// What a run of `intake` left behind.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|error| {
+            panic!(
+                "stdout is not JSON ({error}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    fn assert_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "exit code; stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs the built `intake` with `args`, stdin closed, `INTAKE_BROKER` unset.
+async fn intake(args: &[&str]) -> Run {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intake"))
+        .args(args)
+        .env_remove("INTAKE_BROKER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the intake binary starts");
+    let output = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("intake {args:?} did not end within {RUN_LIMIT:?}"))
+        .expect("intake's output");
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Whether `address` listens; when it does not, the test skips (or fails
+/// under `INTAKE_REQUIRE_BROKERS=1`).
+fn broker_listens(test: &str, address: &str) -> bool {
+    let listens = address
+        .parse()
+        .ok()
+        .and_then(|address| TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok())
+        .is_some();
+    if !listens {
+        assert!(
+            std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() != Ok("1"),
+            "{test}: nothing listens on {address} and INTAKE_REQUIRE_BROKERS=1"
+        );
+        eprintln!("{test}: skipped, nothing listens on {address}");
+    }
+    listens
+}
+
+/// A name no earlier run used.
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    format!("cli-{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Asserts the lag `intake lag --json` reports, and that the table says
+/// the same.
+async fn assert_lag(broker: &str, source: &str, group: &str, expected: u64) {
+    let base = [
+        "lag",
+        "--broker",
+        broker,
+        "--source",
+        source,
+        "--group",
+        group,
+        "--timeout",
+        "10",
+    ];
+    let json = intake(&[&base[..], &["--json"]].concat()).await;
+    json.assert_code(0);
+    let value = json.json();
+    assert_eq!(value["total"], expected, "{value}");
+    assert_eq!(value["source"], source);
+    assert_eq!(value["group"], group);
+    assert_eq!(value["partitions"][0]["source"], source);
+    let table = intake(&base).await;
+    table.assert_code(0);
+    let first = table.stdout.lines().next().unwrap_or_default();
+    assert!(first.starts_with("SOURCE"), "{}", table.stdout);
+    let row = table.stdout.lines().nth(1).unwrap_or_default();
+    assert!(row.starts_with(source), "{}", table.stdout);
+    assert!(
+        row.split_whitespace()
+            .any(|cell| cell == expected.to_string()),
+        "{}",
+        table.stdout
+    );
+}
+
+#[tokio::test]
+async fn redis_lag_counts_what_the_group_did_not_acknowledge() {
+    if !broker_listens("redis lag", "127.0.0.1:6379") {
+        return;
+    }
+    let (stream, group) = (unique("lag"), "billing");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    for n in 0..10 {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("n")
+            .arg(n)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg(group)
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // Four delivered, three of them acknowledged: 6 never delivered plus 1
+    // pending.
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("c")
+        .arg("COUNT")
+        .arg(4)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let ids: Vec<String> = read.keys[0]
+        .ids
+        .iter()
+        .map(|entry| entry.id.clone())
+        .collect();
+    assert_eq!(ids.len(), 4);
+    let acked: u64 = redis::cmd("XACK")
+        .arg(&stream)
+        .arg(group)
+        .arg(&ids[..3])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(acked, 3);
+
+    assert_lag(REDIS, &stream, group, 7).await;
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn amqp_lag_counts_the_messages_ready_in_the_queue() {
+    if !broker_listens("amqp lag", "127.0.0.1:5672") {
+        return;
+    }
+    use lapin::options::{
+        BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
+    };
+    let queue = unique("lag");
+    let connection = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for n in 0..10 {
+        channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                format!("{n}").as_bytes(),
+                lapin::BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    for _ in 0..3 {
+        let got = channel
+            .basic_get(queue.as_str().into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+            .expect("a message in the queue");
+        got.ack(BasicAckOptions::default()).await.unwrap();
+    }
+
+    // The group names nothing on RabbitMQ: the queue is what is counted.
+    assert_lag(AMQP, &queue, "any", 7).await;
+
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test]
+async fn kafka_lag_is_the_log_end_minus_the_committed_offset() {
+    if !broker_listens("kafka lag", KAFKA) {
+        return;
+    }
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let (topic, group) = (unique("lag"), unique("g"));
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", KAFKA);
+    let admin: AdminClient<DefaultClientContext> = config.create().unwrap();
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let producer: FutureProducer = config.clone().set("acks", "all").create().unwrap();
+    for n in 0..10 {
+        let payload = n.to_string();
+        producer
+            .send(
+                FutureRecord::<str, str>::to(&topic)
+                    .partition(0)
+                    .payload(payload.as_str()),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    // The group committed offset 3: three of ten are done.
+    let committer: BaseConsumer = config
+        .clone()
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut offsets = TopicPartitionList::new();
+    offsets
+        .add_partition_offset(&topic, 0, Offset::Offset(3))
+        .unwrap();
+    committer.commit(&offsets, CommitMode::Sync).unwrap();
+
+    assert_lag(&format!("kafka://{KAFKA}"), &topic, &group, 7).await;
+
+    let _ = admin.delete_topics(&[&topic], &AdminOptions::new()).await;
+}
+
+#[tokio::test]
+async fn nats_lag_counts_what_the_durable_consumer_did_not_acknowledge() {
+    if !broker_listens("nats lag", "127.0.0.1:4222") {
+        return;
+    }
+    use async_nats::jetstream::{self, consumer};
+    use futures_util::StreamExt as _;
+
+    let stream = unique("lag");
+    let client = async_nats::connect(NATS).await.unwrap();
+    let context = jetstream::new(client);
+    context
+        .create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{stream}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for n in 0..10 {
+        context
+            .publish(format!("{stream}.{n}"), n.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let durable = context
+        .get_stream(&stream)
+        .await
+        .unwrap()
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("billing".to_owned()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Four delivered, three of them acknowledged: 6 pending plus 1 waiting
+    // for its ack.
+    let mut batch = durable
+        .fetch()
+        .max_messages(4)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .unwrap();
+    let mut delivered = Vec::new();
+    while let Some(message) = batch.next().await {
+        delivered.push(message.unwrap());
+    }
+    assert_eq!(delivered.len(), 4);
+    for message in &delivered[..3] {
+        message.double_ack().await.unwrap();
+    }
+
+    assert_lag(NATS, &stream, "billing", 7).await;
+
+    let _ = context.delete_stream(&stream).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_exits_1_without_showing_the_password() {
+    // Nothing listens on port 1; the password must not reach stderr.
+    let run = intake(&[
+        "lag",
+        "--broker",
+        "amqp://app:s3cr3t-pw@127.0.0.1:1/%2f",
+        "--source",
+        "q",
+        "--group",
+        "g",
+        "--timeout",
+        "2",
+    ])
+    .await;
+    run.assert_code(1);
+    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+    assert!(!run.stderr.contains("s3cr3t-pw"), "{}", run.stderr);
+    assert!(!run.stdout.contains("s3cr3t-pw"), "{}", run.stdout);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2() {
+    let run = intake(&[
+        "lag", "--broker", "http://h", "--source", "s", "--group", "g",
+    ])
+    .await;
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains("--broker must start with"),
+        "{}",
+        run.stderr
+    );
+    intake(&["lag", "--source", "s", "--group", "g"])
+        .await
+        .assert_code(2);
+    intake(&["frobnicate"]).await.assert_code(2);
+    intake(&["--help"]).await.assert_code(0);
+}
+
+#[tokio::test]
+async fn an_unknown_source_exits_3() {
+    if !broker_listens("redis unknown", "127.0.0.1:6379") {
+        return;
+    }
+    let run = intake(&[
+        "lag",
+        "--broker",
+        REDIS,
+        "--source",
+        &unique("missing"),
+        "--group",
+        "g",
+    ])
+    .await;
+    run.assert_code(3);
+}
