@@ -11,3 +11,4 @@ async fn backend() -> Option<MemoryBackend> {
 
 intake_core::conformance_suite!(backend());
 intake_core::publisher_suite!(backend());
+intake_core::dead_letter_store_suite!(backend());

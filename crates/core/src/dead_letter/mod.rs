@@ -68,6 +68,7 @@ mod layer;
 mod policy;
 mod reference;
 mod service;
+pub mod store;
 
 use std::time::SystemTime;
 
@@ -80,6 +81,10 @@ pub use self::layer::DeadLetterLayer;
 pub use self::policy::FailurePolicy;
 pub use self::reference::PayloadReference;
 pub use self::service::DeadLetterService;
+pub use self::store::{
+    DeadLetterLog, DeadLetterStore, Filter, LetterId, LogStore, Redrive, RedriveReport, Selection,
+    StoreError, StoredLetter, Summary,
+};
 use crate::error::{BoxError, ErrorClass};
 use crate::message::{Headers, Message};
 

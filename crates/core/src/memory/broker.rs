@@ -9,6 +9,7 @@ use super::acker::MemoryAcker;
 use super::assignment::AssignmentStrategy;
 use super::consumer::MemoryConsumerBuilder;
 use super::dead_letter::{MemoryDeadLetterSink, dead_letter_topic};
+use super::dead_letter_store::{MemoryDeadLetterStore, MemoryDeadLetters};
 use super::error::MemoryError;
 use super::faults::Faults;
 use super::record::{Produced, Record};
@@ -200,19 +201,39 @@ impl MemoryBroker {
         group: &str,
     ) -> Result<MemoryDeadLetterSink, MemoryError> {
         let faults = self.faults(topic, group)?;
-        let name = dead_letter_topic(topic, group);
-        let dead_letters = {
-            let mut topics = self.topics();
-            match topics.get(name.as_str()) {
-                Some(existing) => existing.clone(),
-                None => {
-                    let created = Arc::new(Topic::new(&name, 1, self.inner.config)?);
-                    topics.insert(created.name.clone(), created.clone());
-                    created
-                }
-            }
-        };
+        let dead_letters = self.dead_letter_topic_of(topic, group)?;
         Ok(MemoryDeadLetterSink::new(dead_letters, group, faults.state))
+    }
+
+    /// The store of the dead letters of `group` consuming `topic` (the
+    /// topic [`dead_letter_topic(topic, group)`](dead_letter_topic),
+    /// created with one partition if needed): count, list, read, redrive
+    /// through this broker's [`publisher`](Self::publisher), purge.
+    pub fn dead_letter_store(
+        &self,
+        topic: &str,
+        group: &str,
+    ) -> Result<MemoryDeadLetterStore, MemoryError> {
+        self.topic(topic)?;
+        let dead_letters = self.dead_letter_topic_of(topic, group)?;
+        Ok(MemoryDeadLetterStore::new(
+            MemoryDeadLetters::new(dead_letters),
+            self.publisher(),
+        ))
+    }
+
+    /// The dead-letter topic of `group` on `topic`, created if needed.
+    fn dead_letter_topic_of(&self, topic: &str, group: &str) -> Result<Arc<Topic>, MemoryError> {
+        let name = dead_letter_topic(topic, group);
+        let mut topics = self.topics();
+        Ok(match topics.get(name.as_str()) {
+            Some(existing) => existing.clone(),
+            None => {
+                let created = Arc::new(Topic::new(&name, 1, self.inner.config)?);
+                topics.insert(created.name.clone(), created.clone());
+                created
+            }
+        })
     }
 
     /// The fault injection of `group` on `topic`.
@@ -289,8 +310,9 @@ impl MemoryBroker {
         Ok(log[from..].to_vec())
     }
 
-    /// Everything written to the dead-letter topic of `group` on `topic`,
-    /// oldest first (empty if nothing was), read back from the topic's
+    /// Everything written to the dead-letter topic of `group` on `topic`
+    /// and not removed by its [store](Self::dead_letter_store), oldest
+    /// first (empty if nothing was), read back from the topic's
     /// records as any consumer of it would ([`DeadLetter::read`]).
     ///
     /// # Errors
@@ -304,10 +326,18 @@ impl MemoryBroker {
         let Some(dead_letters) = self.topics().get(name.as_str()).cloned() else {
             return Ok(Vec::new());
         };
-        let records = dead_letters.lock().logs[0].clone();
-        (0_i64..)
-            .zip(&records)
+        let records: Vec<(usize, Message)> = {
+            let state = dead_letters.lock();
+            (0..)
+                .zip(&state.logs[0])
+                .filter(|(offset, _)| !state.removed.contains(offset))
+                .map(|(offset, record)| (offset, record.clone()))
+                .collect()
+        };
+        records
+            .iter()
             .map(|(offset, record)| {
+                let offset = *offset as i64;
                 DeadLetter::read(
                     record.key().cloned(),
                     record.payload().clone(),

@@ -2,7 +2,7 @@
 //! dead-letter topic) the records written through a sink. One mutex guards
 //! all of it, so a fetch takes one lock per batch.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -37,6 +37,9 @@ pub(crate) struct TopicState {
     group_index: HashMap<Arc<str>, usize>,
     /// Where the next record without key or partition goes.
     next_unkeyed: u32,
+    /// Offsets of partition 0 a dead-letter store removed (redriven or
+    /// purged): the log stays append-only, so offsets keep their meaning.
+    pub(crate) removed: BTreeSet<usize>,
 }
 
 impl Topic {
@@ -64,6 +67,7 @@ impl Topic {
                 groups: Vec::new(),
                 group_index: HashMap::new(),
                 next_unkeyed: 0,
+                removed: BTreeSet::new(),
             }),
         })
     }

@@ -16,6 +16,7 @@
 //! and read its dead letters with [`wait_until_committed`],
 //! [`assert_committed`] and [`dead_letters`].
 
+pub mod dead_letter_store;
 pub mod harness;
 pub mod hostile_server;
 mod lag_probe;
