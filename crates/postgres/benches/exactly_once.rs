@@ -13,7 +13,13 @@
 //! - batch of 100, `plain`: the batch layer hands 100 messages to a handler
 //!   that inserts them with one auto-committed `INSERT … SELECT FROM UNNEST`;
 //! - batch of 100, `exactly-once`: the batch form: `BEGIN`, one marker
-//!   statement for the batch, the same `INSERT`, check, `COMMIT`.
+//!   statement for the batch, the same `INSERT`, check, `COMMIT`;
+//! - `direct publish`: no database; each message is forwarded to a second
+//!   memory broker through `PublishLayer` (acknowledged once confirmed);
+//! - `exactly-once + outbox`: the batch-of-1 exactly-once transaction writes
+//!   the same forward into an outbox table instead of the effects table, and
+//!   an `OutboxRelay` publishes the rows to the second broker; the round
+//!   ends when the relay has published every one.
 //!
 //! The effects table is `bench_effects (id bigint PRIMARY KEY, body bytea)`
 //! and the body is the message's id in decimal.
@@ -35,9 +41,13 @@ use std::time::{Duration, Instant};
 
 use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::consumer::{Consumer, DeliveryOrder};
-use intake_core::memory::{MemoryBroker, Record};
-use intake_core::{HandlerError, Message, Payload};
-use intake_postgres::{ExactlyOnce, MarkerTable, PoolConfig, Tx, handler_error};
+use intake_core::memory::{MemoryBroker, MemoryPublisher, Record};
+use intake_core::publish::{Output, PublishLayer};
+use intake_core::{HandlerError, Message, Payload, handler_fn};
+use intake_postgres::{
+    ExactlyOnce, MarkerTable, OutboxRelay, OutboxTable, PoolConfig, RelaySettings, Tx,
+    handler_error,
+};
 use sqlx::{AssertSqlSafe, Connection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
@@ -120,6 +130,12 @@ async fn run(args: Args) {
     .execute(&pool)
     .await
     .expect("the effects table");
+    let outbox = OutboxTable::new("bench_outbox").expect("a valid name");
+    sqlx::raw_sql("DROP TABLE IF EXISTS bench_outbox")
+        .execute(&pool)
+        .await
+        .expect("the old outbox is dropped");
+    outbox.migrate(&pool).await.expect("the outbox table");
 
     let in_flight = 2 * BATCH * args.parallelism;
     println!(
@@ -133,8 +149,10 @@ async fn run(args: Args) {
         "batch of 1, exactly-once",
         "batch of 100, plain",
         "batch of 100, exactly-once",
+        "direct publish",
+        "exactly-once + outbox",
     ];
-    let mut samples: [Vec<Sample>; 4] = Default::default();
+    let mut samples: [Vec<Sample>; 6] = Default::default();
     for round in 0..args.rounds {
         let group = format!("bench-{round}");
         for (variant, samples) in samples.iter_mut().enumerate() {
@@ -151,9 +169,43 @@ async fn run(args: Args) {
                     let handler = batches().layer(plain_batch(&pool));
                     consume(args.messages, in_flight, handler).await;
                 }
-                _ => {
+                3 => {
                     let handler = batches().layer(exactly_once_batch(&pool, &markers, &group));
                     consume(args.messages, in_flight, handler).await;
+                }
+                4 => {
+                    let handler = PublishLayer::new(destination()).layer(handler_fn(
+                        |message: Message| async move {
+                            Ok::<_, HandlerError>(Output::forward(&message, RELAYED))
+                        },
+                    ));
+                    consume(args.messages, in_flight, handler).await;
+                }
+                _ => {
+                    let relay = OutboxRelay::spawn(
+                        pool.clone(),
+                        outbox.clone(),
+                        destination(),
+                        RelaySettings {
+                            batch_size: 500,
+                            poll_interval: Duration::from_millis(5),
+                            ..RelaySettings::default()
+                        },
+                    )
+                    .expect("valid relay settings");
+                    let handler = exactly_once_outbox(&pool, &markers, &group, &outbox);
+                    consume(args.messages, in_flight, handler).await;
+                    let patience = Instant::now();
+                    while relay.published() < args.messages {
+                        assert!(
+                            patience.elapsed() < Duration::from_secs(120),
+                            "the outbox relay published {} of {}",
+                            relay.published(),
+                            args.messages
+                        );
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    relay.stop().await;
                 }
             }
             let elapsed = started.elapsed();
@@ -186,6 +238,17 @@ async fn run(args: Args) {
             exactly_once.cpu_per_message() / plain.cpu_per_message(),
         );
     }
+    // Publishing to a memory broker costs next to nothing, so the outbox is
+    // compared with the exactly-once transaction it rides in: what the row
+    // and the relay add.
+    let (exactly_once, outbox) = (&medians[1], &medians[5]);
+    println!(
+        "exactly-once + outbox / exactly-once, batch of 1: throughput {:.2}, CPU per message {:.2} \
+         (direct publish, no database: {:.0} msg/s)",
+        outbox.rate / exactly_once.rate,
+        outbox.cpu_per_message() / exactly_once.cpu_per_message(),
+        medians[4].rate,
+    );
 }
 
 /// One variant's round: throughput and CPU per message.
@@ -303,9 +366,20 @@ fn batches(parallelism: usize) -> BatchLayer {
     .expect("valid batch settings")
 }
 
+/// Where the publishing variants forward to: a second memory broker's topic.
+const RELAYED: &str = "relayed";
+
+fn destination() -> MemoryPublisher {
+    let broker = MemoryBroker::new();
+    broker
+        .create_topic(RELAYED, PARTITIONS)
+        .expect("create the destination");
+    broker.publisher()
+}
+
 async fn reset(pool: &PgPool, markers: &MarkerTable) {
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "TRUNCATE bench_effects; TRUNCATE {}",
+        "TRUNCATE bench_effects; TRUNCATE bench_outbox; TRUNCATE {}",
         markers.name()
     )))
     .execute(pool)
@@ -369,6 +443,29 @@ fn exactly_once(
                 .execute(&mut *tx)
                 .await?;
             Ok::<_, intake_core::BoxError>(())
+        })
+        .expect("valid settings")
+}
+
+/// The batch-of-1 exactly-once transaction, with the message's forward
+/// written to the outbox as its effect.
+fn exactly_once_outbox(
+    pool: &PgPool,
+    markers: &MarkerTable,
+    group: &str,
+    outbox: &OutboxTable,
+) -> impl Service<Message, Response = (), Error = HandlerError, Future: Send> + Send + 'static {
+    let outbox = outbox.clone();
+    ExactlyOnce::builder(pool.clone(), group)
+        .table(markers.clone())
+        .handler(move |mut tx: Tx, message: Message| {
+            let outbox = outbox.clone();
+            async move {
+                outbox
+                    .write(&mut tx, Output::forward(&message, RELAYED))
+                    .await?;
+                Ok::<_, intake_core::BoxError>(())
+            }
         })
         .expect("valid settings")
 }
