@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use intake_core::{
     PartitionKey,
-    backend::{AckBatch, AckError, AckMode, Acker},
+    backend::{AckBatch, AckError, AckMode, Acker, SourceError},
 };
 use rdkafka::consumer::BaseConsumer;
 use tokio::time::Instant;
 
 use crate::ownership::next_offset;
 use crate::source::context::{KafkaContext, Shared};
+use crate::source::handoff::Control;
+use crate::transaction::Transactor;
 
 /// Commits offsets for a [`KafkaSource`](crate::KafkaSource): each
 /// partition's watermark `w` as committed offset `w + 1`, one commit per
@@ -33,11 +35,19 @@ use crate::source::context::{KafkaContext, Shared};
 /// Kafka cannot take a single message back, so
 /// [`supports_requeue`](Acker::supports_requeue) is `false`: the runtime
 /// retries in process. In broadcast mode nothing is committed.
+///
+/// Of a source built [`exactly_once`](crate::KafkaSourceBuilder::exactly_once),
+/// each batch is one Kafka transaction: the kept outputs of the inputs it
+/// commits, then their offsets, then the commit (see
+/// [`KafkaTransactions`](crate::KafkaTransactions)). A failed transaction is
+/// an [`AckError::Broker`] whose source is a [`TransactionError`](crate::TransactionError); a fenced
+/// or fatal one also ends the consumer through the source.
 pub struct KafkaAcker {
     consumer: Weak<BaseConsumer<KafkaContext>>,
     shared: Arc<Shared>,
     min_interval: Duration,
     last_commit: Option<Instant>,
+    transactor: Option<Arc<Transactor>>,
 }
 
 impl std::fmt::Debug for KafkaAcker {
@@ -54,14 +64,73 @@ impl KafkaAcker {
         consumer: Weak<BaseConsumer<KafkaContext>>,
         shared: Arc<Shared>,
         min_interval: Duration,
+        transactor: Option<Arc<Transactor>>,
     ) -> Self {
         Self {
             consumer,
             shared,
             min_interval,
             last_commit: None,
+            transactor,
         }
     }
+}
+
+/// Commits `offsets` of the partitions this consumer owns in one
+/// transaction with the kept outputs of their inputs, then drops those
+/// outputs. Runs under the ownership lock, so a partition given up
+/// meanwhile is not committed, and its outputs are not produced.
+fn commit_transaction(
+    consumer: &BaseConsumer<KafkaContext>,
+    shared: &Shared,
+    transactor: &Transactor,
+    offsets: &[(PartitionKey, i64)],
+) -> Result<(), AckError> {
+    let Some(store) = &shared.exactly_once else {
+        return shared.ownership.commit(consumer, offsets);
+    };
+    let mut fatal = None;
+    let outcome = shared.ownership.commit_with(offsets, |list, owned| {
+        let mut outputs = Vec::new();
+        for (partition, next) in owned {
+            store.before(partition, *next, &mut outputs);
+        }
+        let count = outputs.len();
+        match transactor.commit(consumer, outputs, list) {
+            Ok(()) => {
+                for (partition, next) in owned {
+                    store.committed(partition, *next);
+                }
+                tracing::trace!(
+                    outputs = count,
+                    partitions = owned.len(),
+                    "kafka transaction committed"
+                );
+                Ok(())
+            }
+            Err(error) => {
+                if error.is_fatal() && transactor.first_report() {
+                    fatal = Some(error.duplicate());
+                }
+                Err(AckError::Broker(Box::new(error)))
+            }
+        }
+    });
+    if let Some(error) = fatal {
+        tracing::error!(
+            transactional_id = transactor.transactional_id(),
+            error = %intake_core::ErrorChain::new(&error),
+            "kafka transactional producer fenced or failed; the consumer stops"
+        );
+        shared
+            .handoff
+            .push_control(Control::Error(SourceError::Fatal(Box::new(error))));
+    }
+    if let Err(AckError::NotAssigned(partition)) = &outcome {
+        // Its outputs are the next owner's to make again.
+        store.forget(std::slice::from_ref(partition));
+    }
+    outcome
 }
 
 impl Acker for KafkaAcker {
@@ -99,8 +168,12 @@ impl Acker for KafkaAcker {
         self.last_commit = Some(Instant::now());
         let consumer = self.consumer.clone();
         let shared = self.shared.clone();
+        let transactor = self.transactor.clone();
         tokio::task::spawn_blocking(move || match consumer.upgrade() {
-            Some(consumer) => shared.ownership.commit(&consumer, &offsets),
+            Some(consumer) => match &transactor {
+                Some(transactor) => commit_transaction(&consumer, &shared, transactor, &offsets),
+                None => shared.ownership.commit(&consumer, &offsets),
+            },
             // The source has closed: it owns no partition any more.
             None => match offsets.into_iter().next() {
                 Some((partition, _)) => Err(AckError::NotAssigned(partition)),

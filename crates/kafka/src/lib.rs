@@ -9,6 +9,7 @@
 //! | acker | [`KafkaSource::acker`] |
 //! | dead-letter sink | [`KafkaSource::dead_letter_sink`], then `.build().await` |
 //! | publisher | [`KafkaPublisher::builder`]`(KafkaSettings)`, then `.build()` |
+//! | exactly once | [`KafkaTransactions`]: its layer keeps outputs, [`KafkaSourceBuilder::exactly_once`] commits them with the offsets in one transaction |
 //! | reconnect | [`KafkaSourceBuilder::reconnect_backoff`] (librdkafka's `reconnect.backoff.*`) |
 //! | budget | the consumer's `max_in_flight`, `max_in_flight_bytes`, `revoke_timeout` |
 //!
@@ -77,6 +78,7 @@ mod ownership;
 mod publisher;
 mod settings;
 mod source;
+mod transaction;
 
 pub use acker::KafkaAcker;
 pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
@@ -85,6 +87,10 @@ pub use lag::KafkaLagProbe;
 pub use publisher::{KafkaPublisher, KafkaPublisherBuilder, KafkaReceipt};
 pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
+pub use transaction::{
+    KafkaTransactions, TransactionError, TransactionalFuture, TransactionalLayer,
+    TransactionalService,
+};
 
 /// The rdkafka version this crate builds on, for settings and types that
 /// pass through.

@@ -113,26 +113,45 @@ impl Ownership {
         consumer: &BaseConsumer<C>,
         offsets: &[(PartitionKey, i64)],
     ) -> Result<(), AckError> {
+        self.commit_with(offsets, |list, _| {
+            consumer
+                .commit(list, CommitMode::Sync)
+                .map_err(|error| AckError::Broker(Box::new(error)))
+        })
+    }
+
+    /// Commits, with `commit`, each `(partition, next offset)` whose
+    /// partition this consumer owns, under the ownership lock: `commit` gets
+    /// them as a list and as pairs. What [`commit`](Self::commit) does with
+    /// a consumer commit, an exactly-once acker does with a transaction.
+    ///
+    /// # Errors
+    ///
+    /// `commit`'s error, or [`AckError::NotAssigned`] as for
+    /// [`commit`](Self::commit).
+    pub(crate) fn commit_with(
+        &self,
+        offsets: &[(PartitionKey, i64)],
+        commit: impl FnOnce(&TopicPartitionList, &[(PartitionKey, i64)]) -> Result<(), AckError>,
+    ) -> Result<(), AckError> {
         let mut owned = self.lock();
         let mut list = TopicPartitionList::with_capacity(offsets.len());
+        let mut listed = Vec::with_capacity(offsets.len());
         let mut not_owned = None;
         for (key, next) in offsets {
             match owned.get_mut(key) {
                 Some(state) if !state.topic_deleted => {
                     add_offset(&mut list, key, *next)?;
                     state.requested = Some(*next);
+                    listed.push((key.clone(), *next));
                 }
                 _ => not_owned = Some(key.clone()),
             }
         }
         if list.count() > 0 {
-            consumer
-                .commit(&list, CommitMode::Sync)
-                .map_err(|error| AckError::Broker(Box::new(error)))?;
-            for (key, next) in offsets {
-                if let Some(state) = owned.get_mut(key)
-                    && !state.topic_deleted
-                {
+            commit(&list, &listed)?;
+            for (key, next) in &listed {
+                if let Some(state) = owned.get_mut(key) {
                     state.confirmed = Some(*next);
                 }
             }

@@ -21,6 +21,7 @@ use super::watchdog::{OffsetReset, Watchdog};
 use crate::dead_letter::KafkaDeadLetterSink;
 use crate::error::Error;
 use crate::settings::KafkaSettings;
+use crate::transaction::KafkaTransactions;
 
 /// The group name a broadcast consumer's own group starts with when it was
 /// given none.
@@ -85,6 +86,7 @@ pub struct KafkaSourceBuilder {
     watchdog_interval: Duration,
     min_commit_interval: Duration,
     read_headers: bool,
+    exactly_once: Option<KafkaTransactions>,
 }
 
 impl KafkaSourceBuilder {
@@ -100,6 +102,7 @@ impl KafkaSourceBuilder {
             watchdog_interval: Duration::from_secs(30),
             min_commit_interval: Duration::from_millis(100),
             read_headers: true,
+            exactly_once: None,
         }
     }
 
@@ -207,6 +210,24 @@ impl KafkaSourceBuilder {
         self
     }
 
+    /// An exactly-once pipeline with `transactions` (see
+    /// [`KafkaTransactions`]): the source reads with
+    /// `isolation.level=read_committed`, starts the transactional producer
+    /// when it is built, and its acker commits every watermark batch in a
+    /// transaction with the outputs the transactions' layer kept. Its
+    /// rebalance callback then commits nothing of its own: what the
+    /// runtime's revocation batch did not commit is handled again by the
+    /// partitions' next owner.
+    ///
+    /// [`build`](Self::build) refuses it in broadcast mode (nothing is
+    /// committed there), with `isolation.level=read_uncommitted` (an
+    /// aborted output upstream would be handled), and for transactions that
+    /// already serve another source.
+    pub fn exactly_once(mut self, transactions: &KafkaTransactions) -> Self {
+        self.exactly_once = Some(transactions.clone());
+        self
+    }
+
     /// The librdkafka settings of the consumer, with intake's defaults and
     /// fixed settings applied, and its group id.
     fn consumer_settings(&self) -> Result<(KafkaSettings, String), Error> {
@@ -242,6 +263,21 @@ impl KafkaSourceBuilder {
         config.set("enable.auto.commit", "false");
         config.set("enable.auto.offset.store", "false");
         config.set("enable.partition.eof", "false");
+        if self.exactly_once.is_some() {
+            if self.broadcast {
+                return Err(Error::config(
+                    "exactly_once",
+                    "a broadcast consumer commits nothing, so it has no transaction to put outputs in; use a group",
+                ));
+            }
+            if config.get("isolation.level") == Some("read_uncommitted") {
+                return Err(Error::config(
+                    "isolation.level",
+                    "must be read_committed in an exactly-once pipeline: outputs of aborted transactions upstream would be handled; remove the setting",
+                ));
+            }
+            config.set("isolation.level", "read_committed");
+        }
         if self.broadcast {
             config.set("auto.offset.reset", "latest");
         } else if config.get("auto.offset.reset").is_none() {
@@ -278,15 +314,30 @@ impl KafkaSourceBuilder {
     /// [`Error::Unreachable`] when no broker answers in time,
     /// [`Error::UnknownTopic`] for a missing topic,
     /// [`Error::Unauthorized`] when the credentials are refused,
-    /// [`Error::Tls`] when the TLS handshake fails.
+    /// [`Error::Tls`] when the TLS handshake fails; for an
+    /// [`exactly_once`](Self::exactly_once) source, the errors of starting
+    /// its transactional producer too ([`Error::Client`] when
+    /// `init_transactions` fails or times out).
     pub async fn build(self) -> Result<KafkaSource, Error> {
         let (settings, group_id) = self.consumer_settings()?;
         let brokers = settings.endpoint();
-        let shared = Arc::new(Shared::new(
+        let mut shared = Shared::new(
             !self.broadcast,
             brokers.clone(),
             max_poll_interval(&settings)?,
-        ));
+        );
+        // The producer first: a build that fails leaves no consumer in the
+        // group, and the producer's start aborts what a predecessor of the
+        // same transactional.id left open before anything is consumed.
+        let (transactor, claim) = match &self.exactly_once {
+            Some(transactions) => {
+                let claim = transactions.claim()?;
+                shared.exactly_once = Some(claim.store());
+                (Some(transactions.start().await?), Some(claim))
+            }
+            None => (None, None),
+        };
+        let shared = Arc::new(shared);
         let context = KafkaContext {
             shared: shared.clone(),
         };
@@ -341,6 +392,9 @@ impl KafkaSourceBuilder {
                 drop(consumer);
             })
             .map_err(Error::Spawn)?;
+        if let Some(claim) = claim {
+            claim.keep();
+        }
         tracing::info!(group = %group_id, topics = ?self.topics, %brokers, "kafka source started");
         Ok(KafkaSource {
             shared,
@@ -354,6 +408,7 @@ impl KafkaSourceBuilder {
             group_id,
             stopped: Some(stopped),
             taken: Vec::new(),
+            transactor,
         })
     }
 }

@@ -18,6 +18,7 @@ use rdkafka::{ClientContext, TopicPartitionList};
 use super::handoff::{Control, Handoff};
 use crate::error::{ConnectionFailure, Error, is_not_authorized};
 use crate::ownership::Ownership;
+use crate::transaction::OutputStore;
 
 /// Messages the hand-over queue holds before fetching pauses, until a
 /// consumer tells the source its `max_in_flight` (a source used on its own
@@ -133,6 +134,11 @@ pub(crate) struct Shared {
     /// for readiness: librdkafka reconnects on its own and the runtime sees
     /// no error meanwhile.
     pub(crate) reachability: intake_core::backend::Reachability,
+    /// In an exactly-once pipeline, the outputs waiting for their
+    /// transaction. Offsets are then committed only inside transactions,
+    /// never by the rebalance callback: an offset committed without its
+    /// inputs' outputs would lose them.
+    pub(crate) exactly_once: Option<Arc<OutputStore>>,
 }
 
 impl Shared {
@@ -154,6 +160,7 @@ impl Shared {
             connection_failure: Mutex::new(None),
             connection_failed: AtomicBool::new(false),
             reachability: intake_core::backend::Reachability::new(),
+            exactly_once: None,
         };
         shared.set_revoke_wait(RevokeWait::within(DEFAULT_REVOKE_WAIT, max_poll_interval).wait);
         shared
@@ -192,6 +199,16 @@ impl Shared {
 
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
+    }
+
+    /// Gives `partitions` up without committing, and drops the outputs of
+    /// an exactly-once pipeline kept for them: their next owner handles
+    /// their uncommitted inputs again.
+    fn release(&self, partitions: &[PartitionKey]) {
+        self.ownership.release(partitions);
+        if let Some(outputs) = &self.exactly_once {
+            outputs.forget(partitions);
+        }
     }
 }
 
@@ -242,7 +259,7 @@ impl KafkaContext {
                 partitions = ?partitions,
                 "kafka partitions lost (session timed out or fenced); their uncommitted messages will be redelivered"
             );
-            self.shared.ownership.release(&partitions);
+            self.shared.release(&partitions);
             if !self.shared.is_closing() {
                 let (revocation, _ignored) = Revocation::new(partitions);
                 self.shared
@@ -334,8 +351,11 @@ impl KafkaContext {
         partitions: &[PartitionKey],
         watermarks: &[(PartitionKey, Position)],
     ) {
-        if !self.shared.commits {
-            self.shared.ownership.release(partitions);
+        if !self.shared.commits || self.shared.exactly_once.is_some() {
+            // In an exactly-once pipeline the runtime's revocation batch
+            // committed in a transaction what could be; what it could not
+            // is handled again by the next owner.
+            self.shared.release(partitions);
             return;
         }
         match self

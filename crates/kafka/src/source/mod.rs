@@ -11,7 +11,7 @@
 mod builder;
 pub(crate) mod context;
 mod convert;
-mod handoff;
+pub(crate) mod handoff;
 mod poller;
 mod reconnect;
 mod watchdog;
@@ -35,6 +35,7 @@ use self::handoff::Taken;
 use crate::acker::KafkaAcker;
 use crate::dead_letter::KafkaDeadLetterSinkBuilder;
 use crate::settings::KafkaSettings;
+use crate::transaction::Transactor;
 
 /// A Kafka consumer as an intake [`Source`].
 ///
@@ -60,6 +61,8 @@ pub struct KafkaSource {
     /// Records taken from the handoff, made messages here: on the runtime's
     /// thread, which frees them (see `convert`).
     taken: Vec<Record>,
+    /// The transactional producer of an exactly-once pipeline.
+    transactor: Option<Arc<Transactor>>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -77,12 +80,15 @@ impl KafkaSource {
         KafkaSourceBuilder::new(settings)
     }
 
-    /// The acker that commits this source's offsets.
+    /// The acker that commits this source's offsets (of a source built
+    /// [`exactly_once`](KafkaSourceBuilder::exactly_once), in transactions
+    /// with the kept outputs; every acker of it shares the one producer).
     pub fn acker(&self) -> KafkaAcker {
         KafkaAcker::new(
             self.consumer.clone(),
             self.shared.clone(),
             self.min_commit_interval,
+            self.transactor.clone(),
         )
     }
 
