@@ -90,6 +90,10 @@ pub async fn source(url: &str, stream: &str, group: &str) -> Result<RedisStreams
         .stream(stream)
         .group(group)
         .consumer(consumer)
+        // `produce` (and the publisher, by default) writes the key as the
+        // field `key`; without this the source would carry it as a header,
+        // and `relay` would run every entry unordered for want of a key.
+        .key_field("key")
         .claim_min_idle(claim_min_idle)
         // Look for abandoned entries often, so a restart resumes quickly.
         .claim_interval(Duration::from_millis(500))
