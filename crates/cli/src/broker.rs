@@ -86,6 +86,16 @@ impl Broker {
         }
     }
 
+    /// The scheme's broker, as messages name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Broker::Kafka { .. } => "Kafka",
+            Broker::Redis { .. } => "Redis",
+            Broker::Amqp { .. } => "RabbitMQ",
+            Broker::Nats { .. } => "NATS",
+        }
+    }
+
     /// The URL as printed: without passwords (nor, for NATS, tokens).
     pub fn endpoint(&self) -> String {
         match self {

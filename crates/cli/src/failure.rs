@@ -19,6 +19,10 @@ pub const EXIT_USAGE: u8 = 2;
 /// queue or consumer, a permission), or knows nothing of the source.
 /// Trying again will not help until something changes.
 pub const EXIT_REFUSED: u8 = 3;
+/// Exit code: the command is not supported yet for this broker.
+pub const EXIT_UNSUPPORTED: u8 = 4;
+/// Exit code: a purge was not confirmed; nothing was deleted.
+pub const EXIT_NOT_CONFIRMED: u8 = 5;
 
 /// Why a command failed. `Display` says this level only; the client's
 /// error, where there is one, is the [`source`](StdError::source).
@@ -56,6 +60,17 @@ pub enum Failure {
     /// The broker knows nothing of what was asked.
     #[error("{0}")]
     NotFound(String),
+    /// The command exists, but not for this broker yet.
+    #[error("{command} is not supported yet for this broker ({broker})")]
+    Unsupported {
+        /// The command, as typed (`dlq count`).
+        command: String,
+        /// The broker's name.
+        broker: &'static str,
+    },
+    /// A purge was declined at the prompt.
+    #[error("purge not confirmed: nothing was deleted")]
+    NotConfirmed,
 }
 
 impl Failure {
@@ -65,6 +80,8 @@ impl Failure {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Unavailable { .. } | Failure::TimedOut { .. } => EXIT_UNAVAILABLE,
             Failure::Refused { .. } | Failure::NotFound(_) => EXIT_REFUSED,
+            Failure::Unsupported { .. } => EXIT_UNSUPPORTED,
+            Failure::NotConfirmed => EXIT_NOT_CONFIRMED,
         }
     }
 
@@ -124,6 +141,14 @@ mod tests {
                 3,
             ),
             (Failure::NotFound("n".into()), 3),
+            (
+                Failure::Unsupported {
+                    command: "dlq count".into(),
+                    broker: "Kafka",
+                },
+                4,
+            ),
+            (Failure::NotConfirmed, 5),
         ];
         for (failure, code) in cases {
             assert_eq!(failure.exit_code(), code, "{failure}");

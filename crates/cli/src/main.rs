@@ -2,7 +2,16 @@
 //!
 //! ```text
 //! intake lag --broker URL --source NAME --group GROUP [--json] [--timeout SECS]
+//! intake dlq count  --broker URL --source NAME --group GROUP [FILTERS] [--json]
+//! intake dlq list   --broker URL --source NAME --group GROUP [FILTERS] [--limit N] [--after ID] [--json]
+//! intake dlq show   --broker URL --source NAME --group GROUP ID [--json]
+//! intake dlq replay --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--to DEST] [--max-replays N] [--dry-run] [--json]
+//! intake dlq purge  --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--dry-run] [--yes] [--json]
 //! ```
+//!
+//! `FILTERS` are `--class permanent|retryable`, `--since TIME`, `--until
+//! TIME` (an age such as `15m`, RFC 3339 UTC, or Unix seconds) and `--key
+//! KEY`; every one given must hold.
 //!
 //! `--broker` takes the URL schemes of the examples: `kafka://HOST:PORT`,
 //! `redis://[:PASS@]HOST:PORT[/DB]` (`rediss://` for TLS),
@@ -14,6 +23,17 @@
 //! What each broker counts as lag is in `intake_core::lag`. On RabbitMQ the
 //! source is the queue and the group names nothing (every consumer of a
 //! queue shares its messages); on NATS the group is the durable consumer.
+//!
+//! `intake dlq` works on the group's dead-letter destination through the
+//! backend's `DeadLetterStore` (see `intake_core::dead_letter::store`). A
+//! replay publishes each letter's message again and removes the letter
+//! only once the broker confirmed the publish; a letter replayed
+//! `--max-replays` times already (3 by default) is skipped, so a message
+//! that fails on every replay does not circle for ever. `--dry-run` on
+//! `replay` and `purge` moves nothing and shows the counts per error
+//! class. `purge` asks on the terminal first; with stdin not a terminal
+//! it refuses unless `--yes` is given. A long replay shows a progress bar
+//! on stderr when stderr is a terminal.
 //!
 //! # Output
 //!
@@ -29,7 +49,9 @@
 //! | 0 | done |
 //! | 1 | the broker could not be reached, did not answer within `--timeout`, or the connection broke: trying again later may succeed |
 //! | 2 | usage: wrong arguments or an unusable `--broker` URL |
-//! | 3 | the broker refused or knows nothing of what was asked (unknown source, group, queue or consumer; a permission): trying again will not help until something changes |
+//! | 3 | the broker refused or knows nothing of what was asked (unknown source, group, queue or consumer, letter id; a permission): trying again will not help until something changes |
+//! | 4 | the command is not supported yet for this broker (`intake dlq` where the backend has no dead-letter store yet) |
+//! | 5 | a purge was not confirmed at the prompt: nothing was deleted |
 //!
 //! # Why clap
 //!
@@ -47,16 +69,20 @@
 
 mod args;
 mod broker;
+mod dlq;
 mod failure;
 mod lag;
 mod output;
+mod stores;
 
-use std::io::Write as _;
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::process::ExitCode;
+use std::time::SystemTime;
 
 use clap::Parser as _;
+use intake_core::dead_letter::store::{LetterId, Redrive, Selection};
 
-use crate::args::{Cli, Command, LagArgs};
+use crate::args::{Cli, Command, DlqCommand, LagArgs, letter_ids};
 use crate::broker::Broker;
 use crate::failure::Failure;
 
@@ -84,9 +110,7 @@ fn main() -> ExitCode {
             return ExitCode::from(failure::EXIT_UNAVAILABLE);
         }
     };
-    let url = match &cli.command {
-        Command::Lag(args) => args.target.broker.clone(),
-    };
+    let url = cli.command.target().broker.clone();
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -99,6 +123,164 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Lag(args) => lag(args).await,
+        Command::Dlq(command) => dlq_command(command).await,
+    }
+}
+
+async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
+    let target = command.target();
+    let broker = Broker::parse(&target.broker)?;
+    if let DlqCommand::Purge {
+        dry_run: false,
+        yes: false,
+        ..
+    } = command
+    {
+        // Refused before connecting: a script that forgot `--yes` learns it
+        // at once, whatever state the broker is in.
+        if !std::io::stdin().is_terminal() {
+            return Err(no_one_to_confirm());
+        }
+    }
+    let store = stores::open(
+        &broker,
+        &target.source,
+        &target.group,
+        target.timeout,
+        command.name(),
+    )
+    .await?;
+    let store = store.as_ref();
+    let now = SystemTime::now();
+    let as_json = target.json;
+    let text = match &command {
+        DlqCommand::Count { filter, .. } => {
+            dlq::count(store, &filter.filter(), as_json, now).await?
+        }
+        DlqCommand::List {
+            filter,
+            limit,
+            after,
+            ..
+        } => {
+            let after = after.as_deref().map(LetterId::new);
+            let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
+            dlq::list(store, &filter.filter(), limit, after.as_ref(), as_json, now).await?
+        }
+        DlqCommand::Show { id, .. } => {
+            dlq::show(store, &LetterId::new(id.as_str()), as_json, now).await?
+        }
+        DlqCommand::Replay {
+            filter,
+            ids,
+            to,
+            max_replays,
+            dry_run,
+            ..
+        } => {
+            let selection = selection(ids, filter);
+            let mut redrive = match to {
+                Some(destination) => Redrive::to(destination.as_str()),
+                None => Redrive::to_origin(),
+            }
+            .dry_run(*dry_run)
+            .max_replays(*max_replays);
+            let bar = if *dry_run || !std::io::stderr().is_terminal() {
+                None
+            } else {
+                Some(progress_bar(store, &selection).await?)
+            };
+            if let Some(bar) = &bar {
+                let bar = bar.clone();
+                redrive = redrive.on_progress(move |done| bar.set_position(done));
+            }
+            let replayed = dlq::replay(store, &selection, &redrive, as_json).await;
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            replayed?
+        }
+        DlqCommand::Purge {
+            filter,
+            ids,
+            dry_run,
+            yes,
+            ..
+        } => {
+            let selection = selection(ids, filter);
+            dlq::purge(store, &selection, *dry_run, as_json, |question| {
+                confirm(question, *yes)
+            })
+            .await?
+        }
+    };
+    print(&text)
+}
+
+/// The letters `--id` names, or else those the filters select.
+fn selection(ids: &[String], filter: &args::FilterArgs) -> Selection {
+    if ids.is_empty() {
+        Selection::Matching(filter.filter())
+    } else {
+        Selection::Ids(letter_ids(ids))
+    }
+}
+
+/// A bar on stderr as long as the replay's letters.
+async fn progress_bar(
+    store: &dyn intake_core::dead_letter::store::DeadLetterStore,
+    selection: &Selection,
+) -> Result<indicatif::ProgressBar, Failure> {
+    let total = match selection {
+        Selection::Ids(ids) => ids.len() as u64,
+        Selection::Matching(filter) => store
+            .count(filter)
+            .await
+            .map_err(|error| dlq::store_failure("dlq replay", error))?,
+    };
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "replaying {bar:40} {pos}/{len} ({per_sec}, {eta} left)",
+    ) {
+        bar.set_style(style);
+    }
+    Ok(bar)
+}
+
+fn no_one_to_confirm() -> Failure {
+    Failure::Usage(
+        "dlq purge: stdin is not a terminal, so nobody can confirm; pass --yes to purge".to_owned(),
+    )
+}
+
+/// Asks `question` on the terminal unless `yes`; anything but `y` or
+/// `yes` declines. With stdin not a terminal there is nobody to ask: a
+/// script must say `--yes` rather than pipe an answer by accident.
+fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(no_one_to_confirm());
+    }
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    // The wait for a person's answer is the one wait left unbounded: it is
+    // what was asked for, and Ctrl-C ends it.
+    tokio::task::block_in_place(|| stdin.lock().read_line(&mut answer)).map_err(|error| {
+        Failure::Unavailable {
+            what: "reading the answer from stdin".to_owned(),
+            source: Box::new(error),
+        }
+    })?;
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(Failure::NotConfirmed),
     }
 }
 

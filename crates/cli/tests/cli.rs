@@ -434,3 +434,38 @@ async fn an_unknown_source_exits_3() {
     .await;
     run.assert_code(3);
 }
+
+#[tokio::test]
+async fn dlq_on_a_broker_without_a_store_says_so_with_exit_4() {
+    // Refused before connecting: no broker needs to listen.
+    let run = intake(&[
+        "dlq",
+        "count",
+        "--broker",
+        "kafka://127.0.0.1:1",
+        "--source",
+        "s",
+        "--group",
+        "g",
+    ])
+    .await;
+    run.assert_code(4);
+    assert!(
+        run.stderr
+            .contains("not supported yet for this broker (Kafka)"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+}
+
+#[tokio::test]
+async fn purge_without_yes_and_without_a_terminal_is_refused() {
+    // stdin is /dev/null: nobody can answer the question.
+    let run = intake(&[
+        "dlq", "purge", "--broker", REDIS, "--source", "s", "--group", "g",
+    ])
+    .await;
+    run.assert_code(2);
+    assert!(run.stderr.contains("pass --yes"), "{}", run.stderr);
+}
