@@ -115,10 +115,41 @@ pub async fn connect_nats(
             what: what.to_owned(),
             after: timeout,
         }),
-        Ok(Err(error)) => Err(Failure::Unavailable {
-            what: format!("{what} (connecting to {endpoint})"),
-            source: Box::new(error),
-        }),
+        Ok(Err(error)) => Err(connect_failure(
+            &format!("{what} (connecting to {endpoint})"),
+            error,
+        )),
         Ok(Ok(client)) => Ok(client),
+    }
+}
+
+/// A failed NATS connect: refused for credentials the server rejects
+/// (waiting will not fix them), unavailable otherwise.
+fn connect_failure(what: &str, error: async_nats::ConnectError) -> Failure {
+    if error.kind() == async_nats::ConnectErrorKind::AuthorizationViolation {
+        Failure::Refused {
+            what: what.to_owned(),
+            source: Box::new(error),
+        }
+    } else {
+        Failure::Unavailable {
+            what: what.to_owned(),
+            source: Box::new(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::{ConnectError, ConnectErrorKind};
+
+    use super::*;
+
+    #[test]
+    fn rejected_credentials_exit_3_and_an_absent_server_1() {
+        let rejected = ConnectError::from(ConnectErrorKind::AuthorizationViolation);
+        assert_eq!(connect_failure("lag", rejected).exit_code(), 3);
+        let absent = ConnectError::from(ConnectErrorKind::Io);
+        assert_eq!(connect_failure("lag", absent).exit_code(), 1);
     }
 }
