@@ -40,6 +40,7 @@
 //! ```
 
 mod collector;
+mod dead_letters;
 mod error;
 mod future;
 mod lag;
@@ -58,6 +59,7 @@ use tower::Service;
 pub use prometheus;
 
 pub use self::collector::{Metrics, MetricsBuilder};
+pub use self::dead_letters::{DeadLetterExporter, DeadLetterMetrics};
 pub use self::error::RegisterError;
 use self::future::InFlight;
 pub use self::future::ResponseFuture;
