@@ -243,7 +243,16 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let activity = Arc::new(Activity::new(None));
+    // Kafka's exactly-once relay: its source commits in these transactions.
+    let mut transactions = None;
     let (handler, outbox) = match &args.broker {
+        Broker::Kafka { bootstrap } if args.exactly_once => {
+            kafka::create_topic(bootstrap, &args.to, args::DEFAULT_PARTITIONS).await?;
+            let kept = kafka::transactions(bootstrap, &args.group, &args.to)?;
+            let handler = kafka::exactly_once_handler(&kept, &args.to, &activity);
+            transactions = Some((bootstrap, kept));
+            (handler, None)
+        }
         Broker::Kafka { bootstrap } => {
             kafka::create_topic(bootstrap, &args.to, args::DEFAULT_PARTITIONS).await?;
             let handler = relay_handler(kafka::publisher(bootstrap)?, args.to.clone(), &activity);
@@ -281,7 +290,13 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
         shutdown: &shutdown,
         consumer,
     };
-    let report = connect_and_run(&args.broker, &args.source, &args.group, job, handler).await?;
+    let report = match &transactions {
+        Some((bootstrap, kept)) => {
+            kafka::run_exactly_once(bootstrap, &args.source, &args.group, kept, job, handler)
+                .await?
+        }
+        None => connect_and_run(&args.broker, &args.source, &args.group, job, handler).await?,
+    };
     if let Some(outbox) = outbox {
         let published = outbox.drain().await?;
         tracing::info!(published, "the outbox relay published its rows");

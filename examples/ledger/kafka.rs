@@ -10,9 +10,16 @@ use intake::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use intake::kafka::rdkafka::{Offset, TopicPartitionList};
-use intake::kafka::{KafkaPublisher, KafkaSettings, KafkaSource};
+use intake::kafka::{
+    KafkaPublisher, KafkaSettings, KafkaSource, KafkaSourceBuilder, KafkaTransactions,
+};
+use intake::publish::Output;
+use intake::{HandlerError, Message, RunReport, handler_fn};
+use tower::ServiceBuilder;
+use tower::util::BoxService;
 
-use crate::BoxError;
+use crate::handler::Activity;
+use crate::{BoxError, Job, RelayHandler};
 
 /// Extra librdkafka settings, `key=value` separated by commas, applied to
 /// every client after the example's own (so they win).
@@ -22,6 +29,11 @@ pub const SETTINGS_ENV: &str = "LEDGER_KAFKA_SETTINGS";
 /// source's own, 100 ms): how often offsets may be committed while a
 /// backlog drains, and so how much work a crash repeats.
 pub const MIN_COMMIT_ENV: &str = "LEDGER_KAFKA_MIN_COMMIT_MS";
+
+/// The `transactional.id` of `ledger relay --exactly-once` (default
+/// `ledger-relay.GROUP.TO`): one per relay running at a time, kept across
+/// restarts, so a restarted relay aborts what the killed one left open.
+pub const TRANSACTIONAL_ID_ENV: &str = "LEDGER_KAFKA_TRANSACTIONAL_ID";
 
 /// `settings` with the environment's settings on top.
 fn with_env(mut settings: KafkaSettings) -> Result<KafkaSettings, BoxError> {
@@ -113,19 +125,33 @@ pub fn publisher(bootstrap: &str) -> Result<KafkaPublisher, BoxError> {
     Ok(KafkaPublisher::builder(KafkaSettings::new(bootstrap)).build()?)
 }
 
-/// A consumer-group member of `group` on `topic` (created if missing).
+/// A consumer-group member of `group` on `topic` (created if missing),
+/// reading with `isolation.level=read_committed`: outputs of aborted
+/// transactions (a killed `relay --exactly-once`) are never consumed.
 ///
 /// A member killed with SIGKILL never leaves the group; its partitions
 /// stay with it until the broker gives up on its session. A short session
 /// timeout keeps that wait (and so a restarted consumer's) to seconds.
 pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSource, BoxError> {
+    Ok(source_builder(bootstrap, topic, group)
+        .await?
+        .build()
+        .await?)
+}
+
+async fn source_builder(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+) -> Result<KafkaSourceBuilder, BoxError> {
     create_topic(bootstrap, topic, crate::args::DEFAULT_PARTITIONS).await?;
     let settings = with_env(
         KafkaSettings::new(bootstrap)
             .set("session.timeout.ms", "6000")
             .set("heartbeat.interval.ms", "1000")
             .set("max.poll.interval.ms", "60000")
-            .set("topic.metadata.refresh.interval.ms", "5000"),
+            .set("topic.metadata.refresh.interval.ms", "5000")
+            .set("isolation.level", "read_committed"),
     )?;
     let mut builder = KafkaSource::builder(settings)
         .group(group)
@@ -138,7 +164,67 @@ pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSo
             .map_err(|error| format!("{MIN_COMMIT_ENV}=`{millis}`: {error}"))?;
         builder = builder.min_commit_interval(Duration::from_millis(millis));
     }
-    Ok(builder.build().await?)
+    Ok(builder)
+}
+
+/// The transactions of `ledger relay --exactly-once` from `group` to `to`.
+/// A short transaction timeout: a relay killed and not restarted holds
+/// back `read_committed` readers of `to` for that long at most.
+pub fn transactions(bootstrap: &str, group: &str, to: &str) -> Result<KafkaTransactions, BoxError> {
+    let id = std::env::var(TRANSACTIONAL_ID_ENV)
+        .unwrap_or_else(|_| format!("ledger-relay.{group}.{to}"));
+    Ok(
+        KafkaTransactions::new(with_env(KafkaSettings::new(bootstrap))?, id)
+            .transaction_timeout(Duration::from_secs(10))
+            .operation_timeout(Duration::from_secs(15)),
+    )
+}
+
+/// The handler of `ledger relay --exactly-once`: each input's payload,
+/// key and headers forwarded to `to`, kept for the transaction that
+/// commits the input (retried as the publishing relay's are).
+pub fn exactly_once_handler(
+    transactions: &KafkaTransactions,
+    to: &str,
+    activity: &std::sync::Arc<Activity>,
+) -> RelayHandler {
+    let destination: std::sync::Arc<str> = to.into();
+    let touched = std::sync::Arc::clone(activity);
+    let forward = handler_fn(move |message: Message| {
+        touched.touch();
+        let destination = std::sync::Arc::clone(&destination);
+        async move {
+            crate::handler::parse_id(message.payload())?;
+            Ok::<_, HandlerError>(Output::forward(&message, destination))
+        }
+    });
+    BoxService::new(
+        ServiceBuilder::new()
+            .layer(crate::retries(activity))
+            .layer(transactions.layer())
+            .service(forward),
+    )
+}
+
+/// Runs `ledger relay --exactly-once`: the source reads `topic` in `group`
+/// and commits its offsets in `transactions` with the outputs `handler`
+/// kept.
+pub async fn run_exactly_once(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    transactions: &KafkaTransactions,
+    job: Job<'_>,
+    handler: RelayHandler,
+) -> Result<RunReport, BoxError> {
+    let source = source_builder(bootstrap, topic, group)
+        .await?
+        .exactly_once(transactions)
+        .build()
+        .await?;
+    let acker = source.acker();
+    let backlog = crate::Backlog::Kafka(LagProbe::new(bootstrap, topic, group)?);
+    crate::run(source, acker, handler, job, Some(backlog)).await
 }
 
 /// Measures the group's lag: messages past its committed offsets, over
