@@ -51,6 +51,7 @@
 mod acker;
 mod connection;
 mod dead_letter;
+mod dead_letter_store;
 mod endpoint;
 mod error;
 mod held;
@@ -63,6 +64,7 @@ mod stream_id;
 
 pub use acker::RedisStreamsAcker;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
+pub use dead_letter_store::{RedisDeadLetterStore, RedisDeadLetters, RedisDeadLettersBuilder};
 pub use endpoint::Endpoint;
 pub use error::{Error, TRANSIENT_CODES};
 pub use lag::RedisLagProbe;

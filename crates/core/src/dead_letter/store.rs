@@ -8,7 +8,7 @@
 //! - [`count`](DeadLetterStore::count) and
 //!   [`summary`](DeadLetterStore::summary) (counts per error class and the
 //!   oldest letter, what a dry run shows and what
-//!   `metrics::DeadLetterMetrics` exports);
+//!   `metrics::DeadLetterExporter` exports);
 //! - [`list`](DeadLetterStore::list), a page at a time after a cursor,
 //!   filtered by error class, time of failure and key;
 //! - [`read`](DeadLetterStore::read), one letter with its payload;

@@ -1,0 +1,488 @@
+//! [`RedisDeadLetters`]: a dead-letter stream as a
+//! [`DeadLetterLog`], so [`RedisDeadLetterStore`] (a [`LogStore`]
+//! redriving through a [`RedisStreamsPublisher`]) counts, lists, reads,
+//! redrives and purges what a [`RedisDeadLetterSink`](crate::RedisDeadLetterSink)
+//! wrote.
+//!
+//! | store operation | Redis |
+//! |---|---|
+//! | count everything | `XLEN` |
+//! | count with a filter, summary, list | `XRANGE` a page at a time after a cursor (the entry id) |
+//! | read | `XRANGE id id` |
+//! | redrive | `XADD` to the origin through the publisher, then `XDEL` of the confirmed letters |
+//! | purge | `XDEL` |
+//!
+//! An entry is read back as the sink wrote it: the payload field is the
+//! payload, every other field a header or an envelope field, and the key
+//! the envelope's `intake.origin.key`. A redriven message goes back as the
+//! publisher writes any output (payload field, key field, headers as
+//! fields), so give the publisher the source's
+//! [`payload_field`](crate::RedisStreamsPublisherBuilder::payload_field)
+//! and [`key_field`](crate::RedisStreamsPublisherBuilder::key_field).
+//!
+//! ```no_run
+//! use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+//! use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let url = "redis://127.0.0.1:6379";
+//! let store = RedisDeadLetters::builder(url)
+//!     .dead_letters_of("orders") // the stream `orders:dlq`
+//!     .build()
+//!     .await?
+//!     .store(RedisStreamsPublisher::builder(url).build().await?);
+//! println!("{} dead letters", store.count(&Filter::all()).await?);
+//! let report = store
+//!     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+//!     .await?;
+//! println!("{} back in `orders`, {} skipped", report.redriven, report.skipped.len());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use intake_core::ConfigError;
+use intake_core::Headers;
+use intake_core::dead_letter::store::{
+    DeadLetterLog, LetterId, LogStore, StoreError, StoredLetter,
+};
+use redis::Value;
+
+use crate::connection::{
+    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
+};
+use crate::error::Error;
+use crate::publisher::RedisStreamsPublisher;
+use crate::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream};
+use crate::stream_id::StreamId;
+
+/// The dead-letter store of a Redis dead-letter stream.
+pub type RedisDeadLetterStore = LogStore<RedisDeadLetters, RedisStreamsPublisher>;
+
+/// A Redis dead-letter stream read as a [`DeadLetterLog`]: ids are entry
+/// ids (`1700000000000-0`). Build one with [`RedisDeadLetters::builder`];
+/// it is cheap to clone.
+#[derive(Clone)]
+pub struct RedisDeadLetters {
+    connection: SharedConnection,
+    stream: Arc<str>,
+    payload_field: Arc<str>,
+}
+
+impl fmt::Debug for RedisDeadLetters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisDeadLetters")
+            .field("endpoint", self.connection.connector().endpoint())
+            .field("stream", &self.stream)
+            .field("payload_field", &self.payload_field)
+            .finish()
+    }
+}
+
+impl RedisDeadLetters {
+    /// A builder of the dead-letter stream's reader on a connection of its
+    /// own to the server at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisDeadLettersBuilder {
+        RedisDeadLettersBuilder {
+            url: SecretUrl::new(url),
+            tls_root_certificate: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            stream: None,
+            payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
+        }
+    }
+
+    /// The store of this stream, redriving through `publisher`.
+    pub fn store(self, publisher: RedisStreamsPublisher) -> RedisDeadLetterStore {
+        LogStore::new(self, publisher)
+    }
+
+    /// The dead-letter stream.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    fn failed(
+        &self,
+        operation: &'static str,
+        command: &'static str,
+        error: redis::RedisError,
+    ) -> StoreError {
+        let error = self
+            .connection
+            .connector()
+            .key_error(error, command, &self.stream);
+        StoreError::broker(operation, &*self.stream, error)
+    }
+
+    /// The entries of `XRANGE stream start end COUNT max`.
+    async fn range(
+        &self,
+        operation: &'static str,
+        start: StreamId,
+        end: Option<StreamId>,
+        max: usize,
+    ) -> Result<Vec<StoredLetter>, StoreError> {
+        let mut command = redis::cmd("XRANGE");
+        command.arg(&*self.stream).arg(start);
+        match end {
+            Some(end) => command.arg(end),
+            None => command.arg("+"),
+        };
+        command.arg("COUNT").arg(max);
+        let mut connection = self.connection.get();
+        let reply: Value = command
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed(operation, "XRANGE", error))?;
+        let entries = entries_of(reply, "XRANGE")
+            .map_err(|error| StoreError::broker(operation, &*self.stream, error))?;
+        Ok(entries
+            .into_iter()
+            .map(|(id, fields)| self.stored(id, fields))
+            .collect())
+    }
+
+    /// An entry as the sink wrote it: the first payload field is the
+    /// payload, the other fields the headers (envelope included).
+    fn stored(&self, id: StreamId, fields: Vec<Value>) -> StoredLetter {
+        let id = letter_id(id);
+        let mut payload = Bytes::new();
+        let mut headers = Headers::new();
+        let mut has_payload = false;
+        let mut fields = fields.into_iter();
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            let (Some(name), Some(value)) = (bytes_of(&name), bytes_of(&value)) else {
+                continue;
+            };
+            if !has_payload && name == self.payload_field.as_bytes() {
+                payload = Bytes::copy_from_slice(value);
+                has_payload = true;
+                continue;
+            }
+            headers.insert(
+                String::from_utf8_lossy(name).into_owned(),
+                Bytes::copy_from_slice(value),
+            );
+        }
+        StoredLetter::read(id, None, payload, &headers)
+    }
+}
+
+fn unexpected(command: &'static str, detail: String) -> Error {
+    Error::UnexpectedReply { command, detail }
+}
+
+fn items(value: Value, command: &'static str) -> Result<Vec<Value>, Error> {
+    match value {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        Value::Map(pairs) => Ok(pairs
+            .into_iter()
+            .flat_map(|(name, value)| [name, value])
+            .collect()),
+        Value::Attribute { data, .. } => items(*data, command),
+        other => Err(unexpected(
+            command,
+            format!("expected an array, got {other:?}"),
+        )),
+    }
+}
+
+fn bytes_of(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+fn integer_of(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(number) => u64::try_from(*number).ok(),
+        other => std::str::from_utf8(bytes_of(other)?).ok()?.parse().ok(),
+    }
+}
+
+/// The `[id, [field, value, …]]` entries of an `XRANGE` or `XREVRANGE`
+/// reply. An item that is no entry fails the reply: a store that skipped
+/// it would count and list wrong, and a range reply is never partial.
+fn entries_of(reply: Value, command: &'static str) -> Result<Vec<(StreamId, Vec<Value>)>, Error> {
+    items(reply, command)?
+        .into_iter()
+        .map(|entry| {
+            let mut parts = items(entry, command)?.into_iter();
+            let id = parts
+                .next()
+                .as_ref()
+                .and_then(bytes_of)
+                .and_then(StreamId::parse)
+                .ok_or_else(|| unexpected(command, "an entry without an id".to_owned()))?;
+            let fields = match parts.next() {
+                Some(fields) => items(fields, command)?,
+                None => Vec::new(),
+            };
+            Ok((id, fields))
+        })
+        .collect()
+}
+
+fn letter_id(id: StreamId) -> LetterId {
+    LetterId::new(format!("{}-{}", id.ms, id.seq))
+}
+
+fn stream_id(id: &LetterId) -> Result<StreamId, StoreError> {
+    StreamId::parse(id.as_str().as_bytes()).ok_or_else(|| StoreError::InvalidId {
+        id: id.as_str().to_owned(),
+        expected: "a stream entry id, such as 1700000000000-0",
+    })
+}
+
+/// The first id after `id`, `None` past the last id a stream can hold.
+/// (`XRANGE`'s exclusive `(` start needs Redis 6.2; this works on any.)
+fn successor(id: StreamId) -> Option<StreamId> {
+    match id.seq.checked_add(1) {
+        Some(seq) => Some(StreamId { ms: id.ms, seq }),
+        None => id.ms.checked_add(1).map(|ms| StreamId { ms, seq: 0 }),
+    }
+}
+
+#[async_trait::async_trait]
+impl DeadLetterLog for RedisDeadLetters {
+    fn name(&self) -> &str {
+        &self.stream
+    }
+
+    async fn entries(&self) -> Result<u64, StoreError> {
+        let mut connection = self.connection.get();
+        let reply: Value = redis::cmd("XLEN")
+            .arg(&*self.stream)
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed("count", "XLEN", error))?;
+        integer_of(&reply).ok_or_else(|| {
+            StoreError::broker(
+                "count",
+                &*self.stream,
+                Error::UnexpectedReply {
+                    command: "XLEN",
+                    detail: format!("expected a length, got {reply:?}"),
+                },
+            )
+        })
+    }
+
+    async fn last(&self) -> Result<Option<LetterId>, StoreError> {
+        let mut connection = self.connection.get();
+        let reply: Value = redis::cmd("XREVRANGE")
+            .arg(&*self.stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed("read", "XREVRANGE", error))?;
+        let entries = entries_of(reply, "XREVRANGE")
+            .map_err(|error| StoreError::broker("read", &*self.stream, error))?;
+        Ok(entries.first().map(|(id, _)| letter_id(*id)))
+    }
+
+    async fn scan(
+        &self,
+        after: Option<&LetterId>,
+        through: Option<&LetterId>,
+        max: usize,
+    ) -> Result<Vec<StoredLetter>, StoreError> {
+        let start = match after.map(stream_id).transpose()? {
+            None => StreamId::ZERO,
+            Some(after) => match successor(after) {
+                Some(start) => start,
+                None => return Ok(Vec::new()),
+            },
+        };
+        let end = through.map(stream_id).transpose()?;
+        if max == 0 || end.is_some_and(|end| end < start) {
+            return Ok(Vec::new());
+        }
+        self.range("list", start, end, max).await
+    }
+
+    async fn get(&self, id: &LetterId) -> Result<Option<StoredLetter>, StoreError> {
+        let id = stream_id(id)?;
+        Ok(self
+            .range("read", id, Some(id), 1)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn remove(&self, ids: &[LetterId]) -> Result<u64, StoreError> {
+        let ids = ids.iter().map(stream_id).collect::<Result<Vec<_>, _>>()?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut connection = self.connection.get();
+        let reply: Value = redis::cmd("XDEL")
+            .arg(&*self.stream)
+            .arg(&ids)
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed("remove letters from", "XDEL", error))?;
+        integer_of(&reply).ok_or_else(|| {
+            StoreError::broker(
+                "remove letters from",
+                &*self.stream,
+                Error::UnexpectedReply {
+                    command: "XDEL",
+                    detail: format!("expected a count, got {reply:?}"),
+                },
+            )
+        })
+    }
+}
+
+/// Builds [`RedisDeadLetters`]; see [`RedisDeadLetters::builder`].
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `.build().await`"]
+pub struct RedisDeadLettersBuilder {
+    url: SecretUrl,
+    tls_root_certificate: Option<Vec<u8>>,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    stream: Option<String>,
+    payload_field: String,
+}
+
+impl fmt::Debug for RedisDeadLettersBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisDeadLettersBuilder")
+            .field("url", &self.url)
+            .field("stream", &self.stream)
+            .field("payload_field", &self.payload_field)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisDeadLettersBuilder {
+    /// The dead-letter stream to read, by its own name.
+    pub fn stream(mut self, stream: impl Into<String>) -> Self {
+        self.stream = Some(stream.into());
+        self
+    }
+
+    /// The dead-letter stream of source stream `stream` under the default
+    /// [`DeadLetterStream`] (`<stream>:dlq`).
+    pub fn dead_letters_of(self, stream: &str) -> Self {
+        self.dead_letters_of_with(stream, &DeadLetterStream::default())
+    }
+
+    /// The dead-letter stream of source stream `stream` under `naming`
+    /// (what the sink was given).
+    pub fn dead_letters_of_with(self, stream: &str, naming: &DeadLetterStream) -> Self {
+        self.stream(naming.name_for(stream))
+    }
+
+    /// The field that carries each letter's payload (default `payload`, the
+    /// sink's).
+    pub fn payload_field(mut self, field: impl Into<String>) -> Self {
+        self.payload_field = field.into();
+        self
+    }
+
+    /// How long to wait for a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for the reply to a command (default 5 s): every
+    /// store operation is a sequence of commands, each bounded by it.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
+    /// root certificates, for a `rediss://` server whose certificate a
+    /// private CA signed.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Checks the settings, then connects.
+    ///
+    /// Fails with [`Error::Config`] for no stream or an empty name, before
+    /// connecting, and with a typed error for a bad URL, an unreachable
+    /// server or refused credentials.
+    pub async fn build(self) -> Result<RedisDeadLetters, Error> {
+        let stream = match self.stream {
+            Some(stream) if !stream.is_empty() => stream,
+            Some(_) => return Err(ConfigError::new("stream", "is empty").into()),
+            None => {
+                return Err(ConfigError::new(
+                    "stream",
+                    "is not set; name the dead-letter stream (`stream`) or its source \
+                     (`dead_letters_of`)",
+                )
+                .into());
+            }
+        };
+        if self.payload_field.is_empty() {
+            return Err(ConfigError::new("payload_field", "is empty").into());
+        }
+        let connector = Connector::new(
+            &self.url,
+            self.tls_root_certificate.as_deref(),
+            self.connect_timeout,
+            self.command_timeout,
+        )?;
+        let connection = SharedConnection::new(connector.shared().await?, connector);
+        Ok(RedisDeadLetters {
+            connection,
+            stream: stream.into(),
+            payload_field: self.payload_field.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_successor_of_an_id_carries_into_the_milliseconds() {
+        let id = |ms, seq| StreamId { ms, seq };
+        assert_eq!(successor(id(5, 1)), Some(id(5, 2)));
+        assert_eq!(successor(id(5, u64::MAX)), Some(id(6, 0)));
+        assert_eq!(successor(id(u64::MAX, u64::MAX)), None);
+    }
+
+    #[test]
+    fn an_id_of_another_form_is_refused() {
+        for id in ["41", "a-b", "", "1-2-3"] {
+            assert!(
+                matches!(
+                    stream_id(&LetterId::new(id)),
+                    Err(StoreError::InvalidId { .. })
+                ),
+                "{id}"
+            );
+        }
+        assert_eq!(
+            stream_id(&LetterId::new("1700000000000-7")).ok(),
+            Some(StreamId {
+                ms: 1_700_000_000_000,
+                seq: 7
+            })
+        );
+    }
+}
