@@ -78,6 +78,9 @@ pub enum DlqCommand {
         /// Broker, source, group and output.
         #[command(flatten)]
         target: Target,
+        /// Where the letters are.
+        #[command(flatten)]
+        store: StoreArgs,
         /// Which letters.
         #[command(flatten)]
         filter: FilterArgs,
@@ -87,6 +90,9 @@ pub enum DlqCommand {
         /// Broker, source, group and output.
         #[command(flatten)]
         target: Target,
+        /// Where the letters are.
+        #[command(flatten)]
+        store: StoreArgs,
         /// Which letters.
         #[command(flatten)]
         filter: FilterArgs,
@@ -102,6 +108,9 @@ pub enum DlqCommand {
         /// Broker, source, group and output.
         #[command(flatten)]
         target: Target,
+        /// Where the letters are.
+        #[command(flatten)]
+        store: StoreArgs,
         /// The letter's id, as `list` shows it.
         id: String,
     },
@@ -111,6 +120,9 @@ pub enum DlqCommand {
         /// Broker, source, group and output.
         #[command(flatten)]
         target: Target,
+        /// Where the letters are.
+        #[command(flatten)]
+        store: StoreArgs,
         /// Which letters.
         #[command(flatten)]
         filter: FilterArgs,
@@ -132,6 +144,9 @@ pub enum DlqCommand {
         /// Broker, source, group and output.
         #[command(flatten)]
         target: Target,
+        /// Where the letters are.
+        #[command(flatten)]
+        store: StoreArgs,
         /// Which letters.
         #[command(flatten)]
         filter: FilterArgs,
@@ -160,6 +175,17 @@ impl DlqCommand {
         }
     }
 
+    /// Where the letters are.
+    pub fn store(&self) -> &StoreArgs {
+        match self {
+            DlqCommand::Count { store, .. }
+            | DlqCommand::List { store, .. }
+            | DlqCommand::Show { store, .. }
+            | DlqCommand::Replay { store, .. }
+            | DlqCommand::Purge { store, .. } => store,
+        }
+    }
+
     /// The command as typed, for messages.
     pub fn name(&self) -> &'static str {
         match self {
@@ -170,6 +196,17 @@ impl DlqCommand {
             DlqCommand::Purge { .. } => "dlq purge",
         }
     }
+}
+
+/// Where a dlq command finds the letters, when not where the backend's
+/// sink writes them by default.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The dead-letter destination, when the consumer's sink was given one
+    /// (default: the backend's for SOURCE, such as the stream `SOURCE:dlq`
+    /// on Redis).
+    #[arg(long, value_name = "NAME")]
+    pub dead_letters: Option<String>,
 }
 
 /// Which letters a dlq command applies to; every option given must hold.

@@ -145,7 +145,7 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
     let store = stores::open(
         &broker,
         &target.source,
-        &target.group,
+        command.store().dead_letters.as_deref(),
         target.timeout,
         command.name(),
     )

@@ -8,6 +8,7 @@
 
 use std::net::TcpStream;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use intake_amqp::lapin;
@@ -468,4 +469,205 @@ async fn purge_without_yes_and_without_a_terminal_is_refused() {
     .await;
     run.assert_code(2);
     assert!(run.stderr.contains("pass --yes"), "{}", run.stderr);
+}
+
+/// Ids `0..10` of which these fail for good on their first delivery: the
+/// poison of a run, dead-lettered, then replayed by the command.
+const POISON: [u64; 3] = [2, 5, 7];
+
+/// Ids handled by a run, with the replay count each carried.
+type Handled = Arc<Mutex<Vec<(u64, u32)>>>;
+
+/// Runs a consumer of `source` until `handled` holds `until` ids (at most
+/// 20 s), then stops it. Its handler records each id it handles and fails
+/// for good on a poison id that was not replayed yet (a replay carries
+/// `intake.replays`: the bug that made it poison is fixed by then), which
+/// the dead-letter layer writes to `sink`.
+async fn run_with_poison<S, A, D>(
+    source: S,
+    acker: A,
+    sink: D,
+    handled: &Handled,
+    until: usize,
+) -> intake_core::RunReport
+where
+    S: intake_core::backend::Source,
+    A: intake_core::backend::Acker,
+    D: intake_core::backend::DeadLetterSink,
+{
+    use intake_core::{DeadLetterLayer, HandlerError, Message, handler_fn};
+
+    let recorded = handled.clone();
+    let handler = handler_fn(move |message: Message| {
+        let recorded = recorded.clone();
+        async move {
+            let id: u64 = std::str::from_utf8(message.payload())
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| HandlerError::permanent("not an id"))?;
+            let replays: u32 = message
+                .headers()
+                .get_str("intake.replays")
+                .and_then(|text| text.parse().ok())
+                .unwrap_or(0);
+            if POISON.contains(&id) && replays == 0 {
+                return Err(HandlerError::permanent(format!("poison {id}")));
+            }
+            recorded
+                .lock()
+                .map_err(|_| HandlerError::permanent("a test thread panicked"))?
+                .push((id, replays));
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let handler = tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(sink))
+        .service(handler);
+    let consumer = intake_core::Consumer::builder()
+        .build(source, acker, handler)
+        .expect("the consumer's settings");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+    let count = || handled.lock().map_or(0, |handled| handled.len());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while count() < until && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the consumer stops within 20 s")
+        .expect("the consumer's task")
+        .expect("the consumer's run");
+    assert_eq!(count(), until, "ids handled within 20 s; {report:?}");
+    report
+}
+
+/// `intake dlq` on a group's dead letters after a run with poison: counted
+/// by class, a dry run moves nothing, a replay moves them all back, the
+/// count is zero, and the next run handles the replayed ids.
+async fn dlq_count_replay_count_zero(
+    broker: &str,
+    source: &str,
+    group: &str,
+    after_replay: impl std::future::Future<Output = Vec<(u64, u32)>>,
+) {
+    let target = ["--broker", broker, "--source", source, "--group", group];
+    let command = |words: &[&'static str]| -> Vec<String> {
+        let mut args: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
+        args.extend(target.iter().map(|w| (*w).to_owned()));
+        args
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        intake(&args).await
+    };
+    let counted = run(command(&["dlq", "count", "--json"])).await;
+    counted.assert_code(0);
+    let value = counted.json();
+    assert_eq!(value["total"], POISON.len(), "{value}");
+    assert_eq!(value["by_class"]["permanent"], POISON.len(), "{value}");
+
+    let listed = run(command(&["dlq", "list", "--json"])).await;
+    listed.assert_code(0);
+    let letters = listed.json()["letters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut positions: Vec<u64> = letters
+        .iter()
+        .filter_map(|letter| letter["letter"]["error"].as_str())
+        .filter_map(|error| error.rsplit_once("poison "))
+        .filter_map(|(_, id)| id.parse().ok())
+        .collect();
+    positions.sort_unstable();
+    assert_eq!(positions, POISON, "{}", listed.stdout);
+
+    let first = letters[0]["id"].as_str().unwrap_or_default().to_owned();
+    let shown = run([command(&["dlq", "show", "--json"]), vec![first]].concat()).await;
+    shown.assert_code(0);
+    let payload = shown.json()["letter"]["payload"]
+        .as_str()
+        .map(str::to_owned);
+    assert_eq!(payload, Some(POISON[0].to_string()), "{}", shown.stdout);
+
+    let dry = run(command(&["dlq", "replay", "--dry-run", "--json"])).await;
+    dry.assert_code(0);
+    assert_eq!(dry.json()["redriven"], POISON.len());
+    let replayed = run(command(&["dlq", "replay", "--json"])).await;
+    replayed.assert_code(0);
+    assert_eq!(
+        replayed.json()["redriven"],
+        POISON.len(),
+        "{}",
+        replayed.stdout
+    );
+    assert_eq!(replayed.json()["dry_run"], false);
+
+    let counted = run(command(&["dlq", "count", "--json"])).await;
+    counted.assert_code(0);
+    assert_eq!(counted.json()["total"], 0, "{}", counted.stdout);
+
+    let mut handled = after_replay.await;
+    handled.sort_unstable();
+    let expected: Vec<(u64, u32)> = POISON.iter().map(|&id| (id, 1)).collect();
+    assert_eq!(handled, expected, "the replayed ids, each replayed once");
+}
+
+#[tokio::test]
+async fn redis_dlq_count_after_poison_then_replay_then_zero() {
+    if !broker_listens("redis dlq", "127.0.0.1:6379") {
+        return;
+    }
+    use intake_redis_streams::RedisStreamsSource;
+
+    let (stream, group) = (unique("dlq"), "billing");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    for id in 0..10u64 {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("payload")
+            .arg(id.to_string())
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let consume = |handled: Handled, until: usize| {
+        let stream = stream.clone();
+        async move {
+            let source = RedisStreamsSource::builder(REDIS)
+                .stream(stream.as_str())
+                .group(group)
+                .consumer("c1")
+                .block(Duration::from_millis(100))
+                .build()
+                .await
+                .expect("the source");
+            let acker = source.acker();
+            let sink = source.dead_letter_sink().build().await.expect("the sink");
+            run_with_poison(source, acker, sink, &handled, until).await
+        }
+    };
+    let first: Handled = Arc::default();
+    let report = consume(first.clone(), 10 - POISON.len()).await;
+    assert_eq!(report.dead_lettered, POISON.len() as u64, "{report:?}");
+
+    let second: Handled = Arc::default();
+    let after_replay = {
+        let second = second.clone();
+        async move {
+            consume(second.clone(), POISON.len()).await;
+            second.lock().unwrap().clone()
+        }
+    };
+    dlq_count_replay_count_zero(REDIS, &stream, group, after_replay).await;
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(format!("{stream}:dlq"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 }
