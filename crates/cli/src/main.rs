@@ -24,16 +24,18 @@
 //! source is the queue and the group names nothing (every consumer of a
 //! queue shares its messages); on NATS the group is the durable consumer.
 //!
-//! `intake dlq` works on the group's dead-letter destination through the
-//! backend's `DeadLetterStore` (see `intake_core::dead_letter::store`). A
-//! replay publishes each letter's message again and removes the letter
-//! only once the broker confirmed the publish; a letter replayed
-//! `--max-replays` times already (3 by default) is skipped, so a message
-//! that fails on every replay does not circle for ever. `--dry-run` on
-//! `replay` and `purge` moves nothing and shows the counts per error
-//! class. `purge` asks on the terminal first; with stdin not a terminal
-//! it refuses unless `--yes` is given. A long replay shows a progress bar
-//! on stderr when stderr is a terminal.
+//! `intake dlq` works on the dead-letter destination through the backend's
+//! `DeadLetterStore` (see `intake_core::dead_letter::store`): on Redis the
+//! stream `SOURCE:dlq` the sink writes by default (every group's letters of
+//! that stream), or `--dead-letters NAME`. Kafka, RabbitMQ and NATS have no
+//! store yet and answer exit code 4. A replay publishes each letter's
+//! message again and removes the letter only once the broker confirmed the
+//! publish; a letter replayed `--max-replays` times already (3 by default)
+//! is skipped, so a message that fails on every replay does not circle for
+//! ever. `--dry-run` on `replay` and `purge` moves nothing and shows the
+//! counts per error class. `purge` asks on the terminal first; with stdin
+//! not a terminal it refuses unless `--yes` is given. A long replay shows a
+//! progress bar on stderr when stderr is a terminal.
 //!
 //! # Output
 //!
