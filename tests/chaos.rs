@@ -9,7 +9,8 @@
 //!
 //! The relay (`ledger relay`, consuming one source and publishing into
 //! another) is SIGKILLed the same way, and every id must reach the second
-//! source at least once.
+//! source at least once; on Kafka with `--exactly-once` (transactions),
+//! exactly once as read with `read_committed`.
 //!
 //! One test per backend runs its scenarios one after the other: they would
 //! only fight over the cores, and the Kafka broker restart must not overlap
@@ -56,6 +57,12 @@ const ROLLING: Rolling = Rolling {
 /// output's confirmation and its input's acknowledgement repeats an output.
 const RELAY_MESSAGES: u64 = 6_000;
 const RELAY_KILLS: u32 = 3;
+/// The exactly-once relay on Kafka: 2,000 ids trickling in at 200 a
+/// second, two kills; each kill costs a session timeout (6 s) before the
+/// next relay gets the partitions.
+const EXACTLY_ONCE_RELAY_MESSAGES: u64 = 2_000;
+const EXACTLY_ONCE_RELAY_PER_SECOND: u64 = 200;
+const EXACTLY_ONCE_RELAY_KILLS: u32 = 2;
 /// Exactly-once effects: a transaction per message is slower, and five
 /// kills already leave redeliveries to dedupe.
 const EFFECTS: Kills = Kills {
@@ -84,6 +91,13 @@ fn kafka_loses_nothing_to_kills_a_broker_restart_or_a_killed_group_member() {
     };
     scenarios::sigkill_restarts(test, kafka, KILLS);
     scenarios::relay_kills(test, kafka, RELAY_MESSAGES, RELAY_KILLS);
+    scenarios::relay_kills_exactly_once(
+        test,
+        kafka,
+        EXACTLY_ONCE_RELAY_MESSAGES,
+        EXACTLY_ONCE_RELAY_PER_SECOND,
+        EXACTLY_ONCE_RELAY_KILLS,
+    );
     scenarios::two_consumers_one_killed(test, kafka, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, kafka, ROLLING);
     // The broker is down for a while: nothing else on Kafka runs meanwhile.

@@ -146,6 +146,8 @@ pub struct Relay {
     pub to: String,
     /// Exits 0 after this long without messages, everything committed.
     pub idle_exit: Duration,
+    /// `--exactly-once`: Kafka transactions.
+    pub exactly_once: bool,
 }
 
 impl Relay {
@@ -159,6 +161,9 @@ impl Relay {
             .args(["--group", &self.group])
             .args(["--to", &self.to])
             .args(["--idle-exit-secs", &self.idle_exit.as_secs().to_string()]);
+        if self.exactly_once {
+            command.arg("--exactly-once");
+        }
         command.envs(self.backend.consumer_env().iter().copied());
         ChildProcess::spawn(command, label, logs)
     }

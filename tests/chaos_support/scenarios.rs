@@ -636,6 +636,7 @@ pub fn relay_kills(test: &'static str, backend: Backend, messages: u64, kills: u
         group: scenario.group.clone(),
         to: to.clone(),
         idle_exit: NEVER_IDLE_EXIT,
+        exactly_once: false,
     };
     let ledger = scenario.ledger("relayed");
     let mut read = scenario.consume(&ledger, NEVER_IDLE_EXIT);
@@ -681,6 +682,103 @@ pub fn relay_kills(test: &'static str, backend: Backend, messages: u64, kills: u
         backend.name()
     );
     scenario.assert_nothing_lost(&stats);
+    backend.remove_source(&to, &scenario.dir);
+    scenario.pass();
+}
+
+/// [`relay_kills`] with `ledger relay --exactly-once` on Kafka: the relay
+/// commits its offsets in the transactions that hold its outputs, and the
+/// reader (`ledger consume`, `read_committed`) must see every id EXACTLY
+/// once. A killed relay's open transaction is aborted when the next one
+/// starts (the same transactional.id), so its outputs never reach the
+/// reader, and the inputs it did not commit are relayed again.
+///
+/// The ids trickle in at `per_second` until `messages` are confirmed: a
+/// relay commits a whole backlog in a transaction or two, so a backlog
+/// produced up front would be relayed before the first kill.
+pub fn relay_kills_exactly_once(
+    test: &'static str,
+    backend: Backend,
+    messages: u64,
+    per_second: u64,
+    kills: u32,
+) {
+    let mut scenario = Scenario::new(test, backend, "relay-kill-exactly-once");
+    let to = format!("{}-relayed", scenario.source);
+    // Creates the source and the destination (empty produces), so that the
+    // trickle and the reader can start before the first relay.
+    scenario.produce(0);
+    scenario.check(ledger_program::produce(
+        &scenario.url,
+        &to,
+        0,
+        backend.partitions(),
+        &scenario.dir,
+    ));
+    let mut trickle = Trickle::start(backend, &scenario.url, &scenario.source, per_second);
+    // Progress follows ids below this: far more than the trickle sends.
+    let ids_bound = messages * 10;
+    let mut relay = Relay {
+        backend,
+        url: scenario.url.clone(),
+        source: scenario.source.clone(),
+        group: scenario.group.clone(),
+        to: to.clone(),
+        idle_exit: NEVER_IDLE_EXIT,
+        exactly_once: true,
+    };
+    let ledger = scenario.ledger("relayed");
+    let mut read = scenario.consume(&ledger, NEVER_IDLE_EXIT);
+    read.source.clone_from(&to);
+    read.group = format!("{}-reader", scenario.group);
+    let mut reader = scenario.spawn(&read, "reader");
+
+    let mut progress = Progress::new(std::slice::from_ref(&ledger), ids_bound);
+    let mut killed_at = Vec::new();
+    for kill in 1..=kills {
+        let kill_at = scenario
+            .moment(kill, kills, messages)
+            .max(progress.distinct() + 1);
+        let mut run = scenario.check(relay.spawn(&format!("relay-{kill}"), &scenario.dir));
+        scenario.check(run.wait_for_progress(&mut progress, kill_at, PROGRESS_TIMEOUT));
+        scenario.check(run.sigkill());
+        killed_at.push(progress.distinct());
+    }
+    relay.idle_exit = backend.drain_idle_exit();
+    let mut last = scenario.check(relay.spawn("relay-drain", &scenario.dir));
+    while scenario.check(trickle.confirmed()) < messages {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let produced = scenario.check(trickle.stop());
+    let relayed = scenario.check(last.expect_clean_exit(DRAIN_TIMEOUT));
+    scenario.check(reader.wait_for_progress(&mut progress, produced, DRAIN_TIMEOUT));
+    scenario.check(reader.sigterm());
+    let counts = scenario.check(reader.expect_clean_exit(DRAIN_TIMEOUT));
+
+    let stats = scenario.read_ledgers(std::slice::from_ref(&ledger), produced);
+    println!(
+        "chaos {} relay-kill-exactly-once: produced={produced} kills={kills} lost={} \
+         duplicate_outputs={} duplicated_ids={} last_relay=[{}] reader=[{}] elapsed={}s seed={:#x}",
+        backend.name(),
+        stats.lost(),
+        stats.duplicate_deliveries,
+        stats.duplicated_ids,
+        counts_text(relayed),
+        counts_text(counts),
+        scenario.elapsed_secs(),
+        scenario.seed
+    );
+    println!(
+        "chaos {} relay-kill-exactly-once: distinct ids relayed at each kill: {killed_at:?}",
+        backend.name()
+    );
+    scenario.assert_nothing_lost(&stats);
+    if stats.duplicate_deliveries > 0 {
+        scenario.fail(format!(
+            "{} outputs read more than once ({} ids): the read_committed output must hold each id exactly once",
+            stats.duplicate_deliveries, stats.duplicated_ids
+        ));
+    }
     backend.remove_source(&to, &scenario.dir);
     scenario.pass();
 }
