@@ -120,19 +120,20 @@ impl Converter {
         let position = i64::try_from(info.stream_sequence)
             .map_err(|_| NotADelivery::SequenceOutOfRange(info.stream_sequence))?;
         let delivered = u32::try_from(info.delivered).unwrap_or(u32::MAX);
-        let mut metadata = Metadata::new(
-            self.stream.clone(),
-            self.partition(&message.subject),
-            Position::Offset(position),
-        )
-        .with_attempt(delivered);
+        let partition = self.partition(&message.subject);
+        let mut metadata =
+            Metadata::new(self.stream.clone(), partition, Position::Offset(position))
+                .with_attempt(delivered);
         metadata.set_timestamp(UNIX_EPOCH.checked_add(Duration::from_nanos(info.published_nanos)));
         let headers = match &message.headers {
             Some(map) if !map.is_empty() => headers(map),
             _ => Headers::new(),
         };
+        // The subject's own buffer becomes the key: async-nats gives each
+        // delivery a subject of its own, so this moves it, no copy.
+        let key = Bytes::from(message.subject.into_string());
         let converted = Message::new(message.payload, metadata)
-            .with_key(Bytes::copy_from_slice(message.subject.as_bytes()))
+            .with_key(key)
             .with_headers(headers);
         Ok(Delivery {
             message: converted,
