@@ -42,6 +42,13 @@
 //!   `fetch_batch(1024)`) with `PublishLayer` over a `KafkaPublisher` and a
 //!   `handler_fn` returning `Output::forward`, committing every 100 ms.
 //!
+//! - `txn-relay`: the exactly-once relay, `Consumer` as `intake-relay` but
+//!   with the source built `exactly_once` and `KafkaTransactions::layer`
+//!   keeping each input's `Output::forward` for the transaction that
+//!   commits the input's offset (one transaction per commit, every 100 ms);
+//!   its time runs from the first handled input to the moment every output
+//!   is committed (looked at every 10 ms).
+//!
 //! Two produce loops publish 100-byte outputs with keys to a new topic, at
 //! most the relay window unconfirmed, timed from the first send to the last
 //! confirmation: `raw-produce` with `ThreadedProducer` and the relay's
@@ -69,7 +76,7 @@ use intake_kafka::rdkafka::producer::{
     BaseRecord, DefaultProducerContext, DeliveryResult, Producer, ProducerContext, ThreadedProducer,
 };
 use intake_kafka::rdkafka::{ClientConfig, ClientContext, Message as _};
-use intake_kafka::{KafkaPublisher, KafkaSettings, KafkaSource};
+use intake_kafka::{KafkaPublisher, KafkaSettings, KafkaSource, KafkaTransactions};
 use tokio_util::sync::CancellationToken;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -763,6 +770,86 @@ async fn intake_relay(
     Ok(Measure::between(started, first, last, messages))
 }
 
+/// The exactly-once relay: as [`intake_relay`], its outputs kept by the
+/// transactions' layer and committed with the offsets in Kafka
+/// transactions. Done when every input was handled and no output waits for
+/// its transaction.
+async fn txn_relay(
+    brokers: &str,
+    topic: &str,
+    output: &str,
+    messages: usize,
+) -> Result<Measure, BoxError> {
+    let started = Instant::now();
+    let transactions = KafkaTransactions::new(KafkaSettings::new(brokers), unique("bench-txn"));
+    let source = KafkaSource::builder(consumer_settings(brokers))
+        .group(unique("bench-txn-relay"))
+        .topic(topic)
+        .exactly_once(&transactions)
+        .build()
+        .await?;
+    let acker = source.acker();
+    // Handled is not done here: `last` is marked below, once committed.
+    let progress = Arc::new(Progress {
+        seen: AtomicUsize::new(0),
+        first: Mutex::new(None),
+        last: Mutex::new(None),
+        done: CancellationToken::new(),
+        messages: usize::MAX,
+    });
+    let destination: Arc<str> = output.into();
+    let handler = tower::ServiceBuilder::new()
+        .map_result({
+            let progress = progress.clone();
+            move |result: Result<(), intake_core::HandlerError>| {
+                if result.is_ok() {
+                    progress.record();
+                }
+                result
+            }
+        })
+        .layer(transactions.layer())
+        .service(handler_fn(move |message: Message| {
+            std::future::ready(Output::forward(&message, Arc::clone(&destination)))
+        }));
+    let consumer = Consumer::builder()
+        .max_in_flight(relay_window())
+        .fetch_batch(BATCH)
+        .ordering(relay_order()?)
+        .commit_interval(COMMIT_INTERVAL)
+        .build(source, acker, handler)?;
+    let run = tokio::spawn(consumer.run(progress.done.clone()));
+    let mut seen = 0;
+    let mut checked = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = progress.seen.load(AtomicOrdering::Relaxed);
+        if now >= messages && transactions.outputs_held() == 0 {
+            *progress.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Mark::now());
+            break;
+        }
+        if checked.elapsed() >= STALL {
+            if now == seen {
+                progress.done.cancel();
+                run.await??;
+                return Err(format!("txn-relay: stalled at {now} of {messages}").into());
+            }
+            seen = now;
+            checked = Instant::now();
+        }
+    }
+    progress.done.cancel();
+    let report = run.await??;
+    if report.succeeded < messages as u64 {
+        return Err(format!("txn-relay: {} of {messages} relayed", report.succeeded).into());
+    }
+    let first = progress
+        .mark(&progress.first)
+        .ok_or("txn-relay: no message")?;
+    let last = progress.mark(&progress.last).ok_or("txn-relay: not done")?;
+    Ok(Measure::between(started, first, last, messages))
+}
+
 /// What the intake loop's handler records.
 struct Progress {
     seen: AtomicUsize,
@@ -826,7 +913,7 @@ async fn main() -> Result<(), BoxError> {
     // A comma-separated subset of the loops (for profiling one).
     let only: String = env_or(
         "BENCH_LOOPS",
-        "raw,adapter,intake,raw-relay,intake-relay,raw-produce,publisher".to_string(),
+        "raw,adapter,intake,raw-relay,intake-relay,raw-produce,publisher,txn-relay".to_string(),
     );
     let address: std::net::SocketAddr = brokers
         .split(',')
@@ -852,6 +939,7 @@ async fn main() -> Result<(), BoxError> {
         "intake-relay",
         "raw-produce",
         "publisher",
+        "txn-relay",
     ]
     .map(|name| Results {
         name,
@@ -889,9 +977,13 @@ async fn main() -> Result<(), BoxError> {
                     tokio::task::spawn_blocking(move || raw_produce(&brokers, &output, messages))
                         .await??
                 }
-                _ => {
+                6 => {
                     let output = create_topic(&brokers, "intake-bench-published").await?;
                     publisher(&brokers, &output, messages).await?
+                }
+                _ => {
+                    let output = create_topic(&brokers, "intake-bench-txn-relayed").await?;
+                    txn_relay(&brokers, &topic, &output, messages).await?
                 }
             };
             eprintln!(
@@ -909,25 +1001,27 @@ async fn main() -> Result<(), BoxError> {
         "{messages} messages of {PAYLOAD} bytes, {PARTITIONS} partitions, {rounds} interleaved rounds, brokers {brokers}, BENCH_IGNORE_HEADERS={}",
         env_or("BENCH_IGNORE_HEADERS", 0)
     );
-    let (consume, rest) = results.split_at(3);
-    let (relay, produce) = rest.split_at(2);
+    // Each group's first loop is its baseline; a loop left out by
+    // BENCH_LOOPS is left out of its table.
     for (group, baseline) in [
-        (consume, "raw"),
-        (relay, "raw-relay"),
-        (produce, "raw-produce"),
+        (&[0, 1, 2][..], "raw"),
+        (&[3, 4, 7][..], "raw-relay"),
+        (&[5, 6][..], "raw-produce"),
     ] {
-        if group
+        let measured: Vec<&Results> = group
             .iter()
-            .any(|loop_results| loop_results.measures.is_empty())
-        {
+            .map(|index| &results[*index])
+            .filter(|loop_results| !loop_results.measures.is_empty())
+            .collect();
+        if measured.len() < 2 || measured[0].name != baseline {
             continue;
         }
-        let raw = group[0].median();
+        let raw = measured[0].median();
         println!(
             "| loop | best msg/s | median msg/s | median / {baseline} median | median ns CPU/msg | CPU / {baseline} CPU |"
         );
         println!("|---|---|---|---|---|---|");
-        for loop_results in group {
+        for loop_results in measured {
             let median = loop_results.median();
             println!(
                 "| {} | {:.0} | {:.0} | {:.3} | {:.0} | {:.2} |",
