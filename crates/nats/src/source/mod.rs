@@ -4,16 +4,19 @@
 //! # Pulling
 //!
 //! The source speaks JetStream's pull protocol itself, on one subscription
-//! of its own (`<inbox>.*`): one pull request at a time, `{"batch": n,
-//! "expires": …}` with `n` the free slots the runtime asked for, to
-//! `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`, reply `<inbox>.<k>`.
-//! The next request goes out once this one is filled, or the server ended
-//! it (`404`/`408`/`409` status on its reply subject), or its expiry plus
-//! a second passed, or the connection was made anew. So what the server
-//! sends ahead is bounded by the budget: a fetched message waits in the
-//! source's buffer only while the runtime has no slot for it, at most one
-//! request's worth. (async-nats's own pull stream refills on its own
-//! schedule, whatever the runtime can take.)
+//! of its own (`<inbox>.*`): pull requests `{"batch": n, "expires": …}` to
+//! `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`, reply `<inbox>.<k>`,
+//! which together never ask for more than the free slots the runtime asked
+//! for (`pulls.rs`). It counts what its requests still owe: a delivery pays
+//! one, a request the server ended (`404`/`408`/`409` status on its reply
+//! subject) its unfilled rest, and a request past its expiry plus a
+//! second, or sent before the connection was made anew, is given up. A new
+//! request asks for the free slots beyond what is owed, at once when
+//! nothing is, otherwise once that gap is half the budget: the server has a
+//! request to fill while the runtime keeps up, and what it sends ahead is
+//! still bounded by the budget. A fetched message waits in the source's
+//! buffer only while the runtime has no slot for it. (async-nats's own
+//! pull stream refills on its own schedule, whatever the runtime can take.)
 //!
 //! # Holding
 //!
@@ -38,6 +41,7 @@
 
 mod builder;
 pub(crate) mod convert;
+mod pulls;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -55,6 +59,7 @@ use tokio::time::Instant;
 
 pub use self::builder::NatsSourceBuilder;
 use self::convert::{Converter, NotADelivery};
+use self::pulls::{PullRequest, Pulls};
 use crate::acker::{NatsAcker, nak_with_delay};
 use crate::confirm::Confirmations;
 use crate::connection::Connection;
@@ -89,7 +94,7 @@ pub struct NatsSource {
     pull_subject: Subject,
     inbox: String,
     replies: Subscriber,
-    request: Option<PullRequest>,
+    pulls: Pulls,
     requests_sent: u64,
     converter: Converter,
     ready: VecDeque<Message>,
@@ -118,16 +123,6 @@ impl std::fmt::Debug for NatsSource {
             .field("held", &self.deliveries.len())
             .finish_non_exhaustive()
     }
-}
-
-/// The pull request the server is filling.
-#[derive(Debug)]
-struct PullRequest {
-    reply: Subject,
-    remaining: usize,
-    deadline: Instant,
-    /// The connection it was sent on.
-    epoch: u64,
 }
 
 /// What [`NatsSourceBuilder::build`] found or made.
@@ -198,7 +193,7 @@ impl NatsSource {
             redelivery_backoff: builder.redelivery_backoff,
             inbox,
             replies,
-            request: None,
+            pulls: Pulls::default(),
             requests_sent: 0,
             ready: VecDeque::new(),
             poison: VecDeque::new(),
@@ -344,7 +339,7 @@ impl NatsSource {
         );
         self.one_at_a_time_until = Some(now + self.ack_wait + 2 * REQUEST_GRACE);
         self.epoch_seen = epoch;
-        self.request = None;
+        self.pulls.forget();
     }
 
     /// Sends a pull request for `batch` messages.
@@ -370,9 +365,9 @@ impl NatsSource {
                 source: boxed(error),
             })?;
         self.counters.add_pull_request();
-        self.request = Some(PullRequest {
+        self.pulls.sent(PullRequest {
             reply,
-            remaining: batch,
+            batch,
             deadline: Instant::now() + self.fetch_wait + REQUEST_GRACE,
             epoch: self.connection.events.epoch(),
         });
@@ -403,12 +398,7 @@ impl NatsSource {
                 });
             }
         };
-        if let Some(request) = &mut self.request {
-            request.remaining = request.remaining.saturating_sub(1);
-            if request.remaining == 0 {
-                self.request = None;
-            }
-        }
+        self.pulls.delivered();
         self.hold
             .push((delivery.sequence, delivery.reply, delivery.delivered));
         match self.max_deliveries {
@@ -424,24 +414,18 @@ impl NatsSource {
     /// A status message on the inbox: heartbeats, and the server ending a
     /// pull request.
     fn status(&mut self, status: StatusCode, message: &async_nats::Message) -> Result<(), Error> {
-        let ours = self
-            .request
-            .as_ref()
-            .is_some_and(|request| request.reply == message.subject);
         let description = message.description.as_deref().unwrap_or("");
         match status {
             StatusCode::IDLE_HEARTBEAT => {}
             StatusCode::NOT_FOUND | StatusCode::TIMEOUT => {
-                if ours {
-                    self.request = None;
-                }
+                self.pulls.ended(&message.subject, unfilled(message));
             }
             StatusCode::NO_RESPONDERS => {
                 // Nobody serves the consumer's API subject: JetStream is
                 // not ready yet (a server starting), or the consumer is
                 // gone. The runtime retries with backoff; a consumer that
                 // is gone shows in the next request's 409.
-                self.request = None;
+                self.pulls.forget();
                 return Err(Error::JetStream {
                     endpoint: self.endpoint(),
                     operation: format!(
@@ -461,9 +445,7 @@ impl NatsSource {
                 });
             }
             _ => {
-                if ours {
-                    self.request = None;
-                }
+                self.pulls.ended(&message.subject, unfilled(message));
                 tracing::debug!(%status, description, "the server ended a pull request");
             }
         }
@@ -564,6 +546,26 @@ impl NatsSource {
     }
 }
 
+/// What a pull request's end says it left unfilled: nats-server writes
+/// `Nats-Pending-Messages` on a `408` (and on the `409`s ending a request it
+/// had been filling).
+fn unfilled(status: &async_nats::Message) -> Option<usize> {
+    status
+        .headers
+        .as_ref()?
+        .get("Nats-Pending-Messages")?
+        .as_str()
+        .parse()
+        .ok()
+}
+
+/// What ended the source's wait.
+enum Waited {
+    Message(Option<async_nats::Message>),
+    Reconnection,
+    Deadline,
+}
+
 /// Sleeps until `deadline`, or forever without one.
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
@@ -639,36 +641,38 @@ impl Source for NatsSource {
             if epoch != self.epoch_seen {
                 self.reconnected(epoch, now);
             }
-            if self
-                .request
-                .as_ref()
-                .is_some_and(|request| request.epoch != epoch || request.deadline <= now)
-            {
-                self.request = None;
-            }
-            if self.request.is_none() && max > 0 {
-                self.request(max).await?;
+            // The server answers an expired request with a 408; one that
+            // did not come within a second more was lost.
+            self.pulls.expire(now, epoch);
+            let budget = self.limits.map_or(max, |limits| limits.max_in_flight);
+            let single = self.one_at_a_time_until.is_some_and(|until| now < until);
+            if let Some(batch) = self.pulls.due(max, budget, single) {
+                self.request(batch).await?;
             }
             let events = self.connection.events.clone();
             let reconnection = events.reconnection();
-            let deadline = self.request.as_ref().map(|request| request.deadline);
+            let deadline = self.pulls.deadline();
             // Without a request (the budget is full) the wait is for what an
             // earlier request still brings, until the runtime asks again.
             let waited = tokio::select! {
-                message = self.replies.next() => Some(message),
-                () = reconnection => None,
-                () = sleep_until(deadline) => None,
+                message = self.replies.next() => Waited::Message(message),
+                () = reconnection => Waited::Reconnection,
+                () = sleep_until(deadline) => Waited::Deadline,
             };
             match waited {
-                None => self.request = None,
-                Some(None) => {
+                // The next turn ends what expired.
+                Waited::Deadline => {}
+                // Whatever the epoch says yet: the requests' connection may
+                // be gone.
+                Waited::Reconnection => self.pulls.forget(),
+                Waited::Message(None) => {
                     return Err(Error::Disconnected {
                         endpoint: self.endpoint(),
                         source: "the client closed the source's subscription".into(),
                     }
                     .into());
                 }
-                Some(Some(message)) => {
+                Waited::Message(Some(message)) => {
                     let accepted = self.accept(message).and_then(|()| self.drain_inbox());
                     self.hold_accepted();
                     accepted?;
@@ -715,5 +719,114 @@ impl Source for NatsSource {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! On the shared nats-server (`.ci/services/nats.sh`).
+
+    use std::time::Duration;
+
+    use intake_core::Message;
+    use intake_core::backend::{AckBatch, Acker, PartitionAck};
+
+    use super::*;
+
+    const BUDGET: usize = 100;
+    const MESSAGES: usize = 600;
+
+    fn url() -> String {
+        std::env::var("INTAKE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+    }
+
+    /// The batch the commit engine would send for `messages`, completed.
+    fn completed(messages: &[Message]) -> AckBatch {
+        let mut ack = PartitionAck::new(messages[0].metadata().partition_key());
+        ack.completed
+            .extend(messages.iter().map(|message| message.metadata().position()));
+        AckBatch {
+            partitions: vec![ack],
+            sync: false,
+        }
+    }
+
+    /// The runtime's side of the budget, acted out: it asks for its free
+    /// slots, holds what comes, and finishes 60 at a time. With several
+    /// pull requests out, the server must still never have sent more than
+    /// the budget beyond what was acknowledged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_server_never_holds_more_deliveries_than_the_budget() {
+        let client = match async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(2))
+            .connect(url())
+            .await
+        {
+            Ok(client) => client,
+            Err(error) => {
+                intake_core::backend::testkit::skip_or_fail(
+                    "pulls within the budget",
+                    &format!("no NATS server at {} ({error})", url()),
+                );
+                return;
+            }
+        };
+        let context = jetstream::new(client.clone());
+        let token = client.new_inbox().replace("_INBOX.", "");
+        let name = format!("intake_pulls_{token}");
+        let stream = context
+            .create_stream(jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("pulls.{token}")],
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+        let mut acks = Vec::with_capacity(MESSAGES);
+        for _ in 0..MESSAGES {
+            acks.push(
+                context
+                    .publish(format!("pulls.{token}"), Bytes::from_static(b"x"))
+                    .await
+                    .expect("publish"),
+            );
+        }
+        for ack in acks {
+            ack.await.expect("stored");
+        }
+        let mut source = NatsSource::builder(url())
+            .stream(&name)
+            .consumer("budget")
+            .ack_wait(Duration::from_secs(60))
+            .build()
+            .await
+            .expect("source");
+        source.set_limits(Limits::new(BUDGET, usize::MAX, Duration::from_secs(5)));
+        let mut acker = source.acker();
+        let mut held: Vec<Message> = Vec::new();
+        let mut received = 0;
+        while received < MESSAGES {
+            let before = held.len();
+            let free = BUDGET - before;
+            tokio::time::timeout(Duration::from_secs(10), source.next(&mut held, free))
+                .await
+                .expect("deliveries within 10 s")
+                .expect("next");
+            received += held.len() - before;
+            assert!(held.len() <= BUDGET, "{} handed over", held.len());
+            let info = stream.consumer_info("budget").await.expect("info");
+            assert!(
+                info.num_ack_pending <= BUDGET,
+                "the server sent {} beyond the acknowledged ones, over a budget of {BUDGET}",
+                info.num_ack_pending
+            );
+            if held.len() >= 60 {
+                let finished: Vec<Message> = held.drain(..60).collect();
+                acker.ack(&completed(&finished)).await.expect("confirmed");
+            }
+        }
+        assert_eq!(received, MESSAGES);
+        source.close().await.expect("close");
+        context.delete_stream(&name).await.expect("delete");
     }
 }
