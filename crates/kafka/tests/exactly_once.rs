@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use intake_core::backend::testkit::TestMessage;
-use intake_core::backend::{AckBatch, AckError, Acker, PartitionAck, Source, SourceEvent};
+use intake_core::backend::{
+    AckBatch, AckError, Acker, PartitionAck, Source, SourceError, SourceEvent,
+};
 use intake_core::publish::Output;
 use intake_core::{
     Consumer, Message, PartitionKey, Payload, Position, RunError, RunReport, handler_fn,
@@ -449,8 +451,29 @@ async fn a_zombie_that_lost_its_partitions_is_fenced_and_its_outputs_never_count
         },
         other => panic!("expected a refused transaction, got {other:?}"),
     }
-    // Fenced for good: nothing of A commits again.
+    // Fenced for good: nothing of A commits again, and its source ends the
+    // consumer with the fatal error.
     assert!(acker_a.ack(&batch).await.is_err());
+    let mut ignored = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(remaining, source.next(&mut ignored, COUNT)).await {
+            Ok(Err(SourceError::Fatal(error))) => {
+                assert!(
+                    matches!(
+                        error.downcast_ref::<TransactionError>(),
+                        Some(TransactionError::Fenced { .. })
+                    ),
+                    "{}",
+                    error_chain(&*error)
+                );
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => panic!("the fenced source did not end the consumer in 10 s"),
+        }
+    }
     drop(source);
 
     exactly_once(&read(&members, &output, "read_committed").await, COUNT);
