@@ -145,6 +145,20 @@ impl StoredLetter {
         }
     }
 
+    /// An entry read back by other means than [`read`](Self::read): its
+    /// id, its payload's size and the letter, or why it is none.
+    pub fn new(
+        id: LetterId,
+        payload_bytes: usize,
+        letter: Result<DeadLetter, EnvelopeError>,
+    ) -> Self {
+        Self {
+            id,
+            payload_bytes,
+            letter,
+        }
+    }
+
     /// The same entry with its payload left out, as a listing holds it.
     pub fn without_payload(mut self) -> Self {
         if let Ok(letter) = &mut self.letter {
@@ -380,6 +394,27 @@ impl Redrive {
         self.max_replays
     }
 
+    /// Why `stored` is not redriven, `None` when it is: unreadable, a
+    /// reference letter, or past the loop guard.
+    pub fn skips(&self, stored: &StoredLetter) -> Option<SkipReason> {
+        match &stored.letter {
+            Err(_) => Some(SkipReason::Unreadable),
+            Ok(letter) if letter.reference.is_some() => Some(SkipReason::Reference),
+            Ok(letter) if letter.replays >= self.max_replays => Some(SkipReason::ReplayLimit {
+                replays: letter.replays,
+            }),
+            Ok(_) => None,
+        }
+    }
+
+    /// Calls the [progress](Self::on_progress) callback, if any, with
+    /// `redriven`.
+    pub fn report_progress(&self, redriven: u64) {
+        if let Some(progress) = &self.progress {
+            progress(redriven);
+        }
+    }
+
     /// The output that replays `letter`: its original payload, key and
     /// headers, with [`REPLAYS`] one higher and [`FAILED_FIRST`] kept, so
     /// that a failure of the replay is dead-lettered with the count and
@@ -453,6 +488,13 @@ pub struct Skipped {
     pub id: LetterId,
     /// Why.
     pub reason: SkipReason,
+}
+
+impl Skipped {
+    /// Letter `id`, skipped for `reason`.
+    pub fn new(id: LetterId, reason: SkipReason) -> Self {
+        Self { id, reason }
+    }
 }
 
 /// What a [`redrive`](DeadLetterStore::redrive) did, or in a dry run would
@@ -719,17 +761,7 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
                     continue;
                 }
             };
-            let skip = match &stored.letter {
-                Err(_) => Some(SkipReason::Unreadable),
-                Ok(letter) if letter.reference.is_some() => Some(SkipReason::Reference),
-                Ok(letter) if letter.replays >= redrive.max_replays => {
-                    Some(SkipReason::ReplayLimit {
-                        replays: letter.replays,
-                    })
-                }
-                Ok(_) => None,
-            };
-            match (skip, stored.letter) {
+            match (redrive.skips(&stored), stored.letter) {
                 (Some(reason), _) => report.skipped.push(Skipped {
                     id: stored.id,
                     reason,
@@ -743,9 +775,7 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
                 report.redriven += 1;
                 *report.by_class.entry(letter.class.as_str()).or_default() += 1;
             }
-            if let Some(progress) = &redrive.progress {
-                progress(report.redriven);
-            }
+            redrive.report_progress(report.redriven);
             return Ok(());
         }
 
@@ -784,9 +814,7 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
         for class in classes {
             *report.by_class.entry(class.as_str()).or_default() += 1;
         }
-        if let Some(progress) = &redrive.progress {
-            progress(report.redriven);
-        }
+        redrive.report_progress(report.redriven);
         match failure {
             None => Ok(()),
             Some((id, source)) => Err(StoreError::Redrive {
