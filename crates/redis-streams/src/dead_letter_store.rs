@@ -1,44 +1,5 @@
-//! [`RedisDeadLetters`]: a dead-letter stream as a
-//! [`DeadLetterLog`], so [`RedisDeadLetterStore`] (a [`LogStore`]
-//! redriving through a [`RedisStreamsPublisher`]) counts, lists, reads,
-//! redrives and purges what a [`RedisDeadLetterSink`](crate::RedisDeadLetterSink)
-//! wrote.
-//!
-//! | store operation | Redis |
-//! |---|---|
-//! | count everything | `XLEN` |
-//! | count with a filter, summary, list | `XRANGE` a page at a time after a cursor (the entry id) |
-//! | read | `XRANGE id id` |
-//! | redrive | `XADD` to the origin through the publisher, then `XDEL` of the confirmed letters |
-//! | purge | `XDEL` |
-//!
-//! An entry is read back as the sink wrote it: the payload field is the
-//! payload, every other field a header or an envelope field, and the key
-//! the envelope's `intake.origin.key`. A redriven message goes back as the
-//! publisher writes any output (payload field, key field, headers as
-//! fields), so give the publisher the source's
-//! [`payload_field`](crate::RedisStreamsPublisherBuilder::payload_field)
-//! and [`key_field`](crate::RedisStreamsPublisherBuilder::key_field).
-//!
-//! ```no_run
-//! use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
-//! use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
-//!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let url = "redis://127.0.0.1:6379";
-//! let store = RedisDeadLetters::builder(url)
-//!     .dead_letters_of("orders") // the stream `orders:dlq`
-//!     .build()
-//!     .await?
-//!     .store(RedisStreamsPublisher::builder(url).build().await?);
-//! println!("{} dead letters", store.count(&Filter::all()).await?);
-//! let report = store
-//!     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
-//!     .await?;
-//! println!("{} back in `orders`, {} skipped", report.redriven, report.skipped.len());
-//! # Ok(())
-//! # }
-//! ```
+//! [`RedisDeadLetters`]: a Redis dead-letter stream as a [`DeadLetterLog`],
+//! the log of [`RedisDeadLetterStore`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -63,9 +24,48 @@ use crate::stream_id::StreamId;
 /// The dead-letter store of a Redis dead-letter stream.
 pub type RedisDeadLetterStore = LogStore<RedisDeadLetters, RedisStreamsPublisher>;
 
-/// A Redis dead-letter stream read as a [`DeadLetterLog`]: ids are entry
-/// ids (`1700000000000-0`). Build one with [`RedisDeadLetters::builder`];
-/// it is cheap to clone.
+/// A Redis dead-letter stream as a [`DeadLetterLog`] (its ids are entry
+/// ids, `1700000000000-0`), so that [`RedisDeadLetterStore`] (a
+/// [`LogStore`] redriving through a [`RedisStreamsPublisher`]) counts,
+/// lists, reads, redrives and purges what a
+/// [`RedisDeadLetterSink`](crate::RedisDeadLetterSink) wrote. Build one with
+/// [`RedisDeadLetters::builder`]; it is cheap to clone.
+///
+/// | store operation | Redis |
+/// |---|---|
+/// | count everything | `XLEN` |
+/// | count with a filter, summary, list | `XRANGE` a page at a time after a cursor (the entry id) |
+/// | read | `XRANGE id id` |
+/// | redrive | `XADD` to the origin through the publisher, then `XDEL` of the confirmed letters |
+/// | purge | `XDEL` |
+///
+/// An entry is read back as the sink wrote it: the payload field is the
+/// payload, every other field a header or an envelope field, and the key
+/// the envelope's `intake.origin.key`. A redriven message goes back as the
+/// publisher writes any output (payload field, key field, headers as
+/// fields), so give the publisher the source's
+/// [`payload_field`](crate::RedisStreamsPublisherBuilder::payload_field)
+/// and [`key_field`](crate::RedisStreamsPublisherBuilder::key_field).
+///
+/// ```no_run
+/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+/// use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let url = "redis://127.0.0.1:6379";
+/// let store = RedisDeadLetters::builder(url)
+///     .dead_letters_of("orders") // the stream `orders:dlq`
+///     .build()
+///     .await?
+///     .store(RedisStreamsPublisher::builder(url).build().await?);
+/// println!("{} dead letters", store.count(&Filter::all()).await?);
+/// let report = store
+///     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+///     .await?;
+/// println!("{} back in `orders`, {} skipped", report.redriven, report.skipped.len());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct RedisDeadLetters {
     connection: SharedConnection,
