@@ -203,8 +203,8 @@ impl DlqCommand {
 #[derive(Debug, Args)]
 pub struct StoreArgs {
     /// The dead-letter destination, when the consumer's sink was given one
-    /// (default: the backend's for SOURCE, such as the stream `SOURCE:dlq`
-    /// on Redis).
+    /// (default: the stream `SOURCE:dlq` on Redis, the queue `SOURCE.dlq`
+    /// on RabbitMQ).
     #[arg(long, value_name = "NAME")]
     pub dead_letters: Option<String>,
 }

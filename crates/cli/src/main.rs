@@ -27,7 +27,11 @@
 //! `intake dlq` works on the dead-letter destination through the backend's
 //! `DeadLetterStore` (see `intake_core::dead_letter::store`): on Redis the
 //! stream `SOURCE:dlq` the sink writes by default (every group's letters of
-//! that stream), or `--dead-letters NAME`. Kafka, RabbitMQ and NATS have no
+//! that stream), on RabbitMQ the queue `SOURCE.dlq` (the examples'
+//! convention: an AMQP sink publishes where it is told), or `--dead-letters
+//! NAME` on either. On RabbitMQ every operation but a plain count takes the
+//! queue's messages unacknowledged for its pass and puts back what it
+//! leaves (see `intake_amqp::AmqpDeadLetterStore`). Kafka and NATS have no
 //! store yet and answer exit code 4. A replay publishes each letter's
 //! message again and removes the letter only once the broker confirmed the
 //! publish; a letter replayed `--max-replays` times already (3 by default)

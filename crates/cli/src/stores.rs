@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher};
 use intake_core::dead_letter::store::DeadLetterStore;
 use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
 
@@ -14,7 +15,8 @@ use crate::broker::Broker;
 use crate::failure::Failure;
 
 /// The store of the dead letters of `source` on `broker`, in
-/// `dead_letters` or else where the backend's sink writes them by default;
+/// `dead_letters` or else where the backend's sink writes them by default
+/// (Redis: the stream `SOURCE:dlq`; RabbitMQ: the queue `SOURCE.dlq`);
 /// every broker call bounded by `timeout`.
 pub async fn open(
     broker: &Broker,
@@ -47,11 +49,54 @@ pub async fn open(
                 .map_err(|error| redis_failure(&what, error))?;
             Ok(Box::new(log.store(publisher)))
         }
-        Broker::Kafka { .. } | Broker::Amqp { .. } | Broker::Nats { .. } => {
-            Err(Failure::Unsupported {
-                command: command.to_owned(),
-                broker: broker.kind(),
-            })
+        Broker::Amqp { url } => {
+            // The publisher on the default exchange routes a replay to the
+            // queue it names: the letter's origin queue.
+            let publisher = AmqpPublisher::builder(url.as_str())
+                .connection_name("intake cli (replay)")
+                .confirm_timeout(timeout)
+                .send_timeout(timeout)
+                .build();
+            let publisher = tokio::time::timeout(timeout, publisher)
+                .await
+                .map_err(|_| Failure::TimedOut {
+                    what: what.clone(),
+                    after: timeout,
+                })?
+                .map_err(|error| amqp_failure(&what, error))?;
+            let queue = dead_letters.map_or_else(|| default_amqp_queue(source), str::to_owned);
+            let store = AmqpDeadLetterStore::builder(url.as_str())
+                .queue(queue)
+                .command_timeout(timeout)
+                .build(publisher)
+                .await
+                .map_err(|error| amqp_failure(&what, error))?;
+            Ok(Box::new(store))
+        }
+        Broker::Kafka { .. } | Broker::Nats { .. } => Err(Failure::Unsupported {
+            command: command.to_owned(),
+            broker: broker.kind(),
+        }),
+    }
+}
+
+/// The dead-letter queue of queue `source` unless told otherwise: the
+/// examples' convention, `SOURCE.dlq` (an AMQP sink has no default: it
+/// publishes where its exchange and routing key say).
+fn default_amqp_queue(source: &str) -> String {
+    format!("{source}.dlq")
+}
+
+fn amqp_failure(what: &str, error: intake_amqp::Error) -> Failure {
+    if error.is_transient() {
+        Failure::Unavailable {
+            what: what.to_owned(),
+            source: Box::new(error),
+        }
+    } else {
+        Failure::Refused {
+            what: what.to_owned(),
+            source: Box::new(error),
         }
     }
 }

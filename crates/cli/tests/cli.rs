@@ -671,3 +671,84 @@ async fn redis_dlq_count_after_poison_then_replay_then_zero() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn amqp_dlq_count_after_poison_then_replay_then_zero() {
+    if !broker_listens("amqp dlq", "127.0.0.1:5672") {
+        return;
+    }
+    use intake_amqp::{AmqpSource, Queue, Topology};
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+
+    let queue = unique("dlq");
+    // `intake dlq` looks in `QUEUE.dlq` unless told otherwise.
+    let dead_letters = format!("{queue}.dlq");
+    let topology = || {
+        Topology::new()
+            .queue(Queue::classic(queue.as_str()))
+            .queue(Queue::classic(dead_letters.as_str()))
+    };
+    topology().declare(AMQP).await.expect("the queues");
+    let connection = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for id in 0..10u64 {
+        channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                id.to_string().as_bytes(),
+                lapin::BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let consume = |handled: Handled, until: usize| {
+        let (queue, dead_letters, topology) = (queue.clone(), dead_letters.clone(), topology());
+        async move {
+            let source = AmqpSource::builder(AMQP)
+                .queue(queue.as_str())
+                .declare(topology)
+                .build()
+                .await
+                .expect("the source");
+            let acker = source.acker();
+            let sink = source
+                .dead_letter_sink()
+                .exchange("")
+                .routing_key(dead_letters.as_str())
+                .build()
+                .await
+                .expect("the sink");
+            run_with_poison(source, acker, sink, &handled, until).await
+        }
+    };
+    let first: Handled = Arc::default();
+    let report = consume(first.clone(), 10 - POISON.len()).await;
+    assert_eq!(report.dead_lettered, POISON.len() as u64, "{report:?}");
+
+    let second: Handled = Arc::default();
+    let after_replay = {
+        let second = second.clone();
+        async move {
+            consume(second.clone(), POISON.len()).await;
+            second.lock().unwrap().clone()
+        }
+    };
+    dlq_count_replay_count_zero(AMQP, &queue, "any", after_replay).await;
+
+    for name in [&queue, &dead_letters] {
+        let _ = channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = connection.close(200, "done".into()).await;
+}
