@@ -59,7 +59,7 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -835,6 +835,9 @@ struct Pages<'s, L> {
     selection: &'s Selection,
     /// Ids handed over so far (a selection of ids).
     next_id: usize,
+    /// Ids already handed over: an id named twice is taken once (a
+    /// redrive would otherwise publish it twice).
+    seen: HashSet<LetterId>,
     /// The scan's end: unset before the first page, `Some(None)` for an
     /// empty log.
     through: Option<Option<LetterId>>,
@@ -848,6 +851,7 @@ impl<'s, L: DeadLetterLog> Pages<'s, L> {
             log,
             selection,
             next_id: 0,
+            seen: HashSet::new(),
             through: None,
             after: None,
             done: false,
@@ -869,7 +873,9 @@ impl<'s, L: DeadLetterLog> Pages<'s, L> {
                 self.next_id += chunk.len();
                 let mut page = Vec::with_capacity(chunk.len());
                 for id in chunk {
-                    page.push(self.log.get(id).await?.ok_or_else(|| id.clone()));
+                    if self.seen.insert(id.clone()) {
+                        page.push(self.log.get(id).await?.ok_or_else(|| id.clone()));
+                    }
                 }
                 Ok(Some(page))
             }
@@ -1145,6 +1151,20 @@ mod tests {
         assert_eq!(report.redriven, 0);
         let reasons: Vec<&SkipReason> = report.skipped.iter().map(|s| &s.reason).collect();
         assert_eq!(reasons, [&SkipReason::Unreadable, &SkipReason::NotFound]);
+    }
+
+    #[tokio::test]
+    async fn an_id_named_twice_is_redriven_once() {
+        let (broker, _, store) = letters(2).await;
+        let report = store
+            .redrive(
+                &Selection::Ids(vec!["1".into(), "1".into()]),
+                &Redrive::to_origin(),
+            )
+            .await
+            .expect("redrive");
+        assert_eq!(report.redriven, 1);
+        assert_eq!(broker.messages("orders", 0, 0).expect("messages").len(), 1);
     }
 
     #[tokio::test]
