@@ -236,6 +236,10 @@ impl KafkaContext {
         }
         tracing::info!(partitions = ?partitions, "kafka partitions assigned");
         self.shared.ownership.acquire(&partitions);
+        if let Some(outputs) = &self.shared.exactly_once {
+            // Whatever was kept for them before is not this assignment's.
+            outputs.forget(&partitions);
+        }
         self.shared
             .handoff
             .push_control(Control::Event(SourceEvent::Assigned(partitions)));

@@ -95,6 +95,9 @@ where
     fn call(&mut self, message: Message) -> Self::Future {
         let partition = message.metadata().partition_key();
         let position = message.metadata().position();
+        // Taken before the handler runs: a partition lost meanwhile moves
+        // it on, and the outputs are not kept.
+        let epoch = self.store.epoch(&partition);
         let trace = message.headers().get(TRACEPARENT).cloned();
         let handled = self.inner.call(message);
         let store = Arc::clone(&self.store);
@@ -115,7 +118,9 @@ where
                             _ => output,
                         })
                         .collect();
-                    store.put(partition, offset, outputs);
+                    if !store.put(partition.clone(), epoch, offset, outputs) {
+                        tracing::debug!(%partition, offset, "outputs of an input of a partition given up meanwhile dropped");
+                    }
                     Ok(())
                 }
                 Err(error) => {
