@@ -544,16 +544,20 @@ where
 }
 
 /// `intake dlq` on a group's dead letters after a run with poison: counted
-/// by class, a dry run moves nothing, a replay moves them all back, the
-/// count is zero, and the next run handles the replayed ids.
-async fn dlq_count_replay_count_zero(
+/// by class, listed, one shown and then purged by id, a dry run moves
+/// nothing, a replay moves the others back, the count is zero, and the
+/// next run (`after_replay`, told how many ids to wait for) handles
+/// exactly the replayed ids.
+async fn dlq_count_replay_count_zero<F>(
     broker: &str,
     source: &str,
     group: &str,
-    after_replay: impl std::future::Future<Output = Vec<(u64, u32)>>,
-) {
+    after_replay: impl FnOnce(usize) -> F,
+) where
+    F: std::future::Future<Output = Vec<(u64, u32)>>,
+{
     let target = ["--broker", broker, "--source", source, "--group", group];
-    let command = |words: &[&'static str]| -> Vec<String> {
+    let command = |words: &[&str]| -> Vec<String> {
         let mut args: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
         args.extend(target.iter().map(|w| (*w).to_owned()));
         args
@@ -574,43 +578,54 @@ async fn dlq_count_replay_count_zero(
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let mut positions: Vec<u64> = letters
+    // Each letter's id in the store, with the message id its error names.
+    let mut ids: Vec<(u64, String)> = letters
         .iter()
-        .filter_map(|letter| letter["letter"]["error"].as_str())
-        .filter_map(|error| error.rsplit_once("poison "))
-        .filter_map(|(_, id)| id.parse().ok())
+        .filter_map(|letter| {
+            let (_, id) = letter["letter"]["error"].as_str()?.rsplit_once("poison ")?;
+            Some((id.parse().ok()?, letter["id"].as_str()?.to_owned()))
+        })
         .collect();
-    positions.sort_unstable();
-    assert_eq!(positions, POISON, "{}", listed.stdout);
+    ids.sort_unstable();
+    let message_ids: Vec<u64> = ids.iter().map(|(id, _)| *id).collect();
+    assert_eq!(message_ids, POISON, "{}", listed.stdout);
 
-    let first = letters[0]["id"].as_str().unwrap_or_default().to_owned();
-    let shown = run([command(&["dlq", "show", "--json"]), vec![first]].concat()).await;
+    let (purged_id, letter_id) = ids[0].clone();
+    let shown = run([command(&["dlq", "show", "--json"]), vec![letter_id.clone()]].concat()).await;
     shown.assert_code(0);
     let payload = shown.json()["letter"]["payload"]
         .as_str()
         .map(str::to_owned);
-    assert_eq!(payload, Some(POISON[0].to_string()), "{}", shown.stdout);
+    assert_eq!(payload, Some(purged_id.to_string()), "{}", shown.stdout);
+
+    let purged = run(command(&[
+        "dlq", "purge", "--yes", "--json", "--id", &letter_id,
+    ]))
+    .await;
+    purged.assert_code(0);
+    assert_eq!(purged.json()["purged"], 1, "{}", purged.stdout);
+    let left = POISON.len() - 1;
 
     let dry = run(command(&["dlq", "replay", "--dry-run", "--json"])).await;
     dry.assert_code(0);
-    assert_eq!(dry.json()["redriven"], POISON.len());
+    assert_eq!(dry.json()["redriven"], left, "{}", dry.stdout);
+    assert_eq!(dry.json()["by_class"]["permanent"], left, "{}", dry.stdout);
     let replayed = run(command(&["dlq", "replay", "--json"])).await;
     replayed.assert_code(0);
-    assert_eq!(
-        replayed.json()["redriven"],
-        POISON.len(),
-        "{}",
-        replayed.stdout
-    );
+    assert_eq!(replayed.json()["redriven"], left, "{}", replayed.stdout);
     assert_eq!(replayed.json()["dry_run"], false);
 
     let counted = run(command(&["dlq", "count", "--json"])).await;
     counted.assert_code(0);
     assert_eq!(counted.json()["total"], 0, "{}", counted.stdout);
 
-    let mut handled = after_replay.await;
+    let mut handled = after_replay(left).await;
     handled.sort_unstable();
-    let expected: Vec<(u64, u32)> = POISON.iter().map(|&id| (id, 1)).collect();
+    let expected: Vec<(u64, u32)> = POISON
+        .iter()
+        .filter(|&&id| id != purged_id)
+        .map(|&id| (id, 1))
+        .collect();
     assert_eq!(handled, expected, "the replayed ids, each replayed once");
 }
 
@@ -654,13 +669,10 @@ async fn redis_dlq_count_after_poison_then_replay_then_zero() {
     let report = consume(first.clone(), 10 - POISON.len()).await;
     assert_eq!(report.dead_lettered, POISON.len() as u64, "{report:?}");
 
-    let second: Handled = Arc::default();
-    let after_replay = {
-        let second = second.clone();
-        async move {
-            consume(second.clone(), POISON.len()).await;
-            second.lock().unwrap().clone()
-        }
+    let after_replay = |until| async move {
+        let second: Handled = Arc::default();
+        consume(second.clone(), until).await;
+        second.lock().unwrap().clone()
     };
     dlq_count_replay_count_zero(REDIS, &stream, group, after_replay).await;
 
@@ -735,13 +747,10 @@ async fn amqp_dlq_count_after_poison_then_replay_then_zero() {
     let report = consume(first.clone(), 10 - POISON.len()).await;
     assert_eq!(report.dead_lettered, POISON.len() as u64, "{report:?}");
 
-    let second: Handled = Arc::default();
-    let after_replay = {
-        let second = second.clone();
-        async move {
-            consume(second.clone(), POISON.len()).await;
-            second.lock().unwrap().clone()
-        }
+    let after_replay = |until| async move {
+        let second: Handled = Arc::default();
+        consume(second.clone(), until).await;
+        second.lock().unwrap().clone()
     };
     dlq_count_replay_count_zero(AMQP, &queue, "any", after_replay).await;
 
