@@ -38,10 +38,11 @@ impl Command {
 /// Where to look: the options every subcommand takes.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// kafka://HOST:PORT, redis://[:PASS@]HOST:PORT[/DB],
-    /// amqp://USER:PASS@HOST:PORT/VHOST or nats://[USER:PASS@]HOST:PORT.
+    /// The broker's URL (see the crate docs for the schemes).
     #[arg(
         long,
+        help = "kafka://HOST:PORT, redis://[:PASS@]HOST:PORT[/DB], \
+                amqp://USER:PASS@HOST:PORT/VHOST or nats://[USER:PASS@]HOST:PORT",
         value_name = "URL",
         env = "INTAKE_BROKER",
         hide_env_values = true
