@@ -249,7 +249,7 @@ async fn progress_bar(
         indicatif::ProgressDrawTarget::stderr(),
     );
     if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "replaying {bar:40} {pos}/{len} ({per_sec}, {eta} left)",
+        "replaying {bar:40} {human_pos}/{human_len} ({eta} left)",
     ) {
         bar.set_style(style);
     }
