@@ -221,7 +221,15 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connection, Er
     }
     let backoff = settings.reconnect_backoff.clone();
     let delay_events = events.clone();
+    let first_attempt = AtomicBool::new(true);
     options = options.reconnect_delay_callback(move |attempts| {
+        // async-nats calls this before the first connection's attempt as
+        // well, with 1, as before a reconnect's first: that one is no retry
+        // and goes at once (waiting the policy's first delay there made
+        // every build 100 ms slower by default).
+        if first_attempt.swap(false, Ordering::AcqRel) {
+            return Duration::ZERO;
+        }
         // async-nats counts from 1 and calls this before each reconnect;
         // the policy's first retry is 1 as well.
         delay_events.attempts.store(attempts, Ordering::Release);
@@ -338,5 +346,44 @@ fn connect_error(endpoint: &str, error: async_nats::ConnectError) -> Error {
             endpoint,
             source: boxed(error),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use intake_core::Constant;
+
+    use super::*;
+
+    /// async-nats asks the reconnect delay callback before the first
+    /// connection's attempt too: with the policy's first delay there, every
+    /// source and publisher waited it out (100 ms by default) before it
+    /// connected at all.
+    #[tokio::test]
+    async fn the_first_connection_does_not_wait_out_the_reconnect_backoff() {
+        let url =
+            std::env::var("INTAKE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+        let settings = ConnectSettings {
+            urls: ServerUrls::parse(&url).expect("the test's URL"),
+            credentials: None,
+            tls: None,
+            reconnect_backoff: Arc::new(Constant::new(Duration::from_secs(10))),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            name: None,
+        };
+        let started = tokio::time::Instant::now();
+        if let Err(error) = connect(&settings).await {
+            intake_core::backend::testkit::skip_or_fail(
+                "first connection without backoff",
+                &format!("no NATS server at {url} ({error})"),
+            );
+            return;
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "connected after {took:?}: the first attempt waited for the reconnect backoff"
+        );
     }
 }
