@@ -10,7 +10,8 @@ struct Log(PathBuf);
 
 impl Log {
     fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("intake-ci-{}-{name}.log", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("intake-ci-{}-{name}.log", std::process::id()));
         Self(path)
     }
 
@@ -54,7 +55,9 @@ fn a_ready_line_followed_by_more_than_a_pipe_buffer_of_log_is_seen() {
     let log = Log::new("ready-then-more");
     let mut text = String::from("[KafkaRaftServer nodeId=1] Kafka Server started\n");
     for line in 0..4_000 {
-        text.push_str(&format!("INFO line {line} of what the broker logs after it started\n"));
+        text.push_str(&format!(
+            "INFO line {line} of what the broker logs after it started\n"
+        ));
     }
     assert!(text.len() > 200_000);
     log.write(&text);
