@@ -18,7 +18,9 @@
 //!   ack arrived: a lost one is a redelivery after `ack_wait`);
 //! - intake: `NatsSource` + `Consumer` with `max_in_flight(1000)`,
 //!   unordered, a no-op handler; acks as the commit engine batches them,
-//!   each batch confirmed by the server;
+//!   each batch confirmed by the server. Its consumer has the raw loops'
+//!   `max_ack_pending` (10,000); `INTAKE_BENCH_MAX_ACK_PENDING=default`
+//!   leaves the library's default (the budget, 1,000), `=<n>` sets another;
 //! - intake-ordered: the same in partition order (the default ordering:
 //!   one message at a time, as a stream is one partition).
 //!
@@ -48,6 +50,7 @@
 //! cargo bench -p intake-nats --bench throughput
 //! INTAKE_BENCH_MESSAGES=100000 INTAKE_BENCH_ROUNDS=5 cargo bench -p intake-nats --bench throughput
 //! INTAKE_BENCH_ONLY=intake perf record -g target/release/deps/throughput-…
+//! INTAKE_BENCH_ONLY=raw,raw-async-acks,intake,intake-ordered cargo bench -p intake-nats --bench throughput
 //! ```
 //!
 //! Skips (exit 0, with a reason) when no server answers, unless
@@ -146,9 +149,12 @@ async fn run() -> Result<(), BoxError> {
     let url = std::env::var("INTAKE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let messages = setting("INTAKE_BENCH_MESSAGES", 200_000);
     let rounds = setting("INTAKE_BENCH_ROUNDS", 3);
-    let only = std::env::var("INTAKE_BENCH_ONLY")
-        .ok()
-        .and_then(|only| Contender::ALL.into_iter().find(|c| c.name() == only));
+    // A comma-separated list of loops to run (all when unset).
+    let only: Option<Vec<Contender>> = std::env::var("INTAKE_BENCH_ONLY").ok().map(|only| {
+        only.split(',')
+            .filter_map(|name| Contender::ALL.into_iter().find(|c| c.name() == name.trim()))
+            .collect()
+    });
     let client = match async_nats::connect(&url).await {
         Ok(client) => client,
         Err(error) if intake_core::backend::testkit::brokers_required() => {
@@ -189,7 +195,7 @@ async fn run() -> Result<(), BoxError> {
         let mut order = Contender::ALL;
         order.rotate_left(round % Contender::ALL.len());
         for contender in order {
-            if only.is_some_and(|only| only != contender) {
+            if only.as_ref().is_some_and(|only| !only.contains(&contender)) {
                 continue;
             }
             let consumer = format!("{}_{round}", contender.name().replace('-', "_"));
@@ -558,20 +564,34 @@ async fn intake(
     ordering: DeliveryOrder,
 ) -> Result<Duration, BoxError> {
     let started = Instant::now();
-    let source = NatsSource::builder(url)
-        .stream(stream)
-        .consumer(name)
-        .build()
-        .await?;
+    let mut builder = NatsSource::builder(url).stream(stream).consumer(name);
+    // The raw loops' consumer setting, unless asked for another or for the
+    // library's default (`default`: the budget, 1000 here).
+    match std::env::var("INTAKE_BENCH_MAX_ACK_PENDING").as_deref() {
+        Ok("default") => {}
+        Ok(pending) => builder = builder.max_ack_pending(pending.parse()?),
+        Err(_) => builder = builder.max_ack_pending(10 * BATCH as i64),
+    }
+    let source = builder.build().await?;
+    let built = started.elapsed();
     let acker = source.acker();
     let counters = source.counters();
     let shutdown = CancellationToken::new();
     let handled = Arc::new(AtomicUsize::new(0));
+    // When the first message was handled, and the last.
+    let first = Arc::new(std::sync::OnceLock::new());
+    let last = Arc::new(std::sync::OnceLock::new());
     let handler = {
         let (handled, shutdown) = (handled.clone(), shutdown.clone());
+        let (first, last) = (first.clone(), last.clone());
         tower::service_fn(move |message: Message| {
             std::hint::black_box(message.payload().len());
-            if handled.fetch_add(1, AtomicOrdering::Relaxed) + 1 == count {
+            let done = handled.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+            if done == 1 {
+                let _ = first.set(Instant::now());
+            }
+            if done == count {
+                let _ = last.set(Instant::now());
                 shutdown.cancel();
             }
             std::future::ready(Ok::<_, HandlerError>(()))
@@ -587,10 +607,19 @@ async fn intake(
     if report.succeeded < count as u64 {
         return Err(format!("intake handled {} of {count}", report.succeeded).into());
     }
+    let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
+    let since = |from: Option<&Instant>, to: Option<&Instant>| {
+        from.zip(to)
+            .map_or(0.0, |(from, to)| ms(to.duration_since(*from)))
+    };
     println!(
-        "         {name}: {} pull requests, {:.0} messages per request",
+        "         {name}: {} pull requests, {:.0} messages per request; build {:.0} ms, to the first message {:.0} ms, first to last {:.0} ms, stop {:.0} ms",
         counters.pull_requests(),
-        count as f64 / counters.pull_requests().max(1) as f64
+        count as f64 / counters.pull_requests().max(1) as f64,
+        ms(built),
+        since(Some(&(started + built)), first.get()),
+        since(first.get(), last.get()),
+        since(last.get(), Some(&(started + elapsed))),
     );
     Ok(elapsed)
 }
