@@ -3,10 +3,11 @@
 //! - [`NatsSource`] consumes a stream through a pull consumer: a durable
 //!   consumer shared by a group's instances (each message goes to one), or
 //!   in broadcast mode an ephemeral consumer per instance (each gets every
-//!   new message). It asks the server for no more messages than the
-//!   runtime has free slots, one pull request at a time, so memory stays
-//!   bounded whatever the backlog; the consumer's `max_ack_pending` follows
-//!   the budget.
+//!   new message). Its pull requests together never ask the server for
+//!   more messages than the runtime has free slots (the next one overlaps
+//!   the last, so the server is not left idle between them), so memory
+//!   stays bounded whatever the backlog; the consumer's `max_ack_pending`
+//!   follows the budget.
 //! - [`NatsAcker`] acknowledges each finished message on its own (`+ACK`;
 //!   JetStream has no watermark), and hands retries back with `-NAK` and
 //!   the redelivery backoff's delay, so a failing message does not come
