@@ -7,7 +7,8 @@
 //!   more messages than the runtime has free slots (the next one overlaps
 //!   the last, so the server is not left idle between them), so memory
 //!   stays bounded whatever the backlog; the consumer's `max_ack_pending`
-//!   follows the budget.
+//!   is twice the budget, so that acks on their way do not hold the server
+//!   back.
 //! - [`NatsAcker`] acknowledges each finished message on its own (`+ACK`;
 //!   JetStream has no watermark), and hands retries back with `-NAK` and
 //!   the redelivery backoff's delay, so a failing message does not come
@@ -43,7 +44,7 @@
 //! | retry later | `-NAK` with the redelivery backoff's delay |
 //! | retry cap | `max_deliveries`: the source dead-letters a message delivered more often |
 //! | dead letter | publish to a subject, confirmed, then `+TERM` |
-//! | backpressure | pull requests sized from the free budget; `max_ack_pending` from `max_in_flight` |
+//! | backpressure | pull requests sized from the free budget; `max_ack_pending` twice `max_in_flight` |
 //!
 //! # Ordering
 //!

@@ -186,8 +186,10 @@ impl NatsSourceBuilder {
     }
 
     /// The consumer's `max_ack_pending`: deliveries the server lets the
-    /// whole group hold unacknowledged. By default the consumer's budget
-    /// (`ConsumerBuilder::max_in_flight`), raised on an existing consumer
+    /// whole group hold unacknowledged. By default twice the consumer's
+    /// budget (`ConsumerBuilder::max_in_flight`): the budget, and as many
+    /// acknowledged deliveries whose acks are still on their way, which the
+    /// server counts until they land. Raised on an existing consumer
     /// that allows less, never lowered (other instances share it). Set it
     /// to the sum of the instances' budgets for a group of several.
     pub fn max_ack_pending(mut self, pending: i64) -> Self {

@@ -271,8 +271,15 @@ impl NatsSource {
         self.connection.endpoint.to_string()
     }
 
-    /// Raises the consumer's `max_ack_pending` to the budget once the
+    /// Raises the consumer's `max_ack_pending` to twice the budget once the
     /// runtime told it (never lowers it: other instances share it).
+    ///
+    /// Twice, because the server counts a delivery as pending until its ack
+    /// arrives, and acks travel in batches: at the budget alone the server
+    /// stops sending while a batch of acks is on its way, and the consumer
+    /// idles a round trip per batch (0.90 × the raw loop's throughput
+    /// against 0.99 × at twice, BENCHMARKS.md). The budget still bounds
+    /// memory: pull requests never ask for more than the free slots.
     async fn apply_limits(&mut self) {
         self.limits_applied = true;
         let Some(limits) = self.limits else {
@@ -280,7 +287,9 @@ impl NatsSource {
         };
         let wanted = self
             .explicit_max_ack_pending
-            .unwrap_or_else(|| i64::try_from(limits.max_in_flight).unwrap_or(i64::MAX));
+            .unwrap_or_else(|| {
+                i64::try_from(limits.max_in_flight.saturating_mul(2)).unwrap_or(i64::MAX)
+            });
         if self.max_ack_pending >= wanted && self.explicit_max_ack_pending.is_none() {
             return;
         }
