@@ -191,7 +191,7 @@ impl NatsSourceBuilder {
     /// acknowledged deliveries whose acks are still on their way, which the
     /// server counts until they land. Raised on an existing consumer
     /// that allows less, never lowered (other instances share it). Set it
-    /// to the sum of the instances' budgets for a group of several.
+    /// to twice the sum of the instances' budgets for a group of several.
     pub fn max_ack_pending(mut self, pending: i64) -> Self {
         self.max_ack_pending = Some(pending);
         self
