@@ -285,11 +285,9 @@ impl NatsSource {
         let Some(limits) = self.limits else {
             return;
         };
-        let wanted = self
-            .explicit_max_ack_pending
-            .unwrap_or_else(|| {
-                i64::try_from(limits.max_in_flight.saturating_mul(2)).unwrap_or(i64::MAX)
-            });
+        let wanted = self.explicit_max_ack_pending.unwrap_or_else(|| {
+            i64::try_from(limits.max_in_flight.saturating_mul(2)).unwrap_or(i64::MAX)
+        });
         if self.max_ack_pending >= wanted && self.explicit_max_ack_pending.is_none() {
             return;
         }
