@@ -21,6 +21,9 @@
 //!   subject (default `<stream>.<consumer>.dlq`, on the stream
 //!   `<stream>_dlq`) with the dead-letter envelope as headers, waits for
 //!   JetStream's publish ack, then ends the original with `+TERM`.
+//! - [`NatsDeadLetters`] reads a dead-letter stream back
+//!   ([`NatsDeadLetterStore`]: count, list, read, redrive to the original
+//!   subject, purge), one message get per letter by stream sequence.
 //! - [`NatsPublisher`] publishes handlers' outputs (`intake_core::publish`)
 //!   to subjects, many in flight on one connection, at most
 //!   `max_unconfirmed` awaiting their ack; each receipt resolves on the
@@ -88,6 +91,7 @@ mod confirm;
 mod connection;
 mod counters;
 mod dead_letter;
+mod dead_letter_store;
 mod deliveries;
 mod error;
 mod lag;
@@ -102,6 +106,9 @@ pub use dead_letter::{
     BROKER_NAME, MAX_HEADER_BYTES as MAX_DEAD_LETTER_HEADER_BYTES, NATS_HEADER_PREFIX,
     NatsDeadLetterSink, NatsDeadLetterSinkBuilder, default_stream as default_dead_letter_stream,
     default_subject as default_dead_letter_subject, read_dead_letter,
+};
+pub use dead_letter_store::{
+    NatsDeadLetterStore, NatsDeadLetters, NatsDeadLettersBuilder, NatsRedrivePublisher,
 };
 pub use error::Error;
 pub use lag::NatsLagProbe;
