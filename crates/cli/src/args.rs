@@ -205,7 +205,8 @@ impl DlqCommand {
 pub struct StoreArgs {
     /// The dead-letter destination, when the consumer's sink was given one
     /// (default: the stream `SOURCE:dlq` on Redis, the queue `SOURCE.dlq`
-    /// on RabbitMQ).
+    /// on RabbitMQ, the subject `SOURCE.GROUP.dlq` of the stream
+    /// `SOURCE_dlq` on NATS; a NATS stream named here is read whole).
     #[arg(long, value_name = "NAME")]
     pub dead_letters: Option<String>,
 }

@@ -29,10 +29,14 @@
 //! stream `SOURCE:dlq` the sink writes by default (every group's letters of
 //! that stream), on RabbitMQ the queue `SOURCE.dlq` (the examples'
 //! convention: an AMQP sink publishes where it is told), or `--dead-letters
-//! NAME` on either. On RabbitMQ every operation but a plain count takes the
-//! queue's messages unacknowledged for its pass and puts back what it
-//! leaves (see `intake_amqp::AmqpDeadLetterStore`). Kafka and NATS have no
-//! store yet and answer exit code 4. A replay publishes each letter's
+//! NAME` on either; on NATS the subject `SOURCE.GROUP.dlq` on the stream
+//! `SOURCE_dlq` the sink writes by default, or every subject of the stream
+//! `--dead-letters NAME` (a replay to the origin goes to each message's own
+//! subject; see `intake_nats::NatsDeadLetters`). On RabbitMQ every
+//! operation but a plain count takes the queue's messages unacknowledged for
+//! its pass and puts back what it leaves (see
+//! `intake_amqp::AmqpDeadLetterStore`). Kafka has no store yet and answers
+//! exit code 4. A replay publishes each letter's
 //! message again and removes the letter only once the broker confirmed the
 //! publish; a letter replayed `--max-replays` times already (3 by default)
 //! is skipped, so a message that fails on every replay does not circle for
@@ -151,6 +155,7 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
     let store = stores::open(
         &broker,
         &target.source,
+        &target.group,
         command.store().dead_letters.as_deref(),
         target.timeout,
         command.name(),

@@ -9,18 +9,21 @@ use std::time::Duration;
 
 use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher};
 use intake_core::dead_letter::store::DeadLetterStore;
+use intake_nats::{NatsDeadLetters, NatsPublisher};
 use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
 
 use crate::broker::Broker;
 use crate::failure::Failure;
 
-/// The store of the dead letters of `source` on `broker`, in
-/// `dead_letters` or else where the backend's sink writes them by default
-/// (Redis: the stream `SOURCE:dlq`; RabbitMQ: the queue `SOURCE.dlq`);
-/// every broker call bounded by `timeout`.
+/// The store of the dead letters of `source` (and, on NATS, consumer
+/// `group`) on `broker`, in `dead_letters` or else where the backend's
+/// sink writes them by default (Redis: the stream `SOURCE:dlq`; RabbitMQ:
+/// the queue `SOURCE.dlq`; NATS: the subject `SOURCE.GROUP.dlq` on the
+/// stream `SOURCE_dlq`); every broker call bounded by `timeout`.
 pub async fn open(
     broker: &Broker,
     source: &str,
+    group: &str,
     dead_letters: Option<&str>,
     timeout: Duration,
     command: &str,
@@ -73,7 +76,41 @@ pub async fn open(
                 .map_err(|error| amqp_failure(&what, error))?;
             Ok(Box::new(store))
         }
-        Broker::Kafka { .. } | Broker::Nats { .. } => Err(Failure::Unsupported {
+        Broker::Nats { url } => {
+            // Connecting is bounded by `timeout`; the client then reconnects
+            // on its own, and every request is bounded by `timeout` again.
+            let log = NatsDeadLetters::builder(url.as_str())
+                .connection_name("intake cli")
+                .connect_timeout(timeout)
+                .request_timeout(timeout);
+            let log = match dead_letters {
+                // A stream named on its own: every subject it stores.
+                Some(stream) => log.stream(stream),
+                None => log.dead_letters_of(source, group),
+            };
+            let log = tokio::time::timeout(timeout, log.build())
+                .await
+                .map_err(|_| Failure::TimedOut {
+                    what: what.clone(),
+                    after: timeout,
+                })?
+                .map_err(|error| nats_failure(&what, error))?;
+            let publisher = NatsPublisher::builder(url.as_str())
+                .connection_name("intake cli (replay)")
+                .connect_timeout(timeout)
+                .ack_timeout(timeout)
+                .send_timeout(timeout)
+                .build();
+            let publisher = tokio::time::timeout(timeout, publisher)
+                .await
+                .map_err(|_| Failure::TimedOut {
+                    what: what.clone(),
+                    after: timeout,
+                })?
+                .map_err(|error| nats_failure(&what, error))?;
+            Ok(Box::new(log.store(publisher)))
+        }
+        Broker::Kafka { .. } => Err(Failure::Unsupported {
             command: command.to_owned(),
             broker: broker.kind(),
         }),
@@ -88,6 +125,20 @@ fn default_amqp_queue(source: &str) -> String {
 }
 
 fn amqp_failure(what: &str, error: intake_amqp::Error) -> Failure {
+    if error.is_transient() {
+        Failure::Unavailable {
+            what: what.to_owned(),
+            source: Box::new(error),
+        }
+    } else {
+        Failure::Refused {
+            what: what.to_owned(),
+            source: Box::new(error),
+        }
+    }
+}
+
+fn nats_failure(what: &str, error: intake_nats::Error) -> Failure {
     if error.is_transient() {
         Failure::Unavailable {
             what: what.to_owned(),

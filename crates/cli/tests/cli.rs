@@ -761,3 +761,68 @@ async fn amqp_dlq_count_after_poison_then_replay_then_zero() {
     }
     let _ = connection.close(200, "done".into()).await;
 }
+
+#[tokio::test]
+async fn nats_dlq_count_after_poison_then_replay_then_zero() {
+    if !broker_listens("nats dlq", "127.0.0.1:4222") {
+        return;
+    }
+    use async_nats::jetstream;
+    use intake_nats::NatsSource;
+
+    // Not `STREAM.>`: that would store the dead-letter subject
+    // `STREAM.billing.dlq` too, which the sink refuses.
+    let (stream, group) = (unique("dlq"), "billing");
+    let client = async_nats::connect(NATS).await.unwrap();
+    let context = jetstream::new(client);
+    context
+        .create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("in.{stream}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for id in 0..10u64 {
+        context
+            .publish(format!("in.{stream}.{id}"), id.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let consume = |handled: Handled, until: usize| {
+        let stream = stream.clone();
+        async move {
+            let source = NatsSource::builder(NATS)
+                .stream(stream.as_str())
+                .consumer(group)
+                .fetch_wait(Duration::from_millis(200))
+                .build()
+                .await
+                .expect("the source");
+            let acker = source.acker();
+            let sink = source.dead_letter_sink().build().await.expect("the sink");
+            run_with_poison(source, acker, sink, &handled, until).await
+        }
+    };
+    let first: Handled = Arc::default();
+    let report = consume(first.clone(), 10 - POISON.len()).await;
+    assert_eq!(report.dead_lettered, POISON.len() as u64, "{report:?}");
+
+    // The replays go back to their own subjects `in.STREAM.ID`, which the
+    // same durable consumer reads.
+    let after_replay = |until| async move {
+        let second: Handled = Arc::default();
+        consume(second.clone(), until).await;
+        second.lock().unwrap().clone()
+    };
+    dlq_count_replay_count_zero(NATS, &stream, group, after_replay).await;
+
+    for name in [
+        stream.clone(),
+        intake_nats::default_dead_letter_stream(&stream),
+    ] {
+        let _ = context.delete_stream(name).await;
+    }
+}
