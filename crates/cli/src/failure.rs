@@ -74,6 +74,23 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// A client's error while doing `what`: [`Unavailable`](Self::Unavailable)
+    /// when the client says waiting may fix it (`transient`), otherwise
+    /// [`Refused`](Self::Refused).
+    pub fn from_client(
+        what: &str,
+        transient: bool,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        let what = what.to_owned();
+        let source = Box::new(error);
+        if transient {
+            Failure::Unavailable { what, source }
+        } else {
+            Failure::Refused { what, source }
+        }
+    }
+
     /// The exit code scripts see for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -55,14 +55,7 @@ pub async fn query(
             what: what.clone(),
             after,
         },
-        error if error.is_transient() => Failure::Unavailable {
-            what: what.clone(),
-            source: Box::new(error),
-        },
-        error => Failure::Refused {
-            what: what.clone(),
-            source: Box::new(error),
-        },
+        error => Failure::from_client(&what, error.is_transient(), error),
     })?;
     if lags.is_empty() {
         // Kafka answers an unknown topic with no partitions: "no lag" would

@@ -41,7 +41,7 @@ pub async fn open(
             let log = log
                 .build()
                 .await
-                .map_err(|error| redis_failure(&what, error))?;
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             // The publisher's defaults are the source's (fields `payload`
             // and `key`), so a replayed message reads back as it was.
             let publisher = RedisStreamsPublisher::builder(url.as_str())
@@ -49,7 +49,7 @@ pub async fn open(
                 .command_timeout(timeout)
                 .build()
                 .await
-                .map_err(|error| redis_failure(&what, error))?;
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             Ok(Box::new(log.store(publisher)))
         }
         Broker::Amqp { url } => {
@@ -66,14 +66,14 @@ pub async fn open(
                     what: what.clone(),
                     after: timeout,
                 })?
-                .map_err(|error| amqp_failure(&what, error))?;
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             let queue = dead_letters.map_or_else(|| default_amqp_queue(source), str::to_owned);
             let store = AmqpDeadLetterStore::builder(url.as_str())
                 .queue(queue)
                 .command_timeout(timeout)
                 .build(publisher)
                 .await
-                .map_err(|error| amqp_failure(&what, error))?;
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             Ok(Box::new(store))
         }
         Broker::Nats { url } => {
@@ -94,7 +94,7 @@ pub async fn open(
                     what: what.clone(),
                     after: timeout,
                 })?
-                .map_err(|error| nats_failure(&what, error))?;
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             let publisher = NatsPublisher::builder(url.as_str())
                 .connection_name("intake cli (replay)")
                 .connect_timeout(timeout)
@@ -107,7 +107,7 @@ pub async fn open(
                     what: what.clone(),
                     after: timeout,
                 })?
-                .map_err(|error| nats_failure(&what, error))?;
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             Ok(Box::new(log.store(publisher)))
         }
         Broker::Kafka { .. } => Err(Failure::Unsupported {
@@ -122,46 +122,4 @@ pub async fn open(
 /// publishes where its exchange and routing key say).
 fn default_amqp_queue(source: &str) -> String {
     format!("{source}.dlq")
-}
-
-fn amqp_failure(what: &str, error: intake_amqp::Error) -> Failure {
-    if error.is_transient() {
-        Failure::Unavailable {
-            what: what.to_owned(),
-            source: Box::new(error),
-        }
-    } else {
-        Failure::Refused {
-            what: what.to_owned(),
-            source: Box::new(error),
-        }
-    }
-}
-
-fn nats_failure(what: &str, error: intake_nats::Error) -> Failure {
-    if error.is_transient() {
-        Failure::Unavailable {
-            what: what.to_owned(),
-            source: Box::new(error),
-        }
-    } else {
-        Failure::Refused {
-            what: what.to_owned(),
-            source: Box::new(error),
-        }
-    }
-}
-
-fn redis_failure(what: &str, error: intake_redis_streams::Error) -> Failure {
-    if error.is_transient() {
-        Failure::Unavailable {
-            what: what.to_owned(),
-            source: Box::new(error),
-        }
-    } else {
-        Failure::Refused {
-            what: what.to_owned(),
-            source: Box::new(error),
-        }
-    }
 }
