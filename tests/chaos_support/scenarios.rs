@@ -609,6 +609,72 @@ fn counts_text(counts: RunCounts) -> String {
     )
 }
 
+/// What both relay scenarios run: the destination, the relay to it (not
+/// started), and `ledger consume` reading the destination into `ledger`.
+struct RelayRig {
+    to: String,
+    relay: Relay,
+    ledger: PathBuf,
+    reader: ChildProcess,
+}
+
+impl RelayRig {
+    fn start(scenario: &mut Scenario, exactly_once: bool) -> Self {
+        let to = format!("{}-relayed", scenario.source);
+        // Creates the destination (an empty produce), so that its reader
+        // can start before the first relay.
+        scenario.check(ledger_program::produce(
+            &scenario.url,
+            &to,
+            0,
+            scenario.backend.partitions(),
+            &scenario.dir,
+        ));
+        let relay = Relay {
+            backend: scenario.backend,
+            url: scenario.url.clone(),
+            source: scenario.source.clone(),
+            group: scenario.group.clone(),
+            to: to.clone(),
+            idle_exit: NEVER_IDLE_EXIT,
+            exactly_once,
+        };
+        let ledger = scenario.ledger("relayed");
+        let mut read = scenario.consume(&ledger, NEVER_IDLE_EXIT);
+        read.source.clone_from(&to);
+        read.group = format!("{}-reader", scenario.group);
+        let reader = scenario.spawn(&read, "reader");
+        Self {
+            to,
+            relay,
+            ledger,
+            reader,
+        }
+    }
+}
+
+/// Starts `relay` `kills` times and SIGKILLs it at seeded moments of the
+/// reader's progress; returns the distinct ids read at each kill.
+fn kill_relays(
+    scenario: &mut Scenario,
+    relay: &Relay,
+    progress: &mut Progress,
+    messages: u64,
+    kills: u32,
+) -> Vec<u64> {
+    let mut killed_at = Vec::new();
+    for kill in 1..=kills {
+        let kill_at = scenario
+            .moment(kill, kills, messages)
+            .max(progress.distinct() + 1);
+        let mut run = scenario.check(relay.spawn(&format!("relay-{kill}"), &scenario.dir));
+        scenario.check(run.wait_for_progress(progress, kill_at, PROGRESS_TIMEOUT));
+        scenario.check(run.sigkill());
+        killed_at.push(progress.distinct());
+    }
+    killed_at
+}
+
 /// Produce, then run `ledger relay` from the scenario's source to a second
 /// one while `ledger consume` reads the second into the ledger; SIGKILL the
 /// relay at seeded moments of that ledger's progress, `kills` times, then
@@ -618,43 +684,16 @@ fn counts_text(counts: RunCounts) -> String {
 /// none.
 pub fn relay_kills(test: &'static str, backend: Backend, messages: u64, kills: u32) {
     let mut scenario = Scenario::new(test, backend, "relay-kill");
-    let to = format!("{}-relayed", scenario.source);
     scenario.produce(messages);
-    // Creates the destination (an empty produce), so that its reader can
-    // start before the first relay.
-    scenario.check(ledger_program::produce(
-        &scenario.url,
-        &to,
-        0,
-        backend.partitions(),
-        &scenario.dir,
-    ));
-    let mut relay = Relay {
-        backend,
-        url: scenario.url.clone(),
-        source: scenario.source.clone(),
-        group: scenario.group.clone(),
-        to: to.clone(),
-        idle_exit: NEVER_IDLE_EXIT,
-        exactly_once: false,
-    };
-    let ledger = scenario.ledger("relayed");
-    let mut read = scenario.consume(&ledger, NEVER_IDLE_EXIT);
-    read.source.clone_from(&to);
-    read.group = format!("{}-reader", scenario.group);
-    let mut reader = scenario.spawn(&read, "reader");
+    let RelayRig {
+        to,
+        mut relay,
+        ledger,
+        mut reader,
+    } = RelayRig::start(&mut scenario, false);
 
     let mut progress = Progress::new(std::slice::from_ref(&ledger), messages);
-    let mut killed_at = Vec::new();
-    for kill in 1..=kills {
-        let kill_at = scenario
-            .moment(kill, kills, messages)
-            .max(progress.distinct() + 1);
-        let mut run = scenario.check(relay.spawn(&format!("relay-{kill}"), &scenario.dir));
-        scenario.check(run.wait_for_progress(&mut progress, kill_at, PROGRESS_TIMEOUT));
-        scenario.check(run.sigkill());
-        killed_at.push(progress.distinct());
-    }
+    let killed_at = kill_relays(&mut scenario, &relay, &mut progress, messages, kills);
     relay.idle_exit = backend.drain_idle_exit();
     let mut last = scenario.check(relay.spawn("relay-drain", &scenario.dir));
     let relayed = scenario.check(last.expect_clean_exit(DRAIN_TIMEOUT));
@@ -704,46 +743,21 @@ pub fn relay_kills_exactly_once(
     kills: u32,
 ) {
     let mut scenario = Scenario::new(test, backend, "relay-kill-exactly-once");
-    let to = format!("{}-relayed", scenario.source);
-    // Creates the source and the destination (empty produces), so that the
-    // trickle and the reader can start before the first relay.
+    // Creates the source (an empty produce), so that the trickle can start
+    // before the first relay.
     scenario.produce(0);
-    scenario.check(ledger_program::produce(
-        &scenario.url,
-        &to,
-        0,
-        backend.partitions(),
-        &scenario.dir,
-    ));
+    let RelayRig {
+        to,
+        mut relay,
+        ledger,
+        mut reader,
+    } = RelayRig::start(&mut scenario, true);
     let mut trickle = Trickle::start(backend, &scenario.url, &scenario.source, per_second);
     // Progress follows ids below this: far more than the trickle sends.
     let ids_bound = messages * 10;
-    let mut relay = Relay {
-        backend,
-        url: scenario.url.clone(),
-        source: scenario.source.clone(),
-        group: scenario.group.clone(),
-        to: to.clone(),
-        idle_exit: NEVER_IDLE_EXIT,
-        exactly_once: true,
-    };
-    let ledger = scenario.ledger("relayed");
-    let mut read = scenario.consume(&ledger, NEVER_IDLE_EXIT);
-    read.source.clone_from(&to);
-    read.group = format!("{}-reader", scenario.group);
-    let mut reader = scenario.spawn(&read, "reader");
 
     let mut progress = Progress::new(std::slice::from_ref(&ledger), ids_bound);
-    let mut killed_at = Vec::new();
-    for kill in 1..=kills {
-        let kill_at = scenario
-            .moment(kill, kills, messages)
-            .max(progress.distinct() + 1);
-        let mut run = scenario.check(relay.spawn(&format!("relay-{kill}"), &scenario.dir));
-        scenario.check(run.wait_for_progress(&mut progress, kill_at, PROGRESS_TIMEOUT));
-        scenario.check(run.sigkill());
-        killed_at.push(progress.distinct());
-    }
+    let killed_at = kill_relays(&mut scenario, &relay, &mut progress, messages, kills);
     relay.idle_exit = backend.drain_idle_exit();
     let mut last = scenario.check(relay.spawn("relay-drain", &scenario.dir));
     while scenario.check(trickle.confirmed()) < messages {
