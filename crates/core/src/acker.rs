@@ -39,6 +39,12 @@ pub struct PartitionAck {
     /// that [support requeue](Acker::supports_requeue). An acker applies these
     /// before it applies the watermark.
     pub requeue: Vec<Position>,
+    /// Positions to hand back for a redelivery no sooner than the delay
+    /// (NATS `nak` with a delay): a message [parked](crate::parking) by the
+    /// broker itself. Only for ackers that
+    /// [support it](Acker::supports_delayed_requeue); applied with
+    /// [`requeue`](Self::requeue), before the watermark.
+    pub requeue_after: Vec<(Position, std::time::Duration)>,
 }
 
 impl PartitionAck {
@@ -49,12 +55,16 @@ impl PartitionAck {
             watermark: None,
             completed: Vec::new(),
             requeue: Vec::new(),
+            requeue_after: Vec::new(),
         }
     }
 
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
-        self.watermark.is_none() && self.completed.is_empty() && self.requeue.is_empty()
+        self.watermark.is_none()
+            && self.completed.is_empty()
+            && self.requeue.is_empty()
+            && self.requeue_after.is_empty()
     }
 }
 
@@ -84,6 +94,7 @@ impl AckBatch {
                     .len()
                     .max(usize::from(ack.watermark.is_some()))
                     + ack.requeue.len()
+                    + ack.requeue_after.len()
             })
             .sum()
     }
@@ -120,6 +131,14 @@ pub trait Acker: Send + 'static {
     /// cannot (Kafka, the memory broker), the runtime keeps a copy of each
     /// message and re-dispatches a retryable failure itself.
     fn supports_requeue(&self) -> bool {
+        false
+    }
+
+    /// Whether the broker can take a message back for a redelivery no
+    /// sooner than a delay ([`PartitionAck::requeue_after`]). When it can,
+    /// a [`ParkingLayer`](crate::parking::ParkingLayer) parks through it
+    /// instead of writing a copy elsewhere.
+    fn supports_delayed_requeue(&self) -> bool {
         false
     }
 

@@ -18,6 +18,7 @@
 //! revoked (and perhaps reassigned) is never committed from stale work.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 use crate::acker::{AckBatch, AckMode, PartitionAck};
 use crate::message::{PartitionKey, Position};
@@ -60,6 +61,14 @@ pub enum Completion {
     Stale,
 }
 
+/// How a delivery left the window.
+#[derive(Clone, Copy, Debug)]
+enum Finish {
+    Done,
+    Requeue,
+    RequeueAfter(Duration),
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     position: Position,
@@ -85,6 +94,7 @@ struct PartitionState {
     newest: Option<Position>,
     completed: Vec<Position>,
     requeue: Vec<Position>,
+    requeue_after: Vec<(Position, Duration)>,
     /// Completions recorded since the last batch took this partition's work:
     /// its share of the engine's `pending`.
     unbatched: usize,
@@ -106,6 +116,7 @@ impl PartitionState {
             newest: None,
             completed: Vec::new(),
             requeue: Vec::new(),
+            requeue_after: Vec::new(),
             unbatched: 0,
             dirty: false,
         }
@@ -124,6 +135,7 @@ impl PartitionState {
         self.newest = None;
         self.completed.clear();
         self.requeue.clear();
+        self.requeue_after.clear();
         std::mem::take(&mut self.unbatched)
     }
 
@@ -225,6 +237,7 @@ impl CommitEngine {
         state.window.clear();
         state.completed.clear();
         state.requeue.clear();
+        state.requeue_after.clear();
         state.in_flight = 0;
         self.index.remove(&state.key);
         self.dirty.retain(|&dirty| dirty != id);
@@ -257,17 +270,23 @@ impl CommitEngine {
 
     /// Records that the delivery behind `ticket` is done (acknowledged).
     pub fn complete(&mut self, ticket: Ticket) -> Completion {
-        self.finish(ticket, false)
+        self.finish(ticket, Finish::Done)
     }
 
     /// Records that the delivery behind `ticket` goes back to the broker for
     /// redelivery. For the watermark it counts as done (the broker owns it
     /// again); the acker requeues it before applying the watermark.
     pub fn requeue(&mut self, ticket: Ticket) -> Completion {
-        self.finish(ticket, true)
+        self.finish(ticket, Finish::Requeue)
     }
 
-    fn finish(&mut self, ticket: Ticket, requeue: bool) -> Completion {
+    /// Like [`requeue`](Self::requeue), for a redelivery no sooner than
+    /// `delay` (a message the broker parks: NATS `nak` with a delay).
+    pub fn requeue_after(&mut self, ticket: Ticket, delay: Duration) -> Completion {
+        self.finish(ticket, Finish::RequeueAfter(delay))
+    }
+
+    fn finish(&mut self, ticket: Ticket, finish: Finish) -> Completion {
         let Some(state) = self.partitions.get_mut(ticket.partition.index()) else {
             return Completion::Stale;
         };
@@ -284,10 +303,11 @@ impl CommitEngine {
         entry.done = true;
         let position = entry.position;
         state.in_flight -= 1;
-        if requeue {
-            state.requeue.push(position);
-        } else if self.mode == AckMode::Ids {
-            state.completed.push(position);
+        match finish {
+            Finish::Requeue => state.requeue.push(position),
+            Finish::RequeueAfter(delay) => state.requeue_after.push((position, delay)),
+            Finish::Done if self.mode == AckMode::Ids => state.completed.push(position),
+            Finish::Done => {}
         }
         if offset == 0 {
             state.advance();
@@ -399,6 +419,7 @@ impl CommitEngine {
             watermark,
             completed: std::mem::take(&mut state.completed),
             requeue: std::mem::take(&mut state.requeue),
+            requeue_after: std::mem::take(&mut state.requeue_after),
         };
         (!ack.is_empty()).then_some(ack)
     }

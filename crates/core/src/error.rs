@@ -73,6 +73,7 @@ pub struct HandlerError {
     source: BoxError,
     attempts: u32,
     affects_backoff: bool,
+    retry_after: Option<std::time::Duration>,
 }
 
 impl HandlerError {
@@ -87,6 +88,7 @@ impl HandlerError {
             source: source.into(),
             attempts: 0,
             affects_backoff: true,
+            retry_after: None,
         }
     }
 
@@ -98,6 +100,20 @@ impl HandlerError {
     /// A failure no retry can fix.
     pub fn permanent(source: impl Into<BoxError>) -> Self {
         Self::with_class(ErrorClass::Permanent, source)
+    }
+
+    /// A failure to retry later, not now: a dependency is down for
+    /// minutes, a rate limit resets at a known time. Under a
+    /// [`ParkingLayer`](crate::parking::ParkingLayer) the message is parked
+    /// for `delay` through the broker's own mechanism, the original is
+    /// acknowledged, and neither its partition nor the consumer waits
+    /// (later messages of its key are parked behind it). The retry layer
+    /// passes it through without retrying in process. Without a parking
+    /// layer it is an ordinary retryable failure.
+    pub fn retry_later(source: impl Into<BoxError>, delay: std::time::Duration) -> Self {
+        let mut error = Self::with_class(ErrorClass::Retryable, source);
+        error.retry_after = Some(delay);
+        error
     }
 
     /// The message is done although it was not processed (a filter, a
@@ -125,6 +141,21 @@ impl HandlerError {
     /// Records how many attempts were made before this error was final.
     pub fn with_attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts;
+        self
+    }
+
+    /// How long to wait before the next attempt, when the failure asked
+    /// to be [retried later](Self::retry_later).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after
+            .filter(|_| self.class == ErrorClass::Retryable)
+    }
+
+    /// Asks a retryable failure to be retried after `delay` rather than now
+    /// (the retry layer's [`then_retry_later`](crate::retry::RetryLayer::then_retry_later)
+    /// sets it once its attempts are used up).
+    pub fn with_retry_after(mut self, delay: std::time::Duration) -> Self {
+        self.retry_after = Some(delay);
         self
     }
 
@@ -172,6 +203,7 @@ impl fmt::Debug for HandlerError {
             .field("class", &self.class)
             .field("source", &Capped::new(&self.source, Self::TEXT_LIMIT))
             .field("attempts", &self.attempts)
+            .field("retry_after", &self.retry_after)
             .finish()
     }
 }

@@ -104,6 +104,7 @@ pub mod message;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod observer;
+pub mod parking;
 pub mod publish;
 mod reachability;
 pub mod redact;
@@ -131,5 +132,6 @@ pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, So
 #[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
+pub use parking::ParkingLayer;
 pub use retry::RetryLayer;
 pub use trace::TraceLayer;

@@ -65,6 +65,10 @@ pub struct RunReport {
     pub redispatched: u64,
     /// Retryable failures handed back to the broker for redelivery.
     pub requeued: u64,
+    /// Messages [parked](crate::parking) to be handled again later: a copy
+    /// parked at the broker and the original acknowledged, or the original
+    /// handed back for a redelivery after a delay. Each comes back.
+    pub parked: u64,
     /// Handlers that stopped because of the shutdown (left unacknowledged).
     pub interrupted: u64,
     /// Handler panics the runtime caught (a `CatchPanicLayer` inside the

@@ -205,6 +205,14 @@ impl MemoryBroker {
         Ok(MemoryDeadLetterSink::new(dead_letters, group, faults.state))
     }
 
+    /// Parks messages of `topic` on timers: each is appended to `topic`
+    /// again once its delay is over. For a
+    /// [`ParkingLayer`](crate::parking::ParkingLayer).
+    pub fn parking(&self, topic: &str) -> Result<super::MemoryParking, MemoryError> {
+        self.partitions(topic)?;
+        Ok(super::MemoryParking::new(self.clone(), topic))
+    }
+
     /// The store of the dead letters of `group` consuming `topic` (the
     /// topic [`dead_letter_topic(topic, group)`](dead_letter_topic),
     /// created with one partition if needed): count, list, read, redrive

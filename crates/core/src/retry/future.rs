@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -28,6 +29,8 @@ pin_project! {
         attempt: u32,
         // Retries made so far (the argument of `BackoffPolicy::delay`).
         retries: u32,
+        // Once the attempts are used up, retry later, after this.
+        later: Option<Duration>,
     }
 }
 
@@ -51,12 +54,18 @@ pub(super) struct Again<S, P, O> {
 }
 
 impl<F, S, P, O> ResponseFuture<F, S, P, O> {
-    pub(super) fn new(future: F, attempt: u32, again: Option<Again<S, P, O>>) -> Self {
+    pub(super) fn new(
+        future: F,
+        attempt: u32,
+        again: Option<Again<S, P, O>>,
+        later: Option<Duration>,
+    ) -> Self {
         Self {
             state: State::Called { future },
             again,
             attempt,
             retries: 0,
+            later,
         }
     }
 }
@@ -66,6 +75,18 @@ impl<F, S, P, O> ResponseFuture<F, S, P, O> {
 fn finish(error: HandlerError, attempt: u32) -> HandlerError {
     let attempts = error.attempts().max(attempt);
     error.with_attempts(attempts)
+}
+
+/// The final error of a message whose attempts are used up: asked to be
+/// retried later when the layer says so.
+fn exhausted(error: HandlerError, attempt: u32, later: Option<Duration>) -> HandlerError {
+    let error = finish(error, attempt);
+    match later {
+        Some(delay) if error.is_retryable() && error.retry_after().is_none() => {
+            error.with_retry_after(delay)
+        }
+        _ => error,
+    }
 }
 
 impl<F, S, P, O, E> Future for ResponseFuture<F, S, P, O>
@@ -88,9 +109,10 @@ where
                         Err(error) => error.into(),
                     };
                     let Some(again) = this.again.as_ref() else {
-                        return Poll::Ready(Err(finish(error, *this.attempt)));
+                        return Poll::Ready(Err(exhausted(error, *this.attempt, *this.later)));
                     };
-                    if !error.is_retryable() {
+                    // A failure that asks for later is not retried now.
+                    if !error.is_retryable() || error.retry_after().is_some() {
                         return Poll::Ready(Err(finish(error, *this.attempt)));
                     }
                     let retry = *this.retries + 1;
@@ -103,7 +125,7 @@ where
                             error = %chain_for_log(&error),
                             "retries exhausted",
                         );
-                        return Poll::Ready(Err(finish(error, *this.attempt)));
+                        return Poll::Ready(Err(exhausted(error, *this.attempt, *this.later)));
                     };
                     if outlasts_the_drain(delay) {
                         return Poll::Ready(Err(

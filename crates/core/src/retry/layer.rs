@@ -1,5 +1,7 @@
 //! [`RetryLayer`]: wraps a handler in [`Retry`].
 
+use std::time::Duration;
+
 use tower::Layer;
 
 use super::{Retry, RetryObserver};
@@ -11,6 +13,7 @@ use crate::backoff::BackoffPolicy;
 pub struct RetryLayer<P, O = ()> {
     policy: P,
     observer: O,
+    later: Option<Duration>,
 }
 
 impl<P: BackoffPolicy> RetryLayer<P> {
@@ -27,6 +30,7 @@ impl<P: BackoffPolicy> RetryLayer<P> {
         Self {
             policy,
             observer: (),
+            later: None,
         }
     }
 }
@@ -38,7 +42,18 @@ impl<P: BackoffPolicy, O: RetryObserver> RetryLayer<P, O> {
         RetryLayer {
             policy: self.policy,
             observer,
+            later: self.later,
         }
+    }
+
+    /// Once the policy's attempts are used up, a retryable failure asks to
+    /// be [retried later](crate::HandlerError::retry_later), after `delay`,
+    /// instead of going back to the runtime: a
+    /// [`ParkingLayer`](crate::parking::ParkingLayer) outside this one
+    /// parks it without holding its partition.
+    pub fn then_retry_later(mut self, delay: Duration) -> Self {
+        self.later = Some(delay);
+        self
     }
 }
 
@@ -50,6 +65,10 @@ where
     type Service = Retry<S, P, O>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::with_observer(inner, self.policy.clone(), self.observer.clone())
+        let retry = Retry::with_observer(inner, self.policy.clone(), self.observer.clone());
+        match self.later {
+            Some(delay) => retry.then_retry_later(delay),
+            None => retry,
+        }
     }
 }

@@ -77,6 +77,7 @@ use crate::message::Message;
 pub struct Retry<S, P, O = ()> {
     inner: S,
     config: Arc<RetryConfig<P, O>>,
+    later: Option<std::time::Duration>,
 }
 
 /// The policy and observer, shared by every clone of a [`Retry`] and every
@@ -84,6 +85,16 @@ pub struct Retry<S, P, O = ()> {
 pub(crate) struct RetryConfig<P, O> {
     policy: P,
     observer: O,
+}
+
+impl<S, P, O> Retry<S, P, O> {
+    /// After the in-process attempts are used up, a retryable failure asks
+    /// to be [retried later](HandlerError::retry_later), after `delay`
+    /// (a [`ParkingLayer`](crate::parking::ParkingLayer) outside parks it).
+    pub fn then_retry_later(mut self, delay: std::time::Duration) -> Self {
+        self.later = Some(delay);
+        self
+    }
 }
 
 impl<S, P: BackoffPolicy> Retry<S, P> {
@@ -100,6 +111,7 @@ impl<S, P: BackoffPolicy, O: RetryObserver> Retry<S, P, O> {
         Self {
             inner,
             config: Arc::new(RetryConfig { policy, observer }),
+            later: None,
         }
     }
 
@@ -124,6 +136,7 @@ impl<S: Clone, P, O> Clone for Retry<S, P, O> {
         Self {
             inner: self.inner.clone(),
             config: Arc::clone(&self.config),
+            later: self.later,
         }
     }
 }
@@ -155,7 +168,7 @@ where
     fn call(&mut self, message: Message) -> Self::Future {
         let attempt = message.metadata().attempt();
         if self.config.policy.is_disabled() {
-            return ResponseFuture::new(self.inner.call(message), attempt, None);
+            return ResponseFuture::new(self.inner.call(message), attempt, None, self.later);
         }
         // A retry needs the message again and a service to call. A message
         // clone bumps reference counts (no copy of the payload); the service
@@ -165,7 +178,7 @@ where
             message: message.clone(),
             config: Arc::clone(&self.config),
         };
-        ResponseFuture::new(self.inner.call(message), attempt, Some(again))
+        ResponseFuture::new(self.inner.call(message), attempt, Some(again), self.later)
     }
 }
 

@@ -12,6 +12,7 @@ use crate::consumer::slots::{SlotId, SlotState};
 use crate::dead_letter::DeadLettered;
 use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
+use crate::parking::ParkedMessage;
 
 impl<H> Dispatcher<H>
 where
@@ -52,6 +53,8 @@ where
             ErrorClass::Ignore => {
                 if error.cause().is::<DeadLettered>() {
                     self.report.dead_lettered += 1;
+                } else if error.cause().is::<ParkedMessage>() {
+                    self.report.parked += 1;
                 } else {
                     self.report.ignored += 1;
                 }
@@ -96,13 +99,23 @@ where
                 Signal::Neutral
             }
             ErrorClass::Retryable => {
-                let signal = if error.affects_backoff() {
+                let later = error.retry_after().filter(|_| self.delayed_requeue);
+                // A failure that asks for later but cannot be handed back
+                // with a delay is retried at once: the consumer backoff is
+                // what keeps that from spinning.
+                let signal = if error.affects_backoff()
+                    || (error.retry_after().is_some() && later.is_none())
+                {
                     Signal::Failure
                 } else {
                     Signal::Neutral
                 };
                 let revoking = self.partitions.is_revoking(ticket.partition());
-                if self.requeue {
+                if let Some(delay) = later {
+                    self.report.parked += 1;
+                    self.partitions.requeue_after(ticket, delay);
+                    self.release(slot);
+                } else if self.requeue {
                     self.report.requeued += 1;
                     self.partitions.requeue(ticket);
                     self.release(slot);

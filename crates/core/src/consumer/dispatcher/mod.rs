@@ -78,6 +78,7 @@ where
     let started = Instant::now();
     let mode = acker.mode();
     let requeue = acker.supports_requeue();
+    let delayed_requeue = requeue && acker.supports_delayed_requeue();
     let slots = Slots::new(settings.max_in_flight);
     source.set_limits(Limits::new(
         settings.max_in_flight,
@@ -101,6 +102,7 @@ where
             requeue,
             acks,
         );
+        dispatcher.delayed_requeue = delayed_requeue;
         dispatcher.reachability = reachability;
         let stop = dispatcher.drive(&mut source, shutdown.into_future()).await;
         // Every step from here on is bounded, whatever the broker does.
@@ -195,6 +197,10 @@ struct Dispatcher<H: Service<Message>> {
     /// requeue); if not, each running delivery keeps a copy of its message
     /// to dispatch again.
     requeue: bool,
+    /// Whether the broker takes a failed message back for a redelivery
+    /// after a delay: a failure that asks to be
+    /// [retried later](HandlerError::retry_after) goes back that way.
+    delayed_requeue: bool,
     /// The consumer-level backoff gate.
     gate: BackoffGate,
     /// The backoff probe's slot and its deadline, while it runs.
@@ -269,6 +275,7 @@ where
             lanes: Lanes::with_capacity(capacity),
             bytes,
             requeue,
+            delayed_requeue: false,
             gate: BackoffGate::new(settings.backoff.clone()),
             probe: None,
             ready: VecDeque::with_capacity(capacity),

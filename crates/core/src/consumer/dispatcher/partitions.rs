@@ -260,6 +260,12 @@ impl Partitions {
         self.engine.requeue(ticket);
     }
 
+    /// Records that the delivery behind `ticket` goes back to the broker,
+    /// for a redelivery no sooner than `delay`.
+    pub(super) fn requeue_after(&mut self, ticket: Ticket, delay: std::time::Duration) {
+        self.engine.requeue_after(ticket, delay);
+    }
+
     /// Puts back the work of an acknowledgement that failed.
     pub(super) fn restore(&mut self, ack: PartitionAck) {
         self.engine.restore(ack);

@@ -1,0 +1,73 @@
+//! [`MemoryParking`]: the memory broker parks a message on a timer and
+//! appends it to its topic again once due.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::MemoryBroker;
+use super::record::Record;
+use crate::message::Message;
+use crate::parking::{ParkError, Parked, Parking};
+
+/// Parks messages of one topic of the memory broker: each is appended to
+/// the topic again (same key, so the same partition) once its delay is
+/// over. Get one from [`MemoryBroker::parking`](super::MemoryBroker::parking).
+///
+/// The park lives in this process, like everything the memory broker holds.
+#[derive(Clone)]
+pub struct MemoryParking {
+    broker: MemoryBroker,
+    topic: Arc<str>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl MemoryParking {
+    pub(super) fn new(broker: MemoryBroker, topic: &str) -> Self {
+        Self {
+            broker,
+            topic: topic.into(),
+            waiting: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Messages parked and not yet back in the topic.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for MemoryParking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryParking")
+            .field("topic", &self.topic)
+            .field("waiting", &self.waiting())
+            .finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl Parking for MemoryParking {
+    async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
+        // Refused now rather than lost later: the topic must exist.
+        self.broker
+            .partitions(&self.topic)
+            .map_err(ParkError::new)?;
+        let record = Record::new(message.payload().clone())
+            .with_optional_key(message.key().cloned())
+            .with_headers(message.headers().clone());
+        let broker = self.broker.clone();
+        let topic = Arc::clone(&self.topic);
+        let waiting = Arc::clone(&self.waiting);
+        waiting.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Err(error) = broker.send(&topic, record) {
+                tracing::error!(%topic, %error, "a parked message could not go back to its topic");
+            }
+            waiting.fetch_sub(1, Ordering::Relaxed);
+        });
+        Ok(Parked::Moved)
+    }
+}

@@ -1,0 +1,256 @@
+//! [`ResponseFuture`]: one message through the
+//! [`ParkingService`](super::ParkingService): run, then parked if its
+//! failure asks for later; or parked at once behind its key.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pin_project_lite::pin_project;
+
+use super::keys::ParkId;
+use super::layer::Shared;
+use super::{DUE, PARK_ID, PARKS, ParkError, Parked, ParkedMessage};
+use crate::dead_letter::envelope::{ATTEMPTS, FAILED_FIRST};
+use crate::error::{ErrorClass, HandlerError, chain_for_log};
+use crate::message::Message;
+
+/// A park in progress. Boxed: only messages that are parked make one.
+type Park = Pin<Box<dyn Future<Output = Result<Parked, ParkError>> + Send>>;
+
+pin_project! {
+    /// The future of [`ParkingService`](super::ParkingService).
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+        job: Job,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Called { #[pin] future: F },
+        Parking { park: Park },
+    }
+}
+
+/// The message and what its park needs, apart from the pinned state.
+struct Job {
+    shared: Arc<Shared>,
+    message: Message,
+    /// Whether the message is the first parked one of its key, back.
+    head: bool,
+    /// Why it is being parked: `None` for a follower of its key.
+    failure: Option<HandlerError>,
+    delay: Duration,
+    due: SystemTime,
+    park_id: u64,
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn called(future: F, shared: Arc<Shared>, message: Message, head: bool) -> Self {
+        Self {
+            state: State::Called { future },
+            job: Job::new(shared, message, head),
+        }
+    }
+
+    /// Parks `message` behind the earlier parked message of its key,
+    /// without running it.
+    pub(super) fn follow(shared: Arc<Shared>, message: Message, delay: Duration) -> Self {
+        let mut job = Job::new(shared, message, false);
+        let park = job.park(delay, None);
+        Self {
+            state: State::Parking { park },
+            job,
+        }
+    }
+}
+
+impl Job {
+    fn new(shared: Arc<Shared>, message: Message, head: bool) -> Self {
+        Self {
+            shared,
+            message,
+            head,
+            failure: None,
+            delay: Duration::ZERO,
+            due: UNIX_EPOCH,
+            park_id: 0,
+        }
+    }
+
+    /// Whether the order of this message's key is tracked.
+    fn tracked(&self) -> bool {
+        self.shared.keep_key_order && self.message.key().is_some()
+    }
+
+    /// The handler is done with the first parked message of its key: the
+    /// next may run.
+    fn release_key(&self) {
+        if self.head
+            && let Some(key) = self.message.key()
+        {
+            self.shared.keys.done(
+                self.message.metadata().source(),
+                key,
+                ParkId::of(&self.message),
+            );
+        }
+    }
+
+    /// Starts the park of a copy with the park headers: for its own
+    /// `failure`, or (`None`) behind its key.
+    fn park(&mut self, delay: Duration, failure: Option<HandlerError>) -> Park {
+        let now = SystemTime::now();
+        self.delay = delay;
+        self.due = now + delay;
+        self.park_id = self.shared.keys.next_id();
+        let mut copy = self.message.clone();
+        let headers = copy.headers_mut();
+        if let Some(failure) = &failure {
+            let parks = self.shared.parking.parks(&self.message).saturating_add(1);
+            let attempts = failure.attempts().max(self.message.metadata().attempt());
+            headers.set(PARKS, parks.to_string());
+            headers.set(ATTEMPTS, attempts.to_string());
+            if headers.get(FAILED_FIRST).is_none() {
+                headers.set(FAILED_FIRST, unix_millis(now).to_string());
+            }
+        }
+        headers.set(DUE, unix_millis(self.due).to_string());
+        headers.set(PARK_ID, self.park_id.to_string());
+        self.failure = failure;
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move { shared.parking.park(&copy, delay).await })
+    }
+
+    /// The handler failed with `error`: parked if it asks for later and
+    /// may be, otherwise passed on.
+    fn failed(&mut self, error: HandlerError) -> Result<Park, HandlerError> {
+        let Some(delay) = error.retry_after() else {
+            if matches!(error.class(), ErrorClass::Permanent | ErrorClass::Ignore) {
+                self.release_key();
+            }
+            return Err(error);
+        };
+        let parks = self.shared.parking.parks(&self.message);
+        if parks >= self.shared.max_parks {
+            let metadata = self.message.metadata();
+            tracing::warn!(
+                source = %metadata.source(),
+                partition = metadata.partition(),
+                position = %metadata.position(),
+                parks,
+                error = %chain_for_log(&error),
+                "a message parked as often as allowed asks for later again: it fails for good",
+            );
+            self.release_key();
+            let attempts = error.attempts().max(metadata.attempt());
+            return Err(error
+                .reclassify(ErrorClass::Permanent)
+                .with_attempts(attempts));
+        }
+        Ok(self.park(delay, Some(error)))
+    }
+
+    /// The park ended: the outcome the runtime sees.
+    fn parked(&mut self, result: Result<Parked, ParkError>) -> HandlerError {
+        let metadata = self.message.metadata();
+        let parked = match result {
+            Ok(parked) => parked,
+            Err(park_error) => {
+                tracing::warn!(
+                    source = %metadata.source(),
+                    partition = metadata.partition(),
+                    position = %metadata.position(),
+                    error = %chain_for_log(&park_error),
+                    "the message could not be parked; it is retried as a failure",
+                );
+                return match self.failure.take() {
+                    Some(failure) => failure,
+                    None => HandlerError::retryable(park_error),
+                };
+            }
+        };
+        let parked_as = match parked {
+            Parked::Moved => ParkId::Moved(self.park_id),
+            Parked::HandedBack => ParkId::Delivery {
+                partition: metadata.partition(),
+                position: metadata.position(),
+            },
+        };
+        if self.tracked()
+            && let Some(key) = self.message.key()
+        {
+            self.shared.keys.parked(
+                metadata.source(),
+                key,
+                ParkId::of(&self.message),
+                parked_as,
+                self.due,
+            );
+        }
+        tracing::debug!(
+            source = %metadata.source(),
+            partition = metadata.partition(),
+            position = %metadata.position(),
+            delay = ?self.delay,
+            behind_its_key = self.failure.is_none(),
+            "message parked",
+        );
+        let attempts = self
+            .failure
+            .as_ref()
+            .map_or(0, HandlerError::attempts)
+            .max(metadata.attempt());
+        let outcome = ParkedMessage {
+            delay: self.delay,
+            failure: self.failure.take(),
+        };
+        match parked {
+            Parked::Moved => HandlerError::ignore(outcome).with_attempts(attempts),
+            Parked::HandedBack => HandlerError::retryable(outcome)
+                .with_retry_after(self.delay)
+                .without_backoff()
+                .with_attempts(attempts),
+        }
+    }
+}
+
+fn unix_millis(time: SystemTime) -> u128 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
+}
+
+impl<F, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<(), E>>,
+    E: Into<HandlerError>,
+{
+    type Output = Result<(), HandlerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => match ready!(future.poll(cx)) {
+                    Ok(()) => {
+                        this.job.release_key();
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(error) => match this.job.failed(error.into()) {
+                        Ok(park) => this.state.set(State::Parking { park }),
+                        Err(error) => return Poll::Ready(Err(error)),
+                    },
+                },
+                StateProj::Parking { park } => {
+                    let result = ready!(park.as_mut().poll(cx));
+                    return Poll::Ready(Err(this.job.parked(result)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Which keys have messages parked, in their order: what keeps the order
+//! per key while messages are parked.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use super::PARK_ID;
+use crate::message::{Message, Position, SourceName};
+
+/// A parked message, as the parking layer recognises it when it comes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ParkId {
+    /// A moved copy, by the [`PARK_ID`] header it was written with.
+    Moved(u64),
+    /// An original the broker redelivers, by where it was delivered.
+    Delivery { partition: u32, position: Position },
+}
+
+impl ParkId {
+    /// How `message` would be known if it was parked: its park header if
+    /// it carries one, otherwise its delivery.
+    pub(super) fn of(message: &Message) -> Self {
+        match message
+            .headers()
+            .get_str(PARK_ID)
+            .and_then(|id| id.parse().ok())
+        {
+            Some(id) => ParkId::Moved(id),
+            None => ParkId::Delivery {
+                partition: message.metadata().partition(),
+                position: message.metadata().position(),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    id: ParkId,
+    due: SystemTime,
+}
+
+/// What the parking layer does with a message of a keyed source.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// Its key has nothing parked: handle it.
+    Run,
+    /// It is the first parked message of its key, back: handle it, then
+    /// report how it went.
+    Head(ParkId),
+    /// An earlier message of its key is parked: park this one behind it,
+    /// for `delay`, without running it.
+    Follow { delay: Duration },
+}
+
+type KeyId = (SourceName, Bytes);
+
+/// The parked messages of each key, oldest first.
+pub(super) struct ParkedKeys {
+    keys: Mutex<Keys>,
+    /// Entries in `keys`: lets a message skip the lock while nothing is
+    /// parked, the common case.
+    parked: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+struct Keys {
+    queues: HashMap<KeyId, VecDeque<Entry>>,
+    next_sweep: SystemTime,
+}
+
+/// How often the whole map is swept of keys whose parked messages never
+/// came back.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// How much later than the last parked message of its key a follower is
+/// due: enough for every backend's mover to keep them apart.
+const FOLLOW_GAP: Duration = Duration::from_millis(1);
+
+impl ParkedKeys {
+    pub(super) fn new() -> Self {
+        // Ids unique across restarts of the process, so a copy parked by
+        // an earlier run is never taken for one of this run.
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
+        Self {
+            keys: Mutex::new(Keys {
+                queues: HashMap::new(),
+                next_sweep: SystemTime::now() + SWEEP_EVERY,
+            }),
+            parked: AtomicUsize::new(0),
+            next_id: AtomicU64::new(seed),
+        }
+    }
+
+    /// A fresh id for a park header.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Messages parked and not yet back and done.
+    pub(super) fn len(&self) -> usize {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// Decides what to do with `message`, whose key is `key`. A key whose
+    /// first parked message is overdue by `overdue_after` (it never came
+    /// back: purged, or consumed elsewhere) is released from it.
+    pub(super) fn admit(
+        &self,
+        message: &Message,
+        key: &Bytes,
+        overdue_after: Duration,
+        now: SystemTime,
+    ) -> Admission {
+        if self.len() == 0 {
+            return Admission::Run;
+        }
+        let id = ParkId::of(message);
+        let mut keys = self.lock();
+        if now >= keys.next_sweep {
+            keys.next_sweep = now + SWEEP_EVERY;
+            let mut released = 0;
+            keys.queues.retain(|_, queue| {
+                released += release_overdue(queue, overdue_after, now);
+                !queue.is_empty()
+            });
+            self.parked.fetch_sub(released, Ordering::Relaxed);
+        }
+        let key_id = (message.metadata().source().clone(), key.clone());
+        let Some(queue) = keys.queues.get_mut(&key_id) else {
+            return Admission::Run;
+        };
+        let released = release_overdue(queue, overdue_after, now);
+        self.parked.fetch_sub(released, Ordering::Relaxed);
+        let Some(head) = queue.front() else {
+            keys.queues.remove(&key_id);
+            return Admission::Run;
+        };
+        if head.id == id {
+            return Admission::Head(id);
+        }
+        let last_due = queue.iter().map(|entry| entry.due).max().unwrap_or(now);
+        let due = last_due.max(now) + FOLLOW_GAP;
+        Admission::Follow {
+            delay: due.duration_since(now).unwrap_or(FOLLOW_GAP),
+        }
+    }
+
+    /// Records that a message of `key` (`source`) was parked as `parked`
+    /// until `due`. `previous` is how it was known before this park (a
+    /// message that came back and was parked again keeps its place in its
+    /// key's order); a message parked for the first time goes last.
+    pub(super) fn parked(
+        &self,
+        source: &SourceName,
+        key: &Bytes,
+        previous: ParkId,
+        parked: ParkId,
+        due: SystemTime,
+    ) {
+        let mut keys = self.lock();
+        let queue = keys
+            .queues
+            .entry((source.clone(), key.clone()))
+            .or_default();
+        match queue.iter_mut().find(|entry| entry.id == previous) {
+            Some(entry) => *entry = Entry { id: parked, due },
+            None => {
+                queue.push_back(Entry { id: parked, due });
+                self.parked.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Records that the parked message `id` of `key` is done: the next one
+    /// of its key may run when it comes back.
+    pub(super) fn done(&self, source: &SourceName, key: &Bytes, id: ParkId) {
+        let mut keys = self.lock();
+        let key_id = (source.clone(), key.clone());
+        let Some(queue) = keys.queues.get_mut(&key_id) else {
+            return;
+        };
+        if let Some(index) = queue.iter().position(|entry| entry.id == id) {
+            queue.remove(index);
+            self.parked.fetch_sub(1, Ordering::Relaxed);
+        }
+        if queue.is_empty() {
+            keys.queues.remove(&key_id);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Keys> {
+        // The map stays consistent whatever a panicking holder did: each
+        // change is one insert or removal.
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Drops the first entries of `queue` that are overdue by `overdue_after`;
+/// returns how many.
+fn release_overdue(queue: &mut VecDeque<Entry>, overdue_after: Duration, now: SystemTime) -> usize {
+    let mut released = 0;
+    while let Some(head) = queue.front() {
+        if head.due + overdue_after > now {
+            break;
+        }
+        tracing::warn!(
+            parked = ?head.id,
+            overdue_by = ?now.duration_since(head.due).unwrap_or_default(),
+            "a parked message did not come back in time; later messages of its key no longer wait for it",
+        );
+        queue.pop_front();
+        released += 1;
+    }
+    released
+}
