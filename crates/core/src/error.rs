@@ -113,6 +113,10 @@ impl HandlerError {
     pub fn retry_later(source: impl Into<BoxError>, delay: std::time::Duration) -> Self {
         let mut error = Self::with_class(ErrorClass::Retryable, source);
         error.retry_after = Some(delay);
+        // It says when to try again, not that the consumer's dependencies
+        // are failing; the runtime backs off for it only when it cannot
+        // wait that long any other way.
+        error.affects_backoff = false;
         error
     }
 

@@ -78,6 +78,8 @@ mod future;
 mod keys;
 mod layer;
 mod service;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 

@@ -1,0 +1,459 @@
+//! Parking through the runtime on the memory broker: parked messages come
+//! back after their delay, later messages of a parked key wait behind it,
+//! other keys flow, and nothing is lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+use tower::ServiceBuilder;
+
+use super::*;
+use crate::consumer::{Consumer, DeliveryOrder, RunReport};
+use crate::dead_letter::DeadLetterLayer;
+use crate::error::{ErrorClass, HandlerError};
+use crate::memory::{MemoryBroker, Record};
+use crate::retry::RetryLayer;
+use crate::{Exponential, Message};
+
+const TOPIC: &str = "invoices";
+const GROUP: &str = "billing";
+
+/// One handler execution: the payload, its attempt and park count, and
+/// when it ran (wall clock, to compare with the due time it carried).
+#[derive(Clone, Debug)]
+struct Run {
+    payload: String,
+    key: String,
+    attempt: u32,
+    parks: u32,
+    due: Option<u128>,
+    at: u128,
+}
+
+#[derive(Clone, Default)]
+struct Journal(Arc<Mutex<Vec<Run>>>);
+
+impl Journal {
+    fn record(&self, message: &Message) {
+        let text = |bytes: Option<&bytes::Bytes>| {
+            bytes.map_or_else(String::new, |b| String::from_utf8_lossy(b).into_owned())
+        };
+        self.0.lock().expect("journal").push(Run {
+            payload: text(Some(message.payload())),
+            key: text(message.key()),
+            attempt: message.metadata().attempt(),
+            parks: parks_header(message),
+            due: message
+                .headers()
+                .get_str(DUE)
+                .and_then(|due| due.parse().ok()),
+            at: now_millis(),
+        });
+    }
+
+    fn runs(&self) -> Vec<Run> {
+        self.0.lock().expect("journal").clone()
+    }
+
+    /// Payloads handled to the end (the handler answered `Ok`).
+    async fn wait_until(&self, done: impl Fn(&[Run]) -> bool) {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while !done(&self.runs()) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("not done within the guard time: {:?}", self.runs()));
+    }
+}
+
+fn now_millis() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis()
+}
+
+/// A handler that journals every run and answers "retry later" for the
+/// first `later_times` runs of each payload in `later`.
+fn handler(
+    journal: &Journal,
+    later: &'static [&'static str],
+    later_times: u32,
+    delay: Duration,
+) -> impl tower::Service<Message, Response = (), Error = HandlerError, Future: Send>
++ Clone
++ Send
++ 'static {
+    let journal = journal.clone();
+    let seen: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    tower::service_fn(move |message: Message| {
+        let journal = journal.clone();
+        let seen = Arc::clone(&seen);
+        async move {
+            journal.record(&message);
+            let payload = String::from_utf8_lossy(message.payload()).into_owned();
+            let runs = {
+                let mut seen = seen.lock().expect("seen");
+                let runs = seen.entry(payload.clone()).or_default();
+                *runs += 1;
+                *runs
+            };
+            if later.contains(&payload.as_str()) && runs <= later_times {
+                return Err(HandlerError::retry_later("the ledger is down", delay));
+            }
+            Ok(())
+        }
+    })
+}
+
+fn start<H>(
+    broker: &MemoryBroker,
+    handler: H,
+) -> (CancellationToken, tokio::task::JoinHandle<RunReport>)
+where
+    H: tower::Service<Message, Response = (), Error = HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+{
+    let (source, acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    let consumer = Consumer::builder()
+        .ordering(DeliveryOrder::Key)
+        .max_in_flight(16)
+        .commit_interval(Duration::from_millis(5))
+        .build(source, acker, handler)
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { consumer.run(shutdown).await.expect("the run succeeds") }
+    });
+    (shutdown, task)
+}
+
+fn produce(broker: &MemoryBroker, records: &[(&str, &str)]) {
+    broker
+        .send_batch(
+            TOPIC,
+            records
+                .iter()
+                .map(|(key, payload)| Record::new(payload.to_string()).with_key(key.to_string())),
+        )
+        .expect("produce");
+}
+
+/// Payloads whose handler ran to `Ok`, in the order they did, per key.
+fn succeeded_by_key(
+    runs: &[Run],
+    later: &[&str],
+    later_times: u32,
+) -> HashMap<String, Vec<String>> {
+    let mut counts: HashMap<&str, u32> = HashMap::new();
+    let mut done: HashMap<String, Vec<String>> = HashMap::new();
+    for run in runs {
+        let count = counts.entry(run.payload.as_str()).or_default();
+        *count += 1;
+        let failed = later.contains(&run.payload.as_str()) && *count <= later_times;
+        if !failed {
+            done.entry(run.key.clone())
+                .or_default()
+                .push(run.payload.clone());
+        }
+    }
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_message_comes_back_after_its_delay_and_does_not_hold_its_partition() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    let journal = Journal::default();
+    let parking = broker.parking(TOPIC).expect("parking");
+    let stack = ServiceBuilder::new()
+        .layer(ParkingLayer::new(parking.clone()))
+        .service(handler(&journal, &["a1"], 1, Duration::from_millis(400)));
+    let (shutdown, task) = start(&broker, stack);
+    produce(&broker, &[("a", "a1"), ("b", "b1"), ("b", "b2")]);
+
+    // The partition's commit moves past the parked message at once: its
+    // copy is parked, the original acknowledged.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while broker.committed(TOPIC, GROUP).expect("committed")[0] != Some(3) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the parked message's offset is committed before it comes back");
+    assert_eq!(parking.waiting(), 1, "{:?}", journal.runs());
+
+    journal
+        .wait_until(|runs| runs.iter().filter(|run| run.payload == "a1").count() == 2)
+        .await;
+    shutdown.cancel();
+    let report = task.await.expect("run");
+
+    let runs = journal.runs();
+    let back = runs
+        .iter()
+        .filter(|run| run.payload == "a1")
+        .nth(1)
+        .expect("a1 came back");
+    let due = back.due.expect("a parked copy carries its due time");
+    assert!(
+        back.at >= due,
+        "handled at {} before its due time {due}",
+        back.at
+    );
+    assert_eq!(back.parks, 1);
+    assert_eq!(back.attempt, 2, "the attempts travel with the parked copy");
+    assert_eq!(report.parked, 1);
+    assert_eq!(report.succeeded, 3);
+    // b's messages ran while a1 was parked.
+    let first_a1 = runs.iter().position(|run| run.payload == "a1").expect("a1");
+    let b2 = runs.iter().position(|run| run.payload == "b2").expect("b2");
+    let second_a1 = runs
+        .iter()
+        .rposition(|run| run.payload == "a1")
+        .expect("a1");
+    assert!(first_a1 < b2 && b2 < second_a1, "{runs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_messages_of_a_parked_key_wait_behind_it_and_other_keys_flow() {
+    const LATER: &[&str] = &["k1-0"];
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 2).expect("topic");
+    let journal = Journal::default();
+    let layer = ParkingLayer::new(broker.parking(TOPIC).expect("parking"));
+    let stack = ServiceBuilder::new().layer(layer.clone()).service(handler(
+        &journal,
+        LATER,
+        2,
+        Duration::from_millis(150),
+    ));
+    let (shutdown, task) = start(&broker, stack);
+    let records: Vec<(String, String)> = (0..5)
+        .flat_map(|n| {
+            ["k1", "k2", "k3"]
+                .into_iter()
+                .map(move |key| (key.to_owned(), format!("{key}-{n}")))
+        })
+        .collect();
+    let borrowed: Vec<(&str, &str)> = records
+        .iter()
+        .map(|(key, payload)| (key.as_str(), payload.as_str()))
+        .collect();
+    produce(&broker, &borrowed);
+
+    journal
+        .wait_until(|runs| {
+            succeeded_by_key(runs, LATER, 2)
+                .values()
+                .map(Vec::len)
+                .sum::<usize>()
+                == 15
+        })
+        .await;
+    shutdown.cancel();
+    let report = task.await.expect("run");
+
+    let runs = journal.runs();
+    let done = succeeded_by_key(&runs, LATER, 2);
+    for key in ["k1", "k2", "k3"] {
+        let expected: Vec<String> = (0..5).map(|n| format!("{key}-{n}")).collect();
+        assert_eq!(done[key], expected, "order of {key}: {runs:?}");
+    }
+    // k1's later messages never ran while k1-0 was parked: each ran once.
+    for n in 1..5 {
+        let payload = format!("k1-{n}");
+        let count = runs.iter().filter(|run| run.payload == payload).count();
+        assert_eq!(count, 1, "{payload} ran {count} times: {runs:?}");
+    }
+    // The other keys finished before k1-0 was done.
+    let k1_done = runs
+        .iter()
+        .rposition(|run| run.payload == "k1-0")
+        .expect("k1-0");
+    for key in ["k2", "k3"] {
+        let last = runs
+            .iter()
+            .rposition(|run| run.payload == format!("{key}-4"))
+            .expect("last of key");
+        assert!(last < k1_done, "{key} waited for k1: {runs:?}");
+    }
+    assert!(report.parked >= 2 + 4, "{report:?}");
+    assert_eq!(
+        layer.parked(),
+        0,
+        "every parked message came back and finished"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_parked_as_often_as_allowed_is_dead_lettered() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    let journal = Journal::default();
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(
+            broker.dead_letter_sink(TOPIC, GROUP).expect("sink"),
+        ))
+        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")).max_parks(2))
+        .service(handler(
+            &journal,
+            &["a1"],
+            u32::MAX,
+            Duration::from_millis(20),
+        ));
+    let (shutdown, task) = start(&broker, stack);
+    produce(&broker, &[("a", "a1"), ("a", "a2")]);
+
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while broker
+            .dead_letters(TOPIC, GROUP)
+            .expect("letters")
+            .is_empty()
+            || !journal.runs().iter().any(|run| run.payload == "a2")
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a1 dead-lettered and a2 handled");
+    shutdown.cancel();
+    let report = task.await.expect("run");
+
+    let letters = broker.dead_letters(TOPIC, GROUP).expect("letters");
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(letter.class, ErrorClass::Permanent);
+    assert_eq!(letter.attempts, 3, "three runs: the first and two parks");
+    assert!(
+        letter.first_failed_at < letter.failed_at,
+        "the first failure's time travelled with the parks"
+    );
+    let runs = journal.runs();
+    assert_eq!(runs.iter().filter(|run| run.payload == "a1").count(), 3);
+    let a2 = runs.iter().position(|run| run.payload == "a2").expect("a2");
+    let last_a1 = runs
+        .iter()
+        .rposition(|run| run.payload == "a1")
+        .expect("a1");
+    assert!(
+        last_a1 < a2,
+        "a2 waited behind a1 until a1 was given up: {runs:?}"
+    );
+    // a2 came back while a1 was parked again, and went back behind it.
+    assert!(report.parked >= 4, "a1 twice, a2 behind it each time: {report:?}");
+    assert_eq!(report.dead_lettered, 1);
+}
+
+/// A parking place that refuses every park.
+struct Refusing;
+
+#[async_trait::async_trait]
+impl Parking for Refusing {
+    async fn park(&self, _: &Message, _: Duration) -> Result<Parked, ParkError> {
+        Err(ParkError::new("the retry topic is full"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_park_leaves_the_failure_retryable_and_the_message_unlost() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    let journal = Journal::default();
+    let stack = ServiceBuilder::new()
+        .layer(ParkingLayer::new(Refusing))
+        .service(handler(&journal, &["a1"], 2, Duration::from_secs(3600)));
+    let (source, acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    let consumer = Consumer::builder()
+        .ordering(DeliveryOrder::Key)
+        .backoff(Exponential::new(
+            Duration::from_millis(5),
+            Duration::from_millis(20),
+        ))
+        .commit_interval(Duration::from_millis(5))
+        .build(source, acker, stack)
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { consumer.run(shutdown).await.expect("the run succeeds") }
+    });
+    produce(&broker, &[("a", "a1")]);
+    journal
+        .wait_until(|runs| runs.iter().filter(|run| run.payload == "a1").count() == 3)
+        .await;
+    shutdown.cancel();
+    let report = task.await.expect("run");
+    assert_eq!(report.parked, 0);
+    assert_eq!(
+        report.redispatched, 2,
+        "retried in process, as any retryable failure"
+    );
+    assert_eq!(report.succeeded, 1);
+}
+
+#[tokio::test]
+async fn the_retry_layer_asks_for_later_once_its_attempts_are_used_up_and_never_retries_a_later() {
+    let calls = Arc::new(Mutex::new(0u32));
+    let failing = {
+        let calls = Arc::clone(&calls);
+        tower::service_fn(move |_: Message| {
+            *calls.lock().expect("calls") += 1;
+            async { Err::<(), _>(HandlerError::retryable("the ledger is down")) }
+        })
+    };
+    let mut retry = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(Exponential::new(Duration::ZERO, Duration::ZERO).max_retries(2))
+                .then_retry_later(Duration::from_secs(30)),
+        )
+        .service(failing);
+    let message = || {
+        Message::new(
+            "m",
+            crate::Metadata::new("t".into(), 0, crate::Position::Offset(0)),
+        )
+    };
+    let error = tower::Service::call(&mut retry, message())
+        .await
+        .expect_err("fails");
+    assert_eq!(*calls.lock().expect("calls"), 3);
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(30)));
+    assert_eq!(error.attempts(), 3);
+
+    let later = {
+        let calls = Arc::clone(&calls);
+        tower::service_fn(move |_: Message| {
+            *calls.lock().expect("calls") += 1;
+            async {
+                Err::<(), _>(HandlerError::retry_later(
+                    "rate limited",
+                    Duration::from_secs(5),
+                ))
+            }
+        })
+    };
+    let mut retry = ServiceBuilder::new()
+        .layer(RetryLayer::new(
+            Exponential::new(Duration::ZERO, Duration::ZERO).max_retries(2),
+        ))
+        .service(later);
+    *calls.lock().expect("calls") = 0;
+    let error = tower::Service::call(&mut retry, message())
+        .await
+        .expect_err("fails");
+    assert_eq!(
+        *calls.lock().expect("calls"),
+        1,
+        "a later is not retried now"
+    );
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(5)));
+    assert!(
+        !error.affects_backoff(),
+        "a later says nothing about the consumer's health"
+    );
+}
