@@ -61,6 +61,7 @@ impl Source for ScriptedSource {
 struct RecordingAcker {
     batches: Arc<Mutex<Vec<AckBatch>>>,
     requeue: bool,
+    delayed_requeue: bool,
     mode_ids: bool,
 }
 
@@ -89,6 +90,10 @@ impl Acker for RecordingAcker {
 
     fn supports_requeue(&self) -> bool {
         self.requeue
+    }
+
+    fn supports_delayed_requeue(&self) -> bool {
+        self.delayed_requeue
     }
 
     async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
@@ -589,6 +594,56 @@ async fn a_retryable_failure_is_dispatched_again_with_the_next_attempt_number() 
         acker.watermarks().get(&PartitionKey::new("orders", 0)),
         Some(&Position::Offset(2))
     );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failure_for_later_goes_back_with_its_delay_to_a_broker_that_can_wait() {
+    let handler = tower::service_fn(|message: Message| async move {
+        if offset_of(&message) == 1 {
+            return Err(HandlerError::retry_later(
+                "rate limited",
+                Duration::from_secs(30),
+            ));
+        }
+        Ok(())
+    });
+    for delayed_requeue in [true, false] {
+        let (source, _) = scripted(vec![Script::Messages(messages(1, 3, 3))]);
+        let acker = RecordingAcker {
+            requeue: true,
+            delayed_requeue,
+            mode_ids: true,
+            ..RecordingAcker::default()
+        };
+        let report = Consumer::builder()
+            .backoff(Disabled)
+            .build(source, acker.clone(), handler.clone())
+            .expect("valid settings")
+            .run(super::Shutdown::never())
+            .await
+            .expect("run succeeds");
+        let batches = acker.batches.lock().map(|b| b.clone()).unwrap_or_default();
+        let later: Vec<(Position, Duration)> = batches
+            .iter()
+            .flat_map(|b| &b.partitions)
+            .flat_map(|p| p.requeue_after.clone())
+            .collect();
+        let requeued: Vec<Position> = batches
+            .iter()
+            .flat_map(|b| &b.partitions)
+            .flat_map(|p| p.requeue.clone())
+            .collect();
+        if delayed_requeue {
+            assert_eq!(later, vec![(Position::Offset(1), Duration::from_secs(30))]);
+            assert!(requeued.is_empty());
+            assert_eq!((report.parked, report.requeued), (1, 0));
+        } else {
+            // A broker that cannot wait takes it back at once.
+            assert!(later.is_empty());
+            assert_eq!(requeued, vec![Position::Offset(1)]);
+            assert_eq!((report.parked, report.requeued), (0, 1));
+        }
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
