@@ -67,6 +67,7 @@ mod future;
 mod layer;
 mod policy;
 mod reference;
+pub mod replay;
 mod service;
 pub mod store;
 
@@ -80,6 +81,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::DeadLetterLayer;
 pub use self::policy::FailurePolicy;
 pub use self::reference::PayloadReference;
+pub use self::replay::{ReplayLayer, ReplayRefused, ReplayReport};
 pub use self::service::DeadLetterService;
 pub use self::store::{
     DeadLetterLog, DeadLetterStore, Filter, LetterId, LogStore, Redrive, RedriveReport, Selection,
@@ -245,5 +247,7 @@ impl<S: DeadLetterSink + ?Sized> DeadLetterSink for std::sync::Arc<S> {
     }
 }
 
+#[cfg(test)]
+mod replay_tests;
 #[cfg(test)]
 mod tests;
