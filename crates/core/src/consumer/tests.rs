@@ -617,7 +617,7 @@ async fn a_failure_for_later_goes_back_with_its_delay_to_a_broker_that_can_wait(
         };
         let report = Consumer::builder()
             .backoff(Disabled)
-            .build(source, acker.clone(), handler.clone())
+            .build(source, acker.clone(), handler)
             .expect("valid settings")
             .run(super::Shutdown::never())
             .await
