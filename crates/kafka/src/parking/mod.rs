@@ -1,0 +1,734 @@
+//! [`KafkaParking`]: retry later without blocking, on tiered retry topics.
+//!
+//! **How it parks.** [`park`](Parking::park) produces the parked copy (same
+//! key, payload and headers, plus [`ORIGIN_PARTITION`]) to a retry topic of
+//! its origin topic chosen by the delay's tier, `{topic}.{group}.retry.{tier}`
+//! by default (`orders.billing.retry.10s`), and returns once the broker
+//! confirmed it: an idempotent producer (`acks=all`), the delivery report
+//! awaited, at most the [delivery timeout](KafkaParkingBuilder::delivery_timeout).
+//! A delay goes to the largest tier not above it (the smallest tier when it
+//! is below all); the default tiers are 1 s, 10 s, 1 min, 10 min and 1 h. A
+//! retry topic is created on its first use, with as many partitions as its
+//! origin topic, and the copy goes to the partition of the same number, so
+//! the parked records of one origin partition stay in their order.
+//!
+//! **How it comes back.** A mover, started with the parking and stopped when
+//! the last clone is dropped (or by [`shutdown`](KafkaParking::shutdown)),
+//! consumes the retry topics in a group of its own, `{group}.parking`, with
+//! the same settings (brokers, TLS, SASL). It does not sleep per message: it
+//! holds each partition's head record and **pauses the partition until the
+//! head is due** (its [`DUE`] header), so a thousand records of one tier
+//! cost one timer, not a thousand. Once due, the record is produced back to
+//! its origin topic and to the partition it was consumed from (the
+//! [`ORIGIN_PARTITION`] header, removed again: the message returns with the
+//! headers it was parked with), not to a partition the producer's
+//! partitioner picks, which may differ from the origin producer's. Only
+//! after the broker confirmed that write is the retry-topic offset
+//! committed: a crash between the two brings a message back twice, never
+//! zero times. New retry topics are subscribed to at once when this process
+//! creates them, and found every
+//! [discovery interval](KafkaParkingBuilder::discovery_interval) when
+//! another process (or an earlier run) did.
+//!
+//! **What it costs.** Per park, one produce round trip (and one metadata
+//! lookup per retry topic and process, a topic creation per retry topic).
+//! Per message coming back, one produce and one asynchronous commit,
+//! batched across partitions (up to 500 records per round). A process holds
+//! in memory at most the head record of each paused partition, plus what
+//! one poll returned. The mover is one thread, one consumer and shares the
+//! parking's producer.
+//!
+//! **Limits.**
+//! - A message comes back at its due time or later: later by the poll and
+//!   the round trips (milliseconds), and, when a longer delay of the same
+//!   tier is ahead of it in its partition, by at most the gap to the next
+//!   tier (a 9 s delay in the 1 s tier holds the 1 s records behind it for
+//!   up to 9 s). Choose tiers near the delays you use.
+//! - A record that would hold its partition longer than the next tier (or,
+//!   in the largest tier, longer than that tier), a delay above the largest
+//!   tier or a hostile due time, is written to the tail of its partition
+//!   again after that long, and waits there: one write per that interval.
+//!   A record without a usable due time goes back at once; one without a
+//!   usable origin partition goes back to the partition of its key
+//!   (librdkafka's `murmur2_random`, Java's partitioner). Both are logged.
+//! - The copy comes back to the origin **topic**: every other consumer group
+//!   of that topic sees it again too, carrying the `intake.park.*` headers.
+//!   Park on topics that one group consumes, or let the others skip
+//!   messages with the [`PARK_ID`](intake_core::parking::PARK_ID) header.
+//! - A retry topic keeps a record only as long as its retention
+//!   (`retention.ms`, the broker's default when the parking creates it):
+//!   a delay longer than the retention loses the message.
+//! - The parking serves the [topics](KafkaParkingBuilder::topics) it was
+//!   built for; a message of another topic is refused (the parking layer
+//!   then retries it the ordinary way), since no mover would look for it
+//!   after a restart.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use intake_core::parking::ParkingLayer;
+//! use intake_core::{Consumer, HandlerError, Message};
+//! use intake_kafka::{KafkaParking, KafkaSettings, KafkaSource};
+//! use tokio_util::sync::CancellationToken;
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let settings = KafkaSettings::new("127.0.0.1:9092");
+//! let source = KafkaSource::builder(settings.clone())
+//!     .group("billing")
+//!     .topic("orders")
+//!     .build()
+//!     .await?;
+//! let acker = source.acker();
+//! // Parks to orders.billing.retry.{1s,10s,1m,10m,1h}; the mover runs in
+//! // the group billing.parking.
+//! let parking = KafkaParking::builder(settings, "billing")
+//!     .topics(["orders"])
+//!     .build()
+//!     .await?;
+//! let handler = ServiceBuilder::new()
+//!     .layer(ParkingLayer::new(parking.clone()))
+//!     .service(service_fn(|message: Message| async move {
+//!         if message.payload().is_empty() {
+//!             return Err(HandlerError::retry_later("not yet", Duration::from_secs(10)));
+//!         }
+//!         Ok::<(), HandlerError>(())
+//!     }));
+//! let report = Consumer::builder()
+//!     .build(source, acker, handler)?
+//!     .run(CancellationToken::new())
+//!     .await?;
+//! println!("{} parked", report.parked);
+//! parking.shutdown(Duration::from_secs(10)).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`DUE`]: intake_core::parking::DUE
+
+mod error;
+mod mover;
+mod tiers;
+mod topics;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use intake_core::Message;
+use intake_core::parking::{DUE, ParkError, Parked, Parking};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+use tokio::sync::oneshot;
+
+pub use self::error::ParkingError;
+use self::mover::{MoverConfig, MoverShared, Route};
+pub use self::tiers::DEFAULT_TIERS;
+use self::tiers::{Tiers, resolve};
+use self::topics::{Registry, partition_count};
+use crate::error::Error;
+use crate::settings::KafkaSettings;
+
+/// The default retry topic: one per origin topic, group and tier, so that
+/// groups never move each other's records.
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.retry.{tier}";
+
+/// Header of a parked record: the partition of the origin topic it came
+/// from and goes back to. Removed when it goes back.
+pub const ORIGIN_PARTITION: &str = "intake.park.partition";
+
+/// Parks messages in tiered retry topics and moves them back to their
+/// origin topic and partition once due. See the [module docs](self).
+///
+/// Clones share the producer and the mover; the mover stops when the last
+/// clone is dropped, or at [`shutdown`](Self::shutdown).
+#[derive(Clone)]
+pub struct KafkaParking {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    producer: FutureProducer,
+    brokers: Arc<str>,
+    group: String,
+    topics: Vec<String>,
+    tiers: Tiers,
+    template: String,
+    registry: Arc<Registry>,
+    admin: TopicAdmin,
+    delivery_timeout: Duration,
+    mover: Arc<MoverShared>,
+    stopped: Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.mover.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Creates retry topics, one at a time.
+struct TopicAdmin {
+    settings: KafkaSettings,
+    replication: i32,
+    /// Made on the first creation (most runs create none).
+    client: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
+    /// Parks that find a retry topic missing create it one after another:
+    /// the second finds it made.
+    creating: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for KafkaParking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = &*self.inner;
+        f.debug_struct("KafkaParking")
+            .field("brokers", &inner.brokers)
+            .field("group", &inner.group)
+            .field("topics", &inner.topics)
+            .field("tiers", &inner.tiers.as_slice())
+            .field("template", &inner.template)
+            .field("moved", &self.moved())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`KafkaParking`]: [`KafkaParking::builder`], then
+/// [`build`](Self::build).
+#[derive(Debug, Clone)]
+pub struct KafkaParkingBuilder {
+    settings: KafkaSettings,
+    group: String,
+    topics: Vec<String>,
+    tiers: Vec<Duration>,
+    template: String,
+    delivery_timeout: Duration,
+    replication: i32,
+    discovery_interval: Duration,
+}
+
+impl KafkaParking {
+    /// A parking on the brokers of `settings` (the source's: brokers, TLS,
+    /// SASL) for the consumer group `group`, which names its retry topics
+    /// and, as `{group}.parking`, its mover's group. Name the
+    /// [topics](KafkaParkingBuilder::topics) it serves.
+    pub fn builder(settings: KafkaSettings, group: impl Into<String>) -> KafkaParkingBuilder {
+        KafkaParkingBuilder {
+            settings,
+            group: group.into(),
+            topics: Vec::new(),
+            tiers: DEFAULT_TIERS.to_vec(),
+            template: DEFAULT_TOPIC_TEMPLATE.into(),
+            delivery_timeout: Duration::from_secs(30),
+            replication: -1,
+            discovery_interval: Duration::from_secs(30),
+        }
+    }
+
+    /// The retry topic a message of `topic` parked for `delay` goes to.
+    pub fn topic_for(&self, topic: &str, delay: Duration) -> String {
+        let inner = &*self.inner;
+        let tier = inner.tiers.index_for(delay);
+        resolve(
+            &inner.template,
+            topic,
+            &inner.group,
+            &inner.tiers.label(tier),
+        )
+    }
+
+    /// The tiers, ascending.
+    pub fn tiers(&self) -> &[Duration] {
+        self.inner.tiers.as_slice()
+    }
+
+    /// Records the mover of this process produced back to their origin
+    /// (and committed, or is committing).
+    pub fn moved(&self) -> u64 {
+        self.inner.mover.moved.load(Ordering::Relaxed)
+    }
+
+    /// Records the mover wrote to the tail of their retry topic again,
+    /// because they would have held their partition longer than their tier
+    /// allows (see the [module docs](self)).
+    pub fn requeued(&self) -> u64 {
+        self.inner.mover.requeued.load(Ordering::Relaxed)
+    }
+
+    /// Stops the mover (of every clone) and waits up to `timeout` for it to
+    /// finish its round and leave its group. Records it held stay
+    /// uncommitted: the next mover of the group moves them. Parks go on
+    /// working; only the moving back stops.
+    ///
+    /// # Errors
+    ///
+    /// [`ParkingError::ShutdownTimedOut`] when the mover did not stop in
+    /// time (a round waits for its delivery reports up to the delivery
+    /// timeout); it stops on its own afterwards.
+    pub async fn shutdown(&self, timeout: Duration) -> Result<(), ParkingError> {
+        self.inner.mover.stop.store(true, Ordering::Release);
+        let stopped = self
+            .inner
+            .stopped
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .take();
+        let Some(stopped) = stopped else {
+            return Ok(());
+        };
+        match tokio::time::timeout(timeout, stopped).await {
+            // Sent or dropped: either way the thread ended.
+            Ok(_) => Ok(()),
+            Err(_) => Err(ParkingError::ShutdownTimedOut { waited: timeout }),
+        }
+    }
+
+    /// How many partitions the retry topic `topic` (for messages of
+    /// `origin`) has, creating it with as many as `origin` when it is
+    /// missing.
+    async fn ensure_topic(&self, topic: &str, origin: &str) -> Result<i32, ParkingError> {
+        let inner = &*self.inner;
+        if let Some(partitions) = inner.registry.partitions(topic) {
+            return Ok(partitions);
+        }
+        let admin = &inner.admin;
+        let waited = inner.delivery_timeout;
+        let timed_out = || ParkingError::TimedOut {
+            topic: topic.to_owned(),
+            brokers: inner.brokers.to_string(),
+            waited,
+        };
+        let _turn = tokio::time::timeout(waited, admin.creating.lock())
+            .await
+            .map_err(|_| timed_out())?;
+        if let Some(partitions) = inner.registry.partitions(topic) {
+            return Ok(partitions);
+        }
+        let partitions = match self.lookup(topic).await? {
+            Some(partitions) => partitions,
+            None => {
+                let partitions =
+                    self.lookup(origin)
+                        .await?
+                        .ok_or_else(|| ParkingError::OriginMissing {
+                            topic: origin.to_owned(),
+                            brokers: inner.brokers.to_string(),
+                        })?;
+                let failed = |source: KafkaError| ParkingError::TopicNotCreated {
+                    topic: topic.to_owned(),
+                    brokers: inner.brokers.to_string(),
+                    source: Box::new(source),
+                };
+                let client = admin.client().map_err(failed)?;
+                let options = AdminOptions::new().operation_timeout(Some(waited));
+                let new_topic = NewTopic::new(
+                    topic,
+                    partitions,
+                    TopicReplication::Fixed(admin.replication),
+                );
+                let results = tokio::time::timeout(
+                    waited,
+                    client.create_topics(std::slice::from_ref(&new_topic), &options),
+                )
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(failed)?;
+                for result in results {
+                    match result {
+                        Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                        Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
+                    }
+                }
+                tracing::info!(retry_topic = %topic, partitions, replication = admin.replication, "created the retry topic");
+                partitions
+            }
+        };
+        inner.registry.insert(topic, partitions);
+        Ok(partitions)
+    }
+
+    /// The partition count of `topic`, `None` when it does not exist.
+    async fn lookup(&self, topic: &str) -> Result<Option<i32>, ParkingError> {
+        let inner = &*self.inner;
+        let producer = inner.producer.clone();
+        let name = topic.to_owned();
+        let timeout = inner.delivery_timeout;
+        tokio::task::spawn_blocking(move || partition_count(producer.client(), &name, timeout))
+            .await
+            // The lookup task did not finish: the runtime is shutting down.
+            .unwrap_or(Err(KafkaError::Canceled))
+            .map_err(|source| ParkingError::Lookup {
+                topic: topic.to_owned(),
+                brokers: inner.brokers.to_string(),
+                source: Box::new(source),
+            })
+    }
+}
+
+impl TopicAdmin {
+    fn client(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
+        let mut client = self
+            .client
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(client) = client.as_ref() {
+            return Ok(Arc::clone(client));
+        }
+        let created = Arc::new(self.settings.client_config().create()?);
+        *client = Some(Arc::clone(&created));
+        Ok(created)
+    }
+}
+
+#[async_trait::async_trait]
+impl Parking for KafkaParking {
+    async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
+        let inner = &*self.inner;
+        let metadata = message.metadata();
+        let origin: &str = metadata.source();
+        if !inner.topics.iter().any(|served| served == origin) {
+            return Err(ParkError::new(ParkingError::UnknownTopic {
+                topic: origin.to_owned(),
+                configured: inner.topics.clone(),
+            }));
+        }
+        let origin_partition = i32::try_from(metadata.partition()).map_err(|_| {
+            ParkError::new(ParkingError::BadPartition {
+                topic: origin.to_owned(),
+                partition: metadata.partition(),
+            })
+        })?;
+        let topic = self.topic_for(origin, delay);
+        let partitions = self
+            .ensure_topic(&topic, origin)
+            .await
+            .map_err(ParkError::new)?;
+
+        let parked = message.headers();
+        let mut headers = OwnedHeaders::new_with_capacity(parked.len() + 2);
+        for header in parked
+            .iter()
+            .filter(|header| &*header.name != ORIGIN_PARTITION)
+        {
+            headers = headers.insert(Header {
+                key: &header.name,
+                value: Some(header.value.as_ref()),
+            });
+        }
+        // The parking layer sets the due time; a caller of its own may not.
+        let due;
+        if parked.get(DUE).is_none() {
+            due = (SystemTime::now() + delay)
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis()
+                .to_string();
+            headers = headers.insert(Header {
+                key: DUE,
+                value: Some(due.as_bytes()),
+            });
+        }
+        let origin_partition_text = origin_partition.to_string();
+        headers = headers.insert(Header {
+            key: ORIGIN_PARTITION,
+            value: Some(origin_partition_text.as_bytes()),
+        });
+        let mut record = FutureRecord::<[u8], [u8]>::to(&topic)
+            .payload(message.payload().as_ref())
+            .partition(origin_partition % partitions.max(1))
+            .headers(headers);
+        if let Some(key) = message.key() {
+            record = record.key(key.as_ref());
+        }
+        match inner
+            .producer
+            .send(record, Timeout::After(inner.delivery_timeout))
+            .await
+        {
+            Ok(_delivery) => Ok(Parked::Moved),
+            Err((source, _unsent)) => Err(ParkError::new(ParkingError::Write {
+                topic,
+                brokers: inner.brokers.to_string(),
+                source: Box::new(source),
+            })),
+        }
+    }
+}
+
+impl KafkaParkingBuilder {
+    /// Adds topics whose messages this parking parks (the source's topics).
+    /// The mover looks for their retry topics, so a message parked before a
+    /// restart still comes back.
+    pub fn topics<I: IntoIterator<Item = S>, S: Into<String>>(mut self, topics: I) -> Self {
+        self.topics.extend(topics.into_iter().map(Into::into));
+        self
+    }
+
+    /// The delay tiers (default [`DEFAULT_TIERS`]): one retry topic per
+    /// origin topic and tier. Each a whole number of milliseconds, none
+    /// zero.
+    pub fn tiers<I: IntoIterator<Item = Duration>>(mut self, tiers: I) -> Self {
+        self.tiers = tiers.into_iter().collect();
+        self
+    }
+
+    /// The retry topic's name, with `{topic}`, `{group}` and `{tier}`
+    /// replaced by the origin topic, the group and the tier (`1s`, `10m`,
+    /// `1500ms`); default [`DEFAULT_TOPIC_TEMPLATE`]. Must name `{topic}`
+    /// and `{tier}`: the mover tells by the retry topic where a record goes
+    /// back to and how long it may wait.
+    pub fn topic_template(mut self, template: impl Into<String>) -> Self {
+        self.template = template.into();
+        self
+    }
+
+    /// How long a park may wait for the broker's acknowledgement, retries
+    /// included, and each metadata lookup or topic creation (default 30 s;
+    /// librdkafka's `message.timeout.ms`, unless the settings set it). The
+    /// mover waits as long for the reports of the records it moves back.
+    pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
+    }
+
+    /// Replication factor of a retry topic the parking creates (default
+    /// `-1`, the broker's `default.replication.factor`).
+    pub fn replication(mut self, replication: i32) -> Self {
+        self.replication = replication;
+        self
+    }
+
+    /// How often the mover asks the brokers for retry topics it does not
+    /// know yet, created by another process or an earlier run (default
+    /// 30 s; at start too). Those created by this process are followed at
+    /// once.
+    pub fn discovery_interval(mut self, interval: Duration) -> Self {
+        self.discovery_interval = interval;
+        self
+    }
+
+    /// Creates the producer and starts the mover. Nothing is created on the
+    /// brokers until the first park.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for settings librdkafka refuses (an idempotent
+    /// producer needs `acks=all`), no topics, an empty group, tiers that
+    /// are empty, zero or finer than a millisecond, a template without
+    /// `{topic}` or `{tier}` or one that names a served topic, a
+    /// replication factor below 1 other than -1; [`Error::Spawn`] when the
+    /// mover's thread cannot start.
+    pub async fn build(self) -> Result<KafkaParking, Error> {
+        if self.group.trim().is_empty() {
+            return Err(Error::config(
+                "group",
+                "name the consumer group whose messages are parked",
+            ));
+        }
+        if self.topics.is_empty() || self.topics.iter().any(|topic| topic.trim().is_empty()) {
+            return Err(Error::config(
+                "topics",
+                "name the topics whose messages are parked, none empty (`.topics([\"orders\"])`)",
+            ));
+        }
+        let Some(tiers) = Tiers::new(self.tiers.clone()) else {
+            return Err(Error::config(
+                "tiers",
+                "give at least one tier, each above zero and a whole number of milliseconds",
+            ));
+        };
+        if !self.template.contains("{topic}") || !self.template.contains("{tier}") {
+            return Err(Error::config(
+                "topic_template",
+                format!(
+                    "`{}` must name `{{topic}}` and `{{tier}}`: the mover tells by the retry topic where a record goes back to and how long it may wait; the default is `{DEFAULT_TOPIC_TEMPLATE}`",
+                    self.template
+                ),
+            ));
+        }
+        if self.replication < 1 && self.replication != -1 {
+            return Err(Error::config(
+                "replication",
+                format!(
+                    "{}: use a replication factor of at least 1, or -1 for the broker's default",
+                    self.replication
+                ),
+            ));
+        }
+        let mut routes = HashMap::new();
+        for topic in &self.topics {
+            for tier in 0..tiers.len() {
+                let retry = resolve(&self.template, topic, &self.group, &tiers.label(tier));
+                if self.topics.contains(&retry) {
+                    return Err(Error::config(
+                        "topic_template",
+                        format!(
+                            "`{}` parks messages of `{topic}` in `{retry}`, a topic this parking serves: they would be parked and moved in a loop",
+                            self.template
+                        ),
+                    ));
+                }
+                routes.insert(
+                    retry,
+                    Route {
+                        origin: topic.as_str().into(),
+                        tier,
+                    },
+                );
+            }
+        }
+
+        let brokers: Arc<str> = self.settings.endpoint().into();
+        let mut producer_settings = self.settings.clone();
+        {
+            let config = producer_settings.client_config_mut();
+            config.set("enable.idempotence", "true");
+            // A lookup of a missing retry topic must not create it with the
+            // broker's default layout: the parking creates it, sized.
+            config.set("allow.auto.create.topics", "false");
+            if config.get("message.timeout.ms").is_none() {
+                config.set(
+                    "message.timeout.ms",
+                    self.delivery_timeout.as_millis().to_string(),
+                );
+            }
+            // Records without a usable origin partition go back where a
+            // Java producer puts their key.
+            if config.get("partitioner").is_none() {
+                config.set("partitioner", "murmur2_random");
+            }
+        }
+        let producer: FutureProducer = producer_settings
+            .client_config()
+            .create()
+            .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
+        let registry = Arc::new(Registry::default());
+        let shared = Arc::new(MoverShared::default());
+        let stopped = mover::spawn(MoverConfig {
+            settings: self.settings.clone(),
+            group: format!("{}.parking", self.group),
+            producer: producer.clone(),
+            routes: Arc::new(routes),
+            tiers: tiers.clone(),
+            registry: Arc::clone(&registry),
+            shared: Arc::clone(&shared),
+            delivery_timeout: self.delivery_timeout,
+            discovery_interval: self.discovery_interval,
+            brokers: Arc::clone(&brokers),
+        })?;
+        tracing::debug!(group = %self.group, topics = ?self.topics, %brokers, "kafka parking started");
+        Ok(KafkaParking {
+            inner: Arc::new(Inner {
+                producer,
+                brokers,
+                group: self.group,
+                topics: self.topics,
+                tiers,
+                template: self.template,
+                registry,
+                admin: TopicAdmin {
+                    settings: producer_settings,
+                    replication: self.replication,
+                    client: Mutex::new(None),
+                    creating: tokio::sync::Mutex::new(()),
+                },
+                delivery_timeout: self.delivery_timeout,
+                mover: shared,
+                stopped: Mutex::new(Some(stopped)),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder() -> KafkaParkingBuilder {
+        KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), "billing").topics(["orders"])
+    }
+
+    fn refused(built: Result<KafkaParking, Error>, setting: &str) {
+        assert!(
+            matches!(&built, Err(Error::Config { setting: found, .. }) if found == setting),
+            "{setting}: {built:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn retry_topics_are_per_topic_group_and_tier() {
+        let parking = builder().build().await.expect("no broker needed to build");
+        assert_eq!(
+            parking.topic_for("orders", Duration::from_millis(1500)),
+            "orders.billing.retry.1s"
+        );
+        assert_eq!(
+            parking.topic_for("orders", Duration::from_secs(90)),
+            "orders.billing.retry.1m"
+        );
+        assert_eq!(
+            parking.topic_for("orders", Duration::from_millis(10)),
+            "orders.billing.retry.1s"
+        );
+        parking
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the mover stops");
+    }
+
+    #[tokio::test]
+    async fn settings_that_cannot_work_are_refused_at_build_time() {
+        refused(
+            KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+                .build()
+                .await,
+            "topics",
+        );
+        refused(builder().tiers([]).build().await, "tiers");
+        refused(builder().tiers([Duration::ZERO]).build().await, "tiers");
+        refused(
+            builder().topic_template("retries.{tier}").build().await,
+            "topic_template",
+        );
+        refused(
+            builder().topic_template("{topic}.retry").build().await,
+            "topic_template",
+        );
+        refused(
+            builder().topics(["orders.billing.retry.1s"]).build().await,
+            "topic_template",
+        );
+        refused(builder().replication(0).build().await, "replication");
+        refused(
+            KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), " ")
+                .topics(["orders"])
+                .build()
+                .await,
+            "group",
+        );
+    }
+
+    #[tokio::test]
+    async fn a_message_of_a_topic_not_served_is_refused_without_a_round_trip() {
+        let parking = builder().build().await.expect("valid");
+        let message = Message::new(
+            "payload",
+            intake_core::Metadata::new("payments".into(), 0, intake_core::Position::Offset(3)),
+        );
+        let refused = parking
+            .park(&message, Duration::from_secs(1))
+            .await
+            .expect_err("not a served topic");
+        assert!(
+            matches!(
+                refused.0.downcast_ref::<ParkingError>(),
+                Some(ParkingError::UnknownTopic { topic, .. }) if topic == "payments"
+            ),
+            "{refused:?}"
+        );
+        drop(parking);
+    }
+}

@@ -1,0 +1,791 @@
+//! The mover: consumes the retry topics in a group of its own, holds each
+//! partition's head record (the partition paused) until it is due, then
+//! produces it back to its origin and commits it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use intake_core::parking::DUE;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers as _, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
+use tokio::sync::oneshot;
+
+use super::ORIGIN_PARTITION;
+use super::tiers::Tiers;
+use super::topics::{Registry, partition_count};
+use crate::error::Error;
+use crate::settings::KafkaSettings;
+
+/// The longest the mover blocks in one poll: how soon it sees a stop, a
+/// new retry topic, or a head that fell due early (a clock step).
+const POLL_CAP: Duration = Duration::from_millis(200);
+
+/// Records taken from the consumer, and moved, per round at most.
+const MAX_BATCH: usize = 500;
+
+/// How long a record whose move failed waits before the next attempt.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long one metadata lookup of the discovery may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often a repeated consumer error is logged at most.
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Where the records of one retry topic go back to.
+#[derive(Debug)]
+pub(super) struct Route {
+    pub(super) origin: Arc<str>,
+    pub(super) tier: usize,
+}
+
+/// What the mover and the parking share.
+#[derive(Debug, Default)]
+pub(super) struct MoverShared {
+    pub(super) stop: AtomicBool,
+    /// Records produced back to their origin and committed.
+    pub(super) moved: AtomicU64,
+    /// Records written to the tail of their retry topic again.
+    pub(super) requeued: AtomicU64,
+}
+
+/// Everything the mover thread needs.
+pub(super) struct MoverConfig {
+    pub(super) settings: KafkaSettings,
+    pub(super) group: String,
+    pub(super) producer: FutureProducer,
+    pub(super) routes: Arc<HashMap<String, Route>>,
+    pub(super) tiers: Tiers,
+    pub(super) registry: Arc<Registry>,
+    pub(super) shared: Arc<MoverShared>,
+    pub(super) delivery_timeout: Duration,
+    pub(super) discovery_interval: Duration,
+    pub(super) brokers: Arc<str>,
+}
+
+/// Starts the mover's consumer and thread; the receiver resolves once the
+/// thread ended and the consumer left its group.
+pub(super) fn spawn(config: MoverConfig) -> Result<oneshot::Receiver<()>, Error> {
+    let mut settings = config.settings.clone();
+    // Fixed: offsets are committed only after the move is confirmed, and a
+    // retry topic read from its end would skip what was parked before the
+    // mover joined.
+    settings
+        .client_config_mut()
+        .set("group.id", &config.group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("allow.auto.create.topics", "false")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer<MoverContext> = settings
+        .client_config()
+        .create_with_context(MoverContext::default())
+        .map_err(|error| Error::from_kafka(error, &config.brokers, Duration::ZERO))?;
+    let (done, stopped) = oneshot::channel();
+    let mover = Mover {
+        consumer,
+        producer: config.producer,
+        routes: config.routes,
+        tiers: config.tiers,
+        registry: config.registry,
+        shared: config.shared,
+        delivery_timeout: config.delivery_timeout,
+        discovery_interval: config.discovery_interval,
+        brokers: config.brokers,
+        group: config.group,
+        held: BTreeMap::new(),
+        subscribed: None,
+        next_discovery: Instant::now(),
+        last_error: None,
+    };
+    std::thread::Builder::new()
+        .name("intake-kafka-park".into())
+        .spawn(move || {
+            mover.run();
+            let _ = done.send(());
+        })
+        .map_err(Error::Spawn)?;
+    Ok(stopped)
+}
+
+/// A partition of a retry topic: its topic and partition.
+type PartitionOf = (String, i32);
+
+/// The records of one partition taken from the consumer and not moved yet.
+struct Held {
+    records: VecDeque<OwnedMessage>,
+    /// When the head is looked at again: its due time, or earlier when it
+    /// would hold the partition longer than its tier allows.
+    wake: SystemTime,
+    paused: bool,
+    /// The offset after the last record taken: a record below it is one
+    /// taken already.
+    next_offset: i64,
+}
+
+/// What becomes of a head record whose time came.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// Due: back to its origin.
+    Back,
+    /// Not due, but it held its partition as long as its tier allows: to
+    /// the tail of its retry topic again.
+    Requeue,
+}
+
+struct Mover {
+    consumer: BaseConsumer<MoverContext>,
+    producer: FutureProducer,
+    routes: Arc<HashMap<String, Route>>,
+    tiers: Tiers,
+    registry: Arc<Registry>,
+    shared: Arc<MoverShared>,
+    delivery_timeout: Duration,
+    discovery_interval: Duration,
+    brokers: Arc<str>,
+    group: String,
+    /// Held records by partition; a partition with records is paused.
+    held: BTreeMap<PartitionOf, Held>,
+    /// The registry generation subscribed to.
+    subscribed: Option<u64>,
+    next_discovery: Instant,
+    last_error: Option<Instant>,
+}
+
+impl Mover {
+    fn run(mut self) {
+        tracing::debug!(group = %self.group, brokers = %self.brokers, "kafka parking mover started");
+        while !self.shared.stop.load(Ordering::Acquire) {
+            self.follow_topics();
+            let timeout = self.poll_timeout();
+            self.take(timeout);
+            self.move_due();
+            self.pause_or_resume();
+        }
+        tracing::debug!(group = %self.group, "kafka parking mover stopping");
+        // Dropping the consumer closes it (it leaves the group) here, on
+        // this thread; held records are uncommitted, so the next owner of
+        // their partitions takes them.
+    }
+
+    /// Looks for retry topics created elsewhere, now and then, and
+    /// subscribes again when the known set grew.
+    fn follow_topics(&mut self) {
+        if Instant::now() >= self.next_discovery {
+            self.discover();
+            self.next_discovery = Instant::now() + self.discovery_interval;
+        }
+        let generation = self.registry.generation();
+        if self.subscribed == Some(generation) {
+            return;
+        }
+        let topics = self.registry.topics();
+        if topics.is_empty() {
+            self.subscribed = Some(generation);
+            return;
+        }
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        match self.consumer.subscribe(&names) {
+            Ok(()) => {
+                tracing::debug!(group = %self.group, topics = ?topics, "kafka parking mover subscribed");
+                self.subscribed = Some(generation);
+            }
+            Err(error) => {
+                // Tried again on the next round.
+                self.log_error("subscribing to the retry topics failed", &error);
+            }
+        }
+    }
+
+    /// Asks the brokers about the retry topics not known yet (another
+    /// instance, or an earlier run, may have created them).
+    fn discover(&mut self) {
+        let mut unknown: Vec<&String> = self
+            .routes
+            .keys()
+            .filter(|topic| self.registry.partitions(topic).is_none())
+            .collect();
+        unknown.sort();
+        for topic in unknown {
+            match partition_count(self.consumer.client(), topic, LOOKUP_TIMEOUT) {
+                Ok(Some(partitions)) => self.registry.insert(topic, partitions),
+                Ok(None) => {}
+                Err(error) => {
+                    // The brokers do not answer: the next discovery asks again.
+                    self.log_error("looking up the retry topics failed", &error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Until the earliest held head is due, at most [`POLL_CAP`].
+    fn poll_timeout(&self) -> Duration {
+        let now = SystemTime::now();
+        self.held
+            .values()
+            .filter(|held| !held.records.is_empty())
+            .map(|held| held.wake.duration_since(now).unwrap_or(Duration::ZERO))
+            .min()
+            .unwrap_or(POLL_CAP)
+            .min(POLL_CAP)
+    }
+
+    /// Takes what the consumer has, waiting at most `timeout` for the first.
+    fn take(&mut self, timeout: Duration) {
+        let mut wait = timeout;
+        for _ in 0..MAX_BATCH {
+            let polled = self
+                .consumer
+                .poll(wait)
+                .map(|polled| polled.map(|message| message.detach()));
+            // Rebalances are served inside the poll, before any record of
+            // the new assignment.
+            self.apply_rebalances();
+            match polled {
+                None => break,
+                Some(Ok(record)) => self.hold(record),
+                Some(Err(error)) => {
+                    self.log_error("the retry-topic consumer reported an error", &error);
+                    break;
+                }
+            }
+            wait = Duration::ZERO;
+        }
+    }
+
+    /// Drops what was held of partitions assigned anew or revoked: their
+    /// records are fetched again from the committed offset, by this mover
+    /// or the next owner.
+    fn apply_rebalances(&mut self) {
+        let events = self.consumer.context().take();
+        for event in events {
+            let (partitions, assigned) = match event {
+                Rebalanced::Assigned(partitions) => (partitions, true),
+                Rebalanced::Revoked(partitions) => (partitions, false),
+            };
+            for partition in &partitions {
+                self.held.remove(partition);
+            }
+            if assigned && !partitions.is_empty() {
+                // A partition paused before a revocation may keep its pause
+                // across the assignment; nothing is held of it any more.
+                let mut list = TopicPartitionList::new();
+                for (topic, partition) in &partitions {
+                    list.add_partition(topic, *partition);
+                }
+                if let Err(error) = self.consumer.resume(&list) {
+                    self.log_error("resuming assigned retry partitions failed", &error);
+                }
+            }
+        }
+    }
+
+    fn hold(&mut self, record: OwnedMessage) {
+        let Some(route) = self.routes.get(record.topic()) else {
+            // Subscriptions name routed topics only.
+            tracing::warn!(
+                topic = record.topic(),
+                "a record of a topic the mover does not serve; left alone"
+            );
+            return;
+        };
+        let now = SystemTime::now();
+        let key = (record.topic().to_owned(), record.partition());
+        let offset = record.offset();
+        let held = self.held.entry(key).or_insert_with(|| Held {
+            records: VecDeque::new(),
+            wake: now,
+            paused: false,
+            next_offset: offset,
+        });
+        if offset < held.next_offset {
+            return;
+        }
+        held.next_offset = offset.saturating_add(1);
+        if held.records.is_empty() {
+            held.wake = wake_at(&record, &self.tiers, route.tier, now);
+        }
+        held.records.push_back(record);
+    }
+
+    /// Moves every head whose time came (and the heads behind it whose time
+    /// came too), confirmed by the broker, then commits them.
+    fn move_due(&mut self) {
+        let now = SystemTime::now();
+        let mut batch: Vec<(PartitionOf, OwnedMessage, Action)> = Vec::new();
+        for (key, held) in &mut self.held {
+            let Some(route) = self.routes.get(&key.0) else {
+                continue;
+            };
+            while batch.len() < MAX_BATCH && held.wake <= now {
+                let Some(record) = held.records.pop_front() else {
+                    break;
+                };
+                let action = match due_of(&record) {
+                    Some(due) if due > now => Action::Requeue,
+                    _ => Action::Back,
+                };
+                batch.push((key.clone(), record, action));
+                if let Some(next) = held.records.front() {
+                    held.wake = wake_at(next, &self.tiers, route.tier, now);
+                }
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + self.delivery_timeout + Duration::from_secs(5);
+        let sent: Vec<Result<DeliveryFuture, KafkaError>> = batch
+            .iter()
+            .map(|(_, record, action)| self.send(record, *action, true))
+            .collect();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for ((_, record, action), sent) in batch.iter().zip(sent) {
+            let mut outcome = sent.and_then(|delivery| delivered(delivery, deadline));
+            if *action == Action::Back
+                && matches!(
+                    outcome,
+                    Err(KafkaError::MessageProduction(
+                        RDKafkaErrorCode::UnknownPartition
+                    ))
+                )
+            {
+                tracing::warn!(
+                    topic = record.topic(),
+                    partition = record.partition(),
+                    offset = record.offset(),
+                    "a parked record names a partition its origin does not have; moved back by its key"
+                );
+                outcome = self
+                    .send(record, Action::Back, false)
+                    .and_then(|delivery| delivered(delivery, deadline));
+            }
+            outcomes.push(outcome);
+        }
+        self.settle(batch, outcomes);
+    }
+
+    /// Commits each partition up to its first failed record; that one and
+    /// the ones after it are held again and tried after [`RETRY_AFTER`].
+    fn settle(
+        &mut self,
+        batch: Vec<(PartitionOf, OwnedMessage, Action)>,
+        outcomes: Vec<Result<(), KafkaError>>,
+    ) {
+        let mut commits: BTreeMap<PartitionOf, i64> = BTreeMap::new();
+        let mut failed: BTreeMap<PartitionOf, Vec<OwnedMessage>> = BTreeMap::new();
+        for ((key, record, action), outcome) in batch.into_iter().zip(outcomes) {
+            if let Some(kept) = failed.get_mut(&key) {
+                // Behind a failed record of its partition: not committed
+                // past it, so tried again (a second copy if it got through).
+                kept.push(record);
+                continue;
+            }
+            match outcome {
+                Ok(()) => {
+                    let counter = match action {
+                        Action::Back => &self.shared.moved,
+                        Action::Requeue => &self.shared.requeued,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    commits.insert(key, record.offset().saturating_add(1));
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        topic = record.topic(),
+                        partition = record.partition(),
+                        offset = record.offset(),
+                        brokers = %self.brokers,
+                        error = %error,
+                        retry_after = ?RETRY_AFTER,
+                        "a parked record could not be moved; held and tried again"
+                    );
+                    failed.insert(key, vec![record]);
+                }
+            }
+        }
+        let retry_at = SystemTime::now() + RETRY_AFTER;
+        for (key, records) in failed {
+            let held = self.held.entry(key).or_insert_with(|| Held {
+                records: VecDeque::new(),
+                wake: retry_at,
+                paused: false,
+                next_offset: 0,
+            });
+            for record in records.into_iter().rev() {
+                held.next_offset = held.next_offset.max(record.offset().saturating_add(1));
+                held.records.push_front(record);
+            }
+            held.wake = retry_at;
+        }
+        if commits.is_empty() {
+            return;
+        }
+        let mut list = TopicPartitionList::new();
+        for ((topic, partition), offset) in &commits {
+            if let Err(error) =
+                list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
+            {
+                self.log_error("a commit offset was refused", &error);
+            }
+        }
+        // Asynchronous: a commit lost to a rebalance or a crash moves the
+        // record a second time, never loses it.
+        if let Err(error) = self.consumer.commit(&list, CommitMode::Async) {
+            self.log_error("committing moved records failed", &error);
+        }
+    }
+
+    /// Hands `record` to the producer: back to its origin partition (by its
+    /// key when `to_partition` is false or the header is unusable), or to
+    /// the tail of its own partition.
+    fn send(
+        &self,
+        record: &OwnedMessage,
+        action: Action,
+        to_partition: bool,
+    ) -> Result<DeliveryFuture, KafkaError> {
+        let (topic, partition, headers) = match action {
+            Action::Requeue => (
+                record.topic(),
+                Some(record.partition()),
+                copy_headers(record, false),
+            ),
+            Action::Back => {
+                let origin = self
+                    .routes
+                    .get(record.topic())
+                    .map(|route| &*route.origin)
+                    .ok_or(KafkaError::MessageProduction(
+                        RDKafkaErrorCode::UnknownTopic,
+                    ))?;
+                let partition = to_partition.then(|| origin_partition(record)).flatten();
+                if to_partition && partition.is_none() {
+                    tracing::warn!(
+                        topic = record.topic(),
+                        partition = record.partition(),
+                        offset = record.offset(),
+                        "a parked record without a usable origin partition; moved back by its key"
+                    );
+                }
+                (origin, partition, copy_headers(record, true))
+            }
+        };
+        let mut out = FutureRecord::<[u8], [u8]>::to(topic).headers(headers);
+        if let Some(payload) = record.payload() {
+            out = out.payload(payload);
+        }
+        if let Some(key) = record.key() {
+            out = out.key(key);
+        }
+        if let Some(partition) = partition {
+            out = out.partition(partition);
+        }
+        self.producer.send_result(out).map_err(|(error, _)| error)
+    }
+
+    /// Pauses the partitions that hold records, resumes the ones that no
+    /// longer do.
+    fn pause_or_resume(&mut self) {
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for ((topic, partition), held) in &mut self.held {
+            let hold = !held.records.is_empty();
+            if hold != held.paused {
+                let list = if hold { &mut pause } else { &mut resume };
+                list.add_partition(topic, *partition);
+                held.paused = hold;
+            }
+        }
+        self.held.retain(|_, held| held.paused);
+        if pause.count() > 0
+            && let Err(error) = self.consumer.pause(&pause)
+        {
+            self.log_error("pausing retry partitions failed", &error);
+        }
+        if resume.count() > 0
+            && let Err(error) = self.consumer.resume(&resume)
+        {
+            self.log_error("resuming retry partitions failed", &error);
+        }
+    }
+
+    fn log_error(&mut self, what: &str, error: &KafkaError) {
+        let now = Instant::now();
+        if self
+            .last_error
+            .is_some_and(|last| now.duration_since(last) < ERROR_LOG_INTERVAL)
+        {
+            tracing::debug!(group = %self.group, brokers = %self.brokers, %error, "{what}");
+            return;
+        }
+        self.last_error = Some(now);
+        tracing::warn!(group = %self.group, brokers = %self.brokers, %error, "{what}");
+    }
+}
+
+/// The due time a record carries, `None` when it carries none that is a
+/// time (missing, not a number, beyond what the clock holds).
+fn due_of(record: &OwnedMessage) -> Option<SystemTime> {
+    let millis: u64 = header(record, DUE)?.parse().ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+}
+
+/// When the head `record` of a partition of tier `tier` is looked at again:
+/// its due time, but no later than the tier's hold from `now`, so a record
+/// that asks for more never stalls the ones behind it; `now` for a record
+/// without a due time, which goes back at once.
+fn wake_at(record: &OwnedMessage, tiers: &Tiers, tier: usize, now: SystemTime) -> SystemTime {
+    match due_of(record) {
+        Some(due) => due.min(now + tiers.hold(tier)),
+        None => {
+            tracing::warn!(
+                topic = record.topic(),
+                partition = record.partition(),
+                offset = record.offset(),
+                "a parked record without a due time; moved back at once"
+            );
+            now
+        }
+    }
+}
+
+/// The origin partition a record names, if it is a partition number.
+fn origin_partition(record: &OwnedMessage) -> Option<i32> {
+    header(record, ORIGIN_PARTITION)?
+        .parse::<i32>()
+        .ok()
+        .filter(|partition| *partition >= 0)
+}
+
+fn header<'a>(record: &'a OwnedMessage, name: &str) -> Option<&'a str> {
+    let headers = record.headers()?;
+    headers
+        .iter()
+        .filter(|header| header.key == name)
+        .last()
+        .and_then(|header| header.value)
+        .and_then(|value| std::str::from_utf8(value).ok())
+}
+
+/// The record's headers, in order, without the origin partition header
+/// when it goes back (the message returns with the headers it was parked
+/// with).
+fn copy_headers(record: &OwnedMessage, back: bool) -> OwnedHeaders {
+    let Some(headers) = record.headers() else {
+        return OwnedHeaders::new();
+    };
+    headers
+        .iter()
+        .filter(|header| !(back && header.key == ORIGIN_PARTITION))
+        .fold(
+            OwnedHeaders::new_with_capacity(headers.count()),
+            |copy, header| {
+                copy.insert(Header {
+                    key: header.key,
+                    value: header.value,
+                })
+            },
+        )
+}
+
+/// Waits on this thread for a delivery report, until `deadline`.
+fn delivered(delivery: DeliveryFuture, deadline: Instant) -> Result<(), KafkaError> {
+    match block_on(delivery, deadline) {
+        Some(Ok(Ok(_))) => Ok(()),
+        Some(Ok(Err((error, _)))) => Err(error),
+        // The producer was dropped with the record unconfirmed.
+        Some(Err(_canceled)) => Err(KafkaError::Canceled),
+        None => Err(KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageTimedOut,
+        )),
+    }
+}
+
+/// Wakes the thread that waits in [`block_on`].
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `future` on this thread until it resolves or `deadline` passes.
+/// The delivery report comes from the producer's own thread, so no runtime
+/// is needed here, and the mover does not depend on one staying alive.
+fn block_on<F: Future + Unpin>(mut future: F, deadline: Instant) -> Option<F::Output> {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(output) = Pin::new(&mut future).poll(&mut cx) {
+            return Some(output);
+        }
+        let left = deadline.checked_duration_since(Instant::now())?;
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::park_timeout(left);
+    }
+}
+
+/// A rebalance of the mover's group, as the poll loop applies it.
+enum Rebalanced {
+    Assigned(Vec<PartitionOf>),
+    Revoked(Vec<PartitionOf>),
+}
+
+/// Records the mover group's rebalances for the poll loop.
+#[derive(Default)]
+struct MoverContext {
+    events: Mutex<Vec<Rebalanced>>,
+}
+
+impl MoverContext {
+    fn take(&self) -> Vec<Rebalanced> {
+        std::mem::take(
+            &mut *self
+                .events
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner()),
+        )
+    }
+}
+
+impl ClientContext for MoverContext {}
+
+impl ConsumerContext for MoverContext {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let partitions = |list: &TopicPartitionList| {
+            list.elements()
+                .iter()
+                .map(|element| (element.topic().to_owned(), element.partition()))
+                .collect()
+        };
+        let event = match rebalance {
+            Rebalance::Assign(list) => Rebalanced::Assigned(partitions(list)),
+            Rebalance::Revoke(list) => Rebalanced::Revoked(partitions(list)),
+            Rebalance::Error(error) => {
+                tracing::warn!(%error, "the parking mover's group failed to rebalance");
+                return;
+            }
+        };
+        self.events
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+
+    fn record(headers: &[(&str, &str)]) -> OwnedMessage {
+        let headers = headers
+            .iter()
+            .fold(OwnedHeaders::new(), |all, (key, value)| {
+                all.insert(Header {
+                    key,
+                    value: Some(value.as_bytes()),
+                })
+            });
+        OwnedMessage::new(
+            Some(b"payload".to_vec()),
+            Some(b"key".to_vec()),
+            "orders.billing.retry.1s".into(),
+            Timestamp::NotAvailable,
+            0,
+            7,
+            Some(headers),
+        )
+    }
+
+    fn tiers() -> Tiers {
+        Tiers::new(vec![Duration::from_secs(1), Duration::from_secs(10)]).expect("valid")
+    }
+
+    #[test]
+    fn a_record_without_a_usable_due_time_is_due_at_once() {
+        let now = SystemTime::now();
+        for headers in [vec![], vec![(DUE, "soon")], vec![(DUE, "-5")]] {
+            let record = record(&headers);
+            assert_eq!(due_of(&record), None);
+            assert_eq!(wake_at(&record, &tiers(), 0, now), now);
+        }
+    }
+
+    #[test]
+    fn a_head_is_held_until_due_but_no_longer_than_its_tier_allows() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let due_in = |secs: u64| {
+            let due = now + Duration::from_secs(secs);
+            let millis = due.duration_since(UNIX_EPOCH).expect("after").as_millis();
+            record(&[(DUE, &millis.to_string())])
+        };
+        assert_eq!(
+            wake_at(&due_in(3), &tiers(), 0, now),
+            now + Duration::from_secs(3)
+        );
+        // Far in the future (or hostile): held for the next tier, then
+        // written to the tail again.
+        assert_eq!(
+            wake_at(&due_in(86_400), &tiers(), 0, now),
+            now + Duration::from_secs(10)
+        );
+        assert_eq!(
+            wake_at(&due_in(86_400), &tiers(), 1, now),
+            now + Duration::from_secs(10)
+        );
+    }
+
+    #[test]
+    fn going_back_drops_the_origin_partition_header_and_keeps_the_rest_in_order() {
+        let record = record(&[("a", "1"), (ORIGIN_PARTITION, "2"), ("b", "2"), ("a", "3")]);
+        assert_eq!(origin_partition(&record), Some(2));
+        let back = copy_headers(&record, true);
+        let names: Vec<(&str, Option<&[u8]>)> = back
+            .iter()
+            .map(|header| (header.key, header.value))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a", Some(&b"1"[..])),
+                ("b", Some(&b"2"[..])),
+                ("a", Some(&b"3"[..]))
+            ]
+        );
+        assert_eq!(copy_headers(&record, false).count(), 4);
+    }
+
+    #[test]
+    fn an_origin_partition_that_is_no_partition_number_is_ignored() {
+        for value in ["-1", "x", "99999999999"] {
+            assert_eq!(
+                origin_partition(&record(&[(ORIGIN_PARTITION, value)])),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn waiting_for_a_report_that_never_comes_ends_at_the_deadline() {
+        let pending = std::future::pending::<()>();
+        let started = Instant::now();
+        assert!(block_on(pending, started + Duration::from_millis(50)).is_none());
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert_eq!(block_on(std::future::ready(7), started), Some(7));
+    }
+}
