@@ -9,6 +9,18 @@
 //! why that confirms them all), and only then does the acker forget the
 //! deliveries; a batch that was not confirmed fails, and the runtime sends
 //! its work again.
+//!
+//! A message [parked](crate::NatsParking) goes back with the delay it asked
+//! for (`PartitionAck::requeue_after`): `-NAK {"delay":…}`, in the same
+//! batch and under the same confirmation as the rest. Such a delivery
+//! leaves the held set *before* its nak is sent, not after the
+//! confirmation: the server takes a `+WPI` that arrives after a delayed nak
+//! as "redeliver `ack_wait` from now" (measured on nats-server 2.9.10: a
+//! 3 s delay with a 1 s `ack_wait` came back after 1 s), so a progress
+//! report landing behind the nak would bring a long park back early. If
+//! the batch is not confirmed, the runtime's resend finds it no longer
+//! held and sends nothing: the server redelivers it after its delay if
+//! the nak landed, after `ack_wait` if not; never lost.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +51,10 @@ pub struct NatsAcker {
     /// Reused per batch.
     sequences: Vec<u64>,
     requeued: Vec<u64>,
+    requeued_after: Vec<(u64, Duration)>,
+    /// The parked deliveries of a batch, out of the held set before their
+    /// naks go.
+    parked: Vec<(u64, u32)>,
     acks: Vec<(Subject, Bytes)>,
     settled: Vec<(u64, u32)>,
 }
@@ -84,6 +100,8 @@ impl NatsAcker {
             counters,
             sequences: Vec::new(),
             requeued: Vec::new(),
+            requeued_after: Vec::new(),
+            parked: Vec::new(),
             acks: Vec::new(),
             settled: Vec::new(),
         }
@@ -100,9 +118,19 @@ fn nak(backoff: &dyn BackoffPolicy, cap: Duration, delivered: u32) -> Bytes {
     nak_with_delay(delay)
 }
 
-/// `-NAK {"delay":…}`: redeliver after `delay`, not at once.
+/// The longest delay a nak can carry: nats-server reads it as a Go
+/// `time.Duration`, nanoseconds in an `i64`. A larger number fails to parse,
+/// and the server takes the nak as one without a delay: redelivered at
+/// once, the opposite of what was asked.
+const MAX_NAK_DELAY: Duration = Duration::from_nanos(i64::MAX as u64);
+
+/// `-NAK {"delay":…}`: redeliver after `delay` (at most about 292 years),
+/// not at once.
 pub(crate) fn nak_with_delay(delay: Duration) -> Bytes {
-    Bytes::from(format!("-NAK {{\"delay\":{}}}", delay.as_nanos()))
+    Bytes::from(format!(
+        "-NAK {{\"delay\":{}}}",
+        delay.min(MAX_NAK_DELAY).as_nanos()
+    ))
 }
 
 const ACK: Bytes = Bytes::from_static(b"+ACK");
@@ -116,16 +144,29 @@ impl Acker for NatsAcker {
         true
     }
 
+    /// A parked message goes back with `-NAK {"delay":…}`: the server holds
+    /// it, unacknowledged, until the delay is over.
+    fn supports_delayed_requeue(&self) -> bool {
+        true
+    }
+
     async fn ack(&mut self, batch: &AckBatch) -> Result<(), AckError> {
         self.sequences.clear();
         self.requeued.clear();
+        self.requeued_after.clear();
         for partition in &batch.partitions {
             self.requeued
                 .extend(partition.requeue.iter().copied().filter_map(sequence));
+            self.requeued_after.extend(
+                partition
+                    .requeue_after
+                    .iter()
+                    .filter_map(|&(position, delay)| Some((sequence(position)?, delay))),
+            );
             self.sequences
                 .extend(partition.completed.iter().copied().filter_map(sequence));
         }
-        if self.sequences.is_empty() && self.requeued.is_empty() {
+        if self.sequences.is_empty() && self.requeued.is_empty() && self.requeued_after.is_empty() {
             return Ok(());
         }
         // Naks first: a batch applies its requeues before its acks. A
@@ -140,6 +181,21 @@ impl Acker for NatsAcker {
             acks.push((held.reply.clone(), nak(backoff, cap, held.delivered)));
             settled.push((sequence, held.delivered));
         });
+        let parked = &mut self.parked;
+        parked.clear();
+        // One lookup per park, each with its own delay: parks are rare
+        // beside acks.
+        for &(sequence, delay) in &self.requeued_after {
+            self.deliveries.lookup(&[sequence], |sequence, held| {
+                acks.push((held.reply.clone(), nak_with_delay(delay)));
+                parked.push((sequence, held.delivered));
+            });
+        }
+        // Out of the held set before the naks go, so that the progress task
+        // sends no `+WPI` behind them (see the module docs).
+        if !self.parked.is_empty() {
+            self.deliveries.release(self.parked.drain(..));
+        }
         let naks = acks.len();
         self.deliveries.lookup(&self.sequences, |sequence, held| {
             acks.push((held.reply.clone(), ACK));
@@ -161,5 +217,29 @@ impl Acker for NatsAcker {
         self.counters.add_naks(naks);
         self.deliveries.release(self.settled.drain(..));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nak_carries_its_delay_in_nanoseconds() {
+        assert_eq!(
+            &nak_with_delay(Duration::from_millis(1_500))[..],
+            b"-NAK {\"delay\":1500000000}"
+        );
+    }
+
+    /// A delay past an `i64` of nanoseconds would not parse on the server,
+    /// which then redelivers at once.
+    #[test]
+    fn a_delay_too_long_for_the_server_is_capped_not_dropped() {
+        let body = nak_with_delay(Duration::MAX);
+        assert_eq!(
+            &body[..],
+            format!("-NAK {{\"delay\":{}}}", i64::MAX).as_bytes()
+        );
     }
 }

@@ -95,6 +95,7 @@ mod dead_letter_store;
 mod deliveries;
 mod error;
 mod lag;
+mod parking;
 mod publisher;
 mod source;
 mod url;
@@ -112,6 +113,7 @@ pub use dead_letter_store::{
 };
 pub use error::Error;
 pub use lag::NatsLagProbe;
+pub use parking::NatsParking;
 pub use publisher::{NatsPublisher, NatsPublisherBuilder, NatsReceipt};
 pub use source::{NatsSource, NatsSourceBuilder};
 
