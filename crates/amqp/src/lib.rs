@@ -121,6 +121,7 @@ mod error;
 pub mod headers;
 mod lag;
 mod live_channel;
+mod parking;
 mod prefetch;
 mod publisher;
 mod source;
@@ -136,6 +137,7 @@ pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_l
 pub use dead_letter_store::{AmqpDeadLetterStore, AmqpDeadLetterStoreBuilder};
 pub use error::Error;
 pub use lag::AmqpLagProbe;
+pub use parking::{AmqpParking, AmqpParkingBuilder};
 pub use publisher::{AmqpPublisher, AmqpPublisherBuilder, AmqpReceipt};
 pub use source::{AmqpSource, AmqpSourceBuilder};
 pub use tls::Tls;

@@ -1,21 +1,25 @@
 //! The consumer runtime over an `AmqpSource` against a real RabbitMQ, end to
 //! end: through connections the broker closes, through the retry path to a
-//! quorum queue's delivery limit, and never running two copies of one
-//! message at once.
+//! quorum queue's delivery limit, never running two copies of one message
+//! at once, and parking what asks to be retried later in wait queues that
+//! give it back once due.
 //!
 //! Each test skips with a printed reason when no broker listens on
 //! 127.0.0.1:5672, unless `INTAKE_REQUIRE_BROKERS=1`.
 
 mod support;
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use intake_amqp::{AmqpSource, Exchange, Queue, Topology};
-use intake_core::Message;
-use intake_core::backend::testkit::skip_or_fail;
-use support::steps::{PATIENCE, publish_direct, settle_at};
-use support::{AmqpBackend, close_connection_named, dead_letter_queue, unique};
+use bytes::Bytes;
+use intake_amqp::lapin::types::AMQPValue;
+use intake_amqp::{AmqpParking, AmqpSource, Exchange, Queue, Topology};
+use intake_core::backend::testkit::{Backend, TestMessage, skip_or_fail};
+use intake_core::parking::{DUE, PARK_ID, Parked, Parking, ParkingLayer, parks_header};
+use intake_core::{HandlerError, Headers, Message, Metadata, Position};
+use support::steps::{PATIENCE, ack_through, publish_direct, receive, settle_at};
+use support::{AmqpBackend, close_connection_named, dead_letter_queue, expiring, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runtime_carries_on_after_the_broker_closes_the_connection_and_loses_nothing() {
@@ -267,4 +271,230 @@ where
         .build(source, acker, handler)
         .expect("valid consumer settings");
     tokio::spawn(consumer.run(shutdown))
+}
+
+/// A quorum queue the fixture produces to (keys as routing keys), and a
+/// parking for it with `tiers`; what the parking declares is deleted with
+/// the fixture.
+async fn parked_queue(
+    backend: &AmqpBackend,
+    prefix: &str,
+    tiers: &[Duration],
+) -> (String, AmqpParking) {
+    let queue = unique(prefix);
+    let mut arguments = expiring();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    backend.declare_queue(&queue, arguments).await.unwrap();
+    let parking = AmqpParking::builder(backend.url())
+        .queue(queue.as_str())
+        .tiers(tiers.iter().copied())
+        .build()
+        .await
+        .unwrap();
+    for tier in parking.tiers() {
+        let wait = parking.wait_queue(tier).expect("a tier has its wait queue");
+        backend.track_queue(wait);
+        backend.track_exchange(wait);
+    }
+    backend.track_exchange(&parking.return_exchange());
+    (queue, parking)
+}
+
+fn unix_millis(time: SystemTime) -> u128 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
+}
+
+/// `message` with the park headers, as the parking layer hands it over:
+/// due `delay` from now.
+fn with_park_headers(message: &Message, delay: Duration, park_id: u64) -> (Message, u128) {
+    let due = unix_millis(SystemTime::now() + delay);
+    let mut copy = message.clone();
+    copy.headers_mut().set(DUE, due.to_string());
+    copy.headers_mut().set(PARK_ID, park_id.to_string());
+    (copy, due)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_message_comes_back_to_its_queue_once_due_with_its_key_payload_and_headers() {
+    let Some(backend) = AmqpBackend::connect_or_skip("parking_comes_back").await else {
+        return;
+    };
+    let delay = Duration::from_secs(1);
+    let (queue, parking) = parked_queue(&backend, "parking-back", &[delay]).await;
+    let headers: Headers = [("tenant", "acme")].into_iter().collect();
+    backend
+        .produce(
+            &queue,
+            vec![TestMessage {
+                key: Some(Bytes::from_static(b"orders.eu")),
+                payload: Bytes::from_static(b"order-7"),
+                headers,
+            }],
+        )
+        .await
+        .unwrap();
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .build()
+        .await
+        .unwrap();
+    let mut acker = source.acker();
+    let original = receive(&mut source, 1, 1).await.messages.remove(0);
+    let (copy, due) = with_park_headers(&original, delay, 7);
+    assert_eq!(parking.park(&copy, delay).await.unwrap(), Parked::Moved);
+    ack_through(&mut acker, &original).await.unwrap();
+
+    let back = receive(&mut source, 1, 1).await.messages.remove(0);
+    let arrived = unix_millis(SystemTime::now());
+    assert!(arrived >= due, "back at {arrived} ms, due at {due} ms");
+    assert_eq!(back.payload(), original.payload());
+    assert_eq!(back.key(), original.key());
+    for name in ["tenant", DUE, PARK_ID] {
+        assert_eq!(back.headers().get(name), copy.headers().get(name), "{name}");
+    }
+    // It came through its wait queue.
+    assert_eq!(
+        back.headers().get_str("x-first-death-queue"),
+        parking.wait_queue(delay)
+    );
+    assert_eq!(parking.parked(), 1);
+    ack_through(&mut acker, &back).await.unwrap();
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_messages_come_back_after_the_parking_that_parked_them_is_gone() {
+    let Some(backend) = AmqpBackend::connect_or_skip("parking_dropped").await else {
+        return;
+    };
+    let delay = Duration::from_secs(2);
+    let (queue, parking) = parked_queue(&backend, "parking-dropped", &[delay]).await;
+    let started = Instant::now();
+    let parks = (0..20u64).map(|id| {
+        let message = Message::new(
+            Bytes::from(id.to_string()),
+            Metadata::new(queue.as_str().into(), 1, Position::Tag(id + 1)),
+        )
+        .with_key(Bytes::from(format!("k{id}")));
+        let (copy, _due) = with_park_headers(&message, delay, id);
+        let parking = &parking;
+        async move { parking.park(&copy, delay).await }
+    });
+    for parked in futures_util::future::join_all(parks).await {
+        assert_eq!(parked.unwrap(), Parked::Moved);
+    }
+    parking.close().await;
+    drop(parking);
+    let gone_after = started.elapsed();
+
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .build()
+        .await
+        .unwrap();
+    let mut acker = source.acker();
+    let back = receive(&mut source, 20, 20).await.messages;
+    let arrived = unix_millis(SystemTime::now());
+    let ids: BTreeSet<String> = back
+        .iter()
+        .map(|message| String::from_utf8_lossy(message.payload()).into_owned())
+        .collect();
+    assert_eq!(ids.len(), 20, "each parked id came back once: {ids:?}");
+    for message in &back {
+        let due: u128 = message.headers().get_str(DUE).unwrap().parse().unwrap();
+        assert!(arrived >= due, "back at {arrived} ms, due at {due} ms");
+    }
+    assert!(
+        gone_after < delay,
+        "the parking was gone only {gone_after:?} after the first park, not before they were due"
+    );
+    for message in &back {
+        ack_through(&mut acker, message).await.unwrap();
+    }
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_parks_what_asks_for_later_and_handles_it_once_due() {
+    let Some(backend) = AmqpBackend::connect_or_skip("parking_runtime").await else {
+        return;
+    };
+    let delay = Duration::from_secs(1);
+    let (queue, parking) = parked_queue(&backend, "parking-runtime", &[delay]).await;
+    let messages = (0..12)
+        .map(|id| TestMessage {
+            // A key of its own: no id waits behind another's park.
+            key: Some(Bytes::from(format!("k{id}"))),
+            payload: Bytes::from(id.to_string()),
+            headers: Headers::new(),
+        })
+        .collect();
+    backend.produce(&queue, messages).await.unwrap();
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .build()
+        .await
+        .unwrap();
+
+    #[derive(Default)]
+    struct Seen {
+        asked_later: BTreeMap<u32, Instant>,
+        handled: BTreeMap<u32, Instant>,
+    }
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let handler = {
+        let seen = seen.clone();
+        tower::service_fn(move |message: Message| {
+            let seen = seen.clone();
+            async move {
+                let id: u32 = String::from_utf8_lossy(message.payload()).parse().unwrap();
+                let mut seen = seen.lock().unwrap();
+                if id.is_multiple_of(3) && parks_header(&message) == 0 {
+                    seen.asked_later.insert(id, Instant::now());
+                    return Err(HandlerError::retry_later("not yet", Duration::from_secs(1)));
+                }
+                seen.handled.insert(id, Instant::now());
+                Ok(())
+            }
+        })
+    };
+    let handler = tower::ServiceBuilder::new()
+        .layer(ParkingLayer::new(parking))
+        .service(handler);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = spawn_consumer(source, handler, shutdown.clone());
+    let handled = || seen.lock().map_or(0, |seen| seen.handled.len());
+    tokio::time::timeout(PATIENCE, async {
+        while handled() < 12 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of 12 ids handled", handled()));
+    shutdown.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert_eq!(report.parked, 4, "{report:?}");
+    assert_eq!(report.succeeded, 12, "{report:?}");
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            seen.asked_later.keys().copied().collect::<Vec<_>>(),
+            [0, 3, 6, 9]
+        );
+        for (id, asked) in &seen.asked_later {
+            let waited = seen.handled[id].duration_since(*asked);
+            assert!(
+                waited >= delay,
+                "id {id} was handled {waited:?} after it asked for later"
+            );
+        }
+    }
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
 }
