@@ -482,3 +482,429 @@ async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
     // `stop` fails the test if the consumer had stopped with an error.
     consumer.stop().await;
 }
+
+/// Parking (issue 18): `KafkaParking` parks in tiered retry topics and its
+/// mover brings each message back to its own topic and partition once due.
+/// "Not before due" is checked on every record that comes back, by its
+/// timestamp (set by the mover's producer when it moves it); "in time"
+/// only by a generous bound.
+mod parking {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+    use intake_core::backend::testkit::harness::{Running, id_of};
+    use intake_core::parking::{DUE, PARK_ID, Parked, Parking, ParkingLayer};
+    use intake_core::{Consumer, HandlerError, Headers};
+    use intake_kafka::KafkaParking;
+    use intake_kafka::parking::ORIGIN_PARTITION;
+    use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use intake_kafka::rdkafka::message::{Header, Headers as _, OwnedHeaders};
+    use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    use intake_kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
+    use tower::ServiceBuilder;
+
+    use super::*;
+
+    /// How long a parked message may take to come back: its delay, the
+    /// mover group's first join (the broker delays it 1.5 s) and slack.
+    const BACK_WITHIN: Duration = Duration::from_secs(20);
+
+    fn unix_millis(time: SystemTime) -> i64 {
+        time.duration_since(UNIX_EPOCH)
+            .map(|since| since.as_millis() as i64)
+            .unwrap_or(0)
+    }
+
+    /// A message as the source hands it out, with the headers the parking
+    /// layer puts on the copy it parks (due in `delay`).
+    fn consumed(topic: &str, partition: u32, id: u64, delay: Duration) -> (Message, i64) {
+        let due = unix_millis(SystemTime::now() + delay);
+        let mut headers = Headers::default();
+        headers.insert("trace", format!("t-{id}"));
+        headers.set(DUE, due.to_string());
+        headers.set(PARK_ID, format!("park-{id}"));
+        let message = Message::new(
+            id.to_string(),
+            Metadata::new(topic.into(), partition, Position::Offset(id as i64)),
+        )
+        .with_key(format!("key-{id}"))
+        .with_headers(headers);
+        (message, due)
+    }
+
+    /// A record read back, with its timestamp (milliseconds).
+    #[derive(Debug)]
+    struct Returned {
+        partition: i32,
+        key: Option<Vec<u8>>,
+        payload: Vec<u8>,
+        headers: Vec<(String, Vec<u8>)>,
+        timestamp: i64,
+    }
+
+    impl Returned {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .rev()
+                .find(|(key, _)| key == name)
+                .and_then(|(_, value)| std::str::from_utf8(value).ok())
+        }
+    }
+
+    /// Reads `topic` from its start until `want` records came, or
+    /// `patience` passed (then returns what came).
+    async fn read_back(
+        brokers: &str,
+        topic: &str,
+        want: usize,
+        patience: Duration,
+    ) -> Vec<Returned> {
+        let brokers = brokers.to_owned();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", unique("intake-reader"))
+                .set("enable.auto.commit", "false")
+                .create()
+                .expect("reader settings are valid");
+            let metadata = consumer
+                .fetch_metadata(Some(&topic), Duration::from_secs(10))
+                .expect("metadata");
+            let mut list = TopicPartitionList::new();
+            for found in metadata
+                .topics()
+                .iter()
+                .filter(|found| found.name() == topic)
+            {
+                for partition in found.partitions() {
+                    list.add_partition_offset(&topic, partition.id(), Offset::Beginning)
+                        .expect("partition");
+                }
+            }
+            consumer.assign(&list).expect("assign");
+            let deadline = Instant::now() + patience;
+            let mut records = Vec::new();
+            while records.len() < want && Instant::now() < deadline {
+                let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) else {
+                    continue;
+                };
+                let headers = message
+                    .headers()
+                    .map(|headers| {
+                        headers
+                            .iter()
+                            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                records.push(Returned {
+                    partition: message.partition(),
+                    key: message.key().map(<[u8]>::to_vec),
+                    payload: message.payload().unwrap_or_default().to_vec(),
+                    headers,
+                    timestamp: message.timestamp().to_millis().unwrap_or(0),
+                });
+            }
+            records
+        })
+        .await
+        .expect("the reader ran")
+    }
+
+    async fn parking_for(kafka: &KafkaBackend, topic: &str, group: &str) -> KafkaParking {
+        KafkaParking::builder(kafka.settings(), group)
+            .topics([topic])
+            .delivery_timeout(Duration::from_secs(10))
+            .build()
+            .await
+            .expect("parking")
+    }
+
+    /// A parking whose mover already moved one message (id `WARM_UP`, due
+    /// at once) back to partition 0 of `topic`: it has joined its group and
+    /// holds the 1 s retry topic, so a message parked now that came back
+    /// early would show it (a mover still joining could not be early).
+    async fn warmed_up(kafka: &KafkaBackend, topic: &str, group: &str) -> KafkaParking {
+        let parking = parking_for(kafka, topic, group).await;
+        let (message, _) = consumed(topic, 0, WARM_UP, Duration::ZERO);
+        parking
+            .park(&message, Duration::ZERO)
+            .await
+            .expect("parked");
+        eventually("the warm-up message to be moved back", PATIENCE, || async {
+            parking.moved() == 1
+        })
+        .await;
+        parking
+    }
+
+    /// The warm-up message's id.
+    const WARM_UP: u64 = 1001;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_parked_message_comes_back_to_its_own_partition_after_its_due_time() {
+        support::init_tracing();
+        let Some(kafka) = KafkaBackend::real("a_parked_message_comes_back_to_its_own_partition")
+        else {
+            return;
+        };
+        let topic = kafka.create_source(3).await.expect("topic");
+        let group = unique("g");
+        let parking = warmed_up(&kafka, &topic, &group).await;
+        let delay = Duration::from_secs(1);
+        let (message, due) = consumed(&topic, 2, 7, delay);
+
+        let parked = parking.park(&message, delay).await.expect("parked");
+        assert_eq!(parked, Parked::Moved);
+        let retry_topic = parking.topic_for(&topic, delay);
+        assert_eq!(retry_topic, format!("{topic}.{group}.retry.1s"));
+        let in_retry = kafka.read_all(&retry_topic).await.expect("retry topic");
+        let in_retry = in_retry
+            .iter()
+            .find(|record| record.payload == "7")
+            .expect("confirmed before park returned");
+        assert_eq!(in_retry.partition, 2, "the origin partition's number");
+        assert_eq!(in_retry.header(ORIGIN_PARTITION), Some("2"));
+        let offsets = kafka.offsets(&retry_topic, "-").await.expect("offsets");
+        assert_eq!(offsets.len(), 3, "as many partitions as the origin");
+
+        let back = read_back(kafka.brokers(), &topic, 2, BACK_WITHIN).await;
+        let back = back
+            .iter()
+            .find(|record| record.payload == b"7")
+            .unwrap_or_else(|| panic!("7 did not come back within {BACK_WITHIN:?}: {back:?}"));
+        assert!(
+            back.timestamp >= due,
+            "moved back {} ms before its due time",
+            due - back.timestamp
+        );
+        assert_eq!(back.partition, 2);
+        assert_eq!(back.key.as_deref(), Some(&b"key-7"[..]));
+        assert_eq!(back.payload, b"7");
+        let sent: Vec<(String, Vec<u8>)> = message
+            .headers()
+            .iter()
+            .map(|header| (header.name.to_string(), header.value.to_vec()))
+            .collect();
+        assert_eq!(
+            back.headers, sent,
+            "the headers it was parked with, in order"
+        );
+        eventually("the mover to count its move", PATIENCE, || async {
+            parking.moved() == 2
+        })
+        .await;
+        parking
+            .shutdown(Duration::from_secs(15))
+            .await
+            .expect("the mover stops");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn malformed_records_in_a_retry_topic_go_back_at_once_and_stall_nothing() {
+        support::init_tracing();
+        let Some(kafka) = KafkaBackend::real("malformed_records_in_a_retry_topic_go_back_at_once")
+        else {
+            return;
+        };
+        let topic = kafka.create_source(3).await.expect("topic");
+        let group = unique("g");
+        let parking = warmed_up(&kafka, &topic, &group).await;
+        let delay = Duration::from_secs(1);
+        let retry_topic = parking.topic_for(&topic, delay);
+        // Hostile records behind a parked one in the same partition, then
+        // a well-formed one behind them.
+        let (first, _) = consumed(&topic, 0, 1, delay);
+        parking.park(&first, delay).await.expect("parked");
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", kafka.brokers())
+            .create()
+            .expect("producer");
+        for (id, headers) in [
+            (2, vec![(ORIGIN_PARTITION, "not-a-partition")]),
+            (3, vec![(DUE, "soon"), (ORIGIN_PARTITION, "77")]),
+            (4, vec![(DUE, "-1"), (ORIGIN_PARTITION, "-3")]),
+        ] {
+            let headers = headers
+                .iter()
+                .fold(OwnedHeaders::new(), |all, (key, value)| {
+                    all.insert(Header {
+                        key,
+                        value: Some(value.as_bytes()),
+                    })
+                });
+            let payload = id.to_string();
+            producer
+                .send(
+                    FutureRecord::<str, str>::to(&retry_topic)
+                        .partition(0)
+                        .key("hostile")
+                        .payload(&payload)
+                        .headers(headers),
+                    Duration::from_secs(10),
+                )
+                .await
+                .expect("hostile record written");
+        }
+        let (last, last_due) = consumed(&topic, 1, 5, delay);
+        parking.park(&last, delay).await.expect("parked");
+
+        let back = read_back(kafka.brokers(), &topic, 6, BACK_WITHIN).await;
+        let mut ids: Vec<&[u8]> = back.iter().map(|record| &record.payload[..]).collect();
+        ids.sort();
+        assert_eq!(
+            ids,
+            [&b"1"[..], b"1001", b"2", b"3", b"4", b"5"],
+            "{back:?}"
+        );
+        let well_formed = back
+            .iter()
+            .find(|record| record.payload == b"5")
+            .expect("5");
+        assert_eq!(well_formed.partition, 1);
+        assert!(well_formed.timestamp >= last_due);
+        for hostile in back
+            .iter()
+            .filter(|record| record.key.as_deref() == Some(b"hostile"))
+        {
+            assert_eq!(hostile.header(ORIGIN_PARTITION), None, "{hostile:?}");
+        }
+        parking
+            .shutdown(Duration::from_secs(15))
+            .await
+            .expect("the mover stops");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parked_messages_come_back_after_the_parking_that_parked_them_is_gone() {
+        support::init_tracing();
+        let Some(kafka) = KafkaBackend::real("parked_messages_come_back_after_the_parking_is_gone")
+        else {
+            return;
+        };
+        let topic = kafka.create_source(3).await.expect("topic");
+        let group = unique("g");
+        let delay = Duration::from_secs(3);
+        let parking = parking_for(&kafka, &topic, &group).await;
+        let mut dues = BTreeMap::new();
+        for id in 0..12u64 {
+            let (message, due) = consumed(&topic, (id % 3) as u32, id, delay);
+            parking.park(&message, delay).await.expect("parked");
+            dues.insert(id, due);
+        }
+        // Gone before anything is due: its mover held at most, committed
+        // nothing.
+        drop(parking);
+        let earliest = dues.values().min().copied().unwrap_or_default();
+        let dropped_before_due = unix_millis(SystemTime::now()) < earliest;
+
+        let successor = parking_for(&kafka, &topic, &group).await;
+        let back = read_back(kafka.brokers(), &topic, 12, BACK_WITHIN).await;
+        let mut came: BTreeMap<u64, usize> = BTreeMap::new();
+        for record in &back {
+            let id: u64 = std::str::from_utf8(&record.payload)
+                .expect("utf-8")
+                .parse()
+                .expect("an id");
+            *came.entry(id).or_default() += 1;
+            assert!(record.timestamp >= dues[&id], "{id} came back early");
+            assert_eq!(record.partition, (id % 3) as i32, "{id}");
+        }
+        assert_eq!(
+            came.keys().copied().collect::<Vec<_>>(),
+            (0..12).collect::<Vec<_>>(),
+            "every parked message came back (dropped before due: {dropped_before_due})"
+        );
+        successor
+            .shutdown(Duration::from_secs(15))
+            .await
+            .expect("the mover stops");
+    }
+
+    /// The runtime with the parking layer: ids 0, 5 and 10 ask for 1 s on
+    /// their first attempt; each is parked (counted in the report), comes
+    /// back, and is handled after its delay; every other id runs at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_runtime_parks_retry_later_failures_and_handles_them_after_their_delay() {
+        support::init_tracing();
+        let Some(kafka) = KafkaBackend::real("the_runtime_parks_retry_later_failures") else {
+            return;
+        };
+        let topic = kafka.create_source(2).await.expect("topic");
+        let group = unique("g");
+        // Distinct keys: no message waits behind a parked one of its key.
+        kafka
+            .produce(&topic, numbered(0, 14))
+            .await
+            .expect("produce");
+        let source = kafka.source(&topic, &group).build().await.expect("source");
+        let acker = source.acker();
+        let parking = warmed_up(&kafka, &topic, &group).await;
+        let delay = Duration::from_secs(1);
+
+        let ledger = Ledger::default();
+        let first_seen: Arc<Mutex<BTreeMap<u64, Instant>>> = Arc::default();
+        let waited: Arc<Mutex<BTreeMap<u64, Duration>>> = Arc::default();
+        let handler = {
+            let (ledger, first_seen, waited) = (ledger.clone(), first_seen.clone(), waited.clone());
+            tower::service_fn(move |message: Message| {
+                let (ledger, first_seen, waited) =
+                    (ledger.clone(), first_seen.clone(), waited.clone());
+                async move {
+                    let id = id_of(&message)?;
+                    let now = Instant::now();
+                    let (first, since) = {
+                        let mut seen = first_seen.lock().expect("lock");
+                        match seen.get(&id) {
+                            Some(at) => (false, now.duration_since(*at)),
+                            None => {
+                                seen.insert(id, now);
+                                (true, Duration::ZERO)
+                            }
+                        }
+                    };
+                    if id % 5 == 0 && first {
+                        return Err(HandlerError::retry_later("not yet", delay));
+                    }
+                    if id % 5 == 0 {
+                        waited.lock().expect("lock").insert(id, since);
+                    }
+                    ledger.record(id);
+                    Ok::<(), HandlerError>(())
+                }
+            })
+        };
+        let handler = ServiceBuilder::new()
+            .layer(ParkingLayer::new(parking.clone()))
+            .service(handler);
+        let running = Running::run(
+            source,
+            acker,
+            Consumer::builder().ordering(DeliveryOrder::Key),
+            64,
+            handler,
+        )
+        .expect("consumer");
+        ledger
+            .wait_for_all(14, "every id, the parked ones after their delay")
+            .await;
+        let report = running.stop().await;
+        assert_eq!(report.parked, 3, "{report:?}");
+        let waited = waited.lock().expect("lock").clone();
+        assert_eq!(waited.keys().copied().collect::<Vec<_>>(), [0, 5, 10]);
+        for (id, waited) in waited {
+            assert!(waited >= delay, "{id} handled again after {waited:?}");
+        }
+        for id in 0..14 {
+            assert_eq!(ledger.count(id), 1, "{id} succeeded once");
+        }
+        assert!(parking.moved() >= 4, "the warm-up and the 3 parked");
+        parking
+            .shutdown(Duration::from_secs(15))
+            .await
+            .expect("the mover stops");
+    }
+}
