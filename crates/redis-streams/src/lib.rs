@@ -56,6 +56,7 @@ mod endpoint;
 mod error;
 mod held;
 mod lag;
+mod parking;
 mod publisher;
 mod settings;
 mod source;
@@ -68,6 +69,7 @@ pub use dead_letter_store::{RedisDeadLetterStore, RedisDeadLetters, RedisDeadLet
 pub use endpoint::Endpoint;
 pub use error::{Error, TRANSIENT_CODES};
 pub use lag::RedisLagProbe;
+pub use parking::{RedisParking, RedisParkingBuilder};
 pub use publisher::{RedisStreamsPublisher, RedisStreamsPublisherBuilder, RedisStreamsReceipt};
 pub use settings::{DeadLetterStream, StartFrom};
 pub use source::RedisStreamsSource;

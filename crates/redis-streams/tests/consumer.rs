@@ -1,12 +1,20 @@
-//! The Redis Streams source and acker under the consumer runtime.
+//! The Redis Streams source and acker under the consumer runtime, and
+//! parking (retry later without blocking): a parked message comes back to
+//! its stream once due, outlives the parking that parked it, and runs
+//! through the runtime's parking layer.
 
 mod support;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use intake_core::parking::{DUE, PARK_ID, Parked, Parking, ParkingLayer, parks_header};
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
+use intake_redis_streams::{Error, RedisParking, RedisParkingBuilder};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
 
 use support::*;
@@ -154,4 +162,442 @@ async fn shutdown_leaves_unfinished_entries_pending_for_the_next_run() {
     assert_eq!(names, vec!["m5", "m6", "m7", "m8", "m9"]);
     ack(&mut acker, &again).await;
     assert_all_acknowledged(&mut redis, &stream, &group).await;
+}
+
+fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
+/// A parking of `stream` for tests: a short poll interval, so that a park
+/// of another instance is seen soon.
+fn parking_of(stream: &str) -> RedisParkingBuilder {
+    RedisParking::builder(redis_url())
+        .consumed_stream(stream)
+        .poll_interval(Duration::from_millis(200))
+}
+
+/// `message` with the headers the parking layer gives a copy it parks for
+/// `delay`; returns it with its due time.
+fn parked_copy(message: &Message, delay: Duration, park_id: u64) -> (Message, u64) {
+    let due = now_millis() + delay.as_millis() as u64;
+    let mut copy = message.clone();
+    copy.headers_mut().set(DUE, due.to_string());
+    copy.headers_mut().set(PARK_ID, park_id.to_string());
+    (copy, due)
+}
+
+async fn xlen(redis: &mut MultiplexedConnection, key: &str) -> u64 {
+    redis.xlen(key).await.expect("XLEN")
+}
+
+/// Waits until `stream` holds `length` entries, at most `deadline`.
+async fn wait_for_length(
+    redis: &mut MultiplexedConnection,
+    stream: &str,
+    length: u64,
+    deadline: Duration,
+) -> u64 {
+    let started = tokio::time::Instant::now();
+    loop {
+        let now = xlen(redis, stream).await;
+        if now >= length || started.elapsed() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_parked_message_comes_back_to_its_stream_after_its_due_time_with_its_fields() {
+    let Some(mut redis) = redis_or_skip("a_parked_message_comes_back_to_its_stream").await else {
+        return;
+    };
+    let stream = unique("park");
+    let group = unique("group");
+    redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("payload")
+        .arg("body")
+        .arg("key")
+        .arg("k1")
+        .arg("trace")
+        .arg("t-1")
+        .query_async::<String>(&mut redis)
+        .await
+        .expect("XADD");
+    let mut source = group_builder(&stream, &group, "c1")
+        .key_field("key")
+        .build()
+        .await
+        .expect("connect");
+    let mut acker = source.acker();
+    let original = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
+    assert_eq!(original.len(), 1);
+    let parking = parking_of(&stream).build().await.expect("parking");
+
+    let (copy, due) = parked_copy(&original[0], Duration::from_secs(1), 7);
+    let parked = parking.park(&copy, Duration::from_secs(1)).await;
+    assert!(matches!(parked, Ok(Parked::Moved)), "{parked:?}");
+    ack(&mut acker, &original).await;
+
+    let back = receive(&mut source, 1, 10, Duration::from_secs(20)).await;
+    let arrived = now_millis();
+    assert_eq!(back.len(), 1, "the parked copy came back within 20 s");
+    assert!(
+        arrived >= due,
+        "back at {arrived}, before its due time {due}"
+    );
+    let back = &back[0];
+    assert_eq!(back.payload(), copy.payload());
+    assert_eq!(back.key(), copy.key());
+    assert_eq!(back.headers(), copy.headers(), "the same fields, in order");
+    assert_ne!(
+        back.metadata().position(),
+        original[0].metadata().position(),
+        "a new entry of the stream"
+    );
+    ack(&mut acker, std::slice::from_ref(back)).await;
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
+    let indexed: u64 = redis
+        .zcard(RedisParking::due_index(&stream))
+        .await
+        .expect("ZCARD");
+    assert_eq!(indexed, 0, "the due index is empty again");
+
+    // A message of a stream the parking was not built for would never
+    // come back: refused, so that the layer retries it the ordinary way.
+    let other = Message::new(
+        "body",
+        intake_core::Metadata::new("another-stream".into(), 0, back.metadata().position()),
+    );
+    assert!(parking.park(&other, Duration::from_secs(1)).await.is_err());
+    parking.shutdown().await;
+    assert!(
+        parking.park(&copy, Duration::from_secs(1)).await.is_err(),
+        "a parking that was shut down refuses parks"
+    );
+}
+
+#[tokio::test]
+async fn parked_messages_outlive_their_parking_and_two_movers_move_each_once() {
+    let Some(mut redis) = redis_or_skip("parked_messages_outlive_their_parking").await else {
+        return;
+    };
+    let stream = unique("park-outlive");
+    let group = unique("group");
+    let count = 20;
+    produce(&mut redis, &stream, "m", count).await;
+    let mut source = group_builder(&stream, &group, "c1")
+        .build()
+        .await
+        .expect("connect");
+    let mut acker = source.acker();
+    let originals = receive(&mut source, count, count, Duration::from_secs(5)).await;
+    assert_eq!(originals.len(), count);
+
+    let parking = parking_of(&stream).build().await.expect("parking");
+    let delay = Duration::from_millis(800);
+    let mut latest_due = 0;
+    for (n, message) in originals.iter().enumerate() {
+        let (copy, due) = parked_copy(message, delay, n as u64);
+        latest_due = latest_due.max(due);
+        let parked = parking.park(&copy, delay).await;
+        assert!(matches!(parked, Ok(Parked::Moved)), "{parked:?}");
+    }
+    ack(&mut acker, &originals).await;
+    // The process goes away before anything is due: its mover stops.
+    drop(parking);
+    tokio::time::sleep(delay + Duration::from_millis(500)).await;
+    assert_eq!(
+        xlen(&mut redis, &stream).await,
+        count as u64,
+        "no mover ran"
+    );
+    let parked_stream = RedisParking::parked_stream(&stream);
+    assert_eq!(xlen(&mut redis, &parked_stream).await, count as u64);
+
+    // Two instances start; between them each parked message moves once.
+    let (first, second) = tokio::join!(
+        parking_of(&stream).batch(3).build(),
+        parking_of(&stream).batch(3).build()
+    );
+    let (first, second) = (first.expect("parking"), second.expect("parking"));
+    let length = wait_for_length(
+        &mut redis,
+        &stream,
+        2 * count as u64,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(length, 2 * count as u64, "every parked message came back");
+    assert!(now_millis() >= latest_due);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        xlen(&mut redis, &stream).await,
+        2 * count as u64,
+        "and none twice"
+    );
+    assert_eq!(xlen(&mut redis, &parked_stream).await, 0);
+    let back = receive(&mut source, count, count, Duration::from_secs(5)).await;
+    let mut names = payloads(&back);
+    names.sort();
+    let mut expected = payloads(&originals);
+    expected.sort();
+    assert_eq!(names, expected);
+    ack(&mut acker, &back).await;
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_mover_moves_an_undated_entry_at_once_keeps_a_later_one_and_drops_a_vanished_one() {
+    let Some(mut redis) = redis_or_skip("the_mover_moves_an_undated_entry_at_once").await else {
+        return;
+    };
+    let stream = unique("park-malformed");
+    let parked_stream = RedisParking::parked_stream(&stream);
+    let due_index = RedisParking::due_index(&stream);
+    // Written by hand: an entry without a due time, one due in an hour,
+    // and index members that name no entry (one not even an id).
+    redis::cmd("XADD")
+        .arg(&parked_stream)
+        .arg("*")
+        .arg("payload")
+        .arg("undated")
+        .query_async::<String>(&mut redis)
+        .await
+        .expect("XADD");
+    redis::cmd("XADD")
+        .arg(&parked_stream)
+        .arg("*")
+        .arg("payload")
+        .arg("later")
+        .arg(DUE)
+        .arg(now_millis() + 3_600_000)
+        .query_async::<String>(&mut redis)
+        .await
+        .expect("XADD");
+    let _: () = redis
+        .zadd_multiple(&due_index, &[(0, "1-1"), (0, "not-an-id")])
+        .await
+        .expect("ZADD");
+
+    // The first round runs in `build`.
+    let parking = parking_of(&stream).build().await.expect("parking");
+    let moved = entries(&mut redis, &stream).await;
+    assert_eq!(moved.len(), 1);
+    assert_eq!(field(&moved[0], "payload").as_deref(), Some("undated"));
+    assert_eq!(
+        parking.waiting(&stream).await.ok(),
+        Some(1),
+        "the later one waits"
+    );
+    let indexed: Vec<String> = redis.zrange(&due_index, 0, -1).await.expect("ZRANGE");
+    assert_eq!(indexed.len(), 1, "{indexed:?}");
+    let later = entries(&mut redis, &parked_stream).await;
+    assert_eq!(field(&later[0], "payload").as_deref(), Some("later"));
+    parking.shutdown().await;
+
+    // A due index of another type fails the build, naming the key.
+    let wrong = unique("park-wrong");
+    let _: () = redis
+        .set(RedisParking::due_index(&wrong), "a string")
+        .await
+        .expect("SET");
+    match parking_of(&wrong).build().await {
+        Err(error @ Error::WrongType { .. }) => {
+            let chain = format!("{error} {:?}", std::error::Error::source(&error));
+            assert!(chain.contains(&RedisParking::due_index(&wrong)), "{chain}");
+        }
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_entry_a_failed_round_read_but_did_not_index_is_moved_by_the_next() {
+    let Some(mut redis) = redis_or_skip("an_entry_a_failed_round_read").await else {
+        return;
+    };
+    let stream = unique("park-interrupted");
+    let parked_stream = RedisParking::parked_stream(&stream);
+    redis::cmd("XADD")
+        .arg(&parked_stream)
+        .arg("*")
+        .arg("payload")
+        .arg("interrupted")
+        .arg(DUE)
+        .arg(now_millis())
+        .query_async::<String>(&mut redis)
+        .await
+        .expect("XADD");
+    // What a round that stopped after its read (`OOM` on the `ZADD`)
+    // leaves: the group's cursor past the entry, the entry pending.
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&parked_stream)
+        .arg(RedisParking::MOVER_GROUP)
+        .arg("0")
+        .query_async::<()>(&mut redis)
+        .await
+        .expect("XGROUP CREATE");
+    redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(RedisParking::MOVER_GROUP)
+        .arg("mover")
+        .arg("STREAMS")
+        .arg(&parked_stream)
+        .arg(">")
+        .query_async::<redis::Value>(&mut redis)
+        .await
+        .expect("XREADGROUP");
+
+    let parking = parking_of(&stream).build().await.expect("parking");
+    let moved = entries(&mut redis, &stream).await;
+    assert_eq!(moved.len(), 1, "moved by the first round, in build");
+    assert_eq!(field(&moved[0], "payload").as_deref(), Some("interrupted"));
+    assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
+    parking.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_runtime_parks_retry_later_failures_and_handles_them_after_their_delay() {
+    let Some(mut redis) = redis_or_skip("the_runtime_parks_retry_later_failures").await else {
+        return;
+    };
+    let stream = unique("park-runtime");
+    let group = unique("group");
+    let count = 30;
+    produce(&mut redis, &stream, "m", count).await;
+    let source = group_builder(&stream, &group, "c1")
+        .build()
+        .await
+        .expect("connect");
+    let acker = source.acker();
+    let parking = parking_of(&stream).build().await.expect("parking");
+    let shutdown = CancellationToken::new();
+    let done = stop_after(count, &shutdown);
+    // Every third id asks for later on its first attempt; for each, when it
+    // was handled again and the due time its copy carried.
+    let late: Arc<Mutex<HashMap<String, (u64, u64)>>> = Arc::default();
+    let handler = tower::ServiceBuilder::new()
+        .layer(ParkingLayer::new(parking.clone()))
+        .service(tower::service_fn({
+            let late = Arc::clone(&late);
+            move |message: Message| {
+                let name = String::from_utf8_lossy(message.payload()).into_owned();
+                let n: usize = name.trim_start_matches('m').parse().unwrap_or(0);
+                let outcome = if n.is_multiple_of(3) && parks_header(&message) == 0 {
+                    Err(HandlerError::retry_later(
+                        "the ledger is down",
+                        Duration::from_secs(1),
+                    ))
+                } else {
+                    if parks_header(&message) > 0 {
+                        let due = message
+                            .headers()
+                            .get_str(DUE)
+                            .and_then(|due| due.parse().ok())
+                            .unwrap_or(u64::MAX);
+                        late.lock()
+                            .expect("not poisoned")
+                            .insert(name, (now_millis(), due));
+                    }
+                    done();
+                    Ok(())
+                };
+                std::future::ready(outcome)
+            }
+        }));
+    let report = tokio::time::timeout(
+        Duration::from_secs(20),
+        Consumer::builder()
+            .max_in_flight(50)
+            .build(source, acker, handler)
+            .expect("consumer")
+            .run(shutdown),
+    )
+    .await
+    .expect("every id was handled within 20 s")
+    .expect("run");
+    assert_eq!(report.parked, 10, "{report:?}");
+    assert_eq!(report.succeeded, count as u64, "{report:?}");
+    let late = late.lock().expect("not poisoned").clone();
+    let mut parked: Vec<_> = late.keys().cloned().collect();
+    parked.sort();
+    let mut expected: Vec<_> = (0..count)
+        .filter(|n| n % 3 == 0)
+        .map(|n| format!("m{n}"))
+        .collect();
+    expected.sort();
+    assert_eq!(parked, expected, "the parked ids came back once each");
+    for (name, (handled, due)) in &late {
+        assert!(handled >= due, "{name} handled at {handled}, due {due}");
+    }
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
+    parking.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_is_parked_when_redis_goes_away_moves_back_once_it_returns() {
+    let Some(mut redis) = redis_or_skip("what_is_parked_when_redis_goes_away").await else {
+        return;
+    };
+    let mut proxy = Proxy::start().await;
+    let stream = unique("park-outage");
+    let count = 5;
+    produce(&mut redis, &stream, "m", count).await;
+    let mut source = group_builder(&stream, &unique("group"), "c1")
+        .build()
+        .await
+        .expect("connect");
+    let originals = receive(&mut source, count, count, Duration::from_secs(5)).await;
+    assert_eq!(originals.len(), count);
+    let parking = RedisParking::builder(format!("redis://{}", proxy.address()))
+        .consumed_stream(&stream)
+        .poll_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(500))
+        .command_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("parking");
+    let delay = Duration::from_millis(700);
+    let mut latest_due = 0;
+    for (n, message) in originals.iter().enumerate() {
+        let (copy, due) = parked_copy(message, delay, n as u64);
+        latest_due = latest_due.max(due);
+        let parked = parking.park(&copy, delay).await;
+        assert!(matches!(parked, Ok(Parked::Moved)), "{parked:?}");
+    }
+
+    proxy.stop();
+    // A park while Redis is away fails within its bound, and the parking
+    // layer would retry that message the ordinary way.
+    let (late, _) = parked_copy(&originals[0], delay, 99);
+    let refused = tokio::time::timeout(Duration::from_secs(5), parking.park(&late, delay)).await;
+    assert!(matches!(refused, Ok(Err(_))), "{refused:?}");
+    tokio::time::sleep(delay).await;
+    assert_eq!(
+        xlen(&mut redis, &stream).await,
+        count as u64,
+        "nothing moved while the mover could not reach Redis"
+    );
+
+    let _proxy = proxy.restart().await;
+    let length = wait_for_length(
+        &mut redis,
+        &stream,
+        2 * count as u64,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(length, 2 * count as u64, "every parked message came back");
+    assert!(now_millis() >= latest_due);
+    assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
+    parking.shutdown().await;
 }
