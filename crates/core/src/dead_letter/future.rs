@@ -19,6 +19,7 @@ use super::{
 use crate::error::{ErrorChain, ErrorClass, HandlerError, chain_for_log};
 use crate::interruptible_sleep::{InterruptibleSleep, Wake, outlasts_the_drain};
 use crate::message::Message;
+use crate::parking::ParkedMessage;
 
 /// A dead-letter write in progress; it hands the letter back so that a
 /// failed write can be tried again. Boxed: only failed messages write.
@@ -104,7 +105,11 @@ impl<S> Routing<S> {
 
     /// Applies the policy to a failure of the handler.
     fn route<F>(&mut self, error: HandlerError) -> Next<F> {
-        if matches!(error.class(), ErrorClass::Ignore | ErrorClass::Interrupted) {
+        // A message handed back to the broker to be handled later is
+        // parked, not failed: its park is the runtime's to finish.
+        if matches!(error.class(), ErrorClass::Ignore | ErrorClass::Interrupted)
+            || error.cause().is::<ParkedMessage>()
+        {
             return Next::Finish(Err(error));
         }
         let attempts = self.attempts_of(&error);

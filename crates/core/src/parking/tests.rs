@@ -345,7 +345,10 @@ async fn a_message_parked_as_often_as_allowed_is_dead_lettered() {
         "a2 waited behind a1 until a1 was given up: {runs:?}"
     );
     // a2 came back while a1 was parked again, and went back behind it.
-    assert!(report.parked >= 4, "a1 twice, a2 behind it each time: {report:?}");
+    assert!(
+        report.parked >= 4,
+        "a1 twice, a2 behind it each time: {report:?}"
+    );
     assert_eq!(report.dead_lettered, 1);
 }
 
@@ -455,5 +458,50 @@ async fn the_retry_layer_asks_for_later_once_its_attempts_are_used_up_and_never_
     assert!(
         !error.affects_backoff(),
         "a later says nothing about the consumer's health"
+    );
+}
+
+/// A parking place whose broker redelivers the original itself (NATS).
+struct HandingBack;
+
+#[async_trait::async_trait]
+impl Parking for HandingBack {
+    async fn park(&self, _: &Message, _: Duration) -> Result<Parked, ParkError> {
+        Ok(Parked::HandedBack)
+    }
+}
+
+#[tokio::test]
+async fn a_message_handed_back_passes_a_dead_letter_layer_as_parked_not_failed() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    let mut stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(
+            broker.dead_letter_sink(TOPIC, GROUP).expect("sink"),
+        ))
+        .layer(ParkingLayer::new(HandingBack))
+        .service(tower::service_fn(|_: Message| async {
+            Err::<(), _>(HandlerError::retry_later(
+                "rate limited",
+                Duration::from_secs(5),
+            ))
+        }));
+    let message = Message::new(
+        "m",
+        crate::Metadata::new(TOPIC.into(), 0, crate::Position::Offset(0)),
+    )
+    .with_key("a");
+    let error = tower::Service::call(&mut stack, message)
+        .await
+        .expect_err("parked");
+    assert!(error.cause().is::<ParkedMessage>(), "{error:?}");
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(5)));
+    assert!(!error.affects_backoff());
+    assert!(
+        broker
+            .dead_letters(TOPIC, GROUP)
+            .expect("letters")
+            .is_empty(),
+        "a parked message is no dead letter"
     );
 }
