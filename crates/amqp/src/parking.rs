@@ -118,13 +118,13 @@ const fn hours(hours: u64) -> Duration {
 /// A delay waits in the shortest tier at least as long, so a message never
 /// comes back before it is due, and the number of wait queues stays
 /// bounded. The [default tiers](AmqpParking::DEFAULT_TIERS) run from 1 s
-/// to 24 h, each at most 5/3 of the one before: a message comes back at
-/// most 2/3 of its delay late (a delay of 31 min waits 45 min). The
+/// to 24 h, each at most 5/3 of the one before: a delay of a second or
+/// more comes back at most 2/3 of itself late (31 min waits 45 min). The
 /// [`ParkingLayer`](intake_core::parking::ParkingLayer) keeps a key's
 /// order only while its parked message is less than
 /// [`overdue_after`](intake_core::parking::ParkingLayer::overdue_after) (10
-/// min by default) overdue, which the default tiers exceed for delays above
-/// 15 minutes: raise `overdue_after`, or give the delays the handler asks
+/// min by default) overdue, which the default tiers reach for delays above
+/// 20 minutes: raise `overdue_after`, or give the delays the handler asks
 /// for as [`tiers`](AmqpParkingBuilder::tiers), which then come back on
 /// time. A delay longer than the longest tier is refused (the layer retries
 /// the message the ordinary way and logs why).
@@ -162,6 +162,9 @@ const fn hours(hours: u64) -> Duration {
 ///   exclusive to their connection and cannot be parked into.
 /// - `Q` is bound to `Q.wait.return`: deleting `Q` unbinds it, and the
 ///   parked messages wait (up to their queue's expiry) for a route back.
+/// - A wait queue deleted by hand takes its messages along; the next park
+///   to it fails (and is retried the ordinary way), the one after declares
+///   it again.
 /// - The delayed-message exchange plugin is not used: wait queues work on
 ///   every RabbitMQ from 3.10 without plugins.
 ///
@@ -302,8 +305,9 @@ impl AmqpParkingBuilder {
     }
 
     /// Checks the settings, connects, and declares the return route and
-    /// the shortest tier's wait queue, so that a wrong password, a missing
-    /// queue or a broker without quorum-queue TTLs shows here.
+    /// the shortest tier's wait queue (which, unused, deletes itself after
+    /// its TTL and 30 minutes), so that a wrong password, a missing queue or
+    /// a broker without quorum-queue TTLs shows here.
     ///
     /// # Errors
     ///

@@ -498,3 +498,92 @@ async fn the_runtime_parks_what_asks_for_later_and_handles_it_once_due() {
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_queue_deleted_by_hand_is_declared_again_by_a_later_park() {
+    let Some(backend) = AmqpBackend::connect_or_skip("parking_redeclared").await else {
+        return;
+    };
+    let delay = Duration::from_secs(1);
+    let queue = backend.classic_queue("parking-redeclared").await.unwrap();
+    // Classic wait queues, so that this kind is exercised too.
+    let parking = AmqpParking::builder(backend.url())
+        .queue(queue.as_str())
+        .tiers([delay])
+        .classic_wait_queues()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let wait = parking.wait_queue(delay).unwrap().to_owned();
+    backend.track_queue(&wait);
+    backend.track_exchange(&wait);
+    backend.track_exchange(&parking.return_exchange());
+    backend
+        .channel()
+        .queue_delete(wait.as_str().into(), Default::default())
+        .await
+        .unwrap();
+
+    let message = Message::new(
+        Bytes::from_static(b"late"),
+        Metadata::new(queue.as_str().into(), 1, Position::Tag(1)),
+    );
+    let (copy, due) = with_park_headers(&message, delay, 1);
+    // The parking declared the tier moments ago, so the first park
+    // publishes without declaring, to the exchange that went with the
+    // queue: it fails (and the parking layer would retry the message the
+    // ordinary way). It forgets the declaration, so the next park
+    // declares the tier again.
+    let first = parking.park(&copy, delay).await;
+    assert!(first.is_err(), "{first:?}");
+    let parked = parking.park(&copy, delay).await.unwrap();
+    assert_eq!(parked, Parked::Moved);
+    let back = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let waiting = backend.peek(&queue).await.unwrap();
+            if !waiting.is_empty() {
+                return waiting;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the parked message comes back");
+    let arrived = unix_millis(SystemTime::now());
+    assert!(arrived >= due, "back at {arrived} ms, due at {due} ms");
+    assert_eq!(back.len(), 1);
+    assert_eq!(&back[0].0[..], b"late");
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_that_would_come_back_early_or_to_another_queue_is_refused() {
+    let Some(backend) = AmqpBackend::connect_or_skip("parking_refused").await else {
+        return;
+    };
+    let tier = Duration::from_secs(1);
+    let (queue, parking) = parked_queue(&backend, "parking-refused", &[tier]).await;
+    let from = |source: &str| {
+        let message = Message::new(
+            Bytes::from_static(b"x"),
+            Metadata::new(source.into(), 1, Position::Tag(1)),
+        );
+        with_park_headers(&message, tier, 1).0
+    };
+    let longer = tier + Duration::from_millis(1);
+    assert_eq!(parking.wait_queue(longer), None);
+    let early = parking.park(&from(&queue), longer).await;
+    assert!(early.is_err(), "{early:?}");
+    let elsewhere = parking.park(&from("another-queue"), tier).await;
+    assert!(elsewhere.is_err(), "{elsewhere:?}");
+    assert_eq!(parking.parked(), 0);
+    assert_eq!(
+        backend
+            .messages_in(parking.wait_queue(tier).unwrap())
+            .await
+            .unwrap(),
+        0
+    );
+    backend.cleanup().await;
+}
