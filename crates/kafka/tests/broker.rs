@@ -778,6 +778,53 @@ mod parking {
             .expect("the mover stops");
     }
 
+    /// A record whose due time lies far beyond its tier (a delay above the
+    /// largest tier, a hostile header) holds its partition no longer than
+    /// the next tier: then it goes to the tail, and the record behind it
+    /// comes back on time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_due_long_after_its_tier_goes_to_the_tail_and_holds_up_nothing() {
+        support::init_tracing();
+        let Some(kafka) = KafkaBackend::real("a_record_due_long_after_its_tier_goes_to_the_tail")
+        else {
+            return;
+        };
+        let topic = kafka.create_source(1).await.expect("topic");
+        let group = unique("g");
+        let tier = Duration::from_millis(200);
+        let parking = KafkaParking::builder(kafka.settings(), &group)
+            .topics([&topic])
+            .tiers([tier, Duration::from_millis(400)])
+            .delivery_timeout(Duration::from_secs(10))
+            .build()
+            .await
+            .expect("parking");
+        // Due in a day, yet in the 200 ms tier, ahead of one due in 200 ms.
+        let (far, _) = consumed(&topic, 0, 1, Duration::from_secs(86_400));
+        parking.park(&far, tier).await.expect("parked");
+        let (near, near_due) = consumed(&topic, 0, 2, tier);
+        parking.park(&near, tier).await.expect("parked");
+
+        let back = read_back(kafka.brokers(), &topic, 1, BACK_WITHIN).await;
+        assert_eq!(
+            back.len(),
+            1,
+            "the near one came back within {BACK_WITHIN:?}"
+        );
+        assert_eq!(back[0].payload, b"2");
+        assert!(back[0].timestamp >= near_due);
+        eventually("the far one to go to the tail twice", PATIENCE, || async {
+            parking.requeued() >= 2
+        })
+        .await;
+        let back = read_back(kafka.brokers(), &topic, 2, Duration::from_secs(1)).await;
+        assert_eq!(back.len(), 1, "the far one is not back: {back:?}");
+        parking
+            .shutdown(Duration::from_secs(15))
+            .await
+            .expect("the mover stops");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn parked_messages_come_back_after_the_parking_that_parked_them_is_gone() {
         support::init_tracing();

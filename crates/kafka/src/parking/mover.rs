@@ -86,6 +86,12 @@ pub(super) fn spawn(config: MoverConfig) -> Result<oneshot::Receiver<()>, Error>
         .set("enable.partition.eof", "false")
         .set("allow.auto.create.topics", "false")
         .set("auto.offset.reset", "earliest");
+    // A retry topic created a moment ago may be missing from the metadata
+    // the subscription first sees; librdkafka looks again only at this
+    // interval (5 min by default), and a parked message would wait as long.
+    if settings.get("topic.metadata.refresh.interval.ms").is_none() {
+        settings = settings.set("topic.metadata.refresh.interval.ms", "10000");
+    }
     let consumer: BaseConsumer<MoverContext> = settings
         .client_config()
         .create_with_context(MoverContext::default())
@@ -182,7 +188,7 @@ impl Mover {
     fn follow_topics(&mut self) {
         if Instant::now() >= self.next_discovery {
             self.discover();
-            self.next_discovery = Instant::now() + self.discovery_interval;
+            self.next_discovery = later(self.discovery_interval);
         }
         let generation = self.registry.generation();
         if self.subscribed == Some(generation) {
@@ -344,7 +350,7 @@ impl Mover {
         if batch.is_empty() {
             return;
         }
-        let deadline = Instant::now() + self.delivery_timeout + Duration::from_secs(5);
+        let deadline = later(self.delivery_timeout.saturating_add(Duration::from_secs(5)));
         let sent: Vec<Result<DeliveryFuture, KafkaError>> = batch
             .iter()
             .map(|(_, record, action)| self.send(record, *action, true))
@@ -547,7 +553,9 @@ fn due_of(record: &OwnedMessage) -> Option<SystemTime> {
 /// without a due time, which goes back at once.
 fn wake_at(record: &OwnedMessage, tiers: &Tiers, tier: usize, now: SystemTime) -> SystemTime {
     match due_of(record) {
-        Some(due) => due.min(now + tiers.hold(tier)),
+        Some(due) => now
+            .checked_add(tiers.hold(tier))
+            .map_or(due, |limit| due.min(limit)),
         None => {
             tracing::warn!(
                 topic = record.topic(),
@@ -558,6 +566,14 @@ fn wake_at(record: &OwnedMessage, tiers: &Tiers, tier: usize, now: SystemTime) -
             now
         }
     }
+}
+
+/// `wait` from now; a wait beyond what the clock holds is a year.
+fn later(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+        .unwrap_or(now)
 }
 
 /// The origin partition a record names, if it is a partition number.
