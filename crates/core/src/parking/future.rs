@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pin_project_lite::pin_project;
 
-use super::keys::ParkId;
+use super::keys::{ParkId, origin_of};
 use super::layer::Shared;
-use super::{DUE, PARK_ID, PARKS, ParkError, Parked, ParkedMessage};
+use super::{DUE, ORIGIN, PARK_ID, PARKS, ParkError, Parked, ParkedMessage};
 use crate::dead_letter::envelope::{ATTEMPTS, FAILED_FIRST};
 use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
@@ -94,11 +94,9 @@ impl Job {
         if self.head
             && let Some(key) = self.message.key()
         {
-            self.shared.keys.done(
-                self.message.metadata().source(),
-                key,
-                ParkId::of(&self.message),
-            );
+            self.shared
+                .keys
+                .done(&origin_of(&self.message), key, ParkId::of(&self.message));
         }
     }
 
@@ -122,6 +120,9 @@ impl Job {
         }
         headers.set(DUE, unix_millis(self.due).to_string());
         headers.set(PARK_ID, self.park_id.to_string());
+        if headers.get(ORIGIN).is_none() {
+            headers.set(ORIGIN, self.message.metadata().source().to_string());
+        }
         self.failure = failure;
         let shared = Arc::clone(&self.shared);
         Box::pin(async move { shared.parking.park(&copy, delay).await })
@@ -186,7 +187,7 @@ impl Job {
             && let Some(key) = self.message.key()
         {
             self.shared.keys.parked(
-                metadata.source(),
+                &origin_of(&self.message),
                 key,
                 ParkId::of(&self.message),
                 parked_as,

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use super::PARK_ID;
+use super::{ORIGIN, PARK_ID};
 use crate::message::{Message, Position, SourceName};
 
 /// A parked message, as the parking layer recognises it when it comes back.
@@ -58,6 +58,16 @@ pub(super) enum Admission {
 }
 
 type KeyId = (SourceName, Bytes);
+
+/// The source whose key order `message` belongs to: where it was parked
+/// from, if it is a parked copy that came back through a return
+/// destination; otherwise where it was consumed.
+pub(super) fn origin_of(message: &Message) -> SourceName {
+    match message.headers().get_str(ORIGIN) {
+        Some(origin) if origin != &**message.metadata().source() => SourceName::from(origin),
+        _ => message.metadata().source().clone(),
+    }
+}
 
 /// The parked messages of each key, oldest first.
 pub(super) struct ParkedKeys {
@@ -132,7 +142,7 @@ impl ParkedKeys {
             });
             self.parked.fetch_sub(released, Ordering::Relaxed);
         }
-        let key_id = (message.metadata().source().clone(), key.clone());
+        let key_id = (origin_of(message), key.clone());
         let Some(queue) = keys.queues.get_mut(&key_id) else {
             return Admission::Run;
         };

@@ -38,8 +38,8 @@
 //! What travels with a moved message, in its headers: how often it was
 //! parked ([`PARKS`]), the attempts made ([`ATTEMPTS`]; the handler sees
 //! them in [`Metadata::attempt`](crate::Metadata::attempt)), when it first
-//! failed ([`FAILED_FIRST`]), when it is due ([`DUE`]) and which park it
-//! is ([`PARK_ID`]).
+//! failed ([`FAILED_FIRST`]), when it is due ([`DUE`]), which park it
+//! is ([`PARK_ID`]) and where it was parked from ([`ORIGIN`]).
 //!
 //! The order per key is kept by this process: it knows which keys have
 //! messages parked. After a restart (or when a key's partition moves to
@@ -98,6 +98,10 @@ pub const DUE: &str = "intake.park.due";
 /// Header: which park this is; the parking layer recognises a message that
 /// comes back by it.
 pub const PARK_ID: &str = "intake.park.id";
+/// Header: the source the message was parked from. A copy may come back
+/// through a destination of its own (a return topic that only its consumer
+/// group reads); its key's order is still that of its origin.
+pub const ORIGIN: &str = "intake.park.origin";
 
 /// How a backend parked a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,8 +123,10 @@ pub enum Parked {
 pub trait Parking: Send + Sync + 'static {
     /// Parks `message` (its headers already carry the park headers of this
     /// module) for `delay`. Resolves once the broker confirmed the park; a
-    /// [`Parked::Moved`] message comes back to the source it was consumed
-    /// from, with the same key, payload and headers.
+    /// [`Parked::Moved`] message comes back, with the same key, payload and
+    /// headers, to a source the same consumer reads: the one it was
+    /// consumed from, or a return destination of its consumer group's own,
+    /// so that other groups of the origin never see the copy.
     async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError>;
 
     /// How often `message` was parked for its own failures: the [`PARKS`]

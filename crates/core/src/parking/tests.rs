@@ -505,3 +505,46 @@ async fn a_message_handed_back_passes_a_dead_letter_layer_as_parked_not_failed()
         "a parked message is no dead letter"
     );
 }
+
+#[test]
+fn a_copy_back_through_a_return_destination_keeps_its_origin_keys_order() {
+    use super::keys::{Admission, ParkId, ParkedKeys};
+    let keys = ParkedKeys::new();
+    let now = SystemTime::now();
+    let key = bytes::Bytes::from_static(b"a");
+    let origin: crate::SourceName = "orders".into();
+    let consumed = |source: &str, offset: i64, headers: &[(&str, &str)]| {
+        let mut all = crate::Headers::default();
+        for (name, value) in headers {
+            all.insert(name.to_string(), value.to_string());
+        }
+        Message::new(
+            "m",
+            crate::Metadata::new(source.into(), 0, crate::Position::Offset(offset)),
+        )
+        .with_key(key.clone())
+        .with_headers(all)
+    };
+    // a1 was parked from `orders` as copy 7.
+    let a1 = consumed("orders", 1, &[]);
+    keys.parked(&origin, &key, ParkId::of(&a1), ParkId::Moved(7), now);
+    // a2 of the same key, consumed from the origin, waits behind it.
+    let a2 = consumed("orders", 2, &[]);
+    assert!(matches!(
+        keys.admit(&a2, &key, Duration::from_secs(600), now),
+        Admission::Follow { .. }
+    ));
+    // a1's copy comes back through the group's return topic: it is the
+    // head of its origin's key, not a stranger of another source.
+    let back = consumed(
+        "orders.billing.returned",
+        0,
+        &[(PARK_ID, "7"), (ORIGIN, "orders")],
+    );
+    assert_eq!(
+        keys.admit(&back, &key, Duration::from_secs(600), now),
+        Admission::Head(ParkId::Moved(7))
+    );
+    keys.done(&super::keys::origin_of(&back), &key, ParkId::Moved(7));
+    assert_eq!(keys.len(), 0);
+}
