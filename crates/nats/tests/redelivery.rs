@@ -558,7 +558,6 @@ async fn a_message_parked_past_max_deliveries_is_dead_lettered_not_dropped() {
 /// intake-core's dead-letter layer (pass a `ParkedMessage` failure through,
 /// as it passes `Ignore`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "intake-core: DeadLetterLayer dead-letters a message parked by handing it back (NATS)"]
 async fn a_message_handed_back_is_parked_not_dead_lettered_under_a_dead_letter_layer() {
     let Some(backend) = NatsBackend::new("parking under a dead-letter layer").await else {
         return;
