@@ -72,6 +72,7 @@
 
 mod acker;
 pub mod dead_letter;
+mod dead_letter_store;
 mod error;
 mod lag;
 mod ownership;
@@ -83,6 +84,10 @@ mod transaction;
 
 pub use acker::KafkaAcker;
 pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
+pub use dead_letter_store::{
+    DeadLetterLogError, KafkaDeadLetterStore, KafkaDeadLetters, KafkaDeadLettersBuilder,
+    REMOVED_SUFFIX,
+};
 pub use error::Error;
 pub use lag::KafkaLagProbe;
 pub use parking::{KafkaParking, KafkaParkingBuilder};

@@ -28,3 +28,176 @@ impl PublishingBackend for support::KafkaBackend {
 
 intake_core::conformance_suite!(backend());
 intake_core::publisher_suite!(backend());
+
+#[async_trait::async_trait]
+impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support::KafkaBackend {
+    type Store = intake_kafka::KafkaDeadLetterStore;
+
+    async fn dead_letter_store(&self, source: &str, group: &str) -> Result<Self::Store, BoxError> {
+        let settings = KafkaSettings::new(self.brokers());
+        Ok(intake_kafka::KafkaDeadLetters::builder(settings.clone())
+            .dead_letters_of(source, group)
+            .timeout(std::time::Duration::from_secs(10))
+            .build()?
+            .store(KafkaPublisher::builder(settings).build()?))
+    }
+}
+
+intake_core::dead_letter_store_suite!(backend());
+
+/// The low and high watermarks of partition 0 of `topic`.
+async fn watermarks(brokers: &str, topic: &str) -> (i64, i64) {
+    use intake_kafka::rdkafka::ClientConfig;
+    use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .expect("a consumer");
+        consumer
+            .fetch_watermarks(&topic, 0, std::time::Duration::from_secs(10))
+            .expect("watermarks")
+    })
+    .await
+    .expect("the watermarks' task")
+}
+
+/// The keys of the side topic whose newest record is a mark (not a
+/// tombstone): the ids removed that are still in the dead-letter topic.
+async fn marked(backend: &support::KafkaBackend, topic: &str) -> Vec<String> {
+    let side = format!("{topic}{}", intake_kafka::REMOVED_SUFFIX);
+    let mut newest = std::collections::BTreeMap::new();
+    for record in backend.read_all(&side).await.expect("the side topic") {
+        let key = String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()).into_owned();
+        // A mark's value is the time of the removal, a tombstone's none.
+        newest.insert(key, !record.payload.is_empty());
+    }
+    newest
+        .into_iter()
+        .filter_map(|(key, mark)| mark.then_some(key))
+        .collect()
+}
+
+/// Kafka deletes only a prefix of a partition: a letter removed out of
+/// order is marked in the side topic and skipped; once the letters before
+/// it are removed too, the prefix is deleted (the low watermark moves) and
+/// the marks tombstoned. A fresh store sees the same; a record that is no
+/// letter is listed as unreadable and never redriven; ids of other forms or
+/// places remove nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix() {
+    use intake_core::backend::DeadLetterSink;
+    use intake_core::dead_letter::store::{
+        DeadLetterStore, Filter, LetterId, Redrive, Selection, SkipReason, StoreError,
+    };
+    use intake_core::{DeadLetter, Message, Metadata, Position};
+
+    let Some(backend) = backend().await else {
+        return;
+    };
+    let origin = support::unique("store-origin");
+    let topic = support::unique("store-dlq");
+    backend.create_topic(&origin, 1).await.expect("origin");
+    let sink = intake_kafka::KafkaDeadLetterSink::builder(backend.settings(), "g")
+        .topic_template(topic.as_str())
+        .build()
+        .await
+        .expect("sink");
+    for n in 0..5i64 {
+        let metadata = Metadata::new(origin.as_str().into(), 0, Position::Offset(n));
+        let message = Message::new(n.to_string(), metadata).with_key(format!("k{n}"));
+        sink.write(&DeadLetter::new(message, "bad", 1))
+            .await
+            .expect("a letter");
+    }
+    backend
+        .produce_to_partition(&topic, 0, ["stray".to_owned()])
+        .await
+        .expect("a record that is no letter");
+    let open = || async {
+        let settings = KafkaSettings::new(backend.brokers());
+        intake_kafka::KafkaDeadLetters::builder(settings.clone())
+            .topic(topic.as_str())
+            .timeout(std::time::Duration::from_secs(5))
+            .build()
+            .expect("the log")
+            .store(
+                KafkaPublisher::builder(settings)
+                    .build()
+                    .expect("publisher"),
+            )
+    };
+    let store = open().await;
+    let ids = |page: intake_core::dead_letter::store::Page| -> Vec<String> {
+        page.letters
+            .iter()
+            .map(|stored| stored.id.to_string())
+            .collect()
+    };
+    let summary = store.summary(&Filter::all()).await.expect("summary");
+    assert_eq!((summary.total, summary.unreadable), (6, 1));
+    let all = store.list(&Filter::all(), 100, None).await.expect("list");
+    assert_eq!(ids(all), ["0:0", "0:1", "0:2", "0:3", "0:4", "0:5"]);
+
+    let purge = |ids: &[&str]| Selection::Ids(ids.iter().map(|id| LetterId::from(*id)).collect());
+    assert_eq!(store.purge(&purge(&["0:2"])).await.expect("purge"), 1);
+    assert_eq!(store.count(&Filter::all()).await.expect("count"), 5);
+    assert!(matches!(
+        store.read(&"0:2".into()).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(marked(&backend, &topic).await, ["0:2"]);
+    assert_eq!(watermarks(backend.brokers(), &topic).await, (0, 6));
+
+    // The prefix 0..=2 is complete: deleted, and no mark is left.
+    assert_eq!(
+        store.purge(&purge(&["0:1", "0:0"])).await.expect("purge"),
+        2
+    );
+    assert_eq!(watermarks(backend.brokers(), &topic).await, (3, 6));
+    assert!(marked(&backend, &topic).await.is_empty());
+    let fresh = open().await;
+    assert_eq!(fresh.count(&Filter::all()).await.expect("count"), 3);
+    let left = fresh.list(&Filter::all(), 100, None).await.expect("list");
+    assert_eq!(ids(left), ["0:3", "0:4", "0:5"]);
+
+    // Removed already, never written, no such partition: nothing removed.
+    let nothing = purge(&["0:1", "0:99", "1:0"]);
+    assert_eq!(store.purge(&nothing).await.expect("purge"), 0);
+    assert!(matches!(
+        store.read(&"41".into()).await,
+        Err(StoreError::InvalidId { .. })
+    ));
+
+    let report = fresh
+        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+        .await
+        .expect("redrive");
+    assert_eq!(report.redriven, 2, "{report:?}");
+    let skipped: Vec<(&str, &SkipReason)> = report
+        .skipped
+        .iter()
+        .map(|skipped| (skipped.id.as_str(), &skipped.reason))
+        .collect();
+    assert_eq!(skipped, [("0:5", &SkipReason::Unreadable)]);
+    let replayed = backend.read_all(&origin).await.expect("origin");
+    let payloads: Vec<&[u8]> = replayed.iter().map(|r| &r.payload[..]).collect();
+    assert_eq!(payloads, [b"3", b"4"]);
+    assert_eq!(replayed[0].header("intake.replays"), Some("1"));
+    assert_eq!(watermarks(backend.brokers(), &topic).await, (5, 6));
+
+    assert_eq!(
+        store
+            .purge(&Selection::Matching(Filter::all()))
+            .await
+            .expect("purge"),
+        1
+    );
+    assert_eq!(store.count(&Filter::all()).await.expect("count"), 0);
+    assert_eq!(watermarks(backend.brokers(), &topic).await, (6, 6));
+    assert!(marked(&backend, &topic).await.is_empty());
+    for name in [origin, topic.clone(), format!("{topic}.removed")] {
+        let _ = backend.delete_topic(&name).await;
+    }
+}
