@@ -419,7 +419,6 @@ impl Parking for KafkaParking {
             });
         }
         // The parking layer sets the due time; a caller of its own may not.
-        let due;
         if parked.get(DUE).is_none() {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -428,7 +427,7 @@ impl Parking for KafkaParking {
             // Saturating: a delay beyond the clock is far in the future,
             // where the mover keeps it (writing it to the tail now and
             // then), not a due time it cannot read.
-            due = u64::try_from(now.saturating_add(delay.as_millis()))
+            let due = u64::try_from(now.saturating_add(delay.as_millis()))
                 .unwrap_or(u64::MAX)
                 .to_string();
             headers = headers.insert(Header {
