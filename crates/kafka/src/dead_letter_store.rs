@@ -2,17 +2,12 @@
 //! the log of [`KafkaDeadLetterStore`].
 //!
 //! A Kafka topic cannot delete one record, only a prefix of a partition
-//! (`DeleteRecords`). So a removal is recorded, and the prefix deleted
-//! when it can be:
-//!
-//! - a letter removed is marked in a compacted side topic, `<dlq>.removed`
-//!   ([`REMOVED_SUFFIX`]): key `PARTITION:OFFSET`, value the time of the
-//!   removal; every read skips the ids marked;
-//! - once the marked ids of a partition start at its low watermark (the
-//!   oldest letters were removed, as a redrive of everything removes them),
-//!   that prefix is deleted with `DeleteRecords`, and the marks below the
-//!   new low watermark are tombstoned, so the side topic holds only the
-//!   letters removed out of order.
+//! (`DeleteRecords`). So a letter removed from the front of its partition
+//! is deleted, and one removed out of order is marked in a compacted side
+//! topic, `<dlq>.removed` ([`REMOVED_SUFFIX`]: key `PARTITION:OFFSET`,
+//! value the time of the removal), which every read skips; once the letters
+//! before the marked ones are removed too, the prefix is deleted and the
+//! marks below the new low watermark are tombstoned.
 
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char, c_void};
@@ -63,31 +58,32 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// | store operation | Kafka |
 /// |---|---|
 /// | count everything | the partitions' high minus low watermarks, minus the ids marked removed |
-/// | count with a filter, summary, list | a consumer assigned (never subscribed: no group, no commit) from the cursor's offset, the marked ids skipped |
+/// | count with a filter, summary, list | a consumer assigned (never subscribed: it joins no group and commits nothing) from the cursor's offset, the marked ids skipped |
 /// | read | the same consumer at the id's offset |
 /// | redrive | a produce to the origin topic through the publisher, confirmed, then a removal |
-/// | purge | a removal: marks in `<dlq>.removed`, then `DeleteRecords` of the prefix they complete |
+/// | purge | a removal: `DeleteRecords` of the prefix of a partition it completes, a mark in `<dlq>.removed` for the rest |
 ///
-/// Removal: Kafka deletes only a prefix of a partition, so a removed
-/// letter's id is first written to the compacted side topic
-/// `<dlq>.removed` ([`REMOVED_SUFFIX`], created with
-/// `cleanup.policy=compact` on the first removal), and every operation
-/// skips the ids marked there. Once the marks of a partition start at its
-/// low watermark, `DeleteRecords` deletes that prefix and the marks below
-/// the new low watermark are tombstoned. A redrive or purge of everything
-/// thus leaves an empty topic and no marks; the side topic holds only the
-/// letters removed out of order (a purge by id, a filter that skips the
-/// oldest), until the ones before them are removed too.
+/// Removal: Kafka deletes only a prefix of a partition. Letters that,
+/// with those marked before, make up the front of their partition are
+/// deleted with `DeleteRecords`, never marked; a redrive or purge of
+/// everything thus leaves an empty topic and writes no mark. A letter
+/// removed out of order (a purge by id, a filter that skips the oldest) is
+/// marked in the compacted side topic `<dlq>.removed`
+/// ([`REMOVED_SUFFIX`], created with `cleanup.policy=compact` on the first
+/// mark, never left to the broker's auto-creation), before any deletion,
+/// and every operation skips the ids marked there. When the letters before
+/// it are removed, the prefix is deleted and the marks below the new low
+/// watermark are tombstoned. A prefix the broker does not delete (no
+/// `DELETE` permission on the topic, a compacted dead-letter topic, no
+/// answer in time) is marked instead, logged at warn level: the store
+/// works on marks alone.
 ///
 /// The cost: every primitive the store runs on reads the partitions'
 /// watermarks and whatever the side topic gained since this log last read
 /// it (read once from its start, then incrementally), a few round trips.
 /// The side topic holds at most one mark per letter removed out of order
 /// that is still in the dead-letter topic, tombstones aside (compaction
-/// drops them after the topic's `delete.retention.ms`). A failed
-/// `DeleteRecords` (no `DELETE` permission on the topic, a compacted
-/// dead-letter topic) only logs a warning: the marks keep the letters
-/// removed, and the next removal tries again.
+/// drops them after the topic's `delete.retention.ms`).
 ///
 /// Limits, stated: the dead-letter topic's own retention (the broker's
 /// default, 7 days, unless the topic was created otherwise) deletes letters
@@ -98,7 +94,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// redrive by filter stops at the newest letter of the last partition when
 /// it starts, so a letter written meanwhile to an earlier partition (a
 /// replay that failed again) can be met by the same redrive; the loop guard
-/// bounds how often.
+/// bounds how often. The count of everything is the watermarks' difference,
+/// so on a topic written by a transactional producer (no intake sink is
+/// one) it includes the transactions' control records, which no listing
+/// shows.
 ///
 /// Every wait is bounded by the [timeout](KafkaDeadLettersBuilder::timeout):
 /// each librdkafka call, each poll for the next record, each delivery and
@@ -484,82 +483,79 @@ impl KafkaDeadLetters {
         }
     }
 
-    /// Deletes the prefix of each partition that the marks (`removed`)
-    /// complete, then tombstones the marks below the new low watermarks
-    /// and the `stale` ones. Neither step is needed for the letters to be
-    /// removed (the marks do that), so a failure is logged, and the next
-    /// removal tries again.
-    async fn compact(&self, snapshot: &Snapshot, removed: &BTreeSet<Id>) {
-        let mut prefixes = TopicPartitionList::new();
-        for partition in &snapshot.partitions {
-            let mut low = partition.low;
-            while low < partition.high
-                && removed.contains(&Id {
-                    partition: partition.id,
-                    offset: low,
-                })
-            {
-                low += 1;
-            }
-            if low > partition.low
-                && prefixes
-                    .add_partition_offset(&self.inner.topic, partition.id, Offset::Offset(low))
-                    .is_err()
-            {
-                return;
-            }
+    /// Marks `ids` removed in the side topic (created first if need be).
+    async fn mark(&self, ids: &[Id]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
         }
-        let mut deleted: Vec<Id> = snapshot.stale.clone();
-        if prefixes.count() > 0 {
-            let options = AdminOptions::new()
-                .request_timeout(Some(Timeout::After(self.inner.timeout)))
-                .operation_timeout(Some(self.inner.timeout));
-            let asked = tokio::time::timeout(
-                self.inner.timeout,
-                self.inner.admin.delete_records(&prefixes, &options),
-            )
-            .await;
-            match asked {
-                Ok(Ok(result)) => {
-                    for element in result.elements() {
-                        match (element.error(), element.offset()) {
-                            (Ok(()), Offset::Offset(low)) => deleted.extend(
-                                removed
-                                    .iter()
-                                    .filter(|id| id.partition == element.partition())
-                                    .filter(|id| id.offset < low),
-                            ),
-                            (Ok(()), _) => {}
-                            (Err(error), _) => tracing::warn!(
-                                topic = %self.inner.topic,
-                                partition = element.partition(),
-                                %error,
-                                "could not delete the removed dead letters' prefix; their marks keep them removed"
-                            ),
-                        }
-                    }
-                }
-                Ok(Err(error)) => tracing::warn!(
-                    topic = %self.inner.topic,
-                    %error,
-                    "could not delete the removed dead letters' prefix; their marks keep them removed"
-                ),
-                Err(_) => tracing::warn!(
-                    topic = %self.inner.topic,
-                    timeout = ?self.inner.timeout,
-                    "no answer to deleting the removed dead letters' prefix; their marks keep them removed"
-                ),
-            }
-        }
-        if deleted.is_empty() {
-            return;
-        }
-        if let Err(error) = self.write_marks(&deleted, true).await {
-            tracing::warn!(
-                topic = %self.inner.removed_topic,
-                error = %error,
-                "could not tombstone the marks of deleted dead letters; the next removal tries again"
+        self.ensure_side_topic().await?;
+        self.write_marks(ids, false).await.map_err(|failed| {
+            let step = format!(
+                "mark {} letters removed in `{}`",
+                ids.len(),
+                self.inner.removed_topic
             );
+            let failure = match failed {
+                KafkaErrorOrTimeout::Kafka(source) => Failure::Client { step, source },
+                KafkaErrorOrTimeout::TimedOut => Failure::TimedOut {
+                    step,
+                    waited: self.inner.timeout,
+                },
+            };
+            self.error("remove letters from", failure)
+        })
+    }
+
+    /// Deletes `prefixes` (partition and new low watermark) with
+    /// `DeleteRecords`; returns the new low watermark of each partition
+    /// whose prefix was deleted. A partition missing from the answer was
+    /// not deleted: the caller marks its letters instead.
+    async fn delete_prefixes(&self, prefixes: &[(i32, i64)]) -> Vec<(i32, i64)> {
+        let mut list = TopicPartitionList::new();
+        for &(partition, low) in prefixes {
+            if list
+                .add_partition_offset(&self.inner.topic, partition, Offset::Offset(low))
+                .is_err()
+            {
+                return Vec::new();
+            }
+        }
+        let options = AdminOptions::new()
+            .request_timeout(Some(Timeout::After(self.inner.timeout)))
+            .operation_timeout(Some(self.inner.timeout));
+        let asked = tokio::time::timeout(
+            self.inner.timeout,
+            self.inner.admin.delete_records(&list, &options),
+        )
+        .await;
+        let warn = |error: &dyn fmt::Display| {
+            tracing::warn!(
+                topic = %self.inner.topic,
+                %error,
+                "could not delete the removed dead letters' prefix; marking them removed instead"
+            );
+        };
+        match asked {
+            Ok(Ok(result)) => result
+                .elements()
+                .iter()
+                .filter_map(|element| match (element.error(), element.offset()) {
+                    (Ok(()), Offset::Offset(low)) => Some((element.partition(), low)),
+                    (Ok(()), _) => None,
+                    (Err(error), _) => {
+                        warn(&error);
+                        None
+                    }
+                })
+                .collect(),
+            Ok(Err(error)) => {
+                warn(&error);
+                Vec::new()
+            }
+            Err(_) => {
+                warn(&format_args!("no answer within {:?}", self.inner.timeout));
+                Vec::new()
+            }
         }
     }
 }
@@ -975,6 +971,13 @@ impl DeadLetterLog for KafkaDeadLetters {
         .await
     }
 
+    /// Deletes what it can, marks the rest: the ids that, with the marks,
+    /// complete a prefix of their partition are deleted with
+    /// `DeleteRecords` and never marked; the others are marked first, so
+    /// that a failure before the deletion leaves nothing half removed.
+    /// A prefix the broker does not delete is marked instead. Marks below a
+    /// new low watermark, and stale ones, are then tombstoned (a failure
+    /// there only logs: a mark below the low watermark is ignored).
     async fn remove(&self, ids: &[LetterId]) -> Result<u64, StoreError> {
         let ids = ids.iter().map(id_of).collect::<Result<BTreeSet<_>, _>>()?;
         if ids.is_empty() {
@@ -982,27 +985,52 @@ impl DeadLetterLog for KafkaDeadLetters {
         }
         let snapshot = self.snapshot("remove letters from").await?;
         let live: Vec<Id> = ids.into_iter().filter(|id| snapshot.is_live(*id)).collect();
-        if !live.is_empty() {
-            self.ensure_side_topic().await?;
-            self.write_marks(&live, false).await.map_err(|failed| {
-                let step = format!(
-                    "mark {} letters removed in `{}`",
-                    live.len(),
-                    self.inner.removed_topic
-                );
-                let failure = match failed {
-                    KafkaErrorOrTimeout::Kafka(source) => Failure::Client { step, source },
-                    KafkaErrorOrTimeout::TimedOut => Failure::TimedOut {
-                        step,
-                        waited: self.inner.timeout,
-                    },
-                };
-                self.error("remove letters from", failure)
-            })?;
-        }
         let mut removed = snapshot.removed.clone();
         removed.extend(live.iter().copied());
-        self.compact(&snapshot, &removed).await;
+        let mut prefixes = Vec::new();
+        for partition in &snapshot.partitions {
+            let mut low = partition.low;
+            while low < partition.high
+                && removed.contains(&Id {
+                    partition: partition.id,
+                    offset: low,
+                })
+            {
+                low += 1;
+            }
+            if low > partition.low {
+                prefixes.push((partition.id, low));
+            }
+        }
+        let in_prefix = |id: &Id| {
+            prefixes
+                .iter()
+                .any(|&(partition, low)| partition == id.partition && id.offset < low)
+        };
+        let (deletable, marked): (Vec<Id>, Vec<Id>) = live.iter().partition(|id| in_prefix(id));
+        self.mark(&marked).await?;
+        let mut tombstones = snapshot.stale.clone();
+        if !prefixes.is_empty() {
+            let deleted = self.delete_prefixes(&prefixes).await;
+            let below = |id: &Id| {
+                deleted
+                    .iter()
+                    .any(|&(partition, low)| partition == id.partition && id.offset < low)
+            };
+            let undeleted: Vec<Id> = deletable.into_iter().filter(|id| !below(id)).collect();
+            self.mark(&undeleted).await?;
+            tombstones.extend(snapshot.removed.iter().filter(|id| below(id)));
+            tombstones.extend(marked.iter().filter(|id| below(id)));
+        }
+        if !tombstones.is_empty()
+            && let Err(error) = self.write_marks(&tombstones, true).await
+        {
+            tracing::warn!(
+                topic = %self.inner.removed_topic,
+                %error,
+                "could not tombstone the marks of deleted dead letters; the next removal tries again"
+            );
+        }
         Ok(live.len() as u64)
     }
 }

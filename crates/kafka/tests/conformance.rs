@@ -170,6 +170,10 @@ async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix()
         Err(StoreError::InvalidId { .. })
     ));
 
+    // Removals from the front of the partition are deletions: from here
+    // on, nothing more is written to the side topic.
+    let side = format!("{topic}{}", intake_kafka::REMOVED_SUFFIX);
+    let side_records = backend.read_all(&side).await.expect("side topic").len();
     let report = fresh
         .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
         .await
@@ -197,6 +201,8 @@ async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix()
     assert_eq!(store.count(&Filter::all()).await.expect("count"), 0);
     assert_eq!(watermarks(backend.brokers(), &topic).await, (6, 6));
     assert!(marked(&backend, &topic).await.is_empty());
+    let written = backend.read_all(&side).await.expect("side topic").len();
+    assert_eq!(written, side_records, "records of the side topic");
     for name in [origin, topic.clone(), format!("{topic}.removed")] {
         let _ = backend.delete_topic(&name).await;
     }
