@@ -35,8 +35,11 @@
 //! subject; see `intake_nats::NatsDeadLetters`). On RabbitMQ every
 //! operation but a plain count takes the queue's messages unacknowledged for
 //! its pass and puts back what it leaves (see
-//! `intake_amqp::AmqpDeadLetterStore`). Kafka has no store yet and answers
-//! exit code 4. A replay publishes each letter's
+//! `intake_amqp::AmqpDeadLetterStore`). On Kafka the topic
+//! `SOURCE.GROUP.dlq` the sink writes by default, or the topic
+//! `--dead-letters NAME`; ids are `PARTITION:OFFSET`, and a letter removed
+//! out of order is marked in the topic's side topic `NAME.removed` (see
+//! `intake_kafka::KafkaDeadLetters`). A replay publishes each letter's
 //! message again and removes the letter only once the broker confirmed the
 //! publish; a letter replayed `--max-replays` times already (3 by default)
 //! is skipped, so a message that fails on every replay does not circle for

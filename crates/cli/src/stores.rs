@@ -1,14 +1,14 @@
-//! The dead-letter store of each broker, for `intake dlq`.
-//!
-//! A broker whose backend has no `DeadLetterStore` yet is answered with
-//! [`Failure::Unsupported`] (exit code 4), never with an empty store: "0
-//! dead letters" from a store that cannot look would be a lie a script
+//! The dead-letter store of each broker, for `intake dlq`: every scheme
+//! `--broker` takes has one. A broker added without one must be answered
+//! with `Failure::Unsupported` (exit code 4), never with an empty store:
+//! "0 dead letters" from a store that cannot look would be a lie a script
 //! acts on.
 
 use std::time::Duration;
 
 use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher};
 use intake_core::dead_letter::store::DeadLetterStore;
+use intake_kafka::{KafkaDeadLetters, KafkaPublisher, KafkaSettings};
 use intake_nats::{NatsDeadLetters, NatsPublisher};
 use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
 
@@ -19,7 +19,8 @@ use crate::failure::Failure;
 /// `group`) on `broker`, in `dead_letters` or else where the backend's
 /// sink writes them by default (Redis: the stream `SOURCE:dlq`; RabbitMQ:
 /// the queue `SOURCE.dlq`; NATS: the subject `SOURCE.GROUP.dlq` on the
-/// stream `SOURCE_dlq`); every broker call bounded by `timeout`.
+/// stream `SOURCE_dlq`; Kafka: the topic `SOURCE.GROUP.dlq`); every broker
+/// call bounded by `timeout`.
 pub async fn open(
     broker: &Broker,
     source: &str,
@@ -110,10 +111,27 @@ pub async fn open(
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             Ok(Box::new(log.store(publisher)))
         }
-        Broker::Kafka { .. } => Err(Failure::Unsupported {
-            command: command.to_owned(),
-            broker: broker.kind(),
-        }),
+        Broker::Kafka { bootstrap } => {
+            let settings = KafkaSettings::new(bootstrap.as_str());
+            let log = KafkaDeadLetters::builder(settings.clone()).timeout(timeout);
+            let log = match dead_letters {
+                Some(topic) => log.topic(topic),
+                None => log.dead_letters_of(source, group),
+            };
+            // The clients connect on first use: building checks settings
+            // only, and every later call is bounded by `timeout`.
+            let log = log
+                .build()
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
+            // A letter's origin is its topic: the publisher produces each
+            // replay there with the letter's key.
+            let publisher = KafkaPublisher::builder(settings)
+                .send_timeout(timeout)
+                .delivery_timeout(timeout)
+                .build()
+                .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
+            Ok(Box::new(log.store(publisher)))
+        }
     }
 }
 

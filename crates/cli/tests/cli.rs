@@ -437,8 +437,10 @@ async fn an_unknown_source_exits_3() {
 }
 
 #[tokio::test]
-async fn dlq_on_a_broker_without_a_store_says_so_with_exit_4() {
-    // Refused before connecting: no broker needs to listen.
+async fn dlq_on_an_unreachable_kafka_exits_1_within_the_timeout() {
+    // Nothing listens on port 1. Kafka's clients connect on first use, so
+    // it is the store's first call that fails, bounded by --timeout.
+    let started = std::time::Instant::now();
     let run = intake(&[
         "dlq",
         "count",
@@ -448,16 +450,18 @@ async fn dlq_on_a_broker_without_a_store_says_so_with_exit_4() {
         "s",
         "--group",
         "g",
+        "--timeout",
+        "2",
     ])
     .await;
-    run.assert_code(4);
-    assert!(
-        run.stderr
-            .contains("not supported yet for this broker (Kafka)"),
-        "{}",
-        run.stderr
-    );
+    run.assert_code(1);
+    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
     assert!(run.stdout.is_empty(), "{}", run.stdout);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -825,4 +829,75 @@ async fn nats_dlq_count_after_poison_then_replay_then_zero() {
     ] {
         let _ = context.delete_stream(name).await;
     }
+}
+
+#[tokio::test]
+async fn kafka_dlq_count_after_poison_then_replay_then_zero() {
+    if !broker_listens("kafka dlq", KAFKA) {
+        return;
+    }
+    use intake_kafka::{KafkaSettings, KafkaSource};
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let (topic, group) = (unique("dlq"), unique("g"));
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", KAFKA);
+    let admin: AdminClient<DefaultClientContext> = config.create().unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let producer: FutureProducer = config.clone().set("acks", "all").create().unwrap();
+    for id in 0..10u64 {
+        let payload = id.to_string();
+        producer
+            .send(
+                FutureRecord::<str, str>::to(&topic).payload(payload.as_str()),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let consume = |handled: Handled, until: usize| {
+        let (topic, group) = (topic.clone(), group.clone());
+        async move {
+            let settings = KafkaSettings::new(KAFKA)
+                .set("session.timeout.ms", "6000")
+                .set("heartbeat.interval.ms", "500");
+            let source = KafkaSource::builder(settings)
+                .group(group.as_str())
+                .topic(topic.as_str())
+                .build()
+                .await
+                .expect("the source");
+            let acker = source.acker();
+            let sink = source.dead_letter_sink().build().await.expect("the sink");
+            run_with_poison(source, acker, sink, &handled, until).await
+        }
+    };
+    let first: Handled = Arc::default();
+    let report = consume(first.clone(), 10 - POISON.len()).await;
+    assert_eq!(report.dead_lettered, POISON.len() as u64, "{report:?}");
+
+    // The replays are produced to the topic again, after the offsets the
+    // group committed: the same group reads exactly them.
+    let after_replay = |until| async move {
+        let second: Handled = Arc::default();
+        consume(second.clone(), until).await;
+        second.lock().unwrap().clone()
+    };
+    dlq_count_replay_count_zero(&format!("kafka://{KAFKA}"), &topic, &group, after_replay).await;
+
+    let dead_letters = format!("{topic}.{group}.dlq");
+    let removed = format!("{dead_letters}{}", intake_kafka::REMOVED_SUFFIX);
+    let _ = admin
+        .delete_topics(&[&topic, &dead_letters, &removed], &options)
+        .await;
 }
