@@ -484,7 +484,8 @@ async fn a_topic_deleted_and_created_again_is_waited_for_not_fatal() {
 }
 
 /// Parking (issue 18): `KafkaParking` parks in tiered retry topics and its
-/// mover brings each message back to its own topic and partition once due.
+/// mover brings each message back, to its partition of the group's return
+/// topic, once due.
 /// "Not before due" is checked on every record that comes back, by its
 /// timestamp (set by the mover's producer when it moves it); "in time"
 /// only by a generous bound.
@@ -671,7 +672,13 @@ mod parking {
         let offsets = kafka.offsets(&retry_topic, "-").await.expect("offsets");
         assert_eq!(offsets.len(), 3, "as many partitions as the origin");
 
-        let back = read_back(kafka.brokers(), &topic, 2, BACK_WITHIN).await;
+        let back = read_back(
+            kafka.brokers(),
+            &parking.return_topic(&topic),
+            2,
+            BACK_WITHIN,
+        )
+        .await;
         let back = back
             .iter()
             .find(|record| record.payload == b"7")
@@ -692,6 +699,15 @@ mod parking {
         assert_eq!(
             back.headers, sent,
             "the headers it was parked with, in order"
+        );
+        assert_eq!(
+            parking.return_topic(&topic),
+            format!("{topic}.{group}.returned")
+        );
+        let origin = kafka.read_all(&topic).await.expect("origin");
+        assert!(
+            origin.is_empty(),
+            "another group of the origin saw {origin:?}"
         );
         eventually("the mover to count its move", PATIENCE, || async {
             parking.moved() == 2
@@ -752,7 +768,13 @@ mod parking {
         let (last, last_due) = consumed(&topic, 1, 5, delay);
         parking.park(&last, delay).await.expect("parked");
 
-        let back = read_back(kafka.brokers(), &topic, 6, BACK_WITHIN).await;
+        let back = read_back(
+            kafka.brokers(),
+            &parking.return_topic(&topic),
+            6,
+            BACK_WITHIN,
+        )
+        .await;
         let mut ids: Vec<&[u8]> = back.iter().map(|record| &record.payload[..]).collect();
         ids.sort();
         assert_eq!(
@@ -805,7 +827,13 @@ mod parking {
         let (near, near_due) = consumed(&topic, 0, 2, tier);
         parking.park(&near, tier).await.expect("parked");
 
-        let back = read_back(kafka.brokers(), &topic, 1, BACK_WITHIN).await;
+        let back = read_back(
+            kafka.brokers(),
+            &parking.return_topic(&topic),
+            1,
+            BACK_WITHIN,
+        )
+        .await;
         assert_eq!(
             back.len(),
             1,
@@ -817,7 +845,13 @@ mod parking {
             parking.requeued() >= 2
         })
         .await;
-        let back = read_back(kafka.brokers(), &topic, 2, Duration::from_secs(1)).await;
+        let back = read_back(
+            kafka.brokers(),
+            &parking.return_topic(&topic),
+            2,
+            Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(back.len(), 1, "the far one is not back: {back:?}");
         parking
             .shutdown(Duration::from_secs(15))
@@ -849,7 +883,13 @@ mod parking {
         let dropped_before_due = unix_millis(SystemTime::now()) < earliest;
 
         let successor = parking_for(&kafka, &topic, &group).await;
-        let back = read_back(kafka.brokers(), &topic, 12, BACK_WITHIN).await;
+        let back = read_back(
+            kafka.brokers(),
+            &successor.return_topic(&topic),
+            12,
+            BACK_WITHIN,
+        )
+        .await;
         let mut came: BTreeMap<u64, usize> = BTreeMap::new();
         for record in &back {
             let id: u64 = std::str::from_utf8(&record.payload)
@@ -887,9 +927,15 @@ mod parking {
             .produce(&topic, numbered(0, 14))
             .await
             .expect("produce");
-        let source = kafka.source(&topic, &group).build().await.expect("source");
-        let acker = source.acker();
+        // First: it creates the return topic the source reads.
         let parking = warmed_up(&kafka, &topic, &group).await;
+        let source = kafka
+            .source(&topic, &group)
+            .topic(parking.return_topic(&topic))
+            .build()
+            .await
+            .expect("source");
+        let acker = source.acker();
         let delay = Duration::from_secs(1);
 
         let ledger = Ledger::default();
@@ -949,6 +995,10 @@ mod parking {
             assert_eq!(ledger.count(id), 1, "{id} succeeded once");
         }
         assert!(parking.moved() >= 4, "the warm-up and the 3 parked");
+        // Another group reading the origin gets exactly the originals.
+        let origin = kafka.read_all(&topic).await.expect("origin");
+        assert_eq!(origin.len(), 14);
+        assert!(origin.iter().all(|record| record.header(PARK_ID).is_none()));
         parking
             .shutdown(Duration::from_secs(15))
             .await

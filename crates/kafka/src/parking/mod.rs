@@ -18,20 +18,28 @@
 //! the same settings (brokers, TLS, SASL). It does not sleep per message: it
 //! holds each partition's head record and **pauses the partition until the
 //! head is due** (its [`DUE`] header), so a thousand records of one tier
-//! cost one timer, not a thousand. Once due, the record is produced back to
-//! its origin topic and to the partition it was consumed from (the
+//! cost one timer, not a thousand. Once due, the record is produced to the
+//! **return topic** of its origin, `{topic}.{group}.returned` by default, a
+//! topic of the group's own that [`build`](KafkaParkingBuilder::build)
+//! creates (as many partitions as the origin) and that the source reads
+//! besides the origin (`.topics([topic, parking.return_topic(topic)])`):
+//! every other consumer group of the origin never sees a parked copy. It
+//! goes to the partition of the number it was consumed from (the
 //! [`ORIGIN_PARTITION`] header, removed again: the message returns with the
-//! headers it was parked with), not to a partition the producer's
-//! partitioner picks, which may differ from the origin producer's. Only
-//! after the broker confirmed that write is the retry-topic offset
-//! committed: a crash between the two brings a message back twice, never
-//! zero times. New retry topics are subscribed to at once when this process
+//! headers it was parked with), not to one the producer's partitioner
+//! picks, which may differ from the origin producer's. Only after the
+//! broker confirmed that write is the retry-topic offset committed: a crash
+//! between the two brings a message back twice, never zero times. A copy
+//! consumed from the return topic that asks for later again is parked as a
+//! message of its origin; the parking layer keeps its key's order with the
+//! origin's by the `intake.park.origin` header. New retry topics are subscribed to at once when this process
 //! creates them, and found every
 //! [discovery interval](KafkaParkingBuilder::discovery_interval) when
 //! another process (or an earlier run) did.
 //!
 //! **What it costs.** Per park, one produce round trip (and one metadata
 //! lookup per retry topic and process, a topic creation per retry topic).
+//! Per served topic, a return topic, made sure of at build time.
 //! Per message coming back, one produce and one asynchronous commit,
 //! batched across partitions (up to 500 records per round). A process holds
 //! in memory at most the head record of each paused partition, plus what
@@ -51,10 +59,16 @@
 //!   A record without a usable due time goes back at once; one without a
 //!   usable origin partition goes back to the partition of its key
 //!   (librdkafka's `murmur2_random`, Java's partitioner). Both are logged.
-//! - The copy comes back to the origin **topic**: every other consumer group
-//!   of that topic sees it again too, carrying the `intake.park.*` headers.
-//!   Park on topics that one group consumes, or let the others skip
-//!   messages with the [`PARK_ID`](intake_core::parking::PARK_ID) header.
+//! - The order per key is kept by each process (see the parking layer):
+//!   partition `p` of the origin and of its return topic go to the same
+//!   consumer under librdkafka's default assignment (`range`, for topics of
+//!   as many partitions), not necessarily under `cooperative-sticky`.
+//! - The source's dead-letter sink names its topic after the topic a
+//!   message was consumed from: a copy from the return topic that fails for
+//!   good goes to `{return topic}.{group}.dlq`.
+//! - A [return template](KafkaParkingBuilder::return_topic_template) of
+//!   `{topic}` sends copies back to the origin topic itself, where every
+//!   consumer group of the origin sees them again.
 //! - A retry topic keeps a record only as long as its retention
 //!   (`retention.ms`, the broker's default when the parking creates it):
 //!   a delay longer than the retention loses the message.
@@ -73,18 +87,19 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let settings = KafkaSettings::new("127.0.0.1:9092");
-//! let source = KafkaSource::builder(settings.clone())
-//!     .group("billing")
-//!     .topic("orders")
-//!     .build()
-//!     .await?;
-//! let acker = source.acker();
 //! // Parks to orders.billing.retry.{1s,10s,1m,10m,1h}; the mover runs in
-//! // the group billing.parking.
-//! let parking = KafkaParking::builder(settings, "billing")
+//! // the group billing.parking and returns copies to orders.billing.returned
+//! // (created here, before the source that reads it).
+//! let parking = KafkaParking::builder(settings.clone(), "billing")
 //!     .topics(["orders"])
 //!     .build()
 //!     .await?;
+//! let source = KafkaSource::builder(settings)
+//!     .group("billing")
+//!     .topics(["orders".to_owned(), parking.return_topic("orders")])
+//!     .build()
+//!     .await?;
+//! let acker = source.acker();
 //! let handler = ServiceBuilder::new()
 //!     .layer(ParkingLayer::new(parking.clone()))
 //!     .service(service_fn(|message: Message| async move {
@@ -137,8 +152,14 @@ use crate::settings::KafkaSettings;
 /// groups never move each other's records.
 pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.retry.{tier}";
 
+/// The default return topic: one per origin topic and group, read by that
+/// group's consumers only, so no other group of the origin sees a parked
+/// copy.
+pub const DEFAULT_RETURN_TEMPLATE: &str = "{topic}.{group}.returned";
+
 /// Header of a parked record: the partition of the origin topic it came
-/// from and goes back to. Removed when it goes back.
+/// from, whose number it goes back to in the return topic. Removed when it
+/// goes back.
 pub const ORIGIN_PARTITION: &str = "intake.park.partition";
 
 /// Parks messages in tiered retry topics and moves them back to their
@@ -156,6 +177,9 @@ struct Inner {
     brokers: Arc<str>,
     group: String,
     topics: Vec<String>,
+    return_template: String,
+    /// The origin topic of each return topic other than the origin itself.
+    origin_of: HashMap<String, String>,
     tiers: Tiers,
     template: String,
     registry: Arc<Registry>,
@@ -205,6 +229,7 @@ pub struct KafkaParkingBuilder {
     topics: Vec<String>,
     tiers: Vec<Duration>,
     template: String,
+    return_template: String,
     delivery_timeout: Duration,
     replication: i32,
     discovery_interval: Duration,
@@ -222,6 +247,7 @@ impl KafkaParking {
             topics: Vec::new(),
             tiers: DEFAULT_TIERS.to_vec(),
             template: DEFAULT_TOPIC_TEMPLATE.into(),
+            return_template: DEFAULT_RETURN_TEMPLATE.into(),
             delivery_timeout: Duration::from_secs(30),
             replication: -1,
             discovery_interval: Duration::from_secs(30),
@@ -238,6 +264,16 @@ impl KafkaParking {
             &inner.group,
             &inner.tiers.label(tier),
         )
+    }
+
+    /// The topic parked messages of `topic` come back to: its return topic,
+    /// which the source must read besides `topic`
+    /// (`KafkaSource::builder(..).topics([topic, return_topic])`); `topic`
+    /// itself when the [return template](KafkaParkingBuilder::return_topic_template)
+    /// is `{topic}`. A message consumed from the return topic is parked as
+    /// one of `topic`.
+    pub fn return_topic(&self, topic: &str) -> String {
+        resolve(&self.inner.return_template, topic, &self.inner.group, "")
     }
 
     /// The tiers, ascending.
@@ -287,13 +323,32 @@ impl KafkaParking {
     }
 
     /// How many partitions the retry topic `topic` (for messages of
-    /// `origin`) has, creating it with as many as `origin` when it is
-    /// missing.
-    async fn ensure_topic(&self, topic: &str, origin: &str) -> Result<i32, ParkingError> {
+    /// `origin`) has, creating it when it is missing; the mover follows it
+    /// from then on.
+    async fn ensure_retry_topic(&self, topic: &str, origin: &str) -> Result<i32, ParkingError> {
         let inner = &*self.inner;
         if let Some(partitions) = inner.registry.partitions(topic) {
             return Ok(partitions);
         }
+        let _turn = tokio::time::timeout(inner.delivery_timeout, inner.admin.creating.lock())
+            .await
+            .map_err(|_| ParkingError::TimedOut {
+                topic: topic.to_owned(),
+                brokers: inner.brokers.to_string(),
+                waited: inner.delivery_timeout,
+            })?;
+        if let Some(partitions) = inner.registry.partitions(topic) {
+            return Ok(partitions);
+        }
+        let partitions = self.ensure_topic(topic, origin).await?;
+        inner.registry.insert(topic, partitions);
+        Ok(partitions)
+    }
+
+    /// How many partitions `topic` has, creating it with as many as
+    /// `origin` when it is missing.
+    async fn ensure_topic(&self, topic: &str, origin: &str) -> Result<i32, ParkingError> {
+        let inner = &*self.inner;
         let admin = &inner.admin;
         let waited = inner.delivery_timeout;
         let timed_out = || ParkingError::TimedOut {
@@ -301,12 +356,6 @@ impl KafkaParking {
             brokers: inner.brokers.to_string(),
             waited,
         };
-        let _turn = tokio::time::timeout(waited, admin.creating.lock())
-            .await
-            .map_err(|_| timed_out())?;
-        if let Some(partitions) = inner.registry.partitions(topic) {
-            return Ok(partitions);
-        }
         let partitions = match self.lookup(topic).await? {
             Some(partitions) => partitions,
             None => {
@@ -342,11 +391,10 @@ impl KafkaParking {
                         Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
                     }
                 }
-                tracing::info!(retry_topic = %topic, partitions, replication = admin.replication, "created the retry topic");
+                tracing::info!(%topic, %origin, partitions, replication = admin.replication, "created a parking topic");
                 partitions
             }
         };
-        inner.registry.insert(topic, partitions);
         Ok(partitions)
     }
 
@@ -388,13 +436,20 @@ impl Parking for KafkaParking {
     async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
         let inner = &*self.inner;
         let metadata = message.metadata();
-        let origin: &str = metadata.source();
-        if !inner.topics.iter().any(|served| served == origin) {
-            return Err(ParkError::new(ParkingError::UnknownTopic {
-                topic: origin.to_owned(),
-                configured: inner.topics.clone(),
-            }));
-        }
+        let consumed: &str = metadata.source();
+        // A copy that came back through the return topic is parked again
+        // as a message of its origin: the same retry topics, partition
+        // numbers and return topic.
+        let origin: &str = match inner.origin_of.get(consumed) {
+            Some(origin) => origin,
+            None if inner.topics.iter().any(|served| served == consumed) => consumed,
+            None => {
+                return Err(ParkError::new(ParkingError::UnknownTopic {
+                    topic: consumed.to_owned(),
+                    configured: inner.topics.clone(),
+                }));
+            }
+        };
         let origin_partition = i32::try_from(metadata.partition()).map_err(|_| {
             ParkError::new(ParkingError::BadPartition {
                 topic: origin.to_owned(),
@@ -403,7 +458,7 @@ impl Parking for KafkaParking {
         })?;
         let topic = self.topic_for(origin, delay);
         let partitions = self
-            .ensure_topic(&topic, origin)
+            .ensure_retry_topic(&topic, origin)
             .await
             .map_err(ParkError::new)?;
 
@@ -489,6 +544,18 @@ impl KafkaParkingBuilder {
         self
     }
 
+    /// The topic parked messages come back to, with `{topic}` and `{group}`
+    /// replaced by the origin topic and the group; default
+    /// [`DEFAULT_RETURN_TEMPLATE`], a topic of the group's own, which the
+    /// source reads besides the origin
+    /// ([`KafkaParking::return_topic`] names it). `{topic}` alone sends
+    /// them back to the origin topic itself, where **every** consumer group
+    /// of the origin sees them again.
+    pub fn return_topic_template(mut self, template: impl Into<String>) -> Self {
+        self.return_template = template.into();
+        self
+    }
+
     /// How long a park may wait for the broker's acknowledgement, retries
     /// included, and each metadata lookup or topic creation (default 30 s;
     /// librdkafka's `message.timeout.ms`, unless the settings set it). The
@@ -514,8 +581,11 @@ impl KafkaParkingBuilder {
         self
     }
 
-    /// Creates the producer and starts the mover. Nothing is created on the
-    /// brokers until the first park.
+    /// Creates the producer, makes sure each served topic's
+    /// [return topic](KafkaParking::return_topic) exists (creating it with
+    /// as many partitions as the served topic; at most the delivery timeout
+    /// per lookup and creation), and starts the mover. Retry topics are
+    /// created on their first park.
     ///
     /// # Errors
     ///
@@ -523,7 +593,11 @@ impl KafkaParkingBuilder {
     /// producer needs `acks=all`), no topics, an empty group, tiers that
     /// are empty, zero or finer than a millisecond, a template without
     /// `{topic}` or `{tier}` or one that names a served topic, a
-    /// replication factor below 1 other than -1; [`Error::Spawn`] when the
+    /// replication factor below 1 other than -1, a return template that
+    /// names no topic of its own per served topic;
+    /// [`Error::UnknownTopic`] when a served topic does not exist,
+    /// [`Error::Unreachable`] (and the other client errors) when its return
+    /// topic cannot be looked up or created; [`Error::Spawn`] when the
     /// mover's thread cannot start.
     pub async fn build(self) -> Result<KafkaParking, Error> {
         if self.group.trim().is_empty() {
@@ -562,15 +636,39 @@ impl KafkaParkingBuilder {
                 ),
             ));
         }
+        if self.return_template.trim().is_empty() {
+            return Err(Error::config(
+                "return_topic_template",
+                format!("must not be empty; the default is `{DEFAULT_RETURN_TEMPLATE}`"),
+            ));
+        }
+        let mut origin_of: HashMap<String, String> = HashMap::new();
+        for topic in &self.topics {
+            let back_to = resolve(&self.return_template, topic, &self.group, "");
+            if back_to == *topic {
+                continue;
+            }
+            let shared = origin_of.insert(back_to.clone(), topic.clone());
+            if self.topics.contains(&back_to) || shared.is_some() {
+                return Err(Error::config(
+                    "return_topic_template",
+                    format!(
+                        "`{}` returns the messages of `{topic}` to `{back_to}`, which is another served topic or the return topic of one; name `{{topic}}` in it, such as the default `{DEFAULT_RETURN_TEMPLATE}`",
+                        self.return_template
+                    ),
+                ));
+            }
+        }
         let mut routes = HashMap::new();
         for topic in &self.topics {
+            let back_to = resolve(&self.return_template, topic, &self.group, "");
             for tier in 0..tiers.len() {
                 let retry = resolve(&self.template, topic, &self.group, &tiers.label(tier));
-                if self.topics.contains(&retry) {
+                if self.topics.contains(&retry) || origin_of.contains_key(&retry) {
                     return Err(Error::config(
                         "topic_template",
                         format!(
-                            "`{}` parks messages of `{topic}` in `{retry}`, a topic this parking serves: they would be parked and moved in a loop",
+                            "`{}` parks messages of `{topic}` in `{retry}`, a topic this parking serves or returns to: they would be parked and moved in a loop",
                             self.template
                         ),
                     ));
@@ -578,7 +676,7 @@ impl KafkaParkingBuilder {
                 routes.insert(
                     retry,
                     Route {
-                        origin: topic.as_str().into(),
+                        back_to: back_to.as_str().into(),
                         tier,
                     },
                 );
@@ -609,30 +707,17 @@ impl KafkaParkingBuilder {
             .client_config()
             .create()
             .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
-        let registry = Arc::new(Registry::default());
-        let shared = Arc::new(MoverShared::default());
-        let stopped = mover::spawn(MoverConfig {
-            settings: self.settings.clone(),
-            group: format!("{}.parking", self.group),
-            producer: producer.clone(),
-            routes: Arc::new(routes),
-            tiers: tiers.clone(),
-            registry: Arc::clone(&registry),
-            shared: Arc::clone(&shared),
-            delivery_timeout: self.delivery_timeout,
-            discovery_interval: self.discovery_interval,
-            brokers: Arc::clone(&brokers),
-        })?;
-        tracing::debug!(group = %self.group, topics = ?self.topics, %brokers, "kafka parking started");
-        Ok(KafkaParking {
+        let parking = KafkaParking {
             inner: Arc::new(Inner {
                 producer,
-                brokers,
+                brokers: Arc::clone(&brokers),
                 group: self.group,
                 topics: self.topics,
+                return_template: self.return_template,
+                origin_of,
                 tiers,
                 template: self.template,
-                registry,
+                registry: Arc::new(Registry::default()),
                 admin: TopicAdmin {
                     settings: producer_settings,
                     replication: self.replication,
@@ -640,10 +725,66 @@ impl KafkaParkingBuilder {
                     creating: tokio::sync::Mutex::new(()),
                 },
                 delivery_timeout: self.delivery_timeout,
-                mover: shared,
-                stopped: Mutex::new(Some(stopped)),
+                mover: Arc::new(MoverShared::default()),
+                stopped: Mutex::new(None),
             }),
-        })
+        };
+        let inner = &*parking.inner;
+        // Before the source is built: it refuses a topic that does not exist.
+        let mut returns: Vec<(&String, &String)> = inner.origin_of.iter().collect();
+        returns.sort();
+        for (back_to, origin) in returns {
+            parking
+                .ensure_topic(back_to, origin)
+                .await
+                .map_err(|error| {
+                    tracing::warn!(return_topic = %back_to, %origin, error = %intake_core::ErrorChain::new(&error), "the return topic could not be made sure of");
+                    build_error(error)
+                })?;
+        }
+        let stopped = mover::spawn(MoverConfig {
+            settings: self.settings,
+            group: format!("{}.parking", inner.group),
+            producer: inner.producer.clone(),
+            routes: Arc::new(routes),
+            tiers: inner.tiers.clone(),
+            registry: Arc::clone(&inner.registry),
+            shared: Arc::clone(&inner.mover),
+            delivery_timeout: self.delivery_timeout,
+            discovery_interval: self.discovery_interval,
+            brokers,
+        })?;
+        *inner
+            .stopped
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = Some(stopped);
+        tracing::debug!(group = %inner.group, topics = ?inner.topics, brokers = %inner.brokers, "kafka parking started");
+        Ok(parking)
+    }
+}
+
+/// A return topic that could not be made sure of at build time, as the
+/// build's error.
+fn build_error(error: ParkingError) -> Error {
+    match error {
+        ParkingError::OriginMissing { topic, brokers } => Error::UnknownTopic { topic, brokers },
+        ParkingError::Lookup {
+            brokers, source, ..
+        }
+        | ParkingError::TopicNotCreated {
+            brokers, source, ..
+        }
+        | ParkingError::Write {
+            brokers, source, ..
+        } => Error::from_kafka(*source, &brokers, Duration::ZERO),
+        ParkingError::TimedOut {
+            brokers, waited, ..
+        } => Error::from_kafka(
+            KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut),
+            &brokers,
+            waited,
+        ),
+        other => Error::config("return_topic_template", other.to_string()),
     }
 }
 
@@ -651,8 +792,12 @@ impl KafkaParkingBuilder {
 mod tests {
     use super::*;
 
+    /// No broker listens: parked copies return to the origin, so the build
+    /// creates no return topic.
     fn builder() -> KafkaParkingBuilder {
-        KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), "billing").topics(["orders"])
+        KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+            .topics(["orders"])
+            .return_topic_template("{topic}")
     }
 
     fn refused(built: Result<KafkaParking, Error>, setting: &str) {
@@ -676,6 +821,11 @@ mod tests {
         assert_eq!(
             parking.topic_for("orders", Duration::from_millis(10)),
             "orders.billing.retry.1s"
+        );
+        assert_eq!(parking.return_topic("orders"), "orders");
+        assert_eq!(
+            resolve(DEFAULT_RETURN_TEMPLATE, "orders", "billing", ""),
+            "orders.billing.returned"
         );
         parking
             .shutdown(Duration::from_secs(10))
@@ -706,6 +856,29 @@ mod tests {
             "topic_template",
         );
         refused(builder().replication(0).build().await, "replication");
+        refused(
+            builder()
+                .topics(["payments"])
+                .return_topic_template("returned")
+                .build()
+                .await,
+            "return_topic_template",
+        );
+        refused(
+            builder()
+                .topics(["orders.billing.returned"])
+                .return_topic_template(DEFAULT_RETURN_TEMPLATE)
+                .build()
+                .await,
+            "return_topic_template",
+        );
+        refused(
+            builder()
+                .return_topic_template("{topic}.{group}.retry.1s")
+                .build()
+                .await,
+            "topic_template",
+        );
         refused(
             KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), " ")
                 .topics(["orders"])

@@ -1,6 +1,7 @@
 //! The mover: consumes the retry topics in a group of its own, holds each
 //! partition's head record (the partition paused) until it is due, then
-//! produces it back to its origin and commits it.
+//! produces it back to where its group reads it (the return topic of its
+//! origin, or the origin itself) and commits it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -43,7 +44,9 @@ const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
 /// Where the records of one retry topic go back to.
 #[derive(Debug)]
 pub(super) struct Route {
-    pub(super) origin: Arc<str>,
+    /// The return topic of the origin (the origin itself when configured
+    /// so), partitioned like the origin.
+    pub(super) back_to: Arc<str>,
     pub(super) tier: usize,
 }
 
@@ -51,7 +54,7 @@ pub(super) struct Route {
 #[derive(Debug, Default)]
 pub(super) struct MoverShared {
     pub(super) stop: AtomicBool,
-    /// Records produced back to their origin and committed.
+    /// Records produced back (to the return topic) and committed.
     pub(super) moved: AtomicU64,
     /// Records written to the tail of their retry topic again.
     pub(super) requeued: AtomicU64,
@@ -141,7 +144,7 @@ struct Held {
 /// What becomes of a head record whose time came.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Action {
-    /// Due: back to its origin.
+    /// Due: back to the return topic.
     Back,
     /// Not due, but it held its partition as long as its tier allows: to
     /// the tail of its retry topic again.
@@ -370,7 +373,7 @@ impl Mover {
                     topic = record.topic(),
                     partition = record.partition(),
                     offset = record.offset(),
-                    "a parked record names a partition its origin does not have; moved back by its key"
+                    "a parked record names a partition its return topic does not have; moved back by its key"
                 );
                 outcome = self
                     .send(record, Action::Back, false)
@@ -452,7 +455,8 @@ impl Mover {
         }
     }
 
-    /// Hands `record` to the producer: back to its origin partition (by its
+    /// Hands `record` to the producer: back to its origin partition's number
+    /// in the return topic (by its
     /// key when `to_partition` is false or the header is unusable), or to
     /// the tail of its own partition.
     fn send(
@@ -468,10 +472,10 @@ impl Mover {
                 copy_headers(record, false),
             ),
             Action::Back => {
-                let origin = self
+                let back_to = self
                     .routes
                     .get(record.topic())
-                    .map(|route| &*route.origin)
+                    .map(|route| &*route.back_to)
                     .ok_or(KafkaError::MessageProduction(
                         RDKafkaErrorCode::UnknownTopic,
                     ))?;
@@ -484,7 +488,7 @@ impl Mover {
                         "a parked record without a usable origin partition; moved back by its key"
                     );
                 }
-                (origin, partition, copy_headers(record, true))
+                (back_to, partition, copy_headers(record, true))
             }
         };
         let mut out = FutureRecord::<[u8], [u8]>::to(topic).headers(headers);
