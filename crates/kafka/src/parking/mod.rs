@@ -32,10 +32,10 @@
 //! between the two brings a message back twice, never zero times. A copy
 //! consumed from the return topic that asks for later again is parked as a
 //! message of its origin; the parking layer keeps its key's order with the
-//! origin's by the `intake.park.origin` header. New retry topics are subscribed to at once when this process
-//! creates them, and found every
-//! [discovery interval](KafkaParkingBuilder::discovery_interval) when
-//! another process (or an earlier run) did.
+//! origin's by the `intake.park.origin` header. The mover subscribes to a
+//! new retry topic at once when this process creates it, and finds one
+//! another process (or an earlier run) created within the
+//! [discovery interval](KafkaParkingBuilder::discovery_interval).
 //!
 //! **What it costs.** Per park, one produce round trip (and one metadata
 //! lookup per retry topic and process, a topic creation per retry topic).
