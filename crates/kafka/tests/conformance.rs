@@ -79,11 +79,58 @@ async fn marked(backend: &support::KafkaBackend, topic: &str) -> Vec<String> {
         .collect()
 }
 
+/// Produces to partition 0 of `topic` a record that is no letter, with a
+/// header name that is not UTF-8 (rdkafka's own reader panics on it),
+/// written through librdkafka's C API as a Go, C or Java producer would.
+async fn stray_with_a_raw_header_name(brokers: &str, topic: &str) {
+    use intake_kafka::rdkafka::ClientConfig;
+    use intake_kafka::rdkafka::bindings;
+    use intake_kafka::rdkafka::message::{BorrowedHeaders, OwnedHeaders};
+    use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let headers = OwnedHeaders::new();
+    let name: &[u8] = b"\xff\xfename";
+    // `BorrowedHeaders` is rdkafka's view of the `rd_kafka_headers_t` that
+    // `headers` owns; the pointer stays valid while `headers` lives.
+    let native =
+        headers.as_borrowed() as *const BorrowedHeaders as *mut bindings::rd_kafka_headers_t;
+    // SAFETY: `native` is a live, writable header list; librdkafka copies
+    // the name and value (of the lengths given) before returning.
+    let added = unsafe {
+        bindings::rd_kafka_header_add(
+            native,
+            name.as_ptr().cast::<std::ffi::c_char>(),
+            isize::try_from(name.len()).expect("a short name"),
+            b"v".as_ptr().cast(),
+            1,
+        )
+    };
+    assert_eq!(
+        added,
+        bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+    );
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("a producer");
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(topic)
+                .partition(0)
+                .payload(b"stray")
+                .headers(headers),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .expect("a record that is no letter");
+}
+
 /// Kafka deletes only a prefix of a partition: a letter removed out of
 /// order is marked in the side topic and skipped; once the letters before
 /// it are removed too, the prefix is deleted (the low watermark moves) and
 /// the marks tombstoned. A fresh store sees the same; a record that is no
-/// letter is listed as unreadable and never redriven; ids of other forms or
+/// letter (with a header name that is not UTF-8) is listed as unreadable
+/// and never redriven; ids of other forms or
 /// places remove nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix() {
@@ -111,10 +158,7 @@ async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix()
             .await
             .expect("a letter");
     }
-    backend
-        .produce_to_partition(&topic, 0, ["stray".to_owned()])
-        .await
-        .expect("a record that is no letter");
+    stray_with_a_raw_header_name(backend.brokers(), &topic).await;
     let open = || async {
         let settings = KafkaSettings::new(backend.brokers());
         intake_kafka::KafkaDeadLetters::builder(settings.clone())
