@@ -1,6 +1,7 @@
 //! [`RedisParking`]: retry later without blocking, on Redis. A message is
-//! parked in a stream of its own, indexed by its due time, and moved back
-//! into the stream it came from by a mover once due.
+//! parked in a stream of its consumer group's own, indexed by its due time,
+//! and moved by a mover once due into the group's return stream, which the
+//! same source reads beside the stream the message came from.
 //!
 //! How it parks, what it costs and its limits are on [`RedisParking`],
 //! where the crate's documentation shows them.
@@ -9,8 +10,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use intake_core::parking::{DUE, ParkError, Parked, Parking};
-use intake_core::publish::{Output, Publisher};
+use intake_core::parking::{DUE, ORIGIN, ParkError, Parked, Parking};
 use intake_core::{BackoffPolicy, ConfigError, Exponential, Message};
 use redis::{RedisError, Script, Value};
 use tokio::sync::{Notify, watch};
@@ -22,8 +22,7 @@ use crate::connection::{
 use crate::dead_letter::MAX_DEAD_LETTER_VALUES;
 use crate::endpoint::Endpoint;
 use crate::error::Error;
-use crate::publisher::{RedisStreamsPublisher, RedisStreamsPublisherBuilder};
-use crate::settings::DEFAULT_PAYLOAD_FIELD;
+use crate::settings::{DEFAULT_PAYLOAD_FIELD, Settings};
 
 /// Most parked entries one round indexes per stream; a round that reads
 /// this many runs again at once.
@@ -35,12 +34,13 @@ const LONGEST_BACKOFF: Duration = Duration::from_secs(10);
 
 /// One round of the mover on one stream; see [`RedisParking`].
 ///
-/// `KEYS[1]` the stream, `KEYS[2]` its parking stream, `KEYS[3]` its due
-/// index; `ARGV[1]` now (ms since the epoch, the mover's clock), `ARGV[2]`
-/// most entries moved, `ARGV[3]` most entries indexed per read, `ARGV[4]`
-/// the due header's name, `ARGV[5]` the parking stream's group, `ARGV[6]`
-/// most values an entry may have to be moved, `ARGV[7]` `MAXLEN` of the
-/// stream (empty: none).
+/// `KEYS[1]` the return stream, `KEYS[2]` the parking stream, `KEYS[3]`
+/// its due index; `ARGV[1]` now (ms since the epoch, the mover's clock),
+/// `ARGV[2]` most entries moved, `ARGV[3]` most entries indexed per read,
+/// `ARGV[4]` the due header's name, `ARGV[5]` the parking stream's group,
+/// `ARGV[6]` most values an entry may have to be moved, `ARGV[7]` `MAXLEN`
+/// of the return stream (empty: none), `ARGV[8]` the consumer group that
+/// reads the return stream.
 ///
 /// Returns `{indexed, undated, moved, vanished, more, next due or -1,
 /// {ids left in the parking stream}}`.
@@ -52,6 +52,11 @@ const LONGEST_BACKOFF: Duration = Duration::from_secs(10);
 /// only after they are indexed, so a round that fails in between (`OOM`)
 /// leaves them pending for the next, which reads its pending ones (`0`)
 /// before new ones (`>`).
+///
+/// Before the first entry of a round is moved, the consumer group is
+/// created on the return stream at `0` where it is missing: a copy must
+/// never land in a return stream whose group the source would create
+/// later at `$` (`StartFrom::NewEntries`), past the copy.
 static ROUND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -115,6 +120,7 @@ if kinds[2] == 'stream' then
   end
 end
 local moved, vanished, left = 0, 0, {}
+local grouped = false
 local due_ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, id in ipairs(due_ids) do
   local found = redis.pcall('XRANGE', KEYS[2], id, id)
@@ -127,6 +133,13 @@ for _, id in ipairs(due_ids) do
   elseif #entry[2] > tonumber(ARGV[6]) then
     left[#left + 1] = id
   else
+    if not grouped then
+      local created = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[8], '0', 'MKSTREAM')
+      if type(created) == 'table' and created.err and string.sub(created.err, 1, 9) ~= 'BUSYGROUP' then
+        return created
+      end
+      grouped = true
+    end
     if ARGV[7] == '' then
       redis.call('XADD', KEYS[1], '*', unpack(entry[2]))
     else
@@ -154,30 +167,56 @@ return {indexed, undated, moved, vanished, more, next_due, left}
     )
 });
 
-/// Parks messages of Redis streams for a while and moves them back into
-/// their stream once due: the [`Parking`] of the Redis backend, for
+/// Parks messages of Redis streams for a while and, once due, moves them
+/// into a return stream that only the consumer group that parked them
+/// reads: the [`Parking`] of the Redis backend, for
 /// [`ParkingLayer`](intake_core::parking::ParkingLayer).
 ///
-/// Build one with [`RedisParking::builder`], naming the streams whose
-/// messages it parks, and hand a clone to the layer. Clones share the
-/// mover, which stops once every clone is dropped or at
-/// [`shutdown`](Self::shutdown).
+/// Build one with [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking)
+/// (prefilled from the source) or [`RedisParking::builder`], and hand a
+/// clone to the layer. Clones share the mover, which stops once every clone
+/// is dropped or at [`shutdown`](Self::shutdown).
+///
+/// # Where a parked message comes back
+///
+/// A parked message of stream `orders`, parked by group `billing`, comes
+/// back to the return stream `orders:billing:returned`
+/// ([`RedisParking::return_stream`]; another name can be set with
+/// [`return_stream`](RedisParkingBuilder::return_stream)), not to `orders`:
+/// every consumer group of `orders` and every broadcast reader would
+/// receive a copy moved there, and handle again what it had handled
+/// already. The source reads the return stream as one more stream, which is
+/// the one line to add to the source's builder:
+///
+/// ```text
+/// .stream(RedisParking::return_stream("orders", "billing"))
+/// ```
+///
+/// The copy keeps its fields, the park headers among them:
+/// [`ORIGIN`] names `orders`, so the parking layer keeps the order of the
+/// copy's key among the messages of `orders`. The source's
+/// [`parking`](crate::RedisStreamsSource::parking) refuses to build while
+/// the source does not read a return stream, so a forgotten line fails at
+/// start rather than leaving copies unread.
 ///
 /// # How it parks
 ///
 /// A park is one `XADD` of the message to the parking stream
-/// `<stream>:parked`, written by a [`RedisStreamsPublisher`] and confirmed by
-/// the entry id Redis answers: the same fields the source reads (the payload
-/// field, then every header in order; the key is among them, since the
-/// source keeps its key field as a header), the park headers included
-/// ([`DUE`] among them). [`park`](Parking::park) returns
-/// [`Parked::Moved`] only after that confirmation, so the original is
-/// acknowledged only once its copy is stored.
+/// `<stream>:<group>:parked` (one per stream and group, so that each
+/// group's mover moves only its own group's copies), confirmed by the entry
+/// id Redis answers: the same fields the source reads (the payload field,
+/// then every header in order; the key is among them, since the source
+/// keeps its key field as a header), the park headers included ([`DUE`]
+/// among them; [`ORIGIN`] is added when the caller did not set it).
+/// [`park`](Parking::park) returns [`Parked::Moved`] only after that
+/// confirmation, so the original is acknowledged only once its copy is
+/// stored. A copy that came back through the return stream and is parked
+/// again goes to the parking stream of its origin.
 ///
 /// A park is a single command, hence atomic by itself: there is no moment
 /// at which the copy exists and its due time is unknown, since the due time
 /// travels in the entry. The due index, the sorted set
-/// `<stream>:parked:due` of parked entry ids scored by due time
+/// `<stream>:<group>:parked:due` of parked entry ids scored by due time
 /// (milliseconds since the Unix epoch), is kept by the mover.
 ///
 /// # How it comes back
@@ -196,9 +235,12 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 ///    and it lives and dies with the parking stream;
 /// 2. moves up to [`batch`](RedisParkingBuilder::batch) entries whose due
 ///    time has come: `XADD` of the entry's fields, as they are, to the
-///    stream (with `MAXLEN ~` when [`max_len`](RedisParkingBuilder::max_len)
-///    is set), then `XDEL` from the parking stream and `ZREM` from the
-///    index. A script is never interleaved with another, so two movers
+///    return stream (with `MAXLEN ~` when
+///    [`max_len`](RedisParkingBuilder::max_len) is set), then `XDEL` from
+///    the parking stream and `ZREM` from the index. Before the first, it
+///    creates the consumer group on the return stream at `0` if it is
+///    missing (`MKSTREAM`), so no copy lands where the group would start
+///    after it. A script is never interleaved with another, so two movers
 ///    never move the same entry, and it stops at the first failing call:
 ///    an entry is moved whole or not at all;
 /// 3. answers the earliest due time left.
@@ -238,27 +280,36 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 ///
 /// # What it costs
 ///
-/// Per parked message: one pipelined `XADD`, and on the server the entry in
-/// the parking stream plus a member of the index until it is moved; moving
-/// it back is an `XRANGE`, `XADD`, `XDEL` and `ZREM` within a round's
-/// script. An idle mover runs one short script per stream per poll
-/// interval. Each [`RedisParking`] holds two connections: the publisher's
-/// and the mover's.
+/// Per parked message: one `XADD`, and on the server the entry in the
+/// parking stream plus a member of the index until it is moved; moving it
+/// is an `XRANGE`, `XADD`, `XDEL` and `ZREM` within a round's script, plus
+/// one `XGROUP CREATE` per round that moves any. An idle mover runs one
+/// short script per stream per poll interval. Each [`RedisParking`] holds
+/// one connection (parks and mover share it). The source reads one more
+/// stream: its reads split their `COUNT` between the streams.
 ///
 /// # Limits
 ///
-/// - A moved message is a **new entry** of its stream: it has a new entry id
-///   (position), its attempt counts from 1 again (the [`ATTEMPTS`] header
-///   carries the attempts before), and **every consumer group reading the
-///   stream receives it**, not only the group that parked it, as does any
-///   broadcast reader. Park where one group reads the stream.
+/// - A moved message is a **new entry** of the return stream: it has a new
+///   entry id (position) and its attempt counts from 1 again (the
+///   [`ATTEMPTS`] header carries the attempts before). Its partition is the
+///   return stream, so what a source does per stream (a dead-letter stream
+///   named after the stream, `<return stream>:dlq` by default; lag) is done
+///   under the return stream's name.
+/// - The return stream keeps the entries its group acknowledged, as any
+///   stream does, unless the source deletes them
+///   ([`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked)) or
+///   [`max_len`](RedisParkingBuilder::max_len) trims it (which can trim a
+///   copy the group has not read yet, if it lags that far).
+/// - A broadcast reader has no group, hence no return stream of its own:
+///   it cannot park.
 /// - A message the source did not decode (its key carried by no field) or
 ///   with more than about 3,500 fields is refused: the parking layer then
 ///   retries it the ordinary way.
 /// - The parking stream must not be trimmed (`MAXLEN`): what is trimmed is
-///   lost. The three keys of a stream are not hash-tagged; like the rest of
-///   this crate, parking is for a single Redis server (or a replicated one),
-///   not Redis Cluster.
+///   lost. The keys are not hash-tagged; like the rest of this crate,
+///   parking is for a single Redis server (or a replicated one), not Redis
+///   Cluster.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -268,15 +319,16 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let url = "redis://127.0.0.1:6379";
-/// let source = RedisStreamsSource::builder(url)
+/// let source = RedisStreamsSource::builder("redis://127.0.0.1:6379")
 ///     .stream("orders")
+///     // Where the parked messages of `orders` come back, for this group only.
+///     .stream(RedisParking::return_stream("orders", "billing"))
 ///     .group("billing")
 ///     .key_field("customer")
 ///     .build()
 ///     .await?;
 /// let acker = source.acker();
-/// let parking = RedisParking::builder(url).consumed_stream("orders").build().await?;
+/// let parking = source.parking().build().await?;
 /// let handler = tower::ServiceBuilder::new()
 ///     .layer(ParkingLayer::new(parking.clone()))
 ///     .service(tower::service_fn(|message: Message| async move {
@@ -303,15 +355,16 @@ pub struct RedisParking {
 
 /// What the clones of a parking share.
 struct Inner {
-    publisher: RedisStreamsPublisher,
-    /// The streams whose messages this parks (and whose parked entries its
-    /// mover moves back).
-    streams: Vec<Arc<str>>,
-    /// The mover's connection, also for [`RedisParking::waiting`].
+    /// The keys of each stream whose messages this parks.
+    keys: Vec<StreamKeys>,
+    group: String,
+    payload_field: String,
+    /// The connection of parks and of the mover, also for
+    /// [`RedisParking::waiting`].
     connection: SharedConnection,
     /// Wakes the mover after a park of this process.
     wake: Arc<Notify>,
-    /// Turns true to stop the mover.
+    /// Turns true to stop the mover (and refuse parks).
     stop: watch::Sender<bool>,
     mover: Mutex<Option<JoinHandle<()>>>,
     command_timeout: Duration,
@@ -327,38 +380,59 @@ impl Drop for Inner {
 
 impl fmt::Debug for RedisParking {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let streams: Vec<&str> = self.inner.keys.iter().map(|keys| &*keys.stream).collect();
+        let returns: Vec<&str> = self.inner.keys.iter().map(|keys| &*keys.returned).collect();
         f.debug_struct("RedisParking")
             .field("endpoint", self.endpoint())
-            .field("streams", &self.inner.streams)
+            .field("group", &self.inner.group)
+            .field("streams", &streams)
+            .field("return_streams", &returns)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisParking {
-    /// What a stream's parking stream is named after it: `orders:parked`.
+    /// What a stream's parking stream is named after the stream and group:
+    /// `orders:billing:parked`.
     pub const PARKED_SUFFIX: &'static str = ":parked";
-    /// What a stream's due index is named after it: `orders:parked:due`.
+    /// What a stream's due index is named after the stream and group:
+    /// `orders:billing:parked:due`.
     pub const DUE_SUFFIX: &'static str = ":parked:due";
+    /// What a stream's return stream is named after the stream and group,
+    /// unless set: `orders:billing:returned`.
+    pub const RETURNED_SUFFIX: &'static str = ":returned";
     /// The consumer group of every parking stream through which the movers
     /// index new parked entries.
     pub const MOVER_GROUP: &'static str = "intake-parking";
 
-    /// A builder of a parking on connections of its own to the server at
+    /// A builder of a parking on a connection of its own to the server at
     /// `url` (`redis://[user[:password]@]host[:port][/db]`, or `rediss://`
-    /// for TLS). Name the streams whose messages it parks with
-    /// [`consumed_stream`](RedisParkingBuilder::consumed_stream).
+    /// for TLS). Name the consumer group with
+    /// [`group`](RedisParkingBuilder::group) and the streams whose messages
+    /// it parks with
+    /// [`consumed_stream`](RedisParkingBuilder::consumed_stream);
+    /// [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking)
+    /// does both from the source.
     pub fn builder(url: impl Into<String>) -> RedisParkingBuilder {
         RedisParkingBuilder::new(url)
     }
 
-    /// The parking stream of `stream`.
-    pub fn parked_stream(stream: &str) -> String {
-        format!("{stream}{}", Self::PARKED_SUFFIX)
+    /// The return stream of `stream` for consumer group `group` unless set
+    /// otherwise: `<stream>:<group>:returned`, where the group's parked
+    /// messages of `stream` come back. The group's source reads it beside
+    /// `stream`.
+    pub fn return_stream(stream: &str, group: &str) -> String {
+        format!("{stream}:{group}{}", Self::RETURNED_SUFFIX)
     }
 
-    /// The due index of `stream`.
-    pub fn due_index(stream: &str) -> String {
-        format!("{stream}{}", Self::DUE_SUFFIX)
+    /// The parking stream of `stream` for consumer group `group`.
+    pub fn parked_stream(stream: &str, group: &str) -> String {
+        format!("{stream}:{group}{}", Self::PARKED_SUFFIX)
+    }
+
+    /// The due index of `stream` for consumer group `group`.
+    pub fn due_index(stream: &str, group: &str) -> String {
+        format!("{stream}:{group}{}", Self::DUE_SUFFIX)
     }
 
     /// The server it parks on, without password.
@@ -366,10 +440,25 @@ impl RedisParking {
         self.inner.connection.connector().endpoint()
     }
 
-    /// How many messages of `stream` are parked and not moved back yet, by
-    /// any instance (`XLEN` of its parking stream).
+    /// The consumer group whose messages this parks.
+    pub fn group(&self) -> &str {
+        &self.inner.group
+    }
+
+    /// Where the parked messages of `stream` come back, or `None` for a
+    /// stream this parking was not built for.
+    pub fn return_stream_of(&self, stream: &str) -> Option<&str> {
+        self.inner
+            .keys
+            .iter()
+            .find(|keys| *keys.stream == *stream)
+            .map(|keys| &*keys.returned)
+    }
+
+    /// How many messages of `stream` this parking's group has parked and
+    /// not moved back yet, by any instance (`XLEN` of its parking stream).
     pub async fn waiting(&self, stream: &str) -> Result<u64, Error> {
-        let parked = Self::parked_stream(stream);
+        let parked = Self::parked_stream(stream, &self.inner.group);
         let mut connection = self.inner.connection.get();
         let length = tokio::time::timeout(
             self.inner.command_timeout,
@@ -388,10 +477,10 @@ impl RedisParking {
     }
 
     /// Stops the mover (a round in flight is dropped: its script ran whole
-    /// on the server or not at all) and closes the publisher once the parks
-    /// under way are answered; later parks fail, and the parking layer
-    /// retries those messages the ordinary way. What is parked stays
-    /// parked, for the next instance's mover. Every clone is shut down.
+    /// on the server or not at all); later parks fail, and the parking
+    /// layer retries those messages the ordinary way. A park under way
+    /// finishes within its bound. What is parked stays parked, for the next
+    /// instance's mover. Every clone is shut down.
     pub async fn shutdown(&self) {
         self.inner.stop.send_replace(true);
         let mover = self
@@ -405,23 +494,35 @@ impl RedisParking {
             // next poll; the bound is for a runtime too busy to poll it.
             let _ = tokio::time::timeout(self.inner.command_timeout, mover).await;
         }
-        self.inner.publisher.close().await;
+    }
+
+    /// The keys of the stream `message` was parked from: the stream it was
+    /// consumed from, or the one whose return stream it came back through.
+    fn keys_of(&self, message: &Message) -> Option<&StreamKeys> {
+        let source: &str = message.metadata().source();
+        self.inner
+            .keys
+            .iter()
+            .find(|keys| *keys.stream == *source || keys.returned == source)
     }
 }
 
 #[async_trait::async_trait]
 impl Parking for RedisParking {
     async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
-        let stream: &str = message.metadata().source();
-        if !self.inner.streams.iter().any(|known| **known == *stream) {
+        if *self.inner.stop.borrow() {
+            return Err(ParkError::new(refused("the parking was shut down")));
+        }
+        let Some(keys) = self.keys_of(message) else {
+            let stream: &str = message.metadata().source();
             return Err(ParkError::new(Error::from(ConfigError::new(
                 "consumed_stream",
                 format!(
-                    "does not name `{stream}`: its parked messages would never be moved back; \
-                     name it when building the parking"
+                    "does not name `{stream}` (nor a stream whose return stream it is): its \
+                     parked messages would never come back; name it when building the parking"
                 ),
             ))));
-        }
+        };
         let mut headers = message.headers().clone();
         if let Some(key) = message.key()
             && !headers.iter().any(|header| header.value == *key)
@@ -431,7 +532,9 @@ impl Parking for RedisParking {
                  without it (a message the source decoded keeps its key field)",
             )));
         }
-        let values = 2 * (1 + headers.len());
+        // The origin is added below when missing: counted here already.
+        let added = usize::from(headers.get(ORIGIN).is_none());
+        let values = 2 * (1 + headers.len() + added);
         if values > MAX_DEAD_LETTER_VALUES {
             return Err(ParkError::new(refused(format!(
                 "it has {} fields; a parked entry is moved back by a script, which takes at \
@@ -445,17 +548,48 @@ impl Parking for RedisParking {
             // delay it asked for.
             headers.set(DUE, unix_millis(SystemTime::now() + delay).to_string());
         }
-        // No key on the output: the key is one of the headers already, and
-        // the copy must hold exactly the fields the original had.
-        let output = Output::new(Self::parked_stream(stream), message.payload().clone())
-            .with_headers(headers);
-        let receipt = self
-            .inner
-            .publisher
-            .send(output)
-            .await
-            .map_err(ParkError::new)?;
-        receipt.await.map_err(ParkError::new)?;
+        if added > 0 {
+            headers.set(ORIGIN, keys.stream.to_string());
+        }
+        // The payload field first, then the headers in order, as a
+        // publisher writes them: the copy holds exactly the fields the
+        // original had (its key field among the headers) and the park
+        // headers.
+        let mut command = redis::cmd("XADD");
+        command
+            .arg(&keys.parked)
+            .arg("*")
+            .arg(&self.inner.payload_field)
+            .arg(message.payload().as_ref());
+        for header in &headers {
+            command.arg(&*header.name).arg(header.value.as_ref());
+        }
+        let mut connection = self.inner.connection.get();
+        // The connection's own response timeout does not cover waiting for
+        // a reconnect; this bounds both.
+        let reply = tokio::time::timeout(
+            self.inner.command_timeout,
+            command.query_async::<Value>(&mut connection),
+        )
+        .await
+        .unwrap_or_else(|_| Err(timed_out()));
+        match reply {
+            Ok(Value::BulkString(_) | Value::SimpleString(_)) => {}
+            Ok(_) => {
+                return Err(ParkError::new(Error::UnexpectedReply {
+                    command: "XADD",
+                    detail: format!("no entry id for the park in `{}`", keys.parked),
+                }));
+            }
+            Err(error) => {
+                self.inner.connection.replace_if_replica(&error).await;
+                return Err(ParkError::new(self.inner.connection.connector().key_error(
+                    error,
+                    "XADD",
+                    &keys.parked,
+                )));
+            }
+        }
         self.inner.wake.notify_one();
         Ok(Parked::Moved)
     }
@@ -485,10 +619,26 @@ fn timed_out() -> RedisError {
 }
 
 /// The keys of one stream's parking.
+#[derive(Clone, Debug)]
 struct StreamKeys {
+    /// The stream whose messages are parked.
     stream: Arc<str>,
+    /// Where they come back.
+    returned: String,
     parked: String,
     due: String,
+}
+
+impl StreamKeys {
+    fn new(stream: &str, group: &str, returned: Option<&str>) -> Self {
+        Self {
+            stream: Arc::from(stream),
+            returned: returned
+                .map_or_else(|| RedisParking::return_stream(stream, group), str::to_owned),
+            parked: RedisParking::parked_stream(stream, group),
+            due: RedisParking::due_index(stream, group),
+        }
+    }
 }
 
 /// What one round on one stream did.
@@ -549,6 +699,8 @@ impl Round {
 struct Mover {
     connection: SharedConnection,
     keys: Vec<StreamKeys>,
+    /// The consumer group that reads the return streams.
+    group: String,
     batch: usize,
     max_len: Option<u64>,
     poll_interval: Duration,
@@ -635,7 +787,7 @@ impl Mover {
     async fn round(&self, keys: &StreamKeys) -> Result<Round, Error> {
         let mut invocation = ROUND.prepare_invoke();
         invocation
-            .key(&*keys.stream)
+            .key(&keys.returned)
             .key(&keys.parked)
             .key(&keys.due)
             .arg(unix_millis(SystemTime::now()))
@@ -648,6 +800,7 @@ impl Mover {
             Some(max_len) => invocation.arg(max_len),
             None => invocation.arg(""),
         };
+        invocation.arg(&self.group);
         let mut connection = self.connection.get();
         // The connection's own response timeout does not cover waiting for
         // a reconnect; this bounds both.
@@ -664,7 +817,7 @@ impl Mover {
             }),
             Err(error) => {
                 self.connection.replace_if_replica(&error).await;
-                let keys = format!("{}, {}, {}", keys.stream, keys.parked, keys.due);
+                let keys = format!("{}, {}, {}", keys.returned, keys.parked, keys.due);
                 Err(self
                     .connection
                     .connector()
@@ -694,9 +847,10 @@ fn report(keys: &StreamKeys, round: &Round) {
     if round.moved > 0 || round.indexed > 0 {
         tracing::debug!(
             stream = %keys.stream,
+            return_stream = %keys.returned,
             indexed = round.indexed,
             moved = round.moved,
-            "parked messages indexed and moved back"
+            "parked messages indexed and moved to the return stream"
         );
     }
     if round.undated > 0 {
@@ -727,28 +881,49 @@ fn report(keys: &StreamKeys, round: &Round) {
     }
 }
 
-/// Builds a [`RedisParking`]; see [`RedisParking::builder`].
+/// Builds a [`RedisParking`]; see [`RedisParking::builder`] and
+/// [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking).
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct RedisParkingBuilder {
-    url: SecretUrl,
-    /// Holds the URL as given, for the publisher that writes the parks.
-    publisher: RedisStreamsPublisherBuilder,
+    server: Server,
     tls_root_certificate: Option<Vec<u8>>,
-    connect_timeout: Duration,
+    /// `None`: the default, or the source's for a builder from a source.
+    connect_timeout: Option<Duration>,
     command_timeout: Duration,
     consumed: Vec<String>,
+    group: Option<String>,
+    /// Return streams set by hand: (consumed stream, return stream).
+    returns: Vec<(String, String)>,
+    /// The streams the source reads, for a builder from a source: each
+    /// return stream must be among them.
+    read_by_source: Option<Vec<String>>,
     payload_field: String,
     max_len: Option<u64>,
     batch: usize,
     poll_interval: Duration,
 }
 
+/// Where a parking connects.
+#[derive(Clone)]
+enum Server {
+    Url(SecretUrl),
+    /// As the source it was made from does (server, TLS, timeouts).
+    Source(Box<Connector>),
+}
+
 impl fmt::Debug for RedisParkingBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisParkingBuilder")
-            .field("url", &self.url)
+        let mut debug = f.debug_struct("RedisParkingBuilder");
+        match &self.server {
+            Server::Url(url) => debug.field("url", url),
+            Server::Source(connector) => debug.field("source_endpoint", connector.endpoint()),
+        };
+        debug
+            .field("group", &self.group)
             .field("consumed", &self.consumed)
+            .field("return_streams", &self.returns)
+            .field("read_by_source", &self.read_by_source)
             .field("payload_field", &self.payload_field)
             .field("max_len", &self.max_len)
             .field("batch", &self.batch)
@@ -770,14 +945,19 @@ impl RedisParkingBuilder {
     pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
     fn new(url: impl Into<String>) -> Self {
-        let url = url.into();
+        Self::on(Server::Url(SecretUrl::new(url)))
+    }
+
+    fn on(server: Server) -> Self {
         Self {
-            url: SecretUrl::new(url.clone()),
-            publisher: RedisStreamsPublisher::builder(url),
+            server,
             tls_root_certificate: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connect_timeout: None,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             consumed: Vec::new(),
+            group: None,
+            returns: Vec::new(),
+            read_by_source: None,
             payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
             max_len: None,
             batch: Self::DEFAULT_BATCH,
@@ -785,10 +965,63 @@ impl RedisParkingBuilder {
         }
     }
 
+    /// A builder prefilled from a source: its server and TLS settings, its
+    /// group, its payload field, and as consumed streams those of its
+    /// streams that are not the default return stream of another.
+    pub(crate) fn from_source(connector: Connector, settings: &Settings) -> Self {
+        let streams: Vec<String> = settings.streams.iter().map(|s| s.to_string()).collect();
+        let group = settings.group.as_deref().map(str::to_owned);
+        let consumed = streams
+            .iter()
+            .filter(|stream| {
+                group.as_deref().is_none_or(|group| {
+                    !streams
+                        .iter()
+                        .any(|other| RedisParking::return_stream(other, group) == **stream)
+                })
+            })
+            .cloned()
+            .collect();
+        Self {
+            consumed,
+            group,
+            read_by_source: Some(streams),
+            payload_field: settings.payload_field.to_string(),
+            ..Self::on(Server::Source(Box::new(connector)))
+        }
+    }
+
+    /// The consumer group whose messages this parks: the group that reads
+    /// the return streams, and part of the name of every key of the
+    /// parking. Required; a builder from a source has the source's.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
     /// Names a stream whose messages this parks, and whose parked messages
-    /// its mover moves back. Call it once per stream the consumer reads.
+    /// its mover moves to the stream's return stream. Call it once per
+    /// stream the consumer reads, its return streams aside; a builder from
+    /// a source names the source's.
     pub fn consumed_stream(mut self, stream: impl Into<String>) -> Self {
         self.consumed.push(stream.into());
+        self
+    }
+
+    /// Sets where the parked messages of consumed stream `stream` come
+    /// back (default [`RedisParking::return_stream`]`(stream, group)`). The
+    /// group's source must read it, and no other consumer: every reader of
+    /// a return stream receives each copy. A builder from a source no
+    /// longer takes `return_stream` for a stream of its own to park.
+    pub fn return_stream(
+        mut self,
+        stream: impl Into<String>,
+        return_stream: impl Into<String>,
+    ) -> Self {
+        let (stream, return_stream) = (stream.into(), return_stream.into());
+        self.consumed.retain(|consumed| *consumed != return_stream);
+        self.returns.retain(|(consumed, _)| *consumed != stream);
+        self.returns.push((stream, return_stream));
         self
     }
 
@@ -799,10 +1032,13 @@ impl RedisParkingBuilder {
         self
     }
 
-    /// Trims each stream a parked message moves back into to about
-    /// `max_len` entries (`XADD … MAXLEN ~ max_len`), as a publisher with
-    /// the same [setting](crate::RedisStreamsPublisherBuilder::max_len)
-    /// would. Default: no trimming. The parking streams are never trimmed.
+    /// Trims each return stream a parked message moves into to about
+    /// `max_len` entries (`XADD … MAXLEN ~ max_len`). Default: no trimming.
+    /// A copy the group has not read yet is trimmed too when the group lags
+    /// that far behind; the source's
+    /// [`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked)
+    /// keeps a return stream small without that risk. The parking streams
+    /// are never trimmed.
     pub fn max_len(mut self, max_len: u64) -> Self {
         self.max_len = Some(max_len);
         self
@@ -824,15 +1060,15 @@ impl RedisParkingBuilder {
         self
     }
 
-    /// How long to wait for a connection (default 5 s).
+    /// How long to wait for a connection (default 5 s). A builder from a
+    /// source connects as the source does and refuses this setting.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.connect_timeout = Some(timeout);
         self
     }
 
-    /// How long to wait for the reply to a round, reconnecting included
-    /// (default 5 s). A park waits at most three times as long: for room in
-    /// the publisher's buffer, in its queue, and for the reply.
+    /// How long to wait for the reply to a park or a round, reconnecting
+    /// included (default 5 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -840,39 +1076,119 @@ impl RedisParkingBuilder {
 
     /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
     /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed.
+    /// private CA signed. A builder from a source connects as the source
+    /// does and refuses this setting.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        let pem = pem.into();
-        self.publisher = self.publisher.tls_root_certificate(pem.clone());
-        self.tls_root_certificate = Some(pem);
+        self.tls_root_certificate = Some(pem.into());
         self
     }
 
-    fn check(&self) -> Result<(), ConfigError> {
+    /// The keys of each consumed stream, once `check` passed.
+    fn keys(&self, group: &str) -> Vec<StreamKeys> {
+        self.consumed
+            .iter()
+            .map(|stream| {
+                let returned = self
+                    .returns
+                    .iter()
+                    .find(|(consumed, _)| consumed == stream)
+                    .map(|(_, returned)| returned.as_str());
+                StreamKeys::new(stream, group, returned)
+            })
+            .collect()
+    }
+
+    fn check(&self) -> Result<&str, ConfigError> {
+        let group = match self.group.as_deref() {
+            Some("") => return Err(ConfigError::new("group", "is empty")),
+            Some(group) => group,
+            None => {
+                return Err(ConfigError::new(
+                    "group",
+                    "names no consumer group: parked messages come back to a stream only \
+                     their group reads (a broadcast reader has none, so it cannot park)",
+                ));
+            }
+        };
         if self.consumed.is_empty() {
             return Err(ConfigError::new(
                 "consumed_stream",
                 "names no stream: name each stream whose messages are parked",
             ));
         }
-        for stream in &self.consumed {
-            if stream.is_empty() {
-                return Err(ConfigError::new("consumed_stream", "is empty"));
+        if self.consumed.iter().any(String::is_empty) {
+            return Err(ConfigError::new("consumed_stream", "is empty"));
+        }
+        for (stream, returned) in &self.returns {
+            if returned.is_empty() {
+                return Err(ConfigError::new("return_stream", "is empty"));
             }
-            for own in [
-                RedisParking::parked_stream(stream),
-                RedisParking::due_index(stream),
+            if !self.consumed.contains(stream) {
+                return Err(ConfigError::new(
+                    "return_stream",
+                    format!("is set for `{stream}`, which is no consumed stream"),
+                ));
+            }
+        }
+        let keys = self.keys(group);
+        for (n, own) in keys.iter().enumerate() {
+            for (name, what) in [
+                (&own.returned, "come back"),
+                (&own.parked, "wait while parked"),
+                (&own.due, "are indexed while parked"),
             ] {
-                if self.consumed.contains(&own) {
+                if self.consumed.contains(name) {
                     return Err(ConfigError::new(
                         "consumed_stream",
                         format!(
-                            "`{own}` is where the messages of `{stream}` wait while parked; \
-                             it cannot be consumed too"
+                            "`{name}` is where the parked messages of `{}` {what}; it cannot \
+                             be a consumed stream too",
+                            own.stream
                         ),
                     ));
                 }
+            }
+            if let Some(other) = keys[..n]
+                .iter()
+                .find(|other| other.returned == own.returned)
+            {
+                return Err(ConfigError::new(
+                    "return_stream",
+                    format!(
+                        "`{}` is the return stream of both `{}` and `{}`; give each stream \
+                         its own",
+                        own.returned, other.stream, own.stream
+                    ),
+                ));
+            }
+            if let Some(read) = &self.read_by_source
+                && !read.contains(&own.returned)
+            {
+                return Err(ConfigError::new(
+                    "return_stream",
+                    format!(
+                        "`{}`, where the parked messages of `{}` come back, is not read by the \
+                         source: add `.stream(\"{}\")` to the source's builder",
+                        own.returned, own.stream, own.returned
+                    ),
+                ));
+            }
+        }
+        if matches!(self.server, Server::Source(_)) {
+            if self.tls_root_certificate.is_some() {
+                return Err(ConfigError::new(
+                    "tls_root_certificate",
+                    "is set on a parking built from a source, which connects as the source \
+                     does: set it on the source",
+                ));
+            }
+            if self.connect_timeout.is_some() {
+                return Err(ConfigError::new(
+                    "connect_timeout",
+                    "is set on a parking built from a source, which connects as the source \
+                     does: set it on the source",
+                ));
             }
         }
         if self.payload_field.is_empty() {
@@ -892,14 +1208,17 @@ impl RedisParkingBuilder {
         }
         for (name, timeout) in [
             ("poll_interval", self.poll_interval),
-            ("connect_timeout", self.connect_timeout),
+            (
+                "connect_timeout",
+                self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            ),
             ("command_timeout", self.command_timeout),
         ] {
             if timeout.is_zero() {
                 return Err(ConfigError::new(name, "is zero"));
             }
         }
-        Ok(())
+        Ok(group)
     }
 
     /// Checks the settings, connects, runs a first round of the mover (so
@@ -907,47 +1226,29 @@ impl RedisParkingBuilder {
     /// messages already due move at once) and starts the mover task on the
     /// current Tokio runtime.
     ///
-    /// Fails with [`Error::Config`] for a setting that cannot work, before
-    /// connecting, and with a typed error for a bad URL, an unreachable
-    /// server, refused credentials or a key of the wrong type (none of
-    /// them shows the password).
+    /// Fails with [`Error::Config`] for a setting that cannot work (no
+    /// group; from a source, a return stream the source does not read),
+    /// before connecting, and with a typed error for a bad URL, an
+    /// unreachable server, refused credentials or a key of the wrong type
+    /// (none of them shows the password).
     pub async fn build(self) -> Result<RedisParking, Error> {
-        self.check()?;
-        let connector = Connector::new(
-            &self.url,
-            self.tls_root_certificate.as_deref(),
-            self.connect_timeout,
-            self.command_timeout,
-        )?;
+        let group = self.check()?.to_owned();
+        let connector = match &self.server {
+            Server::Url(url) => Connector::new(
+                url,
+                self.tls_root_certificate.as_deref(),
+                self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+                self.command_timeout,
+            )?,
+            Server::Source(connector) => (**connector).clone(),
+        };
         let connection = SharedConnection::new(connector.shared().await?, connector);
-        // Outputs carry no key (it travels among the headers), so the
-        // publisher never writes its key field; it is set apart from the
-        // payload field only because the publisher refuses the two equal.
-        let publisher = self
-            .publisher
-            .payload_field(&self.payload_field)
-            .key_field(format!("{}.key", self.payload_field))
-            .connect_timeout(self.connect_timeout)
-            .command_timeout(self.command_timeout)
-            // A park holds its message's place in the consumer's budget
-            // while it waits: bounded by the command timeout at each step
-            // rather than the publisher's defaults (10 s and 25 s).
-            .send_timeout(self.command_timeout)
-            .queue_timeout(self.command_timeout)
-            .build()
-            .await?;
-        let streams: Vec<Arc<str>> = self.consumed.iter().map(|s| Arc::from(&**s)).collect();
+        let keys = self.keys(&group);
         let wake = Arc::new(Notify::new());
         let mover = Mover {
             connection: connection.clone(),
-            keys: streams
-                .iter()
-                .map(|stream| StreamKeys {
-                    stream: Arc::clone(stream),
-                    parked: RedisParking::parked_stream(stream),
-                    due: RedisParking::due_index(stream),
-                })
-                .collect(),
+            keys: keys.clone(),
+            group: group.clone(),
             batch: self.batch,
             max_len: self.max_len,
             poll_interval: self.poll_interval,
@@ -967,13 +1268,15 @@ impl RedisParkingBuilder {
         let task = tokio::spawn(mover.run(wait, stopped));
         tracing::debug!(
             endpoint = %connection.connector().endpoint(),
-            streams = ?streams,
+            group,
+            keys = ?keys,
             "Redis parking started"
         );
         Ok(RedisParking {
             inner: Arc::new(Inner {
-                publisher,
-                streams,
+                keys,
+                group,
+                payload_field: self.payload_field,
                 connection,
                 wake,
                 stop,
@@ -990,22 +1293,45 @@ mod tests {
 
     #[test]
     fn settings_that_cannot_work_are_refused_before_connecting() {
-        let builder = || RedisParking::builder("redis://127.0.0.1").consumed_stream("orders");
+        let builder = || {
+            RedisParking::builder("redis://127.0.0.1")
+                .group("billing")
+                .consumed_stream("orders")
+        };
         let refused = [
             (
-                RedisParking::builder("redis://127.0.0.1"),
+                RedisParking::builder("redis://127.0.0.1").consumed_stream("orders"),
+                "group",
+            ),
+            (builder().group(""), "group"),
+            (
+                RedisParking::builder("redis://127.0.0.1").group("billing"),
                 "consumed_stream",
             ),
             (builder().consumed_stream(""), "consumed_stream"),
             (
-                builder().consumed_stream("orders:parked"),
+                builder().consumed_stream("orders:billing:parked"),
                 "consumed_stream",
+            ),
+            (
+                builder().consumed_stream("orders:billing:returned"),
+                "consumed_stream",
+            ),
+            (builder().return_stream("orders", ""), "return_stream"),
+            (builder().return_stream("payments", "back"), "return_stream"),
+            (
+                builder()
+                    .consumed_stream("payments")
+                    .return_stream("orders", "back")
+                    .return_stream("payments", "back"),
+                "return_stream",
             ),
             (builder().payload_field(""), "payload_field"),
             (builder().max_len(0), "max_len"),
             (builder().batch(0), "batch"),
             (builder().batch(RedisParkingBuilder::MAX_BATCH + 1), "batch"),
             (builder().poll_interval(Duration::ZERO), "poll_interval"),
+            (builder().connect_timeout(Duration::ZERO), "connect_timeout"),
             (builder().command_timeout(Duration::ZERO), "command_timeout"),
         ];
         for (builder, setting) in refused {
@@ -1018,6 +1344,98 @@ mod tests {
             );
         }
         assert!(builder().consumed_stream("payments").check().is_ok());
+        let custom = builder().return_stream("orders", "orders:back");
+        assert_eq!(custom.check().ok(), Some("billing"));
+        assert_eq!(custom.keys("billing")[0].returned, "orders:back");
+    }
+
+    /// A builder as `RedisStreamsSource::parking` makes it for a source
+    /// of `streams` in `group`.
+    fn from_source(streams: &[&str], group: Option<&str>) -> RedisParkingBuilder {
+        let connector = Connector::new(
+            &SecretUrl::new("redis://127.0.0.1"),
+            None,
+            DEFAULT_CONNECT_TIMEOUT,
+            DEFAULT_COMMAND_TIMEOUT,
+        )
+        .expect("a valid URL");
+        let settings = Settings {
+            streams: streams.iter().map(|s| (*s).into()).collect(),
+            group: group.map(Arc::from),
+            consumer: Arc::from("c1"),
+            payload_field: Arc::from("body"),
+            key_field: None,
+            start: crate::StartFrom::Beginning,
+            block: Duration::from_secs(1),
+            claim_min_idle: Duration::from_secs(30),
+            claim_interval: Duration::from_secs(5),
+            max_deliveries: None,
+            dead_letter_stream: crate::DeadLetterStream::default(),
+            delete_acked: false,
+            reconnect: Arc::new(Exponential::new(
+                Duration::from_millis(100),
+                LONGEST_BACKOFF,
+            )),
+            stats: Arc::default(),
+        };
+        RedisParkingBuilder::from_source(connector, &settings)
+    }
+
+    #[test]
+    fn a_builder_from_a_source_parks_its_streams_and_needs_it_to_read_their_return_streams() {
+        let both = from_source(&["orders", "orders:billing:returned"], Some("billing"));
+        assert_eq!(
+            both.consumed,
+            ["orders"],
+            "the return stream is no stream to park"
+        );
+        assert_eq!(both.payload_field, "body");
+        assert_eq!(both.check().ok(), Some("billing"));
+
+        let forgotten = from_source(&["orders"], Some("billing"))
+            .check()
+            .err()
+            .map(|error| error.to_string());
+        assert!(
+            forgotten
+                .as_deref()
+                .is_some_and(|error| error.contains(".stream(\"orders:billing:returned\")")),
+            "{forgotten:?}"
+        );
+        // A return stream of another group is a stream like any other: its
+        // own return stream is missing.
+        assert!(
+            from_source(&["orders", "orders:shipping:returned"], Some("billing"))
+                .check()
+                .is_err()
+        );
+        // A return stream set by hand that the source reads.
+        let custom = from_source(&["orders", "orders:back"], Some("billing"))
+            .return_stream("orders", "orders:back");
+        assert_eq!(custom.consumed, ["orders"]);
+        assert!(custom.check().is_ok(), "{:?}", custom.check());
+
+        let broadcast = from_source(&["orders"], None).check().err();
+        assert!(
+            broadcast.is_some_and(|error| error.to_string().contains("group")),
+            "a broadcast reader has no group to park for"
+        );
+        let timeout = both.clone().connect_timeout(Duration::from_secs(1));
+        assert!(
+            timeout
+                .check()
+                .is_err_and(|error| error.to_string().contains("connect_timeout")),
+            "connects as the source does"
+        );
+        #[cfg(feature = "tls")]
+        {
+            let tls = both.clone().tls_root_certificate("pem");
+            assert!(
+                tls.check()
+                    .is_err_and(|error| error.to_string().contains("tls_root_certificate")),
+                "connects as the source does"
+            );
+        }
     }
 
     #[test]

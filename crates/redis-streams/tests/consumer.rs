@@ -1,7 +1,8 @@
 //! The Redis Streams source and acker under the consumer runtime, and
 //! parking (retry later without blocking): a parked message comes back to
-//! its stream once due, outlives the parking that parked it, and runs
-//! through the runtime's parking layer.
+//! its group's return stream once due (never to the origin, which other
+//! groups read), outlives the parking that parked it, and runs through the
+//! runtime's parking layer.
 
 mod support;
 
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use intake_core::parking::{DUE, PARK_ID, Parked, Parking, ParkingLayer, parks_header};
+use intake_core::parking::{DUE, ORIGIN, PARK_ID, Parked, Parking, ParkingLayer, parks_header};
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_redis_streams::{Error, RedisParking, RedisParkingBuilder};
 use redis::AsyncCommands;
@@ -170,12 +171,19 @@ fn now_millis() -> u64 {
         .map_or(0, |since| since.as_millis() as u64)
 }
 
-/// A parking of `stream` for tests: a short poll interval, so that a park
-/// of another instance is seen soon.
-fn parking_of(stream: &str) -> RedisParkingBuilder {
+/// A parking of `stream` for `group` for tests: a short poll interval, so
+/// that a park of another instance is seen soon.
+fn parking_of(stream: &str, group: &str) -> RedisParkingBuilder {
     RedisParking::builder(redis_url())
+        .group(group)
         .consumed_stream(stream)
         .poll_interval(Duration::from_millis(200))
+}
+
+/// A consumer of `stream` in `group` that reads the group's return stream
+/// of `stream` too, as a consumer that parks does.
+fn parking_consumer(stream: &str, group: &str) -> intake_redis_streams::RedisStreamsSourceBuilder {
+    group_builder(stream, group, "c1").stream(RedisParking::return_stream(stream, group))
 }
 
 /// `message` with the headers the parking layer gives a copy it parks for
@@ -185,6 +193,10 @@ fn parked_copy(message: &Message, delay: Duration, park_id: u64) -> (Message, u6
     let mut copy = message.clone();
     copy.headers_mut().set(DUE, due.to_string());
     copy.headers_mut().set(PARK_ID, park_id.to_string());
+    if copy.headers().get(ORIGIN).is_none() {
+        let origin = message.metadata().source().to_string();
+        copy.headers_mut().set(ORIGIN, origin);
+    }
     (copy, due)
 }
 
@@ -210,12 +222,13 @@ async fn wait_for_length(
 }
 
 #[tokio::test]
-async fn a_parked_message_comes_back_to_its_stream_after_its_due_time_with_its_fields() {
-    let Some(mut redis) = redis_or_skip("a_parked_message_comes_back_to_its_stream").await else {
+async fn a_parked_message_comes_back_to_its_return_stream_after_its_due_time_with_its_fields() {
+    let Some(mut redis) = redis_or_skip("a_parked_message_comes_back").await else {
         return;
     };
     let stream = unique("park");
     let group = unique("group");
+    let returned = RedisParking::return_stream(&stream, &group);
     redis::cmd("XADD")
         .arg(&stream)
         .arg("*")
@@ -228,7 +241,7 @@ async fn a_parked_message_comes_back_to_its_stream_after_its_due_time_with_its_f
         .query_async::<String>(&mut redis)
         .await
         .expect("XADD");
-    let mut source = group_builder(&stream, &group, "c1")
+    let mut source = parking_consumer(&stream, &group)
         .key_field("key")
         .build()
         .await
@@ -236,7 +249,13 @@ async fn a_parked_message_comes_back_to_its_stream_after_its_due_time_with_its_f
     let mut acker = source.acker();
     let original = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
     assert_eq!(original.len(), 1);
-    let parking = parking_of(&stream).build().await.expect("parking");
+    let parking = source
+        .parking()
+        .poll_interval(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("parking");
+    assert_eq!(parking.return_stream_of(&stream), Some(returned.as_str()));
 
     let (copy, due) = parked_copy(&original[0], Duration::from_secs(1), 7);
     let parked = parking.park(&copy, Duration::from_secs(1)).await;
@@ -251,19 +270,54 @@ async fn a_parked_message_comes_back_to_its_stream_after_its_due_time_with_its_f
         "back at {arrived}, before its due time {due}"
     );
     let back = &back[0];
+    assert_eq!(
+        &**back.metadata().source(),
+        returned,
+        "through the return stream"
+    );
     assert_eq!(back.payload(), copy.payload());
     assert_eq!(back.key(), copy.key());
     assert_eq!(back.headers(), copy.headers(), "the same fields, in order");
-    assert_ne!(
-        back.metadata().position(),
-        original[0].metadata().position(),
-        "a new entry of the stream"
+    assert_eq!(
+        xlen(&mut redis, &stream).await,
+        1,
+        "nothing added to the origin"
     );
     ack(&mut acker, std::slice::from_ref(back)).await;
+
+    // Parked again from the return stream by a caller without the layer
+    // (no origin or due header): it waits with the messages of its origin
+    // for the delay asked, and comes back to the same return stream, naming
+    // its origin.
+    let mut again = back.clone();
+    *again.headers_mut() = intake_core::Headers::default();
+    for header in back.headers() {
+        if &*header.name != ORIGIN && &*header.name != DUE {
+            again
+                .headers_mut()
+                .insert(header.name.clone(), header.value.clone());
+        }
+    }
+    let not_before = now_millis() + 500;
+    let parked = parking.park(&again, Duration::from_millis(500)).await;
+    assert!(matches!(parked, Ok(Parked::Moved)), "{parked:?}");
+    assert_eq!(parking.waiting(&stream).await.ok(), Some(1));
+    let back_again = receive(&mut source, 1, 10, Duration::from_secs(20)).await;
+    let arrived = now_millis();
+    assert_eq!(back_again.len(), 1, "back again within 20 s");
+    assert!(arrived >= not_before, "back at {arrived}, due {not_before}");
+    assert_eq!(&**back_again[0].metadata().source(), returned);
+    assert_eq!(
+        back_again[0].headers().get_str(ORIGIN),
+        Some(stream.as_str())
+    );
+    ack(&mut acker, &back_again).await;
+
     assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_all_acknowledged(&mut redis, &returned, &group).await;
     assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
     let indexed: u64 = redis
-        .zcard(RedisParking::due_index(&stream))
+        .zcard(RedisParking::due_index(&stream, &group))
         .await
         .expect("ZCARD");
     assert_eq!(indexed, 0, "the due index is empty again");
@@ -283,15 +337,96 @@ async fn a_parked_message_comes_back_to_its_stream_after_its_due_time_with_its_f
 }
 
 #[tokio::test]
+async fn a_parking_built_from_a_source_that_does_not_read_the_return_stream_is_refused() {
+    let Some(_redis) = redis_or_skip("a_parking_built_from_a_source_that_does_not_read").await
+    else {
+        return;
+    };
+    let stream = unique("park-forgotten");
+    let group = unique("group");
+    let source = group_builder(&stream, &group, "c1")
+        .build()
+        .await
+        .expect("connect");
+    match source.parking().build().await {
+        Err(Error::Config(error)) => {
+            let expected = RedisParking::return_stream(&stream, &group);
+            assert!(error.to_string().contains(&expected), "{error}");
+        }
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn another_group_of_the_origin_never_sees_a_parked_copy() {
+    let Some(mut redis) = redis_or_skip("another_group_of_the_origin").await else {
+        return;
+    };
+    let stream = unique("park-groups");
+    let (billing, audit) = (unique("billing"), unique("audit"));
+    let count = 5;
+    produce(&mut redis, &stream, "m", count).await;
+    let mut source = parking_consumer(&stream, &billing)
+        .build()
+        .await
+        .expect("connect");
+    // A group that exists before the park, and one made after the copies
+    // are back.
+    let mut before = group_builder(&stream, &audit, "c1")
+        .build()
+        .await
+        .expect("connect");
+    let mut acker = source.acker();
+    let originals = receive(&mut source, count, count, Duration::from_secs(5)).await;
+    assert_eq!(originals.len(), count);
+    let parking = source
+        .parking()
+        .poll_interval(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("parking");
+    let delay = Duration::from_millis(300);
+    for (n, message) in originals.iter().take(3).enumerate() {
+        let (copy, _) = parked_copy(message, delay, n as u64);
+        let parked = parking.park(&copy, delay).await;
+        assert!(matches!(parked, Ok(Parked::Moved)), "{parked:?}");
+    }
+    ack(&mut acker, &originals).await;
+    let back = receive(&mut source, 3, 10, Duration::from_secs(20)).await;
+    assert_eq!(payloads(&back), ["m0", "m1", "m2"], "the copies came back");
+    ack(&mut acker, &back).await;
+
+    let mut after = group_builder(&stream, &unique("late"), "c1")
+        .build()
+        .await
+        .expect("connect");
+    for other in [&mut before, &mut after] {
+        let seen = receive(other, count + 3, count + 3, Duration::from_millis(500)).await;
+        assert_eq!(
+            payloads(&seen),
+            ["m0", "m1", "m2", "m3", "m4"],
+            "exactly the originals"
+        );
+        assert!(
+            seen.iter()
+                .all(|message| message.headers().get(PARK_ID).is_none())
+        );
+    }
+    assert_all_acknowledged(&mut redis, &stream, &billing).await;
+    parking.shutdown().await;
+}
+
+#[tokio::test]
 async fn parked_messages_outlive_their_parking_and_two_movers_move_each_once() {
     let Some(mut redis) = redis_or_skip("parked_messages_outlive_their_parking").await else {
         return;
     };
     let stream = unique("park-outlive");
     let group = unique("group");
+    let returned = RedisParking::return_stream(&stream, &group);
     let count = 20;
     produce(&mut redis, &stream, "m", count).await;
-    let mut source = group_builder(&stream, &group, "c1")
+    let mut source = parking_consumer(&stream, &group)
         .build()
         .await
         .expect("connect");
@@ -299,7 +434,7 @@ async fn parked_messages_outlive_their_parking_and_two_movers_move_each_once() {
     let originals = receive(&mut source, count, count, Duration::from_secs(5)).await;
     assert_eq!(originals.len(), count);
 
-    let parking = parking_of(&stream).build().await.expect("parking");
+    let parking = parking_of(&stream, &group).build().await.expect("parking");
     let delay = Duration::from_millis(800);
     let mut latest_due = 0;
     for (n, message) in originals.iter().enumerate() {
@@ -312,35 +447,27 @@ async fn parked_messages_outlive_their_parking_and_two_movers_move_each_once() {
     // The process goes away before anything is due: its mover stops.
     drop(parking);
     tokio::time::sleep(delay + Duration::from_millis(500)).await;
-    assert_eq!(
-        xlen(&mut redis, &stream).await,
-        count as u64,
-        "no mover ran"
-    );
-    let parked_stream = RedisParking::parked_stream(&stream);
+    assert_eq!(xlen(&mut redis, &returned).await, 0, "no mover ran");
+    let parked_stream = RedisParking::parked_stream(&stream, &group);
     assert_eq!(xlen(&mut redis, &parked_stream).await, count as u64);
 
     // Two instances start; between them each parked message moves once.
     let (first, second) = tokio::join!(
-        parking_of(&stream).batch(3).build(),
-        parking_of(&stream).batch(3).build()
+        parking_of(&stream, &group).batch(3).build(),
+        parking_of(&stream, &group).batch(3).build()
     );
     let (first, second) = (first.expect("parking"), second.expect("parking"));
-    let length = wait_for_length(
-        &mut redis,
-        &stream,
-        2 * count as u64,
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_eq!(length, 2 * count as u64, "every parked message came back");
+    let length =
+        wait_for_length(&mut redis, &returned, count as u64, Duration::from_secs(20)).await;
+    assert_eq!(length, count as u64, "every parked message came back");
     assert!(now_millis() >= latest_due);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        xlen(&mut redis, &stream).await,
-        2 * count as u64,
+        xlen(&mut redis, &returned).await,
+        count as u64,
         "and none twice"
     );
+    assert_eq!(xlen(&mut redis, &stream).await, count as u64);
     assert_eq!(xlen(&mut redis, &parked_stream).await, 0);
     let back = receive(&mut source, count, count, Duration::from_secs(5)).await;
     let mut names = payloads(&back);
@@ -350,6 +477,7 @@ async fn parked_messages_outlive_their_parking_and_two_movers_move_each_once() {
     assert_eq!(names, expected);
     ack(&mut acker, &back).await;
     assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_all_acknowledged(&mut redis, &returned, &group).await;
     first.shutdown().await;
     second.shutdown().await;
 }
@@ -360,8 +488,10 @@ async fn the_mover_moves_an_undated_entry_at_once_keeps_a_later_one_and_drops_a_
         return;
     };
     let stream = unique("park-malformed");
-    let parked_stream = RedisParking::parked_stream(&stream);
-    let due_index = RedisParking::due_index(&stream);
+    let group = unique("group");
+    let parked_stream = RedisParking::parked_stream(&stream, &group);
+    let due_index = RedisParking::due_index(&stream, &group);
+    let returned = RedisParking::return_stream(&stream, &group);
     // Written by hand: an entry without a due time, one due in an hour,
     // and index members that name no entry (one not even an id).
     redis::cmd("XADD")
@@ -388,8 +518,8 @@ async fn the_mover_moves_an_undated_entry_at_once_keeps_a_later_one_and_drops_a_
         .expect("ZADD");
 
     // The first round runs in `build`.
-    let parking = parking_of(&stream).build().await.expect("parking");
-    let moved = entries(&mut redis, &stream).await;
+    let parking = parking_of(&stream, &group).build().await.expect("parking");
+    let moved = entries(&mut redis, &returned).await;
     assert_eq!(moved.len(), 1);
     assert_eq!(field(&moved[0], "payload").as_deref(), Some("undated"));
     assert_eq!(
@@ -403,16 +533,30 @@ async fn the_mover_moves_an_undated_entry_at_once_keeps_a_later_one_and_drops_a_
     assert_eq!(field(&later[0], "payload").as_deref(), Some("later"));
     parking.shutdown().await;
 
+    // The mover made the group on the return stream, from its start, so
+    // a source of the group made later (even one that starts at new
+    // entries) reads the copy.
+    let mut source = parking_consumer(&stream, &group)
+        .start_from(intake_redis_streams::StartFrom::NewEntries)
+        .build()
+        .await
+        .expect("connect");
+    let back = receive(&mut source, 1, 10, Duration::from_secs(5)).await;
+    assert_eq!(payloads(&back), ["undated"]);
+
     // A due index of another type fails the build, naming the key.
     let wrong = unique("park-wrong");
     let _: () = redis
-        .set(RedisParking::due_index(&wrong), "a string")
+        .set(RedisParking::due_index(&wrong, &group), "a string")
         .await
         .expect("SET");
-    match parking_of(&wrong).build().await {
+    match parking_of(&wrong, &group).build().await {
         Err(error @ Error::WrongType { .. }) => {
             let chain = format!("{error} {:?}", std::error::Error::source(&error));
-            assert!(chain.contains(&RedisParking::due_index(&wrong)), "{chain}");
+            assert!(
+                chain.contains(&RedisParking::due_index(&wrong, &group)),
+                "{chain}"
+            );
         }
         other => panic!("expected WrongType, got {other:?}"),
     }
@@ -424,7 +568,8 @@ async fn an_entry_a_failed_round_read_but_did_not_index_is_moved_by_the_next() {
         return;
     };
     let stream = unique("park-interrupted");
-    let parked_stream = RedisParking::parked_stream(&stream);
+    let group = unique("group");
+    let parked_stream = RedisParking::parked_stream(&stream, &group);
     redis::cmd("XADD")
         .arg(&parked_stream)
         .arg("*")
@@ -456,8 +601,8 @@ async fn an_entry_a_failed_round_read_but_did_not_index_is_moved_by_the_next() {
         .await
         .expect("XREADGROUP");
 
-    let parking = parking_of(&stream).build().await.expect("parking");
-    let moved = entries(&mut redis, &stream).await;
+    let parking = parking_of(&stream, &group).build().await.expect("parking");
+    let moved = entries(&mut redis, &RedisParking::return_stream(&stream, &group)).await;
     assert_eq!(moved.len(), 1, "moved by the first round, in build");
     assert_eq!(field(&moved[0], "payload").as_deref(), Some("interrupted"));
     assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
@@ -473,12 +618,17 @@ async fn the_runtime_parks_retry_later_failures_and_handles_them_after_their_del
     let group = unique("group");
     let count = 30;
     produce(&mut redis, &stream, "m", count).await;
-    let source = group_builder(&stream, &group, "c1")
+    let source = parking_consumer(&stream, &group)
         .build()
         .await
         .expect("connect");
     let acker = source.acker();
-    let parking = parking_of(&stream).build().await.expect("parking");
+    let parking = source
+        .parking()
+        .poll_interval(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("parking");
     let shutdown = CancellationToken::new();
     let done = stop_after(count, &shutdown);
     // Every third id asks for later on its first attempt; for each, when it
@@ -538,7 +688,11 @@ async fn the_runtime_parks_retry_later_failures_and_handles_them_after_their_del
     for (name, (handled, due)) in &late {
         assert!(handled >= due, "{name} handled at {handled}, due {due}");
     }
+    let returned = RedisParking::return_stream(&stream, &group);
+    assert_eq!(xlen(&mut redis, &returned).await, 10);
+    assert_eq!(xlen(&mut redis, &stream).await, count as u64);
     assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_all_acknowledged(&mut redis, &returned, &group).await;
     assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
     parking.shutdown().await;
 }
@@ -550,15 +704,18 @@ async fn what_is_parked_when_redis_goes_away_moves_back_once_it_returns() {
     };
     let mut proxy = Proxy::start().await;
     let stream = unique("park-outage");
+    let group = unique("group");
+    let returned = RedisParking::return_stream(&stream, &group);
     let count = 5;
     produce(&mut redis, &stream, "m", count).await;
-    let mut source = group_builder(&stream, &unique("group"), "c1")
+    let mut source = parking_consumer(&stream, &group)
         .build()
         .await
         .expect("connect");
     let originals = receive(&mut source, count, count, Duration::from_secs(5)).await;
     assert_eq!(originals.len(), count);
     let parking = RedisParking::builder(format!("redis://{}", proxy.address()))
+        .group(&group)
         .consumed_stream(&stream)
         .poll_interval(Duration::from_millis(200))
         .connect_timeout(Duration::from_millis(500))
@@ -583,20 +740,15 @@ async fn what_is_parked_when_redis_goes_away_moves_back_once_it_returns() {
     assert!(matches!(refused, Ok(Err(_))), "{refused:?}");
     tokio::time::sleep(delay).await;
     assert_eq!(
-        xlen(&mut redis, &stream).await,
-        count as u64,
+        xlen(&mut redis, &returned).await,
+        0,
         "nothing moved while the mover could not reach Redis"
     );
 
     let _proxy = proxy.restart().await;
-    let length = wait_for_length(
-        &mut redis,
-        &stream,
-        2 * count as u64,
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_eq!(length, 2 * count as u64, "every parked message came back");
+    let length =
+        wait_for_length(&mut redis, &returned, count as u64, Duration::from_secs(20)).await;
+    assert_eq!(length, count as u64, "every parked message came back");
     assert!(now_millis() >= latest_due);
     assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
     parking.shutdown().await;

@@ -204,6 +204,20 @@ impl RedisStreamsSource {
         self.dead_letters.clone()
     }
 
+    /// A builder of the parking of this consumer, for the parking layer:
+    /// prefilled from the source (server, TLS settings and timeouts, group,
+    /// payload field, and as consumed streams the streams it reads but
+    /// their return streams), on a connection of its own. Parked messages
+    /// come back to a return stream only this group reads, so the source
+    /// must read it too, with one more line on its builder:
+    /// `.stream(RedisParking::return_stream("orders", "billing"))`. The
+    /// builder's [`build`](crate::RedisParkingBuilder::build) refuses a
+    /// return stream the source does not read, and a broadcast reader
+    /// (no group to return to).
+    pub fn parking(&self) -> crate::RedisParkingBuilder {
+        crate::RedisParkingBuilder::from_source(self.shared.connector().clone(), &self.settings)
+    }
+
     /// This consumer's name within its group.
     pub fn consumer(&self) -> &str {
         &self.settings.consumer
