@@ -83,7 +83,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// it (read once from its start, then incrementally), a few round trips.
 /// The side topic holds at most one mark per letter removed out of order
 /// that is still in the dead-letter topic, tombstones aside (compaction
-/// drops them after the topic's `delete.retention.ms`).
+/// drops them after the topic's `delete.retention.ms`). Measured on a
+/// local broker (debug build, 2 busy cores): `intake dlq count` (a
+/// summary, so a scan) of 5,000 letters in 0.5 s, a purge of one by id in
+/// 0.4 s, a replay of the 4,999 left in 0.8 s, leaving an empty topic and
+/// two records in the side topic (the one mark and its tombstone).
 ///
 /// Limits, stated: the dead-letter topic's own retention (the broker's
 /// default, 7 days, unless the topic was created otherwise) deletes letters

@@ -47,6 +47,11 @@ intake_core::dead_letter_store_suite!(backend());
 
 /// The low and high watermarks of partition 0 of `topic`.
 async fn watermarks(brokers: &str, topic: &str) -> (i64, i64) {
+    watermarks_of(brokers, topic, 0).await
+}
+
+/// The low and high watermarks of `partition` of `topic`.
+async fn watermarks_of(brokers: &str, topic: &str, partition: i32) -> (i64, i64) {
     use intake_kafka::rdkafka::ClientConfig;
     use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
     let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
@@ -56,7 +61,7 @@ async fn watermarks(brokers: &str, topic: &str) -> (i64, i64) {
             .create()
             .expect("a consumer");
         consumer
-            .fetch_watermarks(&topic, 0, std::time::Duration::from_secs(10))
+            .fetch_watermarks(&topic, partition, std::time::Duration::from_secs(10))
             .expect("watermarks")
     })
     .await
@@ -250,4 +255,60 @@ async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix()
     for name in [origin, topic.clone(), format!("{topic}.removed")] {
         let _ = backend.delete_topic(&name).await;
     }
+}
+
+/// On a dead-letter topic of several partitions, letters are in the order
+/// of their partition, then their offset: the cursor walks from one
+/// partition into the next, and a removal from the front of a partition
+/// deletes that partition's prefix only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_store_walks_partitions_in_order() {
+    use intake_core::dead_letter::store::{DeadLetterStore, Filter, LetterId, Selection};
+
+    let Some(backend) = backend().await else {
+        return;
+    };
+    let topic = support::unique("store-dlq-partitions");
+    backend.create_topic(&topic, 2).await.expect("topic");
+    for (partition, payloads) in [(0, ["a", "b"]), (1, ["c", "d"])] {
+        backend
+            .produce_to_partition(&topic, partition, payloads.map(str::to_owned))
+            .await
+            .expect("records");
+    }
+    let settings = KafkaSettings::new(backend.brokers());
+    let store = intake_kafka::KafkaDeadLetters::builder(settings.clone())
+        .topic(topic.as_str())
+        .build()
+        .expect("the log")
+        .store(
+            KafkaPublisher::builder(settings)
+                .build()
+                .expect("publisher"),
+        );
+    assert_eq!(store.count(&Filter::all()).await.expect("count"), 4);
+    let mut walked = Vec::new();
+    let mut after: Option<LetterId> = None;
+    for _ in 0..5 {
+        let page = store
+            .list(&Filter::all(), 1, after.as_ref())
+            .await
+            .expect("list");
+        walked.extend(page.letters.into_iter().map(|stored| stored.id.to_string()));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(walked, ["0:0", "0:1", "1:0", "1:1"]);
+
+    let first_of_1 = Selection::Ids(vec!["1:0".into()]);
+    assert_eq!(store.purge(&first_of_1).await.expect("purge"), 1);
+    assert_eq!(watermarks_of(backend.brokers(), &topic, 0).await, (0, 2));
+    assert_eq!(watermarks_of(backend.brokers(), &topic, 1).await, (1, 2));
+    let all = Selection::Matching(Filter::all());
+    assert_eq!(store.purge(&all).await.expect("purge"), 3);
+    assert_eq!(store.count(&Filter::all()).await.expect("count"), 0);
+    assert_eq!(watermarks_of(backend.brokers(), &topic, 1).await, (2, 2));
+    let _ = backend.delete_topic(&topic).await;
 }
