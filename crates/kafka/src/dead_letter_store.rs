@@ -93,7 +93,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// default, 7 days, unless the topic was created otherwise) deletes letters
 /// too, and the stale marks of such letters are tombstoned by the next
 /// removal. A dead-letter topic deleted and created again starts its offsets
-/// anew: delete its side topic with it, or its marks hide new letters. On a
+/// anew: delete its side topic with it, or its marks hide new letters. A
+/// side topic that exists already is used as it is: made by hand, it must
+/// be compacted (or keep its records at least as long as the dead-letter
+/// topic keeps letters), or removed letters come back when their marks
+/// expire. On a
 /// dead-letter topic of several partitions (the sink creates one), a
 /// redrive by filter stops at the newest letter of the last partition when
 /// it starts, so a letter written meanwhile to an earlier partition (a
