@@ -6,7 +6,8 @@
 //!     produce --broker URL --source NAME --count N [--partitions P]
 //! cargo run --release --features full --example ledger -- \
 //!     consume --broker URL --source NAME --group GROUP --ledger FILE \
-//!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K] [--effects-db POSTGRES_URL]
+//!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
+//!     [--later-every K [--later-secs S]] [--effects-db POSTGRES_URL]
 //! cargo run --release --features full --example ledger -- \
 //!     relay --broker URL --source NAME --group GROUP --to NAME2 \
 //!     [--max-in-flight N] [--idle-exit-secs S] [--exactly-once [--effects-db POSTGRES_URL]]
@@ -30,12 +31,19 @@
 //! entry id; AMQP the channel epoch and the delivery tag; NATS `0` and the
 //! stream sequence. `--fail-every K`
 //! fails every K-th first attempt retryably (the retry layer tries again).
+//! `--later-every K` makes every K-th first attempt (counted after
+//! `--fail-every`'s) answer "retry after S seconds" (`--later-secs`,
+//! default 2): the message is parked through the backend's own mechanism
+//! (Kafka retry topics, RabbitMQ wait queues, a Redis due-time index, NATS
+//! `nak` with a delay) and handled again once due; a parked copy's line
+//! gains a fourth field, how many milliseconds after its due time it ran.
 //! It stops after `S` seconds (default 5) without a handled message, or on
 //! SIGTERM or Ctrl-C, commits what it finished, and prints one last line to
-//! stdout: `processed=… retried=… dead_lettered=…` (lines written by this
-//! run; retries in process plus failures handed back to the broker;
-//! permanent failures, acknowledged unprocessed: only a payload that is not
-//! a decimal id). Before an idle exit it waits (up to 60 s) while the group
+//! stdout: `processed=… retried=… dead_lettered=… parked=… early=…` (lines
+//! written by this run; retries in process plus failures handed back to the
+//! broker; permanent failures, acknowledged unprocessed: only a payload
+//! that is not a decimal id; messages parked; parked copies handled before
+//! their due time, which must be 0). Before an idle exit it waits (up to 60 s) while the group
 //! still has unfinished messages that only arrive later: Redis entries
 //! pending with a killed consumer, Kafka partitions a killed member holds
 //! until its session expires.
@@ -103,6 +111,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use intake::backend::{Acker, Source};
+use intake::parking::{Parking, ParkingLayer};
 use intake::postgres::MessageId;
 use intake::publish::{Output, PublishLayer, Publisher};
 use intake::retry::RetryLayer;
@@ -111,8 +120,8 @@ use intake::{
     handler_fn,
 };
 use tokio_util::sync::CancellationToken;
-use tower::ServiceBuilder;
 use tower::util::BoxService;
+use tower::{Layer, ServiceBuilder};
 
 use crate::args::{Broker, Command, Consume, Produce, Relay};
 use crate::handler::{Activity, CountRetries};
@@ -195,7 +204,8 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
 
     let (journal, journal_thread) =
         Journal::open(&args.ledger).map_err(|error| format!("opening {}: {error}", args.ledger))?;
-    let activity = Arc::new(Activity::new(args.fail_every));
+    let activity =
+        Arc::new(Activity::new(args.fail_every).later_every(args.later_every, args.later));
     let message_id = message_id(&args.broker);
     let effects = match &args.effects_db {
         Some(url) => Some(
@@ -224,6 +234,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         labels: Labels::of_consume(&args),
         shutdown: &shutdown,
         consumer,
+        parks: args.later_every.is_some(),
     };
     let ran = connect_and_run(&args.broker, &args.source, &args.group, job, handler).await;
     // The handler, and with it the last Journal, is gone: the writer thread
@@ -231,13 +242,37 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
     journal_thread.join();
     let report = ran?;
     println!(
-        "processed={} retried={} dead_lettered={}",
+        "processed={} retried={} dead_lettered={} parked={} early={}",
         activity.processed(),
         activity.retried() + report.requeued + report.redispatched,
         report.discarded,
+        report.parked,
+        activity.early(),
     );
     Ok(())
 }
+
+/// `handler`, parking through `parking` (given with `--later-every`) what
+/// asks for later. The ids have no order to keep: the consumer runs them
+/// unordered.
+fn parked<H, P>(handler: H, parking: Option<P>) -> ConsumeHandler
+where
+    H: tower::Service<Message, Response = (), Error = HandlerError> + Send + 'static,
+    H::Future: Send + 'static,
+    P: Parking,
+{
+    match parking {
+        Some(parking) => BoxService::new(
+            ParkingLayer::new(parking)
+                .keep_key_order(false)
+                .layer(handler),
+        ),
+        None => BoxService::new(handler),
+    }
+}
+
+/// A handler of any stack, so that one `run` takes them all.
+type ConsumeHandler = BoxService<Message, (), HandlerError>;
 
 async fn relay(args: Relay) -> Result<(), BoxError> {
     let shutdown = CancellationToken::new();
@@ -289,6 +324,7 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
         },
         shutdown: &shutdown,
         consumer,
+        parks: false,
     };
     let report = match &transactions {
         Some((bootstrap, kept)) => {
@@ -399,6 +435,8 @@ struct Job<'a> {
     labels: Labels<'a>,
     shutdown: &'a CancellationToken,
     consumer: ConsumerBuilder,
+    /// `--later-every`: park what asks for later through the backend.
+    parks: bool,
 }
 
 /// What the run's log lines name, and when it exits.
@@ -441,26 +479,42 @@ where
     match broker {
         Broker::Kafka { bootstrap } => {
             let source_name = source;
-            let source = kafka::source(bootstrap, source_name, group).await?;
+            let parking = match job.parks {
+                true => Some(kafka::parking(bootstrap, source_name, group).await?),
+                false => None,
+            };
+            let source = kafka::source(bootstrap, source_name, group, parking.as_ref()).await?;
             let acker = source.acker();
             let backlog = Backlog::Kafka(kafka::LagProbe::new(bootstrap, source_name, group)?);
+            let handler = parked(handler, parking);
             run(source, acker, handler, job, Some(backlog)).await
         }
         Broker::Redis { url } => {
             let pending = redis::PendingProbe::connect(url, source, group).await?;
-            let source = redis::source(url, source, group).await?;
+            let source = redis::source(url, source, group, job.parks).await?;
             let acker = source.acker();
+            let parking = match job.parks {
+                true => Some(source.parking().build().await?),
+                false => None,
+            };
+            let handler = parked(handler, parking);
             run(source, acker, handler, job, Some(Backlog::Redis(pending))).await
         }
         Broker::Amqp { url } => {
+            let parking = match job.parks {
+                true => Some(amqp::parking(url, source).await?),
+                false => None,
+            };
             let source = amqp::source(url, source, group).await?;
             let acker = source.acker();
+            let handler = parked(handler, parking);
             run(source, acker, handler, job, None).await
         }
         Broker::Nats { url } => {
             let pending = nats::PendingProbe::connect(url, source, group).await?;
             let source = nats::source(url, source, group).await?;
             let acker = source.acker();
+            let handler = parked(handler, job.parks.then(|| source.parking()));
             run(source, acker, handler, job, Some(Backlog::Nats(pending))).await
         }
     }
@@ -503,6 +557,7 @@ async fn run<S, A, H>(
         labels,
         shutdown,
         consumer,
+        parks: _,
     }: Job<'_>,
     backlog: Option<Backlog>,
 ) -> Result<RunReport, BoxError>

@@ -7,6 +7,10 @@
 //! keep arriving, §4) must lose nothing either; its duplicates are counted
 //! apart, those of the graceful handovers and the others.
 //!
+//! While `ledger consume --later-every` parks messages through each
+//! backend's own mechanism it is SIGKILLed too: no parked id may be lost,
+//! and none may run before its due time.
+//!
 //! The relay (`ledger relay`, consuming one source and publishing into
 //! another) is SIGKILLed the same way, and every id must reach the second
 //! source at least once; on Kafka with `--exactly-once` (transactions),
@@ -22,7 +26,8 @@
 //! Kills and faults come at seeded moments of the work's progress (so many
 //! distinct ids handled); `INTAKE_CHAOS_SEED` changes them, and a failure
 //! prints the seed with the command that replays it. `INTAKE_CHAOS_KEEP=1`
-//! keeps the ledgers and the children's logs of passed scenarios too.
+//! keeps the ledgers and the children's logs of passed scenarios too;
+//! `INTAKE_CHAOS_ONLY=parking,kill` runs only the scenarios it names.
 
 mod chaos_support;
 
@@ -72,6 +77,15 @@ const EFFECTS: Kills = Kills {
     effects_db: true,
 };
 
+/// Parking (issue 18): every 7th first attempt parked for 2 s, two kills
+/// while messages are parked.
+const PARKING: scenarios::Parking = scenarios::Parking {
+    messages: 3_000,
+    kills: 2,
+    later_every: 7,
+    later: std::time::Duration::from_secs(2),
+};
+
 /// `Some(backend)` if its broker answers; otherwise says why and skips.
 fn broker(test: &str, backend: Backend) -> Option<Backend> {
     match backend.reachable() {
@@ -91,6 +105,7 @@ fn kafka_loses_nothing_to_kills_a_broker_restart_or_a_killed_group_member() {
     };
     scenarios::sigkill_restarts(test, kafka, KILLS);
     scenarios::relay_kills(test, kafka, RELAY_MESSAGES, RELAY_KILLS);
+    scenarios::parking_kills(test, kafka, PARKING);
     scenarios::relay_kills_exactly_once(
         test,
         kafka,
@@ -112,6 +127,7 @@ fn redis_loses_nothing_to_kills_killed_connections_or_a_killed_group_member() {
     };
     scenarios::sigkill_restarts(test, redis, KILLS);
     scenarios::relay_kills(test, redis, RELAY_MESSAGES, RELAY_KILLS);
+    scenarios::parking_kills(test, redis, PARKING);
     scenarios::broker_faults(test, redis, FAULT_MESSAGES, FAULTS);
     scenarios::two_consumers_one_killed(test, redis, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, redis, ROLLING);
@@ -126,6 +142,7 @@ fn amqp_loses_nothing_to_kills_closed_connections_or_a_killed_consumer() {
     };
     scenarios::sigkill_restarts(test, amqp, KILLS);
     scenarios::relay_kills(test, amqp, RELAY_MESSAGES, RELAY_KILLS);
+    scenarios::parking_kills(test, amqp, PARKING);
     scenarios::broker_faults(test, amqp, FAULT_MESSAGES, FAULTS);
     scenarios::two_consumers_one_killed(test, amqp, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, amqp, ROLLING);
@@ -140,6 +157,7 @@ fn nats_loses_nothing_to_kills_a_server_crash_or_a_killed_group_member() {
     };
     scenarios::sigkill_restarts(test, nats, KILLS);
     scenarios::relay_kills(test, nats, RELAY_MESSAGES, RELAY_KILLS);
+    scenarios::parking_kills(test, nats, PARKING);
     scenarios::two_consumers_one_killed(test, nats, TWO_CONSUMER_MESSAGES);
     scenarios::rolling_restart(test, nats, ROLLING);
     // A server of the scenario's own, SIGKILLed and started again.

@@ -11,7 +11,7 @@ use intake::amqp::lapin::PublisherConfirm;
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::types::{AMQPValue, FieldTable, ShortString};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpPublisher, AmqpSource, Queue, Topology};
+use intake::amqp::{AmqpParking, AmqpPublisher, AmqpSource, Queue, Topology};
 
 use crate::BoxError;
 
@@ -104,4 +104,10 @@ pub async fn source(url: &str, queue: &str, group: &str) -> Result<AmqpSource, B
         .build()
         .await?;
     Ok(source)
+}
+
+/// Where `--later-every` parks: quorum wait queues of `queue`, which
+/// RabbitMQ dead-letters back into it once due.
+pub async fn parking(url: &str, queue: &str) -> Result<AmqpParking, BoxError> {
+    Ok(AmqpParking::builder(url).queue(queue).build().await?)
 }

@@ -8,7 +8,7 @@ usage:
   ledger produce --broker URL --source NAME --count N [--partitions P]
   ledger consume --broker URL --source NAME --group GROUP --ledger FILE
                  [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
-                 [--effects-db POSTGRES_URL]
+                 [--later-every K [--later-secs S]] [--effects-db POSTGRES_URL]
   ledger relay --broker URL --source NAME --group GROUP --to NAME2
                [--max-in-flight N] [--idle-exit-secs S]
                [--exactly-once [--effects-db POSTGRES_URL]]
@@ -36,6 +36,10 @@ pub struct Consume {
     pub idle_exit: Duration,
     /// Every K-th first attempt fails retryably; `None`: none fails.
     pub fail_every: Option<u64>,
+    /// Every K-th first attempt asks to be retried after `later`, and is
+    /// parked; `None`: none is.
+    pub later_every: Option<u64>,
+    pub later: Duration,
     pub effects_db: Option<String>,
 }
 
@@ -93,6 +97,9 @@ struct Flags {
 }
 
 /// Flags that take no value: present or not.
+/// How long a parked message waits by default (`--later-secs`).
+pub const DEFAULT_LATER_SECS: u64 = 2;
+
 const SWITCHES: &[&str] = &["--exactly-once"];
 
 impl Flags {
@@ -212,9 +219,16 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                     "--max-in-flight",
                     "--idle-exit-secs",
                     "--fail-every",
+                    "--later-every",
+                    "--later-secs",
                     "--effects-db",
                 ],
             )?;
+            let later_every = flags.positive("--later-every")?;
+            let later_secs: Option<u64> = flags.positive("--later-secs")?;
+            if later_secs.is_some() && later_every.is_none() {
+                return Err(UsageError::new("--later-secs needs --later-every"));
+            }
             Ok(Command::Consume(Consume {
                 broker: Broker::parse(flags.required("--broker")?).map_err(UsageError::new)?,
                 source: flags.required("--source")?.to_owned(),
@@ -225,6 +239,8 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                     .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
                 idle_exit: flags.idle_exit()?,
                 fail_every: flags.positive("--fail-every")?,
+                later_every,
+                later: Duration::from_secs(later_secs.unwrap_or(DEFAULT_LATER_SECS)),
                 effects_db: flags.optional("--effects-db").map(str::to_owned),
             }))
         }

@@ -25,6 +25,10 @@ pub struct Activity {
     retried: AtomicU64,
     first_attempts: AtomicU64,
     fail_every: Option<u64>,
+    /// `--later-every` and `--later-secs`.
+    later: Option<(u64, Duration)>,
+    /// Parked copies handled before the due time they carried.
+    early: AtomicU64,
 }
 
 impl Activity {
@@ -36,7 +40,21 @@ impl Activity {
             retried: AtomicU64::new(0),
             first_attempts: AtomicU64::new(0),
             fail_every,
+            later: None,
+            early: AtomicU64::new(0),
         }
+    }
+
+    /// Every `every`-th first attempt asks to be retried after `delay`.
+    pub fn later_every(mut self, every: Option<u64>, delay: Duration) -> Self {
+        self.later = every.map(|every| (every, delay));
+        self
+    }
+
+    /// Parked copies handled before the due time they carried: a parking
+    /// that gave one back too soon.
+    pub fn early(&self) -> u64 {
+        self.early.load(Ordering::Relaxed)
     }
 
     /// Restarts the idle clock.
@@ -59,17 +77,33 @@ impl Activity {
         self.retried.load(Ordering::Relaxed)
     }
 
-    /// Whether this first attempt is one that `--fail-every` makes fail.
-    fn should_fail(&self, message: &Message) -> bool {
-        let Some(every) = self.fail_every else {
-            return false;
-        };
-        if message.metadata().attempt() != 1 {
-            return false;
+    /// What `--fail-every` and `--later-every` make of this attempt: the
+    /// count of first attempts decides, so each run's choices follow the
+    /// order of deliveries.
+    fn on_purpose(&self, message: &Message) -> OnPurpose {
+        if (self.fail_every.is_none() && self.later.is_none()) || message.metadata().attempt() != 1
+        {
+            return OnPurpose::Nothing;
         }
         let nth = self.first_attempts.fetch_add(1, Ordering::Relaxed) + 1;
-        nth.is_multiple_of(every)
+        if self
+            .fail_every
+            .is_some_and(|every| nth.is_multiple_of(every))
+        {
+            return OnPurpose::Fail;
+        }
+        match self.later {
+            Some((every, delay)) if nth.is_multiple_of(every) => OnPurpose::Later(delay),
+            _ => OnPurpose::Nothing,
+        }
     }
+}
+
+/// A failure the command line asks for.
+enum OnPurpose {
+    Nothing,
+    Fail,
+    Later(Duration),
 }
 
 /// Counts the retry layer's retries.
@@ -111,13 +145,41 @@ async fn handle(
 ) -> Result<(), HandlerError> {
     activity.touch();
     let id = parse_id(message.payload())?;
-    if activity.should_fail(&message) {
-        return Err(HandlerError::retryable(format!(
-            "id {id}: failing its first attempt on purpose (--fail-every)"
-        )));
+    match activity.on_purpose(&message) {
+        OnPurpose::Nothing => {}
+        OnPurpose::Fail => {
+            return Err(HandlerError::retryable(format!(
+                "id {id}: failing its first attempt on purpose (--fail-every)"
+            )));
+        }
+        OnPurpose::Later(delay) => {
+            return Err(HandlerError::retry_later(
+                format!("id {id}: asking for later on purpose (--later-every)"),
+                delay,
+            ));
+        }
     }
     let metadata = message.metadata();
-    let line = format!("{id}\t{}\t{}\n", metadata.partition(), metadata.position());
+    // A parked copy's line says how late after its due time it ran
+    // (negative: too soon), for the chaos suite to check.
+    let line = match lateness_ms(&message) {
+        Some(late) => {
+            if late < 0 {
+                activity.early.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    id,
+                    early_ms = -late,
+                    "a parked message came back before its due time"
+                );
+            }
+            format!(
+                "{id}\t{}\t{}\t{late}\n",
+                metadata.partition(),
+                metadata.position()
+            )
+        }
+        None => format!("{id}\t{}\t{}\n", metadata.partition(), metadata.position()),
+    };
     if let Some(effects) = effects {
         // Commits the effect with its marker, or skips a delivery whose
         // marker exists; either way the delivery is recorded below.
@@ -129,6 +191,20 @@ async fn handle(
     activity.processed.fetch_add(1, Ordering::Relaxed);
     activity.touch();
     Ok(())
+}
+
+/// Milliseconds from the due time a parked copy carries to now.
+fn lateness_ms(message: &Message) -> Option<i64> {
+    let due: i64 = message
+        .headers()
+        .get_str(intake::parking::DUE)?
+        .parse()
+        .ok()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis();
+    Some(i64::try_from(now).ok()? - due)
 }
 
 /// The payload is the id in decimal; anything else can never succeed.

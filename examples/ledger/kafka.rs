@@ -11,7 +11,7 @@ use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use intake::kafka::rdkafka::{Offset, TopicPartitionList};
 use intake::kafka::{
-    KafkaPublisher, KafkaSettings, KafkaSource, KafkaSourceBuilder, KafkaTransactions,
+    KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource, KafkaSourceBuilder, KafkaTransactions,
 };
 use intake::publish::Output;
 use intake::{HandlerError, Message, RunReport, handler_fn};
@@ -132,11 +132,33 @@ pub fn publisher(bootstrap: &str) -> Result<KafkaPublisher, BoxError> {
 /// A member killed with SIGKILL never leaves the group; its partitions
 /// stay with it until the broker gives up on its session. A short session
 /// timeout keeps that wait (and so a restarted consumer's) to seconds.
-pub async fn source(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaSource, BoxError> {
-    Ok(source_builder(bootstrap, topic, group)
-        .await?
-        .build()
-        .await?)
+///
+/// With `parking` (`--later-every`), it also reads the group's return topic,
+/// where parked copies come back once due.
+pub async fn source(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    parking: Option<&KafkaParking>,
+) -> Result<KafkaSource, BoxError> {
+    let mut builder = source_builder(bootstrap, topic, group).await?;
+    if let Some(parking) = parking {
+        builder = builder.topic(parking.return_topic(topic));
+    }
+    Ok(builder.build().await?)
+}
+
+/// Where `--later-every` parks: tiered retry topics of `topic`, whose
+/// copies a mover returns to the group's return topic once due. Built
+/// before the source: it creates the return topic the source subscribes to.
+pub async fn parking(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaParking, BoxError> {
+    create_topic(bootstrap, topic, crate::args::DEFAULT_PARTITIONS).await?;
+    Ok(
+        KafkaParking::builder(with_env(KafkaSettings::new(bootstrap))?, group)
+            .topics([topic])
+            .build()
+            .await?,
+    )
 }
 
 async fn source_builder(

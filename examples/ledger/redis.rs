@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use intake::redis_streams::redis;
-use intake::redis_streams::{RedisStreamsPublisher, RedisStreamsSource};
+use intake::redis_streams::{RedisParking, RedisStreamsPublisher, RedisStreamsSource};
 use tokio::task::JoinSet;
 
 use crate::BoxError;
@@ -72,7 +72,15 @@ pub async fn publisher(url: &str) -> Result<RedisStreamsPublisher, BoxError> {
 /// A member of consumer group `group` on `stream`, under a consumer name
 /// of its own (`GROUP-<pid>-<random>`): a restarted process is a new
 /// consumer, and what the killed one held is claimed from it.
-pub async fn source(url: &str, stream: &str, group: &str) -> Result<RedisStreamsSource, BoxError> {
+///
+/// With `parks` (`--later-every`), it also reads the group's return stream,
+/// where parked copies come back once due.
+pub async fn source(
+    url: &str,
+    stream: &str,
+    group: &str,
+    parks: bool,
+) -> Result<RedisStreamsSource, BoxError> {
     let claim_min_idle = match std::env::var(CLAIM_MIN_IDLE_ENV) {
         Ok(ms) => Duration::from_millis(
             ms.parse()
@@ -86,8 +94,11 @@ pub async fn source(url: &str, stream: &str, group: &str) -> Result<RedisStreams
         RandomState::new().hash_one(std::time::SystemTime::now()) as u32
     );
     tracing::info!(%consumer, ?claim_min_idle, "joining the consumer group");
-    let source = RedisStreamsSource::builder(url)
-        .stream(stream)
+    let mut builder = RedisStreamsSource::builder(url).stream(stream);
+    if parks {
+        builder = builder.stream(RedisParking::return_stream(stream, group));
+    }
+    let source = builder
         .group(group)
         .consumer(consumer)
         // `produce` (and the publisher, by default) writes the key as the

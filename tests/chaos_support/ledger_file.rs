@@ -1,5 +1,7 @@
 //! The ledger file `ledger consume` appends to: `ID\tPARTITION\tPOSITION\n`
-//! per handled message, written before the handler reports success. A line
+//! per handled message, written before the handler reports success; a
+//! parked copy's line has a fourth field, how many milliseconds after its
+//! due time it ran. A line
 //! is the proof that a message was handled; an id without a line was lost
 //! (acked or committed without being handled), an id with several lines was
 //! delivered again after a crash or fault.
@@ -27,6 +29,11 @@ pub struct LedgerStats {
     pub torn_lines: u64,
     /// Well-formed lines whose id is not one that was produced, first few.
     pub foreign_ids: Vec<String>,
+    /// Lines of parked copies (with a fourth field).
+    pub parked_lines: u64,
+    /// Parked copies handled before their due time, first few, as
+    /// (id, milliseconds early).
+    pub early: Vec<(String, i64)>,
 }
 
 impl LedgerStats {
@@ -43,6 +50,8 @@ impl LedgerStats {
             duplicate_deliveries: 0,
             torn_lines: 0,
             foreign_ids: Vec::new(),
+            parked_lines: 0,
+            early: Vec::new(),
         };
         for file in files {
             let text = match fs::read_to_string(file) {
@@ -52,10 +61,24 @@ impl LedgerStats {
             };
             for line in text.lines() {
                 let fields: Vec<&str> = line.split('\t').collect();
-                let [id, _partition, position] = fields[..] else {
-                    stats.torn_lines += 1;
-                    continue;
+                let (id, position, lateness) = match fields[..] {
+                    [id, _partition, position] => (id, position, None),
+                    [id, _partition, position, lateness] => (id, position, Some(lateness)),
+                    _ => {
+                        stats.torn_lines += 1;
+                        continue;
+                    }
                 };
+                if let Some(lateness) = lateness {
+                    let Ok(late_ms) = lateness.parse::<i64>() else {
+                        stats.torn_lines += 1;
+                        continue;
+                    };
+                    stats.parked_lines += 1;
+                    if late_ms < 0 && stats.early.len() < 10 {
+                        stats.early.push((id.to_owned(), -late_ms));
+                    }
+                }
                 if position.is_empty() {
                     stats.torn_lines += 1;
                     continue;

@@ -110,6 +110,9 @@ pub struct Consume {
     pub fail_every: Option<u32>,
     /// Runs the handler in an exactly-once PostgreSQL transaction.
     pub effects_db: Option<String>,
+    /// Every K-th first attempt asks to be retried after the duration, and
+    /// is parked.
+    pub later: Option<(u32, Duration)>,
 }
 
 impl Consume {
@@ -129,6 +132,11 @@ impl Consume {
         }
         if let Some(url) = &self.effects_db {
             command.args(["--effects-db", url]);
+        }
+        if let Some((every, delay)) = self.later {
+            command
+                .args(["--later-every", &every.to_string()])
+                .args(["--later-secs", &delay.as_secs().to_string()]);
         }
         command.envs(self.backend.consumer_env().iter().copied());
         ChildProcess::spawn(command, label, logs)
