@@ -192,6 +192,7 @@ impl Job {
                 ParkId::of(&self.message),
                 parked_as,
                 self.due,
+                self.delay,
             );
         }
         tracing::debug!(

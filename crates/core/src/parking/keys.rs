@@ -42,6 +42,10 @@ impl ParkId {
 struct Entry {
     id: ParkId,
     due: SystemTime,
+    /// How long it was parked for: a broker may return it later than due
+    /// by a fraction of that (a delay tier longer than asked), so it counts
+    /// as overdue only past the larger of this and `overdue_after`.
+    delay: Duration,
 }
 
 /// What the parking layer does with a message of a keyed source.
@@ -173,6 +177,7 @@ impl ParkedKeys {
         previous: ParkId,
         parked: ParkId,
         due: SystemTime,
+        delay: Duration,
     ) {
         let mut keys = self.lock();
         let queue = keys
@@ -180,9 +185,19 @@ impl ParkedKeys {
             .entry((source.clone(), key.clone()))
             .or_default();
         match queue.iter_mut().find(|entry| entry.id == previous) {
-            Some(entry) => *entry = Entry { id: parked, due },
+            Some(entry) => {
+                *entry = Entry {
+                    id: parked,
+                    due,
+                    delay,
+                }
+            }
             None => {
-                queue.push_back(Entry { id: parked, due });
+                queue.push_back(Entry {
+                    id: parked,
+                    due,
+                    delay,
+                });
                 self.parked.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -214,12 +229,12 @@ impl ParkedKeys {
     }
 }
 
-/// Drops the first entries of `queue` that are overdue by `overdue_after`;
-/// returns how many.
+/// Drops the first entries of `queue` that are overdue by `overdue_after`
+/// (or by their own delay, if longer); returns how many.
 fn release_overdue(queue: &mut VecDeque<Entry>, overdue_after: Duration, now: SystemTime) -> usize {
     let mut released = 0;
     while let Some(head) = queue.front() {
-        if head.due + overdue_after > now {
+        if head.due + overdue_after.max(head.delay) > now {
             break;
         }
         tracing::warn!(

@@ -88,7 +88,9 @@ impl ParkingLayer {
 
     /// How long past its due time a key's parked message may stay away
     /// (purged by an operator, consumed by another instance after a
-    /// rebalance) before the key's later messages stop waiting for it.
+    /// rebalance) before the key's later messages stop waiting for it; a
+    /// message parked for longer than this may stay away as long as it was
+    /// parked for (a broker's delay tier may be longer than the delay).
     pub fn overdue_after(mut self, overdue_after: Duration) -> Self {
         self.shared_mut().overdue_after = overdue_after;
         self

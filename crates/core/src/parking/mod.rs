@@ -46,7 +46,8 @@
 //! another consumer) a parked message that comes back is handled as it
 //! comes; and a key whose parked message never comes back (purged by an
 //! operator, say) is released once it is overdue by
-//! [`overdue_after`](ParkingLayer::overdue_after).
+//! [`overdue_after`](ParkingLayer::overdue_after), or by its own delay if
+//! that is longer.
 //!
 //! ```
 //! use std::time::Duration;

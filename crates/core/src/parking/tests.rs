@@ -527,7 +527,14 @@ fn a_copy_back_through_a_return_destination_keeps_its_origin_keys_order() {
     };
     // a1 was parked from `orders` as copy 7.
     let a1 = consumed("orders", 1, &[]);
-    keys.parked(&origin, &key, ParkId::of(&a1), ParkId::Moved(7), now);
+    keys.parked(
+        &origin,
+        &key,
+        ParkId::of(&a1),
+        ParkId::Moved(7),
+        now,
+        Duration::from_secs(1),
+    );
     // a2 of the same key, consumed from the origin, waits behind it.
     let a2 = consumed("orders", 2, &[]);
     assert!(matches!(
@@ -546,5 +553,45 @@ fn a_copy_back_through_a_return_destination_keeps_its_origin_keys_order() {
         Admission::Head(ParkId::Moved(7))
     );
     keys.done(&super::keys::origin_of(&back), &key, ParkId::Moved(7));
+    assert_eq!(keys.len(), 0);
+}
+
+#[test]
+fn a_key_waits_for_a_late_parked_message_as_long_as_its_delay_then_lets_go() {
+    use super::keys::{Admission, ParkId, ParkedKeys};
+    let keys = ParkedKeys::new();
+    let parked_at = SystemTime::now();
+    let key = bytes::Bytes::from_static(b"a");
+    let source: crate::SourceName = "orders".into();
+    let message = |offset: i64| {
+        Message::new(
+            "m",
+            crate::Metadata::new(source.clone(), 0, crate::Position::Offset(offset)),
+        )
+        .with_key(key.clone())
+    };
+    let delay = Duration::from_secs(3600);
+    keys.parked(
+        &source,
+        &key,
+        ParkId::of(&message(1)),
+        ParkId::Moved(1),
+        parked_at + delay,
+        delay,
+    );
+    let overdue_after = Duration::from_secs(600);
+    // Twenty minutes late: a broker's longer delay tier may do that to an
+    // hour's park; the key still waits.
+    let late = parked_at + delay + Duration::from_secs(1200);
+    assert!(matches!(
+        keys.admit(&message(2), &key, overdue_after, late),
+        Admission::Follow { .. }
+    ));
+    // Late by more than its own delay: it is not coming back.
+    let gone = parked_at + delay + delay + Duration::from_secs(1);
+    assert_eq!(
+        keys.admit(&message(3), &key, overdue_after, gone),
+        Admission::Run
+    );
     assert_eq!(keys.len(), 0);
 }
