@@ -29,6 +29,10 @@
 //! - Dead letters go to an exchange with publisher confirms
 //!   ([`AmqpDeadLetterSink`]) or, by rejecting without requeue, to the
 //!   queue's own dead-letter exchange ([`BrokerDeadLetterSink`]).
+//! - [`AmqpParking`] parks a message that asks for later in a quorum wait
+//!   queue per delay tier (`x-message-ttl`, at-least-once dead-lettering),
+//!   which RabbitMQ dead-letters back into the queue once due: no tight
+//!   requeue loop.
 //! - [`AmqpPublisher`] publishes outputs on one channel in confirm mode,
 //!   many in flight under a bound, each receipt resolved by the publisher
 //!   confirm (unroutable, nacked or oversized outputs are rejected).

@@ -19,6 +19,8 @@
 //! | position | offset ([`Position::Offset`](intake_core::Position::Offset)) |
 //! | ack | commit the watermark + 1, one commit per batch, confirmed by the broker |
 //! | retry | in process (Kafka cannot take one message back) |
+//! | park (retry after a delay) | [`KafkaParking`]: a retry topic per delay tier, a mover that pauses each retry partition until its head is due and moves it to the group's return topic, which the source also reads |
+//! | dead-letter store | [`KafkaDeadLetters`]: reads the dead-letter topic by partition and offset; removes by `DeleteRecords` of a prefix, or a mark in a compacted side topic |
 //! | dead letter | produce to `<topic>.<group>.dlq` (created if missing) with origin headers |
 //! | backpressure | pause the assigned partitions, keep polling |
 //! | revoke | the rebalance callback waits for the runtime to drain and commit: the consumer's `revoke_timeout` + 5 s, ending 5 s before `max.poll.interval.ms` |

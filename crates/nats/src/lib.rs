@@ -44,7 +44,8 @@
 //! | key | the subject |
 //! | attempt | the server's delivery count (`num_delivered`) |
 //! | ack | `+ACK` per message, confirmed, in batches (the commit engine's ids mode) |
-//! | retry later | `-NAK` with the redelivery backoff's delay |
+//! | retry | `-NAK` with the redelivery backoff's delay |
+//! | park (retry after a delay) | [`NatsParking`]: `-NAK` with the park's delay, sent by the acker |
 //! | retry cap | `max_deliveries`: the source dead-letters a message delivered more often |
 //! | dead letter | publish to a subject, confirmed, then `+TERM` |
 //! | backpressure | pull requests sized from the free budget; `max_ack_pending` twice `max_in_flight` |

@@ -12,7 +12,8 @@
 //! | key | a configured field, if any |
 //! | attempt | the delivery count Redis keeps for the entry |
 //! | ack | `XACK` of many ids, every stream in one pipelined round trip |
-//! | retry later | the entry stays pending and is claimed again after `claim_min_idle` |
+//! | retry | the entry stays pending and is claimed again after `claim_min_idle` |
+//! | park (retry after a delay) | [`RedisParking`]: `XADD` to a parking stream, a mover that moves due entries to the group's return stream in one Lua script per round; the source also reads that stream |
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
 //! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
 //! | broadcast | `XREAD` without a group |
