@@ -1004,4 +1004,100 @@ mod parking {
             .await
             .expect("the mover stops");
     }
+
+    /// A returned copy that fails for good is a dead letter of its origin:
+    /// it goes to `{origin}.{group}.dlq`, where operators and
+    /// `intake dlq --source ORIGIN` look, and names the origin as its
+    /// source, not the return topic it was consumed from.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_returned_copy_that_fails_for_good_is_a_dead_letter_of_its_origin() {
+        use intake_core::dead_letter::store::{DeadLetterStore as _, Filter};
+
+        support::init_tracing();
+        let Some(kafka) = KafkaBackend::real("a_returned_copy_that_fails_for_good") else {
+            return;
+        };
+        let topic = kafka.create_source(1).await.expect("topic");
+        let group = unique("g");
+        kafka
+            .produce(&topic, numbered(0, 1))
+            .await
+            .expect("produce");
+        let parking = warmed_up(&kafka, &topic, &group).await;
+        let returned = parking.return_topic(&topic);
+        let source = kafka
+            .source(&topic, &group)
+            .topic(returned.clone())
+            .build()
+            .await
+            .expect("source");
+        let acker = source.acker();
+        let sink = source.dead_letter_sink().build().await.expect("sink");
+        let handler = tower::service_fn(|message: Message| async move {
+            let id = id_of(&message)?;
+            match (id, message.headers().get(PARK_ID)) {
+                (WARM_UP, _) => Ok(()),
+                (_, None) => Err(HandlerError::retry_later("not yet", Duration::from_secs(1))),
+                (_, Some(_)) => Err(HandlerError::permanent("still wrong")),
+            }
+        });
+        let handler = ServiceBuilder::new()
+            .layer(intake_core::DeadLetterLayer::new(sink.clone()))
+            .layer(ParkingLayer::new(parking.clone()))
+            .service(handler);
+        let running = Running::run(
+            source,
+            acker,
+            Consumer::builder().ordering(DeliveryOrder::Key),
+            64,
+            handler,
+        )
+        .expect("consumer");
+        let store = intake_kafka::KafkaDeadLetters::builder(kafka.settings())
+            .dead_letters_of(&topic, &group)
+            .build()
+            .expect("the origin's dead letters")
+            .store(
+                intake_kafka::KafkaPublisher::builder(kafka.settings())
+                    .build()
+                    .expect("publisher"),
+            );
+        let filter = Filter::all();
+        eventually(
+            "the returned copy in the origin's dead letters",
+            PATIENCE,
+            || async { store.count(&filter).await.is_ok_and(|count| count > 0) },
+        )
+        .await;
+        let report = running.stop().await;
+        assert_eq!(report.parked, 1, "{report:?}");
+        assert_eq!(store.count(&filter).await.expect("count"), 1);
+        let page = store.list(&filter, 10, None).await.expect("list");
+        let letter = page.letters[0].letter.as_ref().expect("a letter");
+        let metadata = letter.message.metadata();
+        assert_eq!(&**metadata.source(), topic, "the origin, not {returned}");
+        assert_eq!(metadata.partition(), 0);
+        assert!(
+            matches!(metadata.position(), Position::Offset(_)),
+            "{metadata:?}"
+        );
+        assert_eq!(letter.class, ErrorClass::Permanent);
+        assert_eq!(
+            letter
+                .origin
+                .as_ref()
+                .and_then(|origin| origin.group.as_deref()),
+            Some(group.as_str())
+        );
+        assert_eq!(sink.topic_for(&topic), format!("{topic}.{group}.dlq"));
+        let misplaced = kafka
+            .read_all(&sink.topic_for(&returned))
+            .await
+            .unwrap_or_default();
+        assert!(misplaced.is_empty(), "{misplaced:?}");
+        parking
+            .shutdown(Duration::from_secs(15))
+            .await
+            .expect("the mover stops");
+    }
 }
