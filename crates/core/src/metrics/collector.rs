@@ -23,6 +23,7 @@ use super::{MetricsLayer, RegisterError};
 /// | `intake_messages_retried_total` | source, handler | retries (see [`MetricsLayer`]) |
 /// | `intake_messages_dead_lettered_total` | source, handler | |
 /// | `intake_messages_discarded_total` | source, handler | |
+/// | `intake_messages_parked_total` | source, handler | parked to be handled again later; not a final failure |
 /// | `intake_dead_letter_fallbacks_total` | source, handler, fallback | letters not written: `reference`, `discarded`, `redelivered` |
 /// | `intake_handler_panics_total` | source, handler | |
 /// | `intake_handler_duration_seconds` | source, handler | histogram |

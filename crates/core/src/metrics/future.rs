@@ -12,6 +12,7 @@ use super::series::SourceSeries;
 use crate::catch_panic::Panicked;
 use crate::dead_letter::{DeadLetterWriteFailed, DeadLettered, Discarded};
 use crate::error::HandlerError;
+use crate::parking::ParkedMessage;
 
 pin_project! {
     /// The future of [`MetricsService`](super::MetricsService).
@@ -84,6 +85,11 @@ fn record(series: &SourceSeries, outcome: &Result<(), HandlerError>) {
         Err(error) => error,
     };
     let cause = error.cause();
+    // Parked: it comes back later, so it is no final failure.
+    if cause.is::<ParkedMessage>() {
+        series.parked.inc();
+        return;
+    }
     let failure = if let Some(dead_lettered) = cause.downcast_ref::<DeadLettered>() {
         series.dead_lettered.inc();
         if dead_lettered.is_reference() {

@@ -21,6 +21,7 @@ pub(super) struct Families {
     pub(super) retried: IntCounterVec,
     pub(super) dead_lettered: IntCounterVec,
     pub(super) discarded: IntCounterVec,
+    pub(super) parked: IntCounterVec,
     pub(super) dead_letter_fallbacks: IntCounterVec,
     pub(super) panicked: IntCounterVec,
     pub(super) duration: HistogramVec,
@@ -102,6 +103,13 @@ impl Families {
                 opts(
                     "messages_discarded_total",
                     "Messages dropped after a final failure by a discard policy.",
+                ),
+                MESSAGE_LABELS,
+            )?,
+            parked: IntCounterVec::new(
+                opts(
+                    "messages_parked_total",
+                    "Messages parked to be handled again later (retry after a delay).",
                 ),
                 MESSAGE_LABELS,
             )?,
@@ -196,13 +204,14 @@ impl Families {
     }
 
     fn register_into(&self, registry: &Registry) -> Result<(), RegisterError> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(self.consumed.clone()),
             Box::new(self.succeeded.clone()),
             Box::new(self.failed.clone()),
             Box::new(self.retried.clone()),
             Box::new(self.dead_lettered.clone()),
             Box::new(self.discarded.clone()),
+            Box::new(self.parked.clone()),
             Box::new(self.dead_letter_fallbacks.clone()),
             Box::new(self.panicked.clone()),
             Box::new(self.duration.clone()),
@@ -241,6 +250,7 @@ pub(super) struct SourceSeries {
     pub(super) retried: IntCounter,
     pub(super) dead_lettered: IntCounter,
     pub(super) discarded: IntCounter,
+    pub(super) parked: IntCounter,
     /// Dead letters written as a reference, discarded, or left for
     /// redelivery because their destination took neither letter.
     pub(super) fallbacks: [IntCounter; 3],
@@ -283,6 +293,7 @@ impl SourceSeries {
             retried: families.retried.with_label_values(&labels),
             dead_lettered: families.dead_lettered.with_label_values(&labels),
             discarded: families.discarded.with_label_values(&labels),
+            parked: families.parked.with_label_values(&labels),
             fallbacks: FALLBACKS.map(|fallback| {
                 families
                     .dead_letter_fallbacks

@@ -106,6 +106,37 @@ async fn a_final_panic_is_counted_by_the_layer() {
     );
 }
 
+#[tokio::test]
+async fn a_parked_message_counts_as_parked_not_as_a_failure() {
+    let registry = Registry::new();
+    let metrics = Metrics::register(&registry).expect("fresh registry");
+    let broker = crate::memory::MemoryBroker::new();
+    broker.create_topic("orders", 1).expect("topic");
+    let outcome = ServiceBuilder::new()
+        .layer(metrics.layer("billing"))
+        .layer(crate::parking::ParkingLayer::new(
+            broker.parking("orders").expect("parking"),
+        ))
+        .service(tower::service_fn(|_: Message| async {
+            Err::<(), _>(HandlerError::retry_later(
+                "rate limited",
+                Duration::from_secs(60),
+            ))
+        }))
+        .oneshot(message("order"))
+        .await;
+    assert!(
+        outcome.is_err(),
+        "parked is an outcome the runtime acknowledges"
+    );
+    let value = |name| sample(&registry, name, ORDERS);
+    assert_eq!(value("intake_messages_parked_total"), Some(1.0));
+    let count = |class| sample(&registry, "intake_messages_failed_total", &failed(class));
+    for class in ["retryable", "permanent", "ignore"] {
+        assert_eq!(count(class), Some(0.0), "{class}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn dead_lettered_and_discarded_messages_count_with_their_original_class() {
     let registry = Registry::new();
