@@ -80,7 +80,7 @@ const EFFECTS: Kills = Kills {
 /// Parking (issue 18): every 7th first attempt parked for 2 s, two kills
 /// while messages are parked.
 const PARKING: scenarios::Parking = scenarios::Parking {
-    messages: 3_000,
+    messages: 2_000,
     kills: 2,
     later_every: 7,
     later: std::time::Duration::from_secs(2),
