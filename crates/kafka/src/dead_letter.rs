@@ -4,10 +4,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::borrow::Cow;
+
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{
-    DeadLetter,
+    DeadLetter, Metadata,
     backend::{DeadLetterError, DeadLetterSink},
+    parking::ORIGIN,
 };
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -50,12 +53,24 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 /// says what to do ([`DeadLetterTopicMissing`](Error::DeadLetterTopicMissing),
 /// [`DeadLetterTopicNotCreated`](Error::DeadLetterTopicNotCreated)), and the
 /// original message stays unacknowledged.
+///
+/// A parked copy that came back through its group's return topic
+/// (`{topic}.{group}.returned`, see [`KafkaParking`](crate::KafkaParking))
+/// is a dead letter of the topic it was first consumed from, named in its
+/// `intake.park.origin` header: it goes to that topic's dead-letter topic,
+/// and its origin names that topic (with the partition and offset of the
+/// copy, where it is). The header is followed only to one of the
+/// [consumed topics](KafkaDeadLetterSinkBuilder::consumed_topics): a
+/// producer cannot direct letters anywhere else.
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     producer: FutureProducer,
     topics: Arc<TopicCheck>,
     carrier: Arc<Carrier>,
     group: Arc<str>,
+    /// The topics the consumer reads: the only origins a parked copy's
+    /// header may name.
+    consumed: Arc<HashSet<String>>,
     template: Arc<str>,
     queue_timeout: Duration,
     brokers: Arc<str>,
@@ -124,6 +139,32 @@ impl KafkaDeadLetterSink {
     /// The dead-letter topic for messages of `topic`.
     pub fn topic_for(&self, topic: &str) -> String {
         resolve(&self.template, topic, &self.group)
+    }
+
+    /// The topic `letter` is a dead letter of: the origin its parked copy
+    /// names when that is another topic this consumer reads, otherwise the
+    /// topic it was consumed from.
+    fn origin_of<'a>(&self, letter: &'a DeadLetter) -> Option<&'a str> {
+        let message = &letter.message;
+        let consumed: &str = message.metadata().source();
+        let origin = message.headers().get(ORIGIN)?;
+        // The header comes from whoever wrote the record: only a topic this
+        // consumer reads may receive its letters.
+        let known = std::str::from_utf8(origin)
+            .ok()
+            .filter(|origin| origin.len() <= MAX_TOPIC_NAME && self.consumed.contains(*origin));
+        match known {
+            Some(origin) if origin != consumed => Some(origin),
+            Some(_) => None,
+            None => {
+                tracing::debug!(
+                    topic = consumed,
+                    origin_bytes = origin.len(),
+                    "the record's park origin is no topic this consumer reads; dead-lettering it as a message of the topic it was consumed from"
+                );
+                None
+            }
+        }
     }
 
     /// Makes sure `topic` exists (creating it if allowed), once per topic.
@@ -213,6 +254,9 @@ impl TopicCheck {
         Ok(created)
     }
 }
+
+/// The longest topic name Kafka accepts.
+const MAX_TOPIC_NAME: usize = 249;
 
 /// The dead-letter topic `template` names for messages of `topic` in
 /// `group`.
@@ -353,6 +397,7 @@ impl KafkaDeadLetterSinkBuilder {
             topics: Arc::new(topics),
             carrier: Arc::new(Carrier::keyed(Broker::Kafka).with_group(group.clone())),
             group,
+            consumed: Arc::new(self.consumed.into_iter().collect()),
             template: self.template.into(),
             queue_timeout: self.delivery_timeout,
             brokers,
@@ -363,15 +408,29 @@ impl KafkaDeadLetterSinkBuilder {
 #[async_trait::async_trait]
 impl DeadLetterSink for KafkaDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
-        let message = &letter.message;
-        let metadata = message.metadata();
+        let consumed = letter.message.metadata().source().clone();
+        let letter = match self.origin_of(letter) {
+            Some(origin) => {
+                // The origin's letter, at the partition and offset of the
+                // copy: that is where the message is now.
+                let mut of_origin = letter.clone();
+                let at = of_origin.message.metadata_mut();
+                let mut metadata = Metadata::new(origin.into(), at.partition(), at.position())
+                    .with_attempt(at.attempt());
+                metadata.set_timestamp(at.timestamp());
+                *at = metadata;
+                Cow::Owned(of_origin)
+            }
+            None => Cow::Borrowed(letter),
+        };
+        let metadata = letter.message.metadata();
         let topic = self.topic_for(metadata.source());
-        if topic == **metadata.source() {
+        if topic == **metadata.source() || topic == *consumed {
             // A template without placeholders that names a consumed topic.
             return Err(Error::DeadLetterTopicIsSource { topic }.into());
         }
         self.ensure_topic(&topic).await?;
-        let envelope = Envelope::new(letter, &self.carrier);
+        let envelope = Envelope::new(&letter, &self.carrier);
         let mut headers =
             OwnedHeaders::new_with_capacity(envelope.header_count() + envelope.field_count());
         for (name, value) in envelope.pairs() {
@@ -488,6 +547,63 @@ mod tests {
                 Some(Error::DeadLetterTopicIsSource { topic }) if topic == "orders"
             ),
             "{refused:?}"
+        );
+    }
+
+    /// A parked copy's origin header is followed only to another topic the
+    /// consumer reads: a producer that writes one cannot direct letters to
+    /// a topic of its choosing.
+    #[tokio::test]
+    async fn a_park_origin_is_followed_only_to_another_consumed_topic() {
+        let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+            .consumed_topics(["orders", "orders.billing.returned"])
+            .build()
+            .await
+            .expect("valid");
+        let letter = |source: &str, origin: &[u8]| {
+            let mut headers = intake_core::Headers::default();
+            headers.set(ORIGIN, bytes::Bytes::copy_from_slice(origin));
+            let message = intake_core::Message::new(
+                "poison",
+                Metadata::new(source.into(), 0, intake_core::Position::Offset(7)),
+            )
+            .with_headers(headers);
+            DeadLetter::new(message, "bad", 1)
+        };
+        let returned = "orders.billing.returned";
+        let long = "o".repeat(100_000);
+        for hostile in [
+            &b"payments"[..],
+            b"orders.billing.dlq",
+            b"",
+            b"\xff\xfe",
+            long.as_bytes(),
+            returned.as_bytes(),
+        ] {
+            assert_eq!(
+                sink.origin_of(&letter(returned, hostile)),
+                None,
+                "{hostile:?}"
+            );
+        }
+        assert_eq!(sink.origin_of(&letter(returned, b"orders")), Some("orders"));
+        let unparked = DeadLetter::new(
+            intake_core::Message::new(
+                "poison",
+                Metadata::new(returned.into(), 0, intake_core::Position::Offset(7)),
+            ),
+            "bad",
+            1,
+        );
+        assert_eq!(sink.origin_of(&unparked), None);
+        let standalone = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+            .build()
+            .await
+            .expect("valid");
+        assert_eq!(
+            standalone.origin_of(&letter(returned, b"orders")),
+            None,
+            "a sink told of no consumed topics follows no origin"
         );
     }
 
