@@ -753,3 +753,93 @@ async fn what_is_parked_when_redis_goes_away_moves_back_once_it_returns() {
     assert_eq!(parking.waiting(&stream).await.ok(), Some(0));
     parking.shutdown().await;
 }
+
+/// A returned copy that fails for good is a dead letter of its origin: it
+/// goes to `{stream}:dlq`, where operators and `intake dlq --source STREAM`
+/// look, and names the origin as its source, not the return stream it was
+/// consumed from; the copy is acknowledged in the return stream.
+#[tokio::test]
+async fn a_returned_copy_that_fails_for_good_is_a_dead_letter_of_its_origin() {
+    use intake_core::dead_letter::store::{DeadLetterStore as _, Filter};
+
+    let Some(mut redis) = redis_or_skip("a_returned_copy_that_fails_for_good").await else {
+        return;
+    };
+    let stream = unique("park-dlq");
+    let group = unique("group");
+    let returned = RedisParking::return_stream(&stream, &group);
+    produce(&mut redis, &stream, "m", 1).await;
+    let source = parking_consumer(&stream, &group)
+        .build()
+        .await
+        .expect("connect");
+    let acker = source.acker();
+    let parking = source
+        .parking()
+        .poll_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .expect("parking");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let handler = tower::ServiceBuilder::new()
+        .layer(intake_core::DeadLetterLayer::new(sink.clone()))
+        .layer(ParkingLayer::new(parking.clone()))
+        .service(tower::service_fn(|message: Message| {
+            std::future::ready(match parks_header(&message) {
+                0 => Err(HandlerError::retry_later(
+                    "not yet",
+                    Duration::from_millis(300),
+                )),
+                _ => Err(HandlerError::permanent("still wrong")),
+            })
+        }));
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(
+        Consumer::builder()
+            .build(source, acker, handler)
+            .expect("consumer")
+            .run(shutdown.clone()),
+    );
+    let store = intake_redis_streams::RedisDeadLetters::builder(redis_url())
+        .dead_letters_of(&stream)
+        .build()
+        .await
+        .expect("the origin's dead letters")
+        .store(
+            intake_redis_streams::RedisStreamsPublisher::builder(redis_url())
+                .build()
+                .await
+                .expect("publisher"),
+        );
+    let filter = Filter::all();
+    let started = tokio::time::Instant::now();
+    while store.count(&filter).await.unwrap_or(0) == 0
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("stopped within 10 s")
+        .expect("joined")
+        .expect("run");
+    assert_eq!(report.parked, 1, "{report:?}");
+    assert_eq!(store.count(&filter).await.expect("count"), 1);
+    let page = store.list(&filter, 10, None).await.expect("list");
+    let letter = page.letters[0].letter.as_ref().expect("a letter");
+    let metadata = letter.message.metadata();
+    assert_eq!(&**metadata.source(), stream, "the origin, not {returned}");
+    assert_eq!(
+        letter
+            .origin
+            .as_ref()
+            .and_then(|origin| origin.group.as_deref()),
+        Some(group.as_str())
+    );
+    assert_eq!(sink.stream_for(&stream), format!("{stream}:dlq"));
+    assert_eq!(xlen(&mut redis, &sink.stream_for(&returned)).await, 0);
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_all_acknowledged(&mut redis, &returned, &group).await;
+    parking.shutdown().await;
+}
