@@ -11,14 +11,17 @@
 //! failing call, so the original is acknowledged only if its copy was
 //! written.
 
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{
-    ConfigError, DeadLetter,
+    ConfigError, DeadLetter, Metadata,
     backend::{DeadLetterError, DeadLetterSink},
+    parking::ORIGIN,
 };
 use redis::Script;
 
@@ -77,6 +80,15 @@ return id
 /// `docs/DEAD-LETTERS.md` has the table; [`DeadLetter::read`] with no key
 /// slot reads an entry of the stream back.
 ///
+/// A parked copy that came back through its group's return stream
+/// (`<stream>:<group>:returned`, see [`RedisParking`](crate::RedisParking))
+/// is a dead letter of the stream it was first consumed from, named in its
+/// `intake.park.origin` field: it goes to that stream's dead-letter stream,
+/// and its origin names that stream (with the id of the copy, which is
+/// what the letter acknowledges). The field is followed only to one of the
+/// [consumed streams](RedisDeadLetterSinkBuilder::consumed_stream): a
+/// producer cannot direct letters anywhere else.
+///
 /// Build one with
 /// [`RedisStreamsSource::dead_letter_sink`](crate::RedisStreamsSource::dead_letter_sink)
 /// (prefilled from the source) or [`RedisDeadLetterSink::builder`], and
@@ -94,6 +106,9 @@ struct Destination {
     group: Option<Arc<str>>,
     payload_field: Arc<str>,
     stream: DeadLetterStream,
+    /// The streams the consumer reads: the only origins a parked copy's
+    /// field may name.
+    consumed: HashSet<String>,
     carrier: Carrier,
     stats: Arc<RedisStreamsStats>,
 }
@@ -131,6 +146,11 @@ impl RedisDeadLetterSink {
             settings.consumer.clone(),
             settings.payload_field.clone(),
             settings.dead_letter_stream.clone(),
+            settings
+                .streams
+                .iter()
+                .map(|stream| stream.to_string())
+                .collect(),
             settings.stats.clone(),
         )
     }
@@ -141,6 +161,7 @@ impl RedisDeadLetterSink {
         consumer: Arc<str>,
         payload_field: Arc<str>,
         stream: DeadLetterStream,
+        consumed: HashSet<String>,
         stats: Arc<RedisStreamsStats>,
     ) -> Self {
         let carrier = Carrier::keyless(Broker::Redis).with_consumer(consumer);
@@ -154,6 +175,7 @@ impl RedisDeadLetterSink {
                 group,
                 payload_field,
                 stream,
+                consumed,
                 carrier,
                 stats,
             }),
@@ -170,6 +192,34 @@ impl RedisDeadLetterSink {
         self.destination.stream.name_for(stream)
     }
 
+    /// The stream `letter` is a dead letter of: the origin its parked copy
+    /// names when that is another stream this consumer reads, otherwise
+    /// (`None`) the stream it was consumed from.
+    fn origin_of<'a>(&self, letter: &'a DeadLetter) -> Option<&'a str> {
+        let message = &letter.message;
+        let consumed: &str = message.metadata().source();
+        let origin = message.headers().get(ORIGIN)?;
+        // The field comes from whoever wrote the entry: only a stream this
+        // consumer reads may receive its letters, which also bounds its
+        // length.
+        let known = std::str::from_utf8(origin)
+            .ok()
+            .filter(|origin| self.destination.consumed.contains(*origin));
+        match known {
+            Some(origin) if origin != consumed => Some(origin),
+            Some(_) => None,
+            None => {
+                tracing::debug!(
+                    stream = consumed,
+                    origin_bytes = origin.len(),
+                    "the entry's park origin is no stream this consumer reads; dead-lettering \
+                     it as an entry of the stream it was consumed from"
+                );
+                None
+            }
+        }
+    }
+
     /// Writes `letter` and acknowledges the original; the letter's id, or
     /// `None` when the original was acknowledged already (by an earlier
     /// write whose reply was lost): written once, never twice. `with_payload`
@@ -184,8 +234,23 @@ impl RedisDeadLetterSink {
         let stream: &str = metadata.source();
         let original = StreamId::from_position(metadata.position());
         let group = self.destination.group.as_deref();
-        let dead_letters = self.stream_for(stream);
-        if dead_letters == stream {
+        let origin = self.origin_of(letter);
+        let dead_letters = self.stream_for(origin.unwrap_or(stream));
+        let letter = match origin {
+            Some(origin) => {
+                // The origin's letter, with the id of the copy: that is
+                // where the message is now, and what is acknowledged.
+                let mut of_origin = letter.clone();
+                let at = of_origin.message.metadata_mut();
+                let mut metadata = Metadata::new(origin.into(), at.partition(), at.position())
+                    .with_attempt(at.attempt());
+                metadata.set_timestamp(at.timestamp());
+                *at = metadata;
+                Cow::Owned(of_origin)
+            }
+            None => Cow::Borrowed(letter),
+        };
+        if dead_letters == stream || Some(dead_letters.as_str()) == origin {
             // A sink built without the consumed streams (or for others)
             // cannot refuse this destination when built: written, the
             // letter would be read and fail again, forever, and its
@@ -200,7 +265,7 @@ impl RedisDeadLetterSink {
             .into());
         }
 
-        let mut envelope = Envelope::new(letter, &self.destination.carrier);
+        let mut envelope = Envelope::new(&letter, &self.destination.carrier);
         let values =
             2 * (usize::from(with_payload) + envelope.header_count() + envelope.field_count());
         if values > MAX_DEAD_LETTER_VALUES {
@@ -445,6 +510,7 @@ impl RedisDeadLetterSinkBuilder {
             consumer.into(),
             self.payload_field.into(),
             self.dead_letter_stream,
+            self.consumed.into_iter().collect(),
             stats,
         ))
     }

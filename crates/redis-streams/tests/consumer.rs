@@ -843,3 +843,66 @@ async fn a_returned_copy_that_fails_for_good_is_a_dead_letter_of_its_origin() {
     assert_all_acknowledged(&mut redis, &returned, &group).await;
     parking.shutdown().await;
 }
+
+/// An entry's `intake.park.origin` field is followed only to another
+/// stream the consumer reads: one naming any other stream, its own, an
+/// absurdly long name or bytes that are no text is dead-lettered as an
+/// entry of the stream it was consumed from, so a producer cannot direct
+/// letters to a stream of its choosing.
+#[tokio::test]
+async fn a_park_origin_naming_no_other_consumed_stream_is_not_followed() {
+    use intake_core::DeadLetter;
+    use intake_core::backend::DeadLetterSink as _;
+
+    let Some(mut redis) = redis_or_skip("a_park_origin_naming_no_other_consumed_stream").await
+    else {
+        return;
+    };
+    let stream = unique("park-hostile");
+    let group = unique("group");
+    let returned = RedisParking::return_stream(&stream, &group);
+    let elsewhere = unique("elsewhere");
+    let mut source = parking_consumer(&stream, &group)
+        .build()
+        .await
+        .expect("connect");
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let long = "o".repeat(100_000);
+    let hostile: [&[u8]; 5] = [
+        elsewhere.as_bytes(),
+        returned.as_bytes(),
+        long.as_bytes(),
+        b"",
+        b"\xff\xfe",
+    ];
+    for origin in hostile {
+        let _: String = redis
+            .xadd(&returned, "*", &[("payload", &b"x"[..]), (ORIGIN, origin)])
+            .await
+            .expect("XADD");
+    }
+    let received = receive(
+        &mut source,
+        hostile.len(),
+        hostile.len(),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(received.len(), hostile.len());
+    for message in received {
+        sink.write(&DeadLetter::new(message, "bad", 1))
+            .await
+            .expect("written");
+    }
+    let letters = entries(&mut redis, &sink.stream_for(&returned)).await;
+    assert_eq!(letters.len(), hostile.len());
+    for letter in &letters {
+        assert_eq!(
+            field(letter, "intake.origin.source").as_deref(),
+            Some(returned.as_str())
+        );
+    }
+    assert_eq!(xlen(&mut redis, &sink.stream_for(&stream)).await, 0);
+    assert_eq!(xlen(&mut redis, &sink.stream_for(&elsewhere)).await, 0);
+    assert_all_acknowledged(&mut redis, &returned, &group).await;
+}
