@@ -71,9 +71,12 @@ impl fmt::Display for ErrorClass {
 pub struct HandlerError {
     class: ErrorClass,
     source: BoxError,
-    attempts: u32,
+    // Narrow fields, so that the error stays three words: every handler's
+    // result carries its size, success or not.
+    attempts: u16,
     affects_backoff: bool,
-    retry_after: Option<std::time::Duration>,
+    /// Milliseconds; 0 for none.
+    retry_after_ms: u32,
 }
 
 impl HandlerError {
@@ -88,7 +91,7 @@ impl HandlerError {
             source: source.into(),
             attempts: 0,
             affects_backoff: true,
-            retry_after: None,
+            retry_after_ms: 0,
         }
     }
 
@@ -102,7 +105,8 @@ impl HandlerError {
         Self::with_class(ErrorClass::Permanent, source)
     }
 
-    /// A failure to retry later, not now: a dependency is down for
+    /// A failure to retry later, not now (`delay` in whole milliseconds, at
+    /// most 49 days): a dependency is down for
     /// minutes, a rate limit resets at a known time. Under a
     /// [`ParkingLayer`](crate::parking::ParkingLayer) the message is parked
     /// for `delay` through the broker's own mechanism, the original is
@@ -112,7 +116,7 @@ impl HandlerError {
     /// layer it is an ordinary retryable failure.
     pub fn retry_later(source: impl Into<BoxError>, delay: std::time::Duration) -> Self {
         let mut error = Self::with_class(ErrorClass::Retryable, source);
-        error.retry_after = Some(delay);
+        error.retry_after_ms = millis_of(delay);
         // It says when to try again, not that the consumer's dependencies
         // are failing; the runtime backs off for it only when it cannot
         // wait that long any other way.
@@ -144,22 +148,22 @@ impl HandlerError {
 
     /// Records how many attempts were made before this error was final.
     pub fn with_attempts(mut self, attempts: u32) -> Self {
-        self.attempts = attempts;
+        self.attempts = u16::try_from(attempts).unwrap_or(u16::MAX);
         self
     }
 
     /// How long to wait before the next attempt, when the failure asked
     /// to be [retried later](Self::retry_later).
     pub fn retry_after(&self) -> Option<std::time::Duration> {
-        self.retry_after
-            .filter(|_| self.class == ErrorClass::Retryable)
+        (self.retry_after_ms > 0 && self.class == ErrorClass::Retryable)
+            .then(|| std::time::Duration::from_millis(u64::from(self.retry_after_ms)))
     }
 
     /// Asks a retryable failure to be retried after `delay` rather than now
     /// (the retry layer's [`then_retry_later`](crate::retry::RetryLayer::then_retry_later)
     /// sets it once its attempts are used up).
     pub fn with_retry_after(mut self, delay: std::time::Duration) -> Self {
-        self.retry_after = Some(delay);
+        self.retry_after_ms = millis_of(delay);
         self
     }
 
@@ -178,9 +182,10 @@ impl HandlerError {
         self.class == ErrorClass::Permanent
     }
 
-    /// Attempts made before the error was final (0 = not recorded).
+    /// Attempts made before the error was final (0 = not recorded; at
+    /// most 65,535).
     pub fn attempts(&self) -> u32 {
-        self.attempts
+        u32::from(self.attempts)
     }
 
     /// Whether the failure should count toward consumer-level backoff.
@@ -201,13 +206,19 @@ impl HandlerError {
     }
 }
 
+/// A delay in whole milliseconds, at least 1 (0 means none), at most
+/// `u32::MAX` (49 days).
+fn millis_of(delay: std::time::Duration) -> u32 {
+    u32::try_from(delay.as_millis().max(1)).unwrap_or(u32::MAX)
+}
+
 impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HandlerError")
             .field("class", &self.class)
             .field("source", &Capped::new(&self.source, Self::TEXT_LIMIT))
             .field("attempts", &self.attempts)
-            .field("retry_after", &self.retry_after)
+            .field("retry_after", &self.retry_after())
             .finish()
     }
 }
@@ -324,6 +335,28 @@ impl ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_handler_error_stays_three_words_and_keeps_its_delay_to_the_millisecond() {
+        // Every handler's result carries this size, success or not.
+        assert_eq!(
+            std::mem::size_of::<HandlerError>(),
+            3 * std::mem::size_of::<usize>()
+        );
+        let later = HandlerError::retry_later("rate limited", Duration::from_micros(1_500));
+        assert_eq!(later.retry_after(), Some(Duration::from_millis(1)));
+        let tiny = HandlerError::retry_later("now-ish", Duration::ZERO);
+        assert_eq!(tiny.retry_after(), Some(Duration::from_millis(1)));
+        let huge = HandlerError::retry_later("far", Duration::from_secs(u64::MAX));
+        assert_eq!(
+            huge.retry_after(),
+            Some(Duration::from_millis(u64::from(u32::MAX)))
+        );
+        assert_eq!(HandlerError::retryable("x").retry_after(), None);
+        let many = HandlerError::retryable("x").with_attempts(1_000_000);
+        assert_eq!(many.attempts(), u32::from(u16::MAX));
+    }
 
     #[test]
     fn a_handler_error_survives_boxing_through_tower_layers() {
