@@ -853,17 +853,20 @@ fn stored(id: Id, message: &BorrowedMessage<'_>) -> StoredLetter {
             .payload()
             .map(Bytes::copy_from_slice)
             .unwrap_or_default(),
-        &headers_of(message),
+        &read_headers(message),
     )
 }
 
 /// The record's headers: names as text (bytes that are not UTF-8 become
 /// U+FFFD), values as raw bytes, a header without a value as an empty one.
+/// The source reads consumed records' headers with it too.
 ///
-/// Read through librdkafka's C accessors, as the source reads them: rdkafka's
-/// `Headers` unwraps each name as UTF-8 and panics on other bytes, which any
-/// producer can write into the dead-letter topic.
-fn headers_of(message: &BorrowedMessage<'_>) -> Headers {
+/// Read through librdkafka's C accessors rather than rdkafka's `Headers`:
+/// rdkafka unwraps each name as UTF-8 and panics on any other bytes, which
+/// producers in Go, C or Java write freely (into a consumed topic or the
+/// dead-letter topic alike); in the source, that panic would kill the
+/// polling thread on every member that takes the partition over.
+pub(crate) fn read_headers(message: &BorrowedMessage<'_>) -> Headers {
     let mut native: *mut bindings::rd_kafka_headers_t = ptr::null_mut();
     // SAFETY: `message.ptr()` is the live message `message` borrows; the
     // header list stays owned by the message and valid while it is.

@@ -16,8 +16,7 @@
 //! (`BENCHMARKS.md`). Made on the thread that will free it, it comes from
 //! and goes back to that thread's cache.
 
-use std::ffi::{CStr, c_char, c_void};
-use std::ptr;
+use std::ffi::CStr;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
@@ -181,7 +180,7 @@ impl Converter {
     pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Record> {
         let mut record = to_record(message, &mut self.topics, &mut self.chunks)?;
         if self.read_headers {
-            record.headers = read_headers(message).unwrap_or_default();
+            record.headers = crate::dead_letter_store::read_headers(message);
         }
         Some(record)
     }
@@ -231,53 +230,6 @@ fn topic_name<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
         }
         CStr::from_ptr(bindings::rd_kafka_topic_name(topic)).to_bytes()
     }
-}
-
-/// The record's headers: names as text (bytes that are not UTF-8 become
-/// U+FFFD), values as raw bytes, a header without a value as an empty one.
-///
-/// Read through librdkafka's C accessors rather than rdkafka's `Headers`:
-/// rdkafka unwraps each name as UTF-8 and panics on any other bytes, which
-/// producers in Go, C or Java write freely, and that panic would kill the
-/// polling thread on every member that takes the partition over.
-fn read_headers(message: &BorrowedMessage<'_>) -> Option<Headers> {
-    let mut native: *mut bindings::rd_kafka_headers_t = ptr::null_mut();
-    // SAFETY: `message.ptr()` is the live message `message` borrows; the
-    // header list stays owned by the message and valid while it is.
-    let found = unsafe { bindings::rd_kafka_message_headers(message.ptr(), &mut native) };
-    if found != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || native.is_null() {
-        return None;
-    }
-    // SAFETY: `native` is the message's header list (above).
-    let count = unsafe { bindings::rd_kafka_header_cnt(native) };
-    let headers = (0..count)
-        .filter_map(|index| {
-            let mut name: *const c_char = ptr::null();
-            let mut value: *const c_void = ptr::null();
-            let mut size = 0usize;
-            // SAFETY: `index` is below the list's count; librdkafka points
-            // `name` at a NUL-terminated string and `value` at `size` bytes
-            // (or null), both owned by the list.
-            let got = unsafe {
-                bindings::rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size)
-            };
-            if got != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
-                return None;
-            }
-            // SAFETY: as above; both are copied before the message is released.
-            let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-            let value = if value.is_null() || size == 0 {
-                Bytes::new()
-            } else {
-                // SAFETY: as above.
-                Bytes::copy_from_slice(unsafe {
-                    std::slice::from_raw_parts(value.cast::<u8>(), size)
-                })
-            };
-            Some((name, value))
-        })
-        .collect();
-    Some(headers)
 }
 
 #[cfg(test)]
