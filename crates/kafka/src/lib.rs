@@ -80,6 +80,7 @@ mod lag;
 mod ownership;
 pub mod parking;
 mod publisher;
+mod record_headers;
 mod settings;
 mod source;
 mod transaction;

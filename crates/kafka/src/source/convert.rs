@@ -180,7 +180,7 @@ impl Converter {
     pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Record> {
         let mut record = to_record(message, &mut self.topics, &mut self.chunks)?;
         if self.read_headers {
-            record.headers = crate::dead_letter_store::read_headers(message);
+            record.headers = crate::record_headers::read_headers(message);
         }
         Some(record)
     }
