@@ -906,3 +906,117 @@ async fn a_park_origin_naming_no_other_consumed_stream_is_not_followed() {
     assert_eq!(xlen(&mut redis, &sink.stream_for(&elsewhere)).await, 0);
     assert_all_acknowledged(&mut redis, &returned, &group).await;
 }
+
+/// In key order, while a key's message is parked its later messages wait
+/// behind it, parked too, and come back after it through the return
+/// stream; other keys flow meanwhile. The order per key holds although the
+/// copies come back through another stream than their originals.
+#[tokio::test]
+async fn a_parked_key_keeps_its_order_through_the_return_stream_and_other_keys_flow() {
+    let Some(mut redis) = redis_or_skip("a_parked_key_keeps_its_order").await else {
+        return;
+    };
+    let stream = unique("park-order");
+    let group = unique("group");
+    // k1-0 k2-0 k3-0 k1-1 … k3-3, the key in the field `key`.
+    let mut pipe = redis::pipe();
+    for n in 0..4 {
+        for key in ["k1", "k2", "k3"] {
+            pipe.cmd("XADD")
+                .arg(&stream)
+                .arg("*")
+                .arg("payload")
+                .arg(format!("{key}-{n}"))
+                .arg("key")
+                .arg(key)
+                .ignore();
+        }
+    }
+    pipe.query_async::<()>(&mut redis).await.expect("XADD");
+    let source = parking_consumer(&stream, &group)
+        .key_field("key")
+        .build()
+        .await
+        .expect("connect");
+    let acker = source.acker();
+    let parking = source
+        .parking()
+        .poll_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .expect("parking");
+    let shutdown = CancellationToken::new();
+    let done = stop_after(12, &shutdown);
+    // Every run, in order: (payload, whether it succeeded).
+    let runs: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let layer = ParkingLayer::new(parking.clone());
+    let handler = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(tower::service_fn({
+            let runs = Arc::clone(&runs);
+            move |message: Message| {
+                let payload = String::from_utf8_lossy(message.payload()).into_owned();
+                // k1-0 asks for later on its first two runs.
+                let later = payload == "k1-0" && parks_header(&message) < 2;
+                runs.lock().expect("not poisoned").push((payload, !later));
+                let outcome = if later {
+                    Err(HandlerError::retry_later(
+                        "the ledger is down",
+                        Duration::from_millis(300),
+                    ))
+                } else {
+                    done();
+                    Ok(())
+                };
+                std::future::ready(outcome)
+            }
+        }));
+    let report = tokio::time::timeout(
+        Duration::from_secs(20),
+        Consumer::builder()
+            .ordering(DeliveryOrder::Key)
+            .build(source, acker, handler)
+            .expect("consumer")
+            .run(shutdown),
+    )
+    .await
+    .expect("every message handled within 20 s")
+    .expect("run");
+    let runs = runs.lock().expect("not poisoned").clone();
+    let succeeded = |key: &str| -> Vec<String> {
+        runs.iter()
+            .filter(|(payload, ok)| *ok && payload.starts_with(key))
+            .map(|(payload, _)| payload.clone())
+            .collect()
+    };
+    for key in ["k1", "k2", "k3"] {
+        let expected: Vec<String> = (0..4).map(|n| format!("{key}-{n}")).collect();
+        assert_eq!(succeeded(key), expected, "order of {key}: {runs:?}");
+    }
+    // k1's later messages never ran while k1-0 was parked.
+    for n in 1..4 {
+        let payload = format!("k1-{n}");
+        let count = runs.iter().filter(|(p, _)| *p == payload).count();
+        assert_eq!(count, 1, "{payload} ran {count} times: {runs:?}");
+    }
+    // The other keys did not wait for k1.
+    let k1_done = runs
+        .iter()
+        .position(|(payload, ok)| payload == "k1-0" && *ok)
+        .expect("k1-0 succeeded");
+    for key in ["k2", "k3"] {
+        let last = runs
+            .iter()
+            .position(|(payload, _)| *payload == format!("{key}-3"))
+            .expect("last of the key");
+        assert!(last < k1_done, "{key} waited for k1: {runs:?}");
+    }
+    assert!(report.parked >= 2 + 3, "{report:?}");
+    // Every copy came back through the return stream and was known as
+    // its origin's: the layer holds no key as parked any more.
+    assert_eq!(layer.parked(), 0, "{runs:?}");
+    let returned = RedisParking::return_stream(&stream, &group);
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
+    assert_all_acknowledged(&mut redis, &returned, &group).await;
+    parking.shutdown().await;
+}
