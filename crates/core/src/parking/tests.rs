@@ -595,3 +595,91 @@ fn a_key_waits_for_a_late_parked_message_as_long_as_its_delay_then_lets_go() {
     );
     assert_eq!(keys.len(), 0);
 }
+
+/// The highest consumer-backoff level seen at the commit ticks.
+#[derive(Default)]
+struct BackoffLevels(std::sync::atomic::AtomicU32);
+
+impl crate::observer::ConsumerObserver for BackoffLevels {
+    fn on_backoff(&self, level: u32) {
+        self.0
+            .fetch_max(level, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Runs 40 messages of keys `a` and `b`; every `a` message fails with
+/// `failure` on its first run. Returns the highest backoff level seen.
+async fn highest_backoff_level(failure: fn() -> HandlerError) -> u32 {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 2).expect("topic");
+    let journal = Journal::default();
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stack = ServiceBuilder::new()
+        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")))
+        .service(tower::service_fn({
+            let journal = journal.clone();
+            let handled = Arc::clone(&handled);
+            move |message: Message| {
+                journal.record(&message);
+                let first = message.metadata().attempt() == 1;
+                let outcome = if message.key().is_some_and(|key| &key[..] == b"a") && first {
+                    Err(failure())
+                } else {
+                    handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                };
+                std::future::ready(outcome)
+            }
+        }));
+    let levels = Arc::new(BackoffLevels::default());
+    let (source, acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    let consumer = Consumer::builder()
+        .ordering(DeliveryOrder::Key)
+        .commit_interval(Duration::from_millis(5))
+        .backoff(Exponential::new(
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+        ))
+        .observer(levels.clone())
+        .build(source, acker, stack)
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { consumer.run(shutdown).await.expect("the run succeeds") }
+    });
+    let records: Vec<(String, String)> = (0..40)
+        .map(|n| {
+            let key = if n % 2 == 0 { "a" } else { "b" };
+            (key.to_owned(), format!("{key}-{n}"))
+        })
+        .collect();
+    let borrowed: Vec<(&str, &str)> = records
+        .iter()
+        .map(|(key, payload)| (key.as_str(), payload.as_str()))
+        .collect();
+    produce(&broker, &borrowed);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while handled.load(std::sync::atomic::Ordering::SeqCst) < 40 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("not all handled: {:?}", journal.runs()));
+    shutdown.cancel();
+    task.await.expect("run");
+    levels.0.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_key_does_not_push_the_consumer_into_backoff_where_a_plain_retry_does() {
+    let parked = highest_backoff_level(|| {
+        HandlerError::retry_later("the ledger is down", Duration::from_millis(20))
+    })
+    .await;
+    assert_eq!(parked, 0, "parking one key backed the whole consumer off");
+    // The same failures as plain retries do back the consumer off: the
+    // observer sees it.
+    let retried = highest_backoff_level(|| HandlerError::retryable("the ledger is down")).await;
+    assert!(retried > 0, "plain retryable failures never backed off");
+}
