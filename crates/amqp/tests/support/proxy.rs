@@ -125,6 +125,12 @@ impl FrameCounter {
     }
 }
 
+/// Whether the proxy was switched to [`Mode::Blackhole`] (the latest
+/// setting, seen or not).
+fn blackholed(setting: &watch::Receiver<Setting>) -> bool {
+    setting.borrow().mode == Mode::Blackhole
+}
+
 async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Receiver<Setting>) {
     let Ok(broker) = TcpStream::connect(upstream).await else {
         return;
@@ -150,6 +156,9 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Rece
         tokio::select! {
             read = client_read.read(&mut from_client), if relay => match read {
                 Ok(0) | Err(_) => return,
+                // A read that raced a switch to the blackhole: what the
+                // test sends after `set` returned must not get through.
+                Ok(_) if blackholed(&setting) => {}
                 Ok(n) => {
                     if broker_write.write_all(&from_client[..n]).await.is_err() {
                         return;
@@ -158,6 +167,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Rece
             },
             read = broker_read.read(&mut from_broker), if relay && from_broker_open => match read {
                 Ok(0) | Err(_) => return,
+                Ok(_) if blackholed(&setting) => {}
                 Ok(n) => {
                     let forward = match stall_after {
                         Some(limit) => frames.within(limit, &from_broker[..n]),
