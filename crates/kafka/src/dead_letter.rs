@@ -12,8 +12,7 @@ use intake_core::{
     backend::{DeadLetterError, DeadLetterSink},
     parking::ORIGIN,
 };
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -21,6 +20,7 @@ use rdkafka::util::Timeout;
 
 use crate::error::Error;
 use crate::settings::KafkaSettings;
+use crate::topic_admin::{LazyAdmin, create_topic};
 
 /// The default dead-letter topic: one per source topic and group, so groups
 /// never receive each other's dead letters.
@@ -84,8 +84,7 @@ struct TopicCheck {
     /// when it creates none.
     create: Option<(i32, i32)>,
     /// The admin client, made on the first creation.
-    admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
-    settings: KafkaSettings,
+    admin: LazyAdmin,
     timeout: Duration,
 }
 
@@ -199,25 +198,12 @@ impl KafkaDeadLetterSink {
                 brokers: self.brokers.to_string(),
                 source: Box::new(source),
             };
-            let admin = check.admin().map_err(failed)?;
+            let admin = check.admin.client().map_err(failed)?;
             let options = AdminOptions::new().operation_timeout(Some(check.timeout));
-            let results = admin
-                .create_topics(
-                    &[NewTopic::new(
-                        topic,
-                        partitions,
-                        TopicReplication::Fixed(replication),
-                    )],
-                    &options,
-                )
+            let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+            create_topic(&admin, &new_topic, &options)
                 .await
                 .map_err(failed)?;
-            for result in results {
-                match result {
-                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
-                }
-            }
             tracing::info!(dead_letter_topic = %topic, partitions, replication, "created the dead-letter topic");
         }
         check.remember(topic);
@@ -238,20 +224,6 @@ impl TopicCheck {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .insert(topic.to_owned());
-    }
-
-    /// The admin client, made on first use (most sinks never need one).
-    fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
-        let mut admin = self
-            .admin
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if let Some(admin) = admin.as_ref() {
-            return Ok(admin.clone());
-        }
-        let created = Arc::new(self.settings.client_config().create()?);
-        *admin = Some(Arc::clone(&created));
-        Ok(created)
     }
 }
 
@@ -387,8 +359,7 @@ impl KafkaDeadLetterSinkBuilder {
             create: self
                 .create_missing
                 .then_some((self.partitions, self.replication)),
-            admin: Mutex::new(None),
-            settings,
+            admin: LazyAdmin::new(settings),
             timeout: self.delivery_timeout,
         };
         let group: Arc<str> = self.group.into();

@@ -31,6 +31,7 @@ use crate::dead_letter::DEFAULT_TOPIC_TEMPLATE;
 use crate::error::Error;
 use crate::publisher::KafkaPublisher;
 use crate::settings::KafkaSettings;
+use crate::topic_admin::create_topic;
 
 /// The dead-letter store of a Kafka dead-letter topic.
 pub type KafkaDeadLetterStore = LogStore<KafkaDeadLetters, KafkaPublisher>;
@@ -391,7 +392,7 @@ impl KafkaDeadLetters {
             .bounded(
                 "remove letters from",
                 step(),
-                self.inner.admin.create_topics([&new_topic], &options),
+                create_topic(&self.inner.admin, &new_topic, &options),
             )
             .await?
             .map_err(|source| {
@@ -403,20 +404,8 @@ impl KafkaDeadLetters {
                     },
                 )
             })?;
-        for result in created {
-            match result {
-                Ok(_) => tracing::info!(topic, "created the side topic of removed dead letters"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => {
-                    return Err(self.error(
-                        "remove letters from",
-                        Failure::Client {
-                            step: step(),
-                            source: KafkaError::AdminOp(code),
-                        },
-                    ));
-                }
-            }
+        if created {
+            tracing::info!(topic, "created the side topic of removed dead letters");
         }
         *self
             .inner

@@ -83,6 +83,7 @@ mod publisher;
 mod record_headers;
 mod settings;
 mod source;
+mod topic_admin;
 mod transaction;
 
 pub use acker::KafkaAcker;

@@ -132,8 +132,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use intake_core::Message;
 use intake_core::parking::{DUE, ParkError, Parked, Parking};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -147,6 +146,7 @@ use self::tiers::{Tiers, resolve};
 use self::topics::{Registry, partition_count};
 use crate::error::Error;
 use crate::settings::KafkaSettings;
+use crate::topic_admin::{LazyAdmin, create_topic};
 
 /// The default retry topic: one per origin topic, group and tier, so that
 /// groups never move each other's records.
@@ -197,10 +197,9 @@ impl Drop for Inner {
 
 /// Creates retry topics, one at a time.
 struct TopicAdmin {
-    settings: KafkaSettings,
     replication: i32,
     /// Made on the first creation (most runs create none).
-    client: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
+    client: LazyAdmin,
     /// Parks that find a retry topic missing create it one after another:
     /// the second finds it made.
     creating: tokio::sync::Mutex<()>,
@@ -371,26 +370,17 @@ impl KafkaParking {
                     brokers: inner.brokers.to_string(),
                     source: Box::new(source),
                 };
-                let client = admin.client().map_err(failed)?;
+                let client = admin.client.client().map_err(failed)?;
                 let options = AdminOptions::new().operation_timeout(Some(waited));
                 let new_topic = NewTopic::new(
                     topic,
                     partitions,
                     TopicReplication::Fixed(admin.replication),
                 );
-                let results = tokio::time::timeout(
-                    waited,
-                    client.create_topics(std::slice::from_ref(&new_topic), &options),
-                )
-                .await
-                .map_err(|_| timed_out())?
-                .map_err(failed)?;
-                for result in results {
-                    match result {
-                        Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                        Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
-                    }
-                }
+                tokio::time::timeout(waited, create_topic(&client, &new_topic, &options))
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(failed)?;
                 tracing::info!(%topic, %origin, partitions, replication = admin.replication, "created a parking topic");
                 partitions
             }
@@ -413,21 +403,6 @@ impl KafkaParking {
                 brokers: inner.brokers.to_string(),
                 source: Box::new(source),
             })
-    }
-}
-
-impl TopicAdmin {
-    fn client(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
-        let mut client = self
-            .client
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if let Some(client) = client.as_ref() {
-            return Ok(Arc::clone(client));
-        }
-        let created = Arc::new(self.settings.client_config().create()?);
-        *client = Some(Arc::clone(&created));
-        Ok(created)
     }
 }
 
@@ -719,9 +694,8 @@ impl KafkaParkingBuilder {
                 template: self.template,
                 registry: Arc::new(Registry::default()),
                 admin: TopicAdmin {
-                    settings: producer_settings,
                     replication: self.replication,
-                    client: Mutex::new(None),
+                    client: LazyAdmin::new(producer_settings),
                     creating: tokio::sync::Mutex::new(()),
                 },
                 delivery_timeout: self.delivery_timeout,
