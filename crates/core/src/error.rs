@@ -115,13 +115,12 @@ impl HandlerError {
     /// passes it through without retrying in process. Without a parking
     /// layer it is an ordinary retryable failure.
     pub fn retry_later(source: impl Into<BoxError>, delay: std::time::Duration) -> Self {
-        let mut error = Self::with_class(ErrorClass::Retryable, source);
-        error.retry_after_ms = millis_of(delay);
         // It says when to try again, not that the consumer's dependencies
         // are failing; the runtime backs off for it only when it cannot
         // wait that long any other way.
-        error.affects_backoff = false;
-        error
+        Self::retryable(source)
+            .with_retry_after(delay)
+            .without_backoff()
     }
 
     /// The message is done although it was not processed (a filter, a

@@ -99,12 +99,12 @@ where
                 Signal::Neutral
             }
             ErrorClass::Retryable => {
-                let later = error.retry_after().filter(|_| self.delayed_requeue);
+                let asks_later = error.retry_after();
+                let later = asks_later.filter(|_| self.delayed_requeue);
                 // A failure that asks for later but cannot be handed back
                 // with a delay is retried at once: the consumer backoff is
                 // what keeps that from spinning.
-                let signal = if error.affects_backoff()
-                    || (error.retry_after().is_some() && later.is_none())
+                let signal = if error.affects_backoff() || (asks_later.is_some() && later.is_none())
                 {
                     Signal::Failure
                 } else {
