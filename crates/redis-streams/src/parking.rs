@@ -22,6 +22,7 @@ use crate::connection::{
 use crate::dead_letter::MAX_DEAD_LETTER_VALUES;
 use crate::endpoint::Endpoint;
 use crate::error::Error;
+use crate::publisher::entry_fields;
 use crate::settings::{DEFAULT_PAYLOAD_FIELD, Settings};
 
 /// Most parked entries one round indexes per stream; a round that reads
@@ -556,14 +557,14 @@ impl Parking for RedisParking {
         // original had (its key field among the headers) and the park
         // headers.
         let mut command = redis::cmd("XADD");
-        command
-            .arg(&keys.parked)
-            .arg("*")
-            .arg(&self.inner.payload_field)
-            .arg(message.payload().as_ref());
-        for header in &headers {
-            command.arg(&*header.name).arg(header.value.as_ref());
-        }
+        command.arg(&keys.parked).arg("*");
+        entry_fields(
+            &mut command,
+            &self.inner.payload_field,
+            message.payload(),
+            None,
+            &headers,
+        );
         let mut connection = self.inner.connection.get();
         // The connection's own response timeout does not cover waiting for
         // a reconnect; this bounds both.

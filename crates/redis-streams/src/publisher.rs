@@ -21,6 +21,8 @@ mod builder;
 mod receipt;
 mod writer;
 
+pub(crate) use self::writer::entry_fields;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -43,23 +43,45 @@ impl EntryFormat {
     /// already), then the headers in order, so that the source's decoder
     /// finds the payload and key where it looks first.
     fn add(&self, pipe: &mut redis::Pipeline, output: &Output) {
-        let command = pipe.cmd("XADD").arg(output.destination());
+        let mut command = redis::cmd("XADD");
+        command.arg(output.destination());
         if let Some(max_len) = self.max_len {
             command.arg("MAXLEN").arg("~").arg(max_len);
         }
-        command
-            .arg("*")
-            .arg(&*self.payload_field)
-            .arg(output.payload().as_ref());
+        command.arg("*");
         let headers = output.headers();
-        if let Some(key) = output.key()
-            && headers.get(&self.key_field) != Some(key)
-        {
-            command.arg(&*self.key_field).arg(key.as_ref());
-        }
-        for header in headers {
-            command.arg(&*header.name).arg(header.value.as_ref());
-        }
+        let key = output
+            .key()
+            .filter(|key| headers.get(&self.key_field) != Some(*key))
+            .map(|key| (&*self.key_field, key.as_ref()));
+        entry_fields(
+            &mut command,
+            &self.payload_field,
+            output.payload(),
+            key,
+            headers,
+        );
+        pipe.add_command(command);
+    }
+}
+
+/// Adds an entry's fields to an `XADD`: the payload field first, then the
+/// key field if given, then the headers in order, so that the source's
+/// decoder finds the payload and key where it looks first. The publisher
+/// writes outputs this way, and the parking its copies.
+pub(crate) fn entry_fields(
+    command: &mut redis::Cmd,
+    payload_field: &str,
+    payload: &[u8],
+    key: Option<(&str, &[u8])>,
+    headers: &intake_core::Headers,
+) {
+    command.arg(payload_field).arg(payload);
+    if let Some((field, key)) = key {
+        command.arg(field).arg(key);
+    }
+    for header in headers {
+        command.arg(&*header.name).arg(header.value.as_ref());
     }
 }
 
