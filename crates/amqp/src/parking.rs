@@ -27,12 +27,6 @@ use crate::url::AmqpUrl;
 /// How much longer than its TTL an idle wait queue lives.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(30 * 60);
 
-/// Added to each wait queue's TTL. RabbitMQ expires a message on its own
-/// clock, and a quorum queue gave copies back up to 2.3 ms before the TTL
-/// was over, measured from before the publish (1 ms more was not enough);
-/// with this margin a copy never comes back before its delay.
-const CLOCK_SLACK: Duration = Duration::from_millis(10);
-
 /// How old a tier's last declaration may be before a park declares it
 /// again; well below [`EXPIRY_MARGIN`], so a message published just before
 /// the renewal is still due long before its queue may expire.
@@ -78,8 +72,10 @@ const fn hours(hours: u64) -> Duration {
 /// For a consumed queue `Q` and each wait **tier** `T` (a delay, in
 /// milliseconds) in use:
 ///
-/// - a wait queue `Q.wait.{T}ms` with `x-message-ttl = T` (plus 10 ms:
-///   RabbitMQ's expiry can run a little early) and
+/// - a wait queue `Q.wait.{T}ms` with `x-message-ttl = T` (RabbitMQ's
+///   expiry can give a copy back a few milliseconds early; the
+///   [`ParkingLayer`](intake_core::parking::ParkingLayer) holds it until
+///   due) and
 ///   `x-dead-letter-exchange = Q.wait.return`, and a fanout exchange of the
 ///   same name bound to it (auto-delete: it goes with the queue);
 /// - once per queue, the durable fanout exchange `Q.wait.return`, bound to
@@ -432,7 +428,7 @@ impl Tier {
             QueueKind::Quorum => Queue::quorum(wait.as_str()).at_least_once_dead_lettering(),
             QueueKind::Classic => Queue::classic(wait.as_str()),
         }
-        .message_ttl(ttl + CLOCK_SLACK)
+        .message_ttl(ttl)
         .dead_letter_exchange(back.as_str())
         .argument("x-expires", AMQPValue::LongLongInt(expires));
         // Declared with every tier: a queue deleted and declared again (by

@@ -303,6 +303,15 @@ async fn parked_queue(
     (queue, parking)
 }
 
+/// How early RabbitMQ may give a copy back from its wait queue. It expires
+/// messages on its own timer: a quorum queue was measured giving copies
+/// back up to 2.3 ms early on an idle machine and about 20 ms early under
+/// the chaos suite's load. The parking layer holds such a copy until it is
+/// due (`the_runtime_parks_what_asks_for_later_and_handles_it_once_due`
+/// checks the handler strictly); here, at the broker, the check is that
+/// the copy went through the tier of its delay, not a shorter one.
+const EXPIRY_PRECISION_MS: u128 = 100;
+
 fn unix_millis(time: SystemTime) -> u128 {
     time.duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis())
@@ -350,7 +359,10 @@ async fn a_parked_message_comes_back_to_its_queue_once_due_with_its_key_payload_
 
     let back = receive(&mut source, 1, 1).await.messages.remove(0);
     let arrived = unix_millis(SystemTime::now());
-    assert!(arrived >= due, "back at {arrived} ms, due at {due} ms");
+    assert!(
+        arrived + EXPIRY_PRECISION_MS >= due,
+        "back at {arrived} ms, due at {due} ms"
+    );
     assert_eq!(back.payload(), original.payload());
     assert_eq!(back.key(), original.key());
     for name in ["tenant", DUE, PARK_ID] {
@@ -407,7 +419,10 @@ async fn parked_messages_come_back_after_the_parking_that_parked_them_is_gone() 
     assert_eq!(ids.len(), 20, "each parked id came back once: {ids:?}");
     for message in &back {
         let due: u128 = message.headers().get_str(DUE).unwrap().parse().unwrap();
-        assert!(arrived >= due, "back at {arrived} ms, due at {due} ms");
+        assert!(
+            arrived + EXPIRY_PRECISION_MS >= due,
+            "back at {arrived} ms, due at {due} ms"
+        );
     }
     assert!(
         gone_after < delay,
@@ -551,7 +566,10 @@ async fn a_wait_queue_deleted_by_hand_is_declared_again_by_a_later_park() {
     .await
     .expect("the parked message comes back");
     let arrived = unix_millis(SystemTime::now());
-    assert!(arrived >= due, "back at {arrived} ms, due at {due} ms");
+    assert!(
+        arrived + EXPIRY_PRECISION_MS >= due,
+        "back at {arrived} ms, due at {due} ms"
+    );
     assert_eq!(back.len(), 1);
     assert_eq!(&back[0].0[..], b"late");
     backend.cleanup().await;

@@ -20,6 +20,10 @@ use crate::message::Message;
 /// A park in progress. Boxed: only messages that are parked make one.
 type Park = Pin<Box<dyn Future<Output = Result<Parked, ParkError>> + Send>>;
 
+/// The wait of a copy that came back before its due time. Boxed: only such
+/// copies make one.
+type UntilDue = Pin<Box<tokio::time::Sleep>>;
+
 pin_project! {
     /// The future of [`ParkingService`](super::ParkingService).
     pub struct ResponseFuture<F> {
@@ -32,7 +36,7 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F> {
-        Called { #[pin] future: F },
+        Called { #[pin] future: F, until_due: Option<UntilDue> },
         Parking { park: Park },
     }
 }
@@ -51,9 +55,20 @@ struct Job {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(super) fn called(future: F, shared: Arc<Shared>, message: Message, head: bool) -> Self {
+    /// Runs `future`, the handler's for `message`, once `until_due` (if
+    /// any) has passed: it is not polled before.
+    pub(super) fn called(
+        future: F,
+        shared: Arc<Shared>,
+        message: Message,
+        head: bool,
+        until_due: Option<Duration>,
+    ) -> Self {
         Self {
-            state: State::Called { future },
+            state: State::Called {
+                future,
+                until_due: until_due.map(|wait| Box::pin(tokio::time::sleep(wait))),
+            },
             job: Job::new(shared, message, head),
         }
     }
@@ -118,7 +133,7 @@ impl Job {
                 headers.set(FAILED_FIRST, unix_millis(now).to_string());
             }
         }
-        headers.set(DUE, unix_millis(self.due).to_string());
+        headers.set(DUE, unix_millis_rounded_up(self.due).to_string());
         headers.set(PARK_ID, self.park_id.to_string());
         if headers.get(ORIGIN).is_none() {
             headers.set(ORIGIN, self.message.metadata().source().to_string());
@@ -222,9 +237,44 @@ impl Job {
     }
 }
 
+/// How long `message`, a copy back from a park, is to wait for the due time
+/// it carries: `None` when it is due (or carries none), or when it is due
+/// further ahead than `max_wait` (clocks that disagree between hosts, not
+/// a broker's early expiry), which is logged and runs as it comes.
+pub(super) fn until_due(message: &Message, max_wait: Duration) -> Option<Duration> {
+    let due_millis: u64 = message.headers().get_str(DUE)?.parse().ok()?;
+    let due = UNIX_EPOCH.checked_add(Duration::from_millis(due_millis))?;
+    let wait = due
+        .duration_since(SystemTime::now())
+        .ok()
+        .filter(|wait| !wait.is_zero())?;
+    if wait <= max_wait {
+        return Some(wait);
+    }
+    let metadata = message.metadata();
+    tracing::warn!(
+        source = %metadata.source(),
+        partition = metadata.partition(),
+        position = %metadata.position(),
+        early = ?wait,
+        max_early_wait = ?max_wait,
+        "a parked copy came back long before its due time (do the clocks of the hosts \
+         that park and consume agree?); it runs now",
+    );
+    None
+}
+
 fn unix_millis(time: SystemTime) -> u128 {
     time.duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis())
+}
+
+/// The due time in whole milliseconds, never before the instant itself: a
+/// copy held until it is due runs no sooner than its delay.
+fn unix_millis_rounded_up(time: SystemTime) -> u128 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        since.as_millis() + u128::from(since.subsec_nanos() % 1_000_000 != 0)
+    })
 }
 
 impl<F, E> Future for ResponseFuture<F>
@@ -238,16 +288,22 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Called { future } => match ready!(future.poll(cx)) {
-                    Ok(()) => {
-                        this.job.release_key();
-                        return Poll::Ready(Ok(()));
+                StateProj::Called { future, until_due } => {
+                    if let Some(wait) = until_due {
+                        ready!(wait.as_mut().poll(cx));
+                        *until_due = None;
                     }
-                    Err(error) => match this.job.failed(error.into()) {
-                        Ok(park) => this.state.set(State::Parking { park }),
-                        Err(error) => return Poll::Ready(Err(error)),
-                    },
-                },
+                    match ready!(future.poll(cx)) {
+                        Ok(()) => {
+                            this.job.release_key();
+                            return Poll::Ready(Ok(()));
+                        }
+                        Err(error) => match this.job.failed(error.into()) {
+                            Ok(park) => this.state.set(State::Parking { park }),
+                            Err(error) => return Poll::Ready(Err(error)),
+                        },
+                    }
+                }
                 StateProj::Parking { park } => {
                     let result = ready!(park.as_mut().poll(cx));
                     return Poll::Ready(Err(this.job.parked(result)));

@@ -25,6 +25,7 @@ pub(super) struct Shared {
     pub(super) max_parks: u32,
     pub(super) keep_key_order: bool,
     pub(super) overdue_after: Duration,
+    pub(super) max_early_wait: Duration,
 }
 
 impl ParkingLayer {
@@ -35,6 +36,10 @@ impl ParkingLayer {
     /// How long past its due time a key waits for its parked message before
     /// it lets later messages run.
     pub const DEFAULT_OVERDUE_AFTER: Duration = Duration::from_secs(600);
+
+    /// How long a copy that comes back before its due time is held until
+    /// due.
+    pub const DEFAULT_MAX_EARLY_WAIT: Duration = Duration::from_secs(1);
 
     /// Parks through `parking` (each backend has one), keeping the order per
     /// key, at most [`DEFAULT_MAX_PARKS`](Self::DEFAULT_MAX_PARKS) times per
@@ -47,6 +52,7 @@ impl ParkingLayer {
                 max_parks: Self::DEFAULT_MAX_PARKS,
                 keep_key_order: true,
                 overdue_after: Self::DEFAULT_OVERDUE_AFTER,
+                max_early_wait: Self::DEFAULT_MAX_EARLY_WAIT,
             }),
         }
     }
@@ -61,6 +67,7 @@ impl ParkingLayer {
                 max_parks: self.shared.max_parks,
                 keep_key_order: self.shared.keep_key_order,
                 overdue_after: self.shared.overdue_after,
+                max_early_wait: self.shared.max_early_wait,
             });
         }
         Arc::get_mut(&mut self.shared).unwrap_or_else(|| unreachable!("made unique above"))
@@ -96,6 +103,18 @@ impl ParkingLayer {
         self
     }
 
+    /// How long a parked copy that comes back before the due time it
+    /// carries ([`DUE`](super::DUE)) is held, unpolled, until it is due. A
+    /// broker's expiry may run a little early (RabbitMQ's quorum queues do,
+    /// by milliseconds); a copy due further ahead than this is no early
+    /// expiry but clocks that disagree between the hosts that parked it and
+    /// that consume it, and it runs as it comes (logged) rather than
+    /// stalling its partition.
+    pub fn max_early_wait(mut self, max_early_wait: Duration) -> Self {
+        self.shared_mut().max_early_wait = max_early_wait;
+        self
+    }
+
     /// Messages parked by this layer's services that have not come back
     /// and finished yet, by key (keyed messages only, while the order per
     /// key is kept).
@@ -110,6 +129,7 @@ impl std::fmt::Debug for ParkingLayer {
             .field("max_parks", &self.shared.max_parks)
             .field("keep_key_order", &self.shared.keep_key_order)
             .field("overdue_after", &self.shared.overdue_after)
+            .field("max_early_wait", &self.shared.max_early_wait)
             .finish_non_exhaustive()
     }
 }

@@ -28,6 +28,9 @@
 //!   [permanent](crate::ErrorClass::Permanent) failure, which a
 //!   [`DeadLetterLayer`](crate::DeadLetterLayer) outside writes to the
 //!   dead-letter destination;
+//! - a copy that comes back before the due time it carries (a broker's
+//!   expiry may run a few milliseconds early) is held until due, at most
+//!   [`max_early_wait`](ParkingLayer::max_early_wait);
 //! - a park the broker refuses leaves the failure as it was (retryable): the
 //!   message is retried the ordinary way, never lost.
 //!

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use tower::Service;
 
 use super::ResponseFuture;
+use super::future::until_due;
 use super::keys::Admission;
 use super::layer::Shared;
 use crate::dead_letter::envelope::ATTEMPTS;
@@ -70,17 +71,14 @@ where
             }
             _ => Admission::Run,
         };
-        match admission {
-            Admission::Follow { delay } => ResponseFuture::follow(shared, message, delay),
-            Admission::Run => {
-                let future = self.inner.call(message.clone());
-                ResponseFuture::called(future, shared, message, false)
-            }
-            Admission::Head(_) => {
-                let future = self.inner.call(message.clone());
-                ResponseFuture::called(future, shared, message, true)
-            }
-        }
+        let head = match admission {
+            Admission::Follow { delay } => return ResponseFuture::follow(shared, message, delay),
+            Admission::Run => false,
+            Admission::Head(_) => true,
+        };
+        let until_due = until_due(&message, shared.max_early_wait);
+        let future = self.inner.call(message.clone());
+        ResponseFuture::called(future, shared, message, head, until_due)
     }
 }
 

@@ -683,3 +683,72 @@ async fn a_parked_key_does_not_push_the_consumer_into_backoff_where_a_plain_retr
     let retried = highest_backoff_level(|| HandlerError::retryable("the ledger is down")).await;
     assert!(retried > 0, "plain retryable failures never backed off");
 }
+
+/// A copy of `payload` as it comes back from a park due `due_in` from now,
+/// with the due time it carries in milliseconds.
+fn back_early(payload: &'static str, due_in: Duration) -> (Message, u128) {
+    let due = now_millis() + due_in.as_millis();
+    let mut headers = crate::Headers::default();
+    headers.insert(DUE.to_string(), due.to_string());
+    headers.insert(PARK_ID.to_string(), "1".to_string());
+    let message = Message::new(
+        payload,
+        crate::Metadata::new(TOPIC.into(), 0, crate::Position::Offset(0)),
+    )
+    .with_key("a")
+    .with_headers(headers);
+    (message, due)
+}
+
+#[tokio::test]
+async fn a_copy_that_comes_back_before_its_due_time_is_handled_only_once_due() {
+    // RabbitMQ's quorum-queue expiry gives copies back up to ~20 ms early
+    // on a loaded machine (measured in the chaos suite): the layer waits.
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    let journal = Journal::default();
+    let stack = ServiceBuilder::new()
+        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")))
+        .service(handler(&journal, &[], 0, Duration::ZERO));
+    let (message, due) = back_early("early", Duration::from_millis(120));
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tower::ServiceExt::oneshot(stack, message),
+    )
+    .await
+    .expect("handled within the guard time")
+    .expect("handled");
+    let runs = journal.runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(
+        runs[0].at >= due,
+        "handled at {} ms, due at {due} ms",
+        runs[0].at
+    );
+}
+
+#[tokio::test]
+async fn a_copy_due_further_ahead_than_the_early_wait_runs_as_it_comes() {
+    // A due time an hour ahead is no broker's early expiry but clocks that
+    // disagree between hosts: holding it would stall the partition.
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    let journal = Journal::default();
+    let stack = ServiceBuilder::new()
+        .layer(
+            ParkingLayer::new(broker.parking(TOPIC).expect("parking"))
+                .max_early_wait(Duration::from_secs(1)),
+        )
+        .service(handler(&journal, &[], 0, Duration::ZERO));
+    let (message, due) = back_early("skewed", Duration::from_secs(3600));
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tower::ServiceExt::oneshot(stack, message),
+    )
+    .await
+    .expect("not held for the hour")
+    .expect("handled");
+    let runs = journal.runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(runs[0].at < due, "ran as it came");
+}
