@@ -50,6 +50,15 @@ impl Owned {
     }
 }
 
+/// Whether a commit lists an offset the broker already confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// Skipped: the broker has it.
+    Never,
+    /// Listed again (a transaction's offsets go with its outputs).
+    Confirmed,
+}
+
 /// The partitions this consumer owns and what was committed for them.
 #[derive(Debug, Default)]
 pub(crate) struct Ownership {
@@ -97,7 +106,10 @@ impl Ownership {
     }
 
     /// Commits, synchronously, each `(partition, next offset)` whose
-    /// partition this consumer owns. Blocks for a broker round trip: call it
+    /// partition this consumer owns and whose offset the broker has not
+    /// confirmed yet: a batch of confirmed offsets only (a final commit
+    /// re-sends every watermark) costs no round trip, and cannot be refused
+    /// by a rebalance in progress. Blocks for a broker round trip: call it
     /// off the async workers. Generic over the consumer's context so that
     /// this file does not name the source's context, which holds the
     /// ownership (the two would import each other).
@@ -113,7 +125,7 @@ impl Ownership {
         consumer: &BaseConsumer<C>,
         offsets: &[(PartitionKey, i64)],
     ) -> Result<(), AckError> {
-        self.commit_with(offsets, |list, _| {
+        self.commit_owned(offsets, Resend::Never, |list, _| {
             consumer
                 .commit(list, CommitMode::Sync)
                 .map_err(|error| AckError::Broker(Box::new(error)))
@@ -129,9 +141,20 @@ impl Ownership {
     ///
     /// `commit`'s error, or [`AckError::NotAssigned`] as for
     /// [`commit`](Self::commit).
+    /// Unlike [`commit`](Self::commit), confirmed offsets are listed again:
+    /// a transaction carries its outputs with its offsets.
     pub(crate) fn commit_with(
         &self,
         offsets: &[(PartitionKey, i64)],
+        commit: impl FnOnce(&TopicPartitionList, &[(PartitionKey, i64)]) -> Result<(), AckError>,
+    ) -> Result<(), AckError> {
+        self.commit_owned(offsets, Resend::Confirmed, commit)
+    }
+
+    fn commit_owned(
+        &self,
+        offsets: &[(PartitionKey, i64)],
+        resend: Resend,
         commit: impl FnOnce(&TopicPartitionList, &[(PartitionKey, i64)]) -> Result<(), AckError>,
     ) -> Result<(), AckError> {
         let mut owned = self.lock();
@@ -141,6 +164,11 @@ impl Ownership {
         for (key, next) in offsets {
             match owned.get_mut(key) {
                 Some(state) if !state.topic_deleted => {
+                    if resend == Resend::Never
+                        && state.confirmed.is_some_and(|confirmed| confirmed >= *next)
+                    {
+                        continue;
+                    }
                     add_offset(&mut list, key, *next)?;
                     state.requested = Some(*next);
                     listed.push((key.clone(), *next));
@@ -259,6 +287,35 @@ mod tests {
             .expect("nothing to commit");
         assert_eq!(committed, 0);
         assert!(ownership.lock().is_empty(), "released");
+    }
+
+    #[test]
+    fn a_commit_of_offsets_the_broker_already_confirmed_sends_nothing() {
+        // A final commit re-sends every partition's watermark; one landing
+        // in a rebalance was refused and logged as "finished messages may
+        // be delivered again" although the broker had them all (seen on
+        // librdkafka's mock cluster). Nothing listens at this address: a
+        // commit that reaches the consumer fails.
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create()
+            .expect("a consumer");
+        let ownership = Ownership::default();
+        let orders = PartitionKey::new("orders", 0);
+        ownership.acquire(std::slice::from_ref(&orders));
+        if let Some(state) = ownership.lock().get_mut(&orders) {
+            state.requested = Some(10);
+            state.confirmed = Some(10);
+        }
+        let (sent, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sent.send(ownership.commit(&consumer, &[(orders, 10)]));
+        });
+        let outcome = outcome
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("answered without a broker");
+        assert!(outcome.is_ok(), "{outcome:?}");
     }
 
     #[test]
