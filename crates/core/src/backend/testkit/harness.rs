@@ -86,6 +86,32 @@ impl Ledger {
     }
 }
 
+/// Waits until `group` has acknowledged everything in `source`, or fails
+/// after [`PATIENCE`] saying how many `what` were not.
+pub async fn wait_until_acknowledged<B: Backend>(
+    backend: &B,
+    source: &str,
+    group: &str,
+    what: &str,
+) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let left = backend
+            .unacknowledged(source, group)
+            .await
+            .expect("inspect the acknowledgements");
+        if left == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: {left} {what} were never acknowledged",
+            backend.name()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The id a scenario message carries as its payload.
 pub fn id_of(message: &Message) -> Result<u64, HandlerError> {
     std::str::from_utf8(message.payload())

@@ -12,11 +12,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::harness::{Ledger, PATIENCE, Running, id_of, unique_group};
+use super::harness::{Ledger, PATIENCE, Running, id_of, unique_group, wait_until_acknowledged};
 use super::{Backend, TestMessage};
 use crate::consumer::{Consumer, DeliveryOrder};
 use crate::error::{BoxError, HandlerError};
@@ -298,22 +297,7 @@ pub async fn a_relay_acknowledges_inputs_after_their_outputs<B: PublishingBacken
     let report = relaying.stop().await;
     reading.stop().await;
     assert!(report.succeeded >= COUNT, "{} relayed", report.succeeded);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let left = backend
-            .unacknowledged(&input, &relay_group)
-            .await
-            .expect("inspect the input");
-        if left == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{}: {left} relayed inputs were never acknowledged",
-            backend.name()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_acknowledged(backend, &input, &relay_group, "relayed inputs").await;
     let untraced = untraced.lock().map(|u| u.clone()).unwrap_or_default();
     assert!(
         untraced.is_empty(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::harness::{Ledger, Running, id_of, numbered, unique_group};
+use super::harness::{Ledger, Running, id_of, numbered, unique_group, wait_until_acknowledged};
 use super::{Backend, ConnectSettings, TestMessage};
 use crate::app::App;
 use crate::consumer::{Consumer, DeliveryOrder, SharedBudget};
@@ -793,22 +793,7 @@ pub async fn a_full_budget_still_sees_assignment_changes<B: Backend>(backend: &B
     // commit may land in it and be refused (librdkafka's mock cluster
     // refuses every commit while the group is joining; Apache Kafka while
     // it completes), which is a redelivery to the next owner, not a loss.
-    let deadline = tokio::time::Instant::now() + super::harness::PATIENCE;
-    loop {
-        let left = backend
-            .unacknowledged(&source, &group)
-            .await
-            .expect("inspect");
-        if left == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{}: everything is acknowledged while both members run; {left} are not",
-            backend.name()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_acknowledged(backend, &source, &group, "messages (both members running)").await;
     first.stop().await;
     second.stop().await;
     assert_eq!(
