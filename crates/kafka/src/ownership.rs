@@ -261,15 +261,20 @@ mod tests {
     use super::*;
     use rdkafka::ClientConfig;
 
+    /// A consumer of a group on an address where nothing listens.
+    fn unreachable_consumer() -> BaseConsumer {
+        ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create()
+            .expect("a consumer")
+    }
+
     #[test]
     fn a_partition_of_a_deleted_topic_is_never_committed_again() {
         // Nothing is sent to this address: every commit below is refused
         // before it reaches a broker.
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("group.id", "g")
-            .create()
-            .expect("a consumer");
+        let consumer = unreachable_consumer();
         let ownership = Ownership::default();
         let orders = PartitionKey::new("orders", 0);
         ownership.acquire(std::slice::from_ref(&orders));
@@ -296,11 +301,7 @@ mod tests {
         // be delivered again" although the broker had them all (seen on
         // librdkafka's mock cluster). Nothing listens at this address: a
         // commit that reaches the consumer fails.
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("group.id", "g")
-            .create()
-            .expect("a consumer");
+        let consumer = unreachable_consumer();
         let ownership = Ownership::default();
         let orders = PartitionKey::new("orders", 0);
         ownership.acquire(std::slice::from_ref(&orders));

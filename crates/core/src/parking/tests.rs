@@ -700,17 +700,20 @@ fn back_early(payload: &'static str, due_in: Duration) -> (Message, u128) {
     (message, due)
 }
 
-#[tokio::test]
-async fn a_copy_that_comes_back_before_its_due_time_is_handled_only_once_due() {
-    // RabbitMQ's quorum-queue expiry gives copies back up to ~20 ms early
-    // on a loaded machine (measured in the chaos suite): the layer waits.
+/// Handles `message` once through a parking layer set up by `configure`,
+/// within a guard time, and returns the handler's runs.
+async fn handle_once(
+    message: Message,
+    configure: impl FnOnce(ParkingLayer) -> ParkingLayer,
+) -> Vec<Run> {
     let broker = MemoryBroker::new();
     broker.create_topic(TOPIC, 1).expect("topic");
     let journal = Journal::default();
     let stack = ServiceBuilder::new()
-        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")))
+        .layer(configure(ParkingLayer::new(
+            broker.parking(TOPIC).expect("parking"),
+        )))
         .service(handler(&journal, &[], 0, Duration::ZERO));
-    let (message, due) = back_early("early", Duration::from_millis(120));
     tokio::time::timeout(
         Duration::from_secs(20),
         tower::ServiceExt::oneshot(stack, message),
@@ -718,7 +721,15 @@ async fn a_copy_that_comes_back_before_its_due_time_is_handled_only_once_due() {
     .await
     .expect("handled within the guard time")
     .expect("handled");
-    let runs = journal.runs();
+    journal.runs()
+}
+
+#[tokio::test]
+async fn a_copy_that_comes_back_before_its_due_time_is_handled_only_once_due() {
+    // RabbitMQ's quorum-queue expiry gives copies back up to ~20 ms early
+    // on a loaded machine (measured in the chaos suite): the layer waits.
+    let (message, due) = back_early("early", Duration::from_millis(120));
+    let runs = handle_once(message, |layer| layer).await;
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(
         runs[0].at >= due,
@@ -731,24 +742,11 @@ async fn a_copy_that_comes_back_before_its_due_time_is_handled_only_once_due() {
 async fn a_copy_due_further_ahead_than_the_early_wait_runs_as_it_comes() {
     // A due time an hour ahead is no broker's early expiry but clocks that
     // disagree between hosts: holding it would stall the partition.
-    let broker = MemoryBroker::new();
-    broker.create_topic(TOPIC, 1).expect("topic");
-    let journal = Journal::default();
-    let stack = ServiceBuilder::new()
-        .layer(
-            ParkingLayer::new(broker.parking(TOPIC).expect("parking"))
-                .max_early_wait(Duration::from_secs(1)),
-        )
-        .service(handler(&journal, &[], 0, Duration::ZERO));
     let (message, due) = back_early("skewed", Duration::from_secs(3600));
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tower::ServiceExt::oneshot(stack, message),
-    )
-    .await
-    .expect("not held for the hour")
-    .expect("handled");
-    let runs = journal.runs();
+    let runs = handle_once(message, |layer| {
+        layer.max_early_wait(Duration::from_secs(1))
+    })
+    .await;
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(runs[0].at < due, "ran as it came");
 }
