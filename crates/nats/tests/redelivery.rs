@@ -238,12 +238,16 @@ async fn a_parked_delivery_is_not_redelivered_before_its_delay() {
     assert!(acker.supports_delayed_requeue());
     let first = pull_timed(&mut source, 2, Duration::from_secs(20)).await;
     let (parked, done) = (&first[0].0, &first[1].0);
-    // Past half of ack_wait: the progress task has reported both.
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    assert!(
-        source.counters().progress_reports() >= 1,
-        "reported in progress"
-    );
+    // Past half of ack_wait the progress task reports both. Waited for,
+    // not slept for: on a loaded machine (CI) the report came later than a
+    // fixed 1.2 s.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while source.counters().progress_reports() < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("reported in progress");
     let delay = Duration::from_secs(3);
     let handed_back = Instant::now();
     acker
