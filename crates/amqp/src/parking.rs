@@ -701,6 +701,21 @@ impl Parking for AmqpParking {
             .map(|()| Parked::Moved)
             .map_err(ParkError::new)
     }
+
+    /// A message of the parked queue that RabbitMQ itself dead-lettered
+    /// from one of its wait queues on expiry (`x-first-death-queue`,
+    /// `x-first-death-reason`). A producer that publishes those headers by
+    /// hand is believed too: RabbitMQ 3.x does not strip them.
+    fn is_returned_copy(&self, message: &Message) -> bool {
+        let headers = message.headers();
+        **message.metadata().source() == *self.queue
+            && headers.get_str("x-first-death-reason") == Some("expired")
+            && headers
+                .get_str("x-first-death-queue")
+                .and_then(|queue| queue.strip_prefix(self.queue.as_str()))
+                .and_then(|rest| rest.strip_prefix(".wait."))
+                .is_some_and(|tier| tier.ends_with("ms"))
+    }
 }
 
 #[cfg(test)]

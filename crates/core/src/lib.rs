@@ -128,7 +128,9 @@ pub use handler::{
     Payload, State, handler_fn, handler_fn_with_state,
 };
 pub use lag::{LagError, LagProbe, PartitionLag};
-pub use message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use message::{
+    FirstDelivery, Header, Headers, Message, Metadata, PartitionKey, Position, SourceName,
+};
 #[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};

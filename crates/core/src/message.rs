@@ -78,6 +78,20 @@ impl fmt::Display for PartitionKey {
     }
 }
 
+/// Where a message was first delivered: its source, partition and position
+/// there. A parked copy that comes back is delivered elsewhere (a return
+/// topic, a return stream, the tail of its queue) but is still that message:
+/// see [`Metadata::parked_from`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FirstDelivery {
+    /// Topic, stream or queue of the first delivery.
+    pub source: SourceName,
+    /// Partition within it.
+    pub partition: u32,
+    /// The broker's position of the first delivery.
+    pub position: Position,
+}
+
 /// Where a message came from and how often it was delivered.
 #[derive(Clone, Debug)]
 pub struct Metadata {
@@ -86,6 +100,9 @@ pub struct Metadata {
     position: Position,
     timestamp: Option<SystemTime>,
     attempt: u32,
+    /// Boxed: only parked copies that came back have one, and every other
+    /// message pays one word for it.
+    parked_from: Option<Arc<FirstDelivery>>,
 }
 
 impl Metadata {
@@ -97,6 +114,7 @@ impl Metadata {
             position,
             timestamp: None,
             attempt: 1,
+            parked_from: None,
         }
     }
 
@@ -132,6 +150,40 @@ impl Metadata {
     /// broker keeps a count (Redis, AMQP quorum queues) and in-process retries.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// Where this message was first delivered, when this delivery is a
+    /// parked copy of it that came back; `None` for a message delivered
+    /// first-hand.
+    ///
+    /// The [`ParkingLayer`](crate::parking::ParkingLayer) sets it, for the
+    /// layers and handler inside it, from the park headers of a copy its
+    /// parking gave back (never from headers a producer wrote on an
+    /// ordinary message). What identifies a message across redeliveries
+    /// (an exactly-once marker, a dead letter's origin) is this first
+    /// delivery, not the copy's own position, which is new each time the
+    /// message is parked.
+    pub fn parked_from(&self) -> Option<&FirstDelivery> {
+        self.parked_from.as_deref()
+    }
+
+    /// The first delivery of this message: [`parked_from`](Self::parked_from)
+    /// for a parked copy that came back, this delivery otherwise.
+    pub fn first_delivery(&self) -> FirstDelivery {
+        match &self.parked_from {
+            Some(first) => FirstDelivery::clone(first),
+            None => FirstDelivery {
+                source: self.source.clone(),
+                partition: self.partition,
+                position: self.position,
+            },
+        }
+    }
+
+    /// Sets where this message was first delivered (see
+    /// [`parked_from`](Self::parked_from)).
+    pub fn set_parked_from(&mut self, first: Option<FirstDelivery>) {
+        self.parked_from = first.map(Arc::new);
     }
 
     /// Sets the timestamp.

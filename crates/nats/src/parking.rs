@@ -168,6 +168,11 @@ impl Parking for NatsParking {
     fn parks(&self, message: &Message) -> u32 {
         message.metadata().attempt().saturating_sub(1)
     }
+
+    /// Never: the server redelivers the original, and no copy is written.
+    fn is_returned_copy(&self, _message: &Message) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,12 @@ pub const MAX_MESSAGE_ID_LEN: usize = 512;
 pub enum MessageId {
     /// Source, partition and broker position: a Kafka or memory-broker
     /// offset, a Redis stream entry id. These are stable across redelivery.
-    /// The default.
+    /// The default. A parked copy that came back through a
+    /// [`ParkingLayer`](intake_core::parking::ParkingLayer) outside the
+    /// exactly-once handler is identified by its first delivery
+    /// ([`Metadata::parked_from`](intake_core::Metadata::parked_from)), so
+    /// a message parked twice (a crash between the park and the
+    /// acknowledgement) still has its effects applied once.
     ///
     /// A position identifies a message only within one life of its source.
     /// A Kafka topic that is deleted and created again starts its offsets
@@ -52,7 +57,10 @@ impl MessageId {
         let metadata = message.metadata();
         match self {
             MessageId::Position => {
-                let id = match metadata.position() {
+                // A parked copy that came back is the message of its first
+                // delivery: its own position is new with every park.
+                let first = metadata.first_delivery();
+                let id = match first.position {
                     Position::Offset(offset) => offset.to_string(),
                     Position::StreamId { ms, seq } => format!("{ms}-{seq}"),
                     Position::Tag(_) => {
@@ -62,8 +70,8 @@ impl MessageId {
                     }
                 };
                 Ok(MarkerKey {
-                    source: metadata.source().clone(),
-                    partition: i64::from(metadata.partition()),
+                    source: first.source,
+                    partition: i64::from(first.partition),
                     id,
                 })
             }
@@ -129,6 +137,29 @@ mod tests {
             .key_of(&at(Position::StreamId { ms: 17, seq: 2 }))
             .unwrap();
         assert_eq!(key.id, "17-2");
+    }
+
+    #[test]
+    fn a_parked_copy_is_identified_by_its_first_delivery_not_its_own_position() {
+        // The copy came back through the group's return topic at offset 7;
+        // it is the message first delivered at orders/3 @ 42, whose marker
+        // a second copy of it (a crash between the park and the
+        // acknowledgement) must find.
+        let mut copy = Message::new(
+            Bytes::new(),
+            Metadata::new("orders.billing.returned".into(), 3, Position::Offset(7)),
+        );
+        copy.metadata_mut()
+            .set_parked_from(Some(intake_core::FirstDelivery {
+                source: "orders".into(),
+                partition: 3,
+                position: Position::Offset(42),
+            }));
+        let key = MessageId::Position.key_of(&copy).unwrap();
+        let original = MessageId::Position
+            .key_of(&at(Position::Offset(42)))
+            .unwrap();
+        assert_eq!(key, original);
     }
 
     #[test]

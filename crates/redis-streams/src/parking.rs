@@ -594,6 +594,12 @@ impl Parking for RedisParking {
         self.inner.wake.notify_one();
         Ok(Parked::Moved)
     }
+
+    /// An entry of one of the return streams, where only the mover writes.
+    fn is_returned_copy(&self, message: &Message) -> bool {
+        let source: &str = message.metadata().source();
+        self.inner.keys.iter().any(|keys| keys.returned == source)
+    }
 }
 
 /// Why `park` refused a message: its copy could not come back as the

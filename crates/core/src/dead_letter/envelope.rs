@@ -341,6 +341,9 @@ pub struct Envelope<'a> {
     key_slot: bool,
     origin: Origin,
     error: Cow<'a, str>,
+    /// Where the message was first delivered: a parked copy's origin, not
+    /// the place the copy came back through.
+    source: &'a str,
     partition: String,
     position: String,
     attempts: String,
@@ -369,11 +372,21 @@ impl<'a> Envelope<'a> {
     /// The envelope of `letter` written by a sink of `carrier`.
     ///
     /// The origin is the letter's own when it has one (a letter read back
-    /// and written again keeps it), otherwise the carrier's. The error is
-    /// cut to [`DeadLetter::ERROR_LIMIT`] bytes.
+    /// and written again keeps it), otherwise the carrier's; its source,
+    /// partition and position are those of the message's first delivery
+    /// ([`Metadata::parked_from`](crate::Metadata::parked_from) of a parked
+    /// copy that came back). The error is cut to
+    /// [`DeadLetter::ERROR_LIMIT`] bytes.
     pub fn new(letter: &'a DeadLetter, carrier: &Carrier) -> Self {
         let metadata = letter.message.metadata();
-        let position = metadata.position();
+        let (source, partition, position) = match metadata.parked_from() {
+            Some(first) => (&*first.source, first.partition, first.position),
+            None => (
+                &**metadata.source(),
+                metadata.partition(),
+                metadata.position(),
+            ),
+        };
         let origin = match &letter.origin {
             Some(origin) => Origin {
                 broker: Broker::of(position, origin.broker),
@@ -400,7 +413,8 @@ impl<'a> Envelope<'a> {
             key_slot: carrier.key_slot,
             origin,
             error: capped_error(&letter.error, DeadLetter::ERROR_LIMIT),
-            partition: metadata.partition().to_string(),
+            source,
+            partition: partition.to_string(),
             position: position.to_string(),
             attempts: letter.attempts.to_string(),
             first: epoch_millis(letter.first_failed_at).to_string(),
@@ -453,13 +467,12 @@ impl<'a> Envelope<'a> {
     /// they have a value.
     pub fn fields(&self) -> impl Iterator<Item = (&'static str, &[u8])> + '_ {
         let letter = self.letter;
-        let metadata = letter.message.metadata();
         let key = letter.message.key().filter(|_| !self.key_slot);
         let reference = self.reference.as_ref();
         let values: [Option<&[u8]>; MAX_FIELDS] = [
             Some(VERSION_TEXT.as_bytes()),
             Some(self.origin.broker.as_str().as_bytes()),
-            Some(metadata.source().as_bytes()),
+            Some(self.source.as_bytes()),
             Some(self.partition.as_bytes()),
             Some(self.position.as_bytes()),
             self.origin.group.as_deref().map(str::as_bytes),

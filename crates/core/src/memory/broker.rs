@@ -1,6 +1,6 @@
 //! [`MemoryBroker`]: topics, producing, consumer groups and inspection.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -67,6 +67,7 @@ impl MemoryBrokerBuilder {
             inner: Arc::new(BrokerInner {
                 config: self.config,
                 topics: Mutex::new(HashMap::new()),
+                parked_copies: Mutex::new(HashSet::new()),
             }),
         }
     }
@@ -75,6 +76,9 @@ impl MemoryBrokerBuilder {
 struct BrokerInner {
     config: BrokerConfig,
     topics: Mutex<HashMap<SourceName, Arc<Topic>>>,
+    /// Where the copies its parkings gave back were stored: the broker's
+    /// own record of a park, which no producer can forge.
+    parked_copies: Mutex<HashSet<(SourceName, u32, i64)>>,
 }
 
 /// An in-process broker with Kafka's model: topics of partitions, consumer
@@ -150,6 +154,34 @@ impl MemoryBroker {
         let topic = self.topic(topic)?;
         let mut state = topic.lock();
         topic.append(&mut state, record)
+    }
+
+    /// Stores `record`, a parked copy given back, like [`send`](Self::send),
+    /// and remembers that it is one.
+    pub(super) fn send_parked_copy(
+        &self,
+        topic: &str,
+        record: Record,
+    ) -> Result<Produced, MemoryError> {
+        let topic = self.topic(topic)?;
+        let mut state = topic.lock();
+        let produced = topic.append(&mut state, record)?;
+        self.inner
+            .parked_copies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((topic.name.clone(), produced.partition, produced.offset));
+        Ok(produced)
+    }
+
+    /// Whether offset `offset` of `partition` of `topic` holds a parked copy
+    /// given back.
+    pub(super) fn is_parked_copy(&self, topic: &SourceName, partition: u32, offset: i64) -> bool {
+        self.inner
+            .parked_copies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&(topic.clone(), partition, offset))
     }
 
     /// Stores `records` in order, under one lock: all of them, or none if

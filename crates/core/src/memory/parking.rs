@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::MemoryBroker;
 use super::record::Record;
-use crate::message::Message;
+use crate::message::{Message, Position};
 use crate::parking::{ParkError, Parked, Parking};
 
 /// Parks messages of one topic of the memory broker: each is appended to
@@ -63,11 +63,23 @@ impl Parking for MemoryParking {
         waiting.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(error) = broker.send(&topic, record) {
+            if let Err(error) = broker.send_parked_copy(&topic, record) {
                 tracing::error!(%topic, %error, "a parked message could not go back to its topic");
             }
             waiting.fetch_sub(1, Ordering::Relaxed);
         });
         Ok(Parked::Moved)
+    }
+
+    /// By the broker's own record of the copies it gave back.
+    fn is_returned_copy(&self, message: &Message) -> bool {
+        let metadata = message.metadata();
+        match metadata.position() {
+            Position::Offset(offset) => {
+                self.broker
+                    .is_parked_copy(metadata.source(), metadata.partition(), offset)
+            }
+            Position::StreamId { .. } | Position::Tag(_) => false,
+        }
     }
 }

@@ -12,7 +12,10 @@ use pin_project_lite::pin_project;
 
 use super::keys::{ParkId, origin_of};
 use super::layer::Shared;
-use super::{DUE, ORIGIN, PARK_ID, PARKS, ParkError, Parked, ParkedMessage};
+use super::{
+    DUE, ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION, PARK_ID, PARKS, ParkError, Parked,
+    ParkedMessage,
+};
 use crate::dead_letter::envelope::{ATTEMPTS, FAILED_FIRST};
 use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
@@ -98,20 +101,15 @@ impl Job {
         }
     }
 
-    /// Whether the order of this message's key is tracked.
-    fn tracked(&self) -> bool {
-        self.shared.keep_key_order && self.message.key().is_some()
-    }
-
     /// The handler is done with the first parked message of its key: the
     /// next may run.
     fn release_key(&self) {
         if self.head
-            && let Some(key) = self.message.key()
+            && let Some(key) = self.shared.key_of(&self.message)
         {
             self.shared
                 .keys
-                .done(&origin_of(&self.message), key, ParkId::of(&self.message));
+                .done(&origin_of(&self.message), &key, ParkId::of(&self.message));
         }
     }
 
@@ -123,6 +121,7 @@ impl Job {
         self.due = now + delay;
         self.park_id = self.shared.keys.next_id();
         let mut copy = self.message.clone();
+        let metadata = self.message.metadata();
         let headers = copy.headers_mut();
         if let Some(failure) = &failure {
             let parks = self.shared.parking.parks(&self.message).saturating_add(1);
@@ -135,8 +134,13 @@ impl Job {
         }
         headers.set(DUE, unix_millis_rounded_up(self.due).to_string());
         headers.set(PARK_ID, self.park_id.to_string());
+        // The first park names the first delivery; a copy parked again
+        // keeps it, so the message keeps one identity however often it is
+        // parked.
         if headers.get(ORIGIN).is_none() {
-            headers.set(ORIGIN, self.message.metadata().source().to_string());
+            headers.set(ORIGIN, metadata.source().to_string());
+            headers.set(ORIGIN_PARTITION, metadata.partition().to_string());
+            headers.set(ORIGIN_POSITION, metadata.position().to_string());
         }
         self.failure = failure;
         let shared = Arc::clone(&self.shared);
@@ -198,12 +202,10 @@ impl Job {
                 position: metadata.position(),
             },
         };
-        if self.tracked()
-            && let Some(key) = self.message.key()
-        {
+        if let Some(key) = self.shared.key_of(&self.message) {
             self.shared.keys.parked(
                 &origin_of(&self.message),
-                key,
+                &key,
                 ParkId::of(&self.message),
                 parked_as,
                 self.due,

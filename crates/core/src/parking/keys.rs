@@ -41,6 +41,11 @@ impl ParkId {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     id: ParkId,
+    /// When it came back to this process and began to run, as the first of
+    /// its key.
+    running_since: Option<SystemTime>,
+    /// Followers turned away while it was due and not back here.
+    turned_away: u32,
     due: SystemTime,
     /// How long it was parked for: a broker may return it later than due
     /// by a fraction of that (a delay tier longer than asked), so it counts
@@ -80,6 +85,10 @@ pub(super) struct ParkedKeys {
     /// parked, the common case.
     parked: AtomicUsize,
     next_id: AtomicU64,
+    /// At most this many entries are kept.
+    capacity: usize,
+    /// Whether the capacity was reached since it was last logged.
+    full: std::sync::atomic::AtomicBool,
 }
 
 struct Keys {
@@ -95,8 +104,21 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// due: enough for every backend's mover to keep them apart.
 const FOLLOW_GAP: Duration = Duration::from_millis(1);
 
+/// The longest a follower waits behind its key's first parked message
+/// that is due but not back here: it may be late, or another consumer of
+/// the group may have taken it. The wait starts at [`FOLLOW_GAP`] and
+/// doubles with each follower turned away by that message, so a copy a
+/// millisecond late costs a millisecond and one that went elsewhere a few
+/// dozen parks until it is overdue, not one per millisecond.
+fn late_head_wait(turned_away: u32, overdue_after: Duration) -> Duration {
+    FOLLOW_GAP
+        .saturating_mul(1u32 << turned_away.min(30))
+        .min(overdue_after)
+}
+
 impl ParkedKeys {
-    pub(super) fn new() -> Self {
+    /// Keeps at most `capacity` parked messages.
+    pub(super) fn with_capacity(capacity: usize) -> Self {
         // Ids unique across restarts of the process, so a copy parked by
         // an earlier run is never taken for one of this run.
         let seed = SystemTime::now()
@@ -109,7 +131,14 @@ impl ParkedKeys {
             }),
             parked: AtomicUsize::new(0),
             next_id: AtomicU64::new(seed),
+            capacity,
+            full: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The most parked messages kept.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// A fresh id for a park header.
@@ -152,15 +181,32 @@ impl ParkedKeys {
         };
         let released = release_overdue(queue, overdue_after, now);
         self.parked.fetch_sub(released, Ordering::Relaxed);
-        let Some(head) = queue.front() else {
+        let last_due = queue.iter().map(|entry| entry.due).max().unwrap_or(now);
+        let Some(head) = queue.front_mut() else {
             keys.queues.remove(&key_id);
             return Admission::Run;
         };
         if head.id == id {
+            head.running_since.get_or_insert(now);
             return Admission::Head(id);
         }
-        let last_due = queue.iter().map(|entry| entry.due).max().unwrap_or(now);
-        let due = last_due.max(now) + FOLLOW_GAP;
+        let mut due = last_due.max(now) + FOLLOW_GAP;
+        match head.running_since {
+            // The head runs here: wait a quarter of how long it has run, so
+            // a slow handler costs a few parks behind it, not one per
+            // millisecond.
+            Some(since) => {
+                let running_for = now.duration_since(since).unwrap_or_default();
+                due = due.max(now + (running_for / 4).min(overdue_after));
+            }
+            // Due and not back here: it is late, or another consumer of the
+            // group took it.
+            None if now >= head.due => {
+                due = due.max(now + late_head_wait(head.turned_away, overdue_after));
+                head.turned_away = head.turned_away.saturating_add(1);
+            }
+            None => {}
+        }
         Admission::Follow {
             delay: due.duration_since(now).unwrap_or(FOLLOW_GAP),
         }
@@ -188,13 +234,30 @@ impl ParkedKeys {
             Some(entry) => {
                 *entry = Entry {
                     id: parked,
+                    running_since: None,
+                    turned_away: 0,
                     due,
                     delay,
+                }
+            }
+            None if self.len() >= self.capacity => {
+                if queue.is_empty() {
+                    keys.queues.remove(&(source.clone(), key.clone()));
+                }
+                if !self.full.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        capacity = self.capacity,
+                        "as many parked messages as the parking layer tracks (max_tracked): \
+                         later messages of the keys of further parked messages do not wait \
+                         for them",
+                    );
                 }
             }
             None => {
                 queue.push_back(Entry {
                     id: parked,
+                    running_since: None,
+                    turned_away: 0,
                     due,
                     delay,
                 });
@@ -214,6 +277,7 @@ impl ParkedKeys {
         if let Some(index) = queue.iter().position(|entry| entry.id == id) {
             queue.remove(index);
             self.parked.fetch_sub(1, Ordering::Relaxed);
+            self.full.store(false, Ordering::Relaxed);
         }
         if queue.is_empty() {
             keys.queues.remove(&key_id);

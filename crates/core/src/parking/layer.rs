@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tower::Layer;
 
 use super::keys::ParkedKeys;
 use super::{Parking, ParkingService};
+use crate::message::Message;
 
 /// Parks messages whose failure asks to be
 /// [retried later](crate::HandlerError::retry_later), keeping the order per
@@ -26,6 +28,25 @@ pub(super) struct Shared {
     pub(super) keep_key_order: bool,
     pub(super) overdue_after: Duration,
     pub(super) max_early_wait: Duration,
+    /// Where a message's key is; `None`: the broker's key.
+    pub(super) key_with: Option<KeyFn>,
+}
+
+/// A function that finds a message's ordering key (see
+/// [`ParkingLayer::key_with`]).
+type KeyFn = Arc<dyn for<'a> Fn(&'a Message) -> Option<&'a [u8]> + Send + Sync>;
+
+impl Shared {
+    /// The key whose order `message` keeps, when the order per key is kept.
+    pub(super) fn key_of(&self, message: &Message) -> Option<Bytes> {
+        if !self.keep_key_order {
+            return None;
+        }
+        match &self.key_with {
+            Some(key_with) => key_with(message).map(Bytes::copy_from_slice),
+            None => message.key().cloned(),
+        }
+    }
 }
 
 impl ParkingLayer {
@@ -41,6 +62,9 @@ impl ParkingLayer {
     /// due.
     pub const DEFAULT_MAX_EARLY_WAIT: Duration = Duration::from_secs(1);
 
+    /// How many parked messages the order per key keeps track of.
+    pub const DEFAULT_MAX_TRACKED: usize = 100_000;
+
     /// Parks through `parking` (each backend has one), keeping the order per
     /// key, at most [`DEFAULT_MAX_PARKS`](Self::DEFAULT_MAX_PARKS) times per
     /// message.
@@ -48,11 +72,12 @@ impl ParkingLayer {
         Self {
             shared: Arc::new(Shared {
                 parking: Arc::new(parking),
-                keys: ParkedKeys::new(),
+                keys: ParkedKeys::with_capacity(Self::DEFAULT_MAX_TRACKED),
                 max_parks: Self::DEFAULT_MAX_PARKS,
                 keep_key_order: true,
                 overdue_after: Self::DEFAULT_OVERDUE_AFTER,
                 max_early_wait: Self::DEFAULT_MAX_EARLY_WAIT,
+                key_with: None,
             }),
         }
     }
@@ -63,11 +88,12 @@ impl ParkingLayer {
         if Arc::get_mut(&mut self.shared).is_none() {
             self.shared = Arc::new(Shared {
                 parking: Arc::clone(&self.shared.parking),
-                keys: ParkedKeys::new(),
+                keys: ParkedKeys::with_capacity(self.shared.keys.capacity()),
                 max_parks: self.shared.max_parks,
                 keep_key_order: self.shared.keep_key_order,
                 overdue_after: self.shared.overdue_after,
                 max_early_wait: self.shared.max_early_wait,
+                key_with: self.shared.key_with.clone(),
             });
         }
         Arc::get_mut(&mut self.shared).unwrap_or_else(|| unreachable!("made unique above"))
@@ -87,9 +113,35 @@ impl ParkingLayer {
 
     /// Whether later messages of a key with a parked message are parked
     /// behind it (the default). Turn it off for a consumer whose
-    /// [`DeliveryOrder`](crate::DeliveryOrder) is unordered.
+    /// [`DeliveryOrder`](crate::DeliveryOrder) is unordered: there a
+    /// message does not wait for the one before it of its key, so keeping
+    /// their order across a park promises what the consumer does not keep
+    /// anyway.
     pub fn keep_key_order(mut self, keep: bool) -> Self {
         self.shared_mut().keep_key_order = keep;
+        self
+    }
+
+    /// Where the key whose order is kept is found: the same function as
+    /// the consumer's [`key_with`](crate::consumer::ConsumerBuilder::key_with),
+    /// for a consumer that orders by a header or a part of the payload
+    /// rather than the broker's key. Without it, the broker's key.
+    pub fn key_with<F>(mut self, key_with: F) -> Self
+    where
+        F: for<'a> Fn(&'a Message) -> Option<&'a [u8]> + Send + Sync + 'static,
+    {
+        self.shared_mut().key_with = Some(Arc::new(key_with));
+        self
+    }
+
+    /// How many parked messages the order per key tracks at most (default
+    /// [`DEFAULT_MAX_TRACKED`](Self::DEFAULT_MAX_TRACKED), about 150 bytes
+    /// each plus the key). Past it, a message parked for its own failure is
+    /// still parked and comes back, but later messages of its key no longer
+    /// wait for it (logged once while the bound holds): memory stays
+    /// bounded through an outage that parks everything.
+    pub fn max_tracked(mut self, max_tracked: usize) -> Self {
+        self.shared_mut().keys = ParkedKeys::with_capacity(max_tracked);
         self
     }
 
@@ -130,6 +182,8 @@ impl std::fmt::Debug for ParkingLayer {
             .field("keep_key_order", &self.shared.keep_key_order)
             .field("overdue_after", &self.shared.overdue_after)
             .field("max_early_wait", &self.shared.max_early_wait)
+            .field("max_tracked", &self.shared.keys.capacity())
+            .field("key_with", &self.shared.key_with.as_ref().map(|_| "fn"))
             .finish_non_exhaustive()
     }
 }

@@ -42,15 +42,39 @@
 //! parked ([`PARKS`]), the attempts made ([`ATTEMPTS`]; the handler sees
 //! them in [`Metadata::attempt`](crate::Metadata::attempt)), when it first
 //! failed ([`FAILED_FIRST`]), when it is due ([`DUE`]), which park it
-//! is ([`PARK_ID`]) and where it was parked from ([`ORIGIN`]).
+//! is ([`PARK_ID`]) and where it was first delivered ([`ORIGIN`],
+//! [`ORIGIN_PARTITION`], [`ORIGIN_POSITION`]).
+//!
+//! **One message, one identity.** A copy that comes back is the message it
+//! was parked from: the layers and handler inside the parking layer see
+//! its first delivery in
+//! [`Metadata::parked_from`](crate::Metadata::parked_from), so an
+//! exactly-once marker keyed by position applies its effects once however
+//! often the message was parked, and a dead letter names where the
+//! message really was. A park may write a copy twice (a crash between the
+//! park and the acknowledgement, a mover crash between its write and its
+//! commit); both copies are the same message.
+//!
+//! **Only a copy's park headers are believed.** A backend tells the layer
+//! whether a message is a copy it gave back
+//! ([`Parking::is_returned_copy`]); on any other message the park headers
+//! were written by a producer, and the layer drops them before anything
+//! reads them: a producer cannot hold messages back with a due time, use up
+//! their parks, or steer the order per key or the exactly-once identity.
 //!
 //! The order per key is kept by this process: it knows which keys have
-//! messages parked. After a restart (or when a key's partition moves to
-//! another consumer) a parked message that comes back is handled as it
-//! comes; and a key whose parked message never comes back (purged by an
-//! operator, say) is released once it is overdue by
-//! [`overdue_after`](ParkingLayer::overdue_after), or by its own delay if
-//! that is longer.
+//! messages parked (at most [`max_tracked`](ParkingLayer::max_tracked)).
+//! After a restart, a deploy, or a rebalance that moves a key's partition
+//! to another consumer, that knowledge is gone: **later messages of the key
+//! that were never parked run as they come, before the parked ones come
+//! back**, and a parked message that comes back is handled as it comes. A
+//! key whose parked message never comes back here (purged by an operator,
+//! taken by another consumer of the group) is released once it is overdue
+//! by [`overdue_after`](ParkingLayer::overdue_after), or by its own delay
+//! if that is longer; until then its followers wait behind it, each a
+//! little longer than the one before. The order kept is the consumer's:
+//! give the layer the consumer's [`key_with`](ParkingLayer::key_with) when
+//! the consumer orders by something other than the broker's key.
 //!
 //! ```
 //! use std::time::Duration;
@@ -92,7 +116,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::ParkingLayer;
 pub use self::service::ParkingService;
 pub use crate::dead_letter::envelope::{ATTEMPTS, FAILED_FIRST};
-use crate::message::Message;
+use crate::message::{FirstDelivery, Message, Position, SourceName};
 
 /// Header: how often the message was parked for its own failures.
 pub const PARKS: &str = "intake.parks";
@@ -106,6 +130,68 @@ pub const PARK_ID: &str = "intake.park.id";
 /// through a destination of its own (a return topic that only its consumer
 /// group reads); its key's order is still that of its origin.
 pub const ORIGIN: &str = "intake.park.origin";
+/// Header: the partition the message was first delivered from, before its
+/// first park (kept by every later park).
+pub const ORIGIN_PARTITION: &str = "intake.park.origin.partition";
+/// Header: the broker's position of the message's first delivery, before
+/// its first park (kept by every later park), as the position's text
+/// (`42` for an offset, `1700000000000-0` for a stream entry id).
+pub const ORIGIN_POSITION: &str = "intake.park.origin.position";
+
+/// Whether header `name` belongs to the park: what the parking layer writes
+/// on a copy and reads back when the copy returns. On a message that is not
+/// a copy its parking gave back, such headers come from a producer and are
+/// dropped before anything reads them.
+pub fn is_park_header(name: &str) -> bool {
+    name == PARKS
+        || name == ATTEMPTS
+        || name == FAILED_FIRST
+        || name
+            .strip_prefix("intake.park")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
+/// Where `message`, a parked copy, was first delivered, as its park headers
+/// ([`ORIGIN`], [`ORIGIN_PARTITION`], [`ORIGIN_POSITION`]) say: `None`
+/// when it carries none of them or they do not parse. The position is read
+/// as a position of the kind this delivery has (a copy comes back on the
+/// backend it was parked on).
+///
+/// Headers are what a producer can write too: trust the answer only for a
+/// copy a parking gave back ([`Parking::is_returned_copy`]), as the
+/// [`ParkingLayer`] does before it sets
+/// [`Metadata::parked_from`](crate::Metadata::parked_from).
+pub fn first_delivery_of(message: &Message) -> Option<FirstDelivery> {
+    let headers = message.headers();
+    let source = headers
+        .get_str(ORIGIN)
+        .filter(|origin| !origin.is_empty())?;
+    let partition = headers.get_str(ORIGIN_PARTITION)?.parse().ok()?;
+    let position = parse_position(
+        headers.get_str(ORIGIN_POSITION)?,
+        message.metadata().position(),
+    )?;
+    Some(FirstDelivery {
+        source: SourceName::from(source),
+        partition,
+        position,
+    })
+}
+
+/// `text` as a position of the same kind as `like`.
+fn parse_position(text: &str, like: Position) -> Option<Position> {
+    match like {
+        Position::Offset(_) => text.parse().ok().map(Position::Offset),
+        Position::Tag(_) => text.parse().ok().map(Position::Tag),
+        Position::StreamId { .. } => {
+            let (ms, seq) = text.split_once('-')?;
+            Some(Position::StreamId {
+                ms: ms.parse().ok()?,
+                seq: seq.parse().ok()?,
+            })
+        }
+    }
+}
 
 /// How a backend parked a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +219,17 @@ pub trait Parking: Send + Sync + 'static {
     /// so that other groups of the origin never see the copy.
     async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError>;
 
+    /// Whether `message` is a copy this parking gave back: read from its
+    /// return destination (Kafka's return topic, Redis's return stream), or
+    /// recognised by the broker's own record of the park (RabbitMQ's
+    /// `x-death`). Only such a message's park headers are believed; on
+    /// every other message they were written by a producer, and the
+    /// parking layer drops them before anything reads them (they would
+    /// otherwise hold messages back, skip parks, or steer the order per key
+    /// and the exactly-once identity). A backend that hands originals back
+    /// (NATS) writes no headers and answers `false`.
+    fn is_returned_copy(&self, message: &Message) -> bool;
+
     /// How often `message` was parked for its own failures: the [`PARKS`]
     /// header it carries. A backend that hands originals back, whose
     /// headers never change, counts redeliveries instead.
@@ -154,6 +251,10 @@ pub fn parks_header(message: &Message) -> u32 {
 impl<P: Parking + ?Sized> Parking for std::sync::Arc<P> {
     async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
         (**self).park(message, delay).await
+    }
+
+    fn is_returned_copy(&self, message: &Message) -> bool {
+        (**self).is_returned_copy(message)
     }
 
     fn parks(&self, message: &Message) -> u32 {

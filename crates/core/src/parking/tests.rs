@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
-use tower::ServiceBuilder;
+use tower::{Layer, ServiceBuilder};
 
 use super::*;
 use crate::consumer::{Consumer, DeliveryOrder, RunReport};
@@ -30,6 +30,8 @@ struct Run {
     parks: u32,
     due: Option<u128>,
     at: u128,
+    /// What the handler was told of the message's first delivery.
+    first: Option<crate::FirstDelivery>,
 }
 
 #[derive(Clone, Default)]
@@ -50,6 +52,7 @@ impl Journal {
                 .get_str(DUE)
                 .and_then(|due| due.parse().ok()),
             at: now_millis(),
+            first: message.metadata().parked_from().cloned(),
         });
     }
 
@@ -360,6 +363,10 @@ impl Parking for Refusing {
     async fn park(&self, _: &Message, _: Duration) -> Result<Parked, ParkError> {
         Err(ParkError::new("the retry topic is full"))
     }
+
+    fn is_returned_copy(&self, _: &Message) -> bool {
+        false
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,6 +476,10 @@ impl Parking for HandingBack {
     async fn park(&self, _: &Message, _: Duration) -> Result<Parked, ParkError> {
         Ok(Parked::HandedBack)
     }
+
+    fn is_returned_copy(&self, _: &Message) -> bool {
+        false
+    }
 }
 
 #[tokio::test]
@@ -509,7 +520,7 @@ async fn a_message_handed_back_passes_a_dead_letter_layer_as_parked_not_failed()
 #[test]
 fn a_copy_back_through_a_return_destination_keeps_its_origin_keys_order() {
     use super::keys::{Admission, ParkId, ParkedKeys};
-    let keys = ParkedKeys::new();
+    let keys = ParkedKeys::with_capacity(usize::MAX);
     let now = SystemTime::now();
     let key = bytes::Bytes::from_static(b"a");
     let origin: crate::SourceName = "orders".into();
@@ -559,7 +570,7 @@ fn a_copy_back_through_a_return_destination_keeps_its_origin_keys_order() {
 #[test]
 fn a_key_waits_for_a_late_parked_message_as_long_as_its_delay_then_lets_go() {
     use super::keys::{Admission, ParkId, ParkedKeys};
-    let keys = ParkedKeys::new();
+    let keys = ParkedKeys::with_capacity(usize::MAX);
     let parked_at = SystemTime::now();
     let key = bytes::Bytes::from_static(b"a");
     let source: crate::SourceName = "orders".into();
@@ -700,8 +711,24 @@ fn back_early(payload: &'static str, due_in: Duration) -> (Message, u128) {
     (message, due)
 }
 
-/// Handles `message` once through a parking layer set up by `configure`,
-/// within a guard time, and returns the handler's runs.
+/// A parking that takes every message for a copy it gave back, as a
+/// backend does for what it reads from its return destination.
+struct GivesBack(crate::memory::MemoryParking);
+
+#[async_trait::async_trait]
+impl Parking for GivesBack {
+    async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
+        self.0.park(message, delay).await
+    }
+
+    fn is_returned_copy(&self, _: &Message) -> bool {
+        true
+    }
+}
+
+/// Handles `message`, a copy back from a park, once through a parking
+/// layer set up by `configure`, within a guard time, and returns the
+/// handler's runs.
 async fn handle_once(
     message: Message,
     configure: impl FnOnce(ParkingLayer) -> ParkingLayer,
@@ -710,9 +737,9 @@ async fn handle_once(
     broker.create_topic(TOPIC, 1).expect("topic");
     let journal = Journal::default();
     let stack = ServiceBuilder::new()
-        .layer(configure(ParkingLayer::new(
+        .layer(configure(ParkingLayer::new(GivesBack(
             broker.parking(TOPIC).expect("parking"),
-        )))
+        ))))
         .service(handler(&journal, &[], 0, Duration::ZERO));
     tokio::time::timeout(
         Duration::from_secs(20),
@@ -749,4 +776,312 @@ async fn a_copy_due_further_ahead_than_the_early_wait_runs_as_it_comes() {
     .await;
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(runs[0].at < due, "ran as it came");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn park_headers_a_producer_wrote_are_ignored_and_a_copy_keeps_its_first_delivery() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    // A producer writes what only a park should: due in 900 ms (it would
+    // be held unpolled), parked ten times already (the first "later" would
+    // fail for good), from another source and position (it would steer the
+    // order per key and the exactly-once identity).
+    let due = now_millis() + 900;
+    let forged = [
+        (DUE, due.to_string()),
+        (PARKS, "10".to_owned()),
+        (ATTEMPTS, "99".to_owned()),
+        (PARK_ID, "7".to_owned()),
+        (ORIGIN, "payments".to_owned()),
+        (ORIGIN_PARTITION, "5".to_owned()),
+        (ORIGIN_POSITION, "12345".to_owned()),
+    ];
+    let mut record = Record::new("forged").with_key("a");
+    for (name, value) in &forged {
+        record = record.with_header(*name, value.clone());
+    }
+    broker.send(TOPIC, record).expect("produce");
+    produce(&broker, &[("b", "plain")]);
+    let journal = Journal::default();
+    let handler = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(
+            broker.dead_letter_sink(TOPIC, GROUP).expect("sink"),
+        ))
+        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")).max_parks(3))
+        // Parked twice, then done.
+        .service(handler(&journal, &["forged"], 2, Duration::from_millis(50)));
+    let (shutdown, task) = start(&broker, handler);
+    journal
+        .wait_until(|runs| runs.iter().filter(|run| run.payload == "forged").count() == 3)
+        .await;
+    shutdown.cancel();
+    let report = task.await.expect("the run");
+    let runs: Vec<Run> = journal
+        .runs()
+        .into_iter()
+        .filter(|run| run.payload == "forged")
+        .collect();
+    assert!(
+        runs[0].at < due,
+        "held back by a due time a producer wrote: ran at {}, 'due' {due}",
+        runs[0].at
+    );
+    assert_eq!(
+        (runs[0].attempt, runs[0].parks, runs[0].first.clone()),
+        (1, 0, None),
+        "the first delivery sees no park a producer claimed: {runs:?}"
+    );
+    let first = crate::FirstDelivery {
+        source: TOPIC.into(),
+        partition: 0,
+        position: crate::Position::Offset(0),
+    };
+    for (run, parks) in runs[1..].iter().zip([1, 2]) {
+        assert_eq!(run.parks, parks, "{runs:?}");
+        assert_eq!(
+            run.first.as_ref(),
+            Some(&first),
+            "a copy is the message of its first delivery, however often parked: {runs:?}"
+        );
+    }
+    assert_eq!(report.parked, 2, "{report:?}");
+    assert!(
+        broker
+            .dead_letters(TOPIC, GROUP)
+            .expect("letters")
+            .is_empty(),
+        "a forged park count made a 'later' permanent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_of_a_returned_copy_names_its_first_delivery() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    produce(&broker, &[("a", "x"), ("a", "poison")]);
+    let journal = Journal::default();
+    let failing = handler(&journal, &["poison"], 1, Duration::from_millis(20));
+    // Once back, "poison" fails for good inside the parking layer, where
+    // the dead-letter layer sees the copy's first delivery.
+    let handler = ParkingLayer::new(broker.parking(TOPIC).expect("parking")).layer(
+        DeadLetterLayer::new(broker.dead_letter_sink(TOPIC, GROUP).expect("sink")).layer(
+            tower::service_fn(move |message: Message| {
+                let mut failing = failing.clone();
+                async move {
+                    let back = message.metadata().parked_from().is_some();
+                    tower::Service::call(&mut failing, message).await?;
+                    if back {
+                        return Err(HandlerError::permanent("still poison"));
+                    }
+                    Ok(())
+                }
+            }),
+        ),
+    );
+    let (shutdown, task) = start(&broker, handler);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while broker
+            .dead_letters(TOPIC, GROUP)
+            .expect("letters")
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("dead-lettered within the guard time");
+    shutdown.cancel();
+    task.await.expect("the run");
+    let letters = broker.dead_letters(TOPIC, GROUP).expect("letters");
+    let metadata = letters[0].message.metadata();
+    assert_eq!(
+        (
+            &**metadata.source(),
+            metadata.partition(),
+            metadata.position()
+        ),
+        (TOPIC, 0, crate::Position::Offset(1)),
+        "the letter names the message's own first delivery, not the copy's"
+    );
+}
+
+#[test]
+fn followers_behind_a_message_due_and_not_back_wait_longer_each_time_not_a_millisecond() {
+    use super::keys::{Admission, ParkId, ParkedKeys};
+    let keys = ParkedKeys::with_capacity(usize::MAX);
+    let now = SystemTime::now();
+    let key = bytes::Bytes::from_static(b"a");
+    let source: crate::SourceName = TOPIC.into();
+    let message = |offset: i64| {
+        Message::new(
+            "m",
+            crate::Metadata::new(source.clone(), 0, crate::Position::Offset(offset)),
+        )
+        .with_key(key.clone())
+    };
+    // The head was due a second ago and is not back here: it is late, or
+    // another consumer of the group took it.
+    keys.parked(
+        &source,
+        &key,
+        ParkId::of(&message(1)),
+        ParkId::Moved(1),
+        now - Duration::from_secs(1),
+        Duration::from_secs(5),
+    );
+    let overdue_after = Duration::from_secs(600);
+    let follow = |at: SystemTime| match keys.admit(&message(2), &key, overdue_after, at) {
+        Admission::Follow { delay } => delay,
+        other => panic!("{other:?}"),
+    };
+    // Each follow waits twice as long as the one before: a copy a moment
+    // late costs a millisecond, one gone elsewhere about 20 parks until it
+    // is overdue, where the loop once made one per millisecond for ten
+    // minutes.
+    let waits: Vec<Duration> = (0..40).map(|_| follow(now)).collect();
+    assert!(waits[0] <= Duration::from_millis(2), "{waits:?}");
+    assert!(waits.windows(2).all(|pair| pair[1] >= pair[0]), "{waits:?}");
+    let parks_until_overdue = {
+        let mut spent = Duration::ZERO;
+        waits
+            .iter()
+            .take_while(|wait| {
+                spent += **wait;
+                spent < overdue_after
+            })
+            .count()
+    };
+    assert!(parks_until_overdue <= 25, "{parks_until_overdue} parks");
+    assert!(waits.iter().all(|wait| *wait <= overdue_after));
+}
+
+#[test]
+fn a_follower_behind_a_head_running_here_waits_a_part_of_its_run() {
+    use super::keys::{Admission, ParkId, ParkedKeys};
+    let keys = ParkedKeys::with_capacity(usize::MAX);
+    let parked_at = SystemTime::now();
+    let key = bytes::Bytes::from_static(b"a");
+    let source: crate::SourceName = TOPIC.into();
+    let copy = Message::new(
+        "m",
+        crate::Metadata::new(source.clone(), 0, crate::Position::Offset(9)),
+    )
+    .with_key(key.clone())
+    .with_headers([(PARK_ID, "1")].into_iter().collect());
+    keys.parked(
+        &source,
+        &key,
+        ParkId::Moved(1),
+        ParkId::Moved(1),
+        parked_at,
+        Duration::from_millis(10),
+    );
+    let overdue_after = Duration::from_secs(600);
+    // The head came back and runs, for eight seconds by now.
+    assert_eq!(
+        keys.admit(&copy, &key, overdue_after, parked_at),
+        Admission::Head(ParkId::Moved(1))
+    );
+    let later = Message::new(
+        "m",
+        crate::Metadata::new(source.clone(), 0, crate::Position::Offset(10)),
+    )
+    .with_key(key.clone());
+    match keys.admit(
+        &later,
+        &key,
+        overdue_after,
+        parked_at + Duration::from_secs(8),
+    ) {
+        Admission::Follow { delay } => assert!(delay >= Duration::from_secs(2), "{delay:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_parked_keys_kept_are_bounded() {
+    use super::keys::{Admission, ParkId, ParkedKeys};
+    let keys = ParkedKeys::with_capacity(2);
+    let now = SystemTime::now();
+    let source: crate::SourceName = TOPIC.into();
+    let message = |key: &'static str, offset: i64| {
+        Message::new(
+            "m",
+            crate::Metadata::new(source.clone(), 0, crate::Position::Offset(offset)),
+        )
+        .with_key(key)
+    };
+    for (offset, key) in ["a", "b", "c"].into_iter().enumerate() {
+        let offset = offset as i64;
+        keys.parked(
+            &source,
+            &bytes::Bytes::from_static(key.as_bytes()),
+            ParkId::of(&message(key, offset)),
+            ParkId::Moved(offset as u64),
+            now + Duration::from_secs(60),
+            Duration::from_secs(60),
+        );
+    }
+    assert_eq!(keys.len(), 2, "at most the capacity is kept");
+    let later = |key: &'static str| {
+        keys.admit(
+            &message(key, 10),
+            &bytes::Bytes::from_static(key.as_bytes()),
+            Duration::from_secs(600),
+            now,
+        )
+    };
+    assert!(matches!(later("a"), Admission::Follow { .. }));
+    assert_eq!(later("c"), Admission::Run, "an untracked key flows");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_per_key_follows_the_consumers_key_function() {
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1).expect("topic");
+    // No broker key: the account is a header, as the consumer orders by.
+    for (account, payload) in [("A", "a1"), ("A", "a2"), ("B", "b1"), ("A", "a3")] {
+        broker
+            .send(TOPIC, Record::new(payload).with_header("account", account))
+            .expect("produce");
+    }
+    fn account(message: &Message) -> Option<&[u8]> {
+        message.headers().get("account").map(|value| &value[..])
+    }
+    let journal = Journal::default();
+    let handler = ParkingLayer::new(broker.parking(TOPIC).expect("parking"))
+        .key_with(account)
+        .layer(handler(&journal, &["a1"], 1, Duration::from_millis(100)));
+    let (source, acker) = broker.consumer(TOPIC, GROUP).expect("consumer");
+    let consumer = Consumer::builder()
+        .ordering(DeliveryOrder::Key)
+        .key_with(account)
+        .commit_interval(Duration::from_millis(5))
+        .build(source, acker, handler)
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { consumer.run(shutdown).await.expect("the run") }
+    });
+    journal
+        .wait_until(|runs| {
+            let count = |payload: &str| runs.iter().filter(|run| run.payload == payload).count();
+            (count("a1"), count("a2"), count("a3"), count("b1")) == (2, 1, 1, 1)
+        })
+        .await;
+    shutdown.cancel();
+    task.await.expect("the run");
+    let order: Vec<String> = journal
+        .runs()
+        .into_iter()
+        .filter(|run| run.payload.starts_with('a'))
+        .skip(1)
+        .map(|run| run.payload)
+        .collect();
+    assert_eq!(
+        order,
+        ["a1", "a2", "a3"],
+        "a2 and a3 of account A ran before a1, parked: their key is the header"
+    );
 }

@@ -180,6 +180,10 @@ struct Inner {
     return_template: String,
     /// The origin topic of each return topic other than the origin itself.
     origin_of: HashMap<String, String>,
+    /// The served topics whose copies return to the topic itself (a return
+    /// template of `{topic}`): a copy there cannot be told from a
+    /// producer's record, so the park headers of every record are believed.
+    returns_to_itself: Vec<String>,
     tiers: Tiers,
     template: String,
     registry: Arc<Registry>,
@@ -490,6 +494,18 @@ impl Parking for KafkaParking {
             })),
         }
     }
+
+    /// A record of one of the return topics, where only the mover writes
+    /// (or of a served topic whose copies return to itself).
+    fn is_returned_copy(&self, message: &Message) -> bool {
+        let source: &str = message.metadata().source();
+        self.inner.origin_of.contains_key(source)
+            || self
+                .inner
+                .returns_to_itself
+                .iter()
+                .any(|topic| topic == source)
+    }
 }
 
 impl KafkaParkingBuilder {
@@ -618,9 +634,11 @@ impl KafkaParkingBuilder {
             ));
         }
         let mut origin_of: HashMap<String, String> = HashMap::new();
+        let mut returns_to_itself = Vec::new();
         for topic in &self.topics {
             let back_to = resolve(&self.return_template, topic, &self.group, "");
             if back_to == *topic {
+                returns_to_itself.push(topic.clone());
                 continue;
             }
             let shared = origin_of.insert(back_to.clone(), topic.clone());
@@ -690,6 +708,7 @@ impl KafkaParkingBuilder {
                 topics: self.topics,
                 return_template: self.return_template,
                 origin_of,
+                returns_to_itself,
                 tiers,
                 template: self.template,
                 registry: Arc::new(Registry::default()),
