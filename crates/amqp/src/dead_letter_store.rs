@@ -432,7 +432,10 @@ impl AmqpDeadLetterStore {
             let mut receipts = Vec::with_capacity(batch.len());
             let mut failure = None;
             for (tag, id, letter) in batch {
-                match self.publisher.send(redrive.output_of(letter)).await {
+                // A queue is its consumers' own: the way back to the group
+                // is the queue the letter came from.
+                let output = redrive.output_of(letter, Some(letter.message.metadata().source()))?;
+                match self.publisher.send(output).await {
                     Ok(receipt) => receipts.push((*tag, *id, letter.class, receipt)),
                     Err(error) => {
                         failure = Some(((*id).clone(), error));

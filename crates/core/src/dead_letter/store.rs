@@ -59,7 +59,7 @@
 //! # }
 //! ```
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -69,7 +69,7 @@ use bytes::Bytes;
 use super::DeadLetter;
 use super::envelope::{EnvelopeError, FAILED_FIRST, REPLAYS};
 use crate::error::{BoxError, ErrorClass};
-use crate::message::{Headers, Message};
+use crate::message::{Headers, Message, SourceName};
 use crate::publish::{Output, PublishError, Publisher};
 
 /// How a store names one stored letter, and the cursor of
@@ -312,8 +312,17 @@ pub enum Selection {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Target {
+    /// Back to the consumer group whose letter it is, alone: through the
+    /// group's own way back in ([`DeadLetterLog::way_back_to_group`]: a
+    /// Kafka return topic, a Redis return stream, the group's own AMQP
+    /// queue), which no other group reads. A store that knows none refuses
+    /// ([`StoreError::NoWayBackToGroup`]) rather than republish to every
+    /// group of the origin.
+    Group,
     /// The topic, stream or queue it was consumed from
-    /// ([`Metadata::source`](crate::Metadata::source)).
+    /// ([`Metadata::source`](crate::Metadata::source)), into the partition
+    /// it was consumed from. Every consumer group of the origin handles it
+    /// again, not only the one whose letter it is.
     Origin,
     /// Another destination, as the store's publisher names it (an
     /// [`Output`]'s destination).
@@ -339,13 +348,23 @@ impl Redrive {
     /// skipped.
     pub const DEFAULT_MAX_REPLAYS: u32 = 3;
 
-    /// Each message back to where it was consumed from.
-    pub fn to_origin() -> Self {
+    /// Each message back to its consumer group alone (see
+    /// [`Target::Group`]): what an operator means by "replay these letters".
+    pub fn to_group() -> Self {
         Self {
-            target: Target::Origin,
+            target: Target::Group,
             dry_run: false,
             max_replays: Self::DEFAULT_MAX_REPLAYS,
             progress: None,
+        }
+    }
+
+    /// Each message back to where it was consumed from, for **every**
+    /// consumer group of it (see [`Target::Origin`]).
+    pub fn to_origin() -> Self {
+        Self {
+            target: Target::Origin,
+            ..Self::to_group()
         }
     }
 
@@ -353,7 +372,7 @@ impl Redrive {
     pub fn to(destination: impl Into<Arc<str>>) -> Self {
         Self {
             target: Target::Destination(destination.into()),
-            ..Self::to_origin()
+            ..Self::to_group()
         }
     }
 
@@ -418,24 +437,60 @@ impl Redrive {
     /// The output that replays `letter`: its original payload, key and
     /// headers, with [`REPLAYS`] one higher and [`FAILED_FIRST`] kept, so
     /// that a failure of the replay is dead-lettered with the count and
-    /// time that make the loop guard work.
-    pub fn output_of(&self, letter: &DeadLetter) -> Output {
-        let destination: Arc<str> = match &self.target {
-            Target::Origin => Arc::from(&**letter.message.metadata().source()),
-            Target::Destination(destination) => destination.clone(),
+    /// time that make the loop guard work. The park headers it carried are
+    /// dropped: a replay starts with every park of its budget.
+    ///
+    /// `way_back_to_group` is the group's way back in, for a redrive to
+    /// the [group](Target::Group): there the message is marked as the
+    /// message first delivered at its origin (the parking layer's
+    /// [`ORIGIN`](crate::parking::ORIGIN) headers), so its key keeps its
+    /// origin's order and an exactly-once marker knows it. To the group or
+    /// the origin it goes into the partition it was consumed from.
+    pub fn output_of(
+        &self,
+        letter: &DeadLetter,
+        way_back_to_group: Option<&Arc<str>>,
+    ) -> Result<Output, StoreError> {
+        use crate::parking::{ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION, is_park_header};
+        let metadata = letter.message.metadata();
+        let (destination, partition): (Arc<str>, _) = match &self.target {
+            Target::Group => match way_back_to_group {
+                Some(way_back) => (way_back.clone(), Some(metadata.partition())),
+                None => {
+                    return Err(StoreError::NoWayBackToGroup {
+                        origin: metadata.source().to_string(),
+                    });
+                }
+            },
+            Target::Origin => (Arc::from(&**metadata.source()), Some(metadata.partition())),
+            Target::Destination(destination) => (destination.clone(), None),
         };
-        let mut headers = letter.message.headers().clone();
+        let mut headers: Headers = letter
+            .message
+            .headers()
+            .iter()
+            .filter(|header| !is_park_header(&header.name))
+            .map(|header| (header.name.clone(), header.value.clone()))
+            .collect();
         headers.set(REPLAYS, letter.replays.saturating_add(1).to_string());
         headers.set(
             FAILED_FIRST,
             epoch_millis(letter.first_failed_at).to_string(),
         );
-        let output =
+        if self.target == Target::Group && destination != *metadata.source() {
+            headers.set(ORIGIN, metadata.source().to_string());
+            headers.set(ORIGIN_PARTITION, metadata.partition().to_string());
+            headers.set(ORIGIN_POSITION, metadata.position().to_string());
+        }
+        let mut output =
             Output::new(destination, letter.message.payload().clone()).with_headers(headers);
-        match letter.message.key() {
+        if let Some(partition) = partition {
+            output = output.with_partition(partition);
+        }
+        Ok(match letter.message.key() {
             Some(key) => output.with_key(key.clone()),
             None => output,
-        }
+        })
     }
 }
 
@@ -542,6 +597,18 @@ pub enum StoreError {
     NotFound {
         /// The id.
         id: LetterId,
+    },
+    /// A redrive to the [group](Target::Group) of a letter whose store
+    /// knows no way back to the group alone: redriving to the origin would
+    /// reach every group of it.
+    #[error(
+        "this store knows no way back into `{origin}` for its consumer group alone (a return \
+         destination the group reads); redrive to the origin instead if every group of it \
+         should handle the messages again"
+    )]
+    NoWayBackToGroup {
+        /// The letter's origin.
+        origin: String,
     },
     /// A redriven message was not confirmed, and the redrive stopped after
     /// the batch it was in. The letters whose publish was confirmed were
@@ -712,6 +779,15 @@ pub trait DeadLetterLog: Send + Sync + 'static {
     /// Removes the entries `ids` (ids it does not hold are no error) and
     /// returns how many it removed.
     async fn remove(&self, ids: &[LetterId]) -> Result<u64, StoreError>;
+
+    /// Where a message of `origin` goes to reach this log's consumer group
+    /// alone: the group's return destination, if it has one that it reads
+    /// (a redrive to the [group](Target::Group) goes there). `None` (the
+    /// default): this log knows none.
+    async fn way_back_to_group(&self, origin: &str) -> Result<Option<Arc<str>>, StoreError> {
+        let _ = origin;
+        Ok(None)
+    }
 }
 
 /// Entries read per round trip while scanning, and letters published per
@@ -783,8 +859,30 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
         // send order, and a page costs one round trip instead of one each.
         let mut receipts = Vec::with_capacity(taken.len());
         let mut failure: Option<(LetterId, PublishError)> = None;
-        for (id, letter) in &taken {
-            match self.publisher.send(redrive.output_of(letter)).await {
+        // Every output of the page is made before any is sent: a letter
+        // with no way back to its group stops the redrive before the page
+        // is half published.
+        let mut ways_back: HashMap<SourceName, Option<Arc<str>>> = HashMap::new();
+        let mut outputs = Vec::with_capacity(taken.len());
+        for (_, letter) in &taken {
+            let way_back = match redrive.target() {
+                Target::Group => {
+                    let origin = letter.message.metadata().source();
+                    match ways_back.get(origin) {
+                        Some(way_back) => way_back.clone(),
+                        None => {
+                            let way_back = self.log.way_back_to_group(origin).await?;
+                            ways_back.insert(origin.clone(), way_back.clone());
+                            way_back
+                        }
+                    }
+                }
+                Target::Origin | Target::Destination(_) => None,
+            };
+            outputs.push(redrive.output_of(letter, way_back.as_ref())?);
+        }
+        for ((id, letter), output) in taken.iter().zip(outputs) {
+            match self.publisher.send(output).await {
                 Ok(receipt) => receipts.push((id, letter.class, receipt)),
                 Err(error) => {
                     failure = Some((id.clone(), error));

@@ -476,3 +476,78 @@ async fn a_huge_handler_error_reaches_the_destination_capped() {
     assert_eq!(letters.len(), 1);
     assert!(letters[0].error.len() <= DeadLetter::ERROR_LIMIT + 64);
 }
+
+mod redrive_outputs {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::message::{Headers, Message, Metadata};
+    use crate::parking::{ATTEMPTS, ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION, PARKS};
+
+    /// A letter of a message first consumed at orders/3 @ 42, which was
+    /// parked as often as allowed before it failed for good.
+    fn parked_out_letter() -> DeadLetter {
+        let headers: Headers = [
+            ("tenant", "acme"),
+            (PARKS, "10"),
+            (ATTEMPTS, "31"),
+            ("intake.park.due", "1"),
+        ]
+        .into_iter()
+        .collect();
+        let message = Message::new(
+            "payload",
+            Metadata::new("orders".into(), 3, Position::Offset(42)),
+        )
+        .with_key("k")
+        .with_headers(headers);
+        DeadLetter::new(message, "still failing", 31)
+    }
+
+    #[test]
+    fn a_replay_starts_with_no_parks_and_lands_in_the_partition_it_came_from() {
+        let output = Redrive::to_origin()
+            .output_of(&parked_out_letter(), None)
+            .expect("an output to the origin");
+        assert_eq!(output.destination(), "orders");
+        assert_eq!(output.partition(), Some(3));
+        assert_eq!(output.headers().get_str("tenant"), Some("acme"));
+        for park_header in [PARKS, ATTEMPTS, "intake.park.due"] {
+            assert!(
+                output.headers().get(park_header).is_none(),
+                "{park_header} kept: a replay of a letter parked out would fail on its first 'later'"
+            );
+        }
+    }
+
+    #[test]
+    fn a_replay_to_the_group_goes_its_way_back_as_the_message_first_delivered() {
+        let way_back: Arc<str> = "orders.billing.returned".into();
+        let output = Redrive::to_group()
+            .output_of(&parked_out_letter(), Some(&way_back))
+            .expect("an output to the group");
+        assert_eq!(output.destination(), "orders.billing.returned");
+        assert_eq!(output.partition(), Some(3));
+        let header = |name| output.headers().get_str(name);
+        assert_eq!(
+            (
+                header(ORIGIN),
+                header(ORIGIN_PARTITION),
+                header(ORIGIN_POSITION)
+            ),
+            (Some("orders"), Some("3"), Some("42"))
+        );
+    }
+
+    #[test]
+    fn a_replay_to_the_group_without_a_way_back_is_refused_not_sent_to_every_group() {
+        let error = Redrive::to_group()
+            .output_of(&parked_out_letter(), None)
+            .expect_err("no way back to the group alone");
+        assert!(
+            matches!(error, StoreError::NoWayBackToGroup { ref origin } if origin == "orders"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("every group"), "{error}");
+    }
+}

@@ -48,6 +48,7 @@ impl MemoryPublisher {
     }
 
     fn store(&self, output: Output) -> Result<Confirmation, PublishError> {
+        let partition = output.partition();
         let (destination, payload, key, headers) = output.into_parts();
         if self.take_failure() {
             return Err(PublishError::new(
@@ -56,9 +57,12 @@ impl MemoryPublisher {
                 "injected failure (MemoryPublisher::fail_next); publish again",
             ));
         }
-        let record = Record::new(payload)
+        let mut record = Record::new(payload)
             .with_optional_key(key)
             .with_headers(headers);
+        if let Some(partition) = partition {
+            record = record.to_partition(partition);
+        }
         match self.broker.send(&destination, record) {
             Ok(produced) => Ok(Confirmation::at(
                 Some(produced.partition),

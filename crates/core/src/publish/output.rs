@@ -21,6 +21,7 @@ pub struct Output {
     pub(crate) payload: Bytes,
     pub(crate) key: Option<Bytes>,
     pub(crate) headers: Headers,
+    pub(crate) partition: Option<u32>,
 }
 
 impl Output {
@@ -34,6 +35,7 @@ impl Output {
             payload: payload.into(),
             key: None,
             headers: Headers::new(),
+            partition: None,
         }
     }
 
@@ -45,6 +47,7 @@ impl Output {
             payload: message.payload().clone(),
             key: message.key().cloned(),
             headers: message.headers().clone(),
+            partition: None,
         }
     }
 
@@ -64,6 +67,21 @@ impl Output {
     pub fn with_headers(mut self, headers: Headers) -> Self {
         self.headers = headers;
         self
+    }
+
+    /// Puts it in partition `partition` of its destination, where the
+    /// broker has partitions (Kafka, memory), instead of the one its key
+    /// picks: a replay that must land beside the other messages of its key
+    /// in the partition it was first consumed from, whichever partitioner
+    /// their producer used. Brokers without partitions ignore it.
+    pub fn with_partition(mut self, partition: u32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// The partition it was [put in](Self::with_partition), if any.
+    pub fn partition(&self) -> Option<u32> {
+        self.partition
     }
 
     /// Where it goes.
