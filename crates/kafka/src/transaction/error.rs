@@ -11,10 +11,13 @@ use intake_core::BoxError;
 #[non_exhaustive]
 pub enum TransactionError {
     /// Another instance took over: a producer with the same
-    /// `transactional.id` started (its epoch fenced this one), or the
-    /// consumer group moved on to a generation this consumer is not part
-    /// of (KIP-447). Nothing of this instance commits again: it must stop,
-    /// and the partitions' owner handles what it did not commit.
+    /// `transactional.id` started (its epoch fenced this one), or another
+    /// member took this consumer's `group.instance.id`. Nothing of this
+    /// instance commits again: it must stop, and the partitions' owner
+    /// handles what it did not commit. (A group generation that moved on,
+    /// as at every cooperative or KIP-848 rebalance, is no fence: that
+    /// transaction is [aborted](Self::Aborted) and the next one carries the
+    /// current generation.)
     #[error(
         "transactional producer `{transactional_id}` was fenced: another instance took over its partitions or its transactional.id; this instance commits nothing more and must stop"
     )]

@@ -21,12 +21,16 @@
 //!
 //! A failed transaction is aborted and comes back to the runtime as an
 //! error, which sends the watermarks again: the next transaction carries
-//! the same outputs. A producer fenced (a newer one with the same
-//! `transactional.id`, or a consumer group generation this consumer is no
-//! longer part of, KIP-447) commits nothing more, and the source ends the
-//! consumer with a fatal [`TransactionError`]. Outputs of partitions this
-//! consumer gives up are dropped: their next owner handles the inputs again
-//! from the committed offset.
+//! the same outputs. Offsets refused because the group's generation moved
+//! on (KIP-447: every cooperative or KIP-848 rebalance moves it) abort the
+//! transaction too; the next one carries the consumer's current group
+//! metadata, and a member that lost the partitions is refused again. A
+//! producer fenced (a newer one with the same `transactional.id`, or
+//! another member with this consumer's `group.instance.id`) commits
+//! nothing more, and the source ends the consumer with a fatal
+//! [`TransactionError`]. Outputs of partitions this consumer gives up are
+//! dropped: their next owner handles the inputs again from the committed
+//! offset.
 
 mod error;
 mod layer;
@@ -55,9 +59,9 @@ use crate::settings::KafkaSettings;
 /// (a restarted instance aborts what its predecessor left open, at once
 /// rather than when `transaction.timeout.ms` ends, and fences it if it
 /// still runs), and give every instance running at the same time its own
-/// (two with one id fence each other). A group member that falls out of
-/// its group is fenced by the group's generation whatever its id
-/// (KIP-447, brokers 2.5 and later).
+/// (two with one id fence each other). A group member that lost its
+/// partitions is refused by the group's generation whatever its id
+/// (KIP-447, brokers 2.5 and later): its transactions abort.
 ///
 /// ```no_run
 /// use intake_core::publish::Output;

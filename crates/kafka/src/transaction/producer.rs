@@ -259,8 +259,8 @@ impl Transactor {
                 };
             }
         };
-        // A transaction begun by a producer that is still usable (a stale
-        // generation refused its offsets) is aborted, so its outputs are
+        // A transaction begun by a producer that is still usable (another
+        // member took its group.instance.id) is aborted, so its outputs are
         // not left to hold back `read_committed` readers until it times
         // out; a fatal producer cannot abort, and its successor's
         // `init_transactions` does.
@@ -272,10 +272,19 @@ impl Transactor {
     }
 }
 
-/// Whether `error` says another instance took over: this producer's epoch
-/// was fenced by a newer producer of its `transactional.id`, or its
-/// consumer's group generation or membership is no longer current
-/// (KIP-447).
+/// Whether `error` says another instance took over for good: this
+/// producer's epoch was fenced by a newer producer of its
+/// `transactional.id`, or another member took this consumer's
+/// `group.instance.id` (static membership).
+///
+/// A generation that moved on (`ILLEGAL_GENERATION`) or a membership the
+/// coordinator no longer knows (`UNKNOWN_MEMBER_ID`) is not a fence: under
+/// `cooperative-sticky` or KIP-848 the generation moves at every rebalance,
+/// also for members that keep their partitions, and a member that fell out
+/// of the group joins it again. librdkafka makes them abortable (as Java's
+/// client does): the transaction is aborted and the next one carries the
+/// consumer's current group metadata. The broker still refuses the offsets
+/// of a member that lost its partitions, so nothing of a zombie commits.
 fn is_fenced(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
@@ -284,8 +293,6 @@ fn is_fenced(error: &KafkaError) -> bool {
                 | RDKafkaErrorCode::Fenced
                 | RDKafkaErrorCode::InvalidProducerEpoch
                 | RDKafkaErrorCode::FencedInstanceId
-                | RDKafkaErrorCode::IllegalGeneration
-                | RDKafkaErrorCode::UnknownMemberId
         )
     )
 }
