@@ -65,11 +65,13 @@ const EVERY_DESTINATION: &str = "<every destination>";
 /// [delivery timeout](KafkaPublisherBuilder::delivery_timeout)
 /// (`message.timeout.ms`, retries included).
 ///
-/// Errors: not confirmed in time, or the brokers unreachable, is
-/// [`Unavailable`](PublishErrorKind::Unavailable); an output the client or
-/// broker refuses (larger than `message.max.bytes` or the topic's
-/// `max.message.bytes`, an invalid topic name, a topic that does not exist
-/// where topics are not created on first use, no permission) is
+/// Errors: not confirmed in time, the brokers unreachable, or a topic that
+/// does not exist (where topics are not created on first use) or that this
+/// client may not write to, is [`Unavailable`](PublishErrorKind::Unavailable):
+/// every output to it fails until it is back, so its inputs are retried
+/// rather than dead-lettered. An output the client or broker refuses
+/// itself (larger than `message.max.bytes` or the topic's
+/// `max.message.bytes`, an invalid record or topic name) is
 /// [`Rejected`](PublishErrorKind::Rejected); a publisher
 /// [closed](KafkaPublisher::close) or dropped with outputs unconfirmed, or
 /// a producer librdkafka gave up on (a fatal idempotence error), is
@@ -476,19 +478,36 @@ fn kind_of(code: RDKafkaErrorCode) -> PublishErrorKind {
         | Code::InvalidMessage
         | Code::InvalidRecord
         | Code::InvalidTopic
-        | Code::UnknownTopic
-        | Code::UnknownTopicOrPartition
-        | Code::UnknownPartition
         | Code::InvalidArgument
         | Code::InvalidTimestamp
-        | Code::TopicAuthorizationFailed
-        | Code::ClusterAuthorizationFailed
         | Code::PolicyViolation
         | Code::UnsupportedForMessageFormat => PublishErrorKind::Rejected,
         // Purged by close or drop, or a producer librdkafka gave up on.
         Code::PurgeQueue | Code::PurgeInflight | Code::Fatal => PublishErrorKind::Closed,
+        // Anything else, a destination missing or not allowed among them
+        // (`destination_missing`): that says nothing about the output (a
+        // topic deleted and created again, a migration, an ACL not granted
+        // yet), and every output to it fails the same way until it is
+        // back, so failing each input for good would dead-letter them all.
+        // They are retried, after the consumer's backoff.
         _ => PublishErrorKind::Unavailable,
     }
+}
+
+/// Whether `code` says the destination topic is missing, or this client
+/// may not write to it (rather than anything about the output itself).
+/// An unknown partition is one of a topic deleted under an output the
+/// partitioner had placed (outputs name no partition of their own).
+fn destination_missing(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as Code;
+    matches!(
+        code,
+        Code::UnknownTopic
+            | Code::UnknownTopicOrPartition
+            | Code::UnknownPartition
+            | Code::TopicAuthorizationFailed
+            | Code::ClusterAuthorizationFailed
+    )
 }
 
 /// An output librdkafka refused when it was handed over.
@@ -501,9 +520,10 @@ fn refused(error: KafkaError, destination: &str, brokers: &str) -> PublishError 
     };
     let what = match kind {
         PublishErrorKind::Rejected => format!(
-            "the Kafka client refused the output for {brokers} (too large for `message.max.bytes`, or no such topic or partition); sending it again fails the same way"
+            "the Kafka client refused the output for {brokers} (too large for `message.max.bytes`, or an invalid topic name); sending it again fails the same way"
         ),
         PublishErrorKind::Closed => return closed(destination, Some(error)),
+        _ if error.rdkafka_error_code().is_some_and(destination_missing) => missing(brokers),
         _ => format!("the Kafka client for {brokers} could not take the output; publish again"),
     };
     PublishError::new(kind, destination, what).with_source(error)
@@ -518,15 +538,23 @@ fn delivery_failed(error: KafkaError, destination: &str, shared: &Shared) -> Pub
     let brokers = &shared.brokers;
     let what = match kind {
         PublishErrorKind::Rejected => format!(
-            "the Kafka broker at {brokers} refused the output (too large for the topic, no such topic, or not allowed); sending it again fails the same way"
+            "the Kafka broker at {brokers} refused the output itself (too large for the topic, or an invalid record); sending it again fails the same way"
         ),
         PublishErrorKind::Closed => return closed(destination, Some(error)),
+        _ if error.rdkafka_error_code().is_some_and(destination_missing) => missing(brokers),
         _ => format!(
             "not confirmed by the Kafka broker at {brokers} within {:?} (message.timeout.ms); it may or may not be stored; publish again",
             shared.delivery_timeout
         ),
     };
     PublishError::new(kind, destination, what).with_source(error)
+}
+
+/// What an output to a missing (or forbidden) destination is told.
+fn missing(brokers: &str) -> String {
+    format!(
+        "the topic does not exist at {brokers} (or this client may not write to it): the output is not stored; publish again once the topic is back"
+    )
 }
 
 fn closed(destination: &str, source: Option<KafkaError>) -> PublishError {
@@ -701,14 +729,20 @@ mod tests {
         for code in [
             Code::MessageSizeTooLarge,
             Code::InvalidTopic,
-            Code::UnknownTopic,
+            Code::InvalidRecord,
         ] {
             assert_eq!(kind_of(code), PublishErrorKind::Rejected, "{code:?}");
         }
+        // A missing or forbidden destination is no property of the output.
         for code in [
             Code::MessageTimedOut,
             Code::AllBrokersDown,
             Code::RequestTimedOut,
+            Code::UnknownTopic,
+            Code::UnknownTopicOrPartition,
+            Code::UnknownPartition,
+            Code::TopicAuthorizationFailed,
+            Code::ClusterAuthorizationFailed,
         ] {
             assert_eq!(kind_of(code), PublishErrorKind::Unavailable, "{code:?}");
         }
