@@ -177,6 +177,24 @@ mod tests {
     }
 
     #[test]
+    fn the_report_escapes_what_a_broker_or_a_letter_put_in_an_error() {
+        // A publish error names the letter's origin, which a producer
+        // controls; a client's error may quote what the broker sent.
+        let failure = Failure::Refused {
+            what: "dlq replay".into(),
+            source: Box::new(std::io::Error::other(
+                "no such queue \x1b]0;owned\x07\u{9b}2J\u{202e}\nerror: forged",
+            )),
+        };
+        let report = failure.report(None);
+        assert_eq!(
+            report,
+            "error: dlq replay: the broker refused\n  \
+             caused by: no such queue \\x1b]0;owned\\x07\\u{9b}2J\\u{202e}\\nerror: forged"
+        );
+    }
+
+    #[test]
     fn the_report_prints_the_chain_once_and_no_password() {
         let failure = Failure::Unavailable {
             what: "lag of orders".into(),

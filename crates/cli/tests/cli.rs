@@ -901,3 +901,104 @@ async fn kafka_dlq_count_after_poison_then_replay_then_zero() {
         .delete_topics(&[&topic, &dead_letters, &removed], &options)
         .await;
 }
+
+/// What a producer can put in a header name (Kafka keeps ESC in a lossy
+/// UTF-8 name), a key, or a handler's error quoting its input: OSC 0 (the
+/// window title), OSC 52 (the clipboard), CSI, a C1 CSI, DEL, CR, a bidi
+/// override, and a newline forging a line.
+const HOSTILE: &str = "\x1b]0;owned\x07\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\u{9b}31m\x7f\r\u{202e}\nclass:     retryable";
+
+/// Panics when `text` holds a character that could drive a terminal or
+/// reorder a line (every control character but the newline, the bidi
+/// controls).
+fn assert_inert(text: &str) {
+    let unsafe_char = |c: char| {
+        (c.is_control() && c != '\n')
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if let Some(c) = text.chars().find(|&c| unsafe_char(c)) {
+        panic!("{c:?} reaches the terminal in {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn kafka_dlq_show_and_list_escape_what_a_producer_wrote() {
+    if !broker_listens("kafka escapes", KAFKA) {
+        return;
+    }
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::{DeadLetter, Headers, Message, Metadata, Position};
+    use intake_kafka::{KafkaSettings, KafkaSource};
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let (topic, group) = (unique("esc"), unique("g"));
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", KAFKA);
+    let admin: AdminClient<DefaultClientContext> = config.create().unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let source = KafkaSource::builder(KafkaSettings::new(KAFKA))
+        .group(group.as_str())
+        .topic(topic.as_str())
+        .build()
+        .await
+        .expect("the source");
+    let sink = source.dead_letter_sink().build().await.expect("the sink");
+    let mut headers = Headers::default();
+    headers.insert(HOSTILE, HOSTILE.as_bytes().to_vec());
+    let message = Message::new(
+        HOSTILE,
+        Metadata::new(topic.as_str().into(), 0, Position::Offset(0)),
+    )
+    .with_key(HOSTILE)
+    .with_headers(headers);
+    sink.write(&DeadLetter::new(message, HOSTILE, 1))
+        .await
+        .expect("the letter written");
+    drop(source);
+
+    let target = [
+        "--broker",
+        &format!("kafka://{KAFKA}"),
+        "--source",
+        &topic,
+        "--group",
+        &group,
+    ]
+    .map(str::to_owned);
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    for command in [
+        &["dlq", "show", "0:0"][..],
+        &["dlq", "list"],
+        &["dlq", "show", "--json", "0:0"],
+    ] {
+        let run = intake(&[command, &target[..]].concat()).await;
+        run.assert_code(0);
+        assert_inert(&run.stdout);
+        assert_inert(&run.stderr);
+    }
+    let shown = intake(&[&["dlq", "show", "0:0"][..], &target[..]].concat()).await;
+    assert!(
+        !shown
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("class:     retryable")),
+        "a producer forged a line:\n{}",
+        shown.stdout
+    );
+    let json = intake(&[&["dlq", "show", "--json", "0:0"][..], &target[..]].concat()).await;
+    assert_eq!(json.json()["letter"]["error"], HOSTILE, "{}", json.stdout);
+
+    let dead_letters = format!("{topic}.{group}.dlq");
+    let _ = admin
+        .delete_topics(&[&topic, &dead_letters], &options)
+        .await;
+}
