@@ -1,0 +1,203 @@
+//! Parking on NATS (`NatsParking`) with the parking layer, on the shared
+//! server: what a park costs the messages that never failed (review R9),
+//! the consumer's `max_ack_pending` (R26), and park headers a producer
+//! wrote (R25).
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use intake_core::backend::testkit::{Backend, TestMessage};
+use intake_core::parking::ParkingLayer;
+use intake_core::{Consumer, DeadLetterLayer, DeliveryOrder, HandlerError, Message};
+use support::{NatsBackend, Running, wait_until};
+
+/// What the handlers of a test saw: per payload, each call's attempt and
+/// whether it succeeded, and which instance ran it.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<Call>>>);
+
+#[derive(Clone, Debug)]
+struct Call {
+    payload: String,
+    attempt: u32,
+    ok: bool,
+    instance: usize,
+}
+
+impl Calls {
+    fn record(&self, message: &Message, ok: bool, instance: usize) {
+        let payload = String::from_utf8_lossy(message.payload()).into_owned();
+        if let Ok(mut calls) = self.0.lock() {
+            calls.push(Call {
+                payload,
+                attempt: message.metadata().attempt(),
+                ok,
+                instance,
+            });
+        }
+    }
+
+    fn all(&self) -> Vec<Call> {
+        self.0.lock().map(|calls| calls.clone()).unwrap_or_default()
+    }
+
+    fn of(&self, payload: &str) -> Vec<Call> {
+        self.all()
+            .into_iter()
+            .filter(|call| call.payload == payload)
+            .collect()
+    }
+
+    /// Payloads that succeeded at least once.
+    fn succeeded(&self, payload: &str) -> bool {
+        self.of(payload).iter().any(|call| call.ok)
+    }
+}
+
+/// Fails each payload starting with `h` on its first `fails` calls with
+/// "retry after `delay`"; everything else succeeds.
+fn heads_fail(
+    calls: Calls,
+    instance: usize,
+    fails: usize,
+    delay: Duration,
+) -> impl tower::Service<
+    Message,
+    Response = (),
+    Error = HandlerError,
+    Future = impl Future<Output = Result<(), HandlerError>> + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |message: Message| {
+        let calls = calls.clone();
+        async move {
+            let payload = String::from_utf8_lossy(message.payload()).into_owned();
+            let before = calls.of(&payload).len();
+            if payload.starts_with('h') && before < fails {
+                calls.record(&message, false, instance);
+                return Err(HandlerError::retry_later("the head is not ready", delay));
+            }
+            calls.record(&message, true, instance);
+            Ok(())
+        }
+    })
+}
+
+/// Keys `k0..k{keys}`, each a head `h<k>` and then `followers` messages
+/// `f<k>.<i>` of the same key.
+fn heads_and_followers(keys: usize, followers: usize) -> Vec<TestMessage> {
+    let mut messages = Vec::new();
+    for key in 0..keys {
+        messages.push(TestMessage::new(format!("k{key}"), format!("h{key}")));
+        for follower in 0..followers {
+            messages.push(TestMessage::new(
+                format!("k{key}"),
+                format!("f{key}.{follower}"),
+            ));
+        }
+    }
+    messages
+}
+
+/// Review R9: two instances on one durable, the source's default
+/// `max_deliveries` (5), keys whose first message asks for later three
+/// times. The messages behind those heads never fail. None of them may be
+/// dead-lettered, and each must run.
+///
+/// Before the fix each follow was a `-NAK` with a delay, one delivery
+/// more, to whichever instance pulled next; a follower turned away
+/// behind its head five times was dead-lettered by the source without
+/// running ("delivered 5 times without being acknowledged").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_waiting_behind_a_parked_head_are_never_dead_lettered() {
+    let Some(backend) = NatsBackend::new("followers of a parked head").await else {
+        return;
+    };
+    let stream = support::unique("follow");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    let (keys, followers) = (8, 4);
+    support::produce(
+        backend.client(),
+        &stream,
+        heads_and_followers(keys, followers),
+    )
+    .await
+    .expect("produce");
+    let calls = Calls::default();
+    let mut instances = Vec::new();
+    for instance in 0..2 {
+        let source = backend.source(&stream, "g").build().await.expect("source");
+        let acker = source.acker();
+        let sink = source.dead_letter_sink().build().await.expect("sink");
+        let handler = tower::ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(sink))
+            .layer(ParkingLayer::new(source.parking()))
+            .service(heads_fail(
+                calls.clone(),
+                instance,
+                3,
+                Duration::from_millis(300),
+            ));
+        instances.push(Running::start(
+            Consumer::builder().ordering(DeliveryOrder::Key),
+            source,
+            acker,
+            handler,
+        ));
+    }
+    wait_until("everything settled", Duration::from_secs(90), || {
+        support::block_on_unacknowledged(backend.client(), &stream, "g") == 0
+    })
+    .await;
+    for running in instances {
+        running.stop().await;
+    }
+    let letters = backend
+        .dead_letters(&stream, "g")
+        .await
+        .expect("read the dead letters");
+    let lettered: Vec<(String, String)> = letters
+        .iter()
+        .map(|letter| {
+            (
+                String::from_utf8_lossy(letter.message.payload()).into_owned(),
+                letter.error.clone(),
+            )
+        })
+        .collect();
+    let followers_lettered: Vec<&(String, String)> = lettered
+        .iter()
+        .filter(|(payload, _)| payload.starts_with('f'))
+        .collect();
+    let mut attempts: HashMap<String, Vec<u32>> = HashMap::new();
+    let mut per_instance = [0usize; 2];
+    for call in calls.all() {
+        per_instance[call.instance] += 1;
+        attempts.entry(call.payload).or_default().push(call.attempt);
+    }
+    eprintln!("calls per instance: {per_instance:?}");
+    assert!(
+        followers_lettered.is_empty(),
+        "{} of {} messages that never failed were dead-lettered: {followers_lettered:?}",
+        followers_lettered.len(),
+        keys * followers
+    );
+    for key in 0..keys {
+        for follower in 0..followers {
+            let payload = format!("f{key}.{follower}");
+            assert!(
+                calls.succeeded(&payload),
+                "{payload} never ran: {attempts:?}"
+            );
+        }
+        let head = format!("h{key}");
+        assert!(calls.succeeded(&head), "{head}: {:?}", calls.of(&head));
+    }
+    assert!(lettered.is_empty(), "{lettered:?}");
+}
