@@ -50,6 +50,7 @@ const EVERY_DESTINATION: &str = "<every destination>";
 /// |---|---|
 /// | destination | the topic |
 /// | key | the record key; librdkafka's `murmur2_random` partitioner puts a key where Java producers put it |
+/// | partition | [`Output::partition`] when set (a replay into its origin partition), else the key's |
 /// | headers | the record headers, in order, names repeated as given |
 /// | confirmation | the delivery report: partition and offset ([`Position::Offset`]) |
 /// | order | idempotent producer (`enable.idempotence=true`: `acks=all`, retries keep order and add no duplicates), so outputs of one partition are stored in the order sent |
@@ -298,6 +299,7 @@ impl Publisher for KafkaPublisher {
 
     async fn send(&self, output: Output) -> Result<KafkaReceipt, PublishError> {
         let shared = &*self.inner.shared;
+        let partition = output.partition();
         let (destination, payload, key, headers) = output.into_parts();
         if shared.closed.load(Ordering::Acquire) {
             return Err(closed(&destination, None));
@@ -305,6 +307,11 @@ impl Publisher for KafkaPublisher {
         let slot = Arc::new(Slot::default());
         let mut record =
             BaseRecord::with_opaque_to(&destination, Arc::clone(&slot)).payload(payload.as_ref());
+        if let Some(partition) = partition {
+            // Above i32::MAX no Kafka partition exists: librdkafka refuses
+            // it as an unknown partition, like any other it does not know.
+            record = record.partition(i32::try_from(partition).unwrap_or(i32::MAX));
+        }
         if let Some(key) = &key {
             record = record.key(key.as_ref());
         }
