@@ -44,7 +44,8 @@ struct Entry {
     /// When it came back to this process and began to run, as the first of
     /// its key.
     running_since: Option<SystemTime>,
-    /// Followers turned away while it was due and not back here.
+    /// How often it was turned away, as a follower, by a first message of
+    /// its key that was due and not back here.
     turned_away: u32,
     due: SystemTime,
     /// How long it was parked for: a broker may return it later than due
@@ -107,9 +108,9 @@ const FOLLOW_GAP: Duration = Duration::from_millis(1);
 /// The longest a follower waits behind its key's first parked message
 /// that is due but not back here: it may be late, or another consumer of
 /// the group may have taken it. The wait starts at [`FOLLOW_GAP`] and
-/// doubles with each follower turned away by that message, so a copy a
-/// millisecond late costs a millisecond and one that went elsewhere a few
-/// dozen parks until it is overdue, not one per millisecond.
+/// doubles each time the same follower is turned away so, so a copy a
+/// millisecond late costs a millisecond and one that went elsewhere about
+/// twenty parks per follower until it is overdue, not one per millisecond.
 fn late_head_wait(turned_away: u32, overdue_after: Duration) -> Duration {
     FOLLOW_GAP
         .saturating_mul(1u32 << turned_away.min(30))
@@ -202,8 +203,14 @@ impl ParkedKeys {
             // Due and not back here: it is late, or another consumer of the
             // group took it.
             None if now >= head.due => {
-                due = due.max(now + late_head_wait(head.turned_away, overdue_after));
-                head.turned_away = head.turned_away.saturating_add(1);
+                let turned_away = match queue.iter_mut().find(|entry| entry.id == id) {
+                    Some(follower) => {
+                        follower.turned_away = follower.turned_away.saturating_add(1);
+                        follower.turned_away - 1
+                    }
+                    None => 0,
+                };
+                due = due.max(now + late_head_wait(turned_away, overdue_after));
             }
             None => {}
         }
@@ -235,7 +242,7 @@ impl ParkedKeys {
                 *entry = Entry {
                     id: parked,
                     running_since: None,
-                    turned_away: 0,
+                    turned_away: entry.turned_away,
                     due,
                     delay,
                 }
