@@ -8,6 +8,7 @@
 //!     consume --broker URL --source NAME --group GROUP --ledger FILE \
 //!     [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
 //!     [--later-every K [--later-secs S]] [--effects-db POSTGRES_URL]
+//!     [--ordering key|unordered]
 //! cargo run --release --features full --example ledger -- \
 //!     relay --broker URL --source NAME --group GROUP --to NAME2 \
 //!     [--max-in-flight N] [--idle-exit-secs S] [--exactly-once [--effects-db POSTGRES_URL]]
@@ -68,6 +69,12 @@
 //! outbox's commit), always with the same `intake.outbox-id`, for readers to
 //! drop. Before it exits, the relay waits (up to 30 s) for its outbox to
 //! empty.
+//!
+//! `--ordering key` runs each key's messages one after the other
+//! (`DeliveryOrder::Key`, the key being the broker's: `id % 64` as
+//! `produce` writes them) and parks a parked key's later messages behind it;
+//! the ledger file then shows, per key, the order messages were handled in.
+//! The default, `unordered`, runs ids in any order.
 //!
 //! `--effects-db` runs each message through intake-postgres's exactly-once
 //! handler, which inserts `(GROUP, NAME, ID)` into `ledger_effects`: the
@@ -225,8 +232,12 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         .service(handler::service(journal, activity.clone(), effects));
     let consumer = Consumer::builder()
         .max_in_flight(args.max_in_flight)
-        // Ids have no order to keep; commits stay ordered regardless.
-        .ordering(DeliveryOrder::Unordered)
+        // Ids have no order to keep unless asked; commits stay ordered
+        // regardless.
+        .ordering(match args.key_order {
+            true => DeliveryOrder::Key,
+            false => DeliveryOrder::Unordered,
+        })
         .shutdown_deadline(Duration::from_secs(10));
 
     let job = Job {
@@ -235,6 +246,7 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         shutdown: &shutdown,
         consumer,
         parks: args.later_every.is_some(),
+        key_order: args.key_order,
     };
     let ran = connect_and_run(&args.broker, &args.source, &args.group, job, handler).await;
     // The handler, and with it the last Journal, is gone: the writer thread
@@ -253,9 +265,9 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
 }
 
 /// `handler`, parking through `parking` (given with `--later-every`) what
-/// asks for later. The ids have no order to keep: the consumer runs them
-/// unordered.
-fn parked<H, P>(handler: H, parking: Option<P>) -> ConsumeHandler
+/// asks for later, keeping a parked key's later messages behind it when
+/// the consumer keeps the order per key.
+fn parked<H, P>(handler: H, parking: Option<P>, key_order: bool) -> ConsumeHandler
 where
     H: tower::Service<Message, Response = (), Error = HandlerError> + Send + 'static,
     H::Future: Send + 'static,
@@ -264,7 +276,7 @@ where
     match parking {
         Some(parking) => BoxService::new(
             ParkingLayer::new(parking)
-                .keep_key_order(false)
+                .keep_key_order(key_order)
                 .layer(handler),
         ),
         None => BoxService::new(handler),
@@ -325,6 +337,7 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
         shutdown: &shutdown,
         consumer,
         parks: false,
+        key_order: true,
     };
     let report = match &transactions {
         Some((bootstrap, kept)) => {
@@ -437,6 +450,8 @@ struct Job<'a> {
     consumer: ConsumerBuilder,
     /// `--later-every`: park what asks for later through the backend.
     parks: bool,
+    /// `--ordering key`: a parked key's later messages wait behind it.
+    key_order: bool,
 }
 
 /// What the run's log lines name, and when it exits.
@@ -486,7 +501,7 @@ where
             let source = kafka::source(bootstrap, source_name, group, parking.as_ref()).await?;
             let acker = source.acker();
             let backlog = Backlog::Kafka(kafka::LagProbe::new(bootstrap, source_name, group)?);
-            let handler = parked(handler, parking);
+            let handler = parked(handler, parking, job.key_order);
             run(source, acker, handler, job, Some(backlog)).await
         }
         Broker::Redis { url } => {
@@ -497,7 +512,7 @@ where
                 true => Some(source.parking().build().await?),
                 false => None,
             };
-            let handler = parked(handler, parking);
+            let handler = parked(handler, parking, job.key_order);
             run(source, acker, handler, job, Some(Backlog::Redis(pending))).await
         }
         Broker::Amqp { url } => {
@@ -507,14 +522,14 @@ where
             };
             let source = amqp::source(url, source, group).await?;
             let acker = source.acker();
-            let handler = parked(handler, parking);
+            let handler = parked(handler, parking, job.key_order);
             run(source, acker, handler, job, None).await
         }
         Broker::Nats { url } => {
             let pending = nats::PendingProbe::connect(url, source, group).await?;
             let source = nats::source(url, source, group).await?;
             let acker = source.acker();
-            let handler = parked(handler, job.parks.then(|| source.parking()));
+            let handler = parked(handler, job.parks.then(|| source.parking()), job.key_order);
             run(source, acker, handler, job, Some(Backlog::Nats(pending))).await
         }
     }
@@ -558,6 +573,7 @@ async fn run<S, A, H>(
         shutdown,
         consumer,
         parks: _,
+        key_order: _,
     }: Job<'_>,
     backlog: Option<Backlog>,
 ) -> Result<RunReport, BoxError>

@@ -9,6 +9,7 @@ usage:
   ledger consume --broker URL --source NAME --group GROUP --ledger FILE
                  [--max-in-flight N] [--idle-exit-secs S] [--fail-every K]
                  [--later-every K [--later-secs S]] [--effects-db POSTGRES_URL]
+                 [--ordering key|unordered]
   ledger relay --broker URL --source NAME --group GROUP --to NAME2
                [--max-in-flight N] [--idle-exit-secs S]
                [--exactly-once [--effects-db POSTGRES_URL]]
@@ -41,6 +42,10 @@ pub struct Consume {
     pub later_every: Option<u64>,
     pub later: Duration,
     pub effects_db: Option<String>,
+    /// `--ordering key`: each key's messages one after the other, and a
+    /// parked key's later messages parked behind it; `unordered` (the
+    /// default): ids have no order to keep.
+    pub key_order: bool,
 }
 
 /// Consumes `source` and publishes each payload, key and headers unchanged
@@ -222,8 +227,18 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                     "--later-every",
                     "--later-secs",
                     "--effects-db",
+                    "--ordering",
                 ],
             )?;
+            let key_order = match flags.optional("--ordering") {
+                None | Some("unordered") => false,
+                Some("key") => true,
+                Some(other) => {
+                    return Err(UsageError::new(format!(
+                        "--ordering is `key` or `unordered`, not `{other}`"
+                    )));
+                }
+            };
             let later_every = flags.positive("--later-every")?;
             let later_secs: Option<u64> = flags.positive("--later-secs")?;
             if later_secs.is_some() && later_every.is_none() {
@@ -242,6 +257,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, UsageErr
                 later_every,
                 later: Duration::from_secs(later_secs.unwrap_or(DEFAULT_LATER_SECS)),
                 effects_db: flags.optional("--effects-db").map(str::to_owned),
+                key_order,
             }))
         }
         "relay" => {

@@ -86,6 +86,19 @@ impl Backend {
     /// first: Kafka waits for the dead member's session to expire and
     /// rebalances, Redis waits until the dead consumer's pending entries are
     /// idle long enough to claim, RabbitMQ requeues them at once.
+    /// Whether each key's messages are handled in their order through
+    /// SIGKILLs of the consumer (docs/CONTRACT.md §11).
+    pub fn keeps_key_order_through_kills(self) -> bool {
+        match self {
+            Self::Kafka | Self::Amqp => true,
+            // Entries a killed consumer held are claimed by another after
+            // newer entries of their keys were read; JetStream redelivers
+            // a killed consumer's messages after `ack_wait`, behind newer
+            // ones.
+            Self::Redis | Self::Nats => false,
+        }
+    }
+
     pub fn drain_idle_exit(self) -> Duration {
         match self {
             // The ledger's session.timeout.ms is 6 s.

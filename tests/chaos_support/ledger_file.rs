@@ -34,7 +34,26 @@ pub struct LedgerStats {
     /// Parked copies handled before their due time, first few, as
     /// (id, milliseconds early).
     pub early: Vec<(String, i64)>,
+    /// The order per key, as the ids first appear in the file.
+    pub key_order: KeyOrder,
 }
+
+/// Keys (`id % KEYS`, as `ledger produce` writes them) whose ids did not
+/// first appear in ascending order: each key's messages are produced in
+/// ascending order, so a later id handled before an earlier one of its key
+/// broke the key's order. Only meaningful for one file read by one
+/// consumer at a time, with `--ordering key`.
+#[derive(Debug, Default)]
+pub struct KeyOrder {
+    /// Keys with at least one id first seen after a later id of the key.
+    pub broken_keys: u64,
+    /// The first few breaks, as (key, the later id seen first, the earlier
+    /// id seen after it).
+    pub first_breaks: Vec<(u64, u64, u64)>,
+}
+
+/// How many keys `ledger produce` spreads ids over.
+pub const KEYS: u64 = 64;
 
 impl LedgerStats {
     /// Reads `files` (one per consumer process; missing files count as
@@ -52,7 +71,11 @@ impl LedgerStats {
             foreign_ids: Vec::new(),
             parked_lines: 0,
             early: Vec::new(),
+            key_order: KeyOrder::default(),
         };
+        // Per key: the highest id seen so far, and whether it broke.
+        let mut highest: Vec<Option<u64>> = vec![None; KEYS as usize];
+        let mut broken = vec![false; KEYS as usize];
         for file in files {
             let text = match fs::read_to_string(file) {
                 Ok(text) => text,
@@ -87,6 +110,18 @@ impl LedgerStats {
                     Ok(id) if id < produced => {
                         stats.lines += 1;
                         seen[id as usize] += 1;
+                        if seen[id as usize] == 1 {
+                            let key = (id % KEYS) as usize;
+                            match highest[key] {
+                                Some(later) if later > id => {
+                                    broken[key] = true;
+                                    if stats.key_order.first_breaks.len() < 10 {
+                                        stats.key_order.first_breaks.push((key as u64, later, id));
+                                    }
+                                }
+                                _ => highest[key] = Some(id),
+                            }
+                        }
                     }
                     _ => {
                         if stats.foreign_ids.len() < 10 {
@@ -96,6 +131,7 @@ impl LedgerStats {
                 }
             }
         }
+        stats.key_order.broken_keys = broken.iter().filter(|broken| **broken).count() as u64;
         for (id, &count) in seen.iter().enumerate() {
             match count {
                 0 => stats.missing.push(id as u64),

@@ -113,6 +113,9 @@ pub struct Consume {
     /// Every K-th first attempt asks to be retried after the duration, and
     /// is parked.
     pub later: Option<(u32, Duration)>,
+    /// `--ordering key`: each key's messages in order, a parked key's later
+    /// messages behind it.
+    pub key_order: bool,
 }
 
 impl Consume {
@@ -137,6 +140,9 @@ impl Consume {
             command
                 .args(["--later-every", &every.to_string()])
                 .args(["--later-secs", &delay.as_secs().to_string()]);
+        }
+        if self.key_order {
+            command.args(["--ordering", "key"]);
         }
         command.envs(self.backend.consumer_env().iter().copied());
         ChildProcess::spawn(command, label, logs)
