@@ -11,12 +11,17 @@
 //!   in consumer-level backoff, with no probe succeeding, for longer than
 //!   [`HealthSettings::backoff_grace`] (everything failing for that long
 //!   means this instance should get no traffic; a short backoff is normal).
-//! - **Live**: no partition is stalled. A partition stalls when it has
-//!   uncommitted work, its watermark has not moved for
-//!   [`HealthSettings::stall_window`], and its oldest unfinished message is
-//!   older than the window too. For [`HealthSettings::rebalance_grace`]
-//!   after a route's assignment changes, its partitions count as live, so
-//!   liveness does not flap during rebalances.
+//! - **Live**: no partition is stalled, and acknowledgements have not kept
+//!   failing. A partition stalls when it has uncommitted work, its
+//!   watermark has not moved for [`HealthSettings::stall_window`], and its
+//!   oldest unfinished message is older than the window too. For
+//!   [`HealthSettings::rebalance_grace`] after a route's assignment
+//!   changes, its partitions count as live, so liveness does not flap
+//!   during rebalances. A route whose acknowledgements (commits) have all
+//!   failed for the stall window is not live either, rebalance or not: its
+//!   watermarks may move while nothing reaches the broker (a commit the
+//!   broker refuses every time), and a restart is what clears a client
+//!   stuck that way.
 //!
 //! A route's runtime that stops ticking altogether (a blocked executor) is
 //! caught too: a stall is judged against the time of the question, not of
@@ -36,8 +41,9 @@ use crate::source::SourceError;
 pub struct HealthSettings {
     /// How long a partition with uncommitted work may go without its
     /// watermark moving (and its oldest unfinished message waiting) before
-    /// it fails liveness. Default 5 minutes: longer than the slowest
-    /// legitimate handler.
+    /// it fails liveness; also how long acknowledgements (commits) may all
+    /// fail before the route fails liveness. Default 5 minutes: longer than
+    /// the slowest legitimate handler, and than a broker's failover.
     pub stall_window: Duration,
     /// How long after a route's assignment changes its partitions count as
     /// live whatever they do. Default 60 s.
@@ -164,6 +170,9 @@ struct RouteState {
     assigned: bool,
     assignment_changed_at: Option<Instant>,
     ack_failing: bool,
+    /// Since when every acknowledgement has failed (the first failure
+    /// after the last success).
+    ack_failing_since: Option<Instant>,
     source_failing: bool,
     /// Since when the source has not reached its broker, at the last tick.
     unreachable_since: Option<Instant>,
@@ -210,6 +219,11 @@ pub enum Problem {
         /// How long it has been backing off.
         since: Duration,
     },
+    /// Every acknowledgement (commit) has failed for the stall window.
+    CommitsFailing {
+        /// How long since the first of these failures.
+        since: Duration,
+    },
     /// A partition's watermark has not moved for the stall window.
     Stalled {
         /// The partition.
@@ -232,6 +246,9 @@ impl std::fmt::Display for Problem {
             }
             Problem::BackingOff { since } => {
                 write!(f, "backing off for {since:?}")
+            }
+            Problem::CommitsFailing { since } => {
+                write!(f, "commits failing for {since:?}")
             }
             Problem::Stalled { partition, since } => {
                 write!(f, "partition {partition} stalled for {since:?}")
@@ -303,6 +320,7 @@ impl Health {
                 assigned: false,
                 assignment_changed_at: None,
                 ack_failing: false,
+                ack_failing_since: None,
                 source_failing: false,
                 unreachable_since: None,
                 backing_off_since: None,
@@ -386,17 +404,24 @@ impl Health {
         })
     }
 
-    /// Liveness: each route's stalled partitions. See the [module
-    /// docs](self).
+    /// Liveness: each route's failing commits and stalled partitions. See
+    /// the [module docs](self).
     pub fn liveness(&self) -> HealthReport {
         let now = Instant::now();
         let settings = self.inner.settings;
         self.report(|state| {
+            // Judged before the rebalance grace: a route that rebalances
+            // again and again must not hide commits that never succeed.
+            let failing = state
+                .ack_failing_since
+                .map(|at| now.saturating_duration_since(at))
+                .filter(|since| *since >= settings.stall_window)
+                .map(|since| Problem::CommitsFailing { since });
             if state
                 .assignment_changed_at
                 .is_some_and(|at| now.saturating_duration_since(at) < settings.rebalance_grace)
             {
-                return Vec::new();
+                return failing.into_iter().collect();
             }
             let mut stalled: Vec<Problem> = state
                 .partitions
@@ -414,7 +439,7 @@ impl Health {
                 })
                 .collect();
             stalled.sort_by_key(ToString::to_string);
-            stalled
+            failing.into_iter().chain(stalled).collect()
         })
     }
 
@@ -511,6 +536,9 @@ impl ConsumerObserver for RouteHealth {
         if result.is_ok() {
             // Acknowledging needs the broker: it answers again.
             state.source_failing = false;
+            state.ack_failing_since = None;
+        } else if state.ack_failing_since.is_none() {
+            state.ack_failing_since = Some(Instant::now());
         }
     }
 
