@@ -5,7 +5,10 @@
 //! The docs of [`AmqpParking`] say how it parks, what it costs and its
 //! limits.
 
+mod relay;
+
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -17,6 +20,7 @@ use lapin::{Channel, Connection};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use self::relay::Relay;
 use crate::connection::open_within;
 use crate::error::{Error, Operation, classify};
 use crate::publisher::AmqpPublisher;
@@ -129,8 +133,33 @@ const fn hours(hours: u64) -> Duration {
 /// min by default) overdue, which the default tiers reach for delays above
 /// 20 minutes: raise `overdue_after`, or give the delays the handler asks
 /// for as [`tiers`](AmqpParkingBuilder::tiers), which then come back on
-/// time. A delay longer than the longest tier is refused (the layer retries
-/// the message the ordinary way and logs why).
+/// time.
+///
+/// # Delays beyond the longest tier: steps and the relay
+///
+/// A delay longer than the longest tier `L` waits in steps of `L`: the copy
+/// goes to the step queue `Q.wait.hop.{L}ms` (like a tier's wait queue, but
+/// it dead-letters into the durable fanout exchange `Q.wait.relay` and its
+/// queue of the same name instead of `Q`). Every parking runs a **relay**,
+/// a consumer of `Q.wait.relay` on a connection of its own (like Kafka's
+/// mover): it reads the due time the copy carries (`intake.park.due`) and
+/// parks the copy on, for another step while the rest is still longer than
+/// `L`, else in the tier of the rest, from which it comes back to `Q` on
+/// time like any other copy. It acknowledges the copy only after the
+/// broker confirmed the next wait, so a relay that dies mid-way leaves a
+/// duplicate, never a loss; a failed round is tried again after a wait
+/// that doubles from 100 ms to 10 s. A step neither counts as a park nor
+/// runs the handler: the message is handled once, when due, and
+/// `max_parks` counts the park the handler asked for. Its copy's rest is
+/// reckoned by the relay host's clock against the parking host's due time;
+/// clocks that disagree move the return by as much.
+///
+/// The relay queue never expires: copies between two steps wait there
+/// (durably, quorum unless
+/// [`classic_wait_queues`](AmqpParkingBuilder::classic_wait_queues)) for as
+/// long as no parking of `Q` runs, and any parking of `Q` (of any process,
+/// with any tiers) takes them on. The step queue's name carries `L`, so
+/// changing the tiers declares another one, which leads to the same relay.
 ///
 /// # Idle wait queues delete themselves
 ///
@@ -149,7 +178,10 @@ const fn hours(hours: u64) -> Duration {
 /// second connection, used for nothing else: redeclaring on every park
 /// would queue every concurrent park behind one channel's declarations).
 /// Each tier in use is a quorum queue (a Raft group on each replica) and an
-/// exchange, until it expires.
+/// exchange, until it expires. The relay is a third connection with one
+/// consumer (prefetch 16) and one more quorum queue, `Q.wait.relay`, which
+/// stays; it moves a copy once per step of a long delay (once a day with
+/// the default tiers), one copy at a time.
 ///
 /// # Limits
 ///
@@ -171,6 +203,27 @@ const fn hours(hours: u64) -> Duration {
 /// - The delayed-message exchange plugin is not used: wait queues work on
 ///   every RabbitMQ from 3.10 without plugins.
 ///
+/// # Which messages are taken for copies
+///
+/// The [`ParkingLayer`](intake_core::parking::ParkingLayer) believes the
+/// park headers (`intake.park.*`, `intake.parks`, `intake.attempts`) only on
+/// a message [`is_returned_copy`](Parking::is_returned_copy) takes for a
+/// copy: one of `Q` that RabbitMQ dead-lettered on expiry from one of `Q`'s
+/// wait queues (`x-first-death-reason: expired`, `x-first-death-queue:
+/// Q.wait.{ms}ms`). On any other message the layer drops those headers, so
+/// a producer cannot hold messages back with a due time, use up their
+/// parks, or steer the order per key.
+///
+/// **Residual risk**: RabbitMQ 3.10 delivers `x-death` and
+/// `x-first-death-*` headers that a producer published as written (checked
+/// on 3.10.8, `tests/parking.rs`), so a producer that writes them together
+/// with park headers is believed: it can hold each of its own messages up
+/// to the layer's `max_early_wait` (1 s), have them fail for good at their
+/// first `retry_later` (`intake.parks` at `max_parks`), or name another
+/// origin for their key order and dead letters. It needs no more than
+/// publish access to `Q`: keep that to producers you trust as much as the
+/// consumer's code, or reject such headers where producers come in.
+///
 /// # Example
 ///
 /// ```no_run
@@ -191,15 +244,28 @@ const fn hours(hours: u64) -> Duration {
 /// # }
 /// ```
 pub struct AmqpParking {
+    shared: Arc<Shared>,
+    relay: Relay,
+}
+
+/// What the parking and its relay share.
+struct Shared {
     url: AmqpUrl,
     tls: Tls,
     connection_name: Option<String>,
     queue: String,
     tiers: Vec<Tier>,
+    /// The longest tier's relay wait queue: a delay beyond every tier
+    /// waits there, and the relay takes it on.
+    hop: Tier,
+    /// Declared by the relay on each connection: where the hop wait queue
+    /// dead-letters its copies.
+    relay_topology: Topology,
     timeout: Duration,
     publisher: AmqpPublisher,
     declarer: Mutex<Declarer>,
     parked: AtomicU64,
+    relayed: AtomicU64,
 }
 
 /// One wait tier: its TTL, the name of its wait queue and exchange, and
@@ -213,8 +279,9 @@ struct Tier {
 /// The declaring connection and when each tier was last declared.
 struct Declarer {
     link: Option<Link>,
-    /// By tier index: the moment before the last declaration the broker
-    /// confirmed, so the broker's lease began no earlier.
+    /// By tier index (the hop wait queue last): the moment before the last
+    /// declaration the broker confirmed, so the broker's lease began no
+    /// earlier.
     declared: Vec<Option<Instant>>,
 }
 
@@ -227,10 +294,11 @@ struct Link {
 impl fmt::Debug for AmqpParking {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpParking")
-            .field("endpoint", &self.url.endpoint())
-            .field("queue", &self.queue)
+            .field("endpoint", &self.shared.url.endpoint())
+            .field("queue", &self.shared.queue)
             .field("tiers", &self.tiers())
             .field("parked", &self.parked())
+            .field("relayed", &self.relayed())
             .finish_non_exhaustive()
     }
 }
@@ -271,7 +339,9 @@ impl AmqpParkingBuilder {
 
     /// The wait tiers (default [`AmqpParking::DEFAULT_TIERS`]): a delay
     /// waits in the shortest tier at least as long, and each tier in use is
-    /// a wait queue. Rounded up to whole milliseconds; from 1 ms to 30 days.
+    /// a wait queue; a longer delay waits in steps of the longest tier (see
+    /// the [type docs](AmqpParking)). Rounded up to whole milliseconds;
+    /// from 1 ms to 30 days.
     pub fn tiers(mut self, tiers: impl IntoIterator<Item = Duration>) -> Self {
         self.tiers = tiers.into_iter().collect();
         self
@@ -281,14 +351,14 @@ impl AmqpParkingBuilder {
     /// their messages back at most once (one in flight when the broker
     /// fails, or that finds no route, is lost). For brokers older than
     /// 3.10, which have no message TTL or at-least-once dead-lettering on
-    /// quorum queues.
+    /// quorum queues. The relay queue is classic too.
     pub fn classic_wait_queues(mut self) -> Self {
         self.kind = QueueKind::Classic;
         self
     }
 
-    /// Names the parking's connections (with ` (parking)` and ` (parking
-    /// declarations)` appended).
+    /// Names the parking's connections (with ` (parking)`, ` (parking
+    /// declarations)` and ` (parking relay)` appended).
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = Some(name.into());
         self
@@ -307,10 +377,11 @@ impl AmqpParkingBuilder {
         self
     }
 
-    /// Checks the settings, connects, and declares the return route and
-    /// the shortest tier's wait queue (which, unused, deletes itself after
-    /// its TTL and 30 minutes), so that a wrong password, a missing queue or
-    /// a broker without quorum-queue TTLs shows here.
+    /// Checks the settings, connects, declares the return route, the
+    /// shortest tier's wait queue (which, unused, deletes itself after its
+    /// TTL and 30 minutes) and the relay queue, and starts the relay, so
+    /// that a wrong password, a missing queue or a broker without
+    /// quorum-queue TTLs shows here.
     ///
     /// # Errors
     ///
@@ -337,10 +408,14 @@ impl AmqpParkingBuilder {
             return Err(ConfigError::new("timeout", "is zero; give the broker time").into());
         }
         self.tls.check_for(&url)?;
+        let longest = tiers.last().copied().unwrap_or(MAX_TIER);
         let tiers = tiers
             .into_iter()
             .map(|ttl| Tier::new(&queue, ttl, self.kind))
             .collect::<Result<Vec<_>, _>>()?;
+        let hop = Tier::hop(&queue, longest, self.kind)?;
+        let relay_topology = relay_topology(&queue, self.kind);
+        relay_topology.validate()?;
         let mut publisher = AmqpPublisher::builder(self.raw_url)
             .route_by_key()
             .tls(self.tls.clone())
@@ -351,22 +426,29 @@ impl AmqpParkingBuilder {
             publisher = publisher.connection_name(format!("{name} (parking)"));
         }
         let publisher = publisher.build().await?;
-        let parking = AmqpParking {
+        let shared = Arc::new(Shared {
             url,
             tls: self.tls,
             connection_name: self.connection_name,
             queue,
             declarer: Mutex::new(Declarer {
                 link: None,
-                declared: vec![None; tiers.len()],
+                declared: vec![None; tiers.len() + 1],
             }),
             tiers,
+            hop,
+            relay_topology,
             timeout: self.timeout,
             publisher,
             parked: AtomicU64::new(0),
-        };
-        parking.declare(0).await?;
-        Ok(parking)
+            relayed: AtomicU64::new(0),
+        });
+        shared.declare(0).await?;
+        shared
+            .declare_on_declarer(&shared.relay_topology, &relay_queue(&shared.queue))
+            .await?;
+        let relay = Relay::start(Arc::clone(&shared));
+        Ok(AmqpParking { shared, relay })
     }
 }
 
@@ -405,37 +487,97 @@ fn return_exchange(queue: &str) -> String {
     format!("{queue}.wait.return")
 }
 
+/// The name of `queue`'s relay queue (and of the exchange bound to it):
+/// where a copy waiting in steps goes after each step.
+fn relay_queue(queue: &str) -> String {
+    format!("{queue}.wait.relay")
+}
+
+/// What the relay consumes: its durable exchange and queue, bound. The
+/// queue never expires: it holds copies between two steps of their wait,
+/// however long no relay runs.
+fn relay_topology(queue: &str, kind: QueueKind) -> Topology {
+    let relay = relay_queue(queue);
+    let relay_queue = match kind {
+        QueueKind::Quorum => Queue::quorum(relay.as_str()),
+        QueueKind::Classic => Queue::classic(relay.as_str()),
+    };
+    Topology::new()
+        .exchange(Exchange::fanout(relay.as_str()))
+        .queue(relay_queue)
+        .bind(relay.as_str(), relay.as_str(), "")
+}
+
+/// Whether `tier` (what follows `{queue}.wait.` in a wait queue's name)
+/// names a tier: decimal milliseconds and `ms`.
+fn is_tier_name(tier: &str) -> bool {
+    tier.strip_suffix("ms")
+        .is_some_and(|millis| !millis.is_empty() && millis.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `name`, checked against AMQP's limit on names for `queue`'s wait
+/// queues.
+fn check_wait_name(name: &str) -> Result<(), Error> {
+    check_name("queue", name).map_err(|_| {
+        ConfigError::new(
+            "queue",
+            format!(
+                "is too long for its wait queues: `{}…` would be longer than the \
+                 {MAX_NAME_BYTES} bytes AMQP allows",
+                name.chars().take(32).collect::<String>()
+            ),
+        )
+        .into()
+    })
+}
+
 impl Tier {
+    /// The tier of `ttl`: its wait queue `{queue}.wait.{ms}ms` gives its
+    /// copies back to `queue`.
     fn new(queue: &str, ttl: Duration, kind: QueueKind) -> Result<Self, Error> {
-        let millis = whole_millis(ttl);
-        let wait = format!("{queue}.wait.{millis}ms");
+        let wait = format!("{queue}.wait.{}ms", whole_millis(ttl));
         let back = return_exchange(queue);
-        for name in [&wait, &back] {
-            check_name("queue", name).map_err(|_| {
-                ConfigError::new(
-                    "queue",
-                    format!(
-                        "is too long for its wait queues: `{}…` would be longer than the \
-                         {MAX_NAME_BYTES} bytes AMQP allows",
-                        name.chars().take(32).collect::<String>()
-                    ),
-                )
-            })?;
-        }
-        let expires =
-            i64::try_from(millis.saturating_add(whole_millis(EXPIRY_MARGIN))).unwrap_or(i64::MAX);
+        check_wait_name(&back)?;
+        // Declared with every tier: a queue deleted and declared again (by
+        // its source, after a broker restart) has lost its bindings.
+        let route = Topology::new()
+            .exchange(Exchange::fanout(back.as_str()))
+            .bind(queue, back.as_str(), "");
+        Self::waiting(wait, ttl, kind, &back, route)
+    }
+
+    /// The relay's step of `ttl` (the longest tier): its wait queue
+    /// `{queue}.wait.hop.{ms}ms` hands its copies to the relay queue. Its
+    /// name carries the TTL, so a change of tiers declares another queue
+    /// rather than one the broker refuses; every such queue leads to the
+    /// same relay queue.
+    fn hop(queue: &str, ttl: Duration, kind: QueueKind) -> Result<Self, Error> {
+        let wait = format!("{queue}.wait.hop.{}ms", whole_millis(ttl));
+        let relay = relay_queue(queue);
+        check_wait_name(&relay)?;
+        Self::waiting(wait, ttl, kind, &relay, relay_topology(queue, kind))
+    }
+
+    /// A wait queue `wait` of `ttl` that dead-letters to `then`, declared
+    /// after `route`, with its own fanout exchange.
+    fn waiting(
+        wait: String,
+        ttl: Duration,
+        kind: QueueKind,
+        then: &str,
+        route: Topology,
+    ) -> Result<Self, Error> {
+        check_wait_name(&wait)?;
+        let expires = i64::try_from(whole_millis(ttl).saturating_add(whole_millis(EXPIRY_MARGIN)))
+            .unwrap_or(i64::MAX);
         let wait_queue = match kind {
             QueueKind::Quorum => Queue::quorum(wait.as_str()).at_least_once_dead_lettering(),
             QueueKind::Classic => Queue::classic(wait.as_str()),
         }
         .message_ttl(ttl)
-        .dead_letter_exchange(back.as_str())
+        .dead_letter_exchange(then)
         .argument("x-expires", AMQPValue::LongLongInt(expires));
-        // Declared with every tier: a queue deleted and declared again (by
-        // its source, after a broker restart) has lost its bindings.
-        let topology = Topology::new()
-            .exchange(Exchange::fanout(back.as_str()))
-            .bind(queue, back.as_str(), "")
+        let topology = route
             .queue(wait_queue)
             .exchange(Exchange::fanout(wait.as_str()).auto_delete())
             .bind(wait.as_str(), wait.as_str(), "");
@@ -508,45 +650,71 @@ impl AmqpParking {
 
     /// The queue whose messages this parks.
     pub fn queue(&self) -> &str {
-        &self.queue
+        &self.shared.queue
     }
 
     /// The exchange that gives parked messages back to the queue
     /// (`{queue}.wait.return`, bound to it).
     pub fn return_exchange(&self) -> String {
-        return_exchange(&self.queue)
+        return_exchange(&self.shared.queue)
+    }
+
+    /// The queue the relay consumes (`{queue}.wait.relay`, with an exchange
+    /// of the same name bound to it): copies parked beyond the longest tier
+    /// wait there between two steps.
+    pub fn relay_queue(&self) -> String {
+        relay_queue(&self.shared.queue)
+    }
+
+    /// The wait queue of a step of a delay beyond the longest tier
+    /// (`{queue}.wait.hop.{ms}ms`, the longest tier's TTL).
+    pub fn hop_queue(&self) -> &str {
+        &self.shared.hop.wait
     }
 
     /// The wait tiers, shortest first.
     pub fn tiers(&self) -> Vec<Duration> {
-        self.tiers.iter().map(|tier| tier.ttl).collect()
+        self.shared.tiers.iter().map(|tier| tier.ttl).collect()
     }
 
-    /// The wait queue a park for `delay` goes to (`None` beyond the longest
-    /// tier).
+    /// The wait queue a park for `delay` goes to; for a delay beyond the
+    /// longest tier, `None`: it waits in steps in the
+    /// [hop queue](Self::hop_queue) first.
     pub fn wait_queue(&self, delay: Duration) -> Option<&str> {
-        self.tier_for(delay)
-            .map(|index| self.tiers[index].wait.as_str())
+        self.shared
+            .tier_for(delay)
+            .map(|index| self.shared.tiers[index].wait.as_str())
     }
 
     /// Messages parked so far (confirmed by the broker).
     pub fn parked(&self) -> u64 {
-        self.parked.load(Ordering::Relaxed)
+        self.shared.parked.load(Ordering::Relaxed)
     }
 
-    /// Closes the parking's connections, after waiting (up to the timeout)
-    /// for parks in flight. What is parked stays parked.
+    /// Copies this parking's relay moved on to their next wait (confirmed
+    /// by the broker): one per step of a delay beyond the longest tier.
+    pub fn relayed(&self) -> u64 {
+        self.shared.relayed.load(Ordering::Relaxed)
+    }
+
+    /// Stops the relay (after the copy it is moving, if any) and closes the
+    /// parking's connections, after waiting (up to the timeout) for parks
+    /// in flight. What is parked stays parked.
     pub async fn close(&self) {
-        self.publisher.close().await;
-        if let Some(link) = self.declarer.lock().await.link.take() {
+        let shared = &self.shared;
+        self.relay.stop(shared.timeout).await;
+        shared.publisher.close().await;
+        if let Some(link) = shared.declarer.lock().await.link.take() {
             let _ = tokio::time::timeout(
-                self.timeout,
+                shared.timeout,
                 link.connection.close(200, "parking closed".into()),
             )
             .await;
         }
     }
+}
 
+impl Shared {
     /// The index of the shortest tier at least `delay` long.
     fn tier_for(&self, delay: Duration) -> Option<usize> {
         let millis = whole_millis(delay);
@@ -555,10 +723,29 @@ impl AmqpParking {
             .position(|tier| whole_millis(tier.ttl) >= millis)
     }
 
+    /// Tier `index`, or the hop wait queue at the index after the last
+    /// tier.
+    fn tier(&self, index: usize) -> Option<&Tier> {
+        match self.tiers.get(index) {
+            Some(tier) => Some(tier),
+            None if index == self.tiers.len() => Some(&self.hop),
+            None => None,
+        }
+    }
+
+    /// The index of where a copy due in `delay` waits: its tier, or the hop
+    /// wait queue beyond the longest.
+    fn wait_for(&self, delay: Duration) -> usize {
+        self.tier_for(delay).unwrap_or(self.tiers.len())
+    }
+
     /// Declares tier `index` unless its last declaration is recent enough
     /// (see the module docs), connecting first if need be. Bounded by the
     /// timeout for each step.
     async fn declare(&self, index: usize) -> Result<(), Error> {
+        let Some(tier) = self.tier(index) else {
+            return Ok(());
+        };
         let mut declarer = self.declarer.lock().await;
         let fresh = declarer
             .declared
@@ -566,12 +753,31 @@ impl AmqpParking {
             .copied()
             .flatten()
             .is_some_and(|at| at.elapsed() < RENEW_AFTER);
-        let Some(tier) = self.tiers.get(index) else {
-            return Ok(());
-        };
         if fresh {
             return Ok(());
         }
+        let started = Instant::now();
+        self.declare_locked(&mut declarer, &tier.topology, &tier.wait)
+            .await?;
+        if let Some(slot) = declarer.declared.get_mut(index) {
+            *slot = Some(started);
+        }
+        Ok(())
+    }
+
+    /// Declares `topology` (whose main queue is `what`) on the declaring
+    /// channel.
+    async fn declare_on_declarer(&self, topology: &Topology, what: &str) -> Result<(), Error> {
+        let mut declarer = self.declarer.lock().await;
+        self.declare_locked(&mut declarer, topology, what).await
+    }
+
+    async fn declare_locked(
+        &self,
+        declarer: &mut Declarer,
+        topology: &Topology,
+        what: &str,
+    ) -> Result<(), Error> {
         let url = &self.url;
         let channel = match declarer
             .link
@@ -587,33 +793,24 @@ impl AmqpParking {
                 channel
             }
         };
-        let started = Instant::now();
-        let declared = tokio::time::timeout(self.timeout, tier.topology.declare_on(&channel, url))
+        let declared = tokio::time::timeout(self.timeout, topology.declare_on(&channel, url))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::Unreachable {
                     endpoint: url.endpoint().to_owned(),
                     source: format!(
-                        "the declarations of wait queue `{}` got no answer within {:?}",
-                        tier.wait, self.timeout
+                        "the declarations of `{what}` got no answer within {:?}",
+                        self.timeout
                     )
                     .into(),
                 })
             });
-        match declared {
-            Ok(()) => {
-                if let Some(slot) = declarer.declared.get_mut(index) {
-                    *slot = Some(started);
-                }
-                Ok(())
-            }
-            Err(error) => {
-                // A refused declaration closes the channel; an unanswered
-                // one leaves it in an unknown state.
-                declarer.link = None;
-                Err(error)
-            }
+        if declared.is_err() {
+            // A refused declaration closes the channel; an unanswered one
+            // leaves it in an unknown state.
+            declarer.link = None;
         }
+        declared
     }
 
     async fn connect(&self) -> Result<Link, Error> {
@@ -657,18 +854,26 @@ impl AmqpParking {
             ))
             .into());
         }
-        let index = self.tier_for(delay).ok_or_else(|| {
-            let longest = self.tiers.last().map_or(Duration::ZERO, |tier| tier.ttl);
-            Error::from(ConfigError::new(
-                "tiers",
-                format!(
-                    "end at {longest:?}, shorter than the {delay:?} asked for: the message would \
-                     come back early; add a longer tier"
-                ),
-            ))
-        })?;
+        let index = self.wait_for(delay);
+        self.publish_copy(message, index).await?;
+        self.parked.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            queue = self.queue,
+            wait_queue = self.tier(index).map(|tier| tier.wait.as_str()),
+            ?delay,
+            "message parked"
+        );
+        Ok(())
+    }
+
+    /// Publishes a copy of `message` (without RabbitMQ's bookkeeping
+    /// headers) to the wait queue of `index`, declared first if need be,
+    /// and waits for the broker's confirm.
+    async fn publish_copy(&self, message: &Message, index: usize) -> Result<(), BoxError> {
+        let Some(tier) = self.tier(index) else {
+            return Err("no such wait tier".into());
+        };
         self.declare(index).await?;
-        let tier = &self.tiers[index];
         let copy = Output::forward(message, tier.wait.as_str()).with_headers(
             message
                 .headers()
@@ -682,13 +887,6 @@ impl AmqpParking {
             self.forget(index).await;
             return Err(error.into());
         }
-        self.parked.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            queue = self.queue,
-            wait_queue = tier.wait,
-            ?delay,
-            "message parked"
-        );
         Ok(())
     }
 }
@@ -696,25 +894,28 @@ impl AmqpParking {
 #[async_trait::async_trait]
 impl Parking for AmqpParking {
     async fn park(&self, message: &Message, delay: Duration) -> Result<Parked, ParkError> {
-        self.park_copy(message, delay)
+        self.shared
+            .park_copy(message, delay)
             .await
             .map(|()| Parked::Moved)
             .map_err(ParkError::new)
     }
 
-    /// A message of the parked queue that RabbitMQ itself dead-lettered
-    /// from one of its wait queues on expiry (`x-first-death-queue`,
-    /// `x-first-death-reason`). A producer that publishes those headers by
-    /// hand is believed too: RabbitMQ 3.x does not strip them.
+    /// A message of the parked queue that RabbitMQ dead-lettered from one
+    /// of its wait queues on expiry (`x-first-death-reason: expired`,
+    /// `x-first-death-queue: {queue}.wait.{ms}ms`). A producer that
+    /// publishes those headers itself is believed too: RabbitMQ 3.10 (and
+    /// 3.x generally) delivers them as written (see the type docs).
     fn is_returned_copy(&self, message: &Message) -> bool {
         let headers = message.headers();
-        **message.metadata().source() == *self.queue
+        let queue = self.shared.queue.as_str();
+        **message.metadata().source() == *queue
             && headers.get_str("x-first-death-reason") == Some("expired")
             && headers
                 .get_str("x-first-death-queue")
-                .and_then(|queue| queue.strip_prefix(self.queue.as_str()))
+                .and_then(|wait| wait.strip_prefix(queue))
                 .and_then(|rest| rest.strip_prefix(".wait."))
-                .is_some_and(|tier| tier.ends_with("ms"))
+                .is_some_and(is_tier_name)
     }
 }
 
@@ -765,6 +966,29 @@ mod tests {
             declared.contains(r#"("x-expires", LongLongInt(1830000))"#),
             "{declared}"
         );
+    }
+
+    #[test]
+    fn only_a_tiers_wait_queue_names_a_tier() {
+        for tier in ["1000ms", "1ms", "86400000ms"] {
+            assert!(is_tier_name(tier), "{tier}");
+        }
+        for other in [
+            "ms",
+            "hop.1000ms",
+            "relay",
+            "1000",
+            "10s",
+            "1000ms.x",
+            "-1ms",
+        ] {
+            assert!(!is_tier_name(other), "{other}");
+        }
+        let hop = Tier::hop("orders", Duration::from_secs(60), QueueKind::Quorum);
+        let hop = hop.expect("a valid step queue");
+        assert_eq!(hop.wait, "orders.wait.hop.60000ms");
+        let declared = format!("{:?}", hop.topology.queues());
+        assert!(declared.contains("orders.wait.relay"), "{declared}");
     }
 
     #[test]

@@ -63,27 +63,22 @@ async fn parked_queue(
         .build()
         .await
         .unwrap();
-    track_parking(backend, &queue, &parking);
+    track_parking(backend, &parking);
     (queue, parking)
 }
 
-/// Has the fixture delete what `parking` of `queue` declares.
-fn track_parking(backend: &AmqpBackend, queue: &str, parking: &AmqpParking) {
+/// Has the fixture delete what `parking` declares.
+fn track_parking(backend: &AmqpBackend, parking: &AmqpParking) {
     for tier in parking.tiers() {
         let wait = parking.wait_queue(tier).expect("a tier has its wait queue");
         backend.track_queue(wait);
         backend.track_exchange(wait);
     }
     backend.track_exchange(&parking.return_exchange());
-    // The longest tier's relay: its wait queue, and the queue and exchange
-    // that take the copies on.
-    let longest = parking.tiers().last().copied().unwrap_or_default();
-    let hop = format!("{queue}.wait.hop.{}ms", longest.as_millis());
-    backend.track_queue(&hop);
-    backend.track_exchange(&hop);
-    let relay = format!("{queue}.wait.relay");
-    backend.track_queue(&relay);
-    backend.track_exchange(&relay);
+    for relayed in [parking.hop_queue().to_owned(), parking.relay_queue()] {
+        backend.track_queue(&relayed);
+        backend.track_exchange(&relayed);
+    }
 }
 
 fn unix_millis(time: SystemTime) -> u128 {
@@ -184,8 +179,9 @@ async fn a_delay_longer_than_the_longest_tier_waits_in_steps_and_runs_once_due()
             }
         })
     };
+    let parking = Arc::new(parking);
     let handler = tower::ServiceBuilder::new()
-        .layer(ParkingLayer::new(parking))
+        .layer(ParkingLayer::new(parking.clone()))
         .service(handler);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let running = spawn_consumer(source, handler, shutdown.clone());
@@ -202,6 +198,14 @@ async fn a_delay_longer_than_the_longest_tier_waits_in_steps_and_runs_once_due()
     assert_eq!(seen.calls.len(), 2, "{seen:?}");
     assert_eq!(report.parked, 1, "{report:?}");
     assert_eq!(report.succeeded, 1, "{report:?}");
+    // Parked in the 1 s step, then relayed on: a step again, then the tier.
+    assert_eq!(parking.parked(), 1);
+    assert!(parking.relayed() >= 1, "relayed {}", parking.relayed());
+    assert_eq!(
+        backend.messages_in(&parking.relay_queue()).await.unwrap(),
+        0
+    );
+    parking.close().await;
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }
@@ -419,7 +423,7 @@ async fn the_layer_believes_a_copys_park_headers_and_drops_a_producers() {
         let parks: Vec<u32> = seen.calls.iter().map(|(_, parks)| *parks).collect();
         assert_eq!(parks, [0, 1], "{id}: the copy counts its one park");
     }
-    let returned = returned.lock().unwrap();
+    let returned = std::mem::take(&mut *returned.lock().unwrap());
     assert_eq!(
         returned.first_with_park_headers,
         Vec::<String>::new(),
@@ -431,6 +435,86 @@ async fn the_layer_believes_a_copys_park_headers_and_drops_a_producers() {
     for (id, from) in &returned.parked_from {
         assert!(from, "{id}: the copy names its first delivery");
     }
+    settle_at(&backend, &queue, 0).await;
+    backend.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_between_steps_waits_for_a_relay_and_survives_a_lost_relay_connection() {
+    let Some(backend) = AmqpBackend::connect_or_skip("parking_relay_restart").await else {
+        return;
+    };
+    let tier = Duration::from_millis(500);
+    let delay = Duration::from_millis(2_500);
+    let (queue, first) = parked_queue(&backend, "parking-relay", &[tier]).await;
+    let message = Message::new(
+        Bytes::from_static(b"long"),
+        Metadata::new(queue.as_str().into(), 1, Position::Tag(1)),
+    )
+    .with_key(Bytes::from_static(b"k"));
+    let mut copy = message.clone();
+    let due = unix_millis(SystemTime::now() + delay);
+    copy.headers_mut().set(DUE, due.to_string());
+    copy.headers_mut().set(PARKS, "1");
+    assert_eq!(first.park(&copy, delay).await.unwrap(), Parked::Moved);
+    // No relay runs: after its first step the copy waits in the relay queue.
+    first.close().await;
+    let relay_queue = first.relay_queue();
+    drop(first);
+    tokio::time::timeout(PATIENCE, async {
+        while backend.messages_in(&relay_queue).await.unwrap_or(0) != 1 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the copy reaches the relay queue after one step");
+
+    // The next parking's relay takes it on, through a connection the
+    // broker closes under it.
+    let name = unique("relay");
+    let second = AmqpParking::builder(backend.url())
+        .queue(queue.as_str())
+        .tiers([tier])
+        .connection_name(name.as_str())
+        .build()
+        .await
+        .unwrap();
+    let relay_connection = format!("{name} (parking relay)");
+    tokio::time::timeout(PATIENCE, async {
+        while support::close_connection_named(&relay_connection)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the relay connects");
+    let mut source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .build()
+        .await
+        .unwrap();
+    let mut acker = source.acker();
+    let back = receive(&mut source, 1, 1).await.messages.remove(0);
+    let arrived = unix_millis(SystemTime::now());
+    // RabbitMQ's expiry may run a little early; the parking layer holds
+    // such a copy until due.
+    assert!(
+        arrived + 100 >= due,
+        "back at {arrived} ms, due at {due} ms"
+    );
+    assert_eq!(back.payload().as_ref(), b"long");
+    assert_eq!(back.key().map(|key| key.as_ref()), Some(&b"k"[..]));
+    assert_eq!(back.headers().get_str(PARKS), Some("1"));
+    assert_eq!(
+        back.headers().get_str("x-first-death-queue"),
+        second.wait_queue(tier)
+    );
+    assert!(second.is_returned_copy(&back));
+    assert!(second.relayed() >= 1, "relayed {}", second.relayed());
+    ack_through(&mut acker, &back).await.unwrap();
+    second.close().await;
     settle_at(&backend, &queue, 0).await;
     backend.cleanup().await;
 }
