@@ -79,6 +79,16 @@ const EVERY_DESTINATION: &str = "<every destination>";
 /// [`Closed`](PublishErrorKind::Closed). Each has librdkafka's error as its
 /// source; none shows a credential.
 ///
+/// The broker refuses a whole batch when the batch is larger than the
+/// topic's `max.message.bytes` (or when one of its records is invalid),
+/// and librdkafka does not split it as Java's producer does: each output of
+/// a refused batch is sent again alone, by a second producer made on first
+/// need (`batch.num.messages=1`), so only an output refused by itself is
+/// [`Rejected`](PublishErrorKind::Rejected) and the ones batched with it
+/// are stored. A topic whose `max.message.bytes` is below the producer's
+/// `batch.size` has most of its batches refused that way (logged once at
+/// WARN): give such a publisher a smaller `batch.size`.
+///
 /// Clones share the producer. It connects on the first send. Dropping the
 /// last clone ends the outputs still unconfirmed as
 /// [`Closed`](PublishErrorKind::Closed) and blocks for up to about 0.6 s
@@ -197,10 +207,26 @@ impl KafkaPublisher {
     pub async fn close(&self, timeout: Duration) -> Result<(), PublishError> {
         self.inner.shared.closed.store(true, Ordering::Release);
         let producer = self.inner.producer.clone();
-        let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout))
-            .await
-            // The flush did not finish: the runtime is shutting down.
-            .unwrap_or(Err(KafkaError::Canceled));
+        let flushed = tokio::task::spawn_blocking(move || {
+            let until = std::time::Instant::now() + timeout;
+            producer.flush(timeout)?;
+            // Outputs of refused batches sent again alone (their delivery
+            // callbacks all ran once the first flush returned).
+            match producer
+                .context()
+                .alone
+                .as_ref()
+                .and_then(|alone| alone.producer.get())
+            {
+                Some(Some(alone)) => {
+                    alone.flush(until.saturating_duration_since(std::time::Instant::now()))
+                }
+                _ => Ok(()),
+            }
+        })
+        .await
+        // The flush did not finish: the runtime is shutting down.
+        .unwrap_or(Err(KafkaError::Canceled));
         let left = self.awaiting_confirmation();
         match flushed {
             Ok(()) => {
@@ -433,6 +459,102 @@ impl Slot {
 /// The producer's context: delivery reports and client errors.
 struct PublisherContext {
     shared: Arc<Shared>,
+    /// Where outputs the broker refused as part of a batch are sent again,
+    /// each alone: `None` in that producer's own context.
+    alone: Option<Alone>,
+}
+
+/// A second producer, made on first need, that sends one output per batch
+/// (`batch.num.messages=1`): the broker judges each alone.
+///
+/// The broker refuses a whole batch when the batch is larger than the
+/// topic's `max.message.bytes` (or when one of its records is invalid, the
+/// others failing with `_INVALID_DIFFERENT_RECORD`), and librdkafka, unlike
+/// Java's producer, does not split it: every output in it fails the same
+/// way, the one too large and the ones batched with it, or a batch of small
+/// outputs larger than a small limit with no output too large at all. Sent
+/// again alone, only an output that is refused by itself ends as
+/// [`Rejected`](PublishErrorKind::Rejected); the others are stored.
+struct Alone {
+    settings: KafkaSettings,
+    producer: std::sync::OnceLock<Option<ThreadedProducer<PublisherContext>>>,
+    /// A refused batch was logged at WARN (then at DEBUG).
+    warned: AtomicBool,
+}
+
+impl Alone {
+    fn new(settings: &KafkaSettings) -> Self {
+        Self {
+            settings: settings.clone().set("batch.num.messages", "1"),
+            producer: std::sync::OnceLock::new(),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// The producer, made now if it was not before; `None` if librdkafka
+    /// refused to make it (logged).
+    fn producer(&self, shared: &Arc<Shared>) -> Option<&ThreadedProducer<PublisherContext>> {
+        self.producer
+            .get_or_init(|| {
+                let context = PublisherContext {
+                    shared: Arc::clone(shared),
+                    alone: None,
+                };
+                self.settings
+                    .client_config()
+                    .create_with_context(context)
+                    .inspect_err(|error| {
+                        tracing::error!(brokers = %shared.brokers, %error, "the kafka producer for outputs sent alone could not be made");
+                    })
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Sends the output of `message` again, alone, to the partition it was
+    /// placed in, with `slot` as its receipt. Gives `slot` back if it could
+    /// not.
+    fn resend(
+        &self,
+        shared: &Arc<Shared>,
+        message: &rdkafka::message::BorrowedMessage<'_>,
+        slot: Arc<Slot>,
+    ) -> Result<(), Arc<Slot>> {
+        use rdkafka::Message as _;
+        let Some(producer) = self.producer(shared) else {
+            return Err(slot);
+        };
+        let mut record = BaseRecord::with_opaque_to(message.topic(), slot)
+            .partition(message.partition())
+            .payload(message.payload().unwrap_or_default());
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        if let Some(timestamp) = message.timestamp().to_millis() {
+            record = record.timestamp(timestamp);
+        }
+        if let Some(headers) = message.headers() {
+            // Copied by librdkafka, names never read as UTF-8 here.
+            record = record.headers(headers.detach());
+        }
+        producer.send(record).map_err(|(error, record)| {
+            tracing::debug!(brokers = %shared.brokers, %error, "an output refused in a batch could not be sent again alone");
+            record.delivery_opaque
+        })
+    }
+}
+
+/// Whether the broker refused `error`'s output as part of a batch, so that
+/// it may be stored when sent alone.
+fn refused_in_batch(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidDifferentRecord
+        )
+    )
 }
 
 impl ClientContext for PublisherContext {
@@ -455,6 +577,26 @@ impl ProducerContext for PublisherContext {
     fn delivery(&self, result: &DeliveryResult<'_>, slot: Arc<Slot>) {
         use rdkafka::Message as _;
         let shared = &*self.shared;
+        let slot = match (result, &self.alone) {
+            // Also while closing: sending alone is how these are confirmed.
+            (Err((error, message)), Some(alone)) if refused_in_batch(error) => {
+                if !alone.warned.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(
+                        brokers = %shared.brokers,
+                        destination = message.topic(),
+                        %error,
+                        "the broker refused a batch of outputs; each is sent again alone (a topic whose max.message.bytes is below the producer's batch.size refuses batches of small outputs too: lower batch.size for it)"
+                    );
+                }
+                // Still awaiting confirmation: the output is counted until
+                // the second producer reports on it.
+                match alone.resend(&self.shared, message, slot) {
+                    Ok(()) => return,
+                    Err(slot) => slot,
+                }
+            }
+            _ => slot,
+        };
         shared.awaiting.fetch_sub(1, Ordering::AcqRel);
         let outcome = match result {
             Ok(message) => Ok(Confirmation::at(
@@ -681,6 +823,7 @@ impl KafkaPublisherBuilder {
         });
         let context = PublisherContext {
             shared: Arc::clone(&shared),
+            alone: Some(Alone::new(&settings)),
         };
         let producer: ThreadedProducer<PublisherContext> = settings
             .client_config()

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use intake_core::backend::testkit::TestMessage;
 use intake_core::publish::{Output, PublishLayer};
-use intake_core::{Consumer, DeadLetterLayer, Payload, RunError, RunReport, handler_fn};
+use intake_core::{
+    Consumer, DeadLetterLayer, DeliveryOrder, Payload, RunError, RunReport, handler_fn,
+};
 use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake_kafka::rdkafka::error::KafkaError;
 use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -31,8 +33,8 @@ const COUNT: usize = 1_000;
 /// The input whose output is too large.
 const BIG: usize = 421;
 /// The destination's `max.message.bytes`: small, so that a batch of
-/// ordinary outputs can be larger than it too.
-const LIMIT: &str = "4000";
+/// ordinary outputs is larger than it too.
+const LIMIT: &str = "2000";
 
 fn backend(test: &str) -> Option<KafkaBackend> {
     support::init_tracing();
@@ -272,7 +274,10 @@ async fn published_an_output_too_large_is_dead_lettered_and_the_rest_arrives() {
     let acker = source.acker();
     let sink = source.dead_letter_sink().build().await.expect("sink");
     let dead_letter_topic = sink.topic_for(&input);
+    // Batches gather for 50 ms: the big output shares one with others, and
+    // batches of small ones are larger than the limit.
     let publisher = KafkaPublisher::builder(KafkaSettings::new(backend.brokers()))
+        .linger(Duration::from_millis(50))
         .build()
         .expect("publisher");
     let destination: Arc<str> = output.as_str().into();
@@ -286,7 +291,9 @@ async fn published_an_output_too_large_is_dead_lettered_and_the_rest_arrives() {
                 Output::new(destination, output_payload(&id))
             }
         }));
+    // Key order (each input its own key): many outputs in flight at once.
     let consumer = Consumer::builder()
+        .ordering(DeliveryOrder::Key)
         .max_in_flight(256)
         .build(source, acker, handler)
         .expect("consumer");
