@@ -1,0 +1,114 @@
+//! Dead letters at the limits of RabbitMQ, against a real broker: a letter
+//! its destination refuses (the original must not be acknowledged away
+//! with only a reference written), and the store's passes over a queue
+//! that holds more than one pass takes.
+//!
+//! Each test skips with a printed reason when no broker listens on
+//! 127.0.0.1:5672, unless `INTAKE_REQUIRE_BROKERS=1`.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use intake_amqp::AmqpSource;
+use intake_amqp::lapin::types::{AMQPValue, FieldTable};
+use intake_core::{Constant, DeadLetterLayer, FailurePolicy, HandlerError, Message};
+use support::steps::PATIENCE;
+use support::{AmqpBackend, expiring, unique};
+
+/// Declares a classic queue that takes at most `max_bytes` of message
+/// bodies and refuses (nacks) a publish beyond that.
+async fn small_queue(backend: &AmqpBackend, prefix: &str, max_bytes: i64) -> String {
+    let queue = unique(prefix);
+    let mut arguments: FieldTable = expiring();
+    arguments.insert(
+        "x-max-length-bytes".into(),
+        AMQPValue::LongLongInt(max_bytes),
+    );
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    backend
+        .channel()
+        .queue_declare(queue.as_str().into(), Default::default(), arguments)
+        .await
+        .unwrap();
+    backend.track_queue(&queue);
+    queue
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_its_queue_refuses_leaves_the_original_in_its_queue_not_a_reference() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_refused_reference").await else {
+        return;
+    };
+    // Review R11: the dead-letter queue takes 2,000 bytes; the poison
+    // message is 10,000, so its letter is refused, and a reference (no
+    // payload) would fit.
+    let queue = backend.classic_queue("refused-letter").await.unwrap();
+    let dead_letters = small_queue(&backend, "refused-letter-dlq", 2_000).await;
+    let payload = vec![b'p'; 10_000];
+    backend.publish(&queue, &[&payload]).await.unwrap();
+    let source = AmqpSource::builder(backend.url())
+        .queue(queue.as_str())
+        .build()
+        .await
+        .unwrap();
+    let sink = source
+        .dead_letter_sink()
+        .exchange("")
+        .routing_key(dead_letters.as_str())
+        .build()
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let calls = calls.clone();
+        tower::service_fn(move |_message: Message| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async { Err::<(), _>(HandlerError::permanent("not an order")) }
+        })
+    };
+    let policy = FailurePolicy::dead_letter(sink)
+        .write_backoff(Constant::new(Duration::from_millis(10)).max_retries(1));
+    let handler = tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::with_policy(policy))
+        .service(handler);
+    let acker = source.acker();
+    let consumer = intake_core::Consumer::builder()
+        .max_in_flight(1)
+        .backoff(Constant::new(Duration::from_millis(50)).retry_forever())
+        .build(source, acker, handler)
+        .expect("valid consumer settings");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(consumer.run(shutdown.clone()));
+    // Either the message comes back (it was not acknowledged) or a letter
+    // lands in the dead-letter queue.
+    let settled = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let letters = backend.messages_in(&dead_letters).await.unwrap_or(0);
+            if calls.load(Ordering::Relaxed) >= 2 || letters > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    shutdown.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert!(settled.is_ok(), "neither redelivered nor dead-lettered");
+    let letters = backend.peek_dead_letters(&dead_letters).await.unwrap();
+    assert!(
+        letters.is_empty(),
+        "a letter without the payload was written and the original acknowledged \
+         ({report:?}): {letters:?}"
+    );
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
+    let left = backend.peek(&queue).await.unwrap();
+    assert_eq!(left.len(), 1, "the original is still in its queue");
+    assert_eq!(left[0].0.len(), payload.len());
+    backend.cleanup().await;
+}
