@@ -16,7 +16,9 @@ use intake_core::redact::Capped;
 use serde::Serialize;
 
 use crate::failure::Failure;
-use crate::output::{Table, human_duration, json};
+use crate::output::{
+    Table, escaped, escaped_block, escaped_bytes, human_duration, json, json_text,
+};
 
 /// Error text shown per letter in a listing; `show` prints it whole.
 const LISTED_ERROR_CHARS: usize = 60;
@@ -50,33 +52,24 @@ fn age(time: SystemTime, now: SystemTime) -> String {
     )
 }
 
-/// Bytes as text where they are UTF-8 without control characters, else
-/// escaped: a key or payload is outside input, and must not drive the
-/// terminal.
+/// Bytes a producer wrote (a key, a header's value) for one line of a
+/// terminal: see [`escaped_bytes`].
 fn printable(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text)
-            if !text
-                .chars()
-                .any(|c| c.is_control() && c != '\n' && c != '\t') =>
-        {
-            text.to_owned()
-        }
-        _ => bytes.escape_ascii().to_string(),
+    escaped_bytes(bytes).into_owned()
+}
+
+/// Text for one cell of a table: escaped (see [`escaped`]), at most
+/// `chars` characters.
+fn one_line(text: &str, chars: usize) -> String {
+    let line = escaped(text);
+    match line.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line.into_owned(),
     }
 }
 
-/// One line of error text, at most `chars` characters.
-fn one_line(text: &str, chars: usize) -> String {
-    let line: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    match line.char_indices().nth(chars) {
-        Some((end, _)) => format!("{}…", &line[..end]),
-        None => line,
-    }
-}
+/// The label column of `show`, and the indent of a payload's further lines.
+const LABEL: &str = "          ";
 
 /// `intake dlq count --json`.
 #[derive(Debug, Serialize)]
@@ -127,7 +120,7 @@ fn render_count(destination: &str, summary: &Summary, as_json: bool, now: System
         ]);
     }
     table.row(vec!["total".to_owned(), summary.total.to_string()]);
-    let mut text = format!("{destination}\n{}", table.render());
+    let mut text = format!("{}\n{}", escaped(destination), table.render());
     if let Some(age) = oldest_age {
         text.push_str(&format!("oldest: failed {} ago\n", human_duration(age)));
     }
@@ -174,7 +167,7 @@ fn letter_report(stored: &StoredLetter, with_payload: bool) -> LetterReport {
             source: metadata.source().to_string(),
             partition: metadata.partition(),
             position: metadata.position().to_string(),
-            key: letter.message.key().map(|key| printable(key)),
+            key: letter.message.key().map(|key| json_text(key)),
             class: letter.class.as_str(),
             error: letter.error.clone(),
             attempts: letter.attempts,
@@ -190,9 +183,9 @@ fn letter_report(stored: &StoredLetter, with_payload: bool) -> LetterReport {
                 .message
                 .headers()
                 .iter()
-                .map(|header| (header.name.to_string(), printable(&header.value)))
+                .map(|header| (header.name.to_string(), json_text(&header.value)))
                 .collect(),
-            payload: with_payload.then(|| printable(letter.message.payload())),
+            payload: with_payload.then(|| json_text(letter.message.payload())),
         }
     });
     LetterReport {
@@ -245,7 +238,7 @@ pub async fn list(
     .right_aligned(4)
     .right_aligned(6);
     for stored in &page.letters {
-        let id = stored.id.as_str().to_owned();
+        let id = escaped(stored.id.as_str()).into_owned();
         let bytes = stored.payload_bytes.to_string();
         match &stored.letter {
             Ok(letter) => table.row(vec![
@@ -257,7 +250,7 @@ pub async fn list(
                 letter
                     .message
                     .key()
-                    .map_or_else(|| "-".to_owned(), |key| one_line(&printable(key), 24)),
+                    .map_or_else(|| "-".to_owned(), |key| one_line(&json_text(key), 24)),
                 bytes,
                 one_line(&letter.error, LISTED_ERROR_CHARS),
             ]),
@@ -275,7 +268,7 @@ pub async fn list(
     }
     let mut text = table.render();
     if let Some(next) = next {
-        text.push_str(&format!("more: --after {next}\n"));
+        text.push_str(&format!("more: --after {}\n", escaped(&next)));
     }
     Ok(text)
 }
@@ -294,12 +287,13 @@ pub async fn show(
     if as_json {
         return Ok(json(&letter_report(&stored, true)));
     }
-    let mut text = format!("id:        {}\n", stored.id.as_str());
+    let mut text = format!("id:        {}\n", escaped(stored.id.as_str()));
     let letter = match &stored.letter {
         Ok(letter) => letter,
         Err(error) => {
             text.push_str(&format!(
-                "unreadable: {error}\nbytes:     {}\n",
+                "unreadable: {}\nbytes:     {}\n",
+                escaped(&error.to_string()),
                 stored.payload_bytes
             ));
             return Ok(text);
@@ -311,13 +305,13 @@ pub async fn show(
         "origin:",
         format!(
             "{}/{} at {}",
-            metadata.source(),
+            escaped(metadata.source()),
             metadata.partition(),
             metadata.position()
         ),
     );
     if let Some(group) = letter.origin.as_ref().and_then(|o| o.group.as_deref()) {
-        line("group:", group.to_owned());
+        line("group:", escaped(group).into_owned());
     }
     line(
         "key:",
@@ -331,11 +325,11 @@ pub async fn show(
     line("replays:", letter.replays.to_string());
     line("failed:", age(letter.failed_at, now));
     line("first:", age(letter.first_failed_at, now));
-    line("error:", letter.error.clone());
+    line("error:", escaped(&letter.error).into_owned());
     for header in letter.message.headers() {
         line(
             "header:",
-            format!("{}={}", header.name, printable(&header.value)),
+            format!("{}={}", escaped(&header.name), printable(&header.value)),
         );
     }
     if letter.reference.is_some() {
@@ -345,7 +339,7 @@ pub async fn show(
         );
     } else {
         line("bytes:", stored.payload_bytes.to_string());
-        let payload = printable(letter.message.payload());
+        let payload = escaped_block(letter.message.payload(), LABEL);
         line(
             "payload:",
             Capped::new(payload, SHOWN_PAYLOAD_BYTES).to_string(),
@@ -408,7 +402,7 @@ fn render_redrive(destination: &str, report: &RedriveReport, as_json: bool) -> S
     } else {
         "replayed"
     };
-    let mut text = format!("{verb} {} from {destination}\n", report.redriven);
+    let mut text = format!("{verb} {} from {}\n", report.redriven, escaped(destination));
     let mut table = Table::new(&["CLASS", "LETTERS"]).right_aligned(1);
     for (class, letters) in &report.by_class {
         table.row(vec![(*class).to_owned(), letters.to_string()]);
@@ -419,7 +413,11 @@ fn render_redrive(destination: &str, report: &RedriveReport, as_json: bool) -> S
     if !report.skipped.is_empty() {
         text.push_str(&format!("skipped {}:\n", report.skipped.len()));
         for skipped in &report.skipped {
-            text.push_str(&format!("  {}  {}\n", skipped.id.as_str(), skipped.reason));
+            text.push_str(&format!(
+                "  {}  {}\n",
+                escaped(skipped.id.as_str()),
+                escaped(&skipped.reason.to_string())
+            ));
         }
     }
     text
@@ -465,8 +463,9 @@ pub async fn purge(
                 return Ok(render_purge(destination, 0, false, None, as_json));
             }
             confirm(&format!(
-                "Delete {} dead letters from {destination} for good?",
-                summary.total
+                "Delete {} dead letters from {} for good?",
+                summary.total,
+                escaped(destination)
             ))?;
         }
         Selection::Ids(ids) => {
@@ -475,8 +474,9 @@ pub async fn purge(
                 return Ok(render_purge(destination, letters, true, None, as_json));
             }
             confirm(&format!(
-                "Delete {} dead letters from {destination} for good?",
-                ids.len()
+                "Delete {} dead letters from {} for good?",
+                ids.len(),
+                escaped(destination)
             ))?;
         }
     }
@@ -503,7 +503,7 @@ fn render_purge(
         });
     }
     let verb = if dry_run { "would purge" } else { "purged" };
-    let mut text = format!("{verb} {purged} from {destination}\n");
+    let mut text = format!("{verb} {purged} from {}\n", escaped(destination));
     if let Some(summary) = summary.filter(|summary| !summary.by_class.is_empty()) {
         let mut table = Table::new(&["CLASS", "LETTERS"]).right_aligned(1);
         for (class, letters) in &summary.by_class {
@@ -678,6 +678,58 @@ mod tests {
         assert_eq!(store.count(&Filter::all()).await.unwrap(), 1);
     }
 
+    #[tokio::test]
+    async fn a_purge_deletes_only_the_letters_it_asked_about() {
+        use intake_core::memory::{Record, dead_letter_topic};
+
+        let (broker, store) = store_with_three().await;
+        let topic = dead_letter_topic("orders", "billing");
+        let originals = broker.messages(&topic, 0, 0).unwrap();
+        let copy = |letter: &Message| {
+            Record::new(letter.payload().clone())
+                .with_optional_key(letter.key().cloned())
+                .with_headers(letter.headers().clone())
+        };
+        for (selection, asked_for) in [
+            (Selection::Matching(Filter::all()), 3),
+            (
+                Selection::Matching(Filter::all().with_class(ErrorClass::Permanent)),
+                2,
+            ),
+        ] {
+            store
+                .purge(&Selection::Matching(Filter::all()))
+                .await
+                .unwrap();
+            for letter in &originals {
+                broker.send(&topic, copy(letter)).unwrap();
+            }
+            let mut asked = String::new();
+            // Letters given up while the person reads the question: two
+            // permanent failures, like the first letter.
+            let done = purge(&store, &selection, false, true, |question| {
+                asked = question.to_owned();
+                for _ in 0..2 {
+                    broker.send(&topic, copy(&originals[0])).unwrap();
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+            assert!(
+                asked.starts_with(&format!("Delete {asked_for} dead letters")),
+                "{asked}"
+            );
+            let value: serde_json::Value = serde_json::from_str(&done).unwrap();
+            assert_eq!(value["purged"], asked_for, "{done}");
+            assert_eq!(
+                store.count(&Filter::all()).await.unwrap(),
+                3 - asked_for + 2,
+                "the letters written meanwhile are left; {done}"
+            );
+        }
+    }
+
     /// What a producer (or a handler's error quoting its input) can put in
     /// a letter to drive a terminal: OSC 0 (the window title), OSC 52 (the
     /// clipboard), CSI (erase, move up), a C1 CSI, DEL, CR, BS, a bidi
@@ -820,7 +872,7 @@ mod tests {
         assert_eq!(printable(b"plain text"), "plain text");
         assert_eq!(printable(b"\x1b[2Jgone"), "\\x1b[2Jgone");
         assert_eq!(printable(&[0xff, 0x00]), "\\xff\\x00");
-        assert_eq!(one_line("a\nb", 10), "a b");
+        assert_eq!(one_line("a\nb", 10), "a\\nb");
         assert_eq!(one_line("abcdef", 3), "abc…");
     }
 }

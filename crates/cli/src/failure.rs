@@ -7,6 +7,8 @@ use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::output::escaped;
+
 /// Any error a backend's client returns.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -110,13 +112,16 @@ impl Failure {
     /// its own, each secret of `url` scrubbed out (the backends redact
     /// their errors already; a client's text quoting the URL is the case
     /// this catches).
+    ///
+    /// Each line is [escaped](crate::output::escaped): an error may quote a
+    /// name a producer chose (a letter's origin) or a broker's text.
     pub fn report(&self, url: Option<&str>) -> String {
-        let mut text = format!("error: {self}");
+        let mut text = format!("error: {}", escaped(&self.to_string()));
         let mut cause = self.source();
         // Bounded: a cyclic or very deep chain is cut, not followed.
         for _ in 0..16 {
             let Some(error) = cause else { break };
-            text.push_str(&format!("\n  caused by: {error}"));
+            text.push_str(&format!("\n  caused by: {}", escaped(&error.to_string())));
             cause = error.source();
         }
         match url {

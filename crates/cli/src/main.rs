@@ -55,6 +55,20 @@
 //! prompts and progress go to stderr, so stdout holds only the answer.
 //! `RUST_LOG=debug` shows the clients' logs on stderr.
 //!
+//! Nothing a producer wrote reaches the terminal as it is. A letter's
+//! source, key, error text, header names and values, payload and id, and
+//! a broker's error text, may hold escape sequences (a window title, the
+//! clipboard through OSC 52, erased or hidden lines), a carriage return or
+//! newline that forges a line, or a bidi control that reorders one. In
+//! tables, `show` and errors every control character (newline and tab
+//! included, but in a payload) and bidi control is printed as an escape:
+//! `\x1b`, `\r`, `\n`, `\u{9b}`, `\u{202e}`, and bytes that are not
+//! UTF-8 as `\xff`; a payload's further lines are indented, so that no line
+//! of it can pass for a field. `--json` carries the exact text (bytes that
+//! are not UTF-8 escaped as above) and writes every such character as a
+//! JSON escape (`\u001b`), so the document is as safe on a terminal; `jq
+//! -r` prints them raw, as asked.
+//!
 //! # Exit codes
 //!
 //! | code | meaning |

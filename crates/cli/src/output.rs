@@ -2,12 +2,117 @@
 //!
 //! JSON goes to stdout as one document per command, so `| jq` works; every
 //! message for people (errors, prompts, progress) goes to stderr.
+//!
+//! Nothing a producer wrote reaches the terminal as it is: a letter's
+//! source, key, error, headers and payload, and a broker's error text, may
+//! hold escape sequences (set the window title, write the clipboard with
+//! OSC 52, erase or hide lines), a carriage return or newline that forges a
+//! line, or a bidi control that reorders one. Text for people goes through
+//! [`escaped`] (or [`escaped_bytes`], [`escaped_block`]); JSON through
+//! [`json`], which writes such characters as JSON escapes (`\u001b`), so
+//! the document is as safe on a terminal and parses back to the exact text.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::io;
 use std::time::Duration;
 
 use intake_core::lag::PartitionLag;
 use serde::Serialize;
+use serde_json::ser::{Formatter, PrettyFormatter};
+
+/// Whether `c` must not reach a terminal as it is: every control character
+/// (C0 with ESC, CR and the newline; DEL; C1 with its one-character CSI and
+/// OSC), which start escape sequences, move the cursor or end a line, and
+/// the Unicode bidi controls and line separators, which reorder or break
+/// how a line reads.
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// Appends `c` as an escape: `\n`, `\r`, `\t`, `\x1b` for the rest below
+/// U+0080 (DEL is `\x7f`), `\u{9b}` above.
+fn push_escape(out: &mut String, c: char) {
+    let _ = match c {
+        '\n' => out.write_str("\\n"),
+        '\r' => out.write_str("\\r"),
+        '\t' => out.write_str("\\t"),
+        c if c.is_ascii() => write!(out, "\\x{:02x}", u32::from(c)),
+        c => write!(out, "\\u{{{:x}}}", u32::from(c)),
+    };
+}
+
+/// `text` for one line of a terminal: each [unsafe](is_unsafe) character
+/// (the newline included) as an escape, the rest as it is. Backslashes are
+/// left alone: this is for people, and `--json` has the exact text.
+pub fn escaped(text: &str) -> Cow<'_, str> {
+    escaped_keeping(text, |_| false)
+}
+
+/// `text` with the [unsafe](is_unsafe) characters escaped but those `keep`
+/// allows.
+fn escaped_keeping(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(|c| is_unsafe(c) && !keep(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_unsafe(c) && !keep(c) {
+            push_escape(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Bytes for one line of a terminal: UTF-8 as [`escaped`], each byte that
+/// is not UTF-8 as `\xNN`.
+pub fn escaped_bytes(bytes: &[u8]) -> Cow<'_, str> {
+    bytes_keeping(bytes, |_| false)
+}
+
+fn bytes_keeping(bytes: &[u8], keep: impl Fn(char) -> bool + Copy) -> Cow<'_, str> {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        return escaped_keeping(text, keep);
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(&escaped_keeping(chunk.valid(), keep));
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Bytes as a block of lines (a payload): as [`escaped_bytes`], but
+/// newlines and tabs kept, and every line after the first indented by
+/// `indent`, so that no line of it can pass for a line of its own (a field
+/// of `show`).
+pub fn escaped_block(bytes: &[u8], indent: &str) -> String {
+    bytes_keeping(bytes, |c| c == '\n' || c == '\t').replace('\n', &format!("\n{indent}"))
+}
+
+/// The bytes as JSON carries them: UTF-8 exactly (the [`json`] document
+/// escapes what a terminal must not see), anything else as
+/// [`escaped_bytes`].
+pub fn json_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => escaped_bytes(bytes).into_owned(),
+    }
+}
 
 /// Columns of text, each as wide as its widest cell, two spaces apart.
 /// Cells of columns listed in `right` are right-aligned (numbers).
@@ -154,7 +259,7 @@ pub fn lag_table(lags: &[PartitionLag]) -> String {
         .right_aligned(2);
     for lag in lags {
         table.row(vec![
-            lag.partition.source.to_string(),
+            escaped(&lag.partition.source).into_owned(),
             lag.partition.partition.to_string(),
             lag.messages.map_or_else(unknown, |n| n.to_string()),
             lag.oldest_age
@@ -171,15 +276,108 @@ pub fn lag_table(lags: &[PartitionLag]) -> String {
     table.render()
 }
 
-/// `value` as pretty JSON and a newline. Serializing these plain structs
-/// cannot fail; were it to, the text says so instead of panicking.
+/// `value` as pretty JSON and a newline, every [unsafe](is_unsafe)
+/// character of its strings written as a JSON escape (`\u001b`, `\u009b`,
+/// `\u202e`): the same value for a parser, nothing for a terminal to act
+/// on. Serializing these plain structs cannot fail; were it to, the text
+/// says so instead of panicking.
 pub fn json<T: Serialize>(value: &T) -> String {
-    match serde_json::to_string_pretty(value) {
-        Ok(mut text) => {
+    let mut bytes = Vec::with_capacity(256);
+    let mut serializer =
+        serde_json::Serializer::with_formatter(&mut bytes, TerminalSafe(PrettyFormatter::new()));
+    match value.serialize(&mut serializer) {
+        // serde_json writes only UTF-8.
+        Ok(()) => {
+            let mut text = String::from_utf8_lossy(&bytes).into_owned();
             text.push('\n');
             text
         }
-        Err(error) => format!("{{\"error\": \"{error}\"}}\n"),
+        Err(error) => format!("{{\"error\": {:?}}}\n", escaped(&error.to_string())),
+    }
+}
+
+/// serde_json's pretty formatter, which escapes C0 controls already, also
+/// escaping DEL, C1 controls and the bidi controls it passes through.
+struct TerminalSafe<'a>(PrettyFormatter<'a>);
+
+impl Formatter for TerminalSafe<'_> {
+    fn write_string_fragment<W>(&mut self, writer: &mut W, fragment: &str) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        let mut start = 0;
+        for (at, c) in fragment.char_indices() {
+            if is_unsafe(c) {
+                writer.write_all(&fragment.as_bytes()[start..at])?;
+                // Every unsafe character is in the Basic Multilingual Plane.
+                write!(writer, "\\u{:04x}", u32::from(c))?;
+                start = at + c.len_utf8();
+            }
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
+
+    fn begin_array<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.begin_array(writer)
+    }
+
+    fn end_array<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.end_array(writer)
+    }
+
+    fn begin_array_value<W>(&mut self, writer: &mut W, first: bool) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.begin_array_value(writer, first)
+    }
+
+    fn end_array_value<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.end_array_value(writer)
+    }
+
+    fn begin_object<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.begin_object(writer)
+    }
+
+    fn end_object<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.end_object(writer)
+    }
+
+    fn begin_object_key<W>(&mut self, writer: &mut W, first: bool) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.begin_object_key(writer, first)
+    }
+
+    fn begin_object_value<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.begin_object_value(writer)
+    }
+
+    fn end_object_value<W>(&mut self, writer: &mut W) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        self.0.end_object_value(writer)
     }
 }
 
@@ -251,6 +449,38 @@ mod tests {
                 ]
             })
         );
+    }
+
+    #[test]
+    fn text_for_a_terminal_escapes_controls_and_bidi_only() {
+        assert_eq!(escaped("plain, é, 日本, \\x1b"), "plain, é, 日本, \\x1b");
+        assert!(matches!(escaped("plain"), Cow::Borrowed(_)));
+        assert_eq!(
+            escaped("\x1b]0;t\x07\u{9b}2J\x7f\r\n\t\u{202e}\u{2066}\u{2028}"),
+            "\\x1b]0;t\\x07\\u{9b}2J\\x7f\\r\\n\\t\\u{202e}\\u{2066}\\u{2028}"
+        );
+        assert_eq!(
+            escaped_bytes(b"ok\xff\x1b[m\xe2\x80"),
+            "ok\\xff\\x1b[m\\xe2\\x80"
+        );
+        assert_eq!(
+            escaped_block(b"{\n\t\"a\": 1\r\n}\x1b", "  "),
+            "{\n  \t\"a\": 1\\r\n  }\\x1b"
+        );
+        assert_eq!(json_text(b"\x1b"), "\x1b");
+        assert_eq!(json_text(b"\xff"), "\\xff");
+    }
+
+    #[test]
+    fn json_escapes_what_a_terminal_would_act_on_and_parses_back() {
+        let text = "a\x1b\x7f\u{9b}\u{202e}\u{2029}é";
+        let document = json(&serde_json::json!({ text: text }));
+        assert_eq!(
+            document,
+            "{\n  \"a\\u001b\\u007f\\u009b\\u202e\\u2029é\": \"a\\u001b\\u007f\\u009b\\u202e\\u2029é\"\n}\n"
+        );
+        let value: serde_json::Value = serde_json::from_str(&document).unwrap();
+        assert_eq!(value[text], text);
     }
 
     #[test]
