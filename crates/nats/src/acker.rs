@@ -10,17 +10,22 @@
 //! deliveries; a batch that was not confirmed fails, and the runtime sends
 //! its work again.
 //!
-//! A message [parked](crate::NatsParking) goes back with the delay it asked
-//! for (`PartitionAck::requeue_after`): `-NAK {"delay":…}`, in the same
-//! batch and under the same confirmation as the rest. Such a delivery
-//! leaves the held set *before* its nak is sent, not after the
-//! confirmation: the server takes a `+WPI` that arrives after a delayed nak
-//! as "redeliver `ack_wait` from now" (measured on nats-server 2.9.10: a
-//! 3 s delay with a 1 s `ack_wait` came back after 1 s), so a progress
-//! report landing behind the nak would bring a long park back early. If
-//! the batch is not confirmed, the runtime's resend finds it no longer
-//! held and sends nothing: the server redelivers it after its delay if
-//! the nak landed, after `ack_wait` if not; never lost.
+//! A message [parked](crate::NatsParking) (`PartitionAck::requeue_after`
+//! of a delivery the parking kept) waits in the process until due, still
+//! held: nothing is sent for it, and the source gives it back once due.
+//!
+//! Any other delivery handed back with a delay (a handler's `retry_later`
+//! without the parking layer, a park past the room for parked messages)
+//! goes back with `-NAK {"delay":…}`, in the same batch and under the same
+//! confirmation as the rest. Such a delivery leaves the held set *before*
+//! its nak is sent, not after the confirmation: the server takes a `+WPI`
+//! that arrives after a delayed nak as "redeliver `ack_wait` from now"
+//! (measured on nats-server 2.9.10: a 3 s delay with a 1 s `ack_wait` came
+//! back after 1 s), so a progress report landing behind the nak would
+//! bring a long delay back early. If the batch is not confirmed, the
+//! runtime's resend finds it no longer held and sends nothing: the server
+//! redelivers it after its delay if the nak landed, after `ack_wait` if
+//! not; never lost.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,15 +36,18 @@ use intake_core::{
     BackoffPolicy, Position,
     backend::{AckBatch, AckError, AckMode, Acker},
 };
+use tokio::time::Instant;
 
 use crate::confirm::Confirmations;
 use crate::counters::Counters;
 use crate::deliveries::Deliveries;
+use crate::parked::ParkedHere;
 
 /// Sends acknowledgements for a [`NatsSource`](crate::NatsSource); get it
 /// from [`NatsSource::acker`](crate::NatsSource::acker).
 pub struct NatsAcker {
     deliveries: Arc<Deliveries>,
+    parked_here: Arc<ParkedHere>,
     confirmations: Confirmations,
     redelivery_backoff: Arc<dyn BackoffPolicy>,
     /// The nak delay once the redelivery backoff gives up: the consumer's
@@ -84,6 +92,7 @@ impl NatsAcker {
     pub(crate) fn new(
         client: async_nats::Client,
         deliveries: Arc<Deliveries>,
+        parked_here: Arc<ParkedHere>,
         redelivery_backoff: Arc<dyn BackoffPolicy>,
         nak_delay_cap: Duration,
         ack_timeout: Duration,
@@ -92,6 +101,7 @@ impl NatsAcker {
     ) -> Self {
         Self {
             deliveries,
+            parked_here,
             confirmations: Confirmations::new(client),
             redelivery_backoff,
             nak_delay_cap,
@@ -183,14 +193,37 @@ impl Acker for NatsAcker {
         });
         let parked = &mut self.parked;
         parked.clear();
+        let now = Instant::now();
+        let mut parked_here = 0;
         // One lookup per park, each with its own delay: parks are rare
         // beside acks.
         for &(sequence, delay) in &self.requeued_after {
+            // A park the parking asked to keep here waits here, still held
+            // (see `NatsParking`): no nak, no delivery more.
+            if let Some(message) = self.parked_here.take_asked(sequence) {
+                if self.deliveries.get(sequence).is_some() {
+                    self.parked_here.wait(sequence, message, now + delay);
+                    parked_here += 1;
+                }
+                continue;
+            }
+            // Parked here already: a batch sent again after a lost
+            // confirmation.
+            if self.parked_here.is_waiting(sequence) {
+                continue;
+            }
             self.deliveries.lookup(&[sequence], |sequence, held| {
                 acks.push((held.reply.clone(), nak_with_delay(delay)));
                 parked.push((sequence, held.delivered));
             });
         }
+        if parked_here > 0 {
+            self.counters.add_parked_here(parked_here);
+        }
+        // Parks asked for but finished otherwise (not handed back) are
+        // forgotten.
+        self.parked_here.forget_asked(&self.sequences);
+        self.parked_here.forget_asked(&self.requeued);
         // Out of the held set before the naks go, so that the progress task
         // sends no `+WPI` behind them (see the module docs).
         if !self.parked.is_empty() {

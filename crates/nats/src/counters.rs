@@ -14,6 +14,7 @@ pub struct Counters {
     source_dead_letters: AtomicU64,
     not_deliveries: AtomicU64,
     pull_requests: AtomicU64,
+    parked_here: AtomicU64,
 }
 
 impl Counters {
@@ -52,6 +53,13 @@ impl Counters {
         self.pull_requests.load(Ordering::Relaxed)
     }
 
+    /// Parks that waited in this process, still held from the server (see
+    /// [`NatsParking`](crate::NatsParking)); a park that went back to the
+    /// server is counted in [`naks`](Self::naks).
+    pub fn parked_here(&self) -> u64 {
+        self.parked_here.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn add_progress_reports(&self, count: usize) {
         self.progress_reports
             .fetch_add(count as u64, Ordering::Relaxed);
@@ -71,6 +79,10 @@ impl Counters {
 
     pub(crate) fn add_not_delivery(&self) {
         self.not_deliveries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_parked_here(&self, count: usize) {
+        self.parked_here.fetch_add(count as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn add_pull_request(&self) {

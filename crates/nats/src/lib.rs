@@ -45,8 +45,8 @@
 //! | attempt | the server's delivery count (`num_delivered`) |
 //! | ack | `+ACK` per message, confirmed, in batches (the commit engine's ids mode) |
 //! | retry | `-NAK` with the redelivery backoff's delay |
-//! | park (retry after a delay) | [`NatsParking`]: `-NAK` with the park's delay, sent by the acker |
-//! | retry cap | `max_deliveries`: the source dead-letters a message delivered more often |
+//! | park (retry after a delay) | [`NatsParking`]: held in the process until due (`+WPI` keeps it), then given back by the source; `-NAK` with the delay past the room |
+//! | retry cap | `max_deliveries`: the source dead-letters a message delivered more often (parks held here are no deliveries) |
 //! | dead letter | publish to a subject, confirmed, then `+TERM` |
 //! | backpressure | pull requests sized from the free budget; `max_ack_pending` twice `max_in_flight` |
 //!
@@ -96,6 +96,7 @@ mod dead_letter_store;
 mod deliveries;
 mod error;
 mod lag;
+mod parked;
 mod parking;
 mod publisher;
 mod source;

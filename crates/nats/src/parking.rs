@@ -1,6 +1,7 @@
-//! [`NatsParking`]: a message that asks to be retried later is handed back
-//! to JetStream with `-NAK {"delay":…}`, and the server redelivers it once
-//! the delay is over.
+//! [`NatsParking`]: a message that asks to be retried later waits in this
+//! process until due, still held from the server, and the source gives it
+//! back then; past the room for parked messages it goes back to JetStream
+//! with `-NAK {"delay":…}` instead.
 //!
 //! [`NatsParking`]'s docs say how it parks, what it costs and its limits
 //! (the module is private: the type is what users read).
@@ -9,85 +10,89 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use intake_core::Message;
-use intake_core::parking::{ParkError, Parked, Parking};
+use intake_core::parking::{PARKS, ParkError, Parked, Parking, is_park_header};
+use intake_core::{Headers, Message, SourceName};
 
 use crate::NatsSource;
+use crate::parked::ParkedHere;
 
-/// Parks the messages of a [`NatsSource`] by handing them back to the
-/// server with a delay. Get one from [`NatsSource::parking`]; hand it to a
+/// Parks the messages of a [`NatsSource`]: each waits in this process
+/// until due, and the source gives it back. Get one from
+/// [`NatsSource::parking`]; hand it to a
 /// [`ParkingLayer`](intake_core::parking::ParkingLayer) of a consumer that
 /// acknowledges through the same source's [`NatsAcker`](crate::NatsAcker).
 ///
 /// # How it parks
 ///
 /// Nothing is written anywhere. [`NatsParking::park`](Parking::park)
-/// answers [`Parked::HandedBack`], and the runtime hands the original back
-/// through the [`NatsAcker`](crate::NatsAcker)
-/// ([`PartitionAck::requeue_after`](intake_core::backend::PartitionAck::requeue_after)):
-/// a `-NAK` carrying the delay in nanoseconds, sent in the ack batch and
-/// confirmed with it. The server keeps the message in the consumer's
-/// pending set and delivers it again once the delay (counted from the
-/// nak's arrival) is over: the same stream sequence, subject (the key),
-/// payload and headers, to whichever instance of the group pulls next,
-/// with its delivery count one higher. On nats-server 2.9.10 a message
-/// parked for 3 s came back after 3.00 s, also with an `ack_wait` of 1 s
-/// (a delay may be longer than `ack_wait`).
+/// keeps the message and answers [`Parked::HandedBack`]; the runtime hands
+/// the delivery to the [`NatsAcker`](crate::NatsAcker)
+/// ([`PartitionAck::requeue_after`](intake_core::backend::PartitionAck::requeue_after)),
+/// which parks it in the process instead of sending anything: the delivery
+/// stays held, so the source keeps reporting it in progress (`+WPI`, every
+/// half `ack_wait`) and the server neither delivers it again nor counts a
+/// delivery. Once due, the source gives it back to the runtime: the same
+/// stream sequence, subject (the key), payload and headers, acknowledged
+/// through the same reply subject, on its next attempt if it was parked for
+/// its own failure, on the same attempt if it only waited behind an earlier
+/// message of its key.
+///
+/// Why not `-NAK` with the delay, which the server honours: every nak is
+/// one delivery more, and the redelivery goes to whichever instance of the
+/// group pulls next. A message that only waited behind its key's parked
+/// message was then counted toward `max_deliveries` as if it had failed,
+/// each time its key's first message was parked again or came back to
+/// another instance, and the source dead-lettered it without running it
+/// (review R9, `tests/parking.rs`: 3 to 22 of 32 such messages in every
+/// run, with two instances). Held here, a parked message comes back to the
+/// process that keeps its key's order, and only a failure or a crash is a
+/// delivery.
 ///
 /// # What it costs
 ///
-/// One nak per park, in a batch that is sent anyway; no stream, no copy,
-/// no mover task. Nothing is lost when the process stops while messages
-/// are parked: the server holds them, and a crash before the nak landed is
-/// the ordinary crash (the server delivers again after `ack_wait`, which
-/// may be before the delay was over).
+/// - **Memory**: a parked message stays in memory until due (its payload
+///   is the delivery's, not a copy). The messages parked in one process
+///   may hold at most the consumer's byte budget
+///   (`ConsumerBuilder::max_in_flight_bytes`, 64 MiB by default); a park
+///   past that goes back to the server with `-NAK` and its delay (logged
+///   once per stretch): as before, one delivery more, to any instance.
+/// - **A slot of `max_ack_pending`** per parked message until it is due:
+///   the server counts it delivered and unacknowledged, and sends nothing
+///   new while the consumer's `max_ack_pending` are.
+/// - One `+WPI` per parked message every half `ack_wait`.
 ///
-/// # Limits
+/// # When the process stops
 ///
-/// - **A parked message holds a slot of `max_ack_pending`** until it is
-///   due: the server counts it as delivered and unacknowledged. With
-///   `max_ack_pending` messages parked the server sends nothing new, and
-///   the consumer does wait (measured: with `max_ack_pending` 2 and two
-///   messages parked for 3 s, a third one was delivered after 3 s). The
-///   source's default is twice the budget, so up to one budget's worth of
-///   messages can be parked before new ones slow down; raise
-///   [`max_ack_pending`](crate::NatsSourceBuilder::max_ack_pending) for a
-///   consumer that parks many at once.
-/// - **`max_deliveries` caps parks too.** Every park is one more delivery.
-///   The source dead-letters a delivery past
-///   [`max_deliveries`](crate::NatsSourceBuilder::max_deliveries) (default
-///   5) itself, as retryable, without calling the handler: with the
-///   defaults a message parked five times is dead-lettered on its sixth
-///   delivery, before [`ParkingLayer::max_parks`] (default 10) is reached.
-///   It is never dropped silently: the consumers the source creates have
-///   no server-side `max_deliver`, and on an existing consumer that has
-///   one the source dead-letters a message on its last delivery. To let
-///   the parking layer decide (its letter carries the handler's failure),
-///   set `max_deliveries` above `max_parks` plus the ordinary retries, or
-///   [`unlimited_deliveries`](crate::NatsSourceBuilder::unlimited_deliveries).
-/// - **Parks are counted from deliveries** ([`Parking::parks`]: the delivery
-///   count less one), since a redelivered original carries the headers it
-///   was published with. Ordinary retries, deliveries lost to a crash, and
-///   the parks of a message parked behind an earlier one of its key (each
-///   time that one is parked again, so is it) all count. A message that
-///   waited behind a key parked often may therefore reach the cap without
-///   having failed itself.
-/// - **The order per key is kept by this process**, as on every backend:
-///   the redelivery goes to any instance of the group.
+/// - **Closing** (the consumer stops, a graceful restart): the source hands
+///   each parked message back with `-NAK` and what is left of its delay, so
+///   the server holds it until then and any instance of the group gets it
+///   once due (one delivery more).
+/// - **A crash**: the progress reports stop, and the server delivers the
+///   parked messages again after `ack_wait`, **possibly before they were
+///   due**, to any instance, as every delivery of a crashed process.
+/// - **A connection lost for longer than `ack_wait`**: the server may
+///   deliver a parked message again meanwhile, here (it stays parked) or
+///   to another instance (it then runs there, and here once due: a
+///   duplicate).
 ///
-/// # Where the delay could be lost
+/// # Counting parks
 ///
-/// The server takes a `+WPI` (the source's progress report for a slow
-/// delivery) that arrives after a delayed nak as "redeliver `ack_wait` from
-/// now": measured, a 3 s park with a 1 s `ack_wait` came back after 1 s.
-/// The acker therefore stops holding a parked delivery before its nak is
-/// sent, so the progress task reports it no more (a report it took a
-/// moment before can still land behind the nak: a window of the time it
-/// takes to hand a publish to the client); the source's `close` naks only
-/// what it still holds, so it leaves parked messages alone too. A nak
-/// whose batch the server did not confirm is not sent again (the delivery
-/// is no longer held): the message comes back after its delay if the nak
-/// landed, after `ack_wait` if not.
+/// [`Parking::parks`] is the attempt less one: the parks this process made
+/// for the message's own failures, plus the deliveries before this one
+/// (retries, parks that went back to the server, crashes; a redelivered
+/// original keeps the headers it was published with, so no header counts).
+/// A message that only waited behind its key is not counted.
+/// [`ParkingLayer::max_parks`] (default 10) caps them; the source's
+/// [`max_deliveries`](crate::NatsSourceBuilder::max_deliveries) (default
+/// 5) counts server deliveries only, which parks here are not.
+///
+/// # The order per key
+///
+/// Kept by this process, as on every backend, for the messages it
+/// received: a parked message and those waiting behind it come back here.
+/// Instances sharing a durable consumer have no order between them: a
+/// later message of the key that the server delivers to another instance
+/// runs there as it comes.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -100,8 +105,6 @@ use crate::NatsSource;
 /// let source = NatsSource::builder("nats://127.0.0.1:4222")
 ///     .stream("ORDERS")
 ///     .consumer("billing")
-///     // Room for the parks: each is one more delivery.
-///     .max_deliveries(ParkingLayer::DEFAULT_MAX_PARKS + 5)
 ///     .build()
 ///     .await?;
 /// let handler = ServiceBuilder::new()
@@ -125,16 +128,22 @@ use crate::NatsSource;
 #[derive(Clone)]
 pub struct NatsParking {
     consumer: Arc<str>,
+    stream: SourceName,
     ack_wait: Duration,
+    parked: Arc<ParkedHere>,
 }
 
 impl NatsSource {
-    /// Parking for this source's messages: each goes back to the server
-    /// with `-NAK` and its delay, sent by this source's acker.
+    /// Parking for this source's messages: each waits in this process,
+    /// still held from the server, and this source gives it back once due
+    /// (past the room, it goes back to the server with `-NAK` and its
+    /// delay).
     pub fn parking(&self) -> NatsParking {
         NatsParking {
             consumer: self.consumer_name().into(),
+            stream: self.stream_name().into(),
             ack_wait: self.ack_wait(),
+            parked: self.parked_here(),
         }
     }
 }
@@ -150,26 +159,68 @@ impl fmt::Debug for NatsParking {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsParking")
             .field("consumer", &self.consumer)
+            .field("stream", &self.stream)
             .field("ack_wait", &self.ack_wait)
-            .finish()
+            .finish_non_exhaustive()
     }
+}
+
+/// `message` as it runs again after a park: without the park headers
+/// (nothing reads them on NATS), and on its next attempt if it was parked
+/// for its own failure (the parking layer wrote [`PARKS`] then), on the
+/// same one if it only waited behind its key.
+fn to_give_back(message: &Message) -> Message {
+    let own_failure = message.headers().get(PARKS).is_some();
+    let mut back = message.clone();
+    if message
+        .headers()
+        .iter()
+        .any(|header| is_park_header(&header.name))
+    {
+        *back.headers_mut() = message
+            .headers()
+            .iter()
+            .filter(|header| !is_park_header(&header.name))
+            .map(|header| (header.name.clone(), header.value.clone()))
+            .collect::<Headers>();
+    }
+    if own_failure {
+        let attempt = message.metadata().attempt().saturating_add(1);
+        back.metadata_mut().set_attempt(attempt);
+    }
+    back
 }
 
 #[async_trait::async_trait]
 impl Parking for NatsParking {
-    /// Writes nothing: the original goes back through the acker, whose
-    /// batch confirmation is the park's.
-    async fn park(&self, _message: &Message, _delay: Duration) -> Result<Parked, ParkError> {
+    /// Writes nothing: the message waits in this process, kept for the
+    /// acker, which parks it when the runtime hands it back; past the room
+    /// the acker sends `-NAK` with the delay instead. Either way the batch
+    /// the acker sends is the park's confirmation.
+    async fn park(&self, message: &Message, _delay: Duration) -> Result<Parked, ParkError> {
+        let metadata = message.metadata();
+        if metadata.source() == &self.stream
+            && let Some(sequence) = crate::acker::sequence(metadata.position())
+        {
+            self.parked.ask(sequence, to_give_back(message));
+        }
         Ok(Parked::HandedBack)
     }
 
-    /// The deliveries before this one: a handed-back original keeps the
-    /// headers it was published with, so no park header can count.
+    /// The deliveries and parks before this one: the attempt less one. A
+    /// message given back from a park here runs on its next attempt when
+    /// it was parked for its own failure, on the same one when it only
+    /// waited behind its key; one the server delivers again (after a park
+    /// that went back to the server, a retry, a crash) carries the
+    /// server's count. The headers it was published with never count.
     fn parks(&self, message: &Message) -> u32 {
         message.metadata().attempt().saturating_sub(1)
     }
 
-    /// Never: the server redelivers the original, and no copy is written.
+    /// Never: a parked message is given back as the delivery it was, with
+    /// no park header (this parking drops them), and the server redelivers
+    /// originals as they were published. Park headers on a message are
+    /// therefore a producer's, which the parking layer drops.
     fn is_returned_copy(&self, _message: &Message) -> bool {
         false
     }
@@ -184,7 +235,9 @@ mod tests {
     fn parking() -> NatsParking {
         NatsParking {
             consumer: "billing".into(),
+            stream: "ORDERS".into(),
             ack_wait: Duration::from_secs(30),
+            parked: Arc::new(ParkedHere::new(1 << 20)),
         }
     }
 
@@ -214,5 +267,35 @@ mod tests {
             .await
             .expect("no request to refuse");
         assert_eq!(parked, Parked::HandedBack);
+    }
+
+    /// What the parking layer hands a park: the message with the park
+    /// headers it wrote. What comes back has none of them, and runs on its
+    /// next attempt only if it failed itself.
+    #[tokio::test]
+    async fn a_park_keeps_the_message_without_park_headers_for_the_acker() {
+        let parking = parking();
+        let mut own = delivered(2);
+        own.headers_mut().set("trace", "t1");
+        own.headers_mut().set(PARKS, "1");
+        own.headers_mut().set(intake_core::parking::DUE, "1");
+        own.headers_mut().set(intake_core::parking::ATTEMPTS, "2");
+        parking
+            .park(&own, Duration::from_secs(5))
+            .await
+            .expect("parked");
+        let back = parking.parked.take_asked(7).expect("kept for the acker");
+        assert_eq!(back.metadata().attempt(), 3, "its next attempt");
+        let names: Vec<&str> = back.headers().iter().map(|h| &*h.name).collect();
+        assert_eq!(names, ["trace"]);
+        let mut follower = delivered(2);
+        follower.headers_mut().set(intake_core::parking::DUE, "1");
+        parking
+            .park(&follower, Duration::from_secs(5))
+            .await
+            .expect("parked");
+        let back = parking.parked.take_asked(7).expect("kept for the acker");
+        assert_eq!(back.metadata().attempt(), 2, "a follow is no attempt");
+        assert!(back.headers().is_empty());
     }
 }

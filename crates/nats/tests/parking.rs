@@ -122,18 +122,13 @@ async fn messages_waiting_behind_a_parked_head_are_never_dead_lettered() {
         .await
         .expect("stream");
     let (keys, followers) = (8, 4);
-    support::produce(
-        backend.client(),
-        &stream,
-        heads_and_followers(keys, followers),
-    )
-    .await
-    .expect("produce");
     let calls = Calls::default();
     let mut instances = Vec::new();
+    let mut pulls = Vec::new();
     for instance in 0..2 {
         let source = backend.source(&stream, "g").build().await.expect("source");
         let acker = source.acker();
+        pulls.push(source.counters());
         let sink = source.dead_letter_sink().build().await.expect("sink");
         let handler = tower::ServiceBuilder::new()
             .layer(DeadLetterLayer::new(sink))
@@ -144,13 +139,30 @@ async fn messages_waiting_behind_a_parked_head_are_never_dead_lettered() {
                 3,
                 Duration::from_millis(300),
             ));
+        // A small budget: each pull asks for a few messages, so both
+        // instances get a share of every key.
         instances.push(Running::start(
-            Consumer::builder().ordering(DeliveryOrder::Key),
+            Consumer::builder()
+                .ordering(DeliveryOrder::Key)
+                .max_in_flight(4),
             source,
             acker,
             handler,
         ));
     }
+    // Both instances wait with pull requests out before anything is
+    // published, so each gets a share.
+    wait_until("both instances pulling", Duration::from_secs(30), || {
+        pulls.iter().all(|counters| counters.pull_requests() > 0)
+    })
+    .await;
+    support::produce(
+        backend.client(),
+        &stream,
+        heads_and_followers(keys, followers),
+    )
+    .await
+    .expect("produce");
     wait_until("everything settled", Duration::from_secs(90), || {
         support::block_on_unacknowledged(backend.client(), &stream, "g") == 0
     })
@@ -200,4 +212,35 @@ async fn messages_waiting_behind_a_parked_head_are_never_dead_lettered() {
         assert!(calls.succeeded(&head), "{head}: {:?}", calls.of(&head));
     }
     assert!(lettered.is_empty(), "{lettered:?}");
+    // The order per key, in the instance that parked the head: a follower
+    // it held runs after its head succeeded. (A follower the server gave
+    // the other instance runs there as it comes: instances sharing a
+    // durable have no order between them.)
+    let all = calls.all();
+    for key in 0..keys {
+        let head = format!("h{key}");
+        let Some((done, head_call)) = all
+            .iter()
+            .enumerate()
+            .find(|(_, call)| call.payload == head && call.ok)
+        else {
+            continue;
+        };
+        let first_try = all
+            .iter()
+            .position(|call| call.payload == head)
+            .unwrap_or(done);
+        for (index, call) in all.iter().enumerate() {
+            let follows = call.payload.starts_with(&format!("f{key}."));
+            if follows && call.instance == head_call.instance && index > first_try {
+                assert!(
+                    index > done,
+                    "{} ran on instance {} after {head} first failed there and before it \
+                     succeeded: {all:?}",
+                    call.payload,
+                    call.instance
+                );
+            }
+        }
+    }
 }

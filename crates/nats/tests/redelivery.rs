@@ -460,7 +460,11 @@ async fn a_handler_asking_for_later_is_parked_and_handled_after_its_delay() {
         assert_eq!(calls.len(), 2, "{id}: {calls:?}");
         let ((first, failed_at, failed), (second, handled_at, handled)) = (calls[0], calls[1]);
         assert!(!failed && handled, "{id}: {calls:?}");
-        assert_eq!((first, second), (1, 2), "{id}: the server's delivery count");
+        assert_eq!(
+            (first, second),
+            (1, 2),
+            "{id}: back from its park on its next attempt"
+        );
         let after = handled_at.duration_since(failed_at);
         assert!(
             after >= delay,
@@ -473,18 +477,27 @@ async fn a_handler_asking_for_later_is_parked_and_handled_after_its_delay() {
         m6[0].1 >= calls.of("m1")[1].1,
         "m6 handled after m1, the earlier message of its key"
     );
-    assert_eq!(m6[0].0, 2, "m6 was handed back once, behind m1");
+    assert_eq!(
+        m6[0].0, 1,
+        "m6 waited behind m1 in this process: no delivery more, no attempt"
+    );
+    assert_eq!(counters.parked_here(), 3, "m1, m3, m6 waited here");
+    assert_eq!(counters.naks(), 0, "nothing went back to the server");
     assert_eq!(report.parked, 3, "m1, m3, and m6 behind m1: {report:?}");
     assert_eq!(report.dead_lettered, 0, "{report:?}");
     assert_eq!(counters.source_dead_letters(), 0);
 }
 
-/// Every park is a delivery: with the source's default `max_deliveries`
-/// (5) a message that keeps asking for later is parked five times, then
-/// dead-lettered by the source on its sixth delivery, not dropped.
+/// A park is no delivery: a message that keeps asking for later is
+/// parked `max_parks` times (10 by default) and then fails for good, with
+/// its own failure in its letter. The source's `max_deliveries` (5 by
+/// default) does not cut it short: until the fix of review R9, every park
+/// was a `-NAK` and one delivery more, and the source dead-lettered the
+/// message on its sixth delivery ("delivered 5 times without being
+/// acknowledged").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_parked_past_max_deliveries_is_dead_lettered_not_dropped() {
-    let Some(backend) = NatsBackend::new("parked past max_deliveries").await else {
+async fn a_message_parked_as_often_as_allowed_is_dead_lettered_with_its_failure() {
+    let Some(backend) = NatsBackend::new("parked max_parks times").await else {
         return;
     };
     let stream = support::unique("parkcap");
@@ -501,6 +514,7 @@ async fn a_message_parked_past_max_deliveries_is_dead_lettered_not_dropped() {
         .expect("source");
     let counters = source.counters();
     let acker = source.acker();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
     let calls = Calls::default();
     let handler = {
         let calls = calls.clone();
@@ -520,14 +534,11 @@ async fn a_message_parked_past_max_deliveries_is_dead_lettered_not_dropped() {
         })
     };
     let handler = tower::ServiceBuilder::new()
+        .layer(intake_core::DeadLetterLayer::new(sink))
         .layer(ParkingLayer::new(source.parking()))
         .service(handler);
     let running = Running::start(Consumer::builder(), source, acker, handler);
-    wait_until("the source's dead letter", Duration::from_secs(20), || {
-        counters.source_dead_letters() >= 1
-    })
-    .await;
-    wait_until("everything settled", Duration::from_secs(20), || {
+    wait_until("everything settled", Duration::from_secs(30), || {
         support::block_on_unacknowledged(backend.client(), &stream, "cap") == 0
     })
     .await;
@@ -535,21 +546,21 @@ async fn a_message_parked_past_max_deliveries_is_dead_lettered_not_dropped() {
     let attempts: Vec<u32> = calls.of("m0").iter().map(|call| call.0).collect();
     assert_eq!(
         attempts,
-        [1, 2, 3, 4, 5],
-        "parked after each, the sixth dead-lettered"
+        (1..=11).collect::<Vec<u32>>(),
+        "parked after each of the first ten, the eleventh failed for good"
     );
-    assert_eq!(report.parked, 5, "{report:?}");
+    assert_eq!(report.parked, 10, "{report:?}");
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+    assert_eq!(counters.source_dead_letters(), 0);
+    assert_eq!(counters.parked_here(), 10);
     assert_eq!(calls.of("m1").len(), 1);
     let letters = intake_core::backend::testkit::Backend::dead_letters(&backend, &stream, "cap")
         .await
         .expect("read the dead letters");
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(&letters[0].message.payload()[..], b"m0");
-    assert!(
-        letters[0].error.contains("max_deliveries = 5"),
-        "{}",
-        letters[0].error
-    );
+    assert_eq!(letters[0].class, intake_core::ErrorClass::Permanent);
+    assert!(letters[0].error.contains("not now"), "{}", letters[0].error);
 }
 
 /// The composition the parking docs show: the dead-letter layer outside
@@ -606,4 +617,168 @@ async fn a_message_handed_back_is_parked_not_dead_lettered_under_a_dead_letter_l
         .await
         .expect("read the dead letters");
     assert!(letters.is_empty(), "{letters:?}");
+}
+
+/// The consumer's `num_redelivered`: messages the server delivered more
+/// than once.
+async fn redelivered(client: &intake_nats::async_nats::Client, stream: &str, group: &str) -> usize {
+    intake_nats::async_nats::jetstream::new(client.clone())
+        .get_stream(stream)
+        .await
+        .expect("stream")
+        .consumer_info(group)
+        .await
+        .expect("consumer info")
+        .num_redelivered
+}
+
+/// A park through `NatsParking` waits in the process, still held: the
+/// source reports it in progress, so the server neither delivers it again
+/// nor counts a delivery, however much longer than `ack_wait` (2 s) the
+/// delay is; the source gives it back once due, the same delivery without
+/// the park headers the layer wrote, on its next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_waits_in_the_process_and_is_given_back_once_due_without_a_delivery() {
+    let Some(backend) = NatsBackend::new("park here").await else {
+        return;
+    };
+    let stream = support::unique("parkhere");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    let mut headed = TestMessage::new("k0", "m0");
+    headed.headers.set("trace", "t0");
+    support::produce(
+        backend.client(),
+        &stream,
+        vec![headed, TestMessage::new("k1", "m1")],
+    )
+    .await
+    .expect("produce");
+    let mut source = backend
+        .source(&stream, "here")
+        .build()
+        .await
+        .expect("source");
+    let mut acker = source.acker();
+    let parking = source.parking();
+    let first = pull_timed(&mut source, 2, Duration::from_secs(20)).await;
+    let (parked, done) = (&first[0].0, &first[1].0);
+    // What the parking layer hands a park for the message's own failure.
+    let mut copy = parked.clone();
+    copy.headers_mut().set(intake_core::parking::PARKS, "1");
+    copy.headers_mut().set(intake_core::parking::DUE, "1");
+    let delay = Duration::from_secs(5);
+    assert_eq!(
+        parking.park(&copy, delay).await.expect("parked"),
+        intake_core::parking::Parked::HandedBack
+    );
+    let handed_back = Instant::now();
+    acker
+        .ack(&park_batch(&[parked], delay, &[done]))
+        .await
+        .expect("confirmed");
+    assert_eq!(source.parked_waiting(), 1);
+    let again = pull_timed(&mut source, 1, Duration::from_secs(20)).await;
+    let (back, arrived) = &again[0];
+    let after = arrived.duration_since(handed_back);
+    assert!(after >= delay, "back after {after:?}, parked for {delay:?}");
+    assert_eq!(back.metadata().position(), parked.metadata().position());
+    assert_eq!(back.payload(), parked.payload());
+    assert_eq!(back.key(), parked.key());
+    assert_eq!(back.headers(), parked.headers(), "no park header");
+    assert_eq!(back.metadata().attempt(), 2, "its next attempt");
+    assert_eq!(source.parking().parks(back), 1);
+    assert_eq!(source.counters().parked_here(), 1);
+    assert_eq!(source.counters().naks(), 0);
+    assert!(
+        source.counters().progress_reports() >= 2,
+        "held and reported in progress while it waited"
+    );
+    assert_eq!(
+        redelivered(backend.client(), &stream, "here").await,
+        0,
+        "the server delivered nothing again"
+    );
+    acker
+        .ack(&park_batch(&[], delay, &[back]))
+        .await
+        .expect("confirmed");
+    source.close().await.expect("close");
+    assert_eq!(
+        support::unacknowledged(backend.client(), &stream, "here")
+            .await
+            .expect("consumer info"),
+        0
+    );
+}
+
+/// A process that closes while messages are parked in it hands each back
+/// to the server with what is left of its delay: another instance of the
+/// group gets them no sooner than they were due, and what was held
+/// unparked at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_parked_here_go_back_to_the_server_with_their_remaining_delay_at_close() {
+    let Some(backend) = NatsBackend::new("park here and close").await else {
+        return;
+    };
+    let stream = support::unique("parkclose");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    support::produce(backend.client(), &stream, support::numbered("m", 3))
+        .await
+        .expect("produce");
+    let delay = Duration::from_secs(3);
+    let handed_back = {
+        let mut source = backend
+            .source(&stream, "close")
+            .build()
+            .await
+            .expect("source");
+        let mut acker = source.acker();
+        let parking = source.parking();
+        let held = pull_timed(&mut source, 3, Duration::from_secs(20)).await;
+        let parked: Vec<&Message> = held[..2].iter().map(|(message, _)| message).collect();
+        for message in &parked {
+            parking.park(message, delay).await.expect("parked");
+        }
+        let handed_back = Instant::now();
+        acker
+            .ack(&park_batch(&parked, delay, &[]))
+            .await
+            .expect("confirmed");
+        assert_eq!(source.parked_waiting(), 2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        source.close().await.expect("close");
+        handed_back
+    };
+    let mut source = backend
+        .source(&stream, "close")
+        .build()
+        .await
+        .expect("source");
+    let mut acker = source.acker();
+    let back = pull_timed(&mut source, 3, Duration::from_secs(20)).await;
+    let mut payloads: Vec<String> = back
+        .iter()
+        .map(|(message, _)| String::from_utf8_lossy(message.payload()).into_owned())
+        .collect();
+    payloads.sort();
+    assert_eq!(payloads, ["m0", "m1", "m2"]);
+    for (message, arrived) in &back {
+        assert_eq!(message.metadata().attempt(), 2, "{message:?}");
+        let after = arrived.duration_since(handed_back);
+        if &message.payload()[..] == b"m2" {
+            assert!(after < delay, "m2 was not parked: back at once ({after:?})");
+        } else {
+            assert!(after >= delay, "{message:?} back after {after:?}");
+        }
+    }
+    let all: Vec<&Message> = back.iter().map(|(message, _)| message).collect();
+    acker
+        .ack(&park_batch(&[], delay, &all))
+        .await
+        .expect("confirmed");
+    source.close().await.expect("close");
 }

@@ -162,9 +162,12 @@ impl NatsSourceBuilder {
     /// The retry cap: a message the server delivered more often than this
     /// (its handler kept failing, or its consumer kept crashing) is
     /// dead-lettered by the source itself, as retryable, without calling
-    /// the handler (default 5). The consumer's own `max_deliver` is left
-    /// unlimited: at that limit the server stops delivering a message
-    /// without acknowledging it anywhere, a silent drop.
+    /// the handler (default 5). A park that waits in the process
+    /// ([`NatsParking`](crate::NatsParking)) is no delivery: parks are
+    /// capped by the parking layer's `max_parks`. The consumer's own
+    /// `max_deliver` is left unlimited: at that limit the server stops
+    /// delivering a message without acknowledging it anywhere, a silent
+    /// drop.
     pub fn max_deliveries(mut self, deliveries: u32) -> Self {
         self.max_deliveries = Some(deliveries);
         self

@@ -32,12 +32,15 @@
 //! A delivery the server made more often than `max_deliveries` is written
 //! to the dead-letter subject by the source and ended with `+TERM`,
 //! without calling the handler: a message whose handler keeps failing, or
-//! whose consumer keeps crashing, stops there.
+//! whose consumer keeps crashing, stops there. A park that waits in the
+//! process (`parked.rs`) is no delivery, and its message given back is not
+//! checked again.
 //!
 //! # Closing
 //!
 //! `close` hands every delivery still held back with `-NAK` (no delay), so
-//! another instance receives it at once instead of after `ack_wait`.
+//! another instance receives it at once instead of after `ack_wait`; a
+//! parked one with what is left of its delay.
 
 mod builder;
 pub(crate) mod convert;
@@ -67,6 +70,7 @@ use crate::counters::Counters;
 use crate::dead_letter::{NatsDeadLetterSink, NatsDeadLetterSinkBuilder};
 use crate::deliveries::{Deliveries, ProgressTask};
 use crate::error::{Error, boxed};
+use crate::parked::ParkedHere;
 
 /// How long past its expiry a pull request is waited for before the
 /// source assumes the server's `408` was lost and asks again.
@@ -102,6 +106,8 @@ pub struct NatsSource {
     own_sink: Option<NatsDeadLetterSink>,
     terms: Confirmations,
     deliveries: Arc<Deliveries>,
+    /// Parked messages waiting here until due (see `parked.rs`).
+    parked: Arc<ParkedHere>,
     counters: Arc<Counters>,
     limits: Option<Limits>,
     limits_applied: bool,
@@ -199,6 +205,9 @@ impl NatsSource {
             poison: VecDeque::new(),
             own_sink: None,
             deliveries,
+            parked: Arc::new(ParkedHere::new(
+                intake_core::consumer::DEFAULT_MAX_IN_FLIGHT_BYTES,
+            )),
             counters,
             limits: None,
             limits_applied: false,
@@ -214,6 +223,7 @@ impl NatsSource {
         NatsAcker::new(
             self.connection.client.clone(),
             self.deliveries.clone(),
+            self.parked.clone(),
             self.redelivery_backoff.clone(),
             self.ack_wait,
             self.ack_timeout,
@@ -260,6 +270,21 @@ impl NatsSource {
     /// The `ack_wait` the server applies to this consumer.
     pub fn ack_wait(&self) -> Duration {
         self.ack_wait
+    }
+
+    /// The stream consumed.
+    pub(crate) fn stream_name(&self) -> &str {
+        &self.stream
+    }
+
+    /// Where this source's parks wait.
+    pub(crate) fn parked_here(&self) -> Arc<ParkedHere> {
+        self.parked.clone()
+    }
+
+    /// Parked messages waiting in this process until due.
+    pub fn parked_waiting(&self) -> usize {
+        self.parked.waiting()
     }
 
     /// The async-nats client, for producing alongside the source.
@@ -408,6 +433,18 @@ impl NatsSource {
         self.pulls.delivered();
         self.hold
             .push((delivery.sequence, delivery.reply, delivery.delivered));
+        if self.parked.is_waiting(delivery.sequence) {
+            // The server gave up on this process's progress reports (a
+            // connection lost for longer than `ack_wait`) and delivered a
+            // message parked here again: it stays parked, now held under
+            // the newer delivery.
+            tracing::debug!(
+                sequence = delivery.sequence,
+                delivered = delivery.delivered,
+                "a message parked here was delivered again; it stays parked"
+            );
+            return Ok(());
+        }
         match self.max_deliveries {
             Some(cap) if delivery.delivered > cap => {
                 self.poison
@@ -613,6 +650,7 @@ fn pull_config(config: jetstream::consumer::Config) -> Option<jetstream::consume
 
 impl Source for NatsSource {
     fn set_limits(&mut self, limits: Limits) {
+        self.parked.set_max_bytes(limits.max_in_flight_bytes);
         self.limits = Some(limits);
     }
 
@@ -638,6 +676,9 @@ impl Source for NatsSource {
             if !self.poison.is_empty() {
                 self.dead_letter_poison().await;
             }
+            let next_park =
+                self.parked
+                    .give_back_due(Instant::now(), &self.deliveries, &mut self.ready);
             if max > 0 && !self.ready.is_empty() {
                 let take = max.min(self.ready.len());
                 deliveries.extend(self.ready.drain(..take));
@@ -661,10 +702,14 @@ impl Source for NatsSource {
             let deadline = self.pulls.deadline();
             // Without a request (the budget is full) the wait is for what an
             // earlier request still brings, until the runtime asks again.
+            let parked = self.parked.clone();
             let waited = tokio::select! {
                 message = self.replies.next() => Waited::Message(message),
                 () = reconnection => Waited::Reconnection,
                 () = sleep_until(deadline) => Waited::Deadline,
+                // A park due, or a new one that may be due sooner.
+                () = sleep_until(next_park) => Waited::Deadline,
+                () = parked.started() => Waited::Deadline,
             };
             match waited {
                 // The next turn ends what expired.
@@ -705,11 +750,20 @@ impl Source for NatsSource {
             return Ok(());
         }
         let count = held.len();
-        let naks = held
-            .into_iter()
-            .map(|(_, held)| (held.reply, Bytes::from_static(b"-NAK")));
+        let now = Instant::now();
+        let parked = &self.parked;
+        // A message parked here goes back with what is left of its delay:
+        // the server holds it until then, as for a park sent to it.
+        let naks = held.into_iter().map(|(sequence, held)| {
+            let body = match parked.remaining(sequence, now) {
+                Some(left) => nak_with_delay(left.max(Duration::from_millis(1))),
+                None => Bytes::from_static(b"-NAK"),
+            };
+            (held.reply, body)
+        });
         let timeout = self.ack_timeout;
         let sent = self.terms.send(naks, timeout).await;
+        self.parked.clear();
         match sent {
             Ok(()) => {
                 self.counters.add_naks(count);
