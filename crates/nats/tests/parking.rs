@@ -244,3 +244,118 @@ async fn messages_waiting_behind_a_parked_head_are_never_dead_lettered() {
         }
     }
 }
+
+/// Fails `p<n>` payloads on their first call with "retry after `delay`";
+/// everything else succeeds. Records every call.
+fn parks_first_try(
+    calls: Calls,
+    delay: Duration,
+) -> impl tower::Service<
+    Message,
+    Response = (),
+    Error = HandlerError,
+    Future = impl Future<Output = Result<(), HandlerError>> + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |message: Message| {
+        let calls = calls.clone();
+        async move {
+            let payload = String::from_utf8_lossy(message.payload()).into_owned();
+            if payload.starts_with('p') && calls.of(&payload).is_empty() {
+                calls.record(&message, false, 0);
+                return Err(HandlerError::retry_later("later", delay));
+            }
+            calls.record(&message, true, 0);
+            Ok(())
+        }
+    })
+}
+
+/// Review R26: every parked message holds a slot of the consumer's
+/// `max_ack_pending` until it is due (the server counts it delivered and
+/// unacknowledged). With a budget of 520 the source sizes
+/// `max_ack_pending` for the budget alone (twice it, 1,040); once 1,040
+/// messages are parked the server sends nothing new, and a healthy
+/// message published after them waits for the whole delay (20 s). The
+/// source must leave room for parked messages beyond the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_messages_leave_room_for_new_ones() {
+    let Some(backend) = NatsBackend::new("room for parks").await else {
+        return;
+    };
+    let stream = support::unique("room");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    let budget = 520;
+    let parked = 2 * budget;
+    let messages: Vec<TestMessage> = (0..parked)
+        .map(|n| TestMessage::new(format!("k{n}"), format!("p{n}")))
+        .collect();
+    support::produce(backend.client(), &stream, messages)
+        .await
+        .expect("produce");
+    let source = backend.source(&stream, "g").build().await.expect("source");
+    let counters = source.counters();
+    let acker = source.acker();
+    let calls = Calls::default();
+    let delay = Duration::from_secs(20);
+    let handler = tower::ServiceBuilder::new()
+        .layer(ParkingLayer::new(source.parking()))
+        .service(parks_first_try(calls.clone(), delay));
+    let running = Running::start(
+        Consumer::builder()
+            .ordering(DeliveryOrder::Key)
+            .max_in_flight(budget),
+        source,
+        acker,
+        handler,
+    );
+    wait_until("every p parked", Duration::from_secs(60), || {
+        counters.parked_here() + counters.naks() >= parked as u64
+    })
+    .await;
+    let published = tokio::time::Instant::now();
+    support::produce(
+        backend.client(),
+        &stream,
+        vec![TestMessage::new("healthy", "healthy")],
+    )
+    .await
+    .expect("produce");
+    let patience = delay / 4;
+    let handled = tokio::time::timeout(patience, async {
+        while !calls.succeeded("healthy") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let waited = published.elapsed();
+    let pending = jetstream_info(backend.client(), &stream, "g").await;
+    running.shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(60), running.task).await;
+    assert!(
+        handled.is_ok(),
+        "with {parked} messages parked (budget {budget}, the consumer's max_ack_pending {}, \
+         {} pending), a new message was not handled within {patience:?} ({waited:?})",
+        pending.0,
+        pending.1
+    );
+}
+
+/// The consumer's `max_ack_pending` and `num_ack_pending`.
+async fn jetstream_info(
+    client: &intake_nats::async_nats::Client,
+    stream: &str,
+    group: &str,
+) -> (i64, usize) {
+    let info = intake_nats::async_nats::jetstream::new(client.clone())
+        .get_stream(stream)
+        .await
+        .expect("stream")
+        .consumer_info(group)
+        .await
+        .expect("consumer info");
+    (info.config.max_ack_pending, info.num_ack_pending)
+}
