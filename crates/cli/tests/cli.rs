@@ -1002,3 +1002,501 @@ async fn kafka_dlq_show_and_list_escape_what_a_producer_wrote() {
         .delete_topics(&[&topic, &dead_letters], &options)
         .await;
 }
+
+/// Runs `intake` with `args` on a terminal of its own (util-linux
+/// `script`), as a person would: the returned child's stdin is the
+/// keyboard, its stdout what the terminal shows (stdout and stderr both).
+fn intake_on_a_terminal(args: &[&str]) -> tokio::process::Child {
+    let quoted: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_intake"))
+        .chain(args.iter().copied())
+        .map(|arg| format!("'{}'", arg.replace('\'', r"'\''")))
+        .collect();
+    tokio::process::Command::new("script")
+        .args(["-qec", &quoted.join(" "), "/dev/null"])
+        .env_remove("INTAKE_BROKER")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script(1) starts")
+}
+
+/// Reads `from` until what was read contains `wanted` (at most 20 s).
+async fn read_until(from: &mut (impl tokio::io::AsyncRead + Unpin), wanted: &str) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !String::from_utf8_lossy(&seen).contains(wanted) {
+        let read = tokio::time::timeout_at(deadline, from.read(&mut buffer))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no {wanted:?} within 20 s; read {:?}",
+                    String::from_utf8_lossy(&seen)
+                )
+            })
+            .expect("reading the terminal");
+        assert!(
+            read > 0,
+            "the terminal closed before {wanted:?}: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buffer[..read]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn redis_purge_deletes_only_the_letters_it_asked_about() {
+    if !broker_listens("redis purge", "127.0.0.1:6379") {
+        return;
+    }
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::{DeadLetter, Message, Metadata, Position};
+    use intake_redis_streams::RedisStreamsSource;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let (stream, group) = (unique("purge"), "billing");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("payload")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let source = RedisStreamsSource::builder(REDIS)
+        .stream(stream.as_str())
+        .group(group)
+        .consumer("c1")
+        .build()
+        .await
+        .expect("the source");
+    let sink = source.dead_letter_sink().build().await.expect("the sink");
+    let write = |n: i64| {
+        let message = Message::new(
+            n.to_string(),
+            Metadata::new(stream.as_str().into(), 0, Position::Offset(n)),
+        );
+        let letter = DeadLetter::new(message, format!("poison {n}"), 1);
+        let sink = &sink;
+        async move { sink.write(&letter).await.expect("a letter written") }
+    };
+    for n in 0..3 {
+        write(n).await;
+    }
+
+    let mut purge = intake_on_a_terminal(&[
+        "dlq",
+        "purge",
+        "--broker",
+        REDIS,
+        "--source",
+        &stream,
+        "--group",
+        group,
+        "--class",
+        "permanent",
+        "--json",
+    ]);
+    let mut terminal = purge.stdout.take().expect("the terminal's output");
+    let asked = read_until(&mut terminal, "[y/N]").await;
+    assert!(asked.contains("Delete 3 dead letters"), "{asked}");
+    // Two more given up while the person reads the question.
+    for n in 3..5 {
+        write(n).await;
+    }
+    let mut keyboard = purge.stdin.take().expect("the terminal's input");
+    keyboard.write_all(b"y\n").await.unwrap();
+    let mut rest = String::new();
+    tokio::time::timeout(RUN_LIMIT, terminal.read_to_string(&mut rest))
+        .await
+        .expect("the purge ends")
+        .unwrap();
+    let status = tokio::time::timeout(RUN_LIMIT, purge.wait())
+        .await
+        .expect("the purge ends")
+        .unwrap();
+    assert!(status.success(), "{status:?}: {asked}{rest}");
+    let document = &rest[rest.find('{').unwrap_or_else(|| panic!("JSON in {rest:?}"))..];
+    let value: Value = serde_json::from_str(document).unwrap();
+    assert_eq!(value["purged"], 3, "{rest}");
+
+    let counted = intake(&[
+        "dlq", "count", "--broker", REDIS, "--source", &stream, "--group", group, "--json",
+    ])
+    .await;
+    counted.assert_code(0);
+    assert_eq!(
+        counted.json()["total"],
+        2,
+        "the letters written meanwhile are left: {}",
+        counted.stdout
+    );
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(format!("{stream}:dlq"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
+
+/// What `.ci/services/kafka.sh env` prints: the TLS and SASL_SSL listeners,
+/// the test CA, the SCRAM user and password.
+fn kafka_test_env() -> std::collections::HashMap<String, String> {
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services/kafka.sh");
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .arg("env")
+        .output()
+        .expect("kafka.sh env runs");
+    assert!(output.status.success(), "kafka.sh env failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .collect()
+}
+
+/// A Kafka topic `{topic}.{group}.dlq` holding `letters` letters, written
+/// over plaintext by the real sink; returns the topic and group.
+async fn kafka_dead_letters(prefix: &str, letters: i64) -> (String, String) {
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::{DeadLetter, Message, Metadata, Position};
+    use intake_kafka::{KafkaSettings, KafkaSource};
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let (topic, group) = (unique(prefix), unique("g"));
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", KAFKA);
+    let admin: AdminClient<DefaultClientContext> = config.create().unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let source = KafkaSource::builder(KafkaSettings::new(KAFKA))
+        .group(group.as_str())
+        .topic(topic.as_str())
+        .build()
+        .await
+        .expect("the source");
+    let sink = source.dead_letter_sink().build().await.expect("the sink");
+    for n in 0..letters {
+        let message = Message::new(
+            n.to_string(),
+            Metadata::new(topic.as_str().into(), 0, Position::Offset(n)),
+        );
+        sink.write(&DeadLetter::new(message, format!("poison {n}"), 1))
+            .await
+            .expect("a letter written");
+    }
+    (topic, group)
+}
+
+#[tokio::test]
+async fn kafka_over_tls_and_sasl_scram_with_settings_that_never_show_the_password() {
+    if !broker_listens("kafka tls", KAFKA) {
+        return;
+    }
+    let env = kafka_test_env();
+    let get = |key: &str| {
+        env.get(key)
+            .unwrap_or_else(|| panic!("kafka.sh env prints {key}"))
+    };
+    let (topic, group) = kafka_dead_letters("tls", 3).await;
+    let on = |brokers: &str| {
+        vec![
+            "--broker".to_owned(),
+            format!("kafka://{brokers}"),
+            "--source".to_owned(),
+            topic.clone(),
+            "--group".to_owned(),
+            group.clone(),
+            "--timeout".to_owned(),
+            "10".to_owned(),
+        ]
+    };
+    let run = |args: Vec<String>, env: Vec<(&'static str, String)>| async move {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_intake"));
+        command
+            .args(&args)
+            .env_remove("INTAKE_BROKER")
+            .env_remove("INTAKE_KAFKA_CONFIG")
+            .envs(env)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(RUN_LIMIT, command.output())
+            .await
+            .unwrap_or_else(|_| panic!("intake {args:?} did not end within {RUN_LIMIT:?}"))
+            .expect("intake's output");
+        Run {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    };
+
+    // TLS, the test CA trusted, with settings on the command line.
+    let mut tls = vec!["dlq".to_owned(), "count".to_owned(), "--json".to_owned()];
+    tls.extend(on(get("INTAKE_KAFKA_TLS_BROKERS")));
+    tls.extend([
+        "--kafka-setting".to_owned(),
+        "security.protocol=SSL".to_owned(),
+        "--kafka-setting".to_owned(),
+        format!("ssl.ca.location={}", get("INTAKE_KAFKA_CA")),
+    ]);
+    let counted = run(tls, Vec::new()).await;
+    counted.assert_code(0);
+    assert_eq!(counted.json()["total"], 3, "{}", counted.stdout);
+
+    // SASL_SSL with SCRAM-SHA-512, the password in a settings file named by
+    // the environment; debug logs on, and the password nowhere.
+    let password = get("INTAKE_KAFKA_SCRAM_PASSWORD");
+    let dir = std::env::temp_dir().join(unique("kafka-config"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write_config = |name: &str, password: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "# the test broker's SASL_SSL listener\n\
+                 security.protocol=SASL_SSL\n\
+                 ssl.ca.location = {}\n\
+                 sasl.mechanisms=SCRAM-SHA-512\n\n\
+                 sasl.username={}\n\
+                 sasl.password={password}\n",
+                get("INTAKE_KAFKA_CA"),
+                get("INTAKE_KAFKA_SCRAM_USER"),
+            ),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    let good = write_config("good.properties", password);
+    let debug = ("RUST_LOG", "debug".to_owned());
+    for command in [&["dlq", "count", "--json"][..], &["dlq", "list", "--json"]] {
+        let mut sasl: Vec<String> = command.iter().map(|w| (*w).to_owned()).collect();
+        sasl.extend(on(get("INTAKE_KAFKA_SASL_BROKERS")));
+        let listed = run(
+            sasl,
+            vec![("INTAKE_KAFKA_CONFIG", good.clone()), debug.clone()],
+        )
+        .await;
+        listed.assert_code(0);
+        assert!(
+            !listed.stdout.contains(password.as_str()),
+            "{}",
+            listed.stdout
+        );
+        assert!(
+            !listed.stderr.contains(password.as_str()),
+            "password in the logs"
+        );
+    }
+    let mut lag = vec!["lag".to_owned(), "--json".to_owned()];
+    lag.extend(on(get("INTAKE_KAFKA_SASL_BROKERS")));
+    lag.extend(["--kafka-config".to_owned(), good.clone()]);
+    let lag = run(lag, vec![debug.clone()]).await;
+    lag.assert_code(0);
+    assert!(
+        !lag.stderr.contains(password.as_str()),
+        "password in the logs"
+    );
+
+    // A wrong password fails, and neither it nor the right one shows.
+    let wrong_password = "not-the-Secret-7f3a";
+    let wrong = write_config("wrong.properties", wrong_password);
+    let mut refused = vec!["dlq".to_owned(), "count".to_owned()];
+    refused.extend(on(get("INTAKE_KAFKA_SASL_BROKERS")));
+    refused.extend([
+        "--timeout".to_owned(),
+        "5".to_owned(),
+        "--kafka-config".to_owned(),
+        wrong,
+    ]);
+    let refused = run(refused, vec![debug.clone()]).await;
+    assert!(
+        matches!(refused.code, Some(1 | 3)),
+        "{:?}: {}",
+        refused.code,
+        refused.stderr
+    );
+    assert!(refused.stderr.starts_with("error: ") || refused.stderr.contains("\nerror: "));
+    for secret in [wrong_password, password.as_str()] {
+        assert!(!refused.stderr.contains(secret), "{secret} shown");
+    }
+
+    // A setting mistyped on the command line, a secret in it: a usage
+    // error that does not repeat it; settings for another broker: refused.
+    let mut typo = vec!["dlq".to_owned(), "count".to_owned()];
+    typo.extend(on(get("INTAKE_KAFKA_SASL_BROKERS")));
+    typo.extend([
+        "--kafka-setting".to_owned(),
+        "sasl.password:hunter2-7f3a".to_owned(),
+    ]);
+    let typo = run(typo, Vec::new()).await;
+    typo.assert_code(2);
+    assert!(!typo.stderr.contains("hunter2-7f3a"), "{}", typo.stderr);
+    let other = run(
+        [
+            "dlq",
+            "count",
+            "--broker",
+            REDIS,
+            "--source",
+            "s",
+            "--group",
+            "g",
+            "--kafka-setting",
+            "security.protocol=SSL",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        Vec::new(),
+    )
+    .await;
+    other.assert_code(2);
+    assert!(other.stderr.contains("kafka://"), "{}", other.stderr);
+
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Queues `queue` and `queue.dlq`, and `letters` letters of `queue` in the
+/// latter written by the real AMQP sink (ids `0..letters` as payloads).
+async fn amqp_dead_letters(queue: &str, letters: u64) {
+    use intake_amqp::{AmqpSource, Queue, Topology};
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::{DeadLetter, Message, Metadata, Position};
+
+    let dead_letters = format!("{queue}.dlq");
+    let topology = Topology::new()
+        .queue(Queue::classic(queue))
+        .queue(Queue::classic(dead_letters.as_str()));
+    topology.clone().declare(AMQP).await.expect("the queues");
+    let source = AmqpSource::builder(AMQP)
+        .queue(queue)
+        .declare(topology)
+        .build()
+        .await
+        .expect("the source");
+    let sink = source
+        .dead_letter_sink()
+        .exchange("")
+        .routing_key(dead_letters.as_str())
+        .build()
+        .await
+        .expect("the sink");
+    for n in 0..letters {
+        let message = Message::new(
+            n.to_string(),
+            Metadata::new(queue.into(), 0, Position::Tag(n + 1)),
+        );
+        sink.write(&DeadLetter::new(message, format!("poison {n}"), 1))
+            .await
+            .expect("a letter written");
+    }
+}
+
+async fn amqp_delete(queues: &[&str]) {
+    use lapin::options::QueueDeleteOptions;
+    let connection = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    for queue in queues {
+        let _ = channel
+            .queue_delete((*queue).into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test]
+async fn a_replay_the_broker_refuses_exits_3_and_leaves_the_letters() {
+    if !broker_listens("amqp refused replay", "127.0.0.1:5672") {
+        return;
+    }
+    let queue = unique("refused");
+    amqp_dead_letters(&queue, 2).await;
+    // The origin queue is gone: RabbitMQ returns each replay unroutable,
+    // which the publisher reports as rejected.
+    amqp_delete(&[&queue]).await;
+    let target = ["--broker", AMQP, "--source", &queue, "--group", "any"];
+    for how in [&[][..], &["--to-origin"]] {
+        let run = intake(&[&["dlq", "replay"][..], how, &target[..]].concat()).await;
+        run.assert_code(3);
+        assert!(
+            run.stderr.starts_with("error: dlq replay"),
+            "{}",
+            run.stderr
+        );
+    }
+    let counted = intake(&[&["dlq", "count", "--json"][..], &target[..]].concat()).await;
+    counted.assert_code(0);
+    assert_eq!(counted.json()["total"], 2, "{}", counted.stdout);
+    amqp_delete(&[&format!("{queue}.dlq")]).await;
+}
+
+#[tokio::test]
+async fn amqp_says_when_letters_are_beyond_one_pass() {
+    if !broker_listens("amqp cap", "127.0.0.1:5672") {
+        return;
+    }
+    let queue = unique("cap");
+    amqp_dead_letters(&queue, 8).await;
+    let target = [
+        "--broker",
+        AMQP,
+        "--source",
+        &queue,
+        "--group",
+        "any",
+        "--amqp-max-letters",
+        "5",
+    ];
+    let run = |words: &'static [&'static str]| {
+        let args: Vec<&str> = [words, &target[..]].concat();
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            intake(&args).await
+        }
+    };
+    let counted = run(&["dlq", "count", "--class", "permanent", "--json"]).await;
+    counted.assert_code(0);
+    let value = counted.json();
+    assert_eq!(value["total"], 5, "{value}");
+    assert_eq!(value["not_read"], 3, "{value}");
+    assert!(counted.stderr.contains("warning: "), "{}", counted.stderr);
+    assert!(
+        counted.stderr.contains("--amqp-max-letters"),
+        "{}",
+        counted.stderr
+    );
+    let table = run(&["dlq", "count", "--class", "permanent"]).await;
+    table.assert_code(0);
+    assert!(table.stderr.contains("3 "), "{}", table.stderr);
+
+    let purged = run(&["dlq", "purge", "--yes", "--json"]).await;
+    purged.assert_code(0);
+    assert_eq!(purged.json()["purged"], 5, "{}", purged.stdout);
+    assert_eq!(purged.json()["not_read"], 3, "{}", purged.stdout);
+    assert!(purged.stderr.contains("warning: "), "{}", purged.stderr);
+    let left = run(&["dlq", "count", "--json"]).await;
+    left.assert_code(0);
+    assert_eq!(left.json()["total"], 3, "{}", left.stdout);
+    assert!(left.stderr.is_empty(), "{}", left.stderr);
+    amqp_delete(&[&queue, &format!("{queue}.dlq")]).await;
+}
