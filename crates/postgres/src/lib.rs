@@ -155,8 +155,12 @@
 //! `Publisher`, in id order, and deletes them once the broker confirmed
 //! them: exactly-once effects, at-least-once publishing, and every copy of
 //! an output carries the same [`OUTBOX_ID_HEADER`] for downstream to drop
-//! duplicates by. See the [`outbox`] module for an
-//! example.
+//! duplicates by. Rows of one destination and key reach the broker in id
+//! order, also after a failed output ([`OutboxRelay`]'s order). A row the
+//! broker refuses is moved to the outbox's failed table, logged at `error`
+//! and counted, and the rest goes on; an operator re-queues it once its
+//! cause is fixed ([`OutboxTable`]'s failed table). See the [`outbox`]
+//! module for an example.
 //!
 //! # Cost
 //!
@@ -210,6 +214,7 @@ pub use marker_table::MarkerTable;
 pub use message_id::{HEADER_ID_PARTITION, MAX_MESSAGE_ID_LEN, MessageId};
 pub use outbox::{
     OUTBOX_ID_HEADER, OutboxError, OutboxRelay, OutboxRelayHandle, OutboxTable, RelaySettings,
+    RelayedBatch,
 };
 pub use pool::PoolConfig;
 pub use prune::{PruneSettings, Pruner, PrunerHandle};

@@ -19,6 +19,14 @@
 //! downstream drops the copies it has seen (with a processed-marker keyed
 //! by [`MessageId::header`](crate::MessageId::header), for one).
 //!
+//! A row the broker refuses (too large, no such destination, not allowed)
+//! does not hold up the rows after it: the relay moves it to the
+//! [failed table](OutboxTable#the-failed-table) next to the outbox, logs it
+//! at `error` and counts it ([`OutboxRelayHandle::failed_rows`]); an
+//! operator fixes the cause and re-queues it with
+//! [`OutboxTable::requeue_sql`]. Rows of one key reach the broker in id
+//! order, also after a failure ([order](OutboxRelay#order)).
+//!
 //! ```no_run
 //! use intake_core::publish::Output;
 //! use intake_core::Payload;
@@ -65,15 +73,23 @@ use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
 
 use crate::marker_table::quoted_table_name;
 
-pub use self::relay::{OutboxRelay, OutboxRelayHandle, RelaySettings};
+pub use self::relay::{OutboxRelay, OutboxRelayHandle, RelaySettings, RelayedBatch};
 
 /// The header that carries an output's outbox row id (decimal ASCII), the
 /// same on every copy the relay publishes.
 pub const OUTBOX_ID_HEADER: &str = "intake.outbox-id";
 
 /// Longest table name accepted, so that the names derived from it stay
-/// within PostgreSQL's 63-byte identifiers.
+/// within PostgreSQL's 63-byte identifiers (the failed table's
+/// `{table}_failed` and its `{table}_failed_pkey` included).
 const MAX_TABLE_NAME_LEN: usize = 63 - "_headers_check".len();
+
+/// What the name of the failed table adds to the outbox's.
+const FAILED_SUFFIX: &str = "_failed";
+
+/// Longest error text kept in the failed table: a broker's message is a
+/// line or two; this bounds one that is not.
+const MAX_ERROR_TEXT: usize = 4096;
 
 /// A failure of the outbox: creating its table, reading or deleting its
 /// rows, or publishing them.
@@ -103,15 +119,17 @@ pub enum OutboxError {
         /// The table.
         table: String,
         /// What the relay was doing: `begin`, `read rows`, `delete rows`,
-        /// `commit`.
+        /// `move refused rows to the failed table`, `commit`.
         step: &'static str,
         /// The database's error.
         #[source]
         source: sqlx::Error,
     },
-    /// The publisher did not take or confirm row `id`; its batch rolled back
-    /// and is published again (outputs of it sent before may be duplicated,
-    /// with the same [`OUTBOX_ID_HEADER`]).
+    /// The publisher did not take or confirm row `id`, for a reason that
+    /// may pass (the broker unreachable, the publisher closed): the row
+    /// stays and is published again, with the same [`OUTBOX_ID_HEADER`].
+    /// (A row the broker refuses is no error of the batch: it is moved to
+    /// the [failed table](OutboxTable#the-failed-table).)
     #[error("outbox row {id} was not published")]
     Publish {
         /// The row.
@@ -121,8 +139,8 @@ pub enum OutboxError {
         source: intake_core::publish::PublishError,
     },
     /// Row `id` could not be sent, or its confirmation did not come, within
-    /// the relay's [`confirm_timeout`](RelaySettings::confirm_timeout); its
-    /// batch rolled back and is published again.
+    /// the relay's [`confirm_timeout`](RelaySettings::confirm_timeout); it
+    /// stays and is published again.
     #[error("outbox row {id} was not sent and confirmed within {timeout:?}; publishing it again")]
     Unconfirmed {
         /// The row.
@@ -159,13 +177,14 @@ fn lasting_database_error(error: &sqlx::Error) -> bool {
     )
 }
 
-/// The table of outputs waiting to be published.
+/// The table of outputs waiting to be published, and next to it the table
+/// of the rows the broker refused.
 ///
 /// One row per [`Output`], in the order written: `id` (a `bigserial`, the
 /// publishing order and the [`OUTBOX_ID_HEADER`]), `destination`, `key`
 /// (null without one), `payload`, the headers as two arrays of the same
 /// length (`header_names`, `header_values`: order and repeated names kept,
-/// values as raw bytes) and `created_at`. Create it with
+/// values as raw bytes) and `created_at`. Create both tables with
 /// [`migrate`](Self::migrate) (idempotent), or put
 /// [`migration_sql`](Self::migration_sql) into your own migrations:
 ///
@@ -181,11 +200,63 @@ fn lasting_database_error(error: &sqlx::Error) -> bool {
 ///     CONSTRAINT "intake_outbox_headers_check"
 ///         CHECK (cardinality(header_names) = cardinality(header_values))
 /// );
+/// CREATE TABLE IF NOT EXISTS "intake_outbox_failed" (
+///     id bigint PRIMARY KEY,
+///     destination text NOT NULL,
+///     key bytea,
+///     payload bytea NOT NULL,
+///     header_names text[] NOT NULL,
+///     header_values bytea[] NOT NULL,
+///     created_at timestamptz NOT NULL,
+///     failed_at timestamptz NOT NULL DEFAULT now(),
+///     attempts integer NOT NULL,
+///     error_kind text NOT NULL,
+///     error text NOT NULL
+/// );
 /// ```
 ///
 /// A destination or header name that contains a NUL character cannot be
 /// stored (PostgreSQL's `text` refuses it, SQLSTATE `22021`): the write
 /// fails and the handler's message takes the permanent path.
+///
+/// # The failed table
+///
+/// A row the broker refuses ([`PublishErrorKind::Rejected`]: larger than
+/// the broker takes, no such topic or queue, not allowed, a Redis key of
+/// another type), or one the relay cannot read (a header array with a
+/// `NULL` in it, written by hand), would be refused every time. The
+/// [`OutboxRelay`] moves it, in the transaction that deletes its batch's
+/// published rows, to `{table}_failed` ([`failed_name`](Self::failed_name)),
+/// the row as it was plus `failed_at`, `attempts` (how many times this
+/// relay sent it, the refused time included), `error_kind` (`rejected` or
+/// `unreadable`) and `error` (the publisher's error and its causes). It
+/// logs each at `error` and counts it
+/// ([`OutboxRelayHandle::failed_rows`]); the rows after it are published
+/// as usual.
+///
+/// An operator fixes the cause (creates the queue, raises the size limit,
+/// or updates the row's `destination` or `payload` in the failed table),
+/// then moves the row back with [`requeue_sql`](Self::requeue_sql), which
+/// keeps its id (and so its [`OUTBOX_ID_HEADER`]):
+///
+/// ```text
+/// WITH requeued AS (
+///     DELETE FROM "intake_outbox_failed" WHERE id = $1
+///     RETURNING id, destination, key, payload, header_names, header_values, created_at
+/// )
+/// INSERT INTO "intake_outbox"
+///     (id, destination, key, payload, header_names, header_values, created_at)
+/// SELECT id, destination, key, payload, header_names, header_values, created_at
+/// FROM requeued;
+/// ```
+///
+/// (With `WHERE true` in place of `WHERE id = $1`, all of them.) Its id is lower than the rows
+/// published since, so it is the relay's next row: it reaches the broker
+/// after rows of its key that were written after it.
+///
+/// [`PublishErrorKind::Rejected`]: intake_core::publish::PublishErrorKind::Rejected
+/// [`OutboxRelay`]: crate::OutboxRelay
+/// [`OutboxRelayHandle::failed_rows`]: crate::OutboxRelayHandle::failed_rows
 #[derive(Clone)]
 pub struct OutboxTable {
     inner: Arc<Inner>,
@@ -198,10 +269,16 @@ struct Inner {
     quoted: String,
     /// The quoted constraint name.
     check: String,
+    /// The failed table's name, `{name}_failed`.
+    failed_name: String,
+    /// The failed table's name, quoted.
+    failed_quoted: String,
     insert: SqlStr,
     select_batch: SqlStr,
     delete_batch: SqlStr,
+    move_failed: SqlStr,
     count: SqlStr,
+    count_failed: SqlStr,
 }
 
 impl OutboxTable {
@@ -217,7 +294,14 @@ impl OutboxTable {
     /// A name that is empty, too long or not a plain identifier.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
         let (quoted, table) = quoted_table_name("outbox_table", name, MAX_TABLE_NAME_LEN)?;
+        let failed_name = format!("{name}{FAILED_SUFFIX}");
+        let (failed_quoted, _) = quoted_table_name(
+            "outbox_table",
+            &failed_name,
+            MAX_TABLE_NAME_LEN + FAILED_SUFFIX.len(),
+        )?;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        let columns = "id, destination, key, payload, header_names, header_values, created_at";
         Ok(Self {
             inner: Arc::new(Inner {
                 insert: sql(format!(
@@ -232,10 +316,28 @@ impl OutboxTable {
                      FROM {quoted} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
                 )),
                 delete_batch: sql(format!("DELETE FROM {quoted} WHERE id = ANY($1)")),
+                // A row re-queued with its id and refused again replaces
+                // its earlier failure instead of failing the batch.
+                move_failed: sql(format!(
+                    "WITH moved AS (DELETE FROM {quoted} WHERE id = $1 RETURNING {columns}) \
+                     INSERT INTO {failed_quoted} \
+                     ({columns}, attempts, error_kind, error) \
+                     SELECT {columns}, $2, $3, $4 FROM moved \
+                     ON CONFLICT (id) DO UPDATE SET \
+                     destination = EXCLUDED.destination, key = EXCLUDED.key, \
+                     payload = EXCLUDED.payload, header_names = EXCLUDED.header_names, \
+                     header_values = EXCLUDED.header_values, \
+                     created_at = EXCLUDED.created_at, failed_at = now(), \
+                     attempts = EXCLUDED.attempts, error_kind = EXCLUDED.error_kind, \
+                     error = EXCLUDED.error"
+                )),
                 count: sql(format!("SELECT count(*) FROM {quoted}")),
+                count_failed: sql(format!("SELECT count(*) FROM {failed_quoted}")),
                 check: format!("\"{table}_headers_check\""),
                 name: name.to_owned(),
                 quoted,
+                failed_name,
+                failed_quoted,
             }),
         })
     }
@@ -245,10 +347,21 @@ impl OutboxTable {
         &self.inner.name
     }
 
-    /// The SQL that creates the table, idempotently (`IF NOT EXISTS`): for
-    /// your own migration tool.
+    /// The failed table's name: `{name}_failed`, in the same schema. See
+    /// [the failed table](Self#the-failed-table).
+    pub fn failed_name(&self) -> &str {
+        &self.inner.failed_name
+    }
+
+    /// The SQL that creates the table and its failed table, idempotently
+    /// (`IF NOT EXISTS`): for your own migration tool.
     pub fn migration_sql(&self) -> String {
-        let Inner { quoted, check, .. } = &*self.inner;
+        let Inner {
+            quoted,
+            check,
+            failed_quoted,
+            ..
+        } = &*self.inner;
         format!(
             "CREATE TABLE IF NOT EXISTS {quoted} (\n    \
                  id bigserial PRIMARY KEY,\n    \
@@ -260,11 +373,48 @@ impl OutboxTable {
                  created_at timestamptz NOT NULL DEFAULT now(),\n    \
                  CONSTRAINT {check}\n        \
                      CHECK (cardinality(header_names) = cardinality(header_values))\n\
+             );\n\
+             CREATE TABLE IF NOT EXISTS {failed_quoted} (\n    \
+                 id bigint PRIMARY KEY,\n    \
+                 destination text NOT NULL,\n    \
+                 key bytea,\n    \
+                 payload bytea NOT NULL,\n    \
+                 header_names text[] NOT NULL,\n    \
+                 header_values bytea[] NOT NULL,\n    \
+                 created_at timestamptz NOT NULL,\n    \
+                 failed_at timestamptz NOT NULL DEFAULT now(),\n    \
+                 attempts integer NOT NULL,\n    \
+                 error_kind text NOT NULL,\n    \
+                 error text NOT NULL\n\
              );\n"
         )
     }
 
-    /// Creates the table if it does not exist, under a transaction-scoped
+    /// The SQL that moves failed rows back into the outbox, keeping their
+    /// ids, for the relay to publish: `$1` is the row's id (a `bigint`).
+    /// See [the failed table](Self#the-failed-table).
+    pub fn requeue_sql(&self) -> String {
+        let Inner {
+            quoted,
+            failed_quoted,
+            ..
+        } = &*self.inner;
+        let columns = "id, destination, key, payload, header_names, header_values, created_at";
+        format!(
+            "WITH requeued AS (\n    \
+                 DELETE FROM {failed_quoted} WHERE id = $1\n    \
+                 RETURNING {columns}\n\
+             )\n\
+             INSERT INTO {quoted}\n    \
+                 ({columns})\n\
+             SELECT {columns}\n\
+             FROM requeued;\n"
+        )
+    }
+
+    /// Creates the table and its failed table if they do not exist (a
+    /// table made by an earlier version gets its failed table), under a
+    /// transaction-scoped
     /// advisory lock (as [`MarkerTable::migrate`](crate::MarkerTable::migrate)
     /// does) so that processes starting together do not race.
     ///
@@ -348,6 +498,20 @@ impl OutboxTable {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
+    /// How many rows wait in the [failed table](Self#the-failed-table)
+    /// for an operator: for tests, reports and alerts.
+    ///
+    /// # Errors
+    ///
+    /// The database's error (the failed table does not exist before
+    /// [`migrate`](Self::migrate)).
+    pub async fn failed_count(&self, pool: &PgPool) -> Result<u64, sqlx::Error> {
+        let count: i64 = sqlx::query_scalar(self.inner.count_failed.clone())
+            .fetch_one(pool)
+            .await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     fn database_error(&self, step: &'static str) -> impl Fn(sqlx::Error) -> OutboxError + '_ {
         move |source| OutboxError::Database {
             table: self.inner.name.clone(),
@@ -369,6 +533,23 @@ impl fmt::Debug for OutboxTable {
             .field(&self.inner.name)
             .finish()
     }
+}
+
+/// `error`'s text for the failed table: the error and its causes, at most
+/// [`MAX_ERROR_TEXT`] bytes, NUL (which `text` refuses) replaced.
+fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = intake_core::ErrorChain::new(error)
+        .to_string()
+        .replace('\0', "\u{fffd}");
+    if text.len() > MAX_ERROR_TEXT {
+        let mut end = MAX_ERROR_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 /// One row read for publishing, as the output the relay sends.
@@ -407,6 +588,36 @@ mod tests {
             sql.contains("CREATE TABLE IF NOT EXISTS \"billing\".\"Outbox_1\""),
             "{sql}"
         );
+    }
+
+    #[test]
+    fn the_failed_table_is_next_to_the_outbox_in_its_schema() {
+        let outbox = OutboxTable::new("billing.Outbox_1").unwrap();
+        assert_eq!(outbox.failed_name(), "billing.Outbox_1_failed");
+        let sql = outbox.migration_sql();
+        assert!(
+            sql.contains("CREATE TABLE IF NOT EXISTS \"billing\".\"Outbox_1_failed\""),
+            "{sql}"
+        );
+        let requeue = outbox.requeue_sql();
+        assert!(
+            requeue.contains("DELETE FROM \"billing\".\"Outbox_1_failed\" WHERE id = $1"),
+            "{requeue}"
+        );
+        assert!(
+            requeue.contains("INSERT INTO \"billing\".\"Outbox_1\""),
+            "{requeue}"
+        );
+    }
+
+    #[test]
+    fn an_error_text_is_bounded_and_has_no_nul() {
+        let error = std::io::Error::other(format!("a\0b{}", "é".repeat(MAX_ERROR_TEXT)));
+        let text = error_text(&error);
+        assert!(text.starts_with("a\u{fffd}b"), "{text}");
+        assert!(!text.contains('\0'));
+        assert!(text.len() <= MAX_ERROR_TEXT + '…'.len_utf8());
+        assert!(text.ends_with('…'));
     }
 
     #[test]

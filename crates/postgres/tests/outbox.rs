@@ -43,6 +43,7 @@ fn quick() -> RelaySettings {
         poll_interval: Duration::from_millis(10),
         confirm_timeout: Duration::from_secs(5),
         backoff: Exponential::new(Duration::from_millis(5), Duration::from_millis(20)),
+        ..RelaySettings::default()
     }
 }
 
@@ -154,7 +155,7 @@ async fn outputs_are_in_the_outbox_only_when_the_handler_commits() {
     assert_eq!(service.stats().duplicates(), 1);
     let broker = broker();
     let relay = OutboxRelay::new(db.pool.clone(), outbox, broker.publisher(), quick()).unwrap();
-    assert_eq!(relay.relay_batch().await.unwrap(), 2);
+    assert_eq!(relay.relay_batch().await.unwrap().published, 2);
     assert_eq!(payloads(&broker), ["1.a", "1.b"]);
 }
 
@@ -220,7 +221,7 @@ async fn the_relay_publishes_every_row_in_id_order_with_its_id_and_empties_the_o
 }
 
 #[tokio::test]
-async fn rows_whose_publish_failed_stay_and_are_published_after() {
+async fn rows_not_confirmed_stay_and_only_they_are_published_again() {
     let Some(pool) = database("outbox relay failures", 4).await else {
         return;
     };
@@ -229,34 +230,226 @@ async fn rows_whose_publish_failed_stay_and_are_published_after() {
     let broker = broker();
     let publisher = broker.publisher();
 
-    // A failed output rolls its batch back and keeps every row of it. The
-    // outputs sent after it (all are sent before any confirmation is
-    // awaited) reached the broker: they go out again with the same id.
+    // The first output is not stored. The three after it (other keys)
+    // were sent with it and are confirmed: they are deleted, not sent
+    // again.
     publisher.fail_next(1);
     let once = OutboxRelay::new(pool.clone(), outbox.clone(), publisher.clone(), quick()).unwrap();
-    assert!(once.relay_batch().await.is_err());
-    assert_eq!(outbox.count(&pool).await.unwrap(), 6);
+    let error = once.relay_batch().await.unwrap_err();
+    assert!(error.is_transient(), "{error}");
+    assert_eq!(outbox.count(&pool).await.unwrap(), 3);
     assert_eq!(payloads(&broker), ["1", "2", "3"]);
 
     // The running relay retries after its backoff until the broker takes
     // them.
     publisher.fail_next(2);
     let relay = once.start();
-    eventually("6 rows published", || relay.published() == 6).await;
+    eventually("the 3 others published", || relay.published() == 3).await;
     assert_eq!(relay.failed_batches(), 1);
+    assert_eq!(relay.consecutive_failed_batches(), 0);
     relay.stop().await;
 
     assert_eq!(outbox.count(&pool).await.unwrap(), 0);
+    assert_eq!(payloads(&broker), ["1", "2", "3", "5", "0", "4"]);
+    let mut ids = published_ids(&broker);
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 6, "each row once");
+}
+
+/// Writes outputs `ids` to `audit`, all with key `k`.
+async fn write_one_key(pool: &PgPool, outbox: &OutboxTable, ids: std::ops::Range<i64>) {
+    let mut connection = pool.acquire().await.expect("a connection");
+    let outputs: Vec<Output> = ids
+        .map(|id| Output::new("audit", id.to_string()).with_key("k"))
+        .collect();
+    outbox.write(&mut connection, outputs).await.unwrap();
+}
+
+#[tokio::test]
+async fn after_a_failed_output_the_rows_of_its_key_reach_the_broker_in_id_order_once() {
+    let Some(pool) = database("outbox key order after a failure", 4).await else {
+        return;
+    };
+    let outbox = outbox_table(&pool).await;
+    write_one_key(&pool, &outbox, 0..8).await;
+    let broker = broker();
+    let publisher = broker.publisher();
+
+    // The first row is not stored: nothing of its key is sent after it
+    // until it is confirmed.
+    publisher.fail_next(1);
+    let relay =
+        OutboxRelay::spawn(pool.clone(), outbox.clone(), publisher.clone(), quick()).unwrap();
+    eventually("8 rows published", || relay.published() == 8).await;
+    assert_eq!(relay.failed_batches(), 1);
+    relay.stop().await;
+    assert_eq!(payloads(&broker), ["0", "1", "2", "3", "4", "5", "6", "7"]);
+}
+
+#[tokio::test]
+async fn without_key_order_the_rows_after_a_failed_one_of_its_key_go_again_after_it() {
+    let Some(pool) = database("outbox without key order", 4).await else {
+        return;
+    };
+    let outbox = outbox_table(&pool).await;
+    write_one_key(&pool, &outbox, 0..8).await;
+    let broker = broker();
+    let publisher = broker.publisher();
+
+    // All four are sent at once; the first is not stored, the three
+    // after it are. They stay and go out again after it, so that the
+    // last copy of each row is in id order; the first copies are not.
+    publisher.fail_next(1);
+    let pipelined = RelaySettings {
+        key_order: false,
+        ..quick()
+    };
+    let relay =
+        OutboxRelay::spawn(pool.clone(), outbox.clone(), publisher.clone(), pipelined).unwrap();
+    eventually("8 rows published", || relay.published() == 8).await;
+    relay.stop().await;
     assert_eq!(
         payloads(&broker),
-        ["1", "2", "3", "2", "3", "0", "1", "2", "3", "4", "5"]
+        ["1", "2", "3", "0", "1", "2", "3", "4", "5", "6", "7"]
     );
-    // Every copy of a row carries the row's id.
-    let mut id_of_payload = std::collections::HashMap::new();
-    for (payload, id) in payloads(&broker).into_iter().zip(published_ids(&broker)) {
-        assert_eq!(*id_of_payload.entry(payload).or_insert(id), id);
-    }
-    assert_eq!(id_of_payload.len(), 6);
+}
+
+/// The ids and error kinds of the failed table, in id order.
+async fn failed(pool: &PgPool, outbox: &OutboxTable) -> Vec<(i64, String, String, i32)> {
+    let sql = format!(
+        "SELECT id, error_kind, error, attempts FROM \"{}\" ORDER BY id",
+        outbox.failed_name()
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_all(pool)
+        .await
+        .expect("the failed table can be read")
+}
+
+#[tokio::test]
+async fn a_row_the_broker_refuses_is_moved_to_the_failed_table_and_the_others_go_on() {
+    let Some(pool) = database("outbox refused row", 4).await else {
+        return;
+    };
+    let outbox = outbox_table(&pool).await;
+    let mut connection = pool.acquire().await.expect("a connection");
+    // The second row is for a topic the broker does not have: refused.
+    let outputs = vec![
+        Output::new("audit", "0").with_key("a"),
+        Output::new("nowhere", "1").with_key("b"),
+        Output::new("audit", "2").with_key("b"),
+        Output::new("audit", "3").with_key("c"),
+    ];
+    outbox.write(&mut connection, outputs).await.unwrap();
+    drop(connection);
+    let broker = broker();
+    let publisher = broker.publisher();
+
+    // The first two fail once (not stored); the others, of other
+    // destinations and keys, are published.
+    publisher.fail_next(2);
+    let relay = OutboxRelay::new(pool.clone(), outbox.clone(), publisher, quick()).unwrap();
+    assert!(relay.relay_batch().await.is_err());
+    assert_eq!(outbox.count(&pool).await.unwrap(), 2);
+    // Then the refused one leaves the outbox, after two attempts.
+    let batch = relay.relay_batch().await.unwrap();
+    assert_eq!((batch.published, batch.failed), (1, 1));
+    assert_eq!(outbox.count(&pool).await.unwrap(), 0);
+    assert_eq!(outbox.failed_count(&pool).await.unwrap(), 1);
+    assert_eq!(payloads(&broker), ["2", "3", "0"]);
+    let failed = failed(&pool, &outbox).await;
+    let (id, kind, error, attempts) = &failed[0];
+    assert_eq!((kind.as_str(), *attempts), ("rejected", 2), "{failed:?}");
+    assert!(error.contains("nowhere"), "{error}");
+    assert_eq!(*id, published_ids(&broker)[2] + 1);
+}
+
+#[tokio::test]
+async fn a_row_the_relay_cannot_read_is_moved_to_the_failed_table() {
+    let Some(pool) = database("outbox unreadable row", 4).await else {
+        return;
+    };
+    let outbox = outbox_table(&pool).await;
+    write_outputs(&pool, &outbox, 0..1).await;
+    // Written by hand: a NULL header name, which no output can carry.
+    let sql = format!(
+        "INSERT INTO \"{}\" (destination, payload, header_names, header_values) \
+         VALUES ('audit', 'x', ARRAY[NULL]::text[], ARRAY['v']::bytea[])",
+        outbox.name()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&pool)
+        .await
+        .unwrap();
+    write_outputs(&pool, &outbox, 2..3).await;
+    let broker = broker();
+
+    let relay =
+        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.publisher(), quick()).unwrap();
+    eventually("2 rows published, 1 moved", || {
+        relay.published() == 2 && relay.failed_rows() == 1
+    })
+    .await;
+    assert_eq!(relay.failed_batches(), 0);
+    relay.stop().await;
+    assert_eq!(payloads(&broker), ["0", "2"]);
+    let failed = failed(&pool, &outbox).await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!((failed[0].1.as_str(), failed[0].3), ("unreadable", 1));
+}
+
+#[tokio::test]
+async fn without_its_failed_table_a_refused_row_stays_and_the_confirmed_ones_are_not_sent_again() {
+    let Some(pool) = database("outbox without its failed table", 4).await else {
+        return;
+    };
+    let outbox = outbox_table(&pool).await;
+    // An outbox made before the failed table existed.
+    let sql = format!("DROP TABLE \"{}\"", outbox.failed_name());
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut connection = pool.acquire().await.expect("a connection");
+    let outputs = vec![
+        Output::new("audit", "0"),
+        Output::new("nowhere", "1"),
+        Output::new("audit", "2"),
+    ];
+    outbox.write(&mut connection, outputs).await.unwrap();
+    drop(connection);
+    let broker = broker();
+    let relay =
+        OutboxRelay::new(pool.clone(), outbox.clone(), broker.publisher(), quick()).unwrap();
+
+    let error = relay.relay_batch().await.unwrap_err();
+    assert!(!error.is_transient(), "{error}");
+    assert!(
+        error.to_string().contains("OutboxTable::migrate"),
+        "{error}"
+    );
+    assert_eq!(outbox.count(&pool).await.unwrap(), 1);
+    // Migrated (as at the next start): the row moves.
+    outbox.migrate(&pool).await.unwrap();
+    let batch = relay.relay_batch().await.unwrap();
+    assert_eq!((batch.published, batch.failed), (0, 1));
+    assert_eq!(payloads(&broker), ["0", "2"]);
+    assert_eq!(outbox.failed_count(&pool).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn the_longest_table_name_gets_its_failed_table() {
+    let Some(pool) = database("outbox longest name", 4).await else {
+        return;
+    };
+    let name = unique("outbox");
+    let name = format!("{name}{}", "x".repeat(49 - name.len()));
+    let outbox = OutboxTable::new(&name).unwrap();
+    assert!(OutboxTable::new(&format!("{name}x")).is_err());
+    outbox.migrate(&pool).await.unwrap();
+    assert_eq!(outbox.failed_name(), format!("{name}_failed"));
+    assert_eq!(outbox.failed_count(&pool).await.unwrap(), 0);
 }
 
 /// Publishes through the memory broker, then never confirms: the broker
@@ -331,4 +524,59 @@ async fn a_relay_killed_before_its_commit_publishes_the_rows_again_with_the_same
     assert_eq!(ids[0..3], ids[3..6]);
     assert_eq!(ids[0..3], ids[6..9]);
     assert_eq!(payloads(&broker)[6..], ["0", "1", "2"]);
+}
+
+/// Publishes through the memory broker and confirms 50 ms later.
+struct ConfirmsSlowly(MemoryPublisher);
+
+impl Publisher for ConfirmsSlowly {
+    type Receipt = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Confirmation, PublishError>> + Send>,
+    >;
+
+    async fn send(&self, output: Output) -> Result<Self::Receipt, PublishError> {
+        let confirmation = self.0.publish(output).await;
+        Ok(Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            confirmation
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_one_key_ends_at_its_deadline_and_the_next_one_goes_on() {
+    let Some(pool) = database("outbox batch deadline", 4).await else {
+        return;
+    };
+    let outbox = outbox_table(&pool).await;
+    write_one_key(&pool, &outbox, 0..20).await;
+    let broker = broker();
+    // One confirmation at a time, each 50 ms at least: at most 10 rows
+    // are sent within the batch's 500 ms.
+    let settings = RelaySettings {
+        batch_size: 20,
+        confirm_timeout: Duration::from_millis(500),
+        ..quick()
+    };
+    let relay = OutboxRelay::new(
+        pool.clone(),
+        outbox.clone(),
+        ConfirmsSlowly(broker.publisher()),
+        settings,
+    )
+    .unwrap();
+    let first = relay.relay_batch().await.unwrap().published;
+    assert!((1..=10).contains(&first), "{first}");
+    let mut published = first;
+    for _ in 0..20 {
+        if published == 20 {
+            break;
+        }
+        published += relay.relay_batch().await.unwrap().published;
+    }
+    assert_eq!(published, 20);
+    assert_eq!(
+        payloads(&broker),
+        (0..20).map(|n| n.to_string()).collect::<Vec<_>>()
+    );
 }
