@@ -9,7 +9,7 @@ use std::time::Duration;
 use intake_core::dead_letter::EnvelopeError;
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{
-    ConfigError, DeadLetter, SourceName,
+    ConfigError, DeadLetter, Position, SourceName,
     backend::{DeadLetterError, DeadLetterSink},
 };
 use lapin::message::Delivery;
@@ -59,6 +59,27 @@ const PERSISTENT: u8 = 2;
 /// letter that does not fit even reduced (a key or source longer than AMQP
 /// names, from another broker) is [rejected](DeadLetterError::rejected),
 /// and the dead-letter layer writes its reference instead.
+///
+/// # No reference letters of AMQP messages
+///
+/// When a letter cannot be written (the destination refuses it: a queue at
+/// its `x-max-length-bytes` with `reject-publish`, no queue bound; or it
+/// stays unconfirmed through the policy's write retries), the dead-letter
+/// layer asks for a **reference letter** instead: origin and sizes, no
+/// payload, "the original is at its origin". For a message of an AMQP queue
+/// that is not so: the acknowledgement that follows a written letter
+/// deletes the message, and the payload would be lost although counted as
+/// dead-lettered. So the sink refuses to write the reference of a message
+/// delivered by an AMQP queue ([`Error::ReferenceNotWritten`], logged at
+/// error level): the policy's [fallback](intake_core::FailurePolicy::or_else)
+/// decides, and without one the message is left unacknowledged, delivered
+/// again (under the consumer's backoff) and dead-lettered whole once the
+/// destination takes it. A quorum queue with a
+/// [delivery limit](crate::Queue::delivery_limit) and a dead-letter exchange
+/// then moves the whole message there after so many deliveries; without a
+/// dead-letter exchange RabbitMQ drops it at the limit. A message from
+/// another broker (its position is an offset or an entry id, which outlive
+/// the acknowledgement) still gets its reference.
 ///
 /// The sink has a connection of its own: RabbitMQ throttles publishing
 /// connections under memory pressure, and that must not stall the consumer's
@@ -641,6 +662,25 @@ fn value_len(value: &AMQPValue) -> usize {
 #[async_trait::async_trait]
 impl DeadLetterSink for AmqpDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+        let origin = letter.message.metadata();
+        // A delivery tag: the message came from an AMQP queue, which the
+        // acknowledgement that follows a written letter empties of it.
+        if letter.reference.is_some() && matches!(origin.position(), Position::Tag(_)) {
+            let refused = Error::ReferenceNotWritten {
+                endpoint: self.url.endpoint().to_owned(),
+                queue: origin.source().to_string(),
+            };
+            tracing::error!(
+                exchange = self.exchange,
+                source = %origin.source(),
+                partition = origin.partition(),
+                position = %origin.position(),
+                payload_bytes = letter.reference.map_or(0, |sizes| sizes.payload_bytes),
+                error = %refused,
+                "the dead letter could not be written; the message stays in its queue",
+            );
+            return Err(refused.into());
+        }
         self.publish(letter)
             .await
             .inspect_err(|error| match error.is_rejected() {

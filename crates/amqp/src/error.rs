@@ -156,6 +156,21 @@ pub enum Error {
         /// Why (nacked, unroutable, timed out), and what to do.
         reason: String,
     },
+    /// The dead-letter layer asked for a reference letter (origin and
+    /// sizes, no payload; written when the letter itself could not be) of
+    /// a message from an AMQP queue: the sink does not write one, because
+    /// acknowledging a message deletes it from its queue, and its payload
+    /// would be lost. The message stays unacknowledged and is delivered
+    /// again (or goes where the policy's fallback says).
+    #[error(
+        "a reference letter (no payload) of a message from queue `{queue}` is not written to {endpoint}: acknowledging the message would delete it and lose its payload, so it stays in its queue; make the dead-letter destination take the whole letter (room, max-length-bytes), or give the policy a fallback"
+    )]
+    ReferenceNotWritten {
+        /// The broker (without password).
+        endpoint: String,
+        /// The queue the message came from.
+        queue: String,
+    },
     /// Any other broker failure (a lost connection, a closed channel).
     /// Usually transient.
     #[error("the connection or channel to the AMQP broker at {endpoint} failed")]
@@ -198,6 +213,7 @@ impl Error {
             | Error::Topology { endpoint, .. }
             | Error::Unparsable { endpoint, .. }
             | Error::NotConfirmed { endpoint, .. }
+            | Error::ReferenceNotWritten { endpoint, .. }
             | Error::Broker { endpoint, .. } => Some(endpoint),
         }
     }
@@ -384,7 +400,9 @@ impl From<Error> for SourceError {
             Error::InvalidUrl { .. } | Error::Config(_) => {
                 SourceError::Config(error.to_string())
             }
-            Error::Topology { .. } => SourceError::Fatal(Box::new(error)),
+            Error::Topology { .. } | Error::ReferenceNotWritten { .. } => {
+                SourceError::Fatal(Box::new(error))
+            }
             Error::Broker { .. }
             | Error::NotConfirmed { .. }
             | Error::Unparsable { .. }

@@ -12,9 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use intake_amqp::AmqpSource;
+use bytes::Bytes;
 use intake_amqp::lapin::types::{AMQPValue, FieldTable};
-use intake_core::{Constant, DeadLetterLayer, FailurePolicy, HandlerError, Message};
+use intake_amqp::{AmqpDeadLetterSink, AmqpSource};
+use intake_core::backend::DeadLetterSink;
+use intake_core::{
+    Constant, DeadLetter, DeadLetterLayer, ErrorChain, FailurePolicy, HandlerError, Message,
+    Metadata, Position,
+};
 use support::steps::PATIENCE;
 use support::{AmqpBackend, expiring, unique};
 
@@ -110,5 +115,42 @@ async fn a_letter_its_queue_refuses_leaves_the_original_in_its_queue_not_a_refer
     let left = backend.peek(&queue).await.unwrap();
     assert_eq!(left.len(), 1, "the original is still in its queue");
     assert_eq!(left[0].0.len(), payload.len());
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_reference_is_written_only_for_a_message_whose_original_outlives_the_ack() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_reference_origin").await else {
+        return;
+    };
+    let dead_letters = small_queue(&backend, "reference-origin-dlq", 100_000).await;
+    let sink = AmqpDeadLetterSink::builder(backend.url())
+        .exchange("")
+        .routing_key(dead_letters.as_str())
+        .build()
+        .await
+        .unwrap();
+    let letter = |position: Position| {
+        let message = Message::new(
+            Bytes::from_static(b"payload"),
+            Metadata::new("orders".into(), 0, position),
+        );
+        DeadLetter::new(message, "too large", 1).to_reference()
+    };
+    // From an AMQP queue (a delivery tag): the ack deletes the original.
+    let refused = sink
+        .write(&letter(Position::Tag(7)))
+        .await
+        .expect_err("no reference of a message of an AMQP queue");
+    let chain = ErrorChain::new(&refused).to_string();
+    assert!(chain.contains("lose its payload"), "{chain}");
+    // From a log (an offset): the original stays there after the ack.
+    sink.write(&letter(Position::Offset(7))).await.unwrap();
+    let letters = backend.peek_dead_letters(&dead_letters).await.unwrap();
+    let [Ok(written)] = letters.as_slice() else {
+        panic!("expected one letter, got {letters:?}");
+    };
+    assert!(written.reference.is_some());
+    assert_eq!(written.message.metadata().position(), Position::Offset(7));
     backend.cleanup().await;
 }
