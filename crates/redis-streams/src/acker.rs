@@ -91,7 +91,7 @@ impl GroupAcker {
         let mut acknowledged = 0_usize;
         for ack in &batch.partitions {
             // Left pending for a later claim: from now on a claim candidate.
-            self.held.release(
+            self.held.give_back(
                 &ack.partition.source,
                 ack.requeue
                     .iter()

@@ -37,18 +37,30 @@ use crate::stream_id::StreamId;
 #[derive(Debug)]
 pub(crate) struct HeldEntries {
     streams: Vec<SourceName>,
-    held: Mutex<Vec<HashSet<StreamId, RandomState>>>,
+    held: Mutex<Vec<Ids>>,
+}
+
+/// The ids of one stream.
+#[derive(Debug, Default)]
+struct Ids {
+    held: HashSet<StreamId, RandomState>,
+    /// Given back by the runtime for a later claim (a retry): still pending
+    /// with this consumer but in nobody's hands, so an older entry of its
+    /// key that later entries must wait for (see `source/key_order.rs`).
+    /// Forgotten once held again, acknowledged, or found no longer pending
+    /// with this consumer.
+    given_back: HashSet<StreamId, RandomState>,
 }
 
 impl HeldEntries {
     pub(crate) fn new(streams: &[SourceName]) -> Self {
         Self {
             streams: streams.to_vec(),
-            held: Mutex::new(streams.iter().map(|_| HashSet::default()).collect()),
+            held: Mutex::new(streams.iter().map(|_| Ids::default()).collect()),
         }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut Vec<HashSet<StreamId, RandomState>>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<Ids>) -> R) -> R {
         f(&mut self.held.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
@@ -63,12 +75,17 @@ impl HeldEntries {
         }
         self.with(|held| {
             if let Some(set) = held.get_mut(index) {
-                set.extend(ids.iter().copied());
+                set.held.extend(ids.iter().copied());
+                if !set.given_back.is_empty() {
+                    for id in ids {
+                        set.given_back.remove(id);
+                    }
+                }
             }
         });
     }
 
-    /// Forgets `ids` of `stream`: acknowledged, or given back for a claim.
+    /// Forgets `ids` of `stream`: acknowledged.
     pub(crate) fn release(&self, stream: &str, ids: impl Iterator<Item = StreamId>) {
         let Some(index) = self.index_of(stream) else {
             return;
@@ -76,7 +93,25 @@ impl HeldEntries {
         self.with(|held| {
             if let Some(set) = held.get_mut(index) {
                 for id in ids {
-                    set.remove(&id);
+                    set.held.remove(&id);
+                    set.given_back.remove(&id);
+                }
+            }
+        });
+    }
+
+    /// Forgets `ids` of `stream` as held, and records them as given back
+    /// for a later claim: they stay pending with this consumer.
+    pub(crate) fn give_back(&self, stream: &str, ids: impl Iterator<Item = StreamId>) {
+        let Some(index) = self.index_of(stream) else {
+            return;
+        };
+        self.with(|held| {
+            if let Some(set) = held.get_mut(index) {
+                for id in ids {
+                    if set.held.remove(&id) {
+                        set.given_back.insert(id);
+                    }
                 }
             }
         });
@@ -84,7 +119,37 @@ impl HeldEntries {
 
     /// How many entries of stream `index` are held.
     pub(crate) fn count(&self, index: usize) -> usize {
-        self.with(|held| held.get(index).map_or(0, HashSet::len))
+        self.with(|held| held.get(index).map_or(0, |set| set.held.len()))
+    }
+
+    /// Whether stream `index` has ids given back for a claim.
+    pub(crate) fn has_given_back(&self, index: usize) -> bool {
+        self.with(|held| {
+            held.get(index)
+                .is_some_and(|set| !set.given_back.is_empty())
+        })
+    }
+
+    /// The ids of stream `index` given back for a claim, into `out`.
+    pub(crate) fn given_back(&self, index: usize, out: &mut Vec<StreamId>) {
+        out.clear();
+        self.with(|held| {
+            if let Some(set) = held.get(index) {
+                out.extend(set.given_back.iter().copied());
+            }
+        });
+    }
+
+    /// Forgets the given-back ids of stream `index` that `pending` (sorted)
+    /// no longer lists among this consumer's pending entries, up to
+    /// `through`: acknowledged or claimed by another consumer meanwhile.
+    pub(crate) fn forget_given_back(&self, index: usize, through: StreamId, pending: &[StreamId]) {
+        self.with(|held| {
+            if let Some(set) = held.get_mut(index) {
+                set.given_back
+                    .retain(|id| *id > through || pending.binary_search(id).is_ok());
+            }
+        });
     }
 
     /// Keeps only the items whose id is not held in stream `index`.
@@ -96,7 +161,7 @@ impl HeldEntries {
     ) {
         self.with(|held| {
             if let Some(set) = held.get(index) {
-                items.retain(|item| !set.contains(&id(item)));
+                items.retain(|item| !set.held.contains(&id(item)));
             }
         });
     }
@@ -106,7 +171,7 @@ impl HeldEntries {
         out.clear();
         self.with(|held| {
             if let Some(set) = held.get(index) {
-                out.extend(set.iter().copied());
+                out.extend(set.held.iter().copied());
             }
         });
     }
@@ -201,6 +266,29 @@ mod tests {
         let mut candidates = vec![id(1), id(2), id(4)];
         held.retain_unheld(0, &mut candidates, |id| *id);
         assert_eq!(candidates, vec![id(2), id(4)]);
+    }
+
+    #[test]
+    fn given_back_ids_are_kept_until_held_again_acknowledged_or_no_longer_pending() {
+        let held = HeldEntries::new(&["a".into()]);
+        let id = |seq| StreamId { ms: 1, seq };
+        let given_back = |held: &HeldEntries| {
+            let mut out = Vec::new();
+            held.given_back(0, &mut out);
+            out.sort_unstable();
+            out
+        };
+        held.hold(0, &[id(1), id(2), id(3), id(4), id(5)]);
+        // Only held ids can be given back.
+        held.give_back("a", [id(1), id(2), id(3), id(4), id(9)].into_iter());
+        assert_eq!(given_back(&held), vec![id(1), id(2), id(3), id(4)]);
+        assert_eq!(held.count(0), 1);
+        held.hold(0, &[id(1)]);
+        held.release("a", [id(2)].into_iter());
+        assert_eq!(given_back(&held), vec![id(3), id(4)]);
+        // 3 is no longer pending with this consumer; 4 is beyond the look.
+        held.forget_given_back(0, id(3), &[id(1)]);
+        assert_eq!(given_back(&held), vec![id(4)]);
     }
 
     #[test]

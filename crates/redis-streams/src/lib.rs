@@ -16,6 +16,7 @@
 //! | park (retry after a delay) | [`RedisParking`]: `XADD` to a parking stream, a mover that moves due entries to the group's return stream in one Lua script per round; the source also reads that stream |
 //! | dead letter | `XADD <stream>:dlq` and `XACK`, atomically |
 //! | crashed peers | their pending entries are claimed once idle longer than `claim_min_idle` (a live consumer keeps the entries it holds from going idle) |
+//! | order per key | with a key field, an entry waits while an older entry of its key is pending with another consumer or given back for a retry ([`keep_key_order`](RedisStreamsSourceBuilder::keep_key_order)): stream order per key across the group, crashes and restarts |
 //! | broadcast | `XREAD` without a group |
 //! | publish | [`RedisStreamsPublisher`]: `XADD` of the payload, key and header fields the source reads, pipelined, each confirmed by its entry id |
 //! | read size | `COUNT` up to what the runtime allows, and at most what fits in an eighth of the byte budget at the average entry size |

@@ -1372,6 +1372,7 @@ mod tests {
             consumer: Arc::from("c1"),
             payload_field: Arc::from("body"),
             key_field: None,
+            key_order: true,
             start: crate::StartFrom::Beginning,
             block: Duration::from_secs(1),
             claim_min_idle: Duration::from_secs(30),

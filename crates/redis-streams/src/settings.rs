@@ -84,6 +84,9 @@ pub(crate) struct Settings {
     pub(crate) consumer: Arc<str>,
     pub(crate) payload_field: Arc<str>,
     pub(crate) key_field: Option<Arc<str>>,
+    /// Whether an entry with a key waits for older entries of its key in
+    /// other hands (`source/key_order.rs`).
+    pub(crate) key_order: bool,
     pub(crate) start: StartFrom,
     pub(crate) block: Duration,
     pub(crate) claim_min_idle: Duration,

@@ -17,6 +17,7 @@ pub struct RedisStreamsStats {
     dead_letter_failures: AtomicU64,
     retries: AtomicU64,
     refreshed: AtomicU64,
+    key_order_waits: AtomicU64,
 }
 
 impl RedisStreamsStats {
@@ -67,6 +68,15 @@ impl RedisStreamsStats {
         self.refreshed.load(Ordering::Relaxed)
     }
 
+    /// Entries with a key that waited in the source for an older entry of
+    /// their key, pending with another consumer of the group (running
+    /// there, or left by one that died until it is claimed) or given back
+    /// for a retry, before they were handed to the runtime. See
+    /// [`keep_key_order`](crate::RedisStreamsSourceBuilder::keep_key_order).
+    pub fn key_order_waits(&self) -> u64 {
+        self.key_order_waits.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn add_vanished(&self, count: usize) {
         self.vanished.fetch_add(count as u64, Ordering::Relaxed);
     }
@@ -96,5 +106,10 @@ impl RedisStreamsStats {
 
     pub(crate) fn add_refreshed(&self, count: usize) {
         self.refreshed.fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_key_order_waits(&self, count: usize) {
+        self.key_order_waits
+            .fetch_add(count as u64, Ordering::Relaxed);
     }
 }

@@ -356,3 +356,48 @@ async fn the_survivor_of_two_members_runs_each_key_in_order_after_the_other_dies
     assert_eq!(journal.out_of_order(), vec![], "keys out of order");
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
+
+/// A retryable failure gives its entry back for a claim after
+/// `claim_min_idle` (the runtime's requeue). The key's later entries wait
+/// for it, other keys flow meanwhile.
+#[tokio::test]
+async fn a_key_waits_for_its_entry_given_back_for_a_retry_and_other_keys_flow() {
+    let Some(mut redis) = redis_or_skip("a_key_waits_for_its_entry_given_back").await else {
+        return;
+    };
+    let stream = unique("order-retry");
+    let group = unique("group");
+    produce_keyed(&mut redis, &stream, 0, 4 * KEYS).await;
+    let journal = Journal::default();
+    let stop = CancellationToken::new();
+    let recorded = journal.handler(Duration::ZERO, 4 * KEYS, 0, stop.clone());
+    // 0 (key k0) fails on its first attempt; everything else succeeds.
+    let handler = Handler::new(tower::service_fn(move |message: Message| {
+        let mut recorded = recorded.clone();
+        async move {
+            if number(&message) == 0 && message.metadata().attempt() == 1 {
+                return Err(HandlerError::retryable("not yet").without_backoff());
+            }
+            tower::Service::call(&mut recorded, message).await
+        }
+    }));
+    let running = run_member(&stream, &group, "only", 16, handler, stop.clone()).await;
+    let guard = stop.clone();
+    let report = tokio::time::timeout(Duration::from_secs(30), running).await;
+    guard.cancel();
+    let report = report
+        .expect("every entry ran within 30 s")
+        .expect("joined");
+    assert_eq!(report.requeued, 1, "{report:?}");
+    assert_eq!(journal.out_of_order(), vec![], "keys out of order");
+    let by_key = journal.by_key();
+    let k0: Vec<u64> = by_key[&0].iter().map(|run| run.0).collect();
+    assert_eq!(k0, vec![0, 8, 16, 24], "k0 ran in order after its retry");
+    // The other keys did not wait for k0's retry.
+    let retried = by_key[&0][0].1;
+    for key in 1..KEYS {
+        let last = by_key[&key].last().expect("ran").1;
+        assert!(last < retried, "k{key} waited for k0: {by_key:?}");
+    }
+    assert_all_acknowledged(&mut redis, &stream, &group).await;
+}

@@ -64,6 +64,12 @@ impl RedisStreamsSource {
 /// consumer: the work of consumers that died, and entries whose handler
 /// asked for a retry.
 ///
+/// With a [`key_field`](Self::key_field), an entry waits in the source while
+/// an older entry of its key is pending with another consumer or was given
+/// back for a retry ([`keep_key_order`](Self::keep_key_order), on by
+/// default): each key's entries reach the runtime in stream order across the
+/// group, a crash and a restart under any name.
+///
 /// Redis cannot tell a slow consumer from a dead one: it measures how long
 /// an entry has been idle since its last delivery. So while a consumer
 /// holds entries (queued in the runtime behind a slow handler, or running),
@@ -95,6 +101,7 @@ pub struct RedisStreamsSourceBuilder {
     broadcast: bool,
     payload_field: String,
     key_field: Option<String>,
+    keep_key_order: bool,
     start: Option<StartFrom>,
     block: Duration,
     claim_min_idle: Duration,
@@ -118,6 +125,7 @@ impl fmt::Debug for RedisStreamsSourceBuilder {
             .field("broadcast", &self.broadcast)
             .field("payload_field", &self.payload_field)
             .field("key_field", &self.key_field)
+            .field("keep_key_order", &self.keep_key_order)
             .field("start", &self.start)
             .field("block", &self.block)
             .field("claim_min_idle", &self.claim_min_idle)
@@ -149,6 +157,7 @@ impl RedisStreamsSourceBuilder {
             broadcast: false,
             payload_field: Self::DEFAULT_PAYLOAD_FIELD.to_owned(),
             key_field: None,
+            keep_key_order: true,
             start: None,
             block: Duration::from_secs(2),
             claim_min_idle: Self::DEFAULT_CLAIM_MIN_IDLE,
@@ -187,8 +196,13 @@ impl RedisStreamsSourceBuilder {
 
     /// This consumer's name within the group. Give every instance a name of
     /// its own that stays the same across restarts (a pod name): a restarted
-    /// consumer then takes up its own pending entries at once instead of
-    /// waiting for `claim_min_idle`. Defaults to `<hostname>-<pid>-<n>`.
+    /// consumer then takes up its own pending entries at once, before any
+    /// new entry, instead of waiting for `claim_min_idle` until a claim
+    /// takes them over (meanwhile, under
+    /// [`keep_key_order`](Self::keep_key_order), the keys of those entries
+    /// wait too). Two live processes must never share a name: each would
+    /// take the other's entries for its own. Defaults to
+    /// `<hostname>-<pid>-<n>`, new in every process.
     pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
         self.consumer = Some(consumer.into());
         self
@@ -214,6 +228,37 @@ impl RedisStreamsSourceBuilder {
     /// The field stays readable as a header.
     pub fn key_field(mut self, field: impl Into<String>) -> Self {
         self.key_field = Some(field.into());
+        self
+    }
+
+    /// Whether an entry with a key waits in the source while an older entry
+    /// of its key is pending in the group and in no handler's hands here
+    /// (default on; it applies with a [`key_field`](Self::key_field)):
+    ///
+    /// - pending with another consumer: running there (Redis hands each new
+    ///   entry to whichever consumer reads first, so a key's entries are
+    ///   spread over the group), or left by one that died or stopped, until
+    ///   a claim takes it over after `claim_min_idle`;
+    /// - given back by this consumer for a retry (claimed again after
+    ///   `claim_min_idle`).
+    ///
+    /// With the runtime's `DeliveryOrder::Key` (or `Partition`), each key's
+    /// entries then run one at a time in stream order across the whole
+    /// group, across crashes and restarts under any consumer name. The
+    /// price: a key whose older entry is held by a consumer that died
+    /// waits up to `claim_min_idle` (plus a claim interval) for it, other
+    /// keys flow; at most `max_in_flight` entries wait at once, and while
+    /// that many wait no new entries are read. A single consumer costs one
+    /// `XPENDING` summary per stream in the round trip of each read; with
+    /// several, each read is followed by one script over the group's
+    /// pending entries (see [`RedisStreamsStats::key_order_waits`]).
+    ///
+    /// Turn it off when the handler needs no order per key (`Unordered`):
+    /// entries are then handed out as they are read.
+    ///
+    /// [`RedisStreamsStats::key_order_waits`]: crate::RedisStreamsStats::key_order_waits
+    pub fn keep_key_order(mut self, keep: bool) -> Self {
+        self.keep_key_order = keep;
         self
     }
 
@@ -406,6 +451,7 @@ impl RedisStreamsSourceBuilder {
             consumer: consumer.into(),
             payload_field: self.payload_field.as_str().into(),
             key_field: self.key_field.as_deref().map(Arc::from),
+            key_order: self.keep_key_order,
             start: self.start.unwrap_or(if self.broadcast {
                 StartFrom::NewEntries
             } else {

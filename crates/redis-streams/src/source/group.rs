@@ -1,5 +1,6 @@
 //! Reading as a member of a consumer group: own pending entries, claimed
-//! entries, then new entries.
+//! entries, then new entries; under key order (`key_order.rs`), an entry
+//! with a key waits while an older entry of its key is in other hands.
 //!
 //! # Claiming
 //!
@@ -36,6 +37,7 @@ use super::convert::{
     Decoded, EntryDecoder, PendingEntry, RawEntry, Skipped, parse_entries, parse_pending,
     parse_read_reply, split_read_reply,
 };
+use super::key_order::{self, KeyOrder};
 use super::staging::{OnFailure, Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
@@ -118,8 +120,16 @@ pub(super) struct GroupReader {
     staging: Staging,
     held: Arc<HeldEntries>,
     next_claim: Instant,
+    /// Entries that wait for an older entry of their key; `None` when the
+    /// source keeps no key order (no key field, or turned off).
+    key_order: Option<KeyOrder>,
     // Scratch space reused across calls.
     raw: Vec<RawEntry>,
+    candidates: Vec<Message>,
+    given_back: Vec<StreamId>,
+    /// Per stream, whether the last read's summary showed entries pending
+    /// with another consumer.
+    others_pending: Vec<bool>,
     pending: Vec<PendingEntry>,
     replies: Vec<(usize, Value)>,
     deleted: Vec<StreamId>,
@@ -152,12 +162,25 @@ impl GroupReader {
             staging: Staging::default(),
             held,
             next_claim: Instant::now(),
+            key_order: (settings.key_order && settings.key_field.is_some())
+                .then(|| KeyOrder::new(settings.streams.len())),
             raw: Vec::new(),
+            candidates: Vec::new(),
+            given_back: Vec::new(),
+            others_pending: Vec::new(),
             pending: Vec::new(),
             replies: Vec::new(),
             deleted: Vec::new(),
             staged: Vec::new(),
             settings,
+        }
+    }
+
+    /// At most `max_in_flight` entries wait for an older entry of their
+    /// key at once.
+    pub(super) fn set_max_in_flight(&mut self, max_in_flight: usize) {
+        if let Some(key_order) = &mut self.key_order {
+            key_order.set_cap(max_in_flight);
         }
     }
 
@@ -235,7 +258,94 @@ impl GroupReader {
                 return Ok(());
             }
         }
-        self.read_new(max).await
+        let mut block = self.settings.block;
+        if let Some(key_order) = &self.key_order
+            && key_order.any_waiting()
+        {
+            if key_order.check_due() {
+                let released = self.release_waiting_all().await?;
+                if released > 0 {
+                    return Ok(());
+                }
+            }
+            let Some(key_order) = &self.key_order else {
+                return Ok(());
+            };
+            if key_order.is_full() {
+                // No more is read while this many wait: they are looked at
+                // again shortly, and claims go on meanwhile.
+                let wait = key_order
+                    .until_check()
+                    .min(self.next_claim.saturating_duration_since(Instant::now()));
+                tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+                return Ok(());
+            }
+            // A read must not sleep past the next look at those waiting.
+            block = block.min(key_order.until_check().max(Duration::from_millis(1)));
+        }
+        self.read_new(max, block).await
+    }
+
+    /// Looks again at the waiting entries of every stream; how many it
+    /// handed out.
+    async fn release_waiting_all(&mut self) -> Result<usize, Error> {
+        let mut released = 0;
+        for index in 0..self.streams.len() {
+            if self
+                .key_order
+                .as_ref()
+                .is_some_and(|key_order| key_order.is_waiting(index))
+            {
+                released += self.release_waiting(index).await?;
+            }
+        }
+        Ok(released)
+    }
+
+    /// Hands the waiting entries of stream `index` that no older entry of
+    /// their key holds back any more to the staging queue (see
+    /// `source/key_order.rs`); returns how many.
+    async fn release_waiting(&mut self, index: usize) -> Result<usize, Error> {
+        let (Some(key_order), Some(key_field)) = (&mut self.key_order, &self.settings.key_field)
+        else {
+            return Ok(0);
+        };
+        let Some(through) = key_order.newest(index) else {
+            return Ok(0);
+        };
+        self.held.given_back(index, &mut self.given_back);
+        self.given_back.retain(|id| *id <= through);
+        if key_order::too_many_given_back(&self.given_back) {
+            tracing::debug!(
+                stream = %self.streams[index].name,
+                given_back = self.given_back.len(),
+                "entries wait until claims take back some of the entries given back for a retry"
+            );
+            key_order.put_off();
+            return Ok(0);
+        }
+        let name = self.streams[index].name.clone();
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let look = key_order::look(
+            connection,
+            &name,
+            &self.group,
+            &self.settings.consumer,
+            key_field,
+            through,
+            &self.given_back,
+        )
+        .await
+        .map_err(|error| connector.key_error(error, "EVALSHA", &name))?;
+        let Some(key_order) = &mut self.key_order else {
+            return Ok(0);
+        };
+        let (released, started) = key_order.release(index, &look, &mut self.staging.ready);
+        self.held
+            .forget_given_back(index, look.covered(), key_order.mine());
+        self.settings.stats.add_key_order_waits(started);
+        Ok(released)
     }
 
     /// Re-reads this consumer's pending entries after the newest decoded id
@@ -289,7 +399,7 @@ impl GroupReader {
             "re-reading entries still pending for this consumer"
         );
         // The counts were taken just before the read, which adds one.
-        self.stage(index, 1).await
+        self.stage(index, 1, Clearance::Look).await
     }
 
     /// Re-reads, by id and without adding a delivery, the pending entries of
@@ -349,7 +459,7 @@ impl GroupReader {
             "re-reading entries delivered to this consumer whose reply was lost"
         );
         // Nothing was delivered again: the counts stand as they are.
-        self.stage(index, 0).await
+        self.stage(index, 0, Clearance::Look).await
     }
 
     /// Claims entries pending longer than `claim_min_idle` with any
@@ -422,7 +532,7 @@ impl GroupReader {
                 );
             }
             // XCLAIM adds one to the counts XPENDING reported.
-            self.stage(index, 1).await?;
+            self.stage(index, 1, Clearance::Look).await?;
         }
         Ok(claimed)
     }
@@ -504,8 +614,8 @@ impl GroupReader {
         Ok(())
     }
 
-    /// A blocking read of new entries of every stream.
-    async fn read_new(&mut self, max: usize) -> Result<(), Error> {
+    /// A blocking read of new entries of every stream, for at most `block`.
+    async fn read_new(&mut self, max: usize, block: Duration) -> Result<(), Error> {
         // Redis applies COUNT per stream; splitting it keeps one read near
         // `max` in total. Any excess waits in the staging queue.
         let count = (max / self.streams.len()).max(1);
@@ -517,7 +627,7 @@ impl GroupReader {
             .arg("COUNT")
             .arg(count)
             .arg("BLOCK")
-            .arg(millis(self.settings.block))
+            .arg(millis(block))
             .arg("STREAMS");
         for stream in &self.streams {
             command.arg(&*stream.name);
@@ -527,9 +637,35 @@ impl GroupReader {
         }
         let connector = self.connection.connector().clone();
         let (connection, _) = self.connection.get().await?;
-        let reply: Value = command.query_async(connection).await.map_err(|error| {
-            connector.key_error(error, "XREADGROUP", &self.settings.stream_list())
-        })?;
+        let reply: Value = if self.key_order.is_some() {
+            // Who else has entries pending, right after the read and in the
+            // same round trip: a single consumer learns here that none of
+            // its new entries can wait for an older one of its key.
+            let mut pipe = redis::pipe();
+            pipe.add_command(command);
+            for stream in &self.streams {
+                pipe.cmd("XPENDING").arg(&*stream.name).arg(&*self.group);
+            }
+            let mut replies: Vec<Value> = pipe.query_async(connection).await.map_err(|error| {
+                connector.key_error(error, "XREADGROUP", &self.settings.stream_list())
+            })?;
+            self.others_pending.clear();
+            self.others_pending.extend(
+                replies
+                    .iter()
+                    .skip(1)
+                    .map(|summary| key_order::others_pending(summary, &self.settings.consumer)),
+            );
+            if replies.is_empty() {
+                Value::Nil
+            } else {
+                replies.swap_remove(0)
+            }
+        } else {
+            command.query_async(connection).await.map_err(|error| {
+                connector.key_error(error, "XREADGROUP", &self.settings.stream_list())
+            })?
+        };
         self.replies.clear();
         let streams = &self.streams;
         split_read_reply(
@@ -548,7 +684,14 @@ impl GroupReader {
             self.pending.clear();
             let skipped = parse_entries(entries, "XREADGROUP", &mut self.raw)?;
             self.settings.stats.add_malformed(skipped.malformed);
-            self.stage(index, 1).await?;
+            let clearance = if self.others_pending.get(index).copied().unwrap_or(true)
+                || self.held.has_given_back(index)
+            {
+                Clearance::Look
+            } else {
+                Clearance::Clear
+            };
+            self.stage(index, 1, clearance).await?;
         }
         self.replies = replies;
         Ok(())
@@ -557,7 +700,9 @@ impl GroupReader {
     /// Decodes `self.raw` (entries of stream `index`) into the staging
     /// queue. An entry's attempt is its count in `self.pending` (sorted by
     /// id) plus `added`, or 1 for an entry not listed there (a new one).
-    async fn stage(&mut self, index: usize, added: u64) -> Result<(), Error> {
+    /// Under key order, an entry with a key goes through the waiting
+    /// entries unless `clearance` says nothing can hold it back.
+    async fn stage(&mut self, index: usize, added: u64, clearance: Clearance) -> Result<(), Error> {
         let stream = &mut self.streams[index];
         let mut newest = stream.decoded;
         self.deleted.clear();
@@ -594,7 +739,11 @@ impl GroupReader {
                     }),
                     _ => {
                         self.staged.push(entry.id);
-                        self.staging.ready.push_back(message);
+                        if self.key_order.is_some() && message.key().is_some() {
+                            self.candidates.push(message);
+                        } else {
+                            self.staging.ready.push_back(message);
+                        }
                     }
                 },
                 Decoded::MissingPayload(message) => self.staging.poison.push_back(Poison {
@@ -615,7 +764,24 @@ impl GroupReader {
         // dropped call starts after them (see the module docs of `source`).
         stream.decoded = newest;
         self.held.hold(index, &self.staged);
-        self.acknowledge_deleted(index).await
+        if !self.candidates.is_empty()
+            && let Some(key_order) = &mut self.key_order
+        {
+            if clearance == Clearance::Clear && !key_order.is_waiting(index) {
+                self.staging.ready.extend(self.candidates.drain(..));
+            } else {
+                key_order.add(index, self.candidates.drain(..));
+            }
+        }
+        self.acknowledge_deleted(index).await?;
+        if self
+            .key_order
+            .as_ref()
+            .is_some_and(|key_order| key_order.is_waiting(index) && key_order.check_due())
+        {
+            self.release_waiting(index).await?;
+        }
+        Ok(())
     }
 
     /// Leaves the group if nothing is pending for this consumer, so that
@@ -664,6 +830,17 @@ impl GroupReader {
         }
         Ok(())
     }
+}
+
+/// Whether entries just read may have to wait for an older entry of their
+/// key (see `source/key_order.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Clearance {
+    /// No other consumer had entries pending right after the read and this
+    /// one gave none back: nothing older of any key is in other hands.
+    Clear,
+    /// Unknown: a look at the pending entries decides.
+    Look,
 }
 
 fn millis(duration: Duration) -> u64 {

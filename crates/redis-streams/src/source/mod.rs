@@ -36,6 +36,7 @@ mod broadcast;
 pub(crate) mod builder;
 mod convert;
 mod group;
+mod key_order;
 mod read_size;
 mod staging;
 
@@ -284,6 +285,9 @@ impl Source for RedisStreamsSource {
     /// through `next`'s `max`, and a stream has no revocation to time.
     fn set_limits(&mut self, limits: Limits) {
         self.read_size.set_budget(limits.max_in_flight_bytes);
+        if let Reader::Group(reader) = &mut self.reader {
+            reader.set_max_in_flight(limits.max_in_flight);
+        }
     }
 
     /// Unreachable from the first failed attempt to reach the server until
