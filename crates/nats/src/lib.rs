@@ -8,7 +8,7 @@
 //!   the last, so the server is not left idle between them), so memory
 //!   stays bounded whatever the backlog; the consumer's `max_ack_pending`
 //!   is twice the budget, so that acks on their way do not hold the server
-//!   back.
+//!   back, plus room for parked messages (pending until due).
 //! - [`NatsAcker`] acknowledges each finished message on its own (`+ACK`;
 //!   JetStream has no watermark), and hands retries back with `-NAK` and
 //!   the redelivery backoff's delay, so a failing message does not come
@@ -48,7 +48,7 @@
 //! | park (retry after a delay) | [`NatsParking`]: held in the process until due (`+WPI` keeps it), then given back by the source; `-NAK` with the delay past the room |
 //! | retry cap | `max_deliveries`: the source dead-letters a message delivered more often (parks held here are no deliveries) |
 //! | dead letter | publish to a subject, confirmed, then `+TERM` |
-//! | backpressure | pull requests sized from the free budget; `max_ack_pending` twice `max_in_flight` |
+//! | backpressure | pull requests sized from the free budget; `max_ack_pending` twice `max_in_flight` plus the room for parked messages |
 //!
 //! # Ordering
 //!

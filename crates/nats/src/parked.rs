@@ -44,6 +44,9 @@ pub(crate) struct ParkedHere {
     /// the lock while nothing is parked.
     entries: AtomicUsize,
     max_bytes: AtomicUsize,
+    /// How many may wait before they fill the consumer's `max_ack_pending`
+    /// (with the budget's deliveries): only logged.
+    room: AtomicUsize,
     /// Woken when a message starts to wait: the source may be sleeping
     /// past its due time.
     started: Notify,
@@ -63,6 +66,9 @@ struct Inner {
     /// Whether a park found no room since there last was some (logged
     /// once per such stretch).
     full: bool,
+    /// Whether the waiting messages filled `room` since they last did not
+    /// (logged once per such stretch).
+    room_filled: bool,
 }
 
 impl ParkedHere {
@@ -72,6 +78,7 @@ impl ParkedHere {
             inner: Mutex::new(Inner::default()),
             entries: AtomicUsize::new(0),
             max_bytes: AtomicUsize::new(max_bytes),
+            room: AtomicUsize::new(usize::MAX),
             started: Notify::new(),
         }
     }
@@ -152,6 +159,12 @@ impl ParkedHere {
         }
     }
 
+    /// How many parked messages the consumer's `max_ack_pending` leaves
+    /// room for.
+    pub(crate) fn set_room(&self, room: usize) {
+        self.room.store(room, Ordering::Relaxed);
+    }
+
     /// Parks `message` (delivery `sequence`) here until `due`.
     pub(crate) fn wait(&self, sequence: u64, message: Message, due: Instant) {
         let mut inner = self.lock();
@@ -164,6 +177,20 @@ impl ParkedHere {
         }
         inner.waiting.insert((due, sequence), message);
         self.entries.fetch_add(1, Ordering::Relaxed);
+        let room = self.room.load(Ordering::Relaxed);
+        if inner.waiting.len() >= room {
+            if !inner.room_filled {
+                inner.room_filled = true;
+                tracing::warn!(
+                    parked = inner.waiting.len(),
+                    room,
+                    "parked messages fill the room the consumer's max_ack_pending keeps for them \
+                     (park_room): the server sends nothing new beyond the budget until some are due",
+                );
+            }
+        } else {
+            inner.room_filled = false;
+        }
         drop(inner);
         self.started.notify_one();
     }

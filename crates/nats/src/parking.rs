@@ -58,7 +58,11 @@ use crate::parked::ParkedHere;
 ///   once per stretch): as before, one delivery more, to any instance.
 /// - **A slot of `max_ack_pending`** per parked message until it is due:
 ///   the server counts it delivered and unacknowledged, and sends nothing
-///   new while the consumer's `max_ack_pending` are.
+///   new while the consumer's `max_ack_pending` are. The source sizes it
+///   for twice the budget plus
+///   [`park_room`](crate::NatsSourceBuilder::park_room) parked messages
+///   (default 1,000); once that many are parked (logged), new messages
+///   come only as parked ones come back.
 /// - One `+WPI` per parked message every half `ack_wait`.
 ///
 /// # When the process stops

@@ -142,7 +142,7 @@ async fn broadcast_instances_each_receive_every_new_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_consumers_max_ack_pending_is_raised_to_twice_the_budget() {
+async fn the_consumers_max_ack_pending_is_raised_to_twice_the_budget_and_the_park_room() {
     let Some(backend) = NatsBackend::new("max_ack_pending").await else {
         return;
     };
@@ -172,8 +172,12 @@ async fn the_consumers_max_ack_pending_is_raised_to_twice_the_budget() {
         .await
         .expect("consumer");
     // The budget, plus as many acknowledged deliveries whose acks are on
-    // their way: the server counts those as pending until the ack lands.
-    assert_eq!(info.config.max_ack_pending, 10_000);
+    // their way (the server counts those as pending until the ack lands),
+    // plus the room for parked messages (pending until due).
+    assert_eq!(
+        info.config.max_ack_pending,
+        10_000 + intake_nats::NatsSourceBuilder::DEFAULT_PARK_ROOM as i64
+    );
 }
 
 #[tokio::test]

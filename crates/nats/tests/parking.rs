@@ -274,11 +274,12 @@ fn parks_first_try(
 
 /// Review R26: every parked message holds a slot of the consumer's
 /// `max_ack_pending` until it is due (the server counts it delivered and
-/// unacknowledged). With a budget of 520 the source sizes
-/// `max_ack_pending` for the budget alone (twice it, 1,040); once 1,040
-/// messages are parked the server sends nothing new, and a healthy
-/// message published after them waits for the whole delay (20 s). The
-/// source must leave room for parked messages beyond the budget.
+/// unacknowledged). With a budget of 520, `max_ack_pending` was sized for
+/// the budget alone (twice it, 1,040): with 1,040 messages parked for
+/// 20 s the server sent nothing new, and a healthy message published after
+/// them was handled 19.86 s later. The source now leaves room for parked
+/// messages beyond the budget (`park_room`, default 1,000): the healthy
+/// message runs at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_messages_leave_room_for_new_ones() {
     let Some(backend) = NatsBackend::new("room for parks").await else {
@@ -358,4 +359,85 @@ async fn jetstream_info(
         .await
         .expect("consumer info");
     (info.config.max_ack_pending, info.num_ack_pending)
+}
+
+/// What the room leaves: once `max_ack_pending` messages are parked, the
+/// server sends nothing new until parked ones come back. Budget 2,
+/// `max_ack_pending` 6 (twice the budget and a room of 2; set explicitly,
+/// since a consumer the source creates starts at 1,000 and is never
+/// lowered): six messages park, and the healthy one published after them
+/// runs only after a parked one came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_park_room_holds_new_messages_until_parked_ones_come_back() {
+    let Some(backend) = NatsBackend::new("park room full").await else {
+        return;
+    };
+    let stream = support::unique("roomfull");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    let (budget, room) = (2, 2);
+    let parked = 2 * budget + room;
+    let messages: Vec<TestMessage> = (0..parked)
+        .map(|n| TestMessage::new(format!("k{n}"), format!("p{n}")))
+        .collect();
+    support::produce(backend.client(), &stream, messages)
+        .await
+        .expect("produce");
+    let source = backend
+        .source(&stream, "g")
+        .max_ack_pending((2 * budget + room) as i64)
+        .build()
+        .await
+        .expect("source");
+    let counters = source.counters();
+    let acker = source.acker();
+    let calls = Calls::default();
+    let handler = tower::ServiceBuilder::new()
+        .layer(ParkingLayer::new(source.parking()))
+        .service(parks_first_try(calls.clone(), Duration::from_secs(2)));
+    let running = Running::start(
+        Consumer::builder()
+            .ordering(DeliveryOrder::Key)
+            .max_in_flight(budget),
+        source,
+        acker,
+        handler,
+    );
+    wait_until("every p parked", Duration::from_secs(30), || {
+        counters.parked_here() >= parked as u64
+    })
+    .await;
+    let (max_ack_pending, pending) = jetstream_info(backend.client(), &stream, "g").await;
+    assert_eq!(max_ack_pending, parked as i64);
+    assert_eq!(pending, parked);
+    support::produce(
+        backend.client(),
+        &stream,
+        vec![TestMessage::new("healthy", "healthy")],
+    )
+    .await
+    .expect("produce");
+    wait_until("the healthy message", Duration::from_secs(30), || {
+        calls.succeeded("healthy")
+    })
+    .await;
+    wait_until("everything settled", Duration::from_secs(30), || {
+        support::block_on_unacknowledged(backend.client(), &stream, "g") == 0
+    })
+    .await;
+    running.stop().await;
+    let all = calls.all();
+    let healthy = all
+        .iter()
+        .position(|call| call.payload == "healthy")
+        .expect("handled");
+    let first_back = all
+        .iter()
+        .position(|call| call.payload.starts_with('p') && call.ok)
+        .expect("a parked message back");
+    assert!(
+        first_back < healthy,
+        "the healthy message ran before any parked one came back: {all:?}"
+    );
 }

@@ -43,6 +43,7 @@ pub struct NatsSourceBuilder {
     pub(super) max_deliveries: Option<u32>,
     pub(super) redelivery_backoff: Arc<dyn BackoffPolicy>,
     pub(super) max_ack_pending: Option<i64>,
+    pub(super) park_room: usize,
     pub(super) partition_token: Option<usize>,
     pub(super) credentials: Option<Credentials>,
     pub(super) tls: Option<Tls>,
@@ -66,6 +67,7 @@ impl std::fmt::Debug for NatsSourceBuilder {
             .field("ack_wait", &self.ack_wait)
             .field("max_deliveries", &self.max_deliveries)
             .field("max_ack_pending", &self.max_ack_pending)
+            .field("park_room", &self.park_room)
             .field("partition_token", &self.partition_token)
             .field("credentials", &self.credentials)
             .field("tls", &self.tls)
@@ -81,6 +83,8 @@ impl NatsSourceBuilder {
     pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
     /// Default of [`max_deliveries`](Self::max_deliveries).
     pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+    /// Default of [`park_room`](Self::park_room).
+    pub const DEFAULT_PARK_ROOM: usize = 1_000;
 
     pub(super) fn new(url: String) -> Self {
         Self {
@@ -96,6 +100,7 @@ impl NatsSourceBuilder {
                 Exponential::new(Duration::from_secs(1), Duration::from_secs(60)).retry_forever(),
             ),
             max_ack_pending: None,
+            park_room: Self::DEFAULT_PARK_ROOM,
             partition_token: None,
             credentials: None,
             tls: None,
@@ -190,13 +195,34 @@ impl NatsSourceBuilder {
 
     /// The consumer's `max_ack_pending`: deliveries the server lets the
     /// whole group hold unacknowledged. By default twice the consumer's
-    /// budget (`ConsumerBuilder::max_in_flight`): the budget, and as many
+    /// budget (`ConsumerBuilder::max_in_flight`: the budget, and as many
     /// acknowledged deliveries whose acks are still on their way, which the
-    /// server counts until they land. Raised on an existing consumer
-    /// that allows less, never lowered (other instances share it). Set it
-    /// to twice the sum of the instances' budgets for a group of several.
+    /// server counts until they land) plus the [`park_room`](Self::park_room).
+    /// Raised on an existing consumer that allows less, never lowered
+    /// (other instances share it). Set it to the sum over the instances
+    /// for a group of several. Set explicitly, it is what the server gets,
+    /// and the room for parks is what it leaves beyond twice the budget.
     pub fn max_ack_pending(mut self, pending: i64) -> Self {
         self.max_ack_pending = Some(pending);
+        self
+    }
+
+    /// How many [parked](crate::NatsParking) messages the consumer's
+    /// `max_ack_pending` leaves room for beyond the budget (default
+    /// [`DEFAULT_PARK_ROOM`](Self::DEFAULT_PARK_ROOM), 1,000).
+    ///
+    /// A parked message is delivered and unacknowledged until it is due, so
+    /// the server counts it in `max_ack_pending`. Once twice the budget
+    /// plus this many are pending (the room filled with parked messages,
+    /// logged once per stretch), the server sends nothing new, and the
+    /// consumer takes new messages only as parked ones come back: with a
+    /// room of 1,000 and parks of 10 minutes, about 1,000 new messages
+    /// every 10 minutes while every one of them parks. Parked messages wait
+    /// in the process's memory (at most its `max_in_flight_bytes`; past
+    /// that a park goes back to the server): size the room for how many
+    /// parks a delay's worth of traffic makes.
+    pub fn park_room(mut self, room: usize) -> Self {
+        self.park_room = room;
         self
     }
 

@@ -91,6 +91,7 @@ pub struct NatsSource {
     max_ack_pending: i64,
     explicit_max_ack_pending: Option<i64>,
     max_deliveries: Option<u32>,
+    park_room: usize,
     fetch_wait: Duration,
     ack_timeout: Duration,
     dead_letter_subject: Option<String>,
@@ -193,6 +194,7 @@ impl NatsSource {
             max_ack_pending,
             explicit_max_ack_pending,
             max_deliveries,
+            park_room: builder.park_room,
             fetch_wait: builder.fetch_wait,
             ack_timeout: builder.ack_timeout,
             dead_letter_subject: builder.dead_letter_subject,
@@ -296,8 +298,9 @@ impl NatsSource {
         self.connection.endpoint.to_string()
     }
 
-    /// Raises the consumer's `max_ack_pending` to twice the budget once the
-    /// runtime told it (never lowers it: other instances share it).
+    /// Raises the consumer's `max_ack_pending` to twice the budget plus the
+    /// room for parked messages once the runtime told it (never lowers it:
+    /// other instances share it).
     ///
     /// Twice, because the server counts a delivery as pending until its ack
     /// arrives, and acks travel in batches: at the budget alone the server
@@ -305,14 +308,31 @@ impl NatsSource {
     /// idles a round trip per batch (0.90 × the raw loop's throughput
     /// against 0.99 × at twice, BENCHMARKS.md). The budget still bounds
     /// memory: pull requests never ask for more than the free slots.
+    ///
+    /// Plus the room, because a parked message is pending until it is due:
+    /// sized for the budget alone, `max_ack_pending` parked messages stop
+    /// every new one for their whole delay (review R26,
+    /// `tests/parking.rs`: 1,040 parked for 20 s held a new message back
+    /// 19.9 s).
     async fn apply_limits(&mut self) {
         self.limits_applied = true;
         let Some(limits) = self.limits else {
             return;
         };
+        let for_budget = i64::try_from(limits.max_in_flight.saturating_mul(2)).unwrap_or(i64::MAX);
         let wanted = self.explicit_max_ack_pending.unwrap_or_else(|| {
-            i64::try_from(limits.max_in_flight.saturating_mul(2)).unwrap_or(i64::MAX)
+            for_budget.saturating_add(i64::try_from(self.park_room).unwrap_or(i64::MAX))
         });
+        self.update_max_ack_pending(wanted).await;
+        // What is left for parks once the budget's deliveries and their
+        // acks are counted.
+        let room = usize::try_from(self.max_ack_pending.saturating_sub(for_budget)).unwrap_or(0);
+        self.parked.set_room(room);
+    }
+
+    /// Sets the consumer's `max_ack_pending` to `wanted`, unless it allows
+    /// more already (and was not set explicitly).
+    async fn update_max_ack_pending(&mut self, wanted: i64) {
         if self.max_ack_pending >= wanted && self.explicit_max_ack_pending.is_none() {
             return;
         }
@@ -341,7 +361,7 @@ impl NatsSource {
                     consumer = %self.consumer,
                     from = self.max_ack_pending,
                     to = wanted,
-                    "set the consumer's max_ack_pending from the budget"
+                    "set the consumer's max_ack_pending from the budget and the room for parked messages"
                 );
                 self.max_ack_pending = wanted;
             }
