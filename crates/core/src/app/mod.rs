@@ -336,6 +336,12 @@ impl<S> App<S> {
     ///
     /// A route that fails stops the others (drained) and the app returns
     /// [`AppError::Route`] naming it.
+    ///
+    /// A third signal ends the process at once (a shutdown hook that hangs,
+    /// say). Once `run` has returned, the signals have their default effect
+    /// back: the next one ends the process (status 128 + its number), so a
+    /// step after the run that hangs can be ended with Ctrl-C; a later run
+    /// listens again. See [`Signals`].
     pub async fn run(self) -> Result<AppReport, AppError> {
         let signals = Signals::install().map_err(AppError::Signals)?;
         self.run_with(signals).await
@@ -366,7 +372,8 @@ impl<S> App<S> {
     }
 
     /// Runs the app until `signals` deliver one (drain) or two (stop at
-    /// once): [`run`](Self::run) with signals installed beforehand.
+    /// once): [`run`](Self::run) with signals installed beforehand, and
+    /// handed back to their default effect when it returns.
     pub async fn run_with(self, signals: Signals) -> Result<AppReport, AppError> {
         self.run_inner(Trigger {
             first: Box::pin(signals.drain_token().cancelled_owned()),
