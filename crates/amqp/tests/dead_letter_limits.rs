@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use intake_amqp::lapin::types::{AMQPValue, FieldTable};
-use intake_amqp::{AmqpDeadLetterSink, AmqpSource};
+use intake_amqp::{AmqpDeadLetterSink, AmqpDeadLetterStore, AmqpPublisher, AmqpSource};
 use intake_core::backend::DeadLetterSink;
+use intake_core::dead_letter::store::{DeadLetterStore, Filter, LetterId, Redrive, Selection};
 use intake_core::{
-    Constant, DeadLetter, DeadLetterLayer, ErrorChain, FailurePolicy, HandlerError, Message,
-    Metadata, Position,
+    Constant, DeadLetter, DeadLetterLayer, ErrorChain, ErrorClass, FailurePolicy, HandlerError,
+    Message, Metadata, Position,
 };
 use support::steps::PATIENCE;
 use support::{AmqpBackend, expiring, unique};
@@ -152,5 +153,155 @@ async fn a_reference_is_written_only_for_a_message_whose_original_outlives_the_a
     };
     assert!(written.reference.is_some());
     assert_eq!(written.message.metadata().position(), Position::Offset(7));
+    backend.cleanup().await;
+}
+
+/// A dead-letter queue of its own (fed by the default exchange), a sink
+/// writing to it and a store reading it, taking at most `max_letters` per
+/// pass.
+async fn store_over(
+    backend: &AmqpBackend,
+    prefix: &str,
+    max_letters: usize,
+) -> (String, AmqpDeadLetterSink, AmqpDeadLetterStore) {
+    let dead_letters = backend.classic_queue(prefix).await.unwrap();
+    let sink = AmqpDeadLetterSink::builder(backend.url())
+        .exchange("")
+        .routing_key(dead_letters.as_str())
+        .build()
+        .await
+        .unwrap();
+    let publisher = AmqpPublisher::builder(backend.url()).build().await.unwrap();
+    let store = AmqpDeadLetterStore::builder(backend.url())
+        .queue(dead_letters.as_str())
+        .max_letters(max_letters)
+        .build(publisher)
+        .await
+        .unwrap();
+    (dead_letters, sink, store)
+}
+
+/// The letter of message `tag` of `origin`, with `payload`.
+fn letter_of(origin: &str, tag: u64, payload: Bytes) -> DeadLetter {
+    let message = Message::new(payload, Metadata::new(origin.into(), 1, Position::Tag(tag)))
+        .with_key(Bytes::from(format!("k{tag}")));
+    DeadLetter::new(message, "not an order", 1)
+}
+
+#[tokio::test]
+async fn a_purge_or_redrive_of_every_letter_takes_more_than_one_pass_holds_or_says_so() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_store_cap").await else {
+        return;
+    };
+    // Review R19: a pass takes at most 5 letters; the queue holds 8.
+    let origin = backend.classic_queue("store-cap-origin").await.unwrap();
+    let (dead_letters, sink, store) = store_over(&backend, "store-cap", 5).await;
+    for tag in 1..=8 {
+        sink.write(&letter_of(&origin, tag, Bytes::from(tag.to_string())))
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.count(&Filter::all()).await.unwrap(), 8);
+    // Counting what a filter selects needs every letter looked at: 5 of 8
+    // is no answer.
+    let counted = store
+        .count(&Filter::all().with_class(ErrorClass::Permanent))
+        .await;
+    assert!(
+        !matches!(counted, Ok(5)),
+        "counted 5 of 8 letters without saying more remain"
+    );
+    // Listing page by page reaches every letter or says it cannot.
+    let mut listed = 0;
+    let mut after = None;
+    let listing = loop {
+        match store.list(&Filter::all(), 2, after.as_ref()).await {
+            Ok(page) => {
+                listed += page.letters.len();
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break Ok(listed),
+                }
+            }
+            Err(error) => break Err(error),
+        }
+    };
+    assert!(
+        !matches!(listing, Ok(5)),
+        "listed 5 of 8 letters as if that was all"
+    );
+    // Redriving 4 (by filter) and purging all: every letter is acted on in
+    // one call each, or the call says what is left.
+    let redriven = store
+        .redrive(
+            &Selection::Matching(Filter::all().with_key(Bytes::from_static(b"k7"))),
+            &Redrive::to_origin(),
+        )
+        .await;
+    match &redriven {
+        Ok(report) => assert_eq!(report.redriven, 1, "{report:?}"),
+        Err(error) => panic!("redrive of k7 (letter 7 of 8): {error}"),
+    }
+    let purged = store.purge(&Selection::Matching(Filter::all())).await;
+    let left = backend.messages_in(&dead_letters).await.unwrap();
+    match purged {
+        Ok(purged) => assert_eq!(
+            (purged, left),
+            (7, 0),
+            "purge of all reported success with letters left"
+        ),
+        Err(error) => assert!(left > 0, "an error ({error}) although none are left"),
+    }
+    backend.cleanup().await;
+}
+
+#[tokio::test]
+async fn letters_of_two_processes_with_the_same_origin_tag_and_time_have_distinct_ids() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_store_ids").await else {
+        return;
+    };
+    // Review R28: two consumers (two processes: two sinks) give up tag 7 of
+    // channel 1 of the same queue in the same millisecond.
+    let origin = backend.classic_queue("store-ids-origin").await.unwrap();
+    let (_dead_letters, first, store) = store_over(&backend, "store-ids", 100).await;
+    let second = AmqpDeadLetterSink::builder(backend.url())
+        .exchange("")
+        .routing_key(store.destination())
+        .build()
+        .await
+        .unwrap();
+    let at = std::time::SystemTime::now();
+    for (sink, payload) in [(&first, "first"), (&second, "second")] {
+        let mut letter = letter_of(&origin, 7, Bytes::from(payload));
+        letter.failed_at = at;
+        letter.first_failed_at = at;
+        sink.write(&letter).await.unwrap();
+    }
+    let page = store.list(&Filter::all(), 10, None).await.unwrap();
+    let ids: Vec<LetterId> = page
+        .letters
+        .iter()
+        .map(|stored| stored.id.clone())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1], "one id for two letters: {ids:?}");
+    let purged = store
+        .purge(&Selection::Ids(vec![ids[1].clone()]))
+        .await
+        .unwrap();
+    assert_eq!(purged, 1, "a purge by one id removed {purged} letters");
+    let left = store.list(&Filter::all(), 10, None).await.unwrap();
+    let payloads: Vec<_> = left
+        .letters
+        .iter()
+        .map(|stored| stored.id.clone())
+        .collect();
+    assert_eq!(payloads, [ids[0].clone()]);
+    let kept = store.read(&ids[0]).await.unwrap();
+    assert_eq!(
+        kept.letter.unwrap().message.payload().as_ref(),
+        b"first",
+        "the other letter is the one left"
+    );
     backend.cleanup().await;
 }
