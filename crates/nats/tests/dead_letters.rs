@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use intake_core::dead_letter::envelope::{self, Broker};
 use intake_core::{DeadLetter, Headers, Message, Metadata, Position, backend::DeadLetterSink};
@@ -141,4 +143,179 @@ async fn a_letter_says_nats_on_the_wire_and_keeps_nats_headers_and_line_breaks_r
         Some("order-7")
     );
     drop(source);
+}
+
+/// Creates stream `name` storing `in.<name>.>` with `retention`.
+async fn create_stream_with(
+    client: &intake_nats::async_nats::Client,
+    name: &str,
+    retention: jetstream::stream::RetentionPolicy,
+) {
+    jetstream::new(client.clone())
+        .create_stream(jetstream::stream::Config {
+            name: name.to_owned(),
+            subjects: vec![format!("in.{name}.>")],
+            retention,
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+}
+
+/// Whether stream sequence `sequence` is still stored in `stream`.
+async fn stored_at(client: &intake_nats::async_nats::Client, stream: &str, sequence: u64) -> bool {
+    jetstream::new(client.clone())
+        .get_stream(stream)
+        .await
+        .expect("stream")
+        .get_raw_message(sequence)
+        .await
+        .is_ok()
+}
+
+/// A handler that fails every payload not starting with `ok` for good,
+/// counting the calls of the others.
+fn fails_all_but_ok(
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> impl tower::Service<
+    Message,
+    Response = (),
+    Error = intake_core::HandlerError,
+    Future = impl Future<Output = Result<(), intake_core::HandlerError>> + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |message: Message| {
+        let calls = calls.clone();
+        async move {
+            if message.payload().starts_with(b"ok") {
+                return Ok(());
+            }
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(intake_core::HandlerError::permanent("malformed"))
+        }
+    })
+}
+
+/// Runs a consumer with a dead-letter layer over stream `stream` (created
+/// with `retention`) holding one message just under the server's
+/// `max_payload` (its letter, with the envelope, is over it) and one `ok`;
+/// stops once the large one was handled `calls` times. Returns the letters
+/// and whether the large one (sequence 1) is still stored.
+async fn too_large_for_a_letter(
+    backend: &NatsBackend,
+    stream: &str,
+    retention: jetstream::stream::RetentionPolicy,
+    calls: usize,
+) -> (Vec<DeadLetter>, bool) {
+    create_stream_with(backend.client(), stream, retention).await;
+    let max_payload = backend.client().server_info().max_payload;
+    let payload = "p".repeat(max_payload - 300);
+    support::produce(
+        backend.client(),
+        stream,
+        vec![
+            intake_core::backend::testkit::TestMessage::new("k", payload),
+            intake_core::backend::testkit::TestMessage::new("k", "ok1"),
+        ],
+    )
+    .await
+    .expect("produce");
+    let source = backend.source(stream, "g").build().await.expect("source");
+    let acker = source.acker();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let handled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = tower::ServiceBuilder::new()
+        .layer(intake_core::DeadLetterLayer::new(sink))
+        .service(fails_all_but_ok(handled.clone()));
+    let running = support::Running::start(
+        intake_core::Consumer::builder().ordering(intake_core::DeliveryOrder::Unordered),
+        source,
+        acker,
+        handler,
+    );
+    support::wait_until("the large message handled", Duration::from_secs(30), || {
+        handled.load(std::sync::atomic::Ordering::Relaxed) >= 1
+    })
+    .await;
+    // Then it is dead-lettered (everything settles) or kept and handled
+    // again.
+    support::wait_until(
+        "the large message settled or handled again",
+        Duration::from_secs(30),
+        || {
+            handled.load(std::sync::atomic::Ordering::Relaxed) >= calls
+                || support::block_on_unacknowledged(backend.client(), stream, "g") == 0
+        },
+    )
+    .await;
+    // A letter written, or not: the outcome of the last call settles.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    running.stop().await;
+    let letters = intake_core::backend::testkit::Backend::dead_letters(backend, stream, "g")
+        .await
+        .expect("read back");
+    (letters, stored_at(backend.client(), stream, 1).await)
+}
+
+/// Review R11: on a work-queue stream the server deletes a message once
+/// it is acknowledged or terminated. A letter too large for the server
+/// became a reference letter (no payload: "the original is at its
+/// origin") and the original was terminated and acknowledged, so the
+/// payload was gone from everywhere. The sink must not let that happen:
+/// the message stays in the stream, unacknowledged, and no reference
+/// claims it is at its origin when it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_too_large_on_a_work_queue_stream_never_leaves_only_a_reference() {
+    let Some(backend) = NatsBackend::new("reference on a work queue").await else {
+        return;
+    };
+    let stream = support::unique("workq");
+    let (letters, stored) = too_large_for_a_letter(
+        &backend,
+        &stream,
+        jetstream::stream::RetentionPolicy::WorkQueue,
+        2,
+    )
+    .await;
+    let references: Vec<&DeadLetter> = letters
+        .iter()
+        .filter(|letter| letter.reference.is_some())
+        .collect();
+    assert!(
+        stored && references.is_empty(),
+        "the original is {} the work-queue stream, and {} reference letter(s) say it is at its \
+         origin: {references:?}",
+        if stored { "still in" } else { "gone from" },
+        references.len()
+    );
+}
+
+/// On a limits stream (the default) the original stays stored after its
+/// term: the reference letter is written, and says where the payload is
+/// and for how long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_letter_on_a_limits_stream_says_the_original_stays_while_the_stream_keeps_it() {
+    let Some(backend) = NatsBackend::new("reference on a limits stream").await else {
+        return;
+    };
+    let stream = support::unique("limits");
+    let (letters, stored) = too_large_for_a_letter(
+        &backend,
+        &stream,
+        jetstream::stream::RetentionPolicy::Limits,
+        1,
+    )
+    .await;
+    assert!(stored, "a limits stream keeps a terminated message");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert!(letter.reference.is_some(), "{letter:?}");
+    assert!(
+        letter
+            .error
+            .contains(&format!("stays in stream `{stream}` at sequence 1")),
+        "{}",
+        letter.error
+    );
 }
