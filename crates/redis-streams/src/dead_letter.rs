@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{
-    ConfigError, DeadLetter, Metadata,
+    ConfigError, DeadLetter, FirstDelivery,
     backend::{DeadLetterError, DeadLetterSink},
-    parking::ORIGIN,
+    parking::{ORIGIN, first_delivery_of},
 };
 use redis::Script;
 
@@ -82,12 +82,23 @@ return id
 ///
 /// A parked copy that came back through its group's return stream
 /// (`<stream>:<group>:returned`, see [`RedisParking`](crate::RedisParking))
-/// is a dead letter of the stream it was first consumed from, named in its
-/// `intake.park.origin` field: it goes to that stream's dead-letter stream,
-/// and its origin names that stream (with the id of the copy, which is
-/// what the letter acknowledges). The field is followed only to one of the
-/// [consumed streams](RedisDeadLetterSinkBuilder::consumed_stream): a
-/// producer cannot direct letters anywhere else.
+/// is a dead letter of the entry it was first delivered as: it goes to the
+/// dead-letter stream of the stream it was first consumed from, and its
+/// origin names that stream and that entry's id, as the copy's park fields
+/// say ([`ORIGIN`](intake_core::parking::ORIGIN),
+/// [`ORIGIN_POSITION`](intake_core::parking::ORIGIN_POSITION)); the copy
+/// itself is what the letter acknowledges. A copy that names its origin
+/// stream but not the entry (parked by hand, or by an intake before the
+/// field) names where it is: the return stream and its id there, never a
+/// mix of the two. The fields are followed only on an entry read from the
+/// return stream of the stream they name, for the sink's group (the default
+/// name, or one set with
+/// [`return_stream`](RedisDeadLetterSinkBuilder::return_stream)), and only
+/// to one of the [consumed streams](RedisDeadLetterSinkBuilder::consumed_stream):
+/// on any other entry a producer wrote them, and the letter is the entry's
+/// own. A letter whose message the parking layer marked as a returned copy
+/// ([`Metadata::parked_from`](intake_core::Metadata::parked_from), a
+/// dead-letter layer inside the parking layer) names that first delivery.
 ///
 /// Build one with
 /// [`RedisStreamsSource::dead_letter_sink`](crate::RedisStreamsSource::dead_letter_sink)
@@ -109,6 +120,8 @@ struct Destination {
     /// The streams the consumer reads: the only origins a parked copy's
     /// field may name.
     consumed: HashSet<String>,
+    /// Return streams set by hand: (origin, return stream).
+    returns: Vec<(String, String)>,
     carrier: Carrier,
     stats: Arc<RedisStreamsStats>,
 }
@@ -151,10 +164,12 @@ impl RedisDeadLetterSink {
                 .iter()
                 .map(|stream| stream.to_string())
                 .collect(),
+            Vec::new(),
             settings.stats.clone(),
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on(
         connection: SharedConnection,
         group: Option<Arc<str>>,
@@ -162,6 +177,7 @@ impl RedisDeadLetterSink {
         payload_field: Arc<str>,
         stream: DeadLetterStream,
         consumed: HashSet<String>,
+        returns: Vec<(String, String)>,
         stats: Arc<RedisStreamsStats>,
     ) -> Self {
         let carrier = Carrier::keyless(Broker::Redis).with_consumer(consumer);
@@ -176,6 +192,7 @@ impl RedisDeadLetterSink {
                 payload_field,
                 stream,
                 consumed,
+                returns,
                 carrier,
                 stats,
             }),
@@ -192,32 +209,68 @@ impl RedisDeadLetterSink {
         self.destination.stream.name_for(stream)
     }
 
-    /// The stream `letter` is a dead letter of: the origin its parked copy
-    /// names when that is another stream this consumer reads, otherwise
-    /// (`None`) the stream it was consumed from.
-    fn origin_of<'a>(&self, letter: &'a DeadLetter) -> Option<&'a str> {
+    /// Whether `source` is where the parked messages of `origin` come back
+    /// for this sink's group.
+    fn is_return_stream_of(&self, source: &str, origin: &str) -> bool {
+        let destination = &self.destination;
+        match destination
+            .returns
+            .iter()
+            .find(|(stream, _)| stream == origin)
+        {
+            Some((_, returned)) => returned == source,
+            None => destination.group.as_deref().is_some_and(|group| {
+                source
+                    .strip_prefix(origin)
+                    .and_then(|rest| rest.strip_prefix(':'))
+                    .and_then(|rest| rest.strip_prefix(group))
+                    == Some(crate::RedisParking::RETURNED_SUFFIX)
+            }),
+        }
+    }
+
+    /// The stream `letter` is a dead letter of, when that is not the stream
+    /// it was consumed from (a parked copy back through a return stream),
+    /// with where it was first delivered if that is known.
+    fn origin_of<'a>(&self, letter: &'a DeadLetter) -> Option<Origin<'a>> {
         let message = &letter.message;
         let consumed: &str = message.metadata().source();
-        let origin = message.headers().get(ORIGIN)?;
-        // The field comes from whoever wrote the entry: only a stream this
-        // consumer reads may receive its letters, which also bounds its
-        // length.
-        let known = std::str::from_utf8(origin)
-            .ok()
-            .filter(|origin| self.destination.consumed.contains(*origin));
-        match known {
-            Some(origin) if origin != consumed => Some(origin),
-            Some(_) => None,
-            None => {
-                tracing::debug!(
-                    stream = consumed,
-                    origin_bytes = origin.len(),
-                    "the entry's park origin is no stream this consumer reads; dead-lettering \
-                     it as an entry of the stream it was consumed from"
-                );
-                None
-            }
+        // The parking layer believed the copy's fields already.
+        if let Some(first) = message.metadata().parked_from() {
+            let origin: &str = &first.source;
+            return (origin != consumed && self.destination.consumed.contains(origin)).then(|| {
+                Origin {
+                    stream: origin,
+                    first: Some(first.clone()),
+                }
+            });
         }
+        let origin = message.headers().get(ORIGIN)?;
+        // The field comes from whoever wrote the entry: it is followed only
+        // on an entry of its origin's return stream, where only the mover
+        // writes, and only to a stream this consumer reads (which also
+        // bounds its length).
+        let known = std::str::from_utf8(origin).ok().filter(|origin| {
+            *origin != consumed
+                && self.destination.consumed.contains(*origin)
+                && self.is_return_stream_of(consumed, origin)
+        });
+        let Some(origin) = known else {
+            tracing::debug!(
+                stream = consumed,
+                origin_bytes = origin.len(),
+                "the entry's park origin is not followed (no other stream this consumer \
+                 reads, or the entry is not in that stream's return stream); \
+                 dead-lettering it as an entry of the stream it was consumed from"
+            );
+            return None;
+        };
+        let first = first_delivery_of(message)
+            .filter(|first| &*first.source == origin && first.partition == 0);
+        Some(Origin {
+            stream: origin,
+            first,
+        })
     }
 
     /// Writes `letter` and acknowledges the original; the letter's id, or
@@ -234,21 +287,19 @@ impl RedisDeadLetterSink {
         let stream: &str = metadata.source();
         let original = StreamId::from_position(metadata.position());
         let group = self.destination.group.as_deref();
-        let origin = self.origin_of(letter);
+        let found = self.origin_of(letter);
+        let origin = found.as_ref().map(|found| found.stream);
         let dead_letters = self.stream_for(origin.unwrap_or(stream));
-        let letter = match origin {
-            Some(origin) => {
-                // The origin's letter, with the id of the copy: that is
-                // where the message is now, and what is acknowledged.
+        let letter = match found {
+            Some(Origin { first, .. }) if letter.message.metadata().parked_from().is_none() => {
+                // The envelope names the first delivery when there is one,
+                // otherwise the copy where it is; the copy is what the
+                // script acknowledges either way (`original` above).
                 let mut of_origin = letter.clone();
-                let at = of_origin.message.metadata_mut();
-                let mut metadata = Metadata::new(origin.into(), at.partition(), at.position())
-                    .with_attempt(at.attempt());
-                metadata.set_timestamp(at.timestamp());
-                *at = metadata;
+                of_origin.message.metadata_mut().set_parked_from(first);
                 Cow::Owned(of_origin)
             }
-            None => Cow::Borrowed(letter),
+            _ => Cow::Borrowed(letter),
         };
         if dead_letters == stream || Some(dead_letters.as_str()) == origin {
             // A sink built without the consumed streams (or for others)
@@ -325,6 +376,13 @@ impl RedisDeadLetterSink {
     }
 }
 
+/// The stream a parked copy is a dead letter of, and where it was first
+/// delivered when its fields say.
+struct Origin<'a> {
+    stream: &'a str,
+    first: Option<FirstDelivery>,
+}
+
 /// Builds a [`RedisDeadLetterSink`]; see [`RedisDeadLetterSink::builder`]
 /// and [`RedisStreamsSource::dead_letter_sink`].
 ///
@@ -348,6 +406,8 @@ pub struct RedisDeadLetterSinkBuilder {
     /// connection changed.
     from_source: Option<(SharedConnection, Arc<RedisStreamsStats>)>,
     consumed: Vec<String>,
+    /// Return streams set by hand: (origin, return stream).
+    returns: Vec<(String, String)>,
     group: Option<String>,
     consumer: Option<String>,
     payload_field: String,
@@ -359,6 +419,7 @@ impl fmt::Debug for RedisDeadLetterSinkBuilder {
         f.debug_struct("RedisDeadLetterSinkBuilder")
             .field("url", &self.url)
             .field("consumed", &self.consumed)
+            .field("return_streams", &self.returns)
             .field("group", &self.group)
             .field("consumer", &self.consumer)
             .field("payload_field", &self.payload_field)
@@ -377,6 +438,7 @@ impl RedisDeadLetterSinkBuilder {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             from_source: None,
             consumed: Vec::new(),
+            returns: Vec::new(),
             group: None,
             consumer: None,
             payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
@@ -401,6 +463,7 @@ impl RedisDeadLetterSinkBuilder {
             command_timeout,
             from_source: Some((connection, settings.stats.clone())),
             consumed: settings.streams.iter().map(|s| s.to_string()).collect(),
+            returns: Vec::new(),
             group: settings.group.as_deref().map(str::to_owned),
             consumer: Some(settings.consumer.to_string()),
             payload_field: settings.payload_field.to_string(),
@@ -422,6 +485,23 @@ impl RedisDeadLetterSinkBuilder {
     /// a source names the source's streams). Call it once per stream.
     pub fn consumed_stream(mut self, stream: impl Into<String>) -> Self {
         self.consumed.push(stream.into());
+        self
+    }
+
+    /// Sets where the parked messages of consumed stream `stream` come back
+    /// for the sink's group, when the parking was given another name than
+    /// the default [`RedisParking::return_stream`](crate::RedisParking::return_stream)
+    /// (its [`return_stream`](crate::RedisParkingBuilder::return_stream)):
+    /// only an entry read from there has its park fields followed to
+    /// `stream`.
+    pub fn return_stream(
+        mut self,
+        stream: impl Into<String>,
+        return_stream: impl Into<String>,
+    ) -> Self {
+        let (stream, return_stream) = (stream.into(), return_stream.into());
+        self.returns.retain(|(origin, _)| *origin != stream);
+        self.returns.push((stream, return_stream));
         self
     }
 
@@ -511,6 +591,7 @@ impl RedisDeadLetterSinkBuilder {
             self.payload_field.into(),
             self.dead_letter_stream,
             self.consumed.into_iter().collect(),
+            self.returns,
             stats,
         ))
     }

@@ -294,9 +294,11 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 /// - A moved message is a **new entry** of the return stream: it has a new
 ///   entry id (position) and its attempt counts from 1 again (the
 ///   [`ATTEMPTS`] header carries the attempts before). Its partition is the
-///   return stream, so what a source does per stream (a dead-letter stream
-///   named after the stream, `<return stream>:dlq` by default; lag) is done
-///   under the return stream's name.
+///   return stream, so what a source does per stream (lag, the delivery
+///   count against `max_deliveries`) is done under the return stream's
+///   name. Its dead letter goes to its origin's dead-letter stream and names
+///   the entry it was first delivered as
+///   ([`RedisDeadLetterSink`](crate::RedisDeadLetterSink)).
 /// - The return stream keeps the entries its group acknowledged, as any
 ///   stream does, unless the source deletes them
 ///   ([`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked)) or
