@@ -19,6 +19,7 @@ use crate::failure::Failure;
 use crate::output::{
     Table, escaped, escaped_block, escaped_bytes, human_duration, json, json_text,
 };
+use crate::stores::Letters;
 
 /// Error text shown per letter in a listing; `show` prints it whole.
 const LISTED_ERROR_CHARS: usize = 60;
@@ -437,7 +438,7 @@ struct PurgeJson<'a> {
 /// `confirm` says yes (it is asked with the count); a dry run only counts
 /// them by class.
 pub async fn purge(
-    store: &dyn DeadLetterStore,
+    store: &dyn Letters,
     selection: &Selection,
     dry_run: bool,
     as_json: bool,
@@ -445,20 +446,25 @@ pub async fn purge(
 ) -> Result<String, Failure> {
     let destination = store.destination();
     match selection {
-        Selection::Matching(filter) => {
+        Selection::Matching(filter) if dry_run => {
             let summary = store
                 .summary(filter)
                 .await
                 .map_err(|error| store_failure("dlq purge", error))?;
-            if dry_run {
-                return Ok(render_purge(
-                    destination,
-                    summary.total,
-                    true,
-                    Some(&summary),
-                    as_json,
-                ));
-            }
+            return Ok(render_purge(
+                destination,
+                summary.total,
+                true,
+                Some(&summary),
+                as_json,
+            ));
+        }
+        Selection::Matching(filter) => {
+            // The question counts these letters, and the purge takes these
+            // and no other: letters given up while a person reads it are
+            // left for the next purge, and `purged` never exceeds the
+            // count they said yes to.
+            let (summary, ids) = listed(store, filter).await?;
             if summary.total == 0 {
                 return Ok(render_purge(destination, 0, false, None, as_json));
             }
@@ -467,6 +473,11 @@ pub async fn purge(
                 summary.total,
                 escaped(destination)
             ))?;
+            let purged = store
+                .purge_listed(&ids)
+                .await
+                .map_err(|error| store_failure("dlq purge", error))?;
+            return Ok(render_purge(destination, purged, false, None, as_json));
         }
         Selection::Ids(ids) => {
             if dry_run {
@@ -485,6 +496,37 @@ pub async fn purge(
         .await
         .map_err(|error| store_failure("dlq purge", error))?;
     Ok(render_purge(destination, purged, false, None, as_json))
+}
+
+/// Letters a listing page holds while the ids of a purge are gathered:
+/// their envelopes without payloads, a few MB at most. On RabbitMQ one
+/// page is one pass, which takes at most its `max_letters` anyway.
+const LISTED_PER_PAGE: usize = 10_000;
+
+/// The letters `filter` selects as the store holds them now: their summary
+/// and their ids, oldest first.
+async fn listed(
+    store: &dyn DeadLetterStore,
+    filter: &Filter,
+) -> Result<(Summary, Vec<LetterId>), Failure> {
+    let mut summary = Summary::default();
+    let mut ids = Vec::new();
+    let mut after: Option<LetterId> = None;
+    loop {
+        let page = store
+            .list(filter, LISTED_PER_PAGE, after.as_ref())
+            .await
+            .map_err(|error| store_failure("dlq purge", error))?;
+        for stored in &page.letters {
+            summary.add(stored);
+            ids.push(stored.id.clone());
+        }
+        // A cursor that does not move would list the same page for ever.
+        match page.next {
+            Some(next) if after.as_ref() != Some(&next) => after = Some(next),
+            _ => return Ok((summary, ids)),
+        }
+    }
 }
 
 fn render_purge(
@@ -523,14 +565,14 @@ fn render_purge(
 #[cfg(test)]
 mod tests {
     use intake_core::backend::DeadLetterSink;
-    use intake_core::memory::MemoryBroker;
+    use intake_core::memory::{MemoryBroker, MemoryDeadLetterStore};
     use intake_core::{DeadLetter, ErrorClass, Message, Metadata, Position};
 
     use super::*;
 
     /// A memory broker whose `orders`/`billing` dead letters hold two
     /// permanent failures (keys `a`, `b`) and one retryable one (key `a`).
-    async fn store_with_three() -> (MemoryBroker, impl DeadLetterStore) {
+    async fn store_with_three() -> (MemoryBroker, MemoryDeadLetterStore) {
         let broker = MemoryBroker::new();
         broker.create_topic("orders", 1).unwrap();
         let sink = broker.dead_letter_sink("orders", "billing").unwrap();
@@ -755,7 +797,7 @@ mod tests {
     /// producer-controlled field: source, key, error, header name and
     /// value, payload; and a second entry that is no letter, whose
     /// unreadable field quotes the hostile text.
-    async fn store_with_hostile_letter() -> (MemoryBroker, impl DeadLetterStore) {
+    async fn store_with_hostile_letter() -> (MemoryBroker, MemoryDeadLetterStore) {
         use intake_core::Headers;
         use intake_core::dead_letter::envelope::ATTEMPTS;
         use intake_core::memory::{Record, dead_letter_topic};

@@ -45,7 +45,11 @@
 //! is skipped, so a message that fails on every replay does not circle for
 //! ever. `--dry-run` on `replay` and `purge` moves nothing and shows the
 //! counts per error class. `purge` asks on the terminal first; with stdin
-//! not a terminal it refuses unless `--yes` is given. A long replay shows a
+//! not a terminal it refuses unless `--yes` is given. A purge by filter
+//! deletes exactly the letters it counted when it asked (it lists them
+//! first, `--yes` or not): letters given up while the question waits are
+//! left for the next purge, so `purged` never exceeds the count confirmed
+//! (it is lower when some were replayed or purged meanwhile). A long replay shows a
 //! progress bar on stderr when stderr is a terminal.
 //!
 //! # Output

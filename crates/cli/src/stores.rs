@@ -4,16 +4,80 @@
 //! "0 dead letters" from a store that cannot look would be a lie a script
 //! acts on.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher};
-use intake_core::dead_letter::store::DeadLetterStore;
+use intake_core::dead_letter::store::{
+    DeadLetterLog, DeadLetterStore, LetterId, LogStore, Selection, StoreError,
+};
+use intake_core::publish::Publisher;
 use intake_kafka::{KafkaDeadLetters, KafkaPublisher, KafkaSettings};
 use intake_nats::{NatsDeadLetters, NatsPublisher};
 use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
 
 use crate::broker::Broker;
 use crate::failure::Failure;
+
+/// A dead-letter store as `intake dlq` uses it: what every
+/// [`DeadLetterStore`] does, and a purge of exactly the letters a listing
+/// showed (what a person said yes to), which the trait has no operation
+/// for that is cheap on every backend.
+#[async_trait::async_trait]
+pub trait Letters: DeadLetterStore {
+    /// Removes the letters `ids`, as a [`list`](DeadLetterStore::list)ing
+    /// gave them (oldest first), and no other; returns how many it removed.
+    async fn purge_listed(&self, ids: &[LetterId]) -> Result<u64, StoreError>;
+}
+
+/// Entries a listed purge reads per round trip.
+const PURGE_SCAN: usize = 1_000;
+
+/// A log is scanned once, through the newest letter listed, and only the
+/// listed ids are removed: a purge by [`Selection::Ids`] reads each letter
+/// by id instead, which on Kafka took 32.7 s for 5,000 letters (a snapshot
+/// and a fetch each) where one scan takes under a second.
+#[async_trait::async_trait]
+impl<L: DeadLetterLog, P: Publisher + Send + Sync + 'static> Letters for LogStore<L, P> {
+    async fn purge_listed(&self, ids: &[LetterId]) -> Result<u64, StoreError> {
+        let Some(through) = ids.last() else {
+            return Ok(0);
+        };
+        let listed: HashSet<&LetterId> = ids.iter().collect();
+        let mut removed = 0;
+        let mut after: Option<LetterId> = None;
+        loop {
+            let entries = self
+                .log()
+                .scan(after.as_ref(), Some(through), PURGE_SCAN)
+                .await?;
+            let Some(last) = entries.last() else {
+                return Ok(removed);
+            };
+            after = Some(last.id.clone());
+            let full = entries.len() == PURGE_SCAN;
+            let taken: Vec<LetterId> = entries
+                .into_iter()
+                .map(|stored| stored.id)
+                .filter(|id| listed.contains(id))
+                .collect();
+            if !taken.is_empty() {
+                removed += self.log().remove(&taken).await?;
+            }
+            if !full {
+                return Ok(removed);
+            }
+        }
+    }
+}
+
+/// One pass takes the listed ids (every other letter is put back).
+#[async_trait::async_trait]
+impl Letters for AmqpDeadLetterStore {
+    async fn purge_listed(&self, ids: &[LetterId]) -> Result<u64, StoreError> {
+        self.purge(&Selection::Ids(ids.to_vec())).await
+    }
+}
 
 /// The store of the dead letters of `source` (and, on NATS, consumer
 /// `group`) on `broker`, in `dead_letters` or else where the backend's
@@ -28,7 +92,7 @@ pub async fn open(
     dead_letters: Option<&str>,
     timeout: Duration,
     command: &str,
-) -> Result<Box<dyn DeadLetterStore>, Failure> {
+) -> Result<Box<dyn Letters>, Failure> {
     let what = format!("{command}: connecting to {}", broker.endpoint());
     match broker {
         Broker::Redis { url } => {
