@@ -32,6 +32,13 @@ use crate::transaction::Transactor;
 /// A partition this consumer no longer owns is never committed: its work is
 /// refused with [`AckError::NotAssigned`].
 ///
+/// After a commit (or transaction) the broker refused, the next one of the
+/// run waits a backoff, from 200 ms doubling up to 5 s, reset by a commit
+/// that succeeds: a broker that refuses every commit is not asked ten times
+/// a second, and an exactly-once backlog is not produced again into an
+/// aborted transaction at every commit tick. A batch the runtime waits for
+/// (a revocation's, the final commit) goes at once.
+///
 /// Kafka cannot take a single message back, so
 /// [`supports_requeue`](Acker::supports_requeue) is `false`: the runtime
 /// retries in process. In broadcast mode nothing is committed.
@@ -48,6 +55,22 @@ pub struct KafkaAcker {
     min_interval: Duration,
     last_commit: Option<Instant>,
     transactor: Option<Arc<Transactor>>,
+    /// Commits the broker refused in a row.
+    refused: u32,
+}
+
+/// The backoff after the first refused commit; it doubles with each one
+/// more in a row.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+
+/// The longest backoff between refused commits: what a revocation or the
+/// final commit may wait behind one.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The wait before the next commit after `refused` refused in a row.
+fn backoff(refused: u32) -> Duration {
+    let doublings = refused.saturating_sub(1).min(16);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY_MAX)
 }
 
 impl std::fmt::Debug for KafkaAcker {
@@ -72,6 +95,7 @@ impl KafkaAcker {
             min_interval,
             last_commit: None,
             transactor,
+            refused: 0,
         }
     }
 }
@@ -96,7 +120,8 @@ fn commit_transaction(
             store.before(partition, *next, &mut outputs);
         }
         let count = outputs.len();
-        match transactor.commit(consumer, outputs, list) {
+        let small = store.small_destinations();
+        match transactor.commit(consumer, outputs, list, &small) {
             Ok(()) => {
                 for (partition, next) in owned {
                     store.committed(partition, *next);
@@ -111,6 +136,17 @@ fn commit_transaction(
             Err(error) => {
                 if error.is_fatal() && transactor.first_report() {
                     fatal = Some(error.duplicate());
+                }
+                if error.refused_a_record() {
+                    // Every output was checked against what its destination
+                    // accepted when read: that may have changed.
+                    store.reread_all();
+                    tracing::error!(
+                        transactional_id = transactor.transactional_id(),
+                        outputs = count,
+                        error = %intake_core::ErrorChain::new(&error),
+                        "the broker refused a record of the transaction although every output was checked against its destination's limits when kept (did a topic's max.message.bytes or cleanup.policy change?); the transaction is tried again after a backoff, and while it keeps being refused nothing commits (a restart checks the inputs again)"
+                    );
                 }
                 Err(AckError::Broker(Box::new(error)))
             }
@@ -163,13 +199,17 @@ impl Acker for KafkaAcker {
         {
             // The runtime keeps collecting completions meanwhile; the batch
             // after this one carries them.
-            tokio::time::sleep_until(last + self.min_interval).await;
+            let wait = match self.refused {
+                0 => self.min_interval,
+                refused => self.min_interval.max(backoff(refused)),
+            };
+            tokio::time::sleep_until(last + wait).await;
         }
         self.last_commit = Some(Instant::now());
         let consumer = self.consumer.clone();
         let shared = self.shared.clone();
         let transactor = self.transactor.clone();
-        tokio::task::spawn_blocking(move || match consumer.upgrade() {
+        let outcome = tokio::task::spawn_blocking(move || match consumer.upgrade() {
             Some(consumer) => match &transactor {
                 Some(transactor) => commit_transaction(&consumer, &shared, transactor, &offsets),
                 None => shared.ownership.commit(&consumer, &offsets),
@@ -181,6 +221,14 @@ impl Acker for KafkaAcker {
             },
         })
         .await
-        .map_err(|error| AckError::Broker(Box::new(error)))?
+        .map_err(|error| AckError::Broker(Box::new(error)))
+        .flatten();
+        match &outcome {
+            // A partition that moved away says nothing of the broker: the
+            // others were committed.
+            Ok(()) | Err(AckError::NotAssigned(_)) => self.refused = 0,
+            Err(_) => self.refused = self.refused.saturating_add(1),
+        }
+        outcome
     }
 }

@@ -406,3 +406,35 @@ async fn a_final_commit_that_fails_is_reported_as_not_committed() {
     );
     assert_eq!(committed(&backend, &input, &group).await, (50, 60));
 }
+
+/// The size the transactional layer checks an output against is the
+/// broker's: a record of `n` payload bytes (no key, no headers, 64 <= n
+/// < 8,185) is a batch of `n + 70` bytes alone (61 of batch header, 9 of
+/// record framing), so a topic with `max.message.bytes` 2,000 takes 1,930
+/// bytes and refuses 1,931.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_alone_is_refused_exactly_over_the_topics_limit() {
+    use intake_core::publish::{PublishErrorKind, Publisher};
+
+    let Some(backend) = backend("the broker's size rule") else {
+        return;
+    };
+    let topic = unique("intake-refused-rule");
+    backend
+        .create_topic_with(&topic, 1, &[("max.message.bytes", "2000")])
+        .await
+        .expect("topic");
+    let publisher = KafkaPublisher::builder(KafkaSettings::new(backend.brokers()))
+        .linger(Duration::ZERO)
+        .build()
+        .expect("publisher");
+    publisher
+        .publish(Output::new(topic.as_str(), vec![b'x'; 1_930]))
+        .await
+        .expect("1,930 bytes fit");
+    let refused = publisher
+        .publish(Output::new(topic.as_str(), vec![b'x'; 1_931]))
+        .await
+        .expect_err("1,931 bytes do not");
+    assert_eq!(refused.kind(), PublishErrorKind::Rejected, "{refused}");
+}

@@ -60,6 +60,27 @@ impl TransactionError {
         matches!(self, Self::Fenced { .. } | Self::Fatal { .. })
     }
 
+    /// Whether the broker aborted it for a record's sake (a batch too
+    /// large, an invalid record): what a destination accepts may have
+    /// changed since it was read.
+    pub(crate) fn refused_a_record(&self) -> bool {
+        let Self::Aborted { source, .. } = self else {
+            return false;
+        };
+        source
+            .downcast_ref::<rdkafka::error::KafkaError>()
+            .and_then(rdkafka::error::KafkaError::rdkafka_error_code)
+            .is_some_and(|code| {
+                matches!(
+                    code,
+                    rdkafka::error::RDKafkaErrorCode::MessageSizeTooLarge
+                        | rdkafka::error::RDKafkaErrorCode::MessageBatchTooLarge
+                        | rdkafka::error::RDKafkaErrorCode::InvalidRecord
+                        | rdkafka::error::RDKafkaErrorCode::InvalidDifferentRecord
+                )
+            })
+    }
+
     /// A copy for a second reader (the source as well as the acker); the
     /// cause is kept as text.
     pub(crate) fn duplicate(&self) -> Self {

@@ -7,12 +7,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use intake_core::publish::Outputs;
+use intake_core::publish::{Output, Outputs, PublishError, PublishErrorKind};
 use intake_core::trace::TRACEPARENT;
-use intake_core::{HandlerError, Message, Position};
+use intake_core::{HandlerError, Message, PartitionKey, Position};
 use tower::{Layer, Service};
 
-use super::store::OutputStore;
+use super::limits::{Described, Describer};
+use super::store::{OutputStore, Put};
 
 /// Wraps a handler whose response is [`Outputs`] into one the consumer
 /// runs, for an [exactly-once pipeline](crate::KafkaTransactions): the
@@ -25,17 +26,29 @@ use super::store::OutputStore;
 /// again (a retry) replaces what it kept. Each output without a
 /// `traceparent` of its own carries its input's.
 ///
+/// An output its destination would refuse (larger than the topic's
+/// `max.message.bytes` or the producer's `message.max.bytes` as a batch of
+/// its own, uncompressed; no key for a compacted topic) fails its input
+/// permanently with a [`Rejected`](PublishErrorKind::Rejected)
+/// [`PublishError`], as [`KafkaPublisher`](crate::KafkaPublisher) would,
+/// and keeps nothing of it: a dead-letter layer outside this one takes the
+/// input, and the transactions carry everything else. What each
+/// destination accepts is read from the broker the first time an output
+/// goes there (that input waits for the answer) and again every few
+/// minutes.
+///
 /// Put it innermost, next to the handler, as
 /// [`PublishLayer`](intake_core::publish::PublishLayer) would be. Made by
 /// [`KafkaTransactions::layer`](crate::KafkaTransactions::layer).
 #[derive(Clone)]
 pub struct TransactionalLayer {
     store: Arc<OutputStore>,
+    describer: Arc<Describer>,
 }
 
 impl TransactionalLayer {
-    pub(crate) fn new(store: Arc<OutputStore>) -> Self {
-        Self { store }
+    pub(crate) fn new(store: Arc<OutputStore>, describer: Arc<Describer>) -> Self {
+        Self { store, describer }
     }
 }
 
@@ -54,6 +67,7 @@ impl<S> Layer<S> for TransactionalLayer {
         TransactionalService {
             inner,
             store: Arc::clone(&self.store),
+            describer: Arc::clone(&self.describer),
         }
     }
 }
@@ -63,6 +77,7 @@ impl<S> Layer<S> for TransactionalLayer {
 pub struct TransactionalService<S> {
     inner: S,
     store: Arc<OutputStore>,
+    describer: Arc<Describer>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for TransactionalService<S> {
@@ -101,6 +116,7 @@ where
         let trace = message.headers().get(TRACEPARENT).cloned();
         let handled = self.inner.call(message);
         let store = Arc::clone(&self.store);
+        let describer = Arc::clone(&self.describer);
         Box::pin(async move {
             let Position::Offset(offset) = position else {
                 return Err(HandlerError::permanent(format!(
@@ -118,10 +134,7 @@ where
                             _ => output,
                         })
                         .collect();
-                    if !store.put(partition.clone(), epoch, offset, outputs) {
-                        tracing::debug!(%partition, offset, "outputs of an input of a partition given up meanwhile dropped");
-                    }
-                    Ok(())
+                    keep(&store, &describer, &partition, epoch, offset, outputs).await
                 }
                 Err(error) => {
                     store.remove(&partition, offset);
@@ -130,4 +143,71 @@ where
             }
         })
     }
+}
+
+/// Keeps `outputs` for the input at `offset` of `partition`, reading first
+/// what a destination accepts where the store does not know it yet, and
+/// fails the input if the broker would refuse one of them.
+async fn keep(
+    store: &Arc<OutputStore>,
+    describer: &Arc<Describer>,
+    partition: &PartitionKey,
+    epoch: u64,
+    offset: i64,
+    mut outputs: Vec<Output>,
+) -> Result<(), HandlerError> {
+    loop {
+        // Each round learns one destination more, so this ends.
+        match store.put(partition, epoch, offset, outputs) {
+            Put::Kept { reread } => {
+                if let Some(topic) = reread {
+                    reread_later(store, describer, topic);
+                }
+                return Ok(());
+            }
+            Put::Stale => {
+                tracing::debug!(%partition, offset, "outputs of an input of a partition given up meanwhile dropped");
+                return Ok(());
+            }
+            Put::Refused {
+                index,
+                destination,
+                reason,
+            } => {
+                store.remove(partition, offset);
+                tracing::debug!(%partition, offset, index, %reason, "an output its destination would refuse fails its input");
+                return Err(HandlerError::from(PublishError::new(
+                    PublishErrorKind::Rejected,
+                    &*destination,
+                    reason,
+                )));
+            }
+            Put::Unread(topic, given_back) => {
+                let described = describer.describe(&topic, false).await;
+                if let Described::Unknown(why) = &described {
+                    tracing::warn!(
+                        destination = %topic,
+                        why = %why,
+                        "what the destination accepts could not be read; its outputs are checked against the producer's message.max.bytes only, and one the broker refuses fails its transactions until it is read"
+                    );
+                }
+                store.learn(&topic, &described);
+                outputs = given_back;
+            }
+        }
+    }
+}
+
+/// Reads what `topic` accepts again, in the background.
+fn reread_later(store: &Arc<OutputStore>, describer: &Arc<Describer>, topic: Arc<str>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to read in: what was read stays until the next try.
+        store.learn(&topic, &Described::Unknown("no runtime to read in".into()));
+        return;
+    };
+    let (store, describer) = (Arc::clone(store), Arc::clone(describer));
+    drop(runtime.spawn(async move {
+        let described = describer.describe(&topic, true).await;
+        store.learn(&topic, &described);
+    }));
 }

@@ -19,9 +19,15 @@
 //!   watermark (an earlier one still running) waits for a later
 //!   transaction.
 //!
+//! An output its destination would refuse (too large for the topic's
+//! `max.message.bytes` or the producer's `message.max.bytes`, no key for a
+//! compacted topic) fails its own input in the layer, permanently, as
+//! [`KafkaPublisher`](crate::KafkaPublisher) fails it: a dead-letter layer
+//! outside takes the input, and no transaction ever carries the output.
+//!
 //! A failed transaction is aborted and comes back to the runtime as an
 //! error, which sends the watermarks again: the next transaction carries
-//! the same outputs. Offsets refused because the group's generation moved
+//! the same outputs, after a backoff. Offsets refused because the group's generation moved
 //! on (KIP-447: every cooperative or KIP-848 rebalance moves it) abort the
 //! transaction too; the next one carries the consumer's current group
 //! metadata, and a member that lost the partitions is refused again. A
@@ -34,6 +40,7 @@
 
 mod error;
 mod layer;
+mod limits;
 mod producer;
 mod store;
 
@@ -43,6 +50,7 @@ use std::time::Duration;
 
 pub use self::error::TransactionError;
 pub use self::layer::{TransactionalFuture, TransactionalLayer, TransactionalService};
+use self::limits::{DESCRIBE_TIMEOUT, Describer, ProducerLimits};
 pub(crate) use self::producer::Transactor;
 pub(crate) use self::store::OutputStore;
 use crate::error::Error;
@@ -100,6 +108,8 @@ pub struct KafkaTransactions {
     operation_timeout: Duration,
     transaction_timeout: Duration,
     store: Arc<OutputStore>,
+    /// Reads what destinations accept, for the layer.
+    describer: Arc<Describer>,
     /// A source took it: a second would share its producer's id and its
     /// store.
     claimed: Arc<AtomicBool>,
@@ -122,11 +132,12 @@ impl KafkaTransactions {
     /// setting pass through) by a producer named `transactional_id`.
     pub fn new(settings: KafkaSettings, transactional_id: impl Into<String>) -> Self {
         Self {
+            store: Arc::new(OutputStore::new(ProducerLimits::of(&settings))),
+            describer: Arc::new(Describer::new(settings.clone(), DESCRIBE_TIMEOUT)),
             settings,
             transactional_id: transactional_id.into(),
             operation_timeout: Duration::from_secs(30),
             transaction_timeout: Duration::from_secs(60),
-            store: Arc::default(),
             claimed: Arc::default(),
         }
     }
@@ -152,7 +163,7 @@ impl KafkaTransactions {
 
     /// The layer that keeps a handler's outputs for their transaction.
     pub fn layer(&self) -> TransactionalLayer {
-        TransactionalLayer::new(Arc::clone(&self.store))
+        TransactionalLayer::new(Arc::clone(&self.store), Arc::clone(&self.describer))
     }
 
     /// The producer's `transactional.id`.

@@ -1,8 +1,8 @@
 //! [`Transactor`]: the transactional producer of one consumer instance, and
 //! the transaction that commits a watermark batch.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use intake_core::BoxError;
@@ -14,12 +14,18 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 use super::error::TransactionError;
+use super::limits;
 use crate::error::Error;
 use crate::settings::KafkaSettings;
 
 /// How long a send waits before it tries again when librdkafka's queue is
 /// full (the blocking thread has nothing else to do meanwhile).
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
+
+/// Bytes a record's timestamp and offset deltas may take beyond the first
+/// record's (a varint each: offset deltas to 2 bytes within 8,192 records,
+/// timestamp deltas to 4 within a day).
+const LATER_RECORD_MARGIN: usize = 6;
 
 /// The transactional producer of one consumer instance.
 pub(crate) struct Transactor {
@@ -126,11 +132,17 @@ impl Transactor {
     /// this producer is [broken](TransactionError::is_fatal) and the broker
     /// aborts it when the transaction times out or a new producer of the
     /// same id starts.
+    ///
+    /// `small` names the destinations that refuse batches smaller than
+    /// librdkafka builds, with their `max.message.bytes`: the outputs to
+    /// one of them are flushed whenever a batch's worth is queued, so that
+    /// no batch librdkafka builds for them is refused for its size.
     pub(crate) fn commit<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
         outputs: Vec<Output>,
         offsets: &TopicPartitionList,
+        small: &[(Arc<str>, usize)],
     ) -> Result<(), TransactionError> {
         if let Some(reason) = self.broken() {
             return Err(TransactionError::Fenced {
@@ -149,12 +161,26 @@ impl Transactor {
             // Nothing began, so there is nothing to abort.
             return Err(self.sorted(Failure::Kafka(error), false));
         }
+        let mut queued = vec![0; small.len()];
         let outcome = outputs
             .into_iter()
-            .try_for_each(|output| self.send(output, deadline))
+            .try_for_each(|output| {
+                self.make_room(&output, small, &mut queued, deadline)?;
+                self.send(output, deadline)
+            })
             .and_then(|()| {
                 self.producer
                     .send_offsets_to_transaction(offsets, &group, remaining(deadline))
+                    .map_err(Failure::Kafka)
+            })
+            // Every output delivered (or failed) before the commit begins:
+            // outputs still undelivered at the deadline (a destination
+            // deleted, its partitions' leaders gone) then abort the
+            // transaction, where a commit that timed out in its own flush
+            // could be neither aborted nor known.
+            .and_then(|()| {
+                self.producer
+                    .flush(remaining(deadline))
                     .map_err(Failure::Kafka)
             })
             .and_then(|()| self.commit_until(deadline));
@@ -162,6 +188,34 @@ impl Transactor {
             Ok(()) => Ok(()),
             Err(failure) => Err(self.sorted(failure, true)),
         }
+    }
+
+    /// Before `output` is sent: if its destination is one of `small` and
+    /// the outputs queued to it since the last flush, with it, would make a
+    /// batch larger than the destination accepts, flushes first.
+    fn make_room(
+        &self,
+        output: &Output,
+        small: &[(Arc<str>, usize)],
+        queued: &mut [usize],
+        deadline: Instant,
+    ) -> Result<(), Failure> {
+        let Some(index) = small
+            .iter()
+            .position(|(topic, _)| **topic == *output.destination())
+        else {
+            return Ok(());
+        };
+        let limit = small[index].1;
+        // The framing of a record further into a batch (its timestamp and
+        // offset deltas) takes a few bytes more than the first's.
+        let bytes = limits::batch_bytes(output) + LATER_RECORD_MARGIN;
+        if queued[index] > 0 && limits::BATCH_OVERHEAD + queued[index] + bytes > limit {
+            self.producer.flush(remaining(deadline))?;
+            queued.fill(0);
+        }
+        queued[index] += bytes;
+        Ok(())
     }
 
     /// Hands one output to librdkafka, waiting for room in its queue until

@@ -2,10 +2,13 @@
 //! until a transaction commits them with their inputs' offsets.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use intake_core::PartitionKey;
 use intake_core::publish::Output;
+
+use super::limits::{self, Described, ProducerLimits, TopicLimits};
 
 /// Outputs waiting for the transaction that commits their input.
 ///
@@ -20,9 +23,13 @@ use intake_core::publish::Output;
 /// partition that finished late would leave outputs behind, and if the
 /// partition came back after another owner committed past them, the next
 /// transaction would produce them a second time.
-#[derive(Debug, Default)]
+///
+/// It also keeps what each destination accepts, and [`put`](Self::put)
+/// checks outputs against it under the same lock (see [`limits`]).
+#[derive(Debug)]
 pub(crate) struct OutputStore {
     state: Mutex<State>,
+    producer: ProducerLimits,
 }
 
 #[derive(Debug, Default)]
@@ -30,9 +37,50 @@ struct State {
     partitions: HashMap<PartitionKey, BTreeMap<i64, Vec<Output>>>,
     /// Absent: epoch 0. One number per partition ever owned.
     epochs: HashMap<PartitionKey, u64>,
+    /// What each destination accepts, as last read.
+    topics: HashMap<Arc<str>, Known>,
+}
+
+/// What a destination accepts, as last read, and until when to believe it.
+#[derive(Debug)]
+struct Known {
+    /// `None`: not read (the producer's limit alone applies).
+    limits: Option<TopicLimits>,
+    /// When to read it again.
+    until: Instant,
+    /// A read of it is under way.
+    reading: bool,
+}
+
+/// What [`OutputStore::put`] did with an input's outputs.
+#[derive(Debug)]
+pub(crate) enum Put {
+    /// Kept (or, for no outputs, any kept before dropped). A destination
+    /// to read again in the background, when one is due.
+    Kept { reread: Option<Arc<str>> },
+    /// Not kept: the partition was given up since the handler started.
+    Stale,
+    /// Not kept: the broker would refuse the output at `index`, to
+    /// `destination`.
+    Refused {
+        index: usize,
+        destination: Arc<str>,
+        reason: String,
+    },
+    /// Not kept yet: what this destination accepts must be read first;
+    /// the outputs are given back.
+    Unread(Arc<str>, Vec<Output>),
 }
 
 impl OutputStore {
+    /// A store for outputs of a producer with these limits.
+    pub(crate) fn new(producer: ProducerLimits) -> Self {
+        Self {
+            state: Mutex::default(),
+            producer,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
@@ -47,30 +95,97 @@ impl OutputStore {
 
     /// Keeps `outputs` as those of the input at `offset` of `partition`,
     /// replacing any it left before, if the partition's ownership epoch is
-    /// still `epoch`; returns whether it kept them.
+    /// still `epoch` and each output's destination takes it (as far as
+    /// this store knows what it takes: a destination not read yet gives
+    /// the outputs back, to be [learned](Self::learn) first).
     pub(crate) fn put(
         &self,
-        partition: PartitionKey,
+        partition: &PartitionKey,
         epoch: u64,
         offset: i64,
         outputs: Vec<Output>,
-    ) -> bool {
+    ) -> Put {
         let mut state = self.lock();
-        if state.epochs.get(&partition).copied().unwrap_or(0) != epoch {
-            return false;
+        if state.epochs.get(partition).copied().unwrap_or(0) != epoch {
+            return Put::Stale;
         }
-        let partitions = &mut state.partitions;
         if outputs.is_empty() {
-            if let Some(stored) = partitions.get_mut(&partition) {
+            if let Some(stored) = state.partitions.get_mut(partition) {
                 stored.remove(&offset);
             }
-            return true;
+            return Put::Kept { reread: None };
         }
-        partitions
-            .entry(partition)
+        let now = Instant::now();
+        let mut reread = None;
+        for (index, output) in outputs.iter().enumerate() {
+            let Some(known) = state.topics.get_mut(output.destination()) else {
+                let topic = Arc::clone(output.destination_shared());
+                return Put::Unread(topic, outputs);
+            };
+            if let Some(reason) = limits::refusal(output, self.producer, known.limits) {
+                return Put::Refused {
+                    index,
+                    destination: Arc::clone(output.destination_shared()),
+                    reason,
+                };
+            }
+            if reread.is_none() && !known.reading && now >= known.until {
+                known.reading = true;
+                reread = Some(Arc::clone(output.destination_shared()));
+            }
+        }
+        state
+            .partitions
+            .entry(partition.clone())
             .or_default()
             .insert(offset, outputs);
-        true
+        Put::Kept { reread }
+    }
+
+    /// Learns what `topic` accepts, as read now.
+    pub(crate) fn learn(&self, topic: &Arc<str>, described: &Described) {
+        let now = Instant::now();
+        let (limits, until) = match described {
+            Described::Known(limits) => (Some(*limits), now + limits::REFRESH),
+            Described::Unknown(_) => (None, now + limits::RETRY_UNKNOWN),
+        };
+        let mut state = self.lock();
+        let known = state.topics.entry(Arc::clone(topic)).or_insert(Known {
+            limits,
+            until,
+            reading: false,
+        });
+        // A destination that could not be read again keeps what was read
+        // before, if anything.
+        known.limits = limits.or(known.limits);
+        known.until = until;
+        known.reading = false;
+    }
+
+    /// Has every destination read again at its next output: the broker
+    /// refused a transaction for a record's sake, so what some destination
+    /// accepts may have changed.
+    pub(crate) fn reread_all(&self) {
+        let now = Instant::now();
+        for known in self.lock().topics.values_mut() {
+            known.until = known.until.min(now);
+        }
+    }
+
+    /// Destinations that refuse batches smaller than the producer builds,
+    /// with their limit: a transaction sends no more to one of them
+    /// between two flushes than a batch it accepts. Usually none (no
+    /// allocation then).
+    pub(crate) fn small_destinations(&self) -> Vec<(Arc<str>, usize)> {
+        let producer = self.producer.max_batch;
+        self.lock()
+            .topics
+            .iter()
+            .filter_map(|(topic, known)| {
+                let limit = known.limits?.max_batch;
+                (limit < producer).then(|| (Arc::clone(topic), limit))
+            })
+            .collect()
     }
 
     /// Forgets what the input at `offset` of `partition` left (it failed).
@@ -137,6 +252,25 @@ mod tests {
         Output::new("out", payload.to_owned())
     }
 
+    /// A store whose destination `out` has been read: 1,000 bytes at most.
+    fn store() -> OutputStore {
+        let store = OutputStore::new(ProducerLimits::of(&crate::KafkaSettings::new(
+            "127.0.0.1:9",
+        )));
+        store.learn(
+            &Arc::from("out"),
+            &Described::Known(TopicLimits {
+                max_batch: 1_000,
+                compacted: false,
+            }),
+        );
+        store
+    }
+
+    fn kept(put: Put) -> bool {
+        matches!(put, Put::Kept { .. })
+    }
+
     fn payloads(outputs: &[Output]) -> Vec<String> {
         outputs
             .iter()
@@ -146,11 +280,11 @@ mod tests {
 
     #[test]
     fn outputs_come_out_in_offset_order_and_only_below_the_commit() {
-        let store = OutputStore::default();
+        let store = store();
         let partition = PartitionKey::new("in", 0);
-        store.put(partition.clone(), 0, 7, vec![output("7a"), output("7b")]);
-        store.put(partition.clone(), 0, 3, vec![output("3")]);
-        store.put(partition.clone(), 0, 9, vec![output("9")]);
+        store.put(&partition, 0, 7, vec![output("7a"), output("7b")]);
+        store.put(&partition, 0, 3, vec![output("3")]);
+        store.put(&partition, 0, 9, vec![output("9")]);
         let mut taken = Vec::new();
         store.before(&partition, 8, &mut taken);
         assert_eq!(payloads(&taken), ["3", "7a", "7b"]);
@@ -163,29 +297,24 @@ mod tests {
 
     #[test]
     fn an_input_handled_again_replaces_its_outputs() {
-        let store = OutputStore::default();
+        let store = store();
         let partition = PartitionKey::new("in", 1);
-        store.put(
-            partition.clone(),
-            0,
-            4,
-            vec![output("first"), output("extra")],
-        );
-        store.put(partition.clone(), 0, 4, vec![output("second")]);
+        store.put(&partition, 0, 4, vec![output("first"), output("extra")]);
+        store.put(&partition, 0, 4, vec![output("second")]);
         let mut taken = Vec::new();
         store.before(&partition, 5, &mut taken);
         assert_eq!(payloads(&taken), ["second"]);
-        store.put(partition.clone(), 0, 4, Vec::new());
+        store.put(&partition, 0, 4, Vec::new());
         assert_eq!(store.len(), 0);
     }
 
     #[test]
     fn a_partition_given_up_leaves_nothing_behind() {
-        let store = OutputStore::default();
+        let store = store();
         let kept = PartitionKey::new("in", 0);
         let lost = PartitionKey::new("in", 1);
-        store.put(kept.clone(), 0, 1, vec![output("kept")]);
-        store.put(lost.clone(), 0, 1, vec![output("lost")]);
+        store.put(&kept, 0, 1, vec![output("kept")]);
+        store.put(&lost, 0, 1, vec![output("lost")]);
         store.remove(&kept, 2);
         store.forget(std::slice::from_ref(&lost));
         let mut taken = Vec::new();
@@ -201,19 +330,90 @@ mod tests {
     /// transaction again.
     #[test]
     fn a_late_handler_of_a_lost_partition_keeps_nothing() {
-        let store = OutputStore::default();
+        let store = store();
         let partition = PartitionKey::new("in", 0);
         let started_in = store.epoch(&partition);
         store.forget(std::slice::from_ref(&partition)); // lost
-        assert!(!store.put(partition.clone(), started_in, 5, vec![output("late")]));
+        assert!(matches!(
+            store.put(&partition, started_in, 5, vec![output("late")]),
+            Put::Stale
+        ));
         store.forget(std::slice::from_ref(&partition)); // assigned again
         let mut taken = Vec::new();
         store.before(&partition, i64::MAX, &mut taken);
         assert!(taken.is_empty(), "{:?}", payloads(&taken));
 
         let now = store.epoch(&partition);
-        assert!(store.put(partition.clone(), now, 9, vec![output("current")]));
+        assert!(kept(store.put(&partition, now, 9, vec![output("current")])));
         store.before(&partition, i64::MAX, &mut taken);
         assert_eq!(payloads(&taken), ["current"]);
+    }
+
+    #[test]
+    fn an_output_its_destination_refuses_is_not_kept_nor_are_the_others_of_its_input() {
+        let store = store();
+        let partition = PartitionKey::new("in", 0);
+        let refused = store.put(
+            &partition,
+            0,
+            3,
+            vec![output("small"), output(&"x".repeat(2_000))],
+        );
+        assert!(
+            matches!(&refused, Put::Refused { index: 1, reason, .. } if reason.contains("max.message.bytes")),
+            "{refused:?}"
+        );
+        assert_eq!(store.len(), 0);
+    }
+
+    #[test]
+    fn outputs_to_a_destination_not_read_yet_are_given_back_until_it_is() {
+        let store = store();
+        let partition = PartitionKey::new("in", 0);
+        let Put::Unread(topic, outputs) =
+            store.put(&partition, 0, 1, vec![Output::new("elsewhere", "x")])
+        else {
+            panic!("kept without knowing the destination");
+        };
+        assert_eq!(&*topic, "elsewhere");
+        assert_eq!(store.len(), 0);
+        store.learn(&topic, &Described::Unknown("no such topic".into()));
+        assert!(kept(store.put(&partition, 0, 1, outputs)));
+        assert!(
+            store
+                .small_destinations()
+                .iter()
+                .all(|(topic, _)| &**topic == "out")
+        );
+    }
+
+    #[test]
+    fn destinations_with_a_limit_below_the_producers_batch_are_listed() {
+        let store = store();
+        assert_eq!(store.small_destinations(), [(Arc::from("out"), 1_000)]);
+        store.learn(
+            &Arc::from("big"),
+            &Described::Known(TopicLimits {
+                max_batch: 2_000_000,
+                compacted: false,
+            }),
+        );
+        assert_eq!(store.small_destinations().len(), 1);
+    }
+
+    #[test]
+    fn a_destination_due_is_read_again_by_one_input_only() {
+        let store = store();
+        let partition = PartitionKey::new("in", 0);
+        store.reread_all();
+        let first = store.put(&partition, 0, 1, vec![output("a")]);
+        assert!(
+            matches!(&first, Put::Kept { reread: Some(topic) } if &**topic == "out"),
+            "{first:?}"
+        );
+        assert!(matches!(
+            store.put(&partition, 0, 2, vec![output("b")]),
+            Put::Kept { reread: None }
+        ));
     }
 }
