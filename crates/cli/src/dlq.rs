@@ -692,6 +692,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_replay_to_the_group_without_a_way_back_exits_3_and_names_to_origin() {
+        // The memory store knows no way back to one group alone.
+        let (broker, store) = store_with_three().await;
+        let all = Selection::Matching(Filter::all());
+        let refused = replay(&store, &all, &Redrive::to_group(), false)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.exit_code(), 3, "{refused}");
+        let report = refused.report(None);
+        for words in ["orders", "--to-origin", "every consumer group"] {
+            assert!(report.contains(words), "{report}");
+        }
+        assert_eq!(store.count(&Filter::all()).await.unwrap(), 3);
+        assert!(broker.messages("orders", 0, 0).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_replay_the_broker_refuses_exits_3() {
+        let (_broker, store) = store_with_three().await;
+        let all = Selection::Matching(Filter::all());
+        // No such topic: the memory publisher rejects it.
+        let refused = replay(&store, &all, &Redrive::to("nowhere"), false)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.exit_code(), 3, "{}", refused.report(None));
+        assert_eq!(store.count(&Filter::all()).await.unwrap(), 3);
+    }
+
+    #[tokio::test]
     async fn purge_asks_first_and_deletes_nothing_when_declined() {
         let (_broker, store) = store_with_three().await;
         let permanent = Selection::Matching(Filter::all().with_class(ErrorClass::Permanent));

@@ -549,13 +549,14 @@ where
 
 /// `intake dlq` on a group's dead letters after a run with poison: counted
 /// by class, listed, one shown and then purged by id, a dry run moves
-/// nothing, a replay moves the others back, the count is zero, and the
-/// next run (`after_replay`, told how many ids to wait for) handles
-/// exactly the replayed ids.
+/// nothing, a replay (`dlq replay` with `replay_to`) moves the others back,
+/// the count is zero, and the next run (`after_replay`, told how many ids
+/// to wait for) handles exactly the replayed ids.
 async fn dlq_count_replay_count_zero<F>(
     broker: &str,
     source: &str,
     group: &str,
+    replay_to: &[&str],
     after_replay: impl FnOnce(usize) -> F,
 ) where
     F: std::future::Future<Output = Vec<(u64, u32)>>,
@@ -610,11 +611,12 @@ async fn dlq_count_replay_count_zero<F>(
     assert_eq!(purged.json()["purged"], 1, "{}", purged.stdout);
     let left = POISON.len() - 1;
 
-    let dry = run(command(&["dlq", "replay", "--dry-run", "--json"])).await;
+    let replay = [&["dlq", "replay", "--json"][..], replay_to].concat();
+    let dry = run(command(&[&replay[..], &["--dry-run"]].concat())).await;
     dry.assert_code(0);
     assert_eq!(dry.json()["redriven"], left, "{}", dry.stdout);
     assert_eq!(dry.json()["by_class"]["permanent"], left, "{}", dry.stdout);
-    let replayed = run(command(&["dlq", "replay", "--json"])).await;
+    let replayed = run(command(&replay)).await;
     replayed.assert_code(0);
     assert_eq!(replayed.json()["redriven"], left, "{}", replayed.stdout);
     assert_eq!(replayed.json()["dry_run"], false);
@@ -678,7 +680,9 @@ async fn redis_dlq_count_after_poison_then_replay_then_zero() {
         consume(second.clone(), until).await;
         second.lock().unwrap().clone()
     };
-    dlq_count_replay_count_zero(REDIS, &stream, group, after_replay).await;
+    // The test's consumer reads no return stream: the replay goes to the
+    // origin, which this group alone reads.
+    dlq_count_replay_count_zero(REDIS, &stream, group, &["--to-origin"], after_replay).await;
 
     let _: () = redis::cmd("DEL")
         .arg(&stream)
@@ -756,7 +760,8 @@ async fn amqp_dlq_count_after_poison_then_replay_then_zero() {
         consume(second.clone(), until).await;
         second.lock().unwrap().clone()
     };
-    dlq_count_replay_count_zero(AMQP, &queue, "any", after_replay).await;
+    // A queue is its consumers' own: a replay to the group goes back to it.
+    dlq_count_replay_count_zero(AMQP, &queue, "any", &[], after_replay).await;
 
     for name in [&queue, &dead_letters] {
         let _ = channel
@@ -821,7 +826,7 @@ async fn nats_dlq_count_after_poison_then_replay_then_zero() {
         consume(second.clone(), until).await;
         second.lock().unwrap().clone()
     };
-    dlq_count_replay_count_zero(NATS, &stream, group, after_replay).await;
+    dlq_count_replay_count_zero(NATS, &stream, group, &["--to-origin"], after_replay).await;
 
     for name in [
         stream.clone(),
@@ -893,7 +898,14 @@ async fn kafka_dlq_count_after_poison_then_replay_then_zero() {
         consume(second.clone(), until).await;
         second.lock().unwrap().clone()
     };
-    dlq_count_replay_count_zero(&format!("kafka://{KAFKA}"), &topic, &group, after_replay).await;
+    dlq_count_replay_count_zero(
+        &format!("kafka://{KAFKA}"),
+        &topic,
+        &group,
+        &["--to-origin"],
+        after_replay,
+    )
+    .await;
 
     let dead_letters = format!("{topic}.{group}.dlq");
     let removed = format!("{dead_letters}{}", intake_kafka::REMOVED_SUFFIX);
@@ -1499,4 +1511,161 @@ async fn amqp_says_when_letters_are_beyond_one_pass() {
     assert_eq!(left.json()["total"], 3, "{}", left.stdout);
     assert!(left.stderr.is_empty(), "{}", left.stderr);
     amqp_delete(&[&queue, &format!("{queue}.dlq")]).await;
+}
+
+/// The high watermark of partition 0 of `topic`: how many records were
+/// ever produced to it.
+fn kafka_end(topic: &str) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", KAFKA)
+        .create()
+        .unwrap();
+    consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .unwrap()
+        .1
+}
+
+#[tokio::test]
+async fn kafka_default_replay_never_reaches_another_group() {
+    if !broker_listens("kafka group replay", KAFKA) {
+        return;
+    }
+    let (topic, group) = kafka_dead_letters("group", 3).await;
+    let broker = format!("kafka://{KAFKA}");
+    let target = ["--broker", &broker, "--source", &topic, "--group", &group];
+    let before = kafka_end(&topic);
+    // Every other group of the topic would handle a record produced to
+    // it: by default a replay goes to this group alone, or nowhere.
+    let run = intake(&[&["dlq", "replay"][..], &target[..]].concat()).await;
+    assert_eq!(
+        kafka_end(&topic),
+        before,
+        "a default replay reached every group of {topic}: {:?}\n{}{}",
+        run.code,
+        run.stdout,
+        run.stderr
+    );
+    if run.code == Some(3) {
+        // No way back to the group alone: the command says what to do.
+        assert!(run.stderr.contains("--to-origin"), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("every consumer group"),
+            "{}",
+            run.stderr
+        );
+        let counted = intake(&[&["dlq", "count", "--json"][..], &target[..]].concat()).await;
+        assert_eq!(counted.json()["total"], 3, "{}", counted.stdout);
+    } else {
+        run.assert_code(0);
+    }
+    let to_origin =
+        intake(&[&["dlq", "replay", "--json", "--to-origin"][..], &target[..]].concat()).await;
+    to_origin.assert_code(0);
+    assert_eq!(kafka_end(&topic), before + 3, "{}", to_origin.stdout);
+}
+
+#[tokio::test]
+async fn replay_help_says_who_handles_a_replay() {
+    let help = intake(&["dlq", "replay", "--help"]).await;
+    help.assert_code(0);
+    for words in ["--to-origin", "every consumer group", "alone"] {
+        assert!(help.stdout.contains(words), "{words}: {}", help.stdout);
+    }
+    let help = intake(&["dlq", "purge", "--help"]).await;
+    help.assert_code(0);
+    assert!(help.stdout.contains("Redis"), "{}", help.stdout);
+}
+
+#[tokio::test]
+async fn redis_group_scopes_count_list_purge_and_replay() {
+    if !broker_listens("redis group scope", "127.0.0.1:6379") {
+        return;
+    }
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::{DeadLetter, Message, Metadata, Position};
+    use intake_redis_streams::RedisStreamsSource;
+
+    // Two groups of one stream: their letters share `STREAM:dlq`.
+    let stream = unique("scope");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("payload")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    for (group, letters) in [("billing", 2), ("shipping", 3)] {
+        let source = RedisStreamsSource::builder(REDIS)
+            .stream(stream.as_str())
+            .group(group)
+            .consumer("c1")
+            .build()
+            .await
+            .expect("the source");
+        let sink = source.dead_letter_sink().build().await.expect("the sink");
+        for n in 0..letters {
+            let message = Message::new(
+                format!("{group} {n}"),
+                Metadata::new(stream.as_str().into(), 0, Position::Offset(n)),
+            );
+            sink.write(&DeadLetter::new(message, format!("poison {n}"), 1))
+                .await
+                .expect("a letter written");
+        }
+    }
+    let of = |group: &'static str, words: &'static [&'static str]| {
+        let stream = stream.clone();
+        async move {
+            let args = [
+                words,
+                &["--broker", REDIS, "--source", &stream, "--group", group],
+            ]
+            .concat();
+            intake(&args).await
+        }
+    };
+    let total = |run: Run| {
+        run.assert_code(0);
+        run.json()["total"].clone()
+    };
+    assert_eq!(total(of("billing", &["dlq", "count", "--json"]).await), 2);
+    assert_eq!(total(of("shipping", &["dlq", "count", "--json"]).await), 3);
+    let listed = of("shipping", &["dlq", "list", "--json"]).await;
+    listed.assert_code(0);
+    let groups: Vec<Value> = listed.json()["letters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|letter| letter["letter"]["group"].clone())
+        .collect();
+    assert_eq!(
+        groups,
+        vec![Value::from("shipping"); 3],
+        "{}",
+        listed.stdout
+    );
+
+    let purged = of("billing", &["dlq", "purge", "--yes", "--json"]).await;
+    purged.assert_code(0);
+    assert_eq!(purged.json()["purged"], 2, "{}", purged.stdout);
+    assert_eq!(total(of("shipping", &["dlq", "count", "--json"]).await), 3);
+
+    let replayed = of("shipping", &["dlq", "replay", "--to-origin", "--json"]).await;
+    replayed.assert_code(0);
+    assert_eq!(replayed.json()["redriven"], 3, "{}", replayed.stdout);
+    assert_eq!(total(of("billing", &["dlq", "count", "--json"]).await), 0);
+    assert_eq!(total(of("shipping", &["dlq", "count", "--json"]).await), 0);
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(format!("{stream}:dlq"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 }
