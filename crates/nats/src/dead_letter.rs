@@ -21,6 +21,25 @@
 //! `max_payload` is rejected, so the dead-letter layer writes its
 //! reference letter instead.
 //!
+//! # Reference letters and the stream's retention
+//!
+//! A reference letter has no payload: the original must stay where it
+//! is. The sink reads the consumed stream's retention when it is built:
+//!
+//! - **limits** (the default): a terminated message stays stored until the
+//!   stream's limits (`max_age`, `max_msgs`, `max_bytes`) remove it. The
+//!   reference letter is written, its error text saying where the original
+//!   is (stream and sequence) and for how long, and the original is
+//!   terminated.
+//! - **work-queue** or **interest**: the server deletes a message once it
+//!   is acknowledged or terminated (on interest, once every consumer did),
+//!   so after a reference letter the payload would be nowhere. The sink
+//!   refuses such a reference (`DeadLetterError::rejected`): the
+//!   dead-letter layer's fallback decides, by default the message is left
+//!   unacknowledged and delivered again, logged at error, until an
+//!   operator moves it or the letter fits (review R11). The same holds for
+//!   a retention the sink could not read.
+//!
 //! # The broker's name
 //!
 //! A letter says `nats` as its origin's broker ([`Broker::Nats`]), its
@@ -222,6 +241,13 @@ impl NatsDeadLetterSinkBuilder {
                 name
             }
         };
+        let origin_retention = match context.get_stream(&self.source_stream).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => OriginRetention::of(info.config.retention),
+                Err(error) => OriginRetention::unknown(&self.source_stream, &error),
+            },
+            Err(error) => OriginRetention::unknown(&self.source_stream, &error),
+        };
         let mut carrier = Carrier::keyless(Broker::Nats);
         if let Some(consumer) = &self.consumer {
             carrier = carrier.with_group(consumer.as_str());
@@ -232,6 +258,7 @@ impl NatsDeadLetterSinkBuilder {
             stream,
             carrier,
             source_stream: self.source_stream.as_str().into(),
+            origin_retention,
             deliveries: self.deliveries,
             counters: self.counters,
             terms: tokio::sync::Mutex::new(Confirmations::new(self.connection.client.clone())),
@@ -239,6 +266,38 @@ impl NatsDeadLetterSinkBuilder {
             endpoint,
             confirm_timeout: self.confirm_timeout,
         })
+    }
+}
+
+/// Whether the consumed stream keeps a message once it is terminated: what
+/// a reference letter relies on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OriginRetention {
+    /// Limits retention: kept until the stream's limits remove it.
+    Keeps,
+    /// Work-queue or interest retention (named), or a retention the sink
+    /// could not read: deleted once acknowledged or terminated, as far as
+    /// the sink knows.
+    Deletes(&'static str),
+}
+
+impl OriginRetention {
+    fn of(retention: jetstream::stream::RetentionPolicy) -> Self {
+        match retention {
+            jetstream::stream::RetentionPolicy::Limits => Self::Keeps,
+            jetstream::stream::RetentionPolicy::WorkQueue => Self::Deletes("work-queue"),
+            jetstream::stream::RetentionPolicy::Interest => Self::Deletes("interest"),
+        }
+    }
+
+    fn unknown(stream: &str, error: &dyn std::fmt::Display) -> Self {
+        tracing::warn!(
+            %stream,
+            %error,
+            "could not read the consumed stream's retention: reference letters for its messages \
+             are refused (their original may be deleted once terminated)"
+        );
+        Self::Deletes("unknown")
     }
 }
 
@@ -251,6 +310,7 @@ pub struct NatsDeadLetterSink {
     stream: String,
     carrier: Carrier,
     source_stream: SourceName,
+    origin_retention: OriginRetention,
     deliveries: Arc<Deliveries>,
     counters: Arc<Counters>,
     terms: tokio::sync::Mutex<Confirmations>,
@@ -289,6 +349,8 @@ impl NatsDeadLetterSink {
         let (headers, header_bytes) = match header_bytes > MAX_HEADER_BYTES {
             false => (headers, header_bytes),
             true => {
+                let noted = self.reduced_note(letter);
+                let letter = noted.as_ref().unwrap_or(letter);
                 let reduced = Envelope::new(letter, &self.carrier).reduced(REDUCED_ERROR_BYTES);
                 let (headers, header_bytes) = self.headers(&reduced)?;
                 if header_bytes > MAX_HEADER_BYTES {
@@ -423,9 +485,94 @@ fn header_value(bytes: &[u8], escape: bool) -> Option<HeaderValue> {
     text.replace('\r', "\\r").replace('\n', "\\n").parse().ok()
 }
 
+/// `error` followed by `note`, in at most [`DeadLetter::ERROR_LIMIT`]
+/// bytes: the error is cut (at a character boundary) to make room.
+fn with_note(error: &str, note: &str) -> String {
+    let room = DeadLetter::ERROR_LIMIT.saturating_sub(note.len() + 1);
+    let mut end = error.len().min(room);
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} {note}", &error[..end])
+}
+
+impl NatsDeadLetterSink {
+    /// `letter`, of a message of the consumed stream, with a note (first,
+    /// so that the reduced letter's cut keeps it) of where the original
+    /// headers it leaves out are: with the original while the stream's
+    /// limits keep it, or lost on a stream that deletes it once terminated.
+    fn reduced_note(&self, letter: &DeadLetter) -> Option<DeadLetter> {
+        let metadata = letter.message.metadata();
+        if letter.origin.is_some() || metadata.source() != &self.source_stream {
+            return None;
+        }
+        let note = match self.origin_retention {
+            OriginRetention::Keeps => format!(
+                "[a reduced letter: the original headers did not fit; they stay with the original \
+                 in stream `{}` at sequence {} while the stream's limits keep it]",
+                self.source_stream,
+                metadata.position()
+            ),
+            OriginRetention::Deletes(retention) => format!(
+                "[a reduced letter: the original headers did not fit and are not kept anywhere: \
+                 the stream's retention ({retention}) deletes the original once it is terminated]"
+            ),
+        };
+        let mut noted = letter.clone();
+        noted.error = format!("{note} {}", letter.error);
+        Some(noted)
+    }
+
+    /// A reference letter for a message of the consumed stream, as it may
+    /// be written: with a note of where its original stays, on a stream
+    /// that keeps it; refused on one that deletes it once terminated.
+    fn reference(&self, letter: &DeadLetter) -> Result<Option<DeadLetter>, DeadLetterError> {
+        let metadata = letter.message.metadata();
+        if letter.reference.is_none()
+            || letter.origin.is_some()
+            || metadata.source() != &self.source_stream
+        {
+            return Ok(None);
+        }
+        match self.origin_retention {
+            OriginRetention::Keeps => {
+                let mut noted = letter.clone();
+                noted.error = with_note(
+                    &letter.error,
+                    &format!(
+                        "[a reference letter: the letter did not fit the dead-letter subject; the \
+                         original stays in stream `{}` at sequence {} while the stream's limits keep it]",
+                        self.source_stream,
+                        metadata.position()
+                    ),
+                );
+                Ok(Some(noted))
+            }
+            OriginRetention::Deletes(retention) => {
+                tracing::error!(
+                    stream = %self.source_stream,
+                    position = %metadata.position(),
+                    retention,
+                    "a reference letter is refused: the stream deletes the original once it is \
+                     terminated, so the payload would be nowhere; the message stays in the stream"
+                );
+                Err(DeadLetterError::rejected(format!(
+                    "a reference letter for sequence {} of stream `{}` is refused: its retention \
+                     ({retention}) deletes the original once it is terminated, and the letter \
+                     itself does not fit",
+                    metadata.position(),
+                    self.source_stream
+                )))
+            }
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl DeadLetterSink for NatsDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+        let noted = self.reference(letter)?;
+        let letter = noted.as_ref().unwrap_or(letter);
         let (headers, payload) = self.message(letter)?;
         let published = tokio::time::timeout(self.confirm_timeout, async {
             self.context

@@ -249,8 +249,9 @@ async fn too_large_for_a_letter(
         },
     )
     .await;
-    // A letter written, or not: the outcome of the last call settles.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A letter written, or not: the outcome of the last call settles (and
+    // the next delivery, past `max_deliveries`, is the source's to write).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     running.stop().await;
     let letters = intake_core::backend::testkit::Backend::dead_letters(backend, stream, "g")
         .await
@@ -271,11 +272,13 @@ async fn a_letter_too_large_on_a_work_queue_stream_never_leaves_only_a_reference
         return;
     };
     let stream = support::unique("workq");
+    // Five calls: the source's `max_deliveries` (5) is used up, and the
+    // source's own dead letter (delivery 6) meets the same refusal.
     let (letters, stored) = too_large_for_a_letter(
         &backend,
         &stream,
         jetstream::stream::RetentionPolicy::WorkQueue,
-        2,
+        5,
     )
     .await;
     let references: Vec<&DeadLetter> = letters
@@ -317,5 +320,125 @@ async fn a_reference_letter_on_a_limits_stream_says_the_original_stays_while_the
             .contains(&format!("stays in stream `{stream}` at sequence 1")),
         "{}",
         letter.error
+    );
+}
+
+/// The source's own dead letter (past `max_deliveries`, without a
+/// dead-letter layer) of a message whose letter does not fit becomes a
+/// reference too, as under the layer, on a stream that keeps the original.
+/// Before, the source gave the delivery back after `ack_wait` and tried
+/// the same letter again, forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_own_letter_too_large_becomes_a_reference() {
+    let Some(backend) = NatsBackend::new("the source's reference").await else {
+        return;
+    };
+    let stream = support::unique("srcref");
+    create_stream_with(
+        backend.client(),
+        &stream,
+        jetstream::stream::RetentionPolicy::Limits,
+    )
+    .await;
+    let max_payload = backend.client().server_info().max_payload;
+    support::produce(
+        backend.client(),
+        &stream,
+        vec![intake_core::backend::testkit::TestMessage::new(
+            "k",
+            "p".repeat(max_payload - 300),
+        )],
+    )
+    .await
+    .expect("produce");
+    let source = backend
+        .source(&stream, "g")
+        .max_deliveries(2)
+        .build()
+        .await
+        .expect("source");
+    let counters = source.counters();
+    let acker = source.acker();
+    let handler = tower::service_fn(|_: Message| async {
+        Err::<(), _>(intake_core::HandlerError::retryable("not yet"))
+    });
+    let running = support::Running::start(
+        intake_core::Consumer::builder()
+            .ordering(intake_core::DeliveryOrder::Unordered)
+            .backoff(intake_core::Disabled),
+        source,
+        acker,
+        handler,
+    );
+    support::wait_until("the source's letter", Duration::from_secs(30), || {
+        counters.source_dead_letters() >= 1
+    })
+    .await;
+    running.stop().await;
+    let letters = intake_core::backend::testkit::Backend::dead_letters(&backend, &stream, "g")
+        .await
+        .expect("read back");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].reference.is_some(), "{:?}", letters[0]);
+    assert!(
+        letters[0].error.contains("max_deliveries = 2")
+            && letters[0].error.contains("stays in stream"),
+        "{}",
+        letters[0].error
+    );
+    assert_eq!(counters.terms(), 1);
+}
+
+/// A letter whose headers do not fit JetStream's 64 KiB is written without
+/// the original headers; on a work-queue stream the original goes once
+/// terminated, and the letter says those headers are not kept anywhere
+/// (on a limits stream it says they stay with the original:
+/// `tests/hostile_records.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduced_letter_on_a_work_queue_stream_says_the_left_out_headers_are_not_kept() {
+    let Some(backend) = NatsBackend::new("reduced on a work queue").await else {
+        return;
+    };
+    let stream = support::unique("workqh");
+    create_stream_with(
+        backend.client(),
+        &stream,
+        jetstream::stream::RetentionPolicy::WorkQueue,
+    )
+    .await;
+    let mut poison = intake_core::backend::testkit::TestMessage::new("k", "poison");
+    poison.headers = [(
+        "X-Huge",
+        "h".repeat(intake_nats::MAX_DEAD_LETTER_HEADER_BYTES - 200),
+    )]
+    .into_iter()
+    .collect::<Headers>();
+    support::produce(backend.client(), &stream, vec![poison])
+        .await
+        .expect("produce");
+    let source = backend.source(&stream, "g").build().await.expect("source");
+    let acker = source.acker();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let handled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = tower::ServiceBuilder::new()
+        .layer(intake_core::DeadLetterLayer::new(sink))
+        .service(fails_all_but_ok(handled.clone()));
+    let running = support::Running::start(intake_core::Consumer::builder(), source, acker, handler);
+    support::wait_until("settled", Duration::from_secs(30), || {
+        handled.load(std::sync::atomic::Ordering::Relaxed) >= 1
+            && support::block_on_unacknowledged(backend.client(), &stream, "g") == 0
+    })
+    .await;
+    running.stop().await;
+    let letters = intake_core::backend::testkit::Backend::dead_letters(&backend, &stream, "g")
+        .await
+        .expect("read back");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(&letters[0].message.payload()[..], b"poison");
+    assert_eq!(letters[0].headers_omitted, 1);
+    assert!(
+        letters[0].error.contains("not kept anywhere") && letters[0].error.contains("work-queue"),
+        "{}",
+        letters[0].error
     );
 }

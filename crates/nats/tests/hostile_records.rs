@@ -159,6 +159,13 @@ async fn headers_at_jetstreams_limit_are_delivered_whole_and_their_letter_is_wri
     );
     assert!(letter.message.headers().get("X-Huge").is_none());
     assert!(letter.reference.is_none());
+    assert!(
+        letter
+            .error
+            .contains("they stay with the original in stream"),
+        "the letter says where the headers it leaves out are: {}",
+        letter.error
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -554,8 +554,23 @@ impl NatsSource {
             let Some(sink) = &self.own_sink else {
                 return;
             };
-            // The sink terms the original once the letter is confirmed.
-            match sink.write(&letter).await {
+            // The sink terms the original once the letter is confirmed. A
+            // letter the destination cannot take as it is (over
+            // `max_payload`) becomes a reference, as under the dead-letter
+            // layer; the sink refuses that too where the stream would
+            // delete the original.
+            let written = match sink.write(&letter).await {
+                Err(error) if error.is_rejected() => {
+                    tracing::warn!(
+                        sequence,
+                        %error,
+                        "a message past max_deliveries does not fit the dead-letter subject; writing a reference to it"
+                    );
+                    sink.write(&letter.to_reference()).await
+                }
+                written => written,
+            };
+            match written {
                 Ok(()) => {
                     self.counters.add_source_dead_letter();
                     tracing::warn!(
