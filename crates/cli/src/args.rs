@@ -51,8 +51,11 @@ pub struct Target {
     /// The topic, stream or queue.
     #[arg(long, value_name = "NAME")]
     pub source: String,
-    /// The consumer group (RabbitMQ: ignored, the queue is the group;
-    /// NATS: the durable consumer).
+    /// The consumer group: on Kafka and Redis the group, on NATS the
+    /// durable consumer; RabbitMQ has none (the consumers of a queue share
+    /// it), any name will do. `dlq` reads this group's letters only: on
+    /// Kafka and NATS its own topic or subject, on Redis its letters of the
+    /// stream every group shares (`SOURCE:dlq`), on RabbitMQ the queue's.
     #[arg(long, value_name = "GROUP")]
     pub group: String,
     /// Longest wait for the broker, per query, connecting included.
@@ -115,8 +118,15 @@ pub enum DlqCommand {
         /// The letter's id, as `list` shows it.
         id: String,
     },
-    /// Publish the letters' messages again (to their source, or `--to`),
-    /// removing each letter once its publish is confirmed.
+    /// Publish the letters' messages again for the group to handle (or,
+    /// with `--to-origin`, every group of their source), removing each
+    /// letter once its publish is confirmed.
+    ///
+    /// By default a message goes back to GROUP alone: through the group's
+    /// own way back in, which no other group reads (RabbitMQ: the queue it
+    /// came from, which is the group's). A backend that has none for the
+    /// group refuses (exit 3) and replays nothing: a topic, stream or
+    /// subject is read by every consumer group of it.
     Replay {
         /// Broker, source, group and output.
         #[command(flatten)]
@@ -130,7 +140,13 @@ pub enum DlqCommand {
         /// Only these letters (repeat the option); the filters then do not apply.
         #[arg(long = "id", value_name = "ID", conflicts_with_all = ["class", "since", "until", "key"])]
         ids: Vec<String>,
-        /// Publish to this destination instead of each message's source.
+        /// Publish each message back to its source (topic, stream, subject,
+        /// queue), where EVERY consumer group of it handles it again, not
+        /// GROUP alone: for letters that all of them should see again.
+        #[arg(long, conflicts_with = "to")]
+        to_origin: bool,
+        /// Publish to this destination instead (every consumer of it
+        /// handles the messages).
         #[arg(long, value_name = "DESTINATION")]
         to: Option<String>,
         /// Skip letters whose message was replayed this often already.

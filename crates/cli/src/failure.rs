@@ -62,6 +62,10 @@ pub enum Failure {
     /// The broker knows nothing of what was asked.
     #[error("{0}")]
     NotFound(String),
+    /// What was asked cannot be done as asked (a replay to a group that
+    /// has no way back of its own); the text says what to do instead.
+    #[error("{0}")]
+    NotPossible(String),
     /// The command exists, but not for this broker yet.
     #[allow(
         dead_code,
@@ -102,7 +106,9 @@ impl Failure {
         match self {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Unavailable { .. } | Failure::TimedOut { .. } => EXIT_UNAVAILABLE,
-            Failure::Refused { .. } | Failure::NotFound(_) => EXIT_REFUSED,
+            Failure::Refused { .. } | Failure::NotFound(_) | Failure::NotPossible(_) => {
+                EXIT_REFUSED
+            }
             Failure::Unsupported { .. } => EXIT_UNSUPPORTED,
             Failure::NotConfirmed => EXIT_NOT_CONFIRMED,
         }
@@ -167,6 +173,7 @@ mod tests {
                 3,
             ),
             (Failure::NotFound("n".into()), 3),
+            (Failure::NotPossible("n".into()), 3),
             (
                 Failure::Unsupported {
                     command: "dlq count".into(),

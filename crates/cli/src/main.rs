@@ -5,7 +5,7 @@
 //! intake dlq count  --broker URL --source NAME --group GROUP [FILTERS] [--json]
 //! intake dlq list   --broker URL --source NAME --group GROUP [FILTERS] [--limit N] [--after ID] [--json]
 //! intake dlq show   --broker URL --source NAME --group GROUP ID [--json]
-//! intake dlq replay --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--to DEST] [--max-replays N] [--dry-run] [--json]
+//! intake dlq replay --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--to-origin | --to DEST] [--max-replays N] [--dry-run] [--json]
 //! intake dlq purge  --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--dry-run] [--yes] [--json]
 //! ```
 //!
@@ -43,7 +43,20 @@
 //! message again and removes the letter only once the broker confirmed the
 //! publish; a letter replayed `--max-replays` times already (3 by default)
 //! is skipped, so a message that fails on every replay does not circle for
-//! ever. `--dry-run` on `replay` and `purge` moves nothing and shows the
+//! ever.
+//!
+//! A replay goes back to GROUP alone by default (`Redrive::to_group`):
+//! through the group's own way back in, which no other group reads (on
+//! RabbitMQ the queue the letter came from, which is the group's). A topic,
+//! stream or subject is read by every consumer group of it, so where the
+//! store knows no way back for the group alone it refuses with exit code 3,
+//! replays nothing of that origin, and says so: `--to-origin` then
+//! publishes each message back to its source, where **every** consumer
+//! group of it handles it again, which must be meant; `--to DEST` publishes
+//! to another destination. A replay the broker refuses (the origin queue
+//! or topic is gone, a message too large, not allowed) stops with exit code
+//! 3, the letters not confirmed still in the store; one it did not confirm
+//! in time stops with 1. `--dry-run` on `replay` and `purge` moves nothing and shows the
 //! counts per error class. `purge` asks on the terminal first; with stdin
 //! not a terminal it refuses unless `--yes` is given. A purge by filter
 //! deletes exactly the letters it counted when it asked (it lists them
@@ -80,7 +93,7 @@
 //! | 0 | done |
 //! | 1 | the broker could not be reached, did not answer within `--timeout`, or the connection broke: trying again later may succeed |
 //! | 2 | usage: wrong arguments or an unusable `--broker` URL |
-//! | 3 | the broker refused or knows nothing of what was asked (unknown source, group, queue or consumer, letter id; a permission): trying again will not help until something changes |
+//! | 3 | the broker refused or knows nothing of what was asked (unknown source, group, queue or consumer, letter id; a permission; a replay it refused), or a replay to the group has no way back to the group alone: trying again will not help until something changes |
 //! | 4 | the command is not supported yet for this broker (`intake dlq` where the backend has no dead-letter store yet) |
 //! | 5 | a purge was not confirmed at the prompt: nothing was deleted |
 //!
@@ -205,15 +218,19 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
         DlqCommand::Replay {
             filter,
             ids,
+            to_origin,
             to,
             max_replays,
             dry_run,
             ..
         } => {
             let selection = selection(ids, filter);
-            let mut redrive = match to {
-                Some(destination) => Redrive::to(destination.as_str()),
-                None => Redrive::to_origin(),
+            let mut redrive = match (to, to_origin) {
+                (Some(destination), _) => Redrive::to(destination.as_str()),
+                (None, true) => Redrive::to_origin(),
+                // The group alone: what "replay these letters" means for the
+                // group named; every other group of the origin is left out.
+                (None, false) => Redrive::to_group(),
             }
             .dry_run(*dry_run)
             .max_replays(*max_replays);
