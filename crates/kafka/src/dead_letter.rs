@@ -1,6 +1,6 @@
 //! [`KafkaDeadLetterSink`]: poison messages to a dead-letter topic.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,9 +8,9 @@ use std::borrow::Cow;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{
-    DeadLetter, Metadata,
+    DeadLetter, FirstDelivery,
     backend::{DeadLetterError, DeadLetterSink},
-    parking::ORIGIN,
+    parking::{ORIGIN, first_delivery_of},
 };
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -56,21 +56,33 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 ///
 /// A parked copy that came back through its group's return topic
 /// (`{topic}.{group}.returned`, see [`KafkaParking`](crate::KafkaParking))
-/// is a dead letter of the topic it was first consumed from, named in its
-/// `intake.park.origin` header: it goes to that topic's dead-letter topic,
-/// and its origin names that topic (with the partition and offset of the
-/// copy, where it is). The header is followed only to one of the
-/// [consumed topics](KafkaDeadLetterSinkBuilder::consumed_topics): a
-/// producer cannot direct letters anywhere else.
+/// is a dead letter of its **first delivery**: it goes to the dead-letter
+/// topic of the topic it was first consumed from, and its origin names that
+/// topic, partition and offset (the park headers
+/// [`ORIGIN`],
+/// [`ORIGIN_PARTITION`](intake_core::parking::ORIGIN_PARTITION),
+/// [`ORIGIN_POSITION`](intake_core::parking::ORIGIN_POSITION), or the
+/// [`parked_from`](intake_core::Metadata::parked_from) a parking layer
+/// inside set): the letter points at the original record, where a replay's
+/// exactly-once marker knows it. The headers are believed only on a record
+/// read from a return topic of the topic they name (the source's
+/// [parking](crate::KafkaSourceBuilder::parking), or a consumed topic named
+/// `{topic}.{group}.returned` for another consumed topic): a producer
+/// cannot direct letters anywhere else, nor make a letter name another
+/// record. A copy parked by an earlier version, without the partition and
+/// offset headers, goes to the origin's dead-letter topic naming where it
+/// is: its return topic, partition and offset.
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     producer: FutureProducer,
     topics: Arc<TopicCheck>,
     carrier: Arc<Carrier>,
     group: Arc<str>,
-    /// The topics the consumer reads: the only origins a parked copy's
-    /// header may name.
+    /// The topics the consumer reads, which no letter may go to.
     consumed: Arc<HashSet<String>>,
+    /// The return topics the consumer reads, with the origin whose copies
+    /// come back there: the only records whose park headers are believed.
+    returns: Arc<HashMap<String, String>>,
     template: Arc<str>,
     queue_timeout: Duration,
     brokers: Arc<str>,
@@ -108,6 +120,8 @@ pub struct KafkaDeadLetterSinkBuilder {
     group: String,
     /// Topics the consumer reads, which no dead letter may go to.
     consumed: Vec<String>,
+    /// Return topics the consumer reads, with their origins.
+    returns: Vec<(String, String)>,
     template: String,
     delivery_timeout: Duration,
     create_missing: bool,
@@ -127,6 +141,7 @@ impl KafkaDeadLetterSink {
             settings,
             group: group.into(),
             consumed: Vec::new(),
+            returns: Vec::new(),
             template: DEFAULT_TOPIC_TEMPLATE.into(),
             delivery_timeout: Duration::from_secs(30),
             create_missing: true,
@@ -140,30 +155,35 @@ impl KafkaDeadLetterSink {
         resolve(&self.template, topic, &self.group)
     }
 
-    /// The topic `letter` is a dead letter of: the origin its parked copy
-    /// names when that is another topic this consumer reads, otherwise the
-    /// topic it was consumed from.
-    fn origin_of<'a>(&self, letter: &'a DeadLetter) -> Option<&'a str> {
+    /// Where `letter`'s message was first delivered, when it is a parked
+    /// copy that came back and that first delivery is believed: the
+    /// [`parked_from`](intake_core::Metadata::parked_from) a parking layer
+    /// set, or the park headers of a record read from a return topic of the
+    /// origin they name. `Err(origin)` for such a copy parked by an
+    /// earlier version, which names its origin topic only.
+    fn first_delivery(&self, letter: &DeadLetter) -> Option<Result<FirstDelivery, String>> {
         let message = &letter.message;
-        let consumed: &str = message.metadata().source();
-        let origin = message.headers().get(ORIGIN)?;
-        // The header comes from whoever wrote the record: only a topic this
-        // consumer reads may receive its letters.
-        let known = std::str::from_utf8(origin)
-            .ok()
-            .filter(|origin| origin.len() <= MAX_TOPIC_NAME && self.consumed.contains(*origin));
-        match known {
-            Some(origin) if origin != consumed => Some(origin),
-            Some(_) => None,
-            None => {
-                tracing::debug!(
-                    topic = consumed,
-                    origin_bytes = origin.len(),
-                    "the record's park origin is no topic this consumer reads; dead-lettering it as a message of the topic it was consumed from"
-                );
-                None
-            }
+        let metadata = message.metadata();
+        if let Some(first) = metadata.parked_from() {
+            return Some(Ok(first.clone()));
         }
+        let consumed: &str = metadata.source();
+        let origin_of_copies = self.returns.get(consumed)?;
+        let origin = message.headers().get(ORIGIN)?;
+        // The header comes from whoever wrote the record: it is followed
+        // only from a return topic, and only to that topic's own origin.
+        if origin.as_ref() != origin_of_copies.as_bytes() {
+            tracing::debug!(
+                topic = consumed,
+                origin_bytes = origin.len(),
+                "a record of a return topic names another origin; dead-lettering it as a message of the topic it was consumed from"
+            );
+            return None;
+        }
+        Some(match first_delivery_of(message) {
+            Some(first) if *first.source == **origin_of_copies => Ok(first),
+            _ => Err(origin_of_copies.clone()),
+        })
     }
 
     /// Makes sure `topic` exists (creating it if allowed), once per topic.
@@ -227,9 +247,6 @@ impl TopicCheck {
     }
 }
 
-/// The longest topic name Kafka accepts.
-const MAX_TOPIC_NAME: usize = 249;
-
 /// The dead-letter topic `template` names for messages of `topic` in
 /// `group`.
 fn resolve(template: &str, topic: &str, group: &str) -> String {
@@ -261,6 +278,35 @@ impl KafkaDeadLetterSinkBuilder {
     /// dead letter to one topic.
     pub fn topic_template(mut self, template: impl Into<String>) -> Self {
         self.template = template.into();
+        self
+    }
+
+    /// The return topics of `parking` for the [consumed
+    /// topics](Self::consumed_topics) it serves: a copy read from one that
+    /// fails for good is a dead letter of its first delivery (see
+    /// [`KafkaDeadLetterSink`]). Filled in by
+    /// [`KafkaSource::dead_letter_sink`](crate::KafkaSource::dead_letter_sink)
+    /// for a source built with its
+    /// [parking](crate::KafkaSourceBuilder::parking).
+    pub fn parking(mut self, parking: &crate::KafkaParking) -> Self {
+        self.returns.extend(
+            parking
+                .return_topics()
+                .iter()
+                .map(|(back_to, origin)| (back_to.clone(), origin.clone())),
+        );
+        self.returns.extend(
+            parking
+                .topics_returning_to_themselves()
+                .iter()
+                .map(|origin| (origin.clone(), origin.clone())),
+        );
+        self
+    }
+
+    /// Return topics the consumer reads, each with its origin.
+    pub(crate) fn copies_returning_to(mut self, returns: Vec<(String, String)>) -> Self {
+        self.returns.extend(returns);
         self
     }
 
@@ -362,13 +408,30 @@ impl KafkaDeadLetterSinkBuilder {
             admin: LazyAdmin::new(settings),
             timeout: self.delivery_timeout,
         };
+        let consumed: HashSet<String> = self.consumed.into_iter().collect();
+        let mut returns: HashMap<String, String> = self
+            .returns
+            .into_iter()
+            .filter(|(back_to, _)| consumed.contains(back_to))
+            .collect();
+        // Return topics named among the consumed ones by the parking's
+        // default template.
+        for origin in &consumed {
+            let back_to = crate::parking::DEFAULT_RETURN_TEMPLATE
+                .replace("{topic}", origin)
+                .replace("{group}", &self.group);
+            if consumed.contains(&back_to) {
+                returns.entry(back_to).or_insert_with(|| origin.clone());
+            }
+        }
         let group: Arc<str> = self.group.into();
         Ok(KafkaDeadLetterSink {
             producer,
             topics: Arc::new(topics),
             carrier: Arc::new(Carrier::keyed(Broker::Kafka).with_group(group.clone())),
             group,
-            consumed: Arc::new(self.consumed.into_iter().collect()),
+            consumed: Arc::new(consumed),
+            returns: Arc::new(returns),
             template: self.template.into(),
             queue_timeout: self.delivery_timeout,
             brokers,
@@ -380,23 +443,24 @@ impl KafkaDeadLetterSinkBuilder {
 impl DeadLetterSink for KafkaDeadLetterSink {
     async fn write(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
         let consumed = letter.message.metadata().source().clone();
-        let letter = match self.origin_of(letter) {
-            Some(origin) => {
-                // The origin's letter, at the partition and offset of the
-                // copy: that is where the message is now.
+        let (letter, origin) = match self.first_delivery(letter) {
+            Some(Ok(first)) => {
+                // The envelope names the first delivery; the message keeps
+                // where it was consumed.
+                let origin = first.source.to_string();
                 let mut of_origin = letter.clone();
-                let at = of_origin.message.metadata_mut();
-                let mut metadata = Metadata::new(origin.into(), at.partition(), at.position())
-                    .with_attempt(at.attempt());
-                metadata.set_timestamp(at.timestamp());
-                *at = metadata;
-                Cow::Owned(of_origin)
+                of_origin
+                    .message
+                    .metadata_mut()
+                    .set_parked_from(Some(first));
+                (Cow::Owned(of_origin), origin)
             }
-            None => Cow::Borrowed(letter),
+            // Where it is, in its origin's dead letters.
+            Some(Err(origin)) => (Cow::Borrowed(letter), origin),
+            None => (Cow::Borrowed(letter), consumed.to_string()),
         };
-        let metadata = letter.message.metadata();
-        let topic = self.topic_for(metadata.source());
-        if topic == **metadata.source() || topic == *consumed {
+        let topic = self.topic_for(&origin);
+        if topic == origin || topic == *consumed || self.consumed.contains(&topic) {
             // A template without placeholders that names a consumed topic.
             return Err(Error::DeadLetterTopicIsSource { topic }.into());
         }
@@ -521,22 +585,28 @@ mod tests {
         );
     }
 
-    /// A parked copy's origin header is followed only to another topic the
-    /// consumer reads: a producer that writes one cannot direct letters to
-    /// a topic of its choosing.
+    /// A parked copy's park headers are believed only on a record of a
+    /// return topic, and only when they name that topic's own origin: a
+    /// producer that writes them cannot direct letters to a topic of its
+    /// choosing, nor make a letter name another record.
     #[tokio::test]
-    async fn a_park_origin_is_followed_only_to_another_consumed_topic() {
+    async fn a_copys_first_delivery_is_believed_only_from_a_return_topic_of_its_origin() {
+        use intake_core::parking::{ORIGIN_PARTITION, ORIGIN_POSITION};
+        use intake_core::{Metadata, Position};
+
         let sink = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
-            .consumed_topics(["orders", "orders.billing.returned"])
+            .consumed_topics(["orders", "payments", "orders.billing.returned"])
             .build()
             .await
             .expect("valid");
-        let letter = |source: &str, origin: &[u8]| {
+        let letter = |source: &str, origin: &[u8], partition: &str, position: &str| {
             let mut headers = intake_core::Headers::default();
             headers.set(ORIGIN, bytes::Bytes::copy_from_slice(origin));
+            headers.set(ORIGIN_PARTITION, partition.to_owned());
+            headers.set(ORIGIN_POSITION, position.to_owned());
             let message = intake_core::Message::new(
                 "poison",
-                Metadata::new(source.into(), 0, intake_core::Position::Offset(7)),
+                Metadata::new(source.into(), 0, Position::Offset(7)),
             )
             .with_headers(headers);
             DeadLetter::new(message, "bad", 1)
@@ -552,30 +622,56 @@ mod tests {
             returned.as_bytes(),
         ] {
             assert_eq!(
-                sink.origin_of(&letter(returned, hostile)),
+                sink.first_delivery(&letter(returned, hostile, "3", "41")),
                 None,
                 "{hostile:?}"
             );
         }
-        assert_eq!(sink.origin_of(&letter(returned, b"orders")), Some("orders"));
-        let unparked = DeadLetter::new(
-            intake_core::Message::new(
-                "poison",
-                Metadata::new(returned.into(), 0, intake_core::Position::Offset(7)),
-            ),
-            "bad",
-            1,
+        assert_eq!(
+            sink.first_delivery(&letter(returned, b"orders", "3", "41")),
+            Some(Ok(FirstDelivery {
+                source: "orders".into(),
+                partition: 3,
+                position: Position::Offset(41),
+            }))
         );
-        assert_eq!(sink.origin_of(&unparked), None);
+        assert_eq!(
+            sink.first_delivery(&letter(returned, b"orders", "3", "x")),
+            Some(Err("orders".to_owned())),
+            "a copy without a usable first delivery names where it is, in its origin's letters"
+        );
+        // On a topic that is no return topic, the headers are a producer's.
+        for source in ["orders", "payments"] {
+            assert_eq!(
+                sink.first_delivery(&letter(source, b"orders", "3", "41")),
+                None
+            );
+            assert_eq!(
+                sink.first_delivery(&letter(source, b"payments", "3", "41")),
+                None
+            );
+        }
         let standalone = KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
             .build()
             .await
             .expect("valid");
         assert_eq!(
-            standalone.origin_of(&letter(returned, b"orders")),
+            standalone.first_delivery(&letter(returned, b"orders", "3", "41")),
             None,
             "a sink told of no consumed topics follows no origin"
         );
+        // Set by a parking layer inside: believed as it is.
+        let mut inside = letter("orders", b"", "", "");
+        let first = FirstDelivery {
+            source: "payments".into(),
+            partition: 1,
+            position: Position::Offset(2),
+        };
+        inside
+            .message
+            .metadata_mut()
+            .set_parked_from(Some(first.clone()));
+        assert_eq!(sink.first_delivery(&inside), Some(Ok(first)));
     }
 
     #[tokio::test]

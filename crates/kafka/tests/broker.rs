@@ -495,10 +495,12 @@ mod parking {
     use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
     use intake_core::backend::testkit::harness::{Running, id_of};
-    use intake_core::parking::{DUE, PARK_ID, Parked, Parking, ParkingLayer};
+    use intake_core::parking::{
+        DUE, ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION, PARK_ID, Parked, Parking, ParkingLayer,
+    };
     use intake_core::{Consumer, HandlerError, Headers};
     use intake_kafka::KafkaParking;
-    use intake_kafka::parking::ORIGIN_PARTITION;
+    use intake_kafka::parking::LEGACY_ORIGIN_PARTITION;
     use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
     use intake_kafka::rdkafka::message::{Header, Headers as _, OwnedHeaders};
     use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
@@ -525,6 +527,9 @@ mod parking {
         headers.insert("trace", format!("t-{id}"));
         headers.set(DUE, due.to_string());
         headers.set(PARK_ID, format!("park-{id}"));
+        headers.set(ORIGIN, topic.to_owned());
+        headers.set(ORIGIN_PARTITION, partition.to_string());
+        headers.set(ORIGIN_POSITION, id.to_string());
         let message = Message::new(
             id.to_string(),
             Metadata::new(topic.into(), partition, Position::Offset(id as i64)),
@@ -740,8 +745,8 @@ mod parking {
             .create()
             .expect("producer");
         for (id, headers) in [
-            (2, vec![(ORIGIN_PARTITION, "not-a-partition")]),
-            (3, vec![(DUE, "soon"), (ORIGIN_PARTITION, "77")]),
+            (2, vec![(LEGACY_ORIGIN_PARTITION, "not-a-partition")]),
+            (3, vec![(DUE, "soon"), (LEGACY_ORIGIN_PARTITION, "77")]),
             (4, vec![(DUE, "-1"), (ORIGIN_PARTITION, "-3")]),
         ] {
             let headers = headers
@@ -792,7 +797,7 @@ mod parking {
             .iter()
             .filter(|record| record.key.as_deref() == Some(b"hostile"))
         {
-            assert_eq!(hostile.header(ORIGIN_PARTITION), None, "{hostile:?}");
+            assert_eq!(hostile.header(LEGACY_ORIGIN_PARTITION), None, "{hostile:?}");
         }
         parking
             .shutdown(Duration::from_secs(15))

@@ -1,8 +1,9 @@
 //! [`KafkaParking`]: retry later without blocking, on tiered retry topics.
 //!
 //! **How it parks.** [`park`](Parking::park) produces the parked copy (same
-//! key, payload and headers, plus [`ORIGIN_PARTITION`]) to a retry topic of
-//! its origin topic chosen by the delay's tier, `{topic}.{group}.retry.{tier}`
+//! key, payload and headers; the parking layer's park headers name the
+//! first delivery, [`ORIGIN_PARTITION`] among them) to a retry topic of its
+//! origin topic chosen by the delay's tier, `{topic}.{group}.retry.{tier}`
 //! by default (`orders.billing.retry.10s`), and returns once the broker
 //! confirmed it: an idempotent producer (`acks=all`), the delivery report
 //! awaited, at most the [delivery timeout](KafkaParkingBuilder::delivery_timeout).
@@ -22,28 +23,55 @@
 //! **return topic** of its origin, `{topic}.{group}.returned` by default, a
 //! topic of the group's own that [`build`](KafkaParkingBuilder::build)
 //! creates (as many partitions as the origin) and that the source reads
-//! besides the origin (`.topics([topic, parking.return_topic(topic)])`):
+//! besides the origin ([`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking)):
 //! every other consumer group of the origin never sees a parked copy. It
-//! goes to the partition of the number it was consumed from (the
-//! [`ORIGIN_PARTITION`] header, removed again: the message returns with the
-//! headers it was parked with), not to one the producer's partitioner
-//! picks, which may differ from the origin producer's. Only after the
-//! broker confirmed that write is the retry-topic offset committed: a crash
-//! between the two brings a message back twice, never zero times. A copy
-//! consumed from the return topic that asks for later again is parked as a
-//! message of its origin; the parking layer keeps its key's order with the
-//! origin's by the `intake.park.origin` header. The mover subscribes to a
-//! new retry topic at once when this process creates it, and finds one
-//! another process (or an earlier run) created within the
-//! [discovery interval](KafkaParkingBuilder::discovery_interval).
+//! goes to the partition of its first delivery's number (the
+//! [`ORIGIN_PARTITION`] header; [`LEGACY_ORIGIN_PARTITION`] on records
+//! parked by earlier versions, removed on the way back), not to one the
+//! producer's partitioner picks, which may differ from the origin
+//! producer's. Only after the broker confirmed that write is the
+//! retry-topic offset committed: a crash between the two brings a message
+//! back twice, never zero times. A copy consumed from the return topic that
+//! asks for later again is parked as a message of its origin; the parking
+//! layer keeps its key's order with the origin's by the
+//! `intake.park.origin` header. The mover subscribes to a new retry topic
+//! at once when this process creates it, and lists the cluster's topics at
+//! start and every [discovery interval](KafkaParkingBuilder::discovery_interval)
+//! for retry topics another process (or an earlier run) created, **of any
+//! tier**: records parked under tiers no longer configured come back by
+//! their due time too (after a change of the
+//! [template](KafkaParkingBuilder::topic_template), name the old one with
+//! [`drain_topic_template`](KafkaParkingBuilder::drain_topic_template)).
+//!
+//! **Reading the return topic.** The source reads a return topic from its
+//! **start** when a partition has no usable offset (never committed, or
+//! deleted by the retention), whatever `auto.offset.reset` says for the
+//! origin: a copy reaches it whenever the mover moves it, possibly while no
+//! member of the group has a position there (before the source joined, in
+//! a rebalance), and its original was acknowledged when it was parked.
+//! [`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking) does
+//! this (and so does a source that names `{topic}.{group}.returned` among
+//! its topics by hand). With a return template of `{topic}` the copies come
+//! back to the origin itself, read as the origin is: the source refuses
+//! `auto.offset.reset=latest` there.
+//!
+//! **The mover's health.** Headers are read without trusting their names to
+//! be UTF-8 (any producer that may write to a retry topic can write other
+//! bytes). The mover runs under a guard: a panic is logged at ERROR and
+//! counted, and the mover starts again with a new consumer after a backoff
+//! (1 s doubling to 60 s); its held records were never committed, so
+//! nothing is lost. [`KafkaParking::mover_health`] tells a health check
+//! whether parked messages come back through this process
+//! ([`MoverHealth::is_live`]) and counts the restarts, for a metric.
 //!
 //! **What it costs.** Per park, one produce round trip (and one metadata
 //! lookup per retry topic and process, a topic creation per retry topic).
 //! Per served topic, a return topic, made sure of at build time.
 //! Per message coming back, one produce and one asynchronous commit,
-//! batched across partitions (up to 500 records per round). A process holds
-//! in memory at most the head record of each paused partition, plus what
-//! one poll returned. The mover is one thread, one consumer and shares the
+//! batched across partitions (up to 500 records per round). Per discovery
+//! interval, one listing of the cluster's topics. A process holds in
+//! memory at most the head record of each paused partition, plus what one
+//! poll returned. The mover is one thread, one consumer and shares the
 //! parking's producer.
 //!
 //! **Limits.**
@@ -59,13 +87,25 @@
 //!   A record without a usable due time goes back at once; one without a
 //!   usable origin partition goes back to the partition of its key
 //!   (librdkafka's `murmur2_random`, Java's partitioner). Both are logged.
-//! - The order per key is kept by each process (see the parking layer):
-//!   partition `p` of the origin and of its return topic go to the same
-//!   consumer under librdkafka's default assignment (`range`, for topics of
-//!   as many partitions), not necessarily under `cooperative-sticky`.
-//! - The source's dead-letter sink names its topic after the topic a
-//!   message was consumed from: a copy from the return topic that fails for
-//!   good goes to `{return topic}.{group}.dlq`.
+//! - **The order per key needs the `range` assignor.** It is kept by each
+//!   process (see the parking layer), so partition `p` of the origin and
+//!   partition `p` of its return topic must go to the same member. The
+//!   classic protocol's `range` assignor (librdkafka's default,
+//!   `range,roundrobin`) does that for topics of as many partitions that
+//!   every member reads; so does the consumer protocol of KIP-848
+//!   (`group.protocol=consumer`) with `group.remote.assignor=range` (both
+//!   tested on Kafka 4.1). `cooperative-sticky`, `roundrobin` and the
+//!   broker's default `uniform` do not: a copy then comes back to another
+//!   member, which runs it out of order, while the member that parked it
+//!   keeps parking the key's later messages until the copy is overdue.
+//!   Nothing is lost, but the order is not kept; the parking and the source
+//!   log a warning at build time. Adding partitions to the origin breaks it
+//!   too, until the return topic gets as many (a copy of a partition the
+//!   return topic lacks goes back by its key).
+//! - A copy from the return topic that fails for good is a dead letter of
+//!   its first delivery: the source's dead-letter sink writes it to the
+//!   origin's dead-letter topic, `{topic}.{group}.dlq`, naming the origin
+//!   topic, partition and offset of the original record.
 //! - A [return template](KafkaParkingBuilder::return_topic_template) of
 //!   `{topic}` sends copies back to the origin topic itself, where every
 //!   consumer group of the origin sees them again.
@@ -94,9 +134,12 @@
 //!     .topics(["orders"])
 //!     .build()
 //!     .await?;
+//! // Reads orders and orders.billing.returned (the latter from its start
+//! // when the group has no offset there).
 //! let source = KafkaSource::builder(settings)
 //!     .group("billing")
-//!     .topics(["orders".to_owned(), parking.return_topic("orders")])
+//!     .topic("orders")
+//!     .parking(&parking)
 //!     .build()
 //!     .await?;
 //! let acker = source.acker();
@@ -113,12 +156,16 @@
 //!     .run(CancellationToken::new())
 //!     .await?;
 //! println!("{} parked", report.parked);
+//! // What a health check reports: do parked messages still come back?
+//! let mover = parking.mover_health();
+//! println!("mover live: {}, restarts: {}", mover.is_live(), mover.restarts);
 //! parking.shutdown(Duration::from_secs(10)).await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! [`DUE`]: intake_core::parking::DUE
+//! [`ORIGIN_PARTITION`]: intake_core::parking::ORIGIN_PARTITION
 
 mod error;
 mod mover;
@@ -131,7 +178,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use intake_core::Message;
-use intake_core::parking::{DUE, ParkError, Parked, Parking};
+use intake_core::parking::{DUE, ORIGIN_PARTITION, ParkError, Parked, Parking};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -140,7 +187,7 @@ use rdkafka::util::Timeout;
 use tokio::sync::oneshot;
 
 pub use self::error::ParkingError;
-use self::mover::{MoverConfig, MoverShared, Route};
+use self::mover::{MoverConfig, MoverShared, RetryPattern, Route};
 pub use self::tiers::DEFAULT_TIERS;
 use self::tiers::{Tiers, resolve};
 use self::topics::{Registry, partition_count};
@@ -157,10 +204,12 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.retry.{tier}";
 /// copy.
 pub const DEFAULT_RETURN_TEMPLATE: &str = "{topic}.{group}.returned";
 
-/// Header of a parked record: the partition of the origin topic it came
-/// from, whose number it goes back to in the return topic. Removed when it
-/// goes back.
-pub const ORIGIN_PARTITION: &str = "intake.park.partition";
+/// Header that earlier versions wrote on a parked record: the partition of
+/// the origin topic it came from. Parked records now name it in the core's
+/// [`ORIGIN_PARTITION`] (the partition of the message's first delivery);
+/// the mover still reads this one, for records parked before, and removes
+/// it when the record goes back.
+pub const LEGACY_ORIGIN_PARTITION: &str = "intake.park.partition";
 
 /// Parks messages in tiered retry topics and moves them back to their
 /// origin topic and partition once due. See the [module docs](self).
@@ -232,6 +281,8 @@ pub struct KafkaParkingBuilder {
     topics: Vec<String>,
     tiers: Vec<Duration>,
     template: String,
+    /// Templates of earlier runs whose retry topics the mover drains too.
+    drained_templates: Vec<String>,
     return_template: String,
     delivery_timeout: Duration,
     replication: i32,
@@ -250,6 +301,7 @@ impl KafkaParking {
             topics: Vec::new(),
             tiers: DEFAULT_TIERS.to_vec(),
             template: DEFAULT_TOPIC_TEMPLATE.into(),
+            drained_templates: Vec::new(),
             return_template: DEFAULT_RETURN_TEMPLATE.into(),
             delivery_timeout: Duration::from_secs(30),
             replication: -1,
@@ -295,6 +347,38 @@ impl KafkaParking {
     /// allows (see the [module docs](self)).
     pub fn requeued(&self) -> u64 {
         self.inner.mover.requeued.load(Ordering::Relaxed)
+    }
+
+    /// The mover's state, for a health check or a metric: whether it runs,
+    /// how often it panicked and was started again, how long ago its last
+    /// round began. [`MoverHealth::is_live`] is false while parked
+    /// messages cannot come back through this process: the mover stopped,
+    /// waits to start again after a panic, or has not begun a round for
+    /// longer than a round can take.
+    pub fn mover_health(&self) -> MoverHealth {
+        let shared = &*self.inner.mover;
+        MoverHealth {
+            running: shared.running.load(Ordering::Acquire),
+            restarts: shared.restarts.load(Ordering::Relaxed),
+            since_last_round: shared.since_last_round(),
+            stall_after: MoverShared::stall_after(self.inner.delivery_timeout),
+        }
+    }
+
+    /// The served topics whose copies come back to a return topic of their
+    /// own, by return topic.
+    pub(crate) fn return_topics(&self) -> &HashMap<String, String> {
+        &self.inner.origin_of
+    }
+
+    /// The served topics whose copies come back to the topic itself.
+    pub(crate) fn topics_returning_to_themselves(&self) -> &[String] {
+        &self.inner.returns_to_itself
+    }
+
+    /// The consumer group whose messages it parks.
+    pub(crate) fn group(&self) -> &str {
+        &self.inner.group
     }
 
     /// Stops the mover (of every clone) and waits up to `timeout` for it to
@@ -445,7 +529,7 @@ impl Parking for KafkaParking {
         let mut headers = OwnedHeaders::new_with_capacity(parked.len() + 2);
         for header in parked
             .iter()
-            .filter(|header| &*header.name != ORIGIN_PARTITION)
+            .filter(|header| &*header.name != LEGACY_ORIGIN_PARTITION)
         {
             headers = headers.insert(Header {
                 key: &header.name,
@@ -469,11 +553,15 @@ impl Parking for KafkaParking {
                 value: Some(due.as_bytes()),
             });
         }
-        let origin_partition_text = origin_partition.to_string();
-        headers = headers.insert(Header {
-            key: ORIGIN_PARTITION,
-            value: Some(origin_partition_text.as_bytes()),
-        });
+        // The parking layer names the first delivery's partition, which the
+        // mover sends the copy back to; a caller of its own may not.
+        if parked.get(ORIGIN_PARTITION).is_none() {
+            let origin_partition_text = origin_partition.to_string();
+            headers = headers.insert(Header {
+                key: ORIGIN_PARTITION,
+                value: Some(origin_partition_text.as_bytes()),
+            });
+        }
         let mut record = FutureRecord::<[u8], [u8]>::to(&topic)
             .payload(message.payload().as_ref())
             .partition(origin_partition % partitions.max(1))
@@ -532,6 +620,17 @@ impl KafkaParkingBuilder {
     /// back to and how long it may wait.
     pub fn topic_template(mut self, template: impl Into<String>) -> Self {
         self.template = template.into();
+        self
+    }
+
+    /// A [topic template](Self::topic_template) of an earlier run whose
+    /// retry topics the mover drains too: after a change of template, the
+    /// records parked under the old one still come back (nothing is parked
+    /// there any more). Keep it until those topics are empty. Retry topics
+    /// of tiers no longer configured need nothing: the mover finds every
+    /// tier of a template it drains.
+    pub fn drain_topic_template(mut self, template: impl Into<String>) -> Self {
+        self.drained_templates.push(template.into());
         self
     }
 
@@ -609,14 +708,19 @@ impl KafkaParkingBuilder {
                 "give at least one tier, each above zero and a whole number of milliseconds",
             ));
         };
-        if !self.template.contains("{topic}") || !self.template.contains("{tier}") {
-            return Err(Error::config(
-                "topic_template",
-                format!(
-                    "`{}` must name `{{topic}}` and `{{tier}}`: the mover tells by the retry topic where a record goes back to and how long it may wait; the default is `{DEFAULT_TOPIC_TEMPLATE}`",
-                    self.template
-                ),
-            ));
+        for (setting, template) in std::iter::once(("topic_template", &self.template)).chain(
+            self.drained_templates
+                .iter()
+                .map(|template| ("drain_topic_template", template)),
+        ) {
+            if !template.contains("{topic}") || template.matches("{tier}").count() != 1 {
+                return Err(Error::config(
+                    setting,
+                    format!(
+                        "`{template}` must name `{{topic}}`, and `{{tier}}` once: the mover tells by the retry topic where a record goes back to and how long it may wait; the default is `{DEFAULT_TOPIC_TEMPLATE}`"
+                    ),
+                ));
+            }
         }
         if self.replication < 1 && self.replication != -1 {
             return Err(Error::config(
@@ -676,6 +780,36 @@ impl KafkaParkingBuilder {
             }
         }
 
+        let mut patterns = Vec::new();
+        for topic in &self.topics {
+            let back_to: Arc<str> = resolve(&self.return_template, topic, &self.group, "").into();
+            for template in std::iter::once(&self.template).chain(&self.drained_templates) {
+                let (before, after) = template.split_once("{tier}").unwrap_or((template, ""));
+                patterns.push(RetryPattern {
+                    prefix: resolve(before, topic, &self.group, ""),
+                    suffix: resolve(after, topic, &self.group, ""),
+                    back_to: Arc::clone(&back_to),
+                });
+            }
+        }
+        // A served topic or a return topic that reads as a retry topic of
+        // some tier would be drained by the mover, in a loop.
+        for topic in self.topics.iter().chain(origin_of.keys()) {
+            if patterns
+                .iter()
+                .any(|pattern| pattern.tier_of(topic).is_some())
+            {
+                return Err(Error::config(
+                    "topic_template",
+                    format!(
+                        "`{topic}` is a topic this parking serves or returns to, and reads as a retry topic of the template `{}`: the mover would move its messages in a loop",
+                        self.template
+                    ),
+                ));
+            }
+        }
+        warn_unless_co_located(&self.settings, &self.group);
+
         let brokers: Arc<str> = self.settings.endpoint().into();
         let mut producer_settings = self.settings.clone();
         {
@@ -727,19 +861,27 @@ impl KafkaParkingBuilder {
         let mut returns: Vec<(&String, &String)> = inner.origin_of.iter().collect();
         returns.sort();
         for (back_to, origin) in returns {
-            parking
+            let partitions = parking
                 .ensure_topic(back_to, origin)
                 .await
                 .map_err(|error| {
                     tracing::warn!(return_topic = %back_to, %origin, error = %intake_core::ErrorChain::new(&error), "the return topic could not be made sure of");
                     build_error(error)
                 })?;
+            // Partitions added to the origin after its return topic was
+            // made: copies of those go back by their key.
+            if let Ok(Some(of_origin)) = parking.lookup(origin).await
+                && of_origin > partitions
+            {
+                tracing::warn!(return_topic = %back_to, %origin, partitions, origin_partitions = of_origin, "the return topic has fewer partitions than its origin: copies of the partitions it lacks come back by their key, to another partition than their origin's; add partitions to the return topic");
+            }
         }
         let stopped = mover::spawn(MoverConfig {
             settings: self.settings,
             group: format!("{}.parking", inner.group),
             producer: inner.producer.clone(),
-            routes: Arc::new(routes),
+            routes,
+            patterns,
             tiers: inner.tiers.clone(),
             registry: Arc::clone(&inner.registry),
             shared: Arc::clone(&inner.mover),
@@ -753,6 +895,76 @@ impl KafkaParkingBuilder {
             .unwrap_or_else(|poison| poison.into_inner()) = Some(stopped);
         tracing::debug!(group = %inner.group, topics = ?inner.topics, brokers = %inner.brokers, "kafka parking started");
         Ok(parking)
+    }
+}
+
+/// The state of a [`KafkaParking`]'s mover: see
+/// [`KafkaParking::mover_health`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MoverHealth {
+    /// Whether a mover runs: false before its first round, while it waits
+    /// to start again after a panic, and after
+    /// [`shutdown`](KafkaParking::shutdown).
+    pub running: bool,
+    /// How often the mover panicked and was started again (each logged at
+    /// ERROR): a counter for a metric.
+    pub restarts: u64,
+    /// How long ago its last round began, `None` before the first.
+    pub since_last_round: Option<Duration>,
+    /// How long a round may take (the delivery timeout, with slack) before
+    /// the mover counts as stalled.
+    pub stall_after: Duration,
+}
+
+impl MoverHealth {
+    /// Whether parked messages come back through this process: the mover
+    /// runs and began a round within [`stall_after`](Self::stall_after).
+    pub fn is_live(&self) -> bool {
+        self.running
+            && self
+                .since_last_round
+                .is_some_and(|since| since <= self.stall_after)
+    }
+}
+
+/// Why the return partition `p` may go to another member than the origin
+/// partition `p` under `settings`, `None` when the assignment keeps them
+/// together: the classic protocol's `range` assignor (librdkafka's first
+/// by default) gives partition `p` of every topic of as many partitions,
+/// subscribed by every member, to one member; `roundrobin` and
+/// `cooperative-sticky` do not, nor does the consumer protocol of KIP-848
+/// unless the broker assigns with `range` (`group.remote.assignor`).
+pub(crate) fn co_location_problem(settings: &KafkaSettings) -> Option<String> {
+    if settings
+        .get("group.protocol")
+        .is_some_and(|protocol| protocol.trim().eq_ignore_ascii_case("consumer"))
+    {
+        return match settings.get("group.remote.assignor").map(str::trim) {
+            Some(assignor) if assignor.eq_ignore_ascii_case("range") => None,
+            assignor => Some(format!(
+                "group.protocol=consumer with group.remote.assignor={} (the broker's `uniform` when unset)",
+                assignor.unwrap_or("unset")
+            )),
+        };
+    }
+    let strategy = settings
+        .get("partition.assignment.strategy")
+        .unwrap_or("range,roundrobin");
+    let first = strategy.split(',').next().unwrap_or("").trim();
+    (!first.eq_ignore_ascii_case("range"))
+        .then(|| format!("partition.assignment.strategy={strategy}"))
+}
+
+/// Logs, loudly, settings under which a parked key's copies may come back
+/// to another member than the one that holds its later messages.
+pub(crate) fn warn_unless_co_located(settings: &KafkaSettings, group: &str) {
+    if let Some(problem) = co_location_problem(settings) {
+        tracing::warn!(
+            group,
+            settings = %problem,
+            "kafka parking: with these settings partition p of a topic and of its return topic may go to different members, so the order per key of parked messages is not kept and followers of a parked key are parked again and again until overdue; use the `range` assignor (librdkafka's default, partition.assignment.strategy=range) or, with group.protocol=consumer, group.remote.assignor=range"
+        );
     }
 }
 
@@ -848,6 +1060,23 @@ mod tests {
             builder().topics(["orders.billing.retry.1s"]).build().await,
             "topic_template",
         );
+        // A served topic that reads as a retry topic of a tier not
+        // configured: the mover would drain it.
+        refused(
+            builder().topics(["orders.billing.retry.7s"]).build().await,
+            "topic_template",
+        );
+        refused(
+            builder()
+                .topic_template("{topic}.{tier}.{tier}")
+                .build()
+                .await,
+            "topic_template",
+        );
+        refused(
+            builder().drain_topic_template("old").build().await,
+            "drain_topic_template",
+        );
         refused(builder().replication(0).build().await, "replication");
         refused(
             builder()
@@ -879,6 +1108,46 @@ mod tests {
                 .await,
             "group",
         );
+    }
+
+    #[test]
+    fn co_location_holds_under_range_only() {
+        let settings = KafkaSettings::new("127.0.0.1:9");
+        assert_eq!(co_location_problem(&settings), None, "librdkafka's default");
+        for strategy in ["range", "range,roundrobin", " Range , cooperative-sticky"] {
+            let chosen = settings
+                .clone()
+                .set("partition.assignment.strategy", strategy);
+            assert_eq!(co_location_problem(&chosen), None, "{strategy}");
+        }
+        for strategy in ["cooperative-sticky", "roundrobin,range", "roundrobin"] {
+            let chosen = settings
+                .clone()
+                .set("partition.assignment.strategy", strategy);
+            assert!(co_location_problem(&chosen).is_some(), "{strategy}");
+        }
+        let kip_848 = settings.clone().set("group.protocol", "consumer");
+        assert!(
+            co_location_problem(&kip_848).is_some(),
+            "the broker's uniform"
+        );
+        let range = kip_848.clone().set("group.remote.assignor", "range");
+        assert_eq!(co_location_problem(&range), None);
+        let uniform = kip_848.set("group.remote.assignor", "uniform");
+        assert!(co_location_problem(&uniform).is_some());
+    }
+
+    #[tokio::test]
+    async fn the_health_of_a_mover_that_was_stopped_is_not_live() {
+        let parking = builder().build().await.expect("no broker needed to build");
+        parking
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the mover stops");
+        let health = parking.mover_health();
+        assert!(!health.running, "{health:?}");
+        assert!(!health.is_live(), "{health:?}");
+        assert_eq!(health.restarts, 0);
     }
 
     #[tokio::test]

@@ -72,6 +72,22 @@ impl Tiers {
     }
 }
 
+/// The delay a tier's label names (`7s`, `1500ms`, `10m`, `2h`: digits,
+/// then `ms`, `s`, `m` or `h`), `None` for any other text or zero.
+pub(crate) fn label_duration(label: &str) -> Option<Duration> {
+    let digits = label.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = label.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let millis = match unit {
+        "ms" => number,
+        "s" => number.checked_mul(1_000)?,
+        "m" => number.checked_mul(60_000)?,
+        "h" => number.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    (millis > 0).then(|| Duration::from_millis(millis))
+}
+
 /// The retry topic `template` names for `topic`, `group` and the tier
 /// `label`.
 pub(crate) fn resolve(template: &str, topic: &str, group: &str, label: &str) -> String {
@@ -133,6 +149,36 @@ mod tests {
         assert!(Tiers::new(Vec::new()).is_none());
         assert!(Tiers::new(vec![Duration::ZERO]).is_none());
         assert!(Tiers::new(vec![Duration::from_micros(1500)]).is_none());
+    }
+
+    #[test]
+    fn a_label_reads_back_as_its_tier() {
+        let tiers = Tiers::new(vec![
+            Duration::from_millis(1500),
+            Duration::from_secs(30),
+            Duration::from_secs(120),
+            Duration::from_secs(7200),
+        ])
+        .expect("valid");
+        for index in 0..tiers.len() {
+            assert_eq!(
+                label_duration(&tiers.label(index)),
+                tiers.as_slice().get(index).copied()
+            );
+        }
+        for other in [
+            "",
+            "s",
+            "0s",
+            "-1s",
+            "1 s",
+            "1sec",
+            "1d",
+            "+1s",
+            "99999999999999999999h",
+        ] {
+            assert_eq!(label_duration(other), None, "{other}");
+        }
     }
 
     #[test]

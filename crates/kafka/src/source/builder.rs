@@ -15,11 +15,13 @@ use tokio::sync::oneshot;
 use super::KafkaSource;
 use super::context::{KafkaContext, Shared, topic_missing};
 use super::convert::Converter;
+use super::earliest::EarliestTopics;
 use super::poller::{Poller, guard_polling};
 use super::reconnect::ReconnectBackoff;
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::dead_letter::KafkaDeadLetterSink;
 use crate::error::Error;
+use crate::parking::{DEFAULT_RETURN_TEMPLATE, KafkaParking, warn_unless_co_located};
 use crate::settings::KafkaSettings;
 use crate::transaction::KafkaTransactions;
 
@@ -87,6 +89,22 @@ pub struct KafkaSourceBuilder {
     min_commit_interval: Duration,
     read_headers: bool,
     exactly_once: Option<KafkaTransactions>,
+    parking: Option<KafkaParking>,
+}
+
+/// The return topics a source reads: from its parking, or named by hand.
+#[derive(Debug, Default)]
+struct Returns {
+    /// Every topic subscribed: the source's own, then the return topics
+    /// added for them.
+    topics: Vec<String>,
+    /// The return topics, by name, with the origin whose copies come back
+    /// there (an origin that is its own return topic included): what the
+    /// dead-letter sink may follow a copy's origin header from.
+    origins: Vec<(String, String)>,
+    /// The return topics read from their start when a partition has no
+    /// usable offset.
+    earliest: Vec<String>,
 }
 
 impl KafkaSourceBuilder {
@@ -103,6 +121,7 @@ impl KafkaSourceBuilder {
             min_commit_interval: Duration::from_millis(100),
             read_headers: true,
             exactly_once: None,
+            parking: None,
         }
     }
 
@@ -228,6 +247,118 @@ impl KafkaSourceBuilder {
         self
     }
 
+    /// Reads the parked copies of `parking` too: for each of this source's
+    /// topics that `parking` serves, its return topic
+    /// ([`KafkaParking::return_topic`]) is subscribed as well, and the
+    /// dead-letter sink of this source names a returned copy's letter after
+    /// the copy's first delivery.
+    ///
+    /// A return topic is always read from its **start** when a partition
+    /// has no usable offset (never committed, or deleted by the retention),
+    /// whatever `auto.offset.reset` says for the other topics: a copy
+    /// reaches it whenever the mover moves it, possibly while no member has
+    /// a position there (before the source joined, during a rebalance), and
+    /// its original was acknowledged when it was parked. A return topic
+    /// named by hand in [`topics`](Self::topics) gets the same when it is
+    /// the default return topic of another topic of this source
+    /// (`{topic}.{group}.returned`).
+    ///
+    /// [`build`](Self::build) refuses a parking of another group, one that
+    /// serves none of this source's topics, broadcast mode, and
+    /// `auto.offset.reset=latest` with a parking whose copies return to the
+    /// origin topic itself (`return_topic_template("{topic}")`): those
+    /// would be skipped as described. It warns, loudly, when the
+    /// partition assignment may give partition `p` of a topic and of its
+    /// return topic to different members (see the parking's docs).
+    pub fn parking(mut self, parking: &KafkaParking) -> Self {
+        self.parking = Some(parking.clone());
+        self
+    }
+
+    /// The topics to subscribe and which of them are return topics.
+    fn returns(&self, settings: &KafkaSettings) -> Result<Returns, Error> {
+        let mut returns = Returns {
+            topics: self.topics.clone(),
+            ..Returns::default()
+        };
+        let group = match (&self.group, self.broadcast) {
+            (Some(group), false) => group.as_str(),
+            _ => {
+                if self.parking.is_some() {
+                    return Err(Error::config(
+                        "parking",
+                        "a broadcast consumer reads every message from the end and commits nothing: it cannot read a group's parked copies; use a group",
+                    ));
+                }
+                return Ok(returns);
+            }
+        };
+        if let Some(parking) = &self.parking {
+            if parking.group() != group {
+                return Err(Error::config(
+                    "parking",
+                    format!(
+                        "the parking parks the messages of group `{}`, this source reads as group `{group}`: build the parking with the source's group",
+                        parking.group()
+                    ),
+                ));
+            }
+            let mut served = false;
+            let mut sorted: Vec<(&String, &String)> = parking.return_topics().iter().collect();
+            sorted.sort();
+            for (back_to, origin) in sorted {
+                if self.topics.contains(origin) {
+                    served = true;
+                    if !returns.topics.contains(back_to) {
+                        returns.topics.push(back_to.clone());
+                    }
+                    returns.origins.push((back_to.clone(), origin.clone()));
+                    returns.earliest.push(back_to.clone());
+                }
+            }
+            let latest =
+                OffsetReset::from_setting(settings.get("auto.offset.reset")) == OffsetReset::Latest;
+            for origin in parking.topics_returning_to_themselves() {
+                if !self.topics.contains(origin) {
+                    continue;
+                }
+                served = true;
+                if latest {
+                    return Err(Error::config(
+                        "auto.offset.reset",
+                        format!(
+                            "the parking returns the copies of `{origin}` to `{origin}` itself, which this source reads from its end when a partition has no committed offset: copies that come back before a member has a position are skipped, and their originals were acknowledged; use the default return template (`{DEFAULT_RETURN_TEMPLATE}`, read from its start) or auto.offset.reset=earliest"
+                        ),
+                    ));
+                }
+                returns.origins.push((origin.clone(), origin.clone()));
+            }
+            if !served {
+                return Err(Error::config(
+                    "parking",
+                    format!(
+                        "the parking serves none of this source's topics {:?}: build it with `.topics(..)` of this source",
+                        self.topics
+                    ),
+                ));
+            }
+        }
+        // Return topics named by hand, by the default template.
+        for origin in &self.topics {
+            let back_to = DEFAULT_RETURN_TEMPLATE
+                .replace("{topic}", origin)
+                .replace("{group}", group);
+            if self.topics.contains(&back_to) && !returns.earliest.contains(&back_to) {
+                returns.origins.push((back_to.clone(), origin.clone()));
+                returns.earliest.push(back_to);
+            }
+        }
+        if !returns.origins.is_empty() {
+            warn_unless_co_located(settings, group);
+        }
+        Ok(returns)
+    }
+
     /// The librdkafka settings of the consumer, with intake's defaults and
     /// fixed settings applied, and its group id.
     fn consumer_settings(&self) -> Result<(KafkaSettings, String), Error> {
@@ -320,6 +451,7 @@ impl KafkaSourceBuilder {
     /// `init_transactions` fails or times out).
     pub async fn build(self) -> Result<KafkaSource, Error> {
         let (settings, group_id) = self.consumer_settings()?;
+        let returns = self.returns(&settings)?;
         let brokers = settings.endpoint();
         let mut shared = Shared::new(
             !self.broadcast,
@@ -347,8 +479,10 @@ impl KafkaSourceBuilder {
             .create_with_context(context)
             .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))?;
         let consumer = Arc::new(consumer);
-        let consumer = {
-            let topics = self.topics.clone();
+        // Before any lookup names the return topics (see `earliest`).
+        let earliest = EarliestTopics::hold(&consumer, &returns.earliest)?;
+        let (consumer, earliest) = {
+            let topics = returns.topics.clone();
             let timeout = self.connect_timeout;
             let brokers = brokers.clone();
             // On a failure the consumer is dropped on this blocking thread:
@@ -359,7 +493,7 @@ impl KafkaSourceBuilder {
                 consumer
                     .subscribe(&topics)
                     .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))?;
-                Ok(consumer)
+                Ok((consumer, earliest))
             })
             .await
             .map_err(|error| Error::Spawn(std::io::Error::other(error)))??
@@ -379,6 +513,7 @@ impl KafkaSourceBuilder {
             paused: false,
             reported_missing: Vec::new(),
             reset: OffsetReset::from_setting(settings.get("auto.offset.reset")),
+            earliest,
             last_reachability_probe: Instant::now(),
         };
         std::thread::Builder::new()
@@ -395,7 +530,7 @@ impl KafkaSourceBuilder {
         if let Some(claim) = claim {
             claim.keep();
         }
-        tracing::info!(group = %group_id, topics = ?self.topics, %brokers, "kafka source started");
+        tracing::info!(group = %group_id, topics = ?returns.topics, %brokers, "kafka source started");
         Ok(KafkaSource {
             shared,
             consumer: handle,
@@ -404,7 +539,8 @@ impl KafkaSourceBuilder {
                 self.client_settings()?,
                 self.group.as_deref().unwrap_or(BROADCAST_GROUP),
             )
-            .consumed_topics(self.topics),
+            .consumed_topics(returns.topics)
+            .copies_returning_to(returns.origins),
             group_id,
             stopped: Some(stopped),
             taken: Vec::new(),
@@ -496,6 +632,109 @@ mod tests {
 
     fn builder() -> KafkaSourceBuilder {
         KafkaSourceBuilder::new(KafkaSettings::new("127.0.0.1:9"))
+    }
+
+    /// A parking that returns to the origin itself, with no broker needed
+    /// (it creates no return topic).
+    async fn parking(group: &str, template: &str) -> KafkaParking {
+        KafkaParking::builder(KafkaSettings::new("127.0.0.1:9"), group)
+            .topics(["orders"])
+            .return_topic_template(template)
+            .build()
+            .await
+            .expect("no broker needed")
+    }
+
+    fn refused(returns: Result<Returns, Error>, wanted: &str) {
+        assert!(
+            matches!(&returns, Err(Error::Config { setting, .. }) if setting == wanted),
+            "{wanted}: {returns:?}"
+        );
+    }
+
+    /// What reading a parking's copies needs is checked before the
+    /// consumer is made.
+    #[tokio::test]
+    async fn a_parking_the_source_cannot_read_copies_of_is_refused() {
+        let itself = parking("billing", "{topic}").await;
+        let settings =
+            |reset: &str| KafkaSettings::new("127.0.0.1:9").set("auto.offset.reset", reset);
+        refused(
+            builder()
+                .group("shipping")
+                .topic("orders")
+                .parking(&itself)
+                .returns(&settings("earliest")),
+            "parking",
+        );
+        refused(
+            builder()
+                .group("billing")
+                .topic("payments")
+                .parking(&itself)
+                .returns(&settings("earliest")),
+            "parking",
+        );
+        refused(
+            builder()
+                .group("billing")
+                .broadcast()
+                .topic("orders")
+                .parking(&itself)
+                .returns(&settings("latest")),
+            "parking",
+        );
+        refused(
+            builder()
+                .group("billing")
+                .topic("orders")
+                .parking(&itself)
+                .returns(&settings("latest")),
+            "auto.offset.reset",
+        );
+        let returns = builder()
+            .group("billing")
+            .topic("orders")
+            .parking(&itself)
+            .returns(&settings("earliest"))
+            .expect("copies in the origin, read from its start");
+        assert_eq!(returns.topics, ["orders"]);
+        assert!(returns.earliest.is_empty());
+        assert_eq!(
+            returns.origins,
+            [("orders".to_owned(), "orders".to_owned())]
+        );
+        itself
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the mover stops");
+    }
+
+    /// A return topic named by hand by the default template is read from
+    /// its start too; another topic is not.
+    #[test]
+    fn a_default_return_topic_named_by_hand_is_read_from_its_start() {
+        let settings = KafkaSettings::new("127.0.0.1:9").set("auto.offset.reset", "latest");
+        let returns = builder()
+            .group("billing")
+            .topics([
+                "orders",
+                "orders.billing.returned",
+                "orders.shipping.returned",
+            ])
+            .returns(&settings)
+            .expect("valid");
+        assert_eq!(returns.earliest, ["orders.billing.returned"]);
+        assert_eq!(
+            returns.origins,
+            [("orders.billing.returned".to_owned(), "orders".to_owned())]
+        );
+        let broadcast = builder()
+            .topics(["orders", "orders.intake.returned"])
+            .broadcast()
+            .returns(&settings)
+            .expect("valid");
+        assert!(broadcast.earliest.is_empty());
     }
 
     #[test]

@@ -11,6 +11,7 @@
 mod builder;
 pub(crate) mod context;
 mod convert;
+mod earliest;
 pub(crate) mod handoff;
 mod poller;
 mod reconnect;

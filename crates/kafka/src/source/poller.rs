@@ -14,6 +14,7 @@ use rdkafka::topic_partition_list::Offset;
 
 use super::context::{KafkaContext, Shared};
 use super::convert::{Converter, Record};
+use super::earliest::EarliestTopics;
 use super::handoff::Control;
 use super::watchdog::{OffsetReset, Watchdog, stalled_at};
 use crate::error::{Error, is_not_authorized};
@@ -55,6 +56,9 @@ pub(crate) struct Poller {
     pub(crate) reported_missing: Vec<String>,
     /// Where a partition without a committed offset starts.
     pub(crate) reset: OffsetReset,
+    /// The return topics, which start at their beginning whatever `reset`
+    /// says; held as long as the consumer lives.
+    pub(crate) earliest: EarliestTopics,
     /// When the brokers were last asked whether one answers again, while
     /// none did (see [`Poller::probe_reachability`]).
     pub(crate) last_reachability_probe: Instant,
@@ -291,7 +295,12 @@ impl Poller {
                 Ok(watermarks) => watermarks,
                 Err(_) => continue,
             };
-            let position = position.or(match self.reset {
+            let reset = if self.earliest.contains(element.topic()) {
+                OffsetReset::Earliest
+            } else {
+                self.reset
+            };
+            let position = position.or(match reset {
                 OffsetReset::Earliest => Some(low),
                 // Starts at the end: nothing the broker holds now is due.
                 OffsetReset::Latest | OffsetReset::Error => None,
