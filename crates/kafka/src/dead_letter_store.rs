@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+#[cfg(doc)]
+use intake_core::dead_letter::store::Redrive;
 use intake_core::dead_letter::store::{
     DeadLetterLog, LetterId, LogStore, StoreError, StoredLetter,
 };
@@ -29,6 +31,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::dead_letter::DEFAULT_TOPIC_TEMPLATE;
 use crate::error::Error;
+use crate::parking::DEFAULT_RETURN_TEMPLATE;
 use crate::publisher::KafkaPublisher;
 use crate::settings::KafkaSettings;
 use crate::topic_admin::create_topic;
@@ -57,7 +60,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// | count everything | the partitions' high minus low watermarks, minus the ids marked removed |
 /// | count with a filter, summary, list | a consumer assigned (never subscribed: it joins no group and commits nothing) from the cursor's offset, the marked ids skipped |
 /// | read | the same consumer at the id's offset |
-/// | redrive | a produce to the origin topic through the publisher, confirmed, then a removal |
+/// | redrive | a produce through the publisher, confirmed, then a removal: [to the group](Redrive::to_group) into its return topic `{topic}.{group}.returned` (only when it exists), [to the origin](Redrive::to_origin) into the origin topic; either into the letter's origin partition |
 /// | purge | a removal: `DeleteRecords` of the prefix of a partition it completes, a mark in `<dlq>.removed` for the rest |
 ///
 /// Removal: Kafka deletes only a prefix of a partition. Letters that,
@@ -120,10 +123,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 ///     .build()?
 ///     .store(KafkaPublisher::builder(settings).build()?);
 /// println!("{} dead letters", store.count(&Filter::all()).await?);
+/// // Back to `billing` alone, through `orders.billing.returned`.
 /// let report = store
-///     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+///     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
 ///     .await?;
-/// println!("{} back in `orders`, {} skipped", report.redriven, report.skipped.len());
+/// println!("{} back to billing, {} skipped", report.redriven, report.skipped.len());
 /// # Ok(())
 /// # }
 /// ```
@@ -135,6 +139,10 @@ pub struct KafkaDeadLetters {
 struct Inner {
     topic: String,
     removed_topic: String,
+    /// The consumer group whose letters these are, if known: its return
+    /// topics are the way back to it alone.
+    group: Option<String>,
+    return_template: String,
     brokers: String,
     timeout: Duration,
     /// The consumer and what it knows of the side topic; held by one
@@ -300,13 +308,16 @@ impl KafkaDeadLetters {
         KafkaDeadLettersBuilder {
             settings,
             topic: None,
+            group: None,
+            return_template: DEFAULT_RETURN_TEMPLATE.into(),
             timeout: DEFAULT_TIMEOUT,
         }
     }
 
-    /// The store of this topic, redriving through `publisher` (a letter's
-    /// origin is the topic it was consumed from, which the publisher
-    /// produces to with the letter's key).
+    /// The store of this topic, redriving through `publisher`: with the
+    /// letter's key, into the letter's origin partition, to the group's
+    /// return topic ([`Redrive::to_group`]) or to the origin topic
+    /// ([`Redrive::to_origin`]).
     pub fn store(self, publisher: KafkaPublisher) -> KafkaDeadLetterStore {
         LogStore::new(self, publisher)
     }
@@ -848,6 +859,36 @@ impl DeadLetterLog for KafkaDeadLetters {
         &self.inner.topic
     }
 
+    /// The group's return topic of `origin`, `{origin}.{group}.returned` by
+    /// the parking's default template (or the
+    /// [template given](KafkaDeadLettersBuilder::return_topic_template)),
+    /// when it exists: the group's source reads it, and no other group
+    /// does. `None` without a [group](KafkaDeadLettersBuilder::group) or
+    /// when the topic does not exist (the group does not park, or parks
+    /// elsewhere): a redrive to the group is then refused rather than sent
+    /// to every group of the origin.
+    async fn way_back_to_group(&self, origin: &str) -> Result<Option<Arc<str>>, StoreError> {
+        let Some(group) = &self.inner.group else {
+            return Ok(None);
+        };
+        let back_to = self
+            .inner
+            .return_template
+            .replace("{topic}", origin)
+            .replace("{group}", group);
+        if back_to == origin {
+            // Copies return to the origin itself: every group reads it.
+            return Ok(None);
+        }
+        let name = back_to.clone();
+        let partitions = self
+            .blocking("redrive", move |inner, reader| {
+                inner.partitions(reader, &name)
+            })
+            .await?;
+        Ok((!partitions.is_empty()).then(|| back_to.into()))
+    }
+
     async fn entries(&self) -> Result<u64, StoreError> {
         Ok(self.snapshot("count").await?.entries())
     }
@@ -989,6 +1030,8 @@ impl DeadLetterLog for KafkaDeadLetters {
 pub struct KafkaDeadLettersBuilder {
     settings: KafkaSettings,
     topic: Option<String>,
+    group: Option<String>,
+    return_template: String,
     timeout: Duration,
 }
 
@@ -1001,12 +1044,31 @@ impl KafkaDeadLettersBuilder {
 
     /// The dead letters the default sink of consumer group `group` writes
     /// for topic `topic`: `<topic>.<group>.dlq`
-    /// ([`DEFAULT_TOPIC_TEMPLATE`]).
+    /// ([`DEFAULT_TOPIC_TEMPLATE`]), letters of that [group](Self::group).
     pub fn dead_letters_of(self, topic: &str, group: &str) -> Self {
         let name = DEFAULT_TOPIC_TEMPLATE
             .replace("{topic}", topic)
             .replace("{group}", group);
-        self.topic(name)
+        self.topic(name).group(group)
+    }
+
+    /// The consumer group whose letters the topic holds: a
+    /// [redrive to the group](intake_core::dead_letter::store::Redrive::to_group)
+    /// goes to its return topic (see
+    /// [`KafkaDeadLetters::way_back_to_group`](DeadLetterLog::way_back_to_group)).
+    /// Set by [`dead_letters_of`](Self::dead_letters_of).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// The group's return topic, with `{topic}` and `{group}` replaced by
+    /// the letter's origin and the [group](Self::group): the parking's
+    /// [`return_topic_template`](crate::KafkaParkingBuilder::return_topic_template)
+    /// (default [`DEFAULT_RETURN_TEMPLATE`]).
+    pub fn return_topic_template(mut self, template: impl Into<String>) -> Self {
+        self.return_template = template.into();
+        self
     }
 
     /// The longest any one wait may take (default 10 s): each librdkafka
@@ -1073,6 +1135,8 @@ impl KafkaDeadLettersBuilder {
             inner: Arc::new(Inner {
                 removed_topic: format!("{topic}{REMOVED_SUFFIX}"),
                 topic,
+                group: self.group.filter(|group| !group.is_empty()),
+                return_template: self.return_template,
                 brokers,
                 timeout: self.timeout,
                 reader: Mutex::new(Reader {
