@@ -19,7 +19,7 @@
 //! | position | offset ([`Position::Offset`](intake_core::Position::Offset)) |
 //! | ack | commit the watermark + 1, one commit per batch, confirmed by the broker |
 //! | retry | in process (Kafka cannot take one message back) |
-//! | park (retry after a delay) | [`KafkaParking`]: a retry topic per delay tier, a mover that pauses each retry partition until its head is due and moves it to the group's return topic, which the source also reads |
+//! | park (retry after a delay) | [`KafkaParking`]: a retry topic per delay tier, a mover that pauses each retry partition until its head is due and moves it to the group's return topic, which the source also reads ([`KafkaSourceBuilder::parking`], from its start); key order needs the `range` assignor |
 //! | dead-letter store | [`KafkaDeadLetters`]: reads the dead-letter topic by partition and offset; removes by `DeleteRecords` of a prefix, or a mark in a compacted side topic |
 //! | dead letter | produce to `<topic>.<group>.dlq` (created if missing) with origin headers |
 //! | backpressure | pause the assigned partitions, keep polling |
@@ -42,8 +42,10 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let settings = KafkaSettings::new("127.0.0.1:9092")
-//!     .set("partition.assignment.strategy", "cooperative-sticky");
+//! // librdkafka's default assignment (`range`) gives partition p of every
+//! // topic to one member: what parking's order per key needs (see
+//! // `parking`); `cooperative-sticky` does not.
+//! let settings = KafkaSettings::new("127.0.0.1:9092");
 //! let source = KafkaSource::builder(settings)
 //!     .group("billing")
 //!     .topic("orders")
