@@ -441,3 +441,94 @@ async fn a_full_park_room_holds_new_messages_until_parked_ones_come_back() {
         "the healthy message ran before any parked one came back: {all:?}"
     );
 }
+
+/// Item 5 (review R25 on NATS): `NatsParking::is_returned_copy` is always
+/// `false`, so the parking layer drops every park header a producer wrote
+/// before anything reads it. Published with a due time 50 s ahead (the
+/// layer would hold the message unpolled that long: its `max_early_wait`
+/// is raised to 60 s here), `intake.parks = 10` (the first park would be
+/// permanent), `intake.attempts = 50`, a park id and an origin naming
+/// another stream. The handler sees none of them, on the server's attempt
+/// and with no `parked_from`; the message is parked once and handled again
+/// from the park, without the headers; nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn park_headers_a_producer_wrote_are_ignored() {
+    let Some(backend) = NatsBackend::new("forged park headers").await else {
+        return;
+    };
+    let stream = support::unique("forged");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    let due = std::time::SystemTime::now() + Duration::from_secs(50);
+    let due_ms = due
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis();
+    let mut forged = TestMessage::new("k", "p0");
+    forged.headers = [
+        ("trace", "t1".to_owned()),
+        (intake_core::parking::DUE, due_ms.to_string()),
+        (intake_core::parking::PARKS, "10".to_owned()),
+        (intake_core::parking::ATTEMPTS, "50".to_owned()),
+        (intake_core::parking::FAILED_FIRST, "1".to_owned()),
+        (intake_core::parking::PARK_ID, "42".to_owned()),
+        (intake_core::parking::ORIGIN, "another_stream".to_owned()),
+        (intake_core::parking::ORIGIN_PARTITION, "3".to_owned()),
+        (intake_core::parking::ORIGIN_POSITION, "7".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    support::produce(backend.client(), &stream, vec![forged])
+        .await
+        .expect("produce");
+    let source = backend.source(&stream, "g").build().await.expect("source");
+    let acker = source.acker();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let seen: Arc<Mutex<Vec<Message>>> = Arc::default();
+    let calls = Calls::default();
+    let handler = {
+        let seen = seen.clone();
+        let inner = parks_first_try(calls.clone(), Duration::from_millis(200));
+        tower::ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(sink))
+            .layer(ParkingLayer::new(source.parking()).max_early_wait(Duration::from_secs(60)))
+            .map_request(move |message: Message| {
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push(message.clone());
+                }
+                message
+            })
+            .service(inner)
+    };
+    let running = Running::start(
+        Consumer::builder().ordering(DeliveryOrder::Key),
+        source,
+        acker,
+        handler,
+    );
+    wait_until("handled after its park", Duration::from_secs(20), || {
+        calls.succeeded("p0")
+    })
+    .await;
+    let report = running.stop().await;
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 2, "run, parked, run again: {seen:?}");
+    for (run, message) in seen.iter().enumerate() {
+        let names: Vec<&str> = message.headers().iter().map(|h| &*h.name).collect();
+        assert_eq!(
+            names,
+            ["trace"],
+            "run {run}: only the producer's own header"
+        );
+        assert!(message.metadata().parked_from().is_none(), "run {run}");
+        assert_eq!(message.metadata().attempt() as usize, run + 1, "run {run}");
+    }
+    assert_eq!(report.parked, 1, "{report:?}");
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
+    let letters = backend
+        .dead_letters(&stream, "g")
+        .await
+        .expect("read the dead letters");
+    assert!(letters.is_empty(), "{letters:?}");
+}
