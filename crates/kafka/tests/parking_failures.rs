@@ -394,6 +394,37 @@ async fn a_copy_returned_before_any_member_has_a_position_is_read_under_latest()
         .expect("the mover stops");
 }
 
+/// R1 under KIP-848's consumer group protocol: the reset is the client's,
+/// per partition, whichever protocol assigns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_returned_before_any_member_has_a_position_is_read_under_kip_848() {
+    support::init_tracing();
+    let Some(kafka) = KafkaBackend::real("a_copy_returned_before_any_member_under_kip_848") else {
+        return;
+    };
+    let kafka = kafka.with_settings(&[
+        ("group.protocol", "consumer"),
+        ("group.remote.assignor", "range"),
+        ("session.timeout.ms", ""),
+        ("heartbeat.interval.ms", ""),
+    ]);
+    let topic = kafka.create_source(2).await.expect("topic");
+    let group = unique("g");
+    let parking = parking_for(&kafka, &topic, &group).await;
+    let returned = parking.return_topic(&topic);
+    let source = |settings: KafkaSettings| {
+        KafkaSource::builder(settings)
+            .group(&group)
+            .topic(&topic)
+            .parking(&parking)
+    };
+    copy_before_any_position_is_read(&kafka, &topic, &returned, source).await;
+    parking
+        .shutdown(Duration::from_secs(15))
+        .await
+        .expect("the mover stops");
+}
+
 /// R1 through the source's parking, with a return topic of another
 /// template: subscribed by `.parking(..)`, read from its start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
