@@ -168,8 +168,7 @@ async fn assert_only_the_big_one_refused(
 ) {
     assert_eq!(report.dead_lettered, 1, "{report:?}");
     assert_eq!(report.succeeded, (COUNT - 1) as u64, "{report:?}");
-    assert!(report.not_committed.is_empty(), "{report:?}");
-    assert!(report.unfinished.is_empty(), "{report:?}");
+    assert!(report.is_settled(), "{report:?}");
 
     let counts = read_committed(backend, output).await;
     let repeated: Vec<_> = counts.iter().filter(|(_, seen)| **seen != 1).collect();
@@ -404,6 +403,7 @@ async fn a_final_commit_that_fails_is_reported_as_not_committed() {
             .all(|(committed, _)| *committed != partition),
         "{report:?}"
     );
+    assert!(!report.is_settled(), "{report:?}");
     assert_eq!(committed(&backend, &input, &group).await, (50, 60));
 }
 
@@ -437,4 +437,168 @@ async fn a_record_alone_is_refused_exactly_over_the_topics_limit() {
         .await
         .expect_err("1,931 bytes do not");
     assert_eq!(refused.kind(), PublishErrorKind::Rejected, "{refused}");
+}
+
+/// The backstop: an output kept under one limit and refused under a lower
+/// one set before its transaction. Input 51's output (5,000 bytes) is kept
+/// while input 50 still runs (the watermark waits for it); then the
+/// destination's max.message.bytes drops to 2,000 and 50 is let go. Every
+/// transaction with 51's output is refused: they are tried after a backoff
+/// (a few in 10 s, not one per 100 ms tick), nothing commits past 50,
+/// liveness reports the failing commits, and the run's report is not
+/// settled. A relay started again handles 51 again, checks it against the
+/// limit now, dead-letters it, and commits everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_refused_after_it_was_kept_backs_off_until_a_restart_dead_letters_it() {
+    use intake_core::app::{Health, HealthSettings, Problem};
+    use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use intake_kafka::rdkafka::client::DefaultClientContext;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const INPUTS: usize = 100;
+    const HELD: &str = "50";
+    const LATE: &str = "51";
+    let Some(backend) = backend("an output refused after it was kept") else {
+        return;
+    };
+    let input = unique("intake-refused-late-in");
+    let output = unique("intake-refused-late-out");
+    let group = unique("intake-refused-late-group");
+    backend.create_topic(&input, 1).await.expect("input topic");
+    backend
+        .create_topic(&output, 1)
+        .await
+        .expect("output topic");
+    let inputs: Vec<TestMessage> = (0..INPUTS)
+        .map(|id| TestMessage::new(format!("k{id}"), id.to_string()))
+        .collect();
+    backend.produce_to(&input, &inputs).await.expect("produce");
+
+    let released = Arc::new(AtomicBool::new(false));
+    let relay = |transactions: KafkaTransactions, health: Option<&Health>| {
+        let backend = &backend;
+        let (input, output, group) = (&input, &output, &group);
+        let released = Arc::clone(&released);
+        let observer = health.map(|health| health.register("relay", None));
+        async move {
+            let source = backend
+                .source(input, group)
+                .exactly_once(&transactions)
+                .min_commit_interval(Duration::from_millis(20))
+                .build()
+                .await
+                .expect("source");
+            let acker = source.acker();
+            let sink = source.dead_letter_sink().build().await.expect("sink");
+            let destination: Arc<str> = output.as_str().into();
+            let handler = ServiceBuilder::new()
+                .layer(DeadLetterLayer::new(sink))
+                .layer(transactions.layer())
+                .service(handler_fn(move |Payload(payload): Payload| {
+                    let destination = Arc::clone(&destination);
+                    let released = Arc::clone(&released);
+                    async move {
+                        let id = String::from_utf8_lossy(&payload).into_owned();
+                        while id == HELD && !released.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        let body = if id == LATE {
+                            format!("{id}{}", " ".repeat(5_000))
+                        } else {
+                            id
+                        };
+                        Output::new(destination, body)
+                    }
+                }));
+            let mut builder = Consumer::builder().ordering(DeliveryOrder::Key);
+            if let Some(observer) = observer {
+                builder = builder.observer(observer);
+            }
+            let consumer = builder.build(source, acker, handler).expect("consumer");
+            let shutdown = CancellationToken::new();
+            let run = tokio::spawn(consumer.run(shutdown.clone()));
+            (shutdown, run)
+        }
+    };
+    let transactions = || {
+        KafkaTransactions::new(
+            KafkaSettings::new(backend.brokers()),
+            unique("intake-refused-late"),
+        )
+        .operation_timeout(Duration::from_secs(10))
+        .transaction_timeout(Duration::from_secs(10))
+    };
+
+    let health = Health::new(HealthSettings {
+        stall_window: Duration::from_secs(3),
+        rebalance_grace: Duration::ZERO,
+        ..HealthSettings::default()
+    });
+    health.started();
+    let first = transactions();
+    let (shutdown, run) = relay(first.clone(), Some(&health)).await;
+    // Everything before 50 committed; 51 onwards kept, waiting for 50.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while first.outputs_held() != INPUTS - 51 || committed(&backend, &input, &group).await.0 != 50 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} outputs held",
+            first.outputs_held()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", backend.brokers())
+        .create()
+        .expect("admin");
+    let lowered =
+        AlterConfig::new(ResourceSpecifier::Topic(&output)).set("max.message.bytes", "2000");
+    for result in admin
+        .alter_configs(
+            std::iter::once(&lowered),
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("alter configs")
+    {
+        result.expect("the limit lowered");
+    }
+    released.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        committed(&backend, &input, &group).await,
+        (50, INPUTS as i64),
+        "nothing commits past 50"
+    );
+    let liveness = health.liveness();
+    assert!(
+        liveness.routes.iter().any(|(_, problems)| problems
+            .iter()
+            .any(|problem| matches!(problem, Problem::CommitsFailing { .. }))),
+        "{liveness}"
+    );
+    shutdown.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the run ends within 60 s of the shutdown")
+        .expect("task")
+        .expect("run");
+    tracing::info!(?report, "the stuck run");
+    assert!(!report.is_settled(), "{report:?}");
+    assert!(
+        (2..=15).contains(&report.ack_failures),
+        "transactions refused in 10 s, backing off: {}",
+        report.ack_failures
+    );
+
+    let (shutdown, run) = relay(transactions(), None).await;
+    until_all_committed(&backend, &input, &group, Duration::from_secs(30)).await;
+    let report = stop(shutdown, run).await;
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+    let counts = read_committed(&backend, &output).await;
+    let missing: Vec<usize> = (0..INPUTS)
+        .filter(|id| id.to_string() != LATE && counts.get(&id.to_string()) != Some(&1))
+        .collect();
+    assert!(missing.is_empty(), "ids not once: {missing:?}");
+    assert!(!counts.contains_key(LATE), "the refused output arrived");
 }

@@ -111,6 +111,20 @@ impl RunReport {
     pub fn completed(&self) -> u64 {
         self.succeeded + self.ignored + self.dead_lettered + self.discarded
     }
+
+    /// Whether the run left nothing for the broker to deliver again that it
+    /// can see: every delivery it held finished ([`unfinished`](Self::unfinished)
+    /// is empty) and the broker confirmed the final commit of every
+    /// partition ([`not_committed`](Self::not_committed) is empty).
+    ///
+    /// A run whose final commit failed has handled messages the broker does
+    /// not know are done: whatever `succeeded` counts, they are delivered
+    /// again (and on an exactly-once pipeline, their outputs were not
+    /// committed). A caller that reports a run's outcome (an exit status, a
+    /// summary line) should say so when this is `false`.
+    pub fn is_settled(&self) -> bool {
+        self.unfinished.is_empty() && self.not_committed.is_empty()
+    }
 }
 
 /// Why a run ended with an error. The report says what was done before.

@@ -156,9 +156,13 @@ where
             reachable && self.send_and_wait(batch, until).await
         };
         if !confirmed {
+            // The report lists them too (`not_committed`); the run's own
+            // summary counts only deliveries, so name them here.
             tracing::error!(
-                "the final commit failed or was not answered in time; finished messages may be \
-                 delivered again"
+                not_committed = ?watermarks,
+                "the final commit failed or was not answered in time: these partitions are not \
+                 committed up to the positions shown, and the messages finished there are \
+                 delivered again to the next consumer"
             );
         }
         FinalCommit {
