@@ -104,6 +104,12 @@ pub struct AmqpDeadLetterSink {
     carrier: Carrier,
     link: Mutex<Option<Link>>,
     reduced: AtomicU64,
+    /// This sink's part of every letter id: random, so that the letters of
+    /// two processes (whose channel epochs and delivery tags repeat) never
+    /// share an id.
+    instance: u64,
+    /// Letters this sink has tried to write: the other part of the id.
+    written: AtomicU64,
 }
 
 struct Link {
@@ -320,6 +326,8 @@ impl AmqpDeadLetterSinkBuilder {
             carrier: Carrier::keyless(Broker::Amqp),
             link: Mutex::new(None),
             reduced: AtomicU64::new(0),
+            instance: random_instance(),
+            written: AtomicU64::new(0),
         };
         sink.channel().await?;
         Ok(sink)
@@ -385,7 +393,12 @@ impl AmqpDeadLetterSink {
         frame_max: u32,
     ) -> Result<BasicProperties, DeadLetterError> {
         let origin = letter.message.metadata();
-        match fitting(letter, &self.carrier, frame_max) {
+        let token = format!(
+            "{:016x}-{}",
+            self.instance,
+            self.written.fetch_add(1, Ordering::Relaxed)
+        );
+        match fitting(letter, &self.carrier, frame_max, &token) {
             Fit::Full(properties) => Ok(properties),
             Fit::Reduced { properties, full } => {
                 self.reduced.fetch_add(1, Ordering::Relaxed);
@@ -494,8 +507,8 @@ const FRAME_OVERHEAD: usize = 8;
 
 /// How `letter` fits frames of `frame_max` bytes (0: no limit): whole,
 /// reduced, or not at all.
-fn fitting(letter: &DeadLetter, carrier: &Carrier, frame_max: u32) -> Fit {
-    let full = properties(letter, carrier, Shape::Full);
+fn fitting(letter: &DeadLetter, carrier: &Carrier, frame_max: u32, token: &str) -> Fit {
+    let full = properties(letter, carrier, Shape::Full, token);
     let room = usize::try_from(frame_max)
         .unwrap_or(usize::MAX)
         .saturating_sub(FRAME_OVERHEAD);
@@ -503,7 +516,7 @@ fn fitting(letter: &DeadLetter, carrier: &Carrier, frame_max: u32) -> Fit {
     if frame_max == 0 || full_size <= room {
         return Fit::Full(full);
     }
-    let reduced = properties(letter, carrier, Shape::Reduced);
+    let reduced = properties(letter, carrier, Shape::Reduced, token);
     match content_header_len(&reduced) {
         size if size <= room => Fit::Reduced {
             properties: reduced,
@@ -524,9 +537,14 @@ enum Shape {
 }
 
 /// Properties of the dead letter: persistent, the original properties, the
-/// original headers (unless reduced) and the envelope's fields, all as long
-/// strings.
-fn properties(letter: &DeadLetter, carrier: &Carrier, shape: Shape) -> BasicProperties {
+/// original headers (unless reduced), the envelope's fields and the
+/// letter's `token` ([`headers::LETTER_ID`]), all as long strings.
+fn properties(
+    letter: &DeadLetter,
+    carrier: &Carrier,
+    shape: Shape,
+    token: &str,
+) -> BasicProperties {
     let mut envelope = Envelope::new(letter, carrier);
     let mut properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
     let mut table = FieldTable::default();
@@ -585,7 +603,22 @@ fn properties(letter: &DeadLetter, carrier: &Carrier, shape: Shape) -> BasicProp
             AMQPValue::LongString(LongString::from(value.to_vec())),
         );
     }
+    table.insert(
+        short(headers::LETTER_ID),
+        AMQPValue::LongString(LongString::from(token)),
+    );
     properties.with_headers(table)
+}
+
+/// A number no other sink (of this process or another) is likely to draw:
+/// the standard library's randomly keyed hasher over the process id and
+/// the time.
+fn random_instance() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), now))
 }
 
 /// Reads a delivery of a dead-letter queue back as the letter an
@@ -604,8 +637,32 @@ fn properties(letter: &DeadLetter, carrier: &Carrier, shape: Shape) -> BasicProp
 /// [`EnvelopeError`] naming the envelope field that is missing, malformed
 /// or repeated.
 pub fn read_dead_letter(delivery: Delivery) -> Result<DeadLetter, EnvelopeError> {
+    read_stored(delivery).0
+}
+
+/// The letter in `delivery`, and the id its sink gave it
+/// ([`headers::LETTER_ID`], left out of the letter's headers), if any.
+pub(crate) fn read_stored(
+    delivery: Delivery,
+) -> (Result<DeadLetter, EnvelopeError>, Option<String>) {
     let message = DeliveryReader::new(SourceName::from("")).read(delivery, 0);
-    DeadLetter::read(None, message.payload().clone(), message.headers())
+    let token = message
+        .headers()
+        .get_str(headers::LETTER_ID)
+        .map(str::to_owned);
+    let letter = match token {
+        None => DeadLetter::read(None, message.payload().clone(), message.headers()),
+        Some(_) => {
+            let others: intake_core::Headers = message
+                .headers()
+                .iter()
+                .filter(|header| &*header.name != headers::LETTER_ID)
+                .map(|header| (header.name.clone(), header.value.clone()))
+                .collect();
+            DeadLetter::read(None, message.payload().clone(), &others)
+        }
+    };
+    (letter, token)
 }
 
 /// The size of the content header frame's payload that carries
@@ -759,6 +816,9 @@ mod tests {
         );
     }
 
+    /// The longest letter id a sink writes.
+    const TOKEN: &str = "ffffffffffffffff-18446744073709551615";
+
     fn carrier() -> Carrier {
         Carrier::keyless(Broker::Amqp)
     }
@@ -800,6 +860,7 @@ mod tests {
             &DeadLetter::new(message, "bad json", 1),
             &carrier(),
             Shape::Full,
+            TOKEN,
         );
         let table = table_of(&properties);
         assert_eq!(table.get(envelope::ORIGIN_KEY), None);
@@ -825,7 +886,7 @@ mod tests {
         .with_key(Bytes::from_static(b"orders.eu"))
         .with_headers(headers);
         let letter = DeadLetter::new(message, "bad json", 4);
-        let properties = properties(&letter, &carrier(), Shape::Full);
+        let properties = properties(&letter, &carrier(), Shape::Full, TOKEN);
         assert_eq!(
             properties.message_id().as_ref().map(ShortString::as_str),
             Some("m-7")
@@ -862,7 +923,7 @@ mod tests {
         // With a subscriber, so that the warning's fields are evaluated.
         let subscriber = tracing_subscriber::fmt().with_test_writer().finish();
         let properties = tracing::subscriber::with_default(subscriber, || {
-            properties(&letter, &carrier(), Shape::Full)
+            properties(&letter, &carrier(), Shape::Full, TOKEN)
         });
         let table = table_of(&properties);
         assert!(!table.keys().any(|key| key.starts_with('€')));
@@ -889,7 +950,7 @@ mod tests {
         )
         .with_headers(headers);
         let letter = DeadLetter::new(message, "bad", 1);
-        let properties = properties(&letter, &carrier(), Shape::Full);
+        let properties = properties(&letter, &carrier(), Shape::Full, TOKEN);
         assert_eq!(properties.message_id(), &None);
         assert_eq!(properties.correlation_id(), &None);
         let mut delivery = Delivery::mock(
@@ -921,12 +982,12 @@ mod tests {
         .with_key(vec![b'k'; 5_000]);
         let letter = DeadLetter::new(message, "bad", 1);
         assert!(matches!(
-            fitting(&letter, &carrier(), 4096),
+            fitting(&letter, &carrier(), 4096, TOKEN),
             Fit::Rejected { .. }
         ));
         // Its reference has no key, and fits.
         assert!(matches!(
-            fitting(&letter.to_reference(), &carrier(), 4096),
+            fitting(&letter.to_reference(), &carrier(), 4096, TOKEN),
             Fit::Full(_)
         ));
     }
@@ -1029,7 +1090,7 @@ mod tests {
         #[test]
         fn the_computed_header_size_is_what_lapin_encodes(letter in any_letter()) {
             for shape in [Shape::Full, Shape::Reduced] {
-                let properties = properties(&letter, &carrier(), shape);
+                let properties = properties(&letter, &carrier(), shape, TOKEN);
                 let (encoded, _) = cookie_factory::r#gen(
                     lapin::protocol::basic::gen_properties(&properties),
                     Vec::new(),
@@ -1045,7 +1106,7 @@ mod tests {
         #[test]
         fn what_the_sink_publishes_fits_the_frame(letter in any_letter()) {
             let room = 4096 - FRAME_OVERHEAD;
-            match fitting(&letter, &carrier(), 4096) {
+            match fitting(&letter, &carrier(), 4096, TOKEN) {
                 Fit::Full(properties) => {
                     proptest::prop_assert!(content_header_len(&properties) <= room);
                 }
@@ -1061,7 +1122,7 @@ mod tests {
         /// fits the smallest frame a broker may negotiate (4096 bytes).
         #[test]
         fn a_letter_from_an_amqp_queue_fits_the_smallest_frame(letter in amqp_letter()) {
-            let rejected = matches!(fitting(&letter, &carrier(), 4096), Fit::Rejected { .. });
+            let rejected = matches!(fitting(&letter, &carrier(), 4096, TOKEN), Fit::Rejected { .. });
             proptest::prop_assert!(!rejected, "rejected: {:?}", letter);
         }
 
@@ -1070,7 +1131,7 @@ mod tests {
         /// among them), error, attempts, times.
         #[test]
         fn a_delivered_dead_letter_reads_back_as_the_letter(letter in amqp_letter()) {
-            let Fit::Full(properties) = fitting(&letter, &carrier(), 0) else {
+            let Fit::Full(properties) = fitting(&letter, &carrier(), 0, TOKEN) else {
                 return Err(proptest::test_runner::TestCaseError::fail("no frame limit"));
             };
             let mut delivery = Delivery::mock(

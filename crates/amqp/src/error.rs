@@ -171,6 +171,30 @@ pub enum Error {
         /// The queue the message came from.
         queue: String,
     },
+    /// An operation of the [`AmqpDeadLetterStore`](crate::AmqpDeadLetterStore)
+    /// on every letter (a count with a filter, a listing to its end, a
+    /// purge or redrive by filter, or of ids it did not find) stopped
+    /// before it looked at them all: its pass held
+    /// [`max_letters`](crate::AmqpDeadLetterStoreBuilder::max_letters)
+    /// letters unacknowledged. `done` says what it did meanwhile (purged
+    /// and redriven letters are gone from the queue).
+    #[error(
+        "queue `{queue}` at {endpoint} held {ready} letters, and one pass of the dead-letter store looked at {looked_at} of them: it holds at most {max_letters} it leaves in the queue (`max_letters`); {done}, and the letters past them were not looked at; remove or redrive the letters before them first, or raise `max_letters`"
+    )]
+    PassLimit {
+        /// The broker (without password).
+        endpoint: String,
+        /// The dead-letter queue.
+        queue: String,
+        /// Letters ready when the pass began.
+        ready: u64,
+        /// Letters it looked at.
+        looked_at: u64,
+        /// The most it holds unacknowledged.
+        max_letters: usize,
+        /// What it did: "nothing was changed", "3 were purged", ...
+        done: String,
+    },
     /// Any other broker failure (a lost connection, a closed channel).
     /// Usually transient.
     #[error("the connection or channel to the AMQP broker at {endpoint} failed")]
@@ -214,6 +238,7 @@ impl Error {
             | Error::Unparsable { endpoint, .. }
             | Error::NotConfirmed { endpoint, .. }
             | Error::ReferenceNotWritten { endpoint, .. }
+            | Error::PassLimit { endpoint, .. }
             | Error::Broker { endpoint, .. } => Some(endpoint),
         }
     }
@@ -400,7 +425,7 @@ impl From<Error> for SourceError {
             Error::InvalidUrl { .. } | Error::Config(_) => {
                 SourceError::Config(error.to_string())
             }
-            Error::Topology { .. } | Error::ReferenceNotWritten { .. } => {
+            Error::Topology { .. } | Error::ReferenceNotWritten { .. } | Error::PassLimit { .. } => {
                 SourceError::Fatal(Box::new(error))
             }
             Error::Broker { .. }

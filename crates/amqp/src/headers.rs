@@ -15,6 +15,14 @@ pub const CONTENT_TYPE: &str = "amqp.content-type";
 /// Set by quorum queues: how often the message was returned before.
 pub const DELIVERY_COUNT: &str = "x-delivery-count";
 
+/// On a dead letter an [`AmqpDeadLetterSink`](crate::AmqpDeadLetterSink)
+/// wrote: the id its sink gave it (the sink's random instance and a
+/// counter). The [`AmqpDeadLetterStore`](crate::AmqpDeadLetterStore) makes
+/// the letter's id with it, so that two letters never share one; reading a
+/// letter back ([`read_dead_letter`](crate::read_dead_letter)) leaves it
+/// out of the letter's headers.
+pub const LETTER_ID: &str = "intake.amqp.letter-id";
+
 /// The most bytes of the error a reduced dead letter keeps (one whose
 /// headers had to be left out to fit a frame; see
 /// [`AmqpDeadLetterSink`](crate::AmqpDeadLetterSink)), cut at a character
