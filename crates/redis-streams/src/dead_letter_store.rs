@@ -8,10 +8,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use intake_core::ConfigError;
 use intake_core::Headers;
+use intake_core::dead_letter::envelope::ORIGIN_GROUP;
 use intake_core::dead_letter::store::{
     DeadLetterLog, LetterId, LogStore, StoreError, StoredLetter,
 };
-use redis::Value;
+use redis::{Script, Value};
 
 use crate::connection::{
     Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
@@ -38,6 +39,17 @@ pub type RedisDeadLetterStore = LogStore<RedisDeadLetters, RedisStreamsPublisher
 /// | read | `XRANGE id id` |
 /// | redrive | `XADD` to the origin through the publisher, then `XDEL` of the confirmed letters |
 /// | purge | `XDEL` |
+///
+/// The letters of every consumer group of a stream share its dead-letter
+/// stream (`intake.origin.group` tells them apart). A log scoped to a group
+/// ([`group`](RedisDeadLettersBuilder::group)) counts, lists, reads,
+/// redrives and purges that group's letters only, and knows the group's way
+/// back in: its return stream, when the group reads one
+/// ([`DeadLetterLog::way_back_to_group`], for
+/// [`Redrive::to_group`](intake_core::dead_letter::store::Redrive::to_group)).
+/// Without a scope it takes every letter of the stream, and a redrive can
+/// only go to the origin, where every group reads it again. A count of a
+/// scoped log is a scan (`XLEN` counts every group's).
 ///
 /// An entry is read back as the sink wrote it: the payload field is the
 /// payload, every other field a header or an envelope field, and the key
@@ -71,7 +83,42 @@ pub struct RedisDeadLetters {
     connection: SharedConnection,
     stream: Arc<str>,
     payload_field: Arc<str>,
+    /// The consumer group whose letters alone this log holds.
+    group: Option<Arc<str>>,
+    /// Return streams set by hand: (origin, return stream).
+    returns: Arc<[(String, String)]>,
 }
+
+/// `KEYS[1]` the dead-letter stream; `ARGV[1]` the group field's name,
+/// `ARGV[2]` the group, then ids. Deletes those of the ids whose entry
+/// belongs to the group (its first group field is the group); returns how
+/// many it deleted.
+static REMOVE_OF_GROUP: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+    Script::new(
+        r"
+local removed = 0
+for i = 3, #ARGV do
+  local entry = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])[1]
+  if entry then
+    local fields = entry[2]
+    for j = 1, #fields - 1, 2 do
+      if fields[j] == ARGV[1] then
+        if fields[j + 1] == ARGV[2] then
+          removed = removed + redis.call('XDEL', KEYS[1], ARGV[i])
+        end
+        break
+      end
+    end
+  end
+end
+return removed
+",
+    )
+});
+
+/// Ids per removal script call (Lua's `unpack` limit is far above; this
+/// keeps one call short, as a script holds the server).
+const REMOVE_CHUNK: usize = 1_000;
 
 impl fmt::Debug for RedisDeadLetters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -79,6 +126,7 @@ impl fmt::Debug for RedisDeadLetters {
             .field("endpoint", self.connection.connector().endpoint())
             .field("stream", &self.stream)
             .field("payload_field", &self.payload_field)
+            .field("group", &self.group)
             .finish()
     }
 }
@@ -94,6 +142,8 @@ impl RedisDeadLetters {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             stream: None,
             payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
+            group: None,
+            returns: Vec::new(),
         }
     }
 
@@ -105,6 +155,11 @@ impl RedisDeadLetters {
     /// The dead-letter stream.
     pub fn stream(&self) -> &str {
         &self.stream
+    }
+
+    /// The consumer group whose letters alone this log holds, if scoped.
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_deref()
     }
 
     fn failed(
@@ -120,32 +175,83 @@ impl RedisDeadLetters {
         StoreError::broker(operation, &*self.stream, error)
     }
 
-    /// The entries of `XRANGE stream start end COUNT max`.
-    async fn range(
+    /// The entries of `XRANGE stream start end COUNT max` (`XREVRANGE end
+    /// start` when `reverse`), as they are, whatever their group.
+    async fn raw_range(
         &self,
         operation: &'static str,
         start: StreamId,
         end: Option<StreamId>,
         max: usize,
-    ) -> Result<Vec<StoredLetter>, StoreError> {
-        let mut command = redis::cmd("XRANGE");
-        command.arg(&*self.stream).arg(start);
-        match end {
-            Some(end) => command.arg(end),
-            None => command.arg("+"),
+        reverse: bool,
+    ) -> Result<Vec<(StreamId, Vec<Value>)>, StoreError> {
+        let name = if reverse { "XREVRANGE" } else { "XRANGE" };
+        let mut command = redis::cmd(name);
+        command.arg(&*self.stream);
+        // `+` is the newest end; an id is one end or the other.
+        let mut formatted = [0_u8; 41];
+        let end: &[u8] = match end {
+            Some(end) => end.format(&mut formatted),
+            None => b"+",
         };
+        if reverse {
+            command.arg(end).arg(start);
+        } else {
+            command.arg(start).arg(end);
+        }
         command.arg("COUNT").arg(max);
         let mut connection = self.connection.get();
         let reply: Value = command
             .query_async(&mut connection)
             .await
-            .map_err(|error| self.failed(operation, "XRANGE", error))?;
-        let entries = entries_of(reply, "XRANGE")
-            .map_err(|error| StoreError::broker(operation, &*self.stream, error))?;
-        Ok(entries
-            .into_iter()
-            .map(|(id, fields)| self.stored(id, fields))
-            .collect())
+            .map_err(|error| self.failed(operation, name, error))?;
+        entries_of(reply, name).map_err(|error| StoreError::broker(operation, &*self.stream, error))
+    }
+
+    /// Whether an entry with `fields` is a letter of this log's group (any
+    /// entry, without a scope).
+    fn belongs(&self, fields: &[Value]) -> bool {
+        let Some(group) = &self.group else {
+            return true;
+        };
+        fields
+            .chunks_exact(2)
+            .find(|pair| bytes_of(&pair[0]) == Some(ORIGIN_GROUP.as_bytes()))
+            .and_then(|pair| bytes_of(&pair[1]))
+            == Some(group.as_bytes())
+    }
+
+    /// Up to `max` entries of this log's group from `start` to `end`
+    /// (included), oldest first: a full page means there may be more.
+    async fn range(
+        &self,
+        operation: &'static str,
+        mut start: StreamId,
+        end: Option<StreamId>,
+        max: usize,
+    ) -> Result<Vec<StoredLetter>, StoreError> {
+        let mut letters = Vec::new();
+        // Another group's letters are skipped: pages are read until `max`
+        // of this group's are found or the range ends.
+        while letters.len() < max {
+            let entries = self.raw_range(operation, start, end, max, false).await?;
+            let full = entries.len() == max;
+            let Some(&(last, _)) = entries.last() else {
+                break;
+            };
+            letters.extend(
+                entries
+                    .into_iter()
+                    .filter(|(_, fields)| self.belongs(fields))
+                    .map(|(id, fields)| self.stored(id, fields)),
+            );
+            match successor(last) {
+                Some(next) if full => start = next,
+                _ => break,
+            }
+        }
+        letters.truncate(max);
+        Ok(letters)
     }
 
     /// An entry as the sink wrote it: the first payload field is the
@@ -244,6 +350,20 @@ fn stream_id(id: &LetterId) -> Result<StreamId, StoreError> {
     })
 }
 
+/// Entries read per round trip by a scan of a scoped log.
+const PAGE: usize = 256;
+
+/// The last id before `id`, `None` before the first.
+fn predecessor(id: StreamId) -> Option<StreamId> {
+    match id.seq.checked_sub(1) {
+        Some(seq) => Some(StreamId { ms: id.ms, seq }),
+        None => id
+            .ms
+            .checked_sub(1)
+            .map(|ms| StreamId { ms, seq: u64::MAX }),
+    }
+}
+
 /// The first id after `id`, `None` past the last id a stream can hold.
 /// (`XRANGE`'s exclusive `(` start needs Redis 6.2; this works on any.)
 fn successor(id: StreamId) -> Option<StreamId> {
@@ -260,6 +380,27 @@ impl DeadLetterLog for RedisDeadLetters {
     }
 
     async fn entries(&self) -> Result<u64, StoreError> {
+        if self.group.is_some() {
+            // Every group's letters share the stream: only a scan counts one
+            // group's.
+            let mut count = 0;
+            let mut start = StreamId::ZERO;
+            loop {
+                let entries = self.raw_range("count", start, None, PAGE, false).await?;
+                let full = entries.len() == PAGE;
+                let Some(&(last, _)) = entries.last() else {
+                    return Ok(count);
+                };
+                count += entries
+                    .iter()
+                    .filter(|(_, fields)| self.belongs(fields))
+                    .count() as u64;
+                match successor(last) {
+                    Some(next) if full => start = next,
+                    _ => return Ok(count),
+                }
+            }
+        }
         let mut connection = self.connection.get();
         let reply: Value = redis::cmd("XLEN")
             .arg(&*self.stream)
@@ -279,19 +420,21 @@ impl DeadLetterLog for RedisDeadLetters {
     }
 
     async fn last(&self) -> Result<Option<LetterId>, StoreError> {
-        let mut connection = self.connection.get();
-        let reply: Value = redis::cmd("XREVRANGE")
-            .arg(&*self.stream)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut connection)
-            .await
-            .map_err(|error| self.failed("read", "XREVRANGE", error))?;
-        let entries = entries_of(reply, "XREVRANGE")
-            .map_err(|error| StoreError::broker("read", &*self.stream, error))?;
-        Ok(entries.first().map(|(id, _)| letter_id(*id)))
+        let page = if self.group.is_some() { PAGE } else { 1 };
+        let mut end = None;
+        loop {
+            let entries = self
+                .raw_range("read", StreamId::ZERO, end, page, true)
+                .await?;
+            let full = entries.len() == page;
+            if let Some((id, _)) = entries.iter().find(|(_, fields)| self.belongs(fields)) {
+                return Ok(Some(letter_id(*id)));
+            }
+            match entries.last().and_then(|&(oldest, _)| predecessor(oldest)) {
+                Some(before) if full => end = Some(before),
+                _ => return Ok(None),
+            }
+        }
     }
 
     async fn scan(
@@ -317,16 +460,45 @@ impl DeadLetterLog for RedisDeadLetters {
     async fn get(&self, id: &LetterId) -> Result<Option<StoredLetter>, StoreError> {
         let id = stream_id(id)?;
         Ok(self
-            .range("read", id, Some(id), 1)
+            .raw_range("read", id, Some(id), 1, false)
             .await?
             .into_iter()
-            .next())
+            .find(|(_, fields)| self.belongs(fields))
+            .map(|(id, fields)| self.stored(id, fields)))
     }
 
     async fn remove(&self, ids: &[LetterId]) -> Result<u64, StoreError> {
         let ids = ids.iter().map(stream_id).collect::<Result<Vec<_>, _>>()?;
         if ids.is_empty() {
             return Ok(0);
+        }
+        if let Some(group) = &self.group {
+            // Checked and deleted in one step on the server: an id of
+            // another group's letter is left alone.
+            let mut removed = 0;
+            for chunk in ids.chunks(REMOVE_CHUNK) {
+                let mut invocation = REMOVE_OF_GROUP.key(&*self.stream);
+                invocation.arg(ORIGIN_GROUP).arg(&**group);
+                for id in chunk {
+                    invocation.arg(*id);
+                }
+                let mut connection = self.connection.get();
+                let reply: Value = invocation
+                    .invoke_async(&mut connection)
+                    .await
+                    .map_err(|error| self.failed("remove letters from", "XDEL", error))?;
+                removed += integer_of(&reply).ok_or_else(|| {
+                    StoreError::broker(
+                        "remove letters from",
+                        &*self.stream,
+                        Error::UnexpectedReply {
+                            command: "XDEL",
+                            detail: format!("expected a count, got {reply:?}"),
+                        },
+                    )
+                })?;
+            }
+            return Ok(removed);
         }
         let mut connection = self.connection.get();
         let reply: Value = redis::cmd("XDEL")
@@ -346,6 +518,51 @@ impl DeadLetterLog for RedisDeadLetters {
             )
         })
     }
+
+    /// The group's return stream of `origin` (`<origin>:<group>:returned`,
+    /// or the one set with
+    /// [`return_stream`](RedisDeadLettersBuilder::return_stream)) when the
+    /// group reads it: the group exists there, which its source makes sure
+    /// of when it reads the stream, and the parking's mover when it moves a
+    /// copy there. `None` without a scope, or when the group does not read
+    /// it: a message written there would never be read (or, by a group
+    /// created there later at `$`, skipped).
+    async fn way_back_to_group(&self, origin: &str) -> Result<Option<Arc<str>>, StoreError> {
+        let Some(group) = &self.group else {
+            return Ok(None);
+        };
+        let returned = self
+            .returns
+            .iter()
+            .find(|(stream, _)| stream == origin)
+            .map_or_else(
+                || crate::RedisParking::return_stream(origin, group),
+                |(_, returned)| returned.clone(),
+            );
+        let mut connection = self.connection.get();
+        // The summary form answers NOGROUP when the stream or the group
+        // on it is missing.
+        let read: Result<Value, _> = redis::cmd("XPENDING")
+            .arg(&returned)
+            .arg(&**group)
+            .query_async(&mut connection)
+            .await;
+        match read {
+            Ok(_) => Ok(Some(returned.into())),
+            Err(error) if error.code() == Some("NOGROUP") => Ok(None),
+            Err(error) => {
+                let error = self
+                    .connection
+                    .connector()
+                    .key_error(error, "XPENDING", &returned);
+                Err(StoreError::broker(
+                    "look for the way back to",
+                    &*self.stream,
+                    error,
+                ))
+            }
+        }
+    }
 }
 
 /// Builds [`RedisDeadLetters`]; see [`RedisDeadLetters::builder`].
@@ -358,6 +575,8 @@ pub struct RedisDeadLettersBuilder {
     command_timeout: Duration,
     stream: Option<String>,
     payload_field: String,
+    group: Option<String>,
+    returns: Vec<(String, String)>,
 }
 
 impl fmt::Debug for RedisDeadLettersBuilder {
@@ -366,6 +585,8 @@ impl fmt::Debug for RedisDeadLettersBuilder {
             .field("url", &self.url)
             .field("stream", &self.stream)
             .field("payload_field", &self.payload_field)
+            .field("group", &self.group)
+            .field("return_streams", &self.returns)
             .finish_non_exhaustive()
     }
 }
@@ -387,6 +608,30 @@ impl RedisDeadLettersBuilder {
     /// (what the sink was given).
     pub fn dead_letters_of_with(self, stream: &str, naming: &DeadLetterStream) -> Self {
         self.stream(naming.name_for(stream))
+    }
+
+    /// Scopes the log to the letters of consumer group `group` (their
+    /// `intake.origin.group`): it counts, lists, reads, redrives and purges
+    /// those alone, and a redrive to the group goes to the group's return
+    /// stream (see [`RedisDeadLetters`]). Letters written without a group
+    /// (a broadcast reader's) belong to no group's scope.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Sets the group's return stream of origin `stream`, when its parking
+    /// was given another name than the default
+    /// [`RedisParking::return_stream`](crate::RedisParking::return_stream).
+    pub fn return_stream(
+        mut self,
+        stream: impl Into<String>,
+        return_stream: impl Into<String>,
+    ) -> Self {
+        let (stream, return_stream) = (stream.into(), return_stream.into());
+        self.returns.retain(|(origin, _)| *origin != stream);
+        self.returns.push((stream, return_stream));
+        self
     }
 
     /// The field that carries each letter's payload (default `payload`, the
@@ -439,6 +684,9 @@ impl RedisDeadLettersBuilder {
         if self.payload_field.is_empty() {
             return Err(ConfigError::new("payload_field", "is empty").into());
         }
+        if self.group.as_deref() == Some("") {
+            return Err(ConfigError::new("group", "is empty").into());
+        }
         let connector = Connector::new(
             &self.url,
             self.tls_root_certificate.as_deref(),
@@ -450,6 +698,8 @@ impl RedisDeadLettersBuilder {
             connection,
             stream: stream.into(),
             payload_field: self.payload_field.into(),
+            group: self.group.map(Arc::from),
+            returns: self.returns.into(),
         })
     }
 }
@@ -464,6 +714,9 @@ mod tests {
         assert_eq!(successor(id(5, 1)), Some(id(5, 2)));
         assert_eq!(successor(id(5, u64::MAX)), Some(id(6, 0)));
         assert_eq!(successor(id(u64::MAX, u64::MAX)), None);
+        assert_eq!(predecessor(id(5, 2)), Some(id(5, 1)));
+        assert_eq!(predecessor(id(6, 0)), Some(id(5, u64::MAX)));
+        assert_eq!(predecessor(id(0, 0)), None);
     }
 
     #[test]

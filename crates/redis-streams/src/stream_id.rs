@@ -44,7 +44,7 @@ impl StreamId {
     /// The id as `<ms>-<seq>` text in `buffer`. Hand-rolled rather than
     /// `write!`: an acknowledgement formats every id of a batch, and the
     /// formatting machinery costs several times more per number.
-    fn format(self, buffer: &mut [u8; 41]) -> &[u8] {
+    pub(crate) fn format(self, buffer: &mut [u8; 41]) -> &[u8] {
         fn digits(mut value: u64, end: usize, buffer: &mut [u8; 41]) -> usize {
             let mut start = end;
             loop {

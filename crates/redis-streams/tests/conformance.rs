@@ -14,7 +14,7 @@ impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support:
     async fn dead_letter_store(
         &self,
         source: &str,
-        _group: &str,
+        group: &str,
     ) -> Result<Self::Store, intake_core::BoxError> {
         let url = support::redis_url();
         let publisher = intake_redis_streams::RedisStreamsPublisher::builder(&url)
@@ -22,6 +22,9 @@ impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support:
             .await?;
         Ok(intake_redis_streams::RedisDeadLetters::builder(url)
             .dead_letters_of(source)
+            // Scoped as `intake dlq … --group` opens it: every group of a
+            // stream writes to the same dead-letter stream.
+            .group(group)
             .build()
             .await?
             .store(publisher))
