@@ -107,6 +107,7 @@ pub struct AmqpDeadLetterStore {
     publisher: AmqpPublisher,
     command_timeout: Duration,
     max_letters: usize,
+    partial_answers: bool,
 }
 
 impl fmt::Debug for AmqpDeadLetterStore {
@@ -115,6 +116,7 @@ impl fmt::Debug for AmqpDeadLetterStore {
             .field("endpoint", &self.url.endpoint())
             .field("queue", &self.queue)
             .field("max_letters", &self.max_letters)
+            .field("partial_answers", &self.partial_answers)
             .finish_non_exhaustive()
     }
 }
@@ -127,6 +129,7 @@ pub struct AmqpDeadLetterStoreBuilder {
     queue: Option<String>,
     command_timeout: Duration,
     max_letters: usize,
+    partial_answers: bool,
 }
 
 impl fmt::Debug for AmqpDeadLetterStoreBuilder {
@@ -135,6 +138,7 @@ impl fmt::Debug for AmqpDeadLetterStoreBuilder {
             .field("url", &intake_core::redact::url(&self.url))
             .field("queue", &self.queue)
             .field("max_letters", &self.max_letters)
+            .field("partial_answers", &self.partial_answers)
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +172,20 @@ impl AmqpDeadLetterStoreBuilder {
     /// [type docs](AmqpDeadLetterStore)).
     pub fn max_letters(mut self, max: usize) -> Self {
         self.max_letters = max;
+        self
+    }
+
+    /// Operations that need every letter answer for the letters one pass
+    /// looked at when it stops at
+    /// [`max_letters`](Self::max_letters), instead of failing with
+    /// [`Error::PassLimit`](crate::Error::PassLimit): a count or summary
+    /// counts those, a listing ends after them, a read or an id not among
+    /// them is not found, a purge or redrive acts on them. Silent about the
+    /// rest: for a caller that says itself that letters remain (an
+    /// unfiltered [`count`](DeadLetterStore::count) is exact: the queue's
+    /// ready messages).
+    pub fn partial_answers(mut self) -> Self {
+        self.partial_answers = true;
         self
     }
 
@@ -206,6 +224,7 @@ impl AmqpDeadLetterStoreBuilder {
             publisher,
             command_timeout: self.command_timeout,
             max_letters: self.max_letters,
+            partial_answers: self.partial_answers,
         };
         let (connection, channel) = store.open().await?;
         let declared = store.ready(&channel).await;
@@ -280,6 +299,7 @@ impl AmqpDeadLetterStore {
             queue: None,
             command_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_letters: 10_000,
+            partial_answers: false,
         }
     }
 
@@ -415,6 +435,12 @@ impl AmqpDeadLetterStore {
         Ok(())
     }
 
+    /// Whether `pass` stopped before it looked at every letter, and this
+    /// store says so rather than answer for what it saw.
+    fn short(&self, pass: &Pass) -> bool {
+        !self.partial_answers && pass.stopped_short()
+    }
+
     /// The error of an operation on every letter that `pass` could not
     /// look at in full; `done` says what it did meanwhile.
     fn stopped_short(&self, operation: &'static str, pass: &Pass, done: String) -> StoreError {
@@ -534,7 +560,7 @@ impl AmqpDeadLetterStore {
             redrive.report_progress(report.redriven);
         }
         let missing = wanted.missing();
-        if pass.stopped_short() && (wanted.is_filter() || !missing.is_empty()) {
+        if self.short(pass) && (wanted.is_filter() || !missing.is_empty()) {
             return Err(self.stopped_short(
                 "redrive every letter of",
                 pass,
@@ -716,7 +742,7 @@ impl DeadLetterStore for AmqpDeadLetterStore {
                 Err(error) => break Err(self.failed("read", error)),
             }
         };
-        let short = pass.stopped_short();
+        let short = self.short(&pass);
         let outcome = match walked {
             Ok(()) if short => Err(self.stopped_short(
                 "count every letter of",
@@ -762,11 +788,11 @@ impl DeadLetterStore for AmqpDeadLetterStore {
         };
         let outcome = match walked {
             Ok(true) => Ok(page),
-            Ok(false) if pass.stopped_short() && page.letters.len() == limit && started => {
+            Ok(false) if self.short(&pass) && page.letters.len() == limit && started => {
                 page.next = looked_at;
                 Ok(page)
             }
-            Ok(false) if pass.stopped_short() => Err(self.stopped_short(
+            Ok(false) if self.short(&pass) => Err(self.stopped_short(
                 "list every letter of",
                 &pass,
                 "nothing was changed".to_owned(),
@@ -790,7 +816,7 @@ impl DeadLetterStore for AmqpDeadLetterStore {
         };
         let outcome = match found {
             Ok(Some(stored)) => Ok(stored),
-            Ok(None) if pass.stopped_short() => Err(self.stopped_short(
+            Ok(None) if self.short(&pass) => Err(self.stopped_short(
                 "find a letter in",
                 &pass,
                 format!("{id} is not among them"),
@@ -838,7 +864,7 @@ impl DeadLetterStore for AmqpDeadLetterStore {
             }
             purged += 1;
         };
-        let short = pass.stopped_short() && (wanted.is_filter() || !wanted.missing().is_empty());
+        let short = self.short(&pass) && (wanted.is_filter() || !wanted.missing().is_empty());
         let outcome = match walked {
             Ok(()) if short => Err(self.stopped_short(
                 "purge every letter of",

@@ -384,3 +384,49 @@ async fn letters_written_before_sinks_gave_ids_are_told_apart_by_their_place() {
     assert_eq!(backend.messages_in(&dead_letters).await.unwrap(), 1);
     backend.cleanup().await;
 }
+
+#[tokio::test]
+async fn with_partial_answers_a_store_answers_for_what_one_pass_looked_at() {
+    let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_store_partial").await else {
+        return;
+    };
+    let origin = backend.classic_queue("store-partial-origin").await.unwrap();
+    let dead_letters = backend.classic_queue("store-partial").await.unwrap();
+    let sink = AmqpDeadLetterSink::builder(backend.url())
+        .exchange("")
+        .routing_key(dead_letters.as_str())
+        .build()
+        .await
+        .unwrap();
+    for tag in 1..=8 {
+        sink.write(&letter_of(&origin, tag, Bytes::from(tag.to_string())))
+            .await
+            .unwrap();
+    }
+    let publisher = AmqpPublisher::builder(backend.url()).build().await.unwrap();
+    let store = AmqpDeadLetterStore::builder(backend.url())
+        .queue(dead_letters.as_str())
+        .max_letters(5)
+        .partial_answers()
+        .build(publisher)
+        .await
+        .unwrap();
+    // The caller's own way to say more remain: the exact unfiltered count.
+    assert_eq!(store.count(&Filter::all()).await.unwrap(), 8);
+    let counted = store
+        .count(&Filter::all().with_class(ErrorClass::Permanent))
+        .await
+        .unwrap();
+    assert_eq!(counted, 5);
+    let page = store.list(&Filter::all(), 100, None).await.unwrap();
+    assert_eq!(page.letters.len(), 5);
+    assert_eq!(page.next, None);
+    let ids = page
+        .letters
+        .iter()
+        .map(|stored| stored.id.clone())
+        .collect();
+    assert_eq!(store.purge(&Selection::Ids(ids)).await.unwrap(), 5);
+    assert_eq!(backend.messages_in(&dead_letters).await.unwrap(), 3);
+    backend.cleanup().await;
+}
