@@ -55,9 +55,25 @@
 //! Each stream is one partition unless a subject token numbers them, so
 //! the runtime's default `DeliveryOrder::Partition` handles one message at a
 //! time. `DeliveryOrder::Key` keeps the order per subject and runs subjects in
-//! parallel; `DeliveryOrder::Unordered` runs everything in parallel. Instances
-//! sharing a durable consumer have no order between them, and a message
-//! handed back (`-NAK`, an expired `ack_wait`) comes back after later ones.
+//! parallel; `DeliveryOrder::Unordered` runs everything in parallel. What
+//! holds per subject (`tests/ordering.rs`, one test per clause):
+//!
+//! - one instance, steady state: stream order;
+//! - a retryable failure that reaches the runtime goes back to the server
+//!   (`-NAK` with the redelivery backoff) and comes back **after** the
+//!   later messages of its subject (a `RetryLayer` retries in place and
+//!   keeps the order);
+//! - a park ([`NatsParking`]) keeps its place: the later messages of its
+//!   subject that this process received wait behind it in the process;
+//! - a crash: the crashed process's messages come back after `ack_wait`, in
+//!   stream order among themselves, **after** later messages of their
+//!   subject delivered meanwhile; so does a message whose progress reports
+//!   were lost for longer than `ack_wait` (a connection cut that long);
+//! - a graceful stop: what the process held goes back at once and comes
+//!   first; a parked message goes back with what is left of its delay, and
+//!   a later message of its subject runs before it;
+//! - instances sharing a durable consumer split a subject's messages
+//!   between them: no order across instances.
 //!
 //! ```no_run
 //! use intake_nats::NatsSource;
