@@ -44,7 +44,7 @@ const LONGEST_BACKOFF: Duration = Duration::from_secs(10);
 /// reads the return stream.
 ///
 /// Returns `{indexed, undated, moved, vanished, more, next due or -1,
-/// {ids left in the parking stream}}`.
+/// {ids left in the parking stream}, trimmed}`.
 ///
 /// The types are checked first and the calls that can fail on an entry's
 /// content (`XRANGE` of an id from the index) are `pcall`ed: a script is
@@ -58,9 +58,26 @@ const LONGEST_BACKOFF: Duration = Duration::from_secs(10);
 /// created on the return stream at `0` where it is missing: a copy must
 /// never land in a return stream whose group the source would create
 /// later at `$` (`StartFrom::NewEntries`), past the copy.
+///
+/// Last, the return stream is trimmed (`XTRIM MINID`) up to the oldest entry
+/// some group on it still needs: its oldest pending entry, or else the
+/// first it has not read; the whole stream when every group read and
+/// acknowledged everything. A stream with no group is left alone.
 static ROUND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+-- Entry ids compared exactly (a sequence may pass what a Lua number holds).
+local function id_less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if not am or not bm then return false end
+  local function less(x, y)
+    if #x ~= #y then return #x < #y end
+    return x < y
+  end
+  if am ~= bm then return less(am, bm) end
+  return less(as, bs)
+end
 local kinds = {}
 for i, wanted in ipairs({'stream', 'stream', 'zset'}) do
   local found = redis.call('TYPE', KEYS[i])['ok']
@@ -163,7 +180,46 @@ local more = 0
 if full then
   more = 1
 end
-return {indexed, undated, moved, vanished, more, next_due, left}
+local trimmed = 0
+if redis.call('TYPE', KEYS[1])['ok'] == 'stream' then
+  local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+  -- Keep every id from `keep` on; nil: nothing is needed any more.
+  local keep, needed = nil, false
+  for _, info in ipairs(groups) do
+    local name, last
+    for i = 1, #info - 1, 2 do
+      if info[i] == 'name' then
+        name = info[i + 1]
+      elseif info[i] == 'last-delivered-id' then
+        last = info[i + 1]
+      end
+    end
+    local oldest = nil
+    local summary = redis.call('XPENDING', KEYS[1], name)
+    if tonumber(summary[1]) > 0 and summary[2] then
+      oldest = summary[2]
+    else
+      local unread = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1)[1]
+      if unread then
+        oldest = unread[1]
+      end
+    end
+    if oldest then
+      if not keep or id_less(oldest, keep) then
+        keep = oldest
+      end
+    end
+    needed = true
+  end
+  if needed then
+    if keep then
+      trimmed = redis.call('XTRIM', KEYS[1], 'MINID', keep)
+    else
+      trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
+    end
+  end
+end
+return {indexed, undated, moved, vanished, more, next_due, left, trimmed}
 ",
     )
 });
@@ -244,7 +300,11 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 ///    after it. A script is never interleaved with another, so two movers
 ///    never move the same entry, and it stops at the first failing call:
 ///    an entry is moved whole or not at all;
-/// 3. answers the earliest due time left.
+/// 3. trims the return stream (`XTRIM MINID`) up to the oldest copy a group
+///    on it still needs: the oldest it has pending, or else the first it
+///    has not read (all of it once everything was read and acknowledged;
+///    a return stream without a group is left alone);
+/// 4. answers the earliest due time left.
 ///
 /// Between rounds the mover sleeps until that due time, at most
 /// [`poll_interval`](RedisParkingBuilder::poll_interval) (1 s): that bounds
@@ -285,7 +345,9 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 /// parking stream plus a member of the index until it is moved; moving it
 /// is an `XRANGE`, `XADD`, `XDEL` and `ZREM` within a round's script, plus
 /// one `XGROUP CREATE` per round that moves any. An idle mover runs one
-/// short script per stream per poll interval. Each [`RedisParking`] holds
+/// short script per stream per poll interval (the trim looks at the return
+/// stream's groups: `XINFO GROUPS`, and an `XPENDING` summary and at most
+/// one `XRANGE` per group). Each [`RedisParking`] holds
 /// one connection (parks and mover share it). The source reads one more
 /// stream: its reads split their `COUNT` between the streams.
 ///
@@ -299,11 +361,12 @@ return {indexed, undated, moved, vanished, more, next_due, left}
 ///   name. Its dead letter goes to its origin's dead-letter stream and names
 ///   the entry it was first delivered as
 ///   ([`RedisDeadLetterSink`](crate::RedisDeadLetterSink)).
-/// - The return stream keeps the entries its group acknowledged, as any
-///   stream does, unless the source deletes them
-///   ([`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked)) or
-///   [`max_len`](RedisParkingBuilder::max_len) trims it (which can trim a
-///   copy the group has not read yet, if it lags that far).
+/// - The return stream holds the copies its group has not acknowledged
+///   and those after the oldest of them: each round trims what comes
+///   before (a copy stuck pending keeps every later one in the stream until
+///   it is claimed and acknowledged). [`max_len`](RedisParkingBuilder::max_len)
+///   is not needed for that, and it can trim a copy the group has not read
+///   yet, if it lags that far.
 /// - A broadcast reader has no group, hence no return stream of its own:
 ///   it cannot park.
 /// - A message the source did not decode (its key carried by no field) or
@@ -663,6 +726,9 @@ struct Round {
     next_due: Option<u64>,
     /// Ids too large to move, dropped from the index.
     left: Vec<String>,
+    /// Entries trimmed from the return stream: every group on it had read
+    /// and acknowledged them.
+    trimmed: u64,
 }
 
 impl Round {
@@ -670,8 +736,16 @@ impl Round {
         let Value::Array(items) = reply else {
             return None;
         };
-        let [indexed, undated, moved, vanished, more, next_due, left] =
-            <[Value; 7]>::try_from(items).ok()?;
+        let [
+            indexed,
+            undated,
+            moved,
+            vanished,
+            more,
+            next_due,
+            left,
+            trimmed,
+        ] = <[Value; 8]>::try_from(items).ok()?;
         let count = |value: Value| match value {
             Value::Int(number) => u64::try_from(number).ok(),
             _ => None,
@@ -700,6 +774,7 @@ impl Round {
             more: count(more)? > 0,
             next_due,
             left,
+            trimmed: count(trimmed)?,
         })
     }
 }
@@ -853,13 +928,15 @@ fn pace(wait: Duration, round: &Round) -> Duration {
 
 /// Logs what a round did that someone may look for.
 fn report(keys: &StreamKeys, round: &Round) {
-    if round.moved > 0 || round.indexed > 0 {
+    if round.moved > 0 || round.indexed > 0 || round.trimmed > 0 {
         tracing::debug!(
             stream = %keys.stream,
             return_stream = %keys.returned,
             indexed = round.indexed,
             moved = round.moved,
-            "parked messages indexed and moved to the return stream"
+            trimmed = round.trimmed,
+            "parked messages indexed and moved to the return stream; copies every group \
+             acknowledged trimmed from it"
         );
     }
     if round.undated > 0 {
@@ -1041,13 +1118,13 @@ impl RedisParkingBuilder {
         self
     }
 
-    /// Trims each return stream a parked message moves into to about
-    /// `max_len` entries (`XADD … MAXLEN ~ max_len`). Default: no trimming.
-    /// A copy the group has not read yet is trimmed too when the group lags
-    /// that far behind; the source's
-    /// [`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked)
-    /// keeps a return stream small without that risk. The parking streams
-    /// are never trimmed.
+    /// Also trims each return stream a parked message moves into to about
+    /// `max_len` entries (`XADD … MAXLEN ~ max_len`). Default: no such
+    /// bound. Not needed to keep a return stream small: every round of the
+    /// mover trims the copies its group acknowledged (see [`RedisParking`]).
+    /// A hard bound on top, at the price that a copy the group has not read
+    /// yet is trimmed too (lost) when the group lags that far behind. The
+    /// parking streams are never trimmed.
     pub fn max_len(mut self, max_len: u64) -> Self {
         self.max_len = Some(max_len);
         self
@@ -1467,6 +1544,7 @@ mod tests {
                 Value::Int(0),
                 Value::Int(1_700_000_000_000),
                 Value::Array(vec![Value::BulkString(b"1-1".to_vec())]),
+                Value::Int(4),
             ]
         };
         let parsed = Round::parse(Value::Array(good()));
@@ -1477,6 +1555,7 @@ mod tests {
                 moved: 1,
                 next_due: Some(1_700_000_000_000),
                 left: vec!["1-1".to_owned()],
+                trimmed: 4,
                 ..Round::default()
             })
         );

@@ -689,7 +689,9 @@ async fn the_runtime_parks_retry_later_failures_and_handles_them_after_their_del
         assert!(handled >= due, "{name} handled at {handled}, due {due}");
     }
     let returned = RedisParking::return_stream(&stream, &group);
-    assert_eq!(xlen(&mut redis, &returned).await, 10);
+    // The mover trims the copies the group acknowledged from the return
+    // stream (tests/bounded_streams.rs), so at most the 10 are left.
+    assert!(xlen(&mut redis, &returned).await <= 10);
     assert_eq!(xlen(&mut redis, &stream).await, count as u64);
     assert_all_acknowledged(&mut redis, &stream, &group).await;
     assert_all_acknowledged(&mut redis, &returned, &group).await;
