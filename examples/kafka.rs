@@ -46,15 +46,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     create_topic(&settings).await?;
     produce_example_orders(&settings).await?;
 
-    let source = KafkaSource::builder(
-        settings
-            .clone()
-            .set("partition.assignment.strategy", "cooperative-sticky"),
-    )
-    .group(GROUP)
-    .topic(TOPIC)
-    .build()
-    .await?;
+    // librdkafka's default assignment (`range`) gives partition p of every
+    // topic the group reads to one member: what parking's order per key
+    // needs once the source also reads a return topic (see
+    // `intake::kafka::parking`). `cooperative-sticky` may give partition p
+    // of a topic and of its return topic to different members.
+    let source = KafkaSource::builder(settings.clone())
+        .group(GROUP)
+        .topic(TOPIC)
+        .build()
+        .await?;
     let acker = source.acker();
     // Dead letters go to `intake-example.orders.billing.dlq`, on the source's
     // brokers with its settings.
