@@ -1,10 +1,13 @@
 //! The command line, as clap reads it.
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use intake_core::ErrorClass;
 use intake_core::dead_letter::store::{Filter, LetterId};
+
+use crate::kafka_settings::{RawSetting, raw_setting};
 
 /// Operate intake consumers: broker-side lag and dead letters.
 #[derive(Debug, Parser)]
@@ -64,6 +67,28 @@ pub struct Target {
     /// One JSON document on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// librdkafka settings, for `kafka://`.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// librdkafka settings of a `kafka://` broker: TLS, SASL, anything
+/// librdkafka takes, for every client the command makes.
+#[derive(Debug, Args)]
+pub struct KafkaArgs {
+    /// A file of librdkafka settings, KEY=VALUE a line (`#` starts a
+    /// comment), as `kcat -F` reads it: `security.protocol=SASL_SSL`,
+    /// `ssl.ca.location=/etc/ca.pem`, `sasl.mechanisms=SCRAM-SHA-512`,
+    /// `sasl.username=...`, `sasl.password=...`. Default: the file
+    /// `INTAKE_KAFKA_CONFIG` names, if set. The place for a password: it
+    /// stays out of `ps` and the shell history. `kafka://` only.
+    #[arg(long = "kafka-config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// One librdkafka setting, KEY=VALUE (repeat the option); it replaces
+    /// the file's. A value given here shows in `ps` and the shell history:
+    /// give secrets in the file. `kafka://` only.
+    #[arg(long = "kafka-setting", value_name = "KEY=VALUE", value_parser = raw_setting)]
+    pub settings: Vec<RawSetting>,
 }
 
 /// `intake lag`.
@@ -225,6 +250,12 @@ pub struct StoreArgs {
     /// `SOURCE_dlq` on NATS; a NATS stream named here is read whole).
     #[arg(long, value_name = "NAME")]
     pub dead_letters: Option<String>,
+    /// RabbitMQ: the most letters one pass over the queue takes (default
+    /// 10000). A pass holds each one, payload included, in the broker and
+    /// in this command's memory until it ends; letters behind them are not
+    /// read, which the command then says. `amqp://` only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub amqp_max_letters: Option<u64>,
 }
 
 /// Which letters a dlq command applies to; every option given must hold.

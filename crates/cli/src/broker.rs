@@ -4,7 +4,9 @@
 use intake_core::redact;
 use percent_encoding::percent_decode_str;
 
+use crate::args::KafkaArgs;
 use crate::failure::Failure;
+use crate::kafka_settings;
 
 /// Which broker a `--broker` URL names.
 #[derive(Clone, PartialEq, Eq)]
@@ -13,6 +15,10 @@ pub enum Broker {
     Kafka {
         /// `HOST:PORT[,HOST:PORT...]`.
         bootstrap: String,
+        /// librdkafka settings besides the brokers (TLS, SASL), from
+        /// `--kafka-config` and `--kafka-setting`, in order. Values may be
+        /// secrets: never shown.
+        settings: Vec<(String, String)>,
     },
     /// `redis://…` or `rediss://…`, as given.
     Redis {
@@ -48,12 +54,14 @@ impl Broker {
             let bootstrap = bootstrap.trim_end_matches('/');
             if bootstrap.is_empty() || bootstrap.contains('@') {
                 return Err(Failure::Usage(
-                    "--broker kafka:// takes HOST:PORT[,HOST:PORT...] (no credentials in the URL)"
+                    "--broker kafka:// takes HOST:PORT[,HOST:PORT...]; credentials go in \
+                     --kafka-config FILE (sasl.username, sasl.password), not in the URL"
                         .to_owned(),
                 ));
             }
             return Ok(Broker::Kafka {
                 bootstrap: bootstrap.to_owned(),
+                settings: Vec::new(),
             });
         }
         // A password holding an unescaped `/`, `?` or `#` would be read by
@@ -86,6 +94,42 @@ impl Broker {
         }
     }
 
+    /// `self` with the librdkafka settings `kafka` gives (a Kafka broker
+    /// also takes the file `INTAKE_KAFKA_CONFIG` names, when
+    /// `--kafka-config` is not given).
+    ///
+    /// # Errors
+    ///
+    /// A usage failure when settings are given for another broker, or are
+    /// malformed (see [`kafka_settings::load`]).
+    pub fn with_kafka_settings(self, kafka: &KafkaArgs) -> Result<Self, Failure> {
+        match self {
+            Broker::Kafka { bootstrap, .. } => Ok(Broker::Kafka {
+                bootstrap,
+                settings: kafka_settings::load(kafka.config.as_deref(), true, &kafka.settings)?,
+            }),
+            other if kafka.config.is_none() && kafka.settings.is_empty() => Ok(other),
+            _ => Err(Failure::Usage(
+                "--kafka-config and --kafka-setting apply to a kafka:// broker only".to_owned(),
+            )),
+        }
+    }
+
+    /// The librdkafka settings of a Kafka broker: the bootstrap servers,
+    /// then the settings given; `None` for another broker.
+    pub fn kafka_settings(&self) -> Option<intake_kafka::KafkaSettings> {
+        match self {
+            Broker::Kafka {
+                bootstrap,
+                settings,
+            } => Some(settings.iter().fold(
+                intake_kafka::KafkaSettings::new(bootstrap.as_str()),
+                |all, (key, value)| all.set(key.as_str(), value.as_str()),
+            )),
+            _ => None,
+        }
+    }
+
     /// The scheme's broker, as messages name it.
     #[allow(
         dead_code,
@@ -103,7 +147,7 @@ impl Broker {
     /// The URL as printed: without passwords (nor, for NATS, tokens).
     pub fn endpoint(&self) -> String {
         match self {
-            Broker::Kafka { bootstrap } => format!("kafka://{bootstrap}"),
+            Broker::Kafka { bootstrap, .. } => format!("kafka://{bootstrap}"),
             Broker::Redis { url } | Broker::Amqp { url } => redact::url(url),
             // A NATS URL's lone user info is a token, which the generic
             // redaction would show as a user name.
@@ -213,7 +257,8 @@ mod tests {
         assert_eq!(
             Broker::parse("kafka://127.0.0.1:9092/").unwrap(),
             Broker::Kafka {
-                bootstrap: "127.0.0.1:9092".to_owned()
+                bootstrap: "127.0.0.1:9092".to_owned(),
+                settings: Vec::new(),
             }
         );
         assert!(matches!(

@@ -43,6 +43,17 @@ pub fn store_failure(what: &str, error: StoreError) -> Failure {
              --to-origin if every consumer group of `{origin}` should handle them again, or \
              with --to DESTINATION to send them elsewhere"
         )),
+        StoreError::Broker { ref source, .. }
+            if matches!(
+                source.downcast_ref::<intake_amqp::Error>(),
+                Some(intake_amqp::Error::PassLimit { .. })
+            ) =>
+        {
+            Failure::PassLimit {
+                what: what.to_owned(),
+                source: Box::new(error),
+            }
+        }
         StoreError::Redrive { ref source, .. } if source.kind() == PublishErrorKind::Rejected => {
             Failure::Refused {
                 what: what.to_owned(),
@@ -451,30 +462,20 @@ struct PurgeJson<'a> {
 }
 
 /// `intake dlq purge`: removes the selected letters for good, after
-/// `confirm` says yes (it is asked with the count); a dry run only counts
-/// them by class.
+/// `confirm` says yes (it is asked with the count; `None`: `--yes`, nobody
+/// is asked); a dry run only counts them by class.
 pub async fn purge(
     store: &dyn Letters,
     selection: &Selection,
     dry_run: bool,
     as_json: bool,
-    confirm: impl FnOnce(&str) -> Result<(), Failure>,
+    confirm: Option<impl FnOnce(&str) -> Result<(), Failure>>,
 ) -> Result<String, Failure> {
     let destination = store.destination();
+    let Some(confirm) = confirm.filter(|_| !dry_run) else {
+        return purge_unasked(store, selection, dry_run, as_json).await;
+    };
     match selection {
-        Selection::Matching(filter) if dry_run => {
-            let summary = store
-                .summary(filter)
-                .await
-                .map_err(|error| store_failure("dlq purge", error))?;
-            return Ok(render_purge(
-                destination,
-                summary.total,
-                true,
-                Some(&summary),
-                as_json,
-            ));
-        }
         Selection::Matching(filter) => {
             // The question counts these letters, and the purge takes these
             // and no other: letters given up while a person reads it are
@@ -496,16 +497,42 @@ pub async fn purge(
             return Ok(render_purge(destination, purged, false, None, as_json));
         }
         Selection::Ids(ids) => {
-            if dry_run {
-                let letters = ids.len() as u64;
-                return Ok(render_purge(destination, letters, true, None, as_json));
-            }
             confirm(&format!(
                 "Delete {} dead letters from {} for good?",
                 ids.len(),
                 escaped(destination)
             ))?;
         }
+    }
+    let purged = store
+        .purge(selection)
+        .await
+        .map_err(|error| store_failure("dlq purge", error))?;
+    Ok(render_purge(destination, purged, false, None, as_json))
+}
+
+/// A purge nobody is asked about (`--yes`), or a dry run: by the
+/// selection itself, the store bounding a filter's by the letters it holds
+/// when it starts (no count was shown to bound it by, and a RabbitMQ pass
+/// that removes as it goes is not held back by `max_letters`).
+async fn purge_unasked(
+    store: &dyn Letters,
+    selection: &Selection,
+    dry_run: bool,
+    as_json: bool,
+) -> Result<String, Failure> {
+    let destination = store.destination();
+    if dry_run {
+        return Ok(match selection {
+            Selection::Matching(filter) => {
+                let summary = store
+                    .summary(filter)
+                    .await
+                    .map_err(|error| store_failure("dlq purge", error))?;
+                render_purge(destination, summary.total, true, Some(&summary), as_json)
+            }
+            Selection::Ids(ids) => render_purge(destination, ids.len() as u64, true, None, as_json),
+        });
     }
     let purged = store
         .purge(selection)
@@ -740,25 +767,35 @@ mod tests {
     async fn purge_asks_first_and_deletes_nothing_when_declined() {
         let (_broker, store) = store_with_three().await;
         let permanent = Selection::Matching(Filter::all().with_class(ErrorClass::Permanent));
-        let dry = purge(&store, &permanent, true, false, |_| {
-            panic!("a dry run asks nothing")
-        })
+        let dry = purge(
+            &store,
+            &permanent,
+            true,
+            false,
+            Some(|_: &str| panic!("a dry run asks nothing")),
+        )
         .await
         .unwrap();
         assert!(dry.starts_with("would purge 2 from "), "{dry}");
 
         let mut asked = String::new();
-        let declined = purge(&store, &permanent, false, false, |question| {
-            asked = question.to_owned();
-            Err(Failure::NotConfirmed)
-        })
+        let declined = purge(
+            &store,
+            &permanent,
+            false,
+            false,
+            Some(|question: &str| {
+                asked = question.to_owned();
+                Err(Failure::NotConfirmed)
+            }),
+        )
         .await
         .unwrap_err();
         assert_eq!(declined.exit_code(), 5);
         assert!(asked.starts_with("Delete 2 dead letters from "), "{asked}");
         assert_eq!(store.count(&Filter::all()).await.unwrap(), 3);
 
-        let done = purge(&store, &permanent, false, false, |_| Ok(()))
+        let done = purge(&store, &permanent, false, false, Some(|_: &str| Ok(())))
             .await
             .unwrap();
         assert!(done.starts_with("purged 2 from "), "{done}");
@@ -794,13 +831,19 @@ mod tests {
             let mut asked = String::new();
             // Letters given up while the person reads the question: two
             // permanent failures, like the first letter.
-            let done = purge(&store, &selection, false, true, |question| {
-                asked = question.to_owned();
-                for _ in 0..2 {
-                    broker.send(&topic, copy(&originals[0])).unwrap();
-                }
-                Ok(())
-            })
+            let done = purge(
+                &store,
+                &selection,
+                false,
+                true,
+                Some(|question: &str| {
+                    asked = question.to_owned();
+                    for _ in 0..2 {
+                        broker.send(&topic, copy(&originals[0])).unwrap();
+                    }
+                    Ok(())
+                }),
+            )
             .await
             .unwrap();
             assert!(

@@ -66,6 +66,22 @@ pub enum Failure {
     /// has no way back of its own); the text says what to do instead.
     #[error("{0}")]
     NotPossible(String),
+    /// A RabbitMQ pass held its most letters (`--amqp-max-letters`) and
+    /// stopped before it looked at every letter the command needed; the
+    /// source says how far it got and what it did.
+    #[error(
+        "{what}: the queue holds more letters than one pass reads (--amqp-max-letters, default \
+         10000): nothing past them was looked at. Raise --amqp-max-letters (the broker holds \
+         that many unacknowledged while the command runs), or replay or purge the letters \
+         before them first (purge --yes removes as it goes)"
+    )]
+    PassLimit {
+        /// What the command was doing.
+        what: String,
+        /// The store's error.
+        #[source]
+        source: BoxError,
+    },
     /// The command exists, but not for this broker yet.
     #[allow(
         dead_code,
@@ -106,9 +122,10 @@ impl Failure {
         match self {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Unavailable { .. } | Failure::TimedOut { .. } => EXIT_UNAVAILABLE,
-            Failure::Refused { .. } | Failure::NotFound(_) | Failure::NotPossible(_) => {
-                EXIT_REFUSED
-            }
+            Failure::Refused { .. }
+            | Failure::NotFound(_)
+            | Failure::NotPossible(_)
+            | Failure::PassLimit { .. } => EXIT_REFUSED,
             Failure::Unsupported { .. } => EXIT_UNSUPPORTED,
             Failure::NotConfirmed => EXIT_NOT_CONFIRMED,
         }
@@ -174,6 +191,13 @@ mod tests {
             ),
             (Failure::NotFound("n".into()), 3),
             (Failure::NotPossible("n".into()), 3),
+            (
+                Failure::PassLimit {
+                    what: "w".into(),
+                    source: io(),
+                },
+                3,
+            ),
             (
                 Failure::Unsupported {
                     command: "dlq count".into(),

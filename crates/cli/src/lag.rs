@@ -24,8 +24,10 @@ pub async fn query(
     let what = format!("lag of group {group} on {source}");
     let usage = |error: &dyn std::fmt::Display| Failure::Usage(format!("--broker: {error}"));
     let answer = match broker {
-        Broker::Kafka { bootstrap } => {
-            let settings = intake_kafka::KafkaSettings::new(bootstrap.as_str());
+        Broker::Kafka { bootstrap, .. } => {
+            let settings = broker
+                .kafka_settings()
+                .unwrap_or_else(|| intake_kafka::KafkaSettings::new(bootstrap.as_str()));
             let probe = intake_kafka::KafkaLagProbe::new(&settings, group, [source])
                 .map_err(|error| usage(&error))?
                 .timeout(timeout);

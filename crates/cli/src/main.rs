@@ -1,13 +1,17 @@
 //! `intake`: operate intake consumers from a shell or a script.
 //!
 //! ```text
-//! intake lag --broker URL --source NAME --group GROUP [--json] [--timeout SECS]
+//! intake lag --broker URL --source NAME --group GROUP [--json] [--timeout SECS] [KAFKA]
 //! intake dlq count  --broker URL --source NAME --group GROUP [FILTERS] [--json]
 //! intake dlq list   --broker URL --source NAME --group GROUP [FILTERS] [--limit N] [--after ID] [--json]
 //! intake dlq show   --broker URL --source NAME --group GROUP ID [--json]
 //! intake dlq replay --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--to-origin | --to DEST] [--max-replays N] [--dry-run] [--json]
 //! intake dlq purge  --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--dry-run] [--yes] [--json]
 //! ```
+//!
+//! Every `dlq` command takes `[KAFKA]` too, and `--dead-letters NAME`
+//! (`--amqp-max-letters N` on RabbitMQ). `KAFKA` is `--kafka-config FILE`
+//! and `--kafka-setting KEY=VALUE...` (below).
 //!
 //! `FILTERS` are `--class permanent|retryable`, `--since TIME`, `--until
 //! TIME` (an age such as `15m`, RFC 3339 UTC, or Unix seconds) and `--key
@@ -19,6 +23,31 @@
 //! (`tls://`). It may come from the `INTAKE_BROKER` environment variable
 //! instead, which keeps a password out of the shell history and of `ps`.
 //! No password or token is ever printed: every URL shown is redacted.
+//!
+//! Kafka's TLS and SASL (and any other librdkafka setting) are not in the
+//! URL: `--kafka-config FILE` reads librdkafka settings, `KEY=VALUE` a line
+//! (`#` starts a comment, as `kcat -F` reads them), from the file named, or
+//! else from the file `INTAKE_KAFKA_CONFIG` names; `--kafka-setting
+//! KEY=VALUE` (repeated) adds or replaces one. Every Kafka client of the
+//! command uses them (the store's reader, the replay's producer, the lag
+//! probe):
+//!
+//! ```text
+//! # /etc/intake/kafka.properties
+//! security.protocol=SASL_SSL
+//! ssl.ca.location=/etc/intake/ca.pem
+//! sasl.mechanisms=SCRAM-SHA-512
+//! sasl.username=ops
+//! sasl.password=...
+//! ```
+//!
+//! A password belongs in the file: on the command line it shows in `ps`
+//! and the shell history. No value is ever printed: a malformed line or
+//! argument is named by its number, librdkafka's refusals hide the values of
+//! secret settings, and `--kafka-setting` values never reach a usage error.
+//! `bootstrap.servers` comes from `--broker` and `group.id` from `--group`.
+//! Both options are refused for another broker (the environment variable is
+//! ignored there).
 //!
 //! What each broker counts as lag is in `intake_core::lag`. On RabbitMQ the
 //! source is the queue and the group names nothing (every consumer of a
@@ -35,7 +64,13 @@
 //! subject; see `intake_nats::NatsDeadLetters`). On RabbitMQ every
 //! operation but a plain count takes the queue's messages unacknowledged for
 //! its pass and puts back what it leaves (see
-//! `intake_amqp::AmqpDeadLetterStore`). On Kafka the topic
+//! `intake_amqp::AmqpDeadLetterStore`). A pass holds at most
+//! `--amqp-max-letters` (default 10,000) letters it leaves in the queue; an
+//! operation that needs every letter (a count, a listing to its end, a
+//! replay or purge by filter that leaves that many before the rest) stops
+//! there with exit code 3, saying how far it got and what it did: raise
+//! the bound, or remove the letters before them first (`purge --yes`
+//! removes as it goes and is not held back). On Kafka the topic
 //! `SOURCE.GROUP.dlq` the sink writes by default, or the topic
 //! `--dead-letters NAME`; ids are `PARTITION:OFFSET`, and a letter removed
 //! out of order is marked in the topic's side topic `NAME.removed` (see
@@ -59,10 +94,12 @@
 //! in time stops with 1. `--dry-run` on `replay` and `purge` moves nothing and shows the
 //! counts per error class. `purge` asks on the terminal first; with stdin
 //! not a terminal it refuses unless `--yes` is given. A purge by filter
-//! deletes exactly the letters it counted when it asked (it lists them
-//! first, `--yes` or not): letters given up while the question waits are
-//! left for the next purge, so `purged` never exceeds the count confirmed
-//! (it is lower when some were replayed or purged meanwhile). A long replay shows a
+//! that asks deletes exactly the letters it counted in the question (it
+//! lists them first): letters given up while the question waits are left
+//! for the next purge, so `purged` never exceeds the count confirmed (it is
+//! lower when some were replayed or purged meanwhile). With `--yes` no
+//! count is shown: the store takes the letters it holds when the purge
+//! starts. A long replay shows a
 //! progress bar on stderr when stderr is a terminal.
 //!
 //! # Output
@@ -115,6 +152,7 @@ mod args;
 mod broker;
 mod dlq;
 mod failure;
+mod kafka_settings;
 mod lag;
 mod output;
 mod stores;
@@ -173,7 +211,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 
 async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
     let target = command.target();
-    let broker = Broker::parse(&target.broker)?;
+    let broker = Broker::parse(&target.broker)?.with_kafka_settings(&target.kafka)?;
     if let DlqCommand::Purge {
         dry_run: false,
         yes: false,
@@ -191,6 +229,7 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
         &target.source,
         &target.group,
         command.store().dead_letters.as_deref(),
+        command.store().amqp_max_letters,
         target.timeout,
         command.name(),
     )
@@ -257,10 +296,10 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
             ..
         } => {
             let selection = selection(ids, filter);
-            dlq::purge(store, &selection, *dry_run, as_json, |question| {
-                confirm(question, *yes)
-            })
-            .await?
+            // With --yes nobody is shown a count to bound the purge by: the
+            // store's own bound applies (the letters held when it starts).
+            let confirm = (!*yes).then_some(ask);
+            dlq::purge(store, &selection, *dry_run, as_json, confirm).await?
         }
     };
     print(&text)
@@ -305,13 +344,10 @@ fn no_one_to_confirm() -> Failure {
     )
 }
 
-/// Asks `question` on the terminal unless `yes`; anything but `y` or
-/// `yes` declines. With stdin not a terminal there is nobody to ask: a
-/// script must say `--yes` rather than pipe an answer by accident.
-fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
-    if yes {
-        return Ok(());
-    }
+/// Asks `question` on the terminal; anything but `y` or `yes` declines.
+/// With stdin not a terminal there is nobody to ask: a script must say
+/// `--yes` rather than pipe an answer by accident.
+fn ask(question: &str) -> Result<(), Failure> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         return Err(no_one_to_confirm());
@@ -335,7 +371,7 @@ fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
 
 async fn lag(args: LagArgs) -> Result<(), Failure> {
     let target = &args.target;
-    let broker = Broker::parse(&target.broker)?;
+    let broker = Broker::parse(&target.broker)?.with_kafka_settings(&target.kafka)?;
     let lags = lag::query(&broker, &target.source, &target.group, target.timeout).await?;
     let text = if target.json {
         output::lag_json(&broker.endpoint(), &target.source, &target.group, &lags)

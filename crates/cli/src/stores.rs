@@ -90,9 +90,15 @@ pub async fn open(
     source: &str,
     group: &str,
     dead_letters: Option<&str>,
+    amqp_max_letters: Option<u64>,
     timeout: Duration,
     command: &str,
 ) -> Result<Box<dyn Letters>, Failure> {
+    if amqp_max_letters.is_some() && !matches!(broker, Broker::Amqp { .. }) {
+        return Err(Failure::Usage(
+            "--amqp-max-letters applies to an amqp:// broker only".to_owned(),
+        ));
+    }
     let what = format!("{command}: connecting to {}", broker.endpoint());
     match broker {
         Broker::Redis { url } => {
@@ -133,9 +139,15 @@ pub async fn open(
                 })?
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             let queue = dead_letters.map_or_else(|| default_amqp_queue(source), str::to_owned);
-            let store = AmqpDeadLetterStore::builder(url.as_str())
+            let mut store = AmqpDeadLetterStore::builder(url.as_str())
                 .queue(queue)
-                .command_timeout(timeout)
+                .command_timeout(timeout);
+            // Past it, an operation that needs every letter fails with
+            // `intake_amqp::Error::PassLimit`, which the command reports.
+            if let Some(max) = amqp_max_letters {
+                store = store.max_letters(usize::try_from(max).unwrap_or(usize::MAX));
+            }
+            let store = store
                 .build(publisher)
                 .await
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
@@ -175,8 +187,12 @@ pub async fn open(
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             Ok(Box::new(log.store(publisher)))
         }
-        Broker::Kafka { bootstrap } => {
-            let settings = KafkaSettings::new(bootstrap.as_str());
+        Broker::Kafka { bootstrap, .. } => {
+            // TLS and SASL settings too: the store's reader and side-topic
+            // clients and the replay's producer all use them.
+            let settings = broker
+                .kafka_settings()
+                .unwrap_or_else(|| KafkaSettings::new(bootstrap.as_str()));
             let log = KafkaDeadLetters::builder(settings.clone()).timeout(timeout);
             let log = match dead_letters {
                 Some(topic) => log.topic(topic),
