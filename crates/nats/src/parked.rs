@@ -18,8 +18,13 @@
 //!
 //! Room: the messages waiting here (and asked for) may hold at most
 //! `max_bytes` ([`Message::byte_size`]; the runtime's
-//! `max_in_flight_bytes`). A park past that is not asked for, and goes
-//! back to the server as a delayed `-NAK`.
+//! `max_in_flight_bytes`). A park for a message's own failure past that is
+//! not asked for, and goes back to the server as a delayed `-NAK`. A
+//! message that only waits behind its key is always kept: sent to the
+//! server, each such wait would be one delivery more, counted toward
+//! `max_deliveries` although it never failed (review R9). Those are at
+//! most the consumer's `max_ack_pending` (every message kept here is
+//! delivered and unacknowledged).
 //!
 //! One lock, taken once per park, per acker batch with parks, and per
 //! source turn while something waits (an atomic count skips it otherwise);
@@ -97,9 +102,10 @@ impl ParkedHere {
     }
 
     /// Keeps `message` (delivery `sequence`) to give back once the acker
-    /// parks it: `false` when it does not fit the room (the park then goes
-    /// back to the server).
-    pub(crate) fn ask(&self, sequence: u64, message: Message) -> bool {
+    /// parks it: `false` when a park for its `own_failure` does not fit the
+    /// room (the park then goes back to the server); one that only waits
+    /// behind its key always fits.
+    pub(crate) fn ask(&self, sequence: u64, message: Message, own_failure: bool) -> bool {
         let size = message.byte_size();
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);
         let mut inner = self.lock();
@@ -107,20 +113,23 @@ impl ParkedHere {
         let bytes = inner.bytes - replaced;
         // One message always fits, however large: the room bounds how
         // many wait, not whether one can.
-        if bytes > 0 && bytes + size > max_bytes {
+        if own_failure && bytes > 0 && bytes + size > max_bytes {
             if !inner.full {
                 inner.full = true;
                 tracing::warn!(
                     parked_bytes = bytes,
                     max_bytes,
                     "messages parked in this process fill its byte budget \
-                     (max_in_flight_bytes): further parks go back to the server as a delayed \
-                     nak, each one a delivery more, to any instance of the group",
+                     (max_in_flight_bytes): further parks for a message's own failure go back \
+                     to the server as a delayed nak, each one a delivery more, to any instance \
+                     of the group",
                 );
             }
             return false;
         }
-        inner.full = false;
+        if own_failure {
+            inner.full = false;
+        }
         inner.bytes = bytes + size;
         if inner.asked.insert(sequence, message).is_none() {
             self.entries.fetch_add(1, Ordering::Relaxed);
@@ -291,8 +300,8 @@ mod tests {
         held(&deliveries, 7);
         held(&deliveries, 8);
         let now = Instant::now();
-        assert!(parked.ask(7, message(7, b"a")));
-        assert!(parked.ask(8, message(8, b"b")));
+        assert!(parked.ask(7, message(7, b"a"), true));
+        assert!(parked.ask(8, message(8, b"b"), true));
         let a = parked.take_asked(7).expect("asked");
         let b = parked.take_asked(8).expect("asked");
         parked.wait(8, b, now + Duration::from_secs(1));
@@ -326,11 +335,15 @@ mod tests {
         let big = message(1, b"0123456789");
         let size = big.byte_size();
         let parked = ParkedHere::new(size + size / 2);
-        assert!(parked.ask(1, big), "the first fits");
-        assert!(!parked.ask(2, message(2, b"0123456789")), "no room");
-        parked.forget_asked(&[1]);
-        assert!(parked.ask(2, message(2, b"0123456789")), "room again");
+        assert!(parked.ask(1, big, true), "the first fits");
+        assert!(!parked.ask(2, message(2, b"0123456789"), true), "no room");
+        assert!(
+            parked.ask(4, message(4, b"0123456789"), false),
+            "a message waiting behind its key is always kept"
+        );
+        parked.forget_asked(&[1, 4]);
+        assert!(parked.ask(2, message(2, b"0123456789"), true), "room again");
         let lone = ParkedHere::new(1);
-        assert!(lone.ask(3, message(3, b"larger than the room")));
+        assert!(lone.ask(3, message(3, b"larger than the room"), true));
     }
 }

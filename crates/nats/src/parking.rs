@@ -51,11 +51,15 @@ use crate::parked::ParkedHere;
 /// # What it costs
 ///
 /// - **Memory**: a parked message stays in memory until due (its payload
-///   is the delivery's, not a copy). The messages parked in one process
+///   is the delivery's, not a copy). Messages parked for their own failure
 ///   may hold at most the consumer's byte budget
-///   (`ConsumerBuilder::max_in_flight_bytes`, 64 MiB by default); a park
-///   past that goes back to the server with `-NAK` and its delay (logged
-///   once per stretch): as before, one delivery more, to any instance.
+///   (`ConsumerBuilder::max_in_flight_bytes`, 64 MiB by default) with the
+///   others parked here; a park past that goes back to the server with
+///   `-NAK` and its delay (logged once per stretch): as before, one
+///   delivery more, to any instance. A message that only waits behind its
+///   key is always kept here, so it is never counted as a delivery: with
+///   those, at most the consumer's `max_ack_pending` messages are parked
+///   in one process (the server counts each as unacknowledged).
 /// - **A slot of `max_ack_pending`** per parked message until it is due:
 ///   the server counts it delivered and unacknowledged, and sends nothing
 ///   new while the consumer's `max_ack_pending` are. The source sizes it
@@ -173,8 +177,7 @@ impl fmt::Debug for NatsParking {
 /// (nothing reads them on NATS), and on its next attempt if it was parked
 /// for its own failure (the parking layer wrote [`PARKS`] then), on the
 /// same one if it only waited behind its key.
-fn to_give_back(message: &Message) -> Message {
-    let own_failure = message.headers().get(PARKS).is_some();
+fn to_give_back(message: &Message, own_failure: bool) -> Message {
     let mut back = message.clone();
     if message
         .headers()
@@ -206,7 +209,9 @@ impl Parking for NatsParking {
         if metadata.source() == &self.stream
             && let Some(sequence) = crate::acker::sequence(metadata.position())
         {
-            self.parked.ask(sequence, to_give_back(message));
+            let own_failure = message.headers().get(PARKS).is_some();
+            self.parked
+                .ask(sequence, to_give_back(message, own_failure), own_failure);
         }
         Ok(Parked::HandedBack)
     }

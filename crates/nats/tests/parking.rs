@@ -532,3 +532,69 @@ async fn park_headers_a_producer_wrote_are_ignored() {
         .expect("read the dead letters");
     assert!(letters.is_empty(), "{letters:?}");
 }
+
+/// Past the room for parked messages (the consumer's byte budget), a park
+/// for a message's own failure goes back to the server (`-NAK` with its
+/// delay: one delivery more); a message that only waits behind its key is
+/// still kept in the process, so it is never counted as a delivery and
+/// never dead-lettered for waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_room_heads_go_back_to_the_server_and_followers_stay() {
+    let Some(backend) = NatsBackend::new("park room in bytes").await else {
+        return;
+    };
+    let stream = support::unique("bytes");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    let (keys, followers) = (8, 3);
+    support::produce(
+        backend.client(),
+        &stream,
+        heads_and_followers(keys, followers),
+    )
+    .await
+    .expect("produce");
+    let source = backend.source(&stream, "g").build().await.expect("source");
+    let counters = source.counters();
+    let acker = source.acker();
+    let sink = source.dead_letter_sink().build().await.expect("sink");
+    let calls = Calls::default();
+    let handler = tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(sink))
+        .layer(ParkingLayer::new(source.parking()))
+        .service(heads_fail(calls.clone(), 0, 2, Duration::from_millis(300)));
+    // Room for about two parked messages (each about 100 bytes with its
+    // subject as key).
+    let running = Running::start(
+        Consumer::builder()
+            .ordering(DeliveryOrder::Key)
+            .max_in_flight_bytes(250),
+        source,
+        acker,
+        handler,
+    );
+    wait_until("everything settled", Duration::from_secs(60), || {
+        support::block_on_unacknowledged(backend.client(), &stream, "g") == 0
+    })
+    .await;
+    running.stop().await;
+    let letters = backend
+        .dead_letters(&stream, "g")
+        .await
+        .expect("read the dead letters");
+    assert!(letters.is_empty(), "{letters:?}");
+    assert!(counters.naks() > 0, "some heads went back to the server");
+    assert!(counters.parked_here() > 0);
+    for call in calls.all() {
+        if call.payload.starts_with('f') {
+            assert!(call.ok, "{call:?}");
+            assert_eq!(call.attempt, 1, "never delivered again: {call:?}");
+        }
+    }
+    for key in 0..keys {
+        for follower in 0..followers {
+            assert!(calls.succeeded(&format!("f{key}.{follower}")));
+        }
+    }
+}
