@@ -7,6 +7,9 @@
 //! round trip is under way the next batch grows.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::Value;
 
 use crate::connection::SharedConnection;
 use crate::held::HeldEntries;
@@ -28,7 +31,23 @@ struct GroupAcker {
     connection: SharedConnection,
     settings: Arc<Settings>,
     held: Arc<HeldEntries>,
+    /// Whether a refused deletion (another group reads a stream) was
+    /// logged, so that it is logged once.
+    refusal_logged: AtomicBool,
 }
+
+/// `delete_acked`'s deletion: `KEYS[1]` the stream; `ARGV` the ids. Deletes
+/// them only while the stream has no consumer group but one (this group's,
+/// which just acknowledged them): another group may not have read them.
+/// Returns how many it deleted, or -1 when another group reads the stream.
+/// Sent as `EVAL` in the acknowledgement's pipeline: the text is short, and
+/// a pipeline cannot fall back from `EVALSHA` to `EVAL` by itself.
+const DELETE_IF_SOLE_GROUP: &str = r"
+if #redis.call('XINFO', 'GROUPS', KEYS[1]) > 1 then
+  return -1
+end
+return redis.call('XDEL', KEYS[1], unpack(ARGV))
+";
 
 impl std::fmt::Debug for RedisStreamsAcker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,6 +72,7 @@ impl RedisStreamsAcker {
             connection,
             settings,
             held,
+            refusal_logged: AtomicBool::new(false),
         });
         Self { group }
     }
@@ -122,11 +142,15 @@ impl GroupAcker {
             }
             pipe.ignore();
             if self.settings.delete_acked {
-                pipe.cmd("XDEL").arg(&*ack.partition.source);
+                // Deleted only while no other group reads the stream; the
+                // answer is looked at below.
+                pipe.cmd("EVAL")
+                    .arg(DELETE_IF_SOLE_GROUP)
+                    .arg(1)
+                    .arg(&*ack.partition.source);
                 for id in ids() {
                     pipe.arg(id);
                 }
-                pipe.ignore();
             }
         }
         if acknowledged == 0 {
@@ -137,9 +161,9 @@ impl GroupAcker {
             tracing::debug!(requeued, "entries left pending for a later claim");
         }
         let mut connection = self.connection.get();
-        let mut sent = pipe.query_async::<()>(&mut connection).await;
+        let mut sent = pipe.query_async::<Vec<Value>>(&mut connection).await;
         let retry = match &sent {
-            Ok(()) => false,
+            Ok(_) => false,
             // The shared connection reconnects after a failure by itself.
             Err(error) if error.is_connection_dropped() || error.is_io_error() => true,
             Err(error) => self.connection.replace_if_replica(error).await,
@@ -148,7 +172,19 @@ impl GroupAcker {
             // XACK is idempotent, so one immediate retry spares a wait for
             // the next batch (and a redelivery, if there is none).
             let mut connection = self.connection.get();
-            sent = pipe.query_async::<()>(&mut connection).await;
+            sent = pipe.query_async::<Vec<Value>>(&mut connection).await;
+        }
+        if let Ok(deletions) = &sent
+            && deletions.contains(&Value::Int(-1))
+            && !self.refusal_logged.swap(true, Ordering::Relaxed)
+        {
+            tracing::error!(
+                group = %group,
+                streams = %self.settings.stream_list(),
+                "delete_acked deletes nothing: another consumer group reads the stream, and \
+                 would lose the entries it has not read; acknowledged entries stay (turn \
+                 delete_acked off, or trim on the producer side)"
+            );
         }
         if sent.is_ok() {
             for ack in &batch.partitions {
@@ -160,7 +196,7 @@ impl GroupAcker {
                 );
             }
         }
-        sent.map_err(|error| {
+        sent.map(drop).map_err(|error| {
             let error = self.connection.connector().error(error, "XACK");
             // The runtime gives the work back and sends it with the next
             // batch; until then the entries stay pending, never lost.

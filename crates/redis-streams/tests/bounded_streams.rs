@@ -233,9 +233,7 @@ async fn delete_acked_stops_deleting_once_another_group_reads_the_stream() {
         .query_async::<()>(&mut redis)
         .await
         .expect("XGROUP CREATE");
-    // The source looks at the stream's groups every third of
-    // claim_min_idle (500 ms here).
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Each deletion checks the stream's groups as it deletes.
     let read = receive(&mut source, 5, 5, Duration::from_secs(5)).await;
     ack(&mut acker, &read).await;
     assert_eq!(

@@ -315,6 +315,13 @@ impl RedisStreamsSourceBuilder {
     /// trip as the `XACK`. Off by default: it costs about a third of the
     /// throughput, and trimming by length on the producer side (`XADD
     /// MAXLEN ~`) is usually the better tool.
+    ///
+    /// Only for a stream this group alone reads: an entry deleted is gone
+    /// for every group. [`build`](Self::build) refuses it when another
+    /// consumer group exists on one of the streams, and a group that
+    /// appears while the source runs stops the deleting (each deletion
+    /// checks, in the same script, that the stream has one group; logged
+    /// once at error level): acknowledged entries then stay.
     pub fn delete_acked(mut self, delete: bool) -> Self {
         self.delete_acked = delete;
         self
@@ -482,7 +489,9 @@ impl RedisStreamsSourceBuilder {
     /// [`RedisStreamsSource::acker`].
     ///
     /// Fails with a typed error for a bad setting or URL, an unreachable
-    /// server, refused credentials, or a key that is not a stream.
+    /// server, refused credentials, or a key that is not a stream; with
+    /// [`delete_acked`](Self::delete_acked), for a stream another consumer
+    /// group reads too.
     pub async fn build(self) -> Result<RedisStreamsSource, Error> {
         let settings = Arc::new(self.settings()?);
         let connector = self.connector()?;

@@ -210,6 +210,22 @@ pub(crate) fn parse_pending(value: Value, out: &mut Vec<PendingEntry>) -> Result
     Ok(())
 }
 
+/// The group names of an `XINFO GROUPS` reply: one field list (RESP2) or
+/// map (RESP3) per group, its `name` among the fields.
+pub(crate) fn group_names(value: Value) -> Result<Vec<String>, Error> {
+    let mut names = Vec::new();
+    for group in into_items(value, "XINFO GROUPS")? {
+        let fields = into_items(group, "XINFO GROUPS")?;
+        let name = fields
+            .chunks_exact(2)
+            .find(|pair| bytes_of(&pair[0]) == Some(b"name"))
+            .and_then(|pair| bytes_of(&pair[1]))
+            .ok_or_else(|| unexpected("XINFO GROUPS", "a group without a name"))?;
+        names.push(String::from_utf8_lossy(name).into_owned());
+    }
+    Ok(names)
+}
+
 /// What became of an entry.
 pub(crate) enum Decoded {
     /// A message ready for the handler.

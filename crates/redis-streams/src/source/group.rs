@@ -91,6 +91,43 @@ pub(super) async fn create_groups(
     Ok(())
 }
 
+/// Refuses `delete_acked` on a stream that another consumer group reads:
+/// what this group acknowledged and deleted, that group would never read.
+pub(super) async fn refuse_shared_streams(
+    connection: &mut MultiplexedConnection,
+    connector: &Connector,
+    settings: &Settings,
+) -> Result<(), Error> {
+    let Some(group) = settings.group.as_deref() else {
+        return Ok(());
+    };
+    for stream in &settings.streams {
+        let reply: Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&**stream)
+            .query_async(connection)
+            .await
+            .map_err(|error| connector.key_error(error, "XINFO GROUPS", stream))?;
+        let others = super::convert::group_names(reply)?
+            .into_iter()
+            .filter(|name| name != group)
+            .collect::<Vec<_>>();
+        if !others.is_empty() {
+            return Err(intake_core::ConfigError::new(
+                "delete_acked",
+                format!(
+                    "deletes each entry once `{group}` acknowledged it, but `{stream}` is read \
+                     by other consumer groups too ({}), which would lose the entries they \
+                     have not read; turn it off (trim on the producer side, `XADD MAXLEN ~`)",
+                    others.join(", ")
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 struct GroupStream {
     name: intake_core::SourceName,
     /// The newest id decoded from this stream: every pending entry of this

@@ -127,6 +127,9 @@ impl RedisStreamsSource {
         let positions = match &settings.group {
             Some(_) => {
                 group::create_groups(&mut connection, &connector, &settings).await?;
+                if settings.delete_acked {
+                    group::refuse_shared_streams(&mut connection, &connector, &settings).await?;
+                }
                 None
             }
             None => Some(broadcast::start_positions(&mut connection, &connector, &settings).await?),
