@@ -245,9 +245,11 @@ impl DlqCommand {
 #[derive(Debug, Args)]
 pub struct StoreArgs {
     /// The dead-letter destination, when the consumer's sink was given one
-    /// (default: the stream `SOURCE:dlq` on Redis, the queue `SOURCE.dlq`
-    /// on RabbitMQ, the subject `SOURCE.GROUP.dlq` of the stream
-    /// `SOURCE_dlq` on NATS; a NATS stream named here is read whole).
+    /// (default: the topic `SOURCE.GROUP.dlq` on Kafka; the stream
+    /// `SOURCE:dlq` on Redis, of which GROUP's letters alone, as of a stream
+    /// named here; the queue `SOURCE.dlq` on RabbitMQ; the subject
+    /// `SOURCE.GROUP.dlq` of the stream `SOURCE_dlq` on NATS, and a NATS
+    /// stream named here is read whole).
     #[arg(long, value_name = "NAME")]
     pub dead_letters: Option<String>,
     /// RabbitMQ: the most letters one pass over the queue takes (default

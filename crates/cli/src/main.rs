@@ -54,9 +54,11 @@
 //! queue shares its messages); on NATS the group is the durable consumer.
 //!
 //! `intake dlq` works on the dead-letter destination through the backend's
-//! `DeadLetterStore` (see `intake_core::dead_letter::store`): on Redis the
-//! stream `SOURCE:dlq` the sink writes by default (every group's letters of
-//! that stream), on RabbitMQ the queue `SOURCE.dlq` (the examples'
+//! `DeadLetterStore` (see `intake_core::dead_letter::store`): on Redis
+//! GROUP's letters of the stream `SOURCE:dlq` the sink writes by default
+//! (every group's letters share it; `intake.origin.group` tells them apart,
+//! and the command counts, lists, shows, replays and purges GROUP's alone),
+//! on RabbitMQ the queue `SOURCE.dlq` (the examples'
 //! convention: an AMQP sink publishes where it is told), or `--dead-letters
 //! NAME` on either; on NATS the subject `SOURCE.GROUP.dlq` on the stream
 //! `SOURCE_dlq` the sink writes by default, or every subject of the stream
@@ -82,7 +84,9 @@
 //!
 //! A replay goes back to GROUP alone by default (`Redrive::to_group`):
 //! through the group's own way back in, which no other group reads (on
-//! RabbitMQ the queue the letter came from, which is the group's). A topic,
+//! RabbitMQ the queue the letter came from, which is the group's; on Redis
+//! the group's return stream `SOURCE:GROUP:returned` when the group reads
+//! it, as its parking makes it). A topic,
 //! stream or subject is read by every consumer group of it, so where the
 //! store knows no way back for the group alone it refuses with exit code 3,
 //! replays nothing of that origin, and says so: `--to-origin` then

@@ -79,9 +79,10 @@ impl Letters for AmqpDeadLetterStore {
     }
 }
 
-/// The store of the dead letters of `source` (and, on NATS, consumer
-/// `group`) on `broker`, in `dead_letters` or else where the backend's
-/// sink writes them by default (Redis: the stream `SOURCE:dlq`; RabbitMQ:
+/// The store of the dead letters of `source` and consumer `group` on
+/// `broker` (RabbitMQ: the queue's, a queue has no groups), in
+/// `dead_letters` or else where the backend's sink writes them by default
+/// (Redis: the group's letters of the stream `SOURCE:dlq`; RabbitMQ:
 /// the queue `SOURCE.dlq`; NATS: the subject `SOURCE.GROUP.dlq` on the
 /// stream `SOURCE_dlq`; Kafka: the topic `SOURCE.GROUP.dlq`); every broker
 /// call bounded by `timeout`.
@@ -109,7 +110,10 @@ pub async fn open(
                 Some(stream) => log.stream(stream),
                 None => log.dead_letters_of(source),
             };
+            // Every group's letters share the stream: the group's alone,
+            // and a replay to the group goes to its return stream.
             let log = log
+                .group(group)
                 .build()
                 .await
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;

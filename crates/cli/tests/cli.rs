@@ -1692,3 +1692,86 @@ async fn redis_group_scopes_count_list_purge_and_replay() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn redis_default_replay_goes_to_the_groups_return_stream_or_nowhere() {
+    if !broker_listens("redis group replay", "127.0.0.1:6379") {
+        return;
+    }
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::{DeadLetter, Message, Metadata, Position};
+    use intake_redis_streams::{RedisParking, RedisStreamsSource};
+
+    let (stream, group) = (unique("way-back"), "billing");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("payload")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let source = RedisStreamsSource::builder(REDIS)
+        .stream(stream.as_str())
+        .group(group)
+        .consumer("c1")
+        .build()
+        .await
+        .expect("the source");
+    let sink = source.dead_letter_sink().build().await.expect("the sink");
+    for n in 0..2 {
+        let message = Message::new(
+            n.to_string(),
+            Metadata::new(stream.as_str().into(), 0, Position::Offset(n)),
+        );
+        sink.write(&DeadLetter::new(message, "poison", 1))
+            .await
+            .expect("a letter written");
+    }
+    let xlen = |key: String| {
+        let client = client.clone();
+        async move {
+            let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+            redis::cmd("XLEN")
+                .arg(key)
+                .query_async::<u64>(&mut redis)
+                .await
+                .unwrap()
+        }
+    };
+    let target = ["--broker", REDIS, "--source", &stream, "--group", group];
+    let origin_before = xlen(stream.clone()).await;
+
+    // The group reads no return stream: nowhere to go but everyone's.
+    let refused = intake(&[&["dlq", "replay"][..], &target[..]].concat()).await;
+    refused.assert_code(3);
+    assert!(refused.stderr.contains("--to-origin"), "{}", refused.stderr);
+    assert_eq!(xlen(stream.clone()).await, origin_before);
+
+    // Once it reads one (its parking's), the letters go there alone.
+    let returned = RedisParking::return_stream(&stream, group);
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&returned)
+        .arg(group)
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let replayed = intake(&[&["dlq", "replay", "--json"][..], &target[..]].concat()).await;
+    replayed.assert_code(0);
+    assert_eq!(replayed.json()["redriven"], 2, "{}", replayed.stdout);
+    assert_eq!(xlen(returned.clone()).await, 2);
+    assert_eq!(xlen(stream.clone()).await, origin_before);
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(&returned)
+        .arg(format!("{stream}:dlq"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
