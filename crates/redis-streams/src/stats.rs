@@ -18,6 +18,7 @@ pub struct RedisStreamsStats {
     retries: AtomicU64,
     refreshed: AtomicU64,
     key_order_waits: AtomicU64,
+    groups_created_again: AtomicU64,
 }
 
 impl RedisStreamsStats {
@@ -77,6 +78,13 @@ impl RedisStreamsStats {
         self.key_order_waits.load(Ordering::Relaxed)
     }
 
+    /// Times the source found its consumer group (or the stream) gone
+    /// (`NOGROUP`: `XGROUP DESTROY`, the key deleted) and created it again;
+    /// each is logged at error level.
+    pub fn groups_created_again(&self) -> u64 {
+        self.groups_created_again.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn add_vanished(&self, count: usize) {
         self.vanished.fetch_add(count as u64, Ordering::Relaxed);
     }
@@ -110,6 +118,11 @@ impl RedisStreamsStats {
 
     pub(crate) fn add_key_order_waits(&self, count: usize) {
         self.key_order_waits
+            .fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_groups_created_again(&self, count: usize) {
+        self.groups_created_again
             .fetch_add(count as u64, Ordering::Relaxed);
     }
 }

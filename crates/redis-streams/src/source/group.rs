@@ -260,6 +260,7 @@ impl GroupReader {
             match self.step(max).await {
                 Ok(()) => self.connection.succeeded(),
                 Err(error) if error.is_missing_group() => {
+                    self.settings.stats.add_groups_created_again(1);
                     tracing::warn!(
                         %error,
                         "the consumer group or stream vanished; creating it again"
