@@ -453,7 +453,9 @@ impl NatsSource {
         self.pulls.delivered();
         self.hold
             .push((delivery.sequence, delivery.reply, delivery.delivered));
-        if self.parked.is_waiting(delivery.sequence) {
+        // Only a redelivery can be of a message parked here (a first
+        // delivery skips the check and its lock).
+        if delivery.delivered > 1 && self.parked.is_waiting(delivery.sequence) {
             // The server gave up on this process's progress reports (a
             // connection lost for longer than `ack_wait`) and delivered a
             // message parked here again: it stays parked, now held under
@@ -737,7 +739,7 @@ impl Source for NatsSource {
             let deadline = self.pulls.deadline();
             // Without a request (the budget is full) the wait is for what an
             // earlier request still brings, until the runtime asks again.
-            let parked = self.parked.clone();
+            let parked = &self.parked;
             let waited = tokio::select! {
                 message = self.replies.next() => Waited::Message(message),
                 () = reconnection => Waited::Reconnection,
@@ -923,6 +925,111 @@ mod tests {
         }
         assert_eq!(received, MESSAGES);
         source.close().await.expect("close");
+        context.delete_stream(&name).await.expect("delete");
+    }
+
+    /// A message parked here that the server delivers again (the progress
+    /// reports were lost for longer than `ack_wait`; acted out here with a
+    /// `-NAK` on its reply subject) stays parked: it is not handed to the
+    /// runtime a second time, and once due it comes back once, held under
+    /// the newer delivery.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redelivery_of_a_message_parked_here_stays_parked() {
+        use intake_core::parking::Parking;
+
+        let client = match async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(2))
+            .connect(url())
+            .await
+        {
+            Ok(client) => client,
+            Err(error) => {
+                intake_core::backend::testkit::skip_or_fail(
+                    "a redelivery of a parked message",
+                    &format!("no NATS server at {} ({error})", url()),
+                );
+                return;
+            }
+        };
+        let context = jetstream::new(client.clone());
+        let token = client.new_inbox().replace("_INBOX.", "");
+        let name = format!("intake_parkedredelivery_{token}");
+        context
+            .create_stream(jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("parked.{token}")],
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+        context
+            .publish(format!("parked.{token}"), Bytes::from_static(b"m"))
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+        let mut source = NatsSource::builder(url())
+            .stream(&name)
+            .consumer("parked")
+            .build()
+            .await
+            .expect("source");
+        let mut acker = source.acker();
+        let mut held = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), source.next(&mut held, 1))
+            .await
+            .expect("a delivery within 10 s")
+            .expect("next");
+        let message = held.pop().expect("one");
+        let delay = Duration::from_secs(2);
+        source
+            .parking()
+            .park(&message, delay)
+            .await
+            .expect("parked");
+        let mut ack = PartitionAck::new(message.metadata().partition_key());
+        ack.requeue_after
+            .push((message.metadata().position(), delay));
+        acker
+            .ack(&AckBatch {
+                partitions: vec![ack],
+                sync: true,
+            })
+            .await
+            .expect("confirmed");
+        assert_eq!(source.parked_waiting(), 1);
+        let sequence = 1;
+        let reply = source.deliveries.get(sequence).expect("held").reply;
+        client
+            .publish(reply, Bytes::from_static(b"-NAK"))
+            .await
+            .expect("nak");
+        let parked_at = Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), source.next(&mut held, 1))
+            .await
+            .expect("given back within 10 s")
+            .expect("next");
+        assert!(
+            parked_at.elapsed() >= delay - Duration::from_millis(100),
+            "not handed over before it was due: {:?}",
+            parked_at.elapsed()
+        );
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!(
+            source.deliveries.get(sequence).map(|held| held.delivered),
+            Some(2),
+            "held under the newer delivery"
+        );
+        acker.ack(&completed(&held)).await.expect("confirmed");
+        source.close().await.expect("close");
+        let info = context
+            .get_stream(&name)
+            .await
+            .expect("stream")
+            .consumer_info("parked")
+            .await
+            .expect("info");
+        assert_eq!(info.num_ack_pending, 0);
         context.delete_stream(&name).await.expect("delete");
     }
 }
