@@ -27,8 +27,34 @@ use crate::topic_admin::{LazyAdmin, create_topic};
 pub const DEFAULT_TOPIC_TEMPLATE: &str = "{topic}.{group}.dlq";
 
 /// Writes dead letters to a Kafka topic and resolves once the broker
-/// acknowledged the write (the producer's delivery report; with
-/// librdkafka's default `acks=all`, every in-sync replica has it).
+/// acknowledged the write (the producer's delivery report, `acks=all`:
+/// every in-sync replica has it).
+///
+/// **Durability and duplicates.** The letter is the only copy of a message
+/// whose original is committed next, so the producer writes with
+/// `acks=all` and is **idempotent** (`enable.idempotence=true`): a write
+/// librdkafka retries (a response lost to a timeout or a broken connection)
+/// carries the same producer id and sequence number, and the broker keeps
+/// one copy. Settings that explicitly set `acks` to another value or
+/// `enable.idempotence=false` are kept, with a warning at build time (an
+/// idempotent producer needs `acks=all`: other acks turn it off). Letters
+/// carry no id of their own; duplicates remain where one write becomes
+/// two: a write whose delivery report did not come within the
+/// [delivery timeout](KafkaDeadLetterSinkBuilder::delivery_timeout) (it may
+/// have been written; the dead-letter layer writes it again, or the
+/// original is delivered again), and a crash or a rebalance between the
+/// letter's write and the original's commit (the original is delivered
+/// again and fails again). Two letters of one message name the same origin
+/// (`intake.origin.source`, `.partition`, `.position`, `.group`): a reader
+/// that must see each message once keeps one letter per origin.
+/// `acks=all` is as strong as the topic: a topic the sink creates has one
+/// partition and the broker's `default.replication.factor` (often 1 on a
+/// development broker) unless [`new_topic`](KafkaDeadLetterSinkBuilder::new_topic)
+/// says otherwise; in production use a replication factor of 3 and set the
+/// broker's (or the topic's) `min.insync.replicas` to 2, so that a write
+/// confirmed with `acks=all` is on two brokers at least. One partition
+/// keeps the letters of a topic in the order they failed; more partitions
+/// spread the load of many letters, without that order.
 ///
 /// The record is the original payload and key (the record key is the
 /// original key, not repeated in a header) with the dead-letter
@@ -253,6 +279,54 @@ fn resolve(template: &str, topic: &str, group: &str) -> String {
     template.replace("{topic}", topic).replace("{group}", group)
 }
 
+/// The dead-letter producer's settings: `settings` with the delivery
+/// timeout (unless they set `message.timeout.ms`), `acks=all` and an
+/// idempotent producer. A letter is the only copy left of a message whose
+/// original is committed next: it must survive the leader's loss (every
+/// in-sync replica has it), and a write librdkafka retries (a response lost
+/// to a timeout or a broken connection) must not be written twice. Settings
+/// that say otherwise explicitly are kept, with a warning.
+pub(crate) fn producer_settings(
+    settings: KafkaSettings,
+    delivery_timeout: Duration,
+) -> KafkaSettings {
+    let mut settings = settings;
+    if settings.get("message.timeout.ms").is_none() {
+        settings = settings.set(
+            "message.timeout.ms",
+            delivery_timeout.as_millis().to_string(),
+        );
+    }
+    let is_all = |acks: &str| {
+        let acks = acks.trim();
+        acks.eq_ignore_ascii_case("all") || acks == "-1"
+    };
+    let acks = settings
+        .get("acks")
+        .or_else(|| settings.get("request.required.acks"))
+        .map(str::to_owned);
+    match &acks {
+        None => settings = settings.set("acks", "all"),
+        Some(acks) if is_all(acks) => {}
+        Some(acks) => tracing::warn!(
+            acks = %acks,
+            "the kafka dead-letter producer writes with the acks its settings give: a letter the leader confirmed alone is lost if the leader fails before a follower has it, and the original is committed by then; and without acks=all the producer cannot be idempotent, so a retried write may be written twice. Remove the setting for acks=all"
+        ),
+    }
+    match settings.is_true("enable.idempotence") {
+        None if acks.as_deref().is_none_or(is_all) => {
+            settings = settings.set("enable.idempotence", "true");
+        }
+        // Refused by librdkafka with acks other than all; warned above.
+        None => {}
+        Some(false) => tracing::warn!(
+            "the kafka dead-letter producer is not idempotent, as its settings say (enable.idempotence=false): a write librdkafka retries after a lost response may be written twice. Remove the setting"
+        ),
+        Some(true) => {}
+    }
+    settings
+}
+
 /// Whether the brokers know `topic`. Blocks for a metadata round trip.
 fn topic_exists(
     producer: &FutureProducer,
@@ -341,18 +415,24 @@ impl KafkaDeadLetterSinkBuilder {
 
     /// Partitions and replication factor of a dead-letter topic the sink
     /// creates (default 1 partition and the broker's
-    /// `default.replication.factor`, written `-1`).
+    /// `default.replication.factor`, written `-1`). For letters that must
+    /// survive a broker's loss: a replication factor of 3, with
+    /// `min.insync.replicas=2` on the brokers (see
+    /// [`KafkaDeadLetterSink`]'s durability).
     pub fn new_topic(mut self, partitions: i32, replication: i32) -> Self {
         self.partitions = partitions;
         self.replication = replication;
         self
     }
 
-    /// Creates the producer. It connects on its first write.
+    /// Creates the producer: `acks=all`, idempotent, unless the settings
+    /// explicitly say otherwise (see [`KafkaDeadLetterSink`]). It connects
+    /// on its first write.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for settings librdkafka refuses, an empty topic
+    /// [`Error::Config`] for settings librdkafka refuses (such as
+    /// `enable.idempotence=true` with `acks` other than `all`), an empty topic
     /// template, a template that names a consumed topic (`{topic}` alone,
     /// or any template that resolves to one of the
     /// [consumed topics](Self::consumed_topics)), or a new-topic layout that
@@ -389,23 +469,19 @@ impl KafkaDeadLetterSinkBuilder {
             ));
         }
         let brokers: Arc<str> = self.settings.endpoint().into();
-        let mut settings = self.settings;
-        if settings.get("message.timeout.ms").is_none() {
-            settings = settings.set(
-                "message.timeout.ms",
-                self.delivery_timeout.as_millis().to_string(),
-            );
-        }
-        let producer: FutureProducer = settings
-            .client_config()
-            .create()
-            .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
+        let producer: FutureProducer =
+            producer_settings(self.settings.clone(), self.delivery_timeout)
+                .client_config()
+                .create()
+                .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
         let topics = TopicCheck {
             known: Mutex::new(HashSet::new()),
             create: self
                 .create_missing
                 .then_some((self.partitions, self.replication)),
-            admin: LazyAdmin::new(settings),
+            // The settings as given: an admin client of idempotent settings
+            // would ask the brokers for a producer id it never uses.
+            admin: LazyAdmin::new(self.settings),
             timeout: self.delivery_timeout,
         };
         let consumed: HashSet<String> = self.consumed.into_iter().collect();
@@ -672,6 +748,84 @@ mod tests {
             .metadata_mut()
             .set_parked_from(Some(first.clone()));
         assert_eq!(sink.first_delivery(&inside), Some(Ok(first)));
+    }
+
+    /// L4, L5: the dead-letter producer writes with `acks=all` and is
+    /// idempotent unless its settings explicitly say otherwise (kept, with
+    /// a warning); librdkafka refuses idempotence with other acks, so those
+    /// settings turn it off.
+    #[test]
+    fn the_producer_is_idempotent_with_acks_all_unless_told_otherwise() {
+        let timeout = Duration::from_secs(30);
+        let of = |settings: KafkaSettings| {
+            let chosen = producer_settings(settings, timeout);
+            (
+                chosen.get("acks").map(str::to_owned),
+                chosen.get("enable.idempotence").map(str::to_owned),
+                chosen.get("message.timeout.ms").map(str::to_owned),
+            )
+        };
+        let base = KafkaSettings::new("127.0.0.1:9");
+        assert_eq!(
+            of(base.clone()),
+            (
+                Some("all".into()),
+                Some("true".into()),
+                Some("30000".into())
+            )
+        );
+        for acks in ["all", "-1", " ALL "] {
+            let (_, idempotence, _) = of(base.clone().set("acks", acks));
+            assert_eq!(idempotence.as_deref(), Some("true"), "{acks}");
+        }
+        assert_eq!(
+            of(base.clone().set("acks", "1")),
+            (Some("1".into()), None, Some("30000".into())),
+            "an explicit acks is kept, and idempotence left off (librdkafka refuses it with acks=1)"
+        );
+        assert_eq!(
+            of(base.clone().set("request.required.acks", "0")).1,
+            None,
+            "acks under its other name counts too"
+        );
+        assert_eq!(
+            of(base.clone().set("enable.idempotence", "false")),
+            (
+                Some("all".into()),
+                Some("false".into()),
+                Some("30000".into())
+            )
+        );
+        assert_eq!(
+            of(base.set("message.timeout.ms", "5000")).2.as_deref(),
+            Some("5000")
+        );
+    }
+
+    /// librdkafka builds a producer of these settings, and refuses the one
+    /// combination that cannot work (idempotence with acks=1).
+    #[tokio::test]
+    async fn librdkafka_takes_the_forced_settings() {
+        KafkaDeadLetterSink::builder(KafkaSettings::new("127.0.0.1:9"), "billing")
+            .build()
+            .await
+            .expect("acks=all and idempotence are valid");
+        KafkaDeadLetterSink::builder(
+            KafkaSettings::new("127.0.0.1:9").set("acks", "1"),
+            "billing",
+        )
+        .build()
+        .await
+        .expect("an explicit acks=1 builds, not idempotent");
+        let refused = KafkaDeadLetterSink::builder(
+            KafkaSettings::new("127.0.0.1:9")
+                .set("acks", "1")
+                .set("enable.idempotence", "true"),
+            "billing",
+        )
+        .build()
+        .await;
+        assert!(matches!(refused, Err(Error::Config { .. })), "{refused:?}");
     }
 
     #[tokio::test]
