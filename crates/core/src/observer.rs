@@ -74,6 +74,16 @@ pub trait ConsumerObserver: Send + Sync + 'static {
     /// [`ConsumerBuilder::backoff`](crate::ConsumerBuilder::backoff)).
     fn on_backoff(&self, _level: u32) {}
 
+    /// While the consumer wants room in the
+    /// [`SharedBudget`](crate::consumer::SharedBudget) it shares with other
+    /// consumers and gets none (they hold it all): how long it has waited,
+    /// once that is a commit interval, then at most once per commit
+    /// interval; `None` once it gets room again (or is offered some and has
+    /// nothing to fetch). A consumer that keeps waiting while the others stay
+    /// busy is starved: nothing of its own stalls, so nothing else shows it.
+    /// Never called for a consumer without a shared budget.
+    fn on_shared_budget_wait(&self, _waited: Option<Duration>) {}
+
     /// When [`Source::next`](crate::backend::Source::next) failed: with the
     /// delay before the next attempt for an error that is retried (a
     /// [transient](crate::backend::SourceError::is_transient) one, while the

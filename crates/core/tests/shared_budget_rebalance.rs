@@ -230,7 +230,126 @@ async fn deliveries_waiting_for_shared_room_are_not_run_after_their_partition_mo
     );
 
     stop.cancel();
-    running.await.expect("join").expect("app");
+    let report = running.await.expect("join").expect("app");
+    let run = report
+        .route("orders")
+        .and_then(|route| route.report())
+        .expect("the orders route's report");
+    assert_eq!(
+        run.released_on_revoke, 1,
+        "the waiting delivery was released to the next owner"
+    );
     second_stop.cancel();
     second.await.expect("join").expect("second member");
+}
+
+/// Records what the runtime reports about its waits for shared room.
+#[derive(Default)]
+struct Waits {
+    reports: Mutex<Vec<Option<Duration>>>,
+}
+
+impl intake_core::observer::ConsumerObserver for Waits {
+    fn on_shared_budget_wait(&self, waited: Option<Duration>) {
+        if let Ok(mut reports) = self.reports.lock() {
+            reports.push(waited);
+        }
+    }
+}
+
+impl Waits {
+    fn last(&self) -> Option<Option<Duration>> {
+        self.reports
+            .lock()
+            .ok()
+            .and_then(|reports| reports.last().copied())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_the_others_starve_of_shared_room_says_so_until_it_gets_some() {
+    const SHARED: usize = 8;
+    const CAP: usize = 6;
+    let broker = MemoryBroker::new();
+    for topic in ["first", "second", "starved"] {
+        broker.create_topic(topic, 1).expect("topic");
+    }
+    let budget = SharedBudget::new(SHARED, 1 << 20).expect("budget");
+    let release = CancellationToken::new();
+    let handled: Handled = Arc::default();
+    let waits = Arc::new(Waits::default());
+    let asked = Arc::new(AtomicUsize::new(0));
+
+    let hog = |topic: &str| {
+        let (source, acker) = broker.consumer(topic, "app").expect("consumer");
+        Consumer::builder()
+            .max_in_flight(CAP)
+            .ordering(DeliveryOrder::Unordered)
+            .commit_interval(Duration::from_millis(10))
+            .build(source, acker, blocked_until(release.clone()))
+            .expect("settings")
+    };
+    let (source, acker) = broker.consumer("starved", "app").expect("consumer");
+    let starved = Counted {
+        inner: source,
+        asked: asked.clone(),
+        delivered: Arc::default(),
+        revoked: Arc::default(),
+    };
+    let app = App::new()
+        .shared_budget(budget.clone())
+        .route(
+            "starved",
+            Consumer::builder()
+                .max_in_flight(CAP)
+                .ordering(DeliveryOrder::Unordered)
+                .commit_interval(Duration::from_millis(10))
+                .observer(waits.clone())
+                .build(starved, acker, recording("starved", handled.clone()))
+                .expect("settings"),
+        )
+        .route("first", hog("first"))
+        .route("second", hog("second"));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(app.run_until(stop.clone()));
+
+    eventually("the starved route asks for deliveries", || {
+        asked.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    // The two others take the whole shared budget and keep it.
+    for id in 0..CAP {
+        for topic in ["first", "second"] {
+            broker
+                .send(topic, Record::new(id.to_string()))
+                .expect("send");
+        }
+    }
+    eventually("the others hold the whole shared budget", || {
+        budget.held().0 == SHARED as u64
+    })
+    .await;
+    broker.send("starved", Record::new("waits")).expect("send");
+    eventually("the starved route says it waits for room", || {
+        matches!(waits.last(), Some(Some(_)))
+    })
+    .await;
+    eventually("and says so again while it waits, for longer", || {
+        let reports = waits.reports.lock().map(|r| r.clone()).unwrap_or_default();
+        reports.len() >= 3 && reports.windows(2).all(|pair| pair[0] < pair[1])
+    })
+    .await;
+    assert!(handled.lock().map(|h| h.is_empty()).unwrap_or(false));
+
+    release.cancel();
+    eventually("the starved route says the wait is over", || {
+        waits.last() == Some(None)
+    })
+    .await;
+    eventually("and handles its message", || {
+        handled.lock().map(|h| h.len() == 1).unwrap_or(false)
+    })
+    .await;
+    stop.cancel();
+    running.await.expect("join").expect("app");
 }

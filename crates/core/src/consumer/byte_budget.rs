@@ -82,6 +82,22 @@ impl ByteBudget {
             .is_some_and(|lease| lease.blocked(average))
     }
 
+    /// Whether the consumer asked the shared budget for room and got none
+    /// since it last took some (see [`SharedLease::denied_for`]); without
+    /// the clock.
+    #[inline]
+    pub(crate) fn denied_shared(&self) -> bool {
+        self.shared.as_ref().is_some_and(SharedLease::is_denied)
+    }
+
+    /// How long the consumer has been denied shared room, as of `now`.
+    pub(crate) fn denied_shared_for(
+        &self,
+        now: tokio::time::Instant,
+    ) -> Option<std::time::Duration> {
+        self.shared.as_ref().and_then(|lease| lease.denied_for(now))
+    }
+
     /// Counts an admitted delivery's bytes (before its handler may finish
     /// and give them back).
     #[inline]
@@ -119,9 +135,9 @@ impl ByteBudget {
     /// as many as fit in the room left at the average size (none while less
     /// than one fits), one while no size is known or nothing is held.
     #[inline]
-    pub(crate) fn fetch_limit(&self) -> usize {
+    pub(crate) fn fetch_limit(&mut self) -> usize {
         let own = self.own_fetch_limit();
-        match &self.shared {
+        match &mut self.shared {
             Some(lease) if own > 0 => own.min(lease.fetch_limit(self.average as u64)),
             _ => own,
         }

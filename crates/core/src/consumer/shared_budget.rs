@@ -11,6 +11,9 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::error::ConfigError;
 
@@ -243,6 +246,12 @@ impl SharedBudget {
 /// One consumer's share of a [`SharedBudget`]: what it took and has not
 /// given back, returned when the run ends whatever way it ends (a dropped
 /// run future included).
+///
+/// It also tracks whether the consumer is denied room: since when it has
+/// asked and got none (the other consumers hold the budget), so the run can
+/// report a consumer starved by the others (a route whose fetch buffer is
+/// not in its commit engine, which neither stalls a partition nor fails a
+/// commit).
 #[derive(Debug)]
 pub(crate) struct SharedLease {
     budget: SharedBudget,
@@ -252,7 +261,20 @@ pub(crate) struct SharedLease {
     bytes: u64,
     /// Admission left fetched deliveries waiting for room.
     blocked: bool,
+    /// Since when the consumer has asked for room and got none, until it
+    /// takes some.
+    denied_since: Option<Instant>,
+    /// Since when room was there when the consumer last sized a fetch,
+    /// while it was denied before: it is fetching, not denied, unless what
+    /// it fetches then finds no room again. An offer that lasted longer
+    /// than [`IDLE_OFFER`] means the consumer had nothing to fetch: denied
+    /// again, it is denied from then on, not from before it was idle.
+    offered: Option<Instant>,
 }
+
+/// How long a consumer offered room may fetch nothing before it counts as
+/// idle rather than starved (see [`SharedLease::denied_for`]).
+const IDLE_OFFER: Duration = Duration::from_secs(1);
 
 impl SharedLease {
     pub(crate) fn new(budget: SharedBudget, waker: Waker) -> Self {
@@ -262,6 +284,8 @@ impl SharedLease {
             messages: 0,
             bytes: 0,
             blocked: false,
+            denied_since: None,
+            offered: None,
         }
     }
 
@@ -277,7 +301,53 @@ impl SharedLease {
         self.messages += count as u64;
         self.bytes += bytes;
         self.blocked = count < wanted;
+        if count > 0 {
+            self.denied_since = None;
+            self.offered = None;
+        } else if wanted > 0 {
+            self.denied();
+        }
         count
+    }
+
+    /// The consumer asked for room and got none.
+    #[cold]
+    fn denied(&mut self) {
+        let now = Instant::now();
+        let idle = self
+            .offered
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) > IDLE_OFFER);
+        if idle || self.denied_since.is_none() {
+            self.denied_since = Some(now);
+        }
+    }
+
+    /// Room was there for a fetch.
+    #[inline]
+    fn offered(&mut self) {
+        // Only while denied: otherwise nothing reads it, and the clock is
+        // not read per fetch.
+        if self.denied_since.is_some() && self.offered.is_none() {
+            self.offered = Some(Instant::now());
+        }
+    }
+
+    /// How long the consumer has been denied room, as of `now`: `None`
+    /// unless it asked and got none since it last took some, and was not
+    /// offered any since.
+    pub(crate) fn denied_for(&self, now: Instant) -> Option<Duration> {
+        match self.denied_since {
+            Some(since) if self.offered.is_none() => Some(now.saturating_duration_since(since)),
+            _ => None,
+        }
+    }
+
+    /// Whether [`denied_for`](Self::denied_for) is `Some`, without the
+    /// clock.
+    #[inline]
+    pub(crate) fn is_denied(&self) -> bool {
+        self.denied_since.is_some() && self.offered.is_none()
     }
 
     /// Gives back one delivery of `bytes` (freed, or turned away after room
@@ -305,12 +375,17 @@ impl SharedLease {
     }
 
     /// How many deliveries a fetch may ask for; parks the consumer when none.
-    pub(crate) fn fetch_limit(&self, average: u64) -> usize {
-        let room = self.budget.room(average);
-        if room > 0 {
-            return room;
+    pub(crate) fn fetch_limit(&mut self, average: u64) -> usize {
+        let mut room = self.budget.room(average);
+        if room == 0 {
+            room = self.budget.park_unless_room(&self.waker, average);
         }
-        self.budget.park_unless_room(&self.waker, average)
+        if room > 0 {
+            self.offered();
+        } else {
+            self.denied();
+        }
+        room
     }
 }
 
@@ -373,11 +448,67 @@ mod tests {
         let budget = SharedBudget::new(1, 100).unwrap();
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let mut holder = SharedLease::new(budget.clone(), Waker::noop().clone());
-        let waiter = SharedLease::new(budget.clone(), Waker::from(flag.clone()));
+        let mut waiter = SharedLease::new(budget.clone(), Waker::from(flag.clone()));
         assert_eq!(holder.take_prefix(sizes(&[1])), 1);
         assert_eq!(waiter.fetch_limit(1), 0, "parked");
         holder.give_back(1);
         assert!(flag.0.load(Ordering::SeqCst), "woken by the release");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_consumer_denied_room_counts_from_its_first_refusal_until_it_takes_some() {
+        let budget = SharedBudget::new(2, 1_000).unwrap();
+        let mut holder = SharedLease::new(budget.clone(), Waker::noop().clone());
+        let mut starved = SharedLease::new(budget.clone(), Waker::noop().clone());
+        assert_eq!(holder.take_prefix(sizes(&[1, 1])), 2);
+        assert!(!starved.is_denied(), "it has asked for nothing yet");
+
+        assert_eq!(starved.fetch_limit(1), 0);
+        assert!(starved.is_denied());
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(starved.fetch_limit(1), 0, "asked again");
+        let now = Instant::now();
+        assert_eq!(starved.denied_for(now), Some(Duration::from_millis(300)));
+
+        // Room for a moment: offered, so not denied while it fetches…
+        holder.give_back(1);
+        assert_eq!(starved.fetch_limit(1), 1);
+        assert!(!starved.is_denied());
+        assert_eq!(starved.denied_for(Instant::now()), None);
+        // …but another consumer took it before its fetch came back: denied
+        // since the first refusal, not since now.
+        assert_eq!(holder.take_prefix(sizes(&[1])), 1);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(starved.take_prefix(sizes(&[1])), 0);
+        assert_eq!(
+            starved.denied_for(Instant::now()),
+            Some(Duration::from_millis(310))
+        );
+
+        holder.give_back(1);
+        assert_eq!(starved.take_prefix(sizes(&[1])), 1, "room at last");
+        assert!(!starved.is_denied());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_consumer_offered_room_that_fetched_nothing_for_long_was_idle_not_starved() {
+        let budget = SharedBudget::new(1, 1_000).unwrap();
+        let mut holder = SharedLease::new(budget.clone(), Waker::noop().clone());
+        let mut other = SharedLease::new(budget.clone(), Waker::noop().clone());
+        assert_eq!(holder.take_prefix(sizes(&[1])), 1);
+        assert_eq!(other.fetch_limit(1), 0);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        holder.give_back(1);
+        assert_eq!(other.fetch_limit(1), 1, "offered");
+        // Nothing to fetch for a minute; meanwhile the holder takes the room.
+        assert_eq!(holder.take_prefix(sizes(&[1])), 1);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(other.take_prefix(sizes(&[1])), 0);
+        assert_eq!(
+            other.denied_for(Instant::now()),
+            Some(Duration::ZERO),
+            "denied from now, not from before it was idle"
+        );
     }
 
     #[test]

@@ -18,21 +18,82 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
-    /// Admits as many buffered deliveries as the budget has free slots, and
-    /// a shared budget room (the rest stay buffered, and the run waits for
-    /// room), then starts what may start.
+    /// Admits as many fetched deliveries as the budget has free slots, and
+    /// a shared budget room, then starts what may start. The rest wait for
+    /// room in `waiting` (leaving `buffer` empty), admitted first when room
+    /// comes back (see `fetch_plan`); meanwhile the source is asked for
+    /// events only, so a revocation still gets through.
     pub(super) fn admit_all(&mut self, buffer: &mut Vec<Message>) {
+        if !self.waiting.is_empty() {
+            // Only a source that delivers when asked for none gets here:
+            // its deliveries queue behind those that wait, in order.
+            self.waiting.append(buffer);
+            self.admit_waiting();
+            return;
+        }
         let token = self.token.clone();
         shutdown_scope::with_shutdown(&token, || {
-            let free = buffer.len().min(self.slots.free_count());
-            let admitted = self.bytes.take_shared(buffer, free);
-            let mut bytes = 0;
-            for message in buffer.drain(..admitted) {
-                bytes += self.admit(message);
-            }
-            self.bytes.observe(bytes, admitted);
+            self.admit_from(buffer);
             self.pump();
         });
+        if !buffer.is_empty() {
+            // `waiting` is empty: a swap moves them without a copy.
+            std::mem::swap(buffer, &mut self.waiting);
+        }
+    }
+
+    /// Admits what waits for room, as far as room allows, and starts what
+    /// may start; `true` if it admitted any.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn admit_waiting(&mut self) -> bool {
+        let mut waiting = std::mem::take(&mut self.waiting);
+        let before = waiting.len();
+        // Through `admit_all`, so that `admit_from`, on the per-message
+        // path, has one caller to be inlined in. What is left comes back to
+        // `self.waiting`.
+        self.admit_all(&mut waiting);
+        if self.waiting.is_empty() {
+            // All admitted: keep the list's capacity for the next wait.
+            self.waiting = waiting;
+        }
+        before > self.waiting.len()
+    }
+
+    /// Admits the longest prefix of `buffer` that the free slots and the
+    /// shared budget allow, and removes it from `buffer`.
+    #[inline]
+    fn admit_from(&mut self, buffer: &mut Vec<Message>) {
+        let free = buffer.len().min(self.slots.free_count());
+        let admitted = self.bytes.take_shared(buffer, free);
+        let mut bytes = 0;
+        for message in buffer.drain(..admitted) {
+            bytes += self.admit(message);
+        }
+        self.bytes.observe(bytes, admitted);
+    }
+
+    /// Releases the deliveries waiting for room that belong to a partition
+    /// for which `stale` holds (revoked, or assigned afresh): they were
+    /// fetched under an assignment that is over, and its next owner (or the
+    /// new assignment, from the committed position) receives them again.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn release_waiting(&mut self, stale: impl Fn(&PartitionKey) -> bool) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let before = self.waiting.len();
+        self.waiting
+            .retain(|message| !stale(&message.metadata().partition_key()));
+        let released = before - self.waiting.len();
+        if released > 0 {
+            tracing::debug!(
+                released,
+                "released deliveries that waited for shared room: their partition's assignment ended"
+            );
+            self.report.released_on_revoke += released as u64;
+        }
     }
 
     /// Admits one delivery: see the module docs. Returns its bytes, counted
@@ -127,6 +188,7 @@ where
     /// A partition the source announced as assigned. One still being
     /// revoked is taken back first (see `take_back`).
     pub(super) fn assign(&mut self, partition: PartitionKey) {
+        self.release_waiting(|waiting| *waiting == partition);
         if let Some(id) = self.partitions.engine().lookup(&partition)
             && self.partitions.is_revoking(id)
         {

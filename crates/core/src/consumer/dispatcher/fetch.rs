@@ -4,7 +4,10 @@
 use tokio::time::Instant;
 use tower::Service;
 
-use super::{Dispatcher, Failure};
+use super::{Dispatcher, Failure, Stop};
+
+/// How long a run waits for shared room before it warns (once per wait).
+const STARVED_WARNING: std::time::Duration = std::time::Duration::from_secs(60);
 use crate::deadline;
 use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
@@ -18,11 +21,26 @@ where
 {
     /// How the source may be asked now: `None`, not at all (stopping, or
     /// waiting to retry after an error); `Some(0)`, for assignment changes
-    /// only (no free slot: a revocation must still get through, or a full
-    /// budget of stuck handlers would hold a rebalance forever); `Some(n)`,
-    /// for up to `n` deliveries.
+    /// only (no free slot, or fetched deliveries wait for shared room: a
+    /// revocation must still get through, or a full budget of stuck
+    /// handlers, or a shared budget the other routes hold, would hold a
+    /// rebalance until the source's revoke wait runs out and the partition
+    /// goes to another member, whose deliveries this run would then still
+    /// hold); `Some(n)`, for up to `n` deliveries.
+    ///
+    /// Deliveries waiting for shared room are admitted here once room comes
+    /// back, before the source is asked for more.
     pub(super) fn fetch_plan(&mut self, buffered: usize) -> Option<usize> {
-        if self.stop.is_some() || buffered > 0 || self.bytes.waiting_for_shared() {
+        if buffered > 0 {
+            return None;
+        }
+        if !self.waiting.is_empty() {
+            self.admit_waiting_if_room();
+        }
+        if self.bytes.denied_shared() || self.shared_wait_reported.is_some() {
+            self.report_shared_wait();
+        }
+        if self.stop.is_some() {
             return None;
         }
         if let Some(at) = self.fetch_retry_at {
@@ -31,7 +49,7 @@ where
             }
             self.fetch_retry_at = None;
         }
-        if self.partitions.any_over_window() {
+        if !self.waiting.is_empty() || self.partitions.any_over_window() {
             return Some(0);
         }
         Some(
@@ -40,6 +58,66 @@ where
                 .min(self.settings.fetch_batch)
                 .min(self.bytes.fetch_limit()),
         )
+    }
+
+    /// Admits the deliveries waiting for shared room if some is free (the
+    /// run is woken when room is freed), unless the run is stopping
+    /// gracefully (nothing new starts then: they stay unacknowledged, for
+    /// the next consumer). Once the source is exhausted they are still
+    /// admitted, and the run ends only after them.
+    #[cold]
+    fn admit_waiting_if_room(&mut self) {
+        if matches!(self.stop, Some(Stop::Graceful { .. })) || self.bytes.waiting_for_shared() {
+            return;
+        }
+        if self.admit_waiting() {
+            // Called from the pass that polls everything, this may have
+            // queued deliveries after the pass armed its timer (a backoff):
+            // one more pass sees them.
+            self.slots.runtime_waker().wake_by_ref();
+        }
+    }
+
+    /// Tells the observer how long the run has been denied shared room, once
+    /// that is a commit interval and then at most once per commit interval,
+    /// and that the wait is over once it is.
+    #[cold]
+    fn report_shared_wait(&mut self) {
+        let now = Instant::now();
+        let interval = self.settings.commit_interval;
+        let waited = self
+            .bytes
+            .denied_shared_for(now)
+            .filter(|&waited| waited >= interval);
+        let Some(waited) = waited else {
+            if self.shared_wait_reported.take().is_some() {
+                if std::mem::take(&mut self.shared_wait_warned) {
+                    tracing::info!("room in the shared budget again");
+                }
+                if let Some(observer) = &self.settings.observer {
+                    observer.on_shared_budget_wait(None);
+                }
+            }
+            return;
+        };
+        if self
+            .shared_wait_reported
+            .is_some_and(|at| now.saturating_duration_since(at) < interval)
+        {
+            return;
+        }
+        if waited >= STARVED_WARNING && !self.shared_wait_warned {
+            self.shared_wait_warned = true;
+            tracing::warn!(
+                ?waited,
+                "no room in the shared budget for this long: the other consumers sharing it \
+                 hold it all (lower their max_in_flight, or raise the shared budget)"
+            );
+        }
+        self.shared_wait_reported = Some(now);
+        if let Some(observer) = &self.settings.observer {
+            observer.on_shared_budget_wait(Some(waited));
+        }
     }
 
     /// A transient error is retried after the reconnect policy's delay

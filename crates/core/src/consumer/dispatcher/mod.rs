@@ -246,6 +246,19 @@ struct Dispatcher<H: Service<Message>> {
     report: RunReport,
     /// A list of slots reused by revocations, so they allocate once.
     scratch: Vec<SlotId>,
+    /// Fetched deliveries that wait for room in the shared budget, oldest
+    /// first. Held here rather than in the loop's fetch buffer, so the
+    /// source is still asked for events (with `max` 0, into the empty
+    /// buffer) while they wait: a revocation must reach the run before its
+    /// source's revoke wait runs out and the partition goes to another
+    /// member, and the waiting deliveries of a revoked partition are then
+    /// released, never run (see `admission.rs`).
+    waiting: Vec<Message>,
+    /// When the run last told the observer that it waits for shared room
+    /// (`None` once it said the wait is over, or never said it).
+    shared_wait_reported: Option<Instant>,
+    /// The current wait for shared room was logged as a warning.
+    shared_wait_warned: bool,
 }
 
 impl<H> Dispatcher<H>
@@ -296,6 +309,17 @@ where
             token: Arc::default(),
             report: RunReport::default(),
             scratch: Vec::new(),
+            // Swapped with the loop's buffer (see `admit_all`): as large,
+            // so neither allocates when it is the one fetched into. Only a
+            // shared budget leaves deliveries waiting (or a source that
+            // delivers more than asked).
+            waiting: if settings.shared_budget.is_some() {
+                Vec::with_capacity(settings.fetch_batch)
+            } else {
+                Vec::new()
+            },
+            shared_wait_reported: None,
+            shared_wait_warned: false,
             settings,
         }
     }

@@ -1,5 +1,6 @@
-//! Revocation: the revoked partitions' waiting deliveries are released, the
-//! running ones get until the revoke timeout, then a final synchronous
+//! Revocation: the revoked partitions' waiting deliveries (those admitted
+//! but not started, and those fetched but still waiting for shared room) are
+//! released, the running ones get until the revoke timeout, then a final synchronous
 //! commit, and the partitions leave the run. A partition assigned again
 //! before its revocation completed ends its old assignment at once
 //! (`take_back`).
@@ -48,6 +49,9 @@ where
 {
     /// Starts a revocation: see the module docs.
     pub(super) fn begin_revoke(&mut self, revocation: Revocation) {
+        // Fetched before the revocation and still waiting for shared room:
+        // the next owner receives them.
+        self.release_waiting(|waiting| revocation.partitions().contains(waiting));
         let mut partitions = Vec::new();
         for key in revocation.partitions() {
             if let Some(id) = self.partitions.begin_revoke(key) {

@@ -53,7 +53,9 @@ where
     pub(super) fn is_drained(&self) -> bool {
         match self.stop {
             None => false,
-            Some(Stop::Exhausted) => self.slots.held() == 0 && self.revocations.is_empty(),
+            Some(Stop::Exhausted) => {
+                self.slots.held() == 0 && self.revocations.is_empty() && self.waiting.is_empty()
+            }
             Some(Stop::Graceful { deadline }) => {
                 self.slots.running() == 0 || Instant::now() >= deadline
             }
