@@ -199,7 +199,9 @@ pub async fn open(
                 .unwrap_or_else(|| KafkaSettings::new(bootstrap.as_str()));
             let log = KafkaDeadLetters::builder(settings.clone()).timeout(timeout);
             let log = match dead_letters {
-                Some(topic) => log.topic(topic),
+                // The group's letters, whatever the topic's name: a replay
+                // to the group goes to its return topic.
+                Some(topic) => log.topic(topic).group(group),
                 None => log.dead_letters_of(source, group),
             };
             // The clients connect on first use: building checks settings

@@ -1560,7 +1560,8 @@ async fn kafka_default_replay_never_reaches_another_group() {
     let target = ["--broker", &broker, "--source", &topic, "--group", &group];
     let before = kafka_end(&topic);
     // Every other group of the topic would handle a record produced to
-    // it: by default a replay goes to this group alone, or nowhere.
+    // it: by default a replay goes to this group alone, or nowhere. This
+    // group reads no return topic yet.
     let run = intake(&[&["dlq", "replay"][..], &target[..]].concat()).await;
     assert_eq!(
         kafka_end(&topic),
@@ -1570,23 +1571,57 @@ async fn kafka_default_replay_never_reaches_another_group() {
         run.stdout,
         run.stderr
     );
-    if run.code == Some(3) {
-        // No way back to the group alone: the command says what to do.
-        assert!(run.stderr.contains("--to-origin"), "{}", run.stderr);
-        assert!(
-            run.stderr.contains("every consumer group"),
-            "{}",
-            run.stderr
-        );
-        let counted = intake(&[&["dlq", "count", "--json"][..], &target[..]].concat()).await;
-        assert_eq!(counted.json()["total"], 3, "{}", counted.stdout);
-    } else {
-        run.assert_code(0);
-    }
-    let to_origin =
-        intake(&[&["dlq", "replay", "--json", "--to-origin"][..], &target[..]].concat()).await;
+    run.assert_code(3);
+    assert!(run.stderr.contains("--to-origin"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("every consumer group"),
+        "{}",
+        run.stderr
+    );
+    let counted = intake(&[&["dlq", "count", "--json"][..], &target[..]].concat()).await;
+    assert_eq!(counted.json()["total"], 3, "{}", counted.stdout);
+
+    // Asked for, to the origin: every group's.
+    let to_origin = intake(
+        &[
+            &["dlq", "replay", "--json", "--to-origin", "--id", "0:0"][..],
+            &target[..],
+        ]
+        .concat(),
+    )
+    .await;
     to_origin.assert_code(0);
-    assert_eq!(kafka_end(&topic), before + 3, "{}", to_origin.stdout);
+    assert_eq!(kafka_end(&topic), before + 1, "{}", to_origin.stdout);
+
+    // Once the group reads its return topic (its parking's), the replay
+    // goes there alone.
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", KAFKA)
+        .create()
+        .unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let returned = format!("{topic}.{group}.returned");
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&returned, 1, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let to_group = intake(&[&["dlq", "replay", "--json"][..], &target[..]].concat()).await;
+    to_group.assert_code(0);
+    assert_eq!(to_group.json()["redriven"], 2, "{}", to_group.stdout);
+    assert_eq!(kafka_end(&returned), 2);
+    assert_eq!(kafka_end(&topic), before + 1);
+
+    let dead_letters = format!("{topic}.{group}.dlq");
+    let removed = format!("{dead_letters}{}", intake_kafka::REMOVED_SUFFIX);
+    let _ = admin
+        .delete_topics(&[&topic, &returned, &dead_letters, &removed], &options)
+        .await;
 }
 
 #[tokio::test]
