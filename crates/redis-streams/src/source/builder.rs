@@ -262,7 +262,12 @@ impl RedisStreamsSourceBuilder {
         self
     }
 
-    /// Where a newly created group (or a broadcast reader) starts.
+    /// Where a newly created group (or a broadcast reader) starts. A group
+    /// that vanishes while the source runs (`XGROUP DESTROY`, the stream
+    /// deleted) is created again after the newest entry the source had read
+    /// of each stream, not here (from the beginning, everything handled
+    /// before would be handled again); see
+    /// [`RedisStreamsStats::groups_created_again`](crate::RedisStreamsStats::groups_created_again).
     pub fn start_from(mut self, start: StartFrom) -> Self {
         self.start = Some(start);
         self

@@ -46,6 +46,10 @@ use crate::held::HeldEntries;
 use crate::settings::{Settings, StartFrom};
 use crate::stream_id::{After, StreamId};
 
+/// How long a vanished group is remembered: one that vanishes again within
+/// it is created again only after a wait, longer each time.
+const LOST_GROUP_MEMORY: Duration = Duration::from_secs(60);
+
 /// Deletes this consumer from the group if it has no pending entries. Atomic,
 /// so a pending entry can never be dropped with its consumer.
 static DELETE_IDLE_CONSUMER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
@@ -59,21 +63,42 @@ return -1
     )
 });
 
-/// Creates the group on every stream (and the stream where missing). An
-/// existing group is kept as it is.
+/// Creates the group on every stream (and the stream where missing) at
+/// `settings.start`. An existing group is kept as it is.
 pub(super) async fn create_groups(
     connection: &mut MultiplexedConnection,
     connector: &Connector,
     settings: &Settings,
 ) -> Result<(), Error> {
+    create_groups_at(connection, connector, settings, |_| None)
+        .await
+        .map(drop)
+}
+
+/// Creates the group on every stream (and the stream where missing), on
+/// stream `index` after the id `after(index)` gives, or at
+/// `settings.start` for `None`; returns how many it created. An existing
+/// group is kept as it is.
+async fn create_groups_at(
+    connection: &mut MultiplexedConnection,
+    connector: &Connector,
+    settings: &Settings,
+    after: impl Fn(usize) -> Option<StreamId>,
+) -> Result<usize, Error> {
     let Some(group) = settings.group.as_deref() else {
-        return Ok(());
+        return Ok(0);
     };
-    let start = match settings.start {
+    let configured = match settings.start {
         StartFrom::Beginning => "0",
         StartFrom::NewEntries => "$",
     };
-    for stream in &settings.streams {
+    let mut created_count = 0;
+    for (index, stream) in settings.streams.iter().enumerate() {
+        let mut formatted = [0_u8; 41];
+        let start: &[u8] = match after(index) {
+            Some(id) => id.format(&mut formatted),
+            None => configured.as_bytes(),
+        };
         let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(&**stream)
@@ -83,12 +108,16 @@ pub(super) async fn create_groups(
             .query_async(connection)
             .await;
         match created {
-            Ok(()) => tracing::info!(%stream, group, start, "created consumer group"),
+            Ok(()) => {
+                created_count += 1;
+                let start = String::from_utf8_lossy(start);
+                tracing::info!(%stream, group, %start, "created consumer group");
+            }
             Err(error) if error.code() == Some("BUSYGROUP") => {}
             Err(error) => return Err(connector.key_error(error, "XGROUP CREATE", stream)),
         }
     }
-    Ok(())
+    Ok(created_count)
 }
 
 /// Refuses `delete_acked` on a stream that another consumer group reads:
@@ -157,6 +186,10 @@ pub(super) struct GroupReader {
     staging: Staging,
     held: Arc<HeldEntries>,
     next_claim: Instant,
+    /// Times the group vanished in a row (each within
+    /// [`LOST_GROUP_MEMORY`] of the one before), and when it last did.
+    lost_groups: u32,
+    last_lost_group: Option<Instant>,
     /// Entries that wait for an older entry of their key; `None` when the
     /// source keeps no key order (no key field, or turned off).
     key_order: Option<KeyOrder>,
@@ -199,6 +232,8 @@ impl GroupReader {
             staging: Staging::default(),
             held,
             next_claim: Instant::now(),
+            lost_groups: 0,
+            last_lost_group: None,
             key_order: (settings.key_order && settings.key_field.is_some())
                 .then(|| KeyOrder::new(settings.streams.len())),
             raw: Vec::new(),
@@ -260,14 +295,7 @@ impl GroupReader {
             match self.step(max).await {
                 Ok(()) => self.connection.succeeded(),
                 Err(error) if error.is_missing_group() => {
-                    self.settings.stats.add_groups_created_again(1);
-                    tracing::warn!(
-                        %error,
-                        "the consumer group or stream vanished; creating it again"
-                    );
-                    let connector = self.connection.connector().clone();
-                    let (connection, _) = self.connection.get().await?;
-                    create_groups(connection, &connector, &self.settings).await?;
+                    self.create_group_again(error).await?;
                 }
                 Err(error) if error.is_transient() => {
                     self.connection.drop_connection();
@@ -276,6 +304,57 @@ impl GroupReader {
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    /// Creates the group again where it vanished (`NOGROUP`: `XGROUP
+    /// DESTROY`, the stream deleted), after the newest entry this consumer
+    /// read of each stream: what the group had read up to there is not read
+    /// again (at the configured start, the default `Beginning`, it would
+    /// be: the whole stream, handled twice). A stream this consumer read
+    /// nothing of starts at the configured start. The group's pending
+    /// entries went with it, so entries other consumers held, and those
+    /// written before that id while the group was gone, are not delivered
+    /// again: logged at error level. A group that keeps vanishing is
+    /// created again after the reconnect policy's waits.
+    async fn create_group_again(&mut self, error: Error) -> Result<(), Error> {
+        let now = Instant::now();
+        self.lost_groups = match self.last_lost_group {
+            Some(last) if now.duration_since(last) < LOST_GROUP_MEMORY => {
+                self.lost_groups.saturating_add(1)
+            }
+            _ => 1,
+        };
+        self.last_lost_group = Some(now);
+        if self.lost_groups > 1 {
+            let Some(delay) = self.settings.reconnect.delay(self.lost_groups - 1) else {
+                return Err(error);
+            };
+            tracing::warn!(
+                %error,
+                times = self.lost_groups,
+                ?delay,
+                "the consumer group keeps vanishing; waiting before creating it again"
+            );
+            tokio::time::sleep(delay).await;
+        }
+        let after: Vec<Option<StreamId>> =
+            self.streams.iter().map(|stream| stream.decoded).collect();
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let created = create_groups_at(connection, &connector, &self.settings, |index| {
+            after.get(index).copied().flatten()
+        })
+        .await?;
+        self.settings.stats.add_groups_created_again(1);
+        tracing::error!(
+            %error,
+            group = %self.group,
+            streams = created,
+            "the consumer group or its stream vanished (XGROUP DESTROY, the key deleted); \
+             created it again after the newest entry this consumer had read: entries \
+             other consumers held and entries before that id are not delivered again"
+        );
+        Ok(())
     }
 
     /// One round of reading: own pending entries if they need a re-read,
