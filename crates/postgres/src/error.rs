@@ -9,6 +9,7 @@
 use intake_core::{BoxError, ConfigError, ErrorClass, HandlerError};
 
 use crate::classify::error_class;
+use crate::tls::{Origin, SslMode, TlsChoice};
 use crate::url::DatabaseUrl;
 
 /// A failure of the PostgreSQL backend: opening the pool, creating the
@@ -51,8 +52,7 @@ pub enum Error {
     },
     /// The TLS handshake failed: the server's certificate is not signed by a
     /// trusted CA, does not name the host, or has expired (under
-    /// `sslmode=verify-ca`/`verify-full`), or the server does not offer TLS
-    /// (under `sslmode=require`). Retrying will not help.
+    /// `sslmode=verify-ca`/`verify-full`). Retrying will not help.
     #[error(
         "the TLS handshake with PostgreSQL at {url} failed; with sslmode=verify-full the \
          server's certificate must be signed by a CA in the platform's trust store or in \
@@ -62,6 +62,32 @@ pub enum Error {
         /// The URL, password redacted.
         url: String,
         /// The driver's error, with the TLS library's reason.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The server does not offer TLS (it answered PostgreSQL's
+    /// `SSLRequest` with "no"; so does a man in the middle who strips
+    /// TLS), and the sslmode requires it: `require`, `verify-ca` or
+    /// `verify-full`, given or the default for a host that is not loopback
+    /// (see [`PoolConfig`](crate::PoolConfig#tls)). Nothing was sent in
+    /// clear text. Retrying will not help: turn TLS on in the server, or,
+    /// where the network to it is trusted, set `sslmode=disable` (or
+    /// `prefer`) in the URL.
+    #[error(
+        "PostgreSQL at {url} does not offer TLS, which sslmode={ssl_mode}{} requires; turn TLS on \
+         in the server (`ssl = on` with a certificate and key in postgresql.conf), or, only if \
+         the network to it is trusted, put sslmode=prefer (or disable) in the URL",
+        if *by_default { " (the default for a host that is not loopback)" } else { "" }
+    )]
+    TlsNotOffered {
+        /// The URL, password redacted.
+        url: String,
+        /// The mode that required TLS.
+        ssl_mode: SslMode,
+        /// Whether the mode is the default (the URL and `PGSSLMODE` named
+        /// none).
+        by_default: bool,
+        /// The driver's error.
         #[source]
         source: sqlx::Error,
     },
@@ -166,6 +192,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failed connect of a pool whose sslmode is `tls`.
+    pub(crate) fn from_connect(url: &DatabaseUrl, tls: TlsChoice, error: sqlx::Error) -> Self {
+        if tls.mode.requires_tls() && is_tls_not_offered(&error) {
+            return Error::TlsNotOffered {
+                url: url.redacted().to_owned(),
+                ssl_mode: tls.mode,
+                by_default: tls.origin == Origin::Default,
+                source: error,
+            };
+        }
+        Self::from_driver(url, error)
+    }
+
     pub(crate) fn from_driver(url: &DatabaseUrl, error: sqlx::Error) -> Self {
         let url = url.redacted().to_owned();
         let refused_credentials = matches!(
@@ -207,6 +246,7 @@ impl Error {
             | Error::InvalidUrl { .. }
             | Error::Unauthorized { .. }
             | Error::Tls { .. }
+            | Error::TlsNotOffered { .. }
             | Error::MessageId { .. }
             | Error::UnstablePosition { .. }
             | Error::TransactionEscaped => false,
@@ -221,6 +261,7 @@ impl Error {
             Error::InvalidUrl { url, .. }
             | Error::Unauthorized { url, .. }
             | Error::Tls { url, .. }
+            | Error::TlsNotOffered { url, .. }
             | Error::Unreachable { url, .. } => Some(url),
             _ => None,
         }
@@ -250,6 +291,7 @@ impl Error {
             | Error::InvalidUrl { .. }
             | Error::Unauthorized { .. }
             | Error::Tls { .. }
+            | Error::TlsNotOffered { .. }
             | Error::Unreachable { .. }
             | Error::Migrate { .. } => {
                 if self.is_transient() {
@@ -277,6 +319,14 @@ fn is_transient_driver_error(error: &sqlx::Error) -> bool {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
         _ => false,
     }
+}
+
+/// Whether `error` is the driver's "the server answered the `SSLRequest`
+/// with no" under a mode that requires TLS. sqlx 0.9 gives it only as
+/// text (`sqlx_postgres::connection::tls`); tests/tls_default.rs holds the
+/// text to this version.
+fn is_tls_not_offered(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Tls(inner) if inner.to_string() == "server does not support TLS")
 }
 
 /// Whether `error` is a failed TLS set-up: sqlx reports its own checks as

@@ -183,7 +183,11 @@
 //! its migrations, so a handler's code is ordinary sqlx code. Its pool is
 //! bounded and has acquire timeouts, and its database errors carry the
 //! SQLSTATE that the error classes need. TLS is built in (rustls): the
-//! URL's `sslmode` decides, `verify-full` included (see [`PoolConfig`]).
+//! URL's `sslmode` decides, `verify-full` included. A URL without one gets
+//! `require` for a host that is not loopback, so a server (or anyone on
+//! the way) that refuses TLS fails the connection rather than turning it
+//! into clear text, and `prefer` for a loopback host or a Unix socket,
+//! whose traffic stays on the machine ([`PoolConfig`]'s TLS).
 #![warn(missing_docs)]
 
 mod batch;
@@ -200,6 +204,7 @@ pub mod outbox;
 mod pool;
 mod prune;
 mod stats;
+mod tls;
 mod tx;
 mod url;
 
@@ -219,6 +224,7 @@ pub use outbox::{
 pub use pool::PoolConfig;
 pub use prune::{PruneSettings, Pruner, PrunerHandle};
 pub use stats::ExactlyOnceStats;
+pub use tls::SslMode;
 pub use tx::Tx;
 pub use url::DatabaseUrl;
 

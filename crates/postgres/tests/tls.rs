@@ -1,8 +1,8 @@
 //! TLS to PostgreSQL (rustls): the local server has `ssl = on` with
 //! Debian's self-signed "snakeoil" certificate (CN and SAN `localhost`).
-//! `require` and the default (`prefer`) really encrypt, which the server
-//! confirms in `pg_stat_ssl`; `verify-full` refuses a certificate for
-//! another name, and one that no trusted CA signed (a TLS server of the
+//! `require` and the default for this loopback host (`prefer`) really
+//! encrypt, which the server confirms in `pg_stat_ssl`; `verify-full`
+//! refuses a certificate for another name, and one that no trusted CA signed (a TLS server of the
 //! test's own: this machine's trust directory, `SSL_CERT_DIR=/etc/ssl/certs`,
 //! holds a hash link to the snakeoil certificate, so the platform trusts
 //! the local server), with a typed error that says what to set; and it
@@ -85,7 +85,7 @@ async fn the_default_sslmode_encrypts_when_the_server_offers_tls() {
         .expect("connect");
     assert!(
         encrypted(&pool).await,
-        "sslmode=prefer (the default) fell back to clear text"
+        "sslmode=prefer (the default for a loopback host) fell back to clear text"
     );
 }
 

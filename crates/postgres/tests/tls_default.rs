@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use intake_postgres::PoolConfig;
+use intake_postgres::{Error, PoolConfig, SslMode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// PostgreSQL's `SSLRequest`: length 8, code 80877103.
@@ -24,7 +24,8 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 const UPSTREAM: &str = "127.0.0.1:5432";
 
 /// A PostgreSQL server without TLS: the shared server, behind a front that
-/// refuses every `SSLRequest`.
+/// refuses every `SSLRequest` (or, `transparent`, passes it on: the shared
+/// server itself, TLS and all, at another address).
 struct ClearTextFront {
     address: SocketAddr,
     ssl_requests: Arc<AtomicUsize>,
@@ -40,6 +41,10 @@ impl Drop for ClearTextFront {
 
 impl ClearTextFront {
     async fn start(ip: IpAddr) -> std::io::Result<Self> {
+        Self::start_passing(ip, false).await
+    }
+
+    async fn start_passing(ip: IpAddr, transparent: bool) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
         let address = listener.local_addr()?;
         let ssl_requests = Arc::new(AtomicUsize::new(0));
@@ -48,7 +53,7 @@ impl ClearTextFront {
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 accepted.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(pass(client, Arc::clone(&requests)));
+                tokio::spawn(pass(client, Arc::clone(&requests), transparent));
             }
         });
         Ok(Self {
@@ -79,9 +84,13 @@ impl ClearTextFront {
     }
 }
 
-/// One connection through the front: an `SSLRequest` is refused with `N`,
-/// the rest goes to the real server as it comes.
-async fn pass(mut client: tokio::net::TcpStream, ssl_requests: Arc<AtomicUsize>) {
+/// One connection through the front: an `SSLRequest` is refused with `N`
+/// (unless `transparent`), the rest goes to the real server as it comes.
+async fn pass(
+    mut client: tokio::net::TcpStream,
+    ssl_requests: Arc<AtomicUsize>,
+    transparent: bool,
+) {
     let mut first = [0; 8];
     if client.read_exact(&mut first).await.is_err() {
         return;
@@ -89,7 +98,7 @@ async fn pass(mut client: tokio::net::TcpStream, ssl_requests: Arc<AtomicUsize>)
     let Ok(mut upstream) = tokio::net::TcpStream::connect(UPSTREAM).await else {
         return;
     };
-    let started = if first == SSL_REQUEST {
+    let started = if first == SSL_REQUEST && !transparent {
         ssl_requests.fetch_add(1, Ordering::Relaxed);
         client.write_all(b"N").await
     } else {
@@ -239,6 +248,17 @@ async fn sslmode_require_against_a_server_without_tls_fails_with_a_typed_error_t
         .connect()
         .await
         .expect_err("require never goes clear text");
+    assert!(
+        matches!(
+            error,
+            Error::TlsNotOffered {
+                ssl_mode: SslMode::Require,
+                by_default: false,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     let text = error.to_string();
     assert!(!error.is_transient(), "{error:?}");
     assert!(
@@ -278,6 +298,17 @@ async fn a_non_loopback_url_without_sslmode_refuses_a_server_without_tls() {
         ),
         Err(error) => error,
     };
+    assert!(
+        matches!(
+            error,
+            Error::TlsNotOffered {
+                ssl_mode: SslMode::Require,
+                by_default: true,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     let text = error.to_string();
     assert!(text.contains("does not offer TLS"), "{text}");
     assert!(
@@ -358,8 +389,56 @@ async fn explicit_modes_still_work_against_a_server_without_tls() {
             }
             Err(error) => {
                 assert!(!connects, "sslmode={mode}: {error}");
-                assert!(error.to_string().contains("does not offer TLS"), "{error}");
+                assert!(
+                    matches!(&error, Error::TlsNotOffered { ssl_mode, .. } if ssl_mode.as_str() == mode),
+                    "{error:?}"
+                );
             }
         }
     }
+}
+
+#[tokio::test]
+async fn a_non_loopback_url_without_sslmode_connects_with_tls_when_the_server_offers_it() {
+    let test = "a_non_loopback_url_without_sslmode_connects_with_tls";
+    let Some(ip) = non_loopback_address() else {
+        println!("skipped: {test}: this machine has no non-loopback address");
+        return;
+    };
+    if common::database(test, 1).await.is_none() {
+        return;
+    }
+    let front = ClearTextFront::start_passing(ip, true)
+        .await
+        .expect("a front");
+    let Some(url) = front.url("") else {
+        println!("skipped: {test}: INTAKE_POSTGRES_URL is not on {UPSTREAM}");
+        return;
+    };
+    let config = PoolConfig::new(&url).expect("a URL").max_connections(2);
+    assert_eq!(config.ssl_mode(), Some(SslMode::Require));
+    let pool = config
+        .connect()
+        .await
+        .expect("require against a server with TLS");
+    assert!(encrypted(&pool).await);
+    // Under prefer the same server is reached with TLS, and nothing warns.
+    let (subscriber, logs) = captured_logs();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let url = front.url("sslmode=prefer").expect("a URL");
+    let pool = PoolConfig::new(&url)
+        .expect("a URL")
+        .max_connections(2)
+        .connect()
+        .await
+        .expect("prefer against a server with TLS");
+    let held = (
+        pool.acquire().await.expect("a connection"),
+        pool.acquire().await.expect("a connection"),
+    );
+    drop(held);
+    assert!(encrypted(&pool).await);
+    let logs = text_of(&logs);
+    assert!(!logs.contains("not encrypted"), "{logs}");
+    assert!(logs.contains("sslmode=prefer"), "{logs}");
 }
