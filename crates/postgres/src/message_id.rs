@@ -163,6 +163,57 @@ mod tests {
     }
 
     #[test]
+    fn a_parked_copy_with_a_header_id_is_scoped_to_its_first_deliverys_source() {
+        // Back through the return topic, the copy of a message first
+        // delivered on `orders` carries its id header: it is that message,
+        // whose original a crash may deliver again on `orders`.
+        let headers: Headers = [("message-id", "order-9")].into_iter().collect();
+        let original = at(Position::Offset(42)).with_headers(headers.clone());
+        let mut copy = Message::new(
+            Bytes::new(),
+            Metadata::new("orders.billing.returned".into(), 3, Position::Offset(7)),
+        )
+        .with_headers(headers);
+        copy.metadata_mut()
+            .set_parked_from(Some(intake_core::FirstDelivery {
+                source: "orders".into(),
+                partition: 3,
+                position: Position::Offset(42),
+            }));
+        let id = MessageId::header("message-id");
+        assert_eq!(id.key_of(&copy).unwrap(), id.key_of(&original).unwrap());
+    }
+
+    #[test]
+    fn a_header_id_with_a_control_character_is_refused() {
+        let id = MessageId::header("message-id");
+        for value in [
+            "a\nb",
+            "a\rb",
+            "a\tb",
+            "\u{1b}[31m",
+            "a\u{7f}",
+            "a\u{85}b",
+            "a\u{9b}",
+        ] {
+            let headers: Headers = [("message-id", value)].into_iter().collect();
+            let error = id
+                .key_of(&at(Position::Offset(1)).with_headers(headers))
+                .unwrap_err();
+            assert!(
+                error.to_string().contains("control character"),
+                "{value:?}: {error}"
+            );
+            assert_eq!(error.class(), intake_core::ErrorClass::Permanent);
+        }
+        let headers: Headers = [("message-id", "Bestellung ä-9 ✓")].into_iter().collect();
+        assert!(
+            id.key_of(&at(Position::Offset(1)).with_headers(headers))
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn delivery_tags_are_refused_because_they_change_on_redelivery() {
         let error = MessageId::Position
             .key_of(&at(Position::Tag(7)))

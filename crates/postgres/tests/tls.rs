@@ -2,12 +2,13 @@
 //! Debian's self-signed "snakeoil" certificate (CN and SAN `localhost`).
 //! `require` and the default for this loopback host (`prefer`) really
 //! encrypt, which the server confirms in `pg_stat_ssl`; `verify-full`
-//! refuses a certificate for another name, and one that no trusted CA signed (a TLS server of the
-//! test's own: this machine's trust directory, `SSL_CERT_DIR=/etc/ssl/certs`,
-//! holds a hash link to the snakeoil certificate, so the platform trusts
-//! the local server), with a typed error that says what to set; and it
-//! accepts the local server once its certificate is the root
-//! (`sslrootcert`, by URL or as PEM).
+//! refuses a certificate for another name, and one that no trusted CA
+//! signed (a TLS server of the test's own: this machine's trust directory,
+//! `SSL_CERT_DIR=/etc/ssl/certs`, holds a hash link to the snakeoil
+//! certificate, so the platform trusts the local server), with a typed
+//! error that says what to set; and it accepts the local server once its
+//! certificate is the root (`sslrootcert`, by URL or as PEM). A server
+//! without TLS, and the default for other hosts: tls_default.rs.
 
 mod common;
 
