@@ -206,6 +206,12 @@ impl Acker for KafkaAcker {
             tokio::time::sleep_until(last + wait).await;
         }
         self.last_commit = Some(Instant::now());
+        if let Some(store) = &self.shared.exactly_once {
+            let due = store.due();
+            if !due.is_empty() {
+                crate::transaction::reread(store, due);
+            }
+        }
         let consumer = self.consumer.clone();
         let shared = self.shared.clone();
         let transactor = self.transactor.clone();

@@ -12,7 +12,7 @@ use intake_core::trace::TRACEPARENT;
 use intake_core::{HandlerError, Message, PartitionKey, Position};
 use tower::{Layer, Service};
 
-use super::limits::{Described, Describer};
+use super::limits::Described;
 use super::store::{OutputStore, Put};
 
 /// Wraps a handler whose response is [`Outputs`] into one the consumer
@@ -43,12 +43,11 @@ use super::store::{OutputStore, Put};
 #[derive(Clone)]
 pub struct TransactionalLayer {
     store: Arc<OutputStore>,
-    describer: Arc<Describer>,
 }
 
 impl TransactionalLayer {
-    pub(crate) fn new(store: Arc<OutputStore>, describer: Arc<Describer>) -> Self {
-        Self { store, describer }
+    pub(crate) fn new(store: Arc<OutputStore>) -> Self {
+        Self { store }
     }
 }
 
@@ -67,7 +66,6 @@ impl<S> Layer<S> for TransactionalLayer {
         TransactionalService {
             inner,
             store: Arc::clone(&self.store),
-            describer: Arc::clone(&self.describer),
         }
     }
 }
@@ -77,7 +75,6 @@ impl<S> Layer<S> for TransactionalLayer {
 pub struct TransactionalService<S> {
     inner: S,
     store: Arc<OutputStore>,
-    describer: Arc<Describer>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for TransactionalService<S> {
@@ -116,7 +113,6 @@ where
         let trace = message.headers().get(TRACEPARENT).cloned();
         let handled = self.inner.call(message);
         let store = Arc::clone(&self.store);
-        let describer = Arc::clone(&self.describer);
         Box::pin(async move {
             let Position::Offset(offset) = position else {
                 return Err(HandlerError::permanent(format!(
@@ -134,7 +130,7 @@ where
                             _ => output,
                         })
                         .collect();
-                    keep(&store, &describer, &partition, epoch, offset, outputs).await
+                    keep(&store, &partition, epoch, offset, outputs).await
                 }
                 Err(error) => {
                     store.remove(&partition, offset);
@@ -149,8 +145,7 @@ where
 /// what a destination accepts where the store does not know it yet, and
 /// fails the input if the broker would refuse one of them.
 async fn keep(
-    store: &Arc<OutputStore>,
-    describer: &Arc<Describer>,
+    store: &OutputStore,
     partition: &PartitionKey,
     epoch: u64,
     offset: i64,
@@ -159,12 +154,7 @@ async fn keep(
     loop {
         // Each round learns one destination more, so this ends.
         match store.put(partition, epoch, offset, outputs) {
-            Put::Kept { reread } => {
-                if let Some(topic) = reread {
-                    reread_later(store, describer, topic);
-                }
-                return Ok(());
-            }
+            Put::Kept => return Ok(()),
             Put::Stale => {
                 tracing::debug!(%partition, offset, "outputs of an input of a partition given up meanwhile dropped");
                 return Ok(());
@@ -183,7 +173,7 @@ async fn keep(
                 )));
             }
             Put::Unread(topic, given_back) => {
-                let described = describer.describe(&topic, false).await;
+                let described = store.describer().describe(&topic, false).await;
                 if let Described::Unknown(why) = &described {
                     tracing::warn!(
                         destination = %topic,
@@ -198,16 +188,20 @@ async fn keep(
     }
 }
 
-/// Reads what `topic` accepts again, in the background.
-fn reread_later(store: &Arc<OutputStore>, describer: &Arc<Describer>, topic: Arc<str>) {
+/// Reads what `topics` accept again, in the background.
+pub(crate) fn reread(store: &Arc<OutputStore>, topics: Vec<Arc<str>>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         // No runtime to read in: what was read stays until the next try.
-        store.learn(&topic, &Described::Unknown("no runtime to read in".into()));
+        for topic in &topics {
+            store.learn(topic, &Described::Unknown("no runtime to read in".into()));
+        }
         return;
     };
-    let (store, describer) = (Arc::clone(store), Arc::clone(describer));
+    let store = Arc::clone(store);
     drop(runtime.spawn(async move {
-        let described = describer.describe(&topic, true).await;
-        store.learn(&topic, &described);
+        for topic in topics {
+            let described = store.describer().describe(&topic, true).await;
+            store.learn(&topic, &described);
+        }
     }));
 }

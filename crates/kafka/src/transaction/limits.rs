@@ -97,6 +97,14 @@ pub(crate) fn refusal(
     producer: ProducerLimits,
     topic: Option<TopicLimits>,
 ) -> Option<String> {
+    if topic.is_some_and(|topic| topic.compacted && output.key().is_none()) {
+        return Some(
+            "the topic is compacted (cleanup.policy=compact) and the output has no key".into(),
+        );
+    }
+    if fits(output, budget(producer, topic)) {
+        return None;
+    }
     let (data, framed) = sizes(output);
     let wire = RECORD_MAX_OVERHEAD + data;
     if wire > producer.max_record {
@@ -113,12 +121,33 @@ pub(crate) fn refusal(
             topic.max_batch
         ));
     }
-    if topic.compacted && output.key().is_none() {
-        return Some(
-            "the topic is compacted (cleanup.policy=compact) and the output has no key".into(),
-        );
-    }
     None
+}
+
+/// The bytes of key, payload and header names and values below which an
+/// output fits whatever its framing: every limit less a batch header, the
+/// longest record framing librdkafka counts, and the longest varints (5
+/// bytes a length) of the key, value and header count.
+pub(crate) fn budget(producer: ProducerLimits, topic: Option<TopicLimits>) -> usize {
+    let limit = topic.map_or(producer.max_record, |topic| {
+        topic.max_batch.min(producer.max_record)
+    });
+    limit.saturating_sub(BATCH_OVERHEAD + RECORD_MAX_OVERHEAD + 15)
+}
+
+/// Whether `output` fits a [`budget`]: most outputs are far below every
+/// limit, and this is all that is counted of them.
+#[inline]
+pub(crate) fn fits(output: &Output, budget: usize) -> bool {
+    let headers = output.headers();
+    let mut raw = output.key().map_or(0, bytes::Bytes::len) + output.payload().len();
+    if !headers.is_empty() {
+        raw += headers
+            .iter()
+            .map(|header| 10 + header.name.len() + header.value.len())
+            .sum::<usize>();
+    }
+    raw <= budget
 }
 
 /// The bytes an output takes in a batch (format v2, the framing of a

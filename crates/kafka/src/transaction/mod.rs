@@ -49,6 +49,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub use self::error::TransactionError;
+pub(crate) use self::layer::reread;
 pub use self::layer::{TransactionalFuture, TransactionalLayer, TransactionalService};
 use self::limits::{DESCRIBE_TIMEOUT, Describer, ProducerLimits};
 pub(crate) use self::producer::Transactor;
@@ -108,8 +109,6 @@ pub struct KafkaTransactions {
     operation_timeout: Duration,
     transaction_timeout: Duration,
     store: Arc<OutputStore>,
-    /// Reads what destinations accept, for the layer.
-    describer: Arc<Describer>,
     /// A source took it: a second would share its producer's id and its
     /// store.
     claimed: Arc<AtomicBool>,
@@ -132,8 +131,10 @@ impl KafkaTransactions {
     /// setting pass through) by a producer named `transactional_id`.
     pub fn new(settings: KafkaSettings, transactional_id: impl Into<String>) -> Self {
         Self {
-            store: Arc::new(OutputStore::new(ProducerLimits::of(&settings))),
-            describer: Arc::new(Describer::new(settings.clone(), DESCRIBE_TIMEOUT)),
+            store: Arc::new(OutputStore::new(
+                ProducerLimits::of(&settings),
+                Describer::new(settings.clone(), DESCRIBE_TIMEOUT),
+            )),
             settings,
             transactional_id: transactional_id.into(),
             operation_timeout: Duration::from_secs(30),
@@ -163,7 +164,7 @@ impl KafkaTransactions {
 
     /// The layer that keeps a handler's outputs for their transaction.
     pub fn layer(&self) -> TransactionalLayer {
-        TransactionalLayer::new(Arc::clone(&self.store), Arc::clone(&self.describer))
+        TransactionalLayer::new(Arc::clone(&self.store))
     }
 
     /// The producer's `transactional.id`.

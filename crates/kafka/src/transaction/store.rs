@@ -8,7 +8,7 @@ use std::time::Instant;
 use intake_core::PartitionKey;
 use intake_core::publish::Output;
 
-use super::limits::{self, Described, ProducerLimits, TopicLimits};
+use super::limits::{self, Described, Describer, ProducerLimits, TopicLimits};
 
 /// Outputs waiting for the transaction that commits their input.
 ///
@@ -30,6 +30,7 @@ use super::limits::{self, Described, ProducerLimits, TopicLimits};
 pub(crate) struct OutputStore {
     state: Mutex<State>,
     producer: ProducerLimits,
+    describer: Describer,
 }
 
 #[derive(Debug, Default)]
@@ -39,6 +40,11 @@ struct State {
     epochs: HashMap<PartitionKey, u64>,
     /// What each destination accepts, as last read.
     topics: HashMap<Arc<str>, Known>,
+    /// The destination last checked, by pointer, what it accepts and the
+    /// [budget](limits::budget) of an output that surely fits it: a
+    /// handler usually names one destination, made once and shared, so
+    /// most checks need no lookup by name.
+    last: Option<(Arc<str>, Option<TopicLimits>, usize)>,
 }
 
 /// What a destination accepts, as last read, and until when to believe it.
@@ -55,9 +61,8 @@ struct Known {
 /// What [`OutputStore::put`] did with an input's outputs.
 #[derive(Debug)]
 pub(crate) enum Put {
-    /// Kept (or, for no outputs, any kept before dropped). A destination
-    /// to read again in the background, when one is due.
-    Kept { reread: Option<Arc<str>> },
+    /// Kept (or, for no outputs, any kept before dropped).
+    Kept,
     /// Not kept: the partition was given up since the handler started.
     Stale,
     /// Not kept: the broker would refuse the output at `index`, to
@@ -73,12 +78,19 @@ pub(crate) enum Put {
 }
 
 impl OutputStore {
-    /// A store for outputs of a producer with these limits.
-    pub(crate) fn new(producer: ProducerLimits) -> Self {
+    /// A store for outputs of a producer with these limits, reading what
+    /// destinations accept with `describer`.
+    pub(crate) fn new(producer: ProducerLimits, describer: Describer) -> Self {
         Self {
             state: Mutex::default(),
             producer,
+            describer,
         }
+    }
+
+    /// What reads what destinations accept.
+    pub(crate) fn describer(&self) -> &Describer {
+        &self.describer
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -113,25 +125,36 @@ impl OutputStore {
             if let Some(stored) = state.partitions.get_mut(partition) {
                 stored.remove(&offset);
             }
-            return Put::Kept { reread: None };
+            return Put::Kept;
         }
-        let now = Instant::now();
-        let mut reread = None;
         for (index, output) in outputs.iter().enumerate() {
-            let Some(known) = state.topics.get_mut(output.destination()) else {
-                let topic = Arc::clone(output.destination_shared());
-                return Put::Unread(topic, outputs);
+            let destination = output.destination_shared();
+            let (accepts, budget) = match &state.last {
+                Some((last, accepts, budget)) if Arc::ptr_eq(last, destination) => {
+                    (*accepts, *budget)
+                }
+                _ => {
+                    let Some(known) = state.topics.get(&**destination) else {
+                        let topic = Arc::clone(destination);
+                        return Put::Unread(topic, outputs);
+                    };
+                    let accepts = known.limits;
+                    let budget = limits::budget(self.producer, accepts);
+                    state.last = Some((Arc::clone(destination), accepts, budget));
+                    (accepts, budget)
+                }
             };
-            if let Some(reason) = limits::refusal(output, self.producer, known.limits) {
+            let keyless_to_compacted =
+                output.key().is_none() && accepts.is_some_and(|accepts| accepts.compacted);
+            if limits::fits(output, budget) && !keyless_to_compacted {
+                continue;
+            }
+            if let Some(reason) = limits::refusal(output, self.producer, accepts) {
                 return Put::Refused {
                     index,
-                    destination: Arc::clone(output.destination_shared()),
+                    destination: Arc::clone(destination),
                     reason,
                 };
-            }
-            if reread.is_none() && !known.reading && now >= known.until {
-                known.reading = true;
-                reread = Some(Arc::clone(output.destination_shared()));
             }
         }
         state
@@ -139,7 +162,28 @@ impl OutputStore {
             .entry(partition.clone())
             .or_default()
             .insert(offset, outputs);
-        Put::Kept { reread }
+        Put::Kept
+    }
+
+    /// The destinations due to be read again (each marked as being read,
+    /// so it is due once): what the acker reads in the background at each
+    /// commit, so that no input pays for the clock. Usually none (no
+    /// allocation then).
+    pub(crate) fn due(&self) -> Vec<Arc<str>> {
+        let mut state = self.lock();
+        if state.topics.is_empty() {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        state
+            .topics
+            .iter_mut()
+            .filter(|(_, known)| !known.reading && now >= known.until)
+            .map(|(topic, known)| {
+                known.reading = true;
+                Arc::clone(topic)
+            })
+            .collect()
     }
 
     /// Learns what `topic` accepts, as read now.
@@ -160,6 +204,7 @@ impl OutputStore {
         known.limits = limits.or(known.limits);
         known.until = until;
         known.reading = false;
+        state.last = None;
     }
 
     /// Has every destination read again at its next output: the broker
@@ -246,6 +291,8 @@ impl OutputStore {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn output(payload: &str) -> Output {
@@ -254,9 +301,11 @@ mod tests {
 
     /// A store whose destination `out` has been read: 1,000 bytes at most.
     fn store() -> OutputStore {
-        let store = OutputStore::new(ProducerLimits::of(&crate::KafkaSettings::new(
-            "127.0.0.1:9",
-        )));
+        let settings = crate::KafkaSettings::new("127.0.0.1:9");
+        let store = OutputStore::new(
+            ProducerLimits::of(&settings),
+            Describer::new(settings, Duration::from_secs(1)),
+        );
         store.learn(
             &Arc::from("out"),
             &Described::Known(TopicLimits {
@@ -268,7 +317,7 @@ mod tests {
     }
 
     fn kept(put: Put) -> bool {
-        matches!(put, Put::Kept { .. })
+        matches!(put, Put::Kept)
     }
 
     fn payloads(outputs: &[Output]) -> Vec<String> {
@@ -402,18 +451,20 @@ mod tests {
     }
 
     #[test]
-    fn a_destination_due_is_read_again_by_one_input_only() {
+    fn a_destination_due_is_read_again_once() {
         let store = store();
-        let partition = PartitionKey::new("in", 0);
+        assert!(store.due().is_empty(), "read a moment ago");
         store.reread_all();
-        let first = store.put(&partition, 0, 1, vec![output("a")]);
+        assert_eq!(store.due(), [Arc::from("out")]);
+        assert!(store.due().is_empty(), "being read");
+        store.learn(&Arc::from("out"), &Described::Unknown("gone".into()));
+        let partition = PartitionKey::new("in", 0);
         assert!(
-            matches!(&first, Put::Kept { reread: Some(topic) } if &**topic == "out"),
-            "{first:?}"
+            matches!(
+                store.put(&partition, 0, 1, vec![output(&"x".repeat(2_000))]),
+                Put::Refused { .. }
+            ),
+            "a read that failed keeps what was read before"
         );
-        assert!(matches!(
-            store.put(&partition, 0, 2, vec![output("b")]),
-            Put::Kept { reread: None }
-        ));
     }
 }
