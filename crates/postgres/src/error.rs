@@ -158,7 +158,8 @@ pub enum Error {
     MessageId {
         /// The header.
         header: String,
-        /// Missing, not UTF-8, empty, too long or containing NUL.
+        /// Missing, not UTF-8, empty, too long, or containing a control
+        /// character (NUL among them).
         problem: &'static str,
     },
     /// The broker's positions are not stable across redeliveries, so they

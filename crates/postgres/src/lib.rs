@@ -128,16 +128,35 @@
 //!
 //! # Identity
 //!
-//! [`MessageId::Position`] (the default) identifies a message by source,
-//! partition and broker position. Kafka offsets, Redis stream entry ids and
-//! memory-broker offsets are stable across redelivery. AMQP delivery tags
-//! are not, so on RabbitMQ use [`MessageId::header`]`("amqp.message-id")`
-//! (the `message-id` property, which producers must set). A header id also
-//! skips copies that a producer sent twice, and it is the recommended
-//! identity wherever producers can set one: a position is unique only
-//! within one life of its source, so after a Kafka topic or a Redis stream
-//! is deleted and created again, messages at positions seen before would be
-//! skipped as duplicates ([`MessageId::Position`] says when that happens).
+//! A message's marker key is its identity within the consumer group;
+//! [`MessageId`] chooses it:
+//!
+//! - [`MessageId::Position`] (the default): the source, partition and
+//!   broker position of its first delivery. Kafka offsets, NATS stream
+//!   sequences, Redis stream entry ids and memory-broker offsets are stable
+//!   across redelivery. AMQP delivery tags are not, so on RabbitMQ use a
+//!   header. The broker assigns positions, so no producer can take another
+//!   message's identity; but a position is unique only within one life of
+//!   its source: after a Kafka topic or a Redis stream is deleted and
+//!   created again, messages at positions seen before are skipped as
+//!   duplicates ([`MessageId::Position`] says when, and what to do).
+//! - [`MessageId::header`]`(name)`: the header's value, scoped to the
+//!   first delivery's source (not its partition). It survives a source
+//!   created again and also skips copies a producer sent twice; on
+//!   RabbitMQ, `"amqp.message-id"` (the `message-id` property, which
+//!   producers must set). The id is the producer's word: any producer that
+//!   can write to the source can make another message be skipped as a
+//!   duplicate by reusing its id. The per-source scope bounds who can;
+//!   let only trusted producers write to a source and have them set
+//!   unguessable ids ([`MessageId::Header`] says what a producer can do
+//!   and how to keep it in bounds). Ids with control characters are
+//!   refused.
+//!
+//! Under both, a parked copy that comes back through a
+//! [`ParkingLayer`](intake_core::parking::ParkingLayer) outside the
+//! exactly-once handler keeps its first delivery's identity, also when it
+//! comes back through a return topic or stream, so parking and a crash
+//! between a park and its acknowledgement apply effects once.
 //!
 //! # The marker table
 //!

@@ -11,17 +11,43 @@ use crate::error::Error;
 pub const MAX_MESSAGE_ID_LEN: usize = 512;
 
 /// How a message is identified in the marker table: the same message
-/// delivered again must get the same identity.
+/// delivered again must get the same identity, and two messages must never
+/// share one (the later would be skipped as a duplicate: acknowledged,
+/// its effects never applied).
+///
+/// | mode | identity, within one consumer group | chosen by |
+/// |---|---|---|
+/// | [`Position`](Self::Position) (default) | first delivery's source, partition and broker position | the broker |
+/// | [`Header`](Self::Header) | first delivery's source and the header's value | the producer |
+///
+/// Under both, a parked copy that came back through a
+/// [`ParkingLayer`](intake_core::parking::ParkingLayer) outside the
+/// exactly-once handler keeps the identity of its first delivery
+/// ([`Metadata::parked_from`](intake_core::Metadata::parked_from)), not of
+/// the return topic or stream it came back through: a message parked twice
+/// (a crash between the park and the acknowledgement), or parked and then
+/// delivered again from its source, has its effects applied once. The
+/// parking layer believes the origin only on copies read from its own
+/// return destinations, so whoever may write to those may claim any first
+/// delivery: give them the source's write permissions, no wider.
+///
+/// Which to choose: [`Header`](Self::Header) where every producer of a
+/// source sets a unique, unguessable id and all of them are trusted (it
+/// also survives a source created again, and skips copies a producer sent
+/// twice); [`Position`](Self::Position) where producers set no id, or are
+/// not all trusted, and the source is never deleted and created again
+/// under the same name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum MessageId {
     /// Source, partition and broker position: a Kafka or memory-broker
-    /// offset, a Redis stream entry id. These are stable across redelivery.
-    /// The default. A parked copy that came back through a
-    /// [`ParkingLayer`](intake_core::parking::ParkingLayer) outside the
-    /// exactly-once handler is identified by its first delivery
-    /// ([`Metadata::parked_from`](intake_core::Metadata::parked_from)), so
-    /// a message parked twice (a crash between the park and the
-    /// acknowledgement) still has its effects applied once.
+    /// offset, a NATS stream sequence, a Redis stream entry id. These are
+    /// stable across redelivery. The default. A parked copy is identified
+    /// by its first delivery (see [above](Self)).
+    ///
+    /// The broker assigns positions, so no producer can give its message
+    /// the identity of another one within one life of the source (a Redis
+    /// producer may choose its entry ids, but a stream refuses an id not
+    /// above its last one).
     ///
     /// A position identifies a message only within one life of its source.
     /// A Kafka topic that is deleted and created again starts its offsets
@@ -32,17 +58,51 @@ pub enum MessageId {
     /// their effects lost, until the markers are pruned. (Kafka names each
     /// life of a topic with a topic id, but rdkafka does not hand it to
     /// consumers, so the position cannot include it.) Where sources may be
-    /// recreated, or producers can set an id, prefer
+    /// recreated, drop the group's markers of the old life
+    /// (`DELETE FROM <marker table> WHERE consumer_group = $1 AND source =
+    /// $2`) before the new one is consumed, or use
     /// [`Header`](Self::Header).
     #[default]
     Position,
-    /// The value of this header, per source (the partition is not part of
-    /// the identity). The recommended identity wherever producers can set a
-    /// unique id: it survives a source deleted and created again, and also
-    /// skips copies a producer sent twice. Required for brokers whose
-    /// positions change on redelivery (AMQP delivery tags: use
-    /// `"amqp.message-id"`, the `message-id` property). A message without
-    /// the header fails permanently.
+    /// The value of this header, scoped to the consumer group and the
+    /// first delivery's source (topic, stream or queue); the partition and
+    /// the position are not part of the identity. The recommended identity
+    /// wherever producers set a unique id and are trusted: it survives a
+    /// source deleted and created again, and also skips copies a producer
+    /// sent twice. Required for brokers whose positions change on
+    /// redelivery (AMQP delivery tags: use `"amqp.message-id"`, the
+    /// `message-id` property).
+    ///
+    /// The id is the producer's word, and nothing checks it. Any producer
+    /// that can write to the source can give its message the id of another
+    /// message: whichever is processed first runs, and the other is skipped
+    /// as a duplicate, acknowledged, counted in
+    /// [`duplicates`](crate::ExactlyOnceStats::duplicates) and logged at
+    /// `debug`, its effects never applied. So it can suppress a message
+    /// whose id it can guess (a sequence number, an order number) or sees
+    /// before it is processed (on another partition, which may be read
+    /// ahead); reusing the id of a message processed earlier (within the
+    /// markers' retention) only skips its own message. The scope bounds who
+    /// can: a producer of another source, or the messages of another
+    /// consumer group, are untouched. Keep it so:
+    ///
+    /// - let only producers of one trust domain write to a source (the
+    ///   broker's ACLs; the parking's return destinations alike), and never
+    ///   consume several producers' topics as one source name;
+    /// - have producers set unguessable ids (random UUIDs, v4 or v7), not
+    ///   sequence numbers;
+    /// - watch the duplicates counter: duplicates without crashes,
+    ///   rebalances or producer retries are worth a look.
+    ///
+    /// Where producers are not all trusted, use [`Position`](Self::Position)
+    /// (the broker's identity) instead. Nothing compares the position of a
+    /// skipped message with the first one's: the marker does not keep it.
+    ///
+    /// Refused, as a permanent error for the message: no header, a value
+    /// that is not UTF-8, is empty, longer than [`MAX_MESSAGE_ID_LEN`], or
+    /// holds a control character (NUL, which PostgreSQL text cannot hold,
+    /// and the others, which would put forged lines or terminal escapes
+    /// into the logs and errors that show the id).
     Header(Arc<str>),
 }
 
@@ -94,8 +154,17 @@ impl MessageId {
                 if id.contains('\0') {
                     return Err(problem("contains a NUL byte"));
                 }
+                if id.chars().any(char::is_control) {
+                    return Err(problem("contains a control character"));
+                }
+                // A parked copy is the message of its first delivery, also
+                // when it came back through a return topic or stream.
+                let source = match metadata.parked_from() {
+                    Some(first) => first.source.clone(),
+                    None => metadata.source().clone(),
+                };
                 Ok(MarkerKey {
-                    source: metadata.source().clone(),
+                    source,
                     partition: HEADER_ID_PARTITION,
                     id: id.to_owned(),
                 })
