@@ -846,22 +846,10 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
                 (None, Err(_)) => {}
             }
         }
-        if redrive.dry_run {
-            for (_, letter) in &taken {
-                report.redriven += 1;
-                *report.by_class.entry(letter.class.as_str()).or_default() += 1;
-            }
-            redrive.report_progress(report.redriven);
-            return Ok(());
-        }
-
-        // Send the whole page first, then await: the publisher keeps the
-        // send order, and a page costs one round trip instead of one each.
-        let mut receipts = Vec::with_capacity(taken.len());
-        let mut failure: Option<(LetterId, PublishError)> = None;
-        // Every output of the page is made before any is sent: a letter
-        // with no way back to its group stops the redrive before the page
-        // is half published.
+        // Every output of the page is made before any is sent, in a dry run
+        // too: a letter with no way back to its group stops the redrive
+        // before the page is half published, and a dry run says so rather
+        // than promise what the real run refuses.
         let mut ways_back: HashMap<SourceName, Option<Arc<str>>> = HashMap::new();
         let mut outputs = Vec::with_capacity(taken.len());
         for (_, letter) in &taken {
@@ -881,6 +869,19 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
             };
             outputs.push(redrive.output_of(letter, way_back.as_ref())?);
         }
+        if redrive.dry_run {
+            for (_, letter) in &taken {
+                report.redriven += 1;
+                *report.by_class.entry(letter.class.as_str()).or_default() += 1;
+            }
+            redrive.report_progress(report.redriven);
+            return Ok(());
+        }
+
+        // Send the whole page first, then await: the publisher keeps the
+        // send order, and a page costs one round trip instead of one each.
+        let mut receipts = Vec::with_capacity(taken.len());
+        let mut failure: Option<(LetterId, PublishError)> = None;
         for ((id, letter), output) in taken.iter().zip(outputs) {
             match self.publisher.send(output).await {
                 Ok(receipt) => receipts.push((id, letter.class, receipt)),

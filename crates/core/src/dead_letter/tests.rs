@@ -550,4 +550,28 @@ mod redrive_outputs {
         );
         assert!(error.to_string().contains("every group"), "{error}");
     }
+
+    #[tokio::test]
+    async fn a_dry_run_to_the_group_says_what_the_real_run_refuses() {
+        use crate::dead_letter::{DeadLetterSink, DeadLetterStore, Filter, Selection};
+        let broker = crate::memory::MemoryBroker::new();
+        broker.create_topic("orders", 1).expect("topic");
+        let sink = broker.dead_letter_sink("orders", "billing").expect("sink");
+        sink.write(&parked_out_letter()).await.expect("written");
+        let store = broker
+            .dead_letter_store("orders", "billing")
+            .expect("store");
+        // The memory broker's parked copies come back to the topic itself:
+        // it knows no way back to one group alone.
+        let dry_run = store
+            .redrive(
+                &Selection::Matching(Filter::all()),
+                &Redrive::to_group().dry_run(true),
+            )
+            .await;
+        assert!(
+            matches!(dry_run, Err(StoreError::NoWayBackToGroup { .. })),
+            "a dry run promised a replay the real run refuses: {dry_run:?}"
+        );
+    }
 }

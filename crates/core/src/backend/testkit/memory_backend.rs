@@ -59,6 +59,7 @@ impl Backend for MemoryBackend {
             partitions: true,
             shared_groups: true,
             crash_redelivery_after: Duration::ZERO,
+            key_order_through_crashes: true,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod hostile_server;
 mod lag_probe;
 pub mod memory_backend;
 pub mod memory_broker;
+pub mod ordering;
 pub mod publishing;
 pub mod scenarios;
 
@@ -122,6 +123,10 @@ pub struct Capabilities {
     /// messages become deliverable to another consumer (Redis: the claim
     /// idle time; AMQP: at once; Kafka: the session timeout).
     pub crash_redelivery_after: Duration,
+    /// Whether each key's messages are first handled in their order through
+    /// a consumer's crash (docs/CONTRACT.md §11): the crashed consumer's
+    /// unfinished messages before newer ones of their keys.
+    pub key_order_through_crashes: bool,
 }
 
 /// Consumer settings a scenario asks a fixture for.
@@ -228,6 +233,10 @@ macro_rules! conformance_suite {
             an_app_runs_two_routes_under_one_budget,
             a_failed_startup_consumes_nothing,
         );
+        $crate::conformance_suite!(@ordering $backend;
+            keeps_each_keys_order,
+            keeps_each_keys_order_through_a_crash,
+        );
     };
     (@scenarios $backend:expr; $($scenario:ident),* $(,)?) => {
         $(
@@ -237,6 +246,17 @@ macro_rules! conformance_suite {
                     return;
                 };
                 $crate::backend::testkit::scenarios::$scenario(&backend).await;
+            }
+        )*
+    };
+    (@ordering $backend:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let Some(backend) = $backend.await else {
+                    return;
+                };
+                $crate::backend::testkit::ordering::$scenario(&backend).await;
             }
         )*
     };
