@@ -525,6 +525,7 @@ impl Backend for AmqpBackend {
             shared_groups: true,
             // The broker requeues a closed channel's deliveries at once.
             crash_redelivery_after: Duration::ZERO,
+            key_order_through_crashes: true,
         }
     }
 

@@ -455,6 +455,7 @@ impl Backend for KafkaBackend {
             // A consumer dropped without closing leaves the group as its
             // polling thread closes; the session timeout bounds the rest.
             crash_redelivery_after: Duration::from_secs(6),
+            key_order_through_crashes: true,
         }
     }
 

@@ -243,6 +243,9 @@ impl Backend for NatsBackend {
             partitions: false,
             shared_groups: true,
             crash_redelivery_after: ACK_WAIT + Duration::from_secs(1),
+            // JetStream redelivers a crashed consumer's messages after
+            // `ack_wait`, behind newer ones of their keys.
+            key_order_through_crashes: false,
         }
     }
 

@@ -363,6 +363,7 @@ impl Backend for RedisBackend {
             partitions: false,
             shared_groups: true,
             crash_redelivery_after: self.claim_min_idle,
+            key_order_through_crashes: true,
         }
     }
 
