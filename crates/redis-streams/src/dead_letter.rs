@@ -100,6 +100,22 @@ return id
 /// ([`Metadata::parked_from`](intake_core::Metadata::parked_from), a
 /// dead-letter layer inside the parking layer) names that first delivery.
 ///
+/// # Reference letters
+///
+/// When a letter cannot be written, the dead-letter layer asks for a
+/// reference letter instead: origin and sizes, no payload, "the original is
+/// at its origin". The sink refuses it ([`Error::ReferenceNotWritten`],
+/// logged at error level) where the entry it would name goes away with the
+/// acknowledgement that follows: under the source's
+/// [`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked), and
+/// for a parked copy in a return stream that names no first delivery (the
+/// mover trims acknowledged copies). The policy's fallback then decides;
+/// without one the entry stays pending, is claimed again after
+/// `claim_min_idle`, and is dead-lettered whole once the destination takes
+/// it (past `max_deliveries`, by the source). A stream that producers trim
+/// (`XADD MAXLEN`) keeps a reference's original only until it is trimmed:
+/// the sink cannot see that.
+///
 /// Build one with
 /// [`RedisStreamsSource::dead_letter_sink`](crate::RedisStreamsSource::dead_letter_sink)
 /// (prefilled from the source) or [`RedisDeadLetterSink::builder`], and
@@ -122,6 +138,9 @@ struct Destination {
     consumed: HashSet<String>,
     /// Return streams set by hand: (origin, return stream).
     returns: Vec<(String, String)>,
+    /// Whether the consumer deletes the entries of the consumed streams
+    /// once acknowledged (its source's `delete_acked`).
+    deletes_acked: bool,
     carrier: Carrier,
     stats: Arc<RedisStreamsStats>,
 }
@@ -165,6 +184,7 @@ impl RedisDeadLetterSink {
                 .map(|stream| stream.to_string())
                 .collect(),
             Vec::new(),
+            settings.delete_acked,
             settings.stats.clone(),
         )
     }
@@ -178,6 +198,7 @@ impl RedisDeadLetterSink {
         stream: DeadLetterStream,
         consumed: HashSet<String>,
         returns: Vec<(String, String)>,
+        deletes_acked: bool,
         stats: Arc<RedisStreamsStats>,
     ) -> Self {
         let carrier = Carrier::keyless(Broker::Redis).with_consumer(consumer);
@@ -193,6 +214,7 @@ impl RedisDeadLetterSink {
                 stream,
                 consumed,
                 returns,
+                deletes_acked,
                 carrier,
                 stats,
             }),
@@ -273,6 +295,49 @@ impl RedisDeadLetterSink {
         })
     }
 
+    /// Refuses the reference letter `letter` (its envelope as it would be
+    /// written) when the entry it names does not outlive the acknowledgement
+    /// that follows: a stream whose acknowledged entries this consumer
+    /// deletes, or a copy in a return stream that names no first delivery,
+    /// which the parking's mover trims once acknowledged. (A reference
+    /// carries no fields, so a copy is known by the stream it was read
+    /// from; its first delivery only from the parking layer, a dead-letter
+    /// layer inside it.)
+    fn check_reference(&self, letter: &DeadLetter) -> Result<(), Error> {
+        let metadata = letter.message.metadata();
+        let (named, position) = match metadata.parked_from() {
+            Some(first) => (&*first.source, first.position),
+            None => (&**metadata.source(), metadata.position()),
+        };
+        let physical: &str = metadata.source();
+        let copy = self
+            .destination
+            .consumed
+            .iter()
+            .any(|origin| origin != physical && self.is_return_stream_of(physical, origin));
+        let why = if copy && metadata.parked_from().is_none() {
+            "it is a parked copy in a return stream, which is trimmed once acknowledged"
+        } else if self.destination.deletes_acked && self.destination.consumed.contains(named) {
+            "the consumer deletes acknowledged entries (delete_acked)"
+        } else {
+            return Ok(());
+        };
+        let refused = Error::ReferenceNotWritten {
+            endpoint: self.connection.connector().endpoint().clone(),
+            stream: named.to_owned(),
+            position: position.to_string(),
+            why,
+        };
+        tracing::error!(
+            stream = named,
+            %position,
+            payload_bytes = letter.reference.map_or(0, |sizes| sizes.payload_bytes),
+            error = %refused,
+            "the dead letter could not be written; the entry stays pending"
+        );
+        Err(refused)
+    }
+
     /// Writes `letter` and acknowledges the original; the letter's id, or
     /// `None` when the original was acknowledged already (by an earlier
     /// write whose reply was lost): written once, never twice. `with_payload`
@@ -301,6 +366,9 @@ impl RedisDeadLetterSink {
             }
             _ => Cow::Borrowed(letter),
         };
+        if letter.reference.is_some() {
+            self.check_reference(&letter)?;
+        }
         if dead_letters == stream || Some(dead_letters.as_str()) == origin {
             // A sink built without the consumed streams (or for others)
             // cannot refuse this destination when built: written, the
@@ -408,6 +476,7 @@ pub struct RedisDeadLetterSinkBuilder {
     consumed: Vec<String>,
     /// Return streams set by hand: (origin, return stream).
     returns: Vec<(String, String)>,
+    deletes_acked: bool,
     group: Option<String>,
     consumer: Option<String>,
     payload_field: String,
@@ -420,6 +489,7 @@ impl fmt::Debug for RedisDeadLetterSinkBuilder {
             .field("url", &self.url)
             .field("consumed", &self.consumed)
             .field("return_streams", &self.returns)
+            .field("deletes_acked", &self.deletes_acked)
             .field("group", &self.group)
             .field("consumer", &self.consumer)
             .field("payload_field", &self.payload_field)
@@ -439,6 +509,7 @@ impl RedisDeadLetterSinkBuilder {
             from_source: None,
             consumed: Vec::new(),
             returns: Vec::new(),
+            deletes_acked: false,
             group: None,
             consumer: None,
             payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
@@ -464,6 +535,7 @@ impl RedisDeadLetterSinkBuilder {
             from_source: Some((connection, settings.stats.clone())),
             consumed: settings.streams.iter().map(|s| s.to_string()).collect(),
             returns: Vec::new(),
+            deletes_acked: settings.delete_acked,
             group: settings.group.as_deref().map(str::to_owned),
             consumer: Some(settings.consumer.to_string()),
             payload_field: settings.payload_field.to_string(),
@@ -502,6 +574,17 @@ impl RedisDeadLetterSinkBuilder {
         let (stream, return_stream) = (stream.into(), return_stream.into());
         self.returns.retain(|(origin, _)| *origin != stream);
         self.returns.push((stream, return_stream));
+        self
+    }
+
+    /// Whether the consumer deletes the entries of the consumed streams once
+    /// acknowledged (the source's
+    /// [`delete_acked`](crate::RedisStreamsSourceBuilder::delete_acked); a
+    /// builder from a source has it). A reference letter of such an entry,
+    /// which would leave the payload at an origin that deletes it, is then
+    /// refused ([`Error::ReferenceNotWritten`]): the entry stays pending.
+    pub fn deletes_acked(mut self, deletes: bool) -> Self {
+        self.deletes_acked = deletes;
         self
     }
 
@@ -592,6 +675,7 @@ impl RedisDeadLetterSinkBuilder {
             self.dead_letter_stream,
             self.consumed.into_iter().collect(),
             self.returns,
+            self.deletes_acked,
             stats,
         ))
     }

@@ -110,6 +110,23 @@ pub enum Error {
         #[source]
         source: RedisError,
     },
+    /// A reference letter (origin and sizes, no payload) was asked for an
+    /// entry that does not outlive its acknowledgement: the payload would be
+    /// lost while counted as dead-lettered. The entry stays pending.
+    #[error(
+        "no reference letter of entry {position} of `{stream}` at {endpoint}: {why}, so the \
+         letter would point at nothing; the entry stays pending, to be dead-lettered whole later"
+    )]
+    ReferenceNotWritten {
+        /// Where the backend connects (without password).
+        endpoint: Endpoint,
+        /// The stream of the entry the reference would name.
+        stream: String,
+        /// Its id.
+        position: String,
+        /// Why the entry goes away.
+        why: &'static str,
+    },
     /// The server answered in a shape the backend does not understand.
     #[error("unexpected reply to `{command}`: {detail}")]
     UnexpectedReply {
@@ -189,6 +206,7 @@ impl Error {
             | Self::Forbidden { endpoint, .. }
             | Self::WrongType { endpoint, .. }
             | Self::UnsupportedServer { endpoint, .. }
+            | Self::ReferenceNotWritten { endpoint, .. }
             | Self::Command { endpoint, .. } => Some(endpoint.as_str()),
             Self::InvalidUrl { .. } | Self::Config(_) | Self::UnexpectedReply { .. } => None,
         }

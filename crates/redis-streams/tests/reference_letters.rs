@@ -121,10 +121,11 @@ async fn a_reference_letter_points_at_an_entry_that_stays() {
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
-/// A copy in a return stream that does not name where it was first
-/// delivered would have a reference to itself, which the mover trims once
-/// acknowledged: refused. One that names it gets a reference to that
-/// entry of the origin, which stays.
+/// A copy in a return stream would have a reference to itself, which the
+/// mover trims once acknowledged: refused. (A reference carries no fields,
+/// so the copy's park fields cannot name its first delivery.) One that the
+/// parking layer marked with its first delivery (a dead-letter layer
+/// inside it) gets a reference to that entry of the origin, which stays.
 #[tokio::test]
 async fn a_returned_copy_gets_a_reference_only_to_its_first_delivery() {
     let Some(mut redis) = redis_or_skip("a_returned_copy_gets_a_reference").await else {
@@ -168,7 +169,15 @@ async fn a_returned_copy_gets_a_reference_only_to_its_first_delivery() {
         .write(&DeadLetter::new(copies[0].clone(), "bad", 1).to_reference())
         .await;
     assert!(refused.is_err(), "a reference to a copy the mover trims");
-    sink.write(&DeadLetter::new(copies[1].clone(), "bad", 1).to_reference())
+    let refused = sink
+        .write(&DeadLetter::new(copies[1].clone(), "bad", 1).to_reference())
+        .await;
+    assert!(refused.is_err(), "its fields are not in the reference");
+    let mut marked = copies[1].clone();
+    marked
+        .metadata_mut()
+        .set_parked_from(Some(first[0].metadata().first_delivery()));
+    sink.write(&DeadLetter::new(marked, "bad", 1).to_reference())
         .await
         .expect("a reference to the first delivery");
     let letters = entries(&mut redis, &sink.stream_for(&stream)).await;
