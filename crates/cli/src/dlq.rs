@@ -363,7 +363,7 @@ pub async fn show(
     if letter.reference.is_some() {
         line(
             "payload:",
-            "not in the letter (a reference; the original is at its origin)".to_owned(),
+            "not in the letter (a reference: the original stays at its origin while the origin keeps it; the error text says where)".to_owned(),
         );
     } else {
         line("bytes:", stored.payload_bytes.to_string());

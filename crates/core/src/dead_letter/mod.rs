@@ -120,7 +120,11 @@ pub struct DeadLetter {
     /// what it carries in `intake.replays`, otherwise 0.
     pub replays: u32,
     /// Set when this letter stands in for one that could not be written:
-    /// the original's sizes; the original itself is still at its origin.
+    /// the original's sizes. A sink writes one only where the original outlives
+    /// its acknowledgement (a Kafka topic, a Redis stream that keeps acknowledged
+    /// entries, a NATS stream under limits retention); where the
+    /// acknowledgement deletes it (RabbitMQ, NATS work-queue streams) the sink
+    /// refuses, and the message stays unacknowledged at its origin.
     pub reference: Option<PayloadReference>,
     /// The broker, group and consumer the message was consumed by. `None`
     /// in a letter the dead-letter layer makes: its sink fills them in as

@@ -516,7 +516,8 @@ pub enum SkipReason {
     },
     /// The letter stands in for one that could not be written (a
     /// [`PayloadReference`](super::PayloadReference)): it has no payload to
-    /// replay, and the original is still at its origin.
+    /// replay; the original stays at its origin only while the origin keeps
+    /// it (see [`DeadLetter::reference`](super::DeadLetter::reference)).
     Reference,
     /// The entry is not a dead letter this intake can read.
     Unreadable,

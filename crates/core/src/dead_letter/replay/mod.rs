@@ -41,7 +41,8 @@
 //!   [`ReplayRefused::ReplayLimit`]. A message that fails on every replay
 //!   goes round at most that often;
 //! - a [reference letter](super::PayloadReference) (no payload; the
-//!   original is still at its origin): [`ReplayRefused::Reference`];
+//!   original is at its origin while the origin keeps it):
+//!   [`ReplayRefused::Reference`];
 //! - a record that is no readable dead letter (hostile or foreign input):
 //!   [`ReplayRefused::Unreadable`], with the
 //!   [`EnvelopeError`](super::EnvelopeError) as its
