@@ -353,3 +353,92 @@ async fn a_route_the_others_starve_of_shared_room_says_so_until_it_gets_some() {
     stop.cancel();
     running.await.expect("join").expect("app");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the app/health.rs change of review R27 (Problem::Starved), which the owner of \
+            health.rs applies; then remove this line"]
+async fn a_starved_route_is_not_ready_until_it_gets_room() {
+    const SHARED: usize = 4;
+    let broker = MemoryBroker::new();
+    for topic in ["hog", "starved"] {
+        broker.create_topic(topic, 1).expect("topic");
+    }
+    let budget = SharedBudget::new(SHARED, 1 << 20).expect("budget");
+    let release = CancellationToken::new();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let health = intake_core::app::Health::new(intake_core::app::HealthSettings {
+        stall_window: Duration::from_millis(200),
+        rebalance_grace: Duration::ZERO,
+        assignment_grace: Duration::ZERO,
+        ..intake_core::app::HealthSettings::default()
+    });
+    let (hog_source, hog_acker) = broker.consumer("hog", "app").expect("consumer");
+    let (source, acker) = broker.consumer("starved", "app").expect("consumer");
+    let starved = Counted {
+        inner: source,
+        asked: asked.clone(),
+        delivered: Arc::default(),
+        revoked: Arc::default(),
+    };
+    let app = App::new()
+        .shared_budget(budget.clone())
+        .health(health.clone())
+        .route(
+            "starved",
+            Consumer::builder()
+                .max_in_flight(SHARED)
+                .commit_interval(Duration::from_millis(10))
+                .build(starved, acker, recording("starved", Handled::default()))
+                .expect("settings"),
+        )
+        .route(
+            "hog",
+            Consumer::builder()
+                .max_in_flight(SHARED)
+                .ordering(DeliveryOrder::Unordered)
+                .commit_interval(Duration::from_millis(10))
+                .build(hog_source, hog_acker, blocked_until(release.clone()))
+                .expect("settings"),
+        );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(app.run_until(stop.clone()));
+    eventually("the starved route asks for deliveries", || {
+        asked.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    for id in 0..SHARED {
+        broker
+            .send("hog", Record::new(id.to_string()))
+            .expect("send");
+    }
+    eventually("the hog holds the whole shared budget", || {
+        budget.held().0 == SHARED as u64
+    })
+    .await;
+    broker.send("starved", Record::new("waits")).expect("send");
+    eventually("readiness names the starved route", || {
+        let report = health.readiness();
+        report.routes.iter().any(|(route, problems)| {
+            route == "starved"
+                && problems.iter().any(|problem| {
+                    problem
+                        .to_string()
+                        .starts_with("no room in the shared budget")
+                })
+        })
+    })
+    .await;
+    assert!(
+        health
+            .readiness()
+            .routes
+            .iter()
+            .all(|(route, problems)| route == "starved" || problems.is_empty()),
+        "only the starved route: {}",
+        health.readiness()
+    );
+    release.cancel();
+    eventually("ready again once it gets room", || health.is_ready()).await;
+    stop.cancel();
+    running.await.expect("join").expect("app");
+}

@@ -52,12 +52,13 @@ where
         if !self.waiting.is_empty() || self.partitions.any_over_window() {
             return Some(0);
         }
-        Some(
-            self.slots
-                .free_count()
-                .min(self.settings.fetch_batch)
-                .min(self.bytes.fetch_limit()),
-        )
+        let free = self.slots.free_count().min(self.settings.fetch_batch);
+        if free == 0 {
+            // Its own budget is full: it asks the shared one for nothing
+            // (and is not denied room there).
+            return Some(0);
+        }
+        Some(free.min(self.bytes.fetch_limit()))
     }
 
     /// Admits the deliveries waiting for shared room if some is free (the
