@@ -14,16 +14,23 @@ use crate::message::Message;
 /// How many keys [`numbered`] spreads ids over.
 const KEYS: u64 = 16;
 
-/// Ids in the order they were first handled.
+/// Ids in the order they were first handled, and how often each was.
+#[derive(Default)]
+struct Handlings {
+    order: Vec<u64>,
+    counts: BTreeMap<u64, u32>,
+}
+
+/// What the handlers of a scenario saw, shared with it.
 #[derive(Clone, Default)]
 struct HandlingOrder {
-    first: Arc<Mutex<(Vec<u64>, BTreeMap<u64, u32>)>>,
+    first: Arc<Mutex<Handlings>>,
 }
 
 impl HandlingOrder {
     fn record(&self, id: u64) {
         if let Ok(mut first) = self.first.lock() {
-            let (order, counts) = &mut *first;
+            let Handlings { order, counts } = &mut *first;
             let count = counts.entry(id).or_default();
             *count += 1;
             if *count == 1 {
@@ -33,7 +40,7 @@ impl HandlingOrder {
     }
 
     fn distinct(&self) -> usize {
-        self.first.lock().map(|first| first.0.len()).unwrap_or(0)
+        self.first.lock().map(|first| first.order.len()).unwrap_or(0)
     }
 
     async fn wait_for(&self, count: usize, what: &str) {
@@ -56,7 +63,7 @@ impl HandlingOrder {
         let order = self
             .first
             .lock()
-            .map(|first| first.0.clone())
+            .map(|first| first.order.clone())
             .unwrap_or_default();
         let mut highest: BTreeMap<u64, u64> = BTreeMap::new();
         let mut breaks = Vec::new();
