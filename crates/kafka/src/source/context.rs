@@ -139,6 +139,10 @@ pub(crate) struct Shared {
     /// never by the rebalance callback: an offset committed without its
     /// inputs' outputs would lose them.
     pub(crate) exactly_once: Option<Arc<OutputStore>>,
+    /// The watchdog's stall checks begun and ended: a check asks the
+    /// brokers (committed offsets, watermarks) and may wait on them.
+    pub(crate) stall_checks_begun: AtomicU64,
+    pub(crate) stall_checks_ended: AtomicU64,
 }
 
 impl Shared {
@@ -161,6 +165,8 @@ impl Shared {
             connection_failed: AtomicBool::new(false),
             reachability: intake_core::backend::Reachability::new(),
             exactly_once: None,
+            stall_checks_begun: AtomicU64::new(0),
+            stall_checks_ended: AtomicU64::new(0),
         };
         shared.set_revoke_wait(RevokeWait::within(DEFAULT_REVOKE_WAIT, max_poll_interval).wait);
         shared

@@ -316,6 +316,89 @@ mod tests {
         source.close().await.expect("close");
     }
 
+    /// C14 / L9: the watchdog's broker queries (committed offsets, each
+    /// partition's watermarks, up to 2 s each) never hold up the polling
+    /// thread. A mock cluster of two brokers: partition 0 led by broker 1,
+    /// partitions 1 to 8 by broker 2, which then answers nothing for 60 s
+    /// (every response delayed). A stall check that began after that waits
+    /// for broker 2's watermarks until its timeout; a message
+    /// produced to partition 0 meanwhile must arrive while that check is
+    /// still asking, not after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn polling_goes_on_while_a_watermark_query_hangs() {
+        const TOPIC: &str = "hung-watermarks";
+        const GROUP: &str = "hung-watermarks-group";
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("test.mock.num.brokers", "2")
+            .create()
+            .expect("mock cluster");
+        let mock = producer.client().mock_cluster().expect("mock cluster");
+        mock.create_topic(TOPIC, 9, 1).expect("topic");
+        mock.partition_leader(TOPIC, 0, Some(1)).expect("leader");
+        for partition in 1..9 {
+            mock.partition_leader(TOPIC, partition, Some(2))
+                .expect("leader");
+        }
+        mock.coordinator(rdkafka::mocking::MockCoordinator::Group(GROUP.into()), 1)
+            .expect("coordinator");
+        let settings = KafkaSettings::new(mock.bootstrap_servers())
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            // A watermark query waits behind the connection's fetch long
+            // poll (a broker answers one request of a connection at a
+            // time): short polls keep the checks before the hang quick.
+            .set("fetch.wait.max.ms", "10");
+        let mut source = KafkaSource::builder(settings)
+            .group(GROUP)
+            .topic(TOPIC)
+            .watchdog_interval(Duration::from_millis(300))
+            .build()
+            .await
+            .expect("source");
+        let to_partition_0 = |payload: &'static str| {
+            producer.send(
+                FutureRecord::<[u8], [u8]>::to(TOPIC)
+                    .partition(0)
+                    .payload(payload.as_bytes()),
+                Duration::from_secs(10),
+            )
+        };
+        to_partition_0("first").await.expect("produce");
+        let first = receive_one(&mut source).await.expect("the first message");
+        assert_eq!(first.payload().as_ref(), b"first");
+
+        mock.broker_round_trip_time(2, Duration::from_secs(60))
+            .expect("broker 2 stops answering");
+        let shared = source.shared.clone();
+        let begun_before = shared.stall_checks_begun.load(Ordering::Acquire);
+        // A check that began once broker 2 stopped answering, still asking.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let hung = loop {
+            let begun = shared.stall_checks_begun.load(Ordering::Acquire);
+            if begun > begun_before && shared.stall_checks_ended.load(Ordering::Acquire) < begun {
+                break begun;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no stall check began within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        to_partition_0("second").await.expect("produce");
+        let second = receive_one(&mut source)
+            .await
+            .expect("the second message arrives");
+        let ended = shared.stall_checks_ended.load(Ordering::Acquire);
+        assert_eq!(second.payload().as_ref(), b"second");
+        assert!(
+            ended < hung,
+            "the second message arrived only after the stall check that was asking broker 2 ended (check {hung}, {ended} ended): polling waited on the watermark queries"
+        );
+        mock.broker_round_trip_time(2, Duration::ZERO)
+            .expect("broker 2 answers again");
+        source.close().await.expect("close");
+    }
+
     /// Produces `count` messages to `topic` and waits for the broker to
     /// confirm them.
     async fn produce_many(producer: &FutureProducer, topic: &str, count: usize) {

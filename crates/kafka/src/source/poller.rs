@@ -269,6 +269,16 @@ impl Poller {
         if self.paused || self.shared.handoff.fill().messages > 0 {
             return;
         }
+        self.shared
+            .stall_checks_begun
+            .fetch_add(1, Ordering::AcqRel);
+        self.check_positions();
+        self.shared
+            .stall_checks_ended
+            .fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn check_positions(&mut self) {
         let Ok(positions) = self.consumer.position() else {
             return;
         };
