@@ -24,41 +24,47 @@ const DEFAULT_CLAIM_MIN_IDLE: Duration = Duration::from_secs(3);
 
 /// Entries per pipelined round trip, and round trips in flight at once.
 const CHUNK: u64 = 1_000;
-const PIPELINES_IN_FLIGHT: usize = 4;
+const PIPELINES_IN_FLIGHT: u64 = 4;
 
 /// Appends ids `0..count` (field `payload`, field `key` = `id % 64`) and
-/// returns once Redis replied to every `XADD`.
+/// returns once Redis replied to every `XADD`. Each key's ids are appended
+/// in ascending order, as a keyed producer would: pipeline `w` of the
+/// [`PIPELINES_IN_FLIGHT`] carries only the keys `k` with
+/// `k % PIPELINES_IN_FLIGHT == w`, one round trip after the other, so the
+/// pipelines never overtake each other within a key.
 pub async fn produce(url: &str, stream: &str, count: u64) -> Result<(), BoxError> {
     let client = redis::Client::open(url)?;
     // One multiplexed connection carries several pipelines at once.
     let connection = client.get_multiplexed_async_connection().await?;
     let mut pipelines = JoinSet::new();
-    let mut start = 0;
-    while start < count || !pipelines.is_empty() {
-        while start < count && pipelines.len() < PIPELINES_IN_FLIGHT {
-            let end = (start + CHUNK).min(count);
-            let mut pipe = redis::pipe();
-            for id in start..end {
-                pipe.xadd(stream, "*", &[("payload", id), ("key", id % 64)]);
-            }
-            let mut connection = connection.clone();
-            pipelines.spawn(async move {
-                let ids: Vec<String> = pipe.query_async(&mut connection).await?;
-                if ids.len() as u64 != end - start {
+    for worker in 0..PIPELINES_IN_FLIGHT {
+        let mut connection = connection.clone();
+        let stream = stream.to_owned();
+        pipelines.spawn(async move {
+            let mut ids = (0..count).filter(move |id| (id % 64) % PIPELINES_IN_FLIGHT == worker);
+            loop {
+                let mut pipe = redis::pipe();
+                let mut sent = 0_u64;
+                for id in ids.by_ref().take(CHUNK as usize) {
+                    pipe.xadd(&stream, "*", &[("payload", id), ("key", id % 64)]);
+                    sent += 1;
+                }
+                if sent == 0 {
+                    return Ok::<(), BoxError>(());
+                }
+                let replies: Vec<String> = pipe.query_async(&mut connection).await?;
+                if replies.len() as u64 != sent {
                     return Err(format!(
-                        "Redis answered {} of {} XADDs for ids {start}..{end}",
-                        ids.len(),
-                        end - start
+                        "Redis answered {} of {sent} XADDs of pipeline {worker}",
+                        replies.len()
                     )
                     .into());
                 }
-                Ok::<(), BoxError>(())
-            });
-            start = end;
-        }
-        if let Some(done) = pipelines.join_next().await {
-            done??;
-        }
+            }
+        });
+    }
+    while let Some(done) = pipelines.join_next().await {
+        done??;
     }
     Ok(())
 }
