@@ -90,12 +90,12 @@ impl Backend {
     /// SIGKILLs of the consumer (docs/CONTRACT.md §11).
     pub fn keeps_key_order_through_kills(self) -> bool {
         match self {
-            Self::Kafka | Self::Amqp => true,
-            // Entries a killed consumer held are claimed by another after
-            // newer entries of their keys were read; JetStream redelivers
-            // a killed consumer's messages after `ack_wait`, behind newer
-            // ones.
-            Self::Redis | Self::Nats => false,
+            // Redis: a key's newer entries wait in the source until the
+            // killed consumer's pending ones of that key are claimed.
+            Self::Kafka | Self::Amqp | Self::Redis => true,
+            // JetStream redelivers a killed consumer's messages after
+            // `ack_wait`, behind newer ones of their keys.
+            Self::Nats => false,
         }
     }
 
