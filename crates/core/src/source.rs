@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::consumer::DeliveryOrder;
 use crate::error::BoxError;
 use crate::message::{Message, PartitionKey, Position};
 
@@ -83,17 +84,31 @@ pub struct Limits {
     /// consumer gives up on them and makes its final commit
     /// (`ConsumerBuilder::revoke_timeout`).
     pub revoke_timeout: Duration,
+    /// Which deliveries the consumer may run at once
+    /// (`ConsumerBuilder::ordering`): a source that keeps an order for the
+    /// consumer at a cost (Redis's order per key across the members of a
+    /// group) need not when the consumer runs unordered anyway.
+    pub ordering: DeliveryOrder,
 }
 
 impl Limits {
     /// Limits of `max_in_flight` deliveries, `max_in_flight_bytes` bytes and
-    /// a `revoke_timeout` drain.
+    /// a `revoke_timeout` drain, for a consumer that keeps the order per key
+    /// (the default; see [`with_ordering`](Self::with_ordering)).
     pub fn new(max_in_flight: usize, max_in_flight_bytes: usize, revoke_timeout: Duration) -> Self {
         Self {
             max_in_flight,
             max_in_flight_bytes,
             revoke_timeout,
+            ordering: DeliveryOrder::default(),
         }
+    }
+
+    /// The same limits, for a consumer that runs its deliveries in
+    /// `ordering`.
+    pub fn with_ordering(mut self, ordering: DeliveryOrder) -> Self {
+        self.ordering = ordering;
+        self
     }
 }
 

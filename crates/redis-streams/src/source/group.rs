@@ -249,8 +249,12 @@ impl GroupReader {
     }
 
     /// At most `max_in_flight` entries wait for an older entry of their
-    /// key at once.
-    pub(super) fn set_max_in_flight(&mut self, max_in_flight: usize) {
+    /// key at once; none do for a consumer that runs unordered (`keeps_order`
+    /// false), which would pay the waits for an order it does not keep.
+    pub(super) fn set_limits(&mut self, max_in_flight: usize, keeps_order: bool) {
+        if !keeps_order {
+            self.key_order = None;
+        }
         if let Some(key_order) = &mut self.key_order {
             key_order.set_cap(max_in_flight);
         }

@@ -43,7 +43,7 @@ mod staging;
 use std::sync::Arc;
 
 use intake_core::{
-    Message,
+    DeliveryOrder, Message,
     backend::{Limits, Source, SourceError, SourceEvent},
 };
 use redis::aio::MultiplexedConnection;
@@ -289,7 +289,10 @@ impl Source for RedisStreamsSource {
     fn set_limits(&mut self, limits: Limits) {
         self.read_size.set_budget(limits.max_in_flight_bytes);
         if let Reader::Group(reader) = &mut self.reader {
-            reader.set_max_in_flight(limits.max_in_flight);
+            reader.set_limits(
+                limits.max_in_flight,
+                limits.ordering != DeliveryOrder::Unordered,
+            );
         }
     }
 

@@ -80,11 +80,14 @@ where
     let requeue = acker.supports_requeue();
     let delayed_requeue = requeue && acker.supports_delayed_requeue();
     let slots = Slots::new(settings.max_in_flight);
-    source.set_limits(Limits::new(
-        settings.max_in_flight,
-        settings.max_in_flight_bytes,
-        settings.revoke_timeout,
-    ));
+    source.set_limits(
+        Limits::new(
+            settings.max_in_flight,
+            settings.max_in_flight_bytes,
+            settings.revoke_timeout,
+        )
+        .with_ordering(settings.ordering),
+    );
     let reachability = source.reachability();
     let ack_failures = Arc::new(AtomicUsize::new(0));
     let (acks, drain_acks) = ack_loop(
