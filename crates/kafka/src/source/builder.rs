@@ -18,6 +18,7 @@ use super::convert::Converter;
 use super::earliest::EarliestTopics;
 use super::poller::{Poller, guard_polling};
 use super::reconnect::ReconnectBackoff;
+use super::stall_check::StallCheck;
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::dead_letter::KafkaDeadLetterSink;
 use crate::error::Error;
@@ -193,7 +194,11 @@ impl KafkaSourceBuilder {
 
     /// How long the consumer may yield nothing before the stall watchdog
     /// compares its positions with the brokers' high watermarks (default
-    /// 30 s; zero turns the watchdog off).
+    /// 30 s; zero turns the watchdog off). The brokers are asked on a
+    /// thread of the watchdog's own, all partitions at once (one query per
+    /// leader broker), each query bounded by 10 s: polling, rebalance
+    /// callbacks and pausing never wait for the answer, and the next check
+    /// comes an interval after it.
     pub fn watchdog_interval(mut self, interval: Duration) -> Self {
         self.watchdog_interval = interval;
         self
@@ -499,14 +504,23 @@ impl KafkaSourceBuilder {
             .map_err(|error| Error::Spawn(std::io::Error::other(error)))??
         };
         let handle = Arc::downgrade(&consumer);
+        let stall_check = match self.watchdog_interval.is_zero() {
+            true => None,
+            false => Some(StallCheck::spawn(handle.clone(), shared.clone()).map_err(Error::Spawn)?),
+        };
 
         let (stopped_tx, stopped) = oneshot::channel();
-        // The polling thread holds the only strong reference, so the
-        // consumer is dropped (and librdkafka's instance destroyed) there.
+        // The polling thread holds the only lasting strong reference, so the
+        // consumer is dropped (and librdkafka's instance destroyed) there,
+        // or on the blocking thread of an acker's commit or on the stall
+        // checker's thread, which hold it for one call: never on a tokio
+        // worker.
         let poller = Poller {
             consumer,
             shared: shared.clone(),
             watchdog: Watchdog::new(self.watchdog_interval),
+            stall_check,
+            assignment_epoch: 0,
             close_timeout: self.close_timeout,
             batch: Vec::with_capacity(512),
             converter: Converter::new(self.read_headers),

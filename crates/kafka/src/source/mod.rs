@@ -15,6 +15,7 @@ mod earliest;
 pub(crate) mod handoff;
 mod poller;
 mod reconnect;
+mod stall_check;
 mod watchdog;
 
 use std::sync::atomic::Ordering;

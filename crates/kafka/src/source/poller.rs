@@ -16,7 +16,8 @@ use super::context::{KafkaContext, Shared};
 use super::convert::{Converter, Record};
 use super::earliest::EarliestTopics;
 use super::handoff::Control;
-use super::watchdog::{OffsetReset, Watchdog, stalled_at};
+use super::stall_check::{StallCheck, Watched};
+use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::{Error, is_not_authorized};
 
 /// Most messages taken from librdkafka per hand-over: large enough that the
@@ -32,9 +33,6 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 /// bursts never pause (a pause drops librdkafka's prefetched messages).
 const PAUSE_AFTER: Duration = Duration::from_millis(500);
 
-/// Bound on each broker query the watchdog makes.
-const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// How often the polling thread asks whether a broker answers again while
 /// none does.
 const REACHABILITY_PROBE: Duration = Duration::from_secs(1);
@@ -47,6 +45,12 @@ pub(crate) struct Poller {
     pub(crate) consumer: Arc<BaseConsumer<KafkaContext>>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) watchdog: Watchdog,
+    /// The watchdog's broker queries, on a thread of their own; `None`
+    /// with the watchdog off.
+    pub(crate) stall_check: Option<StallCheck>,
+    /// Counts assignment changes the polling thread has seen: an answer of
+    /// the checker to an earlier assignment is dropped.
+    pub(crate) assignment_epoch: u64,
     pub(crate) close_timeout: Duration,
     pub(crate) batch: Vec<Record>,
     pub(crate) converter: Converter,
@@ -72,10 +76,11 @@ impl Poller {
             self.apply_backpressure();
             self.poll_batch();
             self.probe_reachability();
+            self.take_stall_answer();
             if let Some(idle) = self.watchdog.due(Instant::now())
                 && idle
             {
-                self.check_for_stall();
+                self.ask_for_stall_check();
             }
         }
         self.close();
@@ -111,6 +116,9 @@ impl Poller {
     fn apply_backpressure(&mut self) {
         let fill = self.shared.handoff.fill();
         let changed = self.shared.assignment_changed.swap(false, Ordering::AcqRel);
+        if changed {
+            self.assignment_epoch = self.assignment_epoch.wrapping_add(1);
+        }
         if self.paused {
             if self.shared.handoff.has_room(fill) {
                 self.set_paused(false);
@@ -264,65 +272,91 @@ impl Poller {
             )));
     }
 
-    /// The watchdog's check: called after an interval without messages.
-    fn check_for_stall(&mut self) {
+    /// Asks the checker (a thread of its own) whether a partition is
+    /// stalled behind its high watermark: called after an interval without
+    /// messages. The polling thread reads its positions (locally) and goes
+    /// on polling; the brokers' answers come back in
+    /// [`take_stall_answer`](Self::take_stall_answer).
+    fn ask_for_stall_check(&mut self) {
         if self.paused || self.shared.handoff.fill().messages > 0 {
             return;
         }
-        self.shared
-            .stall_checks_begun
-            .fetch_add(1, Ordering::AcqRel);
-        self.check_positions();
-        self.shared
-            .stall_checks_ended
-            .fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn check_positions(&mut self) {
+        let Some(check) = &mut self.stall_check else {
+            return;
+        };
+        if check.in_flight() {
+            return;
+        }
         let Ok(positions) = self.consumer.position() else {
             return;
         };
-        let starts = self.starting_offsets(&positions);
+        let partitions: Vec<Watched> = positions
+            .elements()
+            .iter()
+            .map(|element| Watched {
+                topic: element.topic().to_owned(),
+                partition: element.partition(),
+                position: match element.offset() {
+                    Offset::Offset(next) => Some(next),
+                    _ => None,
+                },
+                reset: if self.earliest.contains(element.topic()) {
+                    OffsetReset::Earliest
+                } else {
+                    self.reset
+                },
+            })
+            .collect();
+        if !partitions.is_empty() {
+            check.ask(self.assignment_epoch, partitions);
+        }
+    }
+
+    /// Restarts the fetchers of the partitions the checker found stalled,
+    /// if nothing changed since it was asked: the same assignment, not
+    /// paused, nothing waiting for the runtime, and each partition still at
+    /// the position the check judged (one that moved is not stalled). The
+    /// next check comes an interval after this answer, not after the ask:
+    /// a check slower than the interval never follows another at once.
+    fn take_stall_answer(&mut self) {
+        let Some(answer) = self.stall_check.as_mut().and_then(StallCheck::answer) else {
+            return;
+        };
+        self.watchdog.restart(Instant::now());
+        if answer.stalled.is_empty() {
+            return;
+        }
+        if answer.epoch != self.assignment_epoch
+            || self.shared.assignment_changed.load(Ordering::Acquire)
+            || self.paused
+            || self.shared.handoff.fill().messages > 0
+        {
+            tracing::debug!(
+                "the assignment or the flow changed during the stall check; its answer is dropped"
+            );
+            return;
+        }
+        let Ok(positions) = self.consumer.position() else {
+            return;
+        };
         let mut stalled = TopicPartitionList::new();
-        for element in positions.elements() {
-            let position = match element.offset() {
-                Offset::Offset(next) => Some(next),
-                // Nothing consumed from it yet: it should have started where
-                // the group's committed offset (or the reset policy) says.
-                _ => starts
-                    .as_ref()
-                    .and_then(|starts| starts.find_partition(element.topic(), element.partition()))
-                    .and_then(|start| match start.offset() {
-                        Offset::Offset(next) => Some(next),
-                        _ => None,
-                    }),
-            };
-            let (low, high) = match self.consumer.fetch_watermarks(
-                element.topic(),
-                element.partition(),
-                WATERMARK_TIMEOUT,
-            ) {
-                Ok(watermarks) => watermarks,
-                Err(_) => continue,
-            };
-            let reset = if self.earliest.contains(element.topic()) {
-                OffsetReset::Earliest
-            } else {
-                self.reset
-            };
-            let position = position.or(match reset {
-                OffsetReset::Earliest => Some(low),
-                // Starts at the end: nothing the broker holds now is due.
-                OffsetReset::Latest | OffsetReset::Error => None,
-            });
-            if let Some(resume_at) = stalled_at(position, high) {
-                // Adding to a list of this consumer's own partitions cannot fail.
-                let _ = stalled.add_partition_offset(
-                    element.topic(),
-                    element.partition(),
-                    Offset::Offset(resume_at),
-                );
+        for found in &answer.stalled {
+            let seen = &found.seen;
+            let now = positions
+                .find_partition(&seen.topic, seen.partition)
+                .map(|element| match element.offset() {
+                    Offset::Offset(next) => Some(next),
+                    _ => None,
+                });
+            if now != Some(seen.position) {
+                continue;
             }
+            // Adding to a list of this consumer's own partitions cannot fail.
+            let _ = stalled.add_partition_offset(
+                &seen.topic,
+                seen.partition,
+                Offset::Offset(found.resume_at),
+            );
         }
         if stalled.count() == 0 {
             return;
@@ -337,24 +371,6 @@ impl Poller {
         if let Err(error) = self.consumer.seek_partitions(stalled, Duration::ZERO) {
             tracing::warn!(%error, "watchdog seek failed");
         }
-    }
-
-    /// The group's committed offsets for the partitions of `positions` that
-    /// have no position yet, or `None` when every partition has one (or the
-    /// broker did not answer in time).
-    fn starting_offsets(&self, positions: &TopicPartitionList) -> Option<TopicPartitionList> {
-        let mut unstarted = TopicPartitionList::new();
-        for element in positions.elements() {
-            if !matches!(element.offset(), Offset::Offset(_)) {
-                unstarted.add_partition(element.topic(), element.partition());
-            }
-        }
-        if unstarted.count() == 0 {
-            return None;
-        }
-        self.consumer
-            .committed_offsets(unstarted, WATERMARK_TIMEOUT)
-            .ok()
     }
 
     /// Leaves the group, bounded by the close timeout. Rebalance callbacks

@@ -10,6 +10,7 @@
 //! partition's position is behind its high watermark. A partition that has
 //! yielded nothing yet has no position; its position is where it should
 //! have started: the group's committed offset, else the reset policy's end.
+//! The brokers are asked on a thread of their own (`stall_check`).
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,14 @@ impl Watchdog {
     /// Counts messages handed to the runtime.
     pub(crate) fn record(&mut self, delivered: usize) {
         self.delivered += delivered as u64;
+    }
+
+    /// Starts the next period at `now`, forgetting what was delivered: the
+    /// answer of a check that took longer than the interval is no reason
+    /// to check again at once.
+    pub(crate) fn restart(&mut self, now: Instant) {
+        self.last_check = now;
+        self.delivered = 0;
     }
 
     /// Whether a check is due now, and whether the consumer was idle (no
