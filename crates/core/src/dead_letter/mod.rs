@@ -100,7 +100,9 @@ use crate::message::{Headers, Message};
 pub struct DeadLetter {
     /// The original message, with its metadata (the origin). In a letter
     /// that carries a [`reference`](Self::reference), a message with the
-    /// same metadata, no payload, no key and no headers.
+    /// same metadata, no payload, no key, and no headers but those that name
+    /// a parked copy's first delivery ([`ORIGIN`](crate::parking::ORIGIN)
+    /// and its partition and position).
     pub message: Message,
     /// The last error, as text, at most [`ERROR_LIMIT`](Self::ERROR_LIMIT)
     /// bytes (with a note of how much was cut).
@@ -178,9 +180,21 @@ impl DeadLetter {
     /// the same origin, error, attempts and times, and instead of the
     /// message's payload, key and headers, their sizes.
     pub fn to_reference(&self) -> DeadLetter {
+        use crate::parking::{ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION};
         let reference = PayloadReference::of(&self.message);
+        // A parked copy's first delivery is where the original is: a sink
+        // that finds it from these headers must still find it in the
+        // reference, the one thing the reference points at.
+        let first_delivery: Headers = self
+            .message
+            .headers()
+            .iter()
+            .filter(|header| [ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION].contains(&&*header.name))
+            .map(|header| (header.name.clone(), header.value.clone()))
+            .collect();
         DeadLetter {
-            message: Message::new(Bytes::new(), self.message.metadata().clone()),
+            message: Message::new(Bytes::new(), self.message.metadata().clone())
+                .with_headers(first_delivery),
             reference: Some(reference),
             ..self.clone()
         }

@@ -574,4 +574,32 @@ mod redrive_outputs {
             "a dry run promised a replay the real run refuses: {dry_run:?}"
         );
     }
+
+    #[test]
+    fn a_reference_keeps_where_a_parked_copy_was_first_delivered_and_nothing_else() {
+        let mut headers: Headers = [("tenant", "acme")].into_iter().collect();
+        headers.insert(ORIGIN, "orders");
+        headers.insert(ORIGIN_PARTITION, "3");
+        headers.insert(ORIGIN_POSITION, "42");
+        let copy = Message::new(
+            "a payload too large for the destination",
+            Metadata::new("orders.billing.returned".into(), 3, Position::Offset(7)),
+        )
+        .with_key("k")
+        .with_headers(headers);
+        let reference = DeadLetter::new(copy, "too large", 1).to_reference();
+        let names: Vec<&str> = reference
+            .message
+            .headers()
+            .iter()
+            .map(|header| &*header.name)
+            .collect();
+        assert_eq!(names, [ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION]);
+        assert!(reference.message.payload().is_empty());
+        assert!(reference.message.key().is_none());
+        assert_eq!(
+            crate::parking::first_delivery_of(&reference.message).map(|first| first.position),
+            Some(Position::Offset(42))
+        );
+    }
 }
