@@ -602,3 +602,68 @@ async fn an_output_refused_after_it_was_kept_backs_off_until_a_restart_dead_lett
     assert!(missing.is_empty(), "ids not once: {missing:?}");
     assert!(!counts.contains_key(LATE), "the refused output arrived");
 }
+
+/// A destination that does not exist (and that this producer may not
+/// create), with librdkafka's default wait for a topic to appear (30 s,
+/// longer than the transaction's 3 s operation timeout): a transaction
+/// whose outputs cannot be delivered in time is aborted and tried again
+/// after a backoff, rather than left committing with an outcome nobody
+/// knows, which ended the consumer as fatal. Once the topic exists,
+/// everything commits, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_destination_aborts_transactions_and_the_relay_goes_on() {
+    let Some(backend) = backend("a missing destination under a transaction") else {
+        return;
+    };
+    let input = unique("intake-refused-gone-in");
+    let output = unique("intake-refused-gone-out");
+    let group = unique("intake-refused-gone-group");
+    backend.create_topic(&input, 1).await.expect("input topic");
+    let inputs: Vec<TestMessage> = (0..20)
+        .map(|id| TestMessage::new(format!("k{id}"), id.to_string()))
+        .collect();
+    backend.produce_to(&input, &inputs).await.expect("produce");
+    let settings = KafkaSettings::new(backend.brokers()).set("allow.auto.create.topics", "false");
+    let transactions = KafkaTransactions::new(settings, unique("intake-refused-gone"))
+        .operation_timeout(Duration::from_secs(3))
+        .transaction_timeout(Duration::from_secs(60));
+    let source = backend
+        .source(&input, &group)
+        .exactly_once(&transactions)
+        .min_commit_interval(Duration::from_millis(20))
+        .build()
+        .await
+        .expect("source");
+    let acker = source.acker();
+    let destination: Arc<str> = output.as_str().into();
+    let handler = ServiceBuilder::new()
+        .layer(transactions.layer())
+        .service(handler_fn(move |Payload(payload): Payload| {
+            let destination = Arc::clone(&destination);
+            async move { Output::new(destination, payload) }
+        }));
+    let consumer = Consumer::builder()
+        .build(source, acker, handler)
+        .expect("consumer");
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(consumer.run(shutdown.clone()));
+
+    // Two operation timeouts and more: transactions time out and abort.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!run.is_finished(), "the relay ended");
+    assert_eq!(committed(&backend, &input, &group).await, (0, 20));
+
+    backend
+        .create_topic(&output, 1)
+        .await
+        .expect("the destination");
+    until_all_committed(&backend, &input, &group, Duration::from_secs(90)).await;
+    let report = stop(shutdown, run).await;
+    assert!(report.is_settled(), "{report:?}");
+    let counts = read_committed(&backend, &output).await;
+    let wrong: Vec<(usize, usize)> = (0..20)
+        .map(|id| (id, counts.get(&id.to_string()).copied().unwrap_or(0)))
+        .filter(|(_, seen)| *seen != 1)
+        .collect();
+    assert!(wrong.is_empty(), "ids not once: {wrong:?}");
+}

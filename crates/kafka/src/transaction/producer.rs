@@ -173,16 +173,9 @@ impl Transactor {
                     .send_offsets_to_transaction(offsets, &group, remaining(deadline))
                     .map_err(Failure::Kafka)
             })
-            // Every output delivered (or failed) before the commit begins:
-            // outputs still undelivered at the deadline (a destination
-            // deleted, its partitions' leaders gone) then abort the
-            // transaction, where a commit that timed out in its own flush
-            // could be neither aborted nor known.
-            .and_then(|()| {
-                self.producer
-                    .flush(remaining(deadline))
-                    .map_err(Failure::Kafka)
-            })
+            // rdkafka flushes before it commits, so outputs still
+            // undelivered at the deadline (a destination missing) fail the
+            // flush, and the transaction, still open, is aborted.
             .and_then(|()| self.commit_until(deadline));
         match outcome {
             Ok(()) => Ok(()),
