@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use intake_core::PartitionKey;
 use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, PartitionLag};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::Error;
@@ -16,8 +16,10 @@ use crate::settings::KafkaSettings;
 /// Reports a consumer group's lag on each partition of its topics, as
 /// Kafka's own tools count it: the partition's high watermark (log end)
 /// minus the group's committed offset; where the group never committed a
-/// partition, the high watermark minus the log start (everything it still
-/// holds). Kafka tells no ages here.
+/// partition (or the retention deleted past its offset), the high
+/// watermark minus the log start (everything it still holds). Kafka tells
+/// no ages here. The watermarks of all partitions come in one request per
+/// leader broker.
 ///
 /// It is a client of its own (librdkafka's consumer with the group's
 /// `group.id`, which never subscribes, so it never joins the group or
@@ -58,13 +60,7 @@ impl KafkaLagProbe {
         S: Into<String>,
     {
         let brokers = settings.endpoint();
-        let mut config = settings.client_config().clone();
-        config
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false");
-        let client: BaseConsumer = config
-            .create()
+        let client = group_client(settings, group)
             .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
         Ok(Self {
             client: Arc::new(client),
@@ -81,8 +77,8 @@ impl KafkaLagProbe {
         self
     }
 
-    /// The blocking query: metadata, committed offsets, then the
-    /// watermarks of each partition, each bounded by what is left.
+    /// The blocking query: metadata, then [`unconsumed`], each call bounded
+    /// by what is left.
     fn query(&self, started: Instant) -> Result<Vec<PartitionLag>, Error> {
         let left = || {
             self.timeout
@@ -109,25 +105,10 @@ impl KafkaLagProbe {
                 }
             }
         }
-        let committed = self
-            .client
-            .committed_offsets(wanted.clone(), left())
-            .map_err(failed)?;
         let mut lags = Vec::with_capacity(wanted.count());
-        for element in wanted.elements() {
-            let (topic, partition) = (element.topic(), element.partition());
-            let (low, high) = self
-                .client
-                .fetch_watermarks(topic, partition, left())
-                .map_err(failed)?;
-            let from = match committed
-                .find_partition(topic, partition)
-                .map(|found| found.offset())
-            {
-                Some(Offset::Offset(offset)) => offset,
-                _ => low,
-            };
-            let messages = u64::try_from(high.saturating_sub(from)).unwrap_or(0);
+        for (topic, partition, messages) in
+            unconsumed(&self.client, &wanted, left).map_err(failed)?
+        {
             let key = PartitionKey::new(topic, u32::try_from(partition).unwrap_or(u32::MAX));
             lags.push(PartitionLag::new(key, Some(messages)));
         }
@@ -156,4 +137,75 @@ impl LagProbe for KafkaLagProbe {
             }
         }
     }
+}
+
+/// A client with the group id `group` that never subscribes: it reads the
+/// group's committed offsets without joining the group or taking a
+/// partition, and asks for watermarks and metadata. It creates no topic it
+/// looks up.
+pub(crate) fn group_client(
+    settings: &KafkaSettings,
+    group: &str,
+) -> Result<BaseConsumer, KafkaError> {
+    let mut config = settings.client_config().clone();
+    config
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false");
+    config.create()
+}
+
+/// The messages past the committed offsets of `client`'s group
+/// (`group.id`) on each of `partitions`, in their order: the high
+/// watermark minus the committed offset, or minus the log start where the
+/// group never committed (or committed below what the retention left).
+/// Blocks for three queries, each bounded by what `left` gives: the
+/// committed offsets, then the high and the low watermarks of every
+/// partition in one request per leader broker (librdkafka's
+/// `offsets_for_times` with the logical offsets `END` and `BEGINNING`), not
+/// one round trip per partition.
+pub(crate) fn unconsumed<C: ConsumerContext>(
+    client: &BaseConsumer<C>,
+    partitions: &TopicPartitionList,
+    left: impl Fn() -> Duration,
+) -> Result<Vec<(String, i32, u64)>, KafkaError> {
+    if partitions.count() == 0 {
+        return Ok(Vec::new());
+    }
+    let committed = client.committed_offsets(partitions.clone(), left())?;
+    let logical = |which: Offset| -> Result<TopicPartitionList, KafkaError> {
+        let mut list = TopicPartitionList::with_capacity(partitions.count());
+        for element in partitions.elements() {
+            list.add_partition_offset(element.topic(), element.partition(), which)?;
+        }
+        client.offsets_for_times(list, left())
+    };
+    let highs = logical(Offset::End)?;
+    let lows = logical(Offset::Beginning)?;
+    let offset_in = |list: &TopicPartitionList,
+                     topic: &str,
+                     partition: i32|
+     -> Result<Option<i64>, KafkaError> {
+        let Some(element) = list.find_partition(topic, partition) else {
+            return Ok(None);
+        };
+        element.error()?;
+        Ok(match element.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        })
+    };
+    let mut counts = Vec::with_capacity(partitions.count());
+    for element in partitions.elements() {
+        let (topic, partition) = (element.topic(), element.partition());
+        let high = offset_in(&highs, topic, partition)?
+            .ok_or(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition))?;
+        let low = offset_in(&lows, topic, partition)?.unwrap_or(0);
+        let from =
+            offset_in(&committed, topic, partition)?.map_or(low, |committed| committed.max(low));
+        let messages = u64::try_from(high.saturating_sub(from)).unwrap_or(0);
+        counts.push((topic.to_owned(), partition, messages));
+    }
+    Ok(counts)
 }

@@ -19,7 +19,7 @@
 //! | position | offset ([`Position::Offset`](intake_core::Position::Offset)) |
 //! | ack | commit the watermark + 1, one commit per batch, confirmed by the broker |
 //! | retry | in process (Kafka cannot take one message back) |
-//! | park (retry after a delay) | [`KafkaParking`]: a retry topic per delay tier, a mover that pauses each retry partition until its head is due and moves it to the group's return topic, which the source also reads ([`KafkaSourceBuilder::parking`], from its start); key order needs the `range` assignor |
+//! | park (retry after a delay) | [`KafkaParking`]: a retry topic per delay tier, a mover that pauses each retry partition until its head is due and moves it to the group's return topic, which the source also reads ([`KafkaSourceBuilder::parking`], from its start); key order needs the `range` assignor; [`KafkaParking::backlog`] counts what is parked and not handled again |
 //! | dead-letter store | [`KafkaDeadLetters`]: reads the dead-letter topic by partition and offset; removes by `DeleteRecords` of a prefix, or a mark in a compacted side topic |
 //! | dead letter | produce to `<topic>.<group>.dlq` (created if missing) with origin headers |
 //! | backpressure | pause the assigned partitions, keep polling |
@@ -96,7 +96,7 @@ pub use dead_letter_store::{
 };
 pub use error::Error;
 pub use lag::KafkaLagProbe;
-pub use parking::{KafkaParking, KafkaParkingBuilder};
+pub use parking::{KafkaParking, KafkaParkingBuilder, ParkedBacklog};
 pub use publisher::{KafkaPublisher, KafkaPublisherBuilder, KafkaReceipt};
 pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};

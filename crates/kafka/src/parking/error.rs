@@ -85,6 +85,28 @@ pub enum ParkingError {
         /// How long the parking waited.
         waited: Duration,
     },
+    /// The brokers did not say how much is parked
+    /// ([`KafkaParking::backlog`](super::KafkaParking::backlog)): unknown,
+    /// which is not "nothing parked".
+    #[error("cannot count what group `{group}` has parked on {brokers}")]
+    Backlog {
+        /// The consumer group whose messages are parked.
+        group: String,
+        /// The configured brokers.
+        brokers: String,
+        /// The client's error.
+        source: Box<KafkaError>,
+    },
+    /// The count of what is parked took longer than its timeout.
+    #[error("what group `{group}` has parked on {brokers} was not counted within {waited:?}")]
+    BacklogTimedOut {
+        /// The consumer group whose messages are parked.
+        group: String,
+        /// The configured brokers.
+        brokers: String,
+        /// How long the count waited.
+        waited: Duration,
+    },
     /// The mover did not stop within the shutdown timeout; it stops on its
     /// own once its current batch is confirmed or given up.
     #[error("the parking mover did not stop within {waited:?}")]

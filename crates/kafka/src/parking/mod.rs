@@ -64,6 +64,11 @@
 //! whether parked messages come back through this process
 //! ([`MoverHealth::is_live`]) and counts the restarts, for a metric.
 //!
+//! **What is left.** A parked message is out of the source's lag while it
+//! waits: [`KafkaParking::backlog`] counts what is parked and not handled
+//! again (the mover group's lag over the retry topics, the group's over the
+//! return topics), for a process that stops when idle to wait on.
+//!
 //! **What it costs.** Per park, one produce round trip (and one metadata
 //! lookup per retry topic and process, a topic creation per retry topic).
 //! Per served topic, a return topic, made sure of at build time.
@@ -175,11 +180,14 @@ mod topics;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use intake_core::Message;
+use intake_core::lag::DEFAULT_LAG_TIMEOUT;
 use intake_core::parking::{DUE, ORIGIN_PARTITION, ParkError, Parked, Parking};
+use rdkafka::TopicPartitionList;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -192,6 +200,7 @@ pub use self::tiers::DEFAULT_TIERS;
 use self::tiers::{Tiers, resolve};
 use self::topics::{Registry, partition_count};
 use crate::error::Error;
+use crate::lag::{group_client, unconsumed};
 use crate::settings::KafkaSettings;
 use crate::topic_admin::{LazyAdmin, create_topic};
 
@@ -240,6 +249,19 @@ struct Inner {
     delivery_timeout: Duration,
     mover: Arc<MoverShared>,
     stopped: Mutex<Option<oneshot::Receiver<()>>>,
+    /// The settings of every client (brokers, TLS, SASL), for the backlog's.
+    settings: KafkaSettings,
+    /// The retry topics of the served topics, of any tier, by name.
+    patterns: Vec<RetryPattern>,
+    /// The backlog's clients, made on its first count.
+    backlog: Mutex<Option<Arc<BacklogClients>>>,
+}
+
+/// The clients that count the backlog: one with the mover group's id and
+/// one with the group's, neither of which ever joins its group.
+struct BacklogClients {
+    mover_group: BaseConsumer,
+    group: BaseConsumer,
 }
 
 impl Drop for Inner {
@@ -363,6 +385,129 @@ impl KafkaParking {
             since_last_round: shared.since_last_round(),
             stall_after: MoverShared::stall_after(self.inner.delivery_timeout),
         }
+    }
+
+    /// What is parked and not handled again yet, counted on the brokers, so
+    /// that a process about to stop for idleness (a drain, a batch job) can
+    /// tell "nothing left" from "nothing due yet": messages wait in a retry
+    /// topic, out of the source's lag, for as long as their delay.
+    ///
+    /// [`parked`](ParkedBacklog::parked) is the lag of the mover group
+    /// (`{group}.parking`) over every retry topic of the served topics
+    /// (every tier, the [drained templates](KafkaParkingBuilder::drain_topic_template)
+    /// too, whichever process created them): records parked and not yet
+    /// moved back, due or not, held by a mover or not (a mover that died
+    /// holding them is counted until another one moved them).
+    /// [`returned`](ParkedBacklog::returned) is the group's lag over the
+    /// return topics: copies moved back and not yet committed by the
+    /// group. A source that reads the return topics
+    /// ([`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking))
+    /// has these in its own lag too ([`KafkaSource::lag_probe`](crate::KafkaSource::lag_probe));
+    /// with a return template of `{topic}` the copies are in the served
+    /// topic's lag only. A record moved back whose move the mover has not
+    /// committed yet is counted in both for a moment: the count errs
+    /// towards unfinished work.
+    ///
+    /// The runtime's threads never wait on the brokers: the count runs on
+    /// Tokio's blocking pool, one listing of the cluster's topics, then
+    /// per group the committed offsets and the watermarks of all partitions
+    /// (one request per leader broker), all within 5 s
+    /// ([`DEFAULT_LAG_TIMEOUT`]).
+    /// The first count makes its two clients, which stay with the parking.
+    ///
+    /// # Errors
+    ///
+    /// [`ParkingError::Backlog`] when the brokers did not answer or refused
+    /// (unknown is never "nothing parked"),
+    /// [`ParkingError::BacklogTimedOut`] after the timeout.
+    pub async fn backlog(&self) -> Result<ParkedBacklog, ParkingError> {
+        let timeout = DEFAULT_LAG_TIMEOUT;
+        let parking = self.clone();
+        let started = Instant::now();
+        let counted = tokio::task::spawn_blocking(move || parking.count_backlog(started, timeout));
+        let failed = |source: KafkaError| ParkingError::Backlog {
+            group: self.inner.group.clone(),
+            brokers: self.inner.brokers.to_string(),
+            source: Box::new(source),
+        };
+        // Every librdkafka call is bounded by what is left of the timeout;
+        // this bounds the wait for a blocking pool that is busy, too.
+        match tokio::time::timeout(timeout.saturating_add(Duration::from_secs(1)), counted).await {
+            Err(_) => Err(ParkingError::BacklogTimedOut {
+                group: self.inner.group.clone(),
+                brokers: self.inner.brokers.to_string(),
+                waited: timeout,
+            }),
+            // The task did not finish: the runtime is shutting down.
+            Ok(Err(_join)) => Err(failed(KafkaError::Canceled)),
+            Ok(Ok(counted)) => counted.map_err(failed),
+        }
+    }
+
+    /// The blocking count of [`backlog`](Self::backlog), each call bounded
+    /// by what is left of `timeout`.
+    fn count_backlog(
+        &self,
+        started: Instant,
+        timeout: Duration,
+    ) -> Result<ParkedBacklog, KafkaError> {
+        let inner = &*self.inner;
+        let left = || {
+            timeout
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1))
+        };
+        let clients = self.backlog_clients()?;
+        let metadata = clients.mover_group.fetch_metadata(None, left())?;
+        let mut retry = TopicPartitionList::new();
+        let mut returned = TopicPartitionList::new();
+        for topic in metadata.topics() {
+            let name = topic.name();
+            let list = if inner.origin_of.contains_key(name) {
+                &mut returned
+            } else if inner
+                .patterns
+                .iter()
+                .any(|pattern| pattern.tier_of(name).is_some())
+            {
+                &mut retry
+            } else {
+                continue;
+            };
+            if let Some(code) = topic.error() {
+                return Err(KafkaError::MetadataFetch(code.into()));
+            }
+            for partition in topic.partitions() {
+                list.add_partition(name, partition.id());
+            }
+        }
+        let total = |counts: Vec<(String, i32, u64)>| {
+            counts
+                .iter()
+                .fold(0u64, |sum, (_, _, messages)| sum.saturating_add(*messages))
+        };
+        Ok(ParkedBacklog {
+            parked: total(unconsumed(&clients.mover_group, &retry, left)?),
+            returned: total(unconsumed(&clients.group, &returned, left)?),
+        })
+    }
+
+    /// The backlog's clients, made on the first call.
+    fn backlog_clients(&self) -> Result<Arc<BacklogClients>, KafkaError> {
+        let inner = &*self.inner;
+        let mut made = inner
+            .backlog
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(clients) = &*made {
+            return Ok(Arc::clone(clients));
+        }
+        let clients = Arc::new(BacklogClients {
+            mover_group: group_client(&inner.settings, &mover_group(&inner.group))?,
+            group: group_client(&inner.settings, &inner.group)?,
+        });
+        *made = Some(Arc::clone(&clients));
+        Ok(clients)
     }
 
     /// The served topics whose copies come back to a return topic of their
@@ -854,6 +999,9 @@ impl KafkaParkingBuilder {
                 delivery_timeout: self.delivery_timeout,
                 mover: Arc::new(MoverShared::default()),
                 stopped: Mutex::new(None),
+                settings: self.settings.clone(),
+                patterns: patterns.clone(),
+                backlog: Mutex::new(None),
             }),
         };
         let inner = &*parking.inner;
@@ -878,7 +1026,7 @@ impl KafkaParkingBuilder {
         }
         let stopped = mover::spawn(MoverConfig {
             settings: self.settings,
-            group: format!("{}.parking", inner.group),
+            group: mover_group(&inner.group),
             producer: inner.producer.clone(),
             routes,
             patterns,
@@ -895,6 +1043,31 @@ impl KafkaParkingBuilder {
             .unwrap_or_else(|poison| poison.into_inner()) = Some(stopped);
         tracing::debug!(group = %inner.group, topics = ?inner.topics, brokers = %inner.brokers, "kafka parking started");
         Ok(parking)
+    }
+}
+
+/// The consumer group of the movers of `group`'s parking.
+fn mover_group(group: &str) -> String {
+    format!("{group}.parking")
+}
+
+/// What a [`KafkaParking`] holds that its group has not handled again yet:
+/// see [`KafkaParking::backlog`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedBacklog {
+    /// Records in the retry topics that the mover group has not moved
+    /// back: parked, waiting for their due time or being moved.
+    pub parked: u64,
+    /// Copies in the return topics that the group has not committed: back,
+    /// not handled yet.
+    pub returned: u64,
+}
+
+impl ParkedBacklog {
+    /// Both together: what is parked and not handled again yet.
+    pub fn total(&self) -> u64 {
+        self.parked.saturating_add(self.returned)
     }
 }
 
