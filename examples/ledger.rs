@@ -500,7 +500,9 @@ where
             };
             let source = kafka::source(bootstrap, source_name, group, parking.as_ref()).await?;
             let acker = source.acker();
-            let backlog = Backlog::Kafka(kafka::LagProbe::new(bootstrap, source_name, group)?);
+            let backlog = Backlog::Kafka(
+                kafka::LagProbe::new(bootstrap, source_name, group)?.with_parking(parking.clone()),
+            );
             let handler = parked(handler, parking, job.key_order);
             run(source, acker, handler, job, Some(backlog)).await
         }
@@ -544,7 +546,8 @@ where
 enum Backlog {
     /// Entries delivered and not acknowledged, with any consumer.
     Redis(redis::PendingProbe),
-    /// Messages past the group's committed offsets.
+    /// Messages past the group's committed offsets, and those its parking
+    /// holds (parked, or back and not committed).
     Kafka(kafka::LagProbe),
     /// Messages the durable consumer has not had acknowledged.
     Nats(nats::PendingProbe),

@@ -134,7 +134,8 @@ pub fn publisher(bootstrap: &str) -> Result<KafkaPublisher, BoxError> {
 /// timeout keeps that wait (and so a restarted consumer's) to seconds.
 ///
 /// With `parking` (`--later-every`), it also reads the group's return topic,
-/// where parked copies come back once due.
+/// where parked copies come back once due (from its start where the group
+/// has no offset there: a copy may come back before any member has one).
 pub async fn source(
     bootstrap: &str,
     topic: &str,
@@ -143,7 +144,7 @@ pub async fn source(
 ) -> Result<KafkaSource, BoxError> {
     let mut builder = source_builder(bootstrap, topic, group).await?;
     if let Some(parking) = parking {
-        builder = builder.topic(parking.return_topic(topic));
+        builder = builder.parking(parking);
     }
     Ok(builder.build().await?)
 }
@@ -151,14 +152,21 @@ pub async fn source(
 /// Where `--later-every` parks: tiered retry topics of `topic`, whose
 /// copies a mover returns to the group's return topic once due. Built
 /// before the source: it creates the return topic the source subscribes to.
+///
+/// The mover's group takes the source's session timeout: the retry
+/// partitions a killed mover held go to the next one within seconds, not
+/// after librdkafka's default 45 s.
 pub async fn parking(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaParking, BoxError> {
     create_topic(bootstrap, topic, crate::args::DEFAULT_PARTITIONS).await?;
-    Ok(
-        KafkaParking::builder(with_env(KafkaSettings::new(bootstrap))?, group)
-            .topics([topic])
-            .build()
-            .await?,
-    )
+    let settings = with_env(
+        KafkaSettings::new(bootstrap)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "1000"),
+    )?;
+    Ok(KafkaParking::builder(settings, group)
+        .topics([topic])
+        .build()
+        .await?)
 }
 
 async fn source_builder(
@@ -250,15 +258,20 @@ pub async fn run_exactly_once(
 }
 
 /// Measures the group's lag: messages past its committed offsets, over
-/// every partition of the topic. The idle exit waits while there is lag: a
-/// restarted consumer gets no partitions until the broker gives up on the
-/// killed member's session, which may be later than its idle deadline.
+/// every partition of the topic, and with `--later-every` what its parking
+/// holds (parked in the retry topics, or back in the return topic and not
+/// committed): a parked message is out of the topic's lag for as long as it
+/// waits. The idle exit waits while there is lag: a restarted consumer gets
+/// no partitions until the broker gives up on the killed member's session,
+/// which may be later than its idle deadline, and parked messages come back
+/// only once due.
 ///
 /// A plain client with the group's id that never subscribes, so it reads
 /// the group's offsets without joining it.
 pub struct LagProbe {
     client: std::sync::Arc<BaseConsumer>,
     topic: String,
+    parking: Option<KafkaParking>,
 }
 
 impl LagProbe {
@@ -271,7 +284,14 @@ impl LagProbe {
         Ok(Self {
             client: std::sync::Arc::new(client),
             topic: topic.to_owned(),
+            parking: None,
         })
+    }
+
+    /// Counts what `parking` holds too (`--later-every`).
+    pub fn with_parking(mut self, parking: Option<KafkaParking>) -> Self {
+        self.parking = parking;
+        self
     }
 
     /// The group's lag, or `None` when the broker could not say (a group
@@ -280,8 +300,18 @@ impl LagProbe {
         let (client, topic) = (self.client.clone(), self.topic.clone());
         // librdkafka's calls block: keep them off the runtime's workers.
         let lag = tokio::task::spawn_blocking(move || group_lag(&client, &topic)).await;
+        let parked = match &self.parking {
+            None => 0,
+            Some(parking) => match parking.backlog().await {
+                Ok(backlog) => backlog.total(),
+                Err(error) => {
+                    tracing::warn!(error = %intake::ErrorChain::new(&error), "counting the parked messages failed; the backlog is unknown");
+                    return None;
+                }
+            },
+        };
         match lag {
-            Ok(Ok(lag)) => Some(lag),
+            Ok(Ok(lag)) => Some(lag.saturating_add(parked)),
             Ok(Err(error)) => {
                 tracing::warn!(%error, "reading the group's lag failed; the backlog is unknown");
                 None
