@@ -265,6 +265,15 @@ impl<F: Future> Slots<F> {
         self.free.pop()
     }
 
+    /// Gives back a slot just [acquired](Self::acquire) and never filled.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn unacquire(&mut self, slot: SlotId) {
+        if self.slots[slot as usize].state == SlotState::Free && !self.free.contains(&slot) {
+            self.free.push(slot);
+        }
+    }
+
     pub(crate) fn get(&self, slot: SlotId) -> &Slot<F> {
         &self.slots[slot as usize]
     }

@@ -37,8 +37,13 @@ where
             self.pump();
         });
         if !buffer.is_empty() {
-            // `waiting` is empty: a swap moves them without a copy.
-            std::mem::swap(buffer, &mut self.waiting);
+            if self.waiting.is_empty() {
+                // A swap moves them without a copy.
+                std::mem::swap(buffer, &mut self.waiting);
+            } else {
+                // Behind those `admit` found no slot for, in order.
+                self.waiting.append(buffer);
+            }
         }
     }
 
@@ -97,7 +102,15 @@ where
     }
 
     /// Admits one delivery: see the module docs. Returns its bytes, counted
-    /// in the byte budget by the caller (0 when it was turned away).
+    /// in the byte budget by the caller (0 when it was turned away, or
+    /// waits).
+    ///
+    /// The slot comes first, the ticket after it: a ticket is the commit
+    /// engine's promise that the delivery finishes, so one taken for a
+    /// delivery that then had no slot would hold its partition's watermark
+    /// for good. A delivery without a slot (`admit_from` admits no more
+    /// than the free slots, so none) waits for one with those that wait for
+    /// shared room.
     fn admit(&mut self, message: Message) -> usize {
         let partition = self.partitions.of(&message);
         if self.partitions.is_revoking(partition) {
@@ -107,15 +120,15 @@ where
             self.bytes.untake_shared(message.byte_size());
             return 0;
         }
-        let position = message.metadata().position();
-        let Some(ticket) = self.partitions.admit(partition, position) else {
-            self.bytes.untake_shared(message.byte_size());
+        let Some(slot) = self.slots.acquire() else {
+            self.wait_for_slot(message);
             return 0;
         };
-        let Some(slot) = self.slots.acquire() else {
-            // `admit_all` admits no more than the free slots; keep the
-            // engine consistent anyway.
-            tracing::error!("no free slot for an admitted delivery; it stays unacknowledged");
+        let position = message.metadata().position();
+        let Some(ticket) = self.partitions.admit(partition, position) else {
+            // `of` names an assigned partition, whose engine admits any
+            // delivery; turned away as not this run's all the same.
+            self.slots.unacquire(slot);
             self.bytes.untake_shared(message.byte_size());
             return 0;
         };
@@ -123,7 +136,8 @@ where
             tracing::warn!(
                 partition = %message.metadata().partition_key(),
                 max_uncommitted = self.settings.max_uncommitted,
-                "a message holds this partition's watermark; fetching pauses until it finishes"
+                "a message holds this partition's watermark: fetching this partition pauses \
+                 until it finishes"
             );
         }
         let lane = match self.settings.ordering {
@@ -168,6 +182,15 @@ where
         bytes
     }
 
+    /// Keeps a delivery that found no free slot, in order with any others,
+    /// for `admit_waiting` to admit once one is free.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_slot(&mut self, message: Message) {
+        self.bytes.untake_shared(message.byte_size());
+        self.waiting.push(message);
+    }
+
     /// Counts a message that runs unordered in `Key` mode for want of a
     /// key, and warns at the first: the ordering the user asked for does
     /// not hold for it.
@@ -195,5 +218,86 @@ where
             self.take_back(id);
         }
         self.partitions.assign(partition);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::acker::{AckMode, Acker};
+    use crate::commit_engine::CommitEngine;
+    use crate::consumer::ConsumerBuilder;
+    use crate::consumer::ack_loop::ack_loop;
+    use crate::consumer::slots::Slots;
+    use crate::memory::MemoryBroker;
+    use crate::message::{Metadata, Position};
+
+    fn message(offset: i64) -> Message {
+        Message::new(
+            "",
+            Metadata::new("orders".into(), 0, Position::Offset(offset)),
+        )
+    }
+
+    /// Review C15: `admit_from` admits no more than the free slots, and
+    /// `admit` must not rely on it. Called past the budget, a delivery took
+    /// a ticket and then, finding no slot, was dropped: the ticket, never
+    /// completed, held the partition's watermark for good, and the message
+    /// was gone from the run.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_delivery_admitted_without_a_free_slot_takes_no_ticket_and_waits() {
+        let broker = MemoryBroker::new();
+        broker.create_topic("orders", 1).expect("topic");
+        let (_source, acker) = broker.consumer("orders", "g").expect("join");
+        let mode = acker.mode();
+        let slots = Slots::new(2);
+        let (acks, _drain) = ack_loop(
+            acker,
+            None,
+            slots.runtime_waker().clone(),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let mut settings = ConsumerBuilder::default().settings;
+        settings.max_in_flight = 2;
+        settings.ordering = DeliveryOrder::Unordered;
+        let handler = tower::service_fn(|_message: Message| {
+            std::future::pending::<Result<(), HandlerError>>()
+        });
+        let mut dispatcher = super::super::Dispatcher::new(
+            handler,
+            slots,
+            settings,
+            CommitEngine::new(mode),
+            false,
+            acks,
+        );
+        assert_eq!(mode, AckMode::Watermark);
+        for offset in 0..3 {
+            dispatcher.admit(message(offset));
+        }
+        let partition = dispatcher
+            .partitions
+            .engine()
+            .lookup(&PartitionKey::new("orders", 0))
+            .expect("assigned by its first delivery");
+        assert_eq!(dispatcher.slots.held(), 2, "the budget holds two");
+        assert_eq!(
+            dispatcher.partitions.engine().uncommitted(partition),
+            2,
+            "only deliveries with a slot have a ticket"
+        );
+        let waiting: Vec<Position> = dispatcher
+            .waiting
+            .iter()
+            .map(|message| message.metadata().position())
+            .collect();
+        assert_eq!(
+            waiting,
+            vec![Position::Offset(2)],
+            "the third waits for a slot"
+        );
     }
 }
