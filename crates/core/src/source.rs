@@ -31,15 +31,58 @@ pub trait Source: Send + 'static {
     /// the runtime passes in empty and reuses, so a steady stream costs no
     /// allocation) and returns [`SourceEvent::Delivered`].
     ///
-    /// `max` is 0 when the in-flight budget is full: the source must then
-    /// deliver nothing and wait only for an assignment change (`Assigned`,
-    /// `Revoked`), so a rebalance gets through even while every slot is
-    /// taken. (Careful: `XREADGROUP COUNT 0` means "no limit" to Redis.)
+    /// `max` is 0 when the runtime may take no delivery (its in-flight
+    /// budget is full, fetched deliveries wait for room in a shared budget,
+    /// or a partition is over its uncommitted window and the source cannot
+    /// [pause](Self::pause) it): the source must then deliver nothing and
+    /// wait only for an assignment change (`Assigned`, `Revoked`), so a
+    /// rebalance gets through even while every slot is taken. (Careful:
+    /// `XREADGROUP COUNT 0` means "no limit" to Redis.)
     fn next(
         &mut self,
         deliveries: &mut Vec<Message>,
         max: usize,
     ) -> impl Future<Output = Result<SourceEvent, SourceError>> + Send;
+
+    /// Stops fetching `partition` until [`resume`](Self::resume); returns
+    /// whether the source does.
+    ///
+    /// The runtime asks when the partition has `max_uncommitted` deliveries
+    /// between its committed position and its newest one
+    /// (`ConsumerBuilder::max_uncommitted`): a message that does not finish
+    /// holds the partition's watermark, and the commit engine must not grow
+    /// without bound behind it. Paused, that partition waits and the others
+    /// keep flowing. The default, `false`, says the source cannot pause one
+    /// partition: the runtime then asks for no deliveries at all (`max` 0)
+    /// until the partition is back under its window.
+    ///
+    /// Called between two calls of [`next`](Self::next), never while one is
+    /// pending (the runtime drops a pending `next` first, which must lose
+    /// nothing: see the cancel safety above). Deliveries of the partition
+    /// that the source had already taken from the broker may still come
+    /// after the pause, never be dropped; the runtime admits up to one
+    /// in-flight budget (`max_in_flight`) of them past the window, and asks
+    /// for none at all beyond that, so a source should not buffer more
+    /// than [`Limits`] allow.
+    fn pause(&mut self, partition: &PartitionKey) -> bool {
+        let _ = partition;
+        false
+    }
+
+    /// Fetches `partition` again after a [`pause`](Self::pause): the
+    /// runtime calls it once the partition's window has room again (at
+    /// three quarters of `max_uncommitted`, so that a window at its bound
+    /// does not pause and resume the partition at every message).
+    ///
+    /// Also called, when the runtime had paused it, for a partition revoked
+    /// or assigned afresh, so that a pause never outlives its assignment;
+    /// by then the partition may no longer be this source's, which must
+    /// then do nothing (and a source whose pauses end with the assignment
+    /// may ignore the call). Called between two calls of
+    /// [`next`](Self::next), like `pause`.
+    fn resume(&mut self, partition: &PartitionKey) {
+        let _ = partition;
+    }
 
     /// What the consumer promises the source, told once before the first
     /// [`next`](Self::next): its in-flight budget (deliveries and bytes) and

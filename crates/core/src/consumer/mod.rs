@@ -257,8 +257,13 @@ impl ConsumerBuilder {
 
     /// Most deliveries of one partition between its watermark and its newest
     /// admitted message. A message that never finishes holds the watermark;
-    /// past this bound fetching pauses until it moves, so a stuck message
-    /// cannot grow the commit engine without bound. Default 100,000.
+    /// at this bound its partition is paused (the others keep flowing) until
+    /// the watermark moves, so a stuck message cannot grow the commit engine
+    /// without bound. It is resumed once three quarters of the bound are
+    /// left. A source that cannot pause one partition
+    /// ([`Source::pause`]) stops fetching
+    /// every partition meanwhile. Default 100,000; at least
+    /// [`max_in_flight`](Self::max_in_flight).
     pub fn max_uncommitted(mut self, deliveries: usize) -> Self {
         self.settings.max_uncommitted = deliveries;
         self

@@ -71,7 +71,7 @@ impl Delivery {
 }
 
 /// Appends at most `max` messages from the partitions in `owned` (indexes
-/// into `deliveries` and `logs`) to `buf`
+/// into `deliveries` and `logs`) but not in `paused` to `buf`
 /// and returns how many.
 ///
 /// Each call starts at the next partition in turn (`first`), and no
@@ -79,6 +79,7 @@ impl Delivery {
 /// messages, so a backlog on one partition never starves the others.
 pub(crate) fn fetch(
     owned: &[u32],
+    paused: &[u32],
     first: &mut usize,
     deliveries: &mut [Delivery],
     logs: &[Vec<Message>],
@@ -98,7 +99,11 @@ pub(crate) fn fetch(
         if remaining == 0 {
             break;
         }
-        let partition = owned[(start + turn) % count] as usize;
+        let partition = owned[(start + turn) % count];
+        if paused.contains(&partition) {
+            continue;
+        }
+        let partition = partition as usize;
         let (state, log) = (&mut deliveries[partition], &logs[partition]);
         remaining -= state.take(log, buf, share.min(remaining));
         more |= state.has_more(log);
@@ -110,7 +115,11 @@ pub(crate) fn fetch(
             if remaining == 0 {
                 break;
             }
-            let partition = owned[(start + turn) % count] as usize;
+            let partition = owned[(start + turn) % count];
+            if paused.contains(&partition) {
+                continue;
+            }
+            let partition = partition as usize;
             remaining -= deliveries[partition].take(&logs[partition], buf, remaining);
         }
     }

@@ -86,6 +86,9 @@ struct Member {
     /// Owned partitions whose `Assigned` event was not returned yet; they
     /// are not fetched until it was.
     unannounced: Vec<u32>,
+    /// Owned partitions the runtime paused (`Source::pause`): not fetched
+    /// until resumed, or assigned again.
+    paused: Vec<u32>,
     /// Revocations to hand to the runtime, oldest first.
     revocations: VecDeque<Revocation>,
     /// Index into `owned` of the partition that fetches first next time.
@@ -175,6 +178,7 @@ impl Group {
             offset_reset,
             owned: Vec::new(),
             unannounced: Vec::new(),
+            paused: Vec::new(),
             revocations: VecDeque::new(),
             first: 0,
         });
@@ -322,6 +326,8 @@ impl Group {
         }));
         member.owned.push(partition as u32);
         member.unannounced.push(partition as u32);
+        // A pause ends with the assignment it was made under.
+        member.paused.retain(|&paused| paused != partition as u32);
         state.announced = None;
         member.notify.notify_one();
         let notify = member.notify.clone();
@@ -415,6 +421,7 @@ impl Group {
         }
         let fetched = fetch(
             &member.owned,
+            &member.paused,
             &mut member.first,
             &mut self.deliveries,
             logs,
@@ -425,6 +432,19 @@ impl Group {
             return Poll::Ready(SourceEvent::Delivered);
         }
         Poll::Wait(self.handoffs_to(id))
+    }
+
+    /// Stops (`paused`) or resumes fetching `partition` for member `id`;
+    /// `false` if `id` is no longer in the group.
+    pub(crate) fn pause(&mut self, id: MemberId, partition: u32, paused: bool) -> bool {
+        let Some(member) = self.member_mut(id) else {
+            return false;
+        };
+        member.paused.retain(|&other| other != partition);
+        if paused {
+            member.paused.push(partition);
+        }
+        true
     }
 
     /// The releases `id` waits for, if partitions are on their way to it.

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use super::faults::{FaultState, InjectedFault};
 use super::group::{MemberId, Poll};
 use super::topic::Topic;
-use crate::message::Message;
+use crate::message::{Message, PartitionKey};
 use crate::source::{Source, SourceError, SourceEvent};
 
 /// One member of a consumer group: fetches the partitions assigned to it and
@@ -22,8 +22,14 @@ use crate::source::{Source, SourceError, SourceEvent};
 /// - Dropping a source without [`close`](Source::close) is a crash: the
 ///   member leaves at once and whatever it did not commit goes to the next
 ///   owner of its partitions, with [`attempt`](crate::Metadata::attempt) > 1.
-/// - With `max == 0` (which the trait does not ask for) it returns only
-///   assignment changes, never deliveries: the safe reading of a zero budget.
+/// - With `max == 0` (the runtime asks so while it may take no delivery:
+///   its budget is full, or a partition it could not pause is over its
+///   uncommitted window) it returns only assignment changes, never
+///   deliveries, as the trait asks.
+/// - It [pauses](Source::pause) a partition when the runtime asks (one over
+///   its uncommitted window): the partition is not fetched until it is
+///   resumed, or assigned to this member again, while the others are. The
+///   runtime may still get what one fetch took before the pause.
 /// - While partitions are on their way to this member, `next` waits for
 ///   their old owner to release them, bounded by the broker's rebalance
 ///   timeout, which needs a Tokio runtime with time enabled.
@@ -57,6 +63,16 @@ impl MemorySource {
     /// This source's identity in its group.
     pub fn member_id(&self) -> MemberId {
         self.member
+    }
+
+    /// Pauses or resumes fetching `partition` (one lock, once per change);
+    /// `false` for a partition of another topic, or once closed.
+    fn set_paused(&mut self, partition: &PartitionKey, paused: bool) -> bool {
+        if self.closed || *partition.source != *self.topic.name {
+            return false;
+        }
+        let mut state = self.topic.lock();
+        state.groups[self.group].pause(self.member, partition.partition, paused)
     }
 
     fn leave(&mut self, crashed: bool) {
@@ -127,6 +143,14 @@ impl Source for MemorySource {
                 }
             }
         }
+    }
+
+    fn pause(&mut self, partition: &PartitionKey) -> bool {
+        self.set_paused(partition, true)
+    }
+
+    fn resume(&mut self, partition: &PartitionKey) {
+        self.set_paused(partition, false);
     }
 
     async fn close(&mut self) -> Result<(), SourceError> {

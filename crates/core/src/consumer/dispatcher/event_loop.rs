@@ -11,6 +11,7 @@ use std::task::{Context, Poll, Waker};
 use tokio::time::Instant;
 use tower::Service;
 
+use super::fetch::Plan;
 use super::{Dispatcher, Failure, Stop};
 use crate::consumer::slots::WakeFlag;
 use crate::deadline;
@@ -73,24 +74,27 @@ where
         let mut buffer: Vec<Message> = Vec::with_capacity(self.settings.fetch_batch);
         loop {
             if !buffer.is_empty() {
+                // Leaves it empty: what is not admitted waits for room.
                 self.admit_all(&mut buffer);
             }
-            let wake = match self.fetch_plan(buffer.len()) {
+            if self.partitions.pauses_due() {
+                self.hand_pauses_to(source);
+            }
+            let plan = self.fetch_plan();
+            let wake = match plan.max() {
                 Some(max) => {
                     let mut fetch = pin!(source.next(&mut buffer, max));
-                    poll_fn(|cx| self.poll_until(cx, Some((fetch.as_mut(), max)), &mut shutdown))
+                    poll_fn(|cx| self.poll_until(cx, Some(fetch.as_mut()), plan, &mut shutdown))
                         .await
                 }
                 None => {
                     poll_fn(|cx| {
                         self.poll_until(
-                            cx,
-                            None::<(
-                                Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>,
-                                usize,
-                            )>,
-                            &mut shutdown,
-                        )
+                        cx,
+                        None::<Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>>,
+                        plan,
+                        &mut shutdown,
+                    )
                     })
                     .await
                 }
@@ -133,11 +137,13 @@ where
     }
 
     /// Polls everything but the source until the source has an event, the
-    /// run should react to something, or it is over.
+    /// run should react to something, or it is over. `fetch` is the
+    /// source's `next`, started under `asked` (none under `Plan::Hold`).
     fn poll_until<F, E>(
         &mut self,
         cx: &mut Context<'_>,
-        fetch: Option<(Pin<&mut F>, usize)>,
+        fetch: Option<Pin<&mut F>>,
+        asked: Plan,
         shutdown: &mut ShutdownSignal,
     ) -> Poll<Wake<E>>
     where
@@ -145,13 +151,14 @@ where
     {
         self.slots.ready_set().register(cx.waker());
         let token = self.token.clone();
-        shutdown_scope::with_shutdown(&token, || self.poll_inner(cx, fetch, shutdown))
+        shutdown_scope::with_shutdown(&token, || self.poll_inner(cx, fetch, asked, shutdown))
     }
 
     fn poll_inner<F, E>(
         &mut self,
         cx: &mut Context<'_>,
-        fetch: Option<(Pin<&mut F>, usize)>,
+        fetch: Option<Pin<&mut F>>,
+        asked: Plan,
         shutdown: &mut ShutdownSignal,
     ) -> Poll<Wake<E>>
     where
@@ -192,22 +199,21 @@ where
             return Poll::Ready(Wake::Done);
         }
         self.arm_timer(now);
-        match fetch {
-            Some((fetch, max)) => {
-                if let Poll::Ready(event) = fetch.poll(cx) {
-                    return Poll::Ready(Wake::Fetched(event));
-                }
-                // Asked for assignment changes only, and slots are free now:
-                // ask again, for deliveries.
-                if max == 0 && self.fetch_plan(0).is_some_and(|max| max > 0) {
-                    return Poll::Ready(Wake::Budget);
-                }
-            }
-            None => {
-                if self.fetch_plan(0).is_some() {
-                    return Poll::Ready(Wake::Budget);
-                }
-            }
+        if let Some(fetch) = fetch
+            && let Poll::Ready(event) = fetch.poll(cx)
+        {
+            return Poll::Ready(Wake::Fetched(event));
+        }
+        // A partition left its window (or entered it): the source hears of
+        // it before it is asked again. And a fetch asked for less than the
+        // run may now take (assignment changes only, and slots are free
+        // now; or nothing, and the retry is due) is asked again. A fetch
+        // for deliveries is never asked more of: the plan is not even
+        // computed then, on the path of every batch.
+        if self.partitions.pauses_due()
+            || (!matches!(asked, Plan::Deliveries(_)) && self.fetch_plan().asks_more_than(asked))
+        {
+            return Poll::Ready(Wake::Budget);
         }
         Poll::Pending
     }

@@ -1,17 +1,53 @@
-//! How much the source may be asked for, and what a failed fetch does
-//! (retried after the reconnect policy's delay, or the run stops).
+//! How much the source may be asked for, the pauses of partitions over
+//! their window that it is told of, and what a failed fetch does (retried
+//! after the reconnect policy's delay, or the run stops).
+
+use std::num::NonZeroUsize;
 
 use tokio::time::Instant;
 use tower::Service;
 
 use super::{Dispatcher, Failure, Stop};
-
-/// How long a run waits for shared room before it warns (once per wait).
-const STARVED_WARNING: std::time::Duration = std::time::Duration::from_secs(60);
 use crate::deadline;
 use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
-use crate::source::SourceError;
+use crate::source::{Source, SourceError};
+
+/// How long a run waits for shared room before it warns (once per wait).
+const STARVED_WARNING: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How the source may be asked: what [`Dispatcher::fetch_plan`] decides
+/// before each fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Plan {
+    /// Not at all: the run is stopping, or waits to retry after an error.
+    Hold,
+    /// For assignment changes only (`next` with `max` 0).
+    Events,
+    /// For up to this many deliveries.
+    Deliveries(NonZeroUsize),
+}
+
+impl Plan {
+    /// The `max` to hand to `Source::next`; `None` for no fetch at all.
+    pub(super) fn max(self) -> Option<usize> {
+        match self {
+            Plan::Hold => None,
+            Plan::Events => Some(0),
+            Plan::Deliveries(max) => Some(max.get()),
+        }
+    }
+
+    /// Whether this plan asks more of the source than `asked`, the plan a
+    /// fetch under way was started with: if so, that fetch is dropped and
+    /// the source asked again.
+    pub(super) fn asks_more_than(self, asked: Plan) -> bool {
+        matches!(
+            (asked, self),
+            (Plan::Hold, Plan::Events | Plan::Deliveries(_)) | (Plan::Events, Plan::Deliveries(_))
+        )
+    }
+}
 
 impl<H> Dispatcher<H>
 where
@@ -19,21 +55,19 @@ where
     H::Error: Into<HandlerError> + Send + 'static,
     H::Future: Send + 'static,
 {
-    /// How the source may be asked now: `None`, not at all (stopping, or
-    /// waiting to retry after an error); `Some(0)`, for assignment changes
-    /// only (no free slot, or fetched deliveries wait for shared room: a
-    /// revocation must still get through, or a full budget of stuck
+    /// How the source may be asked now: see [`Plan`]. The source is asked
+    /// for assignment changes only (`Plan::Events`) while no delivery may
+    /// be taken: no free slot, fetched deliveries wait for shared room, or
+    /// a partition over its window stalls the run (see `partitions.rs`). A
+    /// revocation must still get through then, or a full budget of stuck
     /// handlers, or a shared budget the other routes hold, would hold a
     /// rebalance until the source's revoke wait runs out and the partition
     /// goes to another member, whose deliveries this run would then still
-    /// hold); `Some(n)`, for up to `n` deliveries.
+    /// hold.
     ///
     /// Deliveries waiting for shared room are admitted here once room comes
     /// back, before the source is asked for more.
-    pub(super) fn fetch_plan(&mut self, buffered: usize) -> Option<usize> {
-        if buffered > 0 {
-            return None;
-        }
+    pub(super) fn fetch_plan(&mut self) -> Plan {
         if !self.waiting.is_empty() {
             self.admit_waiting_if_room();
         }
@@ -41,24 +75,45 @@ where
             self.report_shared_wait();
         }
         if self.stop.is_some() {
-            return None;
+            return Plan::Hold;
         }
         if let Some(at) = self.fetch_retry_at {
             if Instant::now() < at {
-                return None;
+                return Plan::Hold;
             }
             self.fetch_retry_at = None;
         }
-        if !self.waiting.is_empty() || self.partitions.any_over_window() {
-            return Some(0);
+        if !self.waiting.is_empty() || self.partitions.stalled() {
+            return Plan::Events;
         }
         let free = self.slots.free_count().min(self.settings.fetch_batch);
         if free == 0 {
             // Its own budget is full: it asks the shared one for nothing
             // (and is not denied room there).
-            return Some(0);
+            return Plan::Events;
         }
-        Some(free.min(self.bytes.fetch_limit()))
+        match NonZeroUsize::new(free.min(self.bytes.fetch_limit())) {
+            Some(max) => Plan::Deliveries(max),
+            None => Plan::Events,
+        }
+    }
+
+    /// Hands the queued pauses and resumes of partitions over their window
+    /// to the source (see `partitions.rs`). Called between two fetches,
+    /// when no `next` is pending.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn hand_pauses_to<S: Source>(&mut self, source: &mut S) {
+        while let Some((partition, pause)) = self.partitions.take_pause() {
+            if !pause {
+                tracing::debug!(%partition, "resuming the partition: back under its window");
+                source.resume(&partition);
+            } else if source.pause(&partition) {
+                tracing::debug!(%partition, "paused the partition: over its window");
+            } else {
+                self.partitions.pause_refused(&partition);
+            }
+        }
     }
 
     /// Admits the deliveries waiting for shared room if some is free (the

@@ -249,8 +249,9 @@ struct Dispatcher<H: Service<Message>> {
     report: RunReport,
     /// A list of slots reused by revocations, so they allocate once.
     scratch: Vec<SlotId>,
-    /// Fetched deliveries that wait for room in the shared budget, oldest
-    /// first. Held here rather than in the loop's fetch buffer, so the
+    /// Fetched deliveries that wait for room in the shared budget (or for a
+    /// free slot, which `admit` never lacks), oldest first. Held here
+    /// rather than in the loop's fetch buffer, so the
     /// source is still asked for events (with `max` 0, into the empty
     /// buffer) while they wait: a revocation must reach the run before its
     /// source's revoke wait runs out and the partition goes to another
@@ -296,7 +297,7 @@ where
             probe: None,
             ready: VecDeque::with_capacity(capacity),
             finished: Vec::with_capacity(capacity),
-            partitions: Partitions::new(engine, settings.max_uncommitted),
+            partitions: Partitions::new(engine, settings.max_uncommitted, settings.max_in_flight),
             acks,
             flush_due: false,
             yield_to_acks: false,

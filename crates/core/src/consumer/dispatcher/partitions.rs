@@ -4,10 +4,28 @@
 //!
 //! The runtime's entry counts the slots a partition's deliveries hold,
 //! marks a partition being revoked, marks one over its uncommitted window
-//! (`max_uncommitted`: fetching pauses while any partition is), and tracks
-//! since when its oldest unfinished message has been the oldest (for the
-//! observer's snapshots).
+//! (see below), and tracks since when its oldest unfinished message has
+//! been the oldest (for the observer's snapshots).
+//!
+//! # The uncommitted window
+//!
+//! A message that does not finish holds its partition's watermark, and
+//! every later delivery of the partition then stays in the engine's ring.
+//! Once a partition has `max_uncommitted` of them it is over its window:
+//! the source is asked to pause that partition alone
+//! ([`Source::pause`](crate::source::Source::pause)), and the other
+//! partitions keep flowing. It is resumed once the ring is down to three
+//! quarters of the window, so that a window at its bound does not pause and
+//! resume the partition at every message. The pauses and resumes are
+//! queued here, in order, and the run hands them to the source before it
+//! asks it for more (`take_pause`).
+//!
+//! A partition over its window *stalls* the run (no delivery of any
+//! partition is asked for) while the source cannot pause it, or while the
+//! source keeps delivering it: what it had fetched before the pause is
+//! admitted past the window, up to one in-flight budget, and no more.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +43,12 @@ struct Entry {
     held: u32,
     revoking: bool,
     over_window: bool,
+    /// Over its window, and a pause of it is queued or was handed to the
+    /// source (a resume is owed once it is back).
+    paused: bool,
+    /// Over its window and still fetched: it stops every partition's
+    /// fetching (see the [module docs](self)).
+    stalled: bool,
     /// The oldest unfinished position and since when it has been the oldest.
     oldest: Option<(Position, Instant)>,
 }
@@ -35,9 +59,17 @@ pub(super) struct Partitions {
     /// Indexed by [`PartitionId::index`]: the engine hands out the ids, and
     /// the table grows to hold them when a partition is assigned.
     entries: Vec<Entry>,
-    /// How many entries are over the window.
-    over_window: usize,
+    /// How many entries stall the run.
+    stalled: usize,
     max_uncommitted: usize,
+    /// A partition over its window leaves it at this many uncommitted
+    /// deliveries (three quarters of `max_uncommitted`).
+    resume_at: usize,
+    /// A paused partition still fetched stalls the run from this many on:
+    /// `max_uncommitted` and one in-flight budget.
+    stall_at: usize,
+    /// Pauses (`true`) and resumes for the source, oldest first.
+    pauses: VecDeque<(PartitionKey, bool)>,
     /// The ids of assigned partitions by source and partition number, so a
     /// delivery finds its partition with a compare and an index, however
     /// the partitions of a fetch interleave. It names assigned partitions
@@ -119,13 +151,18 @@ impl PartitionIds {
 // (non-generic) type is otherwise a call across crates (18 instructions per
 // message in `benches/callgrind.sh pipeline_bytes`).
 impl Partitions {
-    /// No partition yet; `max_uncommitted` is the window.
-    pub(super) fn new(engine: CommitEngine, max_uncommitted: usize) -> Self {
+    /// No partition yet; `max_uncommitted` is the window, and
+    /// `max_in_flight` how far past it a paused partition's deliveries are
+    /// still admitted.
+    pub(super) fn new(engine: CommitEngine, max_uncommitted: usize, max_in_flight: usize) -> Self {
         Self {
             engine,
             entries: Vec::new(),
-            over_window: 0,
+            stalled: 0,
             max_uncommitted,
+            resume_at: max_uncommitted - max_uncommitted / 4,
+            stall_at: max_uncommitted.saturating_add(max_in_flight),
+            pauses: VecDeque::new(),
             ids: PartitionIds::default(),
         }
     }
@@ -158,10 +195,8 @@ impl Partitions {
         if self.entries.len() <= id.index() {
             self.entries.resize(id.index() + 1, Entry::default());
         }
+        self.end_window(id);
         let entry = &mut self.entries[id.index()];
-        if entry.over_window {
-            self.over_window -= 1;
-        }
         // Deliveries of an earlier assignment that was not revoked may still
         // run; their tickets are stale now, and `held` keeps counting them
         // until they finish.
@@ -187,15 +222,12 @@ impl Partitions {
     /// Removes `id` from the engine (its tickets become stale) and clears its
     /// entry: a revocation completed.
     pub(super) fn revoke(&mut self, id: PartitionId) {
+        self.end_window(id);
         if let Some(key) = self.engine.key(id) {
             self.ids.set(key, None);
         }
         self.engine.revoke(id);
-        let entry = &mut self.entries[id.index()];
-        if entry.over_window {
-            self.over_window -= 1;
-        }
-        *entry = Entry::default();
+        self.entries[id.index()] = Entry::default();
     }
 
     /// Whether `id` is being revoked.
@@ -209,10 +241,44 @@ impl Partitions {
         self.entries[id.index()].held
     }
 
-    /// Whether fetching pauses: a partition is over its window.
+    /// Whether no delivery may be fetched: a partition over its window is
+    /// still fetched (see the [module docs](self)).
     #[inline]
-    pub(super) fn any_over_window(&self) -> bool {
-        self.over_window > 0
+    pub(super) fn stalled(&self) -> bool {
+        self.stalled > 0
+    }
+
+    /// Whether pauses or resumes wait to be handed to the source.
+    #[inline]
+    pub(super) fn pauses_due(&self) -> bool {
+        !self.pauses.is_empty()
+    }
+
+    /// The oldest pause (`true`) or resume waiting for the source.
+    pub(super) fn take_pause(&mut self) -> Option<(PartitionKey, bool)> {
+        self.pauses.pop_front()
+    }
+
+    /// The source cannot pause `key` (it answered a pause with `false`):
+    /// while it is over its window, the run stalls.
+    #[cold]
+    pub(super) fn pause_refused(&mut self, key: &PartitionKey) {
+        let Some(id) = self.engine.lookup(key) else {
+            return;
+        };
+        let entry = &mut self.entries[id.index()];
+        if entry.paused && !entry.stalled {
+            // No resume is owed for a pause that did not happen.
+            entry.paused = false;
+            entry.stalled = true;
+            self.stalled += 1;
+            tracing::warn!(
+                partition = %key,
+                max_uncommitted = self.max_uncommitted,
+                "the source cannot pause one partition: fetching pauses for every partition \
+                 until this one is back under its window"
+            );
+        }
     }
 
     /// Admits a delivery of `id` at `position` to the engine; `None` if the
@@ -223,29 +289,91 @@ impl Partitions {
     }
 
     /// A slot now holds a delivery of `id`. `true` when this takes the
-    /// partition over its window.
+    /// partition over its window (its pause is then queued).
     #[inline]
     pub(super) fn slot_held(&mut self, id: PartitionId) -> bool {
         let entry = &mut self.entries[id.index()];
         entry.held += 1;
-        if !entry.over_window && self.engine.uncommitted(id) >= self.max_uncommitted {
-            entry.over_window = true;
-            self.over_window += 1;
+        if entry.over_window {
+            self.held_over_window(id);
+            return false;
+        }
+        if self.engine.uncommitted(id) >= self.max_uncommitted {
+            self.enter_window(id);
             return true;
         }
         false
     }
 
+    /// `id` reached its window: pause it.
+    #[cold]
+    #[inline(never)]
+    fn enter_window(&mut self, id: PartitionId) {
+        let entry = &mut self.entries[id.index()];
+        entry.over_window = true;
+        match self.engine.key(id) {
+            Some(key) => {
+                entry.paused = true;
+                self.pauses.push_back((key.clone(), true));
+            }
+            // Not assigned (its ticket would have been refused): nothing to
+            // pause by name, so nothing is fetched until it is back.
+            None => {
+                entry.stalled = true;
+                self.stalled += 1;
+            }
+        }
+    }
+
+    /// A delivery of `id`, over its window, was admitted all the same:
+    /// fetched before its pause. Past one budget of them the source is not
+    /// pausing it, and the run stalls.
+    #[cold]
+    #[inline(never)]
+    fn held_over_window(&mut self, id: PartitionId) {
+        let entry = &mut self.entries[id.index()];
+        if entry.stalled || self.engine.uncommitted(id) < self.stall_at {
+            return;
+        }
+        entry.stalled = true;
+        self.stalled += 1;
+        tracing::warn!(
+            partition = ?self.engine.key(id),
+            max_uncommitted = self.max_uncommitted,
+            "the source still delivers a partition it was asked to pause: fetching pauses for \
+             every partition until this one is back under its window"
+        );
+    }
+
     /// A slot that held a delivery of `id` is free again; the partition
-    /// leaves the window once its watermark has moved back under it.
+    /// leaves the window once its watermark has moved back far enough.
     #[inline]
     pub(super) fn slot_freed(&mut self, id: PartitionId) {
         if let Some(entry) = self.entries.get_mut(id.index()) {
             entry.held = entry.held.saturating_sub(1);
-            if entry.over_window && self.engine.uncommitted(id) < self.max_uncommitted {
-                entry.over_window = false;
-                self.over_window -= 1;
+            if entry.over_window && self.engine.uncommitted(id) <= self.resume_at {
+                self.end_window(id);
             }
+        }
+    }
+
+    /// `id` is no longer over its window (back under it, revoked, or
+    /// assigned afresh): it no longer stalls the run, and a pause handed to
+    /// the source is undone.
+    #[cold]
+    #[inline(never)]
+    fn end_window(&mut self, id: PartitionId) {
+        let Some(entry) = self.entries.get_mut(id.index()) else {
+            return;
+        };
+        entry.over_window = false;
+        if std::mem::take(&mut entry.stalled) {
+            self.stalled -= 1;
+        }
+        if std::mem::take(&mut entry.paused)
+            && let Some(key) = self.engine.key(id)
+        {
+            self.pauses.push_back((key.clone(), false));
         }
     }
 
@@ -327,7 +455,7 @@ mod tests {
     }
 
     fn partitions() -> Partitions {
-        Partitions::new(CommitEngine::new(AckMode::Watermark), 100)
+        Partitions::new(CommitEngine::new(AckMode::Watermark), 100, 10)
     }
 
     #[test]
