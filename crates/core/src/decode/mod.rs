@@ -6,7 +6,15 @@
 //! with a [permanent](crate::HandlerError::permanent) error, a
 //! [`DecodeError`] that names the codec, the target type and the codec's
 //! complaint, and shows the start of the payload (escaped), so the dead-letter
-//! record or log line says what arrived.
+//! record or log line says what arrived. Where payloads hold personal data,
+//! [`PayloadPreview`] shows nothing of them, a fingerprint, or a text of
+//! the application's instead (a process-wide setting, made at start-up):
+//!
+//! ```
+//! use intake_core::decode::PayloadPreview;
+//!
+//! PayloadPreview::hash().set_global();
+//! ```
 //!
 //! A codec of your own implements [`Decode`]:
 //!
@@ -38,11 +46,13 @@
 
 mod error;
 mod json;
+mod preview;
 
 use bytes::Bytes;
 
-pub use error::{DecodeError, PREVIEW_LIMIT};
+pub use error::DecodeError;
 pub use json::Json;
+pub use preview::{PREVIEW_LIMIT, PayloadPreview};
 
 use crate::error::HandlerError;
 use crate::handler::FromMessage;

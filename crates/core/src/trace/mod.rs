@@ -13,7 +13,11 @@
 //! `… (N more bytes)` when cut. Keys that are personal data (an email
 //! address, an account number) can be left out of spans with
 //! [`TraceLayer::record_key`]; they are recorded by default, because a key
-//! is most often the id that makes a span findable.
+//! is most often the id that makes a span findable. The error text of a
+//! payload that did not decode shows the start of the payload: set
+//! [`PayloadPreview`](crate::decode::PayloadPreview) to show nothing of it,
+//! a fingerprint, or a text of your own (there, in the runtime's log line
+//! and in the dead letter's error alike).
 //!
 //! With the `opentelemetry` feature, the span is also parented on the remote
 //! context the headers carry, read by the global propagator (W3C trace
