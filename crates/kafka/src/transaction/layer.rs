@@ -130,7 +130,18 @@ where
                             _ => output,
                         })
                         .collect();
-                    keep(&store, &partition, epoch, offset, outputs).await
+                    match store.put(&partition, epoch, offset, outputs) {
+                        // Rare (a destination's first output): boxed, so
+                        // that every input's future does not carry the
+                        // room of a read from the broker.
+                        Put::Unread(topic, outputs) => {
+                            Box::pin(keep_after_reading(
+                                &store, &partition, epoch, offset, topic, outputs,
+                            ))
+                            .await
+                        }
+                        put => settle(put, &store, &partition, offset),
+                    }
                 }
                 Err(error) => {
                     store.remove(&partition, offset);
@@ -141,49 +152,66 @@ where
     }
 }
 
-/// Keeps `outputs` for the input at `offset` of `partition`, reading first
-/// what a destination accepts where the store does not know it yet, and
-/// fails the input if the broker would refuse one of them.
-async fn keep(
+/// What an input comes to once [`OutputStore::put`] decided.
+fn settle(
+    put: Put,
+    store: &OutputStore,
+    partition: &PartitionKey,
+    offset: i64,
+) -> Result<(), HandlerError> {
+    match put {
+        Put::Kept => Ok(()),
+        Put::Stale => {
+            tracing::debug!(%partition, offset, "outputs of an input of a partition given up meanwhile dropped");
+            Ok(())
+        }
+        Put::Refused {
+            index,
+            destination,
+            reason,
+        } => {
+            store.remove(partition, offset);
+            tracing::debug!(%partition, offset, index, %reason, "an output its destination would refuse fails its input");
+            Err(HandlerError::from(PublishError::new(
+                PublishErrorKind::Rejected,
+                &*destination,
+                reason,
+            )))
+        }
+        Put::Unread(topic, _) => Err(HandlerError::retryable(format!(
+            "{partition}: what {topic} accepts is still not known"
+        ))),
+    }
+}
+
+/// Reads what `topic` accepts, then keeps `outputs` for the input at
+/// `offset` of `partition` (reading every other destination not known
+/// yet the same way), or fails the input if the broker would refuse one.
+async fn keep_after_reading(
     store: &OutputStore,
     partition: &PartitionKey,
     epoch: u64,
     offset: i64,
+    mut topic: Arc<str>,
     mut outputs: Vec<Output>,
 ) -> Result<(), HandlerError> {
     loop {
+        let described = store.describer().describe(&topic, false).await;
+        if let Described::Unknown(why) = &described {
+            tracing::warn!(
+                destination = %topic,
+                why = %why,
+                "what the destination accepts could not be read; its outputs are checked against the producer's message.max.bytes only, and one the broker refuses fails its transactions until it is read"
+            );
+        }
+        store.learn(&topic, &described);
         // Each round learns one destination more, so this ends.
         match store.put(partition, epoch, offset, outputs) {
-            Put::Kept => return Ok(()),
-            Put::Stale => {
-                tracing::debug!(%partition, offset, "outputs of an input of a partition given up meanwhile dropped");
-                return Ok(());
-            }
-            Put::Refused {
-                index,
-                destination,
-                reason,
-            } => {
-                store.remove(partition, offset);
-                tracing::debug!(%partition, offset, index, %reason, "an output its destination would refuse fails its input");
-                return Err(HandlerError::from(PublishError::new(
-                    PublishErrorKind::Rejected,
-                    &*destination,
-                    reason,
-                )));
-            }
-            Put::Unread(topic, given_back) => {
-                let described = store.describer().describe(&topic, false).await;
-                if let Described::Unknown(why) = &described {
-                    tracing::warn!(
-                        destination = %topic,
-                        why = %why,
-                        "what the destination accepts could not be read; its outputs are checked against the producer's message.max.bytes only, and one the broker refuses fails its transactions until it is read"
-                    );
-                }
-                store.learn(&topic, &described);
+            Put::Unread(next, given_back) => {
+                topic = next;
                 outputs = given_back;
             }
+            put => return settle(put, store, partition, offset),
         }
     }
 }
