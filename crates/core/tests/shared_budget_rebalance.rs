@@ -355,8 +355,6 @@ async fn a_route_the_others_starve_of_shared_room_says_so_until_it_gets_some() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the app/health.rs change of review R27 (Problem::Starved), which the owner of \
-            health.rs applies; then remove this line"]
 async fn a_starved_route_is_not_ready_until_it_gets_room() {
     const SHARED: usize = 4;
     let broker = MemoryBroker::new();

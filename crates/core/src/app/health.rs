@@ -10,7 +10,11 @@
 //!   [`Reachability`](crate::backend::Reachability)), and it has not been
 //!   in consumer-level backoff, with no probe succeeding, for longer than
 //!   [`HealthSettings::backoff_grace`] (everything failing for that long
-//!   means this instance should get no traffic; a short backoff is normal).
+//!   means this instance should get no traffic; a short backoff is normal),
+//!   and it has not been starved of room in a shared budget for the stall
+//!   window (routes whose caps add up to more than the shared budget can
+//!   keep one of them from ever getting room while they stay busy; its
+//!   waiting work is in no commit engine, so no partition stalls).
 //! - **Live**: no partition is stalled, and acknowledgements have not kept
 //!   failing. A partition stalls when it has uncommitted work, its
 //!   watermark has not moved for [`HealthSettings::stall_window`], and its
@@ -181,6 +185,9 @@ struct RouteState {
     backing_off_since: Option<Instant>,
     /// The backoff level at the last tick.
     backoff_level: u32,
+    /// Since when the route has asked its shared budget for room and got
+    /// none, as the runtime last reported.
+    starved_since: Option<Instant>,
     partitions: HashMap<PartitionKey, PartitionProgress>,
 }
 
@@ -219,6 +226,12 @@ pub enum Problem {
         /// How long it has been backing off.
         since: Duration,
     },
+    /// The route has asked its shared budget for room and got none, for
+    /// the stall window: the other routes sharing it hold it all.
+    Starved {
+        /// How long it has waited.
+        since: Duration,
+    },
     /// Every acknowledgement (commit) has failed for the stall window.
     CommitsFailing {
         /// How long since the first of these failures.
@@ -246,6 +259,9 @@ impl std::fmt::Display for Problem {
             }
             Problem::BackingOff { since } => {
                 write!(f, "backing off for {since:?}")
+            }
+            Problem::Starved { since } => {
+                write!(f, "no room in the shared budget for {since:?}")
             }
             Problem::CommitsFailing { since } => {
                 write!(f, "commits failing for {since:?}")
@@ -325,6 +341,7 @@ impl Health {
                 unreachable_since: None,
                 backing_off_since: None,
                 backoff_level: 0,
+                starved_since: None,
                 partitions: HashMap::new(),
             }),
             inner,
@@ -371,6 +388,7 @@ impl Health {
         let now = Instant::now();
         let grace = self.inner.settings.assignment_grace;
         let backoff_grace = self.inner.settings.backoff_grace;
+        let stall_window = self.inner.settings.stall_window;
         self.report(|state| {
             let mut problems = Vec::new();
             match state.started_at {
@@ -396,6 +414,12 @@ impl Health {
                         let since = now.saturating_duration_since(since);
                         if since >= backoff_grace {
                             problems.push(Problem::BackingOff { since });
+                        }
+                    }
+                    if let Some(since) = state.starved_since {
+                        let since = now.saturating_duration_since(since);
+                        if since >= stall_window {
+                            problems.push(Problem::Starved { since });
                         }
                     }
                 }
@@ -577,6 +601,15 @@ impl ConsumerObserver for RouteHealth {
         let now = Instant::now();
         lock(&self.state).unreachable_since =
             unreachable_for.map(|duration| now.checked_sub(duration).unwrap_or(now));
+    }
+
+    fn on_shared_budget_wait(&self, waited: Option<Duration>) {
+        if let Some(inner) = &self.inner {
+            inner.on_shared_budget_wait(waited);
+        }
+        let now = Instant::now();
+        lock(&self.state).starved_since =
+            waited.map(|waited| now.checked_sub(waited).unwrap_or(now));
     }
 
     fn on_backoff(&self, level: u32) {
