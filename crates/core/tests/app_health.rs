@@ -216,3 +216,43 @@ async fn the_listener_answers_the_probes() {
     serving.cancel();
     server.await.expect("server");
 }
+
+/// A part beside the routes (a parking's mover, an outbox relay) counts:
+/// broken, the instance is neither live nor ready; only unready, it is
+/// live and not ready; healthy again, both.
+#[test]
+fn a_parts_check_counts_with_the_routes() {
+    use intake_core::app::PartHealth;
+    use std::sync::Mutex;
+    let health = Health::new(settings(Duration::from_secs(60)));
+    let _route = health.register("orders", None);
+    health.started();
+    let said = Arc::new(Mutex::new(PartHealth::NotLive(
+        "the mover has not turned for 90 s".to_owned(),
+    )));
+    health.add_check("mover", {
+        let said = Arc::clone(&said);
+        move || said.lock().expect("said").clone()
+    });
+    let part = |report: intake_core::app::HealthReport| {
+        report
+            .routes
+            .into_iter()
+            .find(|(name, _)| name == "mover")
+            .map(|(_, problems)| problems)
+            .expect("the part is reported by its name")
+    };
+    assert_eq!(
+        part(health.liveness()),
+        vec![Problem::Part {
+            reason: "the mover has not turned for 90 s".to_owned()
+        }]
+    );
+    assert!(!health.is_live() && !health.is_ready());
+    *said.lock().expect("said") = PartHealth::NotReady("rows refused".to_owned());
+    assert!(health.is_live(), "{}", health.liveness());
+    assert_eq!(part(health.readiness()).len(), 1);
+    *said.lock().expect("said") = PartHealth::Healthy;
+    assert!(part(health.readiness()).is_empty());
+    assert!(part(health.liveness()).is_empty());
+}

@@ -30,11 +30,16 @@
 //! A route's runtime that stops ticking altogether (a blocked executor) is
 //! caught too: a stall is judged against the time of the question, not of
 //! the last tick.
+//!
+//! Parts besides the routes (a Kafka parking's mover, an outbox relay)
+//! count too, through the checks [`Health::add_check`] adds: each is asked
+//! at every question and answers for itself ([`PartHealth`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::health_check::{Check, PartHealth};
 use crate::acker::{AckBatch, AckError};
 use crate::message::{PartitionKey, Position};
 use crate::observer::{ConsumerObserver, PartitionSnapshot};
@@ -153,10 +158,27 @@ pub struct Health {
     inner: Arc<Shared>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Shared {
     settings: HealthSettings,
     routes: Mutex<Vec<(String, Arc<RouteHealth>)>>,
+    checks: Mutex<Vec<(String, Check)>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("settings", &self.settings)
+            .field("routes", &self.routes)
+            .field(
+                "checks",
+                &lock(&self.checks)
+                    .iter()
+                    .map(|(name, _)| name.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// A route's state, as its observer last saw it.
@@ -237,6 +259,11 @@ pub enum Problem {
         /// How long since the first of these failures.
         since: Duration,
     },
+    /// A part besides the routes said so ([`Health::add_check`]).
+    Part {
+        /// What it said.
+        reason: String,
+    },
     /// A partition's watermark has not moved for the stall window.
     Stalled {
         /// The partition.
@@ -266,6 +293,7 @@ impl std::fmt::Display for Problem {
             Problem::CommitsFailing { since } => {
                 write!(f, "commits failing for {since:?}")
             }
+            Problem::Part { reason } => f.write_str(reason),
             Problem::Stalled { partition, since } => {
                 write!(f, "partition {partition} stalled for {since:?}")
             }
@@ -308,6 +336,7 @@ impl Health {
             inner: Arc::new(Shared {
                 settings,
                 routes: Mutex::new(Vec::new()),
+                checks: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -356,6 +385,34 @@ impl Health {
         }
     }
 
+    /// Adds part `name`, whose health `check` tells at every question: a
+    /// [`PartHealth::NotLive`] answer fails liveness and readiness, a
+    /// [`PartHealth::NotReady`] one readiness. The check is called on the
+    /// asking thread: it must answer at once (read what the part recorded,
+    /// never ask a broker). Reports list it after the routes, by `name`.
+    pub fn add_check(
+        &self,
+        name: impl Into<String>,
+        check: impl Fn() -> PartHealth + Send + Sync + 'static,
+    ) {
+        lock(&self.inner.checks).push((name.into(), Arc::new(check)));
+    }
+
+    /// Each part's problems, for readiness (`ready`) or liveness.
+    fn parts(&self, ready: bool) -> Vec<(String, Vec<Problem>)> {
+        lock(&self.inner.checks)
+            .iter()
+            .map(|(name, check)| {
+                let problems = match check() {
+                    PartHealth::NotLive(reason) => vec![Problem::Part { reason }],
+                    PartHealth::NotReady(reason) if ready => vec![Problem::Part { reason }],
+                    PartHealth::NotReady(_) | PartHealth::Healthy => Vec::new(),
+                };
+                (name.clone(), problems)
+            })
+            .collect()
+    }
+
     /// Marks every registered route as running (from now on it may become
     /// ready).
     pub fn started(&self) {
@@ -389,7 +446,7 @@ impl Health {
         let grace = self.inner.settings.assignment_grace;
         let backoff_grace = self.inner.settings.backoff_grace;
         let stall_window = self.inner.settings.stall_window;
-        self.report(|state| {
+        self.report(true, |state| {
             let mut problems = Vec::new();
             match state.started_at {
                 None => problems.push(Problem::NotRunning),
@@ -433,7 +490,7 @@ impl Health {
     pub fn liveness(&self) -> HealthReport {
         let now = Instant::now();
         let settings = self.inner.settings;
-        self.report(|state| {
+        self.report(false, |state| {
             // Judged before the rebalance grace: a route that rebalances
             // again and again must not hide commits that never succeed.
             let failing = state
@@ -477,13 +534,19 @@ impl Health {
         self.liveness().is_healthy()
     }
 
-    fn report(&self, mut judge: impl FnMut(&RouteState) -> Vec<Problem>) -> HealthReport {
-        HealthReport {
-            routes: lock(&self.inner.routes)
-                .iter()
-                .map(|(name, route)| (name.clone(), judge(&lock(&route.state))))
-                .collect(),
-        }
+    /// Each route as `judge` sees it, then each part (for readiness when
+    /// `ready`).
+    fn report(
+        &self,
+        ready: bool,
+        mut judge: impl FnMut(&RouteState) -> Vec<Problem>,
+    ) -> HealthReport {
+        let mut routes: Vec<(String, Vec<Problem>)> = lock(&self.inner.routes)
+            .iter()
+            .map(|(name, route)| (name.clone(), judge(&lock(&route.state))))
+            .collect();
+        routes.extend(self.parts(ready));
+        HealthReport { routes }
     }
 }
 

@@ -62,6 +62,7 @@
 //! ```
 
 mod health;
+mod health_check;
 #[cfg(feature = "health")]
 mod http;
 mod report;
@@ -83,6 +84,7 @@ use crate::message::Message;
 use crate::source::Source;
 
 pub use health::{Health, HealthReport, HealthSettings, Problem};
+pub use health_check::PartHealth;
 #[cfg(feature = "health-server")]
 pub use http::HealthListener;
 #[cfg(feature = "health")]
