@@ -80,7 +80,9 @@
 //! handler, which inserts `(GROUP, NAME, ID)` into `ledger_effects`: the
 //! ledger file shows every delivery, the table each id once.
 //!
-//! Exit codes: 0 done, 1 failed (broker, database, file), 2 bad arguments.
+//! Exit codes: 0 done, 1 failed (broker, database, file, or a run that did
+//! not settle: messages left unfinished or offsets not committed), 2 bad
+//! arguments.
 //! Logs go to stderr (`RUST_LOG`, default `info`). Environment:
 //! `LEDGER_KAFKA_SETTINGS` (`key=value,…` librdkafka settings on top of the
 //! example's), `LEDGER_REDIS_CLAIM_MIN_IDLE_MS` (default 3000),
@@ -261,7 +263,24 @@ async fn consume(args: Consume) -> Result<(), BoxError> {
         report.parked,
         activity.early(),
     );
-    Ok(())
+    settled(&report)
+}
+
+/// `Ok` when the run left nothing unfinished or uncommitted; otherwise an
+/// error, so the exit status does not claim a run the broker will deliver
+/// again in part (the issue saw a relay print success with nothing
+/// committed).
+fn settled(report: &RunReport) -> Result<(), BoxError> {
+    if report.is_settled() {
+        return Ok(());
+    }
+    Err(format!(
+        "the run did not settle: {} messages unfinished and {} partitions not committed; \
+         they are delivered again",
+        report.unfinished.len(),
+        report.not_committed.len()
+    )
+    .into())
 }
 
 /// `handler`, parking through `parking` (given with `--later-every`) what
@@ -356,7 +375,7 @@ async fn relay(args: Relay) -> Result<(), BoxError> {
         activity.retried() + report.requeued + report.redispatched,
         report.discarded,
     );
-    Ok(())
+    settled(&report)
 }
 
 /// What a relay runs each input through.

@@ -110,11 +110,23 @@ where
         }
         unfinished.sort_by(|a, b| (&a.partition, a.position).cmp(&(&b.partition, b.position)));
         report.unfinished = unfinished;
-        tracing::info!(
-            succeeded = report.succeeded,
-            unfinished = report.unfinished.len(),
-            "consumer stopped"
-        );
+        if report.is_settled() {
+            tracing::info!(
+                succeeded = report.succeeded,
+                unfinished = 0,
+                "consumer stopped"
+            );
+        } else {
+            // Not "succeeded" alone: those whose commit failed are delivered
+            // again, and an operator reading this line must not take the run
+            // for finished.
+            tracing::warn!(
+                succeeded = report.succeeded,
+                unfinished = report.unfinished.len(),
+                not_committed = report.not_committed.len(),
+                "consumer stopped unsettled: what is unfinished or not committed is delivered again"
+            );
+        }
         report
     }
 }
