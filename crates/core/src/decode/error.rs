@@ -39,10 +39,10 @@ impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cannot decode the payload as {} into `{}`: {}; payload ({} bytes",
-            self.format, self.target, self.cause_text, self.payload_len
+            "cannot decode the payload as {} into `{}`: {}; ",
+            self.format, self.target, self.cause_text
         )?;
-        self.shown.write_after_length(f)
+        self.shown.write(f, self.payload_len)
     }
 }
 
@@ -75,6 +75,23 @@ impl DecodeError {
         }
     }
 
+    /// A [tombstone](crate::Message::is_tombstone) handed to an extractor
+    /// that decodes `format` into `T`: there is no payload to decode, and
+    /// `optional` (`Option<Json<T>>`) is the extractor that takes one.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn tombstone<T: ?Sized>(format: &'static str, optional: &'static str) -> Self {
+        let cause = Tombstone { optional };
+        Self {
+            format,
+            target: std::any::type_name::<T>(),
+            payload_len: 0,
+            shown: Shown::Absent,
+            cause_text: cause.to_string(),
+            cause: Box::new(cause),
+        }
+    }
+
     /// The payload format the codec expected.
     pub fn format(&self) -> &'static str {
         self.format
@@ -103,6 +120,16 @@ impl DecodeError {
     pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.cause
     }
+}
+
+/// Why a tombstone does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the message is a tombstone (a record with no value: on a compacted topic, its key was \
+     deleted); take {optional} to receive tombstones as None"
+)]
+struct Tombstone {
+    optional: &'static str,
 }
 
 /// What is shown of the codec's message when the payload is not: what

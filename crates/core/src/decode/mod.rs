@@ -43,6 +43,14 @@
 //!
 //! The codec gets the payload as `&Bytes`, so one that keeps parts of it
 //! (prost with `bytes` fields) can share the buffer instead of copying.
+//!
+//! A Kafka record whose value is null (a compacted topic's tombstone: "this
+//! key is deleted") arrives as a message with
+//! [`is_tombstone`](Message::is_tombstone) set and an empty payload. It
+//! never reaches a codec: `Json<T>` and `Decoded<T>` fail it with a
+//! permanent `DecodeError` that says it is a tombstone, and
+//! `Option<Json<T>>` and `Option<Decoded<T>>` take it as `None`. An empty
+//! value, which is not a tombstone, is decoded like any other.
 
 mod error;
 mod json;
@@ -79,9 +87,24 @@ impl Decode for String {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decoded<T>(pub T);
 
+/// A [tombstone](Message::is_tombstone) fails: see `Option<Decoded<T>>`.
 impl<T: Decode> FromMessage for Decoded<T> {
     fn from_message(message: Message) -> Result<Self, HandlerError> {
+        if message.is_tombstone() {
+            return Err(DecodeError::tombstone::<T>("its codec", "Option<Decoded<T>>").into());
+        }
         Ok(Decoded(T::decode(message.payload())?))
+    }
+}
+
+/// `None` for a [tombstone](Message::is_tombstone), the decoded payload
+/// otherwise (see `Option<Json<T>>`).
+impl<T: Decode> FromMessage for Option<Decoded<T>> {
+    fn from_message(message: Message) -> Result<Self, HandlerError> {
+        if message.is_tombstone() {
+            return Ok(None);
+        }
+        Ok(Some(Decoded(T::decode(message.payload())?)))
     }
 }
 
@@ -171,6 +194,86 @@ mod tests {
         let error = Decoded::<String>::from_message(message(&b"\xc3\x28"[..])).unwrap_err();
         assert!(error.is_permanent());
         assert!(error.to_string().contains(r"payload (2 bytes): \xc3("));
+    }
+
+    /// A Kafka record with a null value (a compacted topic's delete
+    /// marker), as the source hands it over.
+    fn tombstone() -> Message {
+        Message::tombstone(Metadata::new("orders".into(), 0, Position::Offset(9)))
+            .with_key(Bytes::from_static(b"order-7"))
+    }
+
+    #[test]
+    fn a_tombstone_has_an_empty_payload_and_says_it_is_one() {
+        let deleted = tombstone();
+        assert!(deleted.is_tombstone());
+        assert!(deleted.payload().is_empty());
+        assert_eq!(deleted.key().map(|key| &key[..]), Some(&b"order-7"[..]));
+        // An empty value is a value, not a tombstone.
+        assert!(!message(Bytes::new()).is_tombstone());
+        // Changed copies stay tombstones.
+        let mut copy = tombstone();
+        copy.headers_mut().insert("h", "v");
+        assert!(copy.is_tombstone());
+    }
+
+    #[test]
+    fn json_and_decoded_refuse_a_tombstone_naming_it_and_the_extractor_that_takes_it() {
+        let error = Json::<Order>::from_message(tombstone()).unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Permanent);
+        let text = error.to_string();
+        assert!(
+            text.contains("the message is a tombstone (a record with no value"),
+            "{text}"
+        );
+        assert!(text.ends_with("; no payload"), "{text}");
+        assert!(text.contains("Option<Json<T>>"), "{text}");
+        assert!(!text.contains("EOF while parsing"), "{text}");
+        let error = Decoded::<String>::from_message(tombstone()).unwrap_err();
+        assert!(error.to_string().contains("tombstone"), "{error}");
+        // An empty value is not a tombstone: it fails as any payload that
+        // is not JSON does (as a tombstone did too, before it could be told
+        // apart).
+        let error = Json::<Order>::from_message(message(Bytes::new())).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .ends_with("EOF while parsing a value at line 1 column 0; payload (0 bytes): "),
+            "{error}"
+        );
+        // An empty value still decodes as what it is.
+        let Decoded(text) = Decoded::<String>::from_message(message(Bytes::new())).unwrap();
+        assert_eq!(text, "");
+    }
+
+    #[test]
+    fn an_optional_json_or_decoded_is_none_for_a_tombstone_and_decodes_anything_else() {
+        assert!(matches!(
+            Option::<Json<Order>>::from_message(tombstone()),
+            Ok(None)
+        ));
+        assert!(matches!(
+            Option::<Decoded<String>>::from_message(tombstone()),
+            Ok(None)
+        ));
+        let some =
+            Option::<Json<Order>>::from_message(message(&br#"{"id":1,"quantity":2}"#[..])).unwrap();
+        assert_eq!(some.map(|Json(order)| order.quantity), Some(2));
+        // A payload that does not decode is still a failure, not a None.
+        let error = Option::<Json<Order>>::from_message(message(&b"{}"[..])).unwrap_err();
+        assert!(error.is_permanent());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_handler_taking_an_optional_json_sees_a_tombstone_as_none() {
+        let handler = handler_fn(async |Json(_): Json<Order>| Ok::<(), HandlerError>(()));
+        let error = handler.oneshot(tombstone()).await.unwrap_err();
+        assert!(error.to_string().contains("tombstone"), "{error}");
+        let deleted = handler_fn(async |order: Option<Json<Order>>| match order {
+            None => Ok::<(), HandlerError>(()),
+            Some(_) => Err(HandlerError::permanent("expected a delete")),
+        });
+        assert!(deleted.oneshot(tombstone()).await.is_ok());
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -185,6 +185,8 @@ pub(crate) enum Shown {
     Custom(String),
     /// Nothing of its bytes; a note (its fingerprint) if any.
     Withheld(Option<String>),
+    /// There is none: a tombstone.
+    Absent,
 }
 
 impl Shown {
@@ -192,7 +194,7 @@ impl Shown {
     pub(crate) fn text(&self) -> &str {
         match self {
             Shown::Escaped(text) | Shown::Custom(text) | Shown::Withheld(Some(text)) => text,
-            Shown::Withheld(None) => "",
+            Shown::Withheld(None) | Shown::Absent => "",
         }
     }
 
@@ -202,12 +204,15 @@ impl Shown {
         matches!(self, Shown::Escaped(_))
     }
 
-    /// Writes what follows `payload (N bytes` in an error's text.
-    pub(crate) fn write_after_length(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// Writes the payload's part of an error's text, `len` its length.
+    pub(crate) fn write(&self, f: &mut fmt::Formatter<'_>, len: usize) -> fmt::Result {
         match self {
-            Shown::Escaped(text) | Shown::Custom(text) => write!(f, "): {text}"),
-            Shown::Withheld(None) => f.write_str(", not shown)"),
-            Shown::Withheld(Some(note)) => write!(f, ", {note})"),
+            Shown::Escaped(text) | Shown::Custom(text) => {
+                write!(f, "payload ({len} bytes): {text}")
+            }
+            Shown::Withheld(None) => write!(f, "payload ({len} bytes, not shown)"),
+            Shown::Withheld(Some(note)) => write!(f, "payload ({len} bytes, {note})"),
+            Shown::Absent => f.write_str("no payload"),
         }
     }
 }
