@@ -20,6 +20,9 @@ use crate::message::Message;
 use crate::shutdown_scope;
 use crate::source::{Source, SourceError, SourceEvent};
 
+/// The fetch of a pass that asks the source nothing (`Plan::Hold`).
+type NoFetch<'a> = Pin<&'a mut std::future::Pending<Result<SourceEvent, SourceError>>>;
+
 /// Why the loop woke up.
 enum Wake<E> {
     Fetched(E),
@@ -88,15 +91,8 @@ where
                         .await
                 }
                 None => {
-                    poll_fn(|cx| {
-                        self.poll_until(
-                        cx,
-                        None::<Pin<&mut std::future::Pending<Result<SourceEvent, SourceError>>>>,
-                        plan,
-                        &mut shutdown,
-                    )
-                    })
-                    .await
+                    poll_fn(|cx| self.poll_until(cx, None::<NoFetch<'_>>, plan, &mut shutdown))
+                        .await
                 }
             };
             match wake {
