@@ -73,7 +73,9 @@ use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
 
 use crate::marker_table::quoted_table_name;
 
-pub use self::relay::{OutboxRelay, OutboxRelayHandle, RelaySettings, RelayedBatch};
+pub use self::relay::{
+    FAILING_BATCHES_NOT_READY, OutboxRelay, OutboxRelayHandle, RelaySettings, RelayedBatch,
+};
 
 /// The header that carries an output's outbox row id (decimal ASCII), the
 /// same on every copy the relay publishes.

@@ -183,6 +183,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use intake_core::Message;
+use intake_core::app::PartHealth;
 use intake_core::lag::DEFAULT_LAG_TIMEOUT;
 use intake_core::parking::{DUE, ORIGIN_PARTITION, ParkError, Parked, Parking};
 use rdkafka::TopicPartitionList;
@@ -369,6 +370,13 @@ impl KafkaParking {
     /// allows (see the [module docs](self)).
     pub fn requeued(&self) -> u64 {
         self.inner.mover.requeued.load(Ordering::Relaxed)
+    }
+
+    /// The mover's health as a part of an app's: add it with
+    /// `health.add_check("parking", move || parking.part_health())`
+    /// ([`MoverHealth::as_part_health`]).
+    pub fn part_health(&self) -> PartHealth {
+        self.mover_health().as_part_health()
     }
 
     /// The mover's state, for a health check or a metric: whether it runs,
@@ -1099,6 +1107,29 @@ impl MoverHealth {
                 .since_last_round
                 .is_some_and(|since| since <= self.stall_after)
     }
+
+    /// As a part of an app's health
+    /// ([`Health::add_check`](intake_core::app::Health::add_check)): not
+    /// live once no round began for [`stall_after`](Self::stall_after) (a
+    /// restart of the process is what is left), not ready while it starts or
+    /// starts again after a panic.
+    pub fn as_part_health(&self) -> PartHealth {
+        match (self.since_last_round, self.running) {
+            (Some(since), _) if since > self.stall_after => PartHealth::NotLive(format!(
+                "the parking mover began no round for {since:?} ({} restarts after a panic): \
+                 parked messages do not come back",
+                self.restarts
+            )),
+            (None, _) => {
+                PartHealth::NotReady("the parking mover has not begun its first round".to_owned())
+            }
+            (Some(_), false) => PartHealth::NotReady(format!(
+                "the parking mover starts again after a panic ({} restarts)",
+                self.restarts
+            )),
+            (Some(_), true) => PartHealth::Healthy,
+        }
+    }
 }
 
 /// Why the return partition `p` may go to another member than the origin
@@ -1169,6 +1200,36 @@ fn build_error(error: ParkingError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mover_is_live_while_it_turns_and_not_ready_while_it_starts() {
+        let mover = |running, since_last_round: Option<u64>, restarts| MoverHealth {
+            running,
+            restarts,
+            since_last_round: since_last_round.map(Duration::from_secs),
+            stall_after: Duration::from_secs(60),
+        };
+        assert_eq!(
+            mover(true, Some(1), 0).as_part_health(),
+            PartHealth::Healthy
+        );
+        assert!(matches!(
+            mover(false, None, 0).as_part_health(),
+            PartHealth::NotReady(_)
+        ));
+        assert!(matches!(
+            mover(false, Some(2), 1).as_part_health(),
+            PartHealth::NotReady(_)
+        ));
+        // No round for longer than a round can take: parked messages stay
+        // where they are until the process is restarted.
+        for running in [true, false] {
+            assert!(matches!(
+                mover(running, Some(61), 3).as_part_health(),
+                PartHealth::NotLive(reason) if reason.contains("3 restarts")
+            ));
+        }
+    }
 
     /// No broker listens: parked copies return to the origin, so the build
     /// creates no return topic.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use intake_core::app::PartHealth;
 use intake_core::publish::{Output, PublishError, PublishErrorKind, Publisher};
 use intake_core::{BackoffPolicy, ConfigError, ErrorChain, Exponential};
 use sqlx::postgres::PgRow;
@@ -669,6 +670,24 @@ impl OutboxRelayHandle {
         self.counters.failing.load(Ordering::Relaxed)
     }
 
+    /// A check for an app's health
+    /// ([`Health::add_check`](intake_core::app::Health::add_check)): not
+    /// ready while the last [`FAILING_BATCHES_NOT_READY`] batches or more
+    /// failed (nothing reaches the broker: it or the database is
+    /// unreachable), ready again with the first batch that succeeds. Rows
+    /// moved to the failed table are no health problem (the rest flows):
+    /// alert on [`failed_rows`](Self::failed_rows).
+    ///
+    /// ```no_run
+    /// # fn wire(health: &intake_core::app::Health, relay: &intake_postgres::OutboxRelayHandle) {
+    /// health.add_check("outbox", relay.health_check());
+    /// # }
+    /// ```
+    pub fn health_check(&self) -> impl Fn() -> PartHealth + Send + Sync + 'static {
+        let counters = Arc::clone(&self.counters);
+        move || part_health(counters.failing.load(Ordering::Relaxed))
+    }
+
     /// Asks the task to stop once its current batch, if any, has ended.
     pub fn cancel(&self) {
         self.cancel.cancel();
@@ -684,6 +703,21 @@ impl OutboxRelayHandle {
         {
             tracing::warn!(%error, "the outbox relay task failed");
         }
+    }
+}
+
+/// Failed batches in a row past which an outbox relay is not ready (with
+/// its backoff, about half a minute of nothing published).
+pub const FAILING_BATCHES_NOT_READY: u32 = 5;
+
+/// The health of a relay whose last `failing` batches failed.
+fn part_health(failing: u32) -> PartHealth {
+    if failing >= FAILING_BATCHES_NOT_READY {
+        PartHealth::NotReady(format!(
+            "the outbox relay failed its last {failing} batches: nothing is published"
+        ))
+    } else {
+        PartHealth::Healthy
     }
 }
 
@@ -747,5 +781,23 @@ async fn run<P: Publisher>(
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(pause) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    #[test]
+    fn a_relay_is_not_ready_while_its_batches_keep_failing() {
+        assert_eq!(part_health(0), PartHealth::Healthy);
+        assert_eq!(
+            part_health(FAILING_BATCHES_NOT_READY - 1),
+            PartHealth::Healthy
+        );
+        assert!(matches!(
+            part_health(FAILING_BATCHES_NOT_READY),
+            PartHealth::NotReady(reason) if reason.contains("nothing is published")
+        ));
     }
 }
