@@ -136,7 +136,7 @@ impl Failure {
     /// their errors already; a client's text quoting the URL is the case
     /// this catches).
     ///
-    /// Each line is [escaped](crate::output::escaped): an error may quote a
+    /// Each line is [escaped]: an error may quote a
     /// name a producer chose (a letter's origin) or a broker's text.
     pub fn report(&self, url: Option<&str>) -> String {
         let mut text = format!("error: {}", escaped(&self.to_string()));

@@ -14,7 +14,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A shared mark of whether a source reaches its broker: set by the source,
-/// read by the runtime at each commit tick (see the [module docs](self)).
+/// read by the runtime at each commit tick.
+///
+/// A source that returns a transient [`SourceError`](crate::backend::SourceError)
+/// lets the runtime retry, and health sees each error. Many clients retry
+/// inside the source instead (a Redis reader reconnecting with its own
+/// policy, librdkafka, a NATS client): `next` then just waits, and nothing
+/// would tell readiness that the broker is gone. Such a source hands the
+/// runtime a `Reachability` once and marks it from inside its retry loop;
+/// the runtime reads it at each commit tick, never per message.
 /// Cloning gives another handle to the same mark.
 ///
 /// ```

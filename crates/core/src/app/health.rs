@@ -45,7 +45,7 @@ use crate::message::{PartitionKey, Position};
 use crate::observer::{ConsumerObserver, PartitionSnapshot};
 use crate::source::SourceError;
 
-/// How health is judged. See the [module docs](self).
+/// How health is judged: see [`Health`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HealthSettings {
     /// How long a partition with uncommitted work may go without its
@@ -153,6 +153,43 @@ impl<'de> serde::Deserialize<'de> for HealthSettings {
 /// feature, as a tower service or a small HTTP listener).
 ///
 /// Cloning gives another handle to the same health.
+///
+/// Readiness and liveness of an app's routes, from what the runtime reports
+/// at each commit tick (a [`ConsumerObserver`]), never per message.
+///
+/// - **Ready**: every route runs and is not stopping, has received an
+///   assignment (or has waited longer than [`HealthSettings::assignment_grace`]
+///   without one: a group with more members than partitions leaves some
+///   with none), its last acknowledgement succeeded, its source is not
+///   failing (an error reported since the last tick that saw progress) and
+///   reaches its broker (for a source that reconnects on its own, see
+///   [`Reachability`](crate::backend::Reachability)), and it has not been
+///   in consumer-level backoff, with no probe succeeding, for longer than
+///   [`HealthSettings::backoff_grace`] (everything failing for that long
+///   means this instance should get no traffic; a short backoff is normal),
+///   and it has not been starved of room in a shared budget for the stall
+///   window (routes whose caps add up to more than the shared budget can
+///   keep one of them from ever getting room while they stay busy; its
+///   waiting work is in no commit engine, so no partition stalls).
+/// - **Live**: no partition is stalled, and acknowledgements have not kept
+///   failing. A partition stalls when it has uncommitted work, its
+///   watermark has not moved for [`HealthSettings::stall_window`], and its
+///   oldest unfinished message is older than the window too. For
+///   [`HealthSettings::rebalance_grace`] after a route's assignment
+///   changes, its partitions count as live, so liveness does not flap
+///   during rebalances. A route whose acknowledgements (commits) have all
+///   failed for the stall window is not live either, rebalance or not: its
+///   watermarks may move while nothing reaches the broker (a commit the
+///   broker refuses every time), and a restart is what clears a client
+///   stuck that way.
+///
+/// A route's runtime that stops ticking altogether (a blocked executor) is
+/// caught too: a stall is judged against the time of the question, not of
+/// the last tick.
+///
+/// Parts besides the routes (a Kafka parking's mover, an outbox relay)
+/// count too, through the checks [`Health::add_check`] adds: each is asked
+/// at every question and answers for itself ([`PartHealth`]).
 #[derive(Clone, Debug, Default)]
 pub struct Health {
     inner: Arc<Shared>,
@@ -435,7 +472,7 @@ impl Health {
         self.each_route(|state| state.ended = true);
     }
 
-    /// Readiness: each route's problems. See the [module docs](self).
+    /// Readiness: each route's problems (see [`Health`]).
     pub fn readiness(&self) -> HealthReport {
         if lock(&self.inner.routes).is_empty() {
             return HealthReport {
@@ -486,7 +523,7 @@ impl Health {
     }
 
     /// Liveness: each route's failing commits and stalled partitions. See
-    /// the [module docs](self).
+    /// [`Health`].
     pub fn liveness(&self) -> HealthReport {
         let now = Instant::now();
         let settings = self.inner.settings;

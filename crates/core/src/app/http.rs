@@ -24,8 +24,23 @@ use http::{Method, Request, Response, StatusCode, header};
 
 use super::health::{Health, HealthReport};
 
-/// Answers the health probes (and `/metrics`) from a [`Health`]. See the
-/// [module docs](self).
+/// Answers the health probes (and `/metrics`) from a [`Health`].
+///
+///
+/// `GET /health/live` and `GET /health/ready` answer `200 OK` or `503
+/// Service Unavailable`, with one line per route saying what is wrong;
+/// `GET /metrics` (with the `metrics` feature and a registry) answers the
+/// prometheus text format. Anything else is `404`.
+///
+/// ```
+/// use intake_core::app::{Health, HealthService};
+///
+/// let health = Health::default();
+/// let service = HealthService::new(health.clone());
+/// // In axum: `Router::new().route_service("/health/{*probe}", service)`,
+/// // or `.fallback_service(service)`.
+/// # drop(service);
+/// ```
 #[derive(Clone, Debug)]
 pub struct HealthService {
     health: Health,
