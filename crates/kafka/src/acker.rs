@@ -7,10 +7,11 @@ use intake_core::{
     PartitionKey,
     backend::{AckBatch, AckError, AckMode, Acker, SourceError},
 };
+use rdkafka::TopicPartitionList;
 use rdkafka::consumer::BaseConsumer;
 use tokio::time::Instant;
 
-use crate::ownership::next_offset;
+use crate::ownership::{Stamp, next_offset};
 use crate::source::context::{KafkaContext, Shared};
 use crate::source::handoff::Control;
 use crate::transaction::Transactor;
@@ -30,7 +31,11 @@ use crate::transaction::Transactor;
 /// apart, so a fast consumer does not spend the broker on commits.
 ///
 /// A partition this consumer no longer owns is never committed: its work is
-/// refused with [`AckError::NotAssigned`].
+/// refused with [`AckError::NotAssigned`]. Nor is one it was assigned again
+/// after the runtime handed the batch over: the batch is of the assignment
+/// that ended (held back by the minimum interval or a backoff while a
+/// revocation gave the partition up without waiting for it), and its offset
+/// could land over what another owner committed meanwhile.
 ///
 /// After a commit (or transaction) the broker refused, the next one of the
 /// run waits a backoff, from 200 ms doubling up to 5 s, reset by a commit
@@ -108,13 +113,18 @@ fn commit_transaction(
     consumer: &BaseConsumer<KafkaContext>,
     shared: &Shared,
     transactor: &Transactor,
+    stamp: Stamp,
     offsets: &[(PartitionKey, i64)],
 ) -> Result<(), AckError> {
     let Some(store) = &shared.exactly_once else {
-        return shared.ownership.commit(consumer, offsets);
+        return shared.ownership.commit(consumer, stamp, offsets);
     };
     let mut fatal = None;
-    let outcome = shared.ownership.commit_with(offsets, |list, owned| {
+    // Outputs of a partition this consumer does not own are the next
+    // owner's to make again; those of one it owns again are the new
+    // assignment's, and stay.
+    let gone = |partition: &PartitionKey| store.forget(std::slice::from_ref(partition));
+    let transact = |list: &TopicPartitionList, owned: &[(PartitionKey, i64)]| {
         let mut outputs = Vec::new();
         for (partition, next) in owned {
             store.before(partition, *next, &mut outputs);
@@ -151,7 +161,8 @@ fn commit_transaction(
                 Err(AckError::Broker(Box::new(error)))
             }
         }
-    });
+    };
+    let outcome = shared.ownership.commit_with(offsets, stamp, transact, gone);
     if let Some(error) = fatal {
         tracing::error!(
             transactional_id = transactor.transactional_id(),
@@ -161,10 +172,6 @@ fn commit_transaction(
         shared
             .handoff
             .push_control(Control::Error(SourceError::Fatal(Box::new(error))));
-    }
-    if let Err(AckError::NotAssigned(partition)) = &outcome {
-        // Its outputs are the next owner's to make again.
-        store.forget(std::slice::from_ref(partition));
     }
     outcome
 }
@@ -182,6 +189,9 @@ impl Acker for KafkaAcker {
         if !self.shared.commits {
             return Ok(());
         }
+        // Before any wait below: a partition given up and assigned again
+        // meanwhile is not this batch's to commit.
+        let stamp = self.shared.ownership.stamp();
         let mut offsets: Vec<(PartitionKey, i64)> = Vec::with_capacity(batch.partitions.len());
         for ack in &batch.partitions {
             if let Some(watermark) = ack.watermark {
@@ -217,8 +227,10 @@ impl Acker for KafkaAcker {
         let transactor = self.transactor.clone();
         let outcome = tokio::task::spawn_blocking(move || match consumer.upgrade() {
             Some(consumer) => match &transactor {
-                Some(transactor) => commit_transaction(&consumer, &shared, transactor, &offsets),
-                None => shared.ownership.commit(&consumer, &offsets),
+                Some(transactor) => {
+                    commit_transaction(&consumer, &shared, transactor, stamp, &offsets)
+                }
+                None => shared.ownership.commit(&consumer, stamp, &offsets),
             },
             // The source has closed: it owns no partition any more.
             None => match offsets.into_iter().next() {

@@ -6,6 +6,23 @@
 //! same lock to make its final commit and give the partitions up before it
 //! returns to librdkafka. So no commit can slip in after a partition was lost.
 //!
+//! Nor for an assignment that ended: the acker takes a [`Stamp`] when the
+//! runtime hands it a batch, before it waits out the minimum commit
+//! interval or a backoff, and under the lock commits a partition only if
+//! this consumer has owned it since then. A batch of the first assignment
+//! held back while the partition was given up (a revocation that did not
+//! wait for the runtime: the assignment was lost, or the runtime did not
+//! drain in time, its final batch queued behind the held one) and assigned
+//! to this consumer again would otherwise commit the old assignment's
+//! offset, which the broker accepts from the member's current generation:
+//! over what another owner committed meanwhile, or past the new
+//! assignment's running messages. A stamp costs one atomic load per batch.
+//! What it cannot tell is a batch the runtime queued for the old assignment
+//! and the acker starts after the callback took the new one but before the
+//! runtime heard of it: the runtime drops the old assignment's work from
+//! the batches still queued when it hears, and the acker starts one in
+//! between only if the batch before ends in that instant.
+//!
 //! Nor after its topic was deleted: Kafka drops a group's offsets with the
 //! topic, and an offset of the old topic committed later may land on a
 //! topic created again under the same name (librdkafka retries a commit the
@@ -15,6 +32,7 @@
 //! until librdkafka takes it back, never committed again.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use intake_core::{PartitionKey, Position, backend::AckError};
@@ -36,6 +54,9 @@ struct Owned {
     /// The broker said the partition's topic does not exist any more: its
     /// offsets went with it, and none is committed again.
     topic_deleted: bool,
+    /// The [`Ownership::assignments`] count this ownership began with: a
+    /// batch stamped before it is of an earlier assignment.
+    since: u64,
 }
 
 impl Owned {
@@ -63,7 +84,15 @@ enum Resend {
 #[derive(Debug, Default)]
 pub(crate) struct Ownership {
     partitions: Mutex<HashMap<PartitionKey, Owned>>,
+    /// Assignments taken so far, moved on under the lock by each
+    /// [`acquire`](Self::acquire); read without it for a [`Stamp`].
+    assignments: AtomicU64,
 }
+
+/// When the acker took a batch, as the count of assignments taken by then:
+/// the batch commits only partitions owned since (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stamp(u64);
 
 impl Ownership {
     fn lock(&self) -> MutexGuard<'_, HashMap<PartitionKey, Owned>> {
@@ -72,12 +101,28 @@ impl Ownership {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Takes ownership of `partitions` (an assignment), each afresh.
+    /// Takes ownership of `partitions` (an assignment), each afresh: a batch
+    /// stamped before this commits none of them.
     pub(crate) fn acquire(&self, partitions: &[PartitionKey]) {
         let mut owned = self.lock();
+        // Under the lock, so that a commit that finds the partition owned
+        // also finds when its ownership began.
+        let since = self.assignments.fetch_add(1, Ordering::AcqRel) + 1;
         for key in partitions {
-            owned.insert(key.clone(), Owned::default());
+            owned.insert(
+                key.clone(),
+                Owned {
+                    since,
+                    ..Owned::default()
+                },
+            );
         }
+    }
+
+    /// Now, for a batch the acker is handed: what it may commit is what is
+    /// owned now and still owned, without a new assignment, when it commits.
+    pub(crate) fn stamp(&self) -> Stamp {
+        Stamp(self.assignments.load(Ordering::Acquire))
     }
 
     /// Marks `partitions` (of a topic the broker no longer knows) as never
@@ -106,8 +151,8 @@ impl Ownership {
     }
 
     /// Commits, synchronously, each `(partition, next offset)` whose
-    /// partition this consumer owns and whose offset the broker has not
-    /// confirmed yet: a batch of confirmed offsets only (a final commit
+    /// partition this consumer has owned since `stamp` and whose offset the
+    /// broker has not confirmed yet: a batch of confirmed offsets only (a final commit
     /// re-sends every watermark) costs no round trip, and cannot be refused
     /// by a rebalance in progress. Blocks for a broker round trip: call it
     /// off the async workers. Generic over the consumer's context so that
@@ -118,24 +163,35 @@ impl Ownership {
     ///
     /// [`AckError::Broker`] when the broker refused the commit,
     /// [`AckError::NotAssigned`] when the commit of the owned partitions
-    /// succeeded but some partition of the batch is no longer owned (or its
-    /// topic was deleted).
+    /// succeeded but some partition of the batch is no longer owned, was
+    /// assigned again since `stamp`, or its topic was deleted.
     pub(crate) fn commit<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
+        stamp: Stamp,
         offsets: &[(PartitionKey, i64)],
     ) -> Result<(), AckError> {
-        self.commit_owned(offsets, Resend::Never, |list, _| {
-            consumer
-                .commit(list, CommitMode::Sync)
-                .map_err(|error| AckError::Broker(Box::new(error)))
-        })
+        self.commit_owned(
+            offsets,
+            stamp,
+            Resend::Never,
+            |list, _| {
+                consumer
+                    .commit(list, CommitMode::Sync)
+                    .map_err(|error| AckError::Broker(Box::new(error)))
+            },
+            |_| {},
+        )
     }
 
     /// Commits, with `commit`, each `(partition, next offset)` whose
-    /// partition this consumer owns, under the ownership lock: `commit` gets
-    /// them as a list and as pairs. What [`commit`](Self::commit) does with
-    /// a consumer commit, an exactly-once acker does with a transaction.
+    /// partition this consumer has owned since `stamp`, under the ownership
+    /// lock: `commit` gets them as a list and as pairs. What
+    /// [`commit`](Self::commit) does with a consumer commit, an
+    /// exactly-once acker does with a transaction. `gone` is called, under
+    /// the lock, for each partition of the batch this consumer does not own
+    /// (or whose topic was deleted); not for one it owns under a newer
+    /// assignment, whose state is that assignment's.
     ///
     /// # Errors
     ///
@@ -146,16 +202,20 @@ impl Ownership {
     pub(crate) fn commit_with(
         &self,
         offsets: &[(PartitionKey, i64)],
+        stamp: Stamp,
         commit: impl FnOnce(&TopicPartitionList, &[(PartitionKey, i64)]) -> Result<(), AckError>,
+        gone: impl FnMut(&PartitionKey),
     ) -> Result<(), AckError> {
-        self.commit_owned(offsets, Resend::Confirmed, commit)
+        self.commit_owned(offsets, stamp, Resend::Confirmed, commit, gone)
     }
 
     fn commit_owned(
         &self,
         offsets: &[(PartitionKey, i64)],
+        stamp: Stamp,
         resend: Resend,
         commit: impl FnOnce(&TopicPartitionList, &[(PartitionKey, i64)]) -> Result<(), AckError>,
+        mut gone: impl FnMut(&PartitionKey),
     ) -> Result<(), AckError> {
         let mut owned = self.lock();
         let mut list = TopicPartitionList::with_capacity(offsets.len());
@@ -163,7 +223,7 @@ impl Ownership {
         let mut not_owned = None;
         for (key, next) in offsets {
             match owned.get_mut(key) {
-                Some(state) if !state.topic_deleted => {
+                Some(state) if !state.topic_deleted && state.since <= stamp.0 => {
                     if resend == Resend::Never
                         && state.confirmed.is_some_and(|confirmed| confirmed >= *next)
                     {
@@ -173,7 +233,14 @@ impl Ownership {
                     state.requested = Some(*next);
                     listed.push((key.clone(), *next));
                 }
-                _ => not_owned = Some(key.clone()),
+                Some(state) if !state.topic_deleted => {
+                    fenced(key, *next);
+                    not_owned = Some(key.clone());
+                }
+                _ => {
+                    gone(key);
+                    not_owned = Some(key.clone());
+                }
             }
         }
         if list.count() > 0 {
@@ -231,6 +298,17 @@ impl Ownership {
     }
 }
 
+/// Logs a commit refused because the partition was assigned again since
+/// its batch was taken: rare, and worth knowing when offsets look odd.
+#[cold]
+fn fenced(partition: &PartitionKey, next: i64) {
+    tracing::info!(
+        %partition,
+        offset = next,
+        "a commit of an earlier assignment of this kafka partition is dropped: the partition was given up and assigned to this consumer again since its batch was taken, and the new assignment commits its own progress"
+    );
+}
+
 /// The offset to commit after `watermark`: the next one to consume.
 pub(crate) fn next_offset(partition: &PartitionKey, watermark: Position) -> Result<i64, AckError> {
     match watermark {
@@ -279,7 +357,7 @@ mod tests {
         let orders = PartitionKey::new("orders", 0);
         ownership.acquire(std::slice::from_ref(&orders));
         ownership.forget_deleted(std::slice::from_ref(&orders));
-        match ownership.commit(&consumer, &[(orders.clone(), 10)]) {
+        match ownership.commit(&consumer, ownership.stamp(), &[(orders.clone(), 10)]) {
             Err(AckError::NotAssigned(partition)) => assert_eq!(partition, orders),
             other => panic!("expected NotAssigned, got {other:?}"),
         }
@@ -311,12 +389,105 @@ mod tests {
         }
         let (sent, outcome) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _ = sent.send(ownership.commit(&consumer, &[(orders, 10)]));
+            let _ = sent.send(ownership.commit(&consumer, ownership.stamp(), &[(orders, 10)]));
         });
         let outcome = outcome
             .recv_timeout(std::time::Duration::from_secs(30))
             .expect("answered without a broker");
         assert!(outcome.is_ok(), "{outcome:?}");
+    }
+
+    /// What a commit did: its outcome, what went to the broker, and which
+    /// partitions were reported gone.
+    struct Recorded {
+        outcome: Result<(), AckError>,
+        listed: Vec<(PartitionKey, i64)>,
+        gone: Vec<PartitionKey>,
+    }
+
+    /// Commits `offsets` of a batch stamped `stamp`, recording what it did.
+    fn commit_recorded(
+        ownership: &Ownership,
+        stamp: Stamp,
+        offsets: &[(PartitionKey, i64)],
+    ) -> Recorded {
+        let mut listed = Vec::new();
+        let mut gone = Vec::new();
+        let outcome = ownership.commit_with(
+            offsets,
+            stamp,
+            |_, owned| {
+                listed.extend_from_slice(owned);
+                Ok(())
+            },
+            |partition| gone.push(partition.clone()),
+        );
+        Recorded {
+            outcome,
+            listed,
+            gone,
+        }
+    }
+
+    #[test]
+    fn a_batch_taken_before_a_partition_was_assigned_again_does_not_commit_it() {
+        let ownership = Ownership::default();
+        let orders = PartitionKey::new("orders", 0);
+        let other = PartitionKey::new("orders", 1);
+        ownership.acquire(&[orders.clone(), other.clone()]);
+        let held = ownership.stamp();
+        // Given up without waiting for the runtime, then assigned again.
+        ownership.release(std::slice::from_ref(&orders));
+        ownership.acquire(std::slice::from_ref(&orders));
+
+        let Recorded {
+            outcome,
+            listed,
+            gone,
+        } = commit_recorded(
+            &ownership,
+            held,
+            &[(orders.clone(), 10), (other.clone(), 4)],
+        );
+        match outcome {
+            Err(AckError::NotAssigned(partition)) => assert_eq!(partition, orders),
+            other => panic!("expected NotAssigned, got {other:?}"),
+        }
+        assert_eq!(listed, vec![(other, 4)], "the partition owned throughout");
+        assert!(gone.is_empty(), "owned, by the new assignment: {gone:?}");
+        assert_eq!(
+            ownership
+                .lock()
+                .get(&orders)
+                .and_then(|state| state.requested),
+            None,
+            "the new assignment's state is untouched"
+        );
+
+        let Recorded {
+            outcome, listed, ..
+        } = commit_recorded(&ownership, ownership.stamp(), &[(orders.clone(), 12)]);
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(listed, vec![(orders, 12)], "a batch of the new assignment");
+    }
+
+    #[test]
+    fn a_partition_given_up_is_gone_for_every_batch() {
+        let ownership = Ownership::default();
+        let orders = PartitionKey::new("orders", 0);
+        ownership.acquire(std::slice::from_ref(&orders));
+        ownership.release(std::slice::from_ref(&orders));
+        let Recorded {
+            outcome,
+            listed,
+            gone,
+        } = commit_recorded(&ownership, ownership.stamp(), &[(orders.clone(), 10)]);
+        assert!(
+            matches!(outcome, Err(AckError::NotAssigned(_))),
+            "{outcome:?}"
+        );
+        assert!(listed.is_empty());
+        assert_eq!(gone, vec![orders]);
     }
 
     #[test]
@@ -325,6 +496,7 @@ mod tests {
             requested: Some(10),
             confirmed: Some(10),
             topic_deleted: false,
+            since: 1,
         };
         assert_eq!(owned.unconfirmed(None), None);
         assert_eq!(owned.unconfirmed(Some(8)), None);
@@ -336,6 +508,7 @@ mod tests {
             requested: Some(10),
             confirmed: Some(4),
             topic_deleted: false,
+            since: 1,
         };
         assert_eq!(owned.unconfirmed(None), Some(10));
     }
@@ -346,6 +519,7 @@ mod tests {
             requested: Some(10),
             confirmed: None,
             topic_deleted: false,
+            since: 1,
         };
         assert_eq!(owned.unconfirmed(Some(12)), Some(12));
         assert_eq!(owned.unconfirmed(Some(7)), Some(10));
