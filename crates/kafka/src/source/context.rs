@@ -241,6 +241,9 @@ impl KafkaContext {
             return;
         }
         tracing::info!(partitions = ?partitions, "kafka partitions assigned");
+        // A pause of the runtime's ends with the assignment: a partition
+        // assigned afresh is fetched, and the runtime hears it is new.
+        self.shared.handoff.end_holds(&partitions);
         self.shared.ownership.acquire(&partitions);
         if let Some(outputs) = &self.shared.exactly_once {
             // Whatever was kept for them before is not this assignment's.

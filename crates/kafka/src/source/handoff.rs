@@ -6,15 +6,30 @@
 //! committed offset), and an assignment always precedes the messages of its
 //! partitions because those can only be fetched after it.
 //!
+//! # Holds: partitions the runtime paused
+//!
+//! The runtime pauses one partition ([`Source::pause`]) between two calls
+//! of `next`, on its own thread, while the polling thread goes on polling.
+//! The pause takes effect here at once: [`Handoff::hold`] removes the
+//! partition's queued messages, and every batch pushed later leaves the
+//! partition's messages out, until the polling thread has paused it in
+//! librdkafka (after which none come). Each hold remembers the first offset
+//! it left out, so that the partition resumes there (librdkafka would
+//! resume after the last message polled): nothing is lost, nothing
+//! delivered twice. The polling thread takes the holds and releases to
+//! apply with [`Handoff::take_hold_changes`]; a released hold keeps
+//! leaving messages out until then, so none arrives ahead of the rewind.
+//!
 //! [`KafkaSource::next`]: super::KafkaSource
+//! [`Source::pause`]: intake_core::backend::Source::pause
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use intake_core::{
-    PartitionKey,
+    PartitionKey, Position,
     backend::{SourceError, SourceEvent},
 };
 use tokio::sync::Notify;
@@ -36,6 +51,83 @@ struct Queue {
     bytes: usize,
     /// The polling thread is gone; nothing more will come.
     finished: bool,
+    /// Partitions the runtime paused (see the [module docs](self)); a few
+    /// at most, so a list.
+    holds: Vec<Hold>,
+    /// Messages left out for holds so far (a fetcher that goes on fetching
+    /// a held partition shows here).
+    left_out: u64,
+}
+
+/// A partition the runtime paused: see the [module docs](self).
+#[derive(Debug)]
+struct Hold {
+    partition: PartitionKey,
+    /// The first offset left out of the queue while held: where fetching
+    /// resumes.
+    rewind: Option<i64>,
+    /// The polling thread paused it in librdkafka.
+    applied: bool,
+    /// The runtime resumed it; the polling thread has not yet.
+    released: bool,
+}
+
+impl Hold {
+    fn holds(&self, record: &Record) -> bool {
+        let metadata = record.metadata();
+        self.partition.partition == metadata.partition()
+            && *self.partition.source == **metadata.source()
+    }
+
+    fn leave_out(&mut self, record: &Record) {
+        if let Position::Offset(offset) = record.metadata().position() {
+            self.rewind = Some(self.rewind.map_or(offset, |rewind| rewind.min(offset)));
+        }
+    }
+}
+
+/// What the polling thread does for a hold ([`Handoff::take_hold_changes`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HoldChange {
+    /// Pause the partition in librdkafka.
+    Pause(PartitionKey),
+    /// Fetch the partition again: from `rewind` if messages were left out,
+    /// and resume it in librdkafka if `applied` (it was paused there).
+    Resume {
+        partition: PartitionKey,
+        rewind: Option<i64>,
+        applied: bool,
+    },
+}
+
+impl Queue {
+    fn end_holds(&mut self, partitions: &[PartitionKey]) {
+        if !self.holds.is_empty() {
+            self.holds
+                .retain(|hold| !partitions.contains(&hold.partition));
+        }
+    }
+
+    /// Removes from `messages` those of held partitions; returns their
+    /// bytes.
+    #[cold]
+    fn leave_out_held(&mut self, messages: &mut Vec<Record>) -> usize {
+        let holds = &mut self.holds;
+        let before = messages.len();
+        let mut bytes = 0;
+        messages.retain(
+            |record| match holds.iter_mut().find(|hold| hold.holds(record)) {
+                Some(hold) => {
+                    hold.leave_out(record);
+                    bytes += record.byte_size();
+                    false
+                }
+                None => true,
+            },
+        );
+        self.left_out += (before - messages.len()) as u64;
+        bytes
+    }
 }
 
 /// The queue; shared by the polling thread, the rebalance callback and the
@@ -56,6 +148,10 @@ pub(crate) struct Handoff {
     /// Most bytes queued before the polling thread pauses fetching; set
     /// from the runtime's byte budget ([`Handoff::set_capacity`]).
     byte_capacity: AtomicUsize,
+    /// A hold was added or released since the polling thread last took
+    /// the changes: read once per polled batch, so that the lock is taken
+    /// only when there is something to do.
+    holds_changed: AtomicBool,
 }
 
 /// How full the queue is: messages and their bytes.
@@ -86,6 +182,7 @@ impl Handoff {
             room: Condvar::new(),
             capacity: AtomicUsize::new(capacity.max(1)),
             byte_capacity: AtomicUsize::new(usize::MAX),
+            holds_changed: AtomicBool::new(false),
         }
     }
 
@@ -155,13 +252,20 @@ impl Handoff {
         }
     }
 
-    /// Appends `messages` (emptying it) and wakes the source.
+    /// Appends `messages` (emptying it), but those of held partitions, and
+    /// wakes the source.
     pub(crate) fn push_messages(&self, messages: &mut Vec<Record>) {
         if messages.is_empty() {
             return;
         }
-        let bytes: usize = messages.iter().map(Record::byte_size).sum();
+        let mut bytes: usize = messages.iter().map(Record::byte_size).sum();
         let mut queue = self.lock();
+        if !queue.holds.is_empty() {
+            bytes -= queue.leave_out_held(messages);
+            if messages.is_empty() {
+                return;
+            }
+        }
         queue.bytes += bytes;
         if queue.messages.is_empty() {
             // The usual case when the runtime keeps up: the batch's buffer
@@ -185,9 +289,127 @@ impl Handoff {
         self.event_ready.notify_one();
     }
 
-    /// Drops the queued messages of `partitions`.
+    /// Stops handing out `partition`'s messages until
+    /// [`release`](Self::release): its queued ones are removed now, later
+    /// ones left out as they are pushed, and fetching resumes at the first
+    /// of them (see the [module docs](self)).
+    pub(crate) fn hold(&self, partition: &PartitionKey) {
+        let mut guard = self.lock();
+        let queue = &mut *guard;
+        let index = match queue
+            .holds
+            .iter()
+            .position(|hold| hold.partition == *partition)
+        {
+            Some(index) => {
+                // Released, and held again before the polling thread saw
+                // the release: still paused there, still to be rewound.
+                queue.holds[index].released = false;
+                index
+            }
+            None => {
+                queue.holds.push(Hold {
+                    partition: partition.clone(),
+                    rewind: None,
+                    applied: false,
+                    released: false,
+                });
+                queue.holds.len() - 1
+            }
+        };
+        let hold = &mut queue.holds[index];
+        let mut left_out = 0;
+        let mut left_out_bytes = 0;
+        queue.messages.retain(|record| {
+            if !hold.holds(record) {
+                return true;
+            }
+            hold.leave_out(record);
+            left_out += 1;
+            left_out_bytes += record.byte_size();
+            false
+        });
+        queue.bytes -= left_out_bytes;
+        queue.left_out += left_out;
+        drop(guard);
+        self.holds_changed.store(true, Ordering::Release);
+        // The queue may have room again.
+        self.room.notify_one();
+    }
+
+    /// Hands out `partition`'s messages again after a [`hold`](Self::hold)
+    /// (nothing if it is not held): the polling thread resumes it, at the
+    /// first message left out.
+    pub(crate) fn release(&self, partition: &PartitionKey) {
+        let mut queue = self.lock();
+        if let Some(hold) = queue
+            .holds
+            .iter_mut()
+            .find(|hold| hold.partition == *partition)
+        {
+            hold.released = true;
+            drop(queue);
+            self.holds_changed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Appends to `changes` what the polling thread must do for the holds
+    /// added or released since it last asked: pause the new ones in
+    /// librdkafka (marked applied), fetch the released ones again (their
+    /// holds end here). Cheap when nothing changed (an atomic load).
+    pub(crate) fn take_hold_changes(&self, changes: &mut Vec<HoldChange>) {
+        if !self.holds_changed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut queue = self.lock();
+        self.holds_changed.store(false, Ordering::Release);
+        queue.holds.retain_mut(|hold| {
+            if hold.released {
+                changes.push(HoldChange::Resume {
+                    partition: hold.partition.clone(),
+                    rewind: hold.rewind,
+                    applied: hold.applied,
+                });
+                return false;
+            }
+            if !hold.applied {
+                hold.applied = true;
+                changes.push(HoldChange::Pause(hold.partition.clone()));
+            }
+            true
+        });
+    }
+
+    /// Every partition held or released and not yet resumed by the
+    /// polling thread: none of them is the source's own backpressure or
+    /// watchdog to resume.
+    pub(crate) fn held(&self) -> Vec<PartitionKey> {
+        self.lock()
+            .holds
+            .iter()
+            .map(|hold| hold.partition.clone())
+            .collect()
+    }
+
+    /// Ends the holds of `partitions`, assigned afresh: see
+    /// [`purge`](Self::purge).
+    pub(crate) fn end_holds(&self, partitions: &[PartitionKey]) {
+        self.lock().end_holds(partitions);
+    }
+
+    /// Messages left out for holds so far.
+    #[cfg(test)]
+    pub(crate) fn left_out(&self) -> u64 {
+        self.lock().left_out
+    }
+
+    /// Drops the queued messages of `partitions`, and their holds: a pause
+    /// ends with the assignment (revoked, the partition is fetched from its
+    /// committed offset by whoever owns it next; assigned afresh, from its
+    /// committed offset here, unpaused).
     pub(crate) fn purge(&self, partitions: &[PartitionKey]) -> usize {
         let mut queue = self.lock();
+        queue.end_holds(partitions);
         let before = queue.messages.len();
         let mut purged_bytes = 0;
         queue.messages.retain(|message| {
@@ -387,6 +609,125 @@ mod tests {
                 .wait_blocking(std::time::Duration::from_secs(5))
                 .is_err()
         );
+    }
+
+    fn offsets(records: &[Record]) -> Vec<(u32, Position)> {
+        records
+            .iter()
+            .map(|record| (record.metadata().partition(), record.metadata().position()))
+            .collect()
+    }
+
+    #[test]
+    fn a_hold_takes_its_partitions_queued_messages_back_and_leaves_out_later_ones() {
+        let handoff = Handoff::new(100);
+        let held = PartitionKey::new("t", 0);
+        let mut batch = vec![message("t", 0, 4), message("t", 1, 7), message("t", 0, 5)];
+        handoff.push_messages(&mut batch);
+        handoff.hold(&held);
+        assert_eq!(
+            handoff.fill(),
+            Fill {
+                messages: 1,
+                bytes: 1
+            },
+            "only partition 1's message is left, and its byte"
+        );
+        // A batch the polling thread polled before it saw the hold.
+        let mut batch = vec![message("t", 0, 6), message("t", 1, 8), message("u", 0, 1)];
+        handoff.push_messages(&mut batch);
+        let mut out = Vec::new();
+        assert!(matches!(handoff.take(&mut out, 10), Taken::Delivered));
+        assert_eq!(
+            offsets(&out),
+            [
+                (1, Position::Offset(7)),
+                (1, Position::Offset(8)),
+                (0, Position::Offset(1)),
+            ],
+            "partition 0 of another topic is not held"
+        );
+        assert_eq!(handoff.left_out(), 3);
+        assert_eq!(handoff.held(), std::slice::from_ref(&held));
+
+        let mut changes = Vec::new();
+        handoff.take_hold_changes(&mut changes);
+        assert_eq!(changes, [HoldChange::Pause(held.clone())]);
+        changes.clear();
+        handoff.take_hold_changes(&mut changes);
+        assert!(changes.is_empty(), "a pause is applied once");
+
+        handoff.release(&held);
+        // Released, it still leaves messages out until the polling thread
+        // rewinds it: none may come ahead of the rewind.
+        let mut batch = vec![message("t", 0, 7)];
+        handoff.push_messages(&mut batch);
+        assert_eq!(handoff.fill(), Fill::default());
+        handoff.take_hold_changes(&mut changes);
+        assert_eq!(
+            changes,
+            [HoldChange::Resume {
+                partition: held.clone(),
+                rewind: Some(4),
+                applied: true
+            }],
+            "fetched again from the first message left out"
+        );
+        assert!(handoff.held().is_empty());
+        let mut batch = vec![message("t", 0, 4)];
+        handoff.push_messages(&mut batch);
+        assert_eq!(handoff.fill().messages, 1, "no longer held");
+    }
+
+    #[test]
+    fn a_hold_released_and_taken_again_before_the_polling_thread_saw_it_keeps_its_rewind() {
+        let handoff = Handoff::new(100);
+        let held = PartitionKey::new("t", 2);
+        let mut batch = vec![message("t", 2, 10)];
+        handoff.push_messages(&mut batch);
+        handoff.hold(&held);
+        let mut changes = Vec::new();
+        handoff.take_hold_changes(&mut changes);
+        changes.clear();
+        handoff.release(&held);
+        handoff.hold(&held);
+        let mut batch = vec![message("t", 2, 11)];
+        handoff.push_messages(&mut batch);
+        handoff.take_hold_changes(&mut changes);
+        assert!(
+            changes.is_empty(),
+            "still paused in librdkafka: {changes:?}"
+        );
+        handoff.release(&held);
+        handoff.take_hold_changes(&mut changes);
+        assert_eq!(
+            changes,
+            [HoldChange::Resume {
+                partition: held,
+                rewind: Some(10),
+                applied: true
+            }]
+        );
+    }
+
+    #[test]
+    fn a_hold_ends_with_its_assignment_and_a_release_of_no_hold_does_nothing() {
+        let handoff = Handoff::new(100);
+        let (revoked, assigned) = (PartitionKey::new("t", 0), PartitionKey::new("t", 1));
+        handoff.hold(&revoked);
+        handoff.hold(&assigned);
+        handoff.purge(std::slice::from_ref(&revoked));
+        handoff.end_holds(std::slice::from_ref(&assigned));
+        assert!(handoff.held().is_empty());
+        let mut batch = vec![message("t", 0, 1), message("t", 1, 1)];
+        handoff.push_messages(&mut batch);
+        assert_eq!(handoff.fill().messages, 2);
+        // The runtime resumes them once it hears of the revocation: nothing
+        // is held, so nothing is done.
+        handoff.release(&revoked);
+        let mut changes = Vec::new();
+        handoff.take_hold_changes(&mut changes);
+        assert!(changes.is_empty(), "{changes:?}");
     }
 
     #[tokio::test]

@@ -7,6 +7,12 @@
 //! then resumes once the queue drained. Revocations block the rebalance
 //! callback on that thread, never a tokio worker, until the runtime drained
 //! and committed the partitions.
+//!
+//! The runtime pauses one partition over its uncommitted window
+//! ([`Source::pause`]): its queued messages are taken back at once, and the
+//! polling thread pauses it in librdkafka and leaves it paused through its
+//! own backpressure and its watchdog, until the runtime resumes it or the
+//! partition is revoked or assigned afresh (see `handoff`).
 
 mod builder;
 pub(crate) mod context;
@@ -187,6 +193,28 @@ impl Source for KafkaSource {
                 Taken::Empty => self.shared.handoff.wait(max).await,
             }
         }
+    }
+
+    /// Always pauses: the partition's messages waiting in the hand-over
+    /// queue are taken back (none reaches the runtime after the pause), and
+    /// the polling thread pauses the partition in librdkafka before its
+    /// next poll; when it resumes, it fetches again from the first message
+    /// taken back, so none is lost or delivered twice. The pause holds
+    /// through the source's own backpressure (which pauses and resumes the
+    /// whole assignment) and its watchdog (which restarts partitions behind
+    /// their high watermark), and ends with the assignment: a partition
+    /// revoked, or assigned afresh, is fetched again without a
+    /// [`resume`](Source::resume).
+    fn pause(&mut self, partition: &intake_core::PartitionKey) -> bool {
+        self.shared.handoff.hold(partition);
+        true
+    }
+
+    /// Fetches `partition` again (on the polling thread, before its next
+    /// poll); nothing if it is not paused (revoked or assigned afresh
+    /// since).
+    fn resume(&mut self, partition: &intake_core::PartitionKey) {
+        self.shared.handoff.release(partition);
     }
 
     /// Unreachable from librdkafka's "all brokers down" until a broker
@@ -427,6 +455,124 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// C7: a partition paused by the runtime stays paused in librdkafka
+    /// through the source's own backpressure (which pauses and resumes the
+    /// whole assignment) and its watchdog (which restarts a partition behind
+    /// its high watermark): the handoff leaves out only what was fetched
+    /// before the polling thread paused it, not a fetch after each resume.
+    /// Resumed, it delivers every remaining offset once, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_partition_is_not_fetched_again_by_backpressure_or_the_watchdog() {
+        const TOPIC: &str = "held";
+        const RECORDS: i64 = 3000;
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .create()
+            .expect("mock cluster");
+        let mock = producer.client().mock_cluster().expect("mock cluster");
+        mock.create_topic(TOPIC, 2, 1).expect("topic");
+        for partition in 0..2 {
+            let sends: Vec<_> = (0..RECORDS)
+                .map(|offset| {
+                    let payload = offset.to_string();
+                    producer
+                        .send_result(
+                            FutureRecord::<[u8], [u8]>::to(TOPIC)
+                                .partition(partition)
+                                .payload(payload.as_bytes()),
+                        )
+                        .expect("queued")
+                })
+                .collect();
+            for sent in sends {
+                sent.await.expect("delivered").expect("confirmed");
+            }
+        }
+        let settings = KafkaSettings::new(mock.bootstrap_servers())
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        let mut source = KafkaSource::builder(settings)
+            .group("held-group")
+            .topic(TOPIC)
+            .watchdog_interval(Duration::from_millis(300))
+            .build()
+            .await
+            .expect("source");
+        source.set_limits(Limits::new(8, 64 << 20, Duration::from_secs(10)));
+        let held = intake_core::PartitionKey::new(TOPIC, 0);
+        let mut taken: [Vec<i64>; 2] = [Vec::new(), Vec::new()];
+        let mut buffer = Vec::new();
+        let mut take = async |source: &mut KafkaSource, taken: &mut [Vec<i64>; 2]| {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(200), source.next(&mut buffer, 8)).await;
+            for message in buffer.drain(..) {
+                let intake_core::Position::Offset(offset) = message.metadata().position() else {
+                    panic!("an offset");
+                };
+                taken[message.metadata().partition() as usize].push(offset);
+            }
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while taken[0].is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "partition 0 never delivered"
+            );
+            take(&mut source, &mut taken).await;
+        }
+        assert!(source.pause(&held));
+        let paused_at = taken[0].len();
+        // Three times the queue stays full past the polling thread's
+        // patience (it pauses everything), then drains (it resumes).
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            for _ in 0..100 {
+                take(&mut source, &mut taken).await;
+                if source.shared.handoff.fill().messages == 0 {
+                    break;
+                }
+            }
+        }
+        while taken[1].last() != Some(&(RECORDS - 1)) {
+            assert!(
+                tokio::time::Instant::now() < deadline + Duration::from_secs(30),
+                "partition 1 never ended"
+            );
+            take(&mut source, &mut taken).await;
+        }
+        // Idle, for several of the watchdog's checks.
+        for _ in 0..10 {
+            take(&mut source, &mut taken).await;
+        }
+        assert_eq!(
+            taken[0].len(),
+            paused_at,
+            "nothing of partition 0 while paused"
+        );
+        let left_out = source.shared.handoff.left_out();
+        assert!(
+            left_out <= 2 * super::poller::MAX_BATCH as u64,
+            "{left_out} messages of the paused partition were fetched and left out: it was fetched again while paused"
+        );
+
+        source.resume(&held);
+        while taken[0].last() != Some(&(RECORDS - 1)) {
+            assert!(
+                tokio::time::Instant::now() < deadline + Duration::from_secs(60),
+                "partition 0 never ended"
+            );
+            take(&mut source, &mut taken).await;
+        }
+        for (partition, offsets) in taken.iter().enumerate() {
+            assert_eq!(
+                offsets,
+                &(0..RECORDS).collect::<Vec<_>>(),
+                "partition {partition}: every offset once, in order"
+            );
+        }
+        source.close().await.expect("close");
     }
 
     /// Once the consumer told the source its limits, the hand-over queue

@@ -15,7 +15,7 @@ use rdkafka::topic_partition_list::Offset;
 use super::context::{KafkaContext, Shared};
 use super::convert::{Converter, Record};
 use super::earliest::EarliestTopics;
-use super::handoff::Control;
+use super::handoff::{Control, HoldChange};
 use super::stall_check::{StallCheck, Watched};
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::{Error, is_not_authorized};
@@ -74,6 +74,7 @@ impl Poller {
     pub(crate) fn run(mut self) -> Arc<BaseConsumer<KafkaContext>> {
         while !self.shared.stop.load(Ordering::Acquire) {
             self.apply_backpressure();
+            self.apply_holds();
             self.poll_batch();
             self.probe_reachability();
             self.take_stall_answer();
@@ -113,6 +114,8 @@ impl Poller {
     /// change the new assignment is brought to the current state either way:
     /// librdkafka keeps a partition's pause across an unassignment, so a
     /// partition revoked while paused would come back paused and never fetch.
+    /// A partition the runtime paused (a hold, see `handoff`) is never
+    /// resumed here: only its release resumes it ([`Self::apply_holds`]).
     fn apply_backpressure(&mut self) {
         let fill = self.shared.handoff.fill();
         let changed = self.shared.assignment_changed.swap(false, Ordering::AcqRel);
@@ -143,6 +146,11 @@ impl Poller {
             }
         };
         self.paused = pause;
+        let assignment = if pause {
+            assignment
+        } else {
+            without_held(assignment, &self.shared.handoff.held())
+        };
         if assignment.count() == 0 {
             return;
         }
@@ -158,6 +166,59 @@ impl Poller {
                 "kafka fetch backpressure"
             ),
             Err(error) => tracing::warn!(%error, pause, "kafka pause/resume failed"),
+        }
+    }
+
+    /// Pauses in librdkafka the partitions the runtime paused since the
+    /// last call, and fetches again those it resumed: from the first
+    /// message the handoff left out (librdkafka would go on after the last
+    /// one polled), and resumed unless the whole assignment is paused for
+    /// backpressure (then its resume resumes them). Both on this thread,
+    /// between two polls, so that they never cross the backpressure's own
+    /// pauses and resumes. An atomic load when nothing changed.
+    fn apply_holds(&mut self) {
+        let mut changes = Vec::new();
+        self.shared.handoff.take_hold_changes(&mut changes);
+        for change in changes {
+            match change {
+                HoldChange::Pause(partition) => {
+                    let Some(list) = partition_list(&partition, None) else {
+                        continue;
+                    };
+                    match self.consumer.pause(&list) {
+                        Ok(()) => {
+                            tracing::debug!(%partition, "kafka partition paused by the runtime")
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, %partition, "pausing a kafka partition failed; its messages are left out until it is resumed")
+                        }
+                    }
+                }
+                HoldChange::Resume {
+                    partition,
+                    rewind,
+                    applied,
+                } => {
+                    // Seeking first, while it is still paused: librdkafka
+                    // then resumes at the sought offset, not after the last
+                    // message polled.
+                    if let Some(offset) = rewind
+                        && let Some(list) = partition_list(&partition, Some(offset))
+                        && let Err(error) = self.consumer.seek_partitions(list, Duration::ZERO)
+                    {
+                        tracing::warn!(%error, %partition, offset, "seeking a resumed kafka partition back failed; its messages from that offset are delivered by its next owner");
+                    }
+                    if applied && !self.paused {
+                        let Some(list) = partition_list(&partition, None) else {
+                            continue;
+                        };
+                        if let Err(error) = self.consumer.resume(&list) {
+                            tracing::warn!(%error, %partition, "resuming a kafka partition failed");
+                        }
+                    }
+                    tracing::debug!(%partition, ?rewind, "kafka partition resumed by the runtime");
+                }
+            }
         }
     }
 
@@ -290,9 +351,13 @@ impl Poller {
         let Ok(positions) = self.consumer.position() else {
             return;
         };
+        // A partition the runtime paused is behind its high watermark on
+        // purpose.
+        let held = self.shared.handoff.held();
         let partitions: Vec<Watched> = positions
             .elements()
             .iter()
+            .filter(|element| !is_held(&held, element.topic(), element.partition()))
             .map(|element| Watched {
                 topic: element.topic().to_owned(),
                 partition: element.partition(),
@@ -339,9 +404,14 @@ impl Poller {
         let Ok(positions) = self.consumer.position() else {
             return;
         };
+        let held = self.shared.handoff.held();
         let mut stalled = TopicPartitionList::new();
         for found in &answer.stalled {
             let seen = &found.seen;
+            if is_held(&held, &seen.topic, seen.partition) {
+                // Paused by the runtime since the check was asked.
+                continue;
+            }
             let now = positions
                 .find_partition(&seen.topic, seen.partition)
                 .map(|element| match element.offset() {
@@ -438,6 +508,44 @@ pub(crate) fn guard_polling<T>(shared: &Shared, poll: impl FnOnce() -> T) -> Opt
             None
         }
     }
+}
+
+/// Whether `partition` of `topic` is among `held`.
+fn is_held(held: &[PartitionKey], topic: &str, partition: i32) -> bool {
+    held.iter()
+        .any(|key| i32::try_from(key.partition) == Ok(partition) && &*key.source == topic)
+}
+
+/// `assignment` without the partitions in `held`.
+fn without_held(assignment: TopicPartitionList, held: &[PartitionKey]) -> TopicPartitionList {
+    if held.is_empty() {
+        return assignment;
+    }
+    let mut kept = TopicPartitionList::new();
+    for element in assignment.elements() {
+        if !is_held(held, element.topic(), element.partition()) {
+            // Adding to a new list cannot fail for a valid offset.
+            let _ =
+                kept.add_partition_offset(element.topic(), element.partition(), element.offset());
+        }
+    }
+    kept
+}
+
+/// A list of `partition` alone, at `offset` if given; `None` for a
+/// partition number librdkafka cannot take (above `i32::MAX`: not Kafka's).
+fn partition_list(partition: &PartitionKey, offset: Option<i64>) -> Option<TopicPartitionList> {
+    let number = i32::try_from(partition.partition).ok()?;
+    let mut list = TopicPartitionList::new();
+    match offset {
+        Some(offset) => list
+            .add_partition_offset(&partition.source, number, Offset::Offset(offset))
+            .ok()?,
+        None => {
+            list.add_partition(&partition.source, number);
+        }
+    }
+    Some(list)
 }
 
 fn message_topic(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
