@@ -26,9 +26,13 @@ use super::store::{OutputStore, Put};
 /// again (a retry) replaces what it kept. Each output without a
 /// `traceparent` of its own carries its input's.
 ///
+/// An output goes to the partition it [names](Output::partition), else to
+/// its key's, as [`KafkaPublisher`](crate::KafkaPublisher) puts it.
+///
 /// An output its destination would refuse (larger than the topic's
 /// `max.message.bytes` or the producer's `message.max.bytes` as a batch of
-/// its own, uncompressed; no key for a compacted topic) fails its input
+/// its own, uncompressed; no key for a compacted topic; a partition the
+/// topic does not have, counted again before refusing) fails its input
 /// permanently with a [`Rejected`](PublishErrorKind::Rejected)
 /// [`PublishError`], as [`KafkaPublisher`](crate::KafkaPublisher) would,
 /// and keeps nothing of it: a dead-letter layer outside this one takes the
@@ -131,12 +135,29 @@ where
                         })
                         .collect();
                     match store.put(&partition, epoch, offset, outputs) {
-                        // Rare (a destination's first output): boxed, so
-                        // that every input's future does not carry the
-                        // room of a read from the broker.
+                        // Rare (a destination's first output, a partition
+                        // past its count): boxed, so that every input's
+                        // future does not carry the room of a read from
+                        // the broker.
                         Put::Unread(topic, outputs) => {
                             Box::pin(keep_after_reading(
-                                &store, &partition, epoch, offset, topic, outputs,
+                                &store,
+                                &partition,
+                                epoch,
+                                offset,
+                                Read::First(topic),
+                                outputs,
+                            ))
+                            .await
+                        }
+                        Put::Recount(topic, outputs) => {
+                            Box::pin(keep_after_reading(
+                                &store,
+                                &partition,
+                                epoch,
+                                offset,
+                                Read::Again(topic),
+                                outputs,
                             ))
                             .await
                         }
@@ -178,25 +199,42 @@ fn settle(
                 reason,
             )))
         }
-        Put::Unread(topic, _) => Err(HandlerError::retryable(format!(
+        Put::Unread(topic, _) | Put::Recount(topic, _) => Err(HandlerError::retryable(format!(
             "{partition}: what {topic} accepts is still not known"
         ))),
     }
 }
 
-/// Reads what `topic` accepts, then keeps `outputs` for the input at
+/// Which destination [`keep_after_reading`] reads, and how.
+enum Read {
+    /// One not read yet.
+    First(Arc<str>),
+    /// One read before whose partition count an output is past: read fresh.
+    Again(Arc<str>),
+}
+
+/// Reads what a destination accepts, then keeps `outputs` for the input at
 /// `offset` of `partition` (reading every other destination not known
 /// yet the same way), or fails the input if the broker would refuse one.
+/// A destination's partition count is read again at most once per input.
 async fn keep_after_reading(
     store: &OutputStore,
     partition: &PartitionKey,
     epoch: u64,
     offset: i64,
-    mut topic: Arc<str>,
+    mut read: Read,
     mut outputs: Vec<Output>,
 ) -> Result<(), HandlerError> {
+    let mut recounted = false;
     loop {
-        let described = store.describer().describe(&topic, false).await;
+        let (topic, fresh) = match read {
+            Read::First(topic) => (topic, false),
+            Read::Again(topic) => {
+                recounted = true;
+                (topic, true)
+            }
+        };
+        let described = store.describer().describe(&topic, fresh).await;
         if let Described::Unknown(why) = &described {
             tracing::warn!(
                 destination = %topic,
@@ -205,10 +243,20 @@ async fn keep_after_reading(
             );
         }
         store.learn(&topic, &described);
-        // Each round learns one destination more, so this ends.
-        match store.put(partition, epoch, offset, outputs) {
+        // Each round learns one destination more, or reads one again once,
+        // so this ends.
+        let put = if recounted {
+            store.put_recounted(partition, epoch, offset, outputs)
+        } else {
+            store.put(partition, epoch, offset, outputs)
+        };
+        match put {
             Put::Unread(next, given_back) => {
-                topic = next;
+                read = Read::First(next);
+                outputs = given_back;
+            }
+            Put::Recount(next, given_back) => {
+                read = Read::Again(next);
                 outputs = given_back;
             }
             put => return settle(put, store, partition, offset),

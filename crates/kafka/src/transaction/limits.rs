@@ -15,12 +15,19 @@
 //! check is uncompressed too): an output that fits only once compressed is
 //! refused.
 //!
-//! What each topic accepts is read from the broker (`DescribeConfigs`) the
-//! first time an output goes there, again every [`REFRESH`], and again
-//! soon after a transaction the broker refused for a record's sake. An
-//! output to a topic whose configuration cannot be read (it does not exist
-//! yet and may be created on first use, or this client may not describe
-//! it) is checked against the producer's `message.max.bytes` only.
+//! An output that names a partition ([`Output::partition`]) the topic does
+//! not have is refused the same way: librdkafka would fail the whole
+//! transaction with "unknown partition", every time it is tried again.
+//! Kafka only ever adds partitions, so before refusing one past the count
+//! read, the count is read again (at most once per input).
+//!
+//! What each topic accepts is read from the broker (`DescribeConfigs`, and
+//! its metadata for the partition count) the first time an output goes
+//! there, again every [`REFRESH`], and again soon after a transaction the
+//! broker refused for a record's sake. An output to a topic whose
+//! configuration cannot be read (it does not exist yet and may be created
+//! on first use, or this client may not describe it) is checked against
+//! the producer's `message.max.bytes` only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +67,20 @@ pub(crate) struct TopicLimits {
     /// `cleanup.policy` includes `compact`: a record without a key is
     /// refused.
     pub(crate) compacted: bool,
+    /// How many partitions the topic has, if the broker said: an output
+    /// naming one at or past it is refused.
+    pub(crate) partitions: Option<u32>,
+}
+
+impl TopicLimits {
+    /// Whether the topic, as read, lacks the partition `output` names.
+    #[inline]
+    pub(crate) fn lacks_partition_of(&self, output: &Output) -> bool {
+        output
+            .partition()
+            .zip(self.partitions)
+            .is_some_and(|(named, count)| named >= count)
+    }
 }
 
 /// What the producer itself accepts, from its settings.
@@ -97,6 +118,16 @@ pub(crate) fn refusal(
     producer: ProducerLimits,
     topic: Option<TopicLimits>,
 ) -> Option<String> {
+    if let Some((named, count)) = output
+        .partition()
+        .zip(topic.and_then(|topic| topic.partitions))
+        .filter(|(named, count)| named >= count)
+    {
+        return Some(format!(
+            "the output names partition {named} and the topic has {count} (0 to {})",
+            count - 1
+        ));
+    }
     if topic.is_some_and(|topic| topic.compacted && output.key().is_none()) {
         return Some(
             "the topic is compacted (cleanup.policy=compact) and the output has no key".into(),
@@ -287,7 +318,35 @@ impl Describer {
         Described::Known(TopicLimits {
             max_batch,
             compacted,
+            partitions: self.partitions(admin, topic).await,
         })
+    }
+
+    /// How many partitions `topic` has, from its metadata, or `None` when
+    /// the broker does not say within the timeout (then no output is
+    /// refused for the partition it names).
+    async fn partitions(
+        &self,
+        admin: Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
+        topic: &str,
+    ) -> Option<u32> {
+        let topic = topic.to_owned();
+        let timeout = self.timeout;
+        // librdkafka's metadata call blocks, bounded by the timeout.
+        let counted = tokio::task::spawn_blocking(move || {
+            let metadata = admin.inner().fetch_metadata(Some(&topic), timeout).ok()?;
+            let found = metadata
+                .topics()
+                .iter()
+                .find(|found| found.name() == topic)?;
+            if found.error().is_some() {
+                return None;
+            }
+            u32::try_from(found.partitions().len())
+                .ok()
+                .filter(|count| *count > 0)
+        });
+        counted.await.ok().flatten()
     }
 }
 
@@ -304,6 +363,7 @@ mod tests {
         Some(TopicLimits {
             max_batch,
             compacted: false,
+            partitions: None,
         })
     }
 
@@ -356,9 +416,29 @@ mod tests {
         let compacted = Some(TopicLimits {
             max_batch: 1_000_000,
             compacted: true,
+            partitions: None,
         });
         assert!(refusal(&Output::new("t", "x"), PRODUCER, compacted).is_some());
         assert!(refusal(&Output::new("t", "x").with_key("k"), PRODUCER, compacted).is_none());
+    }
+
+    #[test]
+    fn an_output_naming_a_partition_the_topic_lacks_is_refused() {
+        let four = Some(TopicLimits {
+            max_batch: 1_000_000,
+            compacted: false,
+            partitions: Some(4),
+        });
+        let placed = |partition| Output::new("t", "x").with_partition(partition);
+        assert!(refusal(&placed(3), PRODUCER, four).is_none());
+        let refused = refusal(&placed(4), PRODUCER, four).expect("refused");
+        assert!(refused.contains("partition 4"), "{refused}");
+        assert!(refusal(&placed(u32::MAX), PRODUCER, four).is_some());
+        assert!(refusal(&Output::new("t", "x"), PRODUCER, four).is_none());
+        assert!(
+            refusal(&placed(9), PRODUCER, small(1_000_000)).is_none(),
+            "count unknown"
+        );
     }
 
     #[test]

@@ -19,9 +19,12 @@
 //!   watermark (an earlier one still running) waits for a later
 //!   transaction.
 //!
-//! An output its destination would refuse (too large for the topic's
+//! An output goes to the partition it names
+//! ([`Output::partition`](intake_core::publish::Output::partition)), else to
+//! its key's. One its destination would refuse (too large for the topic's
 //! `max.message.bytes` or the producer's `message.max.bytes`, no key for a
-//! compacted topic) fails its own input in the layer, permanently, as
+//! compacted topic, a partition the topic does not have) fails its own
+//! input in the layer, permanently, as
 //! [`KafkaPublisher`](crate::KafkaPublisher) fails it: a dead-letter layer
 //! outside takes the input, and no transaction ever carries the output.
 //!

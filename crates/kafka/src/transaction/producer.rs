@@ -22,6 +22,10 @@ use crate::settings::KafkaSettings;
 /// full (the blocking thread has nothing else to do meanwhile).
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
 
+/// How long a send asks the brokers for a topic's partitions when
+/// librdkafka does not know the partition an output names.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Bytes a record's timestamp and offset deltas may take beyond the first
 /// record's (a varint each: offset deltas to 2 bytes within 8,192 records,
 /// timestamp deltas to 4 within a day).
@@ -212,10 +216,17 @@ impl Transactor {
     }
 
     /// Hands one output to librdkafka, waiting for room in its queue until
-    /// `deadline`.
+    /// `deadline`: into the partition it names, if it names one, else into
+    /// its key's (as [`KafkaPublisher`](crate::KafkaPublisher) does).
     fn send(&self, output: Output, deadline: Instant) -> Result<(), Failure> {
+        let partition = output.partition();
         let (destination, payload, key, headers) = output.into_parts();
         let mut record = BaseRecord::<[u8], [u8]>::to(&destination).payload(payload.as_ref());
+        if let Some(partition) = partition {
+            // Above i32::MAX no Kafka partition exists: librdkafka refuses
+            // it as an unknown partition, like any other it does not know.
+            record = record.partition(i32::try_from(partition).unwrap_or(i32::MAX));
+        }
         if let Some(key) = &key {
             record = record.key(key.as_ref());
         }
@@ -230,6 +241,7 @@ impl Transactor {
                 },
             ));
         }
+        let mut refreshed = false;
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
@@ -238,6 +250,24 @@ impl Transactor {
                 {
                     record = returned;
                     std::thread::sleep(QUEUE_FULL_PAUSE);
+                }
+                Err((
+                    KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition),
+                    returned,
+                )) if !refreshed && Instant::now() < deadline => {
+                    // The layer found the partition in the topic's count,
+                    // read lately; librdkafka's own view may be older (it
+                    // reads a topic's metadata every
+                    // topic.metadata.refresh.interval.ms, 5 min): partitions
+                    // added since. A metadata answer updates that view.
+                    refreshed = true;
+                    record = returned;
+                    if let Err(error) = self.producer.client().fetch_metadata(
+                        Some(&destination),
+                        remaining(deadline).min(METADATA_TIMEOUT),
+                    ) {
+                        tracing::debug!(%error, topic = %destination, "kafka topic metadata not read again");
+                    }
                 }
                 Err((error, _)) => return Err(Failure::Kafka(error)),
             }

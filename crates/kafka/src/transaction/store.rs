@@ -75,6 +75,11 @@ pub(crate) enum Put {
     /// Not kept yet: what this destination accepts must be read first;
     /// the outputs are given back.
     Unread(Arc<str>, Vec<Output>),
+    /// Not kept yet: an output names a partition past the count read for
+    /// this destination, which must be read again (fresh) before the output
+    /// is refused; the outputs are given back, to be put with
+    /// [`put_recounted`](OutputStore::put_recounted).
+    Recount(Arc<str>, Vec<Output>),
 }
 
 impl OutputStore {
@@ -109,13 +114,38 @@ impl OutputStore {
     /// replacing any it left before, if the partition's ownership epoch is
     /// still `epoch` and each output's destination takes it (as far as
     /// this store knows what it takes: a destination not read yet gives
-    /// the outputs back, to be [learned](Self::learn) first).
+    /// the outputs back, to be [learned](Self::learn) first, and so does one
+    /// whose partition count an output's partition is past, to be
+    /// [recounted](Put::Recount)).
     pub(crate) fn put(
         &self,
         partition: &PartitionKey,
         epoch: u64,
         offset: i64,
         outputs: Vec<Output>,
+    ) -> Put {
+        self.keep(partition, epoch, offset, outputs, false)
+    }
+
+    /// [`put`](Self::put) after a [recount](Put::Recount): an output naming a
+    /// partition past the count now read is refused.
+    pub(crate) fn put_recounted(
+        &self,
+        partition: &PartitionKey,
+        epoch: u64,
+        offset: i64,
+        outputs: Vec<Output>,
+    ) -> Put {
+        self.keep(partition, epoch, offset, outputs, true)
+    }
+
+    fn keep(
+        &self,
+        partition: &PartitionKey,
+        epoch: u64,
+        offset: i64,
+        outputs: Vec<Output>,
+        recounted: bool,
     ) -> Put {
         let mut state = self.lock();
         if state.epochs.get(partition).copied().unwrap_or(0) != epoch {
@@ -146,8 +176,16 @@ impl OutputStore {
             };
             let keyless_to_compacted =
                 output.key().is_none() && accepts.is_some_and(|accepts| accepts.compacted);
-            if limits::fits(output, budget) && !keyless_to_compacted {
+            let partition_lacking =
+                accepts.is_some_and(|accepts| accepts.lacks_partition_of(output));
+            if limits::fits(output, budget) && !keyless_to_compacted && !partition_lacking {
                 continue;
+            }
+            if partition_lacking && !recounted {
+                // Kafka only adds partitions: the count read may be older
+                // than the partition the output names.
+                let topic = Arc::clone(destination);
+                return Put::Recount(topic, outputs);
             }
             if let Some(reason) = limits::refusal(output, self.producer, accepts) {
                 return Put::Refused {
@@ -311,6 +349,7 @@ mod tests {
             &Described::Known(TopicLimits {
                 max_batch: 1_000,
                 compacted: false,
+                partitions: Some(4),
             }),
         );
         store
@@ -416,6 +455,34 @@ mod tests {
     }
 
     #[test]
+    fn an_output_past_the_partitions_read_is_recounted_then_refused() {
+        let store = store();
+        let partition = PartitionKey::new("in", 0);
+        assert!(kept(store.put(
+            &partition,
+            0,
+            1,
+            vec![output("placed").with_partition(3)]
+        )));
+        let Put::Recount(topic, outputs) = store.put(
+            &partition,
+            0,
+            2,
+            vec![output("placed"), output("past").with_partition(4)],
+        ) else {
+            panic!("refused or kept without reading the count again");
+        };
+        assert_eq!(&*topic, "out");
+        assert_eq!(store.len(), 1, "nothing of the second input kept");
+        let refused = store.put_recounted(&partition, 0, 2, outputs);
+        assert!(
+            matches!(&refused, Put::Refused { index: 1, reason, .. } if reason.contains("partition 4")),
+            "{refused:?}"
+        );
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
     fn outputs_to_a_destination_not_read_yet_are_given_back_until_it_is() {
         let store = store();
         let partition = PartitionKey::new("in", 0);
@@ -445,6 +512,7 @@ mod tests {
             &Described::Known(TopicLimits {
                 max_batch: 2_000_000,
                 compacted: false,
+                partitions: None,
             }),
         );
         assert_eq!(store.small_destinations().len(), 1);
