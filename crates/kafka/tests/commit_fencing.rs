@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,15 +16,21 @@ use std::time::Duration;
 use intake_core::backend::testkit::Backend;
 use intake_core::backend::testkit::harness::numbered;
 use intake_core::backend::{AckBatch, AckError};
+use intake_core::publish::Output;
 use intake_core::{
     Consumer, ConsumerObserver, HandlerError, Message, PartitionKey, Position, RunError, RunReport,
     handler_fn,
 };
-use intake_kafka::KafkaSource;
+use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+use intake_kafka::rdkafka::error::KafkaError;
+use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use intake_kafka::rdkafka::{ClientConfig, Message as _};
+use intake_kafka::{KafkaSettings, KafkaSource, KafkaTransactions};
 use support::consumer::eventually;
 use support::{KafkaBackend, unique};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tower::{Service, ServiceBuilder};
 
 const PATIENCE: Duration = Duration::from_secs(90);
 
@@ -74,6 +81,7 @@ struct Member {
 }
 
 impl Member {
+    /// A member that only counts.
     fn start(
         source: KafkaSource,
         revoke_timeout: Duration,
@@ -90,6 +98,48 @@ impl Member {
                 }
             }
         });
+        Self::launch(source, revoke_timeout, observer, handler, handled)
+    }
+
+    /// A member of an exactly-once relay: each input forwarded to `output`
+    /// in `transactions`.
+    fn relay(
+        source: KafkaSource,
+        revoke_timeout: Duration,
+        observer: Option<Arc<dyn ConsumerObserver>>,
+        transactions: &KafkaTransactions,
+        output: &str,
+    ) -> Self {
+        let handled = Arc::new(AtomicUsize::new(0));
+        let destination: Arc<str> = output.into();
+        let handler = ServiceBuilder::new()
+            .layer(transactions.layer())
+            .service(handler_fn({
+                let handled = handled.clone();
+                move |message: Message| {
+                    let handled = handled.clone();
+                    let destination = destination.clone();
+                    async move {
+                        handled.fetch_add(1, Ordering::AcqRel);
+                        Output::forward(&message, destination)
+                    }
+                }
+            }));
+        Self::launch(source, revoke_timeout, observer, handler, handled)
+    }
+
+    fn launch<H>(
+        source: KafkaSource,
+        revoke_timeout: Duration,
+        observer: Option<Arc<dyn ConsumerObserver>>,
+        handler: H,
+        handled: Arc<AtomicUsize>,
+    ) -> Self
+    where
+        H: Service<Message, Response = ()> + Send + 'static,
+        H::Error: Into<HandlerError> + Send + 'static,
+        H::Future: Send + 'static,
+    {
         let acker = source.acker();
         let mut builder = Consumer::builder()
             .commit_interval(Duration::from_millis(50))
@@ -235,4 +285,174 @@ async fn a_batch_held_across_a_revoke_and_a_new_assignment_is_not_committed() {
         Some(30),
         "A's stop commits nothing of its first assignment"
     );
+}
+
+/// The payloads of partition 0 of `topic`, read with `read_committed`,
+/// counted per payload.
+async fn read_committed(kafka: &KafkaBackend, topic: &str) -> BTreeMap<String, usize> {
+    let brokers = kafka.brokers().to_owned();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<_, KafkaError> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", unique("intake-fence-reader"))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", "read_committed")
+            .create()?;
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(&topic, 0, Offset::Beginning)?;
+        consumer.assign(&list)?;
+        let mut counts = BTreeMap::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{topic} not read to its end in 20 s"
+            );
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(message)) => {
+                    let payload = String::from_utf8_lossy(message.payload().unwrap_or_default());
+                    *counts.entry(payload.into_owned()).or_insert(0) += 1;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(counts),
+                Some(Err(error)) => return Err(error),
+                None => {}
+            }
+        }
+    })
+    .await
+    .expect("reader thread")
+    .expect("read")
+}
+
+/// The same in an exactly-once relay, where the stale batch is a
+/// transaction: A relays 0 (committed at once), keeps the outputs of 1..=9
+/// for a transaction held back 30 s, loses the partition to B (which relays
+/// 1..=29 and commits 30) and gets it back. A's held transaction must not
+/// commit offset 10 (with none of its outputs, dropped with the partition):
+/// a member starting later would relay 10..=29 a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_held_across_a_revoke_and_a_new_assignment_is_not_committed() {
+    support::init_tracing();
+    let test = "a_transaction_held_across_a_revoke_and_a_new_assignment_is_not_committed";
+    let Some(kafka) = KafkaBackend::real(test) else {
+        return;
+    };
+    let topic = kafka.create_source(1).await.expect("input topic");
+    let output = unique("intake-fence-out");
+    kafka.create_topic(&output, 1).await.expect("output topic");
+    let group = unique("intake-fence");
+    let partition = PartitionKey::new(topic.as_str(), 0);
+    let transactions = |name: &str| {
+        KafkaTransactions::new(KafkaSettings::new(kafka.brokers()), unique(name))
+            .operation_timeout(Duration::from_secs(10))
+            .transaction_timeout(Duration::from_secs(10))
+    };
+    let kafka_a = KafkaBackend::at(kafka.brokers()).with_settings(&[("client.id", "zz-held")]);
+    let kafka_b = KafkaBackend::at(kafka.brokers()).with_settings(&[("client.id", "aa-next")]);
+
+    let acks = Arc::new(Acks::new(partition.clone()));
+    let transactions_a = transactions("intake-fence-a");
+    let source_a = kafka_a
+        .source(&topic, &group)
+        .exactly_once(&transactions_a)
+        .min_commit_interval(Duration::from_secs(30))
+        .build()
+        .await
+        .expect("source A");
+    let a = Member::relay(
+        source_a,
+        Duration::from_millis(100),
+        Some(acks.clone() as Arc<dyn ConsumerObserver>),
+        &transactions_a,
+        &output,
+    );
+    kafka
+        .produce(&topic, numbered(0, 1))
+        .await
+        .expect("produce");
+    eventually("A to commit offset 1", PATIENCE, || async {
+        committed(&kafka, &topic, &group).await == Some(1)
+    })
+    .await;
+    kafka
+        .produce(&topic, numbered(1, 9))
+        .await
+        .expect("produce");
+    eventually("A to handle 10", PATIENCE, || async { a.handled() == 10 }).await;
+
+    let transactions_b = transactions("intake-fence-b");
+    let source_b = kafka_b
+        .source(&topic, &group)
+        .exactly_once(&transactions_b)
+        .build()
+        .await
+        .expect("B");
+    let b = Member::relay(
+        source_b,
+        Duration::from_secs(10),
+        None,
+        &transactions_b,
+        &output,
+    );
+    eventually("B to handle 1..=9 again", PATIENCE, || async {
+        b.handled() >= 9
+    })
+    .await;
+    kafka
+        .produce(&topic, numbered(10, 20))
+        .await
+        .expect("produce");
+    eventually("B to commit 30", PATIENCE, || async {
+        committed(&kafka, &topic, &group).await == Some(30)
+    })
+    .await;
+    assert_eq!(acks.answered().len(), 1, "A's second transaction is held");
+    b.stop().await;
+    eventually("A's held transaction to be answered", PATIENCE, || async {
+        acks.answered().len() >= 2
+    })
+    .await;
+    a.stop().await;
+    let after = committed(&kafka, &topic, &group).await;
+
+    // Whoever the group's next member is starts from its committed offset.
+    let transactions_c = transactions("intake-fence-c");
+    let source_c = kafka
+        .source(&topic, &group)
+        .exactly_once(&transactions_c)
+        .build()
+        .await
+        .expect("C");
+    let c = Member::relay(
+        source_c,
+        Duration::from_secs(10),
+        None,
+        &transactions_c,
+        &output,
+    );
+    kafka
+        .produce(&topic, numbered(30, 1))
+        .await
+        .expect("produce");
+    eventually("C to commit 31", PATIENCE, || async {
+        committed(&kafka, &topic, &group).await == Some(31)
+    })
+    .await;
+    c.stop().await;
+
+    let counts = read_committed(&kafka, &output).await;
+    let repeated: Vec<_> = counts.iter().filter(|(_, seen)| **seen != 1).collect();
+    assert_eq!(
+        after,
+        Some(30),
+        "A's held transaction committed its first assignment's offset over B's progress; \
+         outputs relayed more than once: {repeated:?}"
+    );
+    assert!(
+        repeated.is_empty(),
+        "outputs relayed more than once: {repeated:?}"
+    );
+    assert_eq!(counts.len(), 31, "every input's output: {counts:?}");
 }
