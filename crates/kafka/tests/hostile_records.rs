@@ -333,6 +333,11 @@ async fn arbitrary_records_arrive_as_messages_with_their_bytes() {
             record.payload.as_deref().unwrap_or_default()
         );
         assert_eq!(
+            message.is_tombstone(),
+            record.payload.is_none(),
+            "a null value is a tombstone, an empty one is not"
+        );
+        assert_eq!(
             message.key().map(Bytes::as_ref),
             record.key.as_deref(),
             "a null key stays absent, an empty one empty"

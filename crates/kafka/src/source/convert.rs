@@ -17,7 +17,7 @@
 //! and goes back to that thread's cache.
 
 use std::ffi::CStr;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use intake_core::{Headers, Message, Metadata, Position, SourceName};
@@ -110,7 +110,8 @@ impl Chunks {
 #[derive(Debug)]
 pub(crate) struct Record {
     metadata: Metadata,
-    payload: Bytes,
+    /// `None` for a null value: a tombstone ([`Message::tombstone`]).
+    payload: Option<Bytes>,
     key: Option<Bytes>,
     headers: Headers,
 }
@@ -121,7 +122,7 @@ impl Record {
     pub(crate) fn new(payload: Bytes, metadata: Metadata) -> Self {
         Self {
             metadata,
-            payload,
+            payload: Some(payload),
             key: None,
             headers: Headers::new(),
         }
@@ -139,12 +140,18 @@ impl Record {
             .iter()
             .map(|header| header.name.len() + header.value.len())
             .sum();
-        self.payload.len() + self.key.as_ref().map_or(0, Bytes::len) + headers
+        self.payload.as_ref().map_or(0, Bytes::len)
+            + self.key.as_ref().map_or(0, Bytes::len)
+            + headers
     }
 
-    /// The message: its one allocation, made on the calling thread.
+    /// The message (a tombstone for a null value): its one allocation,
+    /// made on the calling thread.
     pub(crate) fn into_message(self) -> Message {
-        let mut message = Message::new(self.payload, self.metadata);
+        let mut message = match self.payload {
+            Some(payload) => Message::new(payload, self.metadata),
+            None => Message::tombstone(self.metadata),
+        };
         if let Some(key) = self.key {
             message = message.with_key(key);
         }
@@ -198,22 +205,25 @@ fn to_record(
         partition,
         Position::Offset(message.offset()),
     );
-    let timestamp = message
-        .timestamp()
-        .to_millis()
-        .and_then(|millis| u64::try_from(millis).ok())
-        .map(|millis| UNIX_EPOCH + Duration::from_millis(millis));
-    metadata.set_timestamp(timestamp);
-    let payload = message
-        .payload()
-        .map(|payload| chunks.copy(payload))
-        .unwrap_or_default();
+    metadata.set_timestamp(message.timestamp().to_millis().and_then(timestamp_of));
     Some(Record {
         metadata,
-        payload,
+        // A null value stays `None`: a tombstone, not an empty payload.
+        payload: message.payload().map(|payload| chunks.copy(payload)),
         key: message.key().map(|key| chunks.copy(key)),
         headers: Headers::new(),
     })
+}
+
+/// The instant of a record's timestamp, `millis` ms since the epoch: none
+/// for a negative one (Kafka's `-1` is "no timestamp", and its producers
+/// refuse the others, which a hostile one may still write), nor for one
+/// the platform's clock type cannot hold (any `i64` fits on Unix; Windows'
+/// ends in the year 30828, and an unchecked addition would panic the
+/// polling thread there).
+fn timestamp_of(millis: i64) -> Option<SystemTime> {
+    let millis = u64::try_from(millis).ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
 }
 
 /// The message's topic name as librdkafka holds it, without rdkafka's UTF-8
@@ -262,6 +272,52 @@ mod tests {
         )
         .into_message();
         assert!(bare.key().is_none() && bare.headers().is_empty());
+    }
+
+    #[test]
+    fn a_null_value_becomes_a_tombstone_with_its_key_and_headers() {
+        let mut headers = Headers::new();
+        headers.insert("trace", Bytes::from_static(b"abc"));
+        let record = Record {
+            payload: None,
+            key: Some(Bytes::from_static(b"key")),
+            headers,
+            metadata: Metadata::new("t".into(), 2, Position::Offset(7)),
+        };
+        let size = record.byte_size();
+        let message = record.into_message();
+        assert!(message.is_tombstone());
+        assert!(message.payload().is_empty());
+        assert_eq!(size, message.byte_size());
+        assert_eq!(message.key().map(Bytes::as_ref), Some(&b"key"[..]));
+        assert_eq!(message.headers().get_str("trace"), Some("abc"));
+        assert_eq!(message.metadata().position(), Position::Offset(7));
+
+        let empty = Record::new(
+            Bytes::new(),
+            Metadata::new("t".into(), 0, Position::Offset(0)),
+        )
+        .into_message();
+        assert!(!empty.is_tombstone(), "an empty value is a value");
+    }
+
+    #[test]
+    fn any_timestamp_converts_without_a_panic() {
+        assert_eq!(timestamp_of(0), Some(UNIX_EPOCH));
+        assert_eq!(
+            timestamp_of(1_700_000_000_123),
+            Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_123))
+        );
+        for negative in [-1, -5, i64::MIN] {
+            assert_eq!(timestamp_of(negative), None, "{negative}");
+        }
+        for far in [i64::MAX, i64::MAX - 1, 253_402_300_800_000] {
+            // Whatever the platform holds: on Unix, the instant itself.
+            let expected = UNIX_EPOCH.checked_add(Duration::from_millis(far as u64));
+            assert_eq!(timestamp_of(far), expected, "{far}");
+            #[cfg(unix)]
+            assert!(expected.is_some(), "{far}");
+        }
     }
 
     #[test]
