@@ -303,9 +303,8 @@ impl EntryDecoder {
             let name = self.name(raw_name);
             headers.push((name, value));
         }
-        let metadata = Metadata::new(stream.clone(), 0, id.position())
-            .with_timestamp(SystemTime::UNIX_EPOCH + Duration::from_millis(id.ms))
-            .with_attempt(attempt);
+        let mut metadata = Metadata::new(stream.clone(), 0, id.position()).with_attempt(attempt);
+        metadata.set_timestamp(timestamp_of(id));
         let headers: Headers = headers.into_iter().collect();
         let found = payload.is_some();
         let mut message = Message::new(payload.unwrap_or_default(), metadata).with_headers(headers);
@@ -318,6 +317,15 @@ impl EntryDecoder {
             Decoded::MissingPayload(message)
         }
     }
+}
+
+/// The instant an entry id's milliseconds name, if the platform's clock
+/// type holds it: Redis takes any explicit id up to `u64::MAX` ms. On Unix
+/// every one fits (`SystemTime` holds `i64` seconds); Windows' ends in the
+/// year 30828, and an unchecked addition would panic there on an id a
+/// producer chose.
+fn timestamp_of(id: StreamId) -> Option<SystemTime> {
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(id.ms))
 }
 
 #[cfg(test)]
@@ -361,6 +369,31 @@ mod tests {
             message.metadata().timestamp(),
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1))
         );
+    }
+
+    #[test]
+    fn an_id_of_any_milliseconds_converts_without_a_panic() {
+        assert_eq!(timestamp_of(StreamId::ZERO), Some(SystemTime::UNIX_EPOCH));
+        for ms in [u64::MAX, u64::MAX - 1, 1 << 63] {
+            let expected = SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(ms));
+            assert_eq!(
+                timestamp_of(StreamId { ms, seq: u64::MAX }),
+                expected,
+                "{ms}"
+            );
+            #[cfg(unix)]
+            assert!(expected.is_some(), "{ms}");
+        }
+        let mut decoder = EntryDecoder::new("payload".into(), None);
+        let fields = vec![bulk("payload"), bulk("x")];
+        let far = StreamId {
+            ms: u64::MAX,
+            seq: u64::MAX,
+        };
+        let Decoded::Message(message) = decoder.decode(&"s".into(), far, fields, 1) else {
+            panic!("the payload field is present");
+        };
+        assert_eq!(message.metadata().timestamp(), timestamp_of(far));
     }
 
     #[test]
