@@ -87,9 +87,8 @@ async fn a_null_value_arrives_as_a_tombstone_with_its_key_and_headers() {
     assert_eq!(empty.headers().get_str("tenant"), Some("acme"));
     assert!(!seven.is_tombstone());
 
-    let refused = Json::<u64>::from_message(deleted.clone())
-        .err()
-        .expect("Json<T> refuses a tombstone");
+    let refused =
+        Json::<u64>::from_message(deleted.clone()).expect_err("Json<T> refuses a tombstone");
     assert!(refused.is_permanent(), "{refused:?}");
     let said = support::error_chain(&refused);
     assert!(said.contains("tombstone"), "the error names it: {said}");
