@@ -286,21 +286,31 @@ fn settled(report: &RunReport) -> Result<(), BoxError> {
 /// `handler`, parking through `parking` (given with `--later-every`) what
 /// asks for later, keeping a parked key's later messages behind it when
 /// the consumer keeps the order per key.
-fn parked<H, P>(handler: H, parking: Option<P>, key_order: bool) -> ConsumeHandler
+fn parked<H, P>(
+    handler: H,
+    parking: Option<P>,
+    key_order: bool,
+    key_of: Option<KeyOf>,
+) -> ConsumeHandler
 where
     H: tower::Service<Message, Response = (), Error = HandlerError> + Send + 'static,
     H::Future: Send + 'static,
     P: Parking,
 {
     match parking {
-        Some(parking) => BoxService::new(
-            ParkingLayer::new(parking)
-                .keep_key_order(key_order)
-                .layer(handler),
-        ),
+        Some(parking) => {
+            let mut layer = ParkingLayer::new(parking).keep_key_order(key_order);
+            if let Some(key_of) = key_of {
+                layer = layer.key_with(key_of);
+            }
+            BoxService::new(layer.layer(handler))
+        }
         None => BoxService::new(handler),
     }
 }
+
+/// Where a message's key is, when it is not the broker's key.
+type KeyOf = for<'a> fn(&'a Message) -> Option<&'a [u8]>;
 
 /// A handler of any stack, so that one `run` takes them all.
 type ConsumeHandler = BoxService<Message, (), HandlerError>;
@@ -522,7 +532,7 @@ where
             let backlog = Backlog::Kafka(
                 kafka::LagProbe::new(bootstrap, source_name, group)?.with_parking(parking.clone()),
             );
-            let handler = parked(handler, parking, job.key_order);
+            let handler = parked(handler, parking, job.key_order, None);
             run(source, acker, handler, job, Some(backlog)).await
         }
         Broker::Redis { url } => {
@@ -533,7 +543,7 @@ where
                 true => Some(source.parking().build().await?),
                 false => None,
             };
-            let handler = parked(handler, parking, job.key_order);
+            let handler = parked(handler, parking, job.key_order, None);
             run(source, acker, handler, job, Some(Backlog::Redis(pending))).await
         }
         Broker::Amqp { url } => {
@@ -543,14 +553,25 @@ where
             };
             let source = amqp::source(url, source, group).await?;
             let acker = source.acker();
-            let handler = parked(handler, parking, job.key_order);
+            // An AMQP message's broker key is its routing key, the queue's
+            // name for every id: the ledger's key travels in a header.
+            let handler = parked(handler, parking, job.key_order, Some(amqp::key_of));
+            let job = Job {
+                consumer: job.consumer.key_with(amqp::key_of),
+                ..job
+            };
             run(source, acker, handler, job, None).await
         }
         Broker::Nats { url } => {
             let pending = nats::PendingProbe::connect(url, source, group).await?;
             let source = nats::source(url, source, group).await?;
             let acker = source.acker();
-            let handler = parked(handler, job.parks.then(|| source.parking()), job.key_order);
+            let handler = parked(
+                handler,
+                job.parks.then(|| source.parking()),
+                job.key_order,
+                None,
+            );
             run(source, acker, handler, job, Some(Backlog::Nats(pending))).await
         }
     }

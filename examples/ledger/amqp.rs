@@ -13,6 +13,8 @@ use intake::amqp::lapin::types::{AMQPValue, FieldTable, ShortString};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
 use intake::amqp::{AmqpParking, AmqpPublisher, AmqpSource, Queue, Topology};
 
+use intake::Message;
+
 use crate::BoxError;
 
 /// The queue as both commands declare it: quorum queues count
@@ -39,6 +41,12 @@ const MAX_UNCONFIRMED: usize = 5_000;
 
 /// Publishes ids `0..count` (`message-id` = the id, header `key` = `id %
 /// 64`), persistent, and returns once the broker confirmed every one.
+/// The ledger's key of `message`: its `key` header (`id % 64`), where the
+/// broker's key (the routing key) is the queue's name for every message.
+pub fn key_of(message: &Message) -> Option<&[u8]> {
+    message.headers().get("key").map(|key| &key[..])
+}
+
 pub async fn produce(url: &str, queue: &str, count: u64) -> Result<(), BoxError> {
     declare(url, queue).await?;
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
