@@ -40,7 +40,10 @@ impl HandlingOrder {
     }
 
     fn distinct(&self) -> usize {
-        self.first.lock().map(|first| first.order.len()).unwrap_or(0)
+        self.first
+            .lock()
+            .map(|first| first.order.len())
+            .unwrap_or(0)
     }
 
     async fn wait_for(&self, count: usize, what: &str) {
