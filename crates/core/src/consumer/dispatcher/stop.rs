@@ -110,10 +110,10 @@ where
         }
         unfinished.sort_by(|a, b| (&a.partition, a.position).cmp(&(&b.partition, b.position)));
         report.unfinished = unfinished;
-        if report.is_settled() {
+        if report.not_committed.is_empty() {
             tracing::info!(
                 succeeded = report.succeeded,
-                unfinished = 0,
+                unfinished = report.unfinished.len(),
                 "consumer stopped"
             );
         } else {
@@ -124,7 +124,7 @@ where
                 succeeded = report.succeeded,
                 unfinished = report.unfinished.len(),
                 not_committed = report.not_committed.len(),
-                "consumer stopped unsettled: what is unfinished or not committed is delivered again"
+                "consumer stopped, its final commit failed: finished messages are delivered again"
             );
         }
         report
