@@ -146,4 +146,14 @@ pub trait LagProbe: Send + Sync + 'static {
     /// The group's lag on every partition it consumes, ordered by
     /// partition.
     fn lag(&self) -> impl Future<Output = Result<Vec<PartitionLag>, LagError>> + Send;
+
+    /// How many of the group's messages are parked and not yet back (in
+    /// Kafka retry topics, RabbitMQ wait queues, Redis due indexes): a
+    /// backlog broker lag does not show, since the originals are
+    /// acknowledged. `None` where the backend cannot count them (NATS
+    /// holds its parks in the consumer, where broker lag counts them).
+    /// The default counts none.
+    fn parked(&self) -> impl Future<Output = Result<Option<u64>, LagError>> + Send {
+        async { Ok(None) }
+    }
 }

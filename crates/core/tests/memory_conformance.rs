@@ -12,3 +12,4 @@ async fn backend() -> Option<MemoryBackend> {
 intake_core::conformance_suite!(backend());
 intake_core::publisher_suite!(backend());
 intake_core::dead_letter_store_suite!(backend());
+intake_core::broker_suite!(backend());

@@ -131,6 +131,8 @@
 //! # }
 //! ```
 
+pub mod broker;
+
 pub use crate::acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
 pub use crate::dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink, envelope};
 pub use crate::message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
@@ -139,6 +141,7 @@ pub use crate::source::{
     Limits, Revocation, RevocationError, RevocationHandle, RevocationOutcome, RevokedPartition,
     Source, SourceError, SourceEvent,
 };
+pub use broker::{Broker, ParkingOptions, RouteAddress, RouteOptions, RouteParts};
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

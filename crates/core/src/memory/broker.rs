@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -68,6 +69,7 @@ impl MemoryBrokerBuilder {
                 config: self.config,
                 topics: Mutex::new(HashMap::new()),
                 parked_copies: Mutex::new(HashSet::new()),
+                parked_waiting: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -79,6 +81,9 @@ struct BrokerInner {
     /// Where the copies its parkings gave back were stored: the broker's
     /// own record of a park, which no producer can forge.
     parked_copies: Mutex<HashSet<(SourceName, u32, i64)>>,
+    /// Per topic, the messages its parkings hold and have not given back
+    /// yet: shared by every parking of the topic and read by its lag probes.
+    parked_waiting: Mutex<HashMap<SourceName, Arc<AtomicUsize>>>,
 }
 
 /// An in-process broker with Kafka's model: topics of partitions, consumer
@@ -242,7 +247,28 @@ impl MemoryBroker {
     /// [`ParkingLayer`](crate::parking::ParkingLayer).
     pub fn parking(&self, topic: &str) -> Result<super::MemoryParking, MemoryError> {
         self.partitions(topic)?;
-        Ok(super::MemoryParking::new(self.clone(), topic))
+        Ok(super::MemoryParking::new(
+            self.clone(),
+            topic,
+            self.parked_waiting(topic),
+        ))
+    }
+
+    /// The count of messages parked on `topic` and not yet back.
+    pub(super) fn parked_waiting(&self, topic: &str) -> Arc<AtomicUsize> {
+        let mut waiting = self
+            .inner
+            .parked_waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match waiting.get(topic) {
+            Some(count) => Arc::clone(count),
+            None => {
+                let count = Arc::new(AtomicUsize::new(0));
+                waiting.insert(SourceName::from(topic), Arc::clone(&count));
+                count
+            }
+        }
     }
 
     /// The store of the dead letters of `group` consuming `topic` (the

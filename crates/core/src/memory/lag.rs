@@ -80,6 +80,15 @@ impl LagProbe for MemoryLagProbe {
         self.query()
             .map_err(|error| LagError::Refused(Box::new(error)))
     }
+
+    /// What the topic's parkings hold (every group's: the memory broker
+    /// parks a copy back into the topic itself).
+    async fn parked(&self) -> Result<Option<u64>, LagError> {
+        let waiting = self.broker.parked_waiting(&self.topic);
+        Ok(Some(
+            waiting.load(std::sync::atomic::Ordering::Relaxed) as u64
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -82,6 +82,7 @@ mod group;
 mod lag;
 mod parking;
 mod partitioner;
+mod parts;
 mod publisher;
 mod record;
 mod snapshot;

@@ -24,15 +24,16 @@ pub struct MemoryParking {
 }
 
 impl MemoryParking {
-    pub(super) fn new(broker: MemoryBroker, topic: &str) -> Self {
+    pub(super) fn new(broker: MemoryBroker, topic: &str, waiting: Arc<AtomicUsize>) -> Self {
         Self {
             broker,
             topic: topic.into(),
-            waiting: Arc::new(AtomicUsize::new(0)),
+            waiting,
         }
     }
 
-    /// Messages parked and not yet back in the topic.
+    /// Messages parked and not yet back in the topic (by every parking of
+    /// the topic).
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
     }

@@ -130,6 +130,14 @@ impl super::PublishingBackend for MemoryBackend {
     }
 }
 
+impl super::broker::BrokerBackend for MemoryBackend {
+    type Broker = MemoryBroker;
+
+    fn broker(&self) -> MemoryBroker {
+        self.broker.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

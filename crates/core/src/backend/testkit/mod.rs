@@ -16,6 +16,7 @@
 //! and read its dead letters with [`wait_until_committed`],
 //! [`assert_committed`] and [`dead_letters`].
 
+pub mod broker;
 pub mod dead_letter_store;
 pub mod harness;
 pub mod hostile_server;
@@ -26,6 +27,7 @@ pub mod ordering;
 pub mod publishing;
 pub mod scenarios;
 
+pub use broker::BrokerBackend;
 pub use lag_probe::assert_unreachable_lag_probe;
 pub use memory_broker::{
     CommitWaitError, Uncommitted, assert_committed, dead_letters, wait_until_committed,
