@@ -129,7 +129,7 @@ pub struct ParkingOptions {
 /// The parts of one route, derived together by [`Broker::route`] so that
 /// they agree: the source reads whatever the parking gives back.
 #[non_exhaustive]
-pub struct RouteParts<B: Broker + ?Sized> {
+pub struct RouteParts<B: Broker> {
     /// Where the route's messages come from.
     pub source: B::Source,
     /// What acknowledges them.
@@ -140,7 +140,7 @@ pub struct RouteParts<B: Broker + ?Sized> {
     pub parking: Option<B::Parking>,
 }
 
-impl<B: Broker + ?Sized> RouteParts<B> {
+impl<B: Broker> RouteParts<B> {
     /// The parts, as a backend assembles them.
     pub fn new(
         source: B::Source,
@@ -157,7 +157,7 @@ impl<B: Broker + ?Sized> RouteParts<B> {
     }
 }
 
-impl<B: Broker + ?Sized> fmt::Debug for RouteParts<B> {
+impl<B: Broker> fmt::Debug for RouteParts<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteParts")
             .field("parking", &self.parking.is_some())
