@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::outcome::{Marks, Outcome};
 use crate::redact::Capped;
 
 /// A boxed error, as tower middleware returns them.
@@ -49,7 +50,9 @@ impl fmt::Display for ErrorClass {
 /// A handler's failure: its class, its cause, and the attempts made.
 ///
 /// Build one with [`HandlerError::retryable`], [`HandlerError::permanent`] or
-/// [`HandlerError::ignore`]. Any error from a tower layer converts into one
+/// [`HandlerError::ignore`]; a layer that finished a failed message itself
+/// (dead-lettered, parked, dropped it) returns
+/// [`HandlerError::settled`] with the [`Outcome`] it gave. Any error from a tower layer converts into one
 /// (`From<BoxError>`): a `HandlerError` inside is recovered as it was, a
 /// timeout (`tower::timeout::error::Elapsed`) is retryable, and anything else
 /// is retryable too, because a failure of unknown cause is most often
@@ -74,7 +77,9 @@ pub struct HandlerError {
     // Narrow fields, so that the error stays three words: every handler's
     // result carries its size, success or not.
     attempts: u16,
-    affects_backoff: bool,
+    /// The settled outcome, the settled failure's class, a panic, a
+    /// fallback, no backoff.
+    marks: Marks,
     /// Milliseconds; 0 for none.
     retry_after_ms: u32,
 }
@@ -90,7 +95,7 @@ impl HandlerError {
             class,
             source: source.into(),
             attempts: 0,
-            affects_backoff: true,
+            marks: Marks::default(),
             retry_after_ms: 0,
         }
     }
@@ -124,9 +129,104 @@ impl HandlerError {
     }
 
     /// The message is done although it was not processed (a filter, a
-    /// message for another tenant). It is acknowledged.
+    /// message for another tenant). It is acknowledged, and counted as
+    /// [`Outcome::Ignored`].
     pub fn ignore(reason: impl Into<BoxError>) -> Self {
         Self::with_class(ErrorClass::Ignore, reason)
+    }
+
+    /// A layer finished the message itself, as `outcome` says (it wrote it
+    /// to a dead-letter destination, parked a copy of it, dropped it by
+    /// policy): the runtime acknowledges it (class
+    /// [`Ignore`](ErrorClass::Ignore)), and the consumer's
+    /// [`RunReport`](crate::consumer::RunReport) and the metrics layer count
+    /// it as `outcome`, whatever layer settled it.
+    ///
+    /// When the `cause`'s [`source`](std::error::Error::source) is the
+    /// failure the layer settled (a `HandlerError`), the error keeps that
+    /// failure's [class](Self::failure_class) and whether it was a
+    /// [panic](Self::is_panic), so that the metrics count the failure behind
+    /// the outcome: intake's own outcomes
+    /// ([`DeadLettered`](crate::dead_letter::DeadLettered),
+    /// [`ParkedMessage`](crate::parking::ParkedMessage)) do so.
+    pub fn settled(outcome: Outcome, cause: impl Into<BoxError>) -> Self {
+        Self::with_class(ErrorClass::Ignore, cause).settle(outcome)
+    }
+
+    /// Marks this error as settled as `outcome`, keeping the class and panic
+    /// of the failure its cause's source is (see [`settled`](Self::settled)).
+    /// The class is left as it is: a parked message handed back to the
+    /// broker stays retryable, for the runtime to hand it back.
+    pub(crate) fn settle(mut self, outcome: Outcome) -> Self {
+        let settled = self
+            .source
+            .source()
+            .and_then(|source| source.downcast_ref::<HandlerError>());
+        let (class, panic) = match settled {
+            Some(failure) => (failure.failure_class(), failure.is_panic()),
+            None => (self.class, self.is_panic()),
+        };
+        self.marks = self
+            .marks
+            .with_outcome(outcome)
+            .with_failure_class(class)
+            .with_panic(panic);
+        self
+    }
+
+    /// A handler panicked (`cause` says how; a
+    /// [`CatchPanicLayer`](crate::catch_panic::CatchPanicLayer) makes it a
+    /// [`Panicked`](crate::catch_panic::Panicked)): a retryable failure that
+    /// the metrics layer counts as a panic, also once a layer has settled it.
+    pub fn panicked(cause: impl Into<BoxError>) -> Self {
+        let mut error = Self::retryable(cause);
+        error.marks = error.marks.with_panic(true);
+        error
+    }
+
+    /// Marks the outcome as its layer's fallback: its first way to settle
+    /// the message failed (a dead letter written only as a reference, a
+    /// message discarded because the destination took nothing, or left for
+    /// redelivery because the write failed). Counted apart by the metrics
+    /// layer (`intake_dead_letter_fallbacks_total`).
+    pub fn with_fallback(mut self) -> Self {
+        self.marks = self.marks.with_fallback();
+        self
+    }
+
+    /// How a layer settled the message: the outcome given to
+    /// [`settled`](Self::settled), [`Outcome::Ignored`] for any other error
+    /// of class [`Ignore`](ErrorClass::Ignore), and `None` for a failure no
+    /// layer settled, which the runtime handles by its [class](Self::class).
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self.marks.outcome() {
+            Some(outcome) => Some(outcome),
+            None if self.class == ErrorClass::Ignore => Some(Outcome::Ignored),
+            None => None,
+        }
+    }
+
+    /// The class of the failure behind this error: for a [settled](Self::settled)
+    /// message, the failure the layer settled (a dead-lettered permanent
+    /// failure is [`Permanent`](ErrorClass::Permanent), although the error
+    /// itself is [`Ignore`](ErrorClass::Ignore)); otherwise its own class.
+    pub fn failure_class(&self) -> ErrorClass {
+        match self.marks.outcome() {
+            Some(_) => self.marks.failure_class(),
+            None => self.class,
+        }
+    }
+
+    /// Whether the failure behind this error was a handler panic (see
+    /// [`panicked`](Self::panicked)).
+    pub fn is_panic(&self) -> bool {
+        self.marks.panic()
+    }
+
+    /// Whether the outcome was its layer's fallback (see
+    /// [`with_fallback`](Self::with_fallback)).
+    pub fn is_fallback(&self) -> bool {
+        self.marks.fallback()
     }
 
     /// The handler stopped because the consumer is shutting down; the message
@@ -141,7 +241,7 @@ impl HandlerError {
     /// push the consumer into backoff, and a probe that ends this way still
     /// lets the next delivery through.
     pub fn without_backoff(mut self) -> Self {
-        self.affects_backoff = false;
+        self.marks = self.marks.with_no_backoff();
         self
     }
 
@@ -189,7 +289,7 @@ impl HandlerError {
 
     /// Whether the failure should count toward consumer-level backoff.
     pub fn affects_backoff(&self) -> bool {
-        self.affects_backoff && self.class == ErrorClass::Retryable
+        !self.marks.no_backoff() && self.class == ErrorClass::Retryable
     }
 
     /// The underlying cause.
@@ -198,8 +298,11 @@ impl HandlerError {
     }
 
     /// Reclassifies the error (the dead-letter layer turns a failed sink write
-    /// into a retryable error, for instance).
+    /// into a retryable error, for instance). A [settled](Self::settled)
+    /// error reclassified is settled no more: the runtime handles it by its
+    /// new class.
     pub fn reclassify(mut self, class: ErrorClass) -> Self {
+        self.marks = self.marks.without_outcome();
         self.class = class;
         self
     }
@@ -218,6 +321,7 @@ impl fmt::Debug for HandlerError {
             .field("source", &Capped::new(&self.source, Self::TEXT_LIMIT))
             .field("attempts", &self.attempts)
             .field("retry_after", &self.retry_after())
+            .field("outcome", &self.outcome())
             .finish()
     }
 }

@@ -104,6 +104,7 @@ pub mod message;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod observer;
+mod outcome;
 pub mod parking;
 pub mod publish;
 mod reachability;
@@ -134,6 +135,7 @@ pub use message::{
 #[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer};
 pub use observer::{ConsumerObserver, PartitionSnapshot};
+pub use outcome::Outcome;
 pub use parking::ParkingLayer;
 pub use retry::RetryLayer;
 pub use trace::TraceLayer;
