@@ -13,9 +13,10 @@
 //!   filtered by error class, time of failure and key;
 //! - [`read`](DeadLetterStore::read), one letter with its payload;
 //! - [`redrive`](DeadLetterStore::redrive): each letter's original message
-//!   (payload, key, headers, with [`REPLAYS`](super::envelope::REPLAYS) one higher) published through
-//!   a [`Publisher`](crate::publish::Publisher) to its origin or another destination, and removed from
-//!   the store only once the publish is confirmed. A letter replayed
+//!   (payload, key, headers, with [`REPLAYS`](super::envelope::REPLAYS) one
+//!   higher) published through a [`Publisher`](crate::publish::Publisher) to
+//!   its origin or another destination, and removed from the store only
+//!   once the publish is confirmed. A letter replayed
 //!   [`max_replays`](Redrive::max_replays) times already is not redriven
 //!   again but [skipped](SkipReason::ReplayLimit): a message that fails on
 //!   every replay does not circle for ever;

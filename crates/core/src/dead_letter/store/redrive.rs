@@ -16,8 +16,9 @@ use crate::publish::Output;
 #[non_exhaustive]
 pub enum Target {
     /// Back to the consumer group whose letter it is, alone: through the
-    /// group's own way back in ([`DeadLetterLog::way_back_to_group`](super::DeadLetterLog::way_back_to_group): a
-    /// Kafka return topic, a Redis return stream, the group's own AMQP
+    /// group's own way back in
+    /// ([`DeadLetterLog::way_back_to_group`](super::DeadLetterLog::way_back_to_group):
+    /// a Kafka return topic, a Redis return stream, the group's own AMQP
     /// queue), which no other group reads. A store that knows none refuses
     /// ([`StoreError::NoWayBackToGroup`]) rather than republish to every
     /// group of the origin.

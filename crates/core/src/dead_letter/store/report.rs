@@ -10,7 +10,8 @@ use super::LetterId;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SkipReason {
-    /// Its message was replayed [`Redrive::max_replays`](super::Redrive::max_replays) times already.
+    /// Its message was replayed
+    /// [`Redrive::max_replays`](super::Redrive::max_replays) times already.
     ReplayLimit {
         /// How often it was replayed.
         replays: u32,

@@ -17,8 +17,8 @@ pub struct Summary {
     /// Entries that cannot be read as dead letters.
     pub unreadable: u64,
     /// When the longest-waiting letter was given up
-    /// ([`DeadLetter::failed_at`](crate::dead_letter::DeadLetter::failed_at)); `None` when no readable letter is
-    /// selected.
+    /// ([`DeadLetter::failed_at`](crate::dead_letter::DeadLetter::failed_at));
+    /// `None` when no readable letter is selected.
     pub oldest_failed_at: Option<SystemTime>,
 }
 
