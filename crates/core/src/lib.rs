@@ -110,6 +110,7 @@ pub mod publish;
 mod reachability;
 pub mod redact;
 pub mod retry;
+pub mod service;
 pub mod shutdown_scope;
 mod source;
 pub mod trace;
