@@ -1,5 +1,11 @@
 //! NATS JetStream for intake, on [async-nats].
 //!
+//! - [`NatsBroker`] holds the connection (URL, credentials, TLS, timeouts)
+//!   once, and derives every part from it
+//!   ([`Broker`](intake_core::backend::Broker)): a route's source, acker,
+//!   dead-letter sink and parking together, a publisher, a route's
+//!   dead-letter store and lag probe. The explicit builders below stay for
+//!   what it does not cover.
 //! - [`NatsSource`] consumes a stream through a pull consumer: a durable
 //!   consumer shared by a group's instances (each message goes to one), or
 //!   in broadcast mode an ephemeral consumer per instance (each gets every
@@ -75,6 +81,32 @@
 //! - instances sharing a durable consumer split a subject's messages
 //!   between them: no order across instances.
 //!
+//! Every part of a route, from one broker value (the stream `ORDERS` must
+//! exist; the durable consumer `billing` and the dead-letter stream are
+//! created when missing):
+//!
+//! ```no_run
+//! use intake_core::backend::{Broker, RouteAddress, RouteOptions};
+//! use intake_nats::NatsBroker;
+//!
+//! # async fn run() -> Result<(), intake_nats::Error> {
+//! let broker = NatsBroker::from_url("nats://127.0.0.1:4222")?;
+//! let address = RouteAddress::new("ORDERS", "billing");
+//! let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
+//! // `parts.source` and `parts.acker` to the consumer runtime,
+//! // `parts.dead_letter_sink` to the dead-letter layer, `parts.parking` to
+//! // the parking layer: the parking is the source's own, so what it parks
+//! // comes back through that source.
+//! let publisher = broker.publisher().await?;
+//! let probe = broker.lag_probe(&address).await?;
+//! # drop((parts, publisher, probe));
+//! broker.shutdown(std::time::Duration::from_secs(10)).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same with the explicit builders:
+//!
 //! ```no_run
 //! use intake_nats::NatsSource;
 //!
@@ -104,6 +136,7 @@
 #![warn(missing_docs)]
 
 mod acker;
+mod broker;
 mod confirm;
 mod connection;
 mod counters;
@@ -119,6 +152,7 @@ mod source;
 mod url;
 
 pub use acker::NatsAcker;
+pub use broker::NatsBroker;
 pub use connection::Tls;
 pub use counters::Counters;
 pub use dead_letter::{

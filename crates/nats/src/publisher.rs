@@ -96,7 +96,9 @@ pub struct NatsPublisher {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+/// What a publisher's clones share; the broker keeps it weakly to close
+/// the publishers it made.
+pub(crate) struct Inner {
     context: jetstream::Context,
     client: async_nats::Client,
     endpoint: Arc<str>,
@@ -127,7 +129,20 @@ impl std::fmt::Debug for NatsPublisher {
     }
 }
 
+/// What [`NatsBroker`](crate::NatsBroker) keeps of a publisher it made.
+pub(crate) type PublisherHandle = Inner;
+
 impl NatsPublisher {
+    /// A weak handle on this publisher (and its clones).
+    pub(crate) fn handle(&self) -> std::sync::Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The publisher a handle still holds.
+    pub(crate) fn from_handle(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
     /// A builder for a publisher to the server(s) at `url`
     /// (`nats://[user:password@]host[:port]`, several separated by commas,
     /// `tls://` for TLS).

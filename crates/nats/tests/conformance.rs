@@ -15,6 +15,10 @@ intake_core::publisher_suite!(support::NatsBackend::new("the publisher suite on 
 // reads the same key again (`replayed_key`).
 intake_core::dead_letter_store_suite!(support::NatsBackend::new("the store suite on NATS"));
 
+// Every part of a route derived from one `NatsBroker`: the stream is the
+// route's source, the durable consumer its group.
+intake_core::broker_suite!(support::NatsBackend::new("the broker suite on NATS"));
+
 #[async_trait::async_trait]
 impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support::NatsBackend {
     type Store = intake_nats::NatsDeadLetterStore;

@@ -354,6 +354,17 @@ impl testkit::PublishingBackend for NatsBackend {
     }
 }
 
+/// The broker value the suite derives every part from, on the shared
+/// server, with the fixture's confirmation timeout. The derived parts keep
+/// the broker's defaults otherwise (`ack_wait` 30 s).
+impl testkit::BrokerBackend for NatsBackend {
+    type Broker = intake_nats::NatsBroker;
+
+    fn broker(&self) -> intake_nats::NatsBroker {
+        intake_nats::NatsBroker::new(nats_url()).ack_timeout(Duration::from_secs(5))
+    }
+}
+
 /// A consumer running in a task of its own.
 pub struct Running {
     pub shutdown: tokio_util::sync::CancellationToken,

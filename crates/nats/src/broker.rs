@@ -1,0 +1,470 @@
+//! [`NatsBroker`]: the connection to a NATS server given once, and every
+//! part of a route derived from it
+//! ([`Broker`](intake_core::backend::Broker)).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use intake_core::BackoffPolicy;
+use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
+
+use crate::connection::{self, ConnectSettings, Connection, Credentials, Tls};
+use crate::error::Error;
+use crate::publisher::PublisherHandle;
+use crate::url::ServerUrls;
+use crate::{
+    NatsAcker, NatsDeadLetterSink, NatsDeadLetterStore, NatsDeadLetters, NatsLagProbe, NatsParking,
+    NatsPublisher, NatsSource,
+};
+
+/// A NATS JetStream server (or cluster) and how to connect to it, from
+/// which every part of a route is derived: source, acker, dead-letter sink
+/// and parking together ([`route`](Broker::route)), a
+/// [`publisher`](Broker::publisher), a route's
+/// [`dead_letter_store`](Broker::dead_letter_store) and
+/// [`lag_probe`](Broker::lag_probe).
+///
+/// Clones share what the broker keeps for [`shutdown`](Broker::shutdown)
+/// (the publishers it made) and the one connection its lag probes share.
+/// Each source and publisher has a connection of its own, made with these
+/// settings, as the explicit builders ([`NatsSource::builder`],
+/// [`NatsPublisher::builder`], [`NatsDeadLetters::builder`]) make them;
+/// they stay available for what this shape does not cover (a broadcast
+/// source, a filter subject, `ack_wait`, a dead-letter subject of one's
+/// own).
+///
+/// # A route's parts
+///
+/// | [`RouteAddress`] | JetStream |
+/// |---|---|
+/// | [`source`](RouteAddress::source) | the stream (it must exist) |
+/// | [`group`](RouteAddress::group) | the durable pull consumer, created if missing |
+///
+/// The dead-letter sink writes to `<stream>.<consumer>.dlq` on the stream
+/// `<stream>_dlq` (created if missing), which
+/// [`dead_letter_store`](Broker::dead_letter_store) reads. With
+/// [`RouteOptions::parking`], the parking is the source's own
+/// ([`NatsSource::parking`]): a parked message waits in this process and
+/// the same source gives it back once due, so it cannot be stranded. The
+/// delays are exact; [`ParkingOptions::tiers`](intake_core::backend::ParkingOptions::tiers)
+/// are ignored.
+///
+/// # Secrets
+///
+/// Credentials in the URL (`nats://user:password@host`,
+/// `nats://token@host`) or given to a setter never appear in `Debug`, logs
+/// or errors: the endpoint is shown with `***` in their place.
+///
+/// ```no_run
+/// use intake_core::backend::{Broker, RouteAddress, RouteOptions};
+/// use intake_nats::NatsBroker;
+///
+/// # async fn run() -> Result<(), intake_nats::Error> {
+/// let broker = NatsBroker::from_url("nats://127.0.0.1:4222")?;
+/// let address = RouteAddress::new("ORDERS", "billing");
+/// let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
+/// // `parts.source` and `parts.acker` to the consumer runtime, the sink to
+/// // the dead-letter layer, the parking to the parking layer.
+/// # drop(parts);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct NatsBroker {
+    settings: Settings,
+    shared: Arc<Shared>,
+}
+
+/// The connection settings the broker gives every part.
+#[derive(Clone)]
+struct Settings {
+    url: String,
+    credentials: Option<Credentials>,
+    tls: Option<Tls>,
+    reconnect_backoff: Option<Arc<dyn BackoffPolicy>>,
+    connect_timeout: Duration,
+    ack_timeout: Duration,
+    name: Option<String>,
+}
+
+/// What the broker's clones share.
+#[derive(Default)]
+struct Shared {
+    /// The publishers the broker made, closed by `shutdown`. Weak, so that
+    /// a publisher its users dropped closes its connection as before.
+    publishers: Mutex<Vec<Weak<PublisherHandle>>>,
+    /// The connection every lag probe of this broker asks on, made at the
+    /// first probe.
+    probes: tokio::sync::OnceCell<Connection>,
+}
+
+impl fmt::Debug for NatsBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsBroker")
+            .field("url", &crate::url::redact(&self.settings.url))
+            .field("credentials", &self.settings.credentials)
+            .field("tls", &self.settings.tls)
+            .field("connect_timeout", &self.settings.connect_timeout)
+            .field("ack_timeout", &self.settings.ack_timeout)
+            .field("name", &self.settings.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection setters every explicit builder has, from the broker's
+/// settings.
+macro_rules! connect_with {
+    ($builder:expr, $settings:expr) => {{
+        let settings = $settings;
+        let mut builder = $builder.connect_timeout(settings.connect_timeout);
+        builder = match settings.credentials.clone() {
+            None => builder,
+            Some(Credentials::Token(token)) => builder.token(token),
+            Some(Credentials::UserPassword(user, password)) => {
+                builder.user_password(user, password)
+            }
+            Some(Credentials::Nkey(seed)) => builder.nkey(seed),
+            Some(Credentials::File(path)) => builder.credentials_file(path),
+        };
+        if let Some(tls) = settings.tls.clone() {
+            builder = builder.tls(tls);
+        }
+        if let Some(name) = settings.name.clone() {
+            builder = builder.connection_name(name);
+        }
+        builder
+    }};
+}
+
+impl NatsBroker {
+    /// Default of [`connect_timeout`](Self::connect_timeout), as the
+    /// builders'.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default of [`ack_timeout`](Self::ack_timeout), as the builders'.
+    pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// The server(s) at `url`: `nats://[user:password@|token@]host[:port]`,
+    /// `tls://…` for TLS, several separated by commas. The URL is checked
+    /// when the first part is derived; [`from_url`](Self::from_url) checks
+    /// it at once.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            settings: Settings {
+                url: url.into(),
+                credentials: None,
+                tls: None,
+                reconnect_backoff: None,
+                connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+                ack_timeout: Self::DEFAULT_ACK_TIMEOUT,
+                name: None,
+            },
+            shared: Arc::default(),
+        }
+    }
+
+    /// The server(s) at `url`, as [`new`](Self::new), the URL checked now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (credentials replaced by `***`) for a URL that
+    /// is not a NATS address list.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        ServerUrls::parse(url)?;
+        Ok(Self::new(url))
+    }
+
+    /// The settings changed: what clones made with the old ones (the
+    /// probes' connection, publishers to shut down) is theirs.
+    fn with(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self.shared = Arc::default();
+        self
+    }
+
+    /// Authenticates with a token.
+    pub fn token(self, token: impl Into<String>) -> Self {
+        let token = token.into();
+        self.with(|settings| settings.credentials = Some(Credentials::Token(token)))
+    }
+
+    /// Authenticates with a user name and password.
+    pub fn user_password(self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        let credentials = Credentials::UserPassword(user.into(), password.into());
+        self.with(|settings| settings.credentials = Some(credentials))
+    }
+
+    /// Authenticates with an nkey seed (`SU…`).
+    pub fn nkey(self, seed: impl Into<String>) -> Self {
+        let seed = seed.into();
+        self.with(|settings| settings.credentials = Some(Credentials::Nkey(seed)))
+    }
+
+    /// Authenticates with a `.creds` file (a user JWT and its nkey seed).
+    pub fn credentials_file(self, path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        self.with(|settings| settings.credentials = Some(Credentials::File(path)))
+    }
+
+    /// TLS settings (a `tls://` URL requires TLS with the system's roots).
+    pub fn tls(self, tls: Tls) -> Self {
+        self.with(|settings| settings.tls = Some(tls))
+    }
+
+    /// The delays between reconnects after a connection is lost (default
+    /// the builders': 100 ms doubling to 10 s, forever). A policy that
+    /// gives up ends a source with [`Error::GaveUp`].
+    pub fn reconnect_backoff(self, policy: impl BackoffPolicy) -> Self {
+        let policy: Arc<dyn BackoffPolicy> = Arc::new(policy);
+        self.with(|settings| settings.reconnect_backoff = Some(policy))
+    }
+
+    /// How long connecting may take, for every part and at each reconnect
+    /// (default 10 s).
+    pub fn connect_timeout(self, timeout: Duration) -> Self {
+        self.with(|settings| settings.connect_timeout = timeout)
+    }
+
+    /// How long the server may take to confirm what a part asks: a batch
+    /// of acknowledgements, a dead letter, a publish, a JetStream API
+    /// request (default 10 s).
+    pub fn ack_timeout(self, timeout: Duration) -> Self {
+        self.with(|settings| settings.ack_timeout = timeout)
+    }
+
+    /// The connections' name, as the server's monitoring shows it.
+    pub fn connection_name(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.with(|settings| settings.name = Some(name))
+    }
+
+    /// The server(s), as logs and errors show them (no credentials).
+    pub fn endpoint(&self) -> String {
+        crate::url::redact(&self.settings.url)
+    }
+
+    /// The source of the route at `address`, with the broker's settings.
+    async fn source(&self, address: &RouteAddress) -> Result<NatsSource, Error> {
+        let settings = &self.settings;
+        let mut builder = connect_with!(NatsSource::builder(settings.url.clone()), settings)
+            .stream(address.source())
+            .consumer(address.group())
+            .ack_timeout(settings.ack_timeout);
+        if let Some(policy) = settings.reconnect_backoff.clone() {
+            builder = builder.reconnect_backoff(policy);
+        }
+        builder.build().await
+    }
+
+    /// The connection the lag probes share, made once.
+    async fn probe_connection(&self) -> Result<&Connection, Error> {
+        self.shared
+            .probes
+            .get_or_try_init(|| async {
+                let settings = &self.settings;
+                let reconnect_backoff = settings.reconnect_backoff.clone().unwrap_or_else(|| {
+                    Arc::new(
+                        intake_core::Exponential::new(
+                            Duration::from_millis(100),
+                            Duration::from_secs(10),
+                        )
+                        .retry_forever(),
+                    )
+                });
+                connection::connect(&ConnectSettings {
+                    urls: ServerUrls::parse(&settings.url)?,
+                    credentials: settings.credentials.clone(),
+                    tls: settings.tls.clone(),
+                    reconnect_backoff,
+                    connect_timeout: settings.connect_timeout,
+                    request_timeout: settings.ack_timeout,
+                    name: settings.name.clone(),
+                })
+                .await
+            })
+            .await
+    }
+
+    fn publishers(&self) -> std::sync::MutexGuard<'_, Vec<Weak<PublisherHandle>>> {
+        // A push or a drain leaves the list whole whatever panics.
+        self.shared
+            .publishers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The parts of a JetStream route (see [`NatsBroker`]): the stream must
+/// exist; the durable consumer and the dead-letter stream are created when
+/// missing.
+impl Broker for NatsBroker {
+    type Source = NatsSource;
+    type Acker = NatsAcker;
+    type DeadLetterSink = NatsDeadLetterSink;
+    type Parking = NatsParking;
+    type Publisher = NatsPublisher;
+    type DeadLetterStore = NatsDeadLetterStore;
+    type LagProbe = NatsLagProbe;
+    type Error = Error;
+
+    fn kind(&self) -> &'static str {
+        "nats"
+    }
+
+    /// The source, its acker, its dead-letter sink and (asked for) its own
+    /// parking: a parked message waits in this process and the source
+    /// gives it back.
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsSourceBuilder::build`](crate::NatsSourceBuilder::build)
+    /// ([`Error::StreamNotFound`] for a stream that does not exist) and
+    /// [`NatsDeadLetterSinkBuilder::build`](crate::NatsDeadLetterSinkBuilder::build).
+    async fn route(
+        &self,
+        address: &RouteAddress,
+        options: &RouteOptions,
+    ) -> Result<RouteParts<Self>, Error> {
+        let source = self.source(address).await?;
+        let acker = source.acker();
+        let dead_letter_sink = source.dead_letter_sink().build().await?;
+        let parking = options.parking.as_ref().map(|_| source.parking());
+        Ok(RouteParts::new(source, acker, dead_letter_sink, parking))
+    }
+
+    /// A publisher on a connection of its own, closed by
+    /// [`shutdown`](Broker::shutdown).
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsPublisherBuilder::build`](crate::NatsPublisherBuilder::build).
+    async fn publisher(&self) -> Result<NatsPublisher, Error> {
+        let settings = &self.settings;
+        let mut builder = connect_with!(NatsPublisher::builder(settings.url.clone()), settings)
+            .ack_timeout(settings.ack_timeout);
+        if let Some(policy) = settings.reconnect_backoff.clone() {
+            builder = builder.reconnect_backoff(policy);
+        }
+        let publisher = builder.build().await?;
+        let mut publishers = self.publishers();
+        publishers.retain(|publisher| publisher.strong_count() > 0);
+        publishers.push(publisher.handle());
+        Ok(publisher)
+    }
+
+    /// The letters the route's dead-letter sink writes
+    /// (`<stream>.<consumer>.dlq` on `<stream>_dlq`), replayed through a
+    /// [`publisher`](Broker::publisher) of this broker.
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsDeadLettersBuilder::build`](crate::NatsDeadLettersBuilder::build)
+    /// and [`NatsPublisherBuilder::build`](crate::NatsPublisherBuilder::build).
+    async fn dead_letter_store(
+        &self,
+        address: &RouteAddress,
+    ) -> Result<NatsDeadLetterStore, Error> {
+        let settings = &self.settings;
+        let letters = connect_with!(NatsDeadLetters::builder(settings.url.clone()), settings)
+            .dead_letters_of(address.source(), address.group())
+            .request_timeout(settings.ack_timeout)
+            .build()
+            .await?;
+        let publisher = Broker::publisher(self).await?;
+        Ok(letters.store(publisher))
+    }
+
+    /// The lag of the route's durable consumer, on a connection every
+    /// probe of this broker shares. Its
+    /// [`parked`](intake_core::lag::LagProbe::parked) is `None`: see
+    /// [`NatsLagProbe`].
+    ///
+    /// # Errors
+    ///
+    /// When connecting fails (the first probe makes the connection); the
+    /// consumer is not looked up until the probe asks.
+    async fn lag_probe(&self, address: &RouteAddress) -> Result<NatsLagProbe, Error> {
+        let connection = self.probe_connection().await?;
+        Ok(NatsLagProbe::of_source(
+            connection.client.clone(),
+            connection.endpoint.clone(),
+            address.source(),
+            address.group(),
+        ))
+    }
+
+    /// Closes the publishers this broker made: each stops taking outputs,
+    /// waits for the acks of those sent, and closes its connection, all
+    /// within `timeout`. Nothing else runs in the background: a parked
+    /// message waits in its source, which hands it back to the server when
+    /// the consumer closes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unconfirmed`] when the publishers did not close within
+    /// `timeout` (their outputs stored or not).
+    async fn shutdown(&self, timeout: Duration) -> Result<(), Error> {
+        let publishers: Vec<NatsPublisher> = self
+            .publishers()
+            .drain(..)
+            .filter_map(|handle| handle.upgrade())
+            .map(NatsPublisher::from_handle)
+            .collect();
+        if publishers.is_empty() {
+            return Ok(());
+        }
+        let count = publishers.len();
+        let closing = futures_util::future::join_all(publishers.iter().map(NatsPublisher::close));
+        match tokio::time::timeout(timeout, closing).await {
+            Ok(_) => {
+                tracing::debug!(publishers = count, "shut the NATS broker's publishers down");
+                Ok(())
+            }
+            Err(_) => Err(Error::Unconfirmed {
+                endpoint: self.endpoint(),
+                what: format!("the close of {count} publishers"),
+                waited: timeout,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_and_errors_never_show_a_secret() {
+        let broker = NatsBroker::new("nats://app:s3cret@127.0.0.1:4222")
+            .token("t0ken")
+            .nkey("SUseed");
+        let shown = format!("{broker:?} {}", broker.endpoint());
+        for secret in ["s3cret", "t0ken", "SUseed"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let broker = NatsBroker::new("nats://tok3n@127.0.0.1").user_password("app", "passw0rd");
+        let shown = format!("{broker:?}");
+        assert!(
+            !shown.contains("tok3n") && !shown.contains("passw0rd"),
+            "{shown}"
+        );
+        let error = NatsBroker::from_url("nats://app:s3cret@host/path").expect_err("a path");
+        let shown = format!("{error} {error:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[test]
+    fn its_kind_is_nats() {
+        assert_eq!(NatsBroker::new("nats://127.0.0.1").kind(), "nats");
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_without_parts_has_nothing_to_wait_for() {
+        let broker = NatsBroker::new("nats://127.0.0.1:1");
+        broker
+            .shutdown(Duration::from_millis(1))
+            .await
+            .expect("nothing to close");
+    }
+}
