@@ -11,6 +11,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::Error;
+use crate::parking::ParkedCounter;
 use crate::settings::KafkaSettings;
 
 /// Reports a consumer group's lag on each partition of its topics, as
@@ -27,12 +28,22 @@ use crate::settings::KafkaSettings;
 /// librdkafka's calls block, so each query runs on Tokio's blocking pool,
 /// every call bounded by what is left of [`timeout`](Self::timeout)
 /// (5 s by default); the runtime's threads never wait on the broker.
+///
+/// [`LagProbe::parked`] is `None` (not counted) for a probe made with
+/// [`new`](Self::new) or [`KafkaSource::lag_probe`](crate::KafkaSource::lag_probe);
+/// a probe of [`KafkaBroker::lag_probe`](crate::KafkaBroker) counts the
+/// group's parked backlog in its retry topics (see there).
 #[derive(Clone)]
 pub struct KafkaLagProbe {
     client: Arc<BaseConsumer>,
     brokers: Arc<str>,
     group: Arc<str>,
     topics: Arc<[String]>,
+    /// Topics counted when they exist (a route's return topic, made by its
+    /// first parking).
+    optional: Arc<[String]>,
+    /// Counts the group's parked backlog, when the probe was made to.
+    parked: Option<Arc<ParkedCounter>>,
     timeout: Duration,
 }
 
@@ -42,6 +53,8 @@ impl std::fmt::Debug for KafkaLagProbe {
             .field("brokers", &self.brokers)
             .field("group", &self.group)
             .field("topics", &self.topics)
+            .field("optional", &self.optional)
+            .field("counts_parked", &self.parked.is_some())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -67,8 +80,23 @@ impl KafkaLagProbe {
             brokers: brokers.into(),
             group: group.into(),
             topics: topics.into_iter().map(Into::into).collect(),
+            optional: Arc::new([]),
+            parked: None,
             timeout: DEFAULT_LAG_TIMEOUT,
         })
+    }
+
+    /// Counts `topics` too where they exist; one that does not is left out
+    /// of the answer, not an error.
+    pub(crate) fn optional_topics(mut self, topics: impl IntoIterator<Item = String>) -> Self {
+        self.optional = topics.into_iter().collect();
+        self
+    }
+
+    /// Answers [`LagProbe::parked`] with `counter`'s count.
+    pub(crate) fn counting_parked(mut self, counter: ParkedCounter) -> Self {
+        self.parked = Some(Arc::new(counter));
+        self
     }
 
     /// The longest a query may take, all its calls together.
@@ -87,18 +115,24 @@ impl KafkaLagProbe {
         };
         let failed = |error: KafkaError| Error::from_kafka(error, &self.brokers, started.elapsed());
         let mut wanted = TopicPartitionList::new();
-        for topic in self.topics.iter() {
-            let metadata = self
-                .client
-                .fetch_metadata(Some(topic), left())
-                .map_err(failed)?;
+        let required = self.topics.iter().map(|topic| (topic, true));
+        let optional = self.optional.iter().map(|topic| (topic, false));
+        for (topic, required) in required.chain(optional) {
+            let metadata = match self.client.fetch_metadata(Some(topic), left()) {
+                Err(error) if !required && is_unknown_topic(&error) => continue,
+                fetched => fetched.map_err(failed)?,
+            };
             for found in metadata
                 .topics()
                 .iter()
                 .filter(|found| found.name() == topic)
             {
                 if let Some(code) = found.error() {
-                    return Err(failed(KafkaError::MetadataFetch(code.into())));
+                    let error = KafkaError::MetadataFetch(code.into());
+                    if !required && is_unknown_topic(&error) {
+                        continue;
+                    }
+                    return Err(failed(error));
                 }
                 for partition in found.partitions() {
                     wanted.add_partition(topic, partition.id());
@@ -137,6 +171,49 @@ impl LagProbe for KafkaLagProbe {
             }
         }
     }
+
+    /// The group's parked backlog in its retry topics, for a probe of
+    /// [`KafkaBroker::lag_probe`](crate::KafkaBroker): records parked and
+    /// not yet moved back by the group's movers (`{group}.parking`), due or
+    /// not; `Some(0)` when the group has no retry topic. `None` for a
+    /// probe that was not made to count it.
+    async fn parked(&self) -> Result<Option<u64>, LagError> {
+        let Some(counter) = self.parked.clone() else {
+            return Ok(None);
+        };
+        let timeout = self.timeout;
+        let brokers = Arc::clone(&self.brokers);
+        let started = Instant::now();
+        let count = tokio::task::spawn_blocking(move || {
+            let left = || {
+                timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1))
+            };
+            counter
+                .count(left)
+                .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))
+        });
+        // As for `lag`: the calls are bounded, and so is the wait for a
+        // busy blocking pool.
+        match tokio::time::timeout(self.timeout + Duration::from_secs(1), count).await {
+            Err(_) => Err(LagError::TimedOut(self.timeout)),
+            Ok(Err(join)) => Err(LagError::Unavailable(Box::new(join))),
+            Ok(Ok(Ok(parked))) => Ok(Some(parked)),
+            Ok(Ok(Err(error))) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
+        }
+    }
+}
+
+/// Whether `error` says a topic does not exist.
+fn is_unknown_topic(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
+    )
 }
 
 /// A client with the group id `group` that never subscribes: it reads the

@@ -174,6 +174,7 @@
 
 mod error;
 mod mover;
+mod parked;
 mod tiers;
 mod topics;
 
@@ -197,6 +198,7 @@ use tokio::sync::oneshot;
 
 pub use self::error::ParkingError;
 use self::mover::{MoverConfig, MoverShared, RetryPattern, Route};
+pub(crate) use self::parked::ParkedCounter;
 pub use self::tiers::DEFAULT_TIERS;
 use self::tiers::{Tiers, resolve};
 use self::topics::{Registry, partition_count};
@@ -532,6 +534,13 @@ impl KafkaParking {
     /// The consumer group whose messages it parks.
     pub(crate) fn group(&self) -> &str {
         &self.inner.group
+    }
+
+    /// Tells the mover (of every clone) to stop, without waiting: a
+    /// [`shutdown`](Self::shutdown) of several parkings signals them all
+    /// before it waits for any.
+    pub(crate) fn request_stop(&self) {
+        self.inner.mover.stop.store(true, Ordering::Release);
     }
 
     /// Stops the mover (of every clone) and waits up to `timeout` for it to
