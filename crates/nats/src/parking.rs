@@ -35,7 +35,9 @@ use crate::parked::ParkedHere;
 /// stream sequence, subject (the key), payload and headers, acknowledged
 /// through the same reply subject, on its next attempt if it was parked for
 /// its own failure, on the same attempt if it only waited behind an earlier
-/// message of its key.
+/// message of its key. As a parked copy on the other backends, it carries
+/// [`parked_from`](intake_core::Metadata::parked_from), naming that same
+/// delivery.
 ///
 /// Why not `-NAK` with the delay, which the server honours: every nak is
 /// one delivery more, and the redelivery goes to whichever instance of the
@@ -177,8 +179,19 @@ impl fmt::Debug for NatsParking {
 /// (nothing reads them on NATS), and on its next attempt if it was parked
 /// for its own failure (the parking layer wrote [`PARKS`] then), on the
 /// same one if it only waited behind its key.
+///
+/// It came back from a park, so its
+/// [`parked_from`](intake_core::Metadata::parked_from) names its first
+/// delivery (here the same stream sequence), as on every backend: a
+/// handler that asks for later only when `parked_from` is `None` would
+/// otherwise ask again on every return, and its message be dead-lettered
+/// after `max_parks` (the broker suite's parking scenario did).
 fn to_give_back(message: &Message, own_failure: bool) -> Message {
     let mut back = message.clone();
+    if back.metadata().parked_from().is_none() {
+        let first = message.metadata().first_delivery();
+        back.metadata_mut().set_parked_from(Some(first));
+    }
     if message
         .headers()
         .iter()
@@ -227,7 +240,8 @@ impl Parking for NatsParking {
     }
 
     /// Never: a parked message is given back as the delivery it was, with
-    /// no park header (this parking drops them), and the server redelivers
+    /// no park header (this parking drops them; the source sets its
+    /// `parked_from` itself), and the server redelivers
     /// originals as they were published. Park headers on a message are
     /// therefore a producer's, which the parking layer drops.
     fn is_returned_copy(&self, _message: &Message) -> bool {
@@ -295,6 +309,11 @@ mod tests {
             .expect("parked");
         let back = parking.parked.take_asked(7).expect("kept for the acker");
         assert_eq!(back.metadata().attempt(), 3, "its next attempt");
+        assert_eq!(
+            back.metadata().parked_from(),
+            Some(&own.metadata().first_delivery()),
+            "back from a park, first delivered where it is"
+        );
         let names: Vec<&str> = back.headers().iter().map(|h| &*h.name).collect();
         assert_eq!(names, ["trace"]);
         let mut follower = delivered(2);
@@ -305,6 +324,10 @@ mod tests {
             .expect("parked");
         let back = parking.parked.take_asked(7).expect("kept for the acker");
         assert_eq!(back.metadata().attempt(), 2, "a follow is no attempt");
+        assert!(
+            back.metadata().parked_from().is_some(),
+            "it waited in a park"
+        );
         assert!(back.headers().is_empty());
     }
 }
