@@ -5,6 +5,7 @@
 //!
 //! | shape | Kafka |
 //! |---|---|
+//! | broker value | [`KafkaBroker`]`::new(KafkaSettings)` or [`KafkaBroker::from_url`]: every part below derived from it ([`Broker`](intake_core::backend::Broker)) |
 //! | entry point | [`KafkaSource::builder`]`(KafkaSettings)`, then `.build().await` |
 //! | acker | [`KafkaSource::acker`] |
 //! | dead-letter sink | [`KafkaSource::dead_letter_sink`], then `.build().await` |
@@ -28,6 +29,48 @@
 //!
 //! All librdkafka settings pass through [`KafkaSettings`], so TLS and SASL are
 //! configured as usual; secrets never appear in logs or `Debug`.
+//!
+//! The shortest way in is the broker value: a route's source, acker,
+//! dead-letter sink and parking derived together, so that the source reads
+//! the parking's return topic, and the parkings' movers stopped with the
+//! broker.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use intake_core::backend::{Broker, RouteAddress, RouteOptions};
+//! use intake_core::dead_letter::DeadLetterLayer;
+//! use intake_core::lag::LagProbe;
+//! use intake_core::parking::ParkingLayer;
+//! use intake_core::{Consumer, HandlerError, Message};
+//! use intake_kafka::KafkaBroker;
+//! use tokio_util::sync::CancellationToken;
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = KafkaBroker::from_url("kafka://127.0.0.1:9092")?;
+//! let address = RouteAddress::new("payments", "billing");
+//! let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
+//! let parking = parts.parking.expect("the route parks");
+//! let handler = ServiceBuilder::new()
+//!     .layer(DeadLetterLayer::new(parts.dead_letter_sink))
+//!     .layer(ParkingLayer::new(parking))
+//!     .service(service_fn(|_: Message| async move {
+//!         Err::<(), _>(HandlerError::retry_later("not yet", Duration::from_secs(10)))
+//!     }));
+//! Consumer::builder()
+//!     .build(parts.source, parts.acker, handler)?
+//!     .run(CancellationToken::new())
+//!     .await?;
+//! // What waits in the retry topics, which broker lag does not show.
+//! let probe = broker.lag_probe(&address).await?;
+//! println!("{:?} parked", probe.parked().await?);
+//! broker.shutdown(Duration::from_secs(10)).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The parts one by one, with the explicit builders:
 //!
 //! ```no_run
 //! use intake_core::dead_letter::DeadLetterLayer;
@@ -75,6 +118,7 @@
 #![warn(missing_docs)]
 
 mod acker;
+mod broker;
 pub mod dead_letter;
 mod dead_letter_store;
 mod error;
@@ -89,6 +133,7 @@ mod topic_admin;
 mod transaction;
 
 pub use acker::KafkaAcker;
+pub use broker::{KafkaBroker, KafkaBrokerError};
 pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
 pub use dead_letter_store::{
     DeadLetterLogError, KafkaDeadLetterStore, KafkaDeadLetters, KafkaDeadLettersBuilder,

@@ -29,6 +29,18 @@ impl PublishingBackend for support::KafkaBackend {
 intake_core::conformance_suite!(backend());
 intake_core::publisher_suite!(backend());
 
+impl intake_core::backend::testkit::BrokerBackend for support::KafkaBackend {
+    type Broker = intake_kafka::KafkaBroker;
+
+    /// With the fixture's test timings (fast group joins), like every
+    /// source of the suite.
+    fn broker(&self) -> intake_kafka::KafkaBroker {
+        intake_kafka::KafkaBroker::new(self.settings())
+    }
+}
+
+intake_core::broker_suite!(backend());
+
 #[async_trait::async_trait]
 impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support::KafkaBackend {
     type Store = intake_kafka::KafkaDeadLetterStore;
