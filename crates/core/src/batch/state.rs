@@ -206,7 +206,7 @@ impl Completion {
     pub(super) fn panicked(mut self, panic: &Panicked) {
         if let Some(batch) = self.batch.take() {
             tracing::error!(panic = %panic.message(), "batch handler panicked");
-            batch.complete(|_| Err(HandlerError::retryable(panic.clone())));
+            batch.complete(|_| Err(HandlerError::panicked(panic.clone())));
         }
     }
 

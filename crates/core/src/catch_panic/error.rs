@@ -3,8 +3,10 @@
 use std::any::Any;
 use std::fmt;
 
-/// A handler panicked. Carried as the cause of a retryable
-/// [`HandlerError`](crate::error::HandlerError); find it with
+/// A handler panicked. Carried as the cause of a
+/// [`HandlerError::panicked`](crate::error::HandlerError::panicked) (retryable;
+/// [`is_panic`](crate::error::HandlerError::is_panic) says so, also after a
+/// layer settled it); find it with
 /// `error.cause().downcast_ref::<Panicked>()`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Panicked {

@@ -50,7 +50,7 @@ impl<F> ResponseFuture<F> {
 /// of trying again.
 pub(super) fn caught(panic: Panicked) -> HandlerError {
     tracing::error!(panic = %panic.message(), "handler panicked");
-    HandlerError::retryable(panic)
+    HandlerError::panicked(panic)
 }
 
 impl<F, E> Future for ResponseFuture<F>

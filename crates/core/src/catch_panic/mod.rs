@@ -3,9 +3,11 @@
 //!
 //! A panic while the handler is called or while its future is polled is
 //! caught, logged at `ERROR` with its message, and becomes a
-//! [retryable](crate::error::ErrorClass::Retryable) [`HandlerError`] whose
-//! cause is [`Panicked`]. The metrics layer (feature `metrics`) counts it as a
-//! panic, whether a retry later succeeds or not.
+//! [retryable](crate::error::ErrorClass::Retryable)
+//! [`HandlerError::panicked`] whose cause is [`Panicked`]. The metrics layer
+//! (feature `metrics`) counts it as a panic
+//! ([`is_panic`](HandlerError::is_panic)), whether a retry later succeeds or
+//! not.
 //!
 //! Place it inside the retry layer (so a panic is retried like any transient
 //! failure) and inside the metrics and tracing layers (so they see the

@@ -38,6 +38,10 @@ pub enum SourceClose {
 
 /// What a run did, returned when it ends.
 ///
+/// A message a layer settled counts as the [`Outcome`](crate::Outcome) it
+/// gave ([`HandlerError::settled`]), whichever layer it was, intake's or
+/// one of your own: `dead_lettered`, `parked`, `discarded`, `ignored`.
+///
 /// It counts what the runtime held, not what the broker holds. After a
 /// shutdown the broker still has, unacknowledged: the deliveries in
 /// `unfinished`; the finished work past the positions in `not_committed`;
@@ -51,23 +55,29 @@ pub enum SourceClose {
 pub struct RunReport {
     /// Handlers that succeeded.
     pub succeeded: u64,
-    /// Messages a handler asked to ignore (acknowledged).
+    /// Messages a handler or layer asked to ignore
+    /// ([`Outcome::Ignored`](crate::Outcome::Ignored); acknowledged).
     pub ignored: u64,
-    /// Messages the dead-letter layer wrote to the dead-letter destination
-    /// (acknowledged once the destination confirmed; the letters are there,
+    /// Messages a layer wrote to a dead-letter destination
+    /// ([`Outcome::DeadLettered`](crate::Outcome::DeadLettered);
+    /// acknowledged once the destination confirmed; the letters are there,
     /// not lost). Counted apart from `ignored`.
     pub dead_lettered: u64,
-    /// Permanent failures that reached the runtime (no dead-letter layer took
-    /// them): logged at error level and acknowledged.
+    /// Messages dropped after a final failure: by a layer's discard policy
+    /// ([`Outcome::Discarded`](crate::Outcome::Discarded)), or permanent
+    /// failures that reached the runtime (no dead-letter layer took them),
+    /// logged at error level. Acknowledged.
     pub discarded: u64,
     /// Retryable failures that reached the runtime and were dispatched again
     /// in process (brokers that cannot take a message back).
     pub redispatched: u64,
     /// Retryable failures handed back to the broker for redelivery.
     pub requeued: u64,
-    /// Messages [parked](crate::parking) to be handled again later: a copy
-    /// parked at the broker and the original acknowledged, or the original
-    /// handed back for a redelivery after a delay. Each comes back.
+    /// Messages [parked](crate::parking) to be handled again later
+    /// ([`Outcome::Parked`](crate::Outcome::Parked)): a copy parked at the
+    /// broker and the original acknowledged, or the original handed back
+    /// for a redelivery after a delay. Each comes back, so it is not
+    /// [completed](Self::completed).
     pub parked: u64,
     /// Handlers that stopped because of the shutdown (left unacknowledged).
     pub interrupted: u64,

@@ -2,9 +2,14 @@
 //! [`DeadLetterWriteFailed`].
 //!
 //! The first two end a message (the layer returns them inside a
-//! [`HandlerError`] of class [`Ignore`](crate::error::ErrorClass::Ignore), so
-//! the runtime acknowledges it) and keep the original failure, so that
-//! metrics and traces still see why the message failed.
+//! [`HandlerError::settled`] as [`Outcome::DeadLettered`](crate::Outcome::DeadLettered)
+//! or [`Outcome::Discarded`](crate::Outcome::Discarded), of class
+//! [`Ignore`](crate::error::ErrorClass::Ignore), so the runtime acknowledges
+//! it and counts it by the outcome) and keep the original failure as their
+//! source, so that metrics and traces still see why the message failed. The
+//! runtime reads the outcome, not these types; they are here for a reader
+//! who wants the details (the failure, whether only a reference was
+//! written).
 
 use std::fmt;
 

@@ -19,7 +19,7 @@ use super::{
 use crate::error::{ErrorChain, ErrorClass, HandlerError, chain_for_log};
 use crate::interruptible_sleep::{InterruptibleSleep, Wake, outlasts_the_drain};
 use crate::message::Message;
-use crate::parking::ParkedMessage;
+use crate::outcome::Outcome;
 
 /// A dead-letter write in progress; it hands the letter back so that a
 /// failed write can be tried again. Boxed: only failed messages write.
@@ -105,11 +105,10 @@ impl<S> Routing<S> {
 
     /// Applies the policy to a failure of the handler.
     fn route<F>(&mut self, error: HandlerError) -> Next<F> {
-        // A message handed back to the broker to be handled later is
-        // parked, not failed: its park is the runtime's to finish.
-        if matches!(error.class(), ErrorClass::Ignore | ErrorClass::Interrupted)
-            || error.cause().is::<ParkedMessage>()
-        {
+        // A message a layer inside settled (ignored, parked: a message
+        // handed back to the broker to be handled later is parked, not
+        // failed) is not this layer's to route, nor one the shutdown cut.
+        if error.outcome().is_some() || error.class() == ErrorClass::Interrupted {
             return Next::Finish(Err(error));
         }
         let attempts = self.attempts_of(&error);
@@ -139,11 +138,19 @@ impl<S> Routing<S> {
                         "message discarded after a final failure",
                     );
                 }
-                Next::Finish(Err(HandlerError::ignore(Discarded {
-                    error,
-                    undeliverable,
-                })
-                .with_attempts(attempts)))
+                let fallback = undeliverable.is_some();
+                let discarded = HandlerError::settled(
+                    Outcome::Discarded,
+                    Discarded {
+                        error,
+                        undeliverable,
+                    },
+                )
+                .with_attempts(attempts);
+                Next::Finish(Err(match fallback {
+                    true => discarded.with_fallback(),
+                    false => discarded,
+                }))
             }
             Action::DeadLetter { sink, .. } => {
                 let letter = DeadLetter::new(
@@ -232,9 +239,14 @@ impl<S> Routing<S> {
                         "message dead-lettered",
                     );
                 }
-                return Next::Finish(Err(
-                    HandlerError::ignore(DeadLettered { error, reference }).with_attempts(attempts)
-                ));
+                let dead_lettered =
+                    HandlerError::settled(Outcome::DeadLettered, DeadLettered { error, reference })
+                        .with_attempts(attempts);
+                // Written as a reference only: the policy's own fallback.
+                return Next::Finish(Err(match reference {
+                    true => dead_lettered.with_fallback(),
+                    false => dead_lettered,
+                }));
             }
             Err(write_error) => write_error,
         };
@@ -313,11 +325,17 @@ impl<S> Routing<S> {
                     "the dead-letter destination took neither the letter nor a reference to it; \
                      the message is left unacknowledged for redelivery",
                 );
-                Next::Finish(Err(HandlerError::retryable(DeadLetterWriteFailed {
+                // Left for redelivery, and still the panic it was.
+                let make = match error.is_panic() {
+                    true => HandlerError::panicked,
+                    false => HandlerError::retryable,
+                };
+                Next::Finish(Err(make(DeadLetterWriteFailed {
                     error,
                     write: write_error,
                 })
-                .with_attempts(attempts)))
+                .with_attempts(attempts)
+                .with_fallback()))
             }
         }
     }

@@ -9,10 +9,8 @@ use std::time::Instant;
 use pin_project_lite::pin_project;
 
 use super::series::SourceSeries;
-use crate::catch_panic::Panicked;
-use crate::dead_letter::{DeadLetterWriteFailed, DeadLettered, Discarded};
 use crate::error::HandlerError;
-use crate::parking::ParkedMessage;
+use crate::outcome::Outcome;
 
 pin_project! {
     /// The future of [`MetricsService`](super::MetricsService).
@@ -73,9 +71,11 @@ where
     }
 }
 
-/// Counts an outcome. The dead-letter layer's verdicts count as failures of
-/// the original class, plus dead-lettered or discarded; a panic counts
-/// wherever it is found.
+/// Counts an outcome by what the layer that settled it says, whichever
+/// layer it was. A settled failure counts as a failure of the class it had
+/// before it was settled (a dead-lettered permanent failure as
+/// `permanent`), plus dead-lettered or discarded; a parked message is no
+/// final failure; a panic counts wherever it is found.
 fn record(series: &SourceSeries, outcome: &Result<(), HandlerError>) {
     let error = match outcome {
         Ok(()) => {
@@ -84,36 +84,43 @@ fn record(series: &SourceSeries, outcome: &Result<(), HandlerError>) {
         }
         Err(error) => error,
     };
-    let cause = error.cause();
-    // Parked: it comes back later, so it is no final failure.
-    if cause.is::<ParkedMessage>() {
-        series.parked.inc();
-        return;
+    match error.outcome() {
+        Some(Outcome::Succeeded) => {
+            series.succeeded.inc();
+            return;
+        }
+        // It comes back later.
+        Some(Outcome::Parked) => {
+            series.parked.inc();
+            return;
+        }
+        Some(Outcome::DeadLettered) => {
+            series.dead_lettered.inc();
+            count_fallback(series, error, Fallback::Reference);
+        }
+        Some(Outcome::Discarded) => {
+            series.discarded.inc();
+            count_fallback(series, error, Fallback::Discarded);
+        }
+        Some(Outcome::Ignored) | None => count_fallback(series, error, Fallback::Redelivered),
     }
-    let failure = if let Some(dead_lettered) = cause.downcast_ref::<DeadLettered>() {
-        series.dead_lettered.inc();
-        if dead_lettered.is_reference() {
-            series.fallbacks[0].inc();
-        }
-        dead_lettered.error()
-    } else if let Some(discarded) = cause.downcast_ref::<Discarded>() {
-        series.discarded.inc();
-        if discarded.undeliverable().is_some() {
-            series.fallbacks[1].inc();
-        }
-        discarded.error()
-    } else {
-        error
-    };
-    series.failed(failure).inc();
-    let root = match failure.cause().downcast_ref::<DeadLetterWriteFailed>() {
-        Some(write_failed) => {
-            series.fallbacks[2].inc();
-            write_failed.error()
-        }
-        None => failure,
-    };
-    if root.cause().is::<Panicked>() {
+    series.failed(error.failure_class()).inc();
+    if error.is_panic() {
         series.panicked.inc();
+    }
+}
+
+/// The `fallback` label of each outcome, in the order of
+/// [`SourceSeries::fallbacks`].
+#[derive(Clone, Copy)]
+enum Fallback {
+    Reference = 0,
+    Discarded = 1,
+    Redelivered = 2,
+}
+
+fn count_fallback(series: &SourceSeries, error: &HandlerError, fallback: Fallback) {
+    if error.is_fallback() {
+        series.fallbacks[fallback as usize].inc();
     }
 }

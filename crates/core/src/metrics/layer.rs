@@ -7,7 +7,6 @@ use tower::Layer;
 
 use super::MetricsService;
 use super::series::{Families, HandlerSeries};
-use crate::catch_panic::Panicked;
 use crate::error::HandlerError;
 use crate::message::Message;
 use crate::retry::RetryObserver;
@@ -58,7 +57,7 @@ impl RetryObserver for MetricsLayer {
     fn on_retry(&self, message: &Message, error: &HandlerError, _delay: Duration) {
         let series = self.handler.for_source(message.metadata().source());
         series.retried.inc();
-        if error.cause().is::<Panicked>() {
+        if error.is_panic() {
             series.panicked.inc();
         }
     }

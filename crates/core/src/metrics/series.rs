@@ -10,7 +10,7 @@ use prometheus::{
 };
 
 use super::RegisterError;
-use crate::error::{ErrorClass, HandlerError};
+use crate::error::ErrorClass;
 use crate::message::{PartitionKey, SourceName};
 
 /// Every metric family, registered once per registry.
@@ -305,8 +305,8 @@ impl SourceSeries {
         }
     }
 
-    pub(super) fn failed(&self, error: &HandlerError) -> &IntCounter {
-        &self.failed[class_index(error.class())]
+    pub(super) fn failed(&self, class: ErrorClass) -> &IntCounter {
+        &self.failed[class_index(class)]
     }
 
     pub(super) fn is_for(&self, source: &SourceName) -> bool {

@@ -20,9 +20,10 @@ impl ParkError {
 }
 
 /// The message is parked and will be handled again once due: the cause of
-/// the [`Ignore`](crate::ErrorClass::Ignore) outcome the parking layer
-/// gives a moved message (so the runtime acknowledges the original), or of
-/// the retryable one of a message handed back to the broker.
+/// the [`Outcome::Parked`](crate::Outcome::Parked) the parking layer settles
+/// a moved message with (class [`Ignore`](crate::ErrorClass::Ignore), so the
+/// runtime acknowledges the original), or of the retryable error, marked
+/// parked too, of a message handed back to the broker.
 #[derive(Debug)]
 pub struct ParkedMessage {
     pub(super) delay: Duration,

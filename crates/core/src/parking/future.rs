@@ -19,6 +19,7 @@ use super::{
 use crate::dead_letter::envelope::{ATTEMPTS, FAILED_FIRST};
 use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
+use crate::outcome::Outcome;
 
 /// A park in progress. Boxed: only messages that are parked make one.
 type Park = Pin<Box<dyn Future<Output = Result<Parked, ParkError>> + Send>>;
@@ -230,11 +231,15 @@ impl Job {
             failure: self.failure.take(),
         };
         match parked {
-            Parked::Moved => HandlerError::ignore(outcome).with_attempts(attempts),
+            Parked::Moved => {
+                HandlerError::settled(Outcome::Parked, outcome).with_attempts(attempts)
+            }
+            // Retryable, for the runtime to hand it back with the delay.
             Parked::HandedBack => HandlerError::retryable(outcome)
                 .with_retry_after(self.delay)
                 .without_backoff()
-                .with_attempts(attempts),
+                .with_attempts(attempts)
+                .settle(Outcome::Parked),
         }
     }
 }

@@ -9,10 +9,9 @@ use super::{Dispatcher, Stop};
 use crate::commit_engine::Ticket;
 use crate::consumer::gate::{GateState, Signal};
 use crate::consumer::slots::{SlotId, SlotState};
-use crate::dead_letter::DeadLettered;
 use crate::error::{ErrorClass, HandlerError, chain_for_log};
 use crate::message::Message;
-use crate::parking::ParkedMessage;
+use crate::outcome::Outcome;
 
 impl<H> Dispatcher<H>
 where
@@ -51,13 +50,16 @@ where
     fn fail(&mut self, slot: SlotId, ticket: Ticket, error: HandlerError) -> Signal {
         match error.class() {
             ErrorClass::Ignore => {
-                if error.cause().is::<DeadLettered>() {
-                    self.report.dead_lettered += 1;
-                } else if error.cause().is::<ParkedMessage>() {
-                    self.report.parked += 1;
-                } else {
-                    self.report.ignored += 1;
-                }
+                // Counted as the layer that settled it says, whichever
+                // layer it was.
+                let count = match error.outcome() {
+                    Some(Outcome::Succeeded) => &mut self.report.succeeded,
+                    Some(Outcome::DeadLettered) => &mut self.report.dead_lettered,
+                    Some(Outcome::Parked) => &mut self.report.parked,
+                    Some(Outcome::Discarded) => &mut self.report.discarded,
+                    Some(Outcome::Ignored) | None => &mut self.report.ignored,
+                };
+                *count += 1;
                 self.partitions.complete(ticket);
                 self.release(slot);
                 Signal::Neutral

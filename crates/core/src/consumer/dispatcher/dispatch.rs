@@ -49,7 +49,7 @@ where
                 let panic = Panicked::from_payload(&*panic);
                 self.report.panicked += 1;
                 tracing::error!(panic = %panic.message(), "the handler service panicked in poll_ready");
-                HandlerError::retryable(panic)
+                HandlerError::panicked(panic)
             }
         };
         tracing::error!(error = %chain_for_log(&error), "the handler service failed; the consumer stops");
@@ -176,7 +176,7 @@ where
         if let (Some(observer), Some(partition)) = (&self.settings.observer, partition) {
             observer.on_panic(partition);
         }
-        self.finish::<HandlerError>(slot, Err(HandlerError::retryable(panic)));
+        self.finish::<HandlerError>(slot, Err(HandlerError::panicked(panic)));
     }
 
     /// Makes a delivery that started on the fast path hold its lane, now that
