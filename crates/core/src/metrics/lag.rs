@@ -25,6 +25,7 @@ struct LagFamilies {
     messages: IntGaugeVec,
     seconds: GaugeVec,
     errors: IntCounterVec,
+    parked: IntGaugeVec,
 }
 
 impl std::fmt::Debug for LagMetrics {
@@ -76,10 +77,21 @@ impl LagMetrics {
                 ),
                 &["group", "kind"],
             )?,
+            parked: IntGaugeVec::new(
+                Opts::new(
+                    format!("{prefix}_parked_messages"),
+                    "Messages of the group parked to be retried later and not back yet (in \
+                     retry topics, wait queues, due indexes): a backlog broker lag does not \
+                     show, since their originals are acknowledged. Absent where the backend \
+                     cannot count them.",
+                ),
+                &["group"],
+            )?,
         };
         registry.register(Box::new(families.messages.clone()))?;
         registry.register(Box::new(families.seconds.clone()))?;
         registry.register(Box::new(families.errors.clone()))?;
+        registry.register(Box::new(families.parked.clone()))?;
         Ok(Self {
             families: Arc::new(families),
         })
@@ -95,6 +107,27 @@ impl LagMetrics {
         self.families
             .messages
             .get_metric_with_label_values(&[source, &partition, group])
+            .ok()
+            .map(|gauge| gauge.get())
+    }
+
+    /// The exported parked backlog of `group`, if there is one.
+    pub fn parked(&self, group: &str) -> Option<i64> {
+        use prometheus::core::Collector;
+        let exported = self.families.parked.collect().iter().any(|family| {
+            family.get_metric().iter().any(|metric| {
+                metric
+                    .get_label()
+                    .iter()
+                    .any(|label| label.name() == "group" && label.value() == group)
+            })
+        });
+        if !exported {
+            return None;
+        }
+        self.families
+            .parked
+            .get_metric_with_label_values(&[group])
             .ok()
             .map(|gauge| gauge.get())
     }
@@ -144,6 +177,7 @@ impl LagMetrics {
 /// | `intake_broker_lag_messages{source,partition,group}` | messages the group has not committed on the broker, fetched or not | a [`LagProbe`] asking the broker, every `interval` |
 /// | `intake_broker_lag_seconds{source,partition,group}` | age of the oldest of those, where the broker tells | the same probe |
 /// | `intake_broker_lag_errors_total{group,kind}` | lag queries that failed (`transient` or `permanent`) | the exporter |
+/// | `intake_parked_messages{group}` | messages the group parked (retry later) that are not back yet: acknowledged, so not in broker lag | the same probe ([`LagProbe::parked`]) |
 ///
 /// A growing broker lag with a flat commit lag means the consumer keeps up
 /// with what it takes but takes too little (too few consumers, a budget too
@@ -233,6 +267,8 @@ impl<P: LagProbe> LagExporter<P> {
     pub async fn refresh(&self) {
         let answer = self.probe.lag().await;
         self.apply(answer);
+        let parked = self.probe.parked().await;
+        self.apply_parked(parked);
     }
 
     async fn refresh_within(&self, limit: Duration) {
@@ -240,6 +276,38 @@ impl<P: LagProbe> LagExporter<P> {
             .await
             .unwrap_or(Err(LagError::TimedOut(limit)));
         self.apply(answer);
+        let parked = tokio::time::timeout(limit, self.probe.parked())
+            .await
+            .unwrap_or(Err(LagError::TimedOut(limit)));
+        self.apply_parked(parked);
+    }
+
+    fn apply_parked(&self, answer: Result<Option<u64>, LagError>) {
+        let group = self.probe.group();
+        let families = &self.metrics.families;
+        match answer {
+            Ok(Some(parked)) => families
+                .parked
+                .with_label_values(&[group])
+                .set(i64::try_from(parked).unwrap_or(i64::MAX)),
+            Ok(None) => {
+                let _ = families.parked.remove_label_values(&[group]);
+            }
+            Err(error) => {
+                let kind = if error.is_transient() {
+                    "transient"
+                } else {
+                    "permanent"
+                };
+                families.errors.with_label_values(&[group, kind]).inc();
+                tracing::warn!(
+                    group,
+                    error = %crate::ErrorChain::new(&error),
+                    "parked backlog query failed; its gauge is removed until one succeeds"
+                );
+                let _ = families.parked.remove_label_values(&[group]);
+            }
+        }
     }
 
     fn apply(&self, answer: Result<Vec<PartitionLag>, LagError>) {
@@ -334,6 +402,38 @@ mod tests {
         Scripted {
             answers: Mutex::new(answers),
         }
+    }
+
+    #[tokio::test]
+    async fn exports_what_a_group_parked_beside_its_lag() {
+        let broker = MemoryBroker::new();
+        broker.create_topic("orders", 1).unwrap();
+        let registry = Registry::new();
+        let metrics = LagMetrics::register(&registry).unwrap();
+        let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &metrics);
+        exporter.refresh().await;
+        assert_eq!(metrics.parked("billing"), Some(0));
+
+        let parking = broker.parking("orders").unwrap();
+        let message = crate::message::Message::new(
+            "a",
+            crate::message::Metadata::new("orders".into(), 0, crate::Position::Offset(0)),
+        );
+        use crate::parking::Parking;
+        parking
+            .park(&message, Duration::from_secs(60))
+            .await
+            .unwrap();
+        exporter.refresh().await;
+        assert_eq!(metrics.parked("billing"), Some(1));
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        assert!(
+            text.contains(r#"intake_parked_messages{group="billing"} 1"#),
+            "{text}"
+        );
+        assert_eq!(metrics.messages("orders", 0, "billing"), Some(0));
     }
 
     fn lag(partition: u32, messages: u64) -> PartitionLag {
