@@ -61,3 +61,8 @@ pub use intake_nats as nats;
 /// Exactly-once effects in PostgreSQL (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use intake_postgres as postgres;
+
+// Every Rust snippet of the README and the guides in docs/ compiles (and
+// runs, unless it needs a broker): they cannot drift from the API.
+#[cfg(doctest)]
+mod docs_doctests;
