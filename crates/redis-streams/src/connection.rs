@@ -36,6 +36,12 @@ impl SecretUrl {
         Self(url.into())
     }
 
+    /// The URL as given, secrets included: only for handing it on to a
+    /// builder, never to print.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+
     /// The URL with any password replaced (see [`redact::url`]), for
     /// `Debug` and for errors about a URL that did not parse.
     pub(crate) fn redacted(&self) -> String {

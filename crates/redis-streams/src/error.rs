@@ -127,6 +127,18 @@ pub enum Error {
         /// Why the entry goes away.
         why: &'static str,
     },
+    /// A [`RedisBroker`](crate::RedisBroker)'s parts did not stop within
+    /// the time [`shutdown`](intake_core::backend::Broker::shutdown) was
+    /// given (a runtime too busy to run the parking movers' last poll).
+    /// They were told to stop: what is parked stays parked, for the next
+    /// instance's mover.
+    #[error("{running} parking movers did not stop within {timeout:?}")]
+    ShutdownTimedOut {
+        /// The time the shutdown was given.
+        timeout: std::time::Duration,
+        /// The movers not yet stopped when it ran out.
+        running: usize,
+    },
     /// The server answered in a shape the backend does not understand.
     #[error("unexpected reply to `{command}`: {detail}")]
     UnexpectedReply {
@@ -208,7 +220,10 @@ impl Error {
             | Self::UnsupportedServer { endpoint, .. }
             | Self::ReferenceNotWritten { endpoint, .. }
             | Self::Command { endpoint, .. } => Some(endpoint.as_str()),
-            Self::InvalidUrl { .. } | Self::Config(_) | Self::UnexpectedReply { .. } => None,
+            Self::InvalidUrl { .. }
+            | Self::Config(_)
+            | Self::ShutdownTimedOut { .. }
+            | Self::UnexpectedReply { .. } => None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! [`RedisLagProbe`]: a consumer group's lag on its streams, from
-//! `XINFO GROUPS`.
+//! `XINFO GROUPS`, and its parked backlog, from the length of its parking
+//! streams.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,16 +26,28 @@ use crate::error::Error;
 /// an `XDEL` or a trim past the group's position) the probe reports the
 /// count as unknown (`messages: None`) rather than a guess.
 ///
+/// [`parked`](LagProbe::parked) counts what the group parked
+/// ([`RedisParking`](crate::RedisParking)) and the mover has not moved back
+/// yet, by any instance: the length (`XLEN`) of the group's parking stream
+/// of each stream, `<stream>:<group>:parked`. The originals of those
+/// messages are acknowledged, so broker lag does not show them. It is
+/// `Some(0)` for a group that never parked.
+///
 /// Get one from a source ([`RedisStreamsSource::lag_probe`](crate::RedisStreamsSource::lag_probe),
-/// sharing its connection) or with [`RedisLagProbe::new`] in a process
-/// that does not consume. Every query is bounded by
-/// [`timeout`](Self::timeout) (5 s by default).
+/// sharing its connection), from a [`RedisBroker`](crate::RedisBroker)
+/// ([`lag_probe`](intake_core::backend::Broker::lag_probe), which also
+/// reports the route's return stream once it exists) or with
+/// [`RedisLagProbe::new`] in a process that does not consume. Every query
+/// is bounded by [`timeout`](Self::timeout) (5 s by default).
 #[derive(Clone)]
 pub struct RedisLagProbe {
     connector: Connector,
     connection: Arc<OnceCell<ConnectionManager>>,
     group: Arc<str>,
     streams: Arc<[SourceName]>,
+    /// Return streams of the group's parking, reported once they exist
+    /// with the group: before the first park they are not there at all.
+    returns: Arc<[SourceName]>,
     timeout: Duration,
 }
 
@@ -44,6 +57,7 @@ impl std::fmt::Debug for RedisLagProbe {
             .field("endpoint", self.connector.endpoint())
             .field("group", &self.group)
             .field("streams", &self.streams)
+            .field("return_streams", &self.returns)
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -73,8 +87,28 @@ impl RedisLagProbe {
             connection: Arc::new(OnceCell::new()),
             group: group.into(),
             streams: streams.into_iter().map(Into::into).collect(),
+            returns: Arc::new([]),
             timeout: DEFAULT_LAG_TIMEOUT,
         })
+    }
+
+    /// The probe of a route derived from a broker: `group` on `stream`,
+    /// and on `returned` (the route's return stream) once it exists. It
+    /// connects at its first query.
+    pub(crate) fn of_route(
+        connector: Connector,
+        group: &str,
+        stream: &str,
+        returned: &str,
+    ) -> Self {
+        Self {
+            connector,
+            connection: Arc::new(OnceCell::new()),
+            group: group.into(),
+            streams: Arc::new([SourceName::from(stream)]),
+            returns: Arc::new([SourceName::from(returned)]),
+            timeout: DEFAULT_LAG_TIMEOUT,
+        }
     }
 
     /// The probe of a source's group, on the source's connection.
@@ -88,6 +122,7 @@ impl RedisLagProbe {
             connection: Arc::new(OnceCell::new_with(Some(shared.get()))),
             group,
             streams: streams.into(),
+            returns: Arc::new([]),
             timeout: DEFAULT_LAG_TIMEOUT,
         }
     }
@@ -98,24 +133,65 @@ impl RedisLagProbe {
         self
     }
 
-    async fn query(&self) -> Result<Vec<PartitionLag>, Error> {
-        let mut connection = self
+    async fn connection(&self) -> Result<ConnectionManager, Error> {
+        Ok(self
             .connection
             .get_or_try_init(|| self.connector.shared())
             .await?
-            .clone();
-        let mut lags = Vec::with_capacity(self.streams.len());
+            .clone())
+    }
+
+    async fn query(&self) -> Result<Vec<PartitionLag>, Error> {
+        let mut connection = self.connection().await?;
+        let mut lags = Vec::with_capacity(self.streams.len() + self.returns.len());
         for stream in self.streams.iter() {
-            lags.push(self.stream_lag(&mut connection, stream).await?);
+            match self.stream_lag(&mut connection, stream).await? {
+                Some(lag) => lags.push(lag),
+                None => {
+                    return Err(Error::UnexpectedReply {
+                        command: "XINFO GROUPS",
+                        detail: format!("stream `{stream}` has no consumer group `{}`", self.group),
+                    });
+                }
+            }
+        }
+        for stream in self.returns.iter() {
+            let key: &str = stream;
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut connection)
+                .await
+                .map_err(|error| self.connector.key_error(error, "EXISTS", key))?;
+            if exists && let Some(lag) = self.stream_lag(&mut connection, stream).await? {
+                lags.push(lag);
+            }
         }
         Ok(lags)
     }
 
+    /// The sum of the lengths of the group's parking streams.
+    async fn parked_query(&self) -> Result<u64, Error> {
+        let mut connection = self.connection().await?;
+        let mut parked = 0_u64;
+        for stream in self.streams.iter() {
+            let key = crate::RedisParking::parked_stream(stream, &self.group);
+            let length: u64 = redis::cmd("XLEN")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .map_err(|error| self.connector.key_error(error, "XLEN", &key))?;
+            parked = parked.saturating_add(length);
+        }
+        Ok(parked)
+    }
+
+    /// The group's lag on `stream`; `None` when the stream has no such
+    /// group.
     async fn stream_lag(
         &self,
         connection: &mut ConnectionManager,
         stream: &SourceName,
-    ) -> Result<PartitionLag, Error> {
+    ) -> Result<Option<PartitionLag>, Error> {
         let key = stream.as_ref();
         let reply: StreamInfoGroupsReply = redis::cmd("XINFO")
             .arg("GROUPS")
@@ -129,10 +205,7 @@ impl RedisLagProbe {
             .into_iter()
             .find(|group| *group.name == *self.group)
         else {
-            return Err(Error::UnexpectedReply {
-                command: "XINFO GROUPS",
-                detail: format!("stream `{key}` has no consumer group `{}`", self.group),
-            });
+            return Ok(None);
         };
         let messages = group
             .lag
@@ -165,11 +238,11 @@ impl RedisLagProbe {
             None
         };
         let lag = PartitionLag::new(partition, messages);
-        Ok(match oldest_id.as_deref().and_then(id_millis) {
+        Ok(Some(match oldest_id.as_deref().and_then(id_millis) {
             Some(millis) => lag.with_oldest_age(age_of(millis)),
             None if messages == Some(0) => lag.with_oldest_age(Duration::ZERO),
             None => lag,
-        })
+        }))
     }
 }
 
@@ -196,13 +269,27 @@ impl LagProbe for RedisLagProbe {
     }
 
     async fn lag(&self) -> Result<Vec<PartitionLag>, LagError> {
-        match tokio::time::timeout(self.timeout, self.query()).await {
-            Err(_) => Err(LagError::TimedOut(self.timeout)),
-            Ok(Ok(lags)) => Ok(lags),
-            Ok(Err(error)) => {
-                let transient = error.is_transient();
-                Err(LagError::from_backend(error, transient))
-            }
+        bounded(self.timeout, self.query()).await
+    }
+
+    /// What the group parked and the mover has not moved back yet: the
+    /// length of its parking stream of each stream (see the type docs).
+    async fn parked(&self) -> Result<Option<u64>, LagError> {
+        bounded(self.timeout, self.parked_query()).await.map(Some)
+    }
+}
+
+/// `query` within `timeout`, its error sorted for the caller.
+async fn bounded<T>(
+    timeout: Duration,
+    query: impl Future<Output = Result<T, Error>>,
+) -> Result<T, LagError> {
+    match tokio::time::timeout(timeout, query).await {
+        Err(_) => Err(LagError::TimedOut(timeout)),
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(error)) => {
+            let transient = error.is_transient();
+            Err(LagError::from_backend(error, transient))
         }
     }
 }

@@ -20,6 +20,54 @@
 //! | broadcast | `XREAD` without a group |
 //! | publish | [`RedisStreamsPublisher`]: `XADD` of the payload, key and header fields the source reads, pipelined, each confirmed by its entry id |
 //! | read size | `COUNT` up to what the runtime allows, and at most what fits in an eighth of the byte budget at the average entry size |
+//! | lag | [`RedisLagProbe`]: `XINFO GROUPS` per stream, and the parked backlog (`XLEN` of the group's parking streams) |
+//!
+//! # From one broker value
+//!
+//! A [`RedisBroker`] holds the connection (URL, TLS root certificate,
+//! timeouts) once, and derives every part of a route from it, the same way
+//! as on every other backend ([`Broker`](intake_core::backend::Broker)):
+//! the source, acker, dead-letter sink and parking of a stream and group
+//! together, so that the source reads the stream the parking returns to;
+//! the publisher, the group's dead-letter store and its lag probe.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use intake_core::backend::{Broker, RouteAddress, RouteOptions};
+//! use intake_core::lag::LagProbe;
+//! use intake_core::parking::ParkingLayer;
+//! use intake_core::{Consumer, DeadLetterLayer, HandlerError, Message};
+//! use intake_redis_streams::RedisBroker;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = RedisBroker::from_url("redis://127.0.0.1:6379")?;
+//! let address = RouteAddress::new("orders", "billing");
+//! let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
+//! let parking = parts.parking.expect("asked for parking");
+//! let handler = tower::ServiceBuilder::new()
+//!     .layer(DeadLetterLayer::new(parts.dead_letter_sink))
+//!     .layer(ParkingLayer::new(parking))
+//!     .service(tower::service_fn(|message: Message| async move {
+//!         if message.payload().is_empty() {
+//!             return Err(HandlerError::retry_later("not yet", Duration::from_secs(30)));
+//!         }
+//!         Ok::<(), HandlerError>(())
+//!     }));
+//! let report = Consumer::builder()
+//!     .build(parts.source, parts.acker, handler)?
+//!     .run(CancellationToken::new())
+//!     .await?;
+//! println!("{} parked", report.parked);
+//! let probe = broker.lag_probe(&address).await?;
+//! println!("{:?} still parked", probe.parked().await?);
+//! broker.shutdown(Duration::from_secs(5)).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The explicit builders ([`RedisStreamsSource::builder`] and the others)
+//! remain for what the broker does not cover:
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -51,6 +99,7 @@
 #![warn(missing_docs)]
 
 mod acker;
+mod broker;
 mod connection;
 mod dead_letter;
 mod dead_letter_store;
@@ -66,6 +115,7 @@ mod stats;
 mod stream_id;
 
 pub use acker::RedisStreamsAcker;
+pub use broker::RedisBroker;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 pub use dead_letter_store::{RedisDeadLetterStore, RedisDeadLetters, RedisDeadLettersBuilder};
 pub use endpoint::Endpoint;

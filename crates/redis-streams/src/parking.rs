@@ -229,7 +229,10 @@ return {indexed, undated, moved, vanished, more, next_due, left, trimmed}
 /// reads: the [`Parking`] of the Redis backend, for
 /// [`ParkingLayer`](intake_core::parking::ParkingLayer).
 ///
-/// Build one with [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking)
+/// Derive one with a route of a [`RedisBroker`](crate::RedisBroker)
+/// ([`RouteOptions::parking`](intake_core::backend::RouteOptions::parking):
+/// its source then reads the return stream), or build one with
+/// [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking)
 /// (prefilled from the source) or [`RedisParking::builder`], and hand a
 /// clone to the layer. Clones share the mover, which stops once every clone
 /// is dropped or at [`shutdown`](Self::shutdown).
@@ -540,6 +543,13 @@ impl RedisParking {
                 .connector()
                 .key_error(error, "XLEN", &parked)
         })
+    }
+
+    /// Tells the mover to stop (and later parks to fail) without waiting
+    /// for it: a broker stopping several parkings tells each first, then
+    /// waits for them within one bound.
+    pub(crate) fn stop_soon(&self) {
+        self.inner.stop.send_replace(true);
     }
 
     /// Stops the mover (a round in flight is dropped: its script ran whole

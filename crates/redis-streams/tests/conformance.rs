@@ -1,11 +1,22 @@
-//! The backend and publisher conformance suites, unchanged, against a real
-//! Redis.
+//! The backend, publisher, dead-letter store and broker conformance suites,
+//! unchanged, against a real Redis.
 
 mod support;
 
 intake_core::conformance_suite!(support::RedisBackend::new("redis conformance"));
 intake_core::publisher_suite!(support::RedisBackend::new("redis publisher conformance"));
 intake_core::dead_letter_store_suite!(support::RedisBackend::new("redis store conformance"));
+intake_core::broker_suite!(support::RedisBackend::new("redis broker conformance"));
+
+/// Every part derived from one `RedisBroker` on the server under test. Its
+/// key field is `key`, where the fixture produces each message's key.
+impl intake_core::backend::testkit::broker::BrokerBackend for support::RedisBackend {
+    type Broker = intake_redis_streams::RedisBroker;
+
+    fn broker(&self) -> Self::Broker {
+        intake_redis_streams::RedisBroker::new(support::redis_url())
+    }
+}
 
 #[async_trait::async_trait]
 impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support::RedisBackend {
