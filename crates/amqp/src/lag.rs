@@ -1,8 +1,10 @@
-//! [`AmqpLagProbe`]: a queue's depth, from a passive `queue.declare`.
+//! [`AmqpLagProbe`]: a queue's depth, and its parked backlog, from passive
+//! `queue.declare`s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use intake_core::PartitionKey;
 use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, PartitionLag};
 use lapin::Connection;
@@ -12,6 +14,7 @@ use tokio::sync::Mutex;
 
 use crate::connection::open_within;
 use crate::error::{Error, Operation, classify};
+use crate::parking::holding_queues;
 use crate::tls::Tls;
 use crate::topology::short;
 use crate::url::AmqpUrl;
@@ -31,14 +34,30 @@ use crate::url::AmqpUrl;
 /// source has a name), at its first query and again after a failure, and a
 /// channel per query; every query, connecting included, is bounded by
 /// [`timeout`](Self::timeout) (5 s by default). Get one from a source
-/// ([`AmqpSource::lag_probe`](crate::AmqpSource::lag_probe)) or with
-/// [`AmqpLagProbe::new`].
+/// ([`AmqpSource::lag_probe`](crate::AmqpSource::lag_probe)), from a
+/// broker ([`AmqpBroker::lag_probe`](crate::AmqpBroker), which counts the
+/// parked backlog too) or with [`AmqpLagProbe::new`].
+///
+/// # Parked backlog
+///
+/// Messages an [`AmqpParking`](crate::AmqpParking) parked wait in wait
+/// queues of their own (their originals are acknowledged), where the
+/// queue's depth does not show them. A probe told the parking's tiers
+/// ([`parking_tiers`](Self::parking_tiers)) counts them as
+/// [`parked`](LagProbe::parked): the ready messages of each tier's wait
+/// queue, of the step queue and of the relay queue, one passive
+/// `queue.declare` each, concurrently on channels of the probe's
+/// connection. A wait queue that does not exist (not used yet, or expired
+/// when idle) holds none. Without tiers, `parked` is `None`: the probe
+/// does not know where the queue's parking waits.
 #[derive(Clone)]
 pub struct AmqpLagProbe {
     url: AmqpUrl,
     tls: Tls,
     connection_name: Option<String>,
     queue: Arc<str>,
+    /// The queues holding the queue's parked copies, when known.
+    parked_in: Option<Arc<[String]>>,
     connection: Arc<Mutex<Option<Connection>>>,
     timeout: Duration,
 }
@@ -48,6 +67,7 @@ impl std::fmt::Debug for AmqpLagProbe {
         f.debug_struct("AmqpLagProbe")
             .field("url", &self.url)
             .field("queue", &self.queue)
+            .field("parked_in", &self.parked_in)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -82,6 +102,7 @@ impl AmqpLagProbe {
             tls,
             connection_name,
             queue: queue.into(),
+            parked_in: None,
             connection: Arc::new(Mutex::new(None)),
             timeout: DEFAULT_LAG_TIMEOUT,
         }
@@ -93,37 +114,90 @@ impl AmqpLagProbe {
         self
     }
 
+    /// Counts as [parked](LagProbe::parked) the messages waiting for the
+    /// queue's [`AmqpParking`](crate::AmqpParking) with these `tiers`
+    /// ([`AmqpParking::DEFAULT_TIERS`](crate::AmqpParking::DEFAULT_TIERS)
+    /// for a parking built with the default ones): in each tier's wait
+    /// queue, the step queue of the longest tier and the relay queue (see
+    /// the [type docs](Self)). Tiers no parking can have (zero, beyond 30
+    /// days) are left out.
+    pub fn parking_tiers(mut self, tiers: impl IntoIterator<Item = Duration>) -> Self {
+        let tiers: Vec<Duration> = tiers.into_iter().collect();
+        self.parked_in = Some(holding_queues(&self.queue, &tiers).into());
+        self
+    }
+
+    /// Counts as parked the messages of these `queues` (a broker's union of
+    /// the parkings it derived for the queue).
+    pub(crate) fn parked_in(mut self, queues: Vec<String>) -> Self {
+        self.parked_in = Some(queues.into());
+        self
+    }
+
+    /// The ready messages of the probed queue.
     async fn query(&self) -> Result<u64, Error> {
+        let mut kept = self.connected().await?;
+        let ready = match kept.as_ref() {
+            Some(connection) => self.ready(connection, &self.queue, false).await,
+            None => Err(self.gone()),
+        };
+        if let Err(error) = &ready
+            && !matches!(error, Error::QueueNotFound { .. })
+        {
+            // Reconnect at the next query: a connection that cannot open a
+            // channel may look connected and still be of no use. A missing
+            // queue closes only its channel.
+            *kept = None;
+        }
+        Ok(ready?.unwrap_or(0))
+    }
+
+    /// The probe's connection, opened if need be. One caller at a time: the
+    /// lock keeps a second caller from opening a second connection while
+    /// the first connects.
+    async fn connected(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Connection>>, Error> {
+        let mut kept = self.connection.lock().await;
+        if !kept.as_ref().is_some_and(|open| open.status().connected()) {
+            *kept = None;
+            let name = self
+                .connection_name
+                .as_ref()
+                .map(|name| format!("{name} (lag)"));
+            let open = open_within(&self.url, name.as_deref(), &self.tls, self.timeout).await?;
+            *kept = Some(open);
+        }
+        Ok(kept)
+    }
+
+    fn gone(&self) -> Error {
+        Error::Broker {
+            endpoint: self.url.endpoint().to_owned(),
+            source: "the lag probe's connection is gone".into(),
+        }
+    }
+
+    /// The ready messages of `queue`, from a passive declare on a channel
+    /// of its own. A queue that does not exist is `None` where
+    /// `missing_is_none`, else [`Error::QueueNotFound`].
+    async fn ready(
+        &self,
+        connection: &Connection,
+        queue: &str,
+        missing_is_none: bool,
+    ) -> Result<Option<u64>, Error> {
         let fail = |error| {
             classify(
                 error,
                 self.url.endpoint(),
                 self.url.vhost(),
-                Operation::UseQueue(&self.queue),
+                Operation::UseQueue(queue),
             )
         };
-        // One query at a time: the lock keeps a second caller from opening
-        // a second connection while the first connects.
-        let mut kept = self.connection.lock().await;
-        let open = match kept.take() {
-            Some(open) if open.status().connected() => open,
-            _ => {
-                let name = self
-                    .connection_name
-                    .as_ref()
-                    .map(|name| format!("{name} (lag)"));
-                open_within(&self.url, name.as_deref(), &self.tls, self.timeout).await?
-            }
-        };
-        // A connection that cannot open a channel is not put back: the next
-        // query connects anew.
-        let channel = open.create_channel().await.map_err(fail)?;
-        *kept = Some(open);
-        drop(kept);
+        let channel = connection.create_channel().await.map_err(fail)?;
         // A missing queue closes the channel (404), not the connection.
         let declared = channel
             .queue_declare(
-                short(&self.queue),
+                short(queue),
                 QueueDeclareOptions {
                     passive: true,
                     ..QueueDeclareOptions::default()
@@ -131,13 +205,44 @@ impl AmqpLagProbe {
                 FieldTable::default(),
             )
             .await
-            .map_err(fail)?;
+            .map_err(fail);
+        let declared = match declared {
+            Ok(declared) => declared,
+            Err(Error::QueueNotFound { .. }) if missing_is_none => return Ok(None),
+            Err(error) => return Err(error),
+        };
         if channel.status().connected() {
             // Best effort: the broker reclaims the channel with the
             // connection anyway.
             let _ = channel.close(200, "lag probed".into()).await;
         }
-        Ok(u64::from(declared.message_count()))
+        Ok(Some(u64::from(declared.message_count())))
+    }
+
+    /// The ready messages of every queue in `queues`, concurrently; a
+    /// missing one holds none.
+    async fn count_parked(&self, queues: &[String]) -> Result<u64, Error> {
+        let mut kept = self.connected().await?;
+        let Some(connection) = kept.as_ref() else {
+            return Err(self.gone());
+        };
+        let counts = join_all(
+            queues
+                .iter()
+                .map(|queue| self.ready(connection, queue, true)),
+        )
+        .await;
+        let mut parked: u64 = 0;
+        for count in counts {
+            match count {
+                Ok(count) => parked = parked.saturating_add(count.unwrap_or(0)),
+                Err(error) => {
+                    *kept = None;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(parked)
     }
 }
 
@@ -153,6 +258,23 @@ impl LagProbe for AmqpLagProbe {
                 PartitionKey::new(&*self.queue, 0),
                 Some(ready),
             )]),
+            Ok(Err(error)) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
+        }
+    }
+
+    /// The messages waiting in the parking's wait, step and relay queues,
+    /// when the probe knows its tiers ([`parking_tiers`](Self::parking_tiers),
+    /// or derived from an [`AmqpBroker`](crate::AmqpBroker)); else `None`.
+    async fn parked(&self) -> Result<Option<u64>, LagError> {
+        let Some(queues) = &self.parked_in else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(self.timeout, self.count_parked(queues)).await {
+            Err(_) => Err(LagError::TimedOut(self.timeout)),
+            Ok(Ok(parked)) => Ok(Some(parked)),
             Ok(Err(error)) => {
                 let transient = error.is_transient();
                 Err(LagError::from_backend(error, transient))

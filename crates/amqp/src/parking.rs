@@ -224,6 +224,12 @@ const fn hours(hours: u64) -> Duration {
 /// publish access to `Q`: keep that to producers you trust as much as the
 /// consumer's code, or reject such headers where producers come in.
 ///
+/// # Clones
+///
+/// Clones share the connections, the counters and the relay: the relay
+/// runs until [`close`](Self::close) is called on any of them, or the last
+/// one is dropped.
+///
 /// # Example
 ///
 /// ```no_run
@@ -243,9 +249,10 @@ const fn hours(hours: u64) -> Duration {
 /// # Ok(())
 /// # }
 /// ```
+#[derive(Clone)]
 pub struct AmqpParking {
     shared: Arc<Shared>,
-    relay: Relay,
+    relay: Arc<Relay>,
 }
 
 /// What the parking and its relay share.
@@ -447,7 +454,7 @@ impl AmqpParkingBuilder {
         shared
             .declare_on_declarer(&shared.relay_topology, &relay_queue(&shared.queue))
             .await?;
-        let relay = Relay::start(Arc::clone(&shared));
+        let relay = Arc::new(Relay::start(Arc::clone(&shared)));
         Ok(AmqpParking { shared, relay })
     }
 }
@@ -493,6 +500,39 @@ fn relay_queue(queue: &str) -> String {
     format!("{queue}.wait.relay")
 }
 
+/// The name of `queue`'s wait queue for the tier `ttl`.
+fn wait_queue_name(queue: &str, ttl: Duration) -> String {
+    format!("{queue}.wait.{}ms", whole_millis(ttl))
+}
+
+/// The name of `queue`'s step queue when its longest tier is `ttl`.
+fn hop_queue_name(queue: &str, ttl: Duration) -> String {
+    format!("{queue}.wait.hop.{}ms", whole_millis(ttl))
+}
+
+/// The queues where a parking of `queue` with `tiers` holds parked copies:
+/// a wait queue per tier, the step queue of the longest and the relay
+/// queue. Tiers no parking can have (zero, beyond 30 days) are left out,
+/// as they have no wait queue.
+pub(crate) fn holding_queues(queue: &str, tiers: &[Duration]) -> Vec<String> {
+    let mut ttls: Vec<Duration> = tiers
+        .iter()
+        .filter(|tier| !tier.is_zero() && **tier <= MAX_TIER)
+        .map(|tier| Duration::from_millis(whole_millis(*tier)))
+        .collect();
+    ttls.sort_unstable();
+    ttls.dedup();
+    let mut names: Vec<String> = ttls
+        .iter()
+        .map(|ttl| wait_queue_name(queue, *ttl))
+        .collect();
+    if let Some(longest) = ttls.last() {
+        names.push(hop_queue_name(queue, *longest));
+    }
+    names.push(relay_queue(queue));
+    names
+}
+
 /// What the relay consumes: its durable exchange and queue, bound. The
 /// queue never expires: it holds copies between two steps of their wait,
 /// however long no relay runs.
@@ -535,7 +575,7 @@ impl Tier {
     /// The tier of `ttl`: its wait queue `{queue}.wait.{ms}ms` gives its
     /// copies back to `queue`.
     fn new(queue: &str, ttl: Duration, kind: QueueKind) -> Result<Self, Error> {
-        let wait = format!("{queue}.wait.{}ms", whole_millis(ttl));
+        let wait = wait_queue_name(queue, ttl);
         let back = return_exchange(queue);
         check_wait_name(&back)?;
         // Declared with every tier: a queue deleted and declared again (by
@@ -552,7 +592,7 @@ impl Tier {
     /// rather than one the broker refuses; every such queue leads to the
     /// same relay queue.
     fn hop(queue: &str, ttl: Duration, kind: QueueKind) -> Result<Self, Error> {
-        let wait = format!("{queue}.wait.hop.{}ms", whole_millis(ttl));
+        let wait = hop_queue_name(queue, ttl);
         let relay = relay_queue(queue);
         check_wait_name(&relay)?;
         Self::waiting(wait, ttl, kind, &relay, relay_topology(queue, kind))
@@ -684,6 +724,12 @@ impl AmqpParking {
         self.shared
             .tier_for(delay)
             .map(|index| self.shared.tiers[index].wait.as_str())
+    }
+
+    /// The queues where this parking's copies wait: its tiers' wait
+    /// queues, its step queue and the relay queue.
+    pub(crate) fn holding_queues(&self) -> Vec<String> {
+        holding_queues(&self.shared.queue, &self.tiers())
     }
 
     /// Messages parked so far (confirmed by the broker).
@@ -989,6 +1035,31 @@ mod tests {
         assert_eq!(hop.wait, "orders.wait.hop.60000ms");
         let declared = format!("{:?}", hop.topology.queues());
         assert!(declared.contains("orders.wait.relay"), "{declared}");
+    }
+
+    #[test]
+    fn the_holding_queues_are_the_tiers_wait_queues_the_longest_step_and_the_relay() {
+        let tiers = [
+            Duration::from_secs(60),
+            Duration::from_micros(1_500),
+            Duration::ZERO,
+            MAX_TIER * 2,
+            Duration::from_secs(60),
+        ];
+        assert_eq!(
+            holding_queues("orders", &tiers),
+            [
+                "orders.wait.2ms",
+                "orders.wait.60000ms",
+                "orders.wait.hop.60000ms",
+                "orders.wait.relay",
+            ]
+        );
+        assert_eq!(holding_queues("orders", &[]), ["orders.wait.relay"]);
+        let tier = Tier::new("orders", Duration::from_secs(60), QueueKind::Quorum);
+        let hop = Tier::hop("orders", Duration::from_secs(60), QueueKind::Quorum);
+        assert_eq!(tier.expect("a valid tier").wait, "orders.wait.60000ms");
+        assert_eq!(hop.expect("a valid step").wait, "orders.wait.hop.60000ms");
     }
 
     #[test]
