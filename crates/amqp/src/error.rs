@@ -195,6 +195,21 @@ pub enum Error {
         /// What it did: "nothing was changed", "3 were purged", ...
         done: String,
     },
+    /// [`AmqpBroker::shutdown`](crate::AmqpBroker) did not stop every
+    /// part it keeps (parkings, with their relays and connections; the
+    /// publisher, with its outputs awaiting a confirm) within its timeout.
+    /// Those end after their current step; what is parked stays parked.
+    #[error(
+        "{parts} of the parts derived from the AMQP broker at {endpoint} did not stop within {within:?}; they end after their current step, and what is parked stays parked"
+    )]
+    ShutdownTimedOut {
+        /// The broker (without password).
+        endpoint: String,
+        /// How many parts had not stopped.
+        parts: usize,
+        /// The timeout given to the shutdown.
+        within: std::time::Duration,
+    },
     /// Any other broker failure (a lost connection, a closed channel).
     /// Usually transient.
     #[error("the connection or channel to the AMQP broker at {endpoint} failed")]
@@ -239,6 +254,7 @@ impl Error {
             | Error::NotConfirmed { endpoint, .. }
             | Error::ReferenceNotWritten { endpoint, .. }
             | Error::PassLimit { endpoint, .. }
+            | Error::ShutdownTimedOut { endpoint, .. }
             | Error::Broker { endpoint, .. } => Some(endpoint),
         }
     }
@@ -425,9 +441,10 @@ impl From<Error> for SourceError {
             Error::InvalidUrl { .. } | Error::Config(_) => {
                 SourceError::Config(error.to_string())
             }
-            Error::Topology { .. } | Error::ReferenceNotWritten { .. } | Error::PassLimit { .. } => {
-                SourceError::Fatal(Box::new(error))
-            }
+            Error::Topology { .. }
+            | Error::ReferenceNotWritten { .. }
+            | Error::PassLimit { .. }
+            | Error::ShutdownTimedOut { .. } => SourceError::Fatal(Box::new(error)),
             Error::Broker { .. }
             | Error::NotConfirmed { .. }
             | Error::Unparsable { .. }

@@ -1,5 +1,39 @@
 //! RabbitMQ (AMQP 0.9.1) for intake, on [lapin].
 //!
+//! [`AmqpBroker`] holds the broker's URL, TLS settings and connection name,
+//! given once, and derives every part of a route from them
+//! ([`Broker`](intake_core::backend::Broker), the same shape on every
+//! intake backend): the source, acker, dead-letter sink and parking of a
+//! queue, consistent with each other (parked copies come back into the
+//! queue the source reads), the publisher, the dead-letter store and a lag
+//! probe that counts the parked backlog too.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use intake_amqp::AmqpBroker;
+//! use intake_core::backend::{Broker, RouteAddress, RouteOptions};
+//!
+//! # async fn run() -> Result<(), intake_amqp::Error> {
+//! let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f")?
+//!     .connection_name("billing");
+//! // The queue `payments` (which must exist), read as group `billing`.
+//! let address = RouteAddress::new("payments", "billing");
+//! let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
+//! // Hand `parts.source` and `parts.acker` to the consumer runtime,
+//! // `parts.dead_letter_sink` to its dead-letter layer (dead letters go to
+//! // `payments.dlq`) and `parts.parking` to its parking layer.
+//! # drop(parts);
+//! let publisher = broker.publisher().await?;
+//! let probe = broker.lag_probe(&address).await?;
+//! # drop((publisher, probe));
+//! // Once every route has stopped: the parkings' relays, the publisher.
+//! broker.shutdown(Duration::from_secs(10)).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The explicit parts, for what the broker does not cover:
+//!
 //! - [`AmqpSource`] consumes a queue (or, in broadcast mode, every message of
 //!   a fanout exchange) on one channel with manual acknowledgements. Its
 //!   prefetch (`basic.qos`) comes from the consumer's budget
@@ -116,6 +150,7 @@
 #![warn(missing_docs)]
 
 mod acker;
+mod broker;
 mod broker_dead_letter;
 mod connection;
 mod counters;
@@ -135,6 +170,7 @@ mod topology;
 mod url;
 
 pub use acker::AmqpAcker;
+pub use broker::AmqpBroker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
 pub use counters::SourceCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
