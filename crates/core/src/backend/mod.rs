@@ -4,8 +4,11 @@
 //! A handler author never needs this module: the crate root holds what
 //! they use (the consumer, `handler_fn` and the extractors, the layers, the
 //! errors, the memory broker). A backend crate (`intake-kafka`,
-//! `intake-redis-streams`, `intake-amqp`, or one of your own) implements
-//! three traits:
+//! `intake-redis-streams`, `intake-amqp`, `intake-nats`, or one of your
+//! own) implements the traits below, every one of them in this module, and
+//! one [`Broker`] value from which a service derives them all.
+//!
+//! The consuming side:
 //!
 //! - [`Source`]: fetches deliveries into the runtime's buffer, no more than
 //!   the runtime asks for ([`Source::next`]'s `max` is the room in its
@@ -31,6 +34,17 @@
 //!   [`envelope`] lays it out on the broker's carrier (headers, stream
 //!   fields, properties), and says with [`DeadLetterError::rejected`] when a
 //!   letter can never fit the destination.
+//!
+//! The other parts, each optional on its own, all derived from the
+//! [`Broker`] (see [`broker`]):
+//!
+//! - [`Parking`]: gives a message back later (a retry topic, a wait queue,
+//!   a delayed redelivery), for the [`ParkingLayer`](crate::ParkingLayer).
+//! - [`Publisher`]: sends outputs with the broker's confirmation, for the
+//!   [`PublishLayer`](crate::publish::PublishLayer).
+//! - [`DeadLetterStore`]: lists, replays and purges what the sink wrote.
+//! - [`LagProbe`]: asks the broker how far a group is behind, and how much
+//!   it parked.
 //!
 //! Endpoints and settings in errors, logs and `Debug` go through
 //! [`redact`](crate::redact), so no password reaches them.
@@ -134,8 +148,12 @@
 pub mod broker;
 
 pub use crate::acker::{AckBatch, AckError, AckMode, Acker, PartitionAck};
+pub use crate::dead_letter::store::{DeadLetterLog, DeadLetterStore};
 pub use crate::dead_letter::{DeadLetter, DeadLetterError, DeadLetterSink, envelope};
+pub use crate::lag::LagProbe;
 pub use crate::message::{Header, Headers, Message, Metadata, PartitionKey, Position, SourceName};
+pub use crate::parking::Parking;
+pub use crate::publish::Publisher;
 pub use crate::reachability::Reachability;
 pub use crate::source::{
     Limits, Revocation, RevocationError, RevocationHandle, RevocationOutcome, RevokedPartition,
