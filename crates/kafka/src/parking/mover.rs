@@ -9,25 +9,27 @@
 //! with a new consumer; the parking reports it in
 //! [`KafkaParking::mover_health`](super::KafkaParking::mover_health).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod context;
+mod record;
+mod supervisor;
+mod wait;
 
-use intake_core::Headers;
-use intake_core::parking::{DUE, ORIGIN_PARTITION};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
-use super::LEGACY_ORIGIN_PARTITION;
+use self::context::{MoverContext, Rebalanced};
+use self::record::{ParkedRecord, copy_headers, due_of, origin_partition, wake_at};
+pub(super) use self::supervisor::MoverShared;
+use self::supervisor::supervise;
+use self::wait::{delivered, later};
 use super::tiers::{Tiers, label_duration};
 use super::topics::Registry;
 use crate::error::Error;
@@ -92,66 +94,6 @@ impl RetryPattern {
     }
 }
 
-/// What the mover and the parking share.
-#[derive(Debug)]
-pub(super) struct MoverShared {
-    pub(super) stop: AtomicBool,
-    /// Records produced back (to the return topic) and committed.
-    pub(super) moved: AtomicU64,
-    /// Records written to the tail of their retry topic again.
-    pub(super) requeued: AtomicU64,
-    /// Whether a mover runs now: false before its first round, while it
-    /// waits to start again after a panic, and once it stopped.
-    pub(super) running: AtomicBool,
-    /// Times the mover panicked and was started again.
-    pub(super) restarts: AtomicU64,
-    /// When the last round began, in milliseconds since `epoch` (0: none
-    /// yet).
-    pub(super) last_round: AtomicU64,
-    pub(super) epoch: Instant,
-}
-
-impl Default for MoverShared {
-    fn default() -> Self {
-        Self {
-            stop: AtomicBool::new(false),
-            moved: AtomicU64::new(0),
-            requeued: AtomicU64::new(0),
-            running: AtomicBool::new(false),
-            restarts: AtomicU64::new(0),
-            last_round: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
-    }
-}
-
-impl MoverShared {
-    fn round_began(&self) {
-        let millis = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        // 0 means "no round yet".
-        self.last_round.store(millis.max(1), Ordering::Relaxed);
-    }
-
-    /// How long ago the last round began, `None` before the first.
-    pub(super) fn since_last_round(&self) -> Option<Duration> {
-        match self.last_round.load(Ordering::Relaxed) {
-            0 => None,
-            millis => Some(
-                self.epoch
-                    .elapsed()
-                    .saturating_sub(Duration::from_millis(millis)),
-            ),
-        }
-    }
-
-    /// How long a round may take before the mover counts as stalled.
-    pub(super) fn stall_after(delivery_timeout: Duration) -> Duration {
-        delivery_timeout
-            .saturating_add(Duration::from_secs(5))
-            .saturating_add(ROUND_SLACK)
-    }
-}
-
 /// Everything the mover thread needs.
 pub(super) struct MoverConfig {
     pub(super) settings: KafkaSettings,
@@ -190,92 +132,6 @@ pub(super) fn spawn(config: MoverConfig) -> Result<oneshot::Receiver<()>, Error>
     Ok(stopped)
 }
 
-/// Runs `first`, and after a panic a new mover from `make`, until asked to
-/// stop: a panic is logged and counted, then the mover starts again after
-/// a backoff (`min` doubling up to `max`; back to `min` after a run of at
-/// least `max`). Held records were never committed: the new mover fetches
-/// them again.
-fn supervise<M>(
-    shared: &MoverShared,
-    group: &str,
-    first: M,
-    mut make: impl FnMut() -> Result<M, Error>,
-    run: impl Fn(M),
-    (min, max): (Duration, Duration),
-) {
-    let mut next = Some(first);
-    let mut backoff = min;
-    while !shared.stop.load(Ordering::Acquire) {
-        let mover = match next.take() {
-            Some(mover) => mover,
-            None => match make() {
-                Ok(mover) => {
-                    tracing::info!(
-                        group,
-                        restarts = shared.restarts.load(Ordering::Relaxed),
-                        "kafka parking mover started again"
-                    );
-                    mover
-                }
-                Err(error) => {
-                    tracing::error!(group, error = %intake_core::ErrorChain::new(&error), retry_in = ?backoff, "the kafka parking mover could not start again");
-                    if wait_unless_stopped(shared, backoff) {
-                        break;
-                    }
-                    backoff = backoff.saturating_mul(2).min(max);
-                    continue;
-                }
-            },
-        };
-        shared.running.store(true, Ordering::Release);
-        let started = Instant::now();
-        // Unwinding drops the mover's consumer, which leaves the group: its
-        // partitions go to the other movers of the group meanwhile.
-        let ran = catch_unwind(AssertUnwindSafe(|| run(mover)));
-        shared.running.store(false, Ordering::Release);
-        let Err(panic) = ran else {
-            break;
-        };
-        let restarts = shared.restarts.fetch_add(1, Ordering::Relaxed) + 1;
-        if started.elapsed() >= max {
-            backoff = min;
-        }
-        tracing::error!(
-            group,
-            panic = %panic_text(panic.as_ref()),
-            restarts,
-            retry_in = ?backoff,
-            "the kafka parking mover panicked; parked messages do not come back until it runs again"
-        );
-        if wait_unless_stopped(shared, backoff) {
-            break;
-        }
-        backoff = backoff.saturating_mul(2).min(max);
-    }
-    shared.running.store(false, Ordering::Release);
-}
-
-/// Sleeps `wait` in short steps; true when a stop was asked meanwhile.
-fn wait_unless_stopped(shared: &MoverShared, wait: Duration) -> bool {
-    let until = later(wait);
-    while Instant::now() < until {
-        if shared.stop.load(Ordering::Acquire) {
-            return true;
-        }
-        std::thread::sleep(POLL_CAP.min(until.saturating_duration_since(Instant::now())));
-    }
-    shared.stop.load(Ordering::Acquire)
-}
-
-/// A panic's message, as far as it has one.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|text| (*text).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
-}
-
 /// A partition of a retry topic: its topic and partition.
 type PartitionOf = (String, i32);
 
@@ -289,34 +145,6 @@ struct Held {
     /// The offset after the last record taken: a record below it is one
     /// taken already.
     next_offset: i64,
-}
-
-/// A record taken from a retry topic. Its headers are read through
-/// librdkafka's C accessors ([`read_headers`](crate::record_headers::read_headers)):
-/// rdkafka's own header iterator panics on a name that is not UTF-8, which
-/// any producer with write access to a retry topic can write.
-struct ParkedRecord {
-    topic: String,
-    partition: i32,
-    offset: i64,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-    /// Names lossily (bytes that are not UTF-8 become U+FFFD), values as
-    /// they are (a header without a value as an empty one).
-    headers: Headers,
-}
-
-impl ParkedRecord {
-    fn of(message: &BorrowedMessage<'_>) -> Self {
-        Self {
-            topic: message.topic().to_owned(),
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            payload: message.payload().map(<[u8]>::to_vec),
-            headers: crate::record_headers::read_headers(message),
-        }
-    }
 }
 
 /// What becomes of a head record whose time came.
@@ -804,286 +632,9 @@ impl Mover {
     }
 }
 
-/// The due time a record carries, `None` when it carries none that is a
-/// time (missing, not a number, beyond what the clock holds).
-fn due_of(record: &ParkedRecord) -> Option<SystemTime> {
-    let millis: u64 = record.headers.get_str(DUE)?.parse().ok()?;
-    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
-}
-
-/// When the head `record` of a partition of tier `tier` is looked at again:
-/// its due time, but no later than the tier's hold from `now`, so a record
-/// that asks for more never stalls the ones behind it; `now` for a record
-/// without a due time, which goes back at once.
-fn wake_at(record: &ParkedRecord, tiers: &Tiers, tier: usize, now: SystemTime) -> SystemTime {
-    match due_of(record) {
-        Some(due) => now
-            .checked_add(tiers.hold(tier))
-            .map_or(due, |limit| due.min(limit)),
-        None => {
-            tracing::warn!(
-                topic = %record.topic,
-                partition = record.partition,
-                offset = record.offset,
-                "a parked record without a due time; moved back at once"
-            );
-            now
-        }
-    }
-}
-
-/// `wait` from now; a wait beyond what the clock holds is a year.
-fn later(wait: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(wait)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
-        .unwrap_or(now)
-}
-
-/// The origin partition a record names, if it is a partition number: the
-/// core's [`ORIGIN_PARTITION`] (the partition of the message's first
-/// delivery, kept by every park), else [`LEGACY_ORIGIN_PARTITION`], which
-/// earlier versions wrote.
-fn origin_partition(record: &ParkedRecord) -> Option<i32> {
-    let named = |name: &str| {
-        record
-            .headers
-            .get_str(name)?
-            .parse::<i32>()
-            .ok()
-            .filter(|partition| *partition >= 0)
-    };
-    named(ORIGIN_PARTITION).or_else(|| named(LEGACY_ORIGIN_PARTITION))
-}
-
-/// The record's headers, in order, without the old origin partition header
-/// when it goes back (the message returns with the headers it was parked
-/// with; the core's header stays, the parking layer reads it).
-fn copy_headers(record: &ParkedRecord, back: bool) -> OwnedHeaders {
-    record
-        .headers
-        .iter()
-        .filter(|header| !(back && &*header.name == LEGACY_ORIGIN_PARTITION))
-        .fold(
-            OwnedHeaders::new_with_capacity(record.headers.len()),
-            |copy, header| {
-                copy.insert(Header {
-                    key: &header.name,
-                    value: Some(header.value.as_ref()),
-                })
-            },
-        )
-}
-
-/// Waits on this thread for a delivery report, until `deadline`.
-fn delivered(delivery: DeliveryFuture, deadline: Instant) -> Result<(), KafkaError> {
-    match block_on(delivery, deadline) {
-        Some(Ok(Ok(_))) => Ok(()),
-        Some(Ok(Err((error, _)))) => Err(error),
-        // The producer was dropped with the record unconfirmed.
-        Some(Err(_canceled)) => Err(KafkaError::Canceled),
-        None => Err(KafkaError::MessageProduction(
-            RDKafkaErrorCode::MessageTimedOut,
-        )),
-    }
-}
-
-/// Wakes the thread that waits in [`block_on`].
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Polls `future` on this thread until it resolves or `deadline` passes.
-/// The delivery report comes from the producer's own thread, so no runtime
-/// is needed here, and the mover does not depend on one staying alive.
-fn block_on<F: Future + Unpin>(mut future: F, deadline: Instant) -> Option<F::Output> {
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(output) = Pin::new(&mut future).poll(&mut cx) {
-            return Some(output);
-        }
-        let left = deadline.checked_duration_since(Instant::now())?;
-        if left.is_zero() {
-            return None;
-        }
-        std::thread::park_timeout(left);
-    }
-}
-
-/// A rebalance of the mover's group, as the poll loop applies it.
-enum Rebalanced {
-    Assigned(Vec<PartitionOf>),
-    Revoked(Vec<PartitionOf>),
-}
-
-/// Records the mover group's rebalances for the poll loop.
-#[derive(Default)]
-struct MoverContext {
-    events: Mutex<Vec<Rebalanced>>,
-}
-
-impl MoverContext {
-    fn take(&self) -> Vec<Rebalanced> {
-        std::mem::take(
-            &mut *self
-                .events
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner()),
-        )
-    }
-}
-
-impl ClientContext for MoverContext {}
-
-impl ConsumerContext for MoverContext {
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let partitions = |list: &TopicPartitionList| {
-            list.elements()
-                .iter()
-                .map(|element| (element.topic().to_owned(), element.partition()))
-                .collect()
-        };
-        let event = match rebalance {
-            Rebalance::Assign(list) => Rebalanced::Assigned(partitions(list)),
-            Rebalance::Revoke(list) => Rebalanced::Revoked(partitions(list)),
-            Rebalance::Error(error) => {
-                tracing::warn!(%error, "the parking mover's group failed to rebalance");
-                return;
-            }
-        };
-        self.events
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .push(event);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(headers: &[(&str, &str)]) -> ParkedRecord {
-        ParkedRecord {
-            topic: "orders.billing.retry.1s".into(),
-            partition: 0,
-            offset: 7,
-            key: Some(b"key".to_vec()),
-            payload: Some(b"payload".to_vec()),
-            headers: headers
-                .iter()
-                .map(|(name, value)| (*name, bytes::Bytes::copy_from_slice(value.as_bytes())))
-                .collect(),
-        }
-    }
-
-    fn tiers() -> Tiers {
-        Tiers::new(vec![Duration::from_secs(1), Duration::from_secs(10)]).expect("valid")
-    }
-
-    #[test]
-    fn a_record_without_a_usable_due_time_is_due_at_once() {
-        let now = SystemTime::now();
-        for headers in [vec![], vec![(DUE, "soon")], vec![(DUE, "-5")]] {
-            let record = record(&headers);
-            assert_eq!(due_of(&record), None);
-            assert_eq!(wake_at(&record, &tiers(), 0, now), now);
-        }
-    }
-
-    #[test]
-    fn a_head_is_held_until_due_but_no_longer_than_its_tier_allows() {
-        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let due_in = |secs: u64| {
-            let due = now + Duration::from_secs(secs);
-            let millis = due.duration_since(UNIX_EPOCH).expect("after").as_millis();
-            record(&[(DUE, &millis.to_string())])
-        };
-        assert_eq!(
-            wake_at(&due_in(3), &tiers(), 0, now),
-            now + Duration::from_secs(3)
-        );
-        // Far in the future (or hostile): held for the next tier, then
-        // written to the tail again.
-        assert_eq!(
-            wake_at(&due_in(86_400), &tiers(), 0, now),
-            now + Duration::from_secs(10)
-        );
-        assert_eq!(
-            wake_at(&due_in(86_400), &tiers(), 1, now),
-            now + Duration::from_secs(10)
-        );
-    }
-
-    #[test]
-    fn going_back_drops_the_old_origin_partition_header_and_keeps_the_rest_in_order() {
-        let record = record(&[
-            ("a", "1"),
-            (LEGACY_ORIGIN_PARTITION, "2"),
-            (ORIGIN_PARTITION, "2"),
-            ("b", "2"),
-            ("a", "3"),
-        ]);
-        assert_eq!(origin_partition(&record), Some(2));
-        let back = copy_headers(&record, true);
-        let names: Vec<(&str, Option<&[u8]>)> = rdkafka::message::Headers::iter(&back)
-            .map(|header| (header.key, header.value))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                ("a", Some(&b"1"[..])),
-                (ORIGIN_PARTITION, Some(&b"2"[..])),
-                ("b", Some(&b"2"[..])),
-                ("a", Some(&b"3"[..]))
-            ]
-        );
-        assert_eq!(
-            rdkafka::message::Headers::count(&copy_headers(&record, false)),
-            5
-        );
-    }
-
-    #[test]
-    fn the_cores_origin_partition_wins_over_the_old_header() {
-        assert_eq!(
-            origin_partition(&record(&[
-                (LEGACY_ORIGIN_PARTITION, "1"),
-                (ORIGIN_PARTITION, "2")
-            ])),
-            Some(2)
-        );
-        assert_eq!(
-            origin_partition(&record(&[(LEGACY_ORIGIN_PARTITION, "1")])),
-            Some(1)
-        );
-        assert_eq!(
-            origin_partition(&record(&[
-                (ORIGIN_PARTITION, "x"),
-                (LEGACY_ORIGIN_PARTITION, "1")
-            ])),
-            Some(1),
-            "an unusable core header falls back to the old one"
-        );
-    }
-
-    #[test]
-    fn an_origin_partition_that_is_no_partition_number_is_ignored() {
-        for value in ["-1", "x", "99999999999"] {
-            assert_eq!(
-                origin_partition(&record(&[(ORIGIN_PARTITION, value)])),
-                None
-            );
-            assert_eq!(
-                origin_partition(&record(&[(LEGACY_ORIGIN_PARTITION, value)])),
-                None
-            );
-        }
-    }
 
     #[test]
     fn a_retry_pattern_takes_any_tier_label_and_nothing_else() {
@@ -1125,67 +676,5 @@ mod tests {
             Some(Duration::from_secs(600))
         );
         assert_eq!(infix.tier_of("retry-10m-orders2"), None);
-    }
-
-    #[test]
-    fn waiting_for_a_report_that_never_comes_ends_at_the_deadline() {
-        let pending = std::future::pending::<()>();
-        let started = Instant::now();
-        assert!(block_on(pending, started + Duration::from_millis(50)).is_none());
-        assert!(started.elapsed() >= Duration::from_millis(50));
-        assert_eq!(block_on(std::future::ready(7), started), Some(7));
-    }
-
-    #[test]
-    fn a_stop_ends_the_wait_before_a_restart() {
-        let shared = MoverShared::default();
-        shared.stop.store(true, Ordering::Release);
-        assert!(wait_unless_stopped(&shared, Duration::from_secs(3600)));
-        let shared = MoverShared::default();
-        assert!(!wait_unless_stopped(&shared, Duration::from_millis(1)));
-    }
-
-    /// A mover that panics is started again, counted, and the supervisor
-    /// ends when a stop is asked: what keeps parked messages coming back
-    /// after a bug, and what health reports.
-    #[test]
-    fn a_mover_that_panics_is_started_again_and_counted() {
-        let shared = Arc::new(MoverShared::default());
-        let made = std::sync::atomic::AtomicUsize::new(0);
-        let runs = std::sync::atomic::AtomicUsize::new(0);
-        let seen_running = AtomicBool::new(true);
-        supervise(
-            &shared,
-            "g",
-            0_usize,
-            || Ok(made.fetch_add(1, Ordering::Relaxed) + 1),
-            |mover: usize| {
-                runs.fetch_add(1, Ordering::Relaxed);
-                let running = shared.running.load(Ordering::Acquire);
-                seen_running.fetch_and(running, Ordering::Relaxed);
-                if mover < 2 {
-                    panic!("mover {mover} fails");
-                }
-                // The third runs until asked to stop.
-                shared.stop.store(true, Ordering::Release);
-            },
-            (Duration::from_millis(1), Duration::from_millis(4)),
-        );
-        assert_eq!(runs.load(Ordering::Relaxed), 3);
-        assert_eq!(made.load(Ordering::Relaxed), 2, "two new movers");
-        assert_eq!(shared.restarts.load(Ordering::Relaxed), 2);
-        assert!(
-            seen_running.load(Ordering::Relaxed),
-            "running while it runs"
-        );
-        assert!(!shared.running.load(Ordering::Acquire), "not after");
-    }
-
-    #[test]
-    fn a_panic_is_told_by_its_message() {
-        let panic = catch_unwind(|| panic!("boom {}", 7)).expect_err("panicked");
-        assert_eq!(panic_text(panic.as_ref()), "boom 7");
-        let panic = catch_unwind(|| std::panic::panic_any(7_u8)).expect_err("panicked");
-        assert_eq!(panic_text(panic.as_ref()), "a panic without a message");
     }
 }
