@@ -113,3 +113,88 @@ async fn an_unreachable_server_is_a_transient_error_within_the_timeout() {
         NatsLagProbe::new(client, &url, "orders", "billing").timeout(Duration::from_secs(2));
     assert_unreachable_lag_probe(&probe, None).await;
 }
+
+/// Why a NATS probe's `parked` is `None` (the broker suite's lag scenario
+/// assumes parked originals are acknowledged, which they are not here):
+/// five messages of a route derived from a `NatsBroker`, each parked for
+/// two minutes, stay delivered and unacknowledged in the consumer, so the
+/// derived probe's `lag` counts all five, and there is no other backlog
+/// to count beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_messages_are_in_the_lag_of_a_derived_probe_not_beside_it() {
+    use intake_core::backend::{Broker, RouteAddress, RouteOptions};
+    use intake_core::parking::ParkingLayer;
+    use intake_core::{Consumer, DeliveryOrder, HandlerError};
+
+    let Some(backend) = NatsBackend::new("parked messages in the lag").await else {
+        return;
+    };
+    let stream = support::unique("parked_lag");
+    support::create_stream(backend.client(), &stream)
+        .await
+        .expect("stream");
+    // A key each: a second message of a parked key would wait behind it
+    // without reaching the handler.
+    let messages = (0..5)
+        .map(|n| intake_core::backend::testkit::TestMessage::new(format!("k{n}"), format!("p{n}")))
+        .collect();
+    support::produce(backend.client(), &stream, messages)
+        .await
+        .expect("produce");
+    let broker = intake_nats::NatsBroker::new(support::nats_url());
+    let address = RouteAddress::new(stream.as_str(), "g");
+    let later = Duration::from_secs(120);
+    let parts = broker
+        .route(&address, &RouteOptions::new().parking())
+        .await
+        .expect("derive the route");
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = {
+        let calls = calls.clone();
+        tower::ServiceBuilder::new()
+            .layer(ParkingLayer::new(parts.parking.expect("asked for")))
+            .service_fn(move |_: Message| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async move { Err::<(), _>(HandlerError::retry_later("not yet", later)) }
+            })
+    };
+    let running = support::Running::start(
+        Consumer::builder().ordering(DeliveryOrder::Unordered),
+        parts.source,
+        parts.acker,
+        handler,
+    );
+    support::wait_until("five parked", Duration::from_secs(20), || {
+        calls.load(std::sync::atomic::Ordering::Relaxed) >= 5
+    })
+    .await;
+    let probe = broker.lag_probe(&address).await.expect("derive the probe");
+    // Settled a moment after the handler's last call: the parks are held,
+    // and nothing else is pending.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let lag = probe.lag().await.expect("lag");
+        if lag[0].messages == Some(5) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lag is {lag:?}, not the 5 parked messages"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(probe.parked().await.expect("parked"), None);
+    assert_eq!(
+        support::unacknowledged(backend.client(), &stream, "g")
+            .await
+            .expect("consumer info"),
+        5,
+        "parked originals stay unacknowledged"
+    );
+    let report = running.stop().await;
+    assert_eq!(report.parked, 5, "{report:?}");
+    broker
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("shutdown");
+}
