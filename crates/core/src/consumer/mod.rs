@@ -58,6 +58,7 @@ use tower::Service;
 use crate::acker::Acker;
 use crate::backoff::{BackoffPolicy, Exponential};
 use crate::error::{ConfigError, HandlerError};
+use crate::handler::Settles;
 use crate::message::Message;
 use crate::observer::ConsumerObserver;
 use crate::source::Source;
@@ -411,7 +412,10 @@ impl ConsumerBuilder {
     where
         S: Source,
         A: Acker,
-        H: Service<Message, Response = ()> + Send + 'static,
+        // `Settles` (only `()`) rather than `Response = ()`: a handler that
+        // returns outputs is then refused with a message that names
+        // `PublishLayer`, not with a bare type mismatch.
+        H: Service<Message, Response: Settles> + Send + 'static,
         H::Error: Into<HandlerError> + Send + 'static,
         H::Future: Send + 'static,
     {

@@ -34,11 +34,14 @@ use crate::message::{Headers, Message, Metadata};
 /// }
 /// ```
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be extracted from a message's metadata",
-    label = "only the last argument of a handler fn may consume the payload",
-    note = "arguments before the last must implement `FromMessageParts` (`Meta`, `Key`, `Headers`); \
-            `Json<T>`, `Decoded<T>`, `Payload` and `Message` consume the message, so put at most one \
-            of them last"
+    message = "handler argument `{Self}` cannot be extracted from a message's metadata",
+    label = "`{Self}` is not a `FromMessageParts` extractor",
+    note = "every argument but the last implements `FromMessageParts` (`Meta`, `Key`, `Headers`) \
+            or is a `State<T>`",
+    note = "`Json<T>`, `Decoded<T>`, `Payload` and `Message` consume the message: only the last \
+            argument may be one of them, so move it last",
+    note = "for a type of your own, implement `FromMessageParts` (reads a borrowed message) or, \
+            for the last argument only, `FromMessage` (consumes it)"
 )]
 pub trait FromMessageParts: Sized {
     /// Extracts `Self`, or fails with the error the message gets instead of
@@ -53,10 +56,12 @@ pub trait FromMessageParts: Sized {
 /// `M` telling the two apart, so the compiler never has to choose); implement
 /// this trait without naming `M`.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be extracted from a message",
-    label = "not an extractor",
-    note = "the last argument of a handler fn must implement `FromMessage` (`Json<T>`, `Decoded<T>`, \
-            `Payload`, `Message`) or `FromMessageParts` (`Meta`, `Key`, `Headers`)"
+    message = "handler argument `{Self}` cannot be extracted from a message",
+    label = "`{Self}` is not a `FromMessage` extractor",
+    note = "the last argument of a handler fn implements `FromMessage` (`Json<T>`, `Decoded<T>`, \
+            `Payload`, `Message`) or `FromMessageParts` (`Meta`, `Key`, `Headers`), or is a \
+            `State<T>`",
+    note = "`Json<T>` needs `T: serde::Deserialize`; `Decoded<T>` needs `T: Decode`"
 )]
 pub trait FromMessage<M = private::ViaMessage>: Sized {
     /// Extracts `Self`, or fails with the error the message gets instead of

@@ -14,7 +14,12 @@ use crate::error::HandlerError;
 use crate::message::Message;
 
 /// Turns an async fn or closure whose arguments are extractors into a
-/// handler: a `tower::Service<Message, Response = (), Error = HandlerError>`.
+/// handler: a `tower::Service<Message, Error = HandlerError>` answering `()`
+/// (or, for a fn that returns outputs, the [`Outputs`] a
+/// [`PublishLayer`] publishes).
+///
+/// [`Outputs`]: crate::publish::Outputs
+/// [`PublishLayer`]: crate::publish::PublishLayer
 ///
 /// See the [module docs](super) for the accepted signatures.
 ///

@@ -23,10 +23,12 @@ use crate::publish::{Output, Outputs};
 /// `Result<(), anyhow::Error>` without a `From` impl for `HandlerError`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a handler result",
-    label = "a handler fn returns `()`, `Result<(), E>`, or outputs to publish (`Output`, `Outputs`)",
-    note = "return `()`, `Result<(), HandlerError>` (to choose retryable / permanent / ignore), or \
-            `Result<(), E>` for any error `E` that converts into `Box<dyn Error + Send + Sync>` \
-            (such an error is retryable)"
+    label = "a handler fn returns `()`, `Result<(), E>`, or outputs to publish",
+    note = "to complete the message, return `()` or `Result<(), E>`: `E` is `HandlerError` (to \
+            choose retryable / permanent / ignore) or any error that converts into \
+            `Box<dyn Error + Send + Sync>` (retryable)",
+    note = "to publish outputs first, return `Output`, `Option<Output>`, `Vec<Output>` or `Outputs` \
+            (or a `Result` of one) and wrap the handler in a `PublishLayer`"
 )]
 pub trait IntoHandlerResult {
     /// What the handler service answers on success: `()` (the message is

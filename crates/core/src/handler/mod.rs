@@ -41,7 +41,9 @@
 //! - the last implements [`FromMessage`]: it may consume the message
 //!   ([`Json<T>`](crate::Json), [`Decoded<T>`](crate::Decoded), [`Payload`],
 //!   [`Message`]), or be a `FromMessageParts` extractor too;
-//! - `R` is `()` or `Result<(), E>` where `E: Into<BoxError>`; see
+//! - `R` is `()` or `Result<(), E>` where `E: Into<BoxError>`, or outputs
+//!   to publish ([`Output`](crate::publish::Output) and the like, for a
+//!   handler inside a [`PublishLayer`](crate::publish::PublishLayer)); see
 //!   [`IntoHandlerResult`] for how an error is classified.
 //!
 //! If an extractor fails (a payload that is not valid JSON, say), the fn does
@@ -66,14 +68,21 @@
 //! # drop(handler);
 //! ```
 //!
-//! A fn that is not a handler is rejected with a message that says what is
-//! accepted; here the payload extractor is not last:
+//! A fn that is not a handler is rejected with an error that names what is
+//! wrong and the usual fix: the argument that is not an extractor or not in
+//! its place, the `State<T>` the handler's state does not provide, the
+//! return type. Here the payload extractor is not last, and the error is
+//! ``handler argument `Payload` cannot be extracted from a message's
+//! metadata`` with a note to move it last:
 //!
 //! ```compile_fail
 //! use intake_core::{handler_fn, Key, Payload};
 //!
 //! let handler = handler_fn(async |Payload(payload): Payload, Key(key): Key| {});
 //! ```
+//!
+//! `tests/compile_errors.rs` checks these errors word for word
+//! (`tests/ui/`).
 //!
 //! # Cost
 //!
@@ -84,10 +93,12 @@
 //!
 //! [`BoxError`]: crate::BoxError
 
+mod args;
 mod extract;
 mod future;
 mod handler_fn;
 mod into_result;
+mod settles;
 pub mod state;
 
 use std::future::Future;
@@ -96,11 +107,12 @@ pub use extract::{FromMessage, FromMessageParts, Key, Meta, Payload};
 pub use future::ResponseFuture;
 pub use handler_fn::{HandlerFn, handler_fn, handler_fn_with_state};
 pub use into_result::IntoHandlerResult;
+pub use settles::Settles;
 pub use state::{FromRef, State};
 
 use crate::error::HandlerError;
 use crate::message::Message;
-use state::{FromMessageAndState, FromMessagePartsAndState};
+use args::{HandlerArgs, HandlerSignature};
 
 /// An async fn (or closure) whose arguments are extractors: what
 /// [`handler_fn`] accepts (and [`handler_fn_with_state`], with the state
@@ -112,20 +124,21 @@ use state::{FromMessageAndState, FromMessagePartsAndState};
 /// where `A1 … An-1: FromMessageParts` (or are a `State<T>`), `An:
 /// FromMessage` (or a `State<T>`) and `Fut::Output: IntoHandlerResult`. See
 /// the [module docs](self).
+///
+/// A fn that is not one is refused with an error naming what is wrong: the
+/// argument that is not an extractor (or not in its place), the `State<T>`
+/// the handler's state does not provide, or the return type.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an intake handler fn",
-    label = "expected an async fn taking extractors and returning `()` or `Result<(), E>`",
-    note = "a handler fn is `async fn(A1, …, An) -> R` with at most 8 arguments",
-    note = "`A1` to `An-1` read metadata: they implement `FromMessageParts` (`Meta`, `Key`, `Headers`)",
-    note = "`An` may consume the payload: it implements `FromMessage` (`Json<T>`, `Decoded<T>`, \
-            `Payload`, `Message`) or `FromMessageParts`; the payload extractor goes last",
-    note = "`R` is `()` or `Result<(), E>` with `E: Into<BoxError>` (`HandlerError`, your error type)",
-    note = "a closure needs its argument types written out: `async |Json(order): Json<Order>| {{ … }}`",
-    note = "the fn is cloned for each message: share state rather than copy it, as a `State<T>` \
-            argument (`handler_fn_with_state(state, f)`, `app.handler(f)`) or a captured `Arc`; \
-            deriving `Clone` on the state would give every message its own copy",
-    note = "a `State<T>` argument takes `T` from the handler's state by `FromRef`: any `Clone` \
-            state (put what is not `Clone` in an `Arc`), or a part of it you implement `FromRef` for"
+    label = "expected an async fn taking extractors",
+    note = "a handler fn is `async fn(A1, …, An) -> R` with at most 8 arguments (a closure \
+            returning a future, or an async closure); a sync fn is not one: make it `async`",
+    note = "`A1` to `An-1` implement `FromMessageParts` (`Meta`, `Key`, `Headers`) or are a \
+            `State<T>`; `An` may consume the message (`Json<T>`, `Decoded<T>`, `Payload`, \
+            `Message`): the payload extractor goes last",
+    note = "`R` is `()`, `Result<(), E>`, or outputs to publish (`Output`, `Outputs`, or a \
+            `Result` of one)",
+    note = "a closure needs its argument types written out: `async |Json(order): Json<Order>| {{ … }}`"
 )]
 pub trait Handler<Args, S = ()>: Clone + Sized {
     /// The fn's future.
@@ -136,58 +149,24 @@ pub trait Handler<Args, S = ()>: Clone + Sized {
     fn call(self, message: Message, state: &S) -> Result<Self::Future, HandlerError>;
 }
 
-impl<F, Fut, S> Handler<(), S> for F
+// One impl for every arity, in two steps (see `args`): the fn's signature
+// fixes `Args`, then `Args` must be extractors. The order of the bounds is
+// the order the compiler proves them in; a failing extractor is then
+// reported by name.
+impl<F, Args, S> Handler<Args, S> for F
 where
-    F: FnOnce() -> Fut + Clone,
-    Fut: Future<Output: IntoHandlerResult>,
+    F: HandlerSignature<Args> + Clone,
+    Args: HandlerArgs<S, Values = <F as HandlerSignature<Args>>::Values>,
+    <F as HandlerSignature<Args>>::Future: Future<Output: IntoHandlerResult>,
 {
-    type Future = Fut;
+    type Future = <F as HandlerSignature<Args>>::Future;
 
-    fn call(self, _message: Message, _state: &S) -> Result<Fut, HandlerError> {
-        Ok(self())
+    #[inline]
+    fn call(self, message: Message, state: &S) -> Result<Self::Future, HandlerError> {
+        let values = Args::extract(message, state)?;
+        Ok(self.call_with(values))
     }
 }
-
-/// Implements [`Handler`] for fns whose metadata extractors are `$parts` and
-/// whose last argument is `$last`. `M` tells a direct `FromMessage` last
-/// argument from a `FromMessageParts` one or a `State`.
-macro_rules! impl_handler {
-    ([$($parts:ident),*], $last:ident) => {
-        #[allow(non_snake_case)]
-        impl<F, Fut, S, M, $($parts,)* $last> Handler<(M, $($parts,)* $last,), S> for F
-        where
-            F: FnOnce($($parts,)* $last) -> Fut + Clone,
-            Fut: Future<Output: IntoHandlerResult>,
-            $($parts: FromMessagePartsAndState<S>,)*
-            $last: FromMessageAndState<S, M>,
-        {
-            type Future = Fut;
-
-            #[inline]
-            fn call(self, message: Message, state: &S) -> Result<Fut, HandlerError> {
-                $(let $parts = $parts::from_parts_and_state(&message, state)?;)*
-                let $last = <$last as FromMessageAndState<S, M>>::from_message_and_state(message, state)?;
-                Ok(self($($parts,)* $last))
-            }
-        }
-    };
-}
-
-/// Calls `$name!([metadata extractors], last)` for every arity from 1 to 8.
-macro_rules! for_each_arity {
-    ($name:ident) => {
-        $name!([], T1);
-        $name!([T1], T2);
-        $name!([T1, T2], T3);
-        $name!([T1, T2, T3], T4);
-        $name!([T1, T2, T3, T4], T5);
-        $name!([T1, T2, T3, T4, T5], T6);
-        $name!([T1, T2, T3, T4, T5, T6], T7);
-        $name!([T1, T2, T3, T4, T5, T6, T7], T8);
-    };
-}
-
-for_each_arity!(impl_handler);
 
 #[cfg(test)]
 mod tests;

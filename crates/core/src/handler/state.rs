@@ -68,11 +68,11 @@ pub struct State<T>(pub T);
 /// clone of `S` itself (any `Clone` state), or a part of it you name.
 #[diagnostic::on_unimplemented(
     message = "`State<{Self}>` cannot be taken from the handler's state `{S}`",
-    label = "not found in the state",
+    label = "`{Self}` is not `{S}`, nor a part of it with `FromRef<{S}>`",
+    note = "for a part of a larger state, implement `FromRef<{S}>` for `{Self}`",
     note = "share the state, do not copy it: give it once (`App::with_state(state)`, \
             `handler_fn_with_state(state, f)`) and put what is not `Clone` in an `Arc` \
-            (`State<Arc<{Self}>>`); deriving `Clone` on it would give every message its own copy",
-    note = "for a part of a larger state, implement `FromRef<{S}>` for `{Self}`"
+            (`State<Arc<{Self}>>`); deriving `Clone` on it would give every message its own copy"
 )]
 pub trait FromRef<S> {
     /// Takes `Self` from the state (a cheap clone: a reference count, a
@@ -89,12 +89,19 @@ impl<T: Clone> FromRef<T> for T {
 /// An argument before the last one of a handler fn with state `S`: a
 /// [`FromMessageParts`] extractor or a [`State`]. Implemented for those;
 /// you never implement it.
+// The compiler shows this message only for the types that have an impl
+// of their own besides the `FromMessageParts` one (`State`, `Publish`):
+// for any other type it names the `FromMessageParts` bound that failed.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be extracted from a message's metadata or the handler's state",
-    label = "only the last argument of a handler fn may consume the payload",
-    note = "arguments before the last must implement `FromMessageParts` (`Meta`, `Key`, `Headers`) \
-            or be a `State<T>`; `Json<T>`, `Decoded<T>`, `Payload` and `Message` consume the \
-            message, so put at most one of them last"
+    message = "handler argument `{Self}` cannot be taken from the handler's state `{S}`",
+    label = "the handler's state is `{S}`",
+    note = "a `State<T>` (or `Publish<T>`) argument takes `T` from the handler's state through \
+            `FromRef`: `T` is the state itself (which must be `Clone`), or a part of it for which \
+            you implement `FromRef<{S}>`",
+    note = "give the state once: `App::with_state(state)` and `app.handler(f)`, or \
+            `handler_fn_with_state(state, f)`; a `handler_fn(f)` has no state (`()`)",
+    note = "share what is not `Clone` through an `Arc` (`State<Arc<T>>`): deriving `Clone` on it \
+            would give every message its own copy"
 )]
 pub trait FromMessagePartsAndState<S>: Sized {
     /// Extracts `Self`, or fails with the error the message gets instead of
@@ -119,11 +126,18 @@ impl<S, T: FromRef<S>> FromMessagePartsAndState<S> for State<T> {
 /// The last argument of a handler fn with state `S`: a [`FromMessage`]
 /// extractor or a [`State`]. `M` tells them apart; implemented for those,
 /// you never implement it.
+// As above: shown for `State` and `Publish` only, others name their
+// `FromMessage` bound.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be extracted from a message",
-    label = "not an extractor",
-    note = "the last argument of a handler fn must implement `FromMessage` (`Json<T>`, `Decoded<T>`, \
-            `Payload`, `Message`), `FromMessageParts` (`Meta`, `Key`, `Headers`) or be a `State<T>`"
+    message = "handler argument `{Self}` cannot be taken from the handler's state `{S}`",
+    label = "the handler's state is `{S}`",
+    note = "a `State<T>` (or `Publish<T>`) argument takes `T` from the handler's state through \
+            `FromRef`: `T` is the state itself (which must be `Clone`), or a part of it for which \
+            you implement `FromRef<{S}>`",
+    note = "give the state once: `App::with_state(state)` and `app.handler(f)`, or \
+            `handler_fn_with_state(state, f)`; a `handler_fn(f)` has no state (`()`)",
+    note = "share what is not `Clone` through an `Arc` (`State<Arc<T>>`): deriving `Clone` on it \
+            would give every message its own copy"
 )]
 pub trait FromMessageAndState<S, M>: Sized {
     /// Extracts `Self`, or fails with the error the message gets instead of
