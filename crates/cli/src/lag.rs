@@ -1,5 +1,6 @@
 //! `intake lag`: a group's broker-side lag through each backend's
-//! [`LagProbe`].
+//! [`LagProbe`], and what it parked beside it ([`LagProbe::parked`]): a
+//! parked message is acknowledged, so broker lag never counts it.
 
 use std::time::Duration;
 
@@ -8,6 +9,23 @@ use intake_nats::async_nats;
 
 use crate::broker::{Broker, NatsCredentials, nats_addresses};
 use crate::failure::Failure;
+
+/// A group's lag: per partition, and its parked backlog where the backend
+/// counts it.
+pub struct Lag {
+    /// Per partition, as the broker reports it.
+    pub partitions: Vec<PartitionLag>,
+    /// Messages parked and not back yet; `None` where the backend cannot
+    /// count them.
+    pub parked: Option<u64>,
+}
+
+/// Both answers of `probe`.
+async fn ask(probe: &impl LagProbe) -> Result<Lag, LagError> {
+    let partitions = probe.lag().await?;
+    let parked = probe.parked().await?;
+    Ok(Lag { partitions, parked })
+}
 
 /// Asks `broker` for `group`'s lag on `source`, every wait bounded by
 /// `timeout` (connecting included).
@@ -20,7 +38,7 @@ pub async fn query(
     source: &str,
     group: &str,
     timeout: Duration,
-) -> Result<Vec<PartitionLag>, Failure> {
+) -> Result<Lag, Failure> {
     let what = format!("lag of group {group} on {source}");
     let usage = |error: &dyn std::fmt::Display| Failure::Usage(format!("--broker: {error}"));
     let answer = match broker {
@@ -31,42 +49,42 @@ pub async fn query(
             let probe = intake_kafka::KafkaLagProbe::new(&settings, group, [source])
                 .map_err(|error| usage(&error))?
                 .timeout(timeout);
-            probe.lag().await
+            ask(&probe).await
         }
         Broker::Redis { url } => {
             let probe = intake_redis_streams::RedisLagProbe::new(url, group, [source])
                 .map_err(|error| usage(&error))?
                 .timeout(timeout);
-            probe.lag().await
+            ask(&probe).await
         }
         Broker::Amqp { url } => {
             let probe = intake_amqp::AmqpLagProbe::new(url, source)
                 .map_err(|error| usage(&error))?
                 .timeout(timeout);
-            probe.lag().await
+            ask(&probe).await
         }
         Broker::Nats { url } => {
             let client = connect_nats(url, &broker.endpoint(), timeout, &what).await?;
             let probe = intake_nats::NatsLagProbe::new(client, &broker.endpoint(), source, group)
                 .timeout(timeout);
-            probe.lag().await
+            ask(&probe).await
         }
     };
-    let lags = answer.map_err(|error| match error {
+    let lag = answer.map_err(|error| match error {
         LagError::TimedOut(after) => Failure::TimedOut {
             what: what.clone(),
             after,
         },
         error => Failure::from_client(&what, error.is_transient(), error),
     })?;
-    if lags.is_empty() {
+    if lag.partitions.is_empty() {
         // Kafka answers an unknown topic with no partitions: "no lag" would
         // be a lie a script could act on.
         return Err(Failure::NotFound(format!(
             "{what}: the broker knows no partition of {source}"
         )));
     }
-    Ok(lags)
+    Ok(lag)
 }
 
 /// A client of the NATS server at `url`: credentials from the URL, one

@@ -376,11 +376,11 @@ fn ask(question: &str) -> Result<(), Failure> {
 async fn lag(args: LagArgs) -> Result<(), Failure> {
     let target = &args.target;
     let broker = Broker::parse(&target.broker)?.with_kafka_settings(&target.kafka)?;
-    let lags = lag::query(&broker, &target.source, &target.group, target.timeout).await?;
+    let lag = lag::query(&broker, &target.source, &target.group, target.timeout).await?;
     let text = if target.json {
-        output::lag_json(&broker.endpoint(), &target.source, &target.group, &lags)
+        output::lag_json(&broker.endpoint(), &target.source, &target.group, &lag)
     } else {
-        output::lag_table(&lags)
+        output::lag_table(&lag)
     };
     print(&text)
 }

@@ -18,6 +18,8 @@ use std::io;
 use std::time::Duration;
 
 use intake_core::lag::PartitionLag;
+
+use crate::lag::Lag;
 use serde::Serialize;
 use serde_json::ser::{Formatter, PrettyFormatter};
 
@@ -204,6 +206,10 @@ pub struct LagReport<'a> {
     /// The sum of every partition's lag; `null` when a partition's is
     /// unknown.
     pub total: Option<u64>,
+    /// Messages the group parked (retry later) that are not back yet:
+    /// acknowledged, so not in `total`; `null` where the backend cannot
+    /// count them.
+    pub parked: Option<u64>,
     /// One entry per partition.
     pub partitions: Vec<PartitionLagReport>,
 }
@@ -229,12 +235,14 @@ pub fn lag_total(lags: &[PartitionLag]) -> Option<u64> {
 }
 
 /// The JSON document of `intake lag --json`.
-pub fn lag_json(broker: &str, source: &str, group: &str, lags: &[PartitionLag]) -> String {
+pub fn lag_json(broker: &str, source: &str, group: &str, lag: &Lag) -> String {
+    let lags = &lag.partitions;
     let report = LagReport {
         broker,
         source,
         group,
         total: lag_total(lags),
+        parked: lag.parked,
         partitions: lags
             .iter()
             .map(|lag| PartitionLagReport {
@@ -251,8 +259,10 @@ pub fn lag_json(broker: &str, source: &str, group: &str, lags: &[PartitionLag]) 
 }
 
 /// The table of `intake lag`, with a total line when there are several
-/// partitions.
-pub fn lag_table(lags: &[PartitionLag]) -> String {
+/// partitions, and a `parked` line where the backend counts parked
+/// messages.
+pub fn lag_table(lag: &Lag) -> String {
+    let lags = &lag.partitions;
     let unknown = || "?".to_owned();
     let mut table = Table::new(&["SOURCE", "PARTITION", "LAG", "OLDEST"])
         .right_aligned(1)
@@ -272,6 +282,9 @@ pub fn lag_table(lags: &[PartitionLag]) -> String {
             String::new(),
             lag_total(lags).map_or_else(unknown, |n| n.to_string()),
         ]);
+    }
+    if let Some(parked) = lag.parked {
+        table.row(vec!["parked".to_owned(), String::new(), parked.to_string()]);
     }
     table.render()
 }
@@ -387,13 +400,35 @@ mod tests {
 
     use super::*;
 
-    fn lags() -> Vec<PartitionLag> {
-        vec![
+    fn lags() -> Lag {
+        of(vec![
             PartitionLag::new(PartitionKey::new("orders", 0), Some(12))
                 .with_oldest_age(Duration::from_millis(3_250)),
             PartitionLag::new(PartitionKey::new("orders", 1), Some(0)),
             PartitionLag::new(PartitionKey::new("orders", 10), Some(1_500)),
-        ]
+        ])
+    }
+
+    fn of(partitions: Vec<PartitionLag>) -> Lag {
+        Lag {
+            partitions,
+            parked: None,
+        }
+    }
+
+    #[test]
+    fn the_parked_backlog_has_a_line_of_its_own() {
+        let mut lag = lags();
+        lag.parked = Some(5);
+        let table = lag_table(&lag);
+        assert!(
+            table.ends_with("total              1512\nparked                5\n"),
+            "{table}"
+        );
+        let value: serde_json::Value =
+            serde_json::from_str(&lag_json("kafka://h:9092", "orders", "g", &lag)).unwrap();
+        assert_eq!(value["parked"], 5);
+        assert_eq!(value["total"], 1512, "parked messages are not broker lag");
     }
 
     #[test]
@@ -410,7 +445,7 @@ mod tests {
 
     #[test]
     fn one_partition_needs_no_total() {
-        let lag = vec![PartitionLag::new(PartitionKey::new("q", 0), Some(7))];
+        let lag = of(vec![PartitionLag::new(PartitionKey::new("q", 0), Some(7))]);
         assert_eq!(
             lag_table(&lag),
             "SOURCE  PARTITION  LAG  OLDEST\nq               0    7  -\n"
@@ -420,8 +455,9 @@ mod tests {
     #[test]
     fn an_unknown_partition_makes_the_total_unknown() {
         let mut lags = lags();
-        lags.push(PartitionLag::new(PartitionKey::new("orders", 11), None));
-        assert_eq!(lag_total(&lags), None);
+        lags.partitions
+            .push(PartitionLag::new(PartitionKey::new("orders", 11), None));
+        assert_eq!(lag_total(&lags.partitions), None);
         let table = lag_table(&lags);
         assert!(table.ends_with("total                 ?\n"), "{table}");
         let value: serde_json::Value =
@@ -442,6 +478,7 @@ mod tests {
                 "source": "orders",
                 "group": "billing",
                 "total": 1512,
+                "parked": null,
                 "partitions": [
                     {"source": "orders", "partition": 0, "messages": 12, "oldest_age_ms": 3250},
                     {"source": "orders", "partition": 1, "messages": 0, "oldest_age_ms": null},

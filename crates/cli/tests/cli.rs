@@ -138,6 +138,66 @@ async fn assert_lag(broker: &str, source: &str, group: &str, expected: u64) {
     );
 }
 
+/// Parked messages are acknowledged, so broker lag never counts them: the
+/// command reports them beside it (issue 26: it said 0 while 5 waited).
+#[tokio::test]
+async fn redis_lag_counts_the_parked_backlog_beside_broker_lag() {
+    use intake_core::backend::{Broker, Parking, RouteAddress, RouteOptions};
+    use intake_core::{Message, Metadata, Position};
+
+    if !broker_listens("redis parked lag", "127.0.0.1:6379") {
+        return;
+    }
+    let (stream, group) = (unique("parked"), "billing");
+    let broker = intake_redis_streams::RedisBroker::new(REDIS);
+    let address = RouteAddress::new(&stream, group);
+    let parts = broker
+        .route(&address, &RouteOptions::new().parking())
+        .await
+        .expect("a route with parking");
+    let parking = parts.parking.expect("asked for parking");
+    for seq in 0..5 {
+        let message = Message::new(
+            format!("m{seq}"),
+            Metadata::new(stream.as_str().into(), 0, Position::StreamId { ms: 1, seq }),
+        );
+        parking
+            .park(&message, Duration::from_secs(600))
+            .await
+            .expect("parked");
+    }
+    let base = [
+        "lag",
+        "--broker",
+        REDIS,
+        "--source",
+        &stream,
+        "--group",
+        group,
+        "--timeout",
+        "10",
+    ];
+    let json = intake(&[&base[..], &["--json"]].concat()).await;
+    json.assert_code(0);
+    let value = json.json();
+    assert_eq!(value["parked"], 5, "{value}");
+    let table = intake(&base).await;
+    table.assert_code(0);
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("parked")
+                && line.split_whitespace().any(|cell| cell == "5")),
+        "{}",
+        table.stdout
+    );
+    broker
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("the parking stops");
+}
+
 #[tokio::test]
 async fn redis_lag_counts_what_the_group_did_not_acknowledge() {
     if !broker_listens("redis lag", "127.0.0.1:6379") {
