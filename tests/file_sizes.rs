@@ -1,0 +1,178 @@
+//! No library file over 600 lines of code (issue 26, item 6): a file that
+//! size holds more than one concept, and is split into a folder named after
+//! the concept with one file per part.
+//!
+//! Lines of code are the lines that are neither blank nor `//` comments
+//! (doc comments included), as
+//! `grep -v '^\s*$' F | grep -v '^\s*//' | wc -l` counts them. Every `.rs`
+//! file under `crates/*/src` and `src` is measured except test modules:
+//! `tests.rs`, `*_tests.rs`, and the files of a `tests` or `*_tests`
+//! folder inside `src`.
+//!
+//! [`STILL_OVER`] names the files over the limit when this test was
+//! written, each with its count then. It only shrinks: a listed file that
+//! grew fails, and so does one now within the limit or gone (take its
+//! entry out), so the list never hides a file that no longer needs it.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The most lines of code a library file may have.
+const LIMIT: usize = 600;
+
+/// Library files still over [`LIMIT`], with their lines of code when they
+/// were listed. Split them; never add one.
+const STILL_OVER: &[(&str, usize)] = &[
+    ("crates/amqp/src/dead_letter_store.rs", 711),
+    ("crates/amqp/src/parking.rs", 679),
+    ("crates/amqp/src/publisher.rs", 877),
+    ("crates/amqp/src/source/mod.rs", 728),
+    ("crates/kafka/src/dead_letter.rs", 617),
+    ("crates/kafka/src/parking/mod.rs", 943),
+    ("crates/kafka/src/publisher.rs", 640),
+    ("crates/kafka/src/source/builder.rs", 687),
+];
+
+/// Lines that are neither blank nor a `//` comment (`///` and `//!`
+/// included).
+fn lines_of_code(text: &str) -> usize {
+    text.lines()
+        .map(str::trim_start)
+        .filter(|line| !line.is_empty() && !line.starts_with("//"))
+        .count()
+}
+
+/// Whether `path` (relative to a crate's `src`) is a test module.
+fn is_test_module(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or_default();
+    let in_test_folder = path
+        .parent()
+        .into_iter()
+        .flat_map(Path::components)
+        .filter_map(|component| component.as_os_str().to_str())
+        .any(|folder| folder == "tests" || folder.ends_with("_tests"));
+    name == "tests.rs" || name.ends_with("_tests.rs") || in_test_folder
+}
+
+/// Every `.rs` file under `dir`, relative to `src`, in a stable order.
+fn rust_files(src: &Path, dir: &Path, found: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|error| panic!("reading {}: {error}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(src, &path, found);
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            found.push(path.strip_prefix(src).expect("under src").to_path_buf());
+        }
+    }
+}
+
+/// The workspace's `src` folders: the facade's and every crate's.
+fn source_roots(root: &Path) -> Vec<PathBuf> {
+    let mut roots = vec![root.join("src")];
+    let mut crates: Vec<PathBuf> = fs::read_dir(root.join("crates"))
+        .expect("reading crates/")
+        .map(|entry| entry.expect("a directory entry").path().join("src"))
+        .filter(|src| src.is_dir())
+        .collect();
+    crates.sort();
+    roots.extend(crates);
+    roots
+}
+
+/// Every library file over [`LIMIT`], as its path from the workspace root
+/// (with `/`) and its lines of code.
+fn files_over_limit(root: &Path) -> Vec<(String, usize)> {
+    let mut over = Vec::new();
+    for src in source_roots(root) {
+        let mut files = Vec::new();
+        rust_files(&src, &src, &mut files);
+        for file in files.iter().filter(|file| !is_test_module(file)) {
+            let path = src.join(file);
+            let text = fs::read_to_string(&path)
+                .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
+            let lines = lines_of_code(&text);
+            if lines > LIMIT {
+                let relative = path.strip_prefix(root).expect("under the workspace");
+                let name = relative
+                    .components()
+                    .filter_map(|component| component.as_os_str().to_str())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                over.push((name, lines));
+            }
+        }
+    }
+    over
+}
+
+#[test]
+fn no_library_file_is_over_600_lines_of_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let over = files_over_limit(root);
+    let mut problems = String::new();
+    for (file, lines) in &over {
+        match STILL_OVER.iter().find(|(listed, _)| listed == file) {
+            None => writeln!(
+                problems,
+                "{file}: {lines} lines of code, over {LIMIT}: split it into a folder, one \
+                 concept per file"
+            ),
+            Some((_, listed)) if lines > listed => writeln!(
+                problems,
+                "{file}: {lines} lines of code, {listed} when listed in STILL_OVER: it may only \
+                 shrink (split it)"
+            ),
+            Some(_) => Ok(()),
+        }
+        .expect("writing to a String");
+    }
+    for (file, listed) in STILL_OVER {
+        if !over.iter().any(|(over, _)| over == file) {
+            let now = match fs::read_to_string(root.join(file)) {
+                Ok(text) => format!("{} lines of code now", lines_of_code(&text)),
+                Err(_) => "gone".to_owned(),
+            };
+            writeln!(
+                problems,
+                "{file}: listed in STILL_OVER with {listed}, {now}: take it out of the list"
+            )
+            .expect("writing to a String");
+        }
+    }
+    assert!(problems.is_empty(), "\n{problems}");
+}
+
+#[test]
+fn lines_of_code_count_as_grep_does() {
+    let text =
+        "//! crate doc\n\nuse std::fmt;\n    /// item doc\n  // a comment\nfn f() {}\n\t\n}\n";
+    assert_eq!(lines_of_code(text), 3);
+}
+
+#[test]
+fn test_modules_are_not_measured() {
+    for test in [
+        "tests.rs",
+        "memory/tests.rs",
+        "dead_letter/replay_tests.rs",
+        "memory/tests/support.rs",
+        "dead_letter/replay_tests/support.rs",
+    ] {
+        assert!(is_test_module(Path::new(test)), "{test}");
+    }
+    for library in [
+        "lib.rs",
+        "testkit/scenarios/delivery.rs",
+        "dead_letter/store/tests_of.rs",
+    ] {
+        assert!(!is_test_module(Path::new(library)), "{library}");
+    }
+}
