@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use crate::confirm::Confirmations;
 use crate::counters::Counters;
 use crate::deliveries::Deliveries;
-use crate::parked::ParkedHere;
+use crate::parking::ParkedHere;
 
 /// Sends acknowledgements for a [`NatsSource`](crate::NatsSource); get it
 /// from [`NatsSource::acker`](crate::NatsSource::acker).

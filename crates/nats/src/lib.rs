@@ -145,7 +145,6 @@ mod dead_letter_store;
 mod deliveries;
 mod error;
 mod lag;
-mod parked;
 mod parking;
 mod publisher;
 mod source;

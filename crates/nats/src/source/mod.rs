@@ -33,7 +33,7 @@
 //! to the dead-letter subject by the source and ended with `+TERM`,
 //! without calling the handler: a message whose handler keeps failing, or
 //! whose consumer keeps crashing, stops there. A park that waits in the
-//! process (`parked.rs`) is no delivery, and its message given back is not
+//! process (`parking/parked.rs`) is no delivery, and its message given back is not
 //! checked again.
 //!
 //! # Closing
@@ -72,7 +72,7 @@ use crate::counters::Counters;
 use crate::dead_letter::{NatsDeadLetterSink, NatsDeadLetterSinkBuilder};
 use crate::deliveries::{Deliveries, ProgressTask};
 use crate::error::{Error, boxed};
-use crate::parked::ParkedHere;
+use crate::parking::ParkedHere;
 
 /// How long past its expiry a pull request is waited for before the
 /// source assumes the server's `408` was lost and asks again.
@@ -109,7 +109,7 @@ pub struct NatsSource {
     own_sink: Option<NatsDeadLetterSink>,
     terms: Confirmations,
     deliveries: Arc<Deliveries>,
-    /// Parked messages waiting here until due (see `parked.rs`).
+    /// Parked messages waiting here until due (see `parking/parked.rs`).
     parked: Arc<ParkedHere>,
     counters: Arc<Counters>,
     limits: Option<Limits>,

@@ -6,6 +6,8 @@
 //! [`NatsParking`]'s docs say how it parks, what it costs and its limits
 //! (the module is private: the type is what users read).
 
+mod parked;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +15,8 @@ use std::time::Duration;
 use intake_core::parking::{PARKS, ParkError, Parked, Parking, is_park_header};
 use intake_core::{Headers, Message, SourceName};
 
+pub(crate) use self::parked::ParkedHere;
 use crate::NatsSource;
-use crate::parked::ParkedHere;
 
 /// Parks the messages of a [`NatsSource`]: each waits in this process
 /// until due, and the source gives it back. Get one from
