@@ -40,6 +40,9 @@
 
 pub use intake_core::*;
 
+pub mod any_broker;
+pub use any_broker::AnyBroker;
+
 /// The Kafka backend: source, acker and dead-letter sink on rdkafka.
 #[cfg(feature = "kafka")]
 pub use intake_kafka as kafka;
