@@ -102,7 +102,10 @@ fn record(series: &SourceSeries, outcome: &Result<(), HandlerError>) {
             series.discarded.inc();
             count_fallback(series, error, Fallback::Discarded);
         }
-        Some(Outcome::Ignored) | None => count_fallback(series, error, Fallback::Redelivered),
+        Some(Outcome::Ignored) => {}
+        // A failure no layer settled: a layer that could not settle it
+        // (its dead letter could not be written) left it for redelivery.
+        None => count_fallback(series, error, Fallback::Redelivered),
     }
     series.failed(error.failure_class()).inc();
     if error.is_panic() {
