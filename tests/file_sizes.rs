@@ -29,7 +29,6 @@ const STILL_OVER: &[(&str, usize)] = &[
     ("crates/amqp/src/publisher.rs", 877),
     ("crates/amqp/src/source/mod.rs", 728),
     ("crates/kafka/src/dead_letter.rs", 617),
-    ("crates/kafka/src/parking/mod.rs", 943),
     ("crates/kafka/src/publisher.rs", 640),
     ("crates/kafka/src/source/builder.rs", 687),
 ];
