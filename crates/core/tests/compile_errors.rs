@@ -121,10 +121,16 @@ fn concat_os(prefix: &str, value: &std::ffi::OsStr) -> OsString {
 /// Keeps the errors from depending on intake's own line numbers: a span in
 /// the library (`crates/core/src/handler/mod.rs:120:0`, no snippet, as
 /// rustc cannot read the workspace-relative path from here) is shown by
-/// file only (`src/handler/mod.rs`).
+/// file only (`src/handler/mod.rs`). The file rustc writes a long type name
+/// to has a random name: it is shown as `$LONG_TYPE`.
 fn normalize(stderr: &str) -> String {
     let mut normalized = String::with_capacity(stderr.len());
     for line in stderr.lines() {
+        if let Some(start) = line.find("the full name for the type has been written to '") {
+            normalized.push_str(&line[..start]);
+            normalized.push_str("the full name for the type has been written to '$LONG_TYPE'\n");
+            continue;
+        }
         match line.find("crates/core/src/") {
             Some(start) => {
                 let path_start = start + "crates/core/".len();
