@@ -26,9 +26,10 @@
 //! let broker = MemoryBroker::new();
 //! broker.create_topic("payments", 2)?;
 //! let address = RouteAddress::new("payments", "billing");
-//! let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
+//! let parts = Broker::route(&broker, &address, &RouteOptions::new().parking()).await?;
 //! assert!(parts.parking.is_some());
-//! let _probe = broker.lag_probe(&address).await?;
+//! // The memory broker's own `lag_probe(topic, group)` is not the trait's.
+//! let _probe = Broker::lag_probe(&broker, &address).await?;
 //! # Ok(())
 //! # }
 //! ```
