@@ -152,9 +152,11 @@ impl Metadata {
         self.attempt
     }
 
-    /// Where this message was first delivered, when this delivery is a
-    /// parked copy of it that came back; `None` for a message delivered
-    /// first-hand.
+    /// Where this message was first delivered, when this delivery came
+    /// back from a park (a parked copy, or on NATS the original handed back
+    /// after its delay, whose first delivery is its own position); `None`
+    /// for a message delivered first-hand. A handler tells a second chance
+    /// by it (`meta.parked_from().is_some()`).
     ///
     /// The [`ParkingLayer`](crate::parking::ParkingLayer) sets it, for the
     /// layers and handler inside it, from the park headers of a copy its
