@@ -110,12 +110,20 @@ fn tables(text: &str) -> BTreeMap<String, Table> {
     tables
 }
 
-/// Whether a module declaration's attributes compile it for tests only.
+/// Whether a module declaration's attributes compile it for tests only: a
+/// `cfg` naming `test` (a word, not `"testkit"` in a feature name), not
+/// under `not(..)`.
 fn test_only(attributes: &str) -> bool {
-    attributes.contains("cfg(test)")
-        || (attributes.contains("cfg(all(")
-            && attributes.contains("test")
-            && !attributes.contains("not(test"))
+    let unquoted: String = attributes.split('"').step_by(2).collect();
+    unquoted
+        .split("#[")
+        .filter(|attribute| attribute.starts_with("cfg("))
+        .any(|cfg| {
+            let names_test = cfg
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "test");
+            names_test && !cfg.replace(' ', "").contains("not(test")
+        })
 }
 
 /// The files a module file declares (`mod name;`), each with whether it is
@@ -328,4 +336,10 @@ fn the_table_reader_expands_braces_and_reads_only_file_tables() {
     let files: Vec<&str> = tables["x"].files.keys().map(String::as_str).collect();
     assert_eq!(files, ["a.rs", "b/c.rs", "b/d.rs"]);
     assert_eq!(tables.len(), 1);
+    assert!(test_only("#[cfg(test)] "));
+    assert!(test_only("#[cfg(all(test, feature = \"metrics\"))] "));
+    assert!(!test_only("#[cfg(feature = \"testkit\")] "));
+    assert!(!test_only("#[cfg(not(test))] "));
+    assert!(!test_only("#[doc = \"a test\"] "));
+    assert!(test_only("#[allow(dead_code)] #[cfg(test)] "));
 }
