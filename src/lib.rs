@@ -67,5 +67,7 @@ pub use intake_postgres as postgres;
 
 // Every Rust snippet of the README and the guides in docs/ compiles (and
 // runs, unless it needs a broker): they cannot drift from the API.
-#[cfg(doctest)]
+// They use every backend and the HTTP listener: the README's test command
+// (`--all-features`) runs them.
+#[cfg(all(doctest, feature = "full", feature = "health-server"))]
 mod docs_doctests;
