@@ -38,7 +38,85 @@
 //! ```
 #![warn(missing_docs)]
 
-pub use intake_core::*;
+// An explicit list, not `intake_core::*`: the root holds what a handler or
+// app author writes; what a backend author implements is under `backend`.
+
+/// What a handler or app author uses, at the root.
+pub use intake_core::{
+    // The service and the app.
+    App,
+    AppError,
+    AppReport,
+    // The layers and their settings.
+    Backoff,
+    BackoffPolicy,
+    BatchLayer,
+    BatchSettings,
+    // Errors and outcomes.
+    BoxError,
+    CatchPanicLayer,
+    ConfigError,
+    Constant,
+    Consumer,
+    ConsumerBuilder,
+    // Observing a consumer.
+    ConsumerObserver,
+    // Messages.
+    DeadLetter,
+    DeadLetterLayer,
+    // Handlers, extractors, what they return.
+    Decode,
+    DecodeError,
+    Decoded,
+    DeliveryOrder,
+    Disabled,
+    ErrorChain,
+    ErrorClass,
+    Exponential,
+    FailurePolicy,
+    FirstDelivery,
+    FromMessage,
+    FromMessageParts,
+    FromRef,
+    Handler,
+    HandlerError,
+    HandlerFn,
+    Header,
+    Headers,
+    IntoHandlerResult,
+    Json,
+    Key,
+    Message,
+    Meta,
+    Metadata,
+    Outcome,
+    ParkingLayer,
+    PartitionKey,
+    PartitionSnapshot,
+    Payload,
+    Position,
+    RetryLayer,
+    RunError,
+    RunReport,
+    SharedBudget,
+    Shutdown,
+    SourceName,
+    State,
+    TraceLayer,
+    handler_fn,
+    handler_fn_with_state,
+};
+#[cfg(feature = "metrics")]
+pub use intake_core::{Metrics, MetricsLayer};
+
+#[cfg(feature = "metrics")]
+pub use intake_core::metrics;
+pub use intake_core::service::{Route, Service};
+/// Every module of the core, by topic.
+pub use intake_core::{
+    app, backend, backoff, batch, catch_panic, consumer, dead_letter, decode, error, handler, lag,
+    memory, message, observer, parking, publish, redact, retry, service, shutdown_scope, trace,
+};
 
 pub mod any_broker;
 pub use any_broker::AnyBroker;
