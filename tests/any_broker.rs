@@ -292,6 +292,27 @@ fn a_url_its_backend_refuses_shows_neither_password_in_the_error_chain_nor_in_de
     }
 }
 
+#[test]
+fn a_broker_from_a_url_with_a_password_does_not_show_it_in_debug() {
+    for url in [
+        "kafka://app:s3cret@127.0.0.1:9092",
+        "redis://app:s3cret@127.0.0.1:6379/0",
+        "amqp://app:s3cret@127.0.0.1:5672/%2f",
+        "nats://app:s3cret@127.0.0.1:4222",
+    ] {
+        match AnyBroker::from_url(url) {
+            Ok(broker) => {
+                let shown = format!("{broker:?}");
+                assert!(!shown.contains("s3cret"), "{url}: {shown}");
+            }
+            Err(error @ BrokerUrlError::NotCompiled { .. }) => {
+                assert!(!every_word_of(&error).contains("s3cret"), "{url}");
+            }
+            Err(error) => panic!("{url}: {error:?}"),
+        }
+    }
+}
+
 // --- the memory fixture through the Any* enums: every conformance suite ---
 
 mod memory_through_any {
