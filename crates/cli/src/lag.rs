@@ -46,7 +46,12 @@ pub async fn query(
             let settings = broker
                 .kafka_settings()
                 .unwrap_or_else(|| intake_kafka::KafkaSettings::new(bootstrap.as_str()));
-            let probe = intake_kafka::KafkaLagProbe::new(&settings, group, [source])
+            // The broker value's probe: the return topic's lag counts, and
+            // the retry topics' records are the parked backlog.
+            let broker = intake_kafka::KafkaBroker::new(settings);
+            let address = intake_core::backend::RouteAddress::new(source, group);
+            let probe = intake_core::backend::Broker::lag_probe(&broker, &address)
+                .await
                 .map_err(|error| usage(&error))?
                 .timeout(timeout);
             ask(&probe).await

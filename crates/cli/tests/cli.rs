@@ -321,6 +321,78 @@ async fn amqp_lag_counts_the_messages_ready_in_the_queue() {
     let _ = connection.close(200, "done".into()).await;
 }
 
+/// The measurement: `intake lag --source payments --group billing`
+/// said 0 while 5 messages waited in the group's retry topics.
+#[tokio::test]
+async fn kafka_lag_counts_the_parked_backlog_in_the_retry_topics() {
+    use intake_core::backend::{Broker, Parking, RouteAddress, RouteOptions};
+    use intake_core::{Message, Metadata, Position};
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    if !broker_listens("kafka parked lag", KAFKA) {
+        return;
+    }
+    let (topic, group) = (unique("parked"), unique("g"));
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", KAFKA);
+    let admin: AdminClient<DefaultClientContext> = config.create().unwrap();
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let broker = intake_kafka::KafkaBroker::from_url(&format!("kafka://{KAFKA}")).unwrap();
+    let address = RouteAddress::new(&topic, &group);
+    let tiers = RouteOptions::new().parking_tiers([Duration::from_secs(600)]);
+    let parts = broker
+        .route(&address, &tiers)
+        .await
+        .expect("a route with parking");
+    let parking = parts.parking.expect("asked for parking");
+    for offset in 0..5 {
+        let message = Message::new(
+            format!("m{offset}"),
+            Metadata::new(topic.as_str().into(), 0, Position::Offset(offset)),
+        );
+        parking
+            .park(&message, Duration::from_secs(600))
+            .await
+            .expect("parked");
+    }
+    let base = [
+        "lag",
+        "--broker",
+        &format!("kafka://{KAFKA}"),
+        "--source",
+        &topic,
+        "--group",
+        &group,
+        "--timeout",
+        "20",
+        "--json",
+    ]
+    .map(|arg| arg.to_owned());
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let json = intake(&base).await;
+    json.assert_code(0);
+    let value = json.json();
+    assert_eq!(value["parked"], 5, "{value}");
+    assert_eq!(
+        value["total"], 0,
+        "the originals are not broker lag: {value}"
+    );
+    drop(parts.source);
+    broker
+        .shutdown(Duration::from_secs(20))
+        .await
+        .expect("the mover stops");
+    let _ = admin.delete_topics(&[&topic], &AdminOptions::new()).await;
+}
+
 #[tokio::test]
 async fn kafka_lag_is_the_log_end_minus_the_committed_offset() {
     if !broker_listens("kafka lag", KAFKA) {
