@@ -1,19 +1,5 @@
 //! [`KafkaBroker`]: one Kafka connection's settings, from which every part
 //! of a route is derived ([`Broker`]).
-//!
-//! | part | derived as |
-//! |---|---|
-//! | source | [`KafkaSource::builder`] for the address's topic and group, reading the parking's return topic when the route parks ([`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking)) |
-//! | acker | [`KafkaSource::acker`] |
-//! | dead-letter sink | [`KafkaSource::dead_letter_sink`]: `{topic}.{group}.dlq`, a returned copy named after its first delivery |
-//! | parking | [`KafkaParking::builder`] for the group and topic, the options' tiers (else [`DEFAULT_TIERS`](crate::parking::DEFAULT_TIERS)), built **before** the source, which reads its return topic `{topic}.{group}.returned` |
-//! | publisher | one [`KafkaPublisher`], shared by every call |
-//! | dead-letter store | [`KafkaDeadLetters::builder`]`.dead_letters_of(topic, group)`, redriving through the publisher: [to the group](intake_core::dead_letter::store::Redrive::to_group) into its return topic |
-//! | lag probe | [`KafkaLagProbe`] of the group on the topic and its return topic (when it exists); [`parked`](LagProbe::parked) counts the group's retry topics |
-//!
-//! The parts use the default names of each explicit builder, so a part
-//! derived here and one built by hand with the defaults (or by the `intake`
-//! command line) agree.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,7 +21,21 @@ use intake_core::lag::LagProbe;
 
 /// A Kafka cluster's connection, given once ([`KafkaSettings`]: brokers,
 /// TLS, SASL, any librdkafka setting), and every part of a route derived
-/// from it with [`Broker`]'s methods (see the [module docs](self)).
+/// from it with [`Broker`]'s methods:
+///
+/// | part | derived as |
+/// |---|---|
+/// | source | [`KafkaSource::builder`] for the address's topic and group, reading the parking's return topic when the route parks ([`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking)) |
+/// | acker | [`KafkaSource::acker`] |
+/// | dead-letter sink | [`KafkaSource::dead_letter_sink`]: `{topic}.{group}.dlq`, a returned copy named after its first delivery |
+/// | parking | [`KafkaParking::builder`] for the group and topic, the options' tiers (else [`DEFAULT_TIERS`](crate::parking::DEFAULT_TIERS)), built **before** the source, which reads its return topic `{topic}.{group}.returned` |
+/// | publisher | one [`KafkaPublisher`], shared by every call |
+/// | dead-letter store | [`KafkaDeadLetters::builder`]`.dead_letters_of(topic, group)`, redriving through the publisher: [to the group](intake_core::dead_letter::store::Redrive::to_group) into its return topic |
+/// | lag probe | [`KafkaLagProbe`] of the group on the topic and its return topic (when it exists); [`parked`](LagProbe::parked) counts the group's retry topics |
+///
+/// The parts use the default names of each explicit builder, so a part
+/// derived here and one built by hand with the defaults (or by the `intake`
+/// command line) agree.
 ///
 /// Clones share the parkings the broker derived and its publisher;
 /// [`Broker::shutdown`] stops the parkings' movers and closes the

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
-/// Why a step of [`KafkaDeadLetters`] failed: the
-/// [`source`](std::error::Error::source) of a [`StoreError::Broker`].
+/// Why a step of [`KafkaDeadLetters`](crate::KafkaDeadLetters) failed: the
+/// [`source`](std::error::Error::source) of a
+/// [`StoreError::Broker`](intake_core::dead_letter::store::StoreError::Broker).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeadLetterLogError {
