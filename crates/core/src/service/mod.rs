@@ -67,6 +67,8 @@
 mod error;
 mod response;
 mod route;
+#[cfg(feature = "serde")]
+mod settings;
 #[cfg(test)]
 mod tests;
 
@@ -92,6 +94,8 @@ use crate::trace::TraceLayer;
 pub use self::error::ServiceError;
 pub use self::response::RouteResponse;
 pub use self::route::Route;
+#[cfg(feature = "serde")]
+pub use self::settings::{RouteSettings, ServiceSettings};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -108,6 +112,9 @@ struct Wiring<B: Broker> {
     publisher: Arc<tokio::sync::OnceCell<Arc<B::Publisher>>>,
     #[cfg(feature = "metrics")]
     metrics: crate::metrics::Metrics,
+    /// Each route's settings from a config file, by source.
+    #[cfg(feature = "serde")]
+    routes: Arc<std::collections::BTreeMap<String, RouteSettings>>,
 }
 
 impl<B: Broker> Clone for Wiring<B> {
@@ -118,6 +125,8 @@ impl<B: Broker> Clone for Wiring<B> {
             publisher: Arc::clone(&self.publisher),
             #[cfg(feature = "metrics")]
             metrics: self.metrics.clone(),
+            #[cfg(feature = "serde")]
+            routes: Arc::clone(&self.routes),
         }
     }
 }
@@ -162,6 +171,8 @@ pub struct Service<B: Broker, S = ()> {
     lag_interval: Option<Duration>,
     #[cfg(feature = "health-server")]
     http: Option<String>,
+    #[cfg(feature = "serde")]
+    route_settings: std::collections::BTreeMap<String, RouteSettings>,
 }
 
 impl<B: Broker, S> std::fmt::Debug for Service<B, S> {
@@ -219,6 +230,8 @@ impl<B: Broker, S: Clone + Send + Sync + 'static> Service<B, S> {
             lag_interval: Some(Duration::from_secs(15)),
             #[cfg(feature = "health-server")]
             http: None,
+            #[cfg(feature = "serde")]
+            route_settings: std::collections::BTreeMap::new(),
         }
     }
 
@@ -257,6 +270,29 @@ impl<B: Broker, S: Clone + Send + Sync + 'static> Service<B, S> {
             .push(Box::new(move |app: App<S>, wiring: Wiring<B>| {
                 Box::pin(wire_route(app, wiring, source, route, handler))
             }));
+        self
+    }
+
+    /// `settings` (from a config file and the environment) over what the
+    /// code set: the drain deadline, the HTTP address (with the
+    /// `health-server` feature), and each route's settings by its source.
+    /// The broker URL is the caller's to use (`AnyBroker::from_url` in the
+    /// `intake` crate).
+    #[cfg(feature = "serde")]
+    pub fn settings(mut self, settings: &ServiceSettings) -> Self {
+        if let Some(deadline) = settings.drain_deadline {
+            self.drain_deadline = deadline;
+        }
+        #[cfg(feature = "health-server")]
+        if let Some(address) = &settings.http {
+            self.http = Some(address.clone());
+        }
+        self.route_settings.extend(
+            settings
+                .routes
+                .iter()
+                .map(|(source, route)| (source.clone(), route.clone())),
+        );
         self
     }
 
@@ -342,6 +378,8 @@ impl<B: Broker, S: Clone + Send + Sync + 'static> Service<B, S> {
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Metrics::register(&self.registry)
                 .map_err(|error| ServiceError::Metrics(Box::new(error)))?,
+            #[cfg(feature = "serde")]
+            routes: Arc::new(self.route_settings),
         };
         let mut app = App::with_state(self.state)
             .drain_deadline(self.drain_deadline)
@@ -419,6 +457,11 @@ where
     <HandlerFn<F, Args, S> as TowerService<Message>>::Future: Send + 'static,
 {
     type Answer<F, Args, S> = <HandlerFn<F, Args, S> as TowerService<Message>>::Response;
+    #[cfg(feature = "serde")]
+    let route = match wiring.routes.get(&source) {
+        Some(settings) => settings.apply(route),
+        None => route,
+    };
     let name = route.name_for(&source);
     let group = route
         .group
@@ -489,7 +532,16 @@ async fn export_lag<B: Broker, S>(
     let metrics = crate::metrics::LagMetrics::register(registry)
         .map_err(|error| ServiceError::Metrics(Box::new(error)))?;
     for (source, group) in routes {
-        let group = group.as_deref().unwrap_or(&wiring.group);
+        #[cfg(feature = "serde")]
+        let group = match wiring
+            .routes
+            .get(source)
+            .and_then(|route| route.group.as_ref())
+        {
+            Some(configured) => Some(configured),
+            None => group.as_ref(),
+        };
+        let group = group.map_or(&*wiring.group, String::as_str);
         let address = RouteAddress::new(source.as_str(), group);
         let probe =
             wiring

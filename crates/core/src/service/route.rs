@@ -33,6 +33,9 @@ pub struct Route {
     pub(super) backoff_min: Duration,
     pub(super) backoff_max: Duration,
     pub(super) parking: Option<Option<Vec<Duration>>>,
+    /// The consumer's settings from a config file, over the rest.
+    #[cfg(feature = "serde")]
+    pub(super) consumer: Option<crate::consumer::ConsumerSettings>,
 }
 
 impl Default for Route {
@@ -60,6 +63,8 @@ impl Route {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             parking: Some(None),
+            #[cfg(feature = "serde")]
+            consumer: None,
         }
     }
 
@@ -147,6 +152,10 @@ impl Route {
         }
         if let Some(max_in_flight) = self.max_in_flight {
             builder = builder.max_in_flight(max_in_flight);
+        }
+        #[cfg(feature = "serde")]
+        if let Some(settings) = &self.consumer {
+            builder = settings.clone().apply(builder);
         }
         builder
     }

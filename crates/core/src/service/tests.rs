@@ -131,3 +131,31 @@ async fn a_route_on_a_source_the_broker_lacks_fails_before_anything_runs() {
         "{error:?}"
     );
 }
+
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn settings_from_a_file_apply_over_the_code() {
+    let broker = MemoryBroker::new();
+    broker.create_topic("events", 1).unwrap();
+    broker.send("events", Record::new("1")).unwrap();
+    async fn flaky() -> Result<(), HandlerError> {
+        Err(HandlerError::retryable("always down"))
+    }
+    let settings: ServiceSettings = serde_json::from_str(
+        r#"{ "drain_deadline": "1s", "routes": { "events": { "group": "from-file", "retries": 0 } } }"#,
+    )
+    .unwrap();
+    let stop = CancellationToken::new();
+    let service = Service::new("readers", broker.clone())
+        .route_with("events", Route::new().retries(1_000), flaky)
+        .settings(&settings);
+    let running = tokio::spawn(service.run_until(stop.clone()));
+    until_drained(&broker, "events", "from-file").await;
+    stop.cancel();
+    let report = running.await.unwrap().unwrap();
+    let run = report
+        .route("events as from-file")
+        .and_then(|r| r.report())
+        .unwrap();
+    assert_eq!(run.dead_lettered, 1, "no retries: the file said 0");
+}
