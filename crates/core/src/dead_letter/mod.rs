@@ -26,11 +26,13 @@
 //!   again after each backoff delay until it succeeds.
 //!
 //! A message that ends dead-lettered or discarded comes out as a
-//! [`HandlerError`](crate::error::HandlerError) of class
-//! [`Ignore`](crate::error::ErrorClass::Ignore) (so the runtime acknowledges
-//! it) whose cause, [`DeadLettered`] or [`Discarded`], keeps the original
-//! failure for metrics and traces. `Ignore` and `Interrupted` outcomes pass
-//! through untouched.
+//! [`HandlerError`](crate::error::HandlerError) settled with its
+//! [`Outcome`](crate::Outcome) (`DeadLettered` or `Discarded`, of class
+//! [`Ignore`](crate::error::ErrorClass::Ignore), so the runtime acknowledges
+//! it and counts it by the outcome), whose cause, [`DeadLettered`] or
+//! [`Discarded`], keeps the original failure for metrics and traces. An
+//! error a layer inside already settled (parked, say), an `Ignore` and an
+//! `Interrupted` pass through untouched.
 //!
 //! ```
 //! use std::time::Duration;
