@@ -181,3 +181,71 @@ async fn the_shutdown_stops_the_mover_of_every_parking_the_broker_derived() {
     }
     drop(sources);
 }
+
+/// The derived store holds what the derived sink wrote, and a redrive to
+/// the group goes to the route's return topic, where the derived source
+/// reads it (and no other group of the topic sees it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_redriven_to_the_group_comes_back_through_the_routes_own_source() {
+    use intake_core::DeadLetter;
+    use intake_core::backend::DeadLetterSink as _;
+    use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+
+    let Some(kafka) = backend().await else {
+        return;
+    };
+    let topic = unique("broker-redrive");
+    let group = unique("billing");
+    kafka
+        .create_topic(&topic, 1)
+        .await
+        .expect("create the topic");
+    let address = RouteAddress::new(topic.as_str(), group.as_str());
+    let broker = KafkaBroker::new(kafka.settings());
+    let parts = broker
+        .route(&address, &RouteOptions::new().parking())
+        .await
+        .expect("derive the route");
+    let return_topic = parts
+        .parking
+        .as_ref()
+        .expect("asked for parking")
+        .return_topic(&topic);
+    parts
+        .dead_letter_sink
+        .write(&DeadLetter::new(consumed(&topic, 7), "refused", 1))
+        .await
+        .expect("write the letter");
+
+    let store = broker
+        .dead_letter_store(&address)
+        .await
+        .expect("derive the store");
+    assert_eq!(store.count(&Filter::all()).await.expect("count"), 1);
+    let report = store
+        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+        .await
+        .expect("redrive");
+    assert_eq!(report.redriven, 1, "{report:?}");
+    assert_eq!(store.count(&Filter::all()).await.expect("count"), 0);
+    let replayed = kafka
+        .read_all(&return_topic)
+        .await
+        .expect("the return topic");
+    assert_eq!(replayed.len(), 1, "{replayed:?}");
+    assert!(
+        kafka.read_all(&topic).await.expect("the topic").is_empty(),
+        "other groups of the topic see nothing"
+    );
+
+    let mut source = parts.source;
+    let message = support::next_message(&mut source, PATIENCE).await;
+    assert_eq!(&message.payload()[..], b"7");
+    let consumed_from: &str = message.metadata().source();
+    assert_eq!(consumed_from, return_topic);
+    drop(source);
+    broker
+        .shutdown(Duration::from_secs(30))
+        .await
+        .expect("shut down");
+}
