@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use intake::nats::async_nats::jetstream::{self, context::PublishAckFuture};
-use intake::nats::{NatsPublisher, NatsSource, async_nats};
+use intake::nats::{NatsPublisher, NatsSettings, NatsSource, async_nats};
 
 use crate::BoxError;
 
@@ -104,7 +104,9 @@ pub async fn source(url: &str, stream: &str, group: &str) -> Result<NatsSource, 
         ),
         Err(_) => DEFAULT_ACK_WAIT,
     };
-    let source = NatsSource::builder(url)
+    let settings = NatsSettings::new(url)
+        .connection_name(format!("ledger {group} pid {}", std::process::id()));
+    let source = NatsSource::builder(settings)
         .stream(stream)
         .consumer(group)
         .create_stream([subjects(stream)])
@@ -116,7 +118,6 @@ pub async fn source(url: &str, stream: &str, group: &str) -> Result<NatsSource, 
         // backoff already ran).
         .redelivery_backoff(intake::Constant::new(Duration::from_millis(100)).retry_forever())
         .fetch_wait(Duration::from_secs(1))
-        .connection_name(format!("ledger {group} pid {}", std::process::id()))
         .build()
         .await?;
     tracing::info!(consumer = %source.consumer_name(), ?ack_wait, "consuming the durable consumer");

@@ -3,20 +3,19 @@
 //! ([`Broker`](intake_core::backend::Broker)).
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use intake_core::BackoffPolicy;
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
 
-use crate::connection::{self, ConnectSettings, Connection, Credentials, Tls};
+use crate::connection::{self, Connection};
 use crate::error::Error;
 use crate::publisher::PublisherHandle;
+use crate::settings::default_reconnect_backoff;
 use crate::url::ServerUrls;
 use crate::{
     NatsAcker, NatsDeadLetterSink, NatsDeadLetterStore, NatsDeadLetters, NatsLagProbe, NatsParking,
-    NatsPublisher, NatsSource,
+    NatsPublisher, NatsSettings, NatsSource,
 };
 
 /// A NATS JetStream server (or cluster) and how to connect to it, from
@@ -26,14 +25,16 @@ use crate::{
 /// [`dead_letter_store`](Broker::dead_letter_store) and
 /// [`lag_probe`](Broker::lag_probe).
 ///
-/// Clones share what the broker keeps for [`shutdown`](Broker::shutdown)
-/// (the publishers it made) and the one connection its lag probes share.
-/// Each source and publisher has a connection of its own, made with these
-/// settings, as the explicit builders ([`NatsSource::builder`],
-/// [`NatsPublisher::builder`], [`NatsDeadLetters::builder`]) make them;
-/// they stay available for what this shape does not cover (a broadcast
-/// source, a filter subject, `ack_wait`, a dead-letter subject of one's
-/// own).
+/// How to connect is one [`NatsSettings`] (URL, credentials, TLS, connect
+/// timeout, connection name, reconnect backoff), which the broker passes
+/// to every part. Clones share what the broker keeps for
+/// [`shutdown`](Broker::shutdown) (the publishers it made) and the one
+/// connection its lag probes share. Each source and publisher has a
+/// connection of its own, made with these settings. The explicit builders
+/// ([`NatsSource::builder`], [`NatsPublisher::builder`],
+/// [`NatsDeadLetters::builder`]) take the same settings and stay
+/// available for what this shape does not cover (a broadcast source, a
+/// filter subject, `ack_wait`, a dead-letter subject of one's own).
 ///
 /// # A route's parts
 ///
@@ -54,8 +55,9 @@ use crate::{
 /// # Secrets
 ///
 /// Credentials in the URL (`nats://user:password@host`,
-/// `nats://token@host`) or given to a setter never appear in `Debug`, logs
-/// or errors: the endpoint is shown with `***` in their place.
+/// `nats://token@host`) or given to a [`NatsSettings`] setter never appear
+/// in `Debug`, logs or errors: the endpoint is shown with `***` in their
+/// place.
 ///
 /// ```no_run
 /// use intake_core::backend::{Broker, RouteAddress, RouteOptions};
@@ -73,20 +75,9 @@ use crate::{
 /// ```
 #[derive(Clone)]
 pub struct NatsBroker {
-    settings: Settings,
-    shared: Arc<Shared>,
-}
-
-/// The connection settings the broker gives every part.
-#[derive(Clone)]
-struct Settings {
-    url: String,
-    credentials: Option<Credentials>,
-    tls: Option<Tls>,
-    reconnect_backoff: Option<Arc<dyn BackoffPolicy>>,
-    connect_timeout: Duration,
+    settings: NatsSettings,
     ack_timeout: Duration,
-    name: Option<String>,
+    shared: Arc<Shared>,
 }
 
 /// What the broker's clones share.
@@ -103,63 +94,27 @@ struct Shared {
 impl fmt::Debug for NatsBroker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsBroker")
-            .field("url", &crate::url::redact(&self.settings.url))
-            .field("credentials", &self.settings.credentials)
-            .field("tls", &self.settings.tls)
-            .field("connect_timeout", &self.settings.connect_timeout)
-            .field("ack_timeout", &self.settings.ack_timeout)
-            .field("name", &self.settings.name)
+            .field("settings", &self.settings)
+            .field("ack_timeout", &self.ack_timeout)
             .finish_non_exhaustive()
     }
 }
 
-/// The connection setters every explicit builder has, from the broker's
-/// settings.
-macro_rules! connect_with {
-    ($builder:expr, $settings:expr) => {{
-        let settings = $settings;
-        let mut builder = $builder.connect_timeout(settings.connect_timeout);
-        builder = match settings.credentials.clone() {
-            None => builder,
-            Some(Credentials::Token(token)) => builder.token(token),
-            Some(Credentials::UserPassword(user, password)) => {
-                builder.user_password(user, password)
-            }
-            Some(Credentials::Nkey(seed)) => builder.nkey(seed),
-            Some(Credentials::File(path)) => builder.credentials_file(path),
-        };
-        if let Some(tls) = settings.tls.clone() {
-            builder = builder.tls(tls);
-        }
-        if let Some(name) = settings.name.clone() {
-            builder = builder.connection_name(name);
-        }
-        builder
-    }};
-}
-
 impl NatsBroker {
-    /// Default of [`connect_timeout`](Self::connect_timeout), as the
-    /// builders'.
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default of [`NatsSettings::connect_timeout`].
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = NatsSettings::DEFAULT_CONNECT_TIMEOUT;
     /// Default of [`ack_timeout`](Self::ack_timeout), as the builders'.
     pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
-    /// The server(s) at `url`: `nats://[user:password@|token@]host[:port]`,
-    /// `tls://…` for TLS, several separated by commas. The URL is checked
-    /// when the first part is derived; [`from_url`](Self::from_url) checks
-    /// it at once.
-    pub fn new(url: impl Into<String>) -> Self {
+    /// The server(s) `settings` reach ([`NatsSettings`]), or the server(s)
+    /// at a URL: `nats://[user:password@|token@]host[:port]`, `tls://…`
+    /// for TLS, several separated by commas. The URL is checked when the
+    /// first part is derived; [`from_url`](Self::from_url) checks it at
+    /// once.
+    pub fn new(settings: impl Into<NatsSettings>) -> Self {
         Self {
-            settings: Settings {
-                url: url.into(),
-                credentials: None,
-                tls: None,
-                reconnect_backoff: None,
-                connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
-                ack_timeout: Self::DEFAULT_ACK_TIMEOUT,
-                name: None,
-            },
+            settings: settings.into(),
+            ack_timeout: Self::DEFAULT_ACK_TIMEOUT,
             shared: Arc::default(),
         }
     }
@@ -175,86 +130,35 @@ impl NatsBroker {
         Ok(Self::new(url))
     }
 
-    /// The settings changed: what clones made with the old ones (the
-    /// probes' connection, publishers to shut down) is theirs.
-    fn with(mut self, change: impl FnOnce(&mut Settings)) -> Self {
-        change(&mut self.settings);
+    /// How long the server may take to confirm what a part asks: a batch
+    /// of acknowledgements, a dead letter, a publish, a JetStream API
+    /// request (default 10 s).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        // What clones made with the old value (the probes' connection,
+        // publishers to shut down) is theirs.
         self.shared = Arc::default();
         self
     }
 
-    /// Authenticates with a token.
-    pub fn token(self, token: impl Into<String>) -> Self {
-        let token = token.into();
-        self.with(|settings| settings.credentials = Some(Credentials::Token(token)))
-    }
-
-    /// Authenticates with a user name and password.
-    pub fn user_password(self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        let credentials = Credentials::UserPassword(user.into(), password.into());
-        self.with(|settings| settings.credentials = Some(credentials))
-    }
-
-    /// Authenticates with an nkey seed (`SU…`).
-    pub fn nkey(self, seed: impl Into<String>) -> Self {
-        let seed = seed.into();
-        self.with(|settings| settings.credentials = Some(Credentials::Nkey(seed)))
-    }
-
-    /// Authenticates with a `.creds` file (a user JWT and its nkey seed).
-    pub fn credentials_file(self, path: impl Into<PathBuf>) -> Self {
-        let path = path.into();
-        self.with(|settings| settings.credentials = Some(Credentials::File(path)))
-    }
-
-    /// TLS settings (a `tls://` URL requires TLS with the system's roots).
-    pub fn tls(self, tls: Tls) -> Self {
-        self.with(|settings| settings.tls = Some(tls))
-    }
-
-    /// The delays between reconnects after a connection is lost (default
-    /// the builders': 100 ms doubling to 10 s, forever). A policy that
-    /// gives up ends a source with [`Error::GaveUp`].
-    pub fn reconnect_backoff(self, policy: impl BackoffPolicy) -> Self {
-        let policy: Arc<dyn BackoffPolicy> = Arc::new(policy);
-        self.with(|settings| settings.reconnect_backoff = Some(policy))
-    }
-
-    /// How long connecting may take, for every part and at each reconnect
-    /// (default 10 s).
-    pub fn connect_timeout(self, timeout: Duration) -> Self {
-        self.with(|settings| settings.connect_timeout = timeout)
-    }
-
-    /// How long the server may take to confirm what a part asks: a batch
-    /// of acknowledgements, a dead letter, a publish, a JetStream API
-    /// request (default 10 s).
-    pub fn ack_timeout(self, timeout: Duration) -> Self {
-        self.with(|settings| settings.ack_timeout = timeout)
-    }
-
-    /// The connections' name, as the server's monitoring shows it.
-    pub fn connection_name(self, name: impl Into<String>) -> Self {
-        let name = name.into();
-        self.with(|settings| settings.name = Some(name))
+    /// How the broker's parts connect.
+    pub fn settings(&self) -> &NatsSettings {
+        &self.settings
     }
 
     /// The server(s), as logs and errors show them (no credentials).
     pub fn endpoint(&self) -> String {
-        crate::url::redact(&self.settings.url)
+        self.settings.endpoint()
     }
 
     /// The source of the route at `address`, with the broker's settings.
     async fn source(&self, address: &RouteAddress) -> Result<NatsSource, Error> {
-        let settings = &self.settings;
-        let mut builder = connect_with!(NatsSource::builder(settings.url.clone()), settings)
+        NatsSource::builder(&self.settings)
             .stream(address.source())
             .consumer(address.group())
-            .ack_timeout(settings.ack_timeout);
-        if let Some(policy) = settings.reconnect_backoff.clone() {
-            builder = builder.reconnect_backoff(policy);
-        }
-        builder.build().await
+            .ack_timeout(self.ack_timeout)
+            .build()
+            .await
     }
 
     /// The connection the lag probes share, made once.
@@ -262,26 +166,10 @@ impl NatsBroker {
         self.shared
             .probes
             .get_or_try_init(|| async {
-                let settings = &self.settings;
-                let reconnect_backoff = settings.reconnect_backoff.clone().unwrap_or_else(|| {
-                    Arc::new(
-                        intake_core::Exponential::new(
-                            Duration::from_millis(100),
-                            Duration::from_secs(10),
-                        )
-                        .retry_forever(),
-                    )
-                });
-                connection::connect(&ConnectSettings {
-                    urls: ServerUrls::parse(&settings.url)?,
-                    credentials: settings.credentials.clone(),
-                    tls: settings.tls.clone(),
-                    reconnect_backoff,
-                    connect_timeout: settings.connect_timeout,
-                    request_timeout: settings.ack_timeout,
-                    name: settings.name.clone(),
-                })
-                .await
+                let settings = self
+                    .settings
+                    .connect_settings(self.ack_timeout, default_reconnect_backoff)?;
+                connection::connect(&settings).await
             })
             .await
     }
@@ -340,13 +228,10 @@ impl Broker for NatsBroker {
     ///
     /// As [`NatsPublisherBuilder::build`](crate::NatsPublisherBuilder::build).
     async fn publisher(&self) -> Result<NatsPublisher, Error> {
-        let settings = &self.settings;
-        let mut builder = connect_with!(NatsPublisher::builder(settings.url.clone()), settings)
-            .ack_timeout(settings.ack_timeout);
-        if let Some(policy) = settings.reconnect_backoff.clone() {
-            builder = builder.reconnect_backoff(policy);
-        }
-        let publisher = builder.build().await?;
+        let publisher = NatsPublisher::builder(&self.settings)
+            .ack_timeout(self.ack_timeout)
+            .build()
+            .await?;
         let mut publishers = self.publishers();
         publishers.retain(|publisher| publisher.strong_count() > 0);
         publishers.push(publisher.handle());
@@ -365,10 +250,9 @@ impl Broker for NatsBroker {
         &self,
         address: &RouteAddress,
     ) -> Result<NatsDeadLetterStore, Error> {
-        let settings = &self.settings;
-        let letters = connect_with!(NatsDeadLetters::builder(settings.url.clone()), settings)
+        let letters = NatsDeadLetters::builder(&self.settings)
             .dead_letters_of(address.source(), address.group())
-            .request_timeout(settings.ack_timeout)
+            .request_timeout(self.ack_timeout)
             .build()
             .await?;
         let publisher = Broker::publisher(self).await?;
@@ -436,14 +320,18 @@ mod tests {
 
     #[test]
     fn debug_and_errors_never_show_a_secret() {
-        let broker = NatsBroker::new("nats://app:s3cret@127.0.0.1:4222")
-            .token("t0ken")
-            .nkey("SUseed");
+        let broker = NatsBroker::new(
+            NatsSettings::new("nats://app:s3cret@127.0.0.1:4222")
+                .token("t0ken")
+                .nkey("SUseed"),
+        );
         let shown = format!("{broker:?} {}", broker.endpoint());
         for secret in ["s3cret", "t0ken", "SUseed"] {
             assert!(!shown.contains(secret), "{shown}");
         }
-        let broker = NatsBroker::new("nats://tok3n@127.0.0.1").user_password("app", "passw0rd");
+        let broker = NatsBroker::new(
+            NatsSettings::new("nats://tok3n@127.0.0.1").user_password("app", "passw0rd"),
+        );
         let shown = format!("{broker:?}");
         assert!(
             !shown.contains("tok3n") && !shown.contains("passw0rd"),

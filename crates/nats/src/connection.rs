@@ -1,8 +1,7 @@
-//! Connecting: credentials, TLS, the reconnect backoff, and what the
-//! client's events tell the source (a new connection, a backoff that gave
-//! up).
+//! Connecting with [`NatsSettings`](crate::NatsSettings) (credentials,
+//! TLS, the reconnect backoff), and what the client's events tell the
+//! source (a new connection, a backoff that gave up).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -11,93 +10,8 @@ use async_nats::{ConnectErrorKind, ConnectOptions, Event};
 use intake_core::BackoffPolicy;
 
 use crate::error::{Error, boxed};
+use crate::settings::{Credentials, Tls};
 use crate::url::{ServerUrls, UrlCredentials};
-
-/// How the client proves who it is, besides credentials in the URL.
-///
-/// `Debug` never shows a secret: a token, password or seed prints as `***`;
-/// a creds file shows its path only.
-#[derive(Clone)]
-pub(crate) enum Credentials {
-    Token(String),
-    UserPassword(String, String),
-    /// An nkey seed (`SU…`).
-    Nkey(String),
-    /// A `.creds` file: a user JWT and its nkey seed.
-    File(PathBuf),
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Credentials::Token(_) => f.write_str("Token(***)"),
-            Credentials::UserPassword(user, _) => write!(f, "UserPassword({user}, ***)"),
-            Credentials::Nkey(_) => f.write_str("Nkey(***)"),
-            Credentials::File(path) => write!(f, "File({})", path.display()),
-        }
-    }
-}
-
-/// TLS settings: which CAs to trust, a client certificate, whether to
-/// require TLS even for a `nats://` URL.
-///
-/// ```
-/// use intake_nats::Tls;
-///
-/// let tls = Tls::new()
-///     .ca_file("/etc/nats/ca.pem")
-///     .client_certificate("/etc/nats/client.pem", "/etc/nats/client.key");
-/// # drop(tls);
-/// ```
-#[derive(Clone, Debug, Default)]
-pub struct Tls {
-    ca_files: Vec<PathBuf>,
-    client: Option<(PathBuf, PathBuf)>,
-    required: bool,
-    first: bool,
-}
-
-impl Tls {
-    /// TLS with the system's trusted roots, required.
-    pub fn new() -> Self {
-        Self {
-            required: true,
-            ..Self::default()
-        }
-    }
-
-    /// Trusts the CA certificates (PEM) in `path` too.
-    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca_files.push(path.into());
-        self
-    }
-
-    /// Presents this client certificate and key (PEM files) to a server
-    /// that verifies clients.
-    pub fn client_certificate(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// Starts TLS before the server's greeting (`handshake_first` servers).
-    pub fn handshake_first(mut self) -> Self {
-        self.first = true;
-        self
-    }
-
-    fn apply(&self, mut options: ConnectOptions) -> ConnectOptions {
-        for ca in &self.ca_files {
-            options = options.add_root_certificates(ca.clone());
-        }
-        if let Some((cert, key)) = &self.client {
-            options = options.add_client_certificate(cert.clone(), key.clone());
-        }
-        if self.first {
-            options = options.tls_first();
-        }
-        options.require_tls(self.required)
-    }
-}
 
 /// What a connection's events tell its users.
 #[derive(Debug, Default)]
@@ -145,7 +59,8 @@ pub(crate) struct Connection {
     pub(crate) events: Arc<ConnectionEvents>,
 }
 
-/// What [`connect`] needs.
+/// What [`connect`] needs: [`NatsSettings`](crate::NatsSettings) resolved
+/// for one part.
 #[derive(Clone)]
 pub(crate) struct ConnectSettings {
     pub(crate) urls: ServerUrls,

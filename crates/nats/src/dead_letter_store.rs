@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -17,13 +16,13 @@ use intake_core::dead_letter::store::{
     DeadLetterLog, LetterId, LogStore, StoreError, StoredLetter,
 };
 use intake_core::publish::{Output, PublishError, PublishErrorKind, Publisher};
-use intake_core::{ConfigError, Exponential, Headers};
+use intake_core::{BackoffPolicy, ConfigError, Exponential, Headers};
 
-use crate::connection::{self, ConnectSettings, Credentials, Tls};
+use crate::connection;
 use crate::dead_letter::{NATS_HEADER_PREFIX, default_stream, default_subject};
 use crate::error::{Error, boxed};
 use crate::publisher::{NatsPublisher, NatsReceipt};
-use crate::url::ServerUrls;
+use crate::settings::NatsSettings;
 
 /// The dead-letter store of a JetStream dead-letter stream.
 pub type NatsDeadLetterStore = LogStore<NatsDeadLetters, NatsRedrivePublisher>;
@@ -107,18 +106,15 @@ const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl NatsDeadLetters {
     /// A builder of the dead-letter stream's reader on a connection of its
-    /// own to the server(s) at `url` (`nats://[user:password@]host[:port]`,
-    /// several separated by commas, `tls://` for TLS).
-    pub fn builder(url: impl Into<String>) -> NatsDeadLettersBuilder {
+    /// own, made with `settings` ([`NatsSettings`]), or to the server(s) at
+    /// a URL (`nats://[user:password@|token@]host[:port]`, several
+    /// separated by commas, `tls://` for TLS).
+    pub fn builder(settings: impl Into<NatsSettings>) -> NatsDeadLettersBuilder {
         NatsDeadLettersBuilder {
-            url: url.into(),
-            credentials: None,
-            tls: None,
-            connect_timeout: Duration::from_secs(10),
+            settings: settings.into(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             stream: None,
             subject: None,
-            name: None,
         }
     }
 
@@ -574,26 +570,20 @@ impl Publisher for NatsRedrivePublisher {
     }
 }
 
-/// Builds [`NatsDeadLetters`]; see [`NatsDeadLetters::builder`]. The
-/// connection settings are the source's.
+/// Builds [`NatsDeadLetters`]; see [`NatsDeadLetters::builder`]. How it
+/// connects is its [`NatsSettings`], as a source's.
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct NatsDeadLettersBuilder {
-    url: String,
-    credentials: Option<Credentials>,
-    tls: Option<Tls>,
-    connect_timeout: Duration,
+    settings: NatsSettings,
     request_timeout: Duration,
     stream: Option<String>,
     subject: Option<String>,
-    name: Option<String>,
 }
 
 impl fmt::Debug for NatsDeadLettersBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsDeadLettersBuilder")
-            .field("url", &crate::url::redact(&self.url))
-            .field("credentials", &self.credentials)
-            .field("tls", &self.tls)
+            .field("settings", &self.settings)
             .field("stream", &self.stream)
             .field("subject", &self.subject)
             .finish_non_exhaustive()
@@ -634,48 +624,6 @@ impl NatsDeadLettersBuilder {
         self
     }
 
-    /// How long connecting may take (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Authenticates with a token.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::Token(token.into()));
-        self
-    }
-
-    /// Authenticates with a user name and password.
-    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::UserPassword(user.into(), password.into()));
-        self
-    }
-
-    /// Authenticates with an nkey seed (`SU…`).
-    pub fn nkey(mut self, seed: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::Nkey(seed.into()));
-        self
-    }
-
-    /// Authenticates with a `.creds` file (a user JWT and its nkey seed).
-    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.credentials = Some(Credentials::File(path.into()));
-        self
-    }
-
-    /// TLS settings (a `tls://` URL requires TLS with the system's roots).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The connection's name, as the server's monitoring shows it.
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
     /// Checks the settings, then connects.
     ///
     /// # Errors
@@ -704,18 +652,9 @@ impl NatsDeadLettersBuilder {
         if self.request_timeout.is_zero() {
             return Err(ConfigError::new("request_timeout", "more than zero").into());
         }
-        let settings = ConnectSettings {
-            urls: ServerUrls::parse(&self.url)?,
-            credentials: self.credentials,
-            tls: self.tls,
-            reconnect_backoff: Arc::new(
-                Exponential::new(Duration::from_millis(100), Duration::from_secs(5))
-                    .retry_forever(),
-            ),
-            connect_timeout: self.connect_timeout,
-            request_timeout: self.request_timeout,
-            name: self.name,
-        };
+        let settings = self
+            .settings
+            .connect_settings(self.request_timeout, store_reconnect_backoff)?;
         let connection = connection::connect(&settings).await?;
         let context = jetstream::ContextBuilder::new()
             .timeout(self.request_timeout)
@@ -728,6 +667,12 @@ impl NatsDeadLettersBuilder {
             timeout: self.request_timeout,
         })
     }
+}
+
+/// A store's reconnect backoff when its settings set none: 100 ms doubling
+/// to 5 s, forever.
+fn store_reconnect_backoff() -> Arc<dyn BackoffPolicy> {
+    Arc::new(Exponential::new(Duration::from_millis(100), Duration::from_secs(5)).retry_forever())
 }
 
 #[cfg(test)]

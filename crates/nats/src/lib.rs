@@ -1,9 +1,11 @@
 //! NATS JetStream for intake, on [async-nats].
 //!
-//! - [`NatsBroker`] holds the connection (URL, credentials, TLS, timeouts)
-//!   once, and derives every part from it
-//!   ([`Broker`](intake_core::backend::Broker)): a route's source, acker,
-//!   dead-letter sink and parking together, a publisher, a route's
+//! - [`NatsSettings`] says how to connect (URL, credentials, [`Tls`], the
+//!   connect timeout, the connection's name, the reconnect backoff), once:
+//!   every builder takes it (or a URL alone), and so does [`NatsBroker`].
+//! - [`NatsBroker`] holds the settings once, and derives every part from
+//!   them ([`Broker`](intake_core::backend::Broker)): a route's source,
+//!   acker, dead-letter sink and parking together, a publisher, a route's
 //!   dead-letter store and lag probe. The explicit builders below stay for
 //!   what it does not cover.
 //! - [`NatsSource`] consumes a stream through a pull consumer: a durable
@@ -105,13 +107,14 @@
 //! # }
 //! ```
 //!
-//! The same with the explicit builders:
+//! The same with the explicit builders, each given the same settings:
 //!
 //! ```no_run
-//! use intake_nats::NatsSource;
+//! use intake_nats::{NatsSettings, NatsSource};
 //!
 //! # async fn run() -> Result<(), intake_nats::Error> {
-//! let source = NatsSource::builder("nats://127.0.0.1:4222")
+//! let settings = NatsSettings::new("nats://127.0.0.1:4222").connection_name("billing");
+//! let source = NatsSource::builder(&settings)
 //!     .stream("ORDERS")
 //!     .consumer("billing")
 //!     .build()
@@ -147,12 +150,12 @@ mod error;
 mod lag;
 mod parking;
 mod publisher;
+mod settings;
 mod source;
 mod url;
 
 pub use acker::NatsAcker;
 pub use broker::NatsBroker;
-pub use connection::Tls;
 pub use counters::Counters;
 pub use dead_letter::{
     BROKER_NAME, MAX_HEADER_BYTES as MAX_DEAD_LETTER_HEADER_BYTES, NATS_HEADER_PREFIX,
@@ -166,6 +169,7 @@ pub use error::Error;
 pub use lag::NatsLagProbe;
 pub use parking::NatsParking;
 pub use publisher::{NatsPublisher, NatsPublisherBuilder, NatsReceipt};
+pub use settings::{NatsSettings, Tls};
 pub use source::{NatsSource, NatsSourceBuilder};
 
 /// The async-nats version this crate is built on, for producing alongside

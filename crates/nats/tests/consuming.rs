@@ -9,7 +9,7 @@ use std::time::Duration;
 use intake_core::backend::testkit::TestMessage;
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
 use intake_nats::async_nats::jetstream;
-use intake_nats::{Error, NatsSource};
+use intake_nats::{Error, NatsSettings, NatsSource};
 use support::{NatsBackend, Running, Seen, wait_until};
 
 fn recording(
@@ -218,13 +218,14 @@ async fn settings_that_cannot_work_are_refused_before_connecting() {
             other => panic!("{setting}: {other:?}"),
         }
     }
-    let missing = NatsSource::builder("nats://127.0.0.1:9")
-        .stream("S")
-        .consumer("g")
-        .credentials_file("/nonexistent/user.creds")
-        .build()
-        .await
-        .expect_err("no such file");
+    let missing = NatsSource::builder(
+        NatsSettings::new("nats://127.0.0.1:9").credentials_file("/nonexistent/user.creds"),
+    )
+    .stream("S")
+    .consumer("g")
+    .build()
+    .await
+    .expect_err("no such file");
     assert!(matches!(missing, Error::Credentials { .. }), "{missing:?}");
     assert!(missing.to_string().contains("/nonexistent/user.creds"));
 }

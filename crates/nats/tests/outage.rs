@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use intake_core::app::{Health, HealthSettings, Problem};
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
-use intake_nats::{Error, NatsSource};
+use intake_nats::{Error, NatsSettings, NatsSource};
 use support::own_server::OwnServer;
 use support::{Running, Seen, wait_until};
 
@@ -187,10 +187,9 @@ async fn no_server_at_build_is_a_transient_error_naming_the_address_without_cred
     support::init_tracing();
     // A port nothing listens on.
     let url = "nats://app:s3cret-pw@127.0.0.1:9";
-    let error = NatsSource::builder(url)
+    let error = NatsSource::builder(NatsSettings::new(url).connect_timeout(Duration::from_secs(2)))
         .stream("S")
         .consumer("g")
-        .connect_timeout(Duration::from_secs(2))
         .build()
         .await
         .expect_err("nothing listens");
@@ -214,10 +213,11 @@ async fn a_reconnect_backoff_that_gives_up_ends_the_run_saying_so() {
         .await
         .expect("stream");
     drop(client);
-    let source = NatsSource::builder(server.url())
+    let settings = NatsSettings::new(server.url())
+        .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)).max_retries(3));
+    let source = NatsSource::builder(settings)
         .stream(&stream)
         .consumer("g")
-        .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)).max_retries(3))
         .fetch_wait(Duration::from_millis(200))
         .build()
         .await

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use intake_core::publish::{Output, PublishError, PublishErrorKind, Publisher};
 use intake_core::{Consumer, HandlerError, Message, Position};
-use intake_nats::{Error, NatsPublisher};
+use intake_nats::{Error, NatsPublisher, NatsSettings};
 use support::{Running, create_stream, nats_or_skip, nats_url, unique, wait_until};
 
 /// Long enough for anything on the local server.
@@ -226,9 +226,11 @@ async fn an_unreachable_server_fails_the_build_transiently_without_the_password(
     let port = intake_core::backend::testkit::closed_port().expect("a free port");
     let built = tokio::time::timeout(
         PATIENCE,
-        NatsPublisher::builder(format!("nats://app:s3cret-pw@127.0.0.1:{port}"))
-            .connect_timeout(Duration::from_secs(2))
-            .build(),
+        NatsPublisher::builder(
+            NatsSettings::new(format!("nats://app:s3cret-pw@127.0.0.1:{port}"))
+                .connect_timeout(Duration::from_secs(2)),
+        )
+        .build(),
     )
     .await
     .expect("the build ends within its connect timeout");
@@ -312,11 +314,12 @@ async fn a_lost_server_makes_outputs_unavailable_within_the_bounded_waits() {
     let relay = Relay::start().await.expect("a relay port");
     // The shared server has no authorization and ignores the credentials;
     // they are here to show they appear nowhere.
-    let publisher = NatsPublisher::builder(format!("nats://app:{SECRET}@127.0.0.1:{}", relay.port))
+    let settings = NatsSettings::new(format!("nats://app:{SECRET}@127.0.0.1:{}", relay.port))
+        .connect_timeout(Duration::from_secs(1));
+    let publisher = NatsPublisher::builder(settings)
         .max_unconfirmed(1)
         .send_timeout(Duration::from_millis(500))
         .ack_timeout(Duration::from_secs(1))
-        .connect_timeout(Duration::from_secs(1))
         .build()
         .await
         .expect("connect through the relay");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use intake_core::backend::testkit::TestMessage;
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
-use intake_nats::{Error, NatsSource, Tls};
+use intake_nats::{Error, NatsSettings, NatsSource, Tls};
 use support::own_server::OwnServer;
 use support::{Running, Seen, wait_until};
 
@@ -80,16 +80,17 @@ async fn tls_with_the_servers_ca_consumes_and_a_wrong_ca_is_refused_for_good() {
     let tls_url = format!("tls://127.0.0.1:{TLS_PORT}");
     let ca = server.state().join("tls/ca.pem");
     consume_one(
-        NatsSource::builder(&tls_url).tls(Tls::new().ca_file(&ca)),
+        NatsSource::builder(NatsSettings::new(&tls_url).tls(Tls::new().ca_file(&ca))),
         &support::unique("tls"),
     )
     .await;
 
-    let wrong = NatsSource::builder(&tls_url)
+    let settings = NatsSettings::new(&tls_url)
         .tls(Tls::new().ca_file(server.state().join("tls/other-ca.pem")))
+        .connect_timeout(Duration::from_secs(5));
+    let wrong = NatsSource::builder(settings)
         .stream("S")
         .consumer("g")
-        .connect_timeout(Duration::from_secs(5))
         .build()
         .await
         .expect_err("an untrusted certificate");
@@ -115,12 +116,12 @@ async fn user_password_and_nkey_connect_and_wrong_ones_are_unauthorized_without_
     )
     .await;
     consume_one(
-        NatsSource::builder(server.url()).user_password("app", "pw-s3cret"),
+        NatsSource::builder(NatsSettings::new(server.url()).user_password("app", "pw-s3cret")),
         &support::unique("userpw"),
     )
     .await;
     consume_one(
-        NatsSource::builder(server.url()).nkey(seed.clone()),
+        NatsSource::builder(NatsSettings::new(server.url()).nkey(seed.clone())),
         &support::unique("nkey"),
     )
     .await;
@@ -137,8 +138,7 @@ async fn user_password_and_nkey_connect_and_wrong_ones_are_unauthorized_without_
     );
     assert!(!wrong_password.is_transient());
     let other = nkeys::KeyPair::new_user().seed().expect("a seed");
-    let wrong_nkey = NatsSource::builder(server.url())
-        .nkey(other.clone())
+    let wrong_nkey = NatsSource::builder(NatsSettings::new(server.url()).nkey(other.clone()))
         .stream("S")
         .consumer("g")
         .build()
@@ -148,9 +148,10 @@ async fn user_password_and_nkey_connect_and_wrong_ones_are_unauthorized_without_
         matches!(wrong_nkey, Error::Unauthorized { .. }),
         "{wrong_nkey:?}"
     );
-    let builder = NatsSource::builder(format!("nats://app:pw-s3cret@{address}"))
-        .nkey(seed.clone())
-        .stream("S");
+    let builder = NatsSource::builder(
+        NatsSettings::new(format!("nats://app:pw-s3cret@{address}")).nkey(seed.clone()),
+    )
+    .stream("S");
     for shown in [
         format!("{wrong_password} {wrong_password:?}"),
         format!("{wrong_nkey} {wrong_nkey:?}"),
@@ -179,7 +180,7 @@ async fn a_token_in_the_url_or_the_builder_connects_and_never_shows() {
     )
     .await;
     consume_one(
-        NatsSource::builder(server.url()).token("tok-s3cret"),
+        NatsSource::builder(NatsSettings::new(server.url()).token("tok-s3cret")),
         &support::unique("token"),
     )
     .await;
@@ -196,6 +197,6 @@ async fn a_token_in_the_url_or_the_builder_connects_and_never_shows() {
         wrong.endpoint(),
         Some(format!("nats://***@{address}").as_str())
     );
-    let builder = NatsSource::builder(server.url()).token("tok-s3cret");
+    let builder = NatsSource::builder(NatsSettings::new(server.url()).token("tok-s3cret"));
     assert!(!format!("{builder:?}").contains("tok-s3cret"));
 }

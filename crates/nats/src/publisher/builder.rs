@@ -1,22 +1,21 @@
 //! [`NatsPublisherBuilder`]: where to publish, as whom, and the bounds.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use intake_core::{BackoffPolicy, ConfigError, Exponential};
+use intake_core::ConfigError;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::{Inner, NatsPublisher};
-use crate::connection::{self, ConnectSettings, Credentials, Tls};
+use crate::connection;
 use crate::error::Error;
-use crate::url::ServerUrls;
+use crate::settings::{NatsSettings, default_reconnect_backoff};
 
-/// How a [`NatsPublisher`] connects and how much it keeps in flight; get
-/// one from [`NatsPublisher::builder`]. The connection settings are the
-/// source's ([`NatsSourceBuilder`](crate::NatsSourceBuilder)).
+/// How much a [`NatsPublisher`] keeps in flight and how long it waits; get
+/// one from [`NatsPublisher::builder`], which takes how to connect
+/// ([`NatsSettings`](crate::NatsSettings), as a source's) or a URL alone.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -36,26 +35,18 @@ use crate::url::ServerUrls;
 /// ```
 #[must_use]
 pub struct NatsPublisherBuilder {
-    url: String,
-    credentials: Option<Credentials>,
-    tls: Option<Tls>,
-    reconnect_backoff: Arc<dyn BackoffPolicy>,
-    connect_timeout: Duration,
+    settings: NatsSettings,
     ack_timeout: Duration,
     send_timeout: Duration,
     max_unconfirmed: usize,
     message_id_header: Option<Arc<str>>,
     key_token: bool,
-    name: Option<String>,
 }
 
 impl std::fmt::Debug for NatsPublisherBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsPublisherBuilder")
-            .field("url", &crate::url::redact(&self.url))
-            .field("credentials", &self.credentials)
-            .field("tls", &self.tls)
-            .field("connect_timeout", &self.connect_timeout)
+            .field("settings", &self.settings)
             .field("ack_timeout", &self.ack_timeout)
             .field("send_timeout", &self.send_timeout)
             .field("max_unconfirmed", &self.max_unconfirmed)
@@ -73,22 +64,14 @@ impl NatsPublisherBuilder {
     /// Default of [`send_timeout`](Self::send_timeout).
     pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
-    pub(super) fn new(url: String) -> Self {
+    pub(super) fn new(settings: NatsSettings) -> Self {
         Self {
-            url,
-            credentials: None,
-            tls: None,
-            reconnect_backoff: Arc::new(
-                Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
-                    .retry_forever(),
-            ),
-            connect_timeout: Duration::from_secs(10),
+            settings,
             ack_timeout: Self::DEFAULT_ACK_TIMEOUT,
             send_timeout: Self::DEFAULT_SEND_TIMEOUT,
             max_unconfirmed: Self::DEFAULT_MAX_UNCONFIRMED,
             message_id_header: None,
             key_token: true,
-            name: None,
         }
     }
 
@@ -134,57 +117,6 @@ impl NatsPublisherBuilder {
         self
     }
 
-    /// Authenticates with a token.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::Token(token.into()));
-        self
-    }
-
-    /// Authenticates with a user name and password.
-    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::UserPassword(user.into(), password.into()));
-        self
-    }
-
-    /// Authenticates with an nkey seed (`SU…`).
-    pub fn nkey(mut self, seed: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::Nkey(seed.into()));
-        self
-    }
-
-    /// Authenticates with a `.creds` file (a user JWT and its nkey seed).
-    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.credentials = Some(Credentials::File(path.into()));
-        self
-    }
-
-    /// TLS settings (a `tls://` URL requires TLS with the system's roots).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The delays between reconnects after the connection is lost
-    /// (default 100 ms doubling to 10 s, forever). Once a policy gives up,
-    /// sends are [closed](intake_core::publish::PublishErrorKind::Closed).
-    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
-        self.reconnect_backoff = Arc::new(policy);
-        self
-    }
-
-    /// How long connecting may take, at build and at each reconnect
-    /// (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The connection's name, as the server's monitoring shows it.
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
     fn check(&self) -> Result<(), Error> {
         if self.max_unconfirmed == 0 || u32::try_from(self.max_unconfirmed).is_err() {
             return Err(ConfigError::new("max_unconfirmed", "at least 1, at most 2^32 - 1").into());
@@ -198,7 +130,6 @@ impl NatsPublisherBuilder {
         if self.message_id_header.as_deref() == Some("") {
             return Err(ConfigError::new("message_id_header", "name a header").into());
         }
-        self.reconnect_backoff.validate()?;
         Ok(())
     }
 
@@ -211,16 +142,9 @@ impl NatsPublisherBuilder {
     /// [`Error::Tls`], [`Error::Credentials`] when connecting fails.
     pub async fn build(self) -> Result<NatsPublisher, Error> {
         self.check()?;
-        let urls = ServerUrls::parse(&self.url)?;
-        let settings = ConnectSettings {
-            urls,
-            credentials: self.credentials.clone(),
-            tls: self.tls.clone(),
-            reconnect_backoff: self.reconnect_backoff.clone(),
-            connect_timeout: self.connect_timeout,
-            request_timeout: self.ack_timeout,
-            name: self.name.clone(),
-        };
+        let settings = self
+            .settings
+            .connect_settings(self.ack_timeout, default_reconnect_backoff)?;
         let connection = connection::connect(&settings).await?;
         // The context's own bound on acks in flight is the publisher's: an
         // output whose receipt was dropped unresolved still holds a place

@@ -143,11 +143,12 @@ impl NatsPublisher {
         Self { inner }
     }
 
-    /// A builder for a publisher to the server(s) at `url`
-    /// (`nats://[user:password@]host[:port]`, several separated by commas,
-    /// `tls://` for TLS).
-    pub fn builder(url: impl Into<String>) -> NatsPublisherBuilder {
-        NatsPublisherBuilder::new(url.into())
+    /// A builder for a publisher connecting with `settings`
+    /// ([`NatsSettings`](crate::NatsSettings)), or to the server(s) at a
+    /// URL (`nats://[user:password@|token@]host[:port]`, several separated
+    /// by commas, `tls://` for TLS).
+    pub fn builder(settings: impl Into<crate::NatsSettings>) -> NatsPublisherBuilder {
+        NatsPublisherBuilder::new(settings.into())
     }
 
     /// Outputs sent whose publish ack has not come yet (nor timed out),

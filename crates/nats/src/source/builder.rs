@@ -1,6 +1,5 @@
 //! [`NatsSourceBuilder`]: what to consume, as whom, and how to recover.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,12 +7,14 @@ use async_nats::jetstream::{self, consumer};
 use intake_core::{BackoffPolicy, ConfigError, Exponential};
 
 use super::NatsSource;
-use crate::connection::{self, ConnectSettings, Credentials, Tls};
+use crate::connection;
 use crate::error::{Error, boxed};
-use crate::url::ServerUrls;
+use crate::settings::{NatsSettings, default_reconnect_backoff};
 
 /// How a [`NatsSource`] consumes a stream; get one from
-/// [`NatsSource::builder`].
+/// [`NatsSource::builder`], which takes how to connect
+/// ([`NatsSettings`](crate::NatsSettings): the URL, credentials, TLS, ...)
+/// or a URL alone.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -33,7 +34,7 @@ use crate::url::ServerUrls;
 /// ```
 #[must_use]
 pub struct NatsSourceBuilder {
-    pub(super) url: String,
+    pub(super) settings: NatsSettings,
     pub(super) stream: Option<String>,
     pub(super) consumer: Option<String>,
     pub(super) broadcast: bool,
@@ -45,20 +46,15 @@ pub struct NatsSourceBuilder {
     pub(super) max_ack_pending: Option<i64>,
     pub(super) park_room: usize,
     pub(super) partition_token: Option<usize>,
-    pub(super) credentials: Option<Credentials>,
-    pub(super) tls: Option<Tls>,
-    pub(super) reconnect_backoff: Arc<dyn BackoffPolicy>,
-    pub(super) connect_timeout: Duration,
     pub(super) ack_timeout: Duration,
     pub(super) fetch_wait: Duration,
-    pub(super) name: Option<String>,
     pub(super) dead_letter_subject: Option<String>,
 }
 
 impl std::fmt::Debug for NatsSourceBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsSourceBuilder")
-            .field("url", &crate::url::redact(&self.url))
+            .field("settings", &self.settings)
             .field("stream", &self.stream)
             .field("consumer", &self.consumer)
             .field("broadcast", &self.broadcast)
@@ -69,9 +65,6 @@ impl std::fmt::Debug for NatsSourceBuilder {
             .field("max_ack_pending", &self.max_ack_pending)
             .field("park_room", &self.park_room)
             .field("partition_token", &self.partition_token)
-            .field("credentials", &self.credentials)
-            .field("tls", &self.tls)
-            .field("connect_timeout", &self.connect_timeout)
             .field("ack_timeout", &self.ack_timeout)
             .field("fetch_wait", &self.fetch_wait)
             .finish_non_exhaustive()
@@ -86,9 +79,9 @@ impl NatsSourceBuilder {
     /// Default of [`park_room`](Self::park_room).
     pub const DEFAULT_PARK_ROOM: usize = 1_000;
 
-    pub(super) fn new(url: String) -> Self {
+    pub(super) fn new(settings: NatsSettings) -> Self {
         Self {
-            url,
+            settings,
             stream: None,
             consumer: None,
             broadcast: false,
@@ -102,16 +95,8 @@ impl NatsSourceBuilder {
             max_ack_pending: None,
             park_room: Self::DEFAULT_PARK_ROOM,
             partition_token: None,
-            credentials: None,
-            tls: None,
-            reconnect_backoff: Arc::new(
-                Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
-                    .retry_forever(),
-            ),
-            connect_timeout: Duration::from_secs(10),
             ack_timeout: Duration::from_secs(10),
             fetch_wait: Duration::from_secs(5),
-            name: None,
             dead_letter_subject: None,
         }
     }
@@ -236,51 +221,6 @@ impl NatsSourceBuilder {
         self
     }
 
-    /// Authenticates with a token.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::Token(token.into()));
-        self
-    }
-
-    /// Authenticates with a user name and password.
-    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::UserPassword(user.into(), password.into()));
-        self
-    }
-
-    /// Authenticates with an nkey seed (`SU…`).
-    pub fn nkey(mut self, seed: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials::Nkey(seed.into()));
-        self
-    }
-
-    /// Authenticates with a `.creds` file (a user JWT and its nkey seed).
-    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.credentials = Some(Credentials::File(path.into()));
-        self
-    }
-
-    /// TLS settings (a `tls://` URL requires TLS with the system's roots).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The delays between reconnects after the connection is lost
-    /// (default 100 ms doubling to 10 s, forever). A policy that gives up
-    /// ends the source with [`Error::GaveUp`].
-    pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
-        self.reconnect_backoff = Arc::new(policy);
-        self
-    }
-
-    /// How long connecting may take, at build and at each reconnect
-    /// (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
     /// How long the server may take to confirm a batch of acknowledgements,
     /// a dead letter or a JetStream API request (default 10 s).
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
@@ -292,12 +232,6 @@ impl NatsSourceBuilder {
     /// it expires and the next is sent (default 5 s).
     pub fn fetch_wait(mut self, wait: Duration) -> Self {
         self.fetch_wait = wait;
-        self
-    }
-
-    /// The connection's name, as the server's monitoring shows it.
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
         self
     }
 
@@ -366,7 +300,6 @@ impl NatsSourceBuilder {
             return Err(ConfigError::new("max_ack_pending", "at least 1").into());
         }
         self.redelivery_backoff.validate()?;
-        self.reconnect_backoff.validate()?;
         Ok((stream, consumer))
     }
 
@@ -382,16 +315,9 @@ impl NatsSourceBuilder {
     /// refuses to create or describe the consumer.
     pub async fn build(self) -> Result<NatsSource, Error> {
         let (stream, durable) = self.check()?;
-        let urls = ServerUrls::parse(&self.url)?;
-        let settings = ConnectSettings {
-            urls,
-            credentials: self.credentials.clone(),
-            tls: self.tls.clone(),
-            reconnect_backoff: self.reconnect_backoff.clone(),
-            connect_timeout: self.connect_timeout,
-            request_timeout: self.ack_timeout,
-            name: self.name.clone(),
-        };
+        let settings = self
+            .settings
+            .connect_settings(self.ack_timeout, default_reconnect_backoff)?;
         let connection = connection::connect(&settings).await?;
         let endpoint = connection.endpoint.to_string();
         let context = jetstream::new(connection.client.clone());

@@ -148,11 +148,12 @@ pub(crate) struct Started {
 }
 
 impl NatsSource {
-    /// A builder for a source on the server(s) at `url`:
-    /// `nats://[user:password@|token@]host[:port]`, `tls://…` for TLS,
+    /// A builder for a source connecting with `settings`
+    /// ([`NatsSettings`](crate::NatsSettings)), or to the server(s) at a
+    /// URL: `nats://[user:password@|token@]host[:port]`, `tls://…` for TLS,
     /// several separated by commas.
-    pub fn builder(url: impl Into<String>) -> NatsSourceBuilder {
-        NatsSourceBuilder::new(url.into())
+    pub fn builder(settings: impl Into<crate::NatsSettings>) -> NatsSourceBuilder {
+        NatsSourceBuilder::new(settings.into())
     }
 
     async fn start(started: Started) -> Result<Self, Error> {

@@ -14,7 +14,7 @@ use intake_core::dead_letter::Broker;
 use intake_core::{BoxError, Constant, DeadLetter, Headers, Message, Metadata, Position};
 use intake_nats::async_nats::jetstream;
 use intake_nats::async_nats::{self, HeaderMap};
-use intake_nats::{NatsAcker, NatsDeadLetterSink, NatsSource, NatsSourceBuilder};
+use intake_nats::{NatsAcker, NatsDeadLetterSink, NatsSettings, NatsSource, NatsSourceBuilder};
 
 /// The shared server's URL (`INTAKE_NATS_URL`, default the local one).
 pub fn nats_url() -> String {
@@ -321,10 +321,11 @@ impl Backend for NatsBackend {
             Ok(port) => port,
             Err(error) => return Some(Err(error.into())),
         };
-        let built = NatsSource::builder(format!("nats://app:{password}@127.0.0.1:{port}"))
+        let settings = NatsSettings::new(format!("nats://app:{password}@127.0.0.1:{port}"))
+            .connect_timeout(Duration::from_secs(3));
+        let built = NatsSource::builder(settings)
             .stream(source)
             .consumer(group)
-            .connect_timeout(Duration::from_secs(3))
             .build()
             .await;
         testkit::with_acker(built, |source| source.acker())
