@@ -63,7 +63,12 @@ pub async fn query(
             ask(&probe).await
         }
         Broker::Amqp { url } => {
-            let probe = intake_amqp::AmqpLagProbe::new(url, source)
+            // The broker value's probe counts the parking's wait queues
+            // (at the default tiers) as the parked backlog.
+            let broker = intake_amqp::AmqpBroker::from_url(url).map_err(|error| usage(&error))?;
+            let address = intake_core::backend::RouteAddress::new(source, group);
+            let probe = intake_core::backend::Broker::lag_probe(&broker, &address)
+                .await
                 .map_err(|error| usage(&error))?
                 .timeout(timeout);
             ask(&probe).await

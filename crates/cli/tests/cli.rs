@@ -262,6 +262,75 @@ async fn redis_lag_counts_what_the_group_did_not_acknowledge() {
         .unwrap();
 }
 
+/// Parked copies wait in the queue's wait queues, their originals
+/// acknowledged: the command counts them beside the queue's lag.
+#[tokio::test]
+async fn amqp_lag_counts_the_parked_backlog_in_the_wait_queues() {
+    use intake_core::backend::{Broker, Parking, RouteAddress, RouteOptions};
+    use intake_core::{Message, Metadata, Position};
+    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+
+    if !broker_listens("amqp parked lag", "127.0.0.1:5672") {
+        return;
+    }
+    let queue = unique("parked");
+    let connection = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let broker = intake_amqp::AmqpBroker::from_url(AMQP).unwrap();
+    let address = RouteAddress::new(&queue, "billing");
+    let parts = broker
+        .route(&address, &RouteOptions::new().parking())
+        .await
+        .expect("a route with parking");
+    let parking = parts.parking.clone().expect("asked for parking");
+    for tag in 1..=3 {
+        let message = Message::new(
+            format!("m{tag}"),
+            Metadata::new(queue.as_str().into(), 0, Position::Tag(tag)),
+        );
+        parking
+            .park(&message, Duration::from_secs(600))
+            .await
+            .expect("parked");
+    }
+    let json = intake(&[
+        "lag",
+        "--broker",
+        AMQP,
+        "--source",
+        &queue,
+        "--group",
+        "billing",
+        "--timeout",
+        "10",
+        "--json",
+    ])
+    .await;
+    json.assert_code(0);
+    let value = json.json();
+    assert_eq!(value["parked"], 3, "{value}");
+    drop(parts);
+    broker
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("the parking stops");
+    for name in [queue.clone(), format!("{queue}.dlq")] {
+        let _ = channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+}
+
 #[tokio::test]
 async fn amqp_lag_counts_the_messages_ready_in_the_queue() {
     if !broker_listens("amqp lag", "127.0.0.1:5672") {
