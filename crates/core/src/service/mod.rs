@@ -532,15 +532,13 @@ async fn export_lag<B: Broker, S>(
     let metrics = crate::metrics::LagMetrics::register(registry)
         .map_err(|error| ServiceError::Metrics(Box::new(error)))?;
     for (source, group) in routes {
+        let group: Option<&String> = group.as_ref();
         #[cfg(feature = "serde")]
-        let group = match wiring
+        let group = wiring
             .routes
             .get(source)
             .and_then(|route| route.group.as_ref())
-        {
-            Some(configured) => Some(configured),
-            None => group.as_ref(),
-        };
+            .or(group);
         let group = group.map_or(&*wiring.group, String::as_str);
         let address = RouteAddress::new(source.as_str(), group);
         let probe =
