@@ -12,6 +12,17 @@
 //! On a real broker it consumes `payments` as group `billing` (JSON
 //! `{"id":1,"account":"alice","cents":250}`, keyed by account), publishes
 //! a receipt per payment to `receipts`, and runs until SIGTERM or Ctrl-C.
+//! The code is the same on every broker; what must exist there first is
+//! the broker's own business:
+//!
+//! - Kafka: topics `payments` and `receipts` (or auto-creation);
+//! - Redis: nothing (the route creates its stream and group);
+//! - RabbitMQ: queue `payments` (the route adds `payments.dlq`), and an
+//!   exchange `receipts` bound to a queue (a publisher's destination is an
+//!   exchange, the output's key its routing key);
+//! - NATS: a stream `payments` whose subjects do not catch the route's
+//!   dead-letter subject `payments.billing.dlq` (say `in.payments.>`), and
+//!   a stream capturing `receipts.>`.
 //! Without a URL it runs on the memory broker with a few demo payments and
 //! stops once they are all billed. `service.rs` is the service itself, the
 //! same on every broker.
