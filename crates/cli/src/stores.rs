@@ -14,7 +14,7 @@ use intake_core::dead_letter::store::{
 use intake_core::publish::Publisher;
 use intake_kafka::{KafkaDeadLetters, KafkaPublisher, KafkaSettings};
 use intake_nats::{NatsDeadLetters, NatsPublisher, NatsSettings};
-use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
+use intake_redis_streams::{RedisDeadLetters, RedisSettings, RedisStreamsPublisher};
 
 use crate::broker::Broker;
 use crate::failure::Failure;
@@ -103,9 +103,10 @@ pub async fn open(
     let what = format!("{command}: connecting to {}", broker.endpoint());
     match broker {
         Broker::Redis { url } => {
-            let log = RedisDeadLetters::builder(url.as_str())
+            let settings = RedisSettings::new(url.as_str())
                 .connect_timeout(timeout)
                 .command_timeout(timeout);
+            let log = RedisDeadLetters::builder(&settings);
             let log = match dead_letters {
                 Some(stream) => log.stream(stream),
                 None => log.dead_letters_of(source),
@@ -119,9 +120,7 @@ pub async fn open(
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;
             // The publisher's defaults are the source's (fields `payload`
             // and `key`), so a replayed message reads back as it was.
-            let publisher = RedisStreamsPublisher::builder(url.as_str())
-                .connect_timeout(timeout)
-                .command_timeout(timeout)
+            let publisher = RedisStreamsPublisher::builder(settings)
                 .build()
                 .await
                 .map_err(|error| Failure::from_client(&what, error.is_transient(), error))?;

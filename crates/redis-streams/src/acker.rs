@@ -13,7 +13,7 @@ use redis::Value;
 
 use crate::connection::SharedConnection;
 use crate::held::HeldEntries;
-use crate::settings::Settings;
+use crate::source::settings::Settings;
 use crate::stream_id::StreamId;
 use intake_core::backend::{AckBatch, AckError, AckMode, Acker};
 

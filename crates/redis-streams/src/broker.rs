@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
 
-use crate::connection::{Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl};
 use crate::error::Error;
-use crate::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream, default_consumer_name};
+use crate::settings::RedisSettings;
+use crate::source::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream, default_consumer_name};
 use crate::{
     RedisDeadLetterSink, RedisDeadLetterStore, RedisDeadLetters, RedisLagProbe, RedisParking,
     RedisStreamsAcker, RedisStreamsPublisher, RedisStreamsPublisherBuilder, RedisStreamsSource,
@@ -19,11 +19,12 @@ use crate::{
 /// A Redis server, and every part of a route derived from it: the
 /// [`Broker`] of the Redis Streams backend.
 ///
-/// The connection is given once: the URL
+/// The connection is given once, as [`RedisSettings`]: the URL
 /// (`redis://[user[:password]@]host[:port][/db]`, or `rediss://…` for TLS),
-/// and with the setters the TLS root certificate and the connect and
-/// command timeouts. Every part derived from the broker connects with them;
-/// the password never appears in `Debug` output, logs or errors.
+/// the TLS root certificate and the connect and command timeouts. Every
+/// part derived from the broker connects with them (a parking bounds each
+/// park and mover round by the command timeout); the password never
+/// appears in `Debug` output, logs or errors.
 ///
 /// | part | derived as |
 /// |---|---|
@@ -71,12 +72,13 @@ use crate::{
 /// ```no_run
 /// use std::time::Duration;
 /// use intake_core::backend::{Broker, RouteAddress, RouteOptions};
-/// use intake_redis_streams::RedisBroker;
+/// use intake_redis_streams::{RedisBroker, RedisSettings};
 ///
 /// # async fn demo() -> Result<(), intake_redis_streams::Error> {
-/// let broker = RedisBroker::from_url("redis://127.0.0.1:6379")?
-///     .command_timeout(Duration::from_secs(3))
-///     .consumer_name("billing-pod-0");
+/// let settings = RedisSettings::new("redis://127.0.0.1:6379")
+///     .command_timeout(Duration::from_secs(3));
+/// let broker = RedisBroker::new(settings).consumer_name("billing-pod-0");
+/// broker.endpoint()?; // the URL checked now
 /// let address = RouteAddress::new("payments", "billing");
 /// let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
 /// // parts.source reads `payments` and `payments:billing:returned`.
@@ -87,10 +89,7 @@ use crate::{
 /// ```
 #[derive(Clone)]
 pub struct RedisBroker {
-    url: SecretUrl,
-    tls_root_certificate: Option<Vec<u8>>,
-    connect_timeout: Duration,
-    command_timeout: Duration,
+    settings: RedisSettings,
     consumer_name: Option<String>,
     payload_field: String,
     key_field: String,
@@ -107,14 +106,11 @@ impl fmt::Debug for RedisBroker {
             .unwrap_or_else(PoisonError::into_inner)
             .len();
         f.debug_struct("RedisBroker")
-            .field("url", &self.url)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
+            .field("settings", &self.settings)
             .field("consumer_name", &self.consumer_name)
             .field("payload_field", &self.payload_field)
             .field("key_field", &self.key_field)
             .field("dead_letter_stream", &self.dead_letter_stream)
-            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
             .field("parkings", &parkings)
             .finish()
     }
@@ -126,16 +122,14 @@ impl RedisBroker {
     /// Default of [`payload_field`](Self::payload_field).
     pub const DEFAULT_PAYLOAD_FIELD: &'static str = DEFAULT_PAYLOAD_FIELD;
 
-    /// The server at `url` (`redis://[user[:password]@]host[:port][/db]`,
-    /// or `rediss://…` for TLS, feature `tls`). Nothing is checked or
-    /// connected until a part is derived; [`from_url`](Self::from_url)
-    /// checks the URL at once.
-    pub fn new(url: impl Into<String>) -> Self {
+    /// The server of `settings`: a [`RedisSettings`] (URL, TLS root
+    /// certificate, timeouts), or just the URL
+    /// (`redis://[user[:password]@]host[:port][/db]`, or `rediss://…` for
+    /// TLS, feature `tls`). Nothing is checked or connected until a part is
+    /// derived; [`from_url`](Self::from_url) checks the URL at once.
+    pub fn new(settings: impl Into<RedisSettings>) -> Self {
         Self {
-            url: SecretUrl::new(url),
-            tls_root_certificate: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            settings: settings.into(),
             consumer_name: None,
             payload_field: Self::DEFAULT_PAYLOAD_FIELD.to_owned(),
             key_field: Self::DEFAULT_KEY_FIELD.to_owned(),
@@ -149,32 +143,13 @@ impl RedisBroker {
     /// cannot use. Nothing is connected until a part is derived.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let broker = Self::new(url);
-        broker.connector()?;
+        broker.settings.connector()?;
         Ok(broker)
     }
 
-    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
-    /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed. Every part derived connects with it.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
-        self
-    }
-
-    /// How long every part waits for a connection (default 5 s); each
-    /// derivation connects within it.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long every part waits for the reply to a command (default 5 s;
-    /// a source's blocking read gets its block time on top, and a parking
-    /// bounds each park and mover round by it, reconnecting included).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self
+    /// The connection every part derived connects with.
+    pub fn settings(&self) -> &RedisSettings {
+        &self.settings
     }
 
     /// The consumer name every route joins its group under, instead of
@@ -215,16 +190,7 @@ impl RedisBroker {
     ///
     /// Fails with [`Error::InvalidUrl`] for a URL the client cannot use.
     pub fn endpoint(&self) -> Result<crate::Endpoint, Error> {
-        Ok(self.connector()?.endpoint().clone())
-    }
-
-    fn connector(&self) -> Result<Connector, Error> {
-        Connector::new(
-            &self.url,
-            self.tls_root_certificate.as_deref(),
-            self.connect_timeout,
-            self.command_timeout,
-        )
+        self.settings.endpoint()
     }
 
     /// The consumer name of a route of `group`.
@@ -267,19 +233,13 @@ impl Broker for RedisBroker {
         options: &RouteOptions,
     ) -> Result<RouteParts<Self>, Error> {
         let (stream, group) = (address.source(), address.group());
-        let mut builder = RedisStreamsSource::builder(self.url.expose())
+        let mut builder = RedisStreamsSource::builder(&self.settings)
             .stream(stream)
             .group(group)
             .consumer(self.consumer_of(group))
             .payload_field(&self.payload_field)
             .key_field(&self.key_field)
-            .dead_letter_stream(self.dead_letter_stream.clone())
-            .connect_timeout(self.connect_timeout)
-            .command_timeout(self.command_timeout);
-        #[cfg(feature = "tls")]
-        if let Some(pem) = &self.tls_root_certificate {
-            builder = builder.tls_root_certificate(pem.clone());
-        }
+            .dead_letter_stream(self.dead_letter_stream.clone());
         if options.parking.is_some() {
             builder = builder.stream(RedisParking::return_stream(stream, group));
         }
@@ -288,11 +248,9 @@ impl Broker for RedisBroker {
         let dead_letter_sink = source.dead_letter_sink().build().await?;
         let parking = match options.parking {
             Some(_) => {
-                let parking = source
-                    .parking()
-                    .command_timeout(self.command_timeout)
-                    .build()
-                    .await?;
+                // On the source's connection settings: its command
+                // timeout bounds each park and mover round.
+                let parking = source.parking().build().await?;
                 self.parkings().push(parking.clone());
                 Some(parking)
             }
@@ -306,17 +264,11 @@ impl Broker for RedisBroker {
     /// ([`close`](RedisStreamsPublisher::close)) or drop every clone when
     /// done.
     async fn publisher(&self) -> Result<RedisStreamsPublisher, Error> {
-        let builder = RedisStreamsPublisher::builder(self.url.expose())
+        RedisStreamsPublisher::builder(&self.settings)
             .payload_field(&self.payload_field)
             .key_field(&self.key_field)
-            .connect_timeout(self.connect_timeout)
-            .command_timeout(self.command_timeout);
-        #[cfg(feature = "tls")]
-        let builder = match &self.tls_root_certificate {
-            Some(pem) => builder.tls_root_certificate(pem.clone()),
-            None => builder,
-        };
-        builder.build().await
+            .build()
+            .await
     }
 
     /// The dead letters of the stream's dead-letter stream that the group
@@ -327,18 +279,12 @@ impl Broker for RedisBroker {
         &self,
         address: &RouteAddress,
     ) -> Result<RedisDeadLetterStore, Error> {
-        let builder = RedisDeadLetters::builder(self.url.expose())
+        let letters = RedisDeadLetters::builder(&self.settings)
             .dead_letters_of_with(address.source(), &self.dead_letter_stream)
             .group(address.group())
             .payload_field(&self.payload_field)
-            .connect_timeout(self.connect_timeout)
-            .command_timeout(self.command_timeout);
-        #[cfg(feature = "tls")]
-        let builder = match &self.tls_root_certificate {
-            Some(pem) => builder.tls_root_certificate(pem.clone()),
-            None => builder,
-        };
-        let letters = builder.build().await?;
+            .build()
+            .await?;
         Ok(letters.store(Broker::publisher(self).await?))
     }
 
@@ -348,7 +294,7 @@ impl Broker for RedisBroker {
     async fn lag_probe(&self, address: &RouteAddress) -> Result<RedisLagProbe, Error> {
         let (stream, group) = (address.source(), address.group());
         Ok(RedisLagProbe::of_route(
-            self.connector()?,
+            self.settings.connector()?,
             group,
             stream,
             &RedisParking::return_stream(stream, group),
@@ -388,9 +334,11 @@ mod tests {
 
     #[test]
     fn a_password_stays_out_of_debug_and_errors() {
-        let broker = RedisBroker::new("redis://app:s3cr3t@cache:6379/2")
-            .consumer_name("pod-0")
-            .connect_timeout(Duration::from_secs(1));
+        let broker = RedisBroker::new(
+            RedisSettings::new("redis://app:s3cr3t@cache:6379/2")
+                .connect_timeout(Duration::from_secs(1)),
+        )
+        .consumer_name("pod-0");
         let shown = format!("{broker:?}");
         assert!(!shown.contains("s3cr3t"), "{shown}");
         assert!(shown.contains("cache:6379"), "{shown}");

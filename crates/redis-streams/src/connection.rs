@@ -18,12 +18,7 @@ use intake_core::{ConfigError, redact};
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, server_code};
-
-/// How long to wait for a connection unless set otherwise.
-pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long to wait for the reply to a command unless set otherwise.
-pub(crate) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::settings::RedisSettings;
 
 /// A URL as the user gave it, which may hold a password (in the user info,
 /// or in `?pass=` for a unix socket). Its `Debug` shows the URL with the
@@ -36,8 +31,8 @@ impl SecretUrl {
         Self(url.into())
     }
 
-    /// The URL as given, secrets included: only for handing it on to a
-    /// builder, never to print.
+    /// The URL as given, secrets included: only for handing it on to the
+    /// client, never to print.
     pub(crate) fn expose(&self) -> &str {
         &self.0
     }
@@ -60,31 +55,26 @@ impl fmt::Debug for SecretUrl {
 pub(crate) struct Connector {
     client: Client,
     endpoint: Endpoint,
-    connect_timeout: Duration,
-    command_timeout: Duration,
+    /// What the client was made of; its timeouts bound each connection.
+    settings: RedisSettings,
 }
 
 impl fmt::Debug for Connector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connector")
             .field("endpoint", &self.endpoint)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
+            .field("settings", &self.settings)
             .finish()
     }
 }
 
 impl Connector {
-    /// Parses `url`; fails on a URL the client cannot use.
-    pub(crate) fn new(
-        url: &SecretUrl,
-        tls_root_certificate: Option<&[u8]>,
-        connect_timeout: Duration,
-        command_timeout: Duration,
-    ) -> Result<Self, Error> {
+    /// Parses the URL of `settings`; fails on a URL the client cannot use,
+    /// or a root certificate it cannot use.
+    pub(crate) fn new(settings: &RedisSettings) -> Result<Self, Error> {
+        let url = &settings.url;
         let info = url
-            .0
-            .as_str()
+            .expose()
             .into_connection_info()
             .map_err(|error| Error::InvalidUrl {
                 url: url.redacted(),
@@ -92,7 +82,7 @@ impl Connector {
             })?;
         // Parsed is not enough: `unix://:@/pw@` parses as the socket
         // `/pw@`, which the endpoint would show.
-        redact::check_user_info(&url.0).map_err(|error| Error::InvalidUrl {
+        redact::check_user_info(url.expose()).map_err(|error| Error::InvalidUrl {
             url: url.redacted(),
             source: Box::new(error),
         })?;
@@ -105,8 +95,8 @@ impl Connector {
         if scheme == "rediss" {
             install_tls_provider();
         }
-        let settings = info.redis_settings();
-        let user = settings
+        let parsed = info.redis_settings();
+        let user = parsed
             .username()
             .map(|user| format!("{user}@"))
             .unwrap_or_default();
@@ -115,9 +105,9 @@ impl Connector {
         // `%40` would otherwise print like user info.
         let endpoint = Endpoint::from_redacted(redact::url(&format!(
             "{scheme}://{user}{address}/{}",
-            settings.db()
+            parsed.db()
         )));
-        let client = match tls_root_certificate {
+        let client = match settings.tls_root_certificate.as_deref() {
             None => Client::open(info).map_err(|error| Error::InvalidUrl {
                 url: endpoint.to_string(),
                 source: Box::new(error),
@@ -134,8 +124,7 @@ impl Connector {
         Ok(Self {
             client,
             endpoint,
-            connect_timeout,
-            command_timeout,
+            settings: settings.clone(),
         })
     }
 
@@ -144,14 +133,19 @@ impl Connector {
         &self.endpoint
     }
 
+    /// How long a command's reply may take.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.settings.command_timeout
+    }
+
     /// A connection of its own for blocking reads of at most `block`.
     pub(crate) async fn blocking_reader(
         &self,
         block: Duration,
     ) -> Result<MultiplexedConnection, Error> {
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(block + self.command_timeout));
+            .set_connection_timeout(Some(self.settings.connect_timeout))
+            .set_response_timeout(Some(block + self.settings.command_timeout));
         self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
@@ -161,8 +155,8 @@ impl Connector {
     /// The shared, self-reconnecting connection for short commands.
     pub(crate) async fn shared(&self) -> Result<ConnectionManager, Error> {
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.command_timeout))
+            .set_connection_timeout(Some(self.settings.connect_timeout))
+            .set_response_timeout(Some(self.settings.command_timeout))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_secs(2));
         ConnectionManager::new_with_config(self.client.clone(), config)
@@ -343,12 +337,7 @@ mod tests {
 
     #[test]
     fn the_endpoint_of_a_parsed_url_has_no_password() {
-        let connector = Connector::new(
-            &SecretUrl::new("redis://bob:pa55@127.0.0.1:6390/3"),
-            None,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
+        let connector = Connector::new(&RedisSettings::new("redis://bob:pa55@127.0.0.1:6390/3"));
         let endpoint = connector.map(|connector| connector.endpoint().to_string());
         assert_eq!(
             endpoint.ok().as_deref(),
@@ -360,12 +349,7 @@ mod tests {
     /// and the endpoint and `Debug` of the connector, or the error.
     fn printed_forms(url: &str) -> String {
         let builder = format!("{:?}", crate::RedisStreamsSource::builder(url));
-        let parsed = Connector::new(
-            &SecretUrl::new(url),
-            None,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
+        let parsed = Connector::new(&RedisSettings::new(url));
         match parsed {
             Ok(connector) => format!("{builder} {} {connector:?}", connector.endpoint()),
             Err(error) => format!("{builder} {error} {error:?}"),
@@ -455,12 +439,7 @@ mod tests {
             let builder = crate::RedisStreamsSource::builder(url.clone());
             let shown = format!("{builder:?}");
             proptest::prop_assert!(!shown.contains("SECRET"), "{}", shown);
-            let parsed = Connector::new(
-                &SecretUrl::new(url.clone()),
-                None,
-                Duration::from_secs(1),
-                Duration::from_secs(1),
-            );
+            let parsed = Connector::new(&RedisSettings::new(url.clone()));
             let shown = match parsed {
                 Ok(connector) => format!("{} {connector:?}", connector.endpoint()),
                 Err(error @ (Error::InvalidUrl { .. } | Error::Config(_))) => {
@@ -475,12 +454,7 @@ mod tests {
 
         #[test]
         fn any_text_as_a_redis_url_is_parsed_or_refused_with_a_typed_error(url in ".{0,60}") {
-            let parsed = Connector::new(
-                &SecretUrl::new(url),
-                None,
-                Duration::from_secs(1),
-                Duration::from_secs(1),
-            );
+            let parsed = Connector::new(&RedisSettings::new(url));
             let typed = matches!(
                 parsed,
                 Ok(_) | Err(Error::InvalidUrl { .. } | Error::Config(_))
@@ -491,12 +465,7 @@ mod tests {
 
     #[test]
     fn a_url_of_another_scheme_is_invalid() {
-        let connector = Connector::new(
-            &SecretUrl::new("http://user:pa55@127.0.0.1"),
-            None,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
+        let connector = Connector::new(&RedisSettings::new("http://user:pa55@127.0.0.1"));
         match connector {
             Err(error @ Error::InvalidUrl { .. }) => {
                 let shown = format!("{error} {error:?}");

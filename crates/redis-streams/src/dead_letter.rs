@@ -15,7 +15,6 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 use intake_core::dead_letter::envelope::{Broker, Carrier, Envelope};
 use intake_core::{
@@ -25,11 +24,12 @@ use intake_core::{
 };
 use redis::Script;
 
-use crate::connection::{
-    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
-};
+use crate::connection::SharedConnection;
 use crate::error::Error;
-use crate::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, default_consumer_name};
+use crate::settings::RedisSettings;
+use crate::source::settings::{
+    DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, default_consumer_name,
+};
 use crate::stats::RedisStreamsStats;
 use crate::stream_id::StreamId;
 
@@ -156,8 +156,8 @@ impl fmt::Debug for RedisDeadLetterSink {
 }
 
 impl RedisDeadLetterSink {
-    /// A builder of a sink on a connection of its own to the server at
-    /// `url`, for a process that writes dead letters without consuming
+    /// A builder of a sink on a connection of its own to the server of
+    /// `settings` (a [`RedisSettings`], or just the URL), for a process that writes dead letters without consuming
     /// (a consumer's is [`RedisStreamsSource::dead_letter_sink`]). Name the
     /// group whose entries it acknowledges with
     /// [`group`](RedisDeadLetterSinkBuilder::group) and the streams those
@@ -165,8 +165,8 @@ impl RedisDeadLetterSink {
     /// [`consumed_stream`](RedisDeadLetterSinkBuilder::consumed_stream).
     ///
     /// [`RedisStreamsSource::dead_letter_sink`]: crate::RedisStreamsSource::dead_letter_sink
-    pub fn builder(url: impl Into<String>) -> RedisDeadLetterSinkBuilder {
-        RedisDeadLetterSinkBuilder::new(url)
+    pub fn builder(settings: impl Into<RedisSettings>) -> RedisDeadLetterSinkBuilder {
+        RedisDeadLetterSinkBuilder::new(settings.into())
     }
 
     /// The sink a source writes its own dead letters with (past
@@ -454,25 +454,17 @@ struct Origin<'a> {
 /// Builds a [`RedisDeadLetterSink`]; see [`RedisDeadLetterSink::builder`]
 /// and [`RedisStreamsSource::dead_letter_sink`].
 ///
-/// A builder from a source starts with the source's server, TLS settings,
-/// group, consumer name, payload field, dead-letter stream and streams, and
-/// shares the source's connection for acknowledgements (and its counters)
-/// until a setting of the connection ([`connect_timeout`](Self::connect_timeout),
-/// [`command_timeout`](Self::command_timeout), `tls_root_certificate`)
-/// changes: then [`build`](Self::build) opens a connection of its own to
-/// the same server.
+/// A builder from a source starts with the source's group, consumer name,
+/// payload field, dead-letter stream and streams, and shares the source's
+/// connection for acknowledgements (and its counters). A builder of
+/// [`RedisDeadLetterSink::builder`] opens a connection of its own with the
+/// [`RedisSettings`] it was given.
 ///
 /// [`RedisStreamsSource::dead_letter_sink`]: crate::RedisStreamsSource::dead_letter_sink
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct RedisDeadLetterSinkBuilder {
-    url: SecretUrl,
-    tls_root_certificate: Option<Vec<u8>>,
-    connect_timeout: Duration,
-    command_timeout: Duration,
-    /// The source's connection and counters, used while no setting of the
-    /// connection changed.
-    from_source: Option<(SharedConnection, Arc<RedisStreamsStats>)>,
+    server: Server,
     consumed: Vec<String>,
     /// Return streams set by hand: (origin, return stream).
     returns: Vec<(String, String)>,
@@ -483,10 +475,24 @@ pub struct RedisDeadLetterSinkBuilder {
     dead_letter_stream: DeadLetterStream,
 }
 
+/// Where a sink writes: a connection of its own, or its source's.
+#[derive(Clone)]
+enum Server {
+    Settings(RedisSettings),
+    /// The source's connection and counters.
+    Source(Box<SharedConnection>, Arc<RedisStreamsStats>),
+}
+
 impl fmt::Debug for RedisDeadLetterSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisDeadLetterSinkBuilder")
-            .field("url", &self.url)
+        let mut debug = f.debug_struct("RedisDeadLetterSinkBuilder");
+        match &self.server {
+            Server::Settings(settings) => debug.field("connection", settings),
+            Server::Source(shared, _) => {
+                debug.field("source_endpoint", shared.connector().endpoint())
+            }
+        };
+        debug
             .field("consumed", &self.consumed)
             .field("return_streams", &self.returns)
             .field("deletes_acked", &self.deletes_acked)
@@ -494,19 +500,14 @@ impl fmt::Debug for RedisDeadLetterSinkBuilder {
             .field("consumer", &self.consumer)
             .field("payload_field", &self.payload_field)
             .field("dead_letter_stream", &self.dead_letter_stream)
-            .field("shares_the_source_connection", &self.from_source.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl RedisDeadLetterSinkBuilder {
-    fn new(url: impl Into<String>) -> Self {
+    fn new(settings: RedisSettings) -> Self {
         Self {
-            url: SecretUrl::new(url),
-            tls_root_certificate: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            from_source: None,
+            server: Server::Settings(settings),
             consumed: Vec::new(),
             returns: Vec::new(),
             deletes_acked: false,
@@ -517,22 +518,11 @@ impl RedisDeadLetterSinkBuilder {
         }
     }
 
-    /// A builder prefilled from a source: its server and TLS settings, its
-    /// checked settings, and its connection and counters.
-    pub(crate) fn from_source(
-        url: SecretUrl,
-        tls_root_certificate: Option<Vec<u8>>,
-        connect_timeout: Duration,
-        command_timeout: Duration,
-        connection: SharedConnection,
-        settings: &Settings,
-    ) -> Self {
+    /// A builder prefilled from a source: its checked settings, and its
+    /// connection and counters.
+    pub(crate) fn from_source(connection: SharedConnection, settings: &Settings) -> Self {
         Self {
-            url,
-            tls_root_certificate,
-            connect_timeout,
-            command_timeout,
-            from_source: Some((connection, settings.stats.clone())),
+            server: Server::Source(Box::new(connection), settings.stats.clone()),
             consumed: settings.streams.iter().map(|s| s.to_string()).collect(),
             returns: Vec::new(),
             deletes_acked: settings.delete_acked,
@@ -609,32 +599,6 @@ impl RedisDeadLetterSinkBuilder {
         self
     }
 
-    /// How long to wait for a connection (default 5 s). Gives the sink a
-    /// connection of its own.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self.from_source = None;
-        self
-    }
-
-    /// How long to wait for the reply to a command (default 5 s). Gives the
-    /// sink a connection of its own.
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self.from_source = None;
-        self
-    }
-
-    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
-    /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed. Gives the sink a connection of its own.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
-        self.from_source = None;
-        self
-    }
-
     /// Checks the settings, then connects (unless the sink shares its
     /// source's connection).
     ///
@@ -653,15 +617,10 @@ impl RedisDeadLetterSinkBuilder {
             return Err(ConfigError::new("payload_field", "is empty").into());
         }
         self.dead_letter_stream.check(&self.consumed)?;
-        let (connection, stats) = match self.from_source {
-            Some(shared) => shared,
-            None => {
-                let connector = Connector::new(
-                    &self.url,
-                    self.tls_root_certificate.as_deref(),
-                    self.connect_timeout,
-                    self.command_timeout,
-                )?;
+        let (connection, stats) = match self.server {
+            Server::Source(connection, stats) => (*connection, stats),
+            Server::Settings(settings) => {
+                let connector = settings.connector()?;
                 let connection = SharedConnection::new(connector.shared().await?, connector);
                 (connection, Arc::default())
             }

@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use intake_core::ConfigError;
@@ -14,12 +13,11 @@ use intake_core::dead_letter::store::{
 };
 use redis::{Script, Value};
 
-use crate::connection::{
-    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
-};
+use crate::connection::SharedConnection;
 use crate::error::Error;
 use crate::publisher::RedisStreamsPublisher;
-use crate::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream};
+use crate::settings::RedisSettings;
+use crate::source::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream};
 use crate::stream_id::StreamId;
 
 /// The dead-letter store of a Redis dead-letter stream.
@@ -133,13 +131,12 @@ impl fmt::Debug for RedisDeadLetters {
 
 impl RedisDeadLetters {
     /// A builder of the dead-letter stream's reader on a connection of its
-    /// own to the server at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisDeadLettersBuilder {
+    /// own to the server of `settings` (a [`RedisSettings`], or just the
+    /// URL). Every store operation is a sequence of commands, each bounded
+    /// by the settings' [`command_timeout`](RedisSettings::command_timeout).
+    pub fn builder(settings: impl Into<RedisSettings>) -> RedisDeadLettersBuilder {
         RedisDeadLettersBuilder {
-            url: SecretUrl::new(url),
-            tls_root_certificate: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connection: settings.into(),
             stream: None,
             payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
             group: None,
@@ -569,10 +566,7 @@ impl DeadLetterLog for RedisDeadLetters {
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct RedisDeadLettersBuilder {
-    url: SecretUrl,
-    tls_root_certificate: Option<Vec<u8>>,
-    connect_timeout: Duration,
-    command_timeout: Duration,
+    connection: RedisSettings,
     stream: Option<String>,
     payload_field: String,
     group: Option<String>,
@@ -582,7 +576,7 @@ pub struct RedisDeadLettersBuilder {
 impl fmt::Debug for RedisDeadLettersBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisDeadLettersBuilder")
-            .field("url", &self.url)
+            .field("connection", &self.connection)
             .field("stream", &self.stream)
             .field("payload_field", &self.payload_field)
             .field("group", &self.group)
@@ -641,28 +635,6 @@ impl RedisDeadLettersBuilder {
         self
     }
 
-    /// How long to wait for a connection (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long to wait for the reply to a command (default 5 s): every
-    /// store operation is a sequence of commands, each bounded by it.
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self
-    }
-
-    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
-    /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
-        self
-    }
-
     /// Checks the settings, then connects.
     ///
     /// Fails with [`Error::Config`] for no stream or an empty name, before
@@ -687,12 +659,7 @@ impl RedisDeadLettersBuilder {
         if self.group.as_deref() == Some("") {
             return Err(ConfigError::new("group", "is empty").into());
         }
-        let connector = Connector::new(
-            &self.url,
-            self.tls_root_certificate.as_deref(),
-            self.connect_timeout,
-            self.command_timeout,
-        )?;
+        let connector = self.connection.connector()?;
         let connection = SharedConnection::new(connector.shared().await?, connector);
         Ok(RedisDeadLetters {
             connection,

@@ -30,7 +30,7 @@ use intake_core::SourceName;
 use redis::Script;
 
 use crate::connection::SharedConnection;
-use crate::settings::Settings;
+use crate::source::settings::Settings;
 use crate::stream_id::StreamId;
 
 /// Ids held per stream, in the order of `Settings::streams`.

@@ -11,10 +11,9 @@ use redis::aio::ConnectionManager;
 use redis::streams::{StreamInfoGroupsReply, StreamPendingReply};
 use tokio::sync::OnceCell;
 
-use crate::connection::{
-    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
-};
+use crate::connection::{Connector, SharedConnection};
 use crate::error::Error;
+use crate::settings::RedisSettings;
 
 /// Reports a consumer group's lag on each of its streams (partition 0 of
 /// each), as `XINFO GROUPS` counts it: `lag` (entries added after the
@@ -64,24 +63,20 @@ impl std::fmt::Debug for RedisLagProbe {
 }
 
 impl RedisLagProbe {
-    /// A probe of `group` on `streams` at `url` (`redis://…`; `rediss://`
-    /// with the system's roots). It connects at its first query.
+    /// A probe of `group` on `streams` at the server of `settings` (a
+    /// [`RedisSettings`], or just the URL: `redis://…`, `rediss://…`). It
+    /// connects at its first query.
     ///
     /// # Errors
     ///
     /// A URL the client cannot use ([`Error::InvalidUrl`], password
     /// redacted).
     pub fn new(
-        url: &str,
+        settings: impl Into<RedisSettings>,
         group: &str,
         streams: impl IntoIterator<Item = impl Into<SourceName>>,
     ) -> Result<Self, Error> {
-        let connector = Connector::new(
-            &SecretUrl::new(url),
-            None,
-            DEFAULT_CONNECT_TIMEOUT,
-            DEFAULT_COMMAND_TIMEOUT,
-        )?;
+        let connector = settings.into().connector()?;
         Ok(Self {
             connector,
             connection: Arc::new(OnceCell::new()),

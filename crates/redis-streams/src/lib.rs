@@ -24,8 +24,9 @@
 //!
 //! # From one broker value
 //!
-//! A [`RedisBroker`] holds the connection (URL, TLS root certificate,
-//! timeouts) once, and derives every part of a route from it, the same way
+//! A [`RedisBroker`] holds the connection, a [`RedisSettings`] (URL, TLS
+//! root certificate, timeouts), once, and derives every part of a route
+//! from it, the same way
 //! as on every other backend ([`Broker`](intake_core::backend::Broker)):
 //! the source, acker, dead-letter sink and parking of a stream and group
 //! together, so that the source reads the stream the parking returns to;
@@ -67,15 +68,19 @@
 //! ```
 //!
 //! The explicit builders ([`RedisStreamsSource::builder`] and the others)
-//! remain for what the broker does not cover:
+//! remain for what the broker does not cover. Each takes the same
+//! [`RedisSettings`], or just a URL (which converts into settings with the
+//! default timeouts):
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use intake_core::backend::Source;
-//! use intake_redis_streams::RedisStreamsSource;
+//! use intake_redis_streams::{RedisSettings, RedisStreamsSource};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let mut source = RedisStreamsSource::builder("redis://127.0.0.1:6379")
+//! let settings = RedisSettings::new("redis://127.0.0.1:6379")
+//!     .connect_timeout(Duration::from_secs(2));
+//! let mut source = RedisStreamsSource::builder(settings)
 //!     .stream("orders")
 //!     .group("billing")
 //!     .consumer("billing-1")
@@ -123,9 +128,10 @@ pub use error::{Error, TRANSIENT_CODES};
 pub use lag::RedisLagProbe;
 pub use parking::{RedisParking, RedisParkingBuilder};
 pub use publisher::{RedisStreamsPublisher, RedisStreamsPublisherBuilder, RedisStreamsReceipt};
-pub use settings::{DeadLetterStream, StartFrom};
+pub use settings::RedisSettings;
 pub use source::RedisStreamsSource;
 pub use source::builder::RedisStreamsSourceBuilder;
+pub use source::settings::{DeadLetterStream, StartFrom};
 pub use stats::RedisStreamsStats;
 
 /// The Redis client this crate is built on, so that applications use the

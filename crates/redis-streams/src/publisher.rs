@@ -55,7 +55,7 @@ use crate::endpoint::Endpoint;
 /// ([`send_timeout`](RedisStreamsPublisherBuilder::send_timeout)), in the
 /// queue ([`queue_timeout`](RedisStreamsPublisherBuilder::queue_timeout))
 /// and for a pipeline's reply, reconnecting included
-/// ([`command_timeout`](RedisStreamsPublisherBuilder::command_timeout)): a
+/// ([`command_timeout`](crate::RedisSettings::command_timeout)): a
 /// receipt is answered at most `queue_timeout + command_timeout` after its
 /// send.
 ///
@@ -139,11 +139,12 @@ impl fmt::Debug for RedisStreamsPublisher {
 }
 
 impl RedisStreamsPublisher {
-    /// A builder of a publisher on a connection of its own to the server at
-    /// `url` (`redis://[user[:password]@]host[:port][/db]`, or `rediss://`
+    /// A builder of a publisher on a connection of its own to the server of
+    /// `settings`: a [`RedisSettings`](crate::RedisSettings), or just the
+    /// URL (`redis://[user[:password]@]host[:port][/db]`, or `rediss://`
     /// for TLS).
-    pub fn builder(url: impl Into<String>) -> RedisStreamsPublisherBuilder {
-        RedisStreamsPublisherBuilder::new(url)
+    pub fn builder(settings: impl Into<crate::RedisSettings>) -> RedisStreamsPublisherBuilder {
+        RedisStreamsPublisherBuilder::new(settings.into())
     }
 
     /// How many outputs were sent and have no answer yet (queued, or in a

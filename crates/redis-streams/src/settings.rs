@@ -1,125 +1,186 @@
-//! [`Settings`]: what a source, its acker and its dead-letter sink share,
-//! as the builder checked it, and the setting types they are made of.
+//! [`RedisSettings`]: the connection to one Redis server, given once and
+//! passed to every builder of the crate and to the [`RedisBroker`](crate::RedisBroker).
 
+use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use intake_core::{BackoffPolicy, ConfigError, SourceName};
+use crate::connection::{Connector, SecretUrl};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
 
-use crate::stats::RedisStreamsStats;
-
-/// The entry field that holds the payload unless set otherwise.
-pub(crate) const DEFAULT_PAYLOAD_FIELD: &str = "payload";
-
-/// Where a new consumer group starts reading a stream (or where a broadcast
-/// reader starts).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StartFrom {
-    /// The oldest entry still in the stream (`0`). The default for consumer
-    /// groups: entries written before the group existed are processed too.
-    #[default]
-    Beginning,
-    /// Only entries added after the group was created or the broadcast
-    /// reader connected (`$`). The default for broadcast readers.
-    NewEntries,
+/// How to reach one Redis server: the URL, the TLS root certificate, and
+/// how long to wait for a connection and for a command's reply. Every
+/// builder of the crate takes them ([`RedisStreamsSource::builder`],
+/// [`RedisStreamsPublisher::builder`], [`RedisParking::builder`],
+/// [`RedisDeadLetterSink::builder`], [`RedisDeadLetters::builder`],
+/// [`RedisLagProbe::new`]) and so does [`RedisBroker::new`], which derives
+/// every part from them.
+///
+/// A URL converts into settings with the defaults, so
+/// `RedisStreamsSource::builder("redis://127.0.0.1:6379")` needs no
+/// settings of its own. The URL is
+/// `redis://[user[:password]@]host[:port][/db]`, or `rediss://…` for TLS
+/// (feature `tls`, on by default), or a unix socket. Nothing is checked
+/// until a builder builds (or [`endpoint`](Self::endpoint) is asked); the
+/// password never appears in `Debug` output, logs or errors.
+///
+/// ```
+/// use std::time::Duration;
+/// use intake_redis_streams::{RedisSettings, RedisStreamsSource};
+///
+/// let settings = RedisSettings::new("rediss://app:hunter2@cache.internal:6380/0")
+///     .connect_timeout(Duration::from_secs(2))
+///     .command_timeout(Duration::from_secs(3));
+/// assert!(!format!("{settings:?}").contains("hunter2"));
+/// let builder = RedisStreamsSource::builder(settings.clone())
+///     .stream("orders")
+///     .group("billing");
+/// # let _ = builder;
+/// ```
+///
+/// [`RedisStreamsSource::builder`]: crate::RedisStreamsSource::builder
+/// [`RedisStreamsPublisher::builder`]: crate::RedisStreamsPublisher::builder
+/// [`RedisParking::builder`]: crate::RedisParking::builder
+/// [`RedisDeadLetterSink::builder`]: crate::RedisDeadLetterSink::builder
+/// [`RedisDeadLetters::builder`]: crate::RedisDeadLetters::builder
+/// [`RedisLagProbe::new`]: crate::RedisLagProbe::new
+/// [`RedisBroker::new`]: crate::RedisBroker::new
+#[derive(Clone)]
+pub struct RedisSettings {
+    pub(crate) url: SecretUrl,
+    /// Shared by the clones: every part of a broker holds the settings.
+    pub(crate) tls_root_certificate: Option<Arc<[u8]>>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
 }
 
-/// The stream that receives dead letters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeadLetterStream {
-    /// The source stream's name followed by this suffix: `orders` with
-    /// `":dlq"` (the default) writes to `orders:dlq`.
-    Suffix(String),
-    /// One stream for the dead letters of every source stream.
-    Fixed(String),
-}
+impl RedisSettings {
+    /// Default of [`connect_timeout`](Self::connect_timeout).
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default of [`command_timeout`](Self::command_timeout).
+    pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Default for DeadLetterStream {
-    fn default() -> Self {
-        DeadLetterStream::Suffix(":dlq".to_owned())
-    }
-}
-
-impl DeadLetterStream {
-    /// The dead-letter stream of source stream `stream`.
-    pub fn name_for(&self, stream: &str) -> String {
-        match self {
-            DeadLetterStream::Suffix(suffix) => format!("{stream}{suffix}"),
-            DeadLetterStream::Fixed(name) => name.clone(),
+    /// The server at `url`, with the platform's root certificates and the
+    /// default timeouts (5 s each).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: SecretUrl::new(url),
+            tls_root_certificate: None,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: Self::DEFAULT_COMMAND_TIMEOUT,
         }
     }
 
-    /// Refuses a destination that is empty or, for one of the `consumed`
-    /// streams, is itself consumed: its dead letters would be read again.
-    pub(crate) fn check(&self, consumed: &[impl AsRef<str>]) -> Result<(), ConfigError> {
-        let (DeadLetterStream::Suffix(name) | DeadLetterStream::Fixed(name)) = self;
-        if name.is_empty() {
-            return Err(ConfigError::new(
-                "dead_letter_stream",
-                "is empty: dead letters would go back to the source stream",
-            ));
-        }
-        for stream in consumed {
-            let dead_letters = self.name_for(stream.as_ref());
-            if consumed.iter().any(|other| other.as_ref() == dead_letters) {
-                return Err(ConfigError::new(
-                    "dead_letter_stream",
-                    format!(
-                        "`{dead_letters}` is also a stream this consumer reads; dead letters \
-                         would be consumed again"
-                    ),
-                ));
-            }
-        }
-        Ok(())
+    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
+    /// root certificates, for a `rediss://` server whose certificate a
+    /// private CA signed. Building anything with it fails with
+    /// [`Error::Config`] for a URL that is not `rediss://`.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into().into());
+        self
+    }
+
+    /// How long to wait for a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for the reply to a command (default 5 s). A
+    /// source's blocking read gets its block time on top; a publisher
+    /// bounds each pipeline by it, a parking each park and mover round,
+    /// reconnecting included; a dead-letter store each command of an
+    /// operation.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The server, without password.
+    ///
+    /// Fails with [`Error::InvalidUrl`] for a URL the client cannot use
+    /// (and with [`Error::Config`] for a root certificate the URL cannot
+    /// use).
+    pub fn endpoint(&self) -> Result<Endpoint, Error> {
+        Ok(self.connector()?.endpoint().clone())
+    }
+
+    /// Checks the URL and the TLS settings, and makes the client that
+    /// opens the connections.
+    pub(crate) fn connector(&self) -> Result<Connector, Error> {
+        Connector::new(self)
     }
 }
 
-/// Settings shared by a source, its acker and its dead-letter sink.
-pub(crate) struct Settings {
-    pub(crate) streams: Vec<SourceName>,
-    /// `None` in broadcast mode.
-    pub(crate) group: Option<Arc<str>>,
-    pub(crate) consumer: Arc<str>,
-    pub(crate) payload_field: Arc<str>,
-    pub(crate) key_field: Option<Arc<str>>,
-    /// Whether an entry with a key waits for older entries of its key in
-    /// other hands (`source/key_order.rs`).
-    pub(crate) key_order: bool,
-    pub(crate) start: StartFrom,
-    pub(crate) block: Duration,
-    pub(crate) claim_min_idle: Duration,
-    pub(crate) claim_interval: Duration,
-    pub(crate) max_deliveries: Option<u32>,
-    pub(crate) dead_letter_stream: DeadLetterStream,
-    pub(crate) delete_acked: bool,
-    pub(crate) reconnect: Arc<dyn BackoffPolicy>,
-    /// Counters shared by the source, the acker and the dead-letter sink.
-    pub(crate) stats: Arc<RedisStreamsStats>,
-}
-
-impl Settings {
-    /// The streams as one text, for errors of commands that span them all.
-    pub(crate) fn stream_list(&self) -> String {
-        self.streams
-            .iter()
-            .map(|stream| &**stream)
-            .collect::<Vec<_>>()
-            .join(", ")
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &self.url)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
+            .finish()
     }
 }
 
-/// `<hostname>-<pid>-<n>`: a consumer name no other live process uses.
-pub(crate) fn default_consumer_name() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|host| !host.is_empty())
-        .unwrap_or_else(|| "intake".to_owned());
-    format!(
-        "{host}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+impl From<&str> for RedisSettings {
+    fn from(url: &str) -> Self {
+        Self::new(url)
+    }
+}
+
+impl From<String> for RedisSettings {
+    fn from(url: String) -> Self {
+        Self::new(url)
+    }
+}
+
+impl From<&String> for RedisSettings {
+    fn from(url: &String) -> Self {
+        Self::new(url.as_str())
+    }
+}
+
+impl From<&RedisSettings> for RedisSettings {
+    fn from(settings: &RedisSettings) -> Self {
+        settings.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_password_and_shows_the_rest() {
+        let settings = RedisSettings::new("redis://app:s3cr3t@cache:6379/2")
+            .connect_timeout(Duration::from_secs(1));
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("app:***@cache:6379/2"), "{shown}");
+        assert!(shown.contains("1s"), "{shown}");
+        assert_eq!(
+            settings
+                .endpoint()
+                .ok()
+                .map(|endpoint| endpoint.to_string()),
+            Some("redis://app@cache:6379/2".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_url_converts_with_the_defaults() {
+        for settings in [
+            RedisSettings::from("redis://h"),
+            RedisSettings::from("redis://h".to_owned()),
+            RedisSettings::from(&"redis://h".to_owned()),
+        ] {
+            assert_eq!(settings.url.expose(), "redis://h");
+            assert_eq!(settings.connect_timeout, Duration::from_secs(5));
+            assert_eq!(settings.command_timeout, Duration::from_secs(5));
+            assert!(settings.tls_root_certificate.is_none());
+        }
+    }
 }

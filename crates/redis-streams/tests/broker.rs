@@ -10,7 +10,7 @@ use intake_core::backend::{Broker, RouteAddress, RouteOptions, Source};
 use intake_core::lag::LagProbe;
 use intake_core::parking::Parking;
 use intake_core::{Message, Metadata, Position};
-use intake_redis_streams::{Error, RedisBroker, RedisLagProbe, RedisParking};
+use intake_redis_streams::{Error, RedisBroker, RedisLagProbe, RedisParking, RedisSettings};
 use support::*;
 
 fn message_of(stream: &str, seq: u64) -> Message {
@@ -65,7 +65,7 @@ async fn the_probe_of_a_route_counts_what_it_parked_and_reports_its_return_strea
         [stream.clone(), returned.clone()]
     );
     // A probe from the URL alone, as `intake lag` makes it, counts them too.
-    let standalone = RedisLagProbe::new(&redis_url(), &group, [stream.as_str()]).unwrap();
+    let standalone = RedisLagProbe::new(redis_url(), &group, [stream.as_str()]).unwrap();
     assert_eq!(standalone.parked().await.unwrap(), Some(3));
     // Another group parked nothing.
     let other = broker
@@ -124,7 +124,9 @@ async fn a_parked_message_comes_back_to_the_source_of_its_route() {
 async fn settings_that_cannot_work_fail_the_derivation_with_a_typed_error() {
     #[cfg(feature = "tls")]
     {
-        let tls = RedisBroker::new("redis://127.0.0.1:6379").tls_root_certificate("pem");
+        let tls = RedisBroker::new(
+            RedisSettings::new("redis://127.0.0.1:6379").tls_root_certificate("pem"),
+        );
         let refused = tls
             .route(&RouteAddress::new("s", "g"), &RouteOptions::new())
             .await
@@ -141,9 +143,10 @@ async fn settings_that_cannot_work_fail_the_derivation_with_a_typed_error() {
         "{refused:?}"
     );
     let port = intake_core::backend::testkit::closed_port().expect("a free local port");
-    let unreachable = RedisBroker::from_url(&format!("redis://:hunter2@127.0.0.1:{port}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(2));
+    let unreachable = RedisBroker::new(
+        RedisSettings::new(format!("redis://:hunter2@127.0.0.1:{port}"))
+            .connect_timeout(Duration::from_secs(2)),
+    );
     let refused = unreachable
         .route(&RouteAddress::new("s", "g"), &RouteOptions::new())
         .await

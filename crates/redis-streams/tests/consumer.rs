@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use intake_core::parking::{DUE, ORIGIN, PARK_ID, Parked, Parking, ParkingLayer, parks_header};
 use intake_core::{Consumer, DeliveryOrder, HandlerError, Message};
-use intake_redis_streams::{Error, RedisParking, RedisParkingBuilder};
+use intake_redis_streams::{Error, RedisParking, RedisParkingBuilder, RedisSettings};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
@@ -716,15 +716,17 @@ async fn what_is_parked_when_redis_goes_away_moves_back_once_it_returns() {
         .expect("connect");
     let originals = receive(&mut source, count, count, Duration::from_secs(5)).await;
     assert_eq!(originals.len(), count);
-    let parking = RedisParking::builder(format!("redis://{}", proxy.address()))
-        .group(&group)
-        .consumed_stream(&stream)
-        .poll_interval(Duration::from_millis(200))
-        .connect_timeout(Duration::from_millis(500))
-        .command_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("parking");
+    let parking = RedisParking::builder(
+        RedisSettings::new(format!("redis://{}", proxy.address()))
+            .connect_timeout(Duration::from_millis(500))
+            .command_timeout(Duration::from_millis(500)),
+    )
+    .group(&group)
+    .consumed_stream(&stream)
+    .poll_interval(Duration::from_millis(200))
+    .build()
+    .await
+    .expect("parking");
     let delay = Duration::from_millis(700);
     let mut latest_due = 0;
     for (n, message) in originals.iter().enumerate() {

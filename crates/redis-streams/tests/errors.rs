@@ -10,7 +10,7 @@ use intake_core::{
     Constant,
     backend::{Source, SourceError},
 };
-use intake_redis_streams::{Error, RedisStreamsSource};
+use intake_redis_streams::{Error, RedisSettings, RedisStreamsSource};
 use redis::AsyncCommands;
 
 use support::*;
@@ -50,12 +50,14 @@ async fn a_missing_group_is_a_configuration_error() {
 #[tokio::test]
 async fn an_unreachable_server_is_reported_with_its_endpoint_and_no_password() {
     // Nothing listens on port 1.
-    let connected = RedisStreamsSource::builder("redis://bob:hunter2@127.0.0.1:1/0")
-        .stream("s")
-        .group("g")
-        .connect_timeout(Duration::from_secs(1))
-        .build()
-        .await;
+    let connected = RedisStreamsSource::builder(
+        RedisSettings::new("redis://bob:hunter2@127.0.0.1:1/0")
+            .connect_timeout(Duration::from_secs(1)),
+    )
+    .stream("s")
+    .group("g")
+    .build()
+    .await;
     let error = match connected {
         Err(error @ Error::Unreachable { .. }) => error,
         other => panic!("expected Unreachable, got {other:?}"),
@@ -189,15 +191,17 @@ async fn a_server_that_goes_away_is_reported_unreachable_once_the_policy_gives_u
     }
     let mut proxy = Proxy::start().await;
     let stream = unique("gone");
-    let mut source = RedisStreamsSource::builder(format!("redis://{}", proxy.address()))
-        .stream(&stream)
-        .group("g")
-        .block(Duration::from_millis(100))
-        .connect_timeout(Duration::from_millis(500))
-        .reconnect_backoff(Constant::new(Duration::from_millis(10)).max_retries(2))
-        .build()
-        .await
-        .expect("connect");
+    let mut source = RedisStreamsSource::builder(
+        RedisSettings::new(format!("redis://{}", proxy.address()))
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .stream(&stream)
+    .group("g")
+    .block(Duration::from_millis(100))
+    .reconnect_backoff(Constant::new(Duration::from_millis(10)).max_retries(2))
+    .build()
+    .await
+    .expect("connect");
     proxy.stop();
     let mut buffer = Vec::new();
     let failed = tokio::time::timeout(Duration::from_secs(10), source.next(&mut buffer, 10)).await;
@@ -215,15 +219,17 @@ async fn a_server_that_comes_back_is_read_again_without_losing_entries() {
     let mut proxy = Proxy::start().await;
     let stream = unique("outage");
     let group = unique("group");
-    let mut source = RedisStreamsSource::builder(format!("redis://{}", proxy.address()))
-        .stream(&stream)
-        .group(&group)
-        .block(Duration::from_millis(100))
-        .connect_timeout(Duration::from_millis(500))
-        .reconnect_backoff(Constant::new(Duration::from_millis(50)).retry_forever())
-        .build()
-        .await
-        .expect("connect");
+    let mut source = RedisStreamsSource::builder(
+        RedisSettings::new(format!("redis://{}", proxy.address()))
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .stream(&stream)
+    .group(&group)
+    .block(Duration::from_millis(100))
+    .reconnect_backoff(Constant::new(Duration::from_millis(50)).retry_forever())
+    .build()
+    .await
+    .expect("connect");
     let mut acker = source.acker();
     produce(&mut redis, &stream, "before-", 5).await;
     let mut received = receive(&mut source, 5, 10, Duration::from_secs(5)).await;

@@ -12,7 +12,7 @@ mod support;
 use std::time::Duration;
 
 use intake_core::{Constant, backend::Source};
-use intake_redis_streams::RedisStreamsSource;
+use intake_redis_streams::{RedisSettings, RedisStreamsSource};
 use proptest::prelude::*;
 
 use scripted_server::ScriptedServer;
@@ -111,13 +111,11 @@ proptest! {
                 claimable(command)
             })
             .await;
-            let mut source = RedisStreamsSource::builder(server.url())
+            let mut source = RedisStreamsSource::builder(RedisSettings::new(server.url()).connect_timeout(Duration::from_millis(200)).command_timeout(Duration::from_millis(100)))
                 .stream("orders")
                 .group("billing")
                 .consumer("c1")
                 .block(Duration::from_millis(10))
-                .connect_timeout(Duration::from_millis(200))
-                .command_timeout(Duration::from_millis(100))
                 .reconnect_backoff(Constant::new(Duration::from_millis(1)).max_retries(1))
                 .build()
                 .await

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use intake_core::backend::testkit::hostile_server::{HostileServer, Misbehaviour};
-use intake_redis_streams::{Error, RedisStreamsSource};
+use intake_redis_streams::{Error, RedisSettings, RedisStreamsSource};
 
 /// Far above the timeouts configured below: reaching it means a hang.
 const HANG: Duration = Duration::from_secs(60);
@@ -15,13 +15,15 @@ async fn connect_to(misbehaviour: Misbehaviour) -> Error {
     let server = HostileServer::start(misbehaviour)
         .await
         .expect("a local listener");
-    let connecting = RedisStreamsSource::builder(format!("redis://:hunter2@{}", server.addr()))
-        .stream("orders")
-        .group("billing")
-        .connect_timeout(Duration::from_millis(300))
-        .command_timeout(Duration::from_millis(300))
-        .block(Duration::from_millis(50))
-        .build();
+    let connecting = RedisStreamsSource::builder(
+        RedisSettings::new(format!("redis://:hunter2@{}", server.addr()))
+            .connect_timeout(Duration::from_millis(300))
+            .command_timeout(Duration::from_millis(300)),
+    )
+    .stream("orders")
+    .group("billing")
+    .block(Duration::from_millis(50))
+    .build();
     match tokio::time::timeout(HANG, connecting).await {
         Err(_) => panic!("connecting to a {misbehaviour:?} server hangs"),
         Ok(Ok(_)) => panic!("connecting to a {misbehaviour:?} server succeeded"),

@@ -44,7 +44,7 @@ async fn the_lag_is_what_the_group_has_not_acknowledged() {
     assert_eq!(after[0].messages, Some(server));
 
     // A probe made from the URL alone agrees.
-    let standalone = RedisLagProbe::new(&redis_url(), &group, [stream.as_str()]).unwrap();
+    let standalone = RedisLagProbe::new(redis_url(), &group, [stream.as_str()]).unwrap();
     let standalone = standalone.lag().await.unwrap();
     assert_eq!(standalone[0].partition, after[0].partition);
     assert_eq!(standalone[0].messages, after[0].messages);
@@ -65,7 +65,7 @@ async fn an_unknown_group_is_refused() {
     };
     let stream = unique("lag");
     produce(&mut connection, &stream, "m", 1).await;
-    let probe = RedisLagProbe::new(&redis_url(), "nobody", [stream.as_str()]).unwrap();
+    let probe = RedisLagProbe::new(redis_url(), "nobody", [stream.as_str()]).unwrap();
     let error = probe.lag().await.unwrap_err();
     assert!(matches!(error, LagError::Refused(_)), "{error:?}");
     assert!(!error.is_transient());

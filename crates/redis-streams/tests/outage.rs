@@ -17,7 +17,7 @@ use intake_core::{
     Consumer, HandlerError, Message,
     backend::{AckBatch, Acker, PartitionAck, Source},
 };
-use intake_redis_streams::{RedisStreamsSource, RedisStreamsSourceBuilder};
+use intake_redis_streams::{RedisSettings, RedisStreamsSource, RedisStreamsSourceBuilder};
 use tokio_util::sync::CancellationToken;
 
 use support::*;
@@ -159,13 +159,15 @@ fn own_server_or_skip(test: &str) -> Option<OwnServer> {
 /// A group consumer with short timeouts and the default reconnect policy
 /// (retry forever).
 fn config(server: &OwnServer, stream: &str) -> RedisStreamsSourceBuilder {
-    RedisStreamsSource::builder(server.url())
-        .stream(stream)
-        .group("g")
-        .consumer("c1")
-        .block(Duration::from_millis(200))
-        .connect_timeout(Duration::from_millis(300))
-        .command_timeout(Duration::from_millis(300))
+    RedisStreamsSource::builder(
+        RedisSettings::new(server.url())
+            .connect_timeout(Duration::from_millis(300))
+            .command_timeout(Duration::from_millis(300)),
+    )
+    .stream(stream)
+    .group("g")
+    .consumer("c1")
+    .block(Duration::from_millis(200))
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use intake_core::Position;
 use intake_core::backend::testkit::closed_port;
 use intake_core::publish::{Output, PublishError, PublishErrorKind, Publisher};
-use intake_redis_streams::RedisStreamsPublisher;
+use intake_redis_streams::{RedisSettings, RedisStreamsPublisher};
 use redis::AsyncCommands;
 
 use support::{entries, field, redis_or_skip, redis_url, unique};
@@ -204,9 +204,11 @@ async fn an_unreachable_server_is_unavailable_in_time_without_the_password_and_t
     let port = closed_port().expect("a free local port");
     let built = tokio::time::timeout(
         HANG,
-        RedisStreamsPublisher::builder(format!("redis://intake:s3cr3t-pw@127.0.0.1:{port}"))
-            .connect_timeout(Duration::from_secs(1))
-            .build(),
+        RedisStreamsPublisher::builder(
+            RedisSettings::new(format!("redis://intake:s3cr3t-pw@127.0.0.1:{port}"))
+                .connect_timeout(Duration::from_secs(1)),
+        )
+        .build(),
     )
     .await
     .expect("the build gave up in time");
@@ -222,13 +224,15 @@ async fn an_unreachable_server_is_unavailable_in_time_without_the_password_and_t
     let (user, password, url) = support::temporary_user(&mut admin).await;
     let upstream = url.rsplit('@').next().unwrap_or_default().to_owned();
     let (address, forwarding) = proxy_one_connection(&upstream, "127.0.0.1:0").await;
-    let publisher = RedisStreamsPublisher::builder(url.replace(&upstream, &address.to_string()))
-        .connect_timeout(Duration::from_secs(1))
-        .command_timeout(Duration::from_secs(1))
-        .queue_timeout(Duration::from_secs(3))
-        .build()
-        .await
-        .expect("connect through the proxy");
+    let publisher = RedisStreamsPublisher::builder(
+        RedisSettings::new(url.replace(&upstream, &address.to_string()))
+            .connect_timeout(Duration::from_secs(1))
+            .command_timeout(Duration::from_secs(1)),
+    )
+    .queue_timeout(Duration::from_secs(3))
+    .build()
+    .await
+    .expect("connect through the proxy");
     let stream = unique("outage");
     publisher
         .publish(Output::new(stream.as_str(), "before"))

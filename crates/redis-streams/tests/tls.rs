@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use intake_redis_streams::{Error, RedisStreamsSource};
+use intake_redis_streams::{Error, RedisSettings, RedisStreamsSource};
 
 use support::*;
 
@@ -161,14 +161,15 @@ async fn rediss_with_a_private_ca_delivers_and_acknowledges() {
     let url = format!("rediss://127.0.0.1:{}", server.port);
     let stream = unique("tls");
     let group = unique("group");
-    let mut source = RedisStreamsSource::builder(&url)
-        .stream(&stream)
-        .group(&group)
-        .block(Duration::from_millis(100))
-        .tls_root_certificate(server.ca.clone())
-        .build()
-        .await
-        .expect("connect over TLS");
+    let mut source = RedisStreamsSource::builder(
+        RedisSettings::new(&url).tls_root_certificate(server.ca.clone()),
+    )
+    .stream(&stream)
+    .group(&group)
+    .block(Duration::from_millis(100))
+    .build()
+    .await
+    .expect("connect over TLS");
     let mut acker = source.acker();
 
     let client = redis::Client::build_with_tls(
@@ -219,12 +220,14 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
 
 #[tokio::test]
 async fn a_root_certificate_without_rediss_is_a_configuration_error() {
-    let connected = RedisStreamsSource::builder("redis://127.0.0.1:6379")
-        .stream("s")
-        .group("g")
-        .tls_root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec())
-        .build()
-        .await;
+    let connected = RedisStreamsSource::builder(
+        RedisSettings::new("redis://127.0.0.1:6379")
+            .tls_root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec()),
+    )
+    .stream("s")
+    .group("g")
+    .build()
+    .await;
     match connected {
         Err(Error::Config(error)) => assert_eq!(error.setting, "tls_root_certificate"),
         other => panic!("expected a configuration error, got {other:?}"),

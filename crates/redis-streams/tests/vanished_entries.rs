@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use intake_core::backend::Source;
-use intake_redis_streams::RedisStreamsSource;
+use intake_redis_streams::{RedisSettings, RedisStreamsSource};
 use redis::AsyncCommands;
 
 use scripted_server::{NULL, ScriptedServer, array, entry, pending_row};
@@ -43,16 +43,18 @@ async fn a_claimed_entry_that_redis_6_answers_with_nil_is_acknowledged_and_count
         None
     })
     .await;
-    let mut source = RedisStreamsSource::builder(server.url())
-        .stream("orders")
-        .group("billing")
-        .consumer("heir")
-        .block(Duration::from_millis(50))
-        .connect_timeout(Duration::from_secs(1))
-        .command_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("connect to the scripted Redis 6.2");
+    let mut source = RedisStreamsSource::builder(
+        RedisSettings::new(server.url())
+            .connect_timeout(Duration::from_secs(1))
+            .command_timeout(Duration::from_secs(1)),
+    )
+    .stream("orders")
+    .group("billing")
+    .consumer("heir")
+    .block(Duration::from_millis(50))
+    .build()
+    .await
+    .expect("connect to the scripted Redis 6.2");
 
     let mut delivered = Vec::new();
     let fetched = tokio::time::timeout(HANG, source.next(&mut delivered, 10)).await;

@@ -11,11 +11,10 @@ use tokio::sync::{Notify, watch};
 
 use super::mover::{LONGEST_BACKOFF, Mover, pace, report};
 use super::{Inner, RedisParking, StreamKeys};
-use crate::connection::{
-    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
-};
+use crate::connection::{Connector, SharedConnection};
 use crate::error::Error;
-use crate::settings::{DEFAULT_PAYLOAD_FIELD, Settings};
+use crate::settings::RedisSettings;
+use crate::source::settings::{DEFAULT_PAYLOAD_FIELD, Settings};
 
 /// Builds a [`RedisParking`]; see [`RedisParking::builder`] and
 /// [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking).
@@ -23,10 +22,6 @@ use crate::settings::{DEFAULT_PAYLOAD_FIELD, Settings};
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct RedisParkingBuilder {
     server: Server,
-    tls_root_certificate: Option<Vec<u8>>,
-    /// `None`: the default, or the source's for a builder from a source.
-    connect_timeout: Option<Duration>,
-    command_timeout: Duration,
     consumed: Vec<String>,
     group: Option<String>,
     /// Return streams set by hand: (consumed stream, return stream).
@@ -43,16 +38,26 @@ pub struct RedisParkingBuilder {
 /// Where a parking connects.
 #[derive(Clone)]
 enum Server {
-    Url(SecretUrl),
+    Settings(RedisSettings),
     /// As the source it was made from does (server, TLS, timeouts).
     Source(Box<Connector>),
+}
+
+impl Server {
+    /// How long a park or a mover round may take, reconnecting included.
+    fn command_timeout(&self) -> Duration {
+        match self {
+            Server::Settings(settings) => settings.command_timeout,
+            Server::Source(connector) => connector.command_timeout(),
+        }
+    }
 }
 
 impl fmt::Debug for RedisParkingBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut debug = f.debug_struct("RedisParkingBuilder");
         match &self.server {
-            Server::Url(url) => debug.field("url", url),
+            Server::Settings(settings) => debug.field("connection", settings),
             Server::Source(connector) => debug.field("source_endpoint", connector.endpoint()),
         };
         debug
@@ -64,9 +69,6 @@ impl fmt::Debug for RedisParkingBuilder {
             .field("max_len", &self.max_len)
             .field("batch", &self.batch)
             .field("poll_interval", &self.poll_interval)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
             .finish()
     }
 }
@@ -80,16 +82,13 @@ impl RedisParkingBuilder {
     /// Default of [`poll_interval`](Self::poll_interval).
     pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-    pub(super) fn new(url: impl Into<String>) -> Self {
-        Self::on(Server::Url(SecretUrl::new(url)))
+    pub(super) fn new(settings: RedisSettings) -> Self {
+        Self::on(Server::Settings(settings))
     }
 
     fn on(server: Server) -> Self {
         Self {
             server,
-            tls_root_certificate: None,
-            connect_timeout: None,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
             consumed: Vec::new(),
             group: None,
             returns: Vec::new(),
@@ -101,8 +100,8 @@ impl RedisParkingBuilder {
         }
     }
 
-    /// A builder prefilled from a source: its server and TLS settings, its
-    /// group, its payload field, and as consumed streams those of its
+    /// A builder prefilled from a source: its connection settings (server,
+    /// TLS, timeouts), its group, its payload field, and as consumed streams those of its
     /// streams that are not the default return stream of another.
     pub(crate) fn from_source(connector: Connector, settings: &Settings) -> Self {
         let streams: Vec<String> = settings.streams.iter().map(|s| s.to_string()).collect();
@@ -193,30 +192,6 @@ impl RedisParkingBuilder {
     /// delay than the ones it knows of.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
-        self
-    }
-
-    /// How long to wait for a connection (default 5 s). A builder from a
-    /// source connects as the source does and refuses this setting.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = Some(timeout);
-        self
-    }
-
-    /// How long to wait for the reply to a park or a round, reconnecting
-    /// included (default 5 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self
-    }
-
-    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
-    /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed. A builder from a source connects as the source
-    /// does and refuses this setting.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
         self
     }
 
@@ -311,22 +286,6 @@ impl RedisParkingBuilder {
                 ));
             }
         }
-        if matches!(self.server, Server::Source(_)) {
-            if self.tls_root_certificate.is_some() {
-                return Err(ConfigError::new(
-                    "tls_root_certificate",
-                    "is set on a parking built from a source, which connects as the source \
-                     does: set it on the source",
-                ));
-            }
-            if self.connect_timeout.is_some() {
-                return Err(ConfigError::new(
-                    "connect_timeout",
-                    "is set on a parking built from a source, which connects as the source \
-                     does: set it on the source",
-                ));
-            }
-        }
         if self.payload_field.is_empty() {
             return Err(ConfigError::new("payload_field", "is empty"));
         }
@@ -342,14 +301,13 @@ impl RedisParkingBuilder {
                 format!("must be 1 to {}", Self::MAX_BATCH),
             ));
         }
-        for (name, timeout) in [
-            ("poll_interval", self.poll_interval),
-            (
-                "connect_timeout",
-                self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
-            ),
-            ("command_timeout", self.command_timeout),
-        ] {
+        let mut timeouts = vec![("poll_interval", self.poll_interval)];
+        // A builder from a source connects as the source did.
+        if let Server::Settings(settings) = &self.server {
+            timeouts.push(("connect_timeout", settings.connect_timeout));
+            timeouts.push(("command_timeout", settings.command_timeout));
+        }
+        for (name, timeout) in timeouts {
             if timeout.is_zero() {
                 return Err(ConfigError::new(name, "is zero"));
             }
@@ -369,13 +327,9 @@ impl RedisParkingBuilder {
     /// (none of them shows the password).
     pub async fn build(self) -> Result<RedisParking, Error> {
         let group = self.check()?.to_owned();
+        let command_timeout = self.server.command_timeout();
         let connector = match &self.server {
-            Server::Url(url) => Connector::new(
-                url,
-                self.tls_root_certificate.as_deref(),
-                self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
-                self.command_timeout,
-            )?,
+            Server::Settings(settings) => settings.connector()?,
             Server::Source(connector) => (**connector).clone(),
         };
         let connection = SharedConnection::new(connector.shared().await?, connector);
@@ -388,7 +342,7 @@ impl RedisParkingBuilder {
             batch: self.batch,
             max_len: self.max_len,
             poll_interval: self.poll_interval,
-            command_timeout: self.command_timeout,
+            command_timeout,
             reconnect: Exponential::new(Duration::from_millis(100), LONGEST_BACKOFF)
                 .retry_forever(),
             wake: Arc::clone(&wake),
@@ -417,7 +371,7 @@ impl RedisParkingBuilder {
                 wake,
                 stop,
                 mover: Mutex::new(Some(task)),
-                command_timeout: self.command_timeout,
+                command_timeout,
             }),
         })
     }
@@ -467,8 +421,22 @@ mod tests {
             (builder().batch(0), "batch"),
             (builder().batch(RedisParkingBuilder::MAX_BATCH + 1), "batch"),
             (builder().poll_interval(Duration::ZERO), "poll_interval"),
-            (builder().connect_timeout(Duration::ZERO), "connect_timeout"),
-            (builder().command_timeout(Duration::ZERO), "command_timeout"),
+            (
+                RedisParking::builder(
+                    RedisSettings::new("redis://127.0.0.1").connect_timeout(Duration::ZERO),
+                )
+                .group("billing")
+                .consumed_stream("orders"),
+                "connect_timeout",
+            ),
+            (
+                RedisParking::builder(
+                    RedisSettings::new("redis://127.0.0.1").command_timeout(Duration::ZERO),
+                )
+                .group("billing")
+                .consumed_stream("orders"),
+                "command_timeout",
+            ),
         ];
         for (builder, setting) in refused {
             let error = builder.check().err().map(|error| error.to_string());
@@ -488,13 +456,10 @@ mod tests {
     /// A builder as `RedisStreamsSource::parking` makes it for a source
     /// of `streams` in `group`.
     fn from_source(streams: &[&str], group: Option<&str>) -> RedisParkingBuilder {
-        let connector = Connector::new(
-            &SecretUrl::new("redis://127.0.0.1"),
-            None,
-            DEFAULT_CONNECT_TIMEOUT,
-            DEFAULT_COMMAND_TIMEOUT,
-        )
-        .expect("a valid URL");
+        let connector = RedisSettings::new("redis://127.0.0.1")
+            .command_timeout(Duration::from_secs(3))
+            .connector()
+            .expect("a valid URL");
         let settings = Settings {
             streams: streams.iter().map(|s| (*s).into()).collect(),
             group: group.map(Arc::from),
@@ -557,22 +522,11 @@ mod tests {
             broadcast.is_some_and(|error| error.to_string().contains("group")),
             "a broadcast reader has no group to park for"
         );
-        let timeout = both.clone().connect_timeout(Duration::from_secs(1));
-        assert!(
-            timeout
-                .check()
-                .is_err_and(|error| error.to_string().contains("connect_timeout")),
-            "connects as the source does"
+        assert_eq!(
+            both.server.command_timeout(),
+            Duration::from_secs(3),
+            "connects as the source does, and bounds each park and round by its command timeout"
         );
-        #[cfg(feature = "tls")]
-        {
-            let tls = both.clone().tls_root_certificate("pem");
-            assert!(
-                tls.check()
-                    .is_err_and(|error| error.to_string().contains("tls_root_certificate")),
-                "connects as the source does"
-            );
-        }
     }
 
     #[test]

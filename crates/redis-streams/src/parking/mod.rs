@@ -134,7 +134,7 @@ use crate::publisher::entry_fields;
 /// key of the wrong type) the mover logs it once, waits as the crate's
 /// reconnect policy does (100 ms doubling to 10 s, forever), and tries
 /// again; every command is bounded by
-/// [`command_timeout`](RedisParkingBuilder::command_timeout). An entry that
+/// [`command_timeout`](crate::RedisSettings::command_timeout). An entry that
 /// does not stall the mover but cannot be moved as it should is logged:
 ///
 /// - one without a valid due time (written to the parking stream by hand)
@@ -278,16 +278,19 @@ impl RedisParking {
     /// index new parked entries.
     pub const MOVER_GROUP: &'static str = "intake-parking";
 
-    /// A builder of a parking on a connection of its own to the server at
-    /// `url` (`redis://[user[:password]@]host[:port][/db]`, or `rediss://`
-    /// for TLS). Name the consumer group with
+    /// A builder of a parking on a connection of its own to the server of
+    /// `settings`: a [`RedisSettings`](crate::RedisSettings), or just the
+    /// URL (`redis://[user[:password]@]host[:port][/db]`, or `rediss://`
+    /// for TLS). Each park and mover round is bounded by the settings'
+    /// [`command_timeout`](crate::RedisSettings::command_timeout),
+    /// reconnecting included. Name the consumer group with
     /// [`group`](RedisParkingBuilder::group) and the streams whose messages
     /// it parks with
     /// [`consumed_stream`](RedisParkingBuilder::consumed_stream);
     /// [`RedisStreamsSource::parking`](crate::RedisStreamsSource::parking)
     /// does both from the source.
-    pub fn builder(url: impl Into<String>) -> RedisParkingBuilder {
-        RedisParkingBuilder::new(url)
+    pub fn builder(settings: impl Into<crate::RedisSettings>) -> RedisParkingBuilder {
+        RedisParkingBuilder::new(settings.into())
     }
 
     /// The return stream of `stream` for consumer group `group` unless set

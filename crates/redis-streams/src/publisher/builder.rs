@@ -10,21 +10,17 @@ use tokio::sync::{Notify, Semaphore, mpsc, watch};
 
 use super::writer::{EntryFormat, Writer};
 use super::{RedisStreamsPublisher, Shared};
-use crate::connection::{
-    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
-};
+use crate::connection::SharedConnection;
 use crate::error::Error;
-use crate::settings::DEFAULT_PAYLOAD_FIELD;
+use crate::settings::RedisSettings;
+use crate::source::settings::DEFAULT_PAYLOAD_FIELD;
 
 /// Builds a [`RedisStreamsPublisher`]; see
 /// [`RedisStreamsPublisher::builder`].
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct RedisStreamsPublisherBuilder {
-    url: SecretUrl,
-    tls_root_certificate: Option<Vec<u8>>,
-    connect_timeout: Duration,
-    command_timeout: Duration,
+    connection: RedisSettings,
     payload_field: String,
     key_field: String,
     max_len: Option<u64>,
@@ -37,9 +33,7 @@ pub struct RedisStreamsPublisherBuilder {
 impl fmt::Debug for RedisStreamsPublisherBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStreamsPublisherBuilder")
-            .field("url", &self.url)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
+            .field("connection", &self.connection)
             .field("payload_field", &self.payload_field)
             .field("key_field", &self.key_field)
             .field("max_len", &self.max_len)
@@ -47,7 +41,6 @@ impl fmt::Debug for RedisStreamsPublisherBuilder {
             .field("max_pipeline", &self.max_pipeline)
             .field("send_timeout", &self.send_timeout)
             .field("queue_timeout", &self.queue_timeout)
-            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
             .finish()
     }
 }
@@ -66,12 +59,9 @@ impl RedisStreamsPublisherBuilder {
     /// Default of [`queue_timeout`](Self::queue_timeout).
     pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(25);
 
-    pub(super) fn new(url: impl Into<String>) -> Self {
+    pub(super) fn new(connection: RedisSettings) -> Self {
         Self {
-            url: SecretUrl::new(url),
-            tls_root_certificate: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connection,
             payload_field: Self::DEFAULT_PAYLOAD_FIELD.to_owned(),
             key_field: Self::DEFAULT_KEY_FIELD.to_owned(),
             max_len: None,
@@ -132,34 +122,13 @@ impl RedisStreamsPublisherBuilder {
     /// How long an output may wait in the queue, from its send (default
     /// 25 s): one the writer takes later fails with
     /// [`Unavailable`](intake_core::publish::PublishErrorKind::Unavailable)
-    /// without being sent (certainly not added). With
-    /// [`command_timeout`](Self::command_timeout) it bounds every receipt:
+    /// without being sent (certainly not added). With the settings'
+    /// [`command_timeout`](RedisSettings::command_timeout), which bounds the
+    /// reply to one pipeline, reconnecting included, it bounds every receipt:
     /// answered at most `queue_timeout + command_timeout` (30 s by default)
     /// after the send.
     pub fn queue_timeout(mut self, timeout: Duration) -> Self {
         self.queue_timeout = timeout;
-        self
-    }
-
-    /// How long to wait for a connection (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long to wait for the reply to one pipeline, reconnecting
-    /// included (default 5 s); its outputs are unconfirmed after that.
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self
-    }
-
-    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
-    /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
         self
     }
 
@@ -194,8 +163,8 @@ impl RedisStreamsPublisherBuilder {
         for (name, timeout) in [
             ("send_timeout", self.send_timeout),
             ("queue_timeout", self.queue_timeout),
-            ("command_timeout", self.command_timeout),
-            ("connect_timeout", self.connect_timeout),
+            ("command_timeout", self.connection.command_timeout),
+            ("connect_timeout", self.connection.connect_timeout),
         ] {
             if timeout.is_zero() {
                 return Err(ConfigError::new(name, "is zero"));
@@ -212,12 +181,7 @@ impl RedisStreamsPublisherBuilder {
     /// server or refused credentials (none of them shows the password).
     pub async fn build(self) -> Result<RedisStreamsPublisher, Error> {
         self.check()?;
-        let connector = Connector::new(
-            &self.url,
-            self.tls_root_certificate.as_deref(),
-            self.connect_timeout,
-            self.command_timeout,
-        )?;
+        let connector = self.connection.connector()?;
         let connection = SharedConnection::new(connector.shared().await?, connector.clone());
         let (queue, queued) = mpsc::unbounded_channel();
         let (stopped, stopped_receiver) = watch::channel(false);
@@ -233,7 +197,7 @@ impl RedisStreamsPublisherBuilder {
             },
             max_pipeline: self.max_pipeline,
             queue_timeout: self.queue_timeout,
-            command_timeout: self.command_timeout,
+            command_timeout: self.connection.command_timeout,
             room: Arc::clone(&room),
             closing: Arc::clone(&closing),
             stopped,

@@ -16,7 +16,7 @@ pub(super) type Answer = Result<Confirmation, PublishError>;
 ///
 /// The writer answers it at most
 /// [`queue_timeout`](crate::RedisStreamsPublisherBuilder::queue_timeout) +
-/// [`command_timeout`](crate::RedisStreamsPublisherBuilder::command_timeout)
+/// [`command_timeout`](crate::RedisSettings::command_timeout)
 /// after the send, so it needs no timer of its own (a timer per output cost
 /// more than the rest of the receipt). Dropping it does not take the
 /// output back.

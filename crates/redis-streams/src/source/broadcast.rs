@@ -14,7 +14,7 @@ use super::staging::{OnFailure, Poison, Staging};
 use crate::connection::Connector;
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
-use crate::settings::{Settings, StartFrom};
+use crate::source::settings::{Settings, StartFrom};
 use crate::stream_id::StreamId;
 
 /// Where each stream's reading starts. "New entries" is resolved to the

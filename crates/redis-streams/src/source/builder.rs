@@ -8,24 +8,23 @@ use std::time::Duration;
 
 use intake_core::{BackoffPolicy, ConfigError, Exponential, SourceName};
 
-use crate::connection::{
-    Connector, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SecretUrl, SharedConnection,
-    check_server_version,
-};
+use crate::connection::{SharedConnection, check_server_version};
 use crate::dead_letter::RedisDeadLetterSinkBuilder;
 use crate::error::Error;
 use crate::held::HeldEntries;
-use crate::settings::{
+use crate::settings::RedisSettings;
+use crate::source::settings::{
     DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, StartFrom, default_consumer_name,
 };
 
 use super::RedisStreamsSource;
 
 impl RedisStreamsSource {
-    /// A builder of a source reading from the server at `url`:
-    /// `redis://[user[:password]@]host[:port][/db]`, or `rediss://…` for
-    /// TLS (feature `tls`, on by default). The password never appears in
-    /// `Debug` output, logs or errors.
+    /// A builder of a source reading from the server of `settings`: a
+    /// [`RedisSettings`] (URL, TLS root certificate, timeouts), or just the
+    /// URL, `redis://[user[:password]@]host[:port][/db]` or `rediss://…`
+    /// for TLS (feature `tls`, on by default). The password never appears
+    /// in `Debug` output, logs or errors.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), intake_redis_streams::Error> {
@@ -46,8 +45,8 @@ impl RedisStreamsSource {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn builder(url: impl Into<String>) -> RedisStreamsSourceBuilder {
-        RedisStreamsSourceBuilder::new(url)
+    pub fn builder(settings: impl Into<RedisSettings>) -> RedisStreamsSourceBuilder {
+        RedisStreamsSourceBuilder::new(settings.into())
     }
 }
 
@@ -94,7 +93,7 @@ impl RedisStreamsSource {
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct RedisStreamsSourceBuilder {
-    url: SecretUrl,
+    connection: RedisSettings,
     streams: Vec<String>,
     group: Option<String>,
     consumer: Option<String>,
@@ -110,15 +109,12 @@ pub struct RedisStreamsSourceBuilder {
     dead_letter_stream: DeadLetterStream,
     delete_acked: bool,
     reconnect: Arc<dyn BackoffPolicy>,
-    connect_timeout: Duration,
-    command_timeout: Duration,
-    tls_root_certificate: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStreamsSourceBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStreamsSourceBuilder")
-            .field("url", &self.url)
+            .field("connection", &self.connection)
             .field("streams", &self.streams)
             .field("group", &self.group)
             .field("consumer", &self.consumer)
@@ -133,9 +129,6 @@ impl fmt::Debug for RedisStreamsSourceBuilder {
             .field("max_deliveries", &self.max_deliveries)
             .field("dead_letter_stream", &self.dead_letter_stream)
             .field("delete_acked", &self.delete_acked)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -148,9 +141,9 @@ impl RedisStreamsSourceBuilder {
     /// Default of [`payload_field`](Self::payload_field).
     pub const DEFAULT_PAYLOAD_FIELD: &'static str = DEFAULT_PAYLOAD_FIELD;
 
-    pub(crate) fn new(url: impl Into<String>) -> Self {
+    pub(crate) fn new(connection: RedisSettings) -> Self {
         Self {
-            url: SecretUrl::new(url),
+            connection,
             streams: Vec::new(),
             group: None,
             consumer: None,
@@ -169,9 +162,6 @@ impl RedisStreamsSourceBuilder {
                 Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
                     .retry_forever(),
             ),
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            tls_root_certificate: None,
         }
     }
 
@@ -346,28 +336,6 @@ impl RedisStreamsSourceBuilder {
         self
     }
 
-    /// How long to wait for a connection (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long to wait for the reply to a command (default 5 s; a blocking
-    /// read gets its block time on top).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self
-    }
-
-    /// Trusts the CA certificate `pem` (PEM text) instead of the platform's
-    /// root certificates, for a `rediss://` server whose certificate a
-    /// private CA signed.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
-        self
-    }
-
     /// Checks the settings without connecting.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.settings().map(|_| ())
@@ -480,15 +448,6 @@ impl RedisStreamsSourceBuilder {
         })
     }
 
-    fn connector(&self) -> Result<Connector, Error> {
-        Connector::new(
-            &self.url,
-            self.tls_root_certificate.as_deref(),
-            self.connect_timeout,
-            self.command_timeout,
-        )
-    }
-
     /// Connects: checks the server, creates the consumer group (and the
     /// stream) where missing, and returns the source. Its acker is
     /// [`RedisStreamsSource::acker`].
@@ -499,18 +458,11 @@ impl RedisStreamsSourceBuilder {
     /// group reads too.
     pub async fn build(self) -> Result<RedisStreamsSource, Error> {
         let settings = Arc::new(self.settings()?);
-        let connector = self.connector()?;
+        let connector = self.connection.connector()?;
         let mut reader = connector.blocking_reader(settings.block).await?;
         check_server_version(&mut reader, &connector).await?;
         let shared = SharedConnection::new(connector.shared().await?, connector.clone());
-        let dead_letters = RedisDeadLetterSinkBuilder::from_source(
-            self.url,
-            self.tls_root_certificate,
-            self.connect_timeout,
-            self.command_timeout,
-            shared.clone(),
-            &settings,
-        );
+        let dead_letters = RedisDeadLetterSinkBuilder::from_source(shared.clone(), &settings);
         let held = Arc::new(HeldEntries::new(&settings.streams));
         RedisStreamsSource::start(connector, reader, settings, dead_letters, shared, held).await
     }

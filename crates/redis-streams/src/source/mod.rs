@@ -38,6 +38,7 @@ mod convert;
 mod group;
 mod key_order;
 mod read_size;
+pub(crate) mod settings;
 mod staging;
 
 use std::sync::Arc;
@@ -53,7 +54,7 @@ use crate::connection::{Connector, SharedConnection};
 use crate::dead_letter::{RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 use crate::error::Error;
 use crate::held::{self, HeldEntries};
-use crate::settings::Settings;
+use crate::source::settings::Settings;
 use crate::stats::RedisStreamsStats;
 
 use self::blocking_connection::BlockingConnection;
@@ -199,9 +200,9 @@ impl RedisStreamsSource {
     }
 
     /// A builder of the dead-letter sink of this consumer, for the
-    /// dead-letter layer: prefilled from the source (server, TLS settings,
-    /// group, consumer name, payload field, dead-letter stream, the streams
-    /// it reads), on the source's connection. Its
+    /// dead-letter layer: prefilled from the source (group, consumer name,
+    /// payload field, dead-letter stream, the streams it reads), on the
+    /// source's connection. Its
     /// [`build`](RedisDeadLetterSinkBuilder::build) refuses a dead-letter
     /// stream the source reads.
     pub fn dead_letter_sink(&self) -> RedisDeadLetterSinkBuilder {
@@ -209,9 +210,11 @@ impl RedisStreamsSource {
     }
 
     /// A builder of the parking of this consumer, for the parking layer:
-    /// prefilled from the source (server, TLS settings and timeouts, group,
-    /// payload field, and as consumed streams the streams it reads but
-    /// their return streams), on a connection of its own. Parked messages
+    /// prefilled from the source (its [`RedisSettings`](crate::RedisSettings):
+    /// server, TLS, timeouts, the command timeout bounding each park and
+    /// mover round; its group, payload field, and as consumed streams the
+    /// streams it reads but their return streams), on a connection of its
+    /// own. Parked messages
     /// come back to a return stream only this group reads, so the source
     /// must read it too, with one more line on its builder:
     /// `.stream(RedisParking::return_stream("orders", "billing"))`. The

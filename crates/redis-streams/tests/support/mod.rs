@@ -14,8 +14,8 @@ use intake_core::{
     backend::{AckBatch, Acker, PartitionAck, Source},
 };
 use intake_redis_streams::{
-    RedisDeadLetterSink, RedisStreamsAcker, RedisStreamsPublisher, RedisStreamsSource,
-    RedisStreamsSourceBuilder,
+    RedisDeadLetterSink, RedisSettings, RedisStreamsAcker, RedisStreamsPublisher,
+    RedisStreamsSource, RedisStreamsSourceBuilder,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
@@ -445,14 +445,15 @@ impl Backend for RedisBackend {
         password: &str,
     ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
         let port = testkit::closed_port().expect("a free local port");
-        let built =
-            RedisStreamsSource::builder(format!("redis://intake:{password}@127.0.0.1:{port}"))
-                .stream(source)
-                .group(group)
-                .consumer("unreachable")
-                .connect_timeout(Duration::from_secs(2))
-                .build()
-                .await;
+        let built = RedisStreamsSource::builder(
+            RedisSettings::new(format!("redis://intake:{password}@127.0.0.1:{port}"))
+                .connect_timeout(Duration::from_secs(2)),
+        )
+        .stream(source)
+        .group(group)
+        .consumer("unreachable")
+        .build()
+        .await;
         testkit::with_acker(built, |source| source.acker())
     }
 }

@@ -45,7 +45,7 @@ use super::staging::{OnFailure, Poison, Staging};
 use crate::dead_letter::RedisDeadLetterSink;
 use crate::error::Error;
 use crate::held::HeldEntries;
-use crate::settings::Settings;
+use crate::source::settings::Settings;
 use crate::stream_id::StreamId;
 
 /// How long a vanished group is remembered: one that vanishes again within

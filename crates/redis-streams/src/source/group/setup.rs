@@ -6,7 +6,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::connection::Connector;
 use crate::error::Error;
-use crate::settings::{Settings, StartFrom};
+use crate::source::settings::{Settings, StartFrom};
 use crate::stream_id::StreamId;
 
 /// Creates the group on every stream (and the stream where missing) at
