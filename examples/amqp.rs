@@ -20,7 +20,7 @@ mod support;
 
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpSource, Exchange, Queue, Topology};
+use intake::amqp::{AmqpSettings, AmqpSource, Exchange, Queue, Topology};
 use intake::dead_letter::DeadLetterLayer;
 use intake::retry::RetryLayer;
 use intake::{CatchPanicLayer, Consumer, DeliveryOrder, Json, Meta, handler_fn};
@@ -46,12 +46,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .dead_letter_exchange("intake-example.dlx")
                 .delivery_limit(5),
         );
-    let source = AmqpSource::builder(url.as_str())
-        .queue(QUEUE)
-        .declare(topology)
-        .connection_name("intake-example")
-        .build()
-        .await?;
+    let source =
+        AmqpSource::builder(AmqpSettings::new(url.as_str()).connection_name("intake-example"))
+            .queue(QUEUE)
+            .declare(topology)
+            .build()
+            .await?;
     let acker = source.acker();
     // Publishes to the dead-letter exchange with the queue's name as routing
     // key, which the binding above routes to the dead-letter queue. The

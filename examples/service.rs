@@ -398,7 +398,7 @@ async fn on_amqp(
     names: &Names,
 ) -> Result<Wired, BoxError> {
     use intake::amqp::lapin::types::AMQPValue;
-    use intake::amqp::{AmqpSource, Exchange, Queue, Topology};
+    use intake::amqp::{AmqpSettings, AmqpSource, Exchange, Queue, Topology};
 
     // Unused queues go away by themselves: each run has names of its own.
     let expiring =
@@ -414,10 +414,9 @@ async fn on_amqp(
             .queue(expiring(name))
             .bind(name, name, "#")
             .queue(expiring(&dead_letter_queue));
-        let source = AmqpSource::builder(url)
+        let source = AmqpSource::builder(AmqpSettings::new(url).connection_name(group))
             .queue(name)
             .declare(topology)
-            .connection_name(group)
             .build()
             .await?;
         let acker = source.acker();

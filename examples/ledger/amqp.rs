@@ -11,7 +11,7 @@ use intake::amqp::lapin::PublisherConfirm;
 use intake::amqp::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use intake::amqp::lapin::types::{AMQPValue, FieldTable, ShortString};
 use intake::amqp::lapin::{BasicProperties, Connection, ConnectionProperties};
-use intake::amqp::{AmqpParking, AmqpPublisher, AmqpSource, Queue, Topology};
+use intake::amqp::{AmqpParking, AmqpPublisher, AmqpSettings, AmqpSource, Queue, Topology};
 
 use intake::Message;
 
@@ -105,10 +105,11 @@ async fn confirm(pending: Option<(u64, PublisherConfirm)>) -> Result<(), BoxErro
 /// connection, since every consumer of a queue shares its messages. The
 /// consumer's `max_in_flight` becomes the prefetch.
 pub async fn source(url: &str, queue: &str, group: &str) -> Result<AmqpSource, BoxError> {
-    let source = AmqpSource::builder(url)
+    let settings = AmqpSettings::new(url)
+        .connection_name(format!("ledger {group} pid {}", std::process::id()));
+    let source = AmqpSource::builder(settings)
         .queue(queue)
         .declare(topology(queue))
-        .connection_name(format!("ledger {group} pid {}", std::process::id()))
         .build()
         .await?;
     Ok(source)

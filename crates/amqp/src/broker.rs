@@ -17,7 +17,7 @@ use lapin::types::FieldTable;
 use crate::connection::{DEFAULT_CONNECT_TIMEOUT, open_within};
 use crate::error::{Error, Operation, classify};
 use crate::parking::holding_queues;
-use crate::tls::Tls;
+use crate::settings::AmqpSettings;
 use crate::topology::{Queue, Topology, short};
 use crate::url::AmqpUrl;
 use crate::{
@@ -28,8 +28,8 @@ use crate::{
 /// How long closing a connection used only to declare may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A RabbitMQ broker: its URL, TLS settings and connection name, given
-/// once, from which every part of a route is derived with the shapes of
+/// A RabbitMQ broker: its [`AmqpSettings`] (URL, TLS, connection name,
+/// connect timeout), given once, from which every part of a route is derived with the shapes of
 /// [`Broker`] (the same on every intake backend).
 ///
 /// | part | derived as |
@@ -50,7 +50,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// queue, whichever group reads it. The group names the route's
 /// connections, as `rabbitmqctl list_connections client_properties` and
 /// the management UI show them: `{group}`, or `{name}/{group}` with a
-/// [connection name](Self::connection_name), with ` (dead letters)`,
+/// [connection name](AmqpSettings::connection_name), with ` (dead letters)`,
 /// ` (parking)`, ` (parking declarations)`, ` (parking relay)`,
 /// ` (declarations)` and ` (lag)` appended for the parts' own connections.
 ///
@@ -97,12 +97,13 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use intake_amqp::AmqpBroker;
+/// use intake_amqp::{AmqpBroker, AmqpSettings};
 /// use intake_core::backend::{Broker, RouteAddress, RouteOptions};
 ///
 /// # async fn run() -> Result<(), intake_amqp::Error> {
-/// let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f")?
-///     .connection_name("billing");
+/// let broker = AmqpBroker::new(
+///     AmqpSettings::new("amqp://guest:guest@127.0.0.1:5672/%2f").connection_name("billing"),
+/// );
 /// let address = RouteAddress::new("payments", "billing");
 /// let parts = broker
 ///     .route(&address, &RouteOptions::new().parking_tiers([Duration::from_secs(2)]))
@@ -115,12 +116,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Clone)]
 pub struct AmqpBroker {
-    /// As given, credentials included: handed to the builders, never
-    /// printed.
-    url: Arc<str>,
-    parsed: AmqpUrl,
-    tls: Tls,
-    connection_name: Option<String>,
+    settings: AmqpSettings,
+    /// The settings' endpoint, without the password.
+    endpoint: Arc<str>,
     kept: Arc<Kept>,
 }
 
@@ -145,66 +143,41 @@ impl fmt::Debug for AmqpBroker {
             .unwrap_or_else(PoisonError::into_inner)
             .len();
         f.debug_struct("AmqpBroker")
-            .field("endpoint", &self.parsed.endpoint())
-            .field("tls", &self.tls)
-            .field("connection_name", &self.connection_name)
+            .field("settings", &self.settings)
             .field("parkings", &parkings)
             .finish_non_exhaustive()
     }
 }
 
 impl AmqpBroker {
-    /// The broker at `url` (`amqp://user:password@host:5672/vhost`, or
-    /// `amqps://` for TLS; the default vhost `/` is written `%2f`; query
-    /// parameters such as `heartbeat` are passed to the broker, as by
-    /// [`AmqpSource::builder`]). Nothing is sent until a part is derived.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidUrl`] for a URL that does not parse (shown
-    /// redacted).
-    pub fn new(url: impl Into<String>) -> Result<Self, Error> {
-        let url: String = url.into();
-        let parsed = AmqpUrl::parse(&url)?;
-        Ok(Self {
-            url: url.into(),
-            parsed,
-            tls: Tls::new(),
-            connection_name: None,
+    /// The broker `settings` describe (a URL alone converts into
+    /// [`AmqpSettings`]). Nothing is sent, and nothing checked, until a
+    /// part is derived: a URL that does not parse is an
+    /// [`Error::InvalidUrl`] (shown redacted) from each part then.
+    pub fn new(settings: impl Into<AmqpSettings>) -> Self {
+        let settings = settings.into();
+        Self {
+            endpoint: settings.endpoint().into(),
+            settings,
             kept: Arc::default(),
-        })
+        }
     }
 
-    /// The broker at `url`; the same as [`new`](Self::new).
+    /// The broker at `url` (`amqp://user:password@host:5672/vhost`, or
+    /// `amqps://` for TLS; see [`AmqpSettings`]), checked at once.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] for a URL that does not parse (shown
     /// redacted).
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        Self::new(url)
-    }
-
-    /// TLS beyond the defaults for an `amqps://` URL (a private CA, a
-    /// client certificate; see [`Tls`]), for every part derived from now
-    /// on. Checked when a part is derived.
-    #[must_use]
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// Names the connections of every part derived from now on (see the
-    /// [type docs](Self) for the names each part's connection gets).
-    #[must_use]
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = Some(name.into());
-        self
+        AmqpUrl::parse(url)?;
+        Ok(Self::new(url))
     }
 
     /// The broker, without the password: `amqp://user@host:port/vhost`.
     pub fn endpoint(&self) -> &str {
-        self.parsed.endpoint()
+        &self.endpoint
     }
 
     /// The queue a route on `queue` dead-letters into: `{queue}.dlq`.
@@ -214,15 +187,23 @@ impl AmqpBroker {
 
     /// The name of the connections of a route read as `group`.
     fn route_connection(&self, group: &str) -> String {
-        match &self.connection_name {
+        match self.settings.name() {
             Some(name) => format!("{name}/{group}"),
             None => group.to_owned(),
         }
     }
 
+    /// The settings of a part of the broker's own (not a route's), its
+    /// connection named by [`part_connection`](Self::part_connection).
+    fn part_settings(&self, part: &str) -> AmqpSettings {
+        self.settings
+            .clone()
+            .named(Some(self.part_connection(part)))
+    }
+
     /// The name of a connection the broker's own part `part` opens.
     fn part_connection(&self, part: &str) -> String {
-        match &self.connection_name {
+        match self.settings.name() {
             Some(name) => format!("{name} ({part})"),
             None => format!("intake {part}"),
         }
@@ -238,30 +219,33 @@ impl AmqpBroker {
         connection: &str,
     ) -> Result<(), Error> {
         let name = format!("{connection} (declarations)");
-        let url = &self.parsed;
-        let open = open_within(url, Some(&name), &self.tls, DEFAULT_CONNECT_TIMEOUT).await?;
-        let declared = tokio::time::timeout(
-            DEFAULT_CONNECT_TIMEOUT,
-            self.declare_if_missing(&open, dead_letters),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Unreachable {
-                endpoint: url.endpoint().to_owned(),
-                source: format!(
-                    "the declaration of queue `{dead_letters}` got no answer within \
-                     {DEFAULT_CONNECT_TIMEOUT:?}"
-                )
-                .into(),
-            })
-        });
+        let checked = self.settings.check()?;
+        let url = &checked.url;
+        let timeout = checked.connect_timeout_or(DEFAULT_CONNECT_TIMEOUT);
+        let open = open_within(url, Some(&name), &checked.tls, timeout).await?;
+        let declared =
+            tokio::time::timeout(timeout, Self::declare_if_missing(url, &open, dead_letters))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Unreachable {
+                        endpoint: url.endpoint().to_owned(),
+                        source: format!(
+                            "the declaration of queue `{dead_letters}` got no answer within \
+                     {timeout:?}"
+                        )
+                        .into(),
+                    })
+                });
         // Best effort: the broker reclaims the connection when it goes.
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, open.close(200, short("declared"))).await;
         declared
     }
 
-    async fn declare_if_missing(&self, connection: &Connection, queue: &str) -> Result<(), Error> {
-        let url = &self.parsed;
+    async fn declare_if_missing(
+        url: &AmqpUrl,
+        connection: &Connection,
+        queue: &str,
+    ) -> Result<(), Error> {
         let fail = |operation| move |error| classify(error, url.endpoint(), url.vhost(), operation);
         let channel = connection
             .create_channel()
@@ -364,12 +348,8 @@ impl Broker for AmqpBroker {
         Topology::new()
             .queue(Queue::classic(dead_letters.as_str()))
             .validate()?;
-        let source = AmqpSource::builder(&*self.url)
-            .queue(queue)
-            .connection_name(connection.as_str())
-            .tls(self.tls.clone())
-            .build()
-            .await?;
+        let settings = self.settings.clone().named(Some(connection.clone()));
+        let source = AmqpSource::builder(&settings).queue(queue).build().await?;
         let acker = source.acker();
         if let Err(error) = self
             .ensure_dead_letter_queue(&dead_letters, &connection)
@@ -398,11 +378,9 @@ impl Broker for AmqpBroker {
             .tiers
             .clone()
             .unwrap_or_else(|| AmqpParking::DEFAULT_TIERS.to_vec());
-        let parking = AmqpParking::builder(&*self.url)
+        let parking = AmqpParking::builder(settings)
             .queue(queue)
             .tiers(tiers)
-            .connection_name(connection.as_str())
-            .tls(self.tls.clone())
             .build()
             .await;
         match parking {
@@ -434,10 +412,9 @@ impl Broker for AmqpBroker {
         if let Some(publisher) = kept.as_ref() {
             return Ok(publisher.clone());
         }
-        let publisher = AmqpPublisher::builder(&*self.url)
+        let settings = self.part_settings("publisher");
+        let publisher = AmqpPublisher::builder(settings)
             .route_by_key()
-            .connection_name(self.part_connection("publisher"))
-            .tls(self.tls.clone())
             .build()
             .await?;
         *kept = Some(publisher.clone());
@@ -452,14 +429,10 @@ impl Broker for AmqpBroker {
         &self,
         address: &RouteAddress,
     ) -> Result<AmqpDeadLetterStore, Error> {
-        let publisher = AmqpPublisher::builder(&*self.url)
-            .connection_name(self.part_connection("dead-letter store"))
-            .tls(self.tls.clone())
-            .build()
-            .await?;
-        AmqpDeadLetterStore::builder(&*self.url)
+        let settings = self.part_settings("dead-letter store");
+        let publisher = AmqpPublisher::builder(&settings).build().await?;
+        AmqpDeadLetterStore::builder(settings)
             .queue(Self::dead_letter_queue(address.source()))
-            .tls(self.tls.clone())
             .build(publisher)
             .await
     }
@@ -469,9 +442,10 @@ impl Broker for AmqpBroker {
     /// [type docs](AmqpBroker)).
     async fn lag_probe(&self, address: &RouteAddress) -> Result<AmqpLagProbe, Error> {
         let queue = address.source();
+        let checked = self.settings.check()?;
         Ok(AmqpLagProbe::with_settings(
-            self.parsed.clone(),
-            self.tls.clone(),
+            checked.url,
+            checked.tls,
             Some(self.route_connection(address.group())),
             queue,
         )
@@ -521,7 +495,7 @@ impl Broker for AmqpBroker {
             Ok(())
         } else {
             Err(Error::ShutdownTimedOut {
-                endpoint: self.parsed.endpoint().to_owned(),
+                endpoint: self.endpoint().to_owned(),
                 parts: unfinished,
                 within: timeout,
             })
@@ -535,9 +509,9 @@ mod tests {
 
     #[test]
     fn the_password_shows_in_no_printed_form() {
-        let broker = AmqpBroker::new("amqp://app:hunter2@broker:5672/%2f")
-            .expect("a valid URL")
-            .connection_name("billing");
+        let broker = AmqpBroker::new(
+            AmqpSettings::new("amqp://app:hunter2@broker:5672/%2f").connection_name("billing"),
+        );
         let shown = format!("{broker:?} {}", broker.endpoint());
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("amqp://app@broker:5672/%2f"), "{shown}");
@@ -545,12 +519,31 @@ mod tests {
         assert!(!format!("{error} {error:?}").contains("hunter2"));
     }
 
+    #[tokio::test]
+    async fn a_bad_url_is_refused_when_a_part_is_derived_without_its_password() {
+        let broker = AmqpBroker::new("amqp://app:12/hunter2@broker");
+        assert!(!format!("{broker:?} {}", broker.endpoint()).contains("hunter2"));
+        let address = RouteAddress::new("orders", "billing");
+        let errors = [
+            broker.route(&address, &RouteOptions::new()).await.err(),
+            broker.publisher().await.err(),
+            broker.dead_letter_store(&address).await.err(),
+            broker.lag_probe(&address).await.err(),
+        ];
+        for error in errors {
+            let error = error.expect("refused");
+            assert!(matches!(error, Error::InvalidUrl { .. }), "{error:?}");
+            assert!(!format!("{error} {error:?}").contains("hunter2"));
+        }
+    }
+
     #[test]
     fn the_group_names_the_route_connections() {
-        let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
+        let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+        let broker = AmqpBroker::new(url);
         assert_eq!(broker.route_connection("billing"), "billing");
         assert_eq!(broker.part_connection("publisher"), "intake publisher");
-        let broker = broker.connection_name("payments-service");
+        let broker = AmqpBroker::new(AmqpSettings::new(url).connection_name("payments-service"));
         assert_eq!(
             broker.route_connection("billing"),
             "payments-service/billing"
@@ -564,7 +557,7 @@ mod tests {
 
     #[test]
     fn a_probe_counts_the_default_tiers_until_a_parking_is_derived() {
-        let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
+        let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f");
         let holding = broker.holding("orders");
         assert_eq!(holding.len(), AmqpParking::DEFAULT_TIERS.len() + 2);
         assert!(holding.contains(&"orders.wait.1000ms".to_owned()));

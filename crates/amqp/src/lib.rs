@@ -1,7 +1,8 @@
 //! RabbitMQ (AMQP 0.9.1) for intake, on [lapin].
 //!
-//! [`AmqpBroker`] holds the broker's URL, TLS settings and connection name,
-//! given once, and derives every part of a route from them
+//! [`AmqpSettings`] say how to reach the broker: its URL, TLS, connection
+//! name and connect timeout, given once. Every builder takes them (or a
+//! URL alone), and [`AmqpBroker`] holds them and derives every part of a route from them
 //! ([`Broker`](intake_core::backend::Broker), the same shape on every
 //! intake backend): the source, acker, dead-letter sink and parking of a
 //! queue, consistent with each other (parked copies come back into the
@@ -10,12 +11,13 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use intake_amqp::AmqpBroker;
+//! use intake_amqp::{AmqpBroker, AmqpSettings};
 //! use intake_core::backend::{Broker, RouteAddress, RouteOptions};
 //!
 //! # async fn run() -> Result<(), intake_amqp::Error> {
-//! let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f")?
-//!     .connection_name("billing");
+//! let broker = AmqpBroker::new(
+//!     AmqpSettings::new("amqp://guest:guest@127.0.0.1:5672/%2f").connection_name("billing"),
+//! );
 //! // The queue `payments` (which must exist), read as group `billing`.
 //! let address = RouteAddress::new("payments", "billing");
 //! let parts = broker.route(&address, &RouteOptions::new().parking()).await?;
@@ -163,6 +165,7 @@ mod live_channel;
 mod parking;
 mod prefetch;
 mod publisher;
+mod settings;
 mod source;
 mod tag_ledger;
 mod tls;
@@ -179,6 +182,7 @@ pub use error::Error;
 pub use lag::AmqpLagProbe;
 pub use parking::{AmqpParking, AmqpParkingBuilder};
 pub use publisher::{AmqpPublisher, AmqpPublisherBuilder, AmqpReceipt};
+pub use settings::AmqpSettings;
 pub use source::{AmqpSource, AmqpSourceBuilder};
 pub use tls::Tls;
 pub use topology::{Binding, Exchange, Queue, QueueKind, Topology};

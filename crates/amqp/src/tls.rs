@@ -14,20 +14,19 @@ use crate::url::AmqpUrl;
 /// `ssl_options.verify = verify_peer`). Without them the connection trusts
 /// the system's root certificates and presents no certificate.
 ///
-/// The PEM data is checked when the source or sink is built, so a file that
+/// The PEM data is checked when a part is built, so a file that
 /// holds no certificate or key is a [`ConfigError`] then, not a handshake
 /// that fails later. `Debug` shows which parts are set, never the key.
 ///
 /// ```
-/// use intake_amqp::{AmqpSource, Tls};
+/// use intake_amqp::{AmqpSettings, AmqpSource, Tls};
 ///
 /// # fn build() -> std::io::Result<()> {
 /// let tls = Tls::new()
 ///     .ca_certificate_pem(std::fs::read_to_string("ca.pem")?)
 ///     .client_certificate_pem(std::fs::read("client.pem")?, std::fs::read("client.key")?);
-/// let builder = AmqpSource::builder("amqps://app:secret@broker.internal:5671/%2f")
-///     .queue("orders")
-///     .tls(tls);
+/// let settings = AmqpSettings::new("amqps://app:secret@broker.internal:5671/%2f").tls(tls);
+/// let builder = AmqpSource::builder(settings).queue("orders");
 /// # drop(builder);
 /// # Ok(())
 /// # }

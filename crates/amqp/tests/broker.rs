@@ -25,9 +25,7 @@ async fn backend() -> Option<AmqpBackend> {
 }
 
 fn broker(backend: &AmqpBackend) -> AmqpBroker {
-    AmqpBroker::new(backend.url())
-        .expect("the test URL parses")
-        .connection_name("broker test")
+    AmqpBroker::new(intake_amqp::AmqpSettings::new(backend.url()).connection_name("broker test"))
 }
 
 /// Has the fixture delete what `parking` declares.

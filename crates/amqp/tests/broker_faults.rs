@@ -160,10 +160,11 @@ async fn retried_until_lifted<F, L>(
 {
     let policy = RecordingBackoff::default();
     let name = unique("faults-conn");
-    let mut builder = AmqpSource::builder(vhost.url())
-        .queue(QUEUE)
-        .connection_name(name.as_str())
-        .reconnect_backoff(policy.clone());
+    let mut builder = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(vhost.url()).connection_name(name.as_str()),
+    )
+    .queue(QUEUE)
+    .reconnect_backoff(policy.clone());
     if declare {
         builder = builder.declare(Topology::new().queue(Queue::classic(QUEUE)));
     }

@@ -21,10 +21,12 @@ impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support:
         _group: &str,
     ) -> Result<Self::Store, intake_core::BoxError> {
         // The default exchange: a letter's origin queue is its routing key.
-        let publisher = intake_amqp::AmqpPublisher::builder(self.url())
-            .connection_name("conformance store publisher")
-            .build()
-            .await?;
+        let publisher = intake_amqp::AmqpPublisher::builder(
+            intake_amqp::AmqpSettings::new(self.url())
+                .connection_name("conformance store publisher"),
+        )
+        .build()
+        .await?;
         Ok(intake_amqp::AmqpDeadLetterStore::builder(self.url())
             .queue(support::dead_letter_queue(source))
             .build(publisher)
@@ -45,9 +47,9 @@ impl intake_core::backend::testkit::broker::BrokerBackend for support::AmqpBacke
     type Broker = intake_amqp::AmqpBroker;
 
     fn broker(&self) -> Self::Broker {
-        intake_amqp::AmqpBroker::new(self.url())
-            .expect("the test URL parses")
-            .connection_name("conformance broker")
+        intake_amqp::AmqpBroker::new(
+            intake_amqp::AmqpSettings::new(self.url()).connection_name("conformance broker"),
+        )
     }
 
     /// The queue as it is; what a parking of it declares (for the tiers

@@ -24,12 +24,14 @@ use support::{AmqpBackend, unique};
 
 #[tokio::test]
 async fn an_unreachable_broker_is_a_typed_error_without_the_password() {
-    let error = AmqpSource::builder("amqp://guest:hunter2@127.0.0.1:1/%2f")
-        .queue("orders")
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect_err("nothing listens on port 1");
+    let error = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new("amqp://guest:hunter2@127.0.0.1:1/%2f")
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .queue("orders")
+    .build()
+    .await
+    .expect_err("nothing listens on port 1");
     assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
     assert!(error.is_transient());
     let text = format!("{error} {error:?}");

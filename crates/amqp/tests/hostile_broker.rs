@@ -26,10 +26,12 @@ async fn a_broker_that_never_answers_properly_fails_the_connect_with_a_typed_err
         let server = HostileServer::start(misbehaviour)
             .await
             .expect("a local listener");
-        let connecting = AmqpSource::builder(format!("amqp://app:hunter2@{}/%2f", server.addr()))
-            .queue("orders")
-            .connect_timeout(Duration::from_millis(500))
-            .build();
+        let connecting = AmqpSource::builder(
+            intake_amqp::AmqpSettings::new(format!("amqp://app:hunter2@{}/%2f", server.addr()))
+                .connect_timeout(Duration::from_millis(500)),
+        )
+        .queue("orders")
+        .build();
         let error = match tokio::time::timeout(HANG, connecting).await {
             Err(_) => panic!("connecting to a {misbehaviour:?} broker hangs"),
             Ok(Ok(_)) => panic!("connecting to a {misbehaviour:?} broker succeeded"),

@@ -86,12 +86,13 @@ async fn the_broker_closing_the_connection_mid_run_leads_to_a_reconnect_and_noth
     let queue = backend.classic_queue("closed").await.unwrap();
     backend.publish_numbered(&queue, 10).await.unwrap();
     let name = unique("conn");
-    let mut source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
     source.set_limits(limits(5, DEFAULT_MAX_IN_FLIGHT_BYTES));
     let mut acker = source.acker();
     let before = receive(&mut source, 5, 5).await;
@@ -162,12 +163,13 @@ async fn a_full_budget_takes_no_delivery_but_still_notices_a_lost_channel() {
     let queue = backend.classic_queue("full-budget").await.unwrap();
     backend.publish(&queue, &[b"a", b"b", b"c"]).await.unwrap();
     let name = unique("full-budget-conn");
-    let mut source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
     let mut buffer = Vec::new();
     let first = source.next(&mut buffer, 0).await.unwrap();
     assert!(matches!(first, SourceEvent::Assigned(_)), "{first:?}");
@@ -230,12 +232,13 @@ async fn a_lost_channel_is_reopened_only_after_its_revocation_completed() {
         .unwrap();
     backend.publish(&queue, &[b"a"]).await.unwrap();
     let name = unique("reopen-conn");
-    let mut source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
     receive(&mut source, 1, 10).await;
     if let Err(why) = close_connection_named(&name).await {
         skip_or_fail(
@@ -307,12 +310,13 @@ async fn a_reopened_channel_gets_its_prefetch_from_the_consumers_limits() {
     let queue = backend.classic_queue("reopened-prefetch").await.unwrap();
     backend.publish_numbered(&queue, 10).await.unwrap();
     let name = unique("conn");
-    let mut source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
     source.set_limits(limits(3, DEFAULT_MAX_IN_FLIGHT_BYTES));
     deliveries_on(&mut source, 1, 3).await;
 
@@ -358,12 +362,13 @@ async fn a_reopened_channel_prefetches_within_half_the_byte_budget_at_the_recent
     let payloads: Vec<&[u8]> = (0..20).map(|_| payload.as_slice()).collect();
     backend.publish(&queue, &payloads).await.unwrap();
     let name = unique("conn");
-    let mut source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
     // 256 deliveries of these would be 25 MB; half of 1 MiB holds five.
     source.set_limits(limits(256, 1 << 20));
     deliveries_on(&mut source, 1, 20).await;

@@ -140,15 +140,17 @@ async fn a_reconnect_to_a_broker_that_stalls_after_the_handshake_fails_within_th
     };
     let queue = backend.classic_queue("stalled-reconnect").await.unwrap();
     let proxy = Proxy::start(broker_address()).await.unwrap();
-    let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
-        .queue(queue.as_str())
-        .connect_timeout(Duration::from_secs(1))
-        .reconnect_backoff(
-            Exponential::new(Duration::from_millis(1), Duration::from_millis(1)).max_retries(2),
-        )
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(url_at(proxy.address(), "heartbeat=0"))
+            .connect_timeout(Duration::from_secs(1)),
+    )
+    .queue(queue.as_str())
+    .reconnect_backoff(
+        Exponential::new(Duration::from_millis(1), Duration::from_millis(1)).max_retries(2),
+    )
+    .build()
+    .await
+    .unwrap();
     let counters = source.counters();
     let mut buffer = Vec::new();
     let assigned = source.next(&mut buffer, 10).await.unwrap();
@@ -280,13 +282,15 @@ async fn reachability_follows_a_broker_that_refuses_and_then_returns() {
     };
     let queue = backend.classic_queue("reachability").await.unwrap();
     let proxy = Proxy::start(broker_address()).await.unwrap();
-    let mut source = AmqpSource::builder(url_at(proxy.address(), "heartbeat=0"))
-        .queue(queue.as_str())
-        .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)))
-        .connect_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let mut source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(url_at(proxy.address(), "heartbeat=0"))
+            .connect_timeout(Duration::from_millis(300)),
+    )
+    .queue(queue.as_str())
+    .reconnect_backoff(intake_core::Constant::new(Duration::from_millis(50)))
+    .build()
+    .await
+    .unwrap();
     let reachability = source.reachability().expect("the source marks it");
     let mut buffer = Vec::new();
     let assigned = source.next(&mut buffer, 10).await.unwrap();

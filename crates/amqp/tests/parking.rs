@@ -472,13 +472,14 @@ async fn a_copy_between_steps_waits_for_a_relay_and_survives_a_lost_relay_connec
     // The next parking's relay takes it on, through a connection the
     // broker closes under it.
     let name = unique("relay");
-    let second = AmqpParking::builder(backend.url())
-        .queue(queue.as_str())
-        .tiers([tier])
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let second = AmqpParking::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .tiers([tier])
+    .build()
+    .await
+    .unwrap();
     let relay_connection = format!("{name} (parking relay)");
     tokio::time::timeout(PATIENCE, async {
         while support::close_connection_named(&relay_connection)

@@ -29,12 +29,13 @@ async fn the_runtime_carries_on_after_the_broker_closes_the_connection_and_loses
     let queue = backend.classic_queue("runtime-reconnect").await.unwrap();
     backend.publish_numbered(&queue, 200).await.unwrap();
     let name = unique("runtime-conn");
-    let source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
     let handler = {
         let seen = seen.clone();
@@ -162,12 +163,13 @@ async fn a_message_of_a_lost_channel_never_runs_twice_at_once_in_one_consumer() 
     let queue = backend.classic_queue("no-concurrent-copies").await.unwrap();
     backend.publish(&queue, &[b"slow"]).await.unwrap();
     let name = unique("copies-conn");
-    let source = AmqpSource::builder(backend.url())
-        .queue(queue.as_str())
-        .connection_name(name.as_str())
-        .build()
-        .await
-        .unwrap();
+    let source = AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
+    .unwrap();
 
     /// Copies of the message running now, and the most seen at once.
     #[derive(Default)]

@@ -99,11 +99,12 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
     };
     let queue = backend.classic_queue("tls").await.unwrap();
     backend.publish(&queue, &[b"over tls"]).await.unwrap();
-    let mut source = match AmqpSource::builder(tls_url())
-        .queue(queue.as_str())
-        .tls(material.trusted_with_client_certificate())
-        .build()
-        .await
+    let mut source = match AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(tls_url()).tls(material.trusted_with_client_certificate()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
     {
         Ok(source) => source,
         Err(Error::Unreachable { .. }) => {
@@ -127,13 +128,14 @@ async fn a_private_ca_and_a_client_certificate_connect_consume_and_dead_letter()
     .expect("the message arrives over TLS");
     assert_eq!(&message.payload()[..], b"over tls");
 
-    let sink = AmqpDeadLetterSink::builder(tls_url())
-        .exchange("")
-        .routing_key(dead_letter_queue(&queue))
-        .tls(material.trusted_with_client_certificate())
-        .build()
-        .await
-        .expect("the dead-letter sink connects over TLS");
+    let sink = AmqpDeadLetterSink::builder(
+        intake_amqp::AmqpSettings::new(tls_url()).tls(material.trusted_with_client_certificate()),
+    )
+    .exchange("")
+    .routing_key(dead_letter_queue(&queue))
+    .build()
+    .await
+    .expect("the dead-letter sink connects over TLS");
     sink.write(&DeadLetter::new(message.clone(), "bad", 1))
         .await
         .expect("the dead letter is confirmed over TLS");
@@ -168,11 +170,12 @@ async fn the_sink_from_a_tls_source_connects_with_the_sources_certificates() {
         return;
     };
     let queue = backend.classic_queue("tls-sink").await.unwrap();
-    let source = match AmqpSource::builder(tls_url())
-        .queue(queue.as_str())
-        .tls(material.trusted_with_client_certificate())
-        .build()
-        .await
+    let source = match AmqpSource::builder(
+        intake_amqp::AmqpSettings::new(tls_url()).tls(material.trusted_with_client_certificate()),
+    )
+    .queue(queue.as_str())
+    .build()
+    .await
     {
         Ok(source) => source,
         Err(Error::Unreachable { .. }) => {
@@ -222,9 +225,8 @@ async fn a_server_certificate_from_another_ca_is_refused_with_a_tls_error() {
         return;
     };
     let error = connect_error(
-        AmqpSource::builder(tls_url().replace("guest:guest", "guest:hunter2"))
-            .queue("orders")
-            .tls(
+        AmqpSource::builder(
+            intake_amqp::AmqpSettings::new(tls_url().replace("guest:guest", "guest:hunter2")).tls(
                 Tls::new()
                     .ca_certificate_pem(material.other_ca.clone())
                     .client_certificate_pem(
@@ -232,6 +234,8 @@ async fn a_server_certificate_from_another_ca_is_refused_with_a_tls_error() {
                         material.client_key.clone(),
                     ),
             ),
+        )
+        .queue("orders"),
     )
     .await;
     assert!(matches!(error, Error::Tls { .. }), "{error:?}");
@@ -249,12 +253,15 @@ async fn the_system_roots_alone_do_not_trust_a_private_ca() {
     let Some(material) = Material::load("tls_system_roots") else {
         return;
     };
-    let error = connect_error(AmqpSource::builder(tls_url()).queue("orders").tls(
-        Tls::new().client_certificate_pem(
-            material.client_certificate.clone(),
-            material.client_key.clone(),
-        ),
-    ))
+    let error = connect_error(
+        AmqpSource::builder(intake_amqp::AmqpSettings::new(tls_url()).tls(
+            Tls::new().client_certificate_pem(
+                material.client_certificate.clone(),
+                material.client_key.clone(),
+            ),
+        ))
+        .queue("orders"),
+    )
     .await;
     assert!(matches!(error, Error::Tls { .. }), "{error:?}");
 }
@@ -265,9 +272,11 @@ async fn a_broker_that_requires_a_client_certificate_refuses_a_client_without_on
         return;
     };
     let error = connect_error(
-        AmqpSource::builder(tls_url())
-            .queue("orders")
-            .tls(Tls::new().ca_certificate_pem(material.ca.clone())),
+        AmqpSource::builder(
+            intake_amqp::AmqpSettings::new(tls_url())
+                .tls(Tls::new().ca_certificate_pem(material.ca.clone())),
+        )
+        .queue("orders"),
     )
     .await;
     // TLS 1.3 checks the client's certificate after the client's handshake

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher};
+use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher, AmqpSettings};
 use intake_core::dead_letter::store::{
     DeadLetterLog, DeadLetterStore, LetterId, LogStore, Selection, StoreError,
 };
@@ -129,8 +129,8 @@ pub async fn open(
         Broker::Amqp { url } => {
             // The publisher on the default exchange routes a replay to the
             // queue it names: the letter's origin queue.
-            let publisher = AmqpPublisher::builder(url.as_str())
-                .connection_name("intake cli (replay)")
+            let settings = AmqpSettings::new(url.as_str()).connection_name("intake cli (replay)");
+            let publisher = AmqpPublisher::builder(settings)
                 .confirm_timeout(timeout)
                 .send_timeout(timeout)
                 .build();

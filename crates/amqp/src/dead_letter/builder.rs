@@ -9,21 +9,20 @@ use intake_core::ConfigError;
 use intake_core::dead_letter::envelope::{Broker, Carrier};
 use tokio::sync::Mutex;
 
+use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::Error;
-use crate::tls::Tls;
+use crate::settings::AmqpSettings;
 use crate::topology::{Topology, check_name};
-use crate::url::AmqpUrl;
 
 use super::AmqpDeadLetterSink;
 
 /// Builds an [`AmqpDeadLetterSink`]: from the source whose messages it
 /// dead-letters ([`AmqpSource::dead_letter_sink`](crate::AmqpSource::dead_letter_sink),
-/// which fills in the broker, TLS and what the source consumes), or from a
-/// URL ([`AmqpDeadLetterSink::builder`]).
+/// which fills in the source's [`AmqpSettings`] and what it consumes), or
+/// from settings or a URL ([`AmqpDeadLetterSink::builder`]).
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpDeadLetterSinkBuilder {
-    /// Parsed when the builder is made; a bad URL is reported by `build`.
-    url: Result<AmqpUrl, Error>,
+    settings: AmqpSettings,
     exchange: Option<String>,
     routing_key: Option<String>,
     consumed_queues: Vec<String>,
@@ -33,15 +32,13 @@ pub struct AmqpDeadLetterSinkBuilder {
     /// What the source declares: routes the sink does not declare but must
     /// not publish into.
     source_topology: Topology,
-    connection_name: Option<String>,
     confirm_timeout: Duration,
-    tls: Tls,
 }
 
 impl fmt::Debug for AmqpDeadLetterSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpDeadLetterSinkBuilder")
-            .field("endpoint", &self.url.as_ref().map(AmqpUrl::endpoint).ok())
+            .field("settings", &self.settings)
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .finish_non_exhaustive()
@@ -49,28 +46,25 @@ impl fmt::Debug for AmqpDeadLetterSinkBuilder {
 }
 
 impl AmqpDeadLetterSinkBuilder {
-    pub(super) fn new(url: Result<AmqpUrl, Error>) -> Self {
+    pub(super) fn new(settings: AmqpSettings) -> Self {
         Self {
-            url,
+            settings,
             exchange: None,
             routing_key: None,
             consumed_queues: Vec::new(),
             consumed_exchange: None,
             topology: Topology::new(),
             source_topology: Topology::new(),
-            connection_name: None,
             confirm_timeout: Duration::from_secs(30),
-            tls: Tls::new(),
         }
     }
 
-    /// A builder for the broker at `url` with the source's `tls` settings,
-    /// which knows the routes the source declared (`source_topology`).
-    pub(crate) fn for_source(url: AmqpUrl, tls: Tls, source_topology: Topology) -> Self {
+    /// A builder for the broker of a source's `settings`, which knows the
+    /// routes the source declared (`source_topology`).
+    pub(crate) fn for_source(settings: AmqpSettings, source_topology: Topology) -> Self {
         Self {
-            tls,
             source_topology,
-            ..Self::new(Ok(url))
+            ..Self::new(settings)
         }
     }
 
@@ -122,18 +116,6 @@ impl AmqpDeadLetterSinkBuilder {
         self
     }
 
-    /// Names the sink's connection.
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = Some(name.into());
-        self
-    }
-
-    /// TLS beyond the defaults for an `amqps://` URL (see [`Tls`]).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = tls;
-        self
-    }
-
     /// How long to wait for the broker's confirm (default 30 s).
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
@@ -143,7 +125,7 @@ impl AmqpDeadLetterSinkBuilder {
     /// Checks the settings and connects (one attempt), so that a wrong
     /// password or a refused declaration shows here.
     pub async fn build(self) -> Result<AmqpDeadLetterSink, Error> {
-        let url = self.url?;
+        let checked = self.settings.check()?;
         let exchange = self.exchange.ok_or_else(|| {
             ConfigError::new(
                 "exchange",
@@ -163,7 +145,6 @@ impl AmqpDeadLetterSinkBuilder {
             None => {}
         }
         self.topology.validate()?;
-        self.tls.check_for(&url)?;
         let routes = self.topology.joined(&self.source_topology);
         for queue in &self.consumed_queues {
             let routing_key = self.routing_key.as_deref().unwrap_or(queue);
@@ -201,14 +182,15 @@ impl AmqpDeadLetterSinkBuilder {
             .into());
         }
         let sink = AmqpDeadLetterSink {
-            url,
+            connect_timeout: checked.connect_timeout_or(DEFAULT_CONNECT_TIMEOUT),
+            url: checked.url,
             exchange,
             routing_key: self.routing_key,
             topology: self.topology,
             routes,
-            connection_name: self.connection_name,
+            connection_name: checked.connection_name,
             confirm_timeout: self.confirm_timeout,
-            tls: self.tls,
+            tls: checked.tls,
             carrier: Carrier::keyless(Broker::Amqp),
             link: Mutex::new(None),
             reduced: AtomicU64::new(0),

@@ -107,6 +107,7 @@ pub struct AmqpDeadLetterSink {
     /// be routed back into the queue it came from.
     routes: Topology,
     connection_name: Option<String>,
+    connect_timeout: Duration,
     confirm_timeout: Duration,
     tls: Tls,
     carrier: Carrier,
@@ -139,13 +140,14 @@ impl fmt::Debug for AmqpDeadLetterSink {
 }
 
 impl AmqpDeadLetterSink {
-    /// Starts building a sink for the broker at `url`. For the dead letters
-    /// of an [`AmqpSource`](crate::AmqpSource), start from
+    /// Starts building a sink for the broker `settings` describe (a URL
+    /// alone converts into [`AmqpSettings`](crate::AmqpSettings)). For the
+    /// dead letters of an [`AmqpSource`](crate::AmqpSource), start from
     /// [`AmqpSource::dead_letter_sink`](crate::AmqpSource::dead_letter_sink)
-    /// instead: it knows the broker, the TLS settings and what the source
+    /// instead: it knows the broker's settings and what the source
     /// consumes.
-    pub fn builder(url: impl Into<String>) -> AmqpDeadLetterSinkBuilder {
-        AmqpDeadLetterSinkBuilder::new(AmqpUrl::parse(&url.into()))
+    pub fn builder(settings: impl Into<crate::AmqpSettings>) -> AmqpDeadLetterSinkBuilder {
+        AmqpDeadLetterSinkBuilder::new(settings.into())
     }
 
     /// Dead letters written without their original headers because those
@@ -171,7 +173,7 @@ impl AmqpDeadLetterSink {
             url,
             self.connection_name.as_deref(),
             &self.tls,
-            crate::connection::DEFAULT_CONNECT_TIMEOUT,
+            self.connect_timeout,
         )
         .await?;
         let channel = connection.create_channel().await.map_err(fail)?;

@@ -9,8 +9,7 @@ use intake_core::ConfigError;
 use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::Error;
 use crate::publisher::AmqpPublisher;
-use crate::tls::Tls;
-use crate::url::AmqpUrl;
+use crate::settings::AmqpSettings;
 
 use super::AmqpDeadLetterStore;
 use super::pass::close;
@@ -18,8 +17,7 @@ use super::pass::close;
 /// Builds an [`AmqpDeadLetterStore`]; see [`AmqpDeadLetterStore::builder`].
 #[must_use = "a builder does nothing until `.build(publisher).await`"]
 pub struct AmqpDeadLetterStoreBuilder {
-    url: String,
-    tls: Tls,
+    settings: AmqpSettings,
     queue: Option<String>,
     command_timeout: Duration,
     max_letters: usize,
@@ -29,7 +27,7 @@ pub struct AmqpDeadLetterStoreBuilder {
 impl fmt::Debug for AmqpDeadLetterStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpDeadLetterStoreBuilder")
-            .field("url", &intake_core::redact::url(&self.url))
+            .field("settings", &self.settings)
             .field("queue", &self.queue)
             .field("max_letters", &self.max_letters)
             .field("partial_answers", &self.partial_answers)
@@ -45,14 +43,9 @@ impl AmqpDeadLetterStoreBuilder {
         self
     }
 
-    /// TLS settings for an `amqps://` URL.
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// How long to wait for the connection and each broker reply (default
-    /// 10 s).
+    /// How long to wait for each broker reply, and for the connection
+    /// unless the settings give a
+    /// [`connect_timeout`](AmqpSettings::connect_timeout) (default 10 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -91,8 +84,7 @@ impl AmqpDeadLetterStoreBuilder {
     /// [`Error`] for a bad URL or setting, an unreachable broker, refused
     /// credentials or a queue that does not exist.
     pub async fn build(self, publisher: AmqpPublisher) -> Result<AmqpDeadLetterStore, Error> {
-        let url = AmqpUrl::parse(&self.url)?;
-        self.tls.check_for(&url)?;
+        let checked = self.settings.check()?;
         let queue = match self.queue {
             Some(queue) if !queue.is_empty() => queue,
             _ => {
@@ -112,8 +104,12 @@ impl AmqpDeadLetterStoreBuilder {
             );
         }
         let store = AmqpDeadLetterStore {
-            url,
-            tls: self.tls,
+            connect_timeout: checked.connect_timeout_or(self.command_timeout),
+            connection_name: checked
+                .connection_name
+                .unwrap_or_else(|| "intake dead-letter store".to_owned()),
+            url: checked.url,
+            tls: checked.tls,
             queue,
             publisher,
             command_timeout: self.command_timeout,
@@ -129,11 +125,12 @@ impl AmqpDeadLetterStoreBuilder {
 
 impl AmqpDeadLetterStore {
     /// A builder of the store of the dead letters in a queue of the broker
-    /// at `url`.
-    pub fn builder(url: impl Into<String>) -> AmqpDeadLetterStoreBuilder {
+    /// `settings` describe (a URL alone converts into [`AmqpSettings`]).
+    /// Its connections are named after the settings' connection name, or
+    /// `intake dead-letter store` without one.
+    pub fn builder(settings: impl Into<AmqpSettings>) -> AmqpDeadLetterStoreBuilder {
         AmqpDeadLetterStoreBuilder {
-            url: url.into(),
-            tls: Tls::default(),
+            settings: settings.into(),
             queue: None,
             command_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_letters: 10_000,

@@ -94,6 +94,8 @@ use selection::Wanted;
 pub struct AmqpDeadLetterStore {
     url: AmqpUrl,
     tls: Tls,
+    connection_name: String,
+    connect_timeout: Duration,
     queue: String,
     publisher: AmqpPublisher,
     command_timeout: Duration,

@@ -99,9 +99,9 @@ impl AmqpDeadLetterStore {
     pub(super) async fn open(&self) -> Result<(Connection, Channel), Error> {
         let connection = open_within(
             &self.url,
-            Some("intake dead-letter store"),
+            Some(&self.connection_name),
             &self.tls,
-            self.command_timeout,
+            self.connect_timeout,
         )
         .await?;
         match bounded(self.command_timeout, connection.create_channel()).await {

@@ -11,9 +11,8 @@ use tokio::sync::Mutex;
 
 use crate::error::Error;
 use crate::publisher::AmqpPublisher;
-use crate::tls::Tls;
+use crate::settings::AmqpSettings;
 use crate::topology::QueueKind;
-use crate::url::AmqpUrl;
 
 use super::relay::Relay;
 use super::tier::{relay_queue, relay_topology, tier_ttls};
@@ -22,22 +21,17 @@ use super::{AmqpParking, Declarer, MAX_PAYLOAD_BYTES, MAX_TIER, Shared, Tier};
 /// Builds an [`AmqpParking`]; see [`AmqpParking::builder`].
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpParkingBuilder {
-    /// As given: the publisher parses it again. Never printed.
-    raw_url: String,
-    /// Parsed when the builder is made; a bad URL is reported by `build`.
-    url: Result<AmqpUrl, Error>,
+    settings: AmqpSettings,
     queue: Option<String>,
     tiers: Vec<Duration>,
     kind: QueueKind,
-    connection_name: Option<String>,
-    tls: Tls,
     timeout: Duration,
 }
 
 impl fmt::Debug for AmqpParkingBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpParkingBuilder")
-            .field("endpoint", &self.url.as_ref().map(AmqpUrl::endpoint).ok())
+            .field("settings", &self.settings)
             .field("queue", &self.queue)
             .field("tiers", &self.tiers)
             .field("wait_queues", &self.kind)
@@ -73,21 +67,12 @@ impl AmqpParkingBuilder {
         self
     }
 
-    /// Names the parking's connections (with ` (parking)`, ` (parking
-    /// declarations)` and ` (parking relay)` appended).
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = Some(name.into());
-        self
-    }
-
-    /// TLS beyond the defaults for an `amqps://` URL (see [`Tls`]).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// How long each step of a park may take: connecting, declaring its
-    /// wait queue, publishing, the broker's confirm (default 30 s).
+    /// How long each step of a park may take: connecting (unless the
+    /// settings give a [`connect_timeout`](AmqpSettings::connect_timeout)),
+    /// declaring its wait queue, publishing, the broker's confirm (default
+    /// 30 s). The parking's connections are named after the settings'
+    /// connection name, with ` (parking)`, ` (parking declarations)` and
+    /// ` (parking relay)` appended.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -104,7 +89,7 @@ impl AmqpParkingBuilder {
     /// [`Error`] for a bad URL or setting, a connection the broker refuses,
     /// or a declaration it refuses.
     pub async fn build(self) -> Result<AmqpParking, Error> {
-        let url = self.url?;
+        let checked = self.settings.check()?;
         let queue = self.queue.ok_or_else(|| {
             ConfigError::new(
                 "queue",
@@ -123,7 +108,6 @@ impl AmqpParkingBuilder {
         if self.timeout.is_zero() {
             return Err(ConfigError::new("timeout", "is zero; give the broker time").into());
         }
-        self.tls.check_for(&url)?;
         let longest = tiers.last().copied().unwrap_or(MAX_TIER);
         let tiers = tiers
             .into_iter()
@@ -132,20 +116,18 @@ impl AmqpParkingBuilder {
         let hop = Tier::hop(&queue, longest, self.kind)?;
         let relay_topology = relay_topology(&queue, self.kind);
         relay_topology.validate()?;
-        let mut publisher = AmqpPublisher::builder(self.raw_url)
+        let publisher = AmqpPublisher::builder(self.settings.for_part("parking"))
             .route_by_key()
-            .tls(self.tls.clone())
             .send_timeout(self.timeout)
             .confirm_timeout(self.timeout)
-            .max_payload_bytes(MAX_PAYLOAD_BYTES);
-        if let Some(name) = &self.connection_name {
-            publisher = publisher.connection_name(format!("{name} (parking)"));
-        }
-        let publisher = publisher.build().await?;
+            .max_payload_bytes(MAX_PAYLOAD_BYTES)
+            .build()
+            .await?;
         let shared = Arc::new(Shared {
-            url,
-            tls: self.tls,
-            connection_name: self.connection_name,
+            connect_timeout: checked.connect_timeout_or(self.timeout),
+            url: checked.url,
+            tls: checked.tls,
+            connection_name: checked.connection_name,
             queue,
             declarer: Mutex::new(Declarer {
                 link: None,
@@ -169,18 +151,15 @@ impl AmqpParkingBuilder {
 }
 
 impl AmqpParking {
-    /// Starts building a parking for the broker at `url`; name the queue
-    /// with [`queue`](AmqpParkingBuilder::queue).
-    pub fn builder(url: impl Into<String>) -> AmqpParkingBuilder {
-        let raw_url = url.into();
+    /// Starts building a parking for the broker `settings` describe (a URL
+    /// alone converts into [`AmqpSettings`]); name the queue with
+    /// [`queue`](AmqpParkingBuilder::queue).
+    pub fn builder(settings: impl Into<AmqpSettings>) -> AmqpParkingBuilder {
         AmqpParkingBuilder {
-            url: AmqpUrl::parse(&raw_url),
-            raw_url,
+            settings: settings.into(),
             queue: None,
             tiers: Self::DEFAULT_TIERS.to_vec(),
             kind: QueueKind::Quorum,
-            connection_name: None,
-            tls: Tls::new(),
             timeout: Self::DEFAULT_TIMEOUT,
         }
     }

@@ -265,6 +265,8 @@ struct Shared {
     url: AmqpUrl,
     tls: Tls,
     connection_name: Option<String>,
+    /// Bounds each connection attempt of the declarer and the relay.
+    connect_timeout: Duration,
     queue: String,
     tiers: Vec<Tier>,
     /// The longest tier's relay wait queue: a delay beyond every tier

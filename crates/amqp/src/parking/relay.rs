@@ -132,7 +132,7 @@ async fn round(
         .as_ref()
         .map(|name| format!("{name} (parking relay)"));
     let connection = tokio::select! {
-        connected = open_within(url, name.as_deref(), &shared.tls, shared.timeout) => connected?,
+        connected = open_within(url, name.as_deref(), &shared.tls, shared.connect_timeout) => connected?,
         () = stopped(stop) => return Ok(()),
     };
     let relayed = relay_on(shared, &connection, stop, failures).await;

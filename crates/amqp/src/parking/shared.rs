@@ -124,7 +124,7 @@ impl Shared {
             .connection_name
             .as_ref()
             .map(|name| format!("{name} (parking declarations)"));
-        let connection = open_within(url, name.as_deref(), &self.tls, self.timeout).await?;
+        let connection = open_within(url, name.as_deref(), &self.tls, self.connect_timeout).await?;
         let channel = tokio::time::timeout(self.timeout, connection.create_channel())
             .await
             .map_err(|_| Error::Unreachable {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use intake_core::{BackoffPolicy, ConfigError, Exponential};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 
+use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::Error;
-use crate::tls::Tls;
+use crate::settings::AmqpSettings;
 use crate::topology::{Topology, check_name};
-use crate::url::AmqpUrl;
 
 use super::receipt::collect_confirms;
 use super::{AmqpPublisher, LinkState, Routing, Shared};
@@ -20,12 +20,9 @@ use super::{AmqpPublisher, LinkState, Routing, Shared};
 /// Builds an [`AmqpPublisher`]; see [`AmqpPublisher::builder`].
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpPublisherBuilder {
-    /// Parsed when the builder is made; a bad URL is reported by `build`.
-    url: Result<AmqpUrl, Error>,
+    settings: AmqpSettings,
     routing: Routing,
     topology: Topology,
-    connection_name: Option<String>,
-    tls: Tls,
     persistent: bool,
     send_timeout: Duration,
     confirm_timeout: Duration,
@@ -37,7 +34,7 @@ pub struct AmqpPublisherBuilder {
 impl fmt::Debug for AmqpPublisherBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpPublisherBuilder")
-            .field("endpoint", &self.url.as_ref().map(AmqpUrl::endpoint).ok())
+            .field("settings", &self.settings)
             .field("routing", &self.routing)
             .field("max_unconfirmed", &self.max_unconfirmed)
             .finish_non_exhaustive()
@@ -53,13 +50,11 @@ impl AmqpPublisherBuilder {
     /// The default largest payload: RabbitMQ 4's `max_message_size`.
     pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 << 20;
 
-    pub(super) fn new(url: Result<AmqpUrl, Error>) -> Self {
+    pub(super) fn new(settings: AmqpSettings) -> Self {
         Self {
-            url,
+            settings,
             routing: Routing::Exchange(String::new()),
             topology: Topology::new(),
-            connection_name: None,
-            tls: Tls::new(),
             persistent: true,
             send_timeout: Self::DEFAULT_TIMEOUT,
             confirm_timeout: Self::DEFAULT_TIMEOUT,
@@ -94,19 +89,6 @@ impl AmqpPublisherBuilder {
     /// publisher connects.
     pub fn declare(mut self, topology: Topology) -> Self {
         self.topology = topology;
-        self
-    }
-
-    /// Names the publisher's connection (shown by `rabbitmqctl
-    /// list_connections client_properties` and the management UI).
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = Some(name.into());
-        self
-    }
-
-    /// TLS beyond the defaults for an `amqps://` URL (see [`Tls`]).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = tls;
         self
     }
 
@@ -164,12 +146,13 @@ impl AmqpPublisherBuilder {
     /// [`Error`] for a bad URL or setting, or a connection the broker
     /// refuses for a reason retrying does not fix.
     pub async fn build(self) -> Result<AmqpPublisher, Error> {
-        let url = self.url?;
+        let checked = self.settings.check()?;
+        let connect_timeout = checked.connect_timeout_or(DEFAULT_CONNECT_TIMEOUT);
+        let url = checked.url;
         if let Routing::Exchange(exchange) = &self.routing {
             check_name("exchange", exchange)?;
         }
         self.topology.validate()?;
-        self.tls.check_for(&url)?;
         self.reconnect.validate().map_err(|error| {
             ConfigError::new("reconnect_backoff", format!("is invalid: {error}"))
         })?;
@@ -197,8 +180,9 @@ impl AmqpPublisherBuilder {
         let publisher = AmqpPublisher {
             shared: Arc::new(Shared {
                 url,
-                tls: self.tls,
-                connection_name: self.connection_name,
+                tls: checked.tls,
+                connection_name: checked.connection_name,
+                connect_timeout,
                 topology: self.topology,
                 routing: self.routing,
                 persistent: self.persistent,

@@ -14,7 +14,7 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Connection, ExchangeKind};
 use tokio::time::Instant;
 
-use crate::connection::{DEFAULT_CONNECT_TIMEOUT, open_within};
+use crate::connection::open_within;
 use crate::error::{Error, Operation, classify};
 use crate::topology::MAX_NAME_BYTES;
 
@@ -116,7 +116,7 @@ impl Shared {
                     url,
                     self.connection_name.as_deref(),
                     &self.tls,
-                    DEFAULT_CONNECT_TIMEOUT,
+                    self.connect_timeout,
                 )
                 .await?
             }

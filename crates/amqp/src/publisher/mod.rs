@@ -130,6 +130,7 @@ struct Shared {
     url: AmqpUrl,
     tls: Tls,
     connection_name: Option<String>,
+    connect_timeout: Duration,
     topology: Topology,
     routing: Routing,
     persistent: bool,
@@ -213,9 +214,10 @@ impl AmqpPublisher {
     /// [`route_by_key`](AmqpPublisherBuilder::route_by_key)).
     pub const KEY_HEADER: &'static str = "intake.key";
 
-    /// Starts building a publisher for the broker at `url`.
-    pub fn builder(url: impl Into<String>) -> AmqpPublisherBuilder {
-        AmqpPublisherBuilder::new(AmqpUrl::parse(&url.into()))
+    /// Starts building a publisher for the broker `settings` describe (a
+    /// URL alone converts into [`AmqpSettings`](crate::AmqpSettings)).
+    pub fn builder(settings: impl Into<crate::AmqpSettings>) -> AmqpPublisherBuilder {
+        AmqpPublisherBuilder::new(settings.into())
     }
 
     /// Outputs sent and not yet confirmed (or failed): never more than

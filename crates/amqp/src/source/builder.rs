@@ -10,6 +10,7 @@ use crate::connection::DEFAULT_CONNECT_TIMEOUT;
 use crate::error::Error;
 // The one import loop of the crate, a builder and what it builds:
 // `build` opens an `AmqpSource`, which keeps the checked `Settings`.
+use crate::settings::AmqpSettings;
 use crate::source::AmqpSource;
 use crate::tls::Tls;
 use crate::topology::{Topology, check_name};
@@ -30,6 +31,8 @@ pub(crate) enum Target {
 
 /// Everything a source needs to (re)connect.
 pub(crate) struct Settings {
+    /// As given: what the source's dead-letter sink connects with.
+    pub(crate) amqp: AmqpSettings,
     pub(crate) url: AmqpUrl,
     pub(crate) target: Target,
     pub(crate) topology: Topology,
@@ -65,26 +68,18 @@ impl fmt::Debug for Settings {
 /// Builds an [`AmqpSource`]; see [`AmqpSource::builder`].
 #[must_use = "a builder does nothing until `.build().await`"]
 pub struct AmqpSourceBuilder {
-    url: String,
+    settings: AmqpSettings,
     target: Option<Target>,
     topology: Topology,
     reconnect: Arc<dyn BackoffPolicy>,
-    connection_name: Option<String>,
-    connect_timeout: Duration,
     close_timeout: Duration,
-    tls: Tls,
 }
 
 impl fmt::Debug for AmqpSourceBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = AmqpUrl::parse(&self.url)
-            .map(|url| url.endpoint().to_owned())
-            .unwrap_or_else(|_| intake_core::redact::url(&self.url));
         f.debug_struct("AmqpSourceBuilder")
-            .field("url", &url)
+            .field("settings", &self.settings)
             .field("target", &self.target)
-            .field("connection_name", &self.connection_name)
-            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -94,19 +89,16 @@ impl AmqpSourceBuilder {
     /// broker unless [`close_timeout`](Self::close_timeout) says otherwise.
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-    pub(crate) fn new(url: impl Into<String>) -> Self {
+    pub(crate) fn new(settings: impl Into<AmqpSettings>) -> Self {
         Self {
-            url: url.into(),
+            settings: settings.into(),
             target: None,
             topology: Topology::new(),
             reconnect: Arc::new(
                 Exponential::new(Duration::from_millis(100), Duration::from_secs(10))
                     .retry_forever(),
             ),
-            connection_name: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
-            tls: Tls::new(),
         }
     }
 
@@ -141,7 +133,7 @@ impl AmqpSourceBuilder {
     /// Checked with [`BackoffPolicy::validate`] by [`build`](Self::build).
     ///
     /// A channel that had delivered messages (or lasted the
-    /// [connect timeout](Self::connect_timeout)) is reopened at once; one
+    /// [connect timeout](AmqpSettings::connect_timeout)) is reopened at once; one
     /// lost younger and empty, or lost to a delivery lapin cannot parse,
     /// counts as a failed attempt like a failed reconnect, so a broker that
     /// drops every new consumer is never reconnected to in a tight loop.
@@ -155,30 +147,6 @@ impl AmqpSourceBuilder {
     /// [`Source::next`]: intake_core::backend::Source::next
     pub fn reconnect_backoff(mut self, policy: impl BackoffPolicy) -> Self {
         self.reconnect = Arc::new(policy);
-        self
-    }
-
-    /// Names the connection (shown by `rabbitmqctl list_connections
-    /// client_properties` and the management UI).
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = Some(name.into());
-        self
-    }
-
-    /// How long one connection attempt may take, from the TCP connect to
-    /// the consumer's start (handshake, channel, declarations, `basic.qos`,
-    /// `basic.consume`), so that a broker that accepts connections and then
-    /// stalls is a failed attempt, retried after the reconnect backoff.
-    /// Default 10 s.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// TLS beyond the defaults for an `amqps://` URL: a private CA to trust,
-    /// a client certificate to present (see [`Tls`]).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = tls;
         self
     }
 
@@ -196,7 +164,7 @@ impl AmqpSourceBuilder {
 
     /// Checks the settings without touching the network.
     pub(crate) fn settings(self) -> Result<Settings, Error> {
-        let url = AmqpUrl::parse(&self.url)?;
+        let checked = self.settings.check()?;
         let target = self.target.ok_or_else(|| {
             ConfigError::new(
                 "queue",
@@ -220,18 +188,12 @@ impl AmqpSourceBuilder {
             Target::Broadcast { exchange } => check_name("broadcast", exchange)?,
         }
         self.topology.validate()?;
-        self.tls.check_for(&url)?;
         self.reconnect.validate().map_err(|error| {
             ConfigError::new(
                 "reconnect_backoff",
                 format!("`{}` {}", error.setting, error.problem),
             )
         })?;
-        if self.connect_timeout.is_zero() {
-            return Err(
-                ConfigError::new("connect_timeout", "is zero; give it at least a second").into(),
-            );
-        }
         if self.close_timeout.is_zero() {
             return Err(ConfigError::new(
                 "close_timeout",
@@ -240,14 +202,15 @@ impl AmqpSourceBuilder {
             .into());
         }
         Ok(Settings {
-            url,
+            connect_timeout: checked.connect_timeout_or(DEFAULT_CONNECT_TIMEOUT),
+            amqp: self.settings,
+            url: checked.url,
             target,
             topology: self.topology,
             reconnect: self.reconnect,
-            connection_name: self.connection_name,
-            connect_timeout: self.connect_timeout,
+            connection_name: checked.connection_name,
             close_timeout: self.close_timeout,
-            tls: self.tls,
+            tls: checked.tls,
         })
     }
 
@@ -283,9 +246,8 @@ mod tests {
     #[test]
     fn tls_settings_on_a_plain_url_are_refused() {
         let error = config_error(
-            AmqpSourceBuilder::new(URL)
-                .queue("q")
-                .tls(Tls::new().ca_certificate_pem("x")),
+            AmqpSourceBuilder::new(AmqpSettings::new(URL).tls(Tls::new().ca_certificate_pem("x")))
+                .queue("q"),
         );
         assert_eq!(error.setting, "tls");
         assert!(error.problem.contains("amqps://"));

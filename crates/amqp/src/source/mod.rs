@@ -161,16 +161,11 @@ impl fmt::Debug for AmqpSource {
 }
 
 impl AmqpSource {
-    /// Starts building a source for the broker at `url`
-    /// (`amqp://user:password@host:5672/vhost`, or `amqps://` for TLS,
-    /// checked against the system's root certificates unless
-    /// [`tls`](AmqpSourceBuilder::tls) adds a private CA or a client
-    /// certificate; the default vhost `/` is written `%2f`). Query
-    /// parameters `heartbeat` (seconds), `frame_max` and `channel_max` are
-    /// passed to the broker: a shorter heartbeat than RabbitMQ's default
-    /// 60 s notices a silently dead network sooner.
-    pub fn builder(url: impl Into<String>) -> AmqpSourceBuilder {
-        AmqpSourceBuilder::new(url)
+    /// Starts building a source for the broker `settings` describe (its
+    /// URL, TLS, connection name and connect timeout; a URL alone converts
+    /// into [`AmqpSettings`](crate::AmqpSettings)).
+    pub fn builder(settings: impl Into<crate::AmqpSettings>) -> AmqpSourceBuilder {
+        AmqpSourceBuilder::new(settings)
     }
 
     async fn open(settings: Settings) -> Result<Self, Error> {
@@ -208,8 +203,9 @@ impl AmqpSource {
 
     /// A builder for the sink that publishes this source's dead letters
     /// with publisher confirms ([`AmqpDeadLetterSink`](crate::AmqpDeadLetterSink)), filled in from the
-    /// source: the broker and its credentials, the [TLS](AmqpSourceBuilder::tls)
-    /// settings, the connection name (with ` (dead letters)` appended), and
+    /// source: its [`AmqpSettings`](crate::AmqpSettings) (the broker and its
+    /// credentials, TLS, the connection name with ` (dead letters)`
+    /// appended, the connect timeout), and
     /// what the source consumes. Name the destination with
     /// [`exchange`](AmqpDeadLetterSinkBuilder::exchange) (and
     /// [`routing_key`](AmqpDeadLetterSinkBuilder::routing_key)) and
@@ -234,17 +230,12 @@ impl AmqpSource {
     pub fn dead_letter_sink(&self) -> AmqpDeadLetterSinkBuilder {
         let settings = &self.settings;
         let builder = AmqpDeadLetterSinkBuilder::for_source(
-            settings.url.clone(),
-            settings.tls.clone(),
+            settings.amqp.clone().for_part("dead letters"),
             settings.topology.clone(),
         );
-        let builder = match &settings.target {
+        match &settings.target {
             Target::Queue(queue) => builder.consumed_queue(queue.as_str()),
             Target::Broadcast { exchange } => builder.consumed_exchange(exchange.clone()),
-        };
-        match &settings.connection_name {
-            Some(name) => builder.connection_name(format!("{name} (dead letters)")),
-            None => builder,
         }
     }
 

@@ -582,11 +582,13 @@ impl Backend for AmqpBackend {
         // The consumer the suite runs tells the source its limits itself.
         _settings: ConnectSettings,
     ) -> Result<(Self::Source, Self::Acker), BoxError> {
-        let consumer = AmqpSource::builder(self.url.as_str())
-            .queue(source)
-            .connection_name(format!("{source}/{group}"))
-            .build()
-            .await?;
+        let consumer = AmqpSource::builder(
+            intake_amqp::AmqpSettings::new(self.url.as_str())
+                .connection_name(format!("{source}/{group}")),
+        )
+        .queue(source)
+        .build()
+        .await?;
         let acker = consumer.acker();
         Ok((consumer, acker))
     }
@@ -628,11 +630,13 @@ impl Backend for AmqpBackend {
         source: &str,
         _settings: ConnectSettings,
     ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
-        let built = AmqpSource::builder(self.url.as_str())
-            .broadcast(inbound_exchange(source))
-            .connection_name(format!("{source}/broadcast"))
-            .build()
-            .await;
+        let built = AmqpSource::builder(
+            intake_amqp::AmqpSettings::new(self.url.as_str())
+                .connection_name(format!("{source}/broadcast")),
+        )
+        .broadcast(inbound_exchange(source))
+        .build()
+        .await;
         testkit::with_acker(built, |source| source.acker())
     }
 
@@ -643,11 +647,13 @@ impl Backend for AmqpBackend {
         password: &str,
     ) -> Option<Result<(Self::Source, Self::Acker), BoxError>> {
         let port = testkit::closed_port().expect("a free local port");
-        let built = AmqpSource::builder(format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"))
-            .queue(source)
-            .connection_name(format!("{source}/{group}"))
-            .build()
-            .await;
+        let built = AmqpSource::builder(
+            intake_amqp::AmqpSettings::new(format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"))
+                .connection_name(format!("{source}/{group}")),
+        )
+        .queue(source)
+        .build()
+        .await;
         testkit::with_acker(built, |source| source.acker())
     }
 }
@@ -659,11 +665,13 @@ impl testkit::PublishingBackend for AmqpBackend {
     type Publisher = intake_amqp::AmqpPublisher;
 
     async fn publisher(&self) -> Result<Self::Publisher, BoxError> {
-        Ok(intake_amqp::AmqpPublisher::builder(self.url.as_str())
-            .route_by_key()
-            .connection_name("conformance publisher")
-            .build()
-            .await?)
+        Ok(intake_amqp::AmqpPublisher::builder(
+            intake_amqp::AmqpSettings::new(self.url.as_str())
+                .connection_name("conformance publisher"),
+        )
+        .route_by_key()
+        .build()
+        .await?)
     }
 
     fn destination(&self, source: &str) -> String {
