@@ -23,6 +23,7 @@
 //! - NATS: a stream `payments` whose subjects do not catch the route's
 //!   dead-letter subject `payments.billing.dlq` (say `in.payments.>`), and
 //!   a stream capturing `receipts.>`.
+//!
 //! Without a URL it runs on the memory broker with a few demo payments and
 //! stops once they are all billed. `service.rs` is the service itself, the
 //! same on every broker.
