@@ -51,9 +51,16 @@ pub trait HandlerArgs<S>: Sized {
     /// The extracted arguments, in order.
     type Values;
 
-    /// Extracts the arguments in order, or returns the error of the first
-    /// extractor that failed.
-    fn extract(message: Message, state: &S) -> Result<Self::Values, HandlerError>;
+    /// Extracts the arguments in order and calls `f` with them, or returns
+    /// the error of the first extractor that failed.
+    ///
+    /// One step rather than "extract, then call": the arguments go straight
+    /// into the call instead of through a `Result` of their tuple, which
+    /// the optimizer did not see through (25 instructions per message more
+    /// on `benches/callgrind.sh pipeline_json`).
+    fn call<F>(f: F, message: Message, state: &S) -> Result<F::Future, HandlerError>
+    where
+        F: HandlerSignature<Self, Values = Self::Values>;
 }
 
 impl<F, Fut> HandlerSignature<()> for F
@@ -74,8 +81,11 @@ impl<S> HandlerArgs<S> for () {
     type Values = ();
 
     #[inline]
-    fn extract(_message: Message, _state: &S) -> Result<(), HandlerError> {
-        Ok(())
+    fn call<F>(f: F, _message: Message, _state: &S) -> Result<F::Future, HandlerError>
+    where
+        F: HandlerSignature<Self, Values = ()>,
+    {
+        Ok(f.call_with(()))
     }
 }
 
@@ -107,10 +117,13 @@ macro_rules! impl_handler_args {
             type Values = ($($parts,)* $last,);
 
             #[inline]
-            fn extract(message: Message, state: &S) -> Result<Self::Values, HandlerError> {
+            fn call<F>(f: F, message: Message, state: &S) -> Result<F::Future, HandlerError>
+            where
+                F: HandlerSignature<Self, Values = Self::Values>,
+            {
                 $(let $parts = $parts::from_parts_and_state(&message, state)?;)*
                 let $last = $last::from_message_and_state(message, state)?;
-                Ok(($($parts,)* $last,))
+                Ok(f.call_with(($($parts,)* $last,)))
             }
         }
     };

@@ -163,8 +163,7 @@ where
 
     #[inline]
     fn call(self, message: Message, state: &S) -> Result<Self::Future, HandlerError> {
-        let values = Args::extract(message, state)?;
-        Ok(self.call_with(values))
+        Args::call(self, message, state)
     }
 }
 
