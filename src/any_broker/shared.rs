@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use intake_core::dead_letter::store::{
-    DeadLetterStore, Filter, LetterId, Page, Redrive, RedriveReport, Selection, StoreError,
+    DeadLetterStore, Filter, LetterId, Page, Replay, ReplayReport, Selection, StoreError,
     StoredLetter, Summary,
 };
 use intake_core::lag::{LagError, LagProbe, PartitionLag};
@@ -110,18 +110,18 @@ impl DeadLetterStore for AnyDeadLetterStore {
         dispatch!(self, store => store.read(id))
     }
 
-    fn redrive<'life0, 'life1, 'life2, 'async_trait>(
+    fn replay<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
         selection: &'life1 Selection,
-        redrive: &'life2 Redrive,
-    ) -> BoxFuture<'async_trait, Result<RedriveReport, StoreError>>
+        replay: &'life2 Replay,
+    ) -> BoxFuture<'async_trait, Result<ReplayReport, StoreError>>
     where
         'life0: 'async_trait,
         'life1: 'async_trait,
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        dispatch!(self, store => store.redrive(selection, redrive))
+        dispatch!(self, store => store.replay(selection, replay))
     }
 
     fn purge<'life0, 'life1, 'async_trait>(

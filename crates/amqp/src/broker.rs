@@ -65,7 +65,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`AmqpDeadLetterStore`] puts back every letter it looks at, which a
 /// quorum queue would count towards a delivery limit.
 /// [`dead_letter_store`](Broker::dead_letter_store) reads the same queue
-/// and redrives through the default exchange to the letter's origin queue.
+/// and replays through the default exchange to the letter's origin queue.
 ///
 /// # Parking
 ///
@@ -421,7 +421,7 @@ impl Broker for AmqpBroker {
         Ok(publisher)
     }
 
-    /// The dead letters of the route's queue, in `{queue}.dlq`, redriven
+    /// The dead letters of the route's queue, in `{queue}.dlq`, replayed
     /// through a publisher of their own on the default exchange (to the
     /// origin queue). The dead-letter queue must exist: deriving the route
     /// declares it.

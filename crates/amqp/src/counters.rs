@@ -1,4 +1,4 @@
-//! [`SourceCounters`]: what went wrong on a source's connection, counted for
+//! [`AmqpCounters`]: what went wrong on a source's connection, counted for
 //! metrics.
 //!
 //! The runtime's metrics see messages; these see the connection under them:
@@ -35,9 +35,9 @@ struct Counts {
 /// # }
 /// ```
 #[derive(Clone, Debug, Default)]
-pub struct SourceCounters(Arc<Counts>);
+pub struct AmqpCounters(Arc<Counts>);
 
-impl SourceCounters {
+impl AmqpCounters {
     /// Channels lost: the connection dropped, the broker closed the channel
     /// or cancelled the consumer, or a delivery could not be parsed.
     pub fn channel_losses(&self) -> u64 {

@@ -173,13 +173,13 @@ pub enum Error {
     },
     /// An operation of the [`AmqpDeadLetterStore`](crate::AmqpDeadLetterStore)
     /// on every letter (a count with a filter, a listing to its end, a
-    /// purge or redrive by filter, or of ids it did not find) stopped
+    /// purge or replay by filter, or of ids it did not find) stopped
     /// before it looked at them all: its pass held
     /// [`max_letters`](crate::AmqpDeadLetterStoreBuilder::max_letters)
     /// letters unacknowledged. `done` says what it did meanwhile (purged
-    /// and redriven letters are gone from the queue).
+    /// and replayed letters are gone from the queue).
     #[error(
-        "queue `{queue}` at {endpoint} held {ready} letters, and one pass of the dead-letter store looked at {looked_at} of them: it holds at most {max_letters} it leaves in the queue (`max_letters`); {done}, and the letters past them were not looked at; remove or redrive the letters before them first, or raise `max_letters`"
+        "queue `{queue}` at {endpoint} held {ready} letters, and one pass of the dead-letter store looked at {looked_at} of them: it holds at most {max_letters} it leaves in the queue (`max_letters`); {done}, and the letters past them were not looked at; remove or replay the letters before them first, or raise `max_letters`"
     )]
     PassLimit {
         /// The broker (without password).

@@ -136,7 +136,7 @@
 //! delivers it again on the next connection, so the source treats every
 //! such loss as a failed attempt: reconnects back off further each time,
 //! the log names the queue, channel and delivery tag, and
-//! [`SourceCounters::unparsable_deliveries`] counts it. The broker also
+//! [`AmqpCounters::unparsable_deliveries`] counts it. The broker also
 //! returns every delivery the lost channel held; so that those do not reach
 //! a quorum queue's delivery limit along with it, the next channel takes
 //! them one at a time before it returns to the full prefetch. Move the
@@ -175,7 +175,7 @@ mod url;
 pub use acker::AmqpAcker;
 pub use broker::AmqpBroker;
 pub use broker_dead_letter::BrokerDeadLetterSink;
-pub use counters::SourceCounters;
+pub use counters::AmqpCounters;
 pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
 pub use dead_letter_store::{AmqpDeadLetterStore, AmqpDeadLetterStoreBuilder};
 pub use error::Error;

@@ -1,5 +1,5 @@
 //! Conditions of the broker that pass, against a real RabbitMQ: they must be
-//! retried with backoff (visible in the log and in `SourceCounters`), and
+//! retried with backoff (visible in the log and in `AmqpCounters`), and
 //! only a condition the user must act on may stop the consumer.
 //!
 //! Each test works in a vhost of its own, so the faults it makes (a

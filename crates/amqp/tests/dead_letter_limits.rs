@@ -17,7 +17,7 @@ use intake_amqp::lapin::types::{AMQPValue, FieldTable};
 use intake_amqp::{AmqpDeadLetterSink, AmqpDeadLetterStore, AmqpPublisher, AmqpSource};
 use intake_core::backend::DeadLetterSink;
 use intake_core::dead_letter::store::{
-    DeadLetterStore, Filter, LetterId, Redrive, Selection, StoreError,
+    DeadLetterStore, Filter, LetterId, Replay, Selection, StoreError,
 };
 use intake_core::{
     Constant, DeadLetter, DeadLetterLayer, ErrorChain, ErrorClass, FailurePolicy, HandlerError,
@@ -191,7 +191,7 @@ fn letter_of(origin: &str, tag: u64, payload: Bytes) -> DeadLetter {
 }
 
 #[tokio::test]
-async fn a_purge_or_redrive_of_every_letter_takes_more_than_one_pass_holds_or_says_so() {
+async fn a_purge_or_replay_of_every_letter_takes_more_than_one_pass_holds_or_says_so() {
     let Some(backend) = AmqpBackend::connect_or_skip("dead_letter_store_cap").await else {
         return;
     };
@@ -233,17 +233,17 @@ async fn a_purge_or_redrive_of_every_letter_takes_more_than_one_pass_holds_or_sa
         "listed {listed} of 8 letters with a pass of 5: {listing:?}"
     );
     assert_eq!(listed, 4, "two pages of two, then the pass is full");
-    // The 7th letter is behind 5 that a pass leaves in the queue: a redrive
+    // The 7th letter is behind 5 that a pass leaves in the queue: a replay
     // by filter says it could not look at it, and moves nothing.
-    let redriven = store
-        .redrive(
+    let replayed = store
+        .replay(
             &Selection::Matching(Filter::all().with_key(Bytes::from_static(b"k7"))),
-            &Redrive::to_origin(),
+            &Replay::to_origin(),
         )
         .await;
     assert!(
-        redriven.as_ref().is_err_and(is_pass_limit),
-        "a redrive of letter 7 of 8 with a pass of 5: {redriven:?}"
+        replayed.as_ref().is_err_and(is_pass_limit),
+        "a replay of letter 7 of 8 with a pass of 5: {replayed:?}"
     );
     assert_eq!(backend.messages_in(&dead_letters).await.unwrap(), 8);
     assert_eq!(backend.messages_in(&origin).await.unwrap(), 0);

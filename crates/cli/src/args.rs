@@ -175,7 +175,7 @@ pub enum DlqCommand {
         #[arg(long, value_name = "DESTINATION")]
         to: Option<String>,
         /// Skip letters whose message was replayed this often already.
-        #[arg(long, value_name = "N", default_value_t = intake_core::dead_letter::store::Redrive::DEFAULT_MAX_REPLAYS)]
+        #[arg(long, value_name = "N", default_value_t = intake_core::dead_letter::DEFAULT_MAX_REPLAYS)]
         max_replays: u32,
         /// Move nothing: show what would be replayed, counted by error class.
         #[arg(long)]

@@ -82,7 +82,7 @@
 //! is skipped, so a message that fails on every replay does not circle for
 //! ever.
 //!
-//! A replay goes back to GROUP alone by default (`Redrive::to_group`):
+//! A replay goes back to GROUP alone by default (`Replay::to_group`):
 //! through the group's own way back in, which no other group reads (on
 //! RabbitMQ the queue the letter came from, which is the group's; on Redis
 //! the group's return stream `SOURCE:GROUP:returned` when the group reads
@@ -166,7 +166,7 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use clap::Parser as _;
-use intake_core::dead_letter::store::{LetterId, Redrive, Selection};
+use intake_core::dead_letter::store::{LetterId, Replay, Selection};
 
 use crate::args::{Cli, Command, DlqCommand, LagArgs, letter_ids};
 use crate::broker::Broker;
@@ -268,12 +268,12 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
             ..
         } => {
             let selection = selection(ids, filter);
-            let mut redrive = match (to, to_origin) {
-                (Some(destination), _) => Redrive::to(destination.as_str()),
-                (None, true) => Redrive::to_origin(),
+            let mut replay = match (to, to_origin) {
+                (Some(destination), _) => Replay::to(destination.as_str()),
+                (None, true) => Replay::to_origin(),
                 // The group alone: what "replay these letters" means for the
                 // group named; every other group of the origin is left out.
-                (None, false) => Redrive::to_group(),
+                (None, false) => Replay::to_group(),
             }
             .dry_run(*dry_run)
             .max_replays(*max_replays);
@@ -284,9 +284,9 @@ async fn dlq_command(command: DlqCommand) -> Result<(), Failure> {
             };
             if let Some(bar) = &bar {
                 let bar = bar.clone();
-                redrive = redrive.on_progress(move |done| bar.set_position(done));
+                replay = replay.on_progress(move |done| bar.set_position(done));
             }
-            let replayed = dlq::replay(store, &selection, &redrive, as_json).await;
+            let replayed = dlq::replay(store, &selection, &replay, as_json).await;
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }

@@ -815,11 +815,11 @@ async fn dlq_count_replay_count_zero<F>(
     let replay = [&["dlq", "replay", "--json"][..], replay_to].concat();
     let dry = run(command(&[&replay[..], &["--dry-run"]].concat())).await;
     dry.assert_code(0);
-    assert_eq!(dry.json()["redriven"], left, "{}", dry.stdout);
+    assert_eq!(dry.json()["replayed"], left, "{}", dry.stdout);
     assert_eq!(dry.json()["by_class"]["permanent"], left, "{}", dry.stdout);
     let replayed = run(command(&replay)).await;
     replayed.assert_code(0);
-    assert_eq!(replayed.json()["redriven"], left, "{}", replayed.stdout);
+    assert_eq!(replayed.json()["replayed"], left, "{}", replayed.stdout);
     assert_eq!(replayed.json()["dry_run"], false);
 
     let counted = run(command(&["dlq", "count", "--json"])).await;
@@ -1814,7 +1814,7 @@ async fn kafka_default_replay_never_reaches_another_group() {
     assert!(created.iter().all(Result::is_ok), "{created:?}");
     let to_group = intake(&[&["dlq", "replay", "--json"][..], &target[..]].concat()).await;
     to_group.assert_code(0);
-    assert_eq!(to_group.json()["redriven"], 2, "{}", to_group.stdout);
+    assert_eq!(to_group.json()["replayed"], 2, "{}", to_group.stdout);
     assert_eq!(kafka_end(&returned), 2);
     assert_eq!(kafka_end(&topic), before + 1);
 
@@ -1917,7 +1917,7 @@ async fn redis_group_scopes_count_list_purge_and_replay() {
 
     let replayed = of("shipping", &["dlq", "replay", "--to-origin", "--json"]).await;
     replayed.assert_code(0);
-    assert_eq!(replayed.json()["redriven"], 3, "{}", replayed.stdout);
+    assert_eq!(replayed.json()["replayed"], 3, "{}", replayed.stdout);
     assert_eq!(total(of("billing", &["dlq", "count", "--json"]).await), 0);
     assert_eq!(total(of("shipping", &["dlq", "count", "--json"]).await), 0);
 
@@ -1999,7 +1999,7 @@ async fn redis_default_replay_goes_to_the_groups_return_stream_or_nowhere() {
         .unwrap();
     let replayed = intake(&[&["dlq", "replay", "--json"][..], &target[..]].concat()).await;
     replayed.assert_code(0);
-    assert_eq!(replayed.json()["redriven"], 2, "{}", replayed.stdout);
+    assert_eq!(replayed.json()["replayed"], 2, "{}", replayed.stdout);
     assert_eq!(xlen(returned.clone()).await, 2);
     assert_eq!(xlen(stream.clone()).await, origin_before);
 

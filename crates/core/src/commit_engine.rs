@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::acker::{AckBatch, AckMode, PartitionAck};
 use crate::message::{PartitionKey, Position};
-use crate::observer::PartitionStats;
+use crate::observer::PartitionProgress;
 
 /// Index of a partition inside the engine. Stable while it is assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -451,12 +451,12 @@ impl CommitEngine {
     }
 
     /// A snapshot of partition `id`.
-    pub fn stats(&self, id: PartitionId) -> Option<PartitionStats> {
+    pub fn progress(&self, id: PartitionId) -> Option<PartitionProgress> {
         let state = self
             .partitions
             .get(id.index())
             .filter(|state| state.assigned)?;
-        Some(PartitionStats {
+        Some(PartitionProgress {
             partition: state.key.clone(),
             watermark: state.watermark,
             newest: state.newest,

@@ -13,7 +13,7 @@ use crate::message::{PartitionKey, Position};
 /// A partition's positions and counts, as the commit engine holds them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct PartitionStats {
+pub struct PartitionProgress {
     /// The partition.
     pub partition: PartitionKey,
     /// The last contiguous done position.
@@ -34,7 +34,7 @@ pub struct PartitionStats {
 #[non_exhaustive]
 pub struct PartitionSnapshot {
     /// Positions, counts and the oldest unfinished message.
-    pub stats: PartitionStats,
+    pub stats: PartitionProgress,
     /// How long the oldest unfinished message has been unfinished (at the
     /// resolution of the commit interval).
     pub oldest_unfinished_age: Option<Duration>,

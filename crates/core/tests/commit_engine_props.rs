@@ -129,7 +129,7 @@ proptest! {
             done[index] = true;
         }
         check_watermark(&engine, id, &positions, &done)?;
-        let stats = engine.stats(id).expect("assigned");
+        let stats = engine.progress(id).expect("assigned");
         prop_assert_eq!(stats.oldest_unfinished, done.iter().position(|d| !d).map(|i| positions[i]));
         prop_assert_eq!(stats.newest, positions.last().copied());
     }

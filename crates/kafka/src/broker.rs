@@ -30,7 +30,7 @@ use intake_core::lag::LagProbe;
 /// | dead-letter sink | [`KafkaSource::dead_letter_sink`]: `{topic}.{group}.dlq`, a returned copy named after its first delivery |
 /// | parking | [`KafkaParking::builder`] for the group and topic, the options' tiers (else [`DEFAULT_TIERS`](crate::parking::DEFAULT_TIERS)), built **before** the source, which reads its return topic `{topic}.{group}.returned` |
 /// | publisher | one [`KafkaPublisher`], shared by every call |
-/// | dead-letter store | [`KafkaDeadLetters::builder`]`.dead_letters_of(topic, group)`, redriving through the publisher: [to the group](intake_core::dead_letter::store::Redrive::to_group) into its return topic |
+/// | dead-letter store | [`KafkaDeadLetters::builder`]`.dead_letters_of(topic, group)`, replaying through the publisher: [to the group](intake_core::dead_letter::store::Replay::to_group) into its return topic |
 /// | lag probe | [`KafkaLagProbe`] of the group on the topic and its return topic (when it exists); [`parked`](LagProbe::parked) counts the group's retry topics |
 ///
 /// The parts use the default names of each explicit builder, so a part
@@ -317,9 +317,9 @@ impl Broker for KafkaBroker {
     }
 
     /// The route's dead-letter topic `{topic}.{group}.dlq`, as its derived
-    /// sink writes it, redriving through the broker's publisher: to the
+    /// sink writes it, replaying through the broker's publisher: to the
     /// group's return topic `{topic}.{group}.returned`
-    /// ([`Redrive::to_group`](intake_core::dead_letter::store::Redrive::to_group)),
+    /// ([`Replay::to_group`](intake_core::dead_letter::store::Replay::to_group)),
     /// or to the origin. The clients connect on first use.
     async fn dead_letter_store(
         &self,

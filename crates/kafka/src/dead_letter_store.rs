@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 #[cfg(doc)]
-use intake_core::dead_letter::store::Redrive;
+use intake_core::dead_letter::store::Replay;
 use intake_core::dead_letter::store::{
     DeadLetterLog, LetterId, LogStore, StoreError, StoredLetter,
 };
@@ -59,8 +59,8 @@ pub const REMOVED_SUFFIX: &str = ".removed";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A Kafka dead-letter topic as a [`DeadLetterLog`], so that
-/// [`KafkaDeadLetterStore`] (a [`LogStore`] redriving through a
-/// [`KafkaPublisher`]) counts, lists, reads, redrives and purges what a
+/// [`KafkaDeadLetterStore`] (a [`LogStore`] replaying through a
+/// [`KafkaPublisher`]) counts, lists, reads, replays and purges what a
 /// [`KafkaDeadLetterSink`](crate::KafkaDeadLetterSink) wrote. Build one
 /// with [`KafkaDeadLetters::builder`]; it is cheap to clone.
 ///
@@ -72,12 +72,12 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// | count everything | the partitions' high minus low watermarks, minus the ids marked removed |
 /// | count with a filter, summary, list | a consumer assigned (never subscribed: it joins no group and commits nothing) from the cursor's offset, the marked ids skipped |
 /// | read | the same consumer at the id's offset |
-/// | redrive | a produce through the publisher, confirmed, then a removal: [to the group](Redrive::to_group) into its return topic `{topic}.{group}.returned` (only when it exists), [to the origin](Redrive::to_origin) into the origin topic; either into the letter's origin partition |
+/// | replay | a produce through the publisher, confirmed, then a removal: [to the group](Replay::to_group) into its return topic `{topic}.{group}.returned` (only when it exists), [to the origin](Replay::to_origin) into the origin topic; either into the letter's origin partition |
 /// | purge | a removal: `DeleteRecords` of the prefix of a partition it completes, a mark in `<dlq>.removed` for the rest |
 ///
 /// Removal: Kafka deletes only a prefix of a partition. Letters that,
 /// with those marked before, make up the front of their partition are
-/// deleted with `DeleteRecords`, never marked; a redrive or purge of
+/// deleted with `DeleteRecords`, never marked; a replay or purge of
 /// everything thus leaves an empty topic and writes no mark. A letter
 /// removed out of order (a purge by id, a filter that skips the oldest) is
 /// marked in the compacted side topic `<dlq>.removed`
@@ -111,9 +111,9 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// topic keeps letters), or removed letters come back when their marks
 /// expire. On a
 /// dead-letter topic of several partitions (the sink creates one), a
-/// redrive by filter stops at the newest letter of the last partition when
+/// replay by filter stops at the newest letter of the last partition when
 /// it starts, so a letter written meanwhile to an earlier partition (a
-/// replay that failed again) can be met by the same redrive; the loop guard
+/// replay that failed again) can be met by the same replay; the loop guard
 /// bounds how often. The count of everything is the watermarks' difference,
 /// so on a topic written by a transactional producer (no intake sink is
 /// one) it includes the transactions' control records, which no listing
@@ -125,7 +125,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// blocking pool.
 ///
 /// ```no_run
-/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Replay, Selection};
 /// use intake_kafka::{KafkaDeadLetters, KafkaPublisher, KafkaSettings};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -137,9 +137,9 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// println!("{} dead letters", store.count(&Filter::all()).await?);
 /// // Back to `billing` alone, through `orders.billing.returned`.
 /// let report = store
-///     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+///     .replay(&Selection::Matching(Filter::all()), &Replay::to_group())
 ///     .await?;
-/// println!("{} back to billing, {} skipped", report.redriven, report.skipped.len());
+/// println!("{} back to billing, {} skipped", report.replayed, report.skipped.len());
 /// # Ok(())
 /// # }
 /// ```
@@ -199,10 +199,10 @@ impl KafkaDeadLetters {
         }
     }
 
-    /// The store of this topic, redriving through `publisher`: with the
+    /// The store of this topic, replaying through `publisher`: with the
     /// letter's key, into the letter's origin partition, to the group's
-    /// return topic ([`Redrive::to_group`]) or to the origin topic
-    /// ([`Redrive::to_origin`]).
+    /// return topic ([`Replay::to_group`]) or to the origin topic
+    /// ([`Replay::to_origin`]).
     pub fn store(self, publisher: KafkaPublisher) -> KafkaDeadLetterStore {
         LogStore::new(self, publisher)
     }
@@ -297,7 +297,7 @@ impl DeadLetterLog for KafkaDeadLetters {
     /// when it exists: the group's source reads it, and no other group
     /// does. `None` without a [group](KafkaDeadLettersBuilder::group) or
     /// when the topic does not exist (the group does not park, or parks
-    /// elsewhere): a redrive to the group is then refused rather than sent
+    /// elsewhere): a replay to the group is then refused rather than sent
     /// to every group of the origin.
     async fn way_back_to_group(&self, origin: &str) -> Result<Option<Arc<str>>, StoreError> {
         let Some(group) = &self.inner.group else {
@@ -314,7 +314,7 @@ impl DeadLetterLog for KafkaDeadLetters {
         }
         let name = back_to.clone();
         let partitions = self
-            .blocking("redrive", move |inner, reader| {
+            .blocking("replay", move |inner, reader| {
                 inner.partitions(reader, &name)
             })
             .await?;

@@ -147,13 +147,13 @@ async fn stray_with_a_raw_header_name(brokers: &str, topic: &str) {
 /// it are removed too, the prefix is deleted (the low watermark moves) and
 /// the marks tombstoned. A fresh store sees the same; a record that is no
 /// letter (with a header name that is not UTF-8) is listed as unreadable
-/// and never redriven; ids of other forms or
+/// and never replayed; ids of other forms or
 /// places remove nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix() {
     use intake_core::backend::DeadLetterSink;
     use intake_core::dead_letter::store::{
-        DeadLetterStore, Filter, LetterId, Redrive, Selection, SkipReason, StoreError,
+        DeadLetterStore, Filter, LetterId, Replay, Selection, SkipReason, StoreError,
     };
     use intake_core::{DeadLetter, Message, Metadata, Position};
 
@@ -236,10 +236,10 @@ async fn kafka_store_marks_letters_removed_out_of_order_and_deletes_the_prefix()
     let side = format!("{topic}{}", intake_kafka::REMOVED_SUFFIX);
     let side_records = backend.read_all(&side).await.expect("side topic").len();
     let report = fresh
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_origin())
         .await
-        .expect("redrive");
-    assert_eq!(report.redriven, 2, "{report:?}");
+        .expect("replay");
+    assert_eq!(report.replayed, 2, "{report:?}");
     let skipped: Vec<(&str, &SkipReason)> = report
         .skipped
         .iter()

@@ -182,19 +182,19 @@ async fn the_shutdown_stops_the_mover_of_every_parking_the_broker_derived() {
     drop(sources);
 }
 
-/// The derived store holds what the derived sink wrote, and a redrive to
+/// The derived store holds what the derived sink wrote, and a replay to
 /// the group goes to the route's return topic, where the derived source
 /// reads it (and no other group of the topic sees it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_letter_redriven_to_the_group_comes_back_through_the_routes_own_source() {
+async fn a_letter_replayed_to_the_group_comes_back_through_the_routes_own_source() {
     use intake_core::DeadLetter;
     use intake_core::backend::DeadLetterSink as _;
-    use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+    use intake_core::dead_letter::store::{DeadLetterStore, Filter, Replay, Selection};
 
     let Some(kafka) = backend().await else {
         return;
     };
-    let topic = unique("broker-redrive");
+    let topic = unique("broker-replay");
     let group = unique("billing");
     kafka
         .create_topic(&topic, 1)
@@ -223,10 +223,10 @@ async fn a_letter_redriven_to_the_group_comes_back_through_the_routes_own_source
         .expect("derive the store");
     assert_eq!(store.count(&Filter::all()).await.expect("count"), 1);
     let report = store
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_group())
         .await
-        .expect("redrive");
-    assert_eq!(report.redriven, 1, "{report:?}");
+        .expect("replay");
+    assert_eq!(report.replayed, 1, "{report:?}");
     assert_eq!(store.count(&Filter::all()).await.expect("count"), 0);
     let replayed = kafka
         .read_all(&return_topic)

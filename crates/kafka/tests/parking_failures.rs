@@ -17,7 +17,7 @@ use intake_core::backend::RevocationOutcome;
 use intake_core::backend::testkit::Backend;
 use intake_core::backend::testkit::harness::{Running, id_of, numbered};
 use intake_core::dead_letter::store::{
-    DeadLetterStore as _, Filter, Redrive, Selection, StoreError,
+    DeadLetterStore as _, Filter, Replay, Selection, StoreError,
 };
 use intake_core::parking::{
     DUE, ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION, PARK_ID, PARKS, Parking, ParkingLayer,
@@ -1082,12 +1082,12 @@ fn store_of(kafka: &KafkaBackend, topic: &str, group: &str) -> intake_kafka::Kaf
         )
 }
 
-/// R18 through the store: a redrive to the origin lands in the letter's
+/// R18 through the store: a replay to the origin lands in the letter's
 /// origin partition, even for a key Java's partitioner puts elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redrive_to_the_origin_lands_in_the_letters_partition() {
+async fn a_replay_to_the_origin_lands_in_the_letters_partition() {
     support::init_tracing();
-    let Some(kafka) = KafkaBackend::real("a_redrive_to_the_origin_lands_in_the_letters_partition")
+    let Some(kafka) = KafkaBackend::real("a_replay_to_the_origin_lands_in_the_letters_partition")
     else {
         return;
     };
@@ -1097,10 +1097,10 @@ async fn a_redrive_to_the_origin_lands_in_the_letters_partition() {
     write_letter(&kafka, &topic, &group, 2, 5, &key, "r1").await;
     let store = store_of(&kafka, &topic, &group);
     let report = store
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_origin())
         .await
-        .expect("redriven");
-    assert_eq!(report.redriven, 1, "{report:?}");
+        .expect("replayed");
+    assert_eq!(report.replayed, 1, "{report:?}");
     let records = kafka.read_all(&topic).await.expect("read");
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(
@@ -1110,14 +1110,14 @@ async fn a_redrive_to_the_origin_lands_in_the_letters_partition() {
     assert_eq!(records[0].key.as_deref(), Some(key.as_bytes()));
 }
 
-/// R6 (Kafka): a redrive to the group goes to the group's return topic,
+/// R6 (Kafka): a replay to the group goes to the group's return topic,
 /// into the origin partition, marked as the original's first delivery;
 /// another group of the origin never sees it. Without a return topic, the
-/// redrive to the group is refused and nothing is published.
+/// replay to the group is refused and nothing is published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redrive_to_the_group_goes_to_its_return_topic_only() {
+async fn a_replay_to_the_group_goes_to_its_return_topic_only() {
     support::init_tracing();
-    let Some(kafka) = KafkaBackend::real("a_redrive_to_the_group_goes_to_its_return_topic_only")
+    let Some(kafka) = KafkaBackend::real("a_replay_to_the_group_goes_to_its_return_topic_only")
     else {
         return;
     };
@@ -1132,10 +1132,10 @@ async fn a_redrive_to_the_group_goes_to_its_return_topic_only() {
     write_letter(&kafka, &topic, &group, 2, 5, &key, "r1").await;
     let store = store_of(&kafka, &topic, &group);
     let report = store
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_group())
         .await
-        .expect("redriven to the group");
-    assert_eq!(report.redriven, 1, "{report:?}");
+        .expect("replayed to the group");
+    assert_eq!(report.replayed, 1, "{report:?}");
     let back = kafka.read_all(&returned).await.expect("read");
     assert_eq!(back.len(), 1, "{back:?}");
     let replay = &back[0];
@@ -1161,7 +1161,7 @@ async fn a_redrive_to_the_group_goes_to_its_return_topic_only() {
     let lone = unique("g");
     write_letter(&kafka, &topic, &lone, 1, 9, "k", "r2").await;
     let refused = store_of(&kafka, &topic, &lone)
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_group())
         .await
         .expect_err("no way back to the group");
     assert!(

@@ -39,7 +39,7 @@ use intake_core::{
 use tokio::time::Instant;
 
 use crate::confirm::Confirmations;
-use crate::counters::Counters;
+use crate::counters::NatsCounters;
 use crate::deliveries::Deliveries;
 use crate::parking::ParkedHere;
 
@@ -55,7 +55,7 @@ pub struct NatsAcker {
     nak_delay_cap: Duration,
     ack_timeout: Duration,
     endpoint: Arc<str>,
-    counters: Arc<Counters>,
+    counters: Arc<NatsCounters>,
     /// Reused per batch.
     sequences: Vec<u64>,
     requeued: Vec<u64>,
@@ -97,7 +97,7 @@ impl NatsAcker {
         nak_delay_cap: Duration,
         ack_timeout: Duration,
         endpoint: Arc<str>,
-        counters: Arc<Counters>,
+        counters: Arc<NatsCounters>,
     ) -> Self {
         Self {
             deliveries,

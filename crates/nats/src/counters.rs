@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Counters shared by a source, its acker and its dead-letter sink; read
 /// them with [`NatsSource::counters`](crate::NatsSource::counters).
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct NatsCounters {
     progress_reports: AtomicU64,
     naks: AtomicU64,
     terms: AtomicU64,
@@ -17,7 +17,7 @@ pub struct Counters {
     parked_here: AtomicU64,
 }
 
-impl Counters {
+impl NatsCounters {
     /// `+WPI` reports sent for deliveries held longer than half their
     /// `ack_wait`.
     pub fn progress_reports(&self) -> u64 {

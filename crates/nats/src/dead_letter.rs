@@ -60,7 +60,7 @@ use intake_core::{
 use crate::acker::sequence;
 use crate::confirm::Confirmations;
 use crate::connection::Connection;
-use crate::counters::Counters;
+use crate::counters::NatsCounters;
 use crate::deliveries::Deliveries;
 use crate::error::{Error, boxed};
 
@@ -97,7 +97,7 @@ pub struct NatsDeadLetterSinkBuilder {
     stream: Option<String>,
     create_stream: bool,
     deliveries: Arc<Deliveries>,
-    counters: Arc<Counters>,
+    counters: Arc<NatsCounters>,
     confirm_timeout: Duration,
 }
 
@@ -119,7 +119,7 @@ impl NatsDeadLetterSinkBuilder {
         source_stream: String,
         consumer: Option<String>,
         deliveries: Arc<Deliveries>,
-        counters: Arc<Counters>,
+        counters: Arc<NatsCounters>,
         confirm_timeout: Duration,
     ) -> Self {
         Self {
@@ -312,7 +312,7 @@ pub struct NatsDeadLetterSink {
     source_stream: SourceName,
     origin_retention: OriginRetention,
     deliveries: Arc<Deliveries>,
-    counters: Arc<Counters>,
+    counters: Arc<NatsCounters>,
     terms: tokio::sync::Mutex<Confirmations>,
     endpoint: String,
     confirm_timeout: Duration,

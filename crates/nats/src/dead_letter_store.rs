@@ -1,6 +1,6 @@
 //! [`NatsDeadLetters`]: a JetStream dead-letter stream as a
 //! [`DeadLetterLog`], the log of [`NatsDeadLetterStore`], and
-//! [`NatsRedrivePublisher`], which sends a replayed message back to the
+//! [`NatsReplayPublisher`], which sends a replayed message back to the
 //! subject it was consumed from.
 
 use std::collections::HashMap;
@@ -25,12 +25,12 @@ use crate::publisher::{NatsPublisher, NatsReceipt};
 use crate::settings::NatsSettings;
 
 /// The dead-letter store of a JetStream dead-letter stream.
-pub type NatsDeadLetterStore = LogStore<NatsDeadLetters, NatsRedrivePublisher>;
+pub type NatsDeadLetterStore = LogStore<NatsDeadLetters, NatsReplayPublisher>;
 
 /// A JetStream dead-letter stream as a [`DeadLetterLog`] (its ids are
 /// stream sequences, `41`), so that [`NatsDeadLetterStore`] (a [`LogStore`]
-/// redriving through a [`NatsRedrivePublisher`]) counts, lists, reads,
-/// redrives and purges what a
+/// replaying through a [`NatsReplayPublisher`]) counts, lists, reads,
+/// replays and purges what a
 /// [`NatsDeadLetterSink`](crate::NatsDeadLetterSink) wrote. Build one with
 /// [`NatsDeadLetters::builder`]; it is cheap to clone.
 ///
@@ -43,7 +43,7 @@ pub type NatsDeadLetterStore = LogStore<NatsDeadLetters, NatsRedrivePublisher>;
 /// | count everything | stream info: `messages`, or the subject's count (`subjects_filter`) |
 /// | count with a filter, summary, list | `STREAM.MSG.GET` with `next_by_subj`, one entry per request, from the sequence after the cursor |
 /// | read | `STREAM.MSG.GET` by sequence |
-/// | redrive | a publish to the original subject, confirmed, then `STREAM.MSG.DELETE` |
+/// | replay | a publish to the original subject, confirmed, then `STREAM.MSG.DELETE` |
 /// | purge | `STREAM.MSG.DELETE` |
 ///
 /// Why message gets and not an ordered consumer: each get is one request
@@ -63,7 +63,7 @@ pub type NatsDeadLetterStore = LogStore<NatsDeadLetters, NatsRedrivePublisher>;
 /// it; remove it with `nats stream rmm`.
 ///
 /// ```no_run
-/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Replay, Selection};
 /// use intake_nats::{NatsDeadLetters, NatsPublisher};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -75,9 +75,9 @@ pub type NatsDeadLetterStore = LogStore<NatsDeadLetters, NatsRedrivePublisher>;
 ///     .store(NatsPublisher::builder(url).build().await?);
 /// println!("{} dead letters", store.count(&Filter::all()).await?);
 /// let report = store
-///     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+///     .replay(&Selection::Matching(Filter::all()), &Replay::to_origin())
 ///     .await?;
-/// println!("{} back on their subjects, {} skipped", report.redriven, report.skipped.len());
+/// println!("{} back on their subjects, {} skipped", report.replayed, report.skipped.len());
 /// # Ok(())
 /// # }
 /// ```
@@ -118,11 +118,11 @@ impl NatsDeadLetters {
         }
     }
 
-    /// The store of this stream, redriving through `publisher` (see
-    /// [`NatsRedrivePublisher`] for where a replay goes).
+    /// The store of this stream, replaying through `publisher` (see
+    /// [`NatsReplayPublisher`] for where a replay goes).
     pub fn store(self, publisher: NatsPublisher) -> NatsDeadLetterStore {
-        let redrive = NatsRedrivePublisher::new(self.context.clone(), publisher, self.timeout);
-        LogStore::new(self, redrive)
+        let replay = NatsReplayPublisher::new(self.context.clone(), publisher, self.timeout);
+        LogStore::new(self, replay)
     }
 
     /// The dead-letter stream.
@@ -444,7 +444,7 @@ impl DeadLetterLog for NatsDeadLetters {
     }
 }
 
-/// Publishes a redriven letter's message through a [`NatsPublisher`],
+/// Publishes a replayed letter's message through a [`NatsPublisher`],
 /// to the subject it was consumed from.
 ///
 /// A NATS letter's origin is a stream and its key the subject the message
@@ -452,29 +452,29 @@ impl DeadLetterLog for NatsDeadLetters {
 /// subject), so a replay "to its origin" (an [`Output`] whose destination
 /// names a stream) is published to the key as the subject, exactly; the
 /// source then reads the same key again. An output to any other
-/// destination (`Redrive::to("SUBJECT")`) is published to that subject,
+/// destination (`Replay::to("SUBJECT")`) is published to that subject,
 /// exactly: the original subject is no token of another.
 ///
 /// Whether a destination names a stream is asked of the server once per
 /// destination (a stream info request, bounded by the request timeout).
 #[derive(Clone)]
-pub struct NatsRedrivePublisher {
+pub struct NatsReplayPublisher {
     context: jetstream::Context,
     publisher: NatsPublisher,
     timeout: Duration,
     streams: Arc<Mutex<HashMap<Arc<str>, bool>>>,
 }
 
-impl fmt::Debug for NatsRedrivePublisher {
+impl fmt::Debug for NatsReplayPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NatsRedrivePublisher")
+        f.debug_struct("NatsReplayPublisher")
             .field("publisher", &self.publisher)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
 
-impl NatsRedrivePublisher {
+impl NatsReplayPublisher {
     fn new(context: jetstream::Context, publisher: NatsPublisher, timeout: Duration) -> Self {
         Self {
             context,
@@ -537,7 +537,7 @@ impl NatsRedrivePublisher {
     }
 }
 
-impl Publisher for NatsRedrivePublisher {
+impl Publisher for NatsReplayPublisher {
     type Receipt = NatsReceipt;
 
     async fn send(&self, output: Output) -> Result<NatsReceipt, PublishError> {
@@ -559,7 +559,7 @@ impl Publisher for NatsRedrivePublisher {
                 return Err(PublishError::new(
                     PublishErrorKind::Rejected,
                     &*destination,
-                    "the letter has no original subject to publish to; redrive it to a subject",
+                    "the letter has no original subject to publish to; replay it to a subject",
                 ));
             }
         };

@@ -298,7 +298,7 @@ impl ProgressTask {
         client: async_nats::Client,
         deliveries: Arc<Deliveries>,
         ack_wait: Duration,
-        counters: Arc<crate::counters::Counters>,
+        counters: Arc<crate::counters::NatsCounters>,
     ) -> Self {
         let tick = (ack_wait / 4).max(Duration::from_millis(10));
         let older_than = ack_wait / 2;

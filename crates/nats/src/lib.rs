@@ -30,7 +30,7 @@
 //!   `<stream>_dlq`) with the dead-letter envelope as headers, waits for
 //!   JetStream's publish ack, then ends the original with `+TERM`.
 //! - [`NatsDeadLetters`] reads a dead-letter stream back
-//!   ([`NatsDeadLetterStore`]: count, list, read, redrive to the original
+//!   ([`NatsDeadLetterStore`]: count, list, read, replay to the original
 //!   subject, purge), one message get per letter by stream sequence.
 //! - [`NatsPublisher`] publishes handlers' outputs (`intake_core::publish`)
 //!   to subjects, many in flight on one connection, at most
@@ -156,14 +156,14 @@ mod url;
 
 pub use acker::NatsAcker;
 pub use broker::NatsBroker;
-pub use counters::Counters;
+pub use counters::NatsCounters;
 pub use dead_letter::{
     BROKER_NAME, MAX_HEADER_BYTES as MAX_DEAD_LETTER_HEADER_BYTES, NATS_HEADER_PREFIX,
     NatsDeadLetterSink, NatsDeadLetterSinkBuilder, default_stream as default_dead_letter_stream,
     default_subject as default_dead_letter_subject, read_dead_letter,
 };
 pub use dead_letter_store::{
-    NatsDeadLetterStore, NatsDeadLetters, NatsDeadLettersBuilder, NatsRedrivePublisher,
+    NatsDeadLetterStore, NatsDeadLetters, NatsDeadLettersBuilder, NatsReplayPublisher,
 };
 pub use error::Error;
 pub use lag::NatsLagProbe;

@@ -13,10 +13,10 @@ use intake_core::{FromMessage, HandlerError, Message};
 use tower::Service;
 
 use crate::context::Context;
+use crate::counters::ExactlyOnceCounters;
 use crate::error::Error;
 use crate::handler::IntoTxResult;
 use crate::message_id::MarkerKey;
-use crate::stats::ExactlyOnceStats;
 use crate::tx::Tx;
 
 /// An async fn (or closure) that handles a batch in one transaction:
@@ -81,7 +81,7 @@ pub type BatchResponseFuture =
 ///   the same batch (retryable without backoff: the retry finds the first
 ///   copy's marker and is skipped);
 /// - messages whose marker already existed are skipped (acknowledged,
-///   counted as [duplicates](ExactlyOnceStats::duplicates)), and the fn gets
+///   counted as [duplicates](ExactlyOnceCounters::duplicates)), and the fn gets
 ///   only the new ones; if there are none, it is not called;
 /// - `Ok` commits the effects and every marker, and then every message is
 ///   `Ok`;
@@ -106,8 +106,8 @@ impl<F, Item> ExactlyOnceBatch<F, Item> {
     }
 
     /// The counters of this handler (shared by its clones).
-    pub fn stats(&self) -> &Arc<ExactlyOnceStats> {
-        &self.context.stats
+    pub fn counters(&self) -> &Arc<ExactlyOnceCounters> {
+        &self.context.counters
     }
 
     /// The consumer group whose markers this handler writes.
@@ -238,12 +238,12 @@ where
                 Err(error) => Err(error),
             };
             if outcome.is_err() {
-                context.stats.add_rolled_back(1);
+                context.counters.add_rolled_back(1);
             }
             outcomes[indexes[at]] = outcome;
         }
     } else {
-        context.stats.add_rolled_back(failure.affected.len());
+        context.counters.add_rolled_back(failure.affected.len());
         let errors = share(failure.error, failure.affected.len());
         for (at, error) in failure.affected.into_iter().zip(errors) {
             outcomes[indexes[at]] = Err(error);
@@ -298,7 +298,7 @@ where
     new.sort_unstable();
     let duplicates = keys.len() - new.len();
     if duplicates > 0 {
-        context.stats.add_duplicates(duplicates);
+        context.counters.add_duplicates(duplicates);
         tracing::debug!(
             group = %context.group,
             duplicates,
@@ -328,7 +328,7 @@ where
     match outcome {
         Ok(()) => match context.commit(transaction, id).await {
             Ok(()) => {
-                context.stats.add_processed(new.len());
+                context.counters.add_processed(new.len());
                 Ok(())
             }
             Err(error) => Err(Failure::of_step(error, new)),

@@ -8,12 +8,12 @@ use sqlx::PgPool;
 
 use crate::batch::{ExactlyOnceBatch, TxBatchHandler};
 use crate::context::Context;
+use crate::counters::ExactlyOnceCounters;
 use crate::exactly_once::ExactlyOnce;
 use crate::handler::TxHandler;
 use crate::isolation::IsolationLevel;
 use crate::marker_table::MarkerTable;
 use crate::message_id::MessageId;
-use crate::stats::ExactlyOnceStats;
 
 /// Longest consumer group name accepted, in bytes.
 const MAX_GROUP_LEN: usize = 255;
@@ -139,7 +139,7 @@ impl ExactlyOnceBuilder {
             table: self.table,
             message_id: self.message_id,
             isolation: self.isolation,
-            stats: Arc::new(ExactlyOnceStats::default()),
+            counters: Arc::new(ExactlyOnceCounters::default()),
         }))
     }
 }

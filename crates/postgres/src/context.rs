@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use crate::counters::ExactlyOnceCounters;
 use crate::error::Error;
 use crate::isolation::IsolationLevel;
 use crate::marker_table::MarkerTable;
 use crate::message_id::{MarkerKey, MessageId};
-use crate::stats::ExactlyOnceStats;
 use crate::tx::{Transaction, TransactionId};
 
 /// SQLSTATE `in_failed_sql_transaction`: a statement sent after an error
@@ -23,7 +23,7 @@ pub(crate) struct Context {
     pub(crate) table: MarkerTable,
     pub(crate) message_id: MessageId,
     pub(crate) isolation: Option<IsolationLevel>,
-    pub(crate) stats: Arc<ExactlyOnceStats>,
+    pub(crate) counters: Arc<ExactlyOnceCounters>,
 }
 
 impl Context {

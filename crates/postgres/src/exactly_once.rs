@@ -17,9 +17,9 @@ use tower::Service;
 // `handler` returns an `ExactlyOnce`).
 use crate::builder::ExactlyOnceBuilder;
 use crate::context::Context;
+use crate::counters::ExactlyOnceCounters;
 use crate::error::Error;
 use crate::handler::{IntoTxResult, TxHandler};
-use crate::stats::ExactlyOnceStats;
 use crate::tx::Tx;
 
 /// The future of an exactly-once service.
@@ -59,14 +59,14 @@ where
 /// 3. if the marker existed, the message was processed before (a redelivery
 ///    after a crash between commit and acknowledgement): the transaction is
 ///    rolled back, the handler does not run, the message is acknowledged and
-///    counted as a [duplicate](ExactlyOnceStats::duplicates);
+///    counted as a [duplicate](ExactlyOnceCounters::duplicates);
 /// 4. otherwise the handler runs with the [`Tx`]; on `Ok` one statement
 ///    checks that the transaction is still the marker's and has not failed,
 ///    the transaction commits, and only then does the service return `Ok`
 ///    (so the runtime acknowledges only committed messages); on `Err` it
 ///    rolls back.
 ///
-/// Clones share the pool, settings and [stats](Self::stats).
+/// Clones share the pool, settings and [counters](Self::counters).
 pub struct ExactlyOnce<F, Args> {
     handler: F,
     context: Arc<Context>,
@@ -90,8 +90,8 @@ impl<F, Args> ExactlyOnce<F, Args> {
     }
 
     /// The counters of this handler (shared by its clones).
-    pub fn stats(&self) -> &Arc<ExactlyOnceStats> {
-        &self.context.stats
+    pub fn counters(&self) -> &Arc<ExactlyOnceCounters> {
+        &self.context.counters
     }
 
     /// The consumer group whose markers this handler writes.
@@ -159,7 +159,7 @@ where
     let mut transaction = context.begin().await?;
     let Some(id) = context.mark(&mut transaction, &key).await? else {
         context.roll_back(transaction).await;
-        context.stats.add_duplicates(1);
+        context.counters.add_duplicates(1);
         tracing::debug!(
             group = %context.group,
             source = %key.source,
@@ -173,23 +173,23 @@ where
     let (tx, lent) = Tx::lend(transaction);
     let outcome = handler.call(tx, extracted).await.into_tx_result();
     let Some(transaction) = lent.take_back() else {
-        context.stats.add_rolled_back(1);
+        context.counters.add_rolled_back(1);
         return Err(Error::TransactionEscaped.into());
     };
     match outcome {
         Ok(()) => match context.commit(transaction, id).await {
             Ok(()) => {
-                context.stats.add_processed(1);
+                context.counters.add_processed(1);
                 Ok(())
             }
             Err(error) => {
-                context.stats.add_rolled_back(1);
+                context.counters.add_rolled_back(1);
                 Err(error.into())
             }
         },
         Err(error) => {
             context.roll_back(transaction).await;
-            context.stats.add_rolled_back(1);
+            context.counters.add_rolled_back(1);
             Err(error)
         }
     }

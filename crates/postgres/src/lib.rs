@@ -47,7 +47,7 @@
 //!         Ok(())
 //!     },
 //! )?;
-//! let duplicates = handler.stats().clone();
+//! let duplicates = handler.counters().clone();
 //!
 //! Consumer::builder()
 //!     .max_in_flight(32)
@@ -213,6 +213,7 @@ mod batch;
 mod builder;
 mod classify;
 mod context;
+mod counters;
 mod error;
 mod exactly_once;
 mod handler;
@@ -222,7 +223,6 @@ mod message_id;
 pub mod outbox;
 mod pool;
 mod prune;
-mod stats;
 mod tls;
 mod tx;
 mod url;
@@ -230,6 +230,7 @@ mod url;
 pub use batch::{BatchResponseFuture, ExactlyOnceBatch, TxBatchHandler};
 pub use builder::ExactlyOnceBuilder;
 pub use classify::{error_class, handler_error, sqlstate_class};
+pub use counters::ExactlyOnceCounters;
 pub use error::Error;
 pub use exactly_once::{ExactlyOnce, ResponseFuture, exactly_once};
 pub use handler::{IntoTxResult, TxHandler};
@@ -242,7 +243,6 @@ pub use outbox::{
 };
 pub use pool::PoolConfig;
 pub use prune::{PruneSettings, Pruner, PrunerHandle};
-pub use stats::ExactlyOnceStats;
 pub use tls::SslMode;
 pub use tx::Tx;
 pub use url::DatabaseUrl;

@@ -77,7 +77,7 @@ pub enum MessageId {
     /// that can write to the source can give its message the id of another
     /// message: whichever is processed first runs, and the other is skipped
     /// as a duplicate, acknowledged, counted in
-    /// [`duplicates`](crate::ExactlyOnceStats::duplicates) and logged at
+    /// [`duplicates`](crate::ExactlyOnceCounters::duplicates) and logged at
     /// `debug`, its effects never applied. So it can suppress a message
     /// whose id it can guess (a sequence number, an order number) or sees
     /// before it is processed (on another partition, which may be read

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{Fixture, message, tagged_message};
 use intake_core::{HandlerError, Json, Message};
-use intake_postgres::{ExactlyOnceStats, MessageId, Tx};
+use intake_postgres::{ExactlyOnceCounters, MessageId, Tx};
 use sqlx::AssertSqlSafe;
 use tower::ServiceExt;
 
@@ -34,7 +34,7 @@ impl<S> BatchService for S where
 fn inserting(
     db: &Fixture,
     message_id: MessageId,
-) -> (impl BatchService, Calls, Arc<ExactlyOnceStats>) {
+) -> (impl BatchService, Calls, Arc<ExactlyOnceCounters>) {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&calls);
     let insert = format!(
@@ -54,8 +54,8 @@ fn inserting(
             Ok::<_, sqlx::Error>(())
         })
         .unwrap();
-    let stats = Arc::clone(service.stats());
-    (service, calls, stats)
+    let counters = Arc::clone(service.counters());
+    (service, calls, counters)
 }
 
 /// Messages at `offsets` of partition 0, each carrying its offset as id.
@@ -80,7 +80,7 @@ async fn a_batch_commits_its_new_messages_and_skips_processed_ones() {
     let Some(db) = Fixture::new("batch duplicates").await else {
         return;
     };
-    let (service, calls, stats) = inserting(&db, MessageId::Position);
+    let (service, calls, counters) = inserting(&db, MessageId::Position);
 
     let outcomes = service.clone().oneshot(batch(0..5)).await.unwrap();
     assert_eq!(classes(&outcomes), vec!["ok"; 5]);
@@ -93,7 +93,7 @@ async fn a_batch_commits_its_new_messages_and_skips_processed_ones() {
         vec![vec![0, 1, 2, 3, 4], vec![5, 6, 7]]
     );
     assert_eq!((db.effects().await, db.markers().await), (8, 8));
-    assert_eq!((stats.processed(), stats.duplicates()), (8, 2));
+    assert_eq!((counters.processed(), counters.duplicates()), (8, 2));
 }
 
 #[tokio::test]
@@ -101,12 +101,12 @@ async fn a_batch_of_only_processed_messages_does_not_call_the_handler() {
     let Some(db) = Fixture::new("batch all duplicates").await else {
         return;
     };
-    let (service, calls, stats) = inserting(&db, MessageId::Position);
+    let (service, calls, counters) = inserting(&db, MessageId::Position);
     service.clone().oneshot(batch(0..3)).await.unwrap();
     let outcomes = service.oneshot(batch(0..3)).await.unwrap();
     assert_eq!(classes(&outcomes), vec!["ok"; 3]);
     assert_eq!(calls.lock().unwrap().len(), 1);
-    assert_eq!(stats.duplicates(), 3);
+    assert_eq!(counters.duplicates(), 3);
 }
 
 #[tokio::test]
@@ -117,7 +117,7 @@ async fn a_permanent_failure_fails_only_the_message_at_fault_and_the_rest_commit
     // Id 2 is already in the effects table: inserting it again violates the
     // primary key, which fails the whole batch's statement.
     db.insert_effect(2).await;
-    let (service, calls, stats) = inserting(&db, MessageId::Position);
+    let (service, calls, counters) = inserting(&db, MessageId::Position);
 
     let outcomes = service.oneshot(batch(0..4)).await.unwrap();
 
@@ -128,7 +128,7 @@ async fn a_permanent_failure_fails_only_the_message_at_fault_and_the_rest_commit
         vec![vec![0, 1, 2, 3], vec![0], vec![1], vec![2], vec![3]]
     );
     assert_eq!((db.effects().await, db.markers().await), (4, 3));
-    assert_eq!((stats.processed(), stats.rolled_back()), (3, 1));
+    assert_eq!((counters.processed(), counters.rolled_back()), (3, 1));
 }
 
 #[tokio::test]
@@ -157,7 +157,7 @@ async fn a_retryable_failure_rolls_back_the_whole_batch() {
         assert_eq!(error.cause().to_string(), "the ledger service is down");
     }
     assert_eq!((db.effects().await, db.markers().await), (0, 0));
-    assert_eq!(service.stats().rolled_back(), 3);
+    assert_eq!(service.counters().rolled_back(), 3);
 }
 
 #[tokio::test]

@@ -152,7 +152,7 @@ async fn outputs_are_in_the_outbox_only_when_the_handler_commits() {
 
     assert_eq!(outbox.count(&db.pool).await.unwrap(), 2);
     assert_eq!(db.effects().await, 1);
-    assert_eq!(service.stats().duplicates(), 1);
+    assert_eq!(service.counters().duplicates(), 1);
     let broker = broker();
     let relay = OutboxRelay::new(db.pool.clone(), outbox, broker.publisher(), quick()).unwrap();
     assert_eq!(relay.relay_batch().await.unwrap().published, 2);

@@ -19,7 +19,7 @@ mod redis_support;
 use std::time::Duration;
 
 use intake_core::Message;
-use intake_postgres::{ExactlyOnceStats, MessageId, Tx};
+use intake_postgres::{ExactlyOnceCounters, MessageId, Tx};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use tower::ServiceExt;
@@ -52,7 +52,7 @@ async fn consume(
     group: &str,
     count: usize,
     message_id: MessageId,
-) -> (Vec<Message>, std::sync::Arc<ExactlyOnceStats>) {
+) -> (Vec<Message>, std::sync::Arc<ExactlyOnceCounters>) {
     let mut source = redis_support::group_builder(stream, group, "c1")
         .build()
         .await
@@ -70,7 +70,7 @@ async fn consume(
             Ok::<_, intake_core::BoxError>(())
         })
         .expect("handler");
-    let stats = handler.stats().clone();
+    let counters = handler.counters().clone();
     for message in &received {
         handler
             .clone()
@@ -79,7 +79,7 @@ async fn consume(
             .expect("processed or skipped");
     }
     redis_support::ack(&mut acker, &received).await;
-    (received, stats)
+    (received, counters)
 }
 
 #[tokio::test]
@@ -110,7 +110,7 @@ async fn a_recreated_stream_with_clock_based_ids_keeps_every_effect_under_positi
         "second",
     )
     .await;
-    let (after, stats) = consume(&fixture, &stream, &group, 3, MessageId::Position).await;
+    let (after, counters) = consume(&fixture, &stream, &group, 3, MessageId::Position).await;
 
     let newest_before = before.iter().map(|m| m.metadata().position()).max();
     let oldest_after = after.iter().map(|m| m.metadata().position()).min();
@@ -118,7 +118,7 @@ async fn a_recreated_stream_with_clock_based_ids_keeps_every_effect_under_positi
         oldest_after > newest_before,
         "Redis gave the new entries later ids"
     );
-    assert_eq!(stats.duplicates(), 0);
+    assert_eq!(counters.duplicates(), 0);
     assert_eq!(fixture.effects().await, 6, "every effect is there");
 }
 
@@ -144,10 +144,10 @@ async fn a_recreated_stream_that_repeats_ids_loses_effects_under_position_marker
         redis.del::<_, ()>(&stream).await.expect("DEL");
         let ids = [("1000-1", 4), ("1000-2", 5), ("1000-3", 6)];
         add(&mut redis, &stream, &ids, "second").await;
-        let (_, stats) = consume(&fixture, &stream, &group, 3, message_id.clone()).await;
+        let (_, counters) = consume(&fixture, &stream, &group, 3, message_id.clone()).await;
 
         assert_eq!(
-            stats.duplicates(),
+            counters.duplicates(),
             expected_duplicates,
             "{message_id:?}: new entries skipped as duplicates"
         );

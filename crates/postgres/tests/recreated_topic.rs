@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use intake_core::backend::testkit::{Backend, TestMessage};
 use intake_core::{Headers, Message};
-use intake_postgres::{ExactlyOnceStats, MessageId, Tx};
+use intake_postgres::{ExactlyOnceCounters, MessageId, Tx};
 use kafka_support::{KafkaBackend, unique};
 use tower::ServiceExt;
 
@@ -46,7 +46,7 @@ async fn consume(
     group: &str,
     count: usize,
     message_id: MessageId,
-) -> std::sync::Arc<ExactlyOnceStats> {
+) -> std::sync::Arc<ExactlyOnceCounters> {
     let mut source = kafka.source(topic, group).build().await.expect("source");
     let taken = kafka_support::take(&mut source, count, 16, Duration::from_secs(30)).await;
     assert_eq!(taken.messages.len(), count);
@@ -60,7 +60,7 @@ async fn consume(
             Ok::<_, intake_core::BoxError>(())
         })
         .expect("handler");
-    let stats = handler.stats().clone();
+    let counters = handler.counters().clone();
     for message in taken.messages {
         handler
             .clone()
@@ -71,7 +71,7 @@ async fn consume(
     intake_core::backend::Source::close(&mut source)
         .await
         .expect("close");
-    stats
+    counters
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,10 +107,10 @@ async fn a_recreated_topic_loses_effects_under_position_markers_not_under_header
             .produce(&topic, records(4..7, "second"))
             .await
             .expect("produce to the new topic");
-        let stats = consume(&kafka, &fixture, &topic, &group, 3, message_id.clone()).await;
+        let counters = consume(&kafka, &fixture, &topic, &group, 3, message_id.clone()).await;
 
         assert_eq!(
-            stats.duplicates(),
+            counters.duplicates(),
             expected_duplicates,
             "{message_id:?}: new records skipped as duplicates"
         );

@@ -86,7 +86,7 @@ async fn copies_a_producer_sent_twice_are_skipped_by_their_header_id() {
             Ok::<_, intake_core::BoxError>(())
         })
         .unwrap();
-    let stats = Arc::clone(handler.stats());
+    let counters = Arc::clone(handler.counters());
     let running = Running::start(
         &backend,
         &source,
@@ -106,5 +106,5 @@ async fn copies_a_producer_sent_twice_are_skipped_by_their_header_id() {
         common::ledger_summary(&pool, &ledger).await,
         (100, 100, Some(0), Some(99))
     );
-    assert_eq!((stats.processed(), stats.duplicates()), (100, 100));
+    assert_eq!((counters.processed(), counters.duplicates()), (100, 100));
 }

@@ -77,8 +77,8 @@ async fn a_redelivered_message_runs_its_effects_once_and_is_counted_as_a_duplica
         .unwrap();
 
     assert_eq!(runs.load(Ordering::Relaxed), 1);
-    assert_eq!(service.stats().processed(), 1);
-    assert_eq!(service.stats().duplicates(), 1);
+    assert_eq!(service.counters().processed(), 1);
+    assert_eq!(service.counters().duplicates(), 1);
     assert_eq!((db.effects().await, db.markers().await), (1, 1));
 }
 
@@ -104,10 +104,10 @@ async fn the_same_position_in_another_group_or_partition_is_another_message() {
     call(&mut shipping, message("orders", 0, 1, 1))
         .await
         .unwrap();
-    assert_eq!(billing.stats().processed(), 3);
-    assert_eq!(shipping.stats().processed(), 1);
+    assert_eq!(billing.counters().processed(), 3);
+    assert_eq!(shipping.counters().processed(), 1);
     assert_eq!(
-        billing.stats().duplicates() + shipping.stats().duplicates(),
+        billing.counters().duplicates() + shipping.counters().duplicates(),
         0
     );
 }
@@ -137,7 +137,7 @@ async fn a_failed_handler_rolls_back_its_writes_and_the_marker_so_the_retry_runs
         .unwrap_err();
     assert!(error.is_retryable());
     assert_eq!((db.effects().await, db.markers().await), (0, 0));
-    assert_eq!(service.stats().rolled_back(), 1);
+    assert_eq!(service.counters().rolled_back(), 1);
 
     call(&mut service, message("orders", 0, 3, 30))
         .await
@@ -305,8 +305,8 @@ async fn a_header_message_id_recognises_a_redelivery_under_a_new_delivery_tag() 
             .await
             .unwrap();
     }
-    assert_eq!(service.stats().processed(), 2);
-    assert_eq!(service.stats().duplicates(), 1);
+    assert_eq!(service.counters().processed(), 2);
+    assert_eq!(service.counters().duplicates(), 1);
 
     let missing = call(&mut service, message("orders", 0, 1, 1))
         .await
@@ -382,8 +382,8 @@ async fn two_copies_running_at_once_commit_their_effects_once() {
     first.unwrap();
     second.unwrap();
     assert_eq!(db.effects().await, 1);
-    assert_eq!(service.stats().processed(), 1);
-    assert_eq!(service.stats().duplicates(), 1);
+    assert_eq!(service.counters().processed(), 1);
+    assert_eq!(service.counters().duplicates(), 1);
 }
 
 #[tokio::test]
@@ -486,7 +486,7 @@ async fn the_counters_are_exported_to_prometheus() {
     };
     let mut service = db.billing().handler(async |_tx: Tx| {}).unwrap();
     let registry = prometheus::Registry::new();
-    service.stats().register(&registry, "billing").unwrap();
+    service.counters().register(&registry, "billing").unwrap();
     call(&mut service, message("orders", 0, 1, 1))
         .await
         .unwrap();

@@ -25,12 +25,12 @@ use intake_core::{
 use redis::Script;
 
 use crate::connection::SharedConnection;
+use crate::counters::RedisCounters;
 use crate::error::Error;
 use crate::settings::RedisSettings;
 use crate::source::settings::{
     DEFAULT_PAYLOAD_FIELD, DeadLetterStream, Settings, default_consumer_name,
 };
-use crate::stats::RedisStreamsStats;
 use crate::stream_id::StreamId;
 
 /// Most field names and values a dead letter passes to Redis in one script
@@ -38,7 +38,7 @@ use crate::stream_id::StreamId;
 /// script) fails near 8,000 values; an entry with more fields than fit is
 /// written as a reduced letter: its payload and the envelope, without its
 /// other fields (their number in `intake.headers.omitted`), counted in
-/// [`RedisStreamsStats::dead_letters_reduced`], rather than failing on every
+/// [`RedisCounters::dead_letters_reduced`], rather than failing on every
 /// attempt. Size is no limit of its own: every value is a copy of one Redis
 /// already stored.
 pub const MAX_DEAD_LETTER_VALUES: usize = 7_000;
@@ -142,7 +142,7 @@ struct Destination {
     /// once acknowledged (its source's `delete_acked`).
     deletes_acked: bool,
     carrier: Carrier,
-    stats: Arc<RedisStreamsStats>,
+    counters: Arc<RedisCounters>,
 }
 
 impl fmt::Debug for RedisDeadLetterSink {
@@ -185,7 +185,7 @@ impl RedisDeadLetterSink {
                 .collect(),
             Vec::new(),
             settings.delete_acked,
-            settings.stats.clone(),
+            settings.counters.clone(),
         )
     }
 
@@ -199,7 +199,7 @@ impl RedisDeadLetterSink {
         consumed: HashSet<String>,
         returns: Vec<(String, String)>,
         deletes_acked: bool,
-        stats: Arc<RedisStreamsStats>,
+        counters: Arc<RedisCounters>,
     ) -> Self {
         let carrier = Carrier::keyless(Broker::Redis).with_consumer(consumer);
         let carrier = match &group {
@@ -216,14 +216,14 @@ impl RedisDeadLetterSink {
                 returns,
                 deletes_acked,
                 carrier,
-                stats,
+                counters,
             }),
         }
     }
 
     /// The counters of the consumer this sink belongs to.
-    pub(crate) fn stats(&self) -> &RedisStreamsStats {
-        &self.destination.stats
+    pub(crate) fn counters(&self) -> &RedisCounters {
+        &self.destination.counters
     }
 
     /// The dead-letter stream for entries of `stream`.
@@ -421,7 +421,7 @@ impl RedisDeadLetterSink {
             Ok(None) => return Ok(None),
             Ok(Some(id)) => {
                 if envelope.is_reduced() {
-                    self.destination.stats.add_dead_letters_reduced(1);
+                    self.destination.counters.add_dead_letters_reduced(1);
                 }
                 id
             }
@@ -480,7 +480,7 @@ pub struct RedisDeadLetterSinkBuilder {
 enum Server {
     Settings(RedisSettings),
     /// The source's connection and counters.
-    Source(Box<SharedConnection>, Arc<RedisStreamsStats>),
+    Source(Box<SharedConnection>, Arc<RedisCounters>),
 }
 
 impl fmt::Debug for RedisDeadLetterSinkBuilder {
@@ -522,7 +522,7 @@ impl RedisDeadLetterSinkBuilder {
     /// connection and counters.
     pub(crate) fn from_source(connection: SharedConnection, settings: &Settings) -> Self {
         Self {
-            server: Server::Source(Box::new(connection), settings.stats.clone()),
+            server: Server::Source(Box::new(connection), settings.counters.clone()),
             consumed: settings.streams.iter().map(|s| s.to_string()).collect(),
             returns: Vec::new(),
             deletes_acked: settings.delete_acked,
@@ -617,8 +617,8 @@ impl RedisDeadLetterSinkBuilder {
             return Err(ConfigError::new("payload_field", "is empty").into());
         }
         self.dead_letter_stream.check(&self.consumed)?;
-        let (connection, stats) = match self.server {
-            Server::Source(connection, stats) => (*connection, stats),
+        let (connection, counters) = match self.server {
+            Server::Source(connection, counters) => (*connection, counters),
             Server::Settings(settings) => {
                 let connector = settings.connector()?;
                 let connection = SharedConnection::new(connector.shared().await?, connector);
@@ -635,7 +635,7 @@ impl RedisDeadLetterSinkBuilder {
             self.consumed.into_iter().collect(),
             self.returns,
             self.deletes_acked,
-            stats,
+            counters,
         ))
     }
 }

@@ -25,8 +25,8 @@ pub type RedisDeadLetterStore = LogStore<RedisDeadLetters, RedisStreamsPublisher
 
 /// A Redis dead-letter stream as a [`DeadLetterLog`] (its ids are entry
 /// ids, `1700000000000-0`), so that [`RedisDeadLetterStore`] (a
-/// [`LogStore`] redriving through a [`RedisStreamsPublisher`]) counts,
-/// lists, reads, redrives and purges what a
+/// [`LogStore`] replaying through a [`RedisStreamsPublisher`]) counts,
+/// lists, reads, replays and purges what a
 /// [`RedisDeadLetterSink`](crate::RedisDeadLetterSink) wrote. Build one with
 /// [`RedisDeadLetters::builder`]; it is cheap to clone.
 ///
@@ -35,30 +35,30 @@ pub type RedisDeadLetterStore = LogStore<RedisDeadLetters, RedisStreamsPublisher
 /// | count everything | `XLEN` |
 /// | count with a filter, summary, list | `XRANGE` a page at a time after a cursor (the entry id) |
 /// | read | `XRANGE id id` |
-/// | redrive | `XADD` to the origin through the publisher, then `XDEL` of the confirmed letters |
+/// | replay | `XADD` to the origin through the publisher, then `XDEL` of the confirmed letters |
 /// | purge | `XDEL` |
 ///
 /// The letters of every consumer group of a stream share its dead-letter
 /// stream (`intake.origin.group` tells them apart). A log scoped to a group
 /// ([`group`](RedisDeadLettersBuilder::group)) counts, lists, reads,
-/// redrives and purges that group's letters only, and knows the group's way
+/// replays and purges that group's letters only, and knows the group's way
 /// back in: its return stream, when the group reads one
 /// ([`DeadLetterLog::way_back_to_group`], for
-/// [`Redrive::to_group`](intake_core::dead_letter::store::Redrive::to_group)).
-/// Without a scope it takes every letter of the stream, and a redrive can
+/// [`Replay::to_group`](intake_core::dead_letter::store::Replay::to_group)).
+/// Without a scope it takes every letter of the stream, and a replay can
 /// only go to the origin, where every group reads it again. A count of a
 /// scoped log is a scan (`XLEN` counts every group's).
 ///
 /// An entry is read back as the sink wrote it: the payload field is the
 /// payload, every other field a header or an envelope field, and the key
-/// the envelope's `intake.origin.key`. A redriven message goes back as the
+/// the envelope's `intake.origin.key`. A replayed message goes back as the
 /// publisher writes any output (payload field, key field, headers as
 /// fields), so give the publisher the source's
 /// [`payload_field`](crate::RedisStreamsPublisherBuilder::payload_field)
 /// and [`key_field`](crate::RedisStreamsPublisherBuilder::key_field).
 ///
 /// ```no_run
-/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+/// use intake_core::dead_letter::store::{DeadLetterStore, Filter, Replay, Selection};
 /// use intake_redis_streams::{RedisDeadLetters, RedisStreamsPublisher};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -70,9 +70,9 @@ pub type RedisDeadLetterStore = LogStore<RedisDeadLetters, RedisStreamsPublisher
 ///     .store(RedisStreamsPublisher::builder(url).build().await?);
 /// println!("{} dead letters", store.count(&Filter::all()).await?);
 /// let report = store
-///     .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+///     .replay(&Selection::Matching(Filter::all()), &Replay::to_origin())
 ///     .await?;
-/// println!("{} back in `orders`, {} skipped", report.redriven, report.skipped.len());
+/// println!("{} back in `orders`, {} skipped", report.replayed, report.skipped.len());
 /// # Ok(())
 /// # }
 /// ```
@@ -144,7 +144,7 @@ impl RedisDeadLetters {
         }
     }
 
-    /// The store of this stream, redriving through `publisher`.
+    /// The store of this stream, replaying through `publisher`.
     pub fn store(self, publisher: RedisStreamsPublisher) -> RedisDeadLetterStore {
         LogStore::new(self, publisher)
     }
@@ -605,8 +605,8 @@ impl RedisDeadLettersBuilder {
     }
 
     /// Scopes the log to the letters of consumer group `group` (their
-    /// `intake.origin.group`): it counts, lists, reads, redrives and purges
-    /// those alone, and a redrive to the group goes to the group's return
+    /// `intake.origin.group`): it counts, lists, reads, replays and purges
+    /// those alone, and a replay to the group goes to the group's return
     /// stream (see [`RedisDeadLetters`]). Letters written without a group
     /// (a broadcast reader's) belong to no group's scope.
     pub fn group(mut self, group: impl Into<String>) -> Self {

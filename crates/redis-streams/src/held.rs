@@ -232,7 +232,7 @@ pub(crate) async fn keep_alive(
                 let mut redis = connection.get();
                 let refreshed: Result<usize, _> = invocation.invoke_async(&mut redis).await;
                 match refreshed {
-                    Ok(count) => settings.stats.add_refreshed(count),
+                    Ok(count) => settings.counters.add_refreshed(count),
                     Err(error) => {
                         // The next round tries again; meanwhile the entries
                         // age, and past claim_min_idle another consumer may

@@ -106,6 +106,7 @@
 mod acker;
 mod broker;
 mod connection;
+mod counters;
 mod dead_letter;
 mod dead_letter_store;
 mod endpoint;
@@ -116,11 +117,11 @@ mod parking;
 mod publisher;
 mod settings;
 mod source;
-mod stats;
 mod stream_id;
 
 pub use acker::RedisStreamsAcker;
 pub use broker::RedisBroker;
+pub use counters::RedisCounters;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 pub use dead_letter_store::{RedisDeadLetterStore, RedisDeadLetters, RedisDeadLettersBuilder};
 pub use endpoint::Endpoint;
@@ -132,7 +133,6 @@ pub use settings::RedisSettings;
 pub use source::RedisStreamsSource;
 pub use source::builder::RedisStreamsSourceBuilder;
 pub use source::settings::{DeadLetterStream, StartFrom};
-pub use stats::RedisStreamsStats;
 
 /// The Redis client this crate is built on, so that applications use the
 /// same version for their own commands.

@@ -88,7 +88,7 @@ async fn an_entry_with_more_fields_than_a_script_can_pass_is_dead_lettered_witho
         "the origin, to find the entry with its fields in the source"
     );
     assert_eq!(letter.error, "cannot parse");
-    assert_eq!(source.stats().dead_letters_reduced(), 1);
+    assert_eq!(source.counters().dead_letters_reduced(), 1);
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
 
@@ -125,7 +125,7 @@ async fn an_entry_just_under_the_field_limit_is_dead_lettered_with_every_field()
                 assert_eq!(letter.headers_omitted as usize, headers);
             }
         }
-        assert_eq!(source.stats().dead_letters_reduced(), u64::from(reduced));
+        assert_eq!(source.counters().dead_letters_reduced(), u64::from(reduced));
     }
 }
 

@@ -731,7 +731,7 @@ async fn calls_dropped_while_re_reading_add_no_delivery() {
         1,
         "Redis counts one delivery"
     );
-    assert_eq!(source.stats().dead_lettered(), 0);
+    assert_eq!(source.counters().dead_lettered(), 0);
 }
 
 #[tokio::test]
@@ -802,7 +802,7 @@ async fn a_poison_entry_is_dead_lettered_once_however_its_calls_are_dropped() {
     );
     // A write whose reply was lost with its call is not counted: the
     // source cannot tell it from one made by another consumer.
-    assert!(source.stats().dead_lettered() <= 1);
+    assert!(source.counters().dead_lettered() <= 1);
 }
 
 #[tokio::test]

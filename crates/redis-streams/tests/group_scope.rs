@@ -12,7 +12,7 @@ use intake_core::DeadLetter;
 use intake_core::backend::DeadLetterSink as _;
 use intake_core::dead_letter::envelope;
 use intake_core::dead_letter::store::{
-    DeadLetterLog as _, DeadLetterStore, Filter, Redrive, Selection, StoreError,
+    DeadLetterLog as _, DeadLetterStore, Filter, Replay, Selection, StoreError,
 };
 use intake_core::parking::{ORIGIN, ORIGIN_PARTITION, ORIGIN_POSITION};
 use intake_redis_streams::{RedisDeadLetterStore, RedisDeadLetters, RedisParking};
@@ -182,7 +182,7 @@ async fn a_replay_to_the_group_lands_in_its_return_stream_only() {
         None
     );
     let refused = scoped
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_group())
         .await;
     assert!(
         matches!(refused, Err(StoreError::NoWayBackToGroup { .. })),
@@ -226,10 +226,10 @@ async fn a_replay_to_the_group_lands_in_its_return_stream_only() {
     );
     let origin_length: u64 = redis.xlen(&stream).await.expect("XLEN");
     let report = scoped
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_group())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_group())
         .await
-        .expect("redrive");
-    assert_eq!(report.redriven, 5, "{report:?}");
+        .expect("replay");
+    assert_eq!(report.replayed, 5, "{report:?}");
     let after: u64 = redis.xlen(&stream).await.expect("XLEN");
     assert_eq!(after, origin_length, "nothing written to the origin");
     let replayed = entries(&mut redis, &returned).await;

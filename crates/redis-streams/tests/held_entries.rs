@@ -37,7 +37,7 @@ async fn entries_queued_behind_a_slow_handler_are_not_claimed_by_their_own_consu
         .await
         .expect("connect");
     let acker = source.acker();
-    let stats = source.stats();
+    let counters = source.counters();
     let handled: Arc<Mutex<BTreeMap<String, Vec<u32>>>> = Arc::default();
     let shutdown = CancellationToken::new();
     let handler = {
@@ -82,7 +82,7 @@ async fn entries_queued_behind_a_slow_handler_are_not_claimed_by_their_own_consu
         "entries handled twice or late: {copies:?}"
     );
     assert_eq!(report.succeeded, total as u64);
-    assert_eq!(stats.dead_lettered(), 0, "no spurious dead letter");
+    assert_eq!(counters.dead_lettered(), 0, "no spurious dead letter");
     assert!(
         entries(&mut redis, &format!("{stream}:dlq"))
             .await
@@ -118,7 +118,7 @@ async fn entries_held_by_a_live_consumer_are_not_claimed_by_another_until_it_is_
         "a live consumer's entries were claimed: {:?}",
         payloads(&claimed)
     );
-    assert!(holder.stats().refreshed() > 0);
+    assert!(holder.counters().refreshed() > 0);
 
     // The holder dies: its entries are claimed once idle long enough.
     drop(holder);

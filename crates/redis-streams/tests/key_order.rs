@@ -416,14 +416,14 @@ async fn members_of_an_unordered_consumer_never_wait_for_each_others_keys() {
     let journal = Journal::default();
     let stop = CancellationToken::new();
     let mut members = Vec::new();
-    let mut stats = Vec::new();
+    let mut counters = Vec::new();
     for name in ["one", "two"] {
         let source = group_builder(&stream, &group, name)
             .key_field("key")
             .build()
             .await
             .expect("connect");
-        stats.push(source.stats());
+        counters.push(source.counters());
         let acker = source.acker();
         let consumer = Consumer::builder()
             .max_in_flight(16)
@@ -459,7 +459,10 @@ async fn members_of_an_unordered_consumer_never_wait_for_each_others_keys() {
         reports.iter().all(|report| report.succeeded > 0),
         "both members took entries: {reports:?}"
     );
-    let waits: Vec<u64> = stats.iter().map(|stats| stats.key_order_waits()).collect();
+    let waits: Vec<u64> = counters
+        .iter()
+        .map(|counters| counters.key_order_waits())
+        .collect();
     assert_eq!(
         waits,
         vec![0, 0],

@@ -48,7 +48,7 @@ async fn a_destroyed_group_is_created_again_after_what_was_read_not_at_the_begin
     let mut expected: Vec<String> = (0..10).map(|n| format!("new{n}")).collect();
     expected.sort();
     assert_eq!(names, expected, "only the entries after those read");
-    assert_eq!(source.stats().groups_created_again(), 1);
+    assert_eq!(source.counters().groups_created_again(), 1);
     ack(&mut acker, &again).await;
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }
@@ -103,7 +103,7 @@ async fn a_group_that_keeps_vanishing_is_created_again_with_backoff() {
         .build()
         .await
         .expect("connect");
-    let stats = source.stats();
+    let counters = source.counters();
     // An operator's script destroys the group whenever it exists, for
     // about a second.
     let destroyer = tokio::spawn({
@@ -123,7 +123,7 @@ async fn a_group_that_keeps_vanishing_is_created_again_with_backoff() {
     });
     let _ = receive(&mut source, 1_000_000, 10, Duration::from_millis(1500)).await;
     destroyer.abort();
-    let created = stats.groups_created_again();
+    let created = counters.groups_created_again();
     assert!(
         (1..30).contains(&created),
         "created again {created} times in 1.5 s"

@@ -1,7 +1,7 @@
 //! Replies a Redis sends while it fails over, loads its data set or cannot
 //! persist (`READONLY`, `NOREPLICAS`, `MISCONF`, `LOADING`, `TRYAGAIN`,
 //! `CLUSTERDOWN`, `MASTERDOWN`, `BUSY`, `OOM`): the source waits and reads
-//! again (counted in its stats), never stops for good; the acker, told
+//! again (counted in its counters), never stops for good; the acker, told
 //! `READONLY` by a server that became a replica, connects anew. A scripted
 //! server plays them after the handshake.
 
@@ -70,7 +70,7 @@ async fn failover_and_loading_replies_to_a_read_are_retried_and_counted() {
         let fetched = tokio::time::timeout(HANG, source.next(&mut delivered, 10)).await;
         assert!(matches!(fetched, Ok(Ok(_))), "{reply}: {fetched:?}");
         assert_eq!(payloads(&delivered), vec!["after"], "{reply}");
-        assert_eq!(source.stats().retries(), 2, "{reply}");
+        assert_eq!(source.counters().retries(), 2, "{reply}");
     }
 }
 

@@ -75,7 +75,7 @@ async fn a_claimed_entry_that_redis_6_answers_with_nil_is_acknowledged_and_count
         vec!["1-1"],
         "only the deleted entry is acknowledged"
     );
-    assert_eq!(source.stats().vanished(), 1);
+    assert_eq!(source.counters().vanished(), 1);
 }
 
 #[tokio::test]
@@ -200,6 +200,6 @@ async fn own_pending_entries_deleted_before_a_restart_are_acknowledged_and_count
     let redelivered = receive(&mut again, 2, 10, Duration::from_secs(5)).await;
     assert_eq!(payloads(&redelivered), vec!["m0", "m2"]);
     ack(&mut acker, &redelivered).await;
-    assert_eq!(again.stats().vanished(), 1);
+    assert_eq!(again.counters().vanished(), 1);
     assert_all_acknowledged(&mut redis, &stream, &group).await;
 }

@@ -67,7 +67,7 @@ impl AmqpDeadLetterStoreBuilder {
     /// [`max_letters`](Self::max_letters), instead of failing with
     /// [`Error::PassLimit`](crate::Error::PassLimit): a count or summary
     /// counts those, a listing ends after them, a read or an id not among
-    /// them is not found, a purge or redrive acts on them. Silent about the
+    /// them is not found, a purge or replay acts on them. Silent about the
     /// rest: for a caller that says itself that letters remain (an
     /// unfiltered [`count`](intake_core::dead_letter::store::DeadLetterStore::count) is exact: the queue's
     /// ready messages).
@@ -77,7 +77,7 @@ impl AmqpDeadLetterStoreBuilder {
     }
 
     /// Checks the settings and that the queue exists, and returns the
-    /// store, redriving through `publisher`.
+    /// store, replaying through `publisher`.
     ///
     /// # Errors
     ///

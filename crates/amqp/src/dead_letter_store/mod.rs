@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use intake_core::dead_letter::store::{
-    DeadLetterStore, Filter, LetterId, Page, Redrive, RedriveReport, Selection, StoreError,
+    DeadLetterStore, Filter, LetterId, Page, Replay, ReplayReport, Selection, StoreError,
     StoredLetter, Summary,
 };
 
@@ -15,7 +15,7 @@ use crate::url::AmqpUrl;
 
 mod builder;
 mod pass;
-mod redrive;
+mod replay;
 mod selection;
 #[cfg(test)]
 mod tests;
@@ -24,7 +24,7 @@ pub use builder::AmqpDeadLetterStoreBuilder;
 use pass::close;
 use selection::Wanted;
 /// The dead letters waiting in an AMQP queue, counted, listed, read,
-/// redriven and purged. Build one with [`AmqpDeadLetterStore::builder`].
+/// replayed and purged. Build one with [`AmqpDeadLetterStore::builder`].
 ///
 /// ```no_run
 /// use intake_amqp::{AmqpDeadLetterStore, AmqpPublisher};
@@ -45,7 +45,7 @@ use selection::Wanted;
 /// but an unfiltered count is a **pass**: on a connection of its own, the
 /// store takes the messages that were ready when it began, one at a time
 /// with `basic_get`, without acknowledging them; it acknowledges a letter
-/// it purges at once, and one it redrives once the publisher confirmed
+/// it purges at once, and one it replays once the publisher confirmed
 /// it, and when it is done it closes the channel: the broker puts every
 /// other message back where it was (a classic queue keeps their order). A
 /// store that dies mid-pass loses its connection, which puts them back too.
@@ -58,7 +58,7 @@ use selection::Wanted;
 ///   and did not remove, at most
 ///   [`max_letters`](AmqpDeadLetterStoreBuilder::max_letters) (default
 ///   10,000). In this process it holds one letter at a time, besides a
-///   listing's page (without payloads) and a redrive's letters awaiting
+///   listing's page (without payloads) and a replay's letters awaiting
 ///   their confirms (at most 256, and 32 MiB of payload beyond the first):
 ///   the memory does not grow with the queue;
 /// - **when a pass holds `max_letters`, it stops**, and what needed every
@@ -66,7 +66,7 @@ use selection::Wanted;
 ///   [`StoreError::Broker`]), naming how many letters it looked at and what
 ///   it did: a count or summary with a filter, a listing that reaches the
 ///   end of what it looked at, a read of an id it did not find, a purge or
-///   redrive by filter, or of ids it did not find. A purge or redrive
+///   replay by filter, or of ids it did not find. A purge or replay
 ///   removes what it acted on as it goes, so it stops only when
 ///   `max_letters` letters it leaves in the queue come before the rest;
 ///   letters it purged or redrove before it stopped are gone;
@@ -85,7 +85,7 @@ use selection::Wanted;
 ///   … letter of a pass with the same id get `~2`, `~3`; an entry that is
 ///   no dead letter is `unreadable#<n>`, its place in the pass.
 ///
-/// A redrive to the origin publishes to the origin queue's name as the
+/// A replay to the origin publishes to the origin queue's name as the
 /// [`AmqpPublisher`]'s destination: a publisher on the default exchange (its
 /// default) routes it to that queue. The routing key is then the queue's
 /// name, which is what the origin's consumer reads as the message's key;
@@ -232,16 +232,16 @@ impl DeadLetterStore for AmqpDeadLetterStore {
         outcome
     }
 
-    async fn redrive(
+    async fn replay(
         &self,
         selection: &Selection,
-        redrive: &Redrive,
-    ) -> Result<RedriveReport, StoreError> {
+        replay: &Replay,
+    ) -> Result<ReplayReport, StoreError> {
         let mut pass = self.pass("read").await?;
-        let mut report = RedriveReport::default();
-        report.dry_run = redrive.is_dry_run();
+        let mut report = ReplayReport::default();
+        report.dry_run = replay.is_dry_run();
         let outcome = self
-            .redrive_pass(&mut pass, selection, redrive, &mut report)
+            .replay_pass(&mut pass, selection, replay, &mut report)
             .await;
         close(pass.connection, pass.channel).await;
         outcome.map(|()| report)

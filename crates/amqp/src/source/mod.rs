@@ -39,7 +39,7 @@ use session::{close_session, open_session_within, start_consuming};
 
 use crate::acker::AmqpAcker;
 use crate::broker_dead_letter::BrokerDeadLetterSink;
-use crate::counters::SourceCounters;
+use crate::counters::AmqpCounters;
 use crate::dead_letter::AmqpDeadLetterSinkBuilder;
 use crate::error::Error;
 use crate::live_channel::ChannelSlot;
@@ -70,7 +70,7 @@ pub struct AmqpSource {
     /// The consumer's limits and the recent delivery sizes: the prefetch
     /// of the next consumer started.
     prefetch: Prefetch,
-    counters: SourceCounters,
+    counters: AmqpCounters,
     next_epoch: u32,
     /// Unreachable from a failed reconnect until one succeeds, for
     /// readiness: the source reconnects on its own, so the runtime sees no
@@ -185,7 +185,7 @@ impl AmqpSource {
             failures: 0,
             quarantine: None,
             prefetch: Prefetch::default(),
-            counters: SourceCounters::default(),
+            counters: AmqpCounters::default(),
             next_epoch: 2,
             reachability: Reachability::new(),
         };
@@ -267,7 +267,7 @@ impl AmqpSource {
 
     /// Counts of connection trouble (lost channels, failed reconnects,
     /// deliveries lapin could not parse), for metrics.
-    pub fn counters(&self) -> SourceCounters {
+    pub fn counters(&self) -> AmqpCounters {
         self.counters.clone()
     }
 

@@ -1,6 +1,6 @@
 //! `intake dlq replay`.
 
-use intake_core::dead_letter::store::{DeadLetterStore, Redrive, RedriveReport, Selection};
+use intake_core::dead_letter::store::{DeadLetterStore, Replay, ReplayReport, Selection};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -10,10 +10,10 @@ use crate::output::{Table, escaped, json};
 
 /// `intake dlq replay --json` and `purge --json`.
 #[derive(Debug, Serialize)]
-struct RedriveJson<'a> {
+struct ReplayJson<'a> {
     destination: &'a str,
     dry_run: bool,
-    redriven: u64,
+    replayed: u64,
     by_class: &'a BTreeMap<&'static str, u64>,
     skipped: Vec<SkippedJson>,
 }
@@ -30,22 +30,22 @@ struct SkippedJson {
 pub async fn replay(
     store: &dyn DeadLetterStore,
     selection: &Selection,
-    redrive: &Redrive,
+    replay: &Replay,
     as_json: bool,
 ) -> Result<String, Failure> {
     let report = store
-        .redrive(selection, redrive)
+        .replay(selection, replay)
         .await
         .map_err(|error| store_failure("dlq replay", error))?;
-    Ok(render_redrive(store.destination(), &report, as_json))
+    Ok(render_replay(store.destination(), &report, as_json))
 }
 
-fn render_redrive(destination: &str, report: &RedriveReport, as_json: bool) -> String {
+fn render_replay(destination: &str, report: &ReplayReport, as_json: bool) -> String {
     if as_json {
-        return json(&RedriveJson {
+        return json(&ReplayJson {
             destination,
             dry_run: report.dry_run,
-            redriven: report.redriven,
+            replayed: report.replayed,
             by_class: &report.by_class,
             skipped: report
                 .skipped
@@ -62,7 +62,7 @@ fn render_redrive(destination: &str, report: &RedriveReport, as_json: bool) -> S
     } else {
         "replayed"
     };
-    let mut text = format!("{verb} {} from {}\n", report.redriven, escaped(destination));
+    let mut text = format!("{verb} {} from {}\n", report.replayed, escaped(destination));
     let mut table = Table::new(&["CLASS", "LETTERS"]).right_aligned(1);
     for (class, letters) in &report.by_class {
         table.row(vec![(*class).to_owned(), letters.to_string()]);

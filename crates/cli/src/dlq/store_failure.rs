@@ -30,7 +30,7 @@ pub fn store_failure(what: &str, error: StoreError) -> Failure {
                 source: Box::new(error),
             }
         }
-        StoreError::Redrive { ref source, .. } if source.kind() == PublishErrorKind::Rejected => {
+        StoreError::Replay { ref source, .. } if source.kind() == PublishErrorKind::Rejected => {
             Failure::Refused {
                 what: what.to_owned(),
                 source: Box::new(error),

@@ -83,14 +83,20 @@ pub use self::future::ResponseFuture;
 pub use self::layer::DeadLetterLayer;
 pub use self::policy::FailurePolicy;
 pub use self::reference::PayloadReference;
-pub use self::replay::{ReplayLayer, ReplayRefused, ReplayReport};
+pub use self::replay::{ReplayCounters, ReplayLayer, ReplayRefused};
 pub use self::service::DeadLetterService;
 pub use self::store::{
-    DeadLetterLog, DeadLetterStore, Filter, LetterId, LogStore, Redrive, RedriveReport, Selection,
+    DeadLetterLog, DeadLetterStore, Filter, LetterId, LogStore, Replay, ReplayReport, Selection,
     StoreError, StoredLetter, Summary,
 };
 use crate::error::{BoxError, ErrorClass};
 use crate::message::{Headers, Message};
+
+/// The loop guard's default, for the store's [`Replay`] and the
+/// [`ReplayLayer`] alike: a letter whose message was replayed 3 times
+/// already is not replayed again, so a message that fails on every replay
+/// goes round at most that often.
+pub const DEFAULT_MAX_REPLAYS: u32 = 3;
 
 /// A message that failed for good, with why, how often and when.
 ///

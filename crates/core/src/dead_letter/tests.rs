@@ -477,7 +477,7 @@ async fn a_huge_handler_error_reaches_the_destination_capped() {
     assert!(letters[0].error.len() <= DeadLetter::ERROR_LIMIT + 64);
 }
 
-mod redrive_outputs {
+mod replay_outputs {
     use std::sync::Arc;
 
     use super::*;
@@ -506,7 +506,7 @@ mod redrive_outputs {
 
     #[test]
     fn a_replay_starts_with_no_parks_and_lands_in_the_partition_it_came_from() {
-        let output = Redrive::to_origin()
+        let output = Replay::to_origin()
             .output_of(&parked_out_letter(), None)
             .expect("an output to the origin");
         assert_eq!(output.destination(), "orders");
@@ -523,7 +523,7 @@ mod redrive_outputs {
     #[test]
     fn a_replay_to_the_group_goes_its_way_back_as_the_message_first_delivered() {
         let way_back: Arc<str> = "orders.billing.returned".into();
-        let output = Redrive::to_group()
+        let output = Replay::to_group()
             .output_of(&parked_out_letter(), Some(&way_back))
             .expect("an output to the group");
         assert_eq!(output.destination(), "orders.billing.returned");
@@ -541,7 +541,7 @@ mod redrive_outputs {
 
     #[test]
     fn a_replay_to_the_group_without_a_way_back_is_refused_not_sent_to_every_group() {
-        let error = Redrive::to_group()
+        let error = Replay::to_group()
             .output_of(&parked_out_letter(), None)
             .expect_err("no way back to the group alone");
         assert!(
@@ -564,9 +564,9 @@ mod redrive_outputs {
         // The memory broker's parked copies come back to the topic itself:
         // it knows no way back to one group alone.
         let dry_run = store
-            .redrive(
+            .replay(
                 &Selection::Matching(Filter::all()),
-                &Redrive::to_group().dry_run(true),
+                &Replay::to_group().dry_run(true),
             )
             .await;
         assert!(

@@ -273,7 +273,7 @@ impl MemoryBroker {
 
     /// The store of the dead letters of `group` consuming `topic` (the
     /// topic [`dead_letter_topic(topic, group)`](dead_letter_topic),
-    /// created with one partition if needed): count, list, read, redrive
+    /// created with one partition if needed): count, list, read, replay
     /// through this broker's [`publisher`](Self::publisher), purge.
     pub fn dead_letter_store(
         &self,

@@ -1,9 +1,9 @@
 //! The memory broker's [`DeadLetterStore`](crate::dead_letter::DeadLetterStore):
-//! a [`LogStore`] over a dead-letter topic, redriving through the broker's
+//! a [`LogStore`] over a dead-letter topic, replaying through the broker's
 //! [`MemoryPublisher`].
 //!
 //! A topic of the memory broker is an append-only log, as a Kafka topic is;
-//! a letter the store removes (redriven or purged) is marked removed in its
+//! a letter the store removes (replayed or purged) is marked removed in its
 //! topic rather than cut out, so offsets stay offsets. The store and
 //! [`MemoryBroker::dead_letters`](super::MemoryBroker::dead_letters) no
 //! longer see it; a consumer of the dead-letter topic still does.

@@ -37,7 +37,7 @@ pub(crate) struct TopicState {
     group_index: HashMap<Arc<str>, usize>,
     /// Where the next record without key or partition goes.
     next_unkeyed: u32,
-    /// Offsets of partition 0 a dead-letter store removed (redriven or
+    /// Offsets of partition 0 a dead-letter store removed (replayed or
     /// purged): the log stays append-only, so offsets keep their meaning.
     pub(crate) removed: BTreeSet<usize>,
 }

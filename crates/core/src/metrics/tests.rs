@@ -10,7 +10,7 @@ use crate::catch_panic::CatchPanicLayer;
 use crate::dead_letter::{DeadLetterLayer, FailurePolicy};
 use crate::layer_testing::{RecordingSink, Scripted, Step, message};
 use crate::message::{Metadata, PartitionKey, Position};
-use crate::observer::PartitionStats;
+use crate::observer::PartitionProgress;
 use crate::observer::{ConsumerObserver, PartitionSnapshot};
 use crate::retry::RetryLayer;
 
@@ -261,7 +261,7 @@ async fn each_source_gets_its_own_series() {
 
 fn snapshot(partition: u32, uncommitted: usize, age: Option<Duration>) -> PartitionSnapshot {
     PartitionSnapshot {
-        stats: PartitionStats {
+        stats: PartitionProgress {
             partition: PartitionKey::new("orders", partition),
             watermark: Some(Position::Offset(10)),
             newest: Some(Position::Offset(10 + uncommitted as i64)),

@@ -32,7 +32,7 @@ impl KafkaDeadLettersBuilder {
     }
 
     /// The consumer group whose letters the topic holds: a
-    /// [redrive to the group](intake_core::dead_letter::store::Redrive::to_group)
+    /// [replay to the group](intake_core::dead_letter::store::Replay::to_group)
     /// goes to its return topic (see
     /// [`KafkaDeadLetters::way_back_to_group`](DeadLetterLog::way_back_to_group)).
     /// Set by [`dead_letters_of`](Self::dead_letters_of).

@@ -68,7 +68,7 @@ use self::pulls::Pulls;
 use crate::acker::{NatsAcker, nak_with_delay};
 use crate::confirm::Confirmations;
 use crate::connection::Connection;
-use crate::counters::Counters;
+use crate::counters::NatsCounters;
 use crate::dead_letter::{NatsDeadLetterSink, NatsDeadLetterSinkBuilder};
 use crate::deliveries::{Deliveries, ProgressTask};
 use crate::error::{Error, boxed};
@@ -111,7 +111,7 @@ pub struct NatsSource {
     deliveries: Arc<Deliveries>,
     /// Parked messages waiting here until due (see `parking/parked.rs`).
     parked: Arc<ParkedHere>,
-    counters: Arc<Counters>,
+    counters: Arc<NatsCounters>,
     limits: Option<Limits>,
     limits_applied: bool,
     progress: Option<ProgressTask>,
@@ -178,7 +178,7 @@ impl NatsSource {
                 source: boxed(error),
             })?;
         let deliveries = Arc::new(Deliveries::default());
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(NatsCounters::default());
         let progress = ProgressTask::start(
             connection.client.clone(),
             deliveries.clone(),
@@ -262,7 +262,7 @@ impl NatsSource {
     }
 
     /// What the source, its acker and sinks counted.
-    pub fn counters(&self) -> Arc<Counters> {
+    pub fn counters(&self) -> Arc<NatsCounters> {
         self.counters.clone()
     }
 

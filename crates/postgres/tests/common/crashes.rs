@@ -11,7 +11,7 @@ use intake_core::backend::testkit::Backend;
 use intake_core::backend::testkit::harness::{Running, numbered, unique_group};
 use intake_core::batch::{BatchLayer, BatchSettings};
 use intake_core::{Consumer, ConsumerBuilder, DeliveryOrder, HandlerError, Message, Payload};
-use intake_postgres::{ExactlyOnce, ExactlyOnceStats, MessageId, Tx};
+use intake_postgres::{ExactlyOnce, ExactlyOnceCounters, MessageId, Tx};
 use sqlx::{AssertSqlSafe, PgPool};
 use tower::{Layer, Service};
 
@@ -155,7 +155,7 @@ pub async fn effects_once_despite_crashes<B: Backend>(
         group: &group,
         rounds,
     };
-    let stats = match form {
+    let counters = match form {
         Form::PerMessage => {
             let insert = format!("INSERT INTO {ledger} (id) VALUES ($1)");
             let handler = builder
@@ -167,9 +167,9 @@ pub async fn effects_once_despite_crashes<B: Backend>(
                     Ok::<_, intake_core::BoxError>(())
                 })
                 .expect("valid exactly-once settings");
-            let stats = Arc::clone(handler.stats());
-            run.crash_then_drain(&stats, || handler.clone()).await;
-            stats
+            let counters = Arc::clone(handler.counters());
+            run.crash_then_drain(&counters, || handler.clone()).await;
+            counters
         }
         Form::Batch(settings) => {
             let insert = format!("INSERT INTO {ledger} (id) SELECT * FROM UNNEST($1::int8[])");
@@ -186,13 +186,13 @@ pub async fn effects_once_despite_crashes<B: Backend>(
                     Ok::<_, intake_core::BoxError>(())
                 })
                 .expect("valid exactly-once settings");
-            let stats = Arc::clone(handler.stats());
+            let counters = Arc::clone(handler.counters());
             let layer = BatchLayer::new(settings).expect("valid batch settings");
             // A fresh batch layer per consumer: a crash takes its batches
             // (and their worker) down with it.
-            run.crash_then_drain(&stats, || layer.layer(handler.clone()))
+            run.crash_then_drain(&counters, || layer.layer(handler.clone()))
                 .await;
-            stats
+            counters
         }
     };
 
@@ -209,13 +209,13 @@ pub async fn effects_once_despite_crashes<B: Backend>(
         .any(|round| matches!(round.acks, Acks::Never) && round.crash_after_processed > 0)
     {
         assert!(
-            stats.duplicates() > 0,
+            counters.duplicates() > 0,
             "the broker redelivered committed messages and they were skipped"
         );
     }
     Outcome {
-        duplicates: stats.duplicates(),
-        processed: stats.processed(),
+        duplicates: counters.duplicates(),
+        processed: counters.processed(),
     }
 }
 
@@ -230,7 +230,7 @@ struct Run<'a, B> {
 impl<B: Backend> Run<'_, B> {
     /// Runs each round's consumer until it crashes, then one that drains
     /// the source (the broker holds nothing unacknowledged) and stops.
-    async fn crash_then_drain<H>(&self, stats: &ExactlyOnceStats, handler: impl Fn() -> H)
+    async fn crash_then_drain<H>(&self, counters: &ExactlyOnceCounters, handler: impl Fn() -> H)
     where
         H: Service<Message, Response = (), Error = HandlerError> + Send + 'static,
         H::Future: Send + 'static,
@@ -255,7 +255,7 @@ impl<B: Backend> Run<'_, B> {
             };
             let running = self.start(builder, max_in_flight, handler()).await;
             wait_until(&format!("round {index}: {round:?}"), || {
-                stats.processed() >= round.crash_after_processed
+                counters.processed() >= round.crash_after_processed
             })
             .await;
             running.crash().await;
@@ -278,7 +278,7 @@ impl<B: Backend> Run<'_, B> {
         {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "the broker still holds unacknowledged messages after a minute ({stats:?})"
+                "the broker still holds unacknowledged messages after a minute ({counters:?})"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -478,7 +478,7 @@ mod tests {
                 Duration::from_millis(100),
                 LONGEST_BACKOFF,
             )),
-            stats: Arc::default(),
+            counters: Arc::default(),
         };
         RedisParkingBuilder::from_source(connector, &settings)
     }

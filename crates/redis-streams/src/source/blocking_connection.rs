@@ -22,8 +22,8 @@ use intake_core::{BackoffPolicy, Disabled};
 use redis::aio::MultiplexedConnection;
 
 use crate::connection::Connector;
+use crate::counters::RedisCounters;
 use crate::error::Error;
-use crate::stats::RedisStreamsStats;
 
 pub(crate) struct BlockingConnection {
     connector: Connector,
@@ -40,7 +40,7 @@ pub(crate) struct BlockingConnection {
     failures: u32,
     /// Marked while the server cannot be reached, for readiness.
     reachability: Reachability,
-    stats: Arc<RedisStreamsStats>,
+    counters: Arc<RedisCounters>,
 }
 
 impl BlockingConnection {
@@ -49,7 +49,7 @@ impl BlockingConnection {
         block: Duration,
         policy: Arc<dyn BackoffPolicy>,
         mut connection: MultiplexedConnection,
-        stats: Arc<RedisStreamsStats>,
+        counters: Arc<RedisCounters>,
     ) -> Self {
         let client_id = client_id(&mut connection).await;
         Self {
@@ -62,7 +62,7 @@ impl BlockingConnection {
             in_call: false,
             failures: 0,
             reachability: Reachability::new(),
-            stats,
+            counters,
         }
     }
 
@@ -178,7 +178,7 @@ impl BlockingConnection {
         let Some(delay) = self.policy.delay(self.failures) else {
             return Err(error);
         };
-        self.stats.add_retries(1);
+        self.counters.add_retries(1);
         tracing::warn!(
             %error,
             attempt = self.failures,

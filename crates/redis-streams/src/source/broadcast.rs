@@ -147,7 +147,7 @@ impl BroadcastReader {
         for (index, entries) in replies.drain(..) {
             self.raw.clear();
             let skipped = parse_entries(entries, "XREAD", &mut self.raw)?;
-            self.settings.stats.add_malformed(skipped.malformed);
+            self.settings.counters.add_malformed(skipped.malformed);
             let (stream, position) = &mut self.streams[index];
             for entry in self.raw.drain(..) {
                 *position = (*position).max(entry.id);

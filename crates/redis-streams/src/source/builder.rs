@@ -241,12 +241,12 @@ impl RedisStreamsSourceBuilder {
     /// that many wait no new entries are read. A single consumer costs one
     /// `XPENDING` summary per stream in the round trip of each read; with
     /// several, each read is followed by one script over the group's
-    /// pending entries (see [`RedisStreamsStats::key_order_waits`]).
+    /// pending entries (see [`RedisCounters::key_order_waits`]).
     ///
     /// Turn it off when the handler needs no order per key (`Unordered`):
     /// entries are then handed out as they are read.
     ///
-    /// [`RedisStreamsStats::key_order_waits`]: crate::RedisStreamsStats::key_order_waits
+    /// [`RedisCounters::key_order_waits`]: crate::RedisCounters::key_order_waits
     pub fn keep_key_order(mut self, keep: bool) -> Self {
         self.keep_key_order = keep;
         self
@@ -257,7 +257,7 @@ impl RedisStreamsSourceBuilder {
     /// deleted) is created again after the newest entry the source had read
     /// of each stream, not here (from the beginning, everything handled
     /// before would be handled again); see
-    /// [`RedisStreamsStats::groups_created_again`](crate::RedisStreamsStats::groups_created_again).
+    /// [`RedisCounters::groups_created_again`](crate::RedisCounters::groups_created_again).
     pub fn start_from(mut self, start: StartFrom) -> Self {
         self.start = Some(start);
         self
@@ -444,7 +444,7 @@ impl RedisStreamsSourceBuilder {
             dead_letter_stream: self.dead_letter_stream.clone(),
             delete_acked: self.delete_acked,
             reconnect: self.reconnect.clone(),
-            stats: Arc::default(),
+            counters: Arc::default(),
         })
     }
 

@@ -51,11 +51,11 @@ use redis::aio::MultiplexedConnection;
 
 use crate::acker::RedisStreamsAcker;
 use crate::connection::{Connector, SharedConnection};
+use crate::counters::RedisCounters;
 use crate::dead_letter::{RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 use crate::error::Error;
 use crate::held::{self, HeldEntries};
 use crate::source::settings::Settings;
-use crate::stats::RedisStreamsStats;
 
 use self::blocking_connection::BlockingConnection;
 use self::broadcast::BroadcastReader;
@@ -140,7 +140,7 @@ impl RedisStreamsSource {
             settings.block,
             settings.reconnect.clone(),
             connection,
-            settings.stats.clone(),
+            settings.counters.clone(),
         )
         .await;
         let reachability = connection.reachability().clone();
@@ -233,8 +233,8 @@ impl RedisStreamsSource {
     /// The counters of this consumer (shared with its acker and dead-letter
     /// sink): entries acknowledged because they vanished, malformed replies,
     /// dead letters, retries after transient failures.
-    pub fn stats(&self) -> Arc<RedisStreamsStats> {
-        self.settings.stats.clone()
+    pub fn counters(&self) -> Arc<RedisCounters> {
+        self.settings.counters.clone()
     }
 
     /// A probe of the group's broker-side lag on the source's streams,

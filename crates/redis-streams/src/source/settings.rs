@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use intake_core::{BackoffPolicy, ConfigError, SourceName};
 
-use crate::stats::RedisStreamsStats;
+use crate::counters::RedisCounters;
 
 /// The entry field that holds the payload unless set otherwise.
 pub(crate) const DEFAULT_PAYLOAD_FIELD: &str = "payload";
@@ -97,7 +97,7 @@ pub(crate) struct Settings {
     pub(crate) delete_acked: bool,
     pub(crate) reconnect: Arc<dyn BackoffPolicy>,
     /// Counters shared by the source, the acker and the dead-letter sink.
-    pub(crate) stats: Arc<RedisStreamsStats>,
+    pub(crate) counters: Arc<RedisCounters>,
 }
 
 impl Settings {

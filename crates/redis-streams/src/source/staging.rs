@@ -51,7 +51,7 @@ impl Staging {
             ) {
                 (Err(error), OnFailure::Stop) => {
                     let metadata = poison.letter.message.metadata();
-                    sink.stats().add_dead_letter_failures(1);
+                    sink.counters().add_dead_letter_failures(1);
                     tracing::error!(
                         stream = %metadata.source(),
                         position = %metadata.position(),
@@ -75,7 +75,7 @@ impl Staging {
                      no second dead letter"
                 ),
                 Ok(Some(id)) => {
-                    sink.stats().add_dead_lettered(1);
+                    sink.counters().add_dead_lettered(1);
                     tracing::warn!(
                     stream = %metadata.source(),
                     position = %metadata.position(),
@@ -85,7 +85,7 @@ impl Staging {
                     );
                 }
                 Err(error) => {
-                    sink.stats().add_dead_letter_failures(1);
+                    sink.counters().add_dead_letter_failures(1);
                     tracing::error!(
                     stream = %metadata.source(),
                     position = %metadata.position(),

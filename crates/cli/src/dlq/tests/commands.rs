@@ -1,6 +1,6 @@
 //! Each command: what it prints, what it moves, how it fails.
 
-use intake_core::dead_letter::store::{DeadLetterStore, Filter, LetterId, Redrive, Selection};
+use intake_core::dead_letter::store::{DeadLetterStore, Filter, LetterId, Replay, Selection};
 use intake_core::{ErrorClass, Message};
 use std::time::SystemTime;
 
@@ -88,7 +88,7 @@ async fn show_prints_the_payload_and_an_unknown_id_exits_3() {
 async fn a_dry_run_replay_counts_by_class_and_moves_nothing() {
     let (broker, store) = store_with_three().await;
     let all = Selection::Matching(Filter::all());
-    let text = replay(&store, &all, &Redrive::to_origin().dry_run(true), false)
+    let text = replay(&store, &all, &Replay::to_origin().dry_run(true), false)
         .await
         .unwrap();
     assert!(text.starts_with("would replay 3 from "), "{text}");
@@ -96,11 +96,11 @@ async fn a_dry_run_replay_counts_by_class_and_moves_nothing() {
     assert_eq!(store.count(&Filter::all()).await.unwrap(), 3);
     assert!(broker.messages("orders", 0, 0).unwrap().is_empty());
 
-    let text = replay(&store, &all, &Redrive::to_origin(), true)
+    let text = replay(&store, &all, &Replay::to_origin(), true)
         .await
         .unwrap();
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(value["redriven"], 3);
+    assert_eq!(value["replayed"], 3);
     assert_eq!(store.count(&Filter::all()).await.unwrap(), 0);
     assert_eq!(broker.messages("orders", 0, 0).unwrap().len(), 3);
 }
@@ -110,7 +110,7 @@ async fn a_replay_to_the_group_without_a_way_back_exits_3_and_names_to_origin() 
     // The memory store knows no way back to one group alone.
     let (broker, store) = store_with_three().await;
     let all = Selection::Matching(Filter::all());
-    let refused = replay(&store, &all, &Redrive::to_group(), false)
+    let refused = replay(&store, &all, &Replay::to_group(), false)
         .await
         .unwrap_err();
     assert_eq!(refused.exit_code(), 3, "{refused}");
@@ -127,7 +127,7 @@ async fn a_replay_the_broker_refuses_exits_3() {
     let (_broker, store) = store_with_three().await;
     let all = Selection::Matching(Filter::all());
     // No such topic: the memory publisher rejects it.
-    let refused = replay(&store, &all, &Redrive::to("nowhere"), false)
+    let refused = replay(&store, &all, &Replay::to("nowhere"), false)
         .await
         .unwrap_err();
     assert_eq!(refused.exit_code(), 3, "{}", refused.report(None));

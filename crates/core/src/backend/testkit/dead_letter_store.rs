@@ -1,7 +1,7 @@
 //! The dead-letter store scenarios every backend's
 //! [`DeadLetterStore`] passes unchanged: letters written through the
 //! backend's real dead-letter path (its sink behind the dead-letter layer
-//! of a running consumer) are counted, listed with filters, read, redriven
+//! of a running consumer) are counted, listed with filters, read, replayed
 //! to their origin (back in the source with `intake.replays` = 1), held
 //! back by the loop guard, and purged.
 //!
@@ -24,7 +24,7 @@ use crate::consumer::Consumer;
 use crate::dead_letter::DeadLetterLayer;
 use crate::dead_letter::envelope::REPLAYS;
 use crate::dead_letter::store::{
-    DeadLetterStore, Filter, LetterId, Redrive, Selection, SkipReason, StoreError, StoredLetter,
+    DeadLetterStore, Filter, LetterId, Replay, Selection, SkipReason, StoreError, StoredLetter,
 };
 use crate::error::{BoxError, ErrorClass, HandlerError};
 use crate::memory::MemoryDeadLetterStore;
@@ -39,7 +39,7 @@ pub trait StoreBackend: Backend {
 
     /// The store of the dead letters the backend's
     /// [sink](Backend::dead_letter_sink) writes for `source` and `group`,
-    /// redriving through the backend's publisher.
+    /// replaying through the backend's publisher.
     async fn dead_letter_store(&self, source: &str, group: &str) -> Result<Self::Store, BoxError>;
 
     /// The key a consumer of `source` reads for a message the store
@@ -78,7 +78,7 @@ macro_rules! dead_letter_store_suite {
     ($backend:expr) => {
         $crate::dead_letter_store_suite!(@scenarios $backend;
             a_store_counts_lists_and_reads_what_the_sink_wrote,
-            a_redrive_returns_letters_to_their_origin_and_the_loop_guard_holds_them_after,
+            a_replay_returns_letters_to_their_origin_and_the_loop_guard_holds_them_after,
             a_purge_removes_only_what_it_selects,
         );
     };
@@ -343,25 +343,25 @@ pub async fn a_store_counts_lists_and_reads_what_the_sink_wrote<B: StoreBackend>
     }
 }
 
-/// A redrive moves nothing in a dry run; then publishes each selected
+/// A replay moves nothing in a dry run; then publishes each selected
 /// letter's message back to its source (payload, key, headers,
 /// `intake.replays` = 1) and removes the letter. The consumer fails it
 /// again, and the loop guard keeps the new letter in the store.
-pub async fn a_redrive_returns_letters_to_their_origin_and_the_loop_guard_holds_them_after<
+pub async fn a_replay_returns_letters_to_their_origin_and_the_loop_guard_holds_them_after<
     B: StoreBackend,
 >(
     backend: &B,
 ) {
-    let (poisoned, store) = Poisoned::start(backend, "store-redrive").await;
+    let (poisoned, store) = Poisoned::start(backend, "store-replay").await;
     let name = backend.name();
     let permanent = Selection::Matching(Filter::all().with_class(ErrorClass::Permanent));
 
     let dry = store
-        .redrive(&permanent, &Redrive::to_origin().dry_run(true))
+        .replay(&permanent, &Replay::to_origin().dry_run(true))
         .await
         .expect("dry run");
     assert!(dry.dry_run);
-    assert_eq!(dry.redriven, PERMANENT, "{name}: {dry:?}");
+    assert_eq!(dry.replayed, PERMANENT, "{name}: {dry:?}");
     assert_eq!(dry.by_class.get("permanent"), Some(&PERMANENT), "{name}");
     assert_eq!(
         store.count(&Filter::all()).await.expect("count"),
@@ -371,10 +371,10 @@ pub async fn a_redrive_returns_letters_to_their_origin_and_the_loop_guard_holds_
     let failed_before = poisoned.failed().len();
 
     let done = store
-        .redrive(&permanent, &Redrive::to_origin())
+        .replay(&permanent, &Replay::to_origin())
         .await
-        .expect("redrive");
-    assert_eq!(done.redriven, PERMANENT, "{name}: {done:?}");
+        .expect("replay");
+    assert_eq!(done.replayed, PERMANENT, "{name}: {done:?}");
     assert!(done.skipped.is_empty(), "{name}: {done:?}");
 
     // The consumer of the source gets each message again, replayed once,
@@ -410,10 +410,10 @@ pub async fn a_redrive_returns_letters_to_their_origin_and_the_loop_guard_holds_
 
     // The loop guard: a letter replayed once already stays with a limit of 1.
     let guarded = store
-        .redrive(&permanent, &Redrive::to_origin().max_replays(1))
+        .replay(&permanent, &Replay::to_origin().max_replays(1))
         .await
-        .expect("guarded redrive");
-    assert_eq!(guarded.redriven, 0, "{name}: {guarded:?}");
+        .expect("guarded replay");
+    assert_eq!(guarded.replayed, 0, "{name}: {guarded:?}");
     assert_eq!(
         guarded.skipped.len(),
         PERMANENT as usize,

@@ -415,7 +415,7 @@ impl Partitions {
     pub(super) fn snapshots(&mut self, now: Instant) -> Vec<PartitionSnapshot> {
         let mut snapshots = Vec::new();
         for id in self.engine.assigned() {
-            let Some(stats) = self.engine.stats(id) else {
+            let Some(stats) = self.engine.progress(id) else {
                 continue;
             };
             let entry = &mut self.entries[id.index()];

@@ -40,7 +40,7 @@ pub enum ReplayRefused {
 }
 
 /// The outcome of every record in a [dry run](super::ReplayLayer::dry_run):
-/// counted in the [report](super::ReplayReport), not handled. It is the
+/// counted in the [counters](super::ReplayCounters), not handled. It is the
 /// cause of an [`Ignore`](crate::error::ErrorClass::Ignore) failure, which
 /// the runtime acknowledges: see the [module docs](super) for what that
 /// means on each broker.

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tracing::instrument::Instrumented;
 
-use super::ReplayReport;
+use super::ReplayCounters;
 use crate::error::HandlerError;
 
 pin_project! {
@@ -24,16 +24,16 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         // The handler runs on the original message, in the replay's span.
-        Replaying { #[pin] future: Instrumented<F>, report: ReplayReport },
+        Replaying { #[pin] future: Instrumented<F>, counters: ReplayCounters },
         // Refused, unreadable or counted by a dry run: no handler runs.
         Done { outcome: Option<Result<(), HandlerError>> },
     }
 }
 
 impl<F> ReplayFuture<F> {
-    pub(super) fn replaying(future: Instrumented<F>, report: ReplayReport) -> Self {
+    pub(super) fn replaying(future: Instrumented<F>, counters: ReplayCounters) -> Self {
         Self {
-            state: State::Replaying { future, report },
+            state: State::Replaying { future, counters },
         }
     }
 
@@ -55,10 +55,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Replaying { future, report } => {
+            StateProj::Replaying { future, counters } => {
                 let outcome = ready!(future.poll(cx)).map_err(Into::into);
                 if outcome.is_ok() {
-                    report.succeeded();
+                    counters.succeeded();
                 }
                 Poll::Ready(outcome)
             }

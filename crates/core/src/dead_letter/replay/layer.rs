@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use super::{Config, ReplayReport, ReplayService};
-use crate::dead_letter::store::Redrive;
+use super::{Config, ReplayCounters, ReplayService};
+use crate::dead_letter::DEFAULT_MAX_REPLAYS;
 
 /// Reads each record a consumer of a dead-letter destination receives as a
 /// [`DeadLetter`](crate::DeadLetter) and hands the handler it wraps the
@@ -22,10 +22,6 @@ pub struct ReplayLayer {
 }
 
 impl ReplayLayer {
-    /// The default loop guard, the store's: a letter already replayed 3
-    /// times is refused.
-    pub const DEFAULT_MAX_REPLAYS: u32 = Redrive::DEFAULT_MAX_REPLAYS;
-
     /// For a destination whose records have a key slot that holds the
     /// original key (a Kafka dead-letter topic, a memory-broker one): the
     /// consumed record's key is the original key.
@@ -46,9 +42,9 @@ impl ReplayLayer {
         Self {
             config: Arc::new(Config {
                 key_slot,
-                max_replays: Self::DEFAULT_MAX_REPLAYS,
+                max_replays: DEFAULT_MAX_REPLAYS,
                 dry_run: false,
-                report: ReplayReport::default(),
+                counters: ReplayCounters::default(),
             }),
         }
     }
@@ -63,7 +59,7 @@ impl ReplayLayer {
     }
 
     /// A dry run calls no handler: it counts each record in the
-    /// [report](Self::report) and acknowledges it. Run it under a consumer
+    /// [counters](Self::counters) and acknowledges it. Run it under a consumer
     /// group of its own, on a destination where an acknowledgement removes
     /// nothing: see the [module docs](super).
     pub fn dry_run(mut self, dry_run: bool) -> Self {
@@ -71,9 +67,9 @@ impl ReplayLayer {
         self
     }
 
-    /// The report the layer and its services count in.
-    pub fn report(&self) -> ReplayReport {
-        self.config.report.clone()
+    /// The counters the layer and its services count in.
+    pub fn counters(&self) -> ReplayCounters {
+        self.config.counters.clone()
     }
 
     /// The loop guard's limit.

@@ -17,7 +17,7 @@
 //!   retries); no timestamp (the envelope keeps none of the original's);
 //! - the headers `intake.replays`, one more than the letter's count, and
 //!   `intake.failed.first`, the letter's first failure, as
-//!   [`Redrive`](super::store::Redrive) sets them: if the replay fails for
+//!   [`Replay`](super::store::Replay) sets them: if the replay fails for
 //!   good again, a [`DeadLetterLayer`](super::DeadLetterLayer) inside this
 //!   one writes a new letter with the count one higher and the first
 //!   failure time kept.
@@ -37,7 +37,7 @@
 //!
 //! - the **loop guard**: a letter whose message was replayed
 //!   [`max_replays`](ReplayLayer::max_replays) times already (default
-//!   [`ReplayLayer::DEFAULT_MAX_REPLAYS`], the store's limit):
+//!   [`DEFAULT_MAX_REPLAYS`](super::DEFAULT_MAX_REPLAYS), the store's limit too):
 //!   [`ReplayRefused::ReplayLimit`]. A message that fails on every replay
 //!   goes round at most that often;
 //! - a [reference letter](super::PayloadReference) (no payload; the
@@ -66,7 +66,7 @@
 //! # The dry run
 //!
 //! With [`dry_run(true)`](ReplayLayer::dry_run) no handler is called: each
-//! record is counted in the [`ReplayReport`] (per class of its last
+//! record is counted in the [`ReplayCounters`] (per class of its last
 //! failure, refused by the loop guard, references, unreadable) and comes
 //! out as an [`Ignore`](crate::error::ErrorClass::Ignore) failure
 //! ([`DryRunCounted`]), which the runtime acknowledges. A consumer cannot
@@ -81,9 +81,9 @@
 //! a **consumer group of its own** (a throwaway name), never under the
 //! group that will replay: that group's position is unchanged, and the
 //! letters are all still there for it and for the store. Stop it once the
-//! group has no lag; the report then holds the counts. On an **AMQP
+//! group has no lag; the counters then hold the counts. On an **AMQP
 //! queue** (an acknowledgement deletes the message) do not run it: use the
-//! store's dry run ([`Redrive::dry_run`](super::store::Redrive::dry_run),
+//! store's dry run ([`Replay::dry_run`](super::store::Replay::dry_run),
 //! `intake dlq replay --dry-run`), which takes letters without
 //! acknowledging them.
 //!
@@ -118,7 +118,7 @@
 //! // What a consumer of `orders.billing.dlq` receives: the dead letter.
 //! let record = broker.messages("orders.billing.dlq", 0, 0)?.remove(0);
 //! let replay = ReplayLayer::keyed();
-//! let report = replay.report();
+//! let counters = replay.counters();
 //! let handler = ServiceBuilder::new()
 //!     .layer(replay)
 //!     // A replay that fails for good again is a new letter, replays + 1.
@@ -132,15 +132,15 @@
 //!         Ok::<(), HandlerError>(())
 //!     }));
 //! handler.oneshot(record).await?;
-//! assert_eq!((report.snapshot().replayed, report.snapshot().succeeded), (1, 1));
+//! assert_eq!((counters.snapshot().replayed, counters.snapshot().succeeded), (1, 1));
 //! # Ok(())
 //! # }
 //! ```
 
+mod counters;
 mod error;
 mod future;
 mod layer;
-mod report;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -149,10 +149,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tower::Service;
 use tracing::Instrument;
 
+pub use self::counters::{ReplayCounters, ReplayCounts};
 pub use self::error::{DryRunCounted, ReplayRefused};
 pub use self::future::ReplayFuture;
 pub use self::layer::ReplayLayer;
-pub use self::report::{ReplayCounts, ReplayReport};
 use super::DeadLetter;
 use super::envelope::{FAILED_FIRST, REPLAYS};
 use crate::error::HandlerError;
@@ -165,7 +165,7 @@ struct Config {
     key_slot: bool,
     max_replays: u32,
     dry_run: bool,
-    report: ReplayReport,
+    counters: ReplayCounters,
 }
 
 /// Hands `S` the original message of each dead letter it receives. See the
@@ -186,9 +186,9 @@ impl<S> ReplayService<S> {
         &self.inner
     }
 
-    /// The report this service counts in.
-    pub fn report(&self) -> ReplayReport {
-        self.config.report.clone()
+    /// The counters this service counts in.
+    pub fn counters(&self) -> ReplayCounters {
+        self.config.counters.clone()
     }
 
     /// Unwraps the inner service.
@@ -212,28 +212,28 @@ where
 
     fn call(&mut self, record: Message) -> Self::Future {
         let config = &*self.config;
-        let report = &config.report;
+        let counters = &config.counters;
         let key_slot = record.key().filter(|_| config.key_slot).cloned();
         let letter = match DeadLetter::read(key_slot, record.payload().clone(), record.headers()) {
             Ok(letter) => letter,
             Err(error) => {
-                report.unreadable();
+                counters.unreadable();
                 return refused(&record, config, ReplayRefused::Unreadable(error));
             }
         };
         if letter.reference.is_some() {
-            report.reference();
+            counters.reference();
             return refused(&record, config, ReplayRefused::Reference);
         }
         if letter.replays >= config.max_replays {
-            report.over_limit();
+            counters.over_limit();
             let limit = ReplayRefused::ReplayLimit {
                 replays: letter.replays,
                 max_replays: config.max_replays,
             };
             return refused(&record, config, limit);
         }
-        report.replayed(letter.class);
+        counters.replayed(letter.class);
         if config.dry_run {
             return ReplayFuture::done(Err(HandlerError::ignore(DryRunCounted)));
         }
@@ -268,7 +268,7 @@ where
                 "replaying a dead letter",
             );
         });
-        ReplayFuture::replaying(self.inner.call(message).instrument(span), report.clone())
+        ReplayFuture::replaying(self.inner.call(message).instrument(span), counters.clone())
     }
 }
 

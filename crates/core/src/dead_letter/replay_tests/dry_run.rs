@@ -19,7 +19,7 @@ async fn a_dry_run_counts_by_class_and_verdict_calls_no_handler_and_leaves_the_l
         letter(1, 0),
         letter(2, 1),
         letter(3, 0).with_class(ErrorClass::Retryable),
-        letter(4, ReplayLayer::DEFAULT_MAX_REPLAYS),
+        letter(4, crate::dead_letter::DEFAULT_MAX_REPLAYS),
         letter(5, 0).to_reference(),
     ];
     for letter in &letters {
@@ -31,7 +31,7 @@ async fn a_dry_run_counts_by_class_and_verdict_calls_no_handler_and_leaves_the_l
 
     let handler = Recorder::default();
     let dry = ReplayLayer::keyed().dry_run(true);
-    let report = dry.report();
+    let report = dry.counters();
     let run = run_until_drained(
         &broker,
         DEAD_LETTERS,
@@ -64,7 +64,7 @@ async fn a_dry_run_counts_by_class_and_verdict_calls_no_handler_and_leaves_the_l
     assert_eq!(store.count(&Filter::all()).await.expect("count"), 6);
     assert_eq!(broker.lag(DEAD_LETTERS, "billing.replay").expect("lag"), 6);
     let replay = ReplayLayer::keyed();
-    let counts = replay.report();
+    let counts = replay.counters();
     run_until_drained(
         &broker,
         DEAD_LETTERS,

@@ -23,7 +23,7 @@ async fn a_letter_that_fails_on_every_replay_goes_round_max_replays_times_then_i
 
     let handler = Scripted::new(std::iter::repeat_n(Step::Permanent("still broken"), 10));
     let replay = ReplayLayer::keyed().max_replays(2);
-    let report = replay.report();
+    let report = replay.counters();
     let run = run_until_drained(
         &broker,
         DEAD_LETTERS,
@@ -89,7 +89,10 @@ async fn a_letter_at_the_limit_is_refused_as_permanent_without_calling_the_handl
     let replay = ReplayLayer::keyed();
     let refused = replay
         .layer(handler.clone())
-        .oneshot(record_of(&letter(7, ReplayLayer::DEFAULT_MAX_REPLAYS)))
+        .oneshot(record_of(&letter(
+            7,
+            crate::dead_letter::DEFAULT_MAX_REPLAYS,
+        )))
         .await
         .expect_err("refused");
     assert_eq!(refused.class(), ErrorClass::Permanent);
@@ -126,6 +129,6 @@ async fn a_letter_at_the_limit_is_refused_as_permanent_without_calling_the_handl
         Some(ReplayRefused::ReplayLimit { replays: 0, .. })
     ));
     assert_eq!(handler.calls(), 1);
-    let counts = replay.report().snapshot();
+    let counts = replay.counters().snapshot();
     assert_eq!((counts.replayed, counts.over_limit), (1, 1));
 }

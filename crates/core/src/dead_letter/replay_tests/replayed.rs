@@ -77,7 +77,7 @@ async fn poison_messages_dead_lettered_by_a_run_are_replayed_once_each_as_the_or
         })
     };
     let replay = ReplayLayer::keyed();
-    let report = replay.report();
+    let report = replay.counters();
     let run = run_until_drained(
         &broker,
         DEAD_LETTERS,

@@ -25,7 +25,7 @@ async fn a_reference_letter_is_refused_it_has_no_payload_to_replay() {
     assert_eq!(refused.class(), ErrorClass::Permanent);
     assert!(matches!(refusal(&refused), Some(ReplayRefused::Reference)));
     assert_eq!(handler.calls(), 0);
-    assert_eq!(replay.report().snapshot().references, 1);
+    assert_eq!(replay.counters().snapshot().references, 1);
 }
 
 /// A record's headers, as pairs to edit.
@@ -104,7 +104,10 @@ async fn a_record_that_is_no_dead_letter_is_refused_with_the_envelope_error_as_c
         assert!(source.is_some(), "{what}: the envelope error is the source");
     }
     assert_eq!(handler.calls(), 0);
-    assert_eq!(replay.report().snapshot().unreadable, hostile.len() as u64);
+    assert_eq!(
+        replay.counters().snapshot().unreadable,
+        hostile.len() as u64
+    );
 }
 
 /// One change to a valid letter's headers.

@@ -37,7 +37,7 @@ pub trait DeadLetterLog: Send + Sync + 'static {
 
     /// Where a message of `origin` goes to reach this log's consumer group
     /// alone: the group's return destination, if it has one that it reads
-    /// (a redrive to the [group](super::Target::Group) goes there). `None` (the
+    /// (a replay to the [group](super::Target::Group) goes there). `None` (the
     /// default): this log knows none.
     async fn way_back_to_group(&self, origin: &str) -> Result<Option<Arc<str>>, StoreError> {
         let _ = origin;

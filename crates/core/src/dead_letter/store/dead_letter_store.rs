@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{
-    Filter, LetterId, Page, Redrive, RedriveReport, Selection, StoreError, StoredLetter, Summary,
+    Filter, LetterId, Page, Replay, ReplayReport, Selection, StoreError, StoredLetter, Summary,
 };
 
 /// What an operator does with the letters in a dead-letter destination.
@@ -33,15 +33,15 @@ pub trait DeadLetterStore: Send + Sync {
     /// Letter `id`, with its payload.
     async fn read(&self, id: &LetterId) -> Result<StoredLetter, StoreError>;
 
-    /// Publishes the original message of each selected letter as `redrive`
+    /// Publishes the original message of each selected letter as `replay`
     /// says and removes the letter once the publish is confirmed. A crash
-    /// between the two leaves a letter that was published: redriving it
+    /// between the two leaves a letter that was published: replaying it
     /// again publishes a duplicate (at least once, as everywhere).
-    async fn redrive(
+    async fn replay(
         &self,
         selection: &Selection,
-        redrive: &Redrive,
-    ) -> Result<RedriveReport, StoreError>;
+        replay: &Replay,
+    ) -> Result<ReplayReport, StoreError>;
 
     /// Removes the selected letters for good; returns how many were removed.
     async fn purge(&self, selection: &Selection) -> Result<u64, StoreError>;
@@ -69,12 +69,12 @@ impl<S: DeadLetterStore + ?Sized> DeadLetterStore for Box<S> {
     async fn read(&self, id: &LetterId) -> Result<StoredLetter, StoreError> {
         (**self).read(id).await
     }
-    async fn redrive(
+    async fn replay(
         &self,
         selection: &Selection,
-        redrive: &Redrive,
-    ) -> Result<RedriveReport, StoreError> {
-        (**self).redrive(selection, redrive).await
+        replay: &Replay,
+    ) -> Result<ReplayReport, StoreError> {
+        (**self).replay(selection, replay).await
     }
     async fn purge(&self, selection: &Selection) -> Result<u64, StoreError> {
         (**self).purge(selection).await
@@ -103,12 +103,12 @@ impl<S: DeadLetterStore + ?Sized> DeadLetterStore for Arc<S> {
     async fn read(&self, id: &LetterId) -> Result<StoredLetter, StoreError> {
         (**self).read(id).await
     }
-    async fn redrive(
+    async fn replay(
         &self,
         selection: &Selection,
-        redrive: &Redrive,
-    ) -> Result<RedriveReport, StoreError> {
-        (**self).redrive(selection, redrive).await
+        replay: &Replay,
+    ) -> Result<ReplayReport, StoreError> {
+        (**self).replay(selection, replay).await
     }
     async fn purge(&self, selection: &Selection) -> Result<u64, StoreError> {
         (**self).purge(selection).await

@@ -1,6 +1,6 @@
 //! [`StoreError`]: why a store operation failed.
 
-use super::{LetterId, RedriveReport};
+use super::{LetterId, ReplayReport};
 use crate::error::BoxError;
 use crate::publish::PublishError;
 
@@ -34,28 +34,28 @@ pub enum StoreError {
         /// The id.
         id: LetterId,
     },
-    /// A redrive to the [group](super::Target::Group) of a letter whose store
-    /// knows no way back to the group alone: redriving to the origin would
+    /// A replay to the [group](super::Target::Group) of a letter whose store
+    /// knows no way back to the group alone: replaying to the origin would
     /// reach every group of it.
     #[error(
         "this store knows no way back into `{origin}` for its consumer group alone (a return \
-         destination the group reads); redrive to the origin instead if every group of it \
+         destination the group reads); replay to the origin instead if every group of it \
          should handle the messages again"
     )]
     NoWayBackToGroup {
         /// The letter's origin.
         origin: String,
     },
-    /// A redriven message was not confirmed, and the redrive stopped after
+    /// A replayed message was not confirmed, and the replay stopped after
     /// the batch it was in. The letters whose publish was confirmed were
     /// removed (`report` counts them); this one, and those not sent yet,
-    /// are still in the store: redrive again.
-    #[error("redriving letter {id} failed after {} were redriven", report.redriven)]
-    Redrive {
+    /// are still in the store: replay again.
+    #[error("replaying letter {id} failed after {} were replayed", report.replayed)]
+    Replay {
         /// The letter whose publish failed.
         id: LetterId,
         /// What was done before.
-        report: Box<RedriveReport>,
+        report: Box<ReplayReport>,
         /// Why the publish failed.
         #[source]
         source: PublishError,

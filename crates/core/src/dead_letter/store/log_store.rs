@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::pages::Pages;
 use super::{
-    DeadLetterLog, DeadLetterStore, Filter, LetterId, Page, Redrive, RedriveReport, Selection,
+    DeadLetterLog, DeadLetterStore, Filter, LetterId, Page, Replay, ReplayReport, Selection,
     SkipReason, Skipped, StoreError, StoredLetter, Summary, Target,
 };
 use crate::message::SourceName;
@@ -16,10 +16,10 @@ use crate::publish::{PublishError, Publisher};
 /// batch before their confirmations are awaited.
 pub(super) const PAGE: usize = 256;
 
-/// The [`DeadLetterStore`] of a [`DeadLetterLog`], redriving through a
+/// The [`DeadLetterStore`] of a [`DeadLetterLog`], replaying through a
 /// [`Publisher`] `P`.
 ///
-/// A redrive reads the log a page at a time, sends every letter of the page
+/// A replay reads the log a page at a time, sends every letter of the page
 /// it takes before awaiting any confirmation (so a page costs about one
 /// round trip), then removes the confirmed ones in one call.
 pub struct LogStore<L, P> {
@@ -28,7 +28,7 @@ pub struct LogStore<L, P> {
 }
 
 impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
-    /// The store of `log`, redriving through `publisher`.
+    /// The store of `log`, replaying through `publisher`.
     pub fn new(log: L, publisher: P) -> Self {
         Self { log, publisher }
     }
@@ -38,14 +38,14 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
         &self.log
     }
 
-    /// Redrives one page: skips what the loop guard and the letter's form
+    /// Replays one page: skips what the loop guard and the letter's form
     /// rule out, sends the rest, awaits every confirmation, removes the
     /// confirmed ones.
-    async fn redrive_page(
+    async fn replay_page(
         &self,
         page: Vec<Result<StoredLetter, LetterId>>,
-        redrive: &Redrive,
-        report: &mut RedriveReport,
+        replay: &Replay,
+        report: &mut ReplayReport,
     ) -> Result<(), StoreError> {
         let mut taken = Vec::with_capacity(page.len());
         for entry in page {
@@ -59,7 +59,7 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
                     continue;
                 }
             };
-            match (redrive.skips(&stored), stored.letter) {
+            match (replay.skips(&stored), stored.letter) {
                 (Some(reason), _) => report.skipped.push(Skipped {
                     id: stored.id,
                     reason,
@@ -69,13 +69,13 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
             }
         }
         // Every output of the page is made before any is sent, in a dry run
-        // too: a letter with no way back to its group stops the redrive
+        // too: a letter with no way back to its group stops the replay
         // before the page is half published, and a dry run says so rather
         // than promise what the real run refuses.
         let mut ways_back: HashMap<SourceName, Option<Arc<str>>> = HashMap::new();
         let mut outputs = Vec::with_capacity(taken.len());
         for (_, letter) in &taken {
-            let way_back = match redrive.target() {
+            let way_back = match replay.target() {
                 Target::Group => {
                     let origin = letter.message.metadata().source();
                     match ways_back.get(origin) {
@@ -89,14 +89,14 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
                 }
                 Target::Origin | Target::Destination(_) => None,
             };
-            outputs.push(redrive.output_of(letter, way_back.as_ref())?);
+            outputs.push(replay.output_of(letter, way_back.as_ref())?);
         }
-        if redrive.is_dry_run() {
+        if replay.is_dry_run() {
             for (_, letter) in &taken {
-                report.redriven += 1;
+                report.replayed += 1;
                 *report.by_class.entry(letter.class.as_str()).or_default() += 1;
             }
-            redrive.report_progress(report.redriven);
+            replay.report_progress(report.replayed);
             return Ok(());
         }
 
@@ -131,14 +131,14 @@ impl<L: DeadLetterLog, P: Publisher> LogStore<L, P> {
         if !confirmed.is_empty() {
             self.log.remove(&confirmed).await?;
         }
-        report.redriven += confirmed.len() as u64;
+        report.replayed += confirmed.len() as u64;
         for class in classes {
             *report.by_class.entry(class.as_str()).or_default() += 1;
         }
-        redrive.report_progress(report.redriven);
+        replay.report_progress(report.replayed);
         match failure {
             None => Ok(()),
-            Some((id, source)) => Err(StoreError::Redrive {
+            Some((id, source)) => Err(StoreError::Replay {
                 id,
                 report: Box::new(std::mem::take(report)),
                 source,
@@ -219,18 +219,18 @@ impl<L: DeadLetterLog, P: Publisher> DeadLetterStore for LogStore<L, P> {
             .ok_or_else(|| StoreError::NotFound { id: id.clone() })
     }
 
-    async fn redrive(
+    async fn replay(
         &self,
         selection: &Selection,
-        redrive: &Redrive,
-    ) -> Result<RedriveReport, StoreError> {
-        let mut report = RedriveReport {
-            dry_run: redrive.is_dry_run(),
-            ..RedriveReport::default()
+        replay: &Replay,
+    ) -> Result<ReplayReport, StoreError> {
+        let mut report = ReplayReport {
+            dry_run: replay.is_dry_run(),
+            ..ReplayReport::default()
         };
         let mut pages = Pages::new(&self.log, selection);
         while let Some(page) = pages.next().await? {
-            self.redrive_page(page, redrive, &mut report).await?;
+            self.replay_page(page, replay, &mut report).await?;
         }
         Ok(report)
     }

@@ -1,5 +1,5 @@
 //! Dead letters as data: a [`DeadLetterStore`] counts, lists, reads,
-//! redrives and purges what a [`DeadLetterSink`](super::DeadLetterSink)
+//! replays and purges what a [`DeadLetterSink`](super::DeadLetterSink)
 //! wrote, on the one [envelope](super::envelope).
 //!
 //! Every backend's store has the same shape, so an operator tool (the
@@ -12,12 +12,12 @@
 //! - [`list`](DeadLetterStore::list), a page at a time after a cursor,
 //!   filtered by error class, time of failure and key;
 //! - [`read`](DeadLetterStore::read), one letter with its payload;
-//! - [`redrive`](DeadLetterStore::redrive): each letter's original message
+//! - [`replay`](DeadLetterStore::replay): each letter's original message
 //!   (payload, key, headers, with [`REPLAYS`](super::envelope::REPLAYS) one
 //!   higher) published through a [`Publisher`](crate::publish::Publisher) to
 //!   its origin or another destination, and removed from the store only
 //!   once the publish is confirmed. A letter replayed
-//!   [`max_replays`](Redrive::max_replays) times already is not redriven
+//!   [`max_replays`](Replay::max_replays) times already is not replayed
 //!   again but [skipped](SkipReason::ReplayLimit): a message that fails on
 //!   every replay does not circle for ever;
 //! - [`purge`](DeadLetterStore::purge).
@@ -28,7 +28,7 @@
 //! [`LogStore`].
 //!
 //! ```
-//! use intake_core::dead_letter::store::{DeadLetterStore, Filter, Redrive, Selection};
+//! use intake_core::dead_letter::store::{DeadLetterStore, Filter, Replay, Selection};
 //! use intake_core::memory::{MemoryBroker, Record};
 //! use intake_core::{DeadLetter, ErrorClass, Message, Metadata, Position};
 //! use intake_core::backend::DeadLetterSink;
@@ -48,11 +48,11 @@
 //! assert_eq!(store.count(&permanent).await?, 1);
 //!
 //! // A dry run says what would move, and moves nothing.
-//! let dry = store.redrive(&Selection::Matching(permanent.clone()), &Redrive::to_origin().dry_run(true)).await?;
-//! assert_eq!((dry.redriven, store.count(&permanent).await?), (1, 1));
+//! let dry = store.replay(&Selection::Matching(permanent.clone()), &Replay::to_origin().dry_run(true)).await?;
+//! assert_eq!((dry.replayed, store.count(&permanent).await?), (1, 1));
 //!
-//! let done = store.redrive(&Selection::Matching(permanent.clone()), &Redrive::to_origin()).await?;
-//! assert_eq!(done.redriven, 1);
+//! let done = store.replay(&Selection::Matching(permanent.clone()), &Replay::to_origin()).await?;
+//! assert_eq!(done.replayed, 1);
 //! assert_eq!(store.count(&Filter::all()).await?, 0);
 //! let replayed = &broker.messages("orders", 0, 0)?[0];
 //! assert_eq!(replayed.headers().get_str("intake.replays"), Some("1"));
@@ -68,7 +68,7 @@ mod id;
 mod log_store;
 mod page;
 mod pages;
-mod redrive;
+mod replay;
 mod report;
 mod selection;
 mod stored;
@@ -81,8 +81,8 @@ pub use self::filter::Filter;
 pub use self::id::LetterId;
 pub use self::log_store::LogStore;
 pub use self::page::Page;
-pub use self::redrive::{Progress, Redrive, Target};
-pub use self::report::{RedriveReport, SkipReason, Skipped};
+pub use self::replay::{Progress, Replay, Target};
+pub use self::report::{ReplayReport, SkipReason, Skipped};
 pub use self::selection::Selection;
 pub use self::stored::StoredLetter;
 pub use self::summary::Summary;

@@ -15,7 +15,7 @@ pub(super) struct Pages<'s, L> {
     /// Ids handed over so far (a selection of ids).
     next_id: usize,
     /// Ids already handed over: an id named twice is taken once (a
-    /// redrive would otherwise publish it twice).
+    /// replay would otherwise publish it twice).
     seen: HashSet<LetterId>,
     /// The scan's end: unset before the first page, `Some(None)` for an
     /// empty log.

@@ -1,4 +1,4 @@
-//! [`RedriveReport`]: what a redrive did, and the letters it
+//! [`ReplayReport`]: what a replay did, and the letters it
 //! [skipped](Skipped).
 
 use std::collections::BTreeMap;
@@ -6,12 +6,12 @@ use std::fmt;
 
 use super::LetterId;
 
-/// Why a letter was not redriven.
+/// Why a letter was not replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SkipReason {
     /// Its message was replayed
-    /// [`Redrive::max_replays`](super::Redrive::max_replays) times already.
+    /// [`Replay::max_replays`](super::Replay::max_replays) times already.
     ReplayLimit {
         /// How often it was replayed.
         replays: u32,
@@ -38,7 +38,7 @@ impl fmt::Display for SkipReason {
     }
 }
 
-/// A letter a redrive left in the store, and why.
+/// A letter a replay left in the store, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Skipped {
@@ -55,16 +55,16 @@ impl Skipped {
     }
 }
 
-/// What a [`redrive`](super::DeadLetterStore::redrive) did, or in a dry run would
+/// What a [`replay`](super::DeadLetterStore::replay) did, or in a dry run would
 /// do.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RedriveReport {
+pub struct ReplayReport {
     /// Whether it was a dry run (nothing moved).
     pub dry_run: bool,
     /// Letters published, confirmed and removed (in a dry run: that would
     /// be).
-    pub redriven: u64,
+    pub replayed: u64,
     /// Of those, how many per class of their last failure.
     pub by_class: BTreeMap<&'static str, u64>,
     /// Letters left in the store, with why.

@@ -1,8 +1,8 @@
-//! [`Selection`]: the letters a redrive or a purge takes.
+//! [`Selection`]: the letters a replay or a purge takes.
 
 use super::{Filter, LetterId};
 
-/// The letters a [`redrive`](super::DeadLetterStore::redrive) or
+/// The letters a [`replay`](super::DeadLetterStore::replay) or
 /// [`purge`](super::DeadLetterStore::purge) takes.
 #[derive(Clone, Debug)]
 pub enum Selection {

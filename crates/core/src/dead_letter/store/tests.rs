@@ -12,7 +12,7 @@ use crate::message::{Metadata, Position};
 use crate::publish::{Output, PublishError, Publisher};
 
 /// A broker with `count` letters of `orders` for `billing` (keys `k0`,
-/// `k1`, …, payloads `0`, `1`, …) and a store redriving through
+/// `k1`, …, payloads `0`, `1`, …) and a store replaying through
 /// `publisher`.
 async fn letters(
     count: i64,
@@ -73,15 +73,15 @@ async fn a_letter_whose_publish_fails_stays_and_the_ones_confirmed_are_removed()
         },
     );
     let outcome = store
-        .redrive(&Selection::Matching(Filter::all()), &Redrive::to_origin())
+        .replay(&Selection::Matching(Filter::all()), &Replay::to_origin())
         .await;
-    let Err(StoreError::Redrive { id, report, source }) = outcome else {
-        panic!("the second publish failed, yet the redrive says {outcome:?}");
+    let Err(StoreError::Replay { id, report, source }) = outcome else {
+        panic!("the second publish failed, yet the replay says {outcome:?}");
     };
     assert_eq!(id.as_str(), "1");
     // The page was sent whole before its receipts were awaited: the
     // third letter went out and was confirmed, the second was not.
-    assert_eq!(report.redriven, 2);
+    assert_eq!(report.replayed, 2);
     assert_eq!(source.kind(), crate::publish::PublishErrorKind::Unavailable);
     let left = store.list(&Filter::all(), 10, None).await.expect("list");
     let left: Vec<&str> = left
@@ -100,7 +100,7 @@ async fn a_letter_whose_publish_fails_stays_and_the_ones_confirmed_are_removed()
 }
 
 #[tokio::test]
-async fn an_entry_that_is_no_letter_is_counted_unreadable_and_never_redriven() {
+async fn an_entry_that_is_no_letter_is_counted_unreadable_and_never_replayed() {
     let (broker, _, store) = letters(1).await;
     broker
         .send(
@@ -114,28 +114,28 @@ async fn an_entry_that_is_no_letter_is_counted_unreadable_and_never_redriven() {
     let summary = store.summary(&Filter::all()).await.expect("summary");
     assert_eq!((summary.total, summary.unreadable), (2, 1));
     let report = store
-        .redrive(
+        .replay(
             &Selection::Ids(vec!["1".into(), "7".into()]),
-            &Redrive::to_origin(),
+            &Replay::to_origin(),
         )
         .await
-        .expect("redrive");
-    assert_eq!(report.redriven, 0);
+        .expect("replay");
+    assert_eq!(report.replayed, 0);
     let reasons: Vec<&SkipReason> = report.skipped.iter().map(|s| &s.reason).collect();
     assert_eq!(reasons, [&SkipReason::Unreadable, &SkipReason::NotFound]);
 }
 
 #[tokio::test]
-async fn an_id_named_twice_is_redriven_once() {
+async fn an_id_named_twice_is_replayed_once() {
     let (broker, _, store) = letters(2).await;
     let report = store
-        .redrive(
+        .replay(
             &Selection::Ids(vec!["1".into(), "1".into()]),
-            &Redrive::to_origin(),
+            &Replay::to_origin(),
         )
         .await
-        .expect("redrive");
-    assert_eq!(report.redriven, 1);
+        .expect("replay");
+    assert_eq!(report.replayed, 1);
     assert_eq!(broker.messages("orders", 0, 0).expect("messages").len(), 1);
 }
 
@@ -151,18 +151,18 @@ async fn an_id_of_another_form_is_a_typed_error() {
 }
 
 #[tokio::test]
-async fn a_redrive_elsewhere_keeps_key_headers_and_the_first_failure() {
+async fn a_replay_elsewhere_keeps_key_headers_and_the_first_failure() {
     let (broker, _, store) = letters(2).await;
     broker.create_topic("orders.retry", 1).expect("topic");
     let stored = store.read(&"1".into()).await.expect("read");
     let first = letter_of(&stored).first_failed_at;
     store
-        .redrive(
+        .replay(
             &Selection::Matching(Filter::all().with_key("k1")),
-            &Redrive::to("orders.retry"),
+            &Replay::to("orders.retry"),
         )
         .await
-        .expect("redrive");
+        .expect("replay");
     let moved = broker.messages("orders.retry", 0, 0).expect("messages");
     let [moved] = &moved[..] else {
         panic!("one message moved, not {moved:?}");

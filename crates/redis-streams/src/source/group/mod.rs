@@ -257,7 +257,7 @@ impl GroupReader {
             after.get(index).copied().flatten()
         })
         .await?;
-        self.settings.stats.add_groups_created_again(1);
+        self.settings.counters.add_groups_created_again(1);
         tracing::error!(
             %error,
             group = %self.group,
@@ -373,7 +373,7 @@ impl GroupReader {
         let (released, started) = key_order.release(index, &look, &mut self.staging.ready);
         self.held
             .forget_given_back(index, look.covered(), key_order.mine());
-        self.settings.stats.add_key_order_waits(started);
+        self.settings.counters.add_key_order_waits(started);
         Ok(released)
     }
 
@@ -446,7 +446,7 @@ impl GroupReader {
             self.raw.clear();
             self.pending.clear();
             let skipped = parse_entries(entries, "XREADGROUP", &mut self.raw)?;
-            self.settings.stats.add_malformed(skipped.malformed);
+            self.settings.counters.add_malformed(skipped.malformed);
             let clearance = if self.others_pending.get(index).copied().unwrap_or(true)
                 || self.held.has_given_back(index)
             {

@@ -49,7 +49,7 @@ impl GroupReader {
             malformed += parse_entries(entries, "XREADGROUP", &mut self.raw)?.malformed;
             Ok(())
         })?;
-        self.settings.stats.add_malformed(malformed);
+        self.settings.counters.add_malformed(malformed);
         if self.raw.is_empty() {
             let stream = &mut self.streams[index];
             stream.resync = false;
@@ -119,7 +119,7 @@ impl GroupReader {
                 });
             }
         }
-        self.settings.stats.add_malformed(malformed);
+        self.settings.counters.add_malformed(malformed);
         tracing::info!(
             stream = %name,
             entries = self.raw.len(),
@@ -187,7 +187,7 @@ impl GroupReader {
                 .map_err(|error| connector.key_error(error, "XCLAIM", &name))?;
             self.raw.clear();
             let skipped = parse_entries(reply, "XCLAIM", &mut self.raw)?;
-            self.settings.stats.add_malformed(skipped.malformed);
+            self.settings.counters.add_malformed(skipped.malformed);
             if skipped.vanished > 0 {
                 self.acknowledge_vanished_claims(index).await?;
             }
@@ -276,7 +276,7 @@ impl GroupReader {
             .query_async::<()>(connection)
             .await
             .map_err(|error| connector.key_error(error, "XACK", &name))?;
-        self.settings.stats.add_vanished(self.deleted.len());
+        self.settings.counters.add_vanished(self.deleted.len());
         self.deleted.clear();
         Ok(())
     }

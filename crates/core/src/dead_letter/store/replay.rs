@@ -1,4 +1,4 @@
-//! [`Redrive`]: where redriven messages go ([`Target`]), the loop guard,
+//! [`Replay`]: where replayed messages go ([`Target`]), the loop guard,
 //! the dry run, and the message that replays a letter.
 
 use std::fmt;
@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{SkipReason, StoreError, StoredLetter};
-use crate::dead_letter::DeadLetter;
 use crate::dead_letter::envelope::{FAILED_FIRST, REPLAYS};
+use crate::dead_letter::{DEFAULT_MAX_REPLAYS, DeadLetter};
 use crate::message::Headers;
 use crate::publish::Output;
 
-/// Where a redriven message goes.
+/// Where a replayed message goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Target {
@@ -33,32 +33,28 @@ pub enum Target {
     Destination(Arc<str>),
 }
 
-/// Called with the number of letters redriven so far, after each batch.
+/// Called with the number of letters replayed so far, after each batch.
 pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
 
-/// How to [`redrive`](super::DeadLetterStore::redrive): where to, how often a
+/// How to [`replay`](super::DeadLetterStore::replay): where to, how often a
 /// message may be replayed, and whether to move anything at all.
 #[derive(Clone)]
-#[must_use = "a Redrive does nothing until a store is given it"]
-pub struct Redrive {
+#[must_use = "a Replay does nothing until a store is given it"]
+pub struct Replay {
     target: Target,
     dry_run: bool,
     max_replays: u32,
     progress: Option<Progress>,
 }
 
-impl Redrive {
-    /// The default loop guard: a letter already replayed 3 times is
-    /// skipped.
-    pub const DEFAULT_MAX_REPLAYS: u32 = 3;
-
+impl Replay {
     /// Each message back to its consumer group alone (see
     /// [`Target::Group`]): what an operator means by "replay these letters".
     pub fn to_group() -> Self {
         Self {
             target: Target::Group,
             dry_run: false,
-            max_replays: Self::DEFAULT_MAX_REPLAYS,
+            max_replays: DEFAULT_MAX_REPLAYS,
             progress: None,
         }
     }
@@ -88,14 +84,14 @@ impl Redrive {
     }
 
     /// The loop guard: a letter whose message was replayed this often
-    /// already is skipped ([`SkipReason::ReplayLimit`]). 0 redrives
+    /// already is skipped ([`SkipReason::ReplayLimit`]). 0 replays
     /// nothing.
     pub fn max_replays(mut self, max_replays: u32) -> Self {
         self.max_replays = max_replays;
         self
     }
 
-    /// Calls `progress` with the count redriven so far after each batch
+    /// Calls `progress` with the count replayed so far after each batch
     /// (a progress bar on a long replay).
     pub fn on_progress(mut self, progress: impl Fn(u64) + Send + Sync + 'static) -> Self {
         self.progress = Some(Arc::new(progress));
@@ -117,7 +113,7 @@ impl Redrive {
         self.max_replays
     }
 
-    /// Why `stored` is not redriven, `None` when it is: unreadable, a
+    /// Why `stored` is not replayed, `None` when it is: unreadable, a
     /// reference letter, or past the loop guard.
     pub fn skips(&self, stored: &StoredLetter) -> Option<SkipReason> {
         match &stored.letter {
@@ -131,10 +127,10 @@ impl Redrive {
     }
 
     /// Calls the [progress](Self::on_progress) callback, if any, with
-    /// `redriven`.
-    pub fn report_progress(&self, redriven: u64) {
+    /// `replayed`.
+    pub fn report_progress(&self, replayed: u64) {
         if let Some(progress) = &self.progress {
-            progress(redriven);
+            progress(replayed);
         }
     }
 
@@ -144,7 +140,7 @@ impl Redrive {
     /// time that make the loop guard work. The park headers it carried are
     /// dropped: a replay starts with every park of its budget.
     ///
-    /// `way_back_to_group` is the group's way back in, for a redrive to
+    /// `way_back_to_group` is the group's way back in, for a replay to
     /// the [group](Target::Group): there the message is marked as the
     /// message first delivered at its origin (the parking layer's
     /// [`ORIGIN`](crate::parking::ORIGIN) headers), so its key keeps its
@@ -198,9 +194,9 @@ impl Redrive {
     }
 }
 
-impl fmt::Debug for Redrive {
+impl fmt::Debug for Replay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Redrive")
+        f.debug_struct("Replay")
             .field("target", &self.target)
             .field("dry_run", &self.dry_run)
             .field("max_replays", &self.max_replays)

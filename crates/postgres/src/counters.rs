@@ -1,4 +1,4 @@
-//! [`ExactlyOnceStats`]: how many messages committed, were skipped as
+//! [`ExactlyOnceCounters`]: how many messages committed, were skipped as
 //! duplicates, or rolled back.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,13 +12,13 @@ use prometheus::{IntCounterVec, Opts, Registry};
 /// is a relaxed atomic load; [`register`](Self::register) exposes them to
 /// prometheus.
 #[derive(Debug, Default)]
-pub struct ExactlyOnceStats {
+pub struct ExactlyOnceCounters {
     processed: AtomicU64,
     duplicates: AtomicU64,
     rolled_back: AtomicU64,
 }
 
-impl ExactlyOnceStats {
+impl ExactlyOnceCounters {
     /// Messages whose transaction (effects and marker) committed.
     pub fn processed(&self) -> u64 {
         self.processed.load(Ordering::Relaxed)
@@ -72,16 +72,16 @@ impl ExactlyOnceStats {
             &["outcome"],
         )?;
         registry.register(Box::new(StatsCollector {
-            stats: Arc::clone(self),
+            counters: Arc::clone(self),
             descs: family.desc().into_iter().cloned().collect(),
             family: Mutex::new(family),
         }))
     }
 }
 
-/// Reads [`ExactlyOnceStats`] into a counter family at each scrape.
+/// Reads [`ExactlyOnceCounters`] into a counter family at each scrape.
 struct StatsCollector {
-    stats: Arc<ExactlyOnceStats>,
+    counters: Arc<ExactlyOnceCounters>,
     descs: Vec<Desc>,
     // Behind a mutex so that concurrent scrapes do not interleave the
     // reset and the refill.
@@ -97,9 +97,9 @@ impl Collector for StatsCollector {
         let family = self.family.lock().unwrap_or_else(PoisonError::into_inner);
         family.reset();
         for (outcome, value) in [
-            ("processed", self.stats.processed()),
-            ("duplicate", self.stats.duplicates()),
-            ("rolled_back", self.stats.rolled_back()),
+            ("processed", self.counters.processed()),
+            ("duplicate", self.counters.duplicates()),
+            ("rolled_back", self.counters.rolled_back()),
         ] {
             family.with_label_values(&[outcome]).inc_by(value);
         }
@@ -114,8 +114,8 @@ mod tests {
     #[test]
     fn handlers_of_several_groups_share_one_registry() {
         let registry = Registry::new();
-        let billing = Arc::new(ExactlyOnceStats::default());
-        let shipping = Arc::new(ExactlyOnceStats::default());
+        let billing = Arc::new(ExactlyOnceCounters::default());
+        let shipping = Arc::new(ExactlyOnceCounters::default());
         billing.register(&registry, "billing").unwrap();
         shipping.register(&registry, "shipping").unwrap();
         billing.add_duplicates(2);

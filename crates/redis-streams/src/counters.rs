@@ -1,4 +1,4 @@
-//! [`RedisStreamsStats`]: what the source did besides handing out messages,
+//! [`RedisCounters`]: what the source did besides handing out messages,
 //! counted so that an application can export it as metrics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// them). Reading one is a relaxed atomic load; export them to the metrics
 /// system of the application (they only grow).
 ///
-/// Get them from [`RedisStreamsSource::stats`](crate::RedisStreamsSource::stats).
+/// Get them from [`RedisStreamsSource::counters`](crate::RedisStreamsSource::counters).
 #[derive(Debug, Default)]
-pub struct RedisStreamsStats {
+pub struct RedisCounters {
     vanished: AtomicU64,
     malformed: AtomicU64,
     dead_lettered: AtomicU64,
@@ -21,7 +21,7 @@ pub struct RedisStreamsStats {
     groups_created_again: AtomicU64,
 }
 
-impl RedisStreamsStats {
+impl RedisCounters {
     /// Entries that were deleted or trimmed from their stream while pending
     /// for the group: nothing is left to handle, so the source acknowledged
     /// them.

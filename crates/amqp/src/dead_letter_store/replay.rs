@@ -1,9 +1,9 @@
-//! Redriving a pass's letters: published in windows, acknowledged once
+//! Replaying a pass's letters: published in windows, acknowledged once
 //! confirmed.
 
 use intake_core::ErrorClass;
 use intake_core::dead_letter::store::{
-    LetterId, Redrive, RedriveReport, Selection, SkipReason, StoreError,
+    LetterId, Replay, ReplayReport, Selection, SkipReason, StoreError,
 };
 use intake_core::publish::PublishError;
 use intake_core::publish::Publisher;
@@ -14,10 +14,10 @@ use super::AmqpDeadLetterStore;
 use super::pass::{Entry, Pass};
 use super::selection::{Wanted, skipped};
 
-/// Letters a redrive publishes before it awaits their confirms.
+/// Letters a replay publishes before it awaits their confirms.
 const BATCH: usize = 256;
 
-/// Payload bytes a redrive publishes before it awaits their confirms (one
+/// Payload bytes a replay publishes before it awaits their confirms (one
 /// letter at least): with [`BATCH`], what a pass holds in memory at most,
 /// besides the letter it reads.
 const WINDOW_BYTES: usize = 32 << 20;
@@ -25,13 +25,13 @@ const WINDOW_BYTES: usize = 32 << 20;
 impl AmqpDeadLetterStore {
     /// Publishes the letters of `window` (sent already), waits for their
     /// confirms, acknowledges the confirmed ones; the first failure stops
-    /// the redrive.
+    /// the replay.
     async fn settle(
         &self,
         pass: &mut Pass,
         window: &mut Window,
-        report: &mut RedriveReport,
-        redrive: &Redrive,
+        report: &mut ReplayReport,
+        replay: &Replay,
     ) -> Result<(), StoreError> {
         if window.receipts.is_empty() && window.failure.is_none() {
             return Ok(());
@@ -53,13 +53,13 @@ impl AmqpDeadLetterStore {
         self.ack(pass, &tags)
             .await
             .map_err(|error| self.failed("remove letters from", error))?;
-        report.redriven += tags.len() as u64;
+        report.replayed += tags.len() as u64;
         for (_, class) in confirmed {
             *report.by_class.entry(class.as_str()).or_default() += 1;
         }
-        redrive.report_progress(report.redriven);
+        replay.report_progress(report.replayed);
         match failure {
-            Some((id, source)) => Err(StoreError::Redrive {
+            Some((id, source)) => Err(StoreError::Replay {
                 id,
                 report: Box::new(std::mem::take(report)),
                 source,
@@ -68,12 +68,12 @@ impl AmqpDeadLetterStore {
         }
     }
 
-    pub(super) async fn redrive_pass(
+    pub(super) async fn replay_pass(
         &self,
         pass: &mut Pass,
         selection: &Selection,
-        redrive: &Redrive,
-        report: &mut RedriveReport,
+        replay: &Replay,
+        report: &mut ReplayReport,
     ) -> Result<(), StoreError> {
         let mut wanted = Wanted::of(selection);
         let mut window = Window::default();
@@ -89,7 +89,7 @@ impl AmqpDeadLetterStore {
             if !wanted.takes(&stored) {
                 continue;
             }
-            let letter = match (redrive.skips(&stored), &stored.letter) {
+            let letter = match (replay.skips(&stored), &stored.letter) {
                 (Some(reason), _) => {
                     report.skipped.push(skipped(stored.id, reason));
                     continue;
@@ -97,14 +97,14 @@ impl AmqpDeadLetterStore {
                 (None, Ok(letter)) => letter,
                 (None, Err(_)) => continue,
             };
-            if redrive.is_dry_run() {
-                report.redriven += 1;
+            if replay.is_dry_run() {
+                report.replayed += 1;
                 *report.by_class.entry(letter.class.as_str()).or_default() += 1;
                 continue;
             }
             // A queue is its consumers' own: the way back to the group is
             // the queue the letter came from.
-            let output = redrive.output_of(letter, Some(letter.message.metadata().source()))?;
+            let output = replay.output_of(letter, Some(letter.message.metadata().source()))?;
             match self.publisher.send(output).await {
                 Ok(receipt) => {
                     window.bytes += stored.payload_bytes;
@@ -118,21 +118,21 @@ impl AmqpDeadLetterStore {
                 || window.receipts.len() >= BATCH
                 || window.bytes >= WINDOW_BYTES
             {
-                self.settle(pass, &mut window, report, redrive).await?;
+                self.settle(pass, &mut window, report, replay).await?;
             }
         }
-        self.settle(pass, &mut window, report, redrive).await?;
-        if redrive.is_dry_run() {
-            redrive.report_progress(report.redriven);
+        self.settle(pass, &mut window, report, replay).await?;
+        if replay.is_dry_run() {
+            replay.report_progress(report.replayed);
         }
         let missing = wanted.missing();
         if self.short(pass) && (wanted.is_filter() || !missing.is_empty()) {
             return Err(self.stopped_short(
-                "redrive every letter of",
+                "replay every letter of",
                 pass,
                 format!(
-                    "{} {} redriven",
-                    report.redriven,
+                    "{} {} replayed",
+                    report.replayed,
                     if report.dry_run { "would be" } else { "were" }
                 ),
             ));
@@ -146,12 +146,12 @@ impl AmqpDeadLetterStore {
     }
 }
 
-/// The redriven letters whose confirms are awaited: at most [`BATCH`]
+/// The replayed letters whose confirms are awaited: at most [`BATCH`]
 /// letters and about [`WINDOW_BYTES`] of payload.
 #[derive(Default)]
 struct Window {
     receipts: Vec<(u64, LetterId, ErrorClass, AmqpReceipt)>,
     bytes: usize,
-    /// A letter whose publish failed: the redrive stops after the window.
+    /// A letter whose publish failed: the replay stops after the window.
     failure: Option<(LetterId, PublishError)>,
 }

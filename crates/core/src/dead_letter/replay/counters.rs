@@ -1,4 +1,4 @@
-//! [`ReplayReport`]: what a [`ReplayLayer`](super::ReplayLayer) replayed,
+//! [`ReplayCounters`]: what a [`ReplayLayer`](super::ReplayLayer) replayed,
 //! refused and counted, shared with whoever reads it.
 
 use std::collections::BTreeMap;
@@ -14,11 +14,11 @@ use crate::error::ErrorClass;
 /// retryable failure left it unacknowledged, a rebalance moved its
 /// partition) is counted again.
 #[derive(Clone, Debug, Default)]
-pub struct ReplayReport {
+pub struct ReplayCounters {
     counts: Arc<Mutex<ReplayCounts>>,
 }
 
-/// The counts of a [`ReplayReport`] at one moment.
+/// The counts of a [`ReplayCounters`] at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReplayCounts {
@@ -29,7 +29,7 @@ pub struct ReplayCounts {
     pub replayed: u64,
     /// Of those, how many per class of their last failure, by
     /// [`ErrorClass::as_str`] (as
-    /// [`RedriveReport::by_class`](crate::dead_letter::RedriveReport::by_class)
+    /// [`ReplayReport::by_class`](crate::dead_letter::ReplayReport::by_class)
     /// counts them).
     pub by_class: BTreeMap<&'static str, u64>,
     /// Of those, how many the handler finished successfully (0 in a dry
@@ -44,7 +44,7 @@ pub struct ReplayCounts {
     pub unreadable: u64,
 }
 
-impl ReplayReport {
+impl ReplayCounters {
     /// The counts now.
     pub fn snapshot(&self) -> ReplayCounts {
         self.lock().clone()
