@@ -614,6 +614,72 @@ async fn co_located(kafka: &KafkaBackend) {
         .expect("the mover stops");
 }
 
+/// Issue 26: a parking whose return topic no source of its group reads
+/// strands what it parks (the mover moves the copies to a return topic
+/// nobody reads, and their originals were acknowledged). A source built
+/// without `.parking(&parking)` does not read it, so the parking refuses to
+/// park, naming the fix, and the message is retried the ordinary way:
+/// nothing reaches a retry topic. Once a source of the group is built with
+/// `.parking(&parking)`, parks go through and come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parking_whose_return_topic_no_source_reads_parks_nothing() {
+    support::init_tracing();
+    let Some(kafka) = KafkaBackend::real("a_parking_whose_return_topic_no_source_reads") else {
+        return;
+    };
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    let parking = KafkaParking::builder(kafka.settings(), &group)
+        .topics([&topic])
+        .delivery_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .expect("parking");
+    // The wiring that stranded parked messages: the source reads the
+    // origin only.
+    let unwired = KafkaSource::builder(kafka.settings())
+        .group(&group)
+        .topic(&topic)
+        .build()
+        .await
+        .expect("a source without the parking");
+    let refused = parking
+        .park(&consumed(&topic, 0, 1, Duration::ZERO), Duration::ZERO)
+        .await;
+    let Err(refused) = refused else {
+        panic!(
+            "parked though no source reads the return topic `{}`: the copy would never be handled",
+            parking.return_topic(&topic)
+        );
+    };
+    let said = refused.0.to_string();
+    assert!(
+        said.contains(".parking(&parking)") && said.contains(&parking.return_topic(&topic)),
+        "the refusal names the return topic and the fix: {said}"
+    );
+    drop(unwired);
+
+    let wired = KafkaSource::builder(kafka.settings())
+        .group(&group)
+        .topic(&topic)
+        .parking(&parking)
+        .build()
+        .await
+        .expect("a source with the parking");
+    parking
+        .park(&consumed(&topic, 0, 2, Duration::ZERO), Duration::ZERO)
+        .await
+        .expect("parked once a source reads the return topic");
+    let back = read_back(&kafka, &parking.return_topic(&topic), 2, BACK_WITHIN).await;
+    let ids: Vec<&str> = back.iter().map(|record| record.payload.as_str()).collect();
+    assert_eq!(ids, ["2"], "the refused message was never parked: {back:?}");
+    drop(wired);
+    parking
+        .shutdown(Duration::from_secs(15))
+        .await
+        .expect("the mover stops");
+}
+
 /// R7: a record in a retry topic with a header name that is not UTF-8 (any
 /// producer with write access can write one) must not kill the mover: it
 /// and the records behind it come back.
