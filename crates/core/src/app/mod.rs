@@ -62,34 +62,33 @@
 //! ```
 
 mod health;
-mod health_check;
 #[cfg(feature = "health")]
 mod http;
 mod report;
+mod run;
 mod signals;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use crate::acker::Acker;
 use crate::consumer::{Consumer, RunError, RunReport, SharedBudget, Shutdown};
-use crate::error::{BoxError, ConfigError, HandlerError, chain_for_log};
+use crate::error::{BoxError, HandlerError};
 use crate::handler::{Handler, HandlerFn, handler_fn_with_state};
 use crate::message::Message;
 use crate::source::Source;
 
-pub use health::{Health, HealthReport, HealthSettings, Problem};
-pub use health_check::PartHealth;
+pub use health::{Health, HealthReport, HealthSettings, PartHealth, Problem};
 #[cfg(feature = "health-server")]
 pub use http::HealthListener;
 #[cfg(feature = "health")]
 pub use http::HealthService;
 pub use report::{AppError, AppReport, RouteOutcome, RouteReport};
+use run::Trigger;
 pub use signals::Signals;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -115,10 +114,6 @@ struct Background {
     name: String,
     run: Box<dyn FnOnce(CancellationToken) -> BoxFuture<()> + Send>,
 }
-
-/// How long the background tasks get to finish once told to stop, before
-/// they are aborted.
-const BACKGROUND_STOP: Duration = Duration::from_secs(5);
 
 /// A startup or shutdown hook.
 struct Hook {
@@ -384,209 +379,6 @@ impl<S> App<S> {
         })
         .await
     }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        if self.routes.is_empty() {
-            return Err(ConfigError::new(
-                "routes",
-                "is empty: add at least one with `App::route`",
-            ));
-        }
-        for (index, route) in self.routes.iter().enumerate() {
-            if self.routes[..index].iter().any(|r| r.name == route.name) {
-                return Err(ConfigError::new(
-                    "routes",
-                    format!("name `{}` is used twice; name each route once", route.name),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    async fn run_inner(self, mut trigger: Trigger) -> Result<AppReport, AppError> {
-        self.validate().map_err(AppError::Config)?;
-        let App {
-            state: _,
-            routes,
-            budget,
-            drain_deadline,
-            health,
-            startup,
-            shutdown,
-            background,
-        } = self;
-        for hook in startup {
-            let name = hook.name;
-            tokio::select! {
-                result = (hook.run)() => if let Err(error) = result {
-                    tracing::error!(hook = %name, error = %chain_for_log(&*error), "a startup hook failed; the app does not start");
-                    return Err(AppError::Startup { hook: name, error });
-                },
-                () = &mut trigger.first => {
-                    tracing::info!(hook = %name, "stopped while starting; the app does not start");
-                    return Err(AppError::StoppedWhileStarting { hook: name });
-                }
-            }
-        }
-
-        let token = CancellationToken::new();
-        let mut names = Vec::with_capacity(routes.len());
-        let mut outcomes: Vec<Option<RouteOutcome>> = Vec::with_capacity(routes.len());
-        let mut set = JoinSet::new();
-        let mut ids = Vec::with_capacity(routes.len());
-        for route in routes {
-            let run = (route.start)(RouteStart {
-                shutdown: token.clone(),
-                health: health.clone().map(|health| (health, route.name.clone())),
-                budget: budget.clone(),
-                drain_deadline,
-            });
-            ids.push(set.spawn(run).id());
-            names.push(route.name);
-            outcomes.push(None);
-        }
-        let background_stop = CancellationToken::new();
-        let mut companions = JoinSet::new();
-        for task in background {
-            let name = task.name;
-            let run = (task.run)(background_stop.clone());
-            let stop = background_stop.clone();
-            companions.spawn(async move {
-                run.await;
-                if !stop.is_cancelled() {
-                    tracing::warn!(task = %name, "a background task ended while the routes run");
-                }
-            });
-        }
-        if let Some(health) = &health {
-            health.started();
-        }
-        tracing::info!(routes = names.len(), "app started");
-
-        let mut failure: Option<(usize, RunError)> = None;
-        let mut draining = false;
-        let mut abandoned = false;
-        loop {
-            tokio::select! {
-                joined = set.join_next_with_id() => {
-                    let Some(joined) = joined else { break };
-                    let (id, outcome) = match joined {
-                        Ok((id, Ok(report))) => (id, RouteOutcome::Finished(report)),
-                        Ok((id, Err(error))) => {
-                            let report = error.report().clone();
-                            let index = ids.iter().position(|i| *i == id);
-                            if let Some(index) = index {
-                                tracing::error!(route = %names[index], error = %chain_for_log(&error), "a route failed; stopping the others");
-                                if failure.is_none() {
-                                    failure = Some((index, error));
-                                }
-                            }
-                            (id, RouteOutcome::Failed(report))
-                        }
-                        Err(join) if join.is_panic() => {
-                            if let Some(index) = ids.iter().position(|i| *i == join.id()) {
-                                tracing::error!(route = %names[index], "a route panicked; stopping the others");
-                            }
-                            (join.id(), RouteOutcome::Panicked)
-                        }
-                        // Aborted by a second stop request.
-                        Err(join) => (join.id(), RouteOutcome::Abandoned),
-                    };
-                    if let Some(index) = ids.iter().position(|i| *i == id) {
-                        outcomes[index] = Some(outcome);
-                    }
-                    if !draining && outcomes.iter().any(|o| o.as_ref().is_some_and(RouteOutcome::is_failure)) {
-                        draining = true;
-                        if let Some(health) = &health {
-                            health.stopping();
-                        }
-                        token.cancel();
-                    }
-                }
-                () = &mut trigger.first, if !draining => {
-                    tracing::info!("stop requested: draining the routes");
-                    draining = true;
-                    if let Some(health) = &health {
-                        health.stopping();
-                    }
-                    token.cancel();
-                }
-                () = &mut trigger.second, if draining && !abandoned => {
-                    tracing::warn!("second stop request: stopping at once; what the routes hold stays unacknowledged");
-                    abandoned = true;
-                    set.abort_all();
-                }
-            }
-        }
-
-        background_stop.cancel();
-        let stopped = tokio::time::timeout(BACKGROUND_STOP, async {
-            while companions.join_next().await.is_some() {}
-        })
-        .await;
-        if stopped.is_err() {
-            tracing::warn!(
-                within = ?BACKGROUND_STOP,
-                "background tasks did not stop when told to; aborting them"
-            );
-            companions.abort_all();
-        }
-        if let Some(health) = &health {
-            health.ended();
-        }
-        let mut hook_failure = None;
-        for hook in shutdown {
-            if let Err(error) = (hook.run)().await {
-                tracing::error!(hook = %hook.name, error = %chain_for_log(&*error), "a shutdown hook failed");
-                if hook_failure.is_none() {
-                    hook_failure = Some((hook.name, error));
-                }
-            }
-        }
-
-        let report = AppReport {
-            routes: names
-                .into_iter()
-                .zip(outcomes)
-                .map(|(name, outcome)| RouteReport {
-                    name,
-                    outcome: outcome.unwrap_or(RouteOutcome::Abandoned),
-                })
-                .collect(),
-            peak_shared_messages: budget.as_ref().map(SharedBudget::peak_messages),
-            peak_shared_bytes: budget.as_ref().map(SharedBudget::peak_bytes),
-        };
-        if let Some((index, error)) = failure {
-            return Err(AppError::Route {
-                route: report.routes[index].name.clone(),
-                error,
-                report: Box::new(report),
-            });
-        }
-        if let Some(route) = report
-            .routes
-            .iter()
-            .find(|route| matches!(route.outcome, RouteOutcome::Panicked))
-        {
-            return Err(AppError::RoutePanicked {
-                route: route.name.clone(),
-                report: Box::new(report),
-            });
-        }
-        if abandoned {
-            return Err(AppError::StoppedAtOnce {
-                report: Box::new(report),
-            });
-        }
-        if let Some((hook, error)) = hook_failure {
-            return Err(AppError::Shutdown {
-                hook,
-                error,
-                report: Box::new(report),
-            });
-        }
-        Ok(report)
-    }
 }
 
 impl Hook {
@@ -601,12 +393,4 @@ impl Hook {
             run: Box::new(move || Box::pin(async move { hook().await.map_err(Into::into) })),
         }
     }
-}
-
-/// What stops the app: the first fires a drain, the second a stop at once.
-struct Trigger {
-    first: BoxFuture<()>,
-    second: BoxFuture<()>,
-    /// The signal listener behind the two, kept for as long as the app runs.
-    _signals: Option<Signals>,
 }
