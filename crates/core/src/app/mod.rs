@@ -73,12 +73,12 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 use crate::acker::Acker;
 use crate::consumer::{Consumer, RunError, RunReport, SharedBudget, Shutdown};
 use crate::error::{BoxError, HandlerError};
-use crate::handler::{Handler, HandlerFn, handler_fn_with_state};
+use crate::handler::{Handler, HandlerFn, Settles, handler_fn_with_state};
 use crate::message::Message;
 use crate::source::Source;
 
@@ -211,14 +211,21 @@ impl<S> App<S> {
     where
         Src: Source,
         A: Acker,
-        H: Service<Message, Response = ()> + Send + 'static,
+        // `Settles`, as `ConsumerBuilder::build` asks: a handler that
+        // returns outputs nothing publishes is refused there, with a message
+        // naming `PublishLayer`; a `Response = ()` bound here would add a
+        // second, bare type mismatch to it.
+        H: Service<Message, Response: Settles> + Send + 'static,
         H::Error: Into<HandlerError> + Send + 'static,
         H::Future: Send + 'static,
     {
         self.routes.push(Route {
             name: name.into(),
             start: Box::new(move |start: RouteStart| {
-                let mut consumer = consumer;
+                // `()` is the only answer that settles (`Settles` is sealed):
+                // nothing is dropped here.
+                let mut consumer =
+                    consumer.map_handler(|handler| handler.map_response(|_: H::Response| ()));
                 if let Some(budget) = start.budget {
                     consumer.settings.shared_budget = Some(budget);
                 }

@@ -459,6 +459,19 @@ impl Consumer<(), (), ()> {
     }
 }
 
+impl<S, A, H> Consumer<S, A, H> {
+    /// The same consumer around another handler made from this one's (an
+    /// [`App`](crate::app::App) route settles its handler's answer so).
+    pub(crate) fn map_handler<H2>(self, map: impl FnOnce(H) -> H2) -> Consumer<S, A, H2> {
+        Consumer {
+            source: self.source,
+            acker: self.acker,
+            handler: map(self.handler),
+            settings: self.settings,
+        }
+    }
+}
+
 impl<S, A, H> Consumer<S, A, H>
 where
     S: Source,
