@@ -11,7 +11,11 @@ use super::*;
 use crate::catch_panic::Panicked;
 use crate::dead_letter::DeadLetterLayer;
 use crate::error::ErrorClass;
+use crate::error::HandlerError;
 use crate::layer_testing::{RecordingSink, message};
+use crate::message::Message;
+use std::task::{Context, Poll};
+use tower::Service;
 
 type Outcomes = Vec<Result<(), HandlerError>>;
 

@@ -6,8 +6,8 @@
 //! [retryable](crate::error::ErrorClass::Retryable)
 //! [`HandlerError::panicked`] whose cause is [`Panicked`]. The metrics layer
 //! (feature `metrics`) counts it as a panic
-//! ([`is_panic`](HandlerError::is_panic)), whether a retry later succeeds or
-//! not.
+//! ([`is_panic`](crate::error::HandlerError::is_panic)), whether a retry
+//! later succeeds or not.
 //!
 //! Place it inside the retry layer (so a panic is retried like any transient
 //! failure) and inside the metrics and tracing layers (so they see the
@@ -40,71 +40,18 @@
 //!     }));
 //! # let _ = handler;
 //! ```
+//!
+//! [`HandlerError::panicked`]: crate::error::HandlerError::panicked
 
 mod error;
 mod future;
 mod layer;
-
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::task::{Context, Poll};
-
-use tower::Service;
+mod service;
 
 pub use self::error::Panicked;
 pub use self::future::ResponseFuture;
 pub use self::layer::CatchPanicLayer;
-use crate::error::HandlerError;
-use crate::message::Message;
-
-/// Catches panics of `S` and returns them as retryable errors. See the
-/// [module docs](self).
-#[derive(Clone, Debug)]
-pub struct CatchPanic<S> {
-    inner: S,
-}
-
-impl<S> CatchPanic<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S) -> Self {
-        Self { inner }
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S> Service<Message> for CatchPanic<S>
-where
-    S: Service<Message, Response = ()>,
-    S::Error: Into<HandlerError>,
-{
-    type Response = ();
-    type Error = HandlerError;
-    type Future = ResponseFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        match catch_unwind(AssertUnwindSafe(|| self.inner.poll_ready(cx))) {
-            Ok(poll) => poll.map_err(Into::into),
-            Err(payload) => Poll::Ready(Err(future::caught(Panicked::from_payload(&*payload)))),
-        }
-    }
-
-    fn call(&mut self, message: Message) -> Self::Future {
-        // A handler may panic before it returns its future (a plain fn that
-        // does its work in `call`).
-        match catch_unwind(AssertUnwindSafe(|| self.inner.call(message))) {
-            Ok(future) => ResponseFuture::running(future),
-            Err(payload) => ResponseFuture::panicked(Panicked::from_payload(&*payload)),
-        }
-    }
-}
+pub use self::service::CatchPanic;
 
 #[cfg(test)]
 mod tests;

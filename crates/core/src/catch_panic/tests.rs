@@ -5,8 +5,11 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 use super::*;
 use crate::backoff::Constant;
+use crate::error::HandlerError;
 use crate::layer_testing::{Scripted, Step, message};
+use crate::message::Message;
 use crate::retry::RetryLayer;
+use std::task::{Context, Poll};
 
 fn panic_of(error: &HandlerError) -> Option<&Panicked> {
     error.cause().downcast_ref::<Panicked>()

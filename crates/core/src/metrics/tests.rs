@@ -1,14 +1,16 @@
 use std::time::Duration;
 
 use prometheus::Registry;
-use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 use super::*;
 use crate::acker::{AckBatch, AckError};
 use crate::backoff::Constant;
 use crate::catch_panic::CatchPanicLayer;
 use crate::dead_letter::{DeadLetterLayer, FailurePolicy};
+use crate::error::HandlerError;
 use crate::layer_testing::{RecordingSink, Scripted, Step, message};
+use crate::message::Message;
 use crate::message::{Metadata, PartitionKey, Position};
 use crate::observer::PartitionProgress;
 use crate::observer::{ConsumerObserver, PartitionSnapshot};

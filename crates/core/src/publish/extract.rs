@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 
-use super::layer::publish_confirmed;
 use super::output::{Output, Outputs};
+use super::service::publish_confirmed;
 use super::{Confirmation, PublishError, Publisher};
 use crate::error::HandlerError;
 use crate::handler::FromRef;

@@ -2,19 +2,11 @@
 //! input only once every output is confirmed.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use tower::{Layer, Service};
+use tower::Layer;
 
-use super::output::Outputs;
-use super::{PublishError, Publisher};
-use crate::error::HandlerError;
-use crate::message::Message;
-use crate::trace::TRACEPARENT;
+use super::PublishService;
 
 /// Wraps a handler whose response is [`Outputs`] (a handler fn returning
 /// `Outputs` or `Result<Outputs, E>`) into one the consumer runs: it calls
@@ -86,6 +78,10 @@ use crate::trace::TRACEPARENT;
 /// let handler = handler_fn(|Payload(order): Payload| async move { Output::new("receipts", order) });
 /// let consumer = Consumer::builder().build(source, acker, handler);
 /// ```
+///
+/// [`Outputs`]: super::Outputs
+/// [`PublishError`]: super::PublishError
+/// [`Publisher`]: super::Publisher
 pub struct PublishLayer<P> {
     publisher: Arc<P>,
 }
@@ -125,92 +121,6 @@ impl<S, P> Layer<S> for PublishLayer<P> {
     type Service = PublishService<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PublishService {
-            inner,
-            publisher: Arc::clone(&self.publisher),
-        }
+        PublishService::new(inner, Arc::clone(&self.publisher))
     }
-}
-
-/// The service of [`PublishLayer`].
-pub struct PublishService<S, P> {
-    inner: S,
-    publisher: Arc<P>,
-}
-
-impl<S: Clone, P> Clone for PublishService<S, P> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            publisher: Arc::clone(&self.publisher),
-        }
-    }
-}
-
-impl<S: fmt::Debug, P> fmt::Debug for PublishService<S, P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PublishService")
-            .field("inner", &self.inner)
-            .field("publisher", &std::any::type_name::<P>())
-            .finish()
-    }
-}
-
-/// The future of [`PublishService`]. Boxed: publishing allocates per output
-/// anyway (the output, the client's record, the confirmation), and the
-/// publisher's send future has no name to store.
-pub type PublishFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
-
-impl<S, P> Service<Message> for PublishService<S, P>
-where
-    S: Service<Message, Response = Outputs>,
-    S::Error: Into<HandlerError>,
-    S::Future: Send + 'static,
-    P: Publisher,
-{
-    type Response = ();
-    type Error = HandlerError;
-    type Future = PublishFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), HandlerError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, message: Message) -> Self::Future {
-        let trace = message.headers().get(TRACEPARENT).cloned();
-        let handled = self.inner.call(message);
-        let publisher = Arc::clone(&self.publisher);
-        Box::pin(async move {
-            let outputs = handled.await.map_err(Into::into)?;
-            publish_confirmed(&*publisher, outputs, trace.as_ref())
-                .await
-                .map_err(HandlerError::from)
-        })
-    }
-}
-
-/// Sends `outputs` in order (each waits only for room in the publisher),
-/// then waits for every confirmation: the sends overlap the broker's round
-/// trips, and the order of sending is the order on the broker.
-pub(crate) async fn publish_confirmed<P: Publisher>(
-    publisher: &P,
-    outputs: Outputs,
-    trace: Option<&Bytes>,
-) -> Result<(), PublishError> {
-    let mut outputs = outputs.into_iter();
-    let Some(mut first) = outputs.next() else {
-        return Ok(());
-    };
-    first.continue_trace(trace);
-    let first = publisher.send(first).await?;
-    if outputs.len() == 0 {
-        return first.await.map(drop);
-    }
-    let mut receipts = Vec::with_capacity(outputs.len() + 1);
-    receipts.push(first);
-    for mut output in outputs {
-        output.continue_trace(trace);
-        receipts.push(publisher.send(output).await?);
-    }
-    futures_util::future::try_join_all(receipts).await.map(drop)
 }

@@ -48,16 +48,20 @@
 
 mod error;
 mod extract;
+mod future;
 mod layer;
 mod output;
+mod service;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use self::error::{PublishError, PublishErrorKind};
 pub use self::extract::Publish;
-pub use self::layer::{PublishFuture, PublishLayer, PublishService};
+pub use self::future::PublishFuture;
+pub use self::layer::PublishLayer;
 pub use self::output::{Output, Outputs};
+pub use self::service::PublishService;
 pub use crate::memory::MemoryPublisher;
 use crate::message::Position;
 

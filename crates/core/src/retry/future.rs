@@ -10,7 +10,8 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::{RetryConfig, RetryObserver};
+use super::RetryObserver;
+use super::service::RetryConfig;
 use crate::backoff::BackoffPolicy;
 use crate::error::{HandlerError, chain_for_log};
 use crate::interruptible_sleep::{InterruptibleSleep, Wake, outlasts_the_drain};

@@ -7,7 +7,9 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use super::*;
 use crate::backoff::{Constant, Disabled, Exponential};
 use crate::error::ErrorClass;
+use crate::error::HandlerError;
 use crate::layer_testing::{Scripted, Step, UnderConsumer, message};
+use crate::message::Message;
 
 fn quick(retries: u32) -> Constant {
     Constant::new(Duration::from_millis(10)).max_retries(retries)

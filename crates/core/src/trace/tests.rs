@@ -10,8 +10,12 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
 use super::*;
+use crate::error::HandlerError;
 use crate::layer_testing::{Scripted, Step, message};
 use crate::message::Headers;
+use crate::message::Message;
+use std::fmt;
+use tracing::Span;
 
 /// Records the fields of every span, by span id.
 #[derive(Clone, Default)]
