@@ -620,13 +620,17 @@ mod parking {
         .expect("the reader ran")
     }
 
+    /// A parking of `group` for `topic`, which parks: a source of the group
+    /// was built to read its return topic.
     async fn parking_for(kafka: &KafkaBackend, topic: &str, group: &str) -> KafkaParking {
-        KafkaParking::builder(kafka.settings(), group)
+        let parking = KafkaParking::builder(kafka.settings(), group)
             .topics([topic])
             .delivery_timeout(Duration::from_secs(10))
             .build()
             .await
-            .expect("parking")
+            .expect("parking");
+        support::read_returns(kafka, &parking, topic, group).await;
+        parking
     }
 
     /// A parking whose mover already moved one message (id `WARM_UP`, due
@@ -826,6 +830,7 @@ mod parking {
             .build()
             .await
             .expect("parking");
+        support::read_returns(&kafka, &parking, &topic, &group).await;
         // Due in a day, yet in the 200 ms tier, ahead of one due in 200 ms.
         let (far, _) = consumed(&topic, 0, 1, Duration::from_secs(86_400));
         parking.park(&far, tier).await.expect("parked");
@@ -936,7 +941,7 @@ mod parking {
         let parking = warmed_up(&kafka, &topic, &group).await;
         let source = kafka
             .source(&topic, &group)
-            .topic(parking.return_topic(&topic))
+            .parking(&parking)
             .build()
             .await
             .expect("source");
@@ -1032,7 +1037,7 @@ mod parking {
         let returned = parking.return_topic(&topic);
         let source = kafka
             .source(&topic, &group)
-            .topic(returned.clone())
+            .parking(&parking)
             .build()
             .await
             .expect("source");

@@ -31,13 +31,17 @@ fn consumed(topic: &str, partition: u32, id: u64) -> Message {
     .with_key(format!("key-{id}"))
 }
 
+/// A parking of `group` for `topic`, which parks: a source of the group was
+/// built to read its return topic.
 async fn parking_for(kafka: &KafkaBackend, topic: &str, group: &str) -> KafkaParking {
-    KafkaParking::builder(kafka.settings(), group)
+    let parking = KafkaParking::builder(kafka.settings(), group)
         .topics([topic])
         .delivery_timeout(Duration::from_secs(10))
         .build()
         .await
-        .expect("parking")
+        .expect("parking");
+    support::read_returns(kafka, &parking, topic, group).await;
+    parking
 }
 
 async fn backlog(parking: &KafkaParking) -> ParkedBacklog {

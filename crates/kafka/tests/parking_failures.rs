@@ -28,6 +28,7 @@ use intake_core::{
     PartitionKey, Position,
     backend::{DeadLetterSink as _, Source as _, SourceEvent},
 };
+use intake_kafka::parking::ParkingError;
 use intake_kafka::rdkafka::bindings;
 use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake_kafka::rdkafka::message::{BorrowedHeaders, OwnedHeaders};
@@ -657,6 +658,13 @@ async fn a_parking_whose_return_topic_no_source_reads_parks_nothing() {
         said.contains(".parking(&parking)") && said.contains(&parking.return_topic(&topic)),
         "the refusal names the return topic and the fix: {said}"
     );
+    assert!(
+        matches!(
+            refused.0.downcast_ref::<ParkingError>(),
+            Some(ParkingError::ReturnTopicUnread { topic: unread, .. }) if *unread == topic
+        ),
+        "{refused:?}"
+    );
     drop(unwired);
 
     let wired = KafkaSource::builder(kafka.settings())
@@ -692,6 +700,7 @@ async fn a_header_name_that_is_not_utf8_in_a_retry_topic_stops_no_mover() {
     let topic = kafka.create_source(1).await.expect("topic");
     let group = unique("g");
     let parking = parking_for(&kafka, &topic, &group).await;
+    support::read_returns(&kafka, &parking, &topic, &group).await;
     let retry = parking.topic_for(&topic, Duration::ZERO);
     parking
         .park(&consumed(&topic, 0, 1, Duration::ZERO), Duration::ZERO)
@@ -759,6 +768,7 @@ async fn records_of_a_tier_no_longer_configured_come_back() {
     )
     .await;
     let parking = parking_for(&kafka, &topic, &group).await;
+    support::read_returns(&kafka, &parking, &topic, &group).await;
     // A record of a configured tier, to know the mover runs.
     parking
         .park(&consumed(&topic, 0, 1, Duration::ZERO), Duration::ZERO)
@@ -789,6 +799,7 @@ async fn the_mover_routes_by_the_cores_origin_partition_and_reads_the_old_header
     let topic = kafka.create_source(3).await.expect("topic");
     let group = unique("g");
     let parking = parking_for(&kafka, &topic, &group).await;
+    support::read_returns(&kafka, &parking, &topic, &group).await;
     let retry = parking.topic_for(&topic, Duration::ZERO);
     parking
         .park(&consumed(&topic, 0, 1, Duration::ZERO), Duration::ZERO)
@@ -870,7 +881,7 @@ async fn a_returned_copys_letter_names_the_original_record() {
     let returned = parking.return_topic(&topic);
     let source = kafka
         .source(&topic, &group)
-        .topic(returned.clone())
+        .parking(&parking)
         .build()
         .await
         .expect("source");
@@ -1004,7 +1015,7 @@ async fn park_headers_are_believed_on_return_copies_only() {
 
     let source = kafka
         .source(&topic, &group)
-        .topic(returned.clone())
+        .parking(&parking)
         .build()
         .await
         .expect("source");

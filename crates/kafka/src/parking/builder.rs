@@ -258,6 +258,7 @@ impl KafkaParkingBuilder {
             .client_config()
             .create()
             .map_err(|error| Error::from_kafka(error, &brokers, Duration::ZERO))?;
+        let read = self.topics.iter().map(|_| AtomicBool::new(false)).collect();
         let parking = KafkaParking {
             inner: Arc::new(Inner {
                 producer,
@@ -267,6 +268,7 @@ impl KafkaParkingBuilder {
                 return_template: self.return_template,
                 origin_of,
                 returns_to_itself,
+                read,
                 tiers,
                 template: self.template,
                 registry: Arc::new(Registry::default()),

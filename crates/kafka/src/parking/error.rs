@@ -24,6 +24,21 @@ pub enum ParkingError {
         /// The topics the parking serves.
         configured: Vec<String>,
     },
+    /// No source of the parking's group reads the return topic the
+    /// message's copy would come back to: parked, it would never be handled
+    /// again (its original is acknowledged). A source reads it once built
+    /// with [`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking).
+    #[error(
+        "messages of `{topic}` are not parked: no source of group `{group}` was built to read their return topic `{return_topic}`, so a parked copy would never be handled again; build the source with `.parking(&parking)` so the return topic is read"
+    )]
+    ReturnTopicUnread {
+        /// The message's origin topic.
+        topic: String,
+        /// The parking's consumer group.
+        group: String,
+        /// Where its copies come back to.
+        return_topic: String,
+    },
     /// The message's partition is no Kafka partition number.
     #[error("partition {partition} of `{topic}` is no Kafka partition")]
     BadPartition {

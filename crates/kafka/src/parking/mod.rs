@@ -43,6 +43,20 @@
 //! [template](KafkaParkingBuilder::topic_template), name the old one with
 //! [`drain_topic_template`](KafkaParkingBuilder::drain_topic_template)).
 //!
+//! **Nothing is parked where nobody reads.** A parked message's original
+//! is acknowledged; its copy is handled again only by a source of the
+//! group that reads its return topic. So the parking parks the messages of
+//! a served topic only once a source of its group was **built** with
+//! [`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking) for
+//! that topic (in this process; a source rebuilt later reads on from the
+//! group's offsets). Before, [`park`](Parking::park) refuses with
+//! [`ParkingError::ReturnTopicUnread`], which names the fix, and writes
+//! nothing: the parking layer retries the message the ordinary way and
+//! logs the refusal. A source that only names the return topic among its
+//! topics by hand reads it, but does not wire the parking: give it the
+//! parking. [`KafkaBroker::route`](crate::KafkaBroker) derives the two
+//! together and needs nothing.
+//!
 //! **Reading the return topic.** The source reads a return topic from its
 //! **start** when a partition has no usable offset (never committed, or
 //! deleted by the retention), whatever `auto.offset.reset` says for the
@@ -184,7 +198,7 @@ mod tiers;
 mod topics;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -256,6 +270,10 @@ struct Inner {
     /// template of `{topic}`): a copy there cannot be told from a
     /// producer's record, so the park headers of every record are believed.
     returns_to_itself: Vec<String>,
+    /// Per served topic (in the order of `topics`): whether a source of the
+    /// group was built to read its return topic. Parks of a topic wait for
+    /// it, so that no copy comes back where nobody reads.
+    read: Box<[AtomicBool]>,
     tiers: Tiers,
     template: String,
     registry: Arc<Registry>,
@@ -324,11 +342,13 @@ impl KafkaParking {
     }
 
     /// The topic parked messages of `topic` come back to: its return topic,
-    /// which the source must read besides `topic`
-    /// (`KafkaSource::builder(..).topics([topic, return_topic])`); `topic`
-    /// itself when the [return template](KafkaParkingBuilder::return_topic_template)
-    /// is `{topic}`. A message consumed from the return topic is parked as
-    /// one of `topic`.
+    /// which the source reads besides `topic` when built with
+    /// [`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking)
+    /// (the parking parks nothing of `topic` before, see the
+    /// [module docs](self)); `topic` itself when the
+    /// [return template](KafkaParkingBuilder::return_topic_template) is
+    /// `{topic}`. A message consumed from the return topic is parked as one
+    /// of `topic`.
     pub fn return_topic(&self, topic: &str) -> String {
         resolve(&self.inner.return_template, topic, &self.inner.group, "")
     }
@@ -365,6 +385,30 @@ impl KafkaParking {
     /// The consumer group whose messages it parks.
     pub(crate) fn group(&self) -> &str {
         &self.inner.group
+    }
+
+    /// A source of the group was built to read the return topics of the
+    /// served topics among `topics`: their messages may be parked from now
+    /// on. Lasting: the group's offsets in the return topic outlive the
+    /// source, and its next one reads on from them.
+    pub(crate) fn read_by_source(&self, topics: &[String]) {
+        let inner = &*self.inner;
+        for (served, read) in inner.topics.iter().zip(&inner.read) {
+            if topics.contains(served) {
+                read.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Whether a source of the group reads the return topic of the served
+    /// topic `origin`.
+    fn is_read(&self, origin: &str) -> bool {
+        let inner = &*self.inner;
+        inner
+            .topics
+            .iter()
+            .zip(&inner.read)
+            .any(|(served, read)| served == origin && read.load(Ordering::Acquire))
     }
 
     /// Tells the mover (of every clone) to stop, without waiting: a
@@ -556,5 +600,43 @@ mod tests {
             "{refused:?}"
         );
         drop(parking);
+    }
+
+    /// Until a source of the group was built with `.parking(&parking)`,
+    /// nobody reads the copies back: a park is refused before anything is
+    /// written, and `read_by_source` lifts it for the topics it names only.
+    #[tokio::test]
+    async fn a_park_before_a_source_reads_the_copies_back_is_refused() {
+        let parking = builder()
+            .topics(["payments"])
+            .build()
+            .await
+            .expect("no broker needed to build");
+        let message = |topic: &str| {
+            Message::new(
+                "payload",
+                intake_core::Metadata::new(topic.into(), 0, intake_core::Position::Offset(3)),
+            )
+        };
+        let refused = parking
+            .park(&message("orders"), Duration::from_secs(1))
+            .await
+            .expect_err("no source reads the copies");
+        assert!(
+            matches!(
+                refused.0.downcast_ref::<ParkingError>(),
+                Some(ParkingError::ReturnTopicUnread { topic, group, .. })
+                    if topic == "orders" && group == "billing"
+            ),
+            "{refused:?}"
+        );
+        assert!(!parking.is_read("orders"));
+        parking.read_by_source(&["orders".to_owned(), "other".to_owned()]);
+        assert!(parking.is_read("orders"));
+        assert!(!parking.is_read("payments"), "another served topic");
+        parking
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the mover stops");
     }
 }

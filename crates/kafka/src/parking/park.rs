@@ -122,6 +122,15 @@ impl Parking for KafkaParking {
                 }));
             }
         };
+        // Before anything is written: a copy that comes back where no
+        // source of the group reads is never handled again.
+        if !self.is_read(origin) {
+            return Err(ParkError::new(ParkingError::ReturnTopicUnread {
+                topic: origin.to_owned(),
+                group: inner.group.clone(),
+                return_topic: self.return_topic(origin),
+            }));
+        }
         let origin_partition = i32::try_from(metadata.partition()).map_err(|_| {
             ParkError::new(ParkingError::BadPartition {
                 topic: origin.to_owned(),

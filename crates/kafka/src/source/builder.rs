@@ -235,6 +235,11 @@ impl KafkaSourceBuilder {
     /// the default return topic of another topic of this source
     /// (`{topic}.{group}.returned`).
     ///
+    /// The parking parks the messages of a topic only once a source of its
+    /// group was built this way for that topic: before, nobody would read
+    /// the copies back (see the parking's docs). A return topic named by
+    /// hand is read, but does not wire the parking.
+    ///
     /// [`build`](Self::build) refuses a parking of another group, one that
     /// serves none of this source's topics, broadcast mode, and
     /// `auto.offset.reset=latest` with a parking whose copies return to the
@@ -350,6 +355,11 @@ impl KafkaSourceBuilder {
             .map_err(Error::Spawn)?;
         if let Some(claim) = claim {
             claim.keep();
+        }
+        // Only now does the group read the return topics: the parking parks
+        // their origins' messages from here on.
+        if let Some(parking) = &self.parking {
+            parking.read_by_source(&self.topics);
         }
         tracing::info!(group = %group_id, topics = ?returns.topics, %brokers, "kafka source started");
         Ok(KafkaSource {

@@ -23,11 +23,25 @@ use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use intake_kafka::rdkafka::{ClientConfig, Message as _};
 use intake_kafka::{
-    KafkaAcker, KafkaDeadLetterSink, KafkaSettings, KafkaSource, KafkaSourceBuilder,
+    KafkaAcker, KafkaDeadLetterSink, KafkaParking, KafkaSettings, KafkaSource, KafkaSourceBuilder,
 };
 
 /// The real tier's broker address.
 pub const REAL_BROKERS: &str = "127.0.0.1:9092";
+
+/// Builds, and drops, a source of `group` that reads `topic` with
+/// `parking`: a parking parks a topic's messages only once a source of its
+/// group was built to read their return topic (`.parking(&parking)`). For
+/// the tests that park by hand and read the return topic themselves.
+pub async fn read_returns(kafka: &KafkaBackend, parking: &KafkaParking, topic: &str, group: &str) {
+    let source = kafka
+        .source(topic, group)
+        .parking(parking)
+        .build()
+        .await
+        .expect("a source that reads the return topic");
+    drop(source);
+}
 
 /// A name no other test (or earlier run) uses.
 pub fn unique(prefix: &str) -> String {
