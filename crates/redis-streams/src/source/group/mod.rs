@@ -2,6 +2,10 @@
 //! entries, then new entries; under key order (`key_order.rs`), an entry
 //! with a key waits while an older entry of its key is in other hands.
 //!
+//! The parts: `recovery.rs` (own pending entries and claims), `setup.rs`
+//! (creating the group, at the start and again where it vanished) and
+//! `waiting.rs` (the entries that wait for an older entry of their key).
+//!
 //! # Claiming
 //!
 //! Entries pending longer than `claim_min_idle` with any consumer are
@@ -26,6 +30,7 @@
 
 mod recovery;
 mod setup;
+mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,8 +39,8 @@ use intake_core::{DeadLetter, ErrorClass, Message};
 use redis::Value;
 use tokio::time::Instant;
 
-use self::setup::create_groups_at;
 pub(super) use self::setup::{create_groups, refuse_shared_streams};
+use self::waiting::Clearance;
 use super::blocking_connection::BlockingConnection;
 use super::convert::{
     Decoded, EntryDecoder, PendingEntry, RawEntry, parse_entries, split_read_reply,
@@ -47,10 +52,6 @@ use crate::error::Error;
 use crate::held::HeldEntries;
 use crate::source::settings::Settings;
 use crate::stream_id::StreamId;
-
-/// How long a vanished group is remembered: one that vanishes again within
-/// it is created again only after a wait, longer each time.
-const LOST_GROUP_MEMORY: Duration = Duration::from_secs(60);
 
 /// Deletes this consumer from the group if it has no pending entries. Atomic,
 /// so a pending entry can never be dropped with its consumer.
@@ -218,57 +219,6 @@ impl GroupReader {
         }
     }
 
-    /// Creates the group again where it vanished (`NOGROUP`: `XGROUP
-    /// DESTROY`, the stream deleted), after the newest entry this consumer
-    /// read of each stream: what the group had read up to there is not read
-    /// again (at the configured start, the default `Beginning`, it would
-    /// be: the whole stream, handled twice). A stream this consumer read
-    /// nothing of starts at the configured start. The group's pending
-    /// entries went with it, so entries other consumers held, and those
-    /// written before that id while the group was gone, are not delivered
-    /// again: logged at error level. A group that keeps vanishing is
-    /// created again after the reconnect policy's waits.
-    async fn create_group_again(&mut self, error: Error) -> Result<(), Error> {
-        let now = Instant::now();
-        self.lost_groups = match self.last_lost_group {
-            Some(last) if now.duration_since(last) < LOST_GROUP_MEMORY => {
-                self.lost_groups.saturating_add(1)
-            }
-            _ => 1,
-        };
-        self.last_lost_group = Some(now);
-        if self.lost_groups > 1 {
-            let Some(delay) = self.settings.reconnect.delay(self.lost_groups - 1) else {
-                return Err(error);
-            };
-            tracing::warn!(
-                %error,
-                times = self.lost_groups,
-                ?delay,
-                "the consumer group keeps vanishing; waiting before creating it again"
-            );
-            tokio::time::sleep(delay).await;
-        }
-        let after: Vec<Option<StreamId>> =
-            self.streams.iter().map(|stream| stream.decoded).collect();
-        let connector = self.connection.connector().clone();
-        let (connection, _) = self.connection.get().await?;
-        let created = create_groups_at(connection, &connector, &self.settings, |index| {
-            after.get(index).copied().flatten()
-        })
-        .await?;
-        self.settings.counters.add_groups_created_again(1);
-        tracing::error!(
-            %error,
-            group = %self.group,
-            streams = created,
-            "the consumer group or its stream vanished (XGROUP DESTROY, the key deleted); \
-             created it again after the newest entry this consumer had read: entries \
-             other consumers held and entries before that id are not delivered again"
-        );
-        Ok(())
-    }
-
     /// One round of reading: own pending entries if they need a re-read,
     /// else claims if due, else a blocking read of new entries.
     async fn step(&mut self, max: usize) -> Result<(), Error> {
@@ -313,68 +263,6 @@ impl GroupReader {
             block = block.min(key_order.until_check().max(Duration::from_millis(1)));
         }
         self.read_new(max, block).await
-    }
-
-    /// Looks again at the waiting entries of every stream; how many it
-    /// handed out.
-    async fn release_waiting_all(&mut self) -> Result<usize, Error> {
-        let mut released = 0;
-        for index in 0..self.streams.len() {
-            if self
-                .key_order
-                .as_ref()
-                .is_some_and(|key_order| key_order.is_waiting(index))
-            {
-                released += self.release_waiting(index).await?;
-            }
-        }
-        Ok(released)
-    }
-
-    /// Hands the waiting entries of stream `index` that no older entry of
-    /// their key holds back any more to the staging queue (see
-    /// `source/key_order.rs`); returns how many.
-    async fn release_waiting(&mut self, index: usize) -> Result<usize, Error> {
-        let (Some(key_order), Some(key_field)) = (&mut self.key_order, &self.settings.key_field)
-        else {
-            return Ok(0);
-        };
-        let Some(through) = key_order.newest(index) else {
-            return Ok(0);
-        };
-        self.held.given_back(index, &mut self.given_back);
-        self.given_back.retain(|id| *id <= through);
-        if key_order::too_many_given_back(&self.given_back) {
-            tracing::debug!(
-                stream = %self.streams[index].name,
-                given_back = self.given_back.len(),
-                "entries wait until claims take back some of the entries given back for a retry"
-            );
-            key_order.put_off();
-            return Ok(0);
-        }
-        let name = self.streams[index].name.clone();
-        let connector = self.connection.connector().clone();
-        let (connection, _) = self.connection.get().await?;
-        let look = key_order::look(
-            connection,
-            &name,
-            &self.group,
-            &self.settings.consumer,
-            key_field,
-            through,
-            &self.given_back,
-        )
-        .await
-        .map_err(|error| connector.key_error(error, "EVALSHA", &name))?;
-        let Some(key_order) = &mut self.key_order else {
-            return Ok(0);
-        };
-        let (released, started) = key_order.release(index, &look, &mut self.staging.ready);
-        self.held
-            .forget_given_back(index, look.covered(), key_order.mine());
-        self.settings.counters.add_key_order_waits(started);
-        Ok(released)
     }
 
     /// A blocking read of new entries of every stream, for at most `block`.
@@ -593,17 +481,6 @@ impl GroupReader {
         }
         Ok(())
     }
-}
-
-/// Whether entries just read may have to wait for an older entry of their
-/// key (see `source/key_order.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Clearance {
-    /// No other consumer had entries pending right after the read and this
-    /// one gave none back: nothing older of any key is in other hands.
-    Clear,
-    /// Unknown: a look at the pending entries decides.
-    Look,
 }
 
 fn millis(duration: Duration) -> u64 {

@@ -8,7 +8,8 @@ use crate::error::Error;
 use crate::source::convert::{RawEntry, Skipped, parse_entries, parse_pending, parse_read_reply};
 use crate::stream_id::{After, StreamId};
 
-use super::{Clearance, GroupReader, millis};
+use super::waiting::Clearance;
+use super::{GroupReader, millis};
 
 impl GroupReader {
     /// Re-reads this consumer's pending entries after the newest decoded id

@@ -1,8 +1,14 @@
-//! Creating the consumer group on every stream, and refusing
-//! `delete_acked` on a stream another group reads.
+//! Creating the consumer group on every stream, at the start and again
+//! where it vanished, and refusing `delete_acked` on a stream another group
+//! reads.
+
+use std::time::Duration;
 
 use redis::Value;
 use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use super::GroupReader;
 
 use crate::connection::Connector;
 use crate::error::Error;
@@ -101,4 +107,61 @@ pub(in crate::source) async fn refuse_shared_streams(
         }
     }
     Ok(())
+}
+
+/// How long a vanished group is remembered: one that vanishes again within
+/// it is created again only after a wait, longer each time.
+const LOST_GROUP_MEMORY: Duration = Duration::from_secs(60);
+
+impl GroupReader {
+    /// Creates the group again where it vanished (`NOGROUP`: `XGROUP
+    /// DESTROY`, the stream deleted), after the newest entry this consumer
+    /// read of each stream: what the group had read up to there is not read
+    /// again (at the configured start, the default `Beginning`, it would
+    /// be: the whole stream, handled twice). A stream this consumer read
+    /// nothing of starts at the configured start. The group's pending
+    /// entries went with it, so entries other consumers held, and those
+    /// written before that id while the group was gone, are not delivered
+    /// again: logged at error level. A group that keeps vanishing is
+    /// created again after the reconnect policy's waits.
+    pub(super) async fn create_group_again(&mut self, error: Error) -> Result<(), Error> {
+        let now = Instant::now();
+        self.lost_groups = match self.last_lost_group {
+            Some(last) if now.duration_since(last) < LOST_GROUP_MEMORY => {
+                self.lost_groups.saturating_add(1)
+            }
+            _ => 1,
+        };
+        self.last_lost_group = Some(now);
+        if self.lost_groups > 1 {
+            let Some(delay) = self.settings.reconnect.delay(self.lost_groups - 1) else {
+                return Err(error);
+            };
+            tracing::warn!(
+                %error,
+                times = self.lost_groups,
+                ?delay,
+                "the consumer group keeps vanishing; waiting before creating it again"
+            );
+            tokio::time::sleep(delay).await;
+        }
+        let after: Vec<Option<StreamId>> =
+            self.streams.iter().map(|stream| stream.decoded).collect();
+        let connector = self.connection.connector().clone();
+        let (connection, _) = self.connection.get().await?;
+        let created = create_groups_at(connection, &connector, &self.settings, |index| {
+            after.get(index).copied().flatten()
+        })
+        .await?;
+        self.settings.counters.add_groups_created_again(1);
+        tracing::error!(
+            %error,
+            group = %self.group,
+            streams = created,
+            "the consumer group or its stream vanished (XGROUP DESTROY, the key deleted); \
+             created it again after the newest entry this consumer had read: entries \
+             other consumers held and entries before that id are not delivered again"
+        );
+        Ok(())
+    }
 }
