@@ -153,7 +153,6 @@
 
 mod acker;
 mod broker;
-mod broker_dead_letter;
 mod connection;
 mod counters;
 mod dead_letter;
@@ -174,9 +173,10 @@ mod url;
 
 pub use acker::AmqpAcker;
 pub use broker::AmqpBroker;
-pub use broker_dead_letter::BrokerDeadLetterSink;
 pub use counters::AmqpCounters;
-pub use dead_letter::{AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, read_dead_letter};
+pub use dead_letter::{
+    AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, BrokerDeadLetterSink, read_dead_letter,
+};
 pub use dead_letter_store::{AmqpDeadLetterStore, AmqpDeadLetterStoreBuilder};
 pub use error::Error;
 pub use lag::AmqpLagProbe;

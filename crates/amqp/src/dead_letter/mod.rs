@@ -1,6 +1,8 @@
-//! [`AmqpDeadLetterSink`]: publish a copy of the poison message, with its
-//! origin, to a dead-letter exchange, and resolve only on the broker's
-//! publisher confirm.
+//! The dead-letter sinks. [`AmqpDeadLetterSink`]: publish a copy of the
+//! poison message, with its origin, to a dead-letter exchange, and resolve
+//! only on the broker's publisher confirm. [`BrokerDeadLetterSink`]
+//! (`broker_rejection.rs`): reject it without requeue into the queue's own
+//! dead-letter exchange.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,12 +24,14 @@ use crate::tls::Tls;
 use crate::topology::{Topology, short};
 use crate::url::AmqpUrl;
 
+mod broker_rejection;
 mod builder;
 mod frame;
 mod read;
 #[cfg(test)]
 mod tests;
 
+pub use broker_rejection::BrokerDeadLetterSink;
 pub use builder::AmqpDeadLetterSinkBuilder;
 pub use read::read_dead_letter;
 pub(crate) use read::read_stored;
@@ -95,7 +99,7 @@ const PERSISTENT: u8 = 2;
 ///
 /// For the alternative that lets the broker dead-letter
 /// (`basic.reject(requeue=false)` into the queue's dead-letter exchange), see
-/// [`BrokerDeadLetterSink`](crate::BrokerDeadLetterSink).
+/// [`BrokerDeadLetterSink`].
 ///
 /// [`write`]: DeadLetterSink::write
 pub struct AmqpDeadLetterSink {

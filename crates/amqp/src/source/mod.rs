@@ -38,9 +38,8 @@ use convert::DeliveryReader;
 use session::{close_session, open_session_within, start_consuming};
 
 use crate::acker::AmqpAcker;
-use crate::broker_dead_letter::BrokerDeadLetterSink;
 use crate::counters::AmqpCounters;
-use crate::dead_letter::AmqpDeadLetterSinkBuilder;
+use crate::dead_letter::{AmqpDeadLetterSinkBuilder, BrokerDeadLetterSink};
 use crate::error::Error;
 use crate::live_channel::ChannelSlot;
 use crate::prefetch::Prefetch;
