@@ -8,6 +8,7 @@ mod crashes;
 mod dead_letters;
 mod faults;
 mod inspection;
+mod parking;
 mod producing;
 mod rebalancing;
 mod support;
