@@ -75,15 +75,19 @@ impl MemoryBrokerBuilder {
     }
 }
 
+/// A topic and a consumer group of it.
+type TopicGroup = (SourceName, Arc<str>);
+
 struct BrokerInner {
     config: BrokerConfig,
     topics: Mutex<HashMap<SourceName, Arc<Topic>>>,
     /// Where the copies its parkings gave back were stored: the broker's
     /// own record of a park, which no producer can forge.
     parked_copies: Mutex<HashSet<(SourceName, u32, i64)>>,
-    /// Per topic, the messages its parkings hold and have not given back
-    /// yet: shared by every parking of the topic and read by its lag probes.
-    parked_waiting: Mutex<HashMap<SourceName, Arc<AtomicUsize>>>,
+    /// Per topic and group, the messages its parkings hold and have not
+    /// given back yet: shared by the group's parkings of the topic and read
+    /// by its lag probes.
+    parked_waiting: Mutex<HashMap<TopicGroup, Arc<AtomicUsize>>>,
 }
 
 /// An in-process broker with Kafka's model: topics of partitions, consumer
@@ -161,16 +165,19 @@ impl MemoryBroker {
         topic.append(&mut state, record)
     }
 
-    /// Stores `record`, a parked copy given back, like [`send`](Self::send),
+    /// Stores `record`, a parked copy given back, like [`send`](Self::send)
+    /// but for `group` alone (the other groups of the topic pass over it),
     /// and remembers that it is one.
     pub(super) fn send_parked_copy(
         &self,
         topic: &str,
+        group: &str,
         record: Record,
     ) -> Result<Produced, MemoryError> {
         let topic = self.topic(topic)?;
         let mut state = topic.lock();
-        let produced = topic.append(&mut state, record)?;
+        let audience = state.group_or_create(&topic, group)?;
+        let produced = topic.append_for(&mut state, record, audience)?;
         self.inner
             .parked_copies
             .lock()
@@ -242,33 +249,33 @@ impl MemoryBroker {
         Ok(MemoryDeadLetterSink::new(dead_letters, group, faults.state))
     }
 
-    /// Parks messages of `topic` on timers: each is appended to `topic`
-    /// again once its delay is over. For a
+    /// Parks messages `group` consumed from `topic` on timers: each is
+    /// appended to `topic` again once its delay is over, for `group` alone
+    /// (the topic's other groups pass over the copy, as they would not read
+    /// Kafka's return topic of the group). For a
     /// [`ParkingLayer`](crate::parking::ParkingLayer).
-    pub fn parking(&self, topic: &str) -> Result<super::MemoryParking, MemoryError> {
+    pub fn parking(&self, topic: &str, group: &str) -> Result<super::MemoryParking, MemoryError> {
         self.partitions(topic)?;
+        if group.is_empty() {
+            return Err(MemoryError::EmptyName { what: "group" });
+        }
         Ok(super::MemoryParking::new(
             self.clone(),
             topic,
-            self.parked_waiting(topic),
+            group,
+            self.parked_waiting(topic, group),
         ))
     }
 
-    /// The count of messages parked on `topic` and not yet back.
-    pub(super) fn parked_waiting(&self, topic: &str) -> Arc<AtomicUsize> {
+    /// The count of messages `group` parked on `topic` and not yet back.
+    pub(super) fn parked_waiting(&self, topic: &str, group: &str) -> Arc<AtomicUsize> {
         let mut waiting = self
             .inner
             .parked_waiting
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match waiting.get(topic) {
-            Some(count) => Arc::clone(count),
-            None => {
-                let count = Arc::new(AtomicUsize::new(0));
-                waiting.insert(SourceName::from(topic), Arc::clone(&count));
-                count
-            }
-        }
+        let key = (SourceName::from(topic), Arc::<str>::from(group));
+        Arc::clone(waiting.entry(key).or_default())
     }
 
     /// The store of the dead letters of `group` consuming `topic` (the
@@ -327,7 +334,10 @@ impl MemoryBroker {
                 members: Vec::new(),
                 partitions: (0..topic.partitions)
                     .zip(&state.logs)
-                    .map(|(partition, log)| PartitionState::unconsumed(partition, log.len()))
+                    .zip(&state.private)
+                    .map(|((partition, log), private)| {
+                        PartitionState::unconsumed(partition, log.len(), private.len())
+                    })
                     .collect(),
             },
         })

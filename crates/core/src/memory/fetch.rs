@@ -1,7 +1,7 @@
 //! Fetching a batch: which messages a member receives next, fairly across
 //! its partitions, and with which delivery attempt.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::message::Message;
 
@@ -15,6 +15,11 @@ pub(crate) struct Delivery {
     /// Deliveries so far of offsets delivered more than once, kept only for
     /// offsets not yet committed: first deliveries cost nothing to count.
     redeliveries: BTreeMap<usize, u32>,
+    /// Offsets this group never receives: copies parked by another group
+    /// of the topic, given back to that group alone (as Kafka's return
+    /// topic or Redis' return stream would). Empty unless another group
+    /// parks, so the hot path checks one length.
+    hidden: BTreeSet<usize>,
 }
 
 impl Delivery {
@@ -34,9 +39,57 @@ impl Delivery {
         }
     }
 
-    /// Appends up to `limit` messages from the cursor; returns how many.
+    /// Hides `offset` from this group: a copy another group parked.
+    pub(crate) fn hide(&mut self, offset: usize) {
+        self.hidden.insert(offset);
+    }
+
+    /// The first offset from `offset` on (before `end`) this group sees:
+    /// a commit or a lag count passes over the copies hidden from it.
+    pub(crate) fn visible_from(&self, mut offset: usize, end: usize) -> usize {
+        while offset < end && self.hidden.contains(&offset) {
+            offset += 1;
+        }
+        offset
+    }
+
+    /// How many offsets in `from..end` are hidden from this group.
+    pub(crate) fn hidden_between(&self, from: usize, end: usize) -> usize {
+        if from >= end {
+            return 0;
+        }
+        self.hidden.range(from..end).count()
+    }
+
+    /// Appends up to `limit` messages from the cursor, passing over the
+    /// offsets hidden from this group; returns how many.
     #[inline]
     fn take(&mut self, log: &[Message], buf: &mut Vec<Message>, limit: usize) -> usize {
+        if self.hidden.is_empty() {
+            return self.take_run(log, buf, limit);
+        }
+        let mut taken = 0;
+        while taken < limit {
+            self.cursor = self.visible_from(self.cursor, log.len());
+            // The run of visible messages up to the next hidden one.
+            let end = self
+                .hidden
+                .range(self.cursor..)
+                .next()
+                .map_or(log.len(), |&hidden| hidden.min(log.len()));
+            let run = self.take_run(&log[..end], buf, limit - taken);
+            if run == 0 {
+                break;
+            }
+            taken += run;
+        }
+        taken
+    }
+
+    /// Appends up to `limit` messages of `log` from the cursor; returns how
+    /// many.
+    #[inline]
+    fn take_run(&mut self, log: &[Message], buf: &mut Vec<Message>, limit: usize) -> usize {
         let start = self.cursor;
         let Some(available) = log.len().checked_sub(start).filter(|&n| n > 0) else {
             return 0;
@@ -66,7 +119,7 @@ impl Delivery {
     }
 
     fn has_more(&self, log: &[Message]) -> bool {
-        self.cursor < log.len()
+        self.visible_from(self.cursor, log.len()) < log.len()
     }
 }
 

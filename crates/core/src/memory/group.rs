@@ -543,9 +543,25 @@ impl Group {
                 .into(),
             ));
         };
+        // Copies another group parked right after it are not this group's
+        // to consume: pass over them, as Kafka's position passes over
+        // control records.
+        let next = self.deliveries[partition].visible_from(next, high_watermark);
         state.committed = Some(next);
         self.deliveries[partition].forget_below(next);
         Ok(())
+    }
+
+    /// Hides `offset` of `partition` from this group: a copy another group
+    /// parked, which goes back to that group alone.
+    pub(crate) fn hide(&mut self, partition: u32, offset: usize) {
+        self.deliveries[partition as usize].hide(offset);
+    }
+
+    /// The first offset of `partition` from `offset` on that this group
+    /// consumes (`end` if none before it).
+    pub(crate) fn visible_from(&self, partition: u32, offset: usize, end: usize) -> usize {
+        self.deliveries[partition as usize].visible_from(offset, end)
     }
 
     /// The group as it is now (after handing over released partitions).
@@ -574,12 +590,15 @@ impl Group {
                 .partitions
                 .iter()
                 .zip(logs)
+                .zip(&self.deliveries)
                 .enumerate()
-                .map(|(partition, (state, log))| {
+                .map(|(partition, ((state, log), delivery))| {
+                    let hidden = delivery.hidden_between(state.committed.unwrap_or(0), log.len());
                     partition_snapshot(
                         partition as u32,
                         state.committed,
                         log.len(),
+                        hidden,
                         &state.ownership,
                     )
                 })
@@ -600,13 +619,17 @@ fn partition_snapshot(
     partition: u32,
     committed: Option<usize>,
     high_watermark: usize,
+    hidden: usize,
     ownership: &Ownership,
 ) -> PartitionState {
     PartitionState {
         partition,
         committed: committed.map(|offset| offset as i64),
         high_watermark: high_watermark as i64,
-        lag: high_watermark.saturating_sub(committed.unwrap_or(0)) as u64,
+        // Copies parked by other groups are not this group's backlog.
+        lag: high_watermark
+            .saturating_sub(committed.unwrap_or(0))
+            .saturating_sub(hidden) as u64,
         owner: match ownership {
             Ownership::Unowned => PartitionOwner::Unassigned,
             Ownership::Owned { member, .. } => PartitionOwner::Assigned(*member),

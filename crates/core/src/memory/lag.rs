@@ -46,6 +46,7 @@ impl MemoryLagProbe {
         let topic = self.broker.topic(&self.topic)?;
         let now = SystemTime::now();
         let state = topic.lock();
+        let group = state.group(&self.group);
         Ok(snapshot
             .partitions
             .iter()
@@ -53,12 +54,20 @@ impl MemoryLagProbe {
                 let key = PartitionKey::new(topic.name.clone(), partition.partition);
                 let first_uncommitted = partition.committed.unwrap_or(0);
                 let oldest = usize::try_from(first_uncommitted).ok().and_then(|offset| {
-                    state
-                        .logs
-                        .get(partition.partition as usize)?
-                        .get(offset)?
-                        .metadata()
-                        .timestamp()
+                    let log = state.logs.get(partition.partition as usize)?;
+                    // Passing over copies other groups parked.
+                    let offset = match group {
+                        Some(index) => {
+                            state.groups[index].visible_from(partition.partition, offset, log.len())
+                        }
+                        None => {
+                            let private = state.private.get(partition.partition as usize)?;
+                            (offset..log.len())
+                                .find(|offset| !private.contains(offset))
+                                .unwrap_or(log.len())
+                        }
+                    };
+                    log.get(offset)?.metadata().timestamp()
                 });
                 // A clock that went backwards since the message was stamped
                 // makes it zero seconds old rather than an error.
@@ -81,10 +90,9 @@ impl LagProbe for MemoryLagProbe {
             .map_err(|error| LagError::Refused(Box::new(error)))
     }
 
-    /// What the topic's parkings hold (every group's: the memory broker
-    /// parks a copy back into the topic itself).
+    /// What the group's parkings of the topic hold.
     async fn parked(&self) -> Result<Option<u64>, LagError> {
-        let waiting = self.broker.parked_waiting(&self.topic);
+        let waiting = self.broker.parked_waiting(&self.topic, &self.group);
         Ok(Some(
             waiting.load(std::sync::atomic::Ordering::Relaxed) as u64
         ))

@@ -10,7 +10,8 @@ use crate::backend::broker::{Broker, RouteAddress, RouteOptions, RouteParts};
 /// The parts of a memory route: the route's source topic must exist
 /// ([`MemoryBroker::create_topic`]); its dead-letter topic is created when
 /// needed. Parking appends each copy to the source topic again once due,
-/// so the route's own source reads it back.
+/// for the route's group alone, so the route's own source reads it back
+/// and the topic's other groups never see it.
 impl Broker for MemoryBroker {
     type Source = MemorySource;
     type Acker = MemoryAcker;
@@ -33,7 +34,7 @@ impl Broker for MemoryBroker {
         let (source, acker) = self.consumer(address.source(), address.group())?;
         let dead_letter_sink = self.dead_letter_sink(address.source(), address.group())?;
         let parking = match options.parking {
-            Some(_) => Some(self.parking(address.source())?),
+            Some(_) => Some(self.parking(address.source(), address.group())?),
             None => None,
         };
         Ok(RouteParts::new(source, acker, dead_letter_sink, parking))

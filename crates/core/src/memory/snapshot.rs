@@ -71,7 +71,8 @@ pub struct PartitionState {
     /// The offset the next produced message gets (the partition's length).
     pub high_watermark: i64,
     /// `high_watermark - committed`, counting from offset 0 when nothing was
-    /// committed.
+    /// committed, less the copies other groups parked (which this group
+    /// never gets).
     pub lag: u64,
     /// Who owns the partition.
     pub owner: PartitionOwner,
@@ -97,13 +98,14 @@ pub enum PartitionOwner {
 }
 
 impl PartitionState {
-    /// A partition of a group that holds nothing yet.
-    pub(crate) fn unconsumed(partition: u32, high_watermark: usize) -> Self {
+    /// A partition of a group that holds nothing yet; `private` of its
+    /// messages are copies parked by other groups, which it never gets.
+    pub(crate) fn unconsumed(partition: u32, high_watermark: usize, private: usize) -> Self {
         Self {
             partition,
             committed: None,
             high_watermark: high_watermark as i64,
-            lag: high_watermark as u64,
+            lag: high_watermark.saturating_sub(private) as u64,
             owner: PartitionOwner::Unassigned,
         }
     }

@@ -40,6 +40,9 @@ pub(crate) struct TopicState {
     /// Offsets of partition 0 a dead-letter store removed (replayed or
     /// purged): the log stays append-only, so offsets keep their meaning.
     pub(crate) removed: BTreeSet<usize>,
+    /// Per partition, the offsets of parked copies given back to one group:
+    /// hidden from every other group, including groups created later.
+    pub(crate) private: Vec<BTreeSet<usize>>,
 }
 
 impl Topic {
@@ -68,6 +71,7 @@ impl Topic {
                 group_index: HashMap::new(),
                 next_unkeyed: 0,
                 removed: BTreeSet::new(),
+                private: (0..partitions).map(|_| BTreeSet::new()).collect(),
             }),
         })
     }
@@ -132,6 +136,25 @@ impl Topic {
         }
         Ok(Produced { partition, offset })
     }
+
+    /// Appends `record` for group `audience` alone (a parked copy given
+    /// back): every other group of the topic, now or later, passes over it.
+    pub(crate) fn append_for(
+        &self,
+        state: &mut TopicState,
+        record: Record,
+        audience: usize,
+    ) -> Result<Produced, MemoryError> {
+        let produced = self.append(state, record)?;
+        let offset = produced.offset as usize;
+        for (index, group) in state.groups.iter_mut().enumerate() {
+            if index != audience {
+                group.hide(produced.partition, offset);
+            }
+        }
+        state.private[produced.partition as usize].insert(offset);
+        Ok(produced)
+    }
 }
 
 impl TopicState {
@@ -149,12 +172,19 @@ impl TopicState {
         }
         let name: Arc<str> = name.into();
         let index = self.groups.len();
-        self.groups.push(Group::new(
+        let mut group = Group::new(
             topic.name.clone(),
             name.clone(),
             topic.partitions,
             topic.config,
-        ));
+        );
+        // Copies parked so far went back to other groups.
+        for (partition, offsets) in (0..).zip(&self.private) {
+            for &offset in offsets {
+                group.hide(partition, offset);
+            }
+        }
+        self.groups.push(group);
         self.group_index.insert(name, index);
         Ok(index)
     }

@@ -414,7 +414,7 @@ mod tests {
         exporter.refresh().await;
         assert_eq!(metrics.parked("billing"), Some(0));
 
-        let parking = broker.parking("orders").unwrap();
+        let parking = broker.parking("orders", "billing").unwrap();
         let message = crate::message::Message::new(
             "a",
             crate::message::Metadata::new("orders".into(), 0, crate::Position::Offset(0)),

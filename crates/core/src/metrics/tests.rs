@@ -117,7 +117,7 @@ async fn a_parked_message_counts_as_parked_not_as_a_failure() {
     let outcome = ServiceBuilder::new()
         .layer(metrics.layer("billing"))
         .layer(crate::parking::ParkingLayer::new(
-            broker.parking("orders").expect("parking"),
+            broker.parking("orders", "billing").expect("parking"),
         ))
         .service(tower::service_fn(|_: Message| async {
             Err::<(), _>(HandlerError::retry_later(

@@ -87,7 +87,7 @@
 //! broker.create_topic("orders", 4)?;
 //! let handler = ServiceBuilder::new()
 //!     .layer(DeadLetterLayer::new(broker.dead_letter_sink("orders", "billing")?))
-//!     .layer(ParkingLayer::new(broker.parking("orders")?).max_parks(5))
+//!     .layer(ParkingLayer::new(broker.parking("orders", "billing")?).max_parks(5))
 //!     // Three quick attempts, then come back in a minute.
 //!     .layer(RetryLayer::new(Exponential::default().max_retries(2))
 //!         .then_retry_later(Duration::from_secs(60)))

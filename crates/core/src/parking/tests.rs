@@ -172,7 +172,7 @@ async fn a_parked_message_comes_back_after_its_delay_and_does_not_hold_its_parti
     let broker = MemoryBroker::new();
     broker.create_topic(TOPIC, 1).expect("topic");
     let journal = Journal::default();
-    let parking = broker.parking(TOPIC).expect("parking");
+    let parking = broker.parking(TOPIC, GROUP).expect("parking");
     let stack = ServiceBuilder::new()
         .layer(ParkingLayer::new(parking.clone()))
         .service(handler(&journal, &["a1"], 1, Duration::from_millis(400)));
@@ -228,7 +228,7 @@ async fn later_messages_of_a_parked_key_wait_behind_it_and_other_keys_flow() {
     let broker = MemoryBroker::new();
     broker.create_topic(TOPIC, 2).expect("topic");
     let journal = Journal::default();
-    let layer = ParkingLayer::new(broker.parking(TOPIC).expect("parking"));
+    let layer = ParkingLayer::new(broker.parking(TOPIC, GROUP).expect("parking"));
     let stack = ServiceBuilder::new().layer(layer.clone()).service(handler(
         &journal,
         LATER,
@@ -302,7 +302,7 @@ async fn a_message_parked_as_often_as_allowed_is_dead_lettered() {
         .layer(DeadLetterLayer::new(
             broker.dead_letter_sink(TOPIC, GROUP).expect("sink"),
         ))
-        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")).max_parks(2))
+        .layer(ParkingLayer::new(broker.parking(TOPIC, GROUP).expect("parking")).max_parks(2))
         .service(handler(
             &journal,
             &["a1"],
@@ -626,7 +626,9 @@ async fn highest_backoff_level(failure: fn() -> HandlerError) -> u32 {
     let journal = Journal::default();
     let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stack = ServiceBuilder::new()
-        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")))
+        .layer(ParkingLayer::new(
+            broker.parking(TOPIC, GROUP).expect("parking"),
+        ))
         .service(tower::service_fn({
             let journal = journal.clone();
             let handled = Arc::clone(&handled);
@@ -738,7 +740,7 @@ async fn handle_once(
     let journal = Journal::default();
     let stack = ServiceBuilder::new()
         .layer(configure(ParkingLayer::new(GivesBack(
-            broker.parking(TOPIC).expect("parking"),
+            broker.parking(TOPIC, GROUP).expect("parking"),
         ))))
         .service(handler(&journal, &[], 0, Duration::ZERO));
     tokio::time::timeout(
@@ -807,7 +809,7 @@ async fn park_headers_a_producer_wrote_are_ignored_and_a_copy_keeps_its_first_de
         .layer(DeadLetterLayer::new(
             broker.dead_letter_sink(TOPIC, GROUP).expect("sink"),
         ))
-        .layer(ParkingLayer::new(broker.parking(TOPIC).expect("parking")).max_parks(3))
+        .layer(ParkingLayer::new(broker.parking(TOPIC, GROUP).expect("parking")).max_parks(3))
         // Parked twice, then done.
         .service(handler(&journal, &["forged"], 2, Duration::from_millis(50)));
     let (shutdown, task) = start(&broker, handler);
@@ -863,7 +865,7 @@ async fn a_dead_letter_of_a_returned_copy_names_its_first_delivery() {
     let failing = handler(&journal, &["poison"], 1, Duration::from_millis(20));
     // Once back, "poison" fails for good inside the parking layer, where
     // the dead-letter layer sees the copy's first delivery.
-    let handler = ParkingLayer::new(broker.parking(TOPIC).expect("parking")).layer(
+    let handler = ParkingLayer::new(broker.parking(TOPIC, GROUP).expect("parking")).layer(
         DeadLetterLayer::new(broker.dead_letter_sink(TOPIC, GROUP).expect("sink")).layer(
             tower::service_fn(move |message: Message| {
                 let mut failing = failing.clone();
@@ -1069,7 +1071,7 @@ async fn the_order_per_key_follows_the_consumers_key_function() {
         message.headers().get("account").map(|value| &value[..])
     }
     let journal = Journal::default();
-    let handler = ParkingLayer::new(broker.parking(TOPIC).expect("parking"))
+    let handler = ParkingLayer::new(broker.parking(TOPIC, GROUP).expect("parking"))
         .key_with(account)
         .layer(handler(&journal, &["a1"], 1, Duration::from_millis(100)));
     let (source, acker) = broker.consumer(TOPIC, GROUP).expect("consumer");

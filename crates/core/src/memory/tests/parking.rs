@@ -98,4 +98,9 @@ async fn a_parked_copy_comes_back_to_the_parking_group_alone() {
         0,
         "the other group has nothing left to consume"
     );
+
+    // A group that joins after the park never sees the copy either.
+    assert_eq!(broker.lag(TOPIC, "late").expect("lag"), 2);
+    let (mut late, _acker) = broker.consumer(TOPIC, "late").expect("consumer");
+    assert_eq!(payloads(&drain(&mut late).await), ["m1", "m2"]);
 }
