@@ -45,6 +45,7 @@ mod error;
 mod layer;
 mod limits;
 mod producer;
+mod service;
 mod store;
 
 use std::sync::Arc;
@@ -52,11 +53,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub use self::error::TransactionError;
-pub(crate) use self::layer::reread;
-pub use self::layer::{TransactionalFuture, TransactionalLayer, TransactionalService};
+pub use self::layer::TransactionalLayer;
 use self::limits::{DESCRIBE_TIMEOUT, Describer, ProducerLimits};
 pub(crate) use self::producer::Transactor;
-pub(crate) use self::store::OutputStore;
+pub use self::service::{TransactionalFuture, TransactionalService};
+pub(crate) use self::store::{OutputStore, reread};
 use crate::error::Error;
 use crate::settings::KafkaSettings;
 

@@ -327,6 +327,24 @@ impl OutputStore {
     }
 }
 
+/// Reads what `topics` accept again, in the background.
+pub(crate) fn reread(store: &Arc<OutputStore>, topics: Vec<Arc<str>>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to read in: what was read stays until the next try.
+        for topic in &topics {
+            store.learn(topic, &Described::Unknown("no runtime to read in".into()));
+        }
+        return;
+    };
+    let store = Arc::clone(store);
+    drop(runtime.spawn(async move {
+        for topic in topics {
+            let described = store.describer().describe(&topic, true).await;
+            store.learn(&topic, &described);
+        }
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
