@@ -38,7 +38,7 @@ impl fmt::Debug for RedisDeadLettersBuilder {
 impl RedisDeadLettersBuilder {
     pub(super) fn new(settings: RedisSettings) -> Self {
         Self {
-            connection: settings.into(),
+            connection: settings,
             stream: None,
             payload_field: DEFAULT_PAYLOAD_FIELD.to_owned(),
             group: None,
