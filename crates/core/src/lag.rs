@@ -29,6 +29,7 @@
 //! # Example
 //!
 //! ```
+//! use intake_core::backend::{Broker, RouteAddress};
 //! use intake_core::lag::LagProbe;
 //! use intake_core::memory::{MemoryBroker, Record};
 //!
@@ -40,7 +41,7 @@
 //! broker.send("orders", Record::new("b").to_partition(0))?;
 //! broker.send("orders", Record::new("c").to_partition(1))?;
 //!
-//! let probe = broker.lag_probe("orders", "billing");
+//! let probe = broker.lag_probe(&RouteAddress::new("orders", "billing")).await?;
 //! let lag = probe.lag().await?;
 //! assert_eq!(lag.len(), 2);
 //! assert_eq!(lag[0].messages, Some(2));

@@ -418,7 +418,7 @@ async fn a_background_lag_exporter_runs_beside_the_routes_and_stops_after_them()
     fill(&broker, "orders", 40);
     let registry = intake_core::metrics::prometheus::Registry::new();
     let lag_metrics = LagMetrics::register(&registry).expect("register");
-    let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &lag_metrics);
+    let exporter = LagExporter::new(broker.topic_lag_probe("orders", "billing"), &lag_metrics);
     let (source, acker) = broker.consumer("orders", "billing").expect("consumer");
     let consumer = Consumer::builder()
         .commit_interval(Duration::from_millis(5))

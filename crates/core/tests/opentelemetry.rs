@@ -64,7 +64,7 @@ async fn a_message_span_continues_the_producers_trace_into_its_outputs() {
         .unwrap();
     let handler = ServiceBuilder::new()
         .layer(TraceLayer::new("relay"))
-        .layer(PublishLayer::new(broker.publisher()))
+        .layer(PublishLayer::new(broker.memory_publisher()))
         .service(handler_fn(|message: Message| async move {
             Output::forward(&message, "out")
         }));

@@ -38,7 +38,7 @@ struct GatedPublisher {
 impl GatedPublisher {
     fn new(broker: &MemoryBroker) -> Self {
         Self {
-            inner: broker.publisher(),
+            inner: broker.memory_publisher(),
             releases: Arc::new(Semaphore::new(0)),
             sent: Arc::new(AtomicU32::new(0)),
         }
@@ -220,7 +220,7 @@ async fn a_failed_output_is_retried_with_its_input() {
     broker.create_topic("in", 1).unwrap();
     broker.create_topic("out", 1).unwrap();
     broker.send("in", Record::new("m0")).unwrap();
-    let publisher = broker.publisher();
+    let publisher = broker.memory_publisher();
     publisher.fail_next(2);
     let calls = Arc::new(AtomicU32::new(0));
     let handler = ServiceBuilder::new()
@@ -260,7 +260,7 @@ async fn a_rejected_output_dead_letters_its_input() {
         .layer(RetryLayer::new(
             Constant::new(Duration::from_millis(1)).max_retries(5),
         ))
-        .layer(PublishLayer::new(broker.publisher()))
+        .layer(PublishLayer::new(broker.memory_publisher()))
         .service(handler_fn({
             let calls = Arc::clone(&calls);
             move |Payload(body): Payload| {
@@ -302,7 +302,7 @@ async fn outputs_keep_their_inputs_order_per_key() {
             .unwrap();
     }
     let publisher = JitteryPublisher {
-        inner: broker.publisher(),
+        inner: broker.memory_publisher(),
         next: Arc::new(AtomicU32::new(0)),
     };
     relay_until_committed(
@@ -346,7 +346,7 @@ async fn a_handler_publishes_through_the_extractor() {
         .send("in", Record::new("m0").with_header("traceparent", TRACE))
         .unwrap();
     let handler = handler_fn_with_state(
-        broker.publisher(),
+        broker.memory_publisher(),
         |publish: Publish<MemoryPublisher>, Payload(body): Payload| async move {
             let outputs: Outputs = (0..3)
                 .map(|n| Output::new("out", format!("{}-{n}", String::from_utf8_lossy(&body))))
@@ -377,7 +377,7 @@ async fn no_output_completes_the_input() {
     broker.create_topic("in", 1).unwrap();
     broker.send("in", Record::new("m0")).unwrap();
     let handler = ServiceBuilder::new()
-        .layer(PublishLayer::new(broker.publisher()))
+        .layer(PublishLayer::new(broker.memory_publisher()))
         .service(handler_fn(|Payload(_): Payload| async { Outputs::none() }));
     let report = relay_until_committed(&broker, Consumer::builder(), handler).await;
     assert_eq!(report.succeeded, 1);

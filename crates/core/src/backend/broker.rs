@@ -28,8 +28,7 @@
 //! let address = RouteAddress::new("payments", "billing");
 //! let parts = Broker::route(&broker, &address, &RouteOptions::new().parking()).await?;
 //! assert!(parts.parking.is_some());
-//! // The memory broker's own `lag_probe(topic, group)` is not the trait's.
-//! let _probe = Broker::lag_probe(&broker, &address).await?;
+//! let _probe = broker.lag_probe(&address).await?;
 //! # Ok(())
 //! # }
 //! ```

@@ -216,8 +216,10 @@ impl MemoryBroker {
     }
 
     /// A publisher to this broker's topics, for handlers that produce (see
-    /// [`publish`](crate::publish)).
-    pub fn publisher(&self) -> super::MemoryPublisher {
+    /// [`publish`](crate::publish)), made at once. The
+    /// [`Broker`](crate::backend::Broker) trait's `publisher()`, which every
+    /// backend has, gives the same publisher asynchronously.
+    pub fn memory_publisher(&self) -> super::MemoryPublisher {
         super::MemoryPublisher::new(self.clone())
     }
 
@@ -281,7 +283,7 @@ impl MemoryBroker {
     /// The store of the dead letters of `group` consuming `topic` (the
     /// topic [`dead_letter_topic(topic, group)`](dead_letter_topic),
     /// created with one partition if needed): count, list, read, replay
-    /// through this broker's [`publisher`](Self::publisher), purge.
+    /// through this broker's [`publisher`](Self::memory_publisher), purge.
     pub fn dead_letter_store(
         &self,
         topic: &str,
@@ -291,7 +293,7 @@ impl MemoryBroker {
         let dead_letters = self.dead_letter_topic_of(topic, group)?;
         Ok(MemoryDeadLetterStore::new(
             MemoryDeadLetters::new(dead_letters),
-            self.publisher(),
+            self.memory_publisher(),
         ))
     }
 

@@ -10,7 +10,8 @@ use crate::message::PartitionKey;
 /// Reports a group's lag on one topic of a [`MemoryBroker`]: log end minus
 /// committed offset per partition (from offset 0 where the group never
 /// committed), and the age of the first uncommitted message from its
-/// timestamp. Made by [`MemoryBroker::lag_probe`]; see
+/// timestamp. Made by [`MemoryBroker::topic_lag_probe`] or the
+/// [`Broker`](crate::backend::Broker) trait's `lag_probe`; see
 /// [`lag`](crate::lag) for an example.
 #[derive(Clone)]
 pub struct MemoryLagProbe {
@@ -29,9 +30,11 @@ impl std::fmt::Debug for MemoryLagProbe {
 }
 
 impl MemoryBroker {
-    /// A probe of `group`'s lag on `topic`. The topic need not exist yet:
-    /// until it does, the probe answers [`LagError::Refused`].
-    pub fn lag_probe(&self, topic: &str, group: &str) -> MemoryLagProbe {
+    /// A probe of `group`'s lag on `topic`, made at once. The topic need not
+    /// exist yet: until it does, the probe answers [`LagError::Refused`].
+    /// The [`Broker`](crate::backend::Broker) trait's `lag_probe(&address)`,
+    /// which every backend has, gives the same probe asynchronously.
+    pub fn topic_lag_probe(&self, topic: &str, group: &str) -> MemoryLagProbe {
         MemoryLagProbe {
             broker: self.clone(),
             topic: topic.to_owned(),
@@ -129,7 +132,11 @@ mod tests {
             .await
             .unwrap();
 
-        let lag = broker.lag_probe("orders", "billing").lag().await.unwrap();
+        let lag = broker
+            .topic_lag_probe("orders", "billing")
+            .lag()
+            .await
+            .unwrap();
         let messages: Vec<_> = lag.iter().map(|partition| partition.messages).collect();
         assert_eq!(messages, [Some(2), Some(5)]);
         assert_eq!(lag[0].partition, PartitionKey::new("orders", 0));
@@ -141,7 +148,11 @@ mod tests {
     async fn a_fully_committed_partition_has_no_age() {
         let broker = MemoryBroker::new();
         broker.create_topic("orders", 1).unwrap();
-        let lag = broker.lag_probe("orders", "billing").lag().await.unwrap();
+        let lag = broker
+            .topic_lag_probe("orders", "billing")
+            .lag()
+            .await
+            .unwrap();
         assert_eq!(lag[0].messages, Some(0));
         assert_eq!(lag[0].oldest_age, Some(Duration::ZERO));
     }
@@ -155,7 +166,11 @@ mod tests {
             .send("orders", Record::new("old").with_timestamp(an_hour_ago))
             .unwrap();
         broker.send("orders", Record::new("new")).unwrap();
-        let lag = broker.lag_probe("orders", "billing").lag().await.unwrap();
+        let lag = broker
+            .topic_lag_probe("orders", "billing")
+            .lag()
+            .await
+            .unwrap();
         assert!(lag[0].oldest_age.unwrap() >= Duration::from_secs(3600));
     }
 
@@ -163,7 +178,7 @@ mod tests {
     async fn an_unknown_topic_is_refused() {
         let broker = MemoryBroker::new();
         let error = broker
-            .lag_probe("nowhere", "billing")
+            .topic_lag_probe("nowhere", "billing")
             .lag()
             .await
             .unwrap_err();

@@ -41,7 +41,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn publisher(&self) -> Result<MemoryPublisher, MemoryError> {
-        Ok(MemoryBroker::publisher(self))
+        Ok(self.memory_publisher())
     }
 
     async fn dead_letter_store(
@@ -52,11 +52,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn lag_probe(&self, address: &RouteAddress) -> Result<MemoryLagProbe, MemoryError> {
-        Ok(MemoryBroker::lag_probe(
-            self,
-            address.source(),
-            address.group(),
-        ))
+        Ok(self.topic_lag_probe(address.source(), address.group()))
     }
 }
 
@@ -91,7 +87,7 @@ mod tests {
             .park(&message, Duration::from_millis(50))
             .await
             .unwrap();
-        let probe = Broker::lag_probe(&broker, &address).await.unwrap();
+        let probe = broker.lag_probe(&address).await.unwrap();
         assert_eq!(probe.parked().await.unwrap(), Some(1));
         tokio::time::timeout(Duration::from_secs(10), async {
             while probe.parked().await.unwrap() != Some(0) {

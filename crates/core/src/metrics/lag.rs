@@ -192,6 +192,7 @@ impl LagMetrics {
 ///
 /// ```
 /// use std::time::Duration;
+/// use intake_core::backend::{Broker, RouteAddress};
 /// use intake_core::memory::{MemoryBroker, Record};
 /// use intake_core::metrics::{LagExporter, LagMetrics};
 /// use tokio_util::sync::CancellationToken;
@@ -204,7 +205,8 @@ impl LagMetrics {
 ///
 /// let registry = prometheus::Registry::new();
 /// let lag_metrics = LagMetrics::register(&registry)?;
-/// let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &lag_metrics);
+/// let probe = broker.lag_probe(&RouteAddress::new("orders", "billing")).await?;
+/// let exporter = LagExporter::new(probe, &lag_metrics);
 /// exporter.refresh().await;
 /// assert_eq!(lag_metrics.messages("orders", 0, "billing"), Some(1));
 ///
@@ -410,7 +412,7 @@ mod tests {
         broker.create_topic("orders", 1).unwrap();
         let registry = Registry::new();
         let metrics = LagMetrics::register(&registry).unwrap();
-        let exporter = LagExporter::new(broker.lag_probe("orders", "billing"), &metrics);
+        let exporter = LagExporter::new(broker.topic_lag_probe("orders", "billing"), &metrics);
         exporter.refresh().await;
         assert_eq!(metrics.parked("billing"), Some(0));
 
@@ -449,7 +451,7 @@ mod tests {
             .unwrap();
         let registry = Registry::new();
         let metrics = LagMetrics::register(&registry).unwrap();
-        LagExporter::new(broker.lag_probe("orders", "billing"), &metrics)
+        LagExporter::new(broker.topic_lag_probe("orders", "billing"), &metrics)
             .refresh()
             .await;
         assert_eq!(metrics.messages("orders", 0, "billing"), Some(0));

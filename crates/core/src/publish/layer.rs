@@ -32,6 +32,7 @@ use super::PublishService;
 /// the handler's failure.
 ///
 /// ```
+/// use intake_core::backend::Broker;
 /// use intake_core::memory::{MemoryBroker, Record};
 /// use intake_core::publish::{Output, PublishLayer};
 /// use intake_core::{Consumer, Payload, handler_fn};
@@ -46,7 +47,7 @@ use super::PublishService;
 /// broker.send("orders", Record::new("order 1"))?;
 ///
 /// let handler = ServiceBuilder::new()
-///     .layer(PublishLayer::new(broker.publisher()))
+///     .layer(PublishLayer::new(broker.publisher().await?))
 ///     .service(handler_fn(|Payload(order): Payload| async move {
 ///         Output::new("receipts", order).with_key("customer-7")
 ///     }));

@@ -25,6 +25,7 @@
 //! the outputs. Outputs carry their input's W3C `traceparent`.
 //!
 //! ```
+//! use intake_core::backend::Broker;
 //! use intake_core::memory::{MemoryBroker, MemoryPublisher, Record};
 //! use intake_core::publish::{Output, Publish};
 //! use intake_core::{HandlerError, Key, Payload, handler_fn_with_state};
@@ -34,7 +35,7 @@
 //! let broker = MemoryBroker::new();
 //! broker.create_topic("audit", 1)?;
 //! let handler = handler_fn_with_state(
-//!     broker.publisher(),
+//!     broker.publisher().await?,
 //!     |Key(key): Key, publish: Publish<MemoryPublisher>, Payload(body): Payload| async move {
 //!         let output = Output::new("audit", body).with_key(key.unwrap_or_default());
 //!         publish.publish(output).await?; // confirmed when this returns

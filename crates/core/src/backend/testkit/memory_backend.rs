@@ -122,7 +122,7 @@ impl super::PublishingBackend for MemoryBackend {
     type Publisher = crate::memory::MemoryPublisher;
 
     async fn publisher(&self) -> Result<Self::Publisher, BoxError> {
-        Ok(self.broker.publisher())
+        Ok(self.broker.memory_publisher())
     }
 
     fn destination(&self, source: &str) -> String {

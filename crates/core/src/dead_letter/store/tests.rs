@@ -34,7 +34,7 @@ async fn letters(
     let topic = broker
         .topic(&dead_letter_topic("orders", "billing"))
         .expect("dead-letter topic");
-    let publisher = broker.publisher();
+    let publisher = broker.memory_publisher();
     let store = LogStore::new(MemoryDeadLetters::new(topic), publisher.clone());
     (broker, publisher, store)
 }
