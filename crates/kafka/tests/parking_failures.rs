@@ -617,11 +617,12 @@ async fn co_located(kafka: &KafkaBackend) {
 
 /// Issue 26: a parking whose return topic no source of its group reads
 /// strands what it parks (the mover moves the copies to a return topic
-/// nobody reads, and their originals were acknowledged). A source built
-/// without `.parking(&parking)` does not read it, so the parking refuses to
-/// park, naming the fix, and the message is retried the ordinary way:
-/// nothing reaches a retry topic. Once a source of the group is built with
-/// `.parking(&parking)`, parks go through and come back.
+/// nobody reads, and their originals were acknowledged). A source of the
+/// group built after the parking without `.parking(&parking)` is refused at
+/// build time, naming the fix. One built before it cannot be checked then:
+/// until a source is built with `.parking(&parking)`, the parking refuses
+/// to park, naming the fix, and the message is retried the ordinary way
+/// (nothing reaches a retry topic). Then parks go through and come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parking_whose_return_topic_no_source_reads_parks_nothing() {
     support::init_tracing();
@@ -630,32 +631,35 @@ async fn a_parking_whose_return_topic_no_source_reads_parks_nothing() {
     };
     let topic = kafka.create_source(1).await.expect("topic");
     let group = unique("g");
+    let origin_only = || {
+        KafkaSource::builder(kafka.settings())
+            .group(&group)
+            .topic(&topic)
+    };
+    // The wiring that stranded parked messages: a source that reads the
+    // origin only, here built before the parking.
+    let unwired = origin_only()
+        .build()
+        .await
+        .expect("no parking to check it against yet");
     let parking = KafkaParking::builder(kafka.settings(), &group)
         .topics([&topic])
         .delivery_timeout(Duration::from_secs(10))
         .build()
         .await
         .expect("parking");
-    // The wiring that stranded parked messages: the source reads the
-    // origin only.
-    let unwired = KafkaSource::builder(kafka.settings())
-        .group(&group)
-        .topic(&topic)
-        .build()
-        .await
-        .expect("a source without the parking");
+    let returned = parking.return_topic(&topic);
     let refused = parking
         .park(&consumed(&topic, 0, 1, Duration::ZERO), Duration::ZERO)
         .await;
     let Err(refused) = refused else {
         panic!(
-            "parked though no source reads the return topic `{}`: the copy would never be handled",
-            parking.return_topic(&topic)
+            "parked though no source reads the return topic `{returned}`: the copy would never be handled"
         );
     };
     let said = refused.0.to_string();
     assert!(
-        said.contains(".parking(&parking)") && said.contains(&parking.return_topic(&topic)),
+        said.contains(".parking(&parking)") && said.contains(&returned),
         "the refusal names the return topic and the fix: {said}"
     );
     assert!(
@@ -667,9 +671,20 @@ async fn a_parking_whose_return_topic_no_source_reads_parks_nothing() {
     );
     drop(unwired);
 
-    let wired = KafkaSource::builder(kafka.settings())
-        .group(&group)
-        .topic(&topic)
+    // Built after the parking, the same wiring is refused at build time.
+    match origin_only().build().await {
+        Err(intake_kafka::Error::Config { setting, problem }) => {
+            assert_eq!(setting, "parking");
+            assert!(
+                problem.contains(".parking(&parking)") && problem.contains(&returned),
+                "the refusal names the return topic and the fix: {problem}"
+            );
+        }
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a source that does not read `{returned}` was built after its parking"),
+    }
+
+    let wired = origin_only()
         .parking(&parking)
         .build()
         .await
@@ -678,10 +693,39 @@ async fn a_parking_whose_return_topic_no_source_reads_parks_nothing() {
         .park(&consumed(&topic, 0, 2, Duration::ZERO), Duration::ZERO)
         .await
         .expect("parked once a source reads the return topic");
-    let back = read_back(&kafka, &parking.return_topic(&topic), 2, BACK_WITHIN).await;
+    let back = read_back(&kafka, &returned, 2, BACK_WITHIN).await;
     let ids: Vec<&str> = back.iter().map(|record| record.payload.as_str()).collect();
     assert_eq!(ids, ["2"], "the refused message was never parked: {back:?}");
     drop(wired);
+    parking
+        .shutdown(Duration::from_secs(15))
+        .await
+        .expect("the mover stops");
+}
+
+/// A source that names its parking's return topic among its topics by hand
+/// reads the copies: built after the parking, it is not refused, and the
+/// parking parks for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_names_the_return_topic_by_hand_wires_its_parking() {
+    support::init_tracing();
+    let Some(kafka) = KafkaBackend::real("a_source_that_names_the_return_topic_by_hand") else {
+        return;
+    };
+    let topic = kafka.create_source(1).await.expect("topic");
+    let group = unique("g");
+    let parking = parking_for(&kafka, &topic, &group).await;
+    let source = KafkaSource::builder(kafka.settings())
+        .group(&group)
+        .topics([topic.clone(), parking.return_topic(&topic)])
+        .build()
+        .await
+        .expect("the return topic is read");
+    parking
+        .park(&consumed(&topic, 0, 1, Duration::ZERO), Duration::ZERO)
+        .await
+        .expect("parked: a source reads the return topic");
+    drop(source);
     parking
         .shutdown(Duration::from_secs(15))
         .await

@@ -322,6 +322,7 @@ impl KafkaParkingBuilder {
             .stopped
             .lock()
             .unwrap_or_else(|poison| poison.into_inner()) = Some(stopped);
+        parking.register();
         tracing::debug!(group = %inner.group, topics = ?inner.topics, brokers = %inner.brokers, "kafka parking started");
         Ok(parking)
     }

@@ -45,17 +45,19 @@
 //!
 //! **Nothing is parked where nobody reads.** A parked message's original
 //! is acknowledged; its copy is handled again only by a source of the
-//! group that reads its return topic. So the parking parks the messages of
-//! a served topic only once a source of its group was **built** with
-//! [`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking) for
-//! that topic (in this process; a source rebuilt later reads on from the
-//! group's offsets). Before, [`park`](Parking::park) refuses with
-//! [`ParkingError::ReturnTopicUnread`], which names the fix, and writes
-//! nothing: the parking layer retries the message the ordinary way and
-//! logs the refusal. A source that only names the return topic among its
-//! topics by hand reads it, but does not wire the parking: give it the
-//! parking. [`KafkaBroker::route`](crate::KafkaBroker) derives the two
-//! together and needs nothing.
+//! group that reads its return topic. So a source of the parking's group,
+//! built after it in this process, that reads a served topic but not its
+//! return topic is **refused at build time** ([`Error::Config`], setting
+//! `parking`): build it with
+//! [`KafkaSourceBuilder::parking`](crate::KafkaSourceBuilder::parking) (or
+//! name the return topic among its topics). And the parking parks the
+//! messages of a served topic only once a source of its group was built
+//! with it, or built after it naming the return topic (one rebuilt later
+//! reads on from the group's offsets): before, [`park`](Parking::park)
+//! refuses with [`ParkingError::ReturnTopicUnread`], which names the fix,
+//! and writes nothing, so the parking layer retries the message the
+//! ordinary way and logs the refusal. [`KafkaBroker::route`](crate::KafkaBroker) derives the
+//! two together and needs nothing.
 //!
 //! **Reading the return topic.** The source reads a return topic from its
 //! **start** when a partition has no usable offset (never committed, or
@@ -196,6 +198,7 @@ mod park;
 mod parked;
 mod tiers;
 mod topics;
+mod wiring;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,6 +230,7 @@ pub(crate) use self::parked::ParkedCounter;
 pub use self::tiers::DEFAULT_TIERS;
 use self::tiers::{Tiers, resolve};
 use self::topics::{Registry, partition_count};
+pub(crate) use self::wiring::unwired;
 use crate::error::Error;
 use crate::lag::{group_client, unconsumed};
 use crate::settings::KafkaSettings;
@@ -385,30 +389,6 @@ impl KafkaParking {
     /// The consumer group whose messages it parks.
     pub(crate) fn group(&self) -> &str {
         &self.inner.group
-    }
-
-    /// A source of the group was built to read the return topics of the
-    /// served topics among `topics`: their messages may be parked from now
-    /// on. Lasting: the group's offsets in the return topic outlive the
-    /// source, and its next one reads on from them.
-    pub(crate) fn read_by_source(&self, topics: &[String]) {
-        let inner = &*self.inner;
-        for (served, read) in inner.topics.iter().zip(&inner.read) {
-            if topics.contains(served) {
-                read.store(true, Ordering::Release);
-            }
-        }
-    }
-
-    /// Whether a source of the group reads the return topic of the served
-    /// topic `origin`.
-    fn is_read(&self, origin: &str) -> bool {
-        let inner = &*self.inner;
-        inner
-            .topics
-            .iter()
-            .zip(&inner.read)
-            .any(|(served, read)| served == origin && read.load(Ordering::Acquire))
     }
 
     /// Tells the mover (of every clone) to stop, without waiting: a

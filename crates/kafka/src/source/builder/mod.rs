@@ -25,7 +25,7 @@ use super::stall_check::StallCheck;
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::dead_letter::KafkaDeadLetterSink;
 use crate::error::Error;
-use crate::parking::{DEFAULT_RETURN_TEMPLATE, KafkaParking, warn_unless_co_located};
+use crate::parking::{DEFAULT_RETURN_TEMPLATE, KafkaParking, unwired, warn_unless_co_located};
 use crate::settings::KafkaSettings;
 use crate::transaction::KafkaTransactions;
 
@@ -235,10 +235,13 @@ impl KafkaSourceBuilder {
     /// the default return topic of another topic of this source
     /// (`{topic}.{group}.returned`).
     ///
-    /// The parking parks the messages of a topic only once a source of its
-    /// group was built this way for that topic: before, nobody would read
-    /// the copies back (see the parking's docs). A return topic named by
-    /// hand is read, but does not wire the parking.
+    /// A parking parks the messages of a topic only once a source of its
+    /// group reads their return topic: built this way, or built after the
+    /// parking naming the return topic among its topics. Before, nobody would read the copies
+    /// back (see the parking's docs); for the same reason
+    /// [`build`](Self::build) refuses a source of a parking's group, built
+    /// after the parking in this process, that reads a topic the parking
+    /// serves but not its return topic.
     ///
     /// [`build`](Self::build) refuses a parking of another group, one that
     /// serves none of this source's topics, broadcast mode, and
@@ -258,7 +261,9 @@ impl KafkaSourceBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for settings that cannot work,
+    /// [`Error::Config`] for settings that cannot work (a parking of the
+    /// group built before whose return topic this source does not read
+    /// among them, see [`parking`](Self::parking)),
     /// [`Error::Unreachable`] when no broker answers in time,
     /// [`Error::UnknownTopic`] for a missing topic,
     /// [`Error::Unauthorized`] when the credentials are refused,
@@ -270,6 +275,13 @@ impl KafkaSourceBuilder {
         let (settings, group_id) = self.consumer_settings()?;
         let returns = self.returns(&settings)?;
         let brokers = settings.endpoint();
+        // A parking of the group built before: its copies must be read.
+        let named_by_hand = match (&self.group, self.broadcast) {
+            (Some(group), false) => {
+                unwired(&brokers, group, &returns.topics, self.parking.as_ref())?
+            }
+            _ => Vec::new(),
+        };
         let mut shared = Shared::new(
             !self.broadcast,
             brokers.clone(),
@@ -358,7 +370,7 @@ impl KafkaSourceBuilder {
         }
         // Only now does the group read the return topics: the parking parks
         // their origins' messages from here on.
-        if let Some(parking) = &self.parking {
+        for parking in self.parking.iter().chain(&named_by_hand) {
             parking.read_by_source(&self.topics);
         }
         tracing::info!(group = %group_id, topics = ?returns.topics, %brokers, "kafka source started");
