@@ -21,17 +21,20 @@ use super::store::OutputStore;
 /// again (a retry) replaces what it kept. Each output without a
 /// `traceparent` of its own carries its input's.
 ///
-/// An output goes to the partition it [names](Output::partition), else to
-/// its key's, as [`KafkaPublisher`](crate::KafkaPublisher) puts it.
+/// An output goes to the partition it
+/// [names](intake_core::publish::Output::partition), else to its key's, as
+/// [`KafkaPublisher`](crate::KafkaPublisher) puts it.
 ///
 /// An output its destination would refuse (larger than the topic's
 /// `max.message.bytes` or the producer's `message.max.bytes` as a batch of
 /// its own, uncompressed; no key for a compacted topic; a partition the
 /// topic does not have, counted again before refusing) fails its input
-/// permanently with a [`Rejected`](PublishErrorKind::Rejected)
-/// [`PublishError`], as [`KafkaPublisher`](crate::KafkaPublisher) would,
-/// and keeps nothing of it: a dead-letter layer outside this one takes the
-/// input, and the transactions carry everything else. What each
+/// permanently with a
+/// [`Rejected`](intake_core::publish::PublishErrorKind::Rejected)
+/// [`PublishError`](intake_core::publish::PublishError), as
+/// [`KafkaPublisher`](crate::KafkaPublisher) would, and keeps nothing of it:
+/// a dead-letter layer outside this one takes the input, and the
+/// transactions carry everything else. What each
 /// destination accepts is read from the broker the first time an output
 /// goes there (that input waits for the answer) and again every few
 /// minutes.

@@ -17,7 +17,7 @@ use tower::Service;
 use super::limits::Described;
 use super::store::{OutputStore, Put};
 
-/// The service of [`TransactionalLayer`].
+/// The service of [`TransactionalLayer`](super::TransactionalLayer).
 #[derive(Clone)]
 pub struct TransactionalService<S> {
     inner: S,
