@@ -245,10 +245,17 @@ impl CommitEngine {
         self.free.push(id);
     }
 
+    // `admit`, `complete`, `finish` and `uncommitted` run for every message
+    // and are `#[inline]`: the dispatcher is generic, so it is compiled in
+    // the user's crate, where a method of this type is otherwise a call
+    // across crates (33 instructions per message in `benches/callgrind.sh
+    // pipeline_bytes`: 714 with the calls, 681 inlined).
+
     /// Admits a delivery at `position` of partition `id`.
     ///
     /// Positions of one partition must be admitted in increasing order.
     /// Returns `None` if the partition is not assigned.
+    #[inline]
     pub fn admit(&mut self, id: PartitionId, position: Position) -> Option<Ticket> {
         let state = self.partitions.get_mut(id.index())?;
         if !state.assigned {
@@ -269,6 +276,7 @@ impl CommitEngine {
     }
 
     /// Records that the delivery behind `ticket` is done (acknowledged).
+    #[inline]
     pub fn complete(&mut self, ticket: Ticket) -> Completion {
         self.finish(ticket, Finish::Done)
     }
@@ -286,6 +294,7 @@ impl CommitEngine {
         self.finish(ticket, Finish::RequeueAfter(delay))
     }
 
+    #[inline]
     fn finish(&mut self, ticket: Ticket, finish: Finish) -> Completion {
         let Some(state) = self.partitions.get_mut(ticket.partition.index()) else {
             return Completion::Stale;
@@ -433,6 +442,7 @@ impl CommitEngine {
     }
 
     /// Admitted messages of partition `id` that the watermark has not passed.
+    #[inline]
     pub fn uncommitted(&self, id: PartitionId) -> usize {
         self.partitions
             .get(id.index())
