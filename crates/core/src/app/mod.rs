@@ -5,7 +5,7 @@
 //! Each route is a [`Consumer`] built as usual (its own source, acker,
 //! handler and [`ConsumerBuilder`](crate::ConsumerBuilder) settings, any
 //! backend); the app names it and runs every route's
-//! [`Consumer::run`] in one [`JoinSet`] on the
+//! [`Consumer::run`] in one [`JoinSet`](tokio::task::JoinSet) on the
 //! current runtime: one task per route, none per message.
 //!
 //! ```

@@ -41,7 +41,7 @@ pub enum Problem {
         /// How long since the first of these failures.
         since: Duration,
     },
-    /// A part besides the routes said so ([`Health::add_check`]).
+    /// A part besides the routes said so ([`Health::add_check`](super::Health::add_check)).
     Part {
         /// What it said.
         reason: String,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// How health is judged: see [`Health`].
+/// How health is judged: see [`Health`](super::Health).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HealthSettings {
     /// How long a partition with uncommitted work may go without its
