@@ -67,7 +67,7 @@ async fn main() -> Result<(), BoxError> {
             let caught_up = {
                 let (broker, stop) = (broker.clone(), stop.clone());
                 async move {
-                    let probe = broker.lag_probe("payments", "billing");
+                    let probe = broker.topic_lag_probe("payments", "billing");
                     loop {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         let lag = broker.lag("payments", "billing").unwrap_or(1);

@@ -374,7 +374,7 @@ fn destination() -> MemoryPublisher {
     broker
         .create_topic(RELAYED, PARTITIONS)
         .expect("create the destination");
-    broker.publisher()
+    broker.memory_publisher()
 }
 
 async fn reset(pool: &PgPool, markers: &MarkerTable) {

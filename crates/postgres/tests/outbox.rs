@@ -154,7 +154,7 @@ async fn outputs_are_in_the_outbox_only_when_the_handler_commits() {
     assert_eq!(db.effects().await, 1);
     assert_eq!(service.counters().duplicates(), 1);
     let broker = broker();
-    let relay = OutboxRelay::new(db.pool.clone(), outbox, broker.publisher(), quick()).unwrap();
+    let relay = OutboxRelay::new(db.pool.clone(), outbox, broker.memory_publisher(), quick()).unwrap();
     assert_eq!(relay.relay_batch().await.unwrap().published, 2);
     assert_eq!(payloads(&broker), ["1.a", "1.b"]);
 }
@@ -178,7 +178,7 @@ async fn the_relay_publishes_every_row_in_id_order_with_its_id_and_empties_the_o
 
     let broker = broker();
     let relay =
-        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.publisher(), quick()).unwrap();
+        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
     eventually("11 rows published", || relay.published() == 11).await;
     relay.stop().await;
 
@@ -228,7 +228,7 @@ async fn rows_not_confirmed_stay_and_only_they_are_published_again() {
     let outbox = outbox_table(&pool).await;
     write_outputs(&pool, &outbox, 0..6).await;
     let broker = broker();
-    let publisher = broker.publisher();
+    let publisher = broker.memory_publisher();
 
     // The first output is not stored. The three after it (other keys)
     // were sent with it and are confirmed: they are deleted, not sent
@@ -274,7 +274,7 @@ async fn after_a_failed_output_the_rows_of_its_key_reach_the_broker_in_id_order_
     let outbox = outbox_table(&pool).await;
     write_one_key(&pool, &outbox, 0..8).await;
     let broker = broker();
-    let publisher = broker.publisher();
+    let publisher = broker.memory_publisher();
 
     // The first row is not stored: nothing of its key is sent after it
     // until it is confirmed.
@@ -295,7 +295,7 @@ async fn without_key_order_the_rows_after_a_failed_one_of_its_key_go_again_after
     let outbox = outbox_table(&pool).await;
     write_one_key(&pool, &outbox, 0..8).await;
     let broker = broker();
-    let publisher = broker.publisher();
+    let publisher = broker.memory_publisher();
 
     // All four are sent at once; the first is not stored, the three
     // after it are. They stay and go out again after it, so that the
@@ -344,7 +344,7 @@ async fn a_row_the_broker_refuses_is_moved_to_the_failed_table_and_the_others_go
     outbox.write(&mut connection, outputs).await.unwrap();
     drop(connection);
     let broker = broker();
-    let publisher = broker.publisher();
+    let publisher = broker.memory_publisher();
 
     // The first two fail once (not stored); the others, of other
     // destinations and keys, are published.
@@ -386,7 +386,7 @@ async fn a_row_the_relay_cannot_read_is_moved_to_the_failed_table() {
     let broker = broker();
 
     let relay =
-        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.publisher(), quick()).unwrap();
+        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
     eventually("2 rows published, 1 moved", || {
         relay.published() == 2 && relay.failed_rows() == 1
     })
@@ -421,7 +421,7 @@ async fn without_its_failed_table_a_refused_row_stays_and_the_confirmed_ones_are
     drop(connection);
     let broker = broker();
     let relay =
-        OutboxRelay::new(pool.clone(), outbox.clone(), broker.publisher(), quick()).unwrap();
+        OutboxRelay::new(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
 
     let error = relay.relay_batch().await.unwrap_err();
     assert!(!error.is_transient(), "{error}");
@@ -479,7 +479,7 @@ async fn a_relay_killed_before_its_commit_publishes_the_rows_again_with_the_same
     let hanging = OutboxRelay::new(
         pool.clone(),
         outbox.clone(),
-        ConfirmsNever(broker.publisher()),
+        ConfirmsNever(broker.memory_publisher()),
         quick(),
     )
     .unwrap();
@@ -500,7 +500,7 @@ async fn a_relay_killed_before_its_commit_publishes_the_rows_again_with_the_same
     let stopped = OutboxRelay::spawn(
         pool.clone(),
         outbox.clone(),
-        ConfirmsNever(broker.publisher()),
+        ConfirmsNever(broker.memory_publisher()),
         impatient,
     )
     .unwrap();
@@ -514,7 +514,7 @@ async fn a_relay_killed_before_its_commit_publishes_the_rows_again_with_the_same
     // Restarted with a publisher that confirms: the rows go out once more
     // and only then leave the outbox.
     let relay =
-        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.publisher(), quick()).unwrap();
+        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
     eventually("3 rows published", || relay.published() == 3).await;
     relay.stop().await;
     assert_eq!(outbox.count(&pool).await.unwrap(), 0);
@@ -561,7 +561,7 @@ async fn a_batch_of_one_key_ends_at_its_deadline_and_the_next_one_goes_on() {
     let relay = OutboxRelay::new(
         pool.clone(),
         outbox.clone(),
-        ConfirmsSlowly(broker.publisher()),
+        ConfirmsSlowly(broker.memory_publisher()),
         settings,
     )
     .unwrap();
