@@ -3,10 +3,10 @@
 //! concept with one file per part.
 //!
 //! The count leaves no room for argument: every line of the file before
-//! its test module (the first line that starts with `#[cfg(test)]`),
-//! blank lines, comments and doc comments included, as
-//! `awk '/^#\[cfg\(test\)\]/{exit} {c++} END{print c+0}' F` counts them
-//! (the review that asked for the split counted so). Every `.rs` file under
+//! its inline test module (a line that starts with `#[cfg(test)]` followed
+//! by `mod … {`; a `mod tests;` naming a file elsewhere ends nothing),
+//! blank lines, comments and doc comments included (the review that asked
+//! for the splits counted whole lines so). Every `.rs` file under
 //! `crates/*/src` and `src` is measured except test modules: `tests.rs`,
 //! `*_tests.rs`, and the files of a `tests` or `*_tests` folder inside
 //! `src`.
@@ -28,12 +28,22 @@ const LIMIT: usize = 600;
 /// was split (issue 26): keep it so.
 const STILL_OVER: &[(&str, usize)] = &[];
 
-/// Every line before the file's test module: blank, comment and doc lines
-/// count as much as code.
+/// Every line before the file's inline test module (`#[cfg(test)]` then
+/// `mod … {`): blank, comment and doc lines count as much as code. A
+/// `#[cfg(test)] mod tests;` that names a file elsewhere ends nothing.
 fn lines_of_code(text: &str) -> usize {
-    text.lines()
-        .take_while(|line| !line.starts_with("#[cfg(test)]"))
-        .count()
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .position(|(index, line)| {
+            line.starts_with("#[cfg(test)]")
+                && lines.get(index + 1).is_some_and(|next| {
+                    let next = next.trim();
+                    next.starts_with("mod ") && next.ends_with('{')
+                })
+        })
+        .unwrap_or(lines.len())
 }
 
 /// Whether `path` (relative to a crate's `src`) is a test module.
@@ -149,6 +159,8 @@ fn every_line_before_the_test_module_counts() {
                 #[cfg(all(test, feature = \"serde\"))]\nmod serde_tests {}\n\
                 #[cfg(test)]\nmod tests {\n    fn g() {}\n}\n";
     assert_eq!(lines_of_code(text), 9);
+    let declared_elsewhere = "#[cfg(test)]\nmod tests;\n\nfn f() {}\n";
+    assert_eq!(lines_of_code(declared_elsewhere), 4);
     assert_eq!(lines_of_code("fn f() {}\n"), 1);
 }
 
