@@ -19,7 +19,7 @@
     note = "a handler fn returning `Output`, `Outputs`, `Option<Output>` or `Vec<Output>` (or a \
             `Result` of one) answers `Outputs`: wrap it in `PublishLayer::new(publisher)`, which \
             publishes them and completes the message once the broker confirmed them",
-    note = "`ServiceBuilder::new().layer(PublishLayer::new(broker.publisher())).service(handler)`, \
+    note = "`ServiceBuilder::new().layer(PublishLayer::new(broker.publisher().await?)).service(handler)`, \
             innermost: inside the retry and dead-letter layers"
 )]
 pub trait Settles: sealed::Sealed {}
