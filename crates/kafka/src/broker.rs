@@ -12,8 +12,8 @@ use intake_core::redact;
 use crate::error::Error;
 use crate::parking::{DEFAULT_RETURN_TEMPLATE, ParkedCounter, ParkingError};
 use crate::{
-    KafkaAcker, KafkaDeadLetterSink, KafkaDeadLetterStore, KafkaDeadLetters, KafkaLagProbe,
-    KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource,
+    GroupProtocol, KafkaAcker, KafkaDeadLetterSink, KafkaDeadLetterStore, KafkaDeadLetters,
+    KafkaLagProbe, KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource,
 };
 
 #[cfg(doc)]
@@ -95,14 +95,20 @@ impl KafkaBroker {
     /// (`SASL_PLAINTEXT`, or `SASL_SSL` under `kafkas://`), mechanism
     /// `PLAIN` unless the query names one (`?sasl.mechanism=SCRAM-SHA-512`).
     /// Every query parameter is a librdkafka setting, percent-decoded
-    /// (`ssl.ca.location`, `client.id`, ...). For settings that do not fit
-    /// a URL, use [`new`](Self::new) with [`KafkaSettings`].
+    /// (`ssl.ca.location`, `client.id`, ...), but `group_protocol` (or
+    /// `group.protocol`): the [`GroupProtocol`] of the consumers,
+    /// `classic` (the default) or `consumer` (KIP-848), as
+    /// [`KafkaSettings::group_protocol`] sets it
+    /// (`kafka://127.0.0.1:9092?group_protocol=consumer`). For settings that
+    /// do not fit a URL, use [`new`](Self::new) with [`KafkaSettings`].
     ///
     /// # Errors
     ///
     /// [`Error::Config`] (setting `url`) for another scheme, no host, an
     /// ambiguous user info (a password with an unescaped `/`, `?`, `#` or
-    /// `@`), or a query parameter without a value. The error shows the URL
+    /// `@`), or a query parameter without a value; [`Error::Config`]
+    /// (setting `group.protocol`) for a group protocol other than `classic`
+    /// and `consumer`. The error shows the URL
     /// with its password hidden, never a secret.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let url = url.trim();
@@ -165,6 +171,12 @@ impl KafkaBroker {
                 key if key == "sasl.mechanisms" => "sasl.mechanism".to_owned(),
                 key => key,
             };
+            if key == "group_protocol" || key == "group.protocol" {
+                // Checked here, not first when a consumer is built.
+                let protocol: GroupProtocol = percent_decoded(value).parse()?;
+                settings = settings.group_protocol(protocol);
+                continue;
+            }
             settings = settings.set(key, percent_decoded(value));
         }
         Ok(Self::new(settings))
@@ -449,6 +461,33 @@ mod tests {
         assert_eq!(broker.settings().bootstrap_servers(), "a:9092,b:9093");
         assert_eq!(broker.settings().get("security.protocol"), None);
         assert_eq!(broker.kind(), "kafka");
+    }
+
+    #[test]
+    fn the_url_chooses_the_group_protocol_typed() {
+        for url in [
+            "kafka://a:9092?group_protocol=consumer",
+            "kafka://a:9092?group.protocol=Consumer",
+            "kafka://a:9092?client.id=c&group_protocol=consumer",
+        ] {
+            let broker = KafkaBroker::from_url(url).unwrap();
+            assert_eq!(broker.settings().get("group.protocol"), Some("consumer"));
+            assert_eq!(
+                broker.settings().chosen_group_protocol().ok(),
+                Some(GroupProtocol::Consumer),
+                "{url}"
+            );
+        }
+        let classic = KafkaBroker::from_url("kafka://a:9092").unwrap();
+        assert_eq!(
+            classic.settings().chosen_group_protocol().ok(),
+            Some(GroupProtocol::Classic)
+        );
+        let refused = KafkaBroker::from_url("kafka://a:9092?group_protocol=kip-848");
+        assert!(
+            matches!(refused, Err(Error::Config { ref setting, .. }) if setting == "group.protocol"),
+            "{refused:?}"
+        );
     }
 
     #[test]

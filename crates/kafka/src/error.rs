@@ -9,7 +9,7 @@ use intake_core::{
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use crate::settings::is_secret;
+use crate::settings::{GroupProtocol, is_secret};
 
 /// Everything this crate reports: a client that could not be built or
 /// connected, and a dead letter that could not be written. Each variant
@@ -31,6 +31,22 @@ pub enum Error {
         setting: String,
         /// What is wrong and what to do instead (never a secret's value).
         problem: String,
+    },
+    /// A setting the chosen consumer group protocol does not take: under
+    /// [`GroupProtocol::Consumer`] (KIP-848) the broker keeps the session,
+    /// the heartbeat and the assignment, so librdkafka refuses
+    /// `session.timeout.ms`, `heartbeat.interval.ms`,
+    /// `partition.assignment.strategy` and `group.protocol.type`; under
+    /// [`GroupProtocol::Classic`] intake refuses `group.remote.assignor`,
+    /// which only the broker's assignment reads.
+    #[error("Kafka setting `{setting}` cannot be used with group.protocol={protocol}: {fix}")]
+    GroupProtocolSetting {
+        /// The setting at fault.
+        setting: String,
+        /// The protocol chosen (`group.protocol`).
+        protocol: GroupProtocol,
+        /// What to do instead.
+        fix: &'static str,
     },
     /// No broker answered within the connect timeout.
     #[error(
@@ -169,6 +185,7 @@ impl Error {
             | Error::DeadLetterTopicNotCreated { source, .. }
             | Error::DeadLetterWrite { source, .. } => passes(source),
             Error::Config { .. }
+            | Error::GroupProtocolSetting { .. }
             | Error::UnknownTopic { .. }
             | Error::Unauthorized { .. }
             | Error::Tls { .. }
@@ -195,7 +212,10 @@ impl Error {
             | Error::DeadLetterTopicLookup { brokers, .. }
             | Error::DeadLetterTooLarge { brokers, .. }
             | Error::DeadLetterWrite { brokers, .. } => Some(brokers),
-            Error::Config { .. } | Error::Spawn(_) | Error::DeadLetterTopicIsSource { .. } => None,
+            Error::Config { .. }
+            | Error::GroupProtocolSetting { .. }
+            | Error::Spawn(_)
+            | Error::DeadLetterTopicIsSource { .. } => None,
         }
     }
 
@@ -227,9 +247,15 @@ impl Error {
                     problem,
                 }
             }
-            KafkaError::ClientCreation(reason) => Error::Config {
-                setting: "(client)".into(),
-                problem: reason,
+            KafkaError::ClientCreation(reason) => match GroupProtocol::refusal(&reason) {
+                // librdkafka's own guard, met by a consumer whose settings
+                // intake did not check first (a parking's mover, a
+                // dead-letter store's reader).
+                Some(refused) => refused,
+                None => Error::Config {
+                    setting: "(client)".into(),
+                    problem: reason,
+                },
             },
             KafkaError::MetadataFetch(code) | KafkaError::Global(code) if is_unreachable(code) => {
                 Error::Unreachable {
@@ -357,7 +383,9 @@ pub(crate) fn is_not_authorized(code: RDKafkaErrorCode) -> bool {
 impl From<Error> for SourceError {
     fn from(error: Error) -> Self {
         match error {
-            Error::Config { .. } => SourceError::Config(error.to_string()),
+            Error::Config { .. } | Error::GroupProtocolSetting { .. } => {
+                SourceError::Config(error.to_string())
+            }
             Error::Unreachable { ref brokers, .. } => SourceError::Unreachable {
                 endpoint: brokers.clone(),
                 source: Box::new(error),

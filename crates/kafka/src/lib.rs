@@ -143,7 +143,7 @@ pub use error::Error;
 pub use lag::KafkaLagProbe;
 pub use parking::{KafkaParking, KafkaParkingBuilder, ParkedBacklog};
 pub use publisher::{KafkaPublisher, KafkaPublisherBuilder, KafkaReceipt};
-pub use settings::{KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
+pub use settings::{GroupProtocol, KafkaSettings, LIBRDKAFKA_SECRETS, is_secret};
 pub use source::{KafkaSource, KafkaSourceBuilder};
 pub use transaction::{
     KafkaTransactions, TransactionError, TransactionalFuture, TransactionalLayer,

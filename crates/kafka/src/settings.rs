@@ -4,9 +4,12 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::str::FromStr;
 
 use intake_core::redact;
 use rdkafka::ClientConfig;
+
+use crate::error::Error;
 
 /// Shown instead of a secret's value.
 const REDACTED: &str = "<redacted>";
@@ -50,6 +53,126 @@ pub fn is_secret(key: &str) -> bool {
         || key.contains("jaas")
 }
 
+/// The consumer group protocol a consumer joins its group with
+/// (librdkafka's `group.protocol`).
+///
+/// [`Classic`](Self::Classic), the default, is the protocol every Kafka
+/// broker serves: the group's leader (a member) assigns, with
+/// `partition.assignment.strategy`, and the client keeps its session
+/// (`session.timeout.ms`, `heartbeat.interval.ms`).
+/// [`Consumer`](Self::Consumer) is KIP-848's protocol (Apache Kafka 4.0 and
+/// later, librdkafka 2.12 and later): the broker assigns, incrementally,
+/// with `group.remote.assignor`, and keeps the session and heartbeat
+/// timings (`group.consumer.session.timeout.ms`,
+/// `group.consumer.heartbeat.interval.ms` on the broker). librdkafka refuses
+/// the classic settings under it; so does intake, when the consumer is
+/// built, with [`Error::GroupProtocolSetting`] naming the setting and its
+/// replacement.
+///
+/// The crate docs' "Group protocol" section says what changes for a
+/// consumer, and the librdkafka 2.12 defect that a consumer passing
+/// `max.poll.interval.ms` may meet under [`Consumer`](Self::Consumer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GroupProtocol {
+    /// The classic protocol (`group.protocol=classic`): librdkafka's
+    /// default.
+    #[default]
+    Classic,
+    /// KIP-848's consumer protocol (`group.protocol=consumer`).
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// Both protocols, classic first.
+    pub const ALL: [GroupProtocol; 2] = [GroupProtocol::Classic, GroupProtocol::Consumer];
+
+    /// The value of librdkafka's `group.protocol`: `classic` or `consumer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+
+    /// Why `setting`, set by the user, cannot be used with this protocol,
+    /// and what to use instead; `None` when it can.
+    fn refuses(self, setting: &str) -> Option<&'static str> {
+        match (self, setting) {
+            (GroupProtocol::Consumer, "session.timeout.ms") => Some(
+                "under the consumer protocol (KIP-848) the broker keeps the session: set `group.consumer.session.timeout.ms` on the broker (or on the group with IncrementalAlterConfigs) and remove the setting, or keep GroupProtocol::Classic",
+            ),
+            (GroupProtocol::Consumer, "heartbeat.interval.ms") => Some(
+                "under the consumer protocol (KIP-848) the broker sets the heartbeat: set `group.consumer.heartbeat.interval.ms` on the broker (or on the group) and remove the setting, or keep GroupProtocol::Classic",
+            ),
+            (GroupProtocol::Consumer, "partition.assignment.strategy") => Some(
+                "under the consumer protocol (KIP-848) the broker assigns: name its assignor with `group.remote.assignor` (`uniform` or `range`) instead, or keep GroupProtocol::Classic",
+            ),
+            (GroupProtocol::Consumer, "group.protocol.type") => {
+                Some("the consumer protocol (KIP-848) has no protocol type; remove the setting")
+            }
+            (GroupProtocol::Classic, "group.remote.assignor") => Some(
+                "only the consumer protocol (KIP-848) has the broker assign; choose GroupProtocol::Consumer, or name the classic assignor with `partition.assignment.strategy`",
+            ),
+            _ => None,
+        }
+    }
+}
+
+impl GroupProtocol {
+    /// The typed error for librdkafka's refusal to create a consumer under
+    /// the consumer protocol (`` `session.timeout.ms` is not supported for
+    /// `group.protocol=consumer`... ``, librdkafka 2.12's
+    /// `rd_kafka_conf_finalize`), if `reason` is one.
+    pub(crate) fn refusal(reason: &str) -> Option<Error> {
+        PROTOCOL_BOUND.into_iter().find_map(|setting| {
+            let quoted = format!("`{setting}` is not supported");
+            let fix = GroupProtocol::Consumer.refuses(setting)?;
+            reason
+                .starts_with(&quoted)
+                .then(|| Error::GroupProtocolSetting {
+                    setting: setting.to_owned(),
+                    protocol: GroupProtocol::Consumer,
+                    fix,
+                })
+        })
+    }
+}
+
+impl fmt::Display for GroupProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for GroupProtocol {
+    type Err = Error;
+
+    /// `classic` or `consumer`, in any case, as librdkafka reads
+    /// `group.protocol`.
+    fn from_str(value: &str) -> Result<Self, Error> {
+        let value = value.trim();
+        GroupProtocol::ALL
+            .into_iter()
+            .find(|protocol| value.eq_ignore_ascii_case(protocol.as_str()))
+            .ok_or_else(|| {
+                Error::config(
+                    "group.protocol",
+                    format!("`{value}` is not a group protocol: write `classic` (the default) or `consumer` (KIP-848)"),
+                )
+            })
+    }
+}
+
+/// The settings some protocol refuses (see [`GroupProtocol`]).
+const PROTOCOL_BOUND: [&str; 5] = [
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+    "group.protocol.type",
+    "group.remote.assignor",
+];
+
 /// Every librdkafka setting for one client, as users already write them
 /// (`bootstrap.servers`, `security.protocol`, `sasl.mechanisms`, ...).
 ///
@@ -91,6 +214,59 @@ impl KafkaSettings {
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config.set(key, value);
         self
+    }
+
+    /// Joins consumer groups with `protocol` (librdkafka's
+    /// `group.protocol`; default [`GroupProtocol::Classic`]). Producers and
+    /// admin clients made from these settings ignore it.
+    ///
+    /// ```
+    /// use intake_kafka::{GroupProtocol, KafkaSettings};
+    ///
+    /// let settings = KafkaSettings::new("127.0.0.1:9092").group_protocol(GroupProtocol::Consumer);
+    /// assert_eq!(settings.get("group.protocol"), Some("consumer"));
+    /// assert_eq!(settings.chosen_group_protocol().ok(), Some(GroupProtocol::Consumer));
+    /// ```
+    pub fn group_protocol(self, protocol: GroupProtocol) -> Self {
+        self.set("group.protocol", protocol.as_str())
+    }
+
+    /// The group protocol these settings choose: `group.protocol` as
+    /// [`group_protocol`](Self::group_protocol) or
+    /// [`set`](Self::set) gave it, [`GroupProtocol::Classic`] when unset.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] (setting `group.protocol`) for a value that is
+    /// neither `classic` nor `consumer`.
+    pub fn chosen_group_protocol(&self) -> Result<GroupProtocol, Error> {
+        self.get("group.protocol")
+            .map_or(Ok(GroupProtocol::Classic), str::parse)
+    }
+
+    /// The chosen group protocol, once checked against the settings it
+    /// refuses (see [`GroupProtocol`]): what a consumer's build checks
+    /// before librdkafka, whose own refusal names neither the fix nor the
+    /// setting as a field.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GroupProtocolSetting`] for the first refused setting,
+    /// [`Error::Config`] for an unknown `group.protocol`.
+    pub fn checked_group_protocol(&self) -> Result<GroupProtocol, Error> {
+        let protocol = self.chosen_group_protocol()?;
+        for setting in PROTOCOL_BOUND {
+            if self.get(setting).is_some()
+                && let Some(fix) = protocol.refuses(setting)
+            {
+                return Err(Error::GroupProtocolSetting {
+                    setting: setting.to_owned(),
+                    protocol,
+                    fix,
+                });
+            }
+        }
+        Ok(protocol)
     }
 
     /// The value of a setting, if it was set.

@@ -36,6 +36,8 @@ impl KafkaSourceBuilder {
                 "name at least one topic, none empty (`.topic(\"orders\")`)",
             ));
         }
+        // Before librdkafka's own check, whose refusal names no fix.
+        self.settings.checked_group_protocol()?;
         if self.settings.is_true("enable.auto.commit") == Some(true) {
             return Err(Error::config(
                 "enable.auto.commit",
@@ -136,6 +138,8 @@ fn unique_suffix() -> String {
 mod tests {
     use super::super::tests::builder;
     use super::*;
+    use crate::GroupProtocol;
+    use intake_core::backend::SourceError;
 
     #[test]
     fn offsets_are_never_auto_committed() {
@@ -234,6 +238,129 @@ mod tests {
     }
 
     #[test]
+    fn the_consumer_protocol_refuses_the_settings_the_broker_keeps_naming_the_fix() {
+        let consumer = || {
+            builder()
+                .group("g")
+                .topic("t")
+                .group_protocol_settings(GroupProtocol::Consumer)
+        };
+        let (settings, _) = consumer()
+            .consumer_settings()
+            .expect("the consumer protocol alone is valid");
+        assert_eq!(settings.get("group.protocol"), Some("consumer"));
+        assert_eq!(settings.get("session.timeout.ms"), None, "intake sets none");
+        assert_eq!(settings.get("heartbeat.interval.ms"), None);
+        assert_eq!(settings.get("partition.assignment.strategy"), None);
+        settings
+            .client_config()
+            .create::<rdkafka::consumer::BaseConsumer>()
+            .expect("librdkafka takes intake's settings under the consumer protocol");
+
+        for (setting, value, replacement) in [
+            (
+                "session.timeout.ms",
+                "6000",
+                "group.consumer.session.timeout.ms",
+            ),
+            (
+                "heartbeat.interval.ms",
+                "500",
+                "group.consumer.heartbeat.interval.ms",
+            ),
+            (
+                "partition.assignment.strategy",
+                "range",
+                "group.remote.assignor",
+            ),
+            ("group.protocol.type", "consumer", "remove the setting"),
+        ] {
+            let refused = consumer().consumer_settings_with(setting, value);
+            match refused {
+                Err(
+                    ref error @ Error::GroupProtocolSetting {
+                        setting: ref named,
+                        protocol: GroupProtocol::Consumer,
+                        ..
+                    },
+                ) => {
+                    assert_eq!(named, setting);
+                    let shown = error.to_string();
+                    assert!(shown.contains(setting), "{shown}");
+                    assert!(shown.contains(replacement), "{shown}");
+                    assert!(
+                        matches!(
+                            SourceError::from(refused.unwrap_err()),
+                            SourceError::Config(_)
+                        ),
+                        "a configuration error to the runtime"
+                    );
+                }
+                other => panic!("{setting}: expected GroupProtocolSetting, got {other:?}"),
+            }
+        }
+
+        // The classic protocol takes them, and refuses the broker's assignor.
+        for protocol in [None, Some(GroupProtocol::Classic)] {
+            let classic = || {
+                let builder = builder().group("g").topic("t");
+                match protocol {
+                    Some(protocol) => builder.group_protocol_settings(protocol),
+                    None => builder,
+                }
+            };
+            for (setting, value) in [
+                ("session.timeout.ms", "6000"),
+                ("heartbeat.interval.ms", "500"),
+                ("partition.assignment.strategy", "cooperative-sticky"),
+            ] {
+                assert!(
+                    classic().consumer_settings_with(setting, value).is_ok(),
+                    "{setting} under {protocol:?}"
+                );
+            }
+            let refused = classic().consumer_settings_with("group.remote.assignor", "range");
+            assert!(
+                matches!(refused, Err(Error::GroupProtocolSetting { ref setting, protocol: GroupProtocol::Classic, .. }) if setting == "group.remote.assignor"),
+                "{refused:?}"
+            );
+        }
+
+        let unknown = builder()
+            .group("g")
+            .topic("t")
+            .consumer_settings_with("group.protocol", "kip848");
+        assert!(
+            matches!(unknown, Err(Error::Config { ref setting, .. }) if setting == "group.protocol"),
+            "{unknown:?}"
+        );
+    }
+
+    /// librdkafka's own refusal, met by a consumer intake does not check
+    /// first, comes back typed too.
+    #[test]
+    fn librdkafka_refusing_a_classic_setting_is_the_typed_error() {
+        for (setting, value) in [
+            ("session.timeout.ms", "6000"),
+            ("heartbeat.interval.ms", "500"),
+            ("partition.assignment.strategy", "range"),
+        ] {
+            let refused = KafkaSettings::new("127.0.0.1:9")
+                .set("group.id", "g")
+                .group_protocol(GroupProtocol::Consumer)
+                .set(setting, value)
+                .client_config()
+                .create::<rdkafka::consumer::BaseConsumer>()
+                .map(drop)
+                .map_err(|error| Error::from_kafka(error, "127.0.0.1:9", Duration::ZERO));
+            assert!(
+                matches!(refused, Err(Error::GroupProtocolSetting { setting: ref named, protocol: GroupProtocol::Consumer, .. }) if named == setting),
+                "{setting}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
     fn no_topic_is_a_configuration_error() {
         let error = builder().group("g").consumer_settings();
         assert!(matches!(error, Err(Error::Config { setting, .. }) if setting == "topics"));
@@ -321,6 +448,11 @@ mod tests {
     }
 
     impl KafkaSourceBuilder {
+        fn group_protocol_settings(mut self, protocol: GroupProtocol) -> Self {
+            self.settings = self.settings.group_protocol(protocol);
+            self
+        }
+
         fn consumer_settings_with(
             mut self,
             key: &str,
