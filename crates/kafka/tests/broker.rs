@@ -17,52 +17,46 @@ use intake_core::{
     DeadLetter, DeliveryOrder, ErrorClass, Message, Metadata, Position,
     backend::{DeadLetterSink, SourceError},
 };
-use intake_kafka::{Error, KafkaDeadLetterSink};
+use intake_kafka::{Error, GroupProtocol, KafkaDeadLetterSink};
 use support::consumer::{TestConsumer, eventually, settled};
 use support::{KafkaBackend, ReadRecord, unique};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_third_consumer_joining_and_leaving_loses_nothing() {
-    third_consumer_joins_and_leaves("a_third_consumer_joining_and_leaving_loses_nothing", &[])
-        .await;
+support::per_group_protocol!(
+    /// Eager range assignment under the classic protocol; under KIP-848's
+    /// (`group.protocol=consumer`, served by Kafka 4) the broker assigns,
+    /// incrementally, and keeps the session and heartbeat timings.
+    a_third_consumer_joining_and_leaving_loses_nothing => third_consumer_joins_and_leaves_under
+);
+
+async fn third_consumer_joins_and_leaves_under(test: &str, protocol: GroupProtocol) {
+    third_consumer_joins_and_leaves(test, protocol, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cooperative_rebalances_lose_nothing() {
     third_consumer_joins_and_leaves(
         "cooperative_rebalances_lose_nothing",
+        GroupProtocol::Classic,
         &[("partition.assignment.strategy", "cooperative-sticky")],
     )
     .await;
 }
 
-/// KIP-848's consumer group protocol (`group.protocol=consumer`, served by
-/// Kafka 4): the broker assigns, incrementally; the session and heartbeat
-/// settings are the broker's, so the client may not set them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_consumer_group_protocol_of_kip_848_loses_nothing() {
-    third_consumer_joins_and_leaves(
-        "the_consumer_group_protocol_of_kip_848_loses_nothing",
-        &[
-            ("group.protocol", "consumer"),
-            ("session.timeout.ms", ""),
-            ("heartbeat.interval.ms", ""),
-        ],
-    )
-    .await;
-}
-
 /// Two consumers share a topic; a third joins and later leaves; messages
-/// keep arriving throughout. `settings` are set on every member (an empty
-/// value removes the fixture's own).
-async fn third_consumer_joins_and_leaves(test: &str, settings: &[(&str, &str)]) {
+/// keep arriving throughout. Every member joins with `protocol` and
+/// `settings` (an empty value removes the fixture's own).
+async fn third_consumer_joins_and_leaves(
+    test: &str,
+    protocol: GroupProtocol,
+    settings: &[(&str, &str)],
+) {
     support::init_tracing();
     let Some(kafka) = KafkaBackend::real(test) else {
         return;
     };
-    let kafka = kafka.with_settings(settings);
+    let kafka = kafka.with_protocol(protocol).with_settings(settings);
     let topic = kafka.create_source(4).await.expect("topic");
     let group = unique("g");
     kafka
@@ -110,6 +104,77 @@ async fn third_consumer_joins_and_leaves(test: &str, settings: &[(&str, &str)]) 
     second.stop().await;
     assert!(revocations >= 1, "the rebalances revoked partitions");
     assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
+}
+
+support::per_group_protocol!(
+    /// A rolling restart: each of two members in turn is stopped gracefully
+    /// and started again, with messages in flight. Every message is
+    /// handled, and none twice: each handover is drained and committed
+    /// before the partition moves (`docs/CONTRACT.md` §3).
+    a_rolling_restart_hands_every_partition_over_without_loss_or_repeats => rolling_restart
+);
+
+async fn rolling_restart(test: &str, protocol: GroupProtocol) {
+    support::init_tracing();
+    let Some(kafka) = KafkaBackend::real(test) else {
+        return;
+    };
+    let kafka = kafka.with_protocol(protocol);
+    let topic = kafka.create_source(4).await.expect("topic");
+    let group = unique("g");
+    let ledger = Ledger::default();
+    let start = |source| {
+        TestConsumer::working(
+            source,
+            &ledger,
+            Duration::from_millis(1),
+            DeliveryOrder::Key,
+            16,
+        )
+    };
+    let mut members = vec![
+        start(kafka.source(&topic, &group).build().await.expect("first")),
+        start(kafka.source(&topic, &group).build().await.expect("second")),
+    ];
+    kafka
+        .produce(&topic, numbered(0, 200))
+        .await
+        .expect("produce");
+    ledger.wait_for_all(200, "the first 200 messages").await;
+    let mut produced = 200;
+    for round in 0..2 {
+        // Produced just before the member stops: some are in flight when it
+        // drains, the rest wait for the partitions' next owner.
+        kafka
+            .produce(&topic, numbered(produced, 300))
+            .await
+            .expect("produce during the restart");
+        produced += 300;
+        members.remove(0).stop().await;
+        let restarted = kafka
+            .source(&topic, &group)
+            .build()
+            .await
+            .expect("restarted");
+        members.push(start(restarted));
+        let running: Vec<&TestConsumer> = members.iter().collect();
+        settled(&running, 4, PATIENCE).await;
+        ledger
+            .wait_for_all(produced, &format!("every message after restart {round}"))
+            .await;
+    }
+    for member in members {
+        member.stop().await;
+    }
+    assert_eq!(kafka.unacknowledged(&topic, &group).await.expect("lag"), 0);
+    let repeated: Vec<(u64, u32)> = (0..produced)
+        .map(|id| (id, ledger.count(id)))
+        .filter(|(_, count)| *count > 1)
+        .collect();
+    assert!(
+        repeated.is_empty(),
+        "handled more than once across graceful handovers under {protocol}: {repeated:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,9 @@ use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake_kafka::rdkafka::error::KafkaError;
 use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use intake_kafka::rdkafka::{ClientConfig, Message as _};
-use intake_kafka::{KafkaSettings, KafkaSource, KafkaTransactions, TransactionError};
+use intake_kafka::{
+    GroupProtocol, KafkaSettings, KafkaSource, KafkaTransactions, TransactionError,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -298,12 +300,16 @@ async fn a_relay_killed_mid_stream_and_restarted_outputs_each_input_exactly_once
 /// A second relay joining the group while the first relays: the first's
 /// revoked partitions are drained and committed in a transaction before
 /// the second takes them, and the output holds each id once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relays_that_rebalance_output_each_input_exactly_once() {
+support::per_group_protocol!(
+    relays_that_rebalance_output_each_input_exactly_once => relays_that_rebalance
+);
+
+async fn relays_that_rebalance(test: &str, protocol: GroupProtocol) {
     const COUNT: usize = 1_000;
-    let Some(backend) = backend("transactional relays rebalancing") else {
+    let Some(backend) = backend(test) else {
         return;
     };
+    let backend = backend.with_protocol(protocol);
     let input = unique("intake-eos-rebalance-in");
     let output = unique("intake-eos-rebalance-out");
     let group = unique("intake-eos-rebalance-group");

@@ -19,7 +19,7 @@ use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake_kafka::rdkafka::error::KafkaError;
 use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use intake_kafka::rdkafka::{ClientConfig, Message as _};
-use intake_kafka::{KafkaSettings, KafkaTransactions};
+use intake_kafka::{GroupProtocol, KafkaSettings, KafkaTransactions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
@@ -168,12 +168,16 @@ async fn read_committed(backend: &KafkaBackend, topic: &str) -> BTreeMap<String,
 /// Two relays share four partitions; a third joins and leaves, again and
 /// again, while both relay and commit. Every relay runs to its shutdown
 /// (none is ended as fenced) and the output holds each id once.
-async fn relays_through_incremental_rebalances(test: &str, settings: &[(&str, &str)]) {
+async fn relays_through_incremental_rebalances(
+    test: &str,
+    protocol: GroupProtocol,
+    settings: &[(&str, &str)],
+) {
     support::init_tracing();
     let Some(backend) = KafkaBackend::real(test) else {
         return;
     };
-    let backend = backend.with_settings(settings);
+    let backend = backend.with_protocol(protocol).with_settings(settings);
     let input = unique("intake-eos-r10-in");
     let output = unique("intake-eos-r10-out");
     let group = unique("intake-eos-r10-group");
@@ -252,6 +256,7 @@ async fn relays_through_incremental_rebalances(test: &str, settings: &[(&str, &s
 async fn exactly_once_relays_survive_cooperative_rebalances() {
     relays_through_incremental_rebalances(
         "exactly_once_relays_survive_cooperative_rebalances",
+        GroupProtocol::Classic,
         &[("partition.assignment.strategy", "cooperative-sticky")],
     )
     .await;
@@ -261,11 +266,8 @@ async fn exactly_once_relays_survive_cooperative_rebalances() {
 async fn exactly_once_relays_survive_kip_848_rebalances() {
     relays_through_incremental_rebalances(
         "exactly_once_relays_survive_kip_848_rebalances",
-        &[
-            ("group.protocol", "consumer"),
-            ("session.timeout.ms", ""),
-            ("heartbeat.interval.ms", ""),
-        ],
+        GroupProtocol::Consumer,
+        &[],
     )
     .await;
 }

@@ -23,7 +23,8 @@ use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use intake_kafka::rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use intake_kafka::rdkafka::{ClientConfig, Message as _};
 use intake_kafka::{
-    KafkaAcker, KafkaDeadLetterSink, KafkaParking, KafkaSettings, KafkaSource, KafkaSourceBuilder,
+    GroupProtocol, KafkaAcker, KafkaDeadLetterSink, KafkaParking, KafkaSettings, KafkaSource,
+    KafkaSourceBuilder,
 };
 
 /// The real tier's broker address.
@@ -72,6 +73,9 @@ pub struct KafkaBackend {
     /// Settings every consumer and sink of this fixture takes on top of the
     /// test timings; an empty value removes a timing.
     overrides: Vec<(String, String)>,
+    /// The group protocol of every consumer; under KIP-848's the fixture
+    /// sets none of the timings the broker keeps.
+    protocol: GroupProtocol,
 }
 
 impl KafkaBackend {
@@ -103,6 +107,7 @@ impl KafkaBackend {
             producer,
             tier: Tier::Mock,
             overrides: Vec::new(),
+            protocol: GroupProtocol::Classic,
         }
     }
 
@@ -141,6 +146,7 @@ impl KafkaBackend {
             producer,
             tier: Tier::Real(admin),
             overrides: Vec::new(),
+            protocol: GroupProtocol::Classic,
         }
     }
 
@@ -159,13 +165,19 @@ impl KafkaBackend {
     /// (eager `range,roundrobin`) unless a test asks for cooperative-sticky.
     pub fn settings(&self) -> KafkaSettings {
         let mut chosen = vec![
-            ("session.timeout.ms", "6000"),
-            ("heartbeat.interval.ms", "500"),
             ("max.poll.interval.ms", "120000"),
             ("topic.metadata.refresh.interval.ms", "1000"),
         ];
-        if let Tier::Mock = self.tier {
-            chosen.push(("partition.assignment.strategy", "cooperative-sticky"));
+        match self.protocol {
+            // The broker's `group.consumer.*` timings (`.ci/services/kafka.sh`).
+            GroupProtocol::Consumer => chosen.push(("group.protocol", "consumer")),
+            _ => {
+                chosen.push(("session.timeout.ms", "6000"));
+                chosen.push(("heartbeat.interval.ms", "500"));
+                if let Tier::Mock = self.tier {
+                    chosen.push(("partition.assignment.strategy", "cooperative-sticky"));
+                }
+            }
         }
         for (key, value) in &self.overrides {
             chosen.retain(|(chosen_key, _)| chosen_key != key);
@@ -187,6 +199,40 @@ impl KafkaBackend {
             .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
             .collect();
         self
+    }
+
+    /// The same broker, its consumers in groups of `protocol`.
+    pub fn with_protocol(mut self, protocol: GroupProtocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Has the mock cluster answer the next requests of `api`, one each,
+    /// with `errors` (mock tier only).
+    pub fn refuse_next(
+        &self,
+        api: intake_kafka::rdkafka::types::RDKafkaApiKey,
+        errors: &[intake_kafka::rdkafka::types::RDKafkaRespErr],
+    ) {
+        let mock = self
+            .producer
+            .client()
+            .mock_cluster()
+            .expect("the mock tier injects errors");
+        mock.request_errors(api, errors);
+    }
+
+    /// Drops the errors [`refuse_next`](Self::refuse_next) queued for `api`
+    /// and not yet answered.
+    pub fn clear_refusals(&self, api: intake_kafka::rdkafka::types::RDKafkaApiKey) {
+        if let Some(mock) = self.producer.client().mock_cluster() {
+            mock.clear_request_errors(api);
+        }
+    }
+
+    /// The group protocol of this fixture's consumers.
+    pub fn protocol(&self) -> GroupProtocol {
+        self.protocol
     }
 
     /// A source builder for `topic` in `group` with test timings.
@@ -566,6 +612,38 @@ impl Backend for KafkaBackend {
 
 pub mod consumer;
 pub mod own_broker;
+
+/// One test per consumer group protocol of `scenario`, an `async fn(&str,
+/// GroupProtocol)` taking the test's name: `NAME::classic` and
+/// `NAME::consumer` (KIP-848), so that a scenario runs once under each and
+/// a filter on either name picks one.
+#[allow(unused_macros)]
+macro_rules! per_group_protocol {
+    ($(#[$meta:meta])* $name:ident => $scenario:path) => {
+        $(#[$meta])*
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn classic() {
+                $scenario(
+                    concat!(stringify!($name), "::classic"),
+                    intake_kafka::GroupProtocol::Classic,
+                )
+                .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn consumer() {
+                $scenario(
+                    concat!(stringify!($name), "::consumer"),
+                    intake_kafka::GroupProtocol::Consumer,
+                )
+                .await;
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use per_group_protocol;
 
 /// What [`take`] collected from a source.
 #[derive(Debug, Default)]
