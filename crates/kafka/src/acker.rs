@@ -26,7 +26,12 @@ use crate::transaction::Transactor;
 /// next batch; a revocation or a shutdown that waits for its batch knows the
 /// offsets are on the broker. Waiting costs no throughput: the runtime sends
 /// one batch at a time and collects the next meanwhile, so batches grow with
-/// the broker's round trip. Commits during the run are at least the
+/// the broker's round trip. A commit refused for a stale member epoch
+/// (KIP-848's `STALE_MEMBER_EPOCH`: the epoch moved with a heartbeat the
+/// client had not read yet) is sent again at once, up to three times within
+/// 600 ms, before it counts as refused: the partitions are still this
+/// consumer's, and the next heartbeat, which librdkafka asks for at once,
+/// brings the epoch. Commits during the run are at least the
 /// source's [minimum commit interval](crate::KafkaSourceBuilder::min_commit_interval)
 /// apart, so a fast consumer does not spend the broker on commits.
 ///

@@ -34,12 +34,59 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use intake_core::{PartitionKey, Position, backend::AckError};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::topic_partition_list::Offset;
+
+/// How many times a commit refused for a stale member epoch is sent again
+/// at once (see [`commit_sync`]).
+const STALE_EPOCH_RESENDS: u32 = 3;
+
+/// The pause before the first such resend; the next ones wait twice and
+/// three times as long (600 ms in all, well inside the final commit's
+/// margin of a revocation).
+const STALE_EPOCH_PAUSE: Duration = Duration::from_millis(100);
+
+/// Commits `list` synchronously. A commit the broker refused because it
+/// carried an older member epoch than the member's (`STALE_MEMBER_EPOCH`,
+/// KIP-848's consumer protocol: a heartbeat moved the epoch before the
+/// client read its answer) is sent again after a short pause, up to
+/// [`STALE_EPOCH_RESENDS`] times: librdkafka 2.12 does not resend a manual
+/// commit refused so, it only asks for the next heartbeat at once, which
+/// brings the current epoch. The refusal says nothing of ownership (a
+/// member that lost its partitions is told `UNKNOWN_MEMBER_ID` or
+/// `FENCED_MEMBER_EPOCH`), and the caller holds the ownership lock, so the
+/// partitions are still this consumer's when it resends. Refused every
+/// time, the refusal is returned like any other.
+fn commit_sync<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    list: &TopicPartitionList,
+) -> KafkaResult<()> {
+    let mut resent = 0;
+    loop {
+        match consumer.commit(list, CommitMode::Sync) {
+            Err(error) if is_stale_epoch(&error) && resent < STALE_EPOCH_RESENDS => {
+                resent += 1;
+                tracing::debug!(
+                    %error,
+                    resend = resent,
+                    "kafka commit refused for a stale member epoch; sending it again with the next"
+                );
+                std::thread::sleep(STALE_EPOCH_PAUSE.saturating_mul(resent));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Whether the broker refused a commit for its stale member epoch.
+fn is_stale_epoch(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::StaleMemberEpoch)
+}
 
 /// What this consumer asked to commit for a partition it owns, and what the
 /// broker confirmed.
@@ -161,7 +208,8 @@ impl Ownership {
     ///
     /// # Errors
     ///
-    /// [`AckError::Broker`] when the broker refused the commit,
+    /// [`AckError::Broker`] when the broker refused the commit (for a stale
+    /// member epoch: after [`commit_sync`]'s resends),
     /// [`AckError::NotAssigned`] when the commit of the owned partitions
     /// succeeded but some partition of the batch is no longer owned, was
     /// assigned again since `stamp`, or its topic was deleted.
@@ -176,9 +224,7 @@ impl Ownership {
             stamp,
             Resend::Never,
             |list, _| {
-                consumer
-                    .commit(list, CommitMode::Sync)
-                    .map_err(|error| AckError::Broker(Box::new(error)))
+                commit_sync(consumer, list).map_err(|error| AckError::Broker(Box::new(error)))
             },
             |_| {},
         )
@@ -289,7 +335,7 @@ impl Ownership {
         }
         let result = match list.count() {
             0 => Ok(0),
-            count => consumer.commit(&list, CommitMode::Sync).map(|()| count),
+            count => commit_sync(consumer, &list).map(|()| count),
         };
         for key in revoked {
             owned.remove(key);
