@@ -90,8 +90,6 @@ struct PartitionState {
     watermark: Option<Position>,
     /// The watermark last handed out in a batch.
     sent_watermark: Option<Position>,
-    /// The newest position admitted.
-    newest: Option<Position>,
     completed: Vec<Position>,
     requeue: Vec<Position>,
     requeue_after: Vec<(Position, Duration)>,
@@ -113,7 +111,6 @@ impl PartitionState {
             in_flight: 0,
             watermark: None,
             sent_watermark: None,
-            newest: None,
             completed: Vec::new(),
             requeue: Vec::new(),
             requeue_after: Vec::new(),
@@ -132,7 +129,6 @@ impl PartitionState {
         self.in_flight = 0;
         self.watermark = None;
         self.sent_watermark = None;
-        self.newest = None;
         self.completed.clear();
         self.requeue.clear();
         self.requeue_after.clear();
@@ -267,7 +263,6 @@ impl CommitEngine {
             done: false,
         });
         state.in_flight += 1;
-        state.newest = Some(position);
         Some(Ticket {
             partition: id,
             generation: state.generation,
@@ -493,7 +488,14 @@ impl CommitEngine {
         Some(PartitionProgress {
             partition: state.key.clone(),
             watermark: state.watermark,
-            newest: state.newest,
+            // Not kept apart (a store per message): the newest admitted
+            // is the window's back, or, once every admitted delivery is
+            // done and passed, the watermark.
+            newest: state
+                .window
+                .back()
+                .map(|entry| entry.position)
+                .or(state.watermark),
             uncommitted: state.window.len(),
             in_flight: state.in_flight,
             oldest_unfinished: state.window.front().map(|entry| entry.position),
