@@ -58,7 +58,7 @@ async fn third_consumer_joins_and_leaves(
     };
     let kafka = kafka.with_protocol(protocol).with_settings(settings);
     let topic = kafka.create_source(4).await.expect("topic");
-    let group = unique("g");
+    let group = kafka.new_group("g").await;
     kafka
         .produce(&topic, numbered(0, 200))
         .await
@@ -121,7 +121,7 @@ async fn rolling_restart(test: &str, protocol: GroupProtocol) {
     };
     let kafka = kafka.with_protocol(protocol);
     let topic = kafka.create_source(4).await.expect("topic");
-    let group = unique("g");
+    let group = kafka.new_group("g").await;
     let ledger = Ledger::default();
     let start = |source| {
         TestConsumer::working(

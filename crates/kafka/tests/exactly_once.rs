@@ -297,10 +297,10 @@ async fn a_relay_killed_mid_stream_and_restarted_outputs_each_input_exactly_once
     );
 }
 
-/// A second relay joining the group while the first relays: the first's
-/// revoked partitions are drained and committed in a transaction before
-/// the second takes them, and the output holds each id once.
 support::per_group_protocol!(
+    /// A second relay joining the group while the first relays: the first's
+    /// revoked partitions are drained and committed in a transaction before
+    /// the second takes them, and the output holds each id once.
     relays_that_rebalance_output_each_input_exactly_once => relays_that_rebalance
 );
 
@@ -312,7 +312,7 @@ async fn relays_that_rebalance(test: &str, protocol: GroupProtocol) {
     let backend = backend.with_protocol(protocol);
     let input = unique("intake-eos-rebalance-in");
     let output = unique("intake-eos-rebalance-out");
-    let group = unique("intake-eos-rebalance-group");
+    let group = backend.new_group("intake-eos-rebalance-group").await;
     backend.create_topic(&input, 4).await.expect("input topic");
     backend
         .create_topic(&output, 2)

@@ -180,7 +180,7 @@ async fn relays_through_incremental_rebalances(
     let backend = backend.with_protocol(protocol).with_settings(settings);
     let input = unique("intake-eos-r10-in");
     let output = unique("intake-eos-r10-out");
-    let group = unique("intake-eos-r10-group");
+    let group = backend.new_group("intake-eos-r10-group").await;
     backend.create_topic(&input, 4).await.expect("input topic");
     backend
         .create_topic(&output, 2)

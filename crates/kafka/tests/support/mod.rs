@@ -15,7 +15,9 @@ use intake_core::{
     BoxError, DeadLetter, Headers, Message, PartitionKey,
     backend::{Source, SourceEvent},
 };
-use intake_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use intake_kafka::rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use intake_kafka::rdkafka::client::DefaultClientContext;
 use intake_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use intake_kafka::rdkafka::message::{Header, Headers as _, OwnedHeaders};
@@ -228,6 +230,56 @@ impl KafkaBackend {
         if let Some(mock) = self.producer.client().mock_cluster() {
             mock.clear_request_errors(api);
         }
+    }
+
+    /// A group name no other test uses (see [`unique`]), with the test
+    /// timings of this fixture's protocol. Under KIP-848 the broker keeps
+    /// them, per group: its defaults (a 5 s heartbeat, a 45 s session)
+    /// would make every reconciliation take seconds, so the group is given
+    /// the classic fixture's (0.5 s, 6 s) before any member joins.
+    pub async fn new_group(&self, prefix: &str) -> String {
+        let group = unique(prefix);
+        if let (GroupProtocol::Consumer, Tier::Real(admin)) = (self.protocol, &self.tier) {
+            let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+            let timings = AlterConfig::new(ResourceSpecifier::Group(&group))
+                .set("consumer.heartbeat.interval.ms", "500")
+                .set("consumer.session.timeout.ms", "6000");
+            let altered = admin
+                .alter_configs(&[timings], &options)
+                .await
+                .expect("the broker takes group configs");
+            for result in altered {
+                result.unwrap_or_else(|(_, code)| panic!("group config of {group}: {code}"));
+            }
+            // The broker applies them a moment after it answers.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                // rdkafka 0.39 cannot read an entry whose source is the
+                // group's own config (RD_KAFKA_CONFIG_SOURCE_GROUP_CONFIG):
+                // the describe fails once the broker applied them.
+                let applied = match admin
+                    .describe_configs(&[ResourceSpecifier::Group(&group)], &options)
+                    .await
+                {
+                    Err(error) => error.to_string().contains("GROUP_CONFIG"),
+                    Ok(found) => found.into_iter().flatten().any(|config| {
+                        config.entries.iter().any(|entry| {
+                            entry.name == "consumer.heartbeat.interval.ms"
+                                && entry.value.as_deref() == Some("500")
+                        })
+                    }),
+                };
+                if applied {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "group config of {group} not applied in 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        group
     }
 
     /// The group protocol of this fixture's consumers.
@@ -619,12 +671,12 @@ pub mod own_broker;
 /// a filter on either name picks one.
 #[allow(unused_macros)]
 macro_rules! per_group_protocol {
-    ($(#[$meta:meta])* $name:ident => $scenario:path) => {
+    ($(#[$meta:meta])* $name:ident => $scenario:ident) => {
         $(#[$meta])*
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn classic() {
-                $scenario(
+                super::$scenario(
                     concat!(stringify!($name), "::classic"),
                     intake_kafka::GroupProtocol::Classic,
                 )
@@ -633,7 +685,7 @@ macro_rules! per_group_protocol {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn consumer() {
-                $scenario(
+                super::$scenario(
                     concat!(stringify!($name), "::consumer"),
                     intake_kafka::GroupProtocol::Consumer,
                 )
