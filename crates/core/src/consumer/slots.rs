@@ -319,27 +319,47 @@ impl<F: Future> Slots<F> {
     /// output if it finished on that first poll (the common case for
     /// handlers that do not wait on I/O). A panic of that poll unwinds to
     /// the caller, who catches it and calls [`recover`](Self::recover).
+    ///
+    /// The slot counts as running only once that first poll is pending:
+    /// most handlers finish on it, and their slot then goes back to `Ready`
+    /// without having been `Running` (a count written twice on every
+    /// message, and a state, for nothing to read them in between). A panic
+    /// in that poll leaves the slot in the state it was started in (`Ready`,
+    /// as the dispatcher starts a delivery) for [`recover`](Self::recover).
     pub(crate) fn start(&mut self, slot: SlotId, future: F) -> Poll<F::Output> {
-        let entry = &mut self.slots[slot as usize];
+        let (entry, waker) = (&mut self.slots[slot as usize], &self.wakers[slot as usize]);
         debug_assert!(entry.future.is_none());
-        entry.state = SlotState::Running;
         entry.started = true;
         // SAFETY: the slot's storage never moves (see `cancel`); the previous
         // future, if any, was dropped in place.
         let mut pinned = unsafe { Pin::new_unchecked(&mut entry.future) };
         pinned.set(Some(future));
-        self.running += 1;
-        self.poll_slot(slot)
+        let Some(future) = pinned.as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        match future.poll(&mut Context::from_waker(waker)) {
+            Poll::Ready(output) => {
+                pinned.set(None);
+                entry.state = SlotState::Ready;
+                Poll::Ready(output)
+            }
+            Poll::Pending => {
+                entry.state = SlotState::Running;
+                self.running += 1;
+                Poll::Pending
+            }
+        }
     }
 
     /// Polls the future in `slot`; on completion the future is dropped and
     /// the slot is left holding its delivery (state `Ready`) for the caller
     /// to complete or retry.
     ///
-    /// Always inlined, into `start` above all (the path of every delivery):
-    /// left to the compiler, an unrelated change once made it a call, and
-    /// `pipeline_bytes` cost 24 instructions more per message (733 against
-    /// 709); `#[inline]` alone did not bring it back.
+    /// Always inlined: left to the compiler, an unrelated change once made
+    /// it a call where `start` used it (the path of every delivery, which
+    /// now polls on its own), and `pipeline_bytes` cost 24 instructions more
+    /// per message (733 against 709); `#[inline]` alone did not bring it
+    /// back.
     #[inline(always)]
     fn poll_slot(&mut self, slot: SlotId) -> Poll<F::Output> {
         let entry = &mut self.slots[slot as usize];
@@ -362,7 +382,8 @@ impl<F: Future> Slots<F> {
 
     /// After a panic while `slot`'s future was created or polled: drops what
     /// is left of the future and leaves the slot holding its delivery, as a
-    /// finished poll does.
+    /// finished poll does. A future that panicked in its first poll (in
+    /// [`start`](Self::start)) was never counted as running.
     pub(crate) fn recover(&mut self, slot: SlotId) {
         let entry = &mut self.slots[slot as usize];
         if entry.future.is_some() {
@@ -371,10 +392,10 @@ impl<F: Future> Slots<F> {
             // A future whose drop panics too: the assignment leaves `None`
             // in place even when the old value's drop unwinds.
             let _ = catch_unwind(AssertUnwindSafe(|| pinned.set(None)));
-            self.running -= 1;
         }
         if entry.state == SlotState::Running {
             entry.state = SlotState::Ready;
+            self.running -= 1;
         }
     }
 
@@ -436,6 +457,39 @@ mod tests {
         assert_eq!(slots.running(), 0);
         slots.release(slot);
         assert_eq!(slots.free_count(), 2);
+    }
+
+    /// A slot counts as running only while its future is pending, whether
+    /// the future panics in its first poll or in a later one.
+    #[tokio::test]
+    async fn a_panicking_future_leaves_the_running_count_as_it_found_it() {
+        let mut slots = Slots::new(2);
+        // The dispatcher starts a delivery in a `Ready` slot.
+        let first = slots.acquire().unwrap_or_default();
+        slots.get_mut(first).state = SlotState::Ready;
+        let panics_at_once = Box::pin(async { panic!("first poll") as u32 })
+            as Pin<Box<dyn Future<Output = u32> + Send>>;
+        let started = catch_unwind(AssertUnwindSafe(|| slots.start(first, panics_at_once)));
+        assert!(started.is_err());
+        slots.recover(first);
+        assert_eq!(slots.running(), 0);
+        assert_eq!(slots.get(first).state, SlotState::Ready);
+
+        let second = slots.acquire().unwrap_or_default();
+        let (sender, receiver) = tokio::sync::oneshot::channel::<u32>();
+        let panics_later = Box::pin(async move {
+            let _ = receiver.await;
+            panic!("second poll") as u32
+        }) as Pin<Box<dyn Future<Output = u32> + Send>>;
+        assert!(slots.start(second, panics_later).is_pending());
+        assert_eq!(slots.running(), 1);
+        assert_eq!(slots.get(second).state, SlotState::Running);
+        let _ = sender.send(1);
+        let mut outputs = Vec::new();
+        slots.poll_woken(&mut outputs);
+        assert!(matches!(outputs.as_slice(), [(slot, Err(_))] if *slot == second));
+        assert_eq!(slots.running(), 0);
+        assert_eq!(slots.get(second).state, SlotState::Ready);
     }
 
     #[tokio::test]
