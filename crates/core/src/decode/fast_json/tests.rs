@@ -305,17 +305,19 @@ fn jsonish() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(prop::sample::select(alphabet.to_vec()), 0..40)
 }
 
-/// Valid documents (serde_json's own `Value`s, printed) with one mutation
-/// or none: a byte replaced, removed or added, or the text cut.
-fn mutated_documents() -> impl Strategy<Value = Vec<u8>> {
+/// Valid documents: serde_json's own `Value`s, printed.
+fn documents() -> impl Strategy<Value = Vec<u8>> {
     let leaf = prop_oneof![
         Just(serde_json::Value::Null),
         any::<bool>().prop_map(serde_json::Value::from),
         any::<u64>().prop_map(serde_json::Value::from),
         any::<i64>().prop_map(serde_json::Value::from),
+        (0..1_000_000u64).prop_map(serde_json::Value::from),
+        (-1_000_000..0i64).prop_map(serde_json::Value::from),
         any::<f64>()
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(serde_json::Value::from),
+        "[a-z\u{e9}\u{1f600}]{0,6}".prop_map(serde_json::Value::from),
         "[a-z\u{e9}\u{1f600}\"\\\\\n]{0,6}".prop_map(serde_json::Value::from),
     ];
     let value = leaf.prop_recursive(4, 32, 6, |inner| {
@@ -325,9 +327,19 @@ fn mutated_documents() -> impl Strategy<Value = Vec<u8>> {
                 .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
         ]
     });
-    (value, any::<u8>(), 0..4u8, any::<prop::sample::Index>()).prop_map(
-        |(value, byte, mutation, index)| {
-            let mut text = serde_json::to_vec(&value).expect("a value prints");
+    value.prop_map(|value| serde_json::to_vec(&value).expect("a value prints"))
+}
+
+/// Valid documents with one mutation or none: a byte replaced, removed or
+/// added, or the text cut.
+fn mutated_documents() -> impl Strategy<Value = Vec<u8>> {
+    (
+        documents(),
+        any::<u8>(),
+        0..5u8,
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(mut text, byte, mutation, index)| {
             let at = index.index(text.len() + 1);
             match mutation {
                 0 if at < text.len() => text[at] = byte,
@@ -339,8 +351,34 @@ fn mutated_documents() -> impl Strategy<Value = Vec<u8>> {
                 _ => {}
             }
             text
-        },
-    )
+        })
+}
+
+/// The comparisons above are not vacuous: most valid documents take the
+/// fast path (those it gives up on hold an escape, or an integer past 19
+/// digits).
+#[test]
+fn most_valid_documents_take_the_fast_path() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    let mut runner = TestRunner::deterministic();
+    let strategy = documents();
+    let tried = 500;
+    let mut answered = 0;
+    for _ in 0..tried {
+        let text = strategy
+            .new_tree(&mut runner)
+            .expect("a document")
+            .current();
+        if from_slice::<serde_json::Value>(&text).is_some() {
+            answered += 1;
+        }
+    }
+    assert!(
+        answered * 2 > tried,
+        "{answered} of {tried} took the fast path"
+    );
 }
 
 proptest! {
@@ -352,7 +390,12 @@ proptest! {
     }
 
     #[test]
-    fn documents_get_serde_json_s_answer(input in mutated_documents()) {
+    fn valid_documents_get_serde_json_s_answer(input in documents()) {
+        every_type(&input);
+    }
+
+    #[test]
+    fn mutated_documents_get_serde_json_s_answer(input in mutated_documents()) {
         every_type(&input);
     }
 
