@@ -18,10 +18,17 @@ use rdkafka::message::BorrowedMessage;
 /// dead-letter topic alike); in the source, that panic would kill the
 /// polling thread on every member that takes the partition over.
 pub(crate) fn read_headers(message: &BorrowedMessage<'_>) -> Headers {
+    // SAFETY: `message.ptr()` is the live message `message` borrows.
+    read_native_headers(unsafe { &*message.ptr() })
+}
+
+/// [`read_headers`] of a message librdkafka returned, by reference: the
+/// message is live while the reference is.
+pub(crate) fn read_native_headers(message: &bindings::rd_kafka_message_t) -> Headers {
     let mut native: *mut bindings::rd_kafka_headers_t = ptr::null_mut();
-    // SAFETY: `message.ptr()` is the live message `message` borrows; the
-    // header list stays owned by the message and valid while it is.
-    let found = unsafe { bindings::rd_kafka_message_headers(message.ptr(), &mut native) };
+    // SAFETY: `message` is a live message (a reference to it); the header
+    // list stays owned by the message and valid while it is.
+    let found = unsafe { bindings::rd_kafka_message_headers(message, &mut native) };
     if found != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || native.is_null() {
         return Headers::new();
     }

@@ -15,6 +15,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::metadata::Metadata;
 use rdkafka::{ClientContext, TopicPartitionList};
 
+use super::fetch_queue::Forwarding;
 use super::handoff::{Control, Handoff};
 use crate::error::{ConnectionFailure, Error, is_not_authorized};
 use crate::ownership::Ownership;
@@ -143,6 +144,9 @@ pub(crate) struct Shared {
     /// brokers (committed offsets, watermarks) and may wait on them.
     pub(crate) stall_checks_begun: AtomicU64,
     pub(crate) stall_checks_ended: AtomicU64,
+    /// The polling thread's message queue, to which the rebalance callback
+    /// forwards the partitions it assigns (see `fetch_queue`).
+    pub(crate) forwarding: Forwarding,
 }
 
 impl Shared {
@@ -167,6 +171,7 @@ impl Shared {
             exactly_once: None,
             stall_checks_begun: AtomicU64::new(0),
             stall_checks_ended: AtomicU64::new(0),
+            forwarding: Forwarding::default(),
         };
         shared.set_revoke_wait(RevokeWait::within(DEFAULT_REVOKE_WAIT, max_poll_interval).wait);
         shared
@@ -444,6 +449,13 @@ impl ClientContext for KafkaContext {
 
 impl ConsumerContext for KafkaContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            // Before rdkafka assigns them, so before their fetchers start:
+            // none of their messages reaches the main queue.
+            self.shared
+                .forwarding
+                .forward(consumer.client().native_ptr(), list);
+        }
         match rebalance {
             Rebalance::Assign(list) => self.on_assign(list),
             Rebalance::Revoke(list) => self.on_revoke(consumer, list),

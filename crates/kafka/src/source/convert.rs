@@ -16,12 +16,11 @@
 //! (`BENCHMARKS.md`). Made on the thread that will free it, it comes from
 //! and goes back to that thread's cache.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, c_void};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use intake_core::{Headers, Message, Metadata, Position, SourceName};
-use rdkafka::Message as _;
 use rdkafka::bindings;
 use rdkafka::message::BorrowedMessage;
 
@@ -185,9 +184,19 @@ impl Converter {
     /// becomes an empty one. Returns `None` for a negative partition number,
     /// which no broker sends.
     pub(crate) fn convert(&mut self, message: &BorrowedMessage<'_>) -> Option<Record> {
+        // SAFETY: `message.ptr()` is the live message `message` borrows.
+        self.convert_native(unsafe { &*message.ptr() })
+    }
+
+    /// [`convert`](Self::convert) of a message librdkafka returned, by
+    /// reference (live while the reference is), without an error.
+    pub(crate) fn convert_native(
+        &mut self,
+        message: &bindings::rd_kafka_message_t,
+    ) -> Option<Record> {
         let mut record = to_record(message, &mut self.topics, &mut self.chunks)?;
         if self.read_headers {
-            record.headers = crate::record_headers::read_headers(message);
+            record.headers = crate::record_headers::read_native_headers(message);
         }
         Some(record)
     }
@@ -195,24 +204,54 @@ impl Converter {
 
 /// The record without its headers.
 fn to_record(
-    message: &BorrowedMessage<'_>,
+    message: &bindings::rd_kafka_message_t,
     topics: &mut TopicNames,
     chunks: &mut Chunks,
 ) -> Option<Record> {
-    let partition = u32::try_from(message.partition()).ok()?;
+    let partition = u32::try_from(message.partition).ok()?;
     let mut metadata = Metadata::new(
         topics.get(topic_name(message)),
         partition,
-        Position::Offset(message.offset()),
+        Position::Offset(message.offset),
     );
-    metadata.set_timestamp(message.timestamp().to_millis().and_then(timestamp_of));
+    metadata.set_timestamp(timestamp(message).and_then(timestamp_of));
     Some(Record {
         metadata,
         // A null value stays `None`: a tombstone, not an empty payload.
-        payload: message.payload().map(|payload| chunks.copy(payload)),
-        key: message.key().map(|key| chunks.copy(key)),
+        // SAFETY: librdkafka points `payload` at `len` bytes and `key` at
+        // `key_len` bytes (or null) owned by the message, which is live.
+        payload: unsafe { bytes_of(message.payload, message.len) }
+            .map(|payload| chunks.copy(payload)),
+        // SAFETY: as above.
+        key: unsafe { bytes_of(message.key, message.key_len) }.map(|key| chunks.copy(key)),
         headers: Headers::new(),
     })
+}
+
+/// The `len` bytes at `data`, `None` for a null pointer.
+///
+/// # Safety
+///
+/// A non-null `data` points at `len` initialised bytes that outlive `'a`.
+unsafe fn bytes_of<'a>(data: *const c_void, len: usize) -> Option<&'a [u8]> {
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: see the function's contract.
+    Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+}
+
+/// The record's timestamp in ms since the epoch, as rdkafka's
+/// `Timestamp::to_millis` reads it: none when the record has none.
+fn timestamp(message: &bindings::rd_kafka_message_t) -> Option<i64> {
+    let mut kind = bindings::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+    // SAFETY: `message` is live (a reference to it); `kind` is written.
+    let millis = unsafe { bindings::rd_kafka_message_timestamp(message, &mut kind) };
+    match kind {
+        bindings::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE => None,
+        _ if millis == -1 => None,
+        _ => Some(millis),
+    }
 }
 
 /// The instant of a record's timestamp, `millis` ms since the epoch: none
@@ -228,18 +267,14 @@ fn timestamp_of(millis: i64) -> Option<SystemTime> {
 
 /// The message's topic name as librdkafka holds it, without rdkafka's UTF-8
 /// check (which [`TopicNames`] makes once per name, not per message).
-fn topic_name<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
-    // SAFETY: `message.ptr()` is the live message `message` borrows; a
-    // fetched message always carries its topic handle, and the handle's name
-    // is a NUL-terminated string that lives as long as the handle, which the
-    // message holds.
-    unsafe {
-        let topic = (*message.ptr()).rkt;
-        if topic.is_null() {
-            return &[];
-        }
-        CStr::from_ptr(bindings::rd_kafka_topic_name(topic)).to_bytes()
+pub(crate) fn topic_name(message: &bindings::rd_kafka_message_t) -> &[u8] {
+    if message.rkt.is_null() {
+        return &[];
     }
+    // SAFETY: `message` is live (a reference to it); a fetched message holds
+    // its topic handle, whose name is a NUL-terminated string that lives as
+    // long as the handle.
+    unsafe { CStr::from_ptr(bindings::rd_kafka_topic_name(message.rkt)).to_bytes() }
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! [`KafkaSource`]: deliveries and rebalances from a Kafka consumer group.
 //!
 //! A thread of its own polls the rdkafka consumer and hands messages to
-//! [`Source::next`] through a bounded queue. When the runtime falls behind and
+//! [`Source::next`] through a bounded queue. It reads messages in batches
+//! from a queue of the source's own, to which every assigned partition is
+//! forwarded, and serves rebalances on the consumer's main queue (see
+//! `fetch_queue`). When the runtime falls behind and
 //! the queue fills up, the thread pauses every assigned partition and keeps
 //! polling (so `max.poll.interval.ms` is honoured and rebalances are served),
 //! then resumes once the queue drained. Revocations block the rebalance
@@ -18,6 +21,7 @@ mod builder;
 pub(crate) mod context;
 mod convert;
 mod earliest;
+mod fetch_queue;
 pub(crate) mod handoff;
 mod poller;
 mod reconnect;

@@ -1,6 +1,8 @@
 //! The polling thread: owns the consumer's poll loop, so that rebalance
 //! callbacks (which block until the runtime drained) never run on a tokio
-//! worker, and so that polling goes on while fetching is paused.
+//! worker, and so that polling goes on while fetching is paused. Each round
+//! serves the main queue's events, then reads a batch of messages from the
+//! source's message queue (`fetch_queue`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,6 +17,7 @@ use rdkafka::topic_partition_list::Offset;
 use super::context::{KafkaContext, Shared};
 use super::convert::{Converter, Record};
 use super::earliest::EarliestTopics;
+use super::fetch_queue::FetchQueue;
 use super::handoff::{Control, HoldChange};
 use super::stall_check::{StallCheck, Watched};
 use super::watchdog::{OffsetReset, Watchdog};
@@ -32,6 +35,15 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 /// paused. Short against `max.poll.interval.ms`; long enough that ordinary
 /// bursts never pause (a pause drops librdkafka's prefetched messages).
 const PAUSE_AFTER: Duration = Duration::from_millis(500);
+
+/// How often the polling thread forwards every assigned partition to its
+/// message queue again, should a fetcher have restarted without an
+/// assignment (see `fetch_queue`).
+const FORWARD_AGAIN: Duration = Duration::from_secs(1);
+
+/// Most events (rebalances, commit results, errors) served from the main
+/// queue between two batches of messages.
+const EVENTS_PER_ROUND: usize = 16;
 
 /// How often the polling thread asks whether a broker answers again while
 /// none does.
@@ -72,10 +84,35 @@ impl Poller {
     /// Polls until asked to stop, leaves the group, and hands back the
     /// consumer for its owner to drop.
     pub(crate) fn run(mut self) -> Arc<BaseConsumer<KafkaContext>> {
+        let shared = self.shared.clone();
+        // Dropped before the consumer is handed back (a local, and the
+        // consumer leaves with the return value), panic or not.
+        let mut fetch = FetchQueue::install(
+            self.consumer.client().native_ptr(),
+            &shared.forwarding,
+            MAX_BATCH,
+        );
+        if fetch.is_none() {
+            tracing::warn!("librdkafka gave no consumer queue; messages are polled one at a time");
+        }
+        let mut forwarded_at = Instant::now();
+        let mut forwarded_epoch = self.assignment_epoch;
         while !self.shared.stop.load(Ordering::Acquire) {
             self.apply_backpressure();
             self.apply_holds();
-            self.poll_batch();
+            match fetch.as_mut() {
+                Some(fetch) => {
+                    if forwarded_epoch != self.assignment_epoch
+                        || forwarded_at.elapsed() >= FORWARD_AGAIN
+                    {
+                        self.forward_again(fetch);
+                        forwarded_at = Instant::now();
+                        forwarded_epoch = self.assignment_epoch;
+                    }
+                    self.read_batch(fetch);
+                }
+                None => self.poll_batch(),
+            }
             self.probe_reachability();
             self.take_stall_answer();
             if let Some(idle) = self.watchdog.due(Instant::now())
@@ -85,7 +122,69 @@ impl Poller {
             }
         }
         self.close();
+        drop(fetch);
         self.consumer
+    }
+
+    /// Forwards every assigned partition to the message queue again (see
+    /// `fetch_queue`): a lookup of the assignment and a forward per
+    /// partition, once a second and after each assignment change.
+    fn forward_again(&self, fetch: &FetchQueue<'_>) {
+        match self.consumer.assignment() {
+            Ok(assignment) => fetch.forward(self.consumer.client().native_ptr(), &assignment),
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the kafka assignment to forward it again")
+            }
+        }
+    }
+
+    /// Serves the main queue's events (rebalances, commit results, errors),
+    /// then reads a batch of messages from the message queue, waiting up to
+    /// [`POLL_TIMEOUT`] for one unless events are left; an event arriving
+    /// meanwhile ends the wait. The batch is handed over after the events,
+    /// so that a revocation served here drops its partitions' messages.
+    fn read_batch(&mut self, fetch: &mut FetchQueue<'_>) {
+        let mut served = 0;
+        while served < EVENTS_PER_ROUND && fetch.events_waiting() {
+            served += 1;
+            match self.consumer.poll(Duration::ZERO) {
+                // Fetched before its partition was forwarded (none is, as
+                // partitions are forwarded before they are assigned): in
+                // order, ahead of the partition's forwarded messages.
+                Some(Ok(message)) => push_converted(&mut self.converter, &mut self.batch, &message),
+                Some(Err(error)) => self.on_error(error),
+                None => {}
+            }
+        }
+        let timeout = if fetch.events_waiting() || !self.batch.is_empty() {
+            Duration::ZERO
+        } else {
+            POLL_TIMEOUT
+        };
+        let mut errors = Vec::new();
+        let (converter, batch) = (&mut self.converter, &mut self.batch);
+        fetch.read(timeout, MAX_BATCH - batch.len(), |message| {
+            if message.err != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                errors.push(match message.err {
+                    rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
+                        KafkaError::PartitionEOF(message.partition)
+                    }
+                    code => KafkaError::MessageConsumption(code.into()),
+                });
+                return;
+            }
+            match converter.convert_native(message) {
+                Some(converted) => batch.push(converted),
+                None => tracing::error!(
+                    topic = %String::from_utf8_lossy(super::convert::topic_name(message)),
+                    "kafka message with a negative partition number skipped"
+                ),
+            }
+        });
+        for error in errors {
+            self.on_error(error);
+        }
+        self.hand_over();
     }
 
     /// While every broker is down (librdkafka said so), asks for the
@@ -222,19 +321,13 @@ impl Poller {
         }
     }
 
-    /// Polls until a timeout, an event or a full batch, then hands the batch
-    /// over.
+    /// Polls the main queue until a timeout, an event or a full batch, then
+    /// hands the batch over: without a message queue of the source's own.
     fn poll_batch(&mut self) {
         let mut timeout = POLL_TIMEOUT;
         while self.batch.len() < MAX_BATCH {
             match self.consumer.poll(timeout) {
-                Some(Ok(message)) => match self.converter.convert(&message) {
-                    Some(converted) => self.batch.push(converted),
-                    None => tracing::error!(
-                        topic = message_topic(&message),
-                        "kafka message with a negative partition number skipped"
-                    ),
-                },
+                Some(Ok(message)) => push_converted(&mut self.converter, &mut self.batch, &message),
                 Some(Err(error)) => {
                     self.on_error(error);
                     break;
@@ -245,6 +338,12 @@ impl Poller {
             }
             timeout = Duration::ZERO;
         }
+        self.hand_over();
+    }
+
+    /// Hands the batch over, without the messages of partitions revoked
+    /// while it was read.
+    fn hand_over(&mut self) {
         self.drop_revoked();
         if !self.batch.is_empty() {
             self.shared.forget_connection_failure();
@@ -546,6 +645,21 @@ fn partition_list(partition: &PartitionKey, offset: Option<i64>) -> Option<Topic
         }
     }
     Some(list)
+}
+
+/// Converts `message` into `batch`, or logs why not.
+fn push_converted(
+    converter: &mut Converter,
+    batch: &mut Vec<Record>,
+    message: &rdkafka::message::BorrowedMessage<'_>,
+) {
+    match converter.convert(message) {
+        Some(converted) => batch.push(converted),
+        None => tracing::error!(
+            topic = message_topic(message),
+            "kafka message with a negative partition number skipped"
+        ),
+    }
 }
 
 fn message_topic(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
