@@ -30,6 +30,49 @@
 //! All librdkafka settings pass through [`KafkaSettings`], so TLS and SASL are
 //! configured as usual; secrets never appear in logs or `Debug`.
 //!
+//! # Group protocol
+//!
+//! A consumer joins its group with the classic protocol unless its settings
+//! choose KIP-848's ([`GroupProtocol::Consumer`], librdkafka's
+//! `group.protocol=consumer`; Apache Kafka 4.0 or later):
+//! [`KafkaSettings::group_protocol`], or `?group_protocol=consumer` in
+//! [`KafkaBroker::from_url`]'s URL. Every part derived from the settings
+//! follows it (the source, a parking's mover).
+//!
+//! | | classic (default) | consumer (KIP-848) |
+//! |---|---|---|
+//! | who assigns | the group's leader, with `partition.assignment.strategy` | the broker, with `group.remote.assignor` (`uniform` unless set, or `range`) |
+//! | rebalance | eager (all partitions revoked) unless `cooperative-sticky` | incremental: only partitions that move are revoked, each drained and committed (`docs/CONTRACT.md` §3) |
+//! | session, heartbeat | `session.timeout.ms`, `heartbeat.interval.ms` | the broker's `group.consumer.session.timeout.ms`, `group.consumer.heartbeat.interval.ms` (per group: `consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`) |
+//! | refused settings | `group.remote.assignor` | `session.timeout.ms`, `heartbeat.interval.ms`, `partition.assignment.strategy`, `group.protocol.type` |
+//! | a commit of an older epoch | `ILLEGAL_GENERATION`: librdkafka rejoins, the partitions are lost | `STALE_MEMBER_EPOCH`: sent again at once, up to three times in 600 ms, then refused to the runtime, which sends it again with its next batch |
+//!
+//! A refused setting fails the build with [`Error::GroupProtocolSetting`],
+//! which names the setting and what replaces it. A parking keeps the order
+//! per key under KIP-848 only with `group.remote.assignor=range` (see
+//! [`parking`]).
+//!
+//! **Known defect (librdkafka 2.12, which rdkafka-sys 4.10 bundles).** A
+//! member that goes longer than `max.poll.interval.ms` without polling
+//! leaves its group and, under the classic protocol, joins again when it
+//! polls. Under KIP-848's, librdkafka sends the leave at once; when its
+//! answer is read before the member acts on its rejoin, the member is left
+//! at epoch 0, its next heartbeat is refused (`INVALID_REQUEST`) and
+//! librdkafka fails the consumer for good. The source reports that as a
+//! fatal error ([`SourceError::Fatal`](intake_core::backend::SourceError::Fatal))
+//! and the consumer stops; a new one joins again. librdkafka's issue
+//! [#5541](https://github.com/confluentinc/librdkafka/issues/5541) (fix
+//! [#5488](https://github.com/confluentinc/librdkafka/pull/5488), released
+//! in librdkafka 2.15.0, which no rdkafka-sys bundles yet); reproduced on
+//! Apache Kafka 4.1 by `tests/group_protocol.rs`. intake polls on a thread
+//! of its own and keeps its own waits there inside the interval (a
+//! revocation's, see `revoke` above), so a member passes it only when that
+//! thread stalls: a log sink that blocks (librdkafka's log lines and the
+//! source's are written from it), a revocation's final commit that
+//! outlasts its 5 s margin, a process paused or starved of CPU. Keep
+//! `max.poll.interval.ms` at its default (300 s: intake needs no shorter),
+//! or stay on the classic protocol where a stall that long is possible.
+//!
 //! The shortest way in is the broker value: a route's source, acker,
 //! dead-letter sink and parking derived together, so that the source reads
 //! the parking's return topic, and the parkings' movers stopped with the
