@@ -233,20 +233,24 @@ async fn a_transactional_relay_outputs_each_input_exactly_once() {
     exactly_once(&read(&backend, &output, "read_uncommitted").await, COUNT);
 }
 
-/// A relay killed mid-stream (its task aborted: no final commit, its open
-/// transaction left open) and started again with the same
-/// transactional.id: the new one aborts what the old left open and
-/// carries on from the committed offsets, and the output holds each id
-/// once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_killed_mid_stream_and_restarted_outputs_each_input_exactly_once() {
+support::per_group_protocol!(
+    /// A relay killed mid-stream (its task aborted: no final commit, its
+    /// open transaction left open) and started again with the same
+    /// transactional.id: the new one aborts what the old left open and
+    /// carries on from the committed offsets, and the output holds each id
+    /// once.
+    a_relay_killed_mid_stream_and_restarted_outputs_each_input_exactly_once => killed_and_restarted
+);
+
+async fn killed_and_restarted(test: &str, protocol: GroupProtocol) {
     const COUNT: usize = 2_000;
-    let Some(backend) = backend("a transactional relay killed") else {
+    let Some(backend) = backend(test) else {
         return;
     };
+    let backend = backend.with_protocol(protocol);
     let input = unique("intake-eos-kill-in");
     let output = unique("intake-eos-kill-out");
-    let group = unique("intake-eos-kill-group");
+    let group = backend.new_group("intake-eos-kill-group").await;
     let id = unique("intake-eos-kill-relay");
     backend.create_topic(&input, 2).await.expect("input topic");
     backend
