@@ -334,6 +334,33 @@ mod tests {
         source.close().await.expect("close");
     }
 
+    /// A fetcher restarted without a rebalance callback (an assignment
+    /// behind the poller's back stops and starts it, and the stop clears
+    /// its partition's forward to the source's queue) delivers again: the
+    /// polling thread forwards the whole assignment again once a second.
+    /// Without that, the partition's messages would wait in its own fetch
+    /// queue, which nobody reads (rust-rdkafka's issue 535).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partition_whose_fetcher_restarted_without_a_rebalance_delivers_again() {
+        let (producer, mut source) = watched("restarted").await;
+        produce(&producer, "restarted", "first").await;
+        let first = receive_one(&mut source).await.expect("the first message");
+        assert_eq!(first.payload().as_ref(), b"first");
+
+        let consumer = source.consumer.upgrade().expect("consumer");
+        let mut list = rdkafka::TopicPartitionList::new();
+        list.add_partition_offset("restarted", 0, rdkafka::Offset::Offset(1))
+            .expect("offset");
+        consumer.assign(&list).expect("assign");
+        drop(consumer);
+        produce(&producer, "restarted", "second").await;
+        let second = receive_one(&mut source)
+            .await
+            .expect("the restarted partition delivers again");
+        assert_eq!(second.payload().as_ref(), b"second");
+        source.close().await.expect("close");
+    }
+
     /// A partition that never yielded a message has no position: the
     /// watchdog judges it from where it should have started (here, no
     /// committed offset and `earliest`: the low watermark).
