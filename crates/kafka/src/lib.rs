@@ -63,7 +63,9 @@
 //! and the consumer stops; a new one joins again. librdkafka's issue
 //! [#5541](https://github.com/confluentinc/librdkafka/issues/5541) (fix
 //! [#5488](https://github.com/confluentinc/librdkafka/pull/5488), released
-//! in librdkafka 2.15.0, which no rdkafka-sys bundles yet); reproduced on
+//! in librdkafka 2.15.0, which no rdkafka-sys bundles yet: a system
+//! librdkafka of 2.15 or later, linked with rdkafka's `dynamic-linking`
+//! feature, would carry the fix, untested with intake); reproduced on
 //! Apache Kafka 4.1 by `tests/group_protocol.rs`. intake polls on a thread
 //! of its own and keeps its own waits there inside the interval (a
 //! revocation's, see `revoke` above), so a member passes it only when that
