@@ -35,7 +35,8 @@ use intake_kafka::rdkafka::message::{BorrowedHeaders, OwnedHeaders};
 use intake_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use intake_kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use intake_kafka::{
-    KafkaDeadLetterSink, KafkaDeadLetters, KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource,
+    GroupProtocol, KafkaDeadLetterSink, KafkaDeadLetters, KafkaParking, KafkaPublisher,
+    KafkaSettings, KafkaSource,
 };
 use support::consumer::eventually;
 use support::{KafkaBackend, unique};
@@ -403,14 +404,11 @@ async fn a_copy_returned_before_any_member_has_a_position_is_read_under_kip_848(
     let Some(kafka) = KafkaBackend::real("a_copy_returned_before_any_member_under_kip_848") else {
         return;
     };
-    let kafka = kafka.with_settings(&[
-        ("group.protocol", "consumer"),
-        ("group.remote.assignor", "range"),
-        ("session.timeout.ms", ""),
-        ("heartbeat.interval.ms", ""),
-    ]);
+    let kafka = kafka
+        .with_protocol(GroupProtocol::Consumer)
+        .with_settings(&[("group.remote.assignor", "range")]);
     let topic = kafka.create_source(2).await.expect("topic");
-    let group = unique("g");
+    let group = kafka.new_group("g").await;
     let parking = parking_for(&kafka, &topic, &group).await;
     let returned = parking.return_topic(&topic);
     let source = |settings: KafkaSettings| {
@@ -556,12 +554,8 @@ async fn partition_p_of_a_topic_and_of_its_return_topic_share_a_member_under_ran
     co_located(&kafka).await;
     let kip_848 = KafkaBackend::real("partition_p_of_a_topic_and_of_its_return_topic")
         .expect("the broker")
-        .with_settings(&[
-            ("group.protocol", "consumer"),
-            ("group.remote.assignor", "range"),
-            ("session.timeout.ms", ""),
-            ("heartbeat.interval.ms", ""),
-        ]);
+        .with_protocol(GroupProtocol::Consumer)
+        .with_settings(&[("group.remote.assignor", "range")]);
     co_located(&kip_848).await;
 }
 
@@ -570,7 +564,7 @@ async fn partition_p_of_a_topic_and_of_its_return_topic_share_a_member_under_ran
 /// member.
 async fn co_located(kafka: &KafkaBackend) {
     let topic = kafka.create_source(4).await.expect("topic");
-    let group = unique("g");
+    let group = kafka.new_group("g").await;
     let parking = parking_for(kafka, &topic, &group).await;
     let returned = parking.return_topic(&topic);
     let member = || async {
