@@ -154,7 +154,8 @@ async fn outputs_are_in_the_outbox_only_when_the_handler_commits() {
     assert_eq!(db.effects().await, 1);
     assert_eq!(service.counters().duplicates(), 1);
     let broker = broker();
-    let relay = OutboxRelay::new(db.pool.clone(), outbox, broker.memory_publisher(), quick()).unwrap();
+    let relay =
+        OutboxRelay::new(db.pool.clone(), outbox, broker.memory_publisher(), quick()).unwrap();
     assert_eq!(relay.relay_batch().await.unwrap().published, 2);
     assert_eq!(payloads(&broker), ["1.a", "1.b"]);
 }
@@ -177,8 +178,13 @@ async fn the_relay_publishes_every_row_in_id_order_with_its_id_and_empties_the_o
     write_outputs(&pool, &outbox, 1..11).await;
 
     let broker = broker();
-    let relay =
-        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
+    let relay = OutboxRelay::spawn(
+        pool.clone(),
+        outbox.clone(),
+        broker.memory_publisher(),
+        quick(),
+    )
+    .unwrap();
     eventually("11 rows published", || relay.published() == 11).await;
     relay.stop().await;
 
@@ -385,8 +391,13 @@ async fn a_row_the_relay_cannot_read_is_moved_to_the_failed_table() {
     write_outputs(&pool, &outbox, 2..3).await;
     let broker = broker();
 
-    let relay =
-        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
+    let relay = OutboxRelay::spawn(
+        pool.clone(),
+        outbox.clone(),
+        broker.memory_publisher(),
+        quick(),
+    )
+    .unwrap();
     eventually("2 rows published, 1 moved", || {
         relay.published() == 2 && relay.failed_rows() == 1
     })
@@ -420,8 +431,13 @@ async fn without_its_failed_table_a_refused_row_stays_and_the_confirmed_ones_are
     outbox.write(&mut connection, outputs).await.unwrap();
     drop(connection);
     let broker = broker();
-    let relay =
-        OutboxRelay::new(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
+    let relay = OutboxRelay::new(
+        pool.clone(),
+        outbox.clone(),
+        broker.memory_publisher(),
+        quick(),
+    )
+    .unwrap();
 
     let error = relay.relay_batch().await.unwrap_err();
     assert!(!error.is_transient(), "{error}");
@@ -513,8 +529,13 @@ async fn a_relay_killed_before_its_commit_publishes_the_rows_again_with_the_same
 
     // Restarted with a publisher that confirms: the rows go out once more
     // and only then leave the outbox.
-    let relay =
-        OutboxRelay::spawn(pool.clone(), outbox.clone(), broker.memory_publisher(), quick()).unwrap();
+    let relay = OutboxRelay::spawn(
+        pool.clone(),
+        outbox.clone(),
+        broker.memory_publisher(),
+        quick(),
+    )
+    .unwrap();
     eventually("3 rows published", || relay.published() == 3).await;
     relay.stop().await;
     assert_eq!(outbox.count(&pool).await.unwrap(), 0);
