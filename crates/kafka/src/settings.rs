@@ -217,8 +217,9 @@ impl KafkaSettings {
     }
 
     /// Joins consumer groups with `protocol` (librdkafka's
-    /// `group.protocol`; default [`GroupProtocol::Classic`]). Producers and
-    /// admin clients made from these settings ignore it.
+    /// `group.protocol`; default [`GroupProtocol::Classic`]). Producers made
+    /// from these settings ignore it, as every consumer setting, and
+    /// librdkafka says so once per producer (a `CONFWARN` warning).
     ///
     /// ```
     /// use intake_kafka::{GroupProtocol, KafkaSettings};
