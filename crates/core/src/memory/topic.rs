@@ -125,11 +125,12 @@ impl Topic {
         let offset = log.len() as i64;
         let metadata = Metadata::new(self.name.clone(), partition, Position::Offset(offset))
             .with_timestamp(record.timestamp.unwrap_or_else(SystemTime::now));
-        let mut message =
-            Message::new(shared(record.payload), metadata).with_headers(record.headers);
-        if let Some(key) = record.key {
-            message = message.with_key(shared(key));
-        }
+        let message = Message::from_parts(
+            shared(record.payload),
+            record.key.map(shared),
+            record.headers,
+            metadata,
+        );
         log.push(message);
         for group in &state.groups {
             group.wake_owner(partition);
