@@ -88,10 +88,7 @@ impl DeliveryReader {
             metadata
                 .set_timestamp(SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(*seconds)));
         }
-        let mut message = Message::new(Bytes::from(data), metadata);
-        if let Some(key) = self.key(routing_key.as_str()) {
-            message = message.with_key(key);
-        }
+        let key = self.key(routing_key.as_str());
         let table = properties
             .headers()
             .as_ref()
@@ -99,7 +96,7 @@ impl DeliveryReader {
         let has_properties = properties.message_id().is_some()
             || properties.correlation_id().is_some()
             || properties.content_type().is_some();
-        if table.is_some() || has_properties {
+        let headers = if table.is_some() || has_properties {
             let mut entries = Vec::with_capacity(table.map_or(0, |table| table.inner().len()) + 3);
             for (name, value) in [
                 (headers::MESSAGE_ID, properties.message_id()),
@@ -116,9 +113,11 @@ impl DeliveryReader {
             for (name, value) in table.into_iter().flat_map(FieldTable::inner) {
                 entries.push((self.name(name.as_str()), header_value(value)));
             }
-            message = message.with_headers(entries.into_iter().collect::<Headers>());
-        }
-        message
+            entries.into_iter().collect::<Headers>()
+        } else {
+            Headers::new()
+        };
+        Message::from_parts(Bytes::from(data), key, headers, metadata)
     }
 }
 

@@ -147,17 +147,10 @@ impl Record {
     /// The message (a tombstone for a null value): its one allocation,
     /// made on the calling thread.
     pub(crate) fn into_message(self) -> Message {
-        let mut message = match self.payload {
-            Some(payload) => Message::new(payload, self.metadata),
-            None => Message::tombstone(self.metadata),
-        };
-        if let Some(key) = self.key {
-            message = message.with_key(key);
+        match self.payload {
+            Some(payload) => Message::from_parts(payload, self.key, self.headers, self.metadata),
+            None => Message::tombstone_from_parts(self.key, self.headers, self.metadata),
         }
-        if !self.headers.is_empty() {
-            message = message.with_headers(self.headers);
-        }
-        message
     }
 }
 

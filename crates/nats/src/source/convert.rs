@@ -132,9 +132,7 @@ impl Converter {
         // The subject's own buffer becomes the key: async-nats gives each
         // delivery a subject of its own, so this moves it, no copy.
         let key = Bytes::from(message.subject.into_string());
-        let converted = Message::new(message.payload, metadata)
-            .with_key(key)
-            .with_headers(headers);
+        let converted = Message::from_parts(message.payload, Some(key), headers, metadata);
         Ok(Delivery {
             message: converted,
             sequence: info.stream_sequence,

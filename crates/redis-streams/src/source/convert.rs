@@ -307,10 +307,7 @@ impl EntryDecoder {
         metadata.set_timestamp(timestamp_of(id));
         let headers: Headers = headers.into_iter().collect();
         let found = payload.is_some();
-        let mut message = Message::new(payload.unwrap_or_default(), metadata).with_headers(headers);
-        if let Some(key) = key {
-            message = message.with_key(key);
-        }
+        let message = Message::from_parts(payload.unwrap_or_default(), key, headers, metadata);
         if found {
             Decoded::Message(message)
         } else {
