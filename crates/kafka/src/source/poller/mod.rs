@@ -23,6 +23,9 @@ use super::stall_check::{StallCheck, Watched};
 use super::watchdog::{OffsetReset, Watchdog};
 use crate::error::{Error, is_not_authorized};
 
+mod pause;
+mod stall;
+
 /// Most messages taken from librdkafka per hand-over: large enough that the
 /// handoff lock is taken rarely, small enough to keep latency low.
 pub(super) const MAX_BATCH: usize = 512;
@@ -208,119 +211,6 @@ impl Poller {
         }
     }
 
-    /// Pauses every assigned partition when the handoff is full and resumes
-    /// them once it drained, polling all the while. After an assignment
-    /// change the new assignment is brought to the current state either way:
-    /// librdkafka keeps a partition's pause across an unassignment, so a
-    /// partition revoked while paused would come back paused and never fetch.
-    /// A partition the runtime paused (a hold, see `handoff`) is never
-    /// resumed here: only its release resumes it ([`Self::apply_holds`]).
-    fn apply_backpressure(&mut self) {
-        let fill = self.shared.handoff.fill();
-        let changed = self.shared.assignment_changed.swap(false, Ordering::AcqRel);
-        if changed {
-            self.assignment_epoch = self.assignment_epoch.wrapping_add(1);
-        }
-        if self.paused {
-            if self.shared.handoff.has_room(fill) {
-                self.set_paused(false);
-            } else if changed {
-                self.set_paused(true);
-            }
-        } else if self.shared.handoff.is_full(fill)
-            && !self.shared.handoff.wait_for_room(PAUSE_AFTER)
-        {
-            self.set_paused(true);
-        } else if changed {
-            self.set_paused(false);
-        }
-    }
-
-    fn set_paused(&mut self, pause: bool) {
-        let assignment = match self.consumer.assignment() {
-            Ok(assignment) => assignment,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the kafka assignment to pause or resume it");
-                return;
-            }
-        };
-        self.paused = pause;
-        let assignment = if pause {
-            assignment
-        } else {
-            without_held(assignment, &self.shared.handoff.held())
-        };
-        if assignment.count() == 0 {
-            return;
-        }
-        let result = if pause {
-            self.consumer.pause(&assignment)
-        } else {
-            self.consumer.resume(&assignment)
-        };
-        match result {
-            Ok(()) => tracing::debug!(
-                pause,
-                partitions = assignment.count(),
-                "kafka fetch backpressure"
-            ),
-            Err(error) => tracing::warn!(%error, pause, "kafka pause/resume failed"),
-        }
-    }
-
-    /// Pauses in librdkafka the partitions the runtime paused since the
-    /// last call, and fetches again those it resumed: from the first
-    /// message the handoff left out (librdkafka would go on after the last
-    /// one polled), and resumed unless the whole assignment is paused for
-    /// backpressure (then its resume resumes them). Both on this thread,
-    /// between two polls, so that they never cross the backpressure's own
-    /// pauses and resumes. An atomic load when nothing changed.
-    fn apply_holds(&mut self) {
-        let mut changes = Vec::new();
-        self.shared.handoff.take_hold_changes(&mut changes);
-        for change in changes {
-            match change {
-                HoldChange::Pause(partition) => {
-                    let Some(list) = partition_list(&partition, None) else {
-                        continue;
-                    };
-                    match self.consumer.pause(&list) {
-                        Ok(()) => {
-                            tracing::debug!(%partition, "kafka partition paused by the runtime")
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, %partition, "pausing a kafka partition failed; its messages are left out until it is resumed")
-                        }
-                    }
-                }
-                HoldChange::Resume {
-                    partition,
-                    rewind,
-                    applied,
-                } => {
-                    // Seeking first, while it is still paused: librdkafka
-                    // then resumes at the sought offset, not after the last
-                    // message polled.
-                    if let Some(offset) = rewind
-                        && let Some(list) = partition_list(&partition, Some(offset))
-                        && let Err(error) = self.consumer.seek_partitions(list, Duration::ZERO)
-                    {
-                        tracing::warn!(%error, %partition, offset, "seeking a resumed kafka partition back failed; its messages from that offset are delivered by its next owner");
-                    }
-                    if applied && !self.paused {
-                        let Some(list) = partition_list(&partition, None) else {
-                            continue;
-                        };
-                        if let Err(error) = self.consumer.resume(&list) {
-                            tracing::warn!(%error, %partition, "resuming a kafka partition failed");
-                        }
-                    }
-                    tracing::debug!(%partition, ?rewind, "kafka partition resumed by the runtime");
-                }
-            }
-        }
-    }
-
     /// Polls the main queue until a timeout, an event or a full batch, then
     /// hands the batch over: without a message queue of the source's own.
     fn poll_batch(&mut self) {
@@ -432,116 +322,6 @@ impl Poller {
             )));
     }
 
-    /// Asks the checker (a thread of its own) whether a partition is
-    /// stalled behind its high watermark: called after an interval without
-    /// messages. The polling thread reads its positions (locally) and goes
-    /// on polling; the brokers' answers come back in
-    /// [`take_stall_answer`](Self::take_stall_answer).
-    fn ask_for_stall_check(&mut self) {
-        if self.paused || self.shared.handoff.fill().messages > 0 {
-            return;
-        }
-        let Some(check) = &mut self.stall_check else {
-            return;
-        };
-        if check.in_flight() {
-            return;
-        }
-        let Ok(positions) = self.consumer.position() else {
-            return;
-        };
-        // A partition the runtime paused is behind its high watermark on
-        // purpose.
-        let held = self.shared.handoff.held();
-        let partitions: Vec<Watched> = positions
-            .elements()
-            .iter()
-            .filter(|element| !is_held(&held, element.topic(), element.partition()))
-            .map(|element| Watched {
-                topic: element.topic().to_owned(),
-                partition: element.partition(),
-                position: match element.offset() {
-                    Offset::Offset(next) => Some(next),
-                    _ => None,
-                },
-                reset: if self.earliest.contains(element.topic()) {
-                    OffsetReset::Earliest
-                } else {
-                    self.reset
-                },
-            })
-            .collect();
-        if !partitions.is_empty() {
-            check.ask(self.assignment_epoch, partitions);
-        }
-    }
-
-    /// Restarts the fetchers of the partitions the checker found stalled,
-    /// if nothing changed since it was asked: the same assignment, not
-    /// paused, nothing waiting for the runtime, and each partition still at
-    /// the position the check judged (one that moved is not stalled). The
-    /// next check comes an interval after this answer, not after the ask:
-    /// a check slower than the interval never follows another at once.
-    fn take_stall_answer(&mut self) {
-        let Some(answer) = self.stall_check.as_mut().and_then(StallCheck::answer) else {
-            return;
-        };
-        self.watchdog.restart(Instant::now());
-        if answer.stalled.is_empty() {
-            return;
-        }
-        if answer.epoch != self.assignment_epoch
-            || self.shared.assignment_changed.load(Ordering::Acquire)
-            || self.paused
-            || self.shared.handoff.fill().messages > 0
-        {
-            tracing::debug!(
-                "the assignment or the flow changed during the stall check; its answer is dropped"
-            );
-            return;
-        }
-        let Ok(positions) = self.consumer.position() else {
-            return;
-        };
-        let held = self.shared.handoff.held();
-        let mut stalled = TopicPartitionList::new();
-        for found in &answer.stalled {
-            let seen = &found.seen;
-            if is_held(&held, &seen.topic, seen.partition) {
-                // Paused by the runtime since the check was asked.
-                continue;
-            }
-            let now = positions
-                .find_partition(&seen.topic, seen.partition)
-                .map(|element| match element.offset() {
-                    Offset::Offset(next) => Some(next),
-                    _ => None,
-                });
-            if now != Some(seen.position) {
-                continue;
-            }
-            // Adding to a list of this consumer's own partitions cannot fail.
-            let _ = stalled.add_partition_offset(
-                &seen.topic,
-                seen.partition,
-                Offset::Offset(found.resume_at),
-            );
-        }
-        if stalled.count() == 0 {
-            return;
-        }
-        tracing::warn!(
-            partitions = ?stalled.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect::<Vec<_>>(),
-            "kafka consumer stalled behind the high watermark; restarting its fetchers"
-        );
-        if let Err(error) = self.consumer.resume(&stalled) {
-            tracing::warn!(%error, "watchdog resume failed");
-        }
-        if let Err(error) = self.consumer.seek_partitions(stalled, Duration::ZERO) {
-            tracing::warn!(%error, "watchdog seek failed");
-        }
-    }
-
     /// Leaves the group, bounded by the close timeout. Rebalance callbacks
     /// no longer wait for the runtime (`closing` is set): the revoke
     /// callback commits what the broker has not confirmed and releases the
@@ -607,44 +387,6 @@ pub(crate) fn guard_polling<T>(shared: &Shared, poll: impl FnOnce() -> T) -> Opt
             None
         }
     }
-}
-
-/// Whether `partition` of `topic` is among `held`.
-fn is_held(held: &[PartitionKey], topic: &str, partition: i32) -> bool {
-    held.iter()
-        .any(|key| i32::try_from(key.partition) == Ok(partition) && &*key.source == topic)
-}
-
-/// `assignment` without the partitions in `held`.
-fn without_held(assignment: TopicPartitionList, held: &[PartitionKey]) -> TopicPartitionList {
-    if held.is_empty() {
-        return assignment;
-    }
-    let mut kept = TopicPartitionList::new();
-    for element in assignment.elements() {
-        if !is_held(held, element.topic(), element.partition()) {
-            // Adding to a new list cannot fail for a valid offset.
-            let _ =
-                kept.add_partition_offset(element.topic(), element.partition(), element.offset());
-        }
-    }
-    kept
-}
-
-/// A list of `partition` alone, at `offset` if given; `None` for a
-/// partition number librdkafka cannot take (above `i32::MAX`: not Kafka's).
-fn partition_list(partition: &PartitionKey, offset: Option<i64>) -> Option<TopicPartitionList> {
-    let number = i32::try_from(partition.partition).ok()?;
-    let mut list = TopicPartitionList::new();
-    match offset {
-        Some(offset) => list
-            .add_partition_offset(&partition.source, number, Offset::Offset(offset))
-            .ok()?,
-        None => {
-            list.add_partition(&partition.source, number);
-        }
-    }
-    Some(list)
 }
 
 /// Converts `message` into `batch`, or logs why not.
