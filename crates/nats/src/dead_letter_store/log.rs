@@ -66,6 +66,20 @@ impl NatsDeadLetters {
         }
     }
 
+    /// The stream's handle, without its info, for `operation`.
+    async fn open(&self, operation: &'static str) -> Result<Stream<()>, StoreError> {
+        self.context
+            .get_stream_no_info(&*self.stream)
+            .await
+            .map_err(|error| {
+                self.failed(
+                    operation,
+                    format!("open stream `{}`", self.stream),
+                    BoxedCause::Client(boxed(error)),
+                )
+            })
+    }
+
     /// The first entry of the store's subject at or after `sequence`.
     async fn first_from(
         &self,
@@ -147,17 +161,7 @@ impl DeadLetterLog for NatsDeadLetters {
             },
         };
         let through = through.map(sequence_of).transpose()?.unwrap_or(u64::MAX);
-        let stream = self
-            .context
-            .get_stream_no_info(&*self.stream)
-            .await
-            .map_err(|error| {
-                self.failed(
-                    "list",
-                    format!("open stream `{}`", self.stream),
-                    BoxedCause::Client(boxed(error)),
-                )
-            })?;
+        let stream = self.open("list").await?;
         let mut entries = Vec::with_capacity(max.min(256));
         while entries.len() < max && next <= through {
             let Some(entry) = self.first_from(&stream, next).await? else {
@@ -178,17 +182,7 @@ impl DeadLetterLog for NatsDeadLetters {
 
     async fn get(&self, id: &LetterId) -> Result<Option<StoredLetter>, StoreError> {
         let sequence = sequence_of(id)?;
-        let stream = self
-            .context
-            .get_stream_no_info(&*self.stream)
-            .await
-            .map_err(|error| {
-                self.failed(
-                    "read",
-                    format!("open stream `{}`", self.stream),
-                    BoxedCause::Client(boxed(error)),
-                )
-            })?;
+        let stream = self.open("read").await?;
         let what = || format!("read sequence {sequence} of stream `{}`", self.stream);
         match self
             .bounded("read", what, stream.get_raw_message(sequence))
@@ -215,17 +209,7 @@ impl DeadLetterLog for NatsDeadLetters {
         if sequences.is_empty() {
             return Ok(0);
         }
-        let stream = self
-            .context
-            .get_stream_no_info(&*self.stream)
-            .await
-            .map_err(|error| {
-                self.failed(
-                    "remove letters from",
-                    format!("open stream `{}`", self.stream),
-                    BoxedCause::Client(boxed(error)),
-                )
-            })?;
+        let stream = self.open("remove letters from").await?;
         let mut removed = 0;
         for sequence in sequences {
             let what = || format!("delete sequence {sequence} of stream `{}`", self.stream);
