@@ -10,8 +10,9 @@ use redis::Value;
 
 use super::RedisDeadLetters;
 use super::ids::{letter_id, predecessor, stream_id, successor};
-use super::reply::{bytes_of, entries_of, integer_of};
+use super::reply::entries_of;
 use crate::error::Error;
+use crate::source::convert::{bytes_of, integer_of};
 use crate::stream_id::StreamId;
 
 /// Entries read per round trip by a scan of a scoped log.

@@ -7,8 +7,8 @@ use redis::{Script, Value};
 
 use super::RedisDeadLetters;
 use super::ids::stream_id;
-use super::reply::integer_of;
 use crate::error::Error;
+use crate::source::convert::integer_of;
 
 /// `KEYS[1]` the dead-letter stream; `ARGV[1]` the group field's name,
 /// `ARGV[2]` the group, then ids. Deletes those of the ids whose entry

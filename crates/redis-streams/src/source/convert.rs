@@ -23,14 +23,14 @@ pub(crate) struct RawEntry {
     pub(crate) fields: Option<Vec<Value>>,
 }
 
-fn unexpected(command: &'static str, detail: impl Into<String>) -> Error {
+pub(crate) fn unexpected(command: &'static str, detail: impl Into<String>) -> Error {
     Error::UnexpectedReply {
         command,
         detail: detail.into(),
     }
 }
 
-fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, Error> {
+pub(crate) fn into_items(value: Value, command: &'static str) -> Result<Vec<Value>, Error> {
     match value {
         Value::Array(items) | Value::Set(items) => Ok(items),
         Value::Nil => Ok(Vec::new()),

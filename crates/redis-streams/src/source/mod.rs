@@ -34,7 +34,7 @@
 mod blocking_connection;
 mod broadcast;
 pub(crate) mod builder;
-mod convert;
+pub(crate) mod convert;
 mod group;
 mod key_order;
 mod read_size;
