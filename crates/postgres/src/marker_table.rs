@@ -150,21 +150,12 @@ impl MarkerTable {
     ///
     /// The database's error, for instance a missing `CREATE` privilege.
     pub async fn migrate(&self, pool: &PgPool) -> Result<(), Error> {
-        let failed = |source| Error::Migrate {
-            table: self.inner.name.clone(),
-            source,
-        };
-        let mut transaction = pool.begin().await.map_err(failed)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('intake-postgres migrate ' || $1))")
-            .bind(&self.inner.name)
-            .execute(&mut *transaction)
+        migrate_under_lock(pool, &self.inner.name, self.migration_sql())
             .await
-            .map_err(failed)?;
-        sqlx::raw_sql(AssertSqlSafe(self.migration_sql()))
-            .execute(&mut *transaction)
-            .await
-            .map_err(failed)?;
-        transaction.commit().await.map_err(failed)
+            .map_err(|source| Error::Migrate {
+                table: self.inner.name.clone(),
+                source,
+            })
     }
 
     /// Deletes up to `limit` markers older than `retention` by the database's
@@ -313,6 +304,25 @@ fn is_identifier(part: &str) -> bool {
         .next()
         .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Runs `sql` (a table's migration) in one transaction under an advisory
+/// lock named after `table`, so that processes starting together do not
+/// race; the marker table and the outbox migrate alike.
+pub(crate) async fn migrate_under_lock(
+    pool: &PgPool,
+    table: &str,
+    sql: String,
+) -> Result<(), sqlx::Error> {
+    let mut transaction = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('intake-postgres migrate ' || $1))")
+        .bind(table)
+        .execute(&mut *transaction)
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(&mut *transaction)
+        .await?;
+    transaction.commit().await
 }
 
 #[cfg(test)]

@@ -424,21 +424,12 @@ impl OutboxTable {
     ///
     /// The database's error, for instance a missing `CREATE` privilege.
     pub async fn migrate(&self, pool: &PgPool) -> Result<(), OutboxError> {
-        let failed = |source| OutboxError::Migrate {
-            table: self.inner.name.clone(),
-            source,
-        };
-        let mut transaction = pool.begin().await.map_err(failed)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('intake-postgres migrate ' || $1))")
-            .bind(&self.inner.name)
-            .execute(&mut *transaction)
+        crate::marker_table::migrate_under_lock(pool, &self.inner.name, self.migration_sql())
             .await
-            .map_err(failed)?;
-        sqlx::raw_sql(AssertSqlSafe(self.migration_sql()))
-            .execute(&mut *transaction)
-            .await
-            .map_err(failed)?;
-        transaction.commit().await.map_err(failed)
+            .map_err(|source| OutboxError::Migrate {
+                table: self.inner.name.clone(),
+                source,
+            })
     }
 
     /// Adds `outputs` (one [`Output`], several, or none) to the outbox on
