@@ -34,7 +34,12 @@ fn backend(test: &str) -> Option<KafkaBackend> {
 /// Produces inputs `0..count` (payload = id, keyed by id so they spread
 /// over the partitions).
 async fn produce_inputs(backend: &KafkaBackend, topic: &str, count: usize) {
-    let inputs: Vec<TestMessage> = (0..count)
+    produce_range(backend, topic, 0..count).await;
+}
+
+/// Produces the inputs of ids `ids` to `topic`.
+async fn produce_range(backend: &KafkaBackend, topic: &str, ids: std::ops::Range<usize>) {
+    let inputs: Vec<TestMessage> = ids
         .map(|id| TestMessage::new(format!("k{id}"), id.to_string()))
         .collect();
     backend.produce_to(topic, &inputs).await.expect("produce");
@@ -322,7 +327,13 @@ async fn relays_that_rebalance(test: &str, protocol: GroupProtocol) {
         .create_topic(&output, 2)
         .await
         .expect("output topic");
-    produce_inputs(&backend, &input, COUNT).await;
+    // A fifth of the inputs before the relays start, the rest in steps over
+    // about 8 s once the second relay has joined: a group that takes a
+    // while to hand it partitions (KIP-848 assigns on heartbeats, slower on
+    // a loaded machine) still has inputs left to give it.
+    const UP_FRONT: usize = COUNT / 5;
+    const STEPS: usize = 8;
+    produce_inputs(&backend, &input, UP_FRONT).await;
 
     let pace = Some(Duration::from_millis(5));
     let first = transactions(&backend, &unique("intake-eos-rebalance-a"));
@@ -339,6 +350,11 @@ async fn relays_that_rebalance(test: &str, protocol: GroupProtocol) {
     let second = transactions(&backend, &unique("intake-eos-rebalance-b"));
     let (stop_second, second_run) =
         paced_relay(&backend, &input, &output, &group, &second, pace).await;
+    let step = (COUNT - UP_FRONT) / STEPS;
+    for start in (UP_FRONT..COUNT).step_by(step) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        produce_range(&backend, &input, start..(start + step).min(COUNT)).await;
+    }
     until_all_committed(&backend, &input, &group, Duration::from_secs(40)).await;
     stop_first.cancel();
     stop_second.cancel();
