@@ -85,7 +85,8 @@
 //! arguments.
 //! Logs go to stderr (`RUST_LOG`, default `info`). Environment:
 //! `LEDGER_KAFKA_SETTINGS` (`key=value,…` librdkafka settings on top of the
-//! example's), `LEDGER_REDIS_CLAIM_MIN_IDLE_MS` (default 3000),
+//! example's; with `group.protocol=consumer` the groups run under KIP-848,
+//! their 6 s session set on the broker), `LEDGER_REDIS_CLAIM_MIN_IDLE_MS` (default 3000),
 //! `LEDGER_PG_POOL` (connections, default 16), `LEDGER_NATS_ACK_WAIT_MS`
 //! (default 5000).
 

@@ -6,12 +6,15 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use intake::kafka::rdkafka::ClientConfig;
+use intake::kafka::rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use intake::kafka::rdkafka::client::DefaultClientContext;
 use intake::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use intake::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use intake::kafka::rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use intake::kafka::rdkafka::{Offset, TopicPartitionList};
 use intake::kafka::{
-    KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource, KafkaSourceBuilder, KafkaTransactions,
+    GroupProtocol, KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource, KafkaSourceBuilder,
+    KafkaTransactions,
 };
 use intake::publish::Output;
 use intake::{HandlerError, Message, RunReport, handler_fn};
@@ -23,7 +26,15 @@ use crate::{BoxError, Job, RelayHandler};
 
 /// Extra librdkafka settings, `key=value` separated by commas, applied to
 /// every client after the example's own (so they win).
+/// `group.protocol=consumer` among them runs the groups under KIP-848.
 pub const SETTINGS_ENV: &str = "LEDGER_KAFKA_SETTINGS";
+
+/// The ledger's group session: a SIGKILLed member holds its partitions
+/// this long. Under the classic protocol the member asks for it
+/// (`session.timeout.ms`); under KIP-848 the broker keeps it, per group
+/// (`consumer.session.timeout.ms`, set by [`group_timings`]).
+const SESSION_TIMEOUT_MS: &str = "6000";
+const HEARTBEAT_INTERVAL_MS: &str = "1000";
 
 /// The source's `min_commit_interval` in milliseconds (default: the
 /// source's own, 100 ms): how often offsets may be committed while a
@@ -158,11 +169,9 @@ pub async fn source(
 /// after librdkafka's default 45 s.
 pub async fn parking(bootstrap: &str, topic: &str, group: &str) -> Result<KafkaParking, BoxError> {
     create_topic(bootstrap, topic, crate::args::DEFAULT_PARTITIONS).await?;
-    let settings = with_env(
-        KafkaSettings::new(bootstrap)
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "1000"),
-    )?;
+    // The mover's group is the parking's group name with `.parking`.
+    let settings =
+        group_timings(KafkaSettings::new(bootstrap), &format!("{group}.parking")).await?;
     Ok(KafkaParking::builder(settings, group)
         .topics([topic])
         .build()
@@ -175,14 +184,14 @@ async fn source_builder(
     group: &str,
 ) -> Result<KafkaSourceBuilder, BoxError> {
     create_topic(bootstrap, topic, crate::args::DEFAULT_PARTITIONS).await?;
-    let settings = with_env(
+    let settings = group_timings(
         KafkaSettings::new(bootstrap)
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "1000")
             .set("max.poll.interval.ms", "60000")
             .set("topic.metadata.refresh.interval.ms", "5000")
             .set("isolation.level", "read_committed"),
-    )?;
+        group,
+    )
+    .await?;
     let mut builder = KafkaSource::builder(settings)
         .group(group)
         .topic(topic)
@@ -195,6 +204,73 @@ async fn source_builder(
         builder = builder.min_commit_interval(Duration::from_millis(millis));
     }
     Ok(builder)
+}
+
+/// `settings` with the environment's on top, and the ledger's group
+/// session and heartbeat for `group` under the protocol they choose:
+/// member settings under the classic protocol (unless the environment sets
+/// them), the group's broker-side config under KIP-848, which refuses them
+/// as member settings and would otherwise hold a killed member's
+/// partitions for the broker's default 45 s.
+async fn group_timings(settings: KafkaSettings, group: &str) -> Result<KafkaSettings, BoxError> {
+    let settings = with_env(settings)?;
+    if settings.chosen_group_protocol()? == GroupProtocol::Consumer {
+        set_group_config(&settings, group).await?;
+        return Ok(settings);
+    }
+    let chosen = |key: &str| settings.client_config().get(key).is_some();
+    let (session, heartbeat) = (
+        chosen("session.timeout.ms"),
+        chosen("heartbeat.interval.ms"),
+    );
+    let mut settings = settings;
+    if !session {
+        settings = settings.set("session.timeout.ms", SESSION_TIMEOUT_MS);
+    }
+    if !heartbeat {
+        settings = settings.set("heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS);
+    }
+    Ok(settings)
+}
+
+/// Sets the ledger's session and heartbeat as `group`'s config on the
+/// broker (KIP-848, Kafka 4.0+), and waits (up to 10 s) until the broker
+/// applies it: a member that joins before would keep the defaults until
+/// its next heartbeat.
+async fn set_group_config(settings: &KafkaSettings, group: &str) -> Result<(), BoxError> {
+    let admin: AdminClient<DefaultClientContext> = settings.client_config().create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let timings = AlterConfig::new(ResourceSpecifier::Group(group))
+        .set("consumer.session.timeout.ms", SESSION_TIMEOUT_MS)
+        .set("consumer.heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS);
+    for result in admin.alter_configs(&[timings], &options).await? {
+        result.map_err(|(_, code)| format!("setting group {group}'s session: {code}"))?;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // rdkafka cannot read an entry whose source is the group's own
+        // config (RD_KAFKA_CONFIG_SOURCE_GROUP_CONFIG): once the broker
+        // applied it, the describe fails naming that source.
+        let applied = match admin
+            .describe_configs(&[ResourceSpecifier::Group(group)], &options)
+            .await
+        {
+            Err(error) => error.to_string().contains("GROUP_CONFIG"),
+            Ok(found) => found.into_iter().flatten().any(|config| {
+                config.entries.iter().any(|entry| {
+                    entry.name == "consumer.session.timeout.ms"
+                        && entry.value.as_deref() == Some(SESSION_TIMEOUT_MS)
+                })
+            }),
+        };
+        if applied {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!("group {group}'s session config not applied within 10 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The transactions of `ledger relay --exactly-once` from `group` to `to`.

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use intake::kafka::GroupProtocol;
 use intake::redis_streams::redis;
 
 use super::child::run_to_completion;
@@ -15,7 +16,10 @@ use super::sockets;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    Kafka,
+    /// Kafka, its consumer groups under `GroupProtocol`: classic, or
+    /// KIP-848's consumer protocol (`group.protocol=consumer`, the group's
+    /// session set on the broker by the ledger).
+    Kafka(GroupProtocol),
     Redis,
     Amqp,
     Nats,
@@ -29,7 +33,8 @@ const NATS_PORT: u16 = 4222;
 impl Backend {
     pub fn name(self) -> &'static str {
         match self {
-            Self::Kafka => "kafka",
+            Self::Kafka(GroupProtocol::Consumer) => "kafka-kip848",
+            Self::Kafka(_) => "kafka",
             Self::Redis => "redis",
             Self::Amqp => "amqp",
             Self::Nats => "nats",
@@ -39,7 +44,7 @@ impl Backend {
     /// The `--broker` URL of the ledger program.
     pub fn url(self) -> String {
         match self {
-            Self::Kafka => format!("kafka://127.0.0.1:{KAFKA_PORT}"),
+            Self::Kafka(_) => format!("kafka://127.0.0.1:{KAFKA_PORT}"),
             Self::Redis => format!("redis://127.0.0.1:{REDIS_PORT}"),
             Self::Amqp => format!("amqp://guest:guest@127.0.0.1:{AMQP_PORT}/%2f"),
             Self::Nats => format!("nats://127.0.0.1:{NATS_PORT}"),
@@ -48,7 +53,7 @@ impl Backend {
 
     fn port(self) -> u16 {
         match self {
-            Self::Kafka => KAFKA_PORT,
+            Self::Kafka(_) => KAFKA_PORT,
             Self::Redis => REDIS_PORT,
             Self::Amqp => AMQP_PORT,
             Self::Nats => NATS_PORT,
@@ -60,7 +65,7 @@ impl Backend {
     /// have none.
     pub fn partitions(self) -> Option<u32> {
         match self {
-            Self::Kafka => Some(4),
+            Self::Kafka(_) => Some(4),
             Self::Redis | Self::Amqp | Self::Nats => None,
         }
     }
@@ -70,7 +75,7 @@ impl Backend {
     /// backoff): idleness during an outage is not the end of the work.
     pub fn outage_idle_exit(self) -> Duration {
         match self {
-            Self::Kafka => Duration::from_secs(15),
+            Self::Kafka(_) => Duration::from_secs(15),
             // Entries the consumer held when its connection died are claimed
             // back after 3 s.
             Self::Redis => Duration::from_secs(6),
@@ -92,7 +97,7 @@ impl Backend {
         match self {
             // Redis: a key's newer entries wait in the source until the
             // killed consumer's pending ones of that key are claimed.
-            Self::Kafka | Self::Amqp | Self::Redis => true,
+            Self::Kafka(_) | Self::Amqp | Self::Redis => true,
             // JetStream redelivers a killed consumer's messages after
             // `ack_wait`, behind newer ones of their keys.
             Self::Nats => false,
@@ -101,8 +106,11 @@ impl Backend {
 
     pub fn drain_idle_exit(self) -> Duration {
         match self {
-            // The ledger's session.timeout.ms is 6 s.
-            Self::Kafka => Duration::from_secs(10),
+            // What a killed member held comes back once its session (the
+            // ledger's 6 s) expires; the ledger's lag probe waits for it
+            // (the group's committed offsets short of the topic's end), so
+            // the idle time itself need not cover the session.
+            Self::Kafka(_) => Duration::from_secs(3),
             // The ledger claims entries idle for 3 s, looking every 0.5 s.
             Self::Redis => Duration::from_secs(6),
             Self::Amqp => Duration::from_secs(3),
@@ -123,10 +131,16 @@ impl Backend {
     /// costs nothing else. The variable applies to every client of the
     /// ledger, some of which keep librdkafka's 45 s session timeout, which
     /// may not exceed the poll interval: hence the ledger's own 6 s,
-    /// restated.
+    /// restated. Under KIP-848 the member sends no session (librdkafka
+    /// refuses `session.timeout.ms` there): the ledger sets its group's
+    /// 6 s on the broker.
     pub fn consumer_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::Kafka => &[(
+            Self::Kafka(GroupProtocol::Consumer) => &[(
+                "LEDGER_KAFKA_SETTINGS",
+                "group.protocol=consumer,max.poll.interval.ms=25000",
+            )],
+            Self::Kafka(_) => &[(
                 "LEDGER_KAFKA_SETTINGS",
                 "session.timeout.ms=6000,max.poll.interval.ms=25000",
             )],
@@ -152,7 +166,7 @@ impl Backend {
         match self {
             // The scenario starts a broker of its own; a machine that cannot
             // has no Kafka at all.
-            Self::Kafka | Self::Redis | Self::Nats => Ok(()),
+            Self::Kafka(_) | Self::Redis | Self::Nats => Ok(()),
             Self::Amqp => list_amqp_connections(logs)
                 .map(drop)
                 .map_err(|error| format!("rabbitmqctl cannot list connections here: {error}")),
@@ -162,7 +176,7 @@ impl Backend {
     /// What [`Self::inject_fault`] does, for summaries.
     pub fn fault_name(self) -> &'static str {
         match self {
-            Self::Kafka => "broker-crash",
+            Self::Kafka(_) => "broker-crash",
             Self::Redis => "client-kill",
             Self::Amqp => "connection-close",
             Self::Nats => "server-crash",
@@ -181,8 +195,8 @@ impl Backend {
         own_kafka: Option<&OwnBroker>,
     ) -> Result<String, String> {
         match (self, own_kafka) {
-            (Self::Kafka, Some(broker)) => crash_kafka(broker),
-            (Self::Kafka, None) => {
+            (Self::Kafka(_), Some(broker)) => crash_kafka(broker),
+            (Self::Kafka(_), None) => {
                 Err("Kafka's broker fault needs the scenario's own broker".to_owned())
             }
             (Self::Redis, _) => kill_redis_clients(pid),
@@ -202,7 +216,7 @@ impl Backend {
     /// cache, rebuilt when absent).
     pub fn remove_source(self, source: &str, logs: &Path) {
         let removed = match self {
-            Self::Kafka => Ok(()),
+            Self::Kafka(_) => Ok(()),
             Self::Nats => delete_nats_stream(source),
             Self::Redis => redis::Client::open(self.url())
                 .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))

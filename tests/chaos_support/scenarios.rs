@@ -369,7 +369,7 @@ pub fn broker_faults(test: &'static str, backend: Backend, messages: u64, faults
     }
     // Kafka's fault takes the whole broker down: never the one that every
     // other test shares.
-    let own_kafka = (backend == Backend::Kafka).then(|| {
+    let own_kafka = matches!(backend, Backend::Kafka(_)).then(|| {
         let broker = scenario.check(
             OwnBroker::start(OWN_KAFKA_PORT)
                 .map_err(|error| format!("the scenario's own Kafka broker: {error}")),

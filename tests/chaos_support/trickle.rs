@@ -109,7 +109,7 @@ impl Sink {
     async fn connect(backend: Backend, url: &str) -> Result<Self, String> {
         let failed = |error: &dyn std::fmt::Display| format!("the producer's connection: {error}");
         match backend {
-            Backend::Kafka => {
+            Backend::Kafka(_) => {
                 let bootstrap = url.trim_start_matches("kafka://");
                 let settings = KafkaSettings::new(bootstrap)
                     .set("acks", "all")

@@ -66,9 +66,10 @@ impl Publisher for GatedPublisher {
     }
 }
 
-/// Confirms each output after a pseudo-random delay, so confirmations of
-/// outputs sent one after another come back out of order; the output is
-/// stored when confirmed, so the destination's order is confirmation order.
+/// Stores each output when it is sent, in send order (as every publisher
+/// must: see `Publisher::send`), and confirms it after a pseudo-random
+/// delay, so confirmations of outputs sent one after another come back out
+/// of order.
 #[derive(Clone)]
 struct JitteryPublisher {
     inner: MemoryPublisher,
@@ -82,10 +83,10 @@ impl Publisher for JitteryPublisher {
     async fn send(&self, output: Output) -> Result<Self::Receipt, PublishError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let delay = Duration::from_micros(u64::from(n.wrapping_mul(2_654_435_761) % 3_000));
-        let inner = self.inner.clone();
+        let stored = self.inner.publish(output).await;
         Ok(Box::pin(async move {
             tokio::time::sleep(delay).await;
-            inner.publish(output).await
+            stored
         }))
     }
 }
@@ -285,7 +286,8 @@ async fn a_rejected_output_dead_letters_its_input() {
 
 /// With confirmations coming back out of order, each key's outputs still
 /// land in its inputs' order: the next input of a key runs only after the
-/// outputs of the one before are confirmed.
+/// outputs of the one before are sent (`tests/key_order_release.rs` has
+/// the failures).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outputs_keep_their_inputs_order_per_key() {
     const COUNT: u32 = 600;

@@ -131,6 +131,16 @@ fn blackholed(setting: &watch::Receiver<Setting>) -> bool {
     setting.borrow().mode == Mode::Blackhole
 }
 
+/// Whether the connections of `generation` were dropped (the latest
+/// setting, seen or not). A read that completes after that must not be
+/// relayed even if the mode is back to [`Mode::Relay`]: a test that
+/// blackholes, sends, drops and relays again without yielding lets this
+/// task see all of it at once, and what was sent into the blackhole would
+/// otherwise reach the broker.
+fn dropped(setting: &watch::Receiver<Setting>, generation: u64) -> bool {
+    setting.borrow().generation != generation
+}
+
 async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Receiver<Setting>) {
     let Ok(broker) = TcpStream::connect(upstream).await else {
         return;
@@ -156,6 +166,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Rece
         tokio::select! {
             read = client_read.read(&mut from_client), if relay => match read {
                 Ok(0) | Err(_) => return,
+                Ok(_) if dropped(&setting, initial.generation) => return,
                 // A read that raced a switch to the blackhole: what the
                 // test sends after `set` returned must not get through.
                 Ok(_) if blackholed(&setting) => {}
@@ -167,6 +178,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut setting: watch::Rece
             },
             read = broker_read.read(&mut from_broker), if relay && from_broker_open => match read {
                 Ok(0) | Err(_) => return,
+                Ok(_) if dropped(&setting, initial.generation) => return,
                 Ok(_) if blackholed(&setting) => {}
                 Ok(n) => {
                     let forward = match stall_after {

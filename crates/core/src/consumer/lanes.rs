@@ -33,6 +33,10 @@ struct Member {
     holds: bool,
     /// The next delivery queued behind it in its lane.
     next: Option<SlotId>,
+    /// Its handler handed the lane on while it still runs (its outputs are
+    /// sent, their confirmations awaited: see `turns.rs`): it never takes
+    /// the lane again, its key's turns keep its order from then on.
+    released: bool,
 }
 
 /// Which lane a delivery belongs to.
@@ -140,6 +144,7 @@ impl Lanes {
             lane,
             holds: false,
             next: None,
+            released: false,
         };
     }
 
@@ -151,10 +156,11 @@ impl Lanes {
     /// Takes the lane of `slot`'s delivery if it is free (returns `true`),
     /// or queues the delivery behind it (returns `false`). A delivery
     /// without a lane, or holding its lane already, has nothing to wait
-    /// for (`true`).
+    /// for (`true`), nor has one that [handed its lane
+    /// on](Self::release_early).
     pub(crate) fn acquire(&mut self, slot: SlotId) -> bool {
         let member = self.members[slot as usize];
-        let Some(lane) = member.lane.filter(|_| !member.holds) else {
+        let Some(lane) = member.lane.filter(|_| !member.holds && !member.released) else {
             return true;
         };
         match self.busy.get_mut(lane) {
@@ -212,6 +218,22 @@ impl Lanes {
         }
     }
 
+    /// Hands on the lane of `slot`'s delivery while it still runs (its
+    /// outputs are sent): returns the next queued delivery, which now holds
+    /// the lane. The delivery never takes its lane again.
+    pub(crate) fn release_early(&mut self, slot: SlotId) -> Option<SlotId> {
+        let next = self.release(slot);
+        let member = &mut self.members[slot as usize];
+        member.holds = false;
+        member.released = true;
+        next
+    }
+
+    /// Whether `slot`'s delivery handed its lane on while running.
+    pub(crate) fn released_early(&self, slot: SlotId) -> bool {
+        self.members[slot as usize].released
+    }
+
     /// Forgets `lane` entirely (its partition was revoked), with the queue
     /// of deliveries waiting in it.
     pub(crate) fn drop_lane(&mut self, lane: LaneId) {
@@ -264,5 +286,24 @@ mod tests {
         assert!(lanes.acquire(new));
         assert_eq!(lanes.release(old), None);
         assert_eq!(lanes.busy(), 1);
+    }
+
+    #[test]
+    fn a_delivery_that_handed_its_lane_on_never_takes_it_again() {
+        let mut lanes = Lanes::with_capacity(4);
+        let lane = LaneId::Key(3);
+        for slot in 0..3 {
+            lanes.join(slot, Some(lane));
+        }
+        assert!(lanes.acquire(0));
+        assert!(!lanes.acquire(1));
+        assert_eq!(lanes.release_early(0), Some(1));
+        // Dispatched again (a retry) while the next one holds the lane.
+        assert!(lanes.acquire(0), "nothing to wait for");
+        assert!(!lanes.acquire(2), "queued behind the holder");
+        assert_eq!(lanes.release(0), None, "it holds nothing");
+        assert_eq!(lanes.release(1), Some(2));
+        assert_eq!(lanes.release(2), None);
+        assert_eq!(lanes.busy(), 0);
     }
 }

@@ -21,6 +21,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
+use super::turns::set_current_slot;
 use crate::commit_engine::Ticket;
 use crate::message::{Message, Position};
 
@@ -400,7 +401,8 @@ impl<F: Future> Slots<F> {
     }
 
     /// Polls every woken running future and appends the outputs of those that
-    /// finished (or panicked: the slot is recovered) to `finished`.
+    /// finished (or panicked: the slot is recovered) to `finished`. Each is
+    /// polled with its slot current (see `turns.rs`).
     pub(crate) fn poll_woken(&mut self, finished: &mut Vec<(SlotId, Caught<F::Output>)>) {
         for index in 0..self.ready.summary.len() {
             let mut words = self.ready.take_summary(index);
@@ -422,6 +424,8 @@ impl<F: Future> Slots<F> {
             if self.slots[slot as usize].state != SlotState::Running {
                 continue;
             }
+            // Named for a `PublishService` that takes its key's turn.
+            set_current_slot(slot);
             match catch_unwind(AssertUnwindSafe(|| self.poll_slot(slot))) {
                 Ok(Poll::Ready(output)) => finished.push((slot, Ok(output))),
                 Ok(Poll::Pending) => {}

@@ -276,6 +276,29 @@ impl Metadata {
         }
     }
 
+    /// Sets the timestamp from milliseconds since the Unix epoch (negative:
+    /// before it), the unit Kafka records and Redis stream ids carry.
+    /// The same as [`set_timestamp`](Self::set_timestamp) with that instant,
+    /// without making a `SystemTime` only to take it apart again (a few
+    /// percent of a Kafka source's polling thread).
+    pub fn set_timestamp_unix_millis(&mut self, millis: i64) {
+        match millis
+            .checked_mul(1_000_000)
+            .filter(|nanos| *nanos > RARE_TIMESTAMP)
+        {
+            Some(nanos) if self.timestamp != RARE_TIMESTAMP => self.timestamp = nanos,
+            _ => {
+                let after = Duration::from_millis(millis.unsigned_abs());
+                let time = if millis >= 0 {
+                    SystemTime::UNIX_EPOCH.checked_add(after)
+                } else {
+                    SystemTime::UNIX_EPOCH.checked_sub(after)
+                };
+                self.set_timestamp(time);
+            }
+        }
+    }
+
     /// Sets the delivery attempt (1 = first delivery).
     pub fn set_attempt(&mut self, attempt: u32) {
         self.attempt = attempt.max(1);

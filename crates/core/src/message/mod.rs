@@ -338,6 +338,42 @@ mod tests {
     }
 
     #[test]
+    fn unix_millis_set_the_same_timestamp_as_the_instant() {
+        let max_nanos_millis = i64::MAX / 1_000_000;
+        let millis = [
+            0,
+            1,
+            -1,
+            1_764_900_000_123,
+            max_nanos_millis,
+            max_nanos_millis + 1,
+            -max_nanos_millis,
+            -max_nanos_millis - 1,
+            i64::MAX,
+            i64::MIN,
+        ];
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(400 * 365 * 24 * 3600);
+        for millis in millis {
+            let after = Duration::from_millis(millis.unsigned_abs());
+            let instant = if millis >= 0 {
+                SystemTime::UNIX_EPOCH.checked_add(after)
+            } else {
+                SystemTime::UNIX_EPOCH.checked_sub(after)
+            };
+            // From no timestamp, and from one kept out of line.
+            for before in [None, Some(far)] {
+                let mut by_millis = Metadata::new("orders".into(), 0, Position::Offset(1));
+                by_millis.set_timestamp(before);
+                by_millis.set_timestamp_unix_millis(millis);
+                assert_eq!(by_millis.timestamp(), instant, "{millis} ms");
+                let mut by_instant = Metadata::new("orders".into(), 0, Position::Offset(1));
+                by_instant.set_timestamp(instant);
+                assert_eq!(by_millis.has_rare(), by_instant.has_rare(), "{millis} ms");
+            }
+        }
+    }
+
+    #[test]
     fn positions_display_in_broker_terms() {
         assert_eq!(Position::StreamId { ms: 5, seq: 1 }.to_string(), "5-1");
         assert_eq!(Position::Offset(42).to_string(), "42");

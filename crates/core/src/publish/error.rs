@@ -106,6 +106,28 @@ impl PublishError {
     }
 }
 
+/// Why [`PublishLayer`](super::PublishLayer) failed an input to keep its
+/// key's outputs in input order (in [`Key`](crate::DeliveryOrder::Key) or
+/// [`Partition`](crate::DeliveryOrder::Partition) order): the source of the
+/// input's error, whose own outputs did not fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyOrderError {
+    /// An output of an earlier input of the same key failed after this
+    /// input's outputs were sent: they are published again after it (the
+    /// input is retryable; the source of an
+    /// [`Unavailable`](PublishErrorKind::Unavailable) `PublishError`).
+    #[error("an earlier output of the same key failed")]
+    EarlierOutputFailed,
+    /// An earlier input of the same key was left unfinished (handed back to
+    /// the broker, released at a revocation or a stop) before its outputs
+    /// were confirmed: this input must not be acknowledged ahead of it, and
+    /// is left for redelivery too (the error's class is
+    /// [`Interrupted`](ErrorClass::Interrupted)).
+    #[error("an earlier input of the same key was left unfinished")]
+    EarlierInputUnfinished,
+}
+
 impl From<PublishError> for HandlerError {
     fn from(error: PublishError) -> Self {
         match error.class() {

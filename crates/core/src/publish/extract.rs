@@ -20,7 +20,10 @@ use crate::trace::TRACEPARENT;
 /// Await each publish before the handler returns: the handler's answer is
 /// what completes the input, so an input whose handler awaited its outputs
 /// is committed only after they are confirmed. A publish left running when
-/// the handler returns has no such guarantee.
+/// the handler returns has no such guarantee. In key or partition order the
+/// key's next input runs once the handler returned, so after these
+/// confirmations ([`PublishLayer`](super::PublishLayer) lets it run once
+/// the outputs are sent).
 #[derive(Clone, Debug)]
 pub struct Publish<P> {
     publisher: P,

@@ -21,10 +21,17 @@ use super::PublishService;
 ///   before another failed is published twice: downstream sees at least
 ///   once (deduplicate by a key or id of your own, or use a backend's
 ///   exactly-once pipeline).
-/// - Outputs of one input are sent in the order returned, and the next
-///   input of the same key (in [`Key`](crate::DeliveryOrder::Key) or
-///   [`Partition`](crate::DeliveryOrder::Partition) order) runs only after
-///   they are confirmed, so outputs keep their inputs' order per key.
+/// - Outputs of one input are sent in the order returned. In
+///   [`Key`](crate::DeliveryOrder::Key) or
+///   [`Partition`](crate::DeliveryOrder::Partition) order an input's
+///   outputs are sent once every earlier input of its key has sent its own,
+///   the next input of the key runs once they are sent (not confirmed), and
+///   the input answers once its outputs and every earlier output of its key
+///   are confirmed. An output that fails after a later one of its key was
+///   sent fails that later input too
+///   ([`KeyOrderError::EarlierOutputFailed`]), which sends again after it:
+///   the last copy of each key's outputs is in input order (`docs/PUBLISHING.md`
+///   has the whole rule).
 /// - Each output without a `traceparent` of its own carries its input's.
 ///
 /// Put it innermost (next to the handler), inside the retry and
@@ -81,6 +88,7 @@ use super::PublishService;
 /// ```
 ///
 /// [`Outputs`]: super::Outputs
+/// [`KeyOrderError::EarlierOutputFailed`]: super::KeyOrderError::EarlierOutputFailed
 /// [`PublishError`]: super::PublishError
 /// [`Publisher`]: super::Publisher
 pub struct PublishLayer<P> {

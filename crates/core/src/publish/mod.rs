@@ -18,11 +18,15 @@
 //!   awaits each confirmation before it returns.
 //!
 //! A failed output makes the input retryable (or permanent, if the broker
-//! rejects the output itself), and the next input of a key waits until the
-//! outputs of the one before are confirmed, so the order of
-//! [`Key`](crate::DeliveryOrder::Key) and
-//! [`Partition`](crate::DeliveryOrder::Partition) delivery carries over to
-//! the outputs. Outputs carry their input's W3C `traceparent`.
+//! rejects the output itself). In [`Key`](crate::DeliveryOrder::Key) and
+//! [`Partition`](crate::DeliveryOrder::Partition) order the order of
+//! delivery carries over to the outputs: under [`PublishLayer`] the next
+//! input of a key runs once the outputs of the one before are sent, and an
+//! input is acknowledged only once its outputs and every earlier output of
+//! its key are confirmed (an earlier failure sends the later outputs again
+//! after it: [`KeyOrderError`]); through [`Publish<P>`] the handler awaits
+//! each confirmation, and the key's next input waits for the handler.
+//! Outputs carry their input's W3C `traceparent`.
 //!
 //! ```
 //! use intake_core::backend::Broker;
@@ -53,11 +57,12 @@ mod future;
 mod layer;
 mod output;
 mod service;
+mod turn;
 
 use std::future::Future;
 use std::sync::Arc;
 
-pub use self::error::{PublishError, PublishErrorKind};
+pub use self::error::{KeyOrderError, PublishError, PublishErrorKind};
 pub use self::extract::Publish;
 pub use self::future::PublishFuture;
 pub use self::layer::PublishLayer;

@@ -1,5 +1,6 @@
 //! [`PublishService`]: runs the handler, publishes its outputs and answers
-//! once the broker confirmed every one.
+//! once the broker confirmed every one (and, in key or partition order,
+//! every earlier output of the input's key: `turn.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,7 +10,9 @@ use bytes::Bytes;
 use tower::Service;
 
 use super::output::Outputs;
+use super::turn::publish_in_turn;
 use super::{PublishError, PublishFuture, Publisher};
+use crate::consumer::turns::current_turn;
 use crate::error::HandlerError;
 use crate::message::Message;
 use crate::trace::TRACEPARENT;
@@ -61,8 +64,15 @@ where
 
     fn call(&mut self, message: Message) -> Self::Future {
         let trace = message.headers().get(TRACEPARENT).cloned();
+        // In `Key` or `Partition` order, under the runtime: the input's turn
+        // among its key's (see `publish_in_turn`).
+        let turn = current_turn(&message);
         let handled = self.inner.call(message);
         let publisher = Arc::clone(&self.publisher);
+        if let Some(turn) = turn {
+            let handled = async move { handled.await.map_err(Into::into) };
+            return Box::pin(publish_in_turn(turn, handled, publisher, trace));
+        }
         Box::pin(async move {
             let outputs = handled.await.map_err(Into::into)?;
             publish_confirmed(&*publisher, outputs, trace.as_ref())

@@ -17,12 +17,13 @@
 //! and goes back to that thread's cache.
 
 use std::ffi::{CStr, c_void};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use intake_core::{Headers, Message, Metadata, Position, SourceName};
 use rdkafka::bindings;
 use rdkafka::message::BorrowedMessage;
+
+use crate::record_headers::HeaderPeek;
 
 /// Interns topic names so that messages share their topic's `Arc<str>`
 /// instead of allocating one each.
@@ -162,6 +163,8 @@ pub(crate) struct Converter {
     /// Whether records' headers are read (see `ignore_headers` on the
     /// builder).
     read_headers: bool,
+    /// Answers "no headers" without librdkafka's parse where it can.
+    peek: HeaderPeek,
 }
 
 impl Converter {
@@ -170,6 +173,7 @@ impl Converter {
             topics: TopicNames::default(),
             chunks: Chunks::default(),
             read_headers,
+            peek: HeaderPeek::new(),
         }
     }
 
@@ -188,7 +192,7 @@ impl Converter {
         message: &bindings::rd_kafka_message_t,
     ) -> Option<Record> {
         let mut record = to_record(message, &mut self.topics, &mut self.chunks)?;
-        if self.read_headers {
+        if self.read_headers && !self.peek.has_none(message) {
             record.headers = crate::record_headers::read_native_headers(message);
         }
         Some(record)
@@ -207,7 +211,7 @@ fn to_record(
         partition,
         Position::Offset(message.offset),
     );
-    metadata.set_timestamp(timestamp(message).and_then(timestamp_of));
+    set_timestamp(&mut metadata, timestamp(message));
     Some(Record {
         metadata,
         // A null value stays `None`: a tombstone, not an empty payload.
@@ -247,15 +251,15 @@ fn timestamp(message: &bindings::rd_kafka_message_t) -> Option<i64> {
     }
 }
 
-/// The instant of a record's timestamp, `millis` ms since the epoch: none
-/// for a negative one (Kafka's `-1` is "no timestamp", and its producers
-/// refuse the others, which a hostile one may still write), nor for one
-/// the platform's clock type cannot hold (any `i64` fits on Unix; Windows'
-/// ends in the year 30828, and an unchecked addition would panic the
-/// polling thread there).
-fn timestamp_of(millis: i64) -> Option<SystemTime> {
-    let millis = u64::try_from(millis).ok()?;
-    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+/// Sets a record's timestamp, `millis` ms since the epoch: none for a
+/// negative one (Kafka's `-1` is "no timestamp", and its producers refuse
+/// the others, which a hostile one may still write). Whatever the platform's
+/// clock type cannot hold is kept without a panic (Windows' ends in the
+/// year 30828), as `Metadata` keeps it.
+fn set_timestamp(metadata: &mut Metadata, millis: Option<i64>) {
+    if let Some(millis) = millis.filter(|millis| *millis >= 0) {
+        metadata.set_timestamp_unix_millis(millis);
+    }
 }
 
 /// The message's topic name as librdkafka holds it, without rdkafka's UTF-8
@@ -273,6 +277,7 @@ pub(crate) fn topic_name(message: &bindings::rd_kafka_message_t) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn a_record_counts_the_bytes_of_the_message_it_becomes() {
@@ -331,6 +336,11 @@ mod tests {
 
     #[test]
     fn any_timestamp_converts_without_a_panic() {
+        let timestamp_of = |millis| {
+            let mut metadata = Metadata::new("t".into(), 0, Position::Offset(0));
+            set_timestamp(&mut metadata, Some(millis));
+            metadata.timestamp()
+        };
         assert_eq!(timestamp_of(0), Some(UNIX_EPOCH));
         assert_eq!(
             timestamp_of(1_700_000_000_123),

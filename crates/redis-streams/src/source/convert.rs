@@ -304,7 +304,12 @@ impl EntryDecoder {
             headers.push((name, value));
         }
         let mut metadata = Metadata::new(stream.clone(), 0, id.position()).with_attempt(attempt);
-        metadata.set_timestamp(timestamp_of(id));
+        // Without a `SystemTime` made only to be taken apart again, unless
+        // the id's milliseconds are past what an `i64` holds.
+        match i64::try_from(id.ms) {
+            Ok(millis) => metadata.set_timestamp_unix_millis(millis),
+            Err(_) => metadata.set_timestamp(timestamp_of(id)),
+        }
         let headers: Headers = headers.into_iter().collect();
         let found = payload.is_some();
         let message = Message::from_parts(payload.unwrap_or_default(), key, headers, metadata);

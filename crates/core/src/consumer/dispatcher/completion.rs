@@ -31,6 +31,8 @@ where
         let signal = match output {
             Ok(()) => {
                 self.report.succeeded += 1;
+                // Its turn, if any, is confirmed: `free_slot` ends it
+                // without touching the later ones.
                 self.partitions.complete(ticket);
                 self.release(slot);
                 Signal::Success
@@ -60,7 +62,7 @@ where
                     Some(Outcome::Ignored) | None => &mut self.report.ignored,
                 };
                 *count += 1;
-                self.partitions.complete(ticket);
+                self.complete(slot, ticket);
                 self.release(slot);
                 Signal::Neutral
             }
@@ -72,7 +74,7 @@ where
                     error = %chain_for_log(&error),
                     "permanent failure with no dead-letter layer: the message is acknowledged and dropped"
                 );
-                self.partitions.complete(ticket);
+                self.complete(slot, ticket);
                 self.release(slot);
                 Signal::Neutral
             }
@@ -136,12 +138,43 @@ where
                         message.metadata_mut().set_attempt(attempt);
                     }
                     entry.state = SlotState::Ready;
-                    self.hold_lane(slot);
-                    self.ready.push_back(slot);
+                    if self.lanes.released_early(slot) {
+                        self.redispatch_in_turn(slot);
+                    } else {
+                        self.hold_lane(slot);
+                        self.ready.push_back(slot);
+                    }
                 }
                 signal
             }
         }
+    }
+
+    /// Records in the commit engine that `slot`'s delivery is done, and
+    /// ends its key turn (if it took one) as completed.
+    #[inline]
+    fn complete(&mut self, slot: SlotId, ticket: Ticket) {
+        self.partitions.complete(ticket);
+        if self.turns.is_live(slot) {
+            self.turns.end(slot, true);
+        }
+    }
+
+    /// Queues a failed delivery that had handed its lane on (its outputs
+    /// were sent) to be dispatched again, ahead of any later delivery of its
+    /// key that waits to be: their attempts wait for it to send, and the
+    /// backoff probe must not be one of them.
+    #[cold]
+    #[inline(never)]
+    fn redispatch_in_turn(&mut self, slot: SlotId) {
+        let mut later = std::mem::take(&mut self.released);
+        self.turns.later(slot, &mut later);
+        match self.ready.iter().position(|queued| later.contains(queued)) {
+            Some(index) => self.ready.insert(index, slot),
+            None => self.ready.push_back(slot),
+        }
+        later.clear();
+        self.released = later;
     }
 
     /// Frees a delivery's slot and hands its lane to the next one. The
@@ -165,6 +198,21 @@ where
             self.partitions.slot_freed(ticket.partition());
         }
         self.bytes.give_back(entry.bytes);
+        if self.turns.any_live() {
+            self.end_turn(slot);
+        }
         self.slots.release(slot);
+    }
+
+    /// Ends the key turn of `slot`'s delivery, if it took one and it is not
+    /// ended yet: it succeeded (its turn is confirmed), or it was not
+    /// completed (handed back, released, cancelled; `complete` ended the
+    /// others), which the later deliveries of its key hear of.
+    #[cold]
+    #[inline(never)]
+    fn end_turn(&mut self, slot: SlotId) {
+        if self.turns.is_live(slot) {
+            self.turns.end(slot, false);
+        }
     }
 }

@@ -12,6 +12,7 @@ use super::{Dispatcher, Failure, Stop};
 use crate::catch_panic::Panicked;
 use crate::consumer::gate::{Decision, GateState};
 use crate::consumer::slots::{PanicPayload, SlotId, SlotState};
+use crate::consumer::turns::set_current_slot;
 use crate::deadline;
 use crate::error::{HandlerError, chain_for_log};
 use crate::message::Message;
@@ -72,6 +73,9 @@ where
             return;
         }
         while let Some(&slot) = self.ready.front() {
+            if self.partitions.any_user_paused() && self.hold_if_paused(slot) {
+                continue;
+            }
             if !self.handler_ready() {
                 return;
             }
@@ -142,6 +146,10 @@ where
         // The runtime catches a handler's panics itself, with or without a
         // `CatchPanicLayer`: unwound through `Consumer::run`, a panic took the
         // consumer down, and the message, delivered again, took the next one.
+        //
+        // Called and polled with its slot current (the pass made the run's
+        // turns current), so that a `PublishService` takes its key's turn.
+        set_current_slot(slot);
         let (handler, slots) = (&mut self.handler, &mut self.slots);
         let started = catch_unwind(AssertUnwindSafe(|| {
             let future = handler.call(message);
@@ -149,7 +157,11 @@ where
         }));
         match started {
             Ok(Poll::Ready(output)) => self.finish(slot, output),
-            Ok(Poll::Pending) => self.hold_lane(slot),
+            Ok(Poll::Pending) => {
+                // Its outputs may be sent already (the lane goes on now).
+                self.take_released();
+                self.hold_lane(slot);
+            }
             Err(panic) => {
                 self.slots.recover(slot);
                 self.panicked(slot, &panic);
@@ -181,10 +193,35 @@ where
 
     /// Makes a delivery that started on the fast path hold its lane, now that
     /// it will keep running (or run again). Its lane is free: nothing else
-    /// ran in between.
+    /// ran in between, unless the delivery handed it on (its outputs were
+    /// sent), and then it takes it no more.
     pub(super) fn hold_lane(&mut self, slot: SlotId) {
         let taken = self.lanes.acquire(slot);
         debug_assert!(taken, "a fast-path delivery's lane is free");
+    }
+
+    /// Hands on the lanes of deliveries whose outputs were sent (their
+    /// turns say so): the next delivery of each key may run while they wait
+    /// for their confirmations.
+    #[inline]
+    pub(super) fn take_released(&mut self) {
+        if self.turns.any_released() {
+            self.hand_lanes_on();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn hand_lanes_on(&mut self) {
+        let mut released = std::mem::take(&mut self.released);
+        self.turns.take_released(&mut released);
+        for slot in released.drain(..) {
+            if let Some(next) = self.lanes.release_early(slot) {
+                self.slots.get_mut(next).state = SlotState::Ready;
+                self.ready.push_back(next);
+            }
+        }
+        self.released = released;
     }
 
     /// Polls the running handlers that were woken, and completes those that
@@ -202,5 +239,6 @@ where
             }
         }
         self.finished = finished;
+        self.take_released();
     }
 }

@@ -46,6 +46,19 @@ where
             // Handlers read it: a retry due before it still runs.
             self.token.begin_drain(deadline);
         }
+        // Deliveries waiting to be dispatched again do not start any more:
+        // their key turns end now, unfinished, so the later deliveries of
+        // their keys stop waiting for them (they fail as interrupted)
+        // instead of holding the drain until its deadline.
+        for &slot in self
+            .ready
+            .iter()
+            .chain(self.held.iter().map(|(slot, _)| slot))
+        {
+            if self.turns.is_live(slot) {
+                self.turns.end(slot, false);
+            }
+        }
     }
 
     /// Whether the run is over: it is stopping, and what it waits for is done
@@ -96,6 +109,7 @@ where
             self.free_slot(slot);
         }
         self.ready.clear();
+        self.held.clear();
         let commit = self.final_commit(until).await;
         // Revocations still pending end with the run: what they held was
         // part of the final commit.
