@@ -38,6 +38,10 @@ pub struct PartitionSnapshot {
     /// How long the oldest unfinished message has been unfinished (at the
     /// resolution of the commit interval).
     pub oldest_unfinished_age: Option<Duration>,
+    /// Paused through [`ConsumerControl`](crate::consumer::ConsumerControl):
+    /// it holds its position and starts nothing, and health calls it paused
+    /// rather than stalled.
+    pub paused: bool,
 }
 
 /// Receives the runtime's state for metrics. Every method has a no-op default.

@@ -4,7 +4,9 @@
 //! `GET /health/live` and `GET /health/ready` answer `200 OK` or `503
 //! Service Unavailable`, with one line per route saying what is wrong;
 //! `GET /metrics` (with the `metrics` feature and a registry) answers the
-//! prometheus text format. Anything else is `404`.
+//! prometheus text format. With the `console` feature and
+//! [`HealthService::with_console`], paths under `/console/api/v1/` answer
+//! the operator console's JSON (`docs/CONSOLE.md`). Anything else is `404`.
 //!
 //! ```
 //! use intake_core::app::{Health, HealthService};
@@ -46,6 +48,8 @@ pub struct HealthService {
     health: Health,
     #[cfg(feature = "metrics")]
     registry: Option<prometheus::Registry>,
+    #[cfg(feature = "console")]
+    console: Option<super::Console>,
 }
 
 impl HealthService {
@@ -55,7 +59,49 @@ impl HealthService {
             health,
             #[cfg(feature = "metrics")]
             registry: None,
+            #[cfg(feature = "console")]
+            console: None,
         }
+    }
+
+    /// Also answers the console's API under `/console/api/v1/` (feature
+    /// `console`; see `docs/CONSOLE.md`).
+    #[cfg(feature = "console")]
+    pub fn with_console(mut self, console: super::Console) -> Self {
+        self.console = Some(console);
+        self
+    }
+
+    /// The answer to `request`: [`respond`](Self::respond) to its method
+    /// and path, or the console's answer for a path under `/console/`
+    /// (which reads the query and, for a mutating route, the headers).
+    pub fn respond_to<B>(&self, request: &Request<B>) -> Response<String> {
+        #[cfg(feature = "console")]
+        if let Some(console) = &self.console
+            && (request.uri().path().starts_with("/console/") || request.uri().path() == "/console")
+        {
+            return console.respond(request);
+        }
+        self.respond(request.method(), request.uri().path())
+    }
+
+    /// The answer to `request` with its body read (the listener reads at
+    /// most 64 KiB, within its header read timeout), from the peer at `peer` if known: what
+    /// [`respond_to`](Self::respond_to) answers, and the console's
+    /// dead-letter routes, which read a store and take a JSON body.
+    pub async fn respond_with_body(
+        &self,
+        request: Request<bytes::Bytes>,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Response<String> {
+        #[cfg(feature = "console")]
+        if let Some(console) = &self.console
+            && request.uri().path().starts_with("/console/")
+        {
+            return console.respond_with_body(&request, peer).await;
+        }
+        let _ = peer;
+        self.respond_to(&request)
     }
 
     /// Also answers `GET /metrics` with what `registry` holds (the one the
@@ -133,7 +179,7 @@ impl<B> tower::Service<Request<B>> for HealthService {
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        ready(Ok(self.respond(request.method(), request.uri().path())))
+        ready(Ok(self.respond_to(&request)))
     }
 }
 
@@ -157,6 +203,9 @@ impl<B> tower::Service<Request<B>> for HealthService {
 ///   few seconds gains nothing from it), and the whole exchange, reading the
 ///   request and writing the answer to a client that may not read it, ends
 ///   within [`request_timeout`](Self::request_timeout) (default 10 s).
+/// - A request's body (the console's POSTs) is at most 64 KiB (`413 Payload
+///   Too Large` beyond, unread) and must arrive within the header read
+///   timeout too (`408 Request Timeout`).
 #[cfg(feature = "health-server")]
 #[derive(Debug)]
 pub struct HealthListener {
@@ -165,6 +214,11 @@ pub struct HealthListener {
     header_read_timeout: std::time::Duration,
     request_timeout: std::time::Duration,
 }
+
+/// The most bytes of a request body the [`HealthListener`] reads: a
+/// longer one is answered `413 Payload Too Large` unread.
+#[cfg(feature = "health-server")]
+const MAX_BODY: usize = 64 * 1024;
 
 /// The default of [`HealthListener::max_connections`].
 #[cfg(feature = "health-server")]
@@ -242,8 +296,8 @@ impl HealthListener {
                 () = shutdown.cancelled() => break,
                 accepted = self.listener.accept() => accepted,
             };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match accepted {
+                Ok((stream, peer)) => (stream, peer),
                 Err(error) => {
                     // A full file table, say: the next accept may work.
                     tracing::warn!(%error, "accepting a health connection failed");
@@ -266,11 +320,18 @@ impl HealthListener {
             }
             let service = service.clone();
             let shutdown = shutdown.clone();
+            let body_timeout = self.header_read_timeout;
             let connection = builder.serve_connection(
                 TokioIo::new(stream),
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let response = service.respond(request.method(), request.uri().path());
-                    ready(Ok::<_, Infallible>(response))
+                    let service = service.clone();
+                    async move {
+                        let response = match read_body(request, body_timeout).await {
+                            Ok(request) => service.respond_with_body(request, Some(peer)).await,
+                            Err(status) => text(status, format!("{status}\n")),
+                        };
+                        Ok::<_, Infallible>(response)
+                    }
                 }),
             );
             let request_timeout = self.request_timeout;
@@ -291,4 +352,44 @@ impl HealthListener {
         }
         connections.shutdown().await;
     }
+}
+
+/// `request` with its body read: at most [`MAX_BODY`] bytes (`413`
+/// beyond, said by `Content-Length` or found while reading), within
+/// `timeout` (`408`).
+#[cfg(feature = "health-server")]
+async fn read_body(
+    request: Request<hyper::body::Incoming>,
+    timeout: std::time::Duration,
+) -> Result<Request<bytes::Bytes>, StatusCode> {
+    use hyper::body::Body as _;
+
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok())
+        .and_then(|length| length.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY as u64) {
+        return Err(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    let (parts, mut body) = request.into_parts();
+    let reading = async {
+        let mut read = Vec::new();
+        while let Some(frame) =
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+        {
+            let frame = frame.map_err(|_| StatusCode::BAD_REQUEST)?;
+            if let Ok(data) = frame.into_data() {
+                if read.len() + data.len() > MAX_BODY {
+                    return Err(StatusCode::PAYLOAD_TOO_LARGE);
+                }
+                read.extend_from_slice(&data);
+            }
+        }
+        Ok(bytes::Bytes::from(read))
+    };
+    let body = tokio::time::timeout(timeout, reading)
+        .await
+        .map_err(|_| StatusCode::REQUEST_TIMEOUT)??;
+    Ok(Request::from_parts(parts, body))
 }

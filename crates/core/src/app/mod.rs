@@ -61,6 +61,9 @@
 //! # }
 //! ```
 
+#[cfg(feature = "console")]
+mod console;
+mod control;
 mod health;
 #[cfg(feature = "health")]
 mod http;
@@ -82,6 +85,13 @@ use crate::handler::{Handler, HandlerFn, Settles, handler_fn_with_state};
 use crate::message::Message;
 use crate::source::Source;
 
+#[cfg(feature = "console")]
+pub use console::{
+    AUDIT_TARGET, AuditEntry, Console, ConsoleSettings, ConsoleToken, DEFAULT_REPLAY_RATE,
+    INSTANCE_ENV, Liveness, MAX_LETTERS, MAX_PAGE, MAX_SAMPLES, MAX_SET, MIN_TOKEN_LEN,
+    PartitionPage, PartitionView, Redaction, RedactionFn, RouteView, RunState, Sample, TOKEN_ENV,
+};
+pub use control::AppControl;
 pub use health::{Health, HealthReport, HealthSettings, PartHealth, Problem};
 #[cfg(feature = "health-server")]
 pub use http::HealthListener;
@@ -134,6 +144,7 @@ pub struct App<S = ()> {
     startup: Vec<Hook>,
     shutdown: Vec<Hook>,
     background: Vec<Background>,
+    control: AppControl,
 }
 
 impl Default for App<()> {
@@ -179,7 +190,15 @@ impl<S> App<S> {
             startup: Vec::new(),
             shutdown: Vec::new(),
             background: Vec::new(),
+            control: AppControl::default(),
         }
+    }
+
+    /// Pauses and resumes the routes' partitions while the app runs: each
+    /// route's [`ConsumerControl`](crate::consumer::ConsumerControl) by
+    /// name, those of routes added later too.
+    pub fn control(&self) -> AppControl {
+        self.control.clone()
     }
 
     /// The state the app's handler fns share.
@@ -219,8 +238,10 @@ impl<S> App<S> {
         H::Error: Into<HandlerError> + Send + 'static,
         H::Future: Send + 'static,
     {
+        let name = name.into();
+        self.control.insert(name.clone(), consumer.control());
         self.routes.push(Route {
-            name: name.into(),
+            name,
             start: Box::new(move |start: RouteStart| {
                 // `()` is the only answer that settles (`Settles` is sealed):
                 // nothing is dropped here.
@@ -259,6 +280,18 @@ impl<S> App<S> {
     pub fn health(mut self, health: Health) -> Self {
         self.health = Some(health);
         self
+    }
+
+    /// Shows the routes in `console` (feature `console`): the app reports
+    /// to the console's [`Health`] (in place of one given to
+    /// [`health`](Self::health)), and the console's sampler runs beside the
+    /// routes as a [background](Self::background) task. Serve it with
+    /// [`HealthService::with_console`].
+    #[cfg(feature = "console")]
+    pub fn console(mut self, console: Console) -> Self {
+        self.health = Some(console.health().clone());
+        console.attach_control(self.control.clone());
+        self.background("console history", move |stop| console.sample_until(stop))
     }
 
     /// How long the routes' handlers get to finish once a stop begins: the

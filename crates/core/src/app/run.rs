@@ -59,6 +59,7 @@ impl<S> App<S> {
             startup,
             shutdown,
             background,
+            control: _,
         } = self;
         run_startup_hooks(startup, &mut trigger.first).await?;
 

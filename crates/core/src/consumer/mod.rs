@@ -40,6 +40,7 @@
 
 mod ack_loop;
 mod byte_budget;
+mod control;
 mod dispatcher;
 mod gate;
 mod lanes;
@@ -49,6 +50,7 @@ pub(crate) mod settings;
 mod shared_budget;
 mod shutdown;
 mod slots;
+pub(crate) mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +65,7 @@ use crate::message::Message;
 use crate::observer::ConsumerObserver;
 use crate::source::Source;
 
+pub use control::ConsumerControl;
 pub use report::{RunError, RunReport, SourceClose, Unfinished};
 #[cfg(feature = "serde")]
 pub use settings::ConsumerSettings;
@@ -70,6 +73,14 @@ pub use shared_budget::{MAX_SHARED_BYTES, MAX_SHARED_MESSAGES, SharedBudget};
 pub use shutdown::Shutdown;
 
 /// Which deliveries may run at the same time.
+///
+/// In `Partition` and `Key` order a delivery whose handler publishes through
+/// [`PublishLayer`](crate::publish::PublishLayer) hands its partition or key
+/// on once its handler returned and its outputs are sent, not when they are
+/// confirmed: the next delivery's handler runs while the confirmations are
+/// awaited, the outputs still reach the broker in delivery order, and each
+/// delivery is acknowledged only once its outputs and those of the earlier
+/// deliveries of its key are confirmed (`docs/PUBLISHING.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeliveryOrder {
     /// One at a time per partition, in partition order (Kafka's own
@@ -103,6 +114,9 @@ pub(crate) struct Settings {
     /// Where `DeliveryOrder::Key` finds a message's key; `None`: the
     /// broker's key field.
     pub(crate) key_with: Option<KeyFn>,
+    /// Pauses and resumes from [`ConsumerControl`]: each built consumer
+    /// gets its own.
+    pub(crate) control: Arc<control::Shared>,
 }
 
 /// A function that finds a message's ordering key (see
@@ -161,6 +175,7 @@ impl Default for ConsumerBuilder {
                 observer: None,
                 shared_budget: None,
                 key_with: None,
+                control: Arc::default(),
             },
         }
     }
@@ -420,11 +435,13 @@ impl ConsumerBuilder {
         H::Future: Send + 'static,
     {
         self.validate()?;
+        let mut settings = self.settings;
+        settings.control = Arc::default();
         Ok(Consumer {
             source,
             acker,
             handler,
-            settings: self.settings,
+            settings,
         })
     }
 }
@@ -460,6 +477,14 @@ impl Consumer<(), (), ()> {
 }
 
 impl<S, A, H> Consumer<S, A, H> {
+    /// Pauses and resumes this consumer's partitions, before and while it
+    /// runs (see [`ConsumerControl`]).
+    pub fn control(&self) -> ConsumerControl {
+        ConsumerControl {
+            shared: self.settings.control.clone(),
+        }
+    }
+
     /// The same consumer around another handler made from this one's (an
     /// [`App`](crate::app::App) route settles its handler's answer so).
     pub(crate) fn map_handler<H2>(self, map: impl FnOnce(H) -> H2) -> Consumer<S, A, H2> {

@@ -272,6 +272,7 @@ fn snapshot(partition: u32, uncommitted: usize, age: Option<Duration>) -> Partit
             oldest_unfinished: Some(Position::Offset(11)),
         },
         oldest_unfinished_age: age,
+        paused: false,
     }
 }
 

@@ -40,14 +40,14 @@ mod problem;
 mod route;
 mod settings;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use self::check::Check;
 pub use self::check::PartHealth;
 pub use self::problem::{HealthReport, Problem};
-use self::route::{RouteHealth, RouteState};
+use self::route::RouteHealth;
+pub(in crate::app) use self::route::RouteState;
 pub use self::settings::HealthSettings;
 use crate::observer::ConsumerObserver;
 
@@ -151,25 +151,39 @@ impl Health {
         inner: Option<Arc<dyn ConsumerObserver>>,
     ) -> Arc<dyn ConsumerObserver> {
         let route = Arc::new(RouteHealth {
-            state: Mutex::new(RouteState {
-                started_at: None,
-                stopping: false,
-                ended: false,
-                assigned: false,
-                assignment_changed_at: None,
-                ack_failing: false,
-                ack_failing_since: None,
-                source_failing: false,
-                unreachable_since: None,
-                backing_off_since: None,
-                backoff_level: 0,
-                starved_since: None,
-                partitions: HashMap::new(),
-            }),
+            state: Mutex::new(RouteState::default()),
             inner,
         });
         lock(&self.inner.routes).push((name.into(), route.clone()));
         route
+    }
+
+    /// What `f` makes of each route's state (by name, in the order
+    /// added), each read under its lock: for the console.
+    #[cfg(feature = "console")]
+    pub(in crate::app) fn map_routes<R>(
+        &self,
+        mut f: impl FnMut(&str, &RouteState) -> R,
+    ) -> Vec<R> {
+        lock(&self.inner.routes)
+            .iter()
+            .map(|(name, route)| f(name, &lock(&route.state)))
+            .collect()
+    }
+
+    /// What `f` makes of route `name`'s state, if it has one.
+    #[cfg(feature = "console")]
+    pub(in crate::app) fn with_route<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&RouteState) -> R,
+    ) -> Option<R> {
+        let route = lock(&self.inner.routes)
+            .iter()
+            .find(|(route, _)| route == name)
+            .map(|(_, route)| route.clone())?;
+        let state = lock(&route.state);
+        Some(f(&state))
     }
 
     fn each_route(&self, mut f: impl FnMut(&mut RouteState)) {
@@ -301,12 +315,9 @@ impl Health {
                 .partitions
                 .iter()
                 .filter_map(|(partition, progress)| {
-                    let since = now.saturating_duration_since(progress.last_progress);
-                    let oldest_waits = progress.oldest_since.is_some_and(|at| {
-                        now.saturating_duration_since(at) >= settings.stall_window
-                    });
-                    (progress.uncommitted > 0 && since >= settings.stall_window && oldest_waits)
-                        .then(|| Problem::Stalled {
+                    progress
+                        .stalled_for(now, settings.stall_window)
+                        .map(|since| Problem::Stalled {
                             partition: partition.clone(),
                             since,
                         })

@@ -64,21 +64,37 @@ impl std::fmt::Display for Problem {
             Problem::AcksFailing => f.write_str("acknowledgements failing"),
             Problem::SourceFailing => f.write_str("fetching failing"),
             Problem::Unreachable { since } => {
-                write!(f, "broker unreachable for {since:?}")
+                write!(f, "broker unreachable for {}", Elapsed(*since))
             }
             Problem::BackingOff { since } => {
-                write!(f, "backing off for {since:?}")
+                write!(f, "backing off for {}", Elapsed(*since))
             }
             Problem::Starved { since } => {
-                write!(f, "no room in the shared budget for {since:?}")
+                write!(f, "no room in the shared budget for {}", Elapsed(*since))
             }
             Problem::CommitsFailing { since } => {
-                write!(f, "commits failing for {since:?}")
+                write!(f, "commits failing for {}", Elapsed(*since))
             }
             Problem::Part { reason } => f.write_str(reason),
             Problem::Stalled { partition, since } => {
-                write!(f, "partition {partition} stalled for {since:?}")
+                write!(f, "partition {partition} stalled for {}", Elapsed(*since))
             }
+        }
+    }
+}
+
+/// A duration as an operator reads it in a probe's body or the console:
+/// tenths of a second below a minute (`1.3 s`), whole seconds above
+/// (`4 min 05 s`, `2 h 03 min`), not `Duration`'s `1.2777041s`.
+struct Elapsed(Duration);
+
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let seconds = self.0.as_secs();
+        match seconds {
+            0..60 => write!(f, "{:.1} s", self.0.as_secs_f64()),
+            60..3600 => write!(f, "{} min {:02} s", seconds / 60, seconds % 60),
+            _ => write!(f, "{} h {:02} min", seconds / 3600, seconds % 3600 / 60),
         }
     }
 }
@@ -108,5 +124,30 @@ impl std::fmt::Display for HealthReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Elapsed;
+
+    #[test]
+    fn elapsed_time_reads_as_an_operator_would_say_it() {
+        let said = |duration| Elapsed(duration).to_string();
+        assert_eq!(said(Duration::ZERO), "0.0 s");
+        assert_eq!(said(Duration::from_micros(1_277_704)), "1.3 s");
+        assert_eq!(said(Duration::from_millis(59_940)), "59.9 s");
+        assert_eq!(said(Duration::from_secs(60)), "1 min 00 s");
+        assert_eq!(said(Duration::from_secs(245)), "4 min 05 s");
+        assert_eq!(
+            said(Duration::from_secs(2 * 3600 + 3 * 60 + 59)),
+            "2 h 03 min"
+        );
+        assert_eq!(
+            said(Duration::MAX),
+            format!("{} h {:02} min", u64::MAX / 3600, u64::MAX % 3600 / 60)
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::lock;
-use crate::acker::{AckBatch, AckError};
+use crate::acker::{AckBatch, AckError, PartitionAck};
 use crate::message::{PartitionKey, Position};
 use crate::observer::{ConsumerObserver, PartitionSnapshot};
 use crate::source::SourceError;
@@ -18,39 +18,126 @@ pub(crate) struct RouteHealth {
     pub(super) inner: Option<Arc<dyn ConsumerObserver>>,
 }
 
-#[derive(Debug)]
-pub(super) struct RouteState {
-    pub(super) started_at: Option<Instant>,
-    pub(super) stopping: bool,
-    pub(super) ended: bool,
-    pub(super) assigned: bool,
-    pub(super) assignment_changed_at: Option<Instant>,
-    pub(super) ack_failing: bool,
+// Read by the console (`app::console`) too, which shows what health keeps.
+#[derive(Debug, Default)]
+pub(in crate::app) struct RouteState {
+    pub(in crate::app) started_at: Option<Instant>,
+    pub(in crate::app) stopping: bool,
+    pub(in crate::app) ended: bool,
+    pub(in crate::app) assigned: bool,
+    pub(in crate::app) assignment_changed_at: Option<Instant>,
+    pub(in crate::app) ack_failing: bool,
     /// Since when every acknowledgement has failed (the first failure
     /// after the last success).
-    pub(super) ack_failing_since: Option<Instant>,
-    pub(super) source_failing: bool,
+    pub(in crate::app) ack_failing_since: Option<Instant>,
+    pub(in crate::app) source_failing: bool,
     /// Since when the source has not reached its broker, at the last tick.
-    pub(super) unreachable_since: Option<Instant>,
+    pub(in crate::app) unreachable_since: Option<Instant>,
     /// Since when the consumer has been backing off without a successful
     /// probe, at the last tick.
-    pub(super) backing_off_since: Option<Instant>,
+    pub(in crate::app) backing_off_since: Option<Instant>,
     /// The backoff level at the last tick.
-    pub(super) backoff_level: u32,
+    pub(in crate::app) backoff_level: u32,
     /// Since when the route has asked its shared budget for room and got
     /// none, as the runtime last reported.
-    pub(super) starved_since: Option<Instant>,
-    pub(super) partitions: HashMap<PartitionKey, PartitionWatch>,
+    pub(in crate::app) starved_since: Option<Instant>,
+    /// Deliveries held (queued or running) at the last tick.
+    pub(in crate::app) in_flight: usize,
+    /// When an acknowledgement last succeeded.
+    pub(in crate::app) last_commit_at: Option<Instant>,
+    /// Messages committed so far, as far as the acknowledgements tell (see
+    /// [`committed_count`]); the console's throughput.
+    pub(in crate::app) committed_messages: u64,
+    pub(in crate::app) partitions: HashMap<PartitionKey, PartitionWatch>,
+    /// Each partition's commits, until it is revoked.
+    pub(in crate::app) commits: HashMap<PartitionKey, CommitWatch>,
 }
 
 #[derive(Debug)]
-pub(super) struct PartitionWatch {
-    pub(super) watermark: Option<Position>,
-    pub(super) uncommitted: usize,
-    pub(super) last_progress: Instant,
+pub(in crate::app) struct PartitionWatch {
+    pub(in crate::app) watermark: Option<Position>,
+    pub(in crate::app) uncommitted: usize,
+    pub(in crate::app) last_progress: Instant,
     /// When the oldest unfinished message became unfinished, as far as the
     /// last tick could tell.
-    pub(super) oldest_since: Option<Instant>,
+    pub(in crate::app) oldest_since: Option<Instant>,
+    /// The newest position admitted, at the last tick.
+    pub(in crate::app) newest: Option<Position>,
+    /// Admitted messages whose handler has not finished, at the last tick.
+    pub(in crate::app) in_flight: usize,
+    /// The oldest unfinished message's position, at the last tick.
+    pub(in crate::app) oldest_unfinished: Option<Position>,
+    /// When the partition was first seen assigned (at a tick).
+    #[cfg_attr(not(feature = "console"), allow(dead_code))]
+    pub(in crate::app) assigned_at: Instant,
+    /// Paused through the consumer's control, at the last tick: it holds
+    /// its work on purpose, and never stalls.
+    pub(in crate::app) paused: bool,
+}
+
+/// A partition's commits, kept apart from its [`PartitionWatch`]: an
+/// acknowledgement can come before the first tick that shows the
+/// partition.
+#[derive(Debug, Default)]
+pub(in crate::app) struct CommitWatch {
+    /// The watermark the broker last confirmed.
+    pub(in crate::app) committed: Option<Position>,
+    /// When an acknowledgement carrying work of this partition last
+    /// succeeded.
+    pub(in crate::app) committed_at: Option<Instant>,
+    /// Where counting committed messages goes on from: the last committed
+    /// watermark, or, before the first commit, the position before the
+    /// first unfinished message a tick saw; `None` until either is known.
+    pub(in crate::app) counted_from: Option<Position>,
+}
+
+impl PartitionWatch {
+    /// How long the partition has stalled at `now`, if it has for
+    /// `window`: uncommitted work, a watermark that has not moved for the
+    /// window, and an oldest unfinished message older than the window.
+    /// A paused partition holds its work on purpose: it never stalls.
+    pub(in crate::app) fn stalled_for(&self, now: Instant, window: Duration) -> Option<Duration> {
+        if self.paused {
+            return None;
+        }
+        let since = now.saturating_duration_since(self.last_progress);
+        let oldest_waits = self
+            .oldest_since
+            .is_some_and(|at| now.saturating_duration_since(at) >= window);
+        (self.uncommitted > 0 && since >= window && oldest_waits).then_some(since)
+    }
+}
+
+/// The position before `position`, where positions are numbered (a Kafka
+/// or memory offset, an AMQP tag).
+fn before(position: Position) -> Option<Position> {
+    match position {
+        Position::Offset(offset) => offset.checked_sub(1).map(Position::Offset),
+        Position::Tag(tag) => tag.checked_sub(1).map(Position::Tag),
+        Position::StreamId { .. } => None,
+    }
+}
+
+/// How many messages a successful acknowledgement of `ack` committed:
+/// its completed positions where the acker takes ids, else how far the
+/// watermark moved past `from` where positions are numbered. With `from`
+/// unknown (the first commit of a partition whose messages were all done
+/// before a tick saw one unfinished) it counts the one message the
+/// watermark names, which under-counts a first commit that carried more.
+pub(in crate::app) fn committed_count(from: Option<Position>, ack: &PartitionAck) -> u64 {
+    if !ack.completed.is_empty() {
+        return u64::try_from(ack.completed.len()).unwrap_or(u64::MAX);
+    }
+    match (from, ack.watermark) {
+        (Some(Position::Offset(from)), Some(Position::Offset(to))) if to > from => {
+            to.abs_diff(from)
+        }
+        (Some(Position::Tag(from)), Some(Position::Tag(to))) if to > from => to - from,
+        // An AMQP channel numbers its deliveries from 1.
+        (None, Some(Position::Tag(to))) => to,
+        (None, Some(_)) => 1,
+        _ => 0,
+    }
 }
 
 impl std::fmt::Debug for RouteHealth {
@@ -84,6 +171,14 @@ impl ConsumerObserver for RouteHealth {
                     progress.watermark = stats.watermark;
                     progress.uncommitted = stats.uncommitted;
                     progress.oldest_since = oldest_since;
+                    progress.newest = stats.newest;
+                    progress.in_flight = stats.in_flight;
+                    progress.oldest_unfinished = stats.oldest_unfinished;
+                    if progress.paused && !snapshot.paused {
+                        // Held while paused: the stall window starts over.
+                        progress.last_progress = now;
+                    }
+                    progress.paused = snapshot.paused;
                 }
                 None => {
                     changed = true;
@@ -94,8 +189,30 @@ impl ConsumerObserver for RouteHealth {
                             uncommitted: stats.uncommitted,
                             last_progress: now,
                             oldest_since,
+                            newest: stats.newest,
+                            in_flight: stats.in_flight,
+                            oldest_unfinished: stats.oldest_unfinished,
+                            assigned_at: now,
+                            paused: snapshot.paused,
                         },
                     );
+                }
+            }
+            // The key is cloned only for a partition new to the map, not
+            // at every tick.
+            let start = stats.oldest_unfinished.and_then(before);
+            match state.commits.get_mut(&stats.partition) {
+                Some(commits) => {
+                    if commits.counted_from.is_none() {
+                        commits.counted_from = start;
+                    }
+                }
+                None => {
+                    let commits = CommitWatch {
+                        counted_from: start,
+                        ..CommitWatch::default()
+                    };
+                    state.commits.insert(stats.partition.clone(), commits);
                 }
             }
         }
@@ -111,18 +228,43 @@ impl ConsumerObserver for RouteHealth {
         if let Some(inner) = &self.inner {
             inner.on_in_flight(in_flight);
         }
+        lock(&self.state).in_flight = in_flight;
     }
 
     fn on_ack(&self, batch: &AckBatch, result: Result<(), &AckError>, elapsed: Duration) {
         if let Some(inner) = &self.inner {
             inner.on_ack(batch, result, elapsed);
         }
-        let mut state = lock(&self.state);
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
         state.ack_failing = result.is_err();
         if result.is_ok() {
             // Acknowledging needs the broker: it answers again.
             state.source_failing = false;
             state.ack_failing_since = None;
+            let now = Instant::now();
+            state.last_commit_at = Some(now);
+            for ack in &batch.partitions {
+                let known = state.commits.get_mut(&ack.partition);
+                let from = known.as_ref().and_then(|commits| commits.counted_from);
+                let count = committed_count(from, ack);
+                let committed = |commits: &mut CommitWatch| {
+                    commits.committed_at = Some(now);
+                    if ack.watermark.is_some() {
+                        commits.committed = ack.watermark;
+                        commits.counted_from = ack.watermark;
+                    }
+                };
+                match known {
+                    Some(commits) => committed(commits),
+                    None => {
+                        let mut commits = CommitWatch::default();
+                        committed(&mut commits);
+                        state.commits.insert(ack.partition.clone(), commits);
+                    }
+                }
+                state.committed_messages = state.committed_messages.saturating_add(count);
+            }
         } else if state.ack_failing_since.is_none() {
             state.ack_failing_since = Some(Instant::now());
         }
@@ -134,6 +276,7 @@ impl ConsumerObserver for RouteHealth {
         }
         let mut state = lock(&self.state);
         state.partitions.remove(partition);
+        state.commits.remove(partition);
         state.assignment_changed_at = Some(Instant::now());
     }
 
@@ -187,5 +330,48 @@ impl ConsumerObserver for RouteHealth {
             state.backing_off_since = Some(Instant::now());
         }
         state.backoff_level = level;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(watermark: Option<Position>, completed: Vec<Position>) -> PartitionAck {
+        let mut ack = PartitionAck::new(PartitionKey::new("orders", 0));
+        ack.watermark = watermark;
+        ack.completed = completed;
+        ack
+    }
+
+    #[test]
+    fn a_commit_counts_its_ids_or_how_far_a_numbered_watermark_moved() {
+        let offset = |offset| Some(Position::Offset(offset));
+        let id = |ms| Position::StreamId { ms, seq: 0 };
+        assert_eq!(committed_count(offset(4), &ack(offset(9), Vec::new())), 5);
+        assert_eq!(committed_count(offset(9), &ack(offset(9), Vec::new())), 0);
+        assert_eq!(committed_count(offset(9), &ack(None, Vec::new())), 0);
+        assert_eq!(
+            committed_count(None, &ack(Some(id(3)), vec![id(1), id(3), id(2)])),
+            3
+        );
+        assert_eq!(
+            committed_count(
+                Some(Position::Tag(2)),
+                &ack(Some(Position::Tag(7)), Vec::new())
+            ),
+            5
+        );
+        assert_eq!(
+            committed_count(None, &ack(Some(Position::Tag(7)), Vec::new())),
+            7
+        );
+        // Unknown start: the message the watermark names, at least.
+        assert_eq!(committed_count(None, &ack(offset(41), Vec::new())), 1);
+        // A watermark that went back (a reset) counts nothing.
+        assert_eq!(committed_count(offset(9), &ack(offset(3), Vec::new())), 0);
+        assert_eq!(before(Position::Offset(0)), Some(Position::Offset(-1)));
+        assert_eq!(before(Position::Offset(i64::MIN)), None);
+        assert_eq!(before(id(5)), None);
     }
 }

@@ -5,11 +5,12 @@
 use tower::Service;
 
 use super::Dispatcher;
+use crate::commit_engine::{PartitionId, Ticket};
 use crate::consumer::DeliveryOrder;
 use crate::consumer::lanes::LaneId;
-use crate::consumer::slots::SlotState;
+use crate::consumer::slots::{SlotId, SlotState};
 use crate::error::HandlerError;
-use crate::message::{Message, PartitionKey};
+use crate::message::{Message, PartitionKey, Position};
 use crate::shutdown_scope;
 
 impl<H> Dispatcher<H>
@@ -31,10 +32,12 @@ where
             self.admit_waiting();
             return;
         }
-        let token = self.token.clone();
+        let (token, turns) = (self.token.clone(), self.turns.clone());
         shutdown_scope::with_shutdown(&token, || {
-            self.admit_from(buffer);
-            self.pump();
+            turns.scope(|| {
+                self.admit_from(buffer);
+                self.pump();
+            });
         });
         if !buffer.is_empty() {
             if self.waiting.is_empty() {
@@ -113,7 +116,10 @@ where
     /// shared room.
     fn admit(&mut self, message: Message) -> usize {
         let partition = self.partitions.of(&message);
-        if self.partitions.is_revoking(partition) {
+        if self.partitions.is_held_back(partition) {
+            if !self.partitions.is_revoking(partition) {
+                return self.admit_paused(partition, message);
+            }
             // Fetched after the revocation began: it belongs to the next
             // owner, who will receive it; acknowledging nothing is correct.
             self.report.released_on_revoke += 1;
@@ -140,31 +146,8 @@ where
                  until it finishes"
             );
         }
-        let lane = match self.settings.ordering {
-            DeliveryOrder::Unordered => None,
-            DeliveryOrder::Partition => Some(LaneId::Partition(partition)),
-            DeliveryOrder::Key => {
-                let key = match &self.settings.key_with {
-                    Some(key_with) => key_with(&message),
-                    None => message.key().map(|key| &key[..]),
-                };
-                match key {
-                    Some(key) => Some(self.lanes.key_lane(partition, key)),
-                    None => {
-                        self.without_key(&message);
-                        None
-                    }
-                }
-            }
-        };
-        let bytes = message.byte_size();
-        self.bytes.hold(bytes);
-        let entry = self.slots.get_mut(slot);
-        entry.ticket = Some(ticket);
-        entry.position = Some(position);
-        entry.bytes = bytes;
-        entry.message = Some(message);
-        entry.state = SlotState::Ready;
+        let lane = self.lane_for(partition, &message);
+        let bytes = self.install(slot, ticket, position, message, SlotState::Ready);
         self.lanes.join(slot, lane);
         // The fast path: nothing waits before it and its lane is free, so it
         // starts now. It takes its lane only if its handler does not finish
@@ -180,6 +163,74 @@ where
         }
         self.ready.push_back(slot);
         bytes
+    }
+
+    /// Admits a delivery of a partition paused through the control: it
+    /// takes its slot and its ticket (so the partition's watermark stays
+    /// before it), and is held, without joining its lane, until the
+    /// partition is resumed (`pause.rs`).
+    #[cold]
+    #[inline(never)]
+    fn admit_paused(&mut self, partition: PartitionId, message: Message) -> usize {
+        let Some(slot) = self.slots.acquire() else {
+            self.wait_for_slot(message);
+            return 0;
+        };
+        let position = message.metadata().position();
+        let Some(ticket) = self.partitions.admit(partition, position) else {
+            self.slots.unacquire(slot);
+            self.bytes.untake_shared(message.byte_size());
+            return 0;
+        };
+        self.partitions.slot_held(partition);
+        let bytes = self.install(slot, ticket, position, message, SlotState::Queued);
+        self.held.push((slot, false));
+        bytes
+    }
+
+    /// Holds `message`'s bytes and puts it in `slot` with its ticket, in
+    /// `state`; returns its size.
+    #[inline(always)]
+    fn install(
+        &mut self,
+        slot: SlotId,
+        ticket: Ticket,
+        position: Position,
+        message: Message,
+        state: SlotState,
+    ) -> usize {
+        let bytes = message.byte_size();
+        self.bytes.hold(bytes);
+        let entry = self.slots.get_mut(slot);
+        entry.ticket = Some(ticket);
+        entry.position = Some(position);
+        entry.bytes = bytes;
+        entry.message = Some(message);
+        entry.state = state;
+        bytes
+    }
+
+    /// The lane of a delivery: `admit`'s, and a held delivery's once it
+    /// is resumed.
+    #[inline(always)]
+    pub(super) fn lane_for(&mut self, partition: PartitionId, message: &Message) -> Option<LaneId> {
+        match self.settings.ordering {
+            DeliveryOrder::Unordered => None,
+            DeliveryOrder::Partition => Some(LaneId::Partition(partition)),
+            DeliveryOrder::Key => {
+                let key = match &self.settings.key_with {
+                    Some(key_with) => key_with(message),
+                    None => message.key().map(|key| &key[..]),
+                };
+                match key {
+                    Some(key) => Some(self.lanes.key_lane(partition, key)),
+                    None => {
+                        self.without_key(message);
+                        None
+                    }
+                }
+            }
+        }
     }
 
     /// Keeps a delivery that found no free slot, in order with any others,

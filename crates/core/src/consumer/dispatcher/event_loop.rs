@@ -75,10 +75,14 @@ where
             waker,
         };
         let mut buffer: Vec<Message> = Vec::with_capacity(self.settings.fetch_batch);
+        self.settings.control.attach(self.slots.runtime_waker());
         loop {
             if !buffer.is_empty() {
                 // Leaves it empty: what is not admitted waits for room.
                 self.admit_all(&mut buffer);
+            }
+            if self.settings.control.due() {
+                self.apply_control();
             }
             if self.partitions.pauses_due() {
                 self.hand_pauses_to(source);
@@ -127,6 +131,7 @@ where
                 tokio::task::yield_now().await;
             }
         }
+        self.settings.control.detach();
         // Deliveries fetched but never admitted stay unacknowledged.
         drop(buffer);
         self.failure.take()
@@ -146,8 +151,10 @@ where
         F: Future<Output = E>,
     {
         self.slots.ready_set().register(cx.waker());
-        let token = self.token.clone();
-        shutdown_scope::with_shutdown(&token, || self.poll_inner(cx, fetch, asked, shutdown))
+        let (token, turns) = (self.token.clone(), self.turns.clone());
+        shutdown_scope::with_shutdown(&token, || {
+            turns.scope(|| self.poll_inner(cx, fetch, asked, shutdown))
+        })
     }
 
     fn poll_inner<F, E>(
@@ -207,6 +214,7 @@ where
         // for deliveries is never asked more of: the plan is not even
         // computed then, on the path of every batch.
         if self.partitions.pauses_due()
+            || self.settings.control.due()
             || (!matches!(asked, Plan::Deliveries(_)) && self.fetch_plan().asks_more_than(asked))
         {
             return Poll::Ready(Wake::Budget);

@@ -20,6 +20,8 @@
 //!   partition, kept in step by one type;
 //! - `commits.rs`: the commit tick, the batches for the ack loop, and the
 //!   final commit;
+//! - `pause.rs`: partitions paused through the control, their held
+//!   deliveries, and the commands taken at each pass;
 //! - `revocation.rs`: draining, committing and releasing revoked partitions;
 //! - `stop.rs`: stopping, draining, and the wind-down that ends a run;
 //! - `timer.rs`: the one timer that wakes the run when something is due.
@@ -31,6 +33,7 @@ mod dispatch;
 mod event_loop;
 mod fetch;
 mod partitions;
+mod pause;
 mod revocation;
 mod stop;
 mod timer;
@@ -51,6 +54,7 @@ use super::lanes::Lanes;
 use super::report::{RunError, RunReport, SourceClose};
 use super::shutdown::Shutdown;
 use super::slots::{Caught, SlotId, Slots};
+use super::turns::KeyTurns;
 use crate::acker::Acker;
 use crate::commit_engine::CommitEngine;
 use crate::error::{HandlerError, chain_for_log};
@@ -195,6 +199,11 @@ struct Dispatcher<H: Service<Message>> {
     /// The in-flight budget in bytes.
     bytes: ByteBudget,
     lanes: Lanes,
+    /// The turns of keys whose handlers publish: what lets a key's next
+    /// delivery run once the outputs of the one before are sent.
+    turns: Arc<KeyTurns>,
+    /// Slots whose turns handed their lane on, taken from `turns`.
+    released: Vec<SlotId>,
     settings: Settings,
     /// Whether the broker takes a failed message back (the acker supports
     /// requeue); if not, each running delivery keeps a copy of its message
@@ -210,6 +219,10 @@ struct Dispatcher<H: Service<Message>> {
     probe: Option<(SlotId, Instant)>,
     /// Deliveries that hold their lane and wait to start, oldest first.
     ready: VecDeque<SlotId>,
+    /// Deliveries of partitions paused through the control, in the order
+    /// they were held; `true` for those that joined their lane (taken from
+    /// `ready`), `false` for those held at admission (see `pause.rs`).
+    held: Vec<(SlotId, bool)>,
     /// Handler outputs collected from woken slots.
     finished: Vec<(SlotId, Caught<HandlerOutput<H>>)>,
     /// The commit engine and the runtime's entry for each partition.
@@ -286,16 +299,25 @@ where
             settings.shared_budget.as_ref(),
             slots.runtime_waker(),
         );
+        let turns = Arc::new(KeyTurns::new(
+            capacity,
+            settings.ordering,
+            settings.key_with.clone(),
+            slots.runtime_waker().clone(),
+        ));
         Self {
             handler,
             slots,
             lanes: Lanes::with_capacity(capacity),
+            turns,
+            released: Vec::new(),
             bytes,
             requeue,
             delayed_requeue: false,
             gate: BackoffGate::new(settings.backoff.clone()),
             probe: None,
             ready: VecDeque::with_capacity(capacity),
+            held: Vec::new(),
             finished: Vec::with_capacity(capacity),
             partitions: Partitions::new(engine, settings.max_uncommitted, settings.max_in_flight),
             acks,

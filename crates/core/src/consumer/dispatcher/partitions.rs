@@ -49,6 +49,10 @@ struct Entry {
     /// Over its window and still fetched: it stops every partition's
     /// fetching (see the [module docs](self)).
     stalled: bool,
+    /// Paused through [`ConsumerControl`](crate::consumer::ConsumerControl):
+    /// no delivery of it starts, and the source is asked to stop fetching
+    /// it (unless the window paused it already).
+    user_paused: bool,
     /// The oldest unfinished position and since when it has been the oldest.
     oldest: Option<(Position, Instant)>,
 }
@@ -70,6 +74,12 @@ pub(super) struct Partitions {
     stall_at: usize,
     /// Pauses (`true`) and resumes for the source, oldest first.
     pauses: VecDeque<(PartitionKey, bool)>,
+    /// Entries paused through the control (`Entry::user_paused`).
+    user_paused: usize,
+    /// Partitions the control paused, applied when they are assigned.
+    user_pauses: std::collections::BTreeSet<PartitionKey>,
+    /// The control paused every partition.
+    all_paused: bool,
     /// The ids of assigned partitions by source and partition number, so a
     /// delivery finds its partition with a compare and an index, however
     /// the partitions of a fetch interleave. It names assigned partitions
@@ -163,6 +173,9 @@ impl Partitions {
             resume_at: max_uncommitted - max_uncommitted / 4,
             stall_at: max_uncommitted.saturating_add(max_in_flight),
             pauses: VecDeque::new(),
+            user_paused: 0,
+            user_pauses: std::collections::BTreeSet::new(),
+            all_paused: false,
             ids: PartitionIds::default(),
         }
     }
@@ -201,12 +214,19 @@ impl Partitions {
         // run; their tickets are stale now, and `held` keeps counting them
         // until they finish.
         let held = entry.held;
+        if entry.user_paused {
+            self.user_paused -= 1;
+        }
         *entry = Entry {
             held,
             ..Entry::default()
         };
         if let Some(key) = self.engine.key(id) {
             self.ids.set(key, Some(id));
+            if self.all_paused || self.user_pauses.contains(key) {
+                // A pause names the partition, not the assignment.
+                self.apply_user_pause(id, true);
+            }
         }
         id
     }
@@ -223,6 +243,9 @@ impl Partitions {
     /// entry: a revocation completed.
     pub(super) fn revoke(&mut self, id: PartitionId) {
         self.end_window(id);
+        // The source's pause ends with the assignment (`Source::resume`);
+        // the control's stays, for the partition's next assignment.
+        self.apply_user_pause(id, false);
         if let Some(key) = self.engine.key(id) {
             self.ids.set(key, None);
         }
@@ -314,7 +337,9 @@ impl Partitions {
         match self.engine.key(id) {
             Some(key) => {
                 entry.paused = true;
-                self.pauses.push_back((key.clone(), true));
+                if !entry.user_paused {
+                    self.pauses.push_back((key.clone(), true));
+                }
             }
             // Not assigned (its ticket would have been refused): nothing to
             // pause by name, so nothing is fetched until it is back.
@@ -371,9 +396,78 @@ impl Partitions {
             self.stalled -= 1;
         }
         if std::mem::take(&mut entry.paused)
+            && !entry.user_paused
             && let Some(key) = self.engine.key(id)
         {
             self.pauses.push_back((key.clone(), false));
+        }
+    }
+
+    /// Whether no delivery of `id` may start now: it is being revoked, or
+    /// the control paused it (one read on the per-message path for both).
+    #[inline]
+    pub(super) fn is_held_back(&self, id: PartitionId) -> bool {
+        let entry = &self.entries[id.index()];
+        entry.revoking | entry.user_paused
+    }
+
+    /// Whether the control paused `id`.
+    pub(super) fn is_user_paused(&self, id: PartitionId) -> bool {
+        self.entries
+            .get(id.index())
+            .is_some_and(|entry| entry.user_paused)
+    }
+
+    /// Whether the control paused any assigned partition.
+    #[inline]
+    pub(super) fn any_user_paused(&self) -> bool {
+        self.user_paused > 0
+    }
+
+    /// The control pauses (`true`) or resumes `key`, assigned now or later.
+    #[cold]
+    pub(super) fn user_pause(&mut self, key: &PartitionKey, pause: bool) {
+        if pause {
+            self.user_pauses.insert(key.clone());
+        } else {
+            self.user_pauses.remove(key);
+        }
+        if let Some(id) = self.engine.lookup(key) {
+            self.apply_user_pause(id, pause || self.all_paused);
+        }
+    }
+
+    /// The control pauses (`true`) or resumes every partition.
+    #[cold]
+    pub(super) fn user_pause_all(&mut self, pause: bool) {
+        self.all_paused = pause;
+        self.user_pauses.clear();
+        let ids: Vec<PartitionId> = self.engine.assigned().collect();
+        for id in ids {
+            self.apply_user_pause(id, pause);
+        }
+    }
+
+    /// Marks `id` paused by the control or not, and queues the source's
+    /// pause or resume unless its window holds it paused already.
+    #[cold]
+    fn apply_user_pause(&mut self, id: PartitionId, pause: bool) {
+        let Some(entry) = self.entries.get_mut(id.index()) else {
+            return;
+        };
+        if entry.user_paused == pause {
+            return;
+        }
+        entry.user_paused = pause;
+        if pause {
+            self.user_paused += 1;
+        } else {
+            self.user_paused -= 1;
+        }
+        if !entry.paused
+            && let Some(key) = self.engine.key(id)
+        {
+            self.pauses.push_back((key.clone(), pause));
         }
     }
 
@@ -435,6 +529,7 @@ impl Partitions {
             snapshots.push(PartitionSnapshot {
                 stats,
                 oldest_unfinished_age: age,
+                paused: entry.user_paused,
             });
         }
         snapshots

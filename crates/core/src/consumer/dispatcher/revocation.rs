@@ -82,6 +82,14 @@ where
                 .ticket
                 .is_none_or(|ticket| !partitions.contains(&ticket.partition()))
         });
+        // Held for a pause: released as well (the pause itself stays, for
+        // the partition's next assignment).
+        self.held.retain(|&(slot, _)| {
+            slots
+                .get(slot)
+                .ticket
+                .is_none_or(|ticket| !partitions.contains(&ticket.partition()))
+        });
         for &slot in &waiting {
             self.report.released_on_revoke += 1;
             self.free_slot(slot);
