@@ -94,6 +94,7 @@ pub mod dead_letter;
 mod deadline;
 pub mod decode;
 pub mod error;
+pub mod group_control;
 pub mod handler;
 mod interruptible_sleep;
 pub mod lag;

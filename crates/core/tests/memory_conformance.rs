@@ -13,3 +13,4 @@ intake_core::conformance_suite!(backend());
 intake_core::publisher_suite!(backend());
 intake_core::dead_letter_store_suite!(backend());
 intake_core::broker_suite!(backend());
+intake_core::control_suite!(backend());

@@ -145,6 +145,11 @@ pub struct App<S = ()> {
     shutdown: Vec<Hook>,
     background: Vec<Background>,
     control: AppControl,
+    /// The group's control, once given: the console's pause and resume go
+    /// through it.
+    group: Option<crate::group_control::GroupControl>,
+    #[cfg(feature = "console")]
+    console: Option<Console>,
 }
 
 impl Default for App<()> {
@@ -191,6 +196,9 @@ impl<S> App<S> {
             shutdown: Vec::new(),
             background: Vec::new(),
             control: AppControl::default(),
+            group: None,
+            #[cfg(feature = "console")]
+            console: None,
         }
     }
 
@@ -291,7 +299,27 @@ impl<S> App<S> {
     pub fn console(mut self, console: Console) -> Self {
         self.health = Some(console.health().clone());
         console.attach_control(self.control.clone());
+        if let Some(group) = &self.group {
+            console.attach_group(group.clone());
+        }
+        self.console = Some(console.clone());
         self.background("console history", move |stop| console.sample_until(stop))
+    }
+
+    /// Follows the group's commands log beside the routes (a
+    /// [background](Self::background) task): a pause or a resume sent by
+    /// any instance of the group, this one included, reaches this
+    /// instance's routes (see [`GroupControl`](crate::group_control::GroupControl)).
+    /// With a [`Console`] too, the console's pause and resume go through
+    /// the group.
+    pub fn group_control(mut self, group: crate::group_control::GroupControl) -> Self {
+        #[cfg(feature = "console")]
+        if let Some(console) = &self.console {
+            console.attach_group(group.clone());
+        }
+        self.group = Some(group.clone());
+        let routes = self.control.clone();
+        self.background("group control", move |stop| group.apply_until(routes, stop))
     }
 
     /// How long the routes' handlers get to finish once a stop begins: the

@@ -60,6 +60,9 @@ impl<S> App<S> {
             shutdown,
             background,
             control: _,
+            group: _,
+            #[cfg(feature = "console")]
+                console: _,
         } = self;
         run_startup_hooks(startup, &mut trigger.first).await?;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::acker::MemoryAcker;
 use super::assignment::AssignmentStrategy;
 use super::consumer::MemoryConsumerBuilder;
+use super::control_channel::LogState;
 use super::dead_letter::{MemoryDeadLetterSink, dead_letter_topic};
 use super::dead_letter_store::{MemoryDeadLetterStore, MemoryDeadLetters};
 use super::error::MemoryError;
@@ -18,6 +19,7 @@ use super::snapshot::{GroupSnapshot, PartitionState};
 use super::source::MemorySource;
 use super::topic::Topic;
 use crate::dead_letter::DeadLetter;
+use crate::group_control::ControlLog;
 use crate::message::{Message, SourceName};
 
 /// Settings of a [`MemoryBroker`], shared by all its topics and groups.
@@ -70,6 +72,7 @@ impl MemoryBrokerBuilder {
                 topics: Mutex::new(HashMap::new()),
                 parked_copies: Mutex::new(HashSet::new()),
                 parked_waiting: Mutex::new(HashMap::new()),
+                control_logs: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -88,6 +91,8 @@ struct BrokerInner {
     /// given back yet: shared by the group's parkings of the topic and read
     /// by its lag probes.
     parked_waiting: Mutex<HashMap<TopicGroup, Arc<AtomicUsize>>>,
+    /// Each group's control logs (`group_control`).
+    control_logs: Mutex<HashMap<(String, ControlLog), Arc<LogState>>>,
 }
 
 /// An in-process broker with Kafka's model: topics of partitions, consumer
@@ -278,6 +283,16 @@ impl MemoryBroker {
             .unwrap_or_else(PoisonError::into_inner);
         let key = (SourceName::from(topic), Arc::<str>::from(group));
         Arc::clone(waiting.entry(key).or_default())
+    }
+
+    /// Group `group`'s control log `log`, created on first use.
+    pub(super) fn control_log(&self, group: &str, log: ControlLog) -> Arc<LogState> {
+        let mut logs = self
+            .inner
+            .control_logs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(logs.entry((group.to_owned(), log)).or_default())
     }
 
     /// The store of the dead letters of `group` consuming `topic` (the

@@ -4,19 +4,26 @@
 //! Without a partition the whole route is paused or resumed.
 //!
 //! Each passes the mutation guard ([`guard::authorize`]) and is audited
-//! (who, what, on what, how it ended), refused or done. The pause is this
-//! instance's: it reaches the route's consumer here
-//! ([`ConsumerControl`](crate::consumer::ConsumerControl)), not the other
-//! instances of the group.
+//! (who, what, on what, how it ended), refused or done. Without a group
+//! control the pause is this instance's: it reaches the route's consumer
+//! here ([`ConsumerControl`](crate::consumer::ConsumerControl)). With one
+//! ([`App::group_control`](crate::app::App::group_control)) it is sent
+//! through the group's commands log and reaches whichever instance runs the
+//! partition, now and after rebalances; that takes a broker round trip, so
+//! it is answered by [`Console::respond_with_body`] (async), and the
+//! synchronous path answers `501`.
 
 use http::{Method, Request, Response, StatusCode};
 use serde::Serialize;
+
+use std::net::SocketAddr;
 
 use super::api::{self, Refusal};
 use super::audit::AuditEntry;
 use super::view::Now;
 use super::{Console, guard, lock};
 use crate::app::AppControl;
+use crate::group_control::{GroupCommand, GroupControl};
 
 /// Which of the two a path asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +48,8 @@ struct ControlAnswer {
     /// `None`: every partition of the route.
     source: Option<String>,
     partition: Option<u32>,
+    /// `instance`: applied here; `group`: sent to every instance.
+    scope: &'static str,
 }
 
 impl Console {
@@ -49,15 +58,57 @@ impl Console {
     pub(in crate::app) fn attach_control(&self, control: AppControl) {
         *lock(&self.inner.control) = Some(control);
     }
+
+    /// Sends the console's pauses and resumes through the group (see
+    /// [`App::group_control`](crate::app::App::group_control)).
+    pub(in crate::app) fn attach_group(&self, group: GroupControl) {
+        *lock(&self.inner.group) = Some(group);
+    }
+
+    fn group(&self) -> Option<GroupControl> {
+        lock(&self.inner.group).clone()
+    }
 }
 
-/// The answer to `request` if its path is a route's `pause` or `resume`.
+/// The answer to `request` if its path is a route's `pause` or `resume`,
+/// applied on this instance; with a group control, `501` (see
+/// [`answer_with_group`]).
 pub(super) fn answer<B>(
     console: &Console,
     request: &Request<B>,
 ) -> Option<Result<Response<String>, Refusal>> {
     let (route, verb) = parse(request.uri().path())?;
-    Some(route.and_then(|route| act(console, request, &route, verb)))
+    if console.group().is_some() {
+        return Some(Err((
+            StatusCode::NOT_IMPLEMENTED,
+            "with a group control, pause and resume are served by the HealthListener (Console::respond_with_body)",
+        )));
+    }
+    Some(route.and_then(|route| {
+        let action = authorize(console, request, &route, verb, None)?;
+        action.apply_here(console)
+    }))
+}
+
+/// The answer to `request` if its path is a route's `pause` or `resume`
+/// and the console has a group control: the command goes through the
+/// group's log.
+pub(super) async fn answer_with_group<B>(
+    console: &Console,
+    request: &Request<B>,
+    peer: Option<SocketAddr>,
+) -> Option<Result<Response<String>, Refusal>> {
+    let (route, verb) = parse(request.uri().path())?;
+    let group = console.group()?;
+    let route = match route {
+        Ok(route) => route,
+        Err(refusal) => return Some(Err(refusal)),
+    };
+    let action = match authorize(console, request, &route, verb, peer) {
+        Ok(action) => action,
+        Err(refusal) => return Some(Err(refusal)),
+    };
+    Some(action.send(console, &group).await)
 }
 
 /// The route and the verb of a `.../routes/{route}/pause|resume` path.
@@ -77,62 +128,144 @@ fn parse(path: &str) -> Option<(Result<String, Refusal>, Verb)> {
     Some((name, verb))
 }
 
-fn act<B>(
+/// A pause or resume that passed the guard, about to be applied.
+struct Action {
+    route: String,
+    verb: Verb,
+    source: Option<String>,
+    partition: Option<u32>,
+    actor: String,
+}
+
+/// Checks `request` (method, guard, target): the action, or the refusal
+/// (audited).
+fn authorize<B>(
     console: &Console,
     request: &Request<B>,
     route: &str,
     verb: Verb,
-) -> Result<Response<String>, Refusal> {
+    peer: Option<SocketAddr>,
+) -> Result<Action, Refusal> {
     if request.method() != Method::POST {
         return Err((StatusCode::METHOD_NOT_ALLOWED, "pause and resume take POST"));
     }
-    let audit = |actor: &str, target: String, outcome: String| {
-        console.audit(AuditEntry::new(
-            Now::new().unix_now_ms(),
-            actor,
-            verb.name(),
-            target,
-            outcome,
-        ));
+    let who = |who: &str| match peer {
+        Some(peer) => format!("{who} from {peer}"),
+        None => who.to_owned(),
     };
     if let Err(denied) = guard::authorize(console.settings(), request.headers()) {
-        audit(
-            "anonymous",
+        console.audit(AuditEntry::new(
+            Now::new().unix_now_ms(),
+            who("anonymous"),
+            verb.name(),
             format!("route {}", api::capped(route, 256)),
             format!("refused: {}", denied.reason()),
-        );
+        ));
         return Err((denied.status(), denied.reason()));
     }
     let (source, partition) = target(console, route, request.uri().query().unwrap_or(""))?;
-    let control = lock(&console.inner.control)
-        .as_ref()
-        .and_then(|control| control.route(route));
-    let Some(control) = control else {
-        return Err((StatusCode::NOT_FOUND, "no such route (or no app attached)"));
-    };
-    let what = match (&source, partition) {
-        (Some(source), Some(partition)) => {
-            match verb {
-                Verb::Pause => control.pause_partition(source, partition),
-                Verb::Resume => control.resume_partition(source, partition),
-            }
-            format!("route {route}, partition {source}/{partition}")
-        }
-        _ => {
-            match verb {
-                Verb::Pause => control.pause_all(),
-                Verb::Resume => control.resume_all(),
-            }
-            format!("route {route}")
-        }
-    };
-    audit("token", what, "done".to_owned());
-    api::json(&ControlAnswer {
+    Ok(Action {
         route: route.to_owned(),
-        action: verb.name(),
+        verb,
         source,
         partition,
+        actor: who("token"),
     })
+}
+
+impl Action {
+    fn what(&self) -> String {
+        match (&self.source, self.partition) {
+            (Some(source), Some(partition)) => {
+                format!("route {}, partition {source}/{partition}", self.route)
+            }
+            _ => format!("route {}", self.route),
+        }
+    }
+
+    fn audit(&self, console: &Console, outcome: String) {
+        console.audit(AuditEntry::new(
+            Now::new().unix_now_ms(),
+            &self.actor,
+            self.verb.name(),
+            self.what(),
+            outcome,
+        ));
+    }
+
+    fn answer(self, scope: &'static str) -> Result<Response<String>, Refusal> {
+        api::json(&ControlAnswer {
+            route: self.route,
+            action: self.verb.name(),
+            source: self.source,
+            partition: self.partition,
+            scope,
+        })
+    }
+
+    /// Applies it to this instance's route.
+    fn apply_here(self, console: &Console) -> Result<Response<String>, Refusal> {
+        let control = lock(&console.inner.control)
+            .as_ref()
+            .and_then(|control| control.route(&self.route));
+        let Some(control) = control else {
+            return Err((StatusCode::NOT_FOUND, "no such route (or no app attached)"));
+        };
+        match (&self.source, self.partition, self.verb) {
+            (Some(source), Some(partition), Verb::Pause) => {
+                control.pause_partition(source, partition)
+            }
+            (Some(source), Some(partition), Verb::Resume) => {
+                control.resume_partition(source, partition);
+            }
+            (_, _, Verb::Pause) => control.pause_all(),
+            (_, _, Verb::Resume) => control.resume_all(),
+        }
+        self.audit(console, "done".to_owned());
+        self.answer("instance")
+    }
+
+    /// Sends it to every instance of the group.
+    async fn send(
+        self,
+        console: &Console,
+        group: &GroupControl,
+    ) -> Result<Response<String>, Refusal> {
+        let known = lock(&console.inner.control)
+            .as_ref()
+            .is_some_and(|control| control.route(&self.route).is_some());
+        if !known {
+            return Err((StatusCode::NOT_FOUND, "no such route (or no app attached)"));
+        }
+        let instance = group.instance();
+        let command = match (&self.source, self.partition, self.verb) {
+            (Some(source), Some(partition), Verb::Pause) => {
+                GroupCommand::pause_partition(&self.route, source, partition, instance)
+            }
+            (Some(source), Some(partition), Verb::Resume) => {
+                GroupCommand::resume_partition(&self.route, source, partition, instance)
+            }
+            (_, _, Verb::Pause) => GroupCommand::pause_route(&self.route, instance),
+            (_, _, Verb::Resume) => GroupCommand::resume_route(&self.route, instance),
+        };
+        match group.send(&command).await {
+            Ok(()) => {
+                self.audit(console, "sent to the group".to_owned());
+                self.answer("group")
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = %crate::error::ErrorChain::new(&error),
+                    "the console could not send a command to the group"
+                );
+                self.audit(console, format!("failed: {error}"));
+                Err((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the group's commands log could not be written: try again",
+                ))
+            }
+        }
+    }
 }
 
 /// The partition a query names: `partition` (and `source`, needed only when

@@ -136,6 +136,9 @@ impl Console {
         if path.len() > api::MAX_PATH || query.len() > api::MAX_QUERY {
             return api::error(StatusCode::URI_TOO_LONG, "the path or query is too long");
         }
+        if let Some(answer) = super::control::answer_with_group(self, request, peer).await {
+            return answer.unwrap_or_else(|(status, reason)| api::error(status, reason));
+        }
         match parse(path) {
             None => self.respond(request),
             Some(Err((status, reason))) => api::error(status, reason),

@@ -142,6 +142,8 @@ struct Shared {
     /// The app's routes' controls, once [`App::console`](super::App::console)
     /// attached them (`control.rs`).
     control: Mutex<Option<super::AppControl>>,
+    /// The group's control, once the app has one (`control.rs`).
+    group: Mutex<Option<crate::group_control::GroupControl>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -171,6 +173,7 @@ impl Console {
                 audit: Mutex::new(Ring::new(audit::AUDIT_ENTRIES)),
                 dead_letters: dead_letters::Explorer::default(),
                 control: Mutex::new(None),
+                group: Mutex::new(None),
             }),
         }
     }

@@ -138,6 +138,19 @@ impl super::broker::BrokerBackend for MemoryBackend {
     }
 }
 
+#[async_trait::async_trait]
+impl super::control_channel::ControlBackend for MemoryBackend {
+    type Channel = crate::memory::MemoryControlChannel;
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: crate::group_control::ControlLog,
+    ) -> Result<Self::Channel, BoxError> {
+        Ok(self.broker().group_control_channel(group, log))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

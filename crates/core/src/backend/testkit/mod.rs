@@ -17,6 +17,7 @@
 //! [`assert_committed`] and [`dead_letters`].
 
 pub mod broker;
+pub mod control_channel;
 pub mod dead_letter_store;
 pub mod harness;
 pub mod hostile_server;
@@ -28,6 +29,7 @@ pub mod publishing;
 pub mod scenarios;
 
 pub use broker::BrokerBackend;
+pub use control_channel::ControlBackend;
 pub use lag_probe::assert_unreachable_lag_probe;
 pub use memory_broker::{
     CommitWaitError, Uncommitted, assert_committed, dead_letters, wait_until_committed,

@@ -1,0 +1,270 @@
+//! [`GroupControl`]: one instance's end of its group's commands log — it
+//! sends pauses and resumes for the whole group, and applies everyone's to
+//! this instance's routes.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::{CommandTarget, ControlChannel, ControlError, ControlFeed, GroupCommand};
+use crate::app::AppControl;
+use crate::backoff::{BackoffPolicy, Exponential};
+
+/// [`ControlChannel`] behind a pointer: the trait's futures are `impl`,
+/// so a handle that forgets the backend boxes them (a command or an open,
+/// never per message).
+trait DynChannel: Send + Sync {
+    fn append(&self, record: Bytes) -> BoxFuture<'_, Result<(), ControlError>>;
+    fn follow(&self) -> BoxFuture<'_, Result<ControlFeed, ControlError>>;
+}
+
+impl<C: ControlChannel> DynChannel for C {
+    fn append(&self, record: Bytes) -> BoxFuture<'_, Result<(), ControlError>> {
+        Box::pin(ControlChannel::append(self, record))
+    }
+
+    fn follow(&self) -> BoxFuture<'_, Result<ControlFeed, ControlError>> {
+        Box::pin(ControlChannel::follow(self))
+    }
+}
+
+/// One instance's end of its group's commands log (see the
+/// [module docs](super)): [`send`](Self::send) a pause or a resume to every
+/// instance of the group, and [`apply_until`](Self::apply_until) applies
+/// every instance's commands, this one's too, to this instance's routes.
+///
+/// A command sent here takes effect here when it comes back through the
+/// log, like everywhere else: every instance applies the same commands in
+/// the same order, so they agree on what is paused.
+///
+/// ```
+/// use intake_core::app::App;
+/// use intake_core::consumer::Consumer;
+/// use intake_core::group_control::{ControlLog, GroupControl};
+/// use intake_core::memory::MemoryBroker;
+/// use intake_core::{HandlerError, Message};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let broker = MemoryBroker::new();
+/// broker.create_topic("orders", 2)?;
+/// let (source, acker) = broker.consumer("orders", "billing")?;
+/// let handler = tower::service_fn(|_message: Message| async { Ok::<_, HandlerError>(()) });
+/// let group = GroupControl::new(
+///     broker.group_control_channel("billing", ControlLog::Commands),
+///     "instance-a",
+/// );
+/// let app = App::new()
+///     .route("orders", Consumer::builder().build(source, acker, handler)?)
+///     .group_control(group.clone());
+/// // Later, from any instance: `group.pause_partition("orders", "orders", 1).await?`.
+/// # drop(app);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct GroupControl {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    commands: Box<dyn DynChannel>,
+    instance: String,
+    /// Commands applied here so far (the log's records read, malformed
+    /// ones too): a feed opened again skips them.
+    applied: AtomicU64,
+}
+
+impl fmt::Debug for GroupControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupControl")
+            .field("instance", &self.inner.instance)
+            .field("applied", &self.applied())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GroupControl {
+    /// The end of `commands` (a [`ControlLog::Commands`](super::ControlLog)
+    /// channel) of instance `instance` (a name unique in the group: the
+    /// host name, a pod name).
+    pub fn new(commands: impl ControlChannel, instance: impl Into<String>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                commands: Box::new(commands),
+                instance: instance.into(),
+                applied: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// This instance's name.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// How many records of the log this instance has applied (or skipped
+    /// as malformed).
+    pub fn applied(&self) -> u64 {
+        self.inner.applied.load(Ordering::Acquire)
+    }
+
+    /// Sends `command` to every instance of the group; done once the
+    /// broker stored it (each instance applies it when it reads it).
+    pub async fn send(&self, command: &GroupCommand) -> Result<(), ControlError> {
+        self.inner.commands.append(command.encode()).await
+    }
+
+    /// Pauses partition `partition` of `source` in `route` on whichever
+    /// instance runs it, now and after any rebalance.
+    pub async fn pause_partition(
+        &self,
+        route: &str,
+        source: &str,
+        partition: u32,
+    ) -> Result<(), ControlError> {
+        let command = GroupCommand::pause_partition(route, source, partition, self.instance());
+        self.send(&command).await
+    }
+
+    /// Resumes a partition paused by [`pause_partition`](Self::pause_partition).
+    pub async fn resume_partition(
+        &self,
+        route: &str,
+        source: &str,
+        partition: u32,
+    ) -> Result<(), ControlError> {
+        let command = GroupCommand::resume_partition(route, source, partition, self.instance());
+        self.send(&command).await
+    }
+
+    /// Pauses every partition of `route` on every instance.
+    pub async fn pause_route(&self, route: &str) -> Result<(), ControlError> {
+        self.send(&GroupCommand::pause_route(route, self.instance()))
+            .await
+    }
+
+    /// Resumes every partition of `route` on every instance.
+    pub async fn resume_route(&self, route: &str) -> Result<(), ControlError> {
+        self.send(&GroupCommand::resume_route(route, self.instance()))
+            .await
+    }
+
+    /// Follows the group's commands log from its start until `stop`,
+    /// applying each command to `routes` (a route this instance does not
+    /// run is passed over). A feed that fails or ends is opened again after
+    /// a backoff (100 ms doubling to 5 s), skipping what was applied;
+    /// every failure is logged. [`App::group_control`](crate::app::App::group_control)
+    /// runs it beside the routes.
+    pub async fn apply_until(self, routes: AppControl, stop: CancellationToken) {
+        let policy =
+            Exponential::new(Duration::from_millis(100), Duration::from_secs(5)).retry_forever();
+        let mut failures = 0_u32;
+        loop {
+            let opened = tokio::select! {
+                () = stop.cancelled() => return,
+                opened = self.inner.commands.follow() => opened,
+            };
+            let error = match opened {
+                Ok(feed) => {
+                    let read_before = self.applied();
+                    let ended = self.apply_feed(feed, &routes, &stop).await;
+                    if self.applied() > read_before {
+                        failures = 0;
+                    }
+                    match ended {
+                        None => return,
+                        Some(error) => error,
+                    }
+                }
+                Err(error) => Some(error),
+            };
+            failures = failures.saturating_add(1);
+            let wait = policy.delay(failures).unwrap_or(Duration::from_secs(5));
+            match error {
+                Some(error) => tracing::warn!(
+                    instance = %self.instance(),
+                    error = %crate::error::ErrorChain::new(&error),
+                    retry_in = ?wait,
+                    "the group's commands log failed; following it again"
+                ),
+                None => tracing::warn!(
+                    instance = %self.instance(),
+                    retry_in = ?wait,
+                    "the group's commands log feed ended; following it again"
+                ),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Applies `feed` until `stop` (`None`) or until it fails or ends
+    /// (`Some`, with the error if any).
+    async fn apply_feed(
+        &self,
+        mut feed: ControlFeed,
+        routes: &AppControl,
+        stop: &CancellationToken,
+    ) -> Option<Option<ControlError>> {
+        let mut skip = self.applied();
+        loop {
+            let record = tokio::select! {
+                () = stop.cancelled() => return None,
+                record = feed.next() => record,
+            };
+            let record = match record {
+                None => return Some(None),
+                Some(Err(error)) => return Some(Some(error)),
+                Some(Ok(record)) => record,
+            };
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            match GroupCommand::decode(&record) {
+                Ok(command) => apply(&command, routes, self.instance()),
+                Err(error) => tracing::warn!(
+                    instance = %self.instance(),
+                    error = %crate::error::ErrorChain::new(&error),
+                    bytes = record.len(),
+                    "skipped a record of the group's commands log"
+                ),
+            }
+            self.inner.applied.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Applies `command` to this instance's route, if it runs it.
+fn apply(command: &GroupCommand, routes: &AppControl, instance: &str) {
+    let Some(control) = routes.route(&command.route) else {
+        tracing::debug!(route = %command.route, "a group command for a route this instance does not run");
+        return;
+    };
+    match (&command.target, command.pause) {
+        (CommandTarget::Route, true) => control.pause_all(),
+        (CommandTarget::Route, false) => control.resume_all(),
+        (CommandTarget::Partition { source, partition }, true) => {
+            control.pause_partition(source, *partition);
+        }
+        (CommandTarget::Partition { source, partition }, false) => {
+            control.resume_partition(source, *partition);
+        }
+    }
+    tracing::info!(
+        instance,
+        route = %command.route,
+        target = ?command.target,
+        pause = command.pause,
+        by = %command.by,
+        "applied a group command"
+    );
+}
