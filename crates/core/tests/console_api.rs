@@ -2,12 +2,15 @@
 //! a partition stuck, letters dead-lettered, the console on a
 //! `HealthListener` on 127.0.0.1, and what `/console/api/v1/...` answers.
 
+#[path = "support/console_http.rs"]
+mod console_http;
 #[path = "support/eventually.rs"]
 mod eventually;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use console_http::get_json;
 use eventually::eventually;
 use intake_core::app::{
     App, AuditEntry, Console, ConsoleSettings, ConsoleToken, Health, HealthListener, HealthService,
@@ -20,53 +23,21 @@ use intake_core::memory::{MemoryBroker, Record};
 use intake_core::metrics::Metrics;
 use intake_core::{HandlerError, Message};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 const TOKEN: &str = "c0n5o1e-t0ken-0123456789abcdef";
 const PATIENCE: Duration = Duration::from_secs(10);
 
-/// One request over a fresh connection: the status and the body.
+/// One request without a body: the status and the body as text.
 async fn request(
     address: SocketAddr,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
 ) -> (u16, String) {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address)
-            .await
-            .expect("connect");
-        let mut head =
-            format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str("Content-Length: 0\r\n\r\n");
-        stream.write_all(head.as_bytes()).await.expect("write");
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await.expect("read");
-        answer
-    };
-    let answer = tokio::time::timeout(PATIENCE, exchange)
-        .await
-        .expect("the console answers in time");
-    let status = answer
-        .get(9..12)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {answer}"));
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
-async fn get_json(address: SocketAddr, path: &str) -> Value {
-    let (status, body) = request(address, "GET", path, &[]).await;
-    assert_eq!(status, 200, "{path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|error| panic!("{path}: {error}: {body}"))
+    let (status, body) = console_http::request(address, method, path, headers, b"").await;
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Polls `path` until `check` holds of its JSON (bounded); the last answer.

@@ -6,6 +6,8 @@
 //! must; the audit log has each action and never the token.
 #![cfg(all(feature = "console", feature = "health-server"))]
 
+#[path = "support/console_http.rs"]
+mod console_http;
 #[path = "support/eventually.rs"]
 mod eventually;
 
@@ -15,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use console_http::{get_json as get, post_json, request};
 use eventually::eventually;
 use intake_core::app::{
     App, Console, ConsoleSettings, ConsoleToken, Health, HealthListener, HealthService, Redaction,
@@ -25,7 +28,6 @@ use intake_core::dead_letter::DeadLetterLayer;
 use intake_core::memory::{MemoryBroker, Record};
 use intake_core::{DeadLetter, ErrorClass, HandlerError, Message, Metadata, Position};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
@@ -34,72 +36,9 @@ const PATIENCE: Duration = Duration::from_secs(10);
 const HOSTILE_ERROR: &str = "cannot bill <script>alert(1)</script> \u{1b}[31mred\u{1b}[0m";
 const BASE: &str = "/console/api/v1/routes/orders/dead_letters";
 
-/// One request over a fresh connection: the status and the raw body.
-async fn request(
-    address: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, Vec<u8>) {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address)
-            .await
-            .expect("connect");
-        let mut head =
-            format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-        stream.write_all(head.as_bytes()).await.expect("write");
-        // A refused body may be left unread: the answer still comes.
-        let _ = stream.write_all(body).await;
-        let mut answer = Vec::new();
-        let _ = stream.read_to_end(&mut answer).await;
-        answer
-    };
-    let answer = tokio::time::timeout(PATIENCE, exchange)
-        .await
-        .expect("the console answers in time");
-    let status = answer
-        .get(9..12)
-        .and_then(|code| std::str::from_utf8(code).ok())
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {}", String::from_utf8_lossy(&answer)));
-    let start = answer
-        .windows(4)
-        .position(|window| window == b"\r\n\r\n")
-        .map_or(answer.len(), |at| at + 4);
-    (status, answer[start..].to_vec())
-}
-
-/// A GET's JSON; the raw body must be UTF-8 JSON without a raw escape.
-async fn get(address: SocketAddr, path: &str) -> Value {
-    let (status, body) = request(address, "GET", path, &[], b"").await;
-    let text = String::from_utf8(body).expect("the answer is UTF-8");
-    assert_eq!(status, 200, "{path}: {text}");
-    assert!(!text.contains('\u{1b}'), "a raw terminal escape: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|error| panic!("{path}: {error}: {text}"))
-}
-
 /// A POST with the token and a JSON body: the status and the JSON.
 async fn post(address: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let bearer = format!("Bearer {TOKEN}");
-    let (status, answer) = request(
-        address,
-        "POST",
-        path,
-        &[
-            ("Authorization", &bearer),
-            ("Content-Type", "application/json"),
-        ],
-        body.to_string().as_bytes(),
-    )
-    .await;
-    let text = String::from_utf8(answer).expect("UTF-8");
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, value)
+    post_json(address, path, TOKEN, body).await
 }
 
 fn ids(listing: &Value) -> Vec<String> {

@@ -74,6 +74,9 @@ pub struct GroupControl {
 
 struct Inner {
     commands: Box<dyn DynChannel>,
+    /// The group's status log, when given: the console publishes this
+    /// instance's view there and reads the others'.
+    status: Option<Box<dyn DynChannel>>,
     instance: String,
     /// Commands applied here so far (the log's records read, malformed
     /// ones too): a feed opened again skips them.
@@ -97,9 +100,36 @@ impl GroupControl {
         Self {
             inner: Arc::new(Inner {
                 commands: Box::new(commands),
+                status: None,
                 instance: instance.into(),
                 applied: AtomicU64::new(0),
             }),
+        }
+    }
+
+    /// Also shares what this instance runs through `status` (a
+    /// [`ControlLog::Status`](super::ControlLog) channel of the same group):
+    /// a [`Console`](crate::app::Console) publishes its view there at each
+    /// sample and shows every instance's (`GET /console/api/v1/group`).
+    /// Call it before cloning: clones made earlier do not see it.
+    #[must_use]
+    pub fn with_status(self, status: impl ControlChannel) -> Self {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.status = Some(Box::new(status));
+                Self {
+                    inner: Arc::new(inner),
+                }
+            }
+            Err(shared) => {
+                // Cloned already: keep the handle working without the
+                // status log rather than panic, and say so.
+                tracing::warn!(
+                    instance = %shared.instance,
+                    "GroupControl::with_status on a cloned handle: the status log is not used"
+                );
+                Self { inner: shared }
+            }
         }
     }
 
@@ -162,83 +192,120 @@ impl GroupControl {
     /// every failure is logged. [`App::group_control`](crate::app::App::group_control)
     /// runs it beside the routes.
     pub async fn apply_until(self, routes: AppControl, stop: CancellationToken) {
-        let policy =
-            Exponential::new(Duration::from_millis(100), Duration::from_secs(5)).retry_forever();
-        let mut failures = 0_u32;
-        loop {
-            let opened = tokio::select! {
-                () = stop.cancelled() => return,
-                opened = self.inner.commands.follow() => opened,
-            };
-            let error = match opened {
-                Ok(feed) => {
-                    let read_before = self.applied();
-                    let ended = self.apply_feed(feed, &routes, &stop).await;
-                    if self.applied() > read_before {
-                        failures = 0;
-                    }
-                    match ended {
-                        None => return,
-                        Some(error) => error,
-                    }
+        let instance = self.instance().to_owned();
+        follow_until(
+            &*self.inner.commands,
+            "commands",
+            &instance,
+            &stop,
+            |record| {
+                match GroupCommand::decode(&record) {
+                    Ok(command) => apply(&command, &routes, &instance),
+                    Err(error) => tracing::warn!(
+                        instance = %instance,
+                        error = %crate::error::ErrorChain::new(&error),
+                        bytes = record.len(),
+                        "skipped a record of the group's commands log"
+                    ),
                 }
-                Err(error) => Some(error),
-            };
-            failures = failures.saturating_add(1);
-            let wait = policy.delay(failures).unwrap_or(Duration::from_secs(5));
-            match error {
-                Some(error) => tracing::warn!(
-                    instance = %self.instance(),
-                    error = %crate::error::ErrorChain::new(&error),
-                    retry_in = ?wait,
-                    "the group's commands log failed; following it again"
-                ),
-                None => tracing::warn!(
-                    instance = %self.instance(),
-                    retry_in = ?wait,
-                    "the group's commands log feed ended; following it again"
-                ),
-            }
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
+                self.inner.applied.fetch_add(1, Ordering::AcqRel);
+            },
+            || self.applied(),
+        )
+        .await;
     }
 
-    /// Applies `feed` until `stop` (`None`) or until it fails or ends
-    /// (`Some`, with the error if any).
-    async fn apply_feed(
+    /// Appends `record` to the status log, if there is one.
+    pub(crate) async fn publish_status(&self, record: Bytes) -> Option<Result<(), ControlError>> {
+        let status = self.inner.status.as_ref()?;
+        Some(status.append(record).await)
+    }
+
+    /// Whether a status log was given.
+    pub(crate) fn has_status(&self) -> bool {
+        self.inner.status.is_some()
+    }
+
+    /// Follows the status log from its start until `stop`, handing each
+    /// record to `on_record` (after a reopen, from the start again).
+    pub(crate) async fn follow_status_until(
         &self,
-        mut feed: ControlFeed,
-        routes: &AppControl,
         stop: &CancellationToken,
-    ) -> Option<Option<ControlError>> {
-        let mut skip = self.applied();
-        loop {
-            let record = tokio::select! {
-                () = stop.cancelled() => return None,
-                record = feed.next() => record,
-            };
-            let record = match record {
-                None => return Some(None),
-                Some(Err(error)) => return Some(Some(error)),
-                Some(Ok(record)) => record,
-            };
-            if skip > 0 {
-                skip -= 1;
-                continue;
+        on_record: impl FnMut(Bytes),
+    ) {
+        let Some(status) = &self.inner.status else {
+            return;
+        };
+        follow_until(&**status, "status", self.instance(), stop, on_record, || 0).await;
+    }
+}
+
+/// Follows `log` until `stop`: each record to `on_record`, skipping the
+/// first `seen()` of each feed opened (what an earlier feed handed over);
+/// a feed that fails or ends is opened again after a backoff (100 ms
+/// doubling to 5 s), each failure logged.
+async fn follow_until(
+    log: &dyn DynChannel,
+    name: &str,
+    instance: &str,
+    stop: &CancellationToken,
+    mut on_record: impl FnMut(Bytes),
+    seen: impl Fn() -> u64,
+) {
+    let policy =
+        Exponential::new(Duration::from_millis(100), Duration::from_secs(5)).retry_forever();
+    let mut failures = 0_u32;
+    loop {
+        let opened = tokio::select! {
+            () = stop.cancelled() => return,
+            opened = log.follow() => opened,
+        };
+        let mut handed = 0_u64;
+        let error = match opened {
+            Ok(mut feed) => {
+                let mut skip = seen();
+                loop {
+                    let record = tokio::select! {
+                        () = stop.cancelled() => return,
+                        record = feed.next() => record,
+                    };
+                    match record {
+                        None => break None,
+                        Some(Err(error)) => break Some(error),
+                        Some(Ok(_)) if skip > 0 => skip -= 1,
+                        Some(Ok(record)) => {
+                            handed += 1;
+                            on_record(record);
+                        }
+                    }
+                }
             }
-            match GroupCommand::decode(&record) {
-                Ok(command) => apply(&command, routes, self.instance()),
-                Err(error) => tracing::warn!(
-                    instance = %self.instance(),
-                    error = %crate::error::ErrorChain::new(&error),
-                    bytes = record.len(),
-                    "skipped a record of the group's commands log"
-                ),
-            }
-            self.inner.applied.fetch_add(1, Ordering::AcqRel);
+            Err(error) => Some(error),
+        };
+        failures = if handed > 0 {
+            1
+        } else {
+            failures.saturating_add(1)
+        };
+        let wait = policy.delay(failures).unwrap_or(Duration::from_secs(5));
+        match error {
+            Some(error) => tracing::warn!(
+                instance,
+                log = name,
+                error = %crate::error::ErrorChain::new(&error),
+                retry_in = ?wait,
+                "the group's control log failed; following it again"
+            ),
+            None => tracing::warn!(
+                instance,
+                log = name,
+                retry_in = ?wait,
+                "the group's control log feed ended; following it again"
+            ),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
         }
     }
 }

@@ -42,6 +42,7 @@ enum Endpoint {
     Partitions(String),
     History,
     Audit,
+    Group,
 }
 
 /// Why a request cannot be answered, as a status and a reason.
@@ -140,6 +141,7 @@ fn answer<B>(console: &Console, request: &Request<B>) -> Result<Response<String>
         Endpoint::Audit => json(&AuditAnswer {
             entries: console.audit_log(),
         }),
+        Endpoint::Group => json(&console.group_answer()),
     }
 }
 
@@ -164,6 +166,7 @@ fn endpoint(path: &str) -> Result<Endpoint, Refusal> {
         }
         ["history"] => Ok(Endpoint::History),
         ["audit"] => Ok(Endpoint::Audit),
+        ["group"] => Ok(Endpoint::Group),
         _ => Err(NOT_FOUND),
     }
 }

@@ -7,6 +7,7 @@ mod api;
 mod audit;
 mod control;
 mod dead_letters;
+mod group;
 mod guard;
 mod history;
 mod letter_view;
@@ -144,6 +145,8 @@ struct Shared {
     control: Mutex<Option<super::AppControl>>,
     /// The group's control, once the app has one (`control.rs`).
     group: Mutex<Option<crate::group_control::GroupControl>>,
+    /// What the other instances published (`group.rs`).
+    group_view: Mutex<group::GroupView>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -174,6 +177,7 @@ impl Console {
                 dead_letters: dead_letters::Explorer::default(),
                 control: Mutex::new(None),
                 group: Mutex::new(None),
+                group_view: Mutex::new(group::GroupView::default()),
             }),
         }
     }
@@ -226,16 +230,20 @@ impl Console {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is at once: the first sample covers an interval.
         ticks.tick().await;
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = ticks.tick() => {}
+        let sampling = async {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = ticks.tick() => {}
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = self.sample() => {}
+                }
             }
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = self.sample() => {}
-            }
-        }
+        };
+        // The other instances' status, when the group shares one.
+        tokio::join!(sampling, self.follow_group_until(&stop));
     }
 
     /// Takes one sample of every route now: asks the lag probes (each
@@ -283,10 +291,13 @@ impl Console {
                 reading.parked_backlog = *parked;
             }
         }
-        let mut history = lock(&self.inner.history);
-        for (name, reading) in &routes {
-            history.record(name, reading, now.instant, now.unix_now_ms());
+        {
+            let mut history = lock(&self.inner.history);
+            for (name, reading) in &routes {
+                history.record(name, reading, now.instant, now.unix_now_ms());
+            }
         }
+        self.publish_status().await;
     }
 
     /// Every route, in the order added.
