@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts, Source};
+use intake_core::group_control::ControlLog;
 use lapin::Connection;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -21,8 +22,8 @@ use crate::settings::AmqpSettings;
 use crate::topology::{Queue, Topology, short};
 use crate::url::AmqpUrl;
 use crate::{
-    AmqpAcker, AmqpDeadLetterSink, AmqpDeadLetterStore, AmqpLagProbe, AmqpParking, AmqpPublisher,
-    AmqpSource,
+    AmqpAcker, AmqpControlChannel, AmqpDeadLetterSink, AmqpDeadLetterStore, AmqpLagProbe,
+    AmqpParking, AmqpPublisher, AmqpSource,
 };
 
 /// How long closing a connection used only to declare may take.
@@ -40,6 +41,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// | publisher | one [`AmqpPublisher`], shared, that [routes by key](crate::AmqpPublisherBuilder::route_by_key) |
 /// | dead-letter store | an [`AmqpDeadLetterStore`] of `{queue}.dlq` |
 /// | lag probe | an [`AmqpLagProbe`] of the queue that also counts its parked backlog |
+/// | group control log | an [`AmqpControlChannel`] on the stream queue `{group}.intake-control` or `{group}.intake-status` ([`control_channel`](Self::control_channel)) |
 ///
 /// # Addresses: the queue is the group
 ///
@@ -183,6 +185,49 @@ impl AmqpBroker {
     /// The queue a route on `queue` dead-letters into: `{queue}.dlq`.
     pub fn dead_letter_queue(queue: &str) -> String {
         format!("{queue}.dlq")
+    }
+
+    /// Group `group`'s control log `log` (see
+    /// [`intake_core::group_control`]): the stream queue
+    /// `{group}.intake-control` (commands, kept until deleted) or
+    /// `{group}.intake-status` (status, kept an hour), declared when the
+    /// channel connects. Its connections are named after the group, as a
+    /// route's are: `{group} (group control)` for appends and
+    /// `{group} (group control feed)` for the feeds (`status` for the
+    /// status log). Hand a commands channel to
+    /// [`GroupControl::new`](intake_core::group_control::GroupControl::new).
+    ///
+    /// ```no_run
+    /// use intake_amqp::AmqpBroker;
+    /// use intake_core::group_control::{ControlLog, GroupControl};
+    ///
+    /// # async fn run() -> Result<(), intake_amqp::Error> {
+    /// let broker = AmqpBroker::new("amqp://guest:guest@127.0.0.1:5672/%2f");
+    /// let commands = broker.control_channel("billing", ControlLog::Commands).await?;
+    /// let group = GroupControl::new(commands, "instance-a");
+    /// # drop(group);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (shown redacted) or [`Error::Config`] for a
+    /// bad URL or an empty group, and a connection or declaration the
+    /// broker refuses for a reason retrying does not fix (a wrong password,
+    /// a queue of that name that is not such a stream). A broker that
+    /// cannot be reached now is not an error: the first append or follow
+    /// tries again.
+    pub async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<AmqpControlChannel, Error> {
+        let settings = self
+            .settings
+            .clone()
+            .named(Some(self.route_connection(group)));
+        AmqpControlChannel::open(settings, group, log).await
     }
 
     /// The name of the connections of a route read as `group`.

@@ -6,8 +6,9 @@
 //! ([`Broker`](intake_core::backend::Broker), the same shape on every
 //! intake backend): the source, acker, dead-letter sink and parking of a
 //! queue, consistent with each other (parked copies come back into the
-//! queue the source reads), the publisher, the dead-letter store and a lag
-//! probe that counts the parked backlog too.
+//! queue the source reads), the publisher, the dead-letter store, a lag
+//! probe that counts the parked backlog too, and a consumer group's control
+//! logs ([`AmqpControlChannel`], stream queues).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -154,6 +155,7 @@
 mod acker;
 mod broker;
 mod connection;
+mod control_channel;
 mod counters;
 mod dead_letter;
 mod dead_letter_store;
@@ -173,6 +175,7 @@ mod url;
 
 pub use acker::AmqpAcker;
 pub use broker::AmqpBroker;
+pub use control_channel::AmqpControlChannel;
 pub use counters::AmqpCounters;
 pub use dead_letter::{
     AmqpDeadLetterSink, AmqpDeadLetterSinkBuilder, BrokerDeadLetterSink, read_dead_letter,

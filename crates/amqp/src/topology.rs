@@ -244,7 +244,7 @@ impl Queue {
         Ok(())
     }
 
-    fn arguments(&self) -> FieldTable {
+    pub(crate) fn arguments(&self) -> FieldTable {
         let mut table = FieldTable::default();
         if self.kind == QueueKind::Quorum {
             table.insert(

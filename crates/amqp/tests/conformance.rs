@@ -71,3 +71,129 @@ impl intake_core::backend::testkit::broker::BrokerBackend for support::AmqpBacke
         intake_core::backend::RouteAddress::new(source, group)
     }
 }
+
+intake_core::control_suite!(backend());
+
+/// The group's control logs are stream queues on the fixture's broker,
+/// deleted with the fixture.
+#[async_trait::async_trait]
+impl intake_core::backend::testkit::control_channel::ControlBackend for support::AmqpBackend {
+    type Channel = intake_amqp::AmqpControlChannel;
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: intake_core::group_control::ControlLog,
+    ) -> Result<Self::Channel, intake_core::BoxError> {
+        self.track_queue(&intake_amqp::AmqpControlChannel::queue_name(group, log));
+        let broker = intake_amqp::AmqpBroker::new(
+            intake_amqp::AmqpSettings::new(self.url()).connection_name("conformance control"),
+        );
+        Ok(broker.control_channel(group, log).await?)
+    }
+}
+
+/// A control channel whose broker does not listen: the append fails as
+/// transient within its bound (the connect timeout, twice at most), and
+/// neither the error nor `Debug` shows the URL's password.
+#[tokio::test]
+async fn a_control_channel_at_a_closed_port_fails_an_append_as_transient_without_its_password() {
+    use intake_core::group_control::{ControlChannel, ControlLog};
+    use std::time::{Duration, Instant};
+
+    let port = intake_core::backend::testkit::closed_port().expect("a free local port");
+    let settings =
+        intake_amqp::AmqpSettings::new(format!("amqp://app:hunter2@127.0.0.1:{port}/%2f"))
+            .connect_timeout(Duration::from_secs(1));
+    let broker = intake_amqp::AmqpBroker::new(settings);
+    let channel = broker
+        .control_channel("billing", ControlLog::Commands)
+        .await
+        .expect("an unreachable broker is no error until a call");
+    let shown = format!("{channel:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("billing.intake-control"), "{shown}");
+
+    let started = Instant::now();
+    let appended = tokio::time::timeout(
+        Duration::from_secs(10),
+        channel.append(bytes::Bytes::from_static(b"pause")),
+    )
+    .await
+    .expect("the append gives up within its bound");
+    let error = appended.expect_err("nothing listens");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(error.is_transient(), "{error:?}");
+    let chain = intake_core::error::ErrorChain::new(&error).to_string();
+    let shown = format!("{error} {error:?} {chain}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+
+    let followed = tokio::time::timeout(Duration::from_secs(10), channel.follow())
+        .await
+        .expect("the follow gives up within its bound");
+    let error = followed.err().expect("nothing listens");
+    assert!(error.is_transient(), "{error:?}");
+    assert!(!format!("{error} {error:?}").contains("hunter2"));
+}
+
+/// A feed whose connection the broker closes ends with a transient error,
+/// promptly; the next follow connects again and replays the log.
+#[tokio::test]
+async fn a_control_feed_ends_with_an_error_when_its_connection_closes() {
+    use futures_util::StreamExt;
+    use intake_core::group_control::{ControlChannel, ControlLog};
+    use std::time::Duration;
+
+    let Some(backend) = backend().await else {
+        return;
+    };
+    let name = support::unique("control-feed");
+    let group = support::unique("control-group");
+    backend.track_queue(&intake_amqp::AmqpControlChannel::queue_name(
+        &group,
+        ControlLog::Commands,
+    ));
+    let broker = intake_amqp::AmqpBroker::new(
+        intake_amqp::AmqpSettings::new(backend.url()).connection_name(name.as_str()),
+    );
+    let channel = broker
+        .control_channel(&group, ControlLog::Commands)
+        .await
+        .expect("open the commands log");
+    channel
+        .append(bytes::Bytes::from_static(b"first"))
+        .await
+        .expect("append");
+    let mut feed = channel.follow().await.expect("follow");
+    let first = tokio::time::timeout(Duration::from_secs(10), feed.next()).await;
+    assert!(
+        matches!(&first, Ok(Some(Ok(record))) if record.as_ref() == b"first"),
+        "{first:?}"
+    );
+
+    if let Err(why) =
+        support::close_connection_named(&format!("{name}/{group} (group control feed)")).await
+    {
+        intake_core::backend::testkit::skip_or_fail("control feed closed", &why);
+        return;
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), feed.next())
+        .await
+        .expect("the feed ends within 10 s of its connection's close");
+    match ended {
+        Some(Err(error)) => assert!(error.is_transient(), "{error:?}"),
+        other => panic!("the feed should end with an error: {other:?}"),
+    }
+
+    let mut again = channel.follow().await.expect("follow again");
+    let first = tokio::time::timeout(Duration::from_secs(10), again.next()).await;
+    assert!(
+        matches!(&first, Ok(Some(Ok(record))) if record.as_ref() == b"first"),
+        "{first:?}"
+    );
+    backend.cleanup().await;
+}
