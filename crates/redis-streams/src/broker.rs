@@ -7,13 +7,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
+use intake_core::group_control::ControlLog;
 
 use crate::error::Error;
 use crate::settings::RedisSettings;
 use crate::source::settings::{DEFAULT_PAYLOAD_FIELD, DeadLetterStream, default_consumer_name};
 use crate::{
-    RedisDeadLetterSink, RedisDeadLetterStore, RedisDeadLetters, RedisLagProbe, RedisParking,
-    RedisStreamsAcker, RedisStreamsPublisher, RedisStreamsPublisherBuilder, RedisStreamsSource,
+    RedisControlChannel, RedisDeadLetterSink, RedisDeadLetterStore, RedisDeadLetters,
+    RedisLagProbe, RedisParking, RedisStreamsAcker, RedisStreamsPublisher,
+    RedisStreamsPublisherBuilder, RedisStreamsSource,
 };
 
 /// A Redis server, and every part of a route derived from it: the
@@ -32,6 +34,7 @@ use crate::{
 /// | [`publisher`](Broker::publisher) | a [`RedisStreamsPublisher`] writing the fields a route reads |
 /// | [`dead_letter_store`](Broker::dead_letter_store) | the [`RedisDeadLetterStore`] of the stream's dead-letter stream, scoped to the group (its letters alone; a replay to the group goes to its return stream) |
 /// | [`lag_probe`](Broker::lag_probe) | a [`RedisLagProbe`] of the group on the stream and, once it exists, on its return stream; its [`parked`](intake_core::lag::LagProbe::parked) counts the group's parked messages |
+/// | [`control_channel`](Self::control_channel) | a [`RedisControlChannel`] of one of the group's control logs: stream `{group}:intake-control` or `{group}:intake-status` |
 ///
 /// # A route's parts agree
 ///
@@ -191,6 +194,46 @@ impl RedisBroker {
     /// Fails with [`Error::InvalidUrl`] for a URL the client cannot use.
     pub fn endpoint(&self) -> Result<crate::Endpoint, Error> {
         self.settings.endpoint()
+    }
+
+    /// Group `group`'s control log `log` ([`ControlLog`]), through which the
+    /// group's instances share pauses and resumes (the commands log) and
+    /// what each runs (the status log); see
+    /// [`group_control`](intake_core::group_control). The commands log is
+    /// stream `{group}:intake-control`, never trimmed; the status log is
+    /// stream `{group}:intake-status`, trimmed to about 10,000 entries.
+    ///
+    /// The URL is checked now; the channel connects at its first append,
+    /// and each feed on a connection of its own, all with the broker's
+    /// settings (see [`RedisControlChannel`]).
+    ///
+    /// ```no_run
+    /// use intake_core::group_control::{ControlLog, GroupControl};
+    /// use intake_redis_streams::RedisBroker;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let broker = RedisBroker::from_url("redis://127.0.0.1:6379")?;
+    /// let commands = broker.control_channel("billing", ControlLog::Commands).await?;
+    /// let control = GroupControl::new(commands, "billing-pod-0");
+    /// control.pause_partition("orders", "orders", 0).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (the password redacted) or [`Error::Config`]
+    /// for settings the client cannot use.
+    pub async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<RedisControlChannel, Error> {
+        Ok(RedisControlChannel::new(
+            self.settings.connector()?,
+            group,
+            log,
+        ))
     }
 
     /// The consumer name of a route of `group`.

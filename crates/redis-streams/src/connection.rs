@@ -133,6 +133,11 @@ impl Connector {
         &self.endpoint
     }
 
+    /// How long opening a connection may take.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.settings.connect_timeout
+    }
+
     /// How long a command's reply may take.
     pub(crate) fn command_timeout(&self) -> Duration {
         self.settings.command_timeout

@@ -21,6 +21,7 @@
 //! | publish | [`RedisStreamsPublisher`]: `XADD` of the payload, key and header fields the source reads, pipelined, each confirmed by its entry id |
 //! | read size | `COUNT` up to what the runtime allows, and at most what fits in an eighth of the byte budget at the average entry size |
 //! | lag | [`RedisLagProbe`]: `XINFO GROUPS` per stream, and the parked backlog (`XLEN` of the group's parking streams) |
+//! | group control | [`RedisControlChannel`]: streams `{group}:intake-control` (never trimmed) and `{group}:intake-status` (`MAXLEN ~ 10000`), `XADD` to append, `XREAD … BLOCK` from `0-0` to follow |
 //!
 //! # From one broker value
 //!
@@ -106,6 +107,7 @@
 mod acker;
 mod broker;
 mod connection;
+mod control_channel;
 mod counters;
 mod dead_letter;
 mod dead_letter_store;
@@ -121,6 +123,7 @@ mod stream_id;
 
 pub use acker::RedisStreamsAcker;
 pub use broker::RedisBroker;
+pub use control_channel::RedisControlChannel;
 pub use counters::RedisCounters;
 pub use dead_letter::{MAX_DEAD_LETTER_VALUES, RedisDeadLetterSink, RedisDeadLetterSinkBuilder};
 pub use dead_letter_store::{RedisDeadLetterStore, RedisDeadLetters, RedisDeadLettersBuilder};

@@ -41,3 +41,22 @@ impl intake_core::backend::testkit::dead_letter_store::StoreBackend for support:
             .store(publisher))
     }
 }
+
+intake_core::control_suite!(support::RedisBackend::new("redis control conformance"));
+
+/// Each call a new channel from a new broker, as another instance would
+/// open it.
+#[async_trait::async_trait]
+impl intake_core::backend::testkit::control_channel::ControlBackend for support::RedisBackend {
+    type Channel = intake_redis_streams::RedisControlChannel;
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: intake_core::group_control::ControlLog,
+    ) -> Result<Self::Channel, intake_core::BoxError> {
+        Ok(intake_redis_streams::RedisBroker::new(support::redis_url())
+            .control_channel(group, log)
+            .await?)
+    }
+}
