@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
+use intake_core::group_control::ControlLog;
 
 use crate::connection::{self, Connection};
 use crate::error::Error;
@@ -14,8 +15,8 @@ use crate::publisher::PublisherHandle;
 use crate::settings::default_reconnect_backoff;
 use crate::url::ServerUrls;
 use crate::{
-    NatsAcker, NatsDeadLetterSink, NatsDeadLetterStore, NatsDeadLetters, NatsLagProbe, NatsParking,
-    NatsPublisher, NatsSettings, NatsSource,
+    NatsAcker, NatsControlChannel, NatsDeadLetterSink, NatsDeadLetterStore, NatsDeadLetters,
+    NatsLagProbe, NatsParking, NatsPublisher, NatsSettings, NatsSource,
 };
 
 /// A NATS JetStream server (or cluster) and how to connect to it, from
@@ -23,7 +24,8 @@ use crate::{
 /// and parking together ([`route`](Broker::route)), a
 /// [`publisher`](Broker::publisher), a route's
 /// [`dead_letter_store`](Broker::dead_letter_store) and
-/// [`lag_probe`](Broker::lag_probe).
+/// [`lag_probe`](Broker::lag_probe), and a consumer group's
+/// [`control_channel`](Self::control_channel).
 ///
 /// How to connect is one [`NatsSettings`] (URL, credentials, TLS, connect
 /// timeout, connection name, reconnect backoff), which the broker passes
@@ -149,6 +151,56 @@ impl NatsBroker {
     /// The server(s), as logs and errors show them (no credentials).
     pub fn endpoint(&self) -> String {
         self.settings.endpoint()
+    }
+
+    /// Group `group`'s control `log` (see
+    /// [`group_control`](intake_core::group_control)): the stream
+    /// `INTAKE_CONTROL_{group}` (commands, kept until deleted) or
+    /// `INTAKE_STATUS_{group}` (status, an hour's `max_age`), created when
+    /// missing, on a connection of the channel's own made with the broker's
+    /// settings. Appends wait for the stream's publish ack, within the
+    /// [`ack_timeout`](Self::ack_timeout); so do the stream's creation and
+    /// a feed's opening. How a group becomes a name, and how a feed ends
+    /// when the server goes away, is on [`NatsControlChannel`].
+    ///
+    /// ```no_run
+    /// use intake_core::group_control::{ControlLog, GroupControl};
+    /// use intake_nats::NatsBroker;
+    ///
+    /// # async fn run() -> Result<(), intake_nats::Error> {
+    /// let broker = NatsBroker::from_url("nats://127.0.0.1:4222")?;
+    /// let commands = broker.control_channel("billing", ControlLog::Commands).await?;
+    /// let status = broker.control_channel("billing", ControlLog::Status).await?;
+    /// let group = GroupControl::new(commands, "instance-a").with_status(status);
+    /// // `App::new()…group_control(group)`.
+    /// # drop(group);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an empty group; as
+    /// [`NatsPublisherBuilder::build`](crate::NatsPublisherBuilder::build)
+    /// when connecting fails ([`Error::Unreachable`], transient);
+    /// [`Error::JetStream`] when the stream cannot be created (transient
+    /// when the server cannot now), [`Error::Unconfirmed`] when it did not
+    /// answer in time.
+    pub async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<NatsControlChannel, Error> {
+        // A publisher of its own, not registered for `shutdown`: the
+        // group's log outlives the routes' publishers while the app stops,
+        // and the channel's connection closes when it and its feeds are
+        // dropped.
+        let publisher = NatsPublisher::builder(&self.settings)
+            .ack_timeout(self.ack_timeout)
+            .send_timeout(self.ack_timeout)
+            .build()
+            .await?;
+        NatsControlChannel::open(publisher, group, log, self.ack_timeout).await
     }
 
     /// The source of the route at `address`, with the broker's settings.

@@ -37,6 +37,10 @@
 //!   `max_unconfirmed` awaiting their ack; each receipt resolves on the
 //!   stream's publish ack (the key is the subject's last token, what the
 //!   source reads back as the key).
+//! - [`NatsControlChannel`] keeps a consumer group's control logs (pauses
+//!   and resumes shared by its instances, their status) in the streams
+//!   `INTAKE_CONTROL_{group}` and `INTAKE_STATUS_{group}`
+//!   ([`NatsBroker::control_channel`]).
 //! - A lost connection is made anew with a
 //!   [`BackoffPolicy`](intake_core::BackoffPolicy); held deliveries stay
 //!   valid across reconnects (JetStream acks go by subject, not by
@@ -142,6 +146,7 @@ mod acker;
 mod broker;
 mod confirm;
 mod connection;
+mod control_channel;
 mod counters;
 mod dead_letter;
 mod dead_letter_store;
@@ -156,6 +161,7 @@ mod url;
 
 pub use acker::NatsAcker;
 pub use broker::NatsBroker;
+pub use control_channel::NatsControlChannel;
 pub use counters::NatsCounters;
 pub use dead_letter::{
     BROKER_NAME, MAX_HEADER_BYTES as MAX_DEAD_LETTER_HEADER_BYTES, NATS_HEADER_PREFIX,

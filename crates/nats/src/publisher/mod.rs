@@ -170,6 +170,18 @@ impl NatsPublisher {
         &self.inner.endpoint
     }
 
+    /// The JetStream context of the publisher's connection, for a part
+    /// that publishes through it and reads on the same connection (a
+    /// group's control channel).
+    pub(crate) fn context(&self) -> &jetstream::Context {
+        &self.inner.context
+    }
+
+    /// The client of the publisher's connection (its state).
+    pub(crate) fn client(&self) -> &async_nats::Client {
+        &self.inner.client
+    }
+
     /// Stops taking outputs (every send after it is
     /// [closed](PublishErrorKind::Closed)), waits for the acks of those
     /// already sent (at most the ack timeout), and closes the connection
