@@ -125,6 +125,10 @@ struct Background {
     run: Box<dyn FnOnce(CancellationToken) -> BoxFuture<()> + Send>,
 }
 
+/// How long an app waits at its start to read the group's commands log to
+/// its end before starting its routes anyway.
+const GROUP_CATCH_UP: Duration = Duration::from_secs(30);
+
 /// A startup or shutdown hook.
 struct Hook {
     name: String,
@@ -310,6 +314,10 @@ impl<S> App<S> {
     /// [background](Self::background) task): a pause or a resume sent by
     /// any instance of the group, this one included, reaches this
     /// instance's routes (see [`GroupControl`](crate::group_control::GroupControl)).
+    /// Before the routes start, a startup hook reads the log to its end
+    /// ([`GroupControl::catch_up`](crate::group_control::GroupControl::catch_up),
+    /// at most 30 s), so that a partition the group paused is never
+    /// fetched here first.
     /// With a [`Console`] too, the console's pause and resume go through
     /// the group.
     pub fn group_control(mut self, group: crate::group_control::GroupControl) -> Self {
@@ -319,7 +327,22 @@ impl<S> App<S> {
         }
         self.group = Some(group.clone());
         let routes = self.control.clone();
-        self.background("group control", move |stop| group.apply_until(routes, stop))
+        let catching_up = (group.clone(), routes.clone());
+        self.on_startup("group control: read the group's commands", move || async move {
+            let (group, routes) = catching_up;
+            // Bounded: a commands log out of reach must not keep the
+            // routes from starting; the pauses then apply once it is read.
+            match group.catch_up(&routes, GROUP_CATCH_UP).await {
+                Ok(read) => tracing::info!(instance = %group.instance(), records = read, "read the group's commands before starting the routes"),
+                Err(error) => tracing::error!(
+                    instance = %group.instance(),
+                    error = %crate::error::ErrorChain::new(&error),
+                    "starting the routes without the group's commands read to their end: a pause of the group takes effect once they are"
+                ),
+            }
+            Ok::<(), BoxError>(())
+        })
+        .background("group control", move |stop| group.apply_until(routes, stop))
     }
 
     /// How long the routes' handlers get to finish once a stop begins: the

@@ -125,6 +125,56 @@ impl GroupCommand {
     }
 }
 
+/// A record of the commands log: a command, or an instance's mark.
+#[derive(Debug)]
+pub(super) enum Entry {
+    /// A pause or a resume.
+    Command(GroupCommand),
+    /// An instance starting wrote this to learn where the log ended: once
+    /// it reads its own mark back it has read every command before it.
+    Mark {
+        /// The instance's random token for this start.
+        token: String,
+    },
+}
+
+/// The mark's record.
+#[derive(Serialize, Deserialize)]
+struct MarkRecord {
+    v: u32,
+    mark: String,
+    by: String,
+}
+
+/// Only what tells the two apart.
+#[derive(Deserialize)]
+struct Probe {
+    v: u32,
+    #[serde(default)]
+    mark: Option<String>,
+}
+
+impl Entry {
+    /// The mark record of instance `by` with `token`.
+    pub(super) fn encode_mark(token: &str, by: &str) -> Bytes {
+        let record = MarkRecord {
+            v: VERSION,
+            mark: token.to_owned(),
+            by: by.to_owned(),
+        };
+        Bytes::from(serde_json::to_vec(&record).unwrap_or_default())
+    }
+
+    /// What `record` holds, if this build reads it.
+    pub(super) fn decode(record: &[u8]) -> Result<Self, MalformedCommand> {
+        let probe: Probe = serde_json::from_slice(record).map_err(MalformedCommand)?;
+        match probe.mark {
+            Some(token) if probe.v == VERSION => Ok(Self::Mark { token }),
+            _ => GroupCommand::decode(record).map(Self::Command),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +193,16 @@ mod tests {
         let error = GroupCommand::decode(record).unwrap_err();
         assert!(error.to_string().contains("not a command"));
         assert!(GroupCommand::decode(b"\x1b[2J<script>").is_err());
+    }
+
+    #[test]
+    fn a_mark_is_told_from_a_command() {
+        let mark = Entry::encode_mark("t0k3n", "a");
+        assert!(matches!(Entry::decode(&mark).unwrap(), Entry::Mark { token } if token == "t0k3n"));
+        let pause = GroupCommand::pause_route("orders", "a");
+        assert!(
+            matches!(Entry::decode(&pause.encode()).unwrap(), Entry::Command(command) if command == pause)
+        );
+        assert!(GroupCommand::decode(&mark).is_err());
     }
 }

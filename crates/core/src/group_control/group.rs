@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::{CommandTarget, ControlChannel, ControlError, ControlFeed, GroupCommand};
+use super::{CommandTarget, ControlChannel, ControlError, ControlFeed, Entry, GroupCommand};
 use crate::app::AppControl;
 use crate::backoff::{BackoffPolicy, Exponential};
 
@@ -199,35 +199,94 @@ impl GroupControl {
             &instance,
             &stop,
             |record| {
-                match GroupCommand::decode(&record) {
-                    Ok(command) => apply(&command, &routes, &instance),
-                    Err(error) => tracing::warn!(
-                        instance = %instance,
-                        error = %crate::error::ErrorChain::new(&error),
-                        bytes = record.len(),
-                        "skipped a record of the group's commands log"
-                    ),
-                }
-                self.inner.applied.fetch_add(1, Ordering::AcqRel);
+                self.apply_record(&record, &routes);
             },
             || self.applied(),
         )
         .await;
     }
 
+    /// Applies one record of the commands log (a mark is passed over);
+    /// what it was.
+    fn apply_record(&self, record: &[u8], routes: &AppControl) -> Option<Entry> {
+        let entry = match Entry::decode(record) {
+            Ok(entry) => Some(entry),
+            Err(error) => {
+                tracing::warn!(
+                    instance = %self.instance(),
+                    error = %crate::error::ErrorChain::new(&error),
+                    bytes = record.len(),
+                    "skipped a record of the group's commands log"
+                );
+                None
+            }
+        };
+        if let Some(Entry::Command(command)) = &entry {
+            apply(command, routes, self.instance());
+        }
+        self.inner.applied.fetch_add(1, Ordering::AcqRel);
+        entry
+    }
+
+    /// Reads the commands log up to its end as of now and applies every
+    /// command in it to `routes`, waiting at most `bound`: before the
+    /// routes start, so that a partition the group paused is paused before
+    /// its first fetch. The end is found by writing a mark (a small record
+    /// with a random token) and reading until it comes back; each start of
+    /// an instance adds one. [`App::group_control`](crate::app::App::group_control)
+    /// runs it as a startup hook. An error, or the bound passing, is
+    /// returned: the caller decides whether to start anyway.
+    pub async fn catch_up(
+        &self,
+        routes: &AppControl,
+        bound: Duration,
+    ) -> Result<u64, CatchUpError> {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let work = async {
+            self.inner
+                .commands
+                .append(Entry::encode_mark(&token, self.instance()))
+                .await?;
+            let mut feed = self.inner.commands.follow().await?;
+            let mut skip = self.applied();
+            loop {
+                let record = match feed.next().await {
+                    Some(record) => record?,
+                    None => return Err(CatchUpError::Ended),
+                };
+                if skip > 0 {
+                    skip -= 1;
+                    continue;
+                }
+                if let Some(Entry::Mark { token: read }) = self.apply_record(&record, routes)
+                    && read == token
+                {
+                    return Ok(self.applied());
+                }
+            }
+        };
+        match tokio::time::timeout(bound, work).await {
+            Ok(result) => result,
+            Err(_) => Err(CatchUpError::TimedOut(bound)),
+        }
+    }
+
     /// Appends `record` to the status log, if there is one.
+    #[cfg(feature = "console")]
     pub(crate) async fn publish_status(&self, record: Bytes) -> Option<Result<(), ControlError>> {
         let status = self.inner.status.as_ref()?;
         Some(status.append(record).await)
     }
 
     /// Whether a status log was given.
+    #[cfg(feature = "console")]
     pub(crate) fn has_status(&self) -> bool {
         self.inner.status.is_some()
     }
 
     /// Follows the status log from its start until `stop`, handing each
     /// record to `on_record` (after a reopen, from the start again).
+    #[cfg(feature = "console")]
     pub(crate) async fn follow_status_until(
         &self,
         stop: &CancellationToken,
@@ -308,6 +367,21 @@ async fn follow_until(
             () = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// Why [`GroupControl::catch_up`] did not reach the end of the log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatchUpError {
+    /// The log could not be written or read.
+    #[error("the group's commands log could not be read to its end")]
+    Log(#[from] ControlError),
+    /// The feed ended before the mark came back.
+    #[error("the group's commands log feed ended before its end was read")]
+    Ended,
+    /// The mark did not come back within the bound.
+    #[error("the group's commands log was not read to its end within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// Applies `command` to this instance's route, if it runs it.

@@ -62,8 +62,9 @@ use futures_util::stream::BoxStream;
 
 use crate::error::BoxError;
 
+use command::Entry;
 pub use command::{CommandTarget, GroupCommand, MalformedCommand};
-pub use group::GroupControl;
+pub use group::{CatchUpError, GroupControl};
 
 /// Which of a group's two control logs a channel reads and appends to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
