@@ -13,14 +13,17 @@
 //! refresh (`cargo test --test console_browser --all-features --
 //! --nocapture what_one_page_load_costs`).
 
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+mod console_browser_support;
+
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fantoccini::{Client, ClientBuilder, Locator};
-use hyper_util::client::legacy::connect::HttpConnector;
+use console_browser_support::{
+    PATIENCE, browser, click, eventually, raw, screenshot, scroll_to, until,
+};
+use fantoccini::{Client, Locator};
 use intake::app::{
     App, Console, ConsoleSettings, Health, HealthListener, HealthService, HealthSettings,
 };
@@ -29,97 +32,14 @@ use intake::consumer::{Consumer, DeliveryOrder};
 use intake::memory::{MemoryBroker, Record};
 use intake::{HandlerError, Message};
 use intake_core::app::{ConsoleToken, Redaction};
-use intake_core::backend::testkit::skip_or_fail;
 use intake_core::dead_letter::DeadLetterLayer;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 /// A route name a hostile broker could hand the page.
 const HOSTILE: &str = "payments<img src=x onerror=alert(1)>";
-
-/// How long any one thing may take to show in the page.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// The headless browser's arguments.
-const CHROMIUM_ARGS: [&str; 5] = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--window-size=1280,900",
-];
-
-fn webdriver_port() -> u16 {
-    std::env::var("INTAKE_WEBDRIVER_PORT")
-        .ok()
-        .and_then(|port| port.parse().ok())
-        .unwrap_or(9515)
-}
-
-/// Where the screenshots go: `target/console-screenshots/`.
-fn screenshots() -> PathBuf {
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let dir = target
-        .parent()
-        .map_or_else(|| target.clone(), PathBuf::from)
-        .join("console-screenshots");
-    std::fs::create_dir_all(&dir).expect("the screenshot directory");
-    dir
-}
-
-async fn screenshot(client: &Client, name: &str) {
-    let png = client.screenshot().await.expect("a screenshot");
-    let path = screenshots().join(format!("{name}.png"));
-    std::fs::write(&path, png).expect("the screenshot is written");
-    println!("screenshot: {}", path.display());
-}
-
-/// Runs `script` in the page until it returns something other than `null`
-/// or `false` (bounded by [`PATIENCE`]); what it returned.
-async fn until(client: &Client, what: &str, script: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let answer = client
-            .execute(script, vec![])
-            .await
-            .expect("the script runs");
-        if !matches!(answer, Value::Null | Value::Bool(false)) {
-            return answer;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            screenshot(client, &format!("timeout-{}", what.replace(' ', "-"))).await;
-            let text = client
-                .execute("return document.body.innerText", vec![])
-                .await
-                .unwrap_or_default();
-            panic!("timed out waiting until {what}; the page says:\n{text}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Sends one request with `method` to `path` and reads the whole answer
-/// (status line, headers and body).
-async fn raw(address: SocketAddr, method: &str, path: &str) -> String {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address)
-            .await
-            .expect("connect");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-        );
-        stream.write_all(head.as_bytes()).await.expect("write");
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await.expect("read");
-        answer
-    };
-    tokio::time::timeout(PATIENCE, exchange)
-        .await
-        .expect("the service answers in time")
-}
 
 /// An app of two routes on the memory broker, its console sampling every
 /// `sample`, served on 127.0.0.1: `orders` (2 partitions, partition 0
@@ -247,32 +167,6 @@ impl Service {
         report.expect("the app ran");
         self.serving.cancel();
     }
-}
-
-/// A headless chromium session, or `None` (the test skipped) when no
-/// chromedriver answers.
-async fn browser(test: &str) -> Option<Client> {
-    let port = webdriver_port();
-    let address = SocketAddr::from(([127, 0, 0, 1], port));
-    if let Err(error) = TcpStream::connect_timeout(&address, Duration::from_secs(2)) {
-        skip_or_fail(
-            test,
-            &format!("no chromedriver on {address} (bash .ci/services/chromium.sh start): {error}"),
-        );
-        return None;
-    }
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert("browserName".into(), json!("chrome"));
-    capabilities.insert(
-        "goog:chromeOptions".into(),
-        json!({ "args": CHROMIUM_ARGS }),
-    );
-    let client = ClientBuilder::new(HttpConnector::new())
-        .capabilities(capabilities)
-        .connect(&format!("http://{address}"))
-        .await
-        .expect("chromedriver starts a headless chromium");
-    Some(client)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -742,22 +636,6 @@ impl Controlled {
     }
 }
 
-/// Polls `ready` (bounded by [`PATIENCE`]) until it holds.
-async fn eventually<F, Fut>(what: &str, mut ready: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !ready().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_replays_a_dead_letter_and_pauses_a_partition_with_the_token() {
     let Some(client) =
@@ -775,26 +653,6 @@ async fn the_page_replays_a_dead_letter_and_pauses_a_partition_with_the_token() 
     if let Err(error) = outcome {
         std::panic::resume_unwind(error.into_panic());
     }
-}
-
-/// Clicks the element `css` selects, found afresh (the page redraws its
-/// tables on every refresh, so an element found earlier may be gone).
-async fn click(client: &Client, css: &str) {
-    let script = format!(
-        "const e = document.querySelector({css}); if (!e) return false; e.click(); return true;",
-        css = json!(css)
-    );
-    until(client, &format!("{css} is there to click"), &script).await;
-}
-
-/// Scrolls the element `css` selects to the middle of the window, for a
-/// screenshot of it.
-async fn scroll_to(client: &Client, css: &str) {
-    let script = format!(
-        "const e = document.querySelector({css}); if (e) e.scrollIntoView({{block: 'center'}});",
-        css = json!(css)
-    );
-    client.execute(&script, vec![]).await.expect("scrolls");
 }
 
 async fn control_steps(client: Client, service: Arc<Controlled>) {

@@ -1,7 +1,8 @@
 // The intake console's page: reads the console API (v1) every few seconds
-// and draws routes, partitions, charts and the audit log; with the token,
-// pauses and resumes routes and partitions, and explores, replays and
-// purges dead letters (a dry run first, then its confirm value).
+// and draws routes, partitions, charts, the group's instances and the
+// audit log; with the token, pauses and resumes routes and partitions (on
+// every instance when the group shares its control log), and explores,
+// replays and purges dead letters (a dry run first, then its confirm value).
 //
 // Hand-written, no framework, no build step. Every string that comes from
 // the service (route, topic and stream names, positions, problems, audit
@@ -25,7 +26,9 @@
     offsets: new Map(), // route name -> first partition shown
     sections: new Map(), // route name -> its section's parts
     pending: new Map(), // pause switch -> the side asked for, until the service agrees
+    shared: false, // the group's status log is shared: a pause goes to every instance
     errorUntil: 0, // an action's error stays shown until then
+    noticeUntil: 0, // and what the last pause or resume did, until then
   };
   const numbers = new Intl.NumberFormat('en', { maximumFractionDigits: 1 });
 
@@ -402,16 +405,19 @@
     return pending.want;
   }
 
-  function pauseSwitch(route, partition, paused) {
+  // `tagged`: the switch says when its pause is the whole group's (the
+  // group section says it once for all of its switches).
+  function pauseSwitch(route, partition, paused, tagged = true) {
     const key = partition ? `${route}\u0000${partition.source}/${partition.partition}` : route;
     const label = el('label', 'switch');
     const input = guarded(el('input'));
     input.type = 'checkbox';
     input.setAttribute('role', 'switch');
     input.checked = pausedShown(key, paused);
+    const where = state.shared ? ' on every instance of the group' : ' on this instance';
     label.title = partition
-      ? `pause or resume partition ${partition.source}/${partition.partition}`
-      : 'pause or resume every partition of this route';
+      ? `pause or resume partition ${partition.source}/${partition.partition}${where}`
+      : `pause or resume every partition of this route${where}`;
     input.addEventListener('change', async () => {
       const want = input.checked;
       input.disabled = true;
@@ -424,6 +430,7 @@
         const { status, answer } = await post(`${routePath(route)}/${verb}${query}`);
         if (status === 200) {
           state.pending.set(key, { want, until: Date.now() + 10000 });
+          scoped(verb, partition ? `${partition.source}/${partition.partition}` : 'every partition', route, answer);
         } else {
           input.checked = !want;
           showError(`${verb}: ${refusal(status, answer)}`);
@@ -435,7 +442,23 @@
       refresh();
     });
     label.append(input, el('span', null, partition ? 'paused' : 'pause route'));
+    // With a shared group the switch says so: it holds the partition on
+    // whichever instance owns it, now or after a rebalance.
+    if (state.shared && tagged) label.append(el('span', 'scope', 'whole group'));
     return label;
+  }
+
+  // What the service did with a pause or resume, by the answer's scope.
+  function scoped(verb, what, route, answer) {
+    const scope = answer && typeof answer === 'object' ? answer.scope : null;
+    const text = scope === 'group'
+      ? `${verb} of ${what} (route ${route}) sent to every instance of the group`
+      : `${verb} of ${what} (route ${route}) applied on this instance`;
+    const notice = $('notice');
+    notice.textContent = text;
+    notice.setAttribute('data-scope', scope || 'instance');
+    notice.hidden = false;
+    state.noticeUntil = Date.now() + 15000;
   }
 
   function showError(text) {
@@ -719,6 +742,99 @@
     return root;
   }
 
+  // ---- the group ----
+
+  // How long ago, in seconds while it is under a minute.
+  function ago(ms) {
+    if (ms === null || ms === undefined) return '—';
+    return ms < 60000 ? `${(ms / 1000).toFixed(1)} s` : duration(ms);
+  }
+
+  const GROUP_COLUMNS = ['Route', 'Partition', 'Liveness', 'Handled', 'In flight', 'Paused'];
+
+  // One partition of an instance, as its status record has it; a paused
+  // one carries the class `partition-paused` and a badge, whoever owns it.
+  function groupRow(route, p) {
+    const row = el('tr', 'group-partition');
+    row.setAttribute('data-route', route.name);
+    row.setAttribute('data-source', p.source);
+    row.setAttribute('data-partition', String(p.partition));
+    if (p.paused) row.classList.add('partition-paused');
+    if (p.liveness === 'stalled') row.classList.add('stalled');
+    cell(row, 'Route', clip('span', route.name, 'group-route'));
+    cell(row, 'Partition', clip('span', `${p.source}/${p.partition}`, 'short'));
+    cell(row, 'Liveness', liveness(p), 'liveness');
+    cell(row, 'Handled', clip('span', p.handled ?? '—', 'short handled'), 'num');
+    cell(row, 'In flight', count(p.in_flight), 'num in-flight');
+    const paused = el('span', 'paused');
+    if (pausable()) paused.append(pauseSwitch(route.name, p, p.paused, false));
+    if (p.paused) paused.append(badge('paused', 'warn'));
+    else if (!pausable()) paused.append('no');
+    cell(row, 'Paused', paused);
+    return row;
+  }
+
+  // One instance: its name, when this console last heard it (stale after
+  // three sample intervals: it may have stopped, its partitions about to
+  // move), and its routes' partitions.
+  function instanceCard(instance, here) {
+    const interval = state.index ? state.index.sample_interval_ms : 5000;
+    const card = el('article', 'instance');
+    card.setAttribute('data-instance', instance.instance);
+    const stale = !here && instance.heard_ms_ago > 3 * interval;
+    if (stale) card.classList.add('stale');
+    const title = el('h3');
+    title.append(clip('span', instance.instance, 'instance-name'));
+    if (here) title.append(badge('this instance', 'info'));
+    if (stale) title.append(badge('stale', 'no'));
+    const heard = el('span', 'dim heard', here ? 'heard now' : `heard ${ago(instance.heard_ms_ago)} ago`);
+    const header = el('header');
+    header.append(title, heard);
+    card.append(header);
+    const rows = [];
+    for (const route of Array.isArray(instance.routes) ? instance.routes : []) {
+      for (const p of Array.isArray(route.partition_list) ? route.partition_list : []) {
+        rows.push(groupRow(route, p));
+      }
+    }
+    if (!rows.length) {
+      card.append(el('p', 'dim', 'no partitions assigned'));
+      return card;
+    }
+    const table = el('table', 'group-partitions');
+    const head = el('tr');
+    for (const column of GROUP_COLUMNS) head.append(el('th', null, column));
+    const thead = el('thead');
+    thead.append(head);
+    const tbody = el('tbody');
+    tbody.append(...rows);
+    table.append(thead, tbody);
+    const scroll = el('div', 'scroll');
+    scroll.append(table);
+    card.append(scroll);
+    return card;
+  }
+
+  // The group section shows when the instances share a status log (else
+  // the routes above are the whole story).
+  function renderGroup(group) {
+    state.shared = Boolean(group && group.shared && Array.isArray(group.instances));
+    $('group-section').hidden = !state.shared;
+    if (!state.shared) {
+      $('group').replaceChildren();
+      return;
+    }
+    const cards = group.instances.map((i) => instanceCard(i, i.instance === group.instance));
+    $('group').replaceChildren(...cards);
+    const rows = $('group').querySelectorAll('tr.group-partition');
+    const paused = $('group').querySelectorAll('tr.group-partition.partition-paused').length;
+    const stale = $('group').querySelectorAll('article.instance.stale').length;
+    const n = group.instances.length;
+    $('group-summary').textContent = `${n} ${n === 1 ? 'instance' : 'instances'} · ` +
+      `${rows.length} partitions · ${paused} paused${stale ? ` · ${stale} stale` : ''}` +
+      ' · a pause or resume applies to the whole group';
+  }
+
   // ---- the audit log ----
 
   function renderAudit(entries) {
@@ -783,10 +899,12 @@
           $('instance').title = state.index.instance;
           $('interval').textContent = duration(state.index.sample_interval_ms);
         }
-        const [routes, history, audit] = await Promise.all([
+        const [routes, history, audit, group] = await Promise.all([
           get(`${API}/routes`),
           get(`${API}/history?since=${state.lastAt}`),
           get(`${API}/audit`),
+          // A service before the group view answers 404: no section.
+          get(`${API}/group`).catch(() => null),
         ]);
         const pages = await Promise.all(routes.routes.map((route) => {
           const offset = state.offsets.get(route.name) || 0;
@@ -794,9 +912,12 @@
           return get(`${path}?offset=${offset}&limit=${PAGE}`).catch(() => null);
         }));
         keep(history);
+        // The group first: the switches below say their scope from it.
+        renderGroup(group);
         render(routes.routes, pages, audit);
         applyToken();
         if (Date.now() > state.errorUntil) $('error').hidden = true;
+        if (Date.now() > state.noticeUntil) $('notice').hidden = true;
         $('status').textContent = `updated ${new Date().toLocaleTimeString()}`;
         $('status').classList.remove('stale');
       }
