@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
+use intake_core::group_control::ControlLog;
 use intake_core::publish::PublishError;
 use intake_core::redact;
 
 use crate::error::Error;
 use crate::parking::{DEFAULT_RETURN_TEMPLATE, ParkedCounter, ParkingError};
 use crate::{
-    GroupProtocol, KafkaAcker, KafkaDeadLetterSink, KafkaDeadLetterStore, KafkaDeadLetters,
-    KafkaLagProbe, KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource,
+    GroupProtocol, KafkaAcker, KafkaControlChannel, KafkaDeadLetterSink, KafkaDeadLetterStore,
+    KafkaDeadLetters, KafkaLagProbe, KafkaParking, KafkaPublisher, KafkaSettings, KafkaSource,
 };
 
 #[cfg(doc)]
@@ -32,6 +33,7 @@ use intake_core::lag::LagProbe;
 /// | publisher | one [`KafkaPublisher`], shared by every call |
 /// | dead-letter store | [`KafkaDeadLetters::builder`]`.dead_letters_of(topic, group)`, replaying through the publisher: [to the group](intake_core::dead_letter::store::Replay::to_group) into its return topic |
 /// | lag probe | [`KafkaLagProbe`] of the group on the topic and its return topic (when it exists); [`parked`](LagProbe::parked) counts the group's retry topics |
+/// | group control channel | [`control_channel`](Self::control_channel): the group's commands or status log, a topic of one partition ([`KafkaControlChannel`]) |
 ///
 /// The parts use the default names of each explicit builder, so a part
 /// derived here and one built by hand with the defaults (or by the `intake`
@@ -185,6 +187,34 @@ impl KafkaBroker {
     /// The settings every part is built with.
     pub fn settings(&self) -> &KafkaSettings {
         &self.settings
+    }
+
+    /// Consumer group `group`'s `log` (see
+    /// [`group_control`](intake_core::group_control)): the topic
+    /// `{group}.intake-control` or `{group}.intake-status`, one partition,
+    /// created on first use ([`KafkaControlChannel`] has the names and
+    /// settings). Its clients are its own, built with the broker's
+    /// settings; they connect on first use, so a broker that is down fails
+    /// the channel's calls, not this one. Give it to
+    /// [`GroupControl::new`](intake_core::group_control::GroupControl::new)
+    /// for the commands log.
+    ///
+    /// # Errors
+    ///
+    /// [`KafkaBrokerError::Part`] (part `control channel`) for settings
+    /// librdkafka refuses (a secret's value never shown).
+    pub async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<KafkaControlChannel, KafkaBrokerError> {
+        KafkaControlChannel::new(&self.settings, group, log).map_err(|source| {
+            KafkaBrokerError::Part {
+                part: "control channel",
+                address: format!("group `{group}`'s {} log", log.as_str()),
+                source,
+            }
+        })
     }
 
     /// The shared publisher, made on the first call.

@@ -304,7 +304,7 @@ pub(crate) fn is_unreachable(code: RDKafkaErrorCode) -> bool {
 /// Whether a request that failed with `error` may succeed when sent again
 /// unchanged: anything but a client that could not be made, a refusal of
 /// this client's rights, or a request the broker finds invalid.
-fn passes(error: &KafkaError) -> bool {
+pub(crate) fn passes(error: &KafkaError) -> bool {
     let code = match error {
         KafkaError::ClientConfig(..)
         | KafkaError::ClientCreation(_)

@@ -26,6 +26,7 @@
 //! | backpressure | pause the assigned partitions, keep polling |
 //! | revoke | the rebalance callback waits for the runtime to drain and commit: the consumer's `revoke_timeout` + 5 s, ending 5 s before `max.poll.interval.ms` |
 //! | broadcast | a group of its own per instance, from the end |
+//! | group control | [`KafkaBroker::control_channel`]: topics `{group}.intake-control` (kept until deleted) and `{group}.intake-status` (an hour), one partition each, created on first use ([`KafkaControlChannel`]) |
 //!
 //! All librdkafka settings pass through [`KafkaSettings`], so TLS and SASL are
 //! configured as usual; secrets never appear in logs or `Debug`.
@@ -164,6 +165,7 @@
 
 mod acker;
 mod broker;
+mod control_channel;
 pub mod dead_letter;
 mod dead_letter_store;
 mod error;
@@ -179,6 +181,7 @@ mod transaction;
 
 pub use acker::KafkaAcker;
 pub use broker::{KafkaBroker, KafkaBrokerError};
+pub use control_channel::{ControlTopicError, KafkaControlChannel};
 pub use dead_letter::{KafkaDeadLetterSink, KafkaDeadLetterSinkBuilder};
 pub use dead_letter_store::{
     DeadLetterLogError, KafkaDeadLetterStore, KafkaDeadLetters, KafkaDeadLettersBuilder,

@@ -152,3 +152,78 @@ async fn the_consumer_carries_on_after_the_broker_is_killed_and_loses_nothing() 
     )
     .await;
 }
+
+/// A group control feed whose broker is killed ends with a transient error
+/// within its bound (5 s without a record, then the log's end asked for,
+/// at most 10 s) instead of waiting forever, and ends there; once the
+/// broker is back, a new feed replays the log from its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_feed_ends_with_an_error_when_its_broker_is_killed() {
+    use futures_util::StreamExt;
+    use intake_core::group_control::{ControlChannel, ControlLog};
+
+    support::init_tracing();
+    let test = "a_control_feed_ends_with_an_error_when_its_broker_is_killed";
+    let Some((broker, kafka)) = own_broker(test, 19392).await else {
+        return;
+    };
+    let channel = intake_kafka::KafkaBroker::new(kafka.settings())
+        .control_channel(&unique("control"), ControlLog::Commands)
+        .await
+        .expect("the channel");
+    let record = bytes::Bytes::from_static(b"pause");
+    channel.append(record.clone()).await.expect("append");
+    let mut feed = channel.follow().await.expect("follow");
+    let first = tokio::time::timeout(Duration::from_secs(30), feed.next()).await;
+    assert!(
+        matches!(&first, Ok(Some(Ok(read))) if *read == record),
+        "{first:?}"
+    );
+
+    let broker = tokio::task::spawn_blocking(move || {
+        broker.kill().expect("kill the broker");
+        broker
+    })
+    .await
+    .expect("join");
+    let killed = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(60), feed.next())
+        .await
+        .expect("the feed ends within 60 s of the broker's loss");
+    match ended {
+        Some(Err(error)) => {
+            println!("the feed ended with {error:?}");
+            assert!(error.is_transient(), "{error:?}");
+        }
+        other => panic!("the feed did not end with an error: {other:?}"),
+    }
+    let waited = killed.elapsed();
+    assert!(waited < Duration::from_secs(30), "ended after {waited:?}");
+    let after = tokio::time::timeout(Duration::from_secs(5), feed.next()).await;
+    assert!(matches!(after, Ok(None)), "{after:?}");
+
+    let broker = tokio::task::spawn_blocking(move || {
+        broker.restart().expect("start the broker again");
+        broker
+    })
+    .await
+    .expect("join");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let replayed = loop {
+        let opened = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut feed = channel.follow().await?;
+            feed.next().await.transpose()
+        })
+        .await;
+        match opened {
+            Ok(Ok(Some(read))) => break read,
+            _ if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => panic!("no feed after the restart: {other:?}"),
+        }
+    };
+    assert_eq!(replayed, record);
+    println!("the feed ended {waited:?} after the broker's loss");
+    drop(broker);
+}

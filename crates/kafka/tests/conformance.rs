@@ -324,3 +324,56 @@ async fn kafka_store_walks_partitions_in_order() {
     assert_eq!(watermarks_of(backend.brokers(), &topic, 1).await, (2, 2));
     let _ = backend.delete_topic(&topic).await;
 }
+
+#[async_trait::async_trait]
+impl intake_core::backend::testkit::ControlBackend for support::KafkaBackend {
+    type Channel = intake_kafka::KafkaControlChannel;
+
+    /// From the broker value, with the fixture's settings (fast group
+    /// joins for the instances' sources).
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: intake_core::group_control::ControlLog,
+    ) -> Result<Self::Channel, BoxError> {
+        let broker = intake_kafka::KafkaBroker::new(self.settings());
+        Ok(broker.control_channel(group, log).await?)
+    }
+}
+
+intake_core::control_suite!(backend());
+
+/// A control channel whose broker does not listen fails an append with a
+/// transient error within its bound (the topic's lookup, 10 s), and neither
+/// the error nor the channel's `Debug` shows the password of its settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_channel_at_a_closed_port_fails_an_append_transiently_without_secrets() {
+    use intake_core::group_control::{ControlChannel, ControlLog};
+
+    support::init_tracing();
+    let port = intake_core::backend::testkit::closed_port().expect("a free port");
+    let secret = "s3cret-control-password";
+    let settings = KafkaSettings::new(format!("127.0.0.1:{port}"))
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "PLAIN")
+        .set("sasl.username", "billing")
+        .set("sasl.password", secret);
+    let channel = intake_kafka::KafkaBroker::new(settings)
+        .control_channel("billing", ControlLog::Commands)
+        .await
+        .expect("the channel is made without connecting");
+    assert_eq!(channel.topic(), "billing.intake-control");
+    let started = std::time::Instant::now();
+    let appended = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        channel.append(bytes::Bytes::from_static(b"pause")),
+    )
+    .await
+    .expect("the append gives up within 30 s");
+    let error = appended.expect_err("no broker stored the record");
+    assert!(error.is_transient(), "{error:?}");
+    let shown = format!("{} {error:?} {channel:?}", support::error_chain(&error));
+    assert!(!shown.contains(secret), "{shown}");
+    assert!(shown.contains("billing.intake-control"), "{shown}");
+    println!("failed after {:?}: {shown}", started.elapsed());
+}
