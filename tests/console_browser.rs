@@ -730,6 +730,22 @@ async fn control_steps(client: Client, service: Arc<Controlled>) {
         .await
         .expect("the search box");
     search.send_keys(MARKER).await.expect("typed");
+    // A refresh of the page keeps the cursor in the box being typed in
+    // (it once re-inserted every route's section, which took the focus
+    // away and lost what was typed after it).
+    let updated = client
+        .execute("return document.getElementById('status').textContent", vec![])
+        .await
+        .expect("the status line");
+    until(
+        &client,
+        "the page refreshed with the search box focused",
+        &format!(
+            "return document.getElementById('status').textContent !== {updated} \
+               && document.activeElement === document.querySelector('{EXPLORER} input.q');"
+        ),
+    )
+    .await;
     click(&client, &format!("{EXPLORER} button.search")).await;
     let found = until(
         &client,

@@ -866,6 +866,16 @@
     }
   }
 
+  // Puts `nodes` in `box` in this order, moving only those out of place:
+  // a node taken out of the document loses focus, and a refresh must not
+  // take the cursor out of the search box someone is typing in.
+  function placeInOrder(box, nodes) {
+    nodes.forEach((node, i) => {
+      if (box.children[i] !== node) box.insertBefore(node, box.children[i] || null);
+    });
+    while (box.children.length > nodes.length) box.lastElementChild.remove();
+  }
+
   function render(routes, pages, audit) {
     const names = new Set(routes.map((route) => route.name));
     for (const name of state.sections.keys()) {
@@ -877,7 +887,7 @@
     }
     document.querySelector('#routes tbody').replaceChildren(...routes.map(routeRow));
     $('no-routes').hidden = routes.length > 0;
-    $('details').replaceChildren(...routes.map((route, i) => renderRoute(route, i, pages[i])));
+    placeInOrder($('details'), routes.map((route, i) => renderRoute(route, i, pages[i])));
     renderAudit(audit.entries);
   }
 
