@@ -30,11 +30,14 @@
 use std::time::Duration;
 
 use intake_core::backend::{Broker, RouteAddress, RouteOptions, RouteParts};
+use intake_core::group_control::ControlLog;
 use intake_core::memory::MemoryBroker;
 
 pub use self::error::AnyBrokerError;
 pub use self::parts::{AnyAcker, AnyDeadLetterSink, AnyParking, AnySource};
-pub use self::shared::{AnyDeadLetterStore, AnyLagProbe, AnyPublisher, AnyReceipt};
+pub use self::shared::{
+    AnyControlChannel, AnyDeadLetterStore, AnyLagProbe, AnyPublisher, AnyReceipt,
+};
 pub use self::url::BrokerUrlError;
 
 /// Matches `$value` (an enum of this module) with one arm per backend
@@ -230,6 +233,7 @@ trait Variant: Broker {
     fn any_publisher(&self, publisher: Self::Publisher) -> AnyPublisher;
     fn any_store(&self, store: Self::DeadLetterStore) -> AnyDeadLetterStore;
     fn any_probe(&self, probe: Self::LagProbe) -> AnyLagProbe;
+    fn any_channel(&self, channel: Self::ControlChannel) -> AnyControlChannel;
     fn any_error(&self, error: Self::Error) -> AnyBrokerError;
 }
 
@@ -257,6 +261,10 @@ macro_rules! variant {
                 AnyLagProbe::$variant(probe)
             }
 
+            fn any_channel(&self, channel: Self::ControlChannel) -> AnyControlChannel {
+                AnyControlChannel::$variant(channel)
+            }
+
             fn any_error(&self, error: Self::Error) -> AnyBrokerError {
                 AnyBrokerError::$variant(error)
             }
@@ -282,6 +290,7 @@ impl Broker for AnyBroker {
     type Publisher = AnyPublisher;
     type DeadLetterStore = AnyDeadLetterStore;
     type LagProbe = AnyLagProbe;
+    type ControlChannel = AnyControlChannel;
     type Error = AnyBrokerError;
 
     fn kind(&self) -> &'static str {
@@ -316,6 +325,16 @@ impl Broker for AnyBroker {
     async fn lag_probe(&self, address: &RouteAddress) -> Result<AnyLagProbe, AnyBrokerError> {
         dispatch!(self, broker => Broker::lag_probe(broker, address).await
             .map(|part| broker.any_probe(part))
+            .map_err(|error| broker.any_error(error)))
+    }
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<AnyControlChannel, AnyBrokerError> {
+        dispatch!(self, broker => Broker::control_channel(broker, group, log).await
+            .map(|part| broker.any_channel(part))
             .map_err(|error| broker.any_error(error)))
     }
 

@@ -1,13 +1,16 @@
 //! The parts [`AnyBroker`](super::AnyBroker) derives beside routes: the
-//! publisher, a route's dead-letter store and its lag probe.
+//! publisher, a route's dead-letter store, its lag probe and a group's
+//! control channel.
 
 use std::future::Future;
 use std::pin::Pin;
 
+use bytes::Bytes;
 use intake_core::dead_letter::store::{
     DeadLetterStore, Filter, LetterId, Page, Replay, ReplayReport, Selection, StoreError,
     StoredLetter, Summary,
 };
+use intake_core::group_control::{ControlChannel, ControlError, ControlFeed, ControlLog};
 use intake_core::lag::{LagError, LagProbe, PartitionLag};
 use intake_core::publish::{Confirmation, Output, PublishError, Publisher};
 
@@ -155,5 +158,26 @@ impl LagProbe for AnyLagProbe {
 
     async fn parked(&self) -> Result<Option<u64>, LagError> {
         dispatch!(self, probe => probe.parked().await)
+    }
+}
+
+any_part! {
+    /// One of a consumer group's control logs ([`ControlChannel`]), of the
+    /// backend its broker is.
+    AnyControlChannel: ControlChannel, "control channel"
+}
+kind_debug!(AnyControlChannel);
+
+impl ControlChannel for AnyControlChannel {
+    fn log(&self) -> ControlLog {
+        dispatch!(self, channel => channel.log())
+    }
+
+    async fn append(&self, record: Bytes) -> Result<(), ControlError> {
+        dispatch!(self, channel => channel.append(record).await)
+    }
+
+    async fn follow(&self) -> Result<ControlFeed, ControlError> {
+        dispatch!(self, channel => channel.follow().await)
     }
 }

@@ -371,6 +371,7 @@ impl Broker for AmqpBroker {
     type Publisher = AmqpPublisher;
     type DeadLetterStore = AmqpDeadLetterStore;
     type LagProbe = AmqpLagProbe;
+    type ControlChannel = AmqpControlChannel;
     type Error = Error;
 
     fn kind(&self) -> &'static str {
@@ -495,6 +496,14 @@ impl Broker for AmqpBroker {
             queue,
         )
         .parked_in(self.holding(queue)))
+    }
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<AmqpControlChannel, Error> {
+        AmqpBroker::control_channel(self, group, log).await
     }
 
     /// Closes every parking this broker (or a clone) derived (their relays

@@ -298,6 +298,7 @@ impl Broker for KafkaBroker {
     type Publisher = KafkaPublisher;
     type DeadLetterStore = KafkaDeadLetterStore;
     type LagProbe = KafkaLagProbe;
+    type ControlChannel = KafkaControlChannel;
     type Error = KafkaBrokerError;
 
     fn kind(&self) -> &'static str {
@@ -407,6 +408,14 @@ impl Broker for KafkaBroker {
             .map_err(failed)?
             .optional_topics([return_topic])
             .counting_parked(counter))
+    }
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<KafkaControlChannel, KafkaBrokerError> {
+        KafkaBroker::control_channel(self, group, log).await
     }
 
     /// Stops the movers of every parking a route was derived with (all

@@ -246,6 +246,7 @@ impl Broker for NatsBroker {
     type Publisher = NatsPublisher;
     type DeadLetterStore = NatsDeadLetterStore;
     type LagProbe = NatsLagProbe;
+    type ControlChannel = NatsControlChannel;
     type Error = Error;
 
     fn kind(&self) -> &'static str {
@@ -328,6 +329,14 @@ impl Broker for NatsBroker {
             address.source(),
             address.group(),
         ))
+    }
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<NatsControlChannel, Error> {
+        NatsBroker::control_channel(self, group, log).await
     }
 
     /// Closes the publishers this broker made: each stops taking outputs,

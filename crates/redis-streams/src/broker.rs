@@ -258,6 +258,7 @@ impl Broker for RedisBroker {
     type Publisher = RedisStreamsPublisher;
     type DeadLetterStore = RedisDeadLetterStore;
     type LagProbe = RedisLagProbe;
+    type ControlChannel = RedisControlChannel;
     type Error = Error;
 
     fn kind(&self) -> &'static str {
@@ -342,6 +343,14 @@ impl Broker for RedisBroker {
             stream,
             &RedisParking::return_stream(stream, group),
         ))
+    }
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> Result<RedisControlChannel, Error> {
+        RedisBroker::control_channel(self, group, log).await
     }
 
     /// Stops the mover of every parking this broker (or a clone) derived:

@@ -10,6 +10,7 @@
 //! | publisher | [`publisher`](Broker::publisher) |
 //! | dead-letter store | [`dead_letter_store`](Broker::dead_letter_store) |
 //! | lag probe (broker lag and parked backlog) | [`lag_probe`](Broker::lag_probe) |
+//! | a group's control channel (pauses across instances, their status) | [`control_channel`](Broker::control_channel) |
 //!
 //! The parts of one route are derived together so that they agree by
 //! construction: a route with parking gets a source that reads the
@@ -40,6 +41,7 @@ use std::time::Duration;
 use crate::acker::Acker;
 use crate::dead_letter::DeadLetterSink;
 use crate::dead_letter::store::DeadLetterStore;
+use crate::group_control::{ControlChannel, ControlLog};
 use crate::lag::LagProbe;
 use crate::parking::Parking;
 use crate::publish::Publisher;
@@ -189,6 +191,8 @@ pub trait Broker: Clone + Send + Sync + 'static {
     type DeadLetterStore: DeadLetterStore;
     /// A route's lag, broker lag and parked backlog.
     type LagProbe: LagProbe;
+    /// One of a consumer group's control logs.
+    type ControlChannel: ControlChannel;
     /// What went wrong deriving a part.
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -219,6 +223,16 @@ pub trait Broker: Clone + Send + Sync + 'static {
         &self,
         address: &RouteAddress,
     ) -> impl Future<Output = Result<Self::LagProbe, Self::Error>> + Send;
+
+    /// Group `group`'s control log `log` (see
+    /// [`group_control`](crate::group_control)): where its instances send
+    /// pauses and resumes to each other, and what each runs. Created on
+    /// the broker when first used.
+    fn control_channel(
+        &self,
+        group: &str,
+        log: ControlLog,
+    ) -> impl Future<Output = Result<Self::ControlChannel, Self::Error>> + Send;
 
     /// Stops what this broker's parts run in the background (parking
     /// movers, a publisher's pending sends), waiting at most `timeout`.

@@ -20,6 +20,7 @@ impl Broker for MemoryBroker {
     type Publisher = MemoryPublisher;
     type DeadLetterStore = MemoryDeadLetterStore;
     type LagProbe = MemoryLagProbe;
+    type ControlChannel = crate::memory::MemoryControlChannel;
     type Error = MemoryError;
 
     fn kind(&self) -> &'static str {
@@ -53,6 +54,14 @@ impl Broker for MemoryBroker {
 
     async fn lag_probe(&self, address: &RouteAddress) -> Result<MemoryLagProbe, MemoryError> {
         Ok(self.topic_lag_probe(address.source(), address.group()))
+    }
+
+    async fn control_channel(
+        &self,
+        group: &str,
+        log: crate::group_control::ControlLog,
+    ) -> Result<crate::memory::MemoryControlChannel, MemoryError> {
+        Ok(self.group_control_channel(group, log))
     }
 }
 
