@@ -734,7 +734,10 @@ async fn control_steps(client: Client, service: Arc<Controlled>) {
     // (it once re-inserted every route's section, which took the focus
     // away and lost what was typed after it).
     let updated = client
-        .execute("return document.getElementById('status').textContent", vec![])
+        .execute(
+            "return document.getElementById('status').textContent",
+            vec![],
+        )
         .await
         .expect("the status line");
     until(
