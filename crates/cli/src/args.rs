@@ -7,9 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use intake_core::ErrorClass;
 use intake_core::dead_letter::store::{Filter, LetterId};
 
+use crate::group::args::{GroupArgs, SteerArgs};
 use crate::kafka_settings::{RawSetting, raw_setting};
 
-/// Operate intake consumers: broker-side lag and dead letters.
+/// Operate intake consumers: broker-side lag, dead letters, and a group's
+/// pauses through the broker.
 #[derive(Debug, Parser)]
 #[command(name = "intake", version, about, long_about = None)]
 pub struct Cli {
@@ -26,14 +28,25 @@ pub enum Command {
     /// The group's dead letters: count, list, show, replay, purge.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Pause a route, or one partition of it, on every instance of the
+    /// group, through the group's commands log on the broker.
+    Pause(SteerArgs),
+    /// Resume what `pause` paused, on every instance of the group.
+    Resume(SteerArgs),
+    /// The pauses in effect in the group and each instance's newest status,
+    /// read from the group's logs on the broker.
+    Group(GroupArgs),
 }
 
 impl Command {
-    /// The broker, source, group and output options the command was given.
-    pub fn target(&self) -> &Target {
+    /// The `--broker` URL the command was given (for the error report,
+    /// which scrubs its secrets).
+    pub fn broker(&self) -> &str {
         match self {
-            Command::Lag(args) => &args.target,
-            Command::Dlq(command) => command.target(),
+            Command::Lag(args) => &args.target.broker,
+            Command::Dlq(command) => &command.target().broker,
+            Command::Pause(args) | Command::Resume(args) => &args.target.broker,
+            Command::Group(args) => &args.target.broker,
         }
     }
 }
@@ -385,7 +398,7 @@ fn rfc3339_utc(text: &str) -> Option<u64> {
 }
 
 /// Seconds, fractions allowed (`0.5`), more than zero and at most a day.
-fn parse_secs(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_secs(text: &str) -> Result<Duration, String> {
     let secs: f64 = text
         .parse()
         .map_err(|_| format!("`{text}` is not a number of seconds"))?;
@@ -470,7 +483,7 @@ mod tests {
             .collect();
         match parse(&all)?.command {
             Command::Dlq(command) => Ok(command),
-            Command::Lag(_) => panic!("parsed as lag"),
+            _ => panic!("parsed as another command"),
         }
     }
 

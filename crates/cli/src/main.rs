@@ -7,6 +7,9 @@
 //! intake dlq show   --broker URL --source NAME --group GROUP ID [--json]
 //! intake dlq replay --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--to-origin | --to DEST] [--max-replays N] [--dry-run] [--json]
 //! intake dlq purge  --broker URL --source NAME --group GROUP [FILTERS | --id ID...] [--dry-run] [--yes] [--json]
+//! intake pause  --broker URL --group GROUP --route ROUTE [--source NAME --partition N] [--json] [--timeout SECS] [KAFKA]
+//! intake resume --broker URL --group GROUP --route ROUTE [--source NAME --partition N] [--json] [--timeout SECS] [KAFKA]
+//! intake group  --broker URL --group GROUP [--json] [--timeout SECS] [KAFKA]
 //! ```
 //!
 //! Every `dlq` command takes `[KAFKA]` too, and `--dead-letters NAME`
@@ -82,6 +85,29 @@
 //! is skipped, so a message that fails on every replay does not circle for
 //! ever.
 //!
+//! `intake pause` and `intake resume` steer every instance of a consumer
+//! group through the broker, without reaching any instance's HTTP: they
+//! append a pause or resume of the route (every partition of it, those
+//! assigned later too) or of one partition (`--source` and `--partition`
+//! together) to the group's commands log (see `intake_core::group_control`:
+//! a Kafka topic `GROUP.intake-control`, a Redis stream
+//! `GROUP:intake-control`, a RabbitMQ stream queue `GROUP.intake-control`,
+//! a NATS stream `INTAKE_CONTROL_GROUP`), and print what they sent, `by`
+//! `intake@HOST`. Every instance of an app with group control reads that
+//! log from its start and applies each command, so a pause holds wherever
+//! the group assigns the partition, now and after a rebalance, until a
+//! resume. A route's pause or resume replaces the route's partition
+//! pauses. `intake group` reads the commands log and the status log (each
+//! instance's console writes its routes and partitions there at every
+//! sample) from their start until no record came for about a second (3 s
+//! before the first one), all within `--timeout`, and prints the pauses in
+//! effect and each instance's newest status: how long ago it wrote it, and
+//! per route its partitions with their liveness, handled position and
+//! messages in flight. A log not read to its end within `--timeout` exits
+//! 1 rather than show older pauses as the current ones. Where the backend
+//! creates a log on first use (a Kafka topic, a RabbitMQ stream queue, a
+//! NATS stream), a first `pause` or `group` for a group creates it.
+//!
 //! A replay goes back to GROUP alone by default (`Replay::to_group`):
 //! through the group's own way back in, which no other group reads (on
 //! RabbitMQ the queue the letter came from, which is the group's; on Redis
@@ -114,7 +140,8 @@
 //! `RUST_LOG=debug` shows the clients' logs on stderr.
 //!
 //! Nothing a producer wrote reaches the terminal as it is. A letter's
-//! source, key, error text, header names and values, payload and id, and
+//! source, key, error text, header names and values, payload and id, what
+//! a group's logs hold (instance, route and source names, positions), and
 //! a broker's error text, may hold escape sequences (a window title, the
 //! clipboard through OSC 52, erased or hidden lines), a carriage return or
 //! newline that forges a line, or a bidi control that reorders one. In
@@ -149,13 +176,15 @@
 //! more code to get wrong and a worse `--help`.
 //!
 //! This crate is a binary: the doc's examples are the commands above, run
-//! end to end against the real brokers by `tests/cli.rs`.
+//! end to end against the real brokers by `tests/cli.rs` and (the group
+//! commands) `tests/group.rs`.
 #![warn(missing_docs)]
 
 mod args;
 mod broker;
 mod dlq;
 mod failure;
+mod group;
 mod kafka_settings;
 mod lag;
 mod output;
@@ -171,6 +200,9 @@ use intake_core::dead_letter::store::{LetterId, Replay, Selection};
 use crate::args::{Cli, Command, DlqCommand, LagArgs, letter_ids};
 use crate::broker::Broker;
 use crate::failure::Failure;
+
+/// The longest the runtime's leftover work may delay the exit.
+const SHUTDOWN: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -196,8 +228,14 @@ fn main() -> ExitCode {
             return ExitCode::from(failure::EXIT_UNAVAILABLE);
         }
     };
-    let url = cli.command.target().broker.clone();
-    match runtime.block_on(run(cli)) {
+    let url = cli.command.broker().to_owned();
+    let result = runtime.block_on(run(cli));
+    // A client's call given up at --timeout may still run on the blocking
+    // pool (a Kafka metadata lookup waits up to its own 10 s), and dropping
+    // the runtime would wait for it: the answer is printed by now, and the
+    // exit must come within --timeout.
+    runtime.shutdown_timeout(SHUTDOWN);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             eprintln!("{}", failure.report(Some(&url)));
@@ -210,6 +248,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Lag(args) => lag(args).await,
         Command::Dlq(command) => dlq_command(command).await,
+        Command::Pause(args) => print(&group::steer(&args, true).await?),
+        Command::Resume(args) => print(&group::steer(&args, false).await?),
+        Command::Group(args) => print(&group::show(&args).await?),
     }
 }
 
