@@ -8,102 +8,17 @@
 //! A test whose broker does not listen skips with a printed reason, unless
 //! `INTAKE_REQUIRE_BROKERS=1` (as in CI).
 
-use std::net::TcpStream;
-use std::process::Stdio;
+mod support;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use intake_core::group_control::{ControlChannel, ControlLog};
 use serde_json::Value;
-
-const REDIS: &str = "redis://127.0.0.1:6379";
-const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-const KAFKA: &str = "127.0.0.1:9092";
-const NATS: &str = "nats://127.0.0.1:4222";
-
-/// Longest a run of the command may take: its own waits are bounded by
-/// `--timeout`, this bounds the test should one not be.
-const RUN_LIMIT: Duration = Duration::from_secs(40);
+use support::{AMQP, KAFKA, NATS, REDIS, broker_listens, intake, unique};
 
 /// An instance name no console would choose: a window title, HTML, a bidi
 /// override and a newline that would forge a line of the table.
 const HOSTILE: &str = "\x1b]0;owned\x07<script>alert(1)</script>\u{202e}\ninstance: forged";
-
-/// What a run of `intake` left behind.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|error| {
-            panic!(
-                "stdout is not JSON ({error}):\n{}\nstderr:\n{}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-
-    fn assert_code(&self, code: i32) -> &Self {
-        assert_eq!(
-            self.code,
-            Some(code),
-            "exit code; stdout:\n{}\nstderr:\n{}",
-            self.stdout,
-            self.stderr
-        );
-        self
-    }
-}
-
-/// Runs the built `intake` with `args`, stdin closed, `INTAKE_BROKER` unset.
-async fn intake(args: &[&str]) -> Run {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_intake"))
-        .args(args)
-        .env_remove("INTAKE_BROKER")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the intake binary starts");
-    let output = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("intake {args:?} did not end within {RUN_LIMIT:?}"))
-        .expect("intake's output");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-/// Whether `address` listens; when it does not, the test skips (or fails
-/// under `INTAKE_REQUIRE_BROKERS=1`).
-fn broker_listens(test: &str, address: &str) -> bool {
-    let listens = address
-        .parse()
-        .ok()
-        .and_then(|address| TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok())
-        .is_some();
-    if !listens {
-        assert!(
-            std::env::var("INTAKE_REQUIRE_BROKERS").as_deref() != Ok("1"),
-            "{test}: nothing listens on {address} and INTAKE_REQUIRE_BROKERS=1"
-        );
-        eprintln!("{test}: skipped, nothing listens on {address}");
-    }
-    listens
-}
-
-/// A group name no earlier run used.
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
-    format!("cli-group-{prefix}-{}-{nanos}", std::process::id())
-}
 
 /// A status record as an instance's console writes it, of the instance
 /// [`HOSTILE`], with partition 1 of `orders`.
@@ -258,7 +173,7 @@ async fn redis_pause_shows_in_group_and_resume_clears_it() {
     if !broker_listens("redis group", "127.0.0.1:6379") {
         return;
     }
-    let group = unique("redis");
+    let group = unique("group-redis");
     let status = intake_redis_streams::RedisBroker::from_url(REDIS)
         .expect("settings")
         .control_channel(&group, ControlLog::Status)
@@ -280,7 +195,7 @@ async fn amqp_pause_shows_in_group_and_resume_clears_it() {
     if !broker_listens("amqp group", "127.0.0.1:5672") {
         return;
     }
-    let group = unique("amqp");
+    let group = unique("group-amqp");
     let status = intake_amqp::AmqpBroker::from_url(AMQP)
         .expect("settings")
         .control_channel(&group, ControlLog::Status)
@@ -308,7 +223,7 @@ async fn nats_pause_shows_in_group_and_resume_clears_it() {
     if !broker_listens("nats group", "127.0.0.1:4222") {
         return;
     }
-    let group = unique("nats");
+    let group = unique("group-nats");
     let status = intake_nats::NatsBroker::from_url(NATS)
         .expect("settings")
         .control_channel(&group, ControlLog::Status)
@@ -336,7 +251,7 @@ async fn kafka_pause_shows_in_group_and_resume_clears_it() {
     if !broker_listens("kafka group", KAFKA) {
         return;
     }
-    let group = unique("kafka");
+    let group = unique("group-kafka");
     let status = intake_kafka::KafkaBroker::new(intake_kafka::KafkaSettings::new(KAFKA))
         .control_channel(&group, ControlLog::Status)
         .await
