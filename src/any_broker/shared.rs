@@ -11,7 +11,7 @@ use intake_core::dead_letter::store::{
     StoredLetter, Summary,
 };
 use intake_core::group_control::{ControlChannel, ControlError, ControlFeed, ControlLog};
-use intake_core::lag::{LagError, LagProbe, PartitionLag};
+use intake_core::lag::{LagError, LagProbe, ParkedTier, PartitionLag};
 use intake_core::publish::{Confirmation, Output, PublishError, Publisher};
 
 /// What an `async_trait` method returns: the backends' own boxed futures
@@ -158,6 +158,10 @@ impl LagProbe for AnyLagProbe {
 
     async fn parked(&self) -> Result<Option<u64>, LagError> {
         dispatch!(self, probe => probe.parked().await)
+    }
+
+    async fn parked_tiers(&self) -> Result<Option<Vec<ParkedTier>>, LagError> {
+        dispatch!(self, probe => probe.parked_tiers().await)
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use intake_core::PartitionKey;
-use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, PartitionLag};
+use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, ParkedTier, PartitionLag};
 use lapin::Connection;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -221,7 +221,8 @@ impl AmqpLagProbe {
 
     /// The ready messages of every queue in `queues`, concurrently; a
     /// missing one holds none.
-    async fn count_parked(&self, queues: &[String]) -> Result<u64, Error> {
+    /// The messages in each of `queues`, in their order.
+    async fn count_parked(&self, queues: &[String]) -> Result<Vec<u64>, Error> {
         let mut kept = self.connected().await?;
         let Some(connection) = kept.as_ref() else {
             return Err(self.gone());
@@ -232,10 +233,10 @@ impl AmqpLagProbe {
                 .map(|queue| self.ready(connection, queue, true)),
         )
         .await;
-        let mut parked: u64 = 0;
+        let mut parked = Vec::with_capacity(counts.len());
         for count in counts {
             match count {
-                Ok(count) => parked = parked.saturating_add(count.unwrap_or(0)),
+                Ok(count) => parked.push(count.unwrap_or(0)),
                 Err(error) => {
                     *kept = None;
                     return Err(error);
@@ -243,6 +244,24 @@ impl AmqpLagProbe {
             }
         }
         Ok(parked)
+    }
+
+    /// Each holding queue's name and count, within the timeout; `None`
+    /// when the probe does not know the parking's queues.
+    async fn parked_per_queue(&self) -> Result<Option<Vec<(&str, u64)>>, LagError> {
+        let Some(queues) = &self.parked_in else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(self.timeout, self.count_parked(queues)).await {
+            Err(_) => Err(LagError::TimedOut(self.timeout)),
+            Ok(Ok(counts)) => Ok(Some(
+                queues.iter().map(String::as_str).zip(counts).collect(),
+            )),
+            Ok(Err(error)) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
+        }
     }
 }
 
@@ -269,16 +288,25 @@ impl LagProbe for AmqpLagProbe {
     /// when the probe knows its tiers ([`parking_tiers`](Self::parking_tiers),
     /// or derived from an [`AmqpBroker`](crate::AmqpBroker)); else `None`.
     async fn parked(&self) -> Result<Option<u64>, LagError> {
-        let Some(queues) = &self.parked_in else {
-            return Ok(None);
-        };
-        match tokio::time::timeout(self.timeout, self.count_parked(queues)).await {
-            Err(_) => Err(LagError::TimedOut(self.timeout)),
-            Ok(Ok(parked)) => Ok(Some(parked)),
-            Ok(Err(error)) => {
-                let transient = error.is_transient();
-                Err(LagError::from_backend(error, transient))
-            }
-        }
+        Ok(self.parked_per_queue().await?.map(|queues| {
+            queues
+                .iter()
+                .fold(0u64, |sum, (_, messages)| sum.saturating_add(*messages))
+        }))
+    }
+
+    /// The same per holding queue, named by what follows `{queue}.wait.`
+    /// (`1000ms`, `hop.500ms`); a message's due time is its per-queue TTL's
+    /// business in RabbitMQ, not readable without taking the message.
+    async fn parked_tiers(&self) -> Result<Option<Vec<ParkedTier>>, LagError> {
+        let prefix = format!("{}.wait.", self.queue);
+        Ok(self.parked_per_queue().await?.map(|queues| {
+            queues
+                .into_iter()
+                .map(|(name, messages)| {
+                    ParkedTier::new(name.strip_prefix(&prefix).unwrap_or(name), messages)
+                })
+                .collect()
+        }))
     }
 }

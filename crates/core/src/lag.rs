@@ -52,7 +52,7 @@
 //! ```
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::BoxError;
 use crate::message::PartitionKey;
@@ -89,6 +89,38 @@ impl PartitionLag {
     /// Sets the age of the oldest uncommitted message.
     pub fn with_oldest_age(mut self, age: Duration) -> Self {
         self.oldest_age = Some(age);
+        self
+    }
+}
+
+/// What a group has parked at one delay tier and not yet taken back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedTier {
+    /// The tier as the backend names it: the delay (`1s`, `5m`) where
+    /// parking has fixed tiers (Kafka retry topics, RabbitMQ wait queues),
+    /// `exact` where each message keeps its own due time (Redis), `all`
+    /// where the backend counts only the total.
+    pub tier: String,
+    /// Messages parked there.
+    pub messages: u64,
+    /// When the first of them is due back, where the backend knows it.
+    pub next_due: Option<SystemTime>,
+}
+
+impl ParkedTier {
+    /// `messages` parked at `tier`, due time unknown.
+    pub fn new(tier: impl Into<String>, messages: u64) -> Self {
+        Self {
+            tier: tier.into(),
+            messages,
+            next_due: None,
+        }
+    }
+
+    /// Sets when the first of them is due back.
+    pub fn with_next_due(mut self, due: SystemTime) -> Self {
+        self.next_due = Some(due);
         self
     }
 }
@@ -156,5 +188,20 @@ pub trait LagProbe: Send + Sync + 'static {
     /// The default counts none.
     fn parked(&self) -> impl Future<Output = Result<Option<u64>, LagError>> + Send {
         async { Ok(None) }
+    }
+
+    /// The parked backlog per delay tier ([`ParkedTier`]), with when the
+    /// next message is due back where the backend knows it; `None` where
+    /// the backend cannot count them. The default is [`parked`](Self::parked)
+    /// as one tier, `all`.
+    fn parked_tiers(
+        &self,
+    ) -> impl Future<Output = Result<Option<Vec<ParkedTier>>, LagError>> + Send {
+        async {
+            Ok(self
+                .parked()
+                .await?
+                .map(|messages| vec![ParkedTier::new("all", messages)]))
+        }
     }
 }

@@ -130,7 +130,7 @@ pub use handler::{
     FromMessage, FromMessageParts, FromRef, Handler, HandlerFn, IntoHandlerResult, Key, Meta,
     Payload, State, handler_fn, handler_fn_with_state,
 };
-pub use lag::{LagError, LagProbe, PartitionLag};
+pub use lag::{LagError, LagProbe, ParkedTier, PartitionLag};
 pub use message::{
     FirstDelivery, Header, Headers, Message, Metadata, PartitionKey, Position, SourceName,
 };

@@ -243,6 +243,13 @@ async fn the_console_shows_partitions_a_stalled_one_dead_letters_and_history_ove
         route["broker_lag"].as_u64().is_some_and(|lag| lag >= 1),
         "{route}"
     );
+    // The memory broker counts its parked backlog as one tier, `all`.
+    assert_eq!(route["parked_tiers"][0]["tier"], "all", "{route}");
+    assert_eq!(
+        route["parked_tiers"][0]["messages"].as_u64(),
+        route["parked_backlog"].as_u64(),
+        "{route}"
+    );
     assert_eq!(route["paused"], false);
     let one = get_json(address, "/console/api/v1/routes/orders").await;
     assert_eq!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use intake_core::PartitionKey;
-use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, PartitionLag};
+use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, ParkedTier, PartitionLag};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
@@ -94,6 +94,38 @@ impl KafkaLagProbe {
     }
 
     /// Answers [`LagProbe::parked`] with `counter`'s count.
+    /// What the group parked, per tier, within the probe's timeout (one
+    /// blocking count on the blocking pool); `None` without a counter.
+    async fn parked_per_tier(&self) -> Result<Option<Vec<(String, u64)>>, LagError> {
+        let Some(counter) = self.parked.clone() else {
+            return Ok(None);
+        };
+        let timeout = self.timeout;
+        let brokers = Arc::clone(&self.brokers);
+        let started = Instant::now();
+        let count = tokio::task::spawn_blocking(move || {
+            let left = || {
+                timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1))
+            };
+            counter
+                .count_tiers(left)
+                .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))
+        });
+        // As for `lag`: the calls are bounded, and so is the wait for a
+        // busy blocking pool.
+        match tokio::time::timeout(self.timeout + Duration::from_secs(1), count).await {
+            Err(_) => Err(LagError::TimedOut(self.timeout)),
+            Ok(Err(join)) => Err(LagError::Unavailable(Box::new(join))),
+            Ok(Ok(Ok(tiers))) => Ok(Some(tiers)),
+            Ok(Ok(Err(error))) => {
+                let transient = error.is_transient();
+                Err(LagError::from_backend(error, transient))
+            }
+        }
+    }
+
     pub(crate) fn counting_parked(mut self, counter: ParkedCounter) -> Self {
         self.parked = Some(Arc::new(counter));
         self
@@ -178,33 +210,22 @@ impl LagProbe for KafkaLagProbe {
     /// not; `Some(0)` when the group has no retry topic. `None` for a
     /// probe that was not made to count it.
     async fn parked(&self) -> Result<Option<u64>, LagError> {
-        let Some(counter) = self.parked.clone() else {
-            return Ok(None);
-        };
-        let timeout = self.timeout;
-        let brokers = Arc::clone(&self.brokers);
-        let started = Instant::now();
-        let count = tokio::task::spawn_blocking(move || {
-            let left = || {
-                timeout
-                    .saturating_sub(started.elapsed())
-                    .max(Duration::from_millis(1))
-            };
-            counter
-                .count(left)
-                .map_err(|error| Error::from_kafka(error, &brokers, started.elapsed()))
-        });
-        // As for `lag`: the calls are bounded, and so is the wait for a
-        // busy blocking pool.
-        match tokio::time::timeout(self.timeout + Duration::from_secs(1), count).await {
-            Err(_) => Err(LagError::TimedOut(self.timeout)),
-            Ok(Err(join)) => Err(LagError::Unavailable(Box::new(join))),
-            Ok(Ok(Ok(parked))) => Ok(Some(parked)),
-            Ok(Ok(Err(error))) => {
-                let transient = error.is_transient();
-                Err(LagError::from_backend(error, transient))
-            }
-        }
+        Ok(self.parked_per_tier().await?.map(|tiers| {
+            tiers
+                .iter()
+                .fold(0u64, |sum, (_, messages)| sum.saturating_add(*messages))
+        }))
+    }
+
+    /// The same per retry topic's tier (`1s`, `5m`), shortest first; when
+    /// each is due is not known without reading the records.
+    async fn parked_tiers(&self) -> Result<Option<Vec<ParkedTier>>, LagError> {
+        Ok(self.parked_per_tier().await?.map(|tiers| {
+            tiers
+                .into_iter()
+                .map(|(tier, messages)| ParkedTier::new(tier, messages))
+                .collect()
+        }))
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, PartitionLag};
+use intake_core::lag::{DEFAULT_LAG_TIMEOUT, LagError, LagProbe, ParkedTier, PartitionLag};
 use intake_core::{PartitionKey, SourceName};
 use redis::aio::ConnectionManager;
 use redis::streams::{StreamInfoGroupsReply, StreamPendingReply};
@@ -164,10 +164,12 @@ impl RedisLagProbe {
         Ok(lags)
     }
 
-    /// The sum of the lengths of the group's parking streams.
-    async fn parked_query(&self) -> Result<u64, Error> {
+    /// The sum of the lengths of the group's parking streams, and the
+    /// earliest due time (Unix milliseconds) in their due indexes.
+    async fn parked_query(&self) -> Result<(u64, Option<u64>), Error> {
         let mut connection = self.connection().await?;
         let mut parked = 0_u64;
+        let mut next_due: Option<u64> = None;
         for stream in self.streams.iter() {
             let key = crate::RedisParking::parked_stream(stream, &self.group);
             let length: u64 = redis::cmd("XLEN")
@@ -176,8 +178,25 @@ impl RedisLagProbe {
                 .await
                 .map_err(|error| self.connector.key_error(error, "XLEN", &key))?;
             parked = parked.saturating_add(length);
+            let index = crate::RedisParking::due_index(stream, &self.group);
+            let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&index)
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async(&mut connection)
+                .await
+                .map_err(|error| self.connector.key_error(error, "ZRANGE", &index))?;
+            if let Some((_, due)) = first.first()
+                && due.is_finite()
+                && *due >= 0.0
+            {
+                // Scores are whole milliseconds; the cast saturates.
+                let due = *due as u64;
+                next_due = Some(next_due.map_or(due, |earliest| earliest.min(due)));
+            }
         }
-        Ok(parked)
+        Ok((parked, next_due))
     }
 
     /// The group's lag on `stream`; `None` when the stream has no such
@@ -270,7 +289,20 @@ impl LagProbe for RedisLagProbe {
     /// What the group parked and the mover has not moved back yet: the
     /// length of its parking stream of each stream (see the type docs).
     async fn parked(&self) -> Result<Option<u64>, LagError> {
-        bounded(self.timeout, self.parked_query()).await.map(Some)
+        let (parked, _) = bounded(self.timeout, self.parked_query()).await?;
+        Ok(Some(parked))
+    }
+
+    /// One tier, `exact` (each parked message keeps its own due time), with
+    /// the earliest due time in the group's due indexes: a message the
+    /// parking's round has not indexed yet is counted but not in it.
+    async fn parked_tiers(&self) -> Result<Option<Vec<ParkedTier>>, LagError> {
+        let (parked, next_due) = bounded(self.timeout, self.parked_query()).await?;
+        let mut tier = ParkedTier::new("exact", parked);
+        if let Some(due) = next_due {
+            tier = tier.with_next_due(UNIX_EPOCH + Duration::from_millis(due));
+        }
+        Ok(Some(vec![tier]))
     }
 }
 

@@ -89,7 +89,8 @@ use crate::source::Source;
 pub use console::{
     AUDIT_TARGET, AuditEntry, Console, ConsoleSettings, ConsoleToken, DEFAULT_REPLAY_RATE,
     INSTANCE_ENV, Liveness, MAX_LETTERS, MAX_PAGE, MAX_SAMPLES, MAX_SET, MIN_TOKEN_LEN,
-    PartitionPage, PartitionView, Redaction, RedactionFn, RouteView, RunState, Sample, TOKEN_ENV,
+    ParkedTierView, PartitionPage, PartitionView, Redaction, RedactionFn, RouteView, RunState,
+    Sample, TOKEN_ENV,
 };
 pub use control::AppControl;
 pub use health::{Health, HealthReport, HealthSettings, PartHealth, Problem};

@@ -2,6 +2,7 @@
 //! back, counted without a [`KafkaParking`](super::KafkaParking) of this
 //! process, for a lag probe ([`LagProbe::parked`](intake_core::lag::LagProbe::parked)).
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,30 +49,46 @@ impl ParkedCounter {
         })
     }
 
-    /// The count: one listing of the cluster's topics, then the movers'
+    /// Per tier: one listing of the cluster's topics, then the movers'
     /// committed offsets and the watermarks of every retry partition, each
-    /// call bounded by what `left` gives. Blocks.
-    pub(crate) fn count(&self, left: impl Fn() -> Duration) -> Result<u64, KafkaError> {
+    /// call bounded by what `left` gives; each retry topic's label (`1s`,
+    /// `5m`) with its records not moved back, shortest delay first. Blocks.
+    pub(crate) fn count_tiers(
+        &self,
+        left: impl Fn() -> Duration,
+    ) -> Result<Vec<(String, u64)>, KafkaError> {
         let metadata = self.movers.fetch_metadata(None, left())?;
         let mut retry = TopicPartitionList::new();
+        let mut tiers: HashMap<String, (Duration, String)> = HashMap::new();
         for topic in metadata.topics() {
             let name = topic.name();
-            if !self
-                .patterns
-                .iter()
-                .any(|pattern| pattern.tier_of(name).is_some())
-            {
+            let Some((delay, label)) = self.patterns.iter().find_map(|pattern| {
+                let delay = pattern.tier_of(name)?;
+                let label = name
+                    .strip_prefix(pattern.prefix.as_str())?
+                    .strip_suffix(pattern.suffix.as_str())?;
+                Some((delay, label.to_owned()))
+            }) else {
                 continue;
-            }
+            };
             if let Some(code) = topic.error() {
                 return Err(KafkaError::MetadataFetch(code.into()));
             }
+            tiers.insert(name.to_owned(), (delay, label));
             for partition in topic.partitions() {
                 retry.add_partition(name, partition.id());
             }
         }
-        Ok(unconsumed(&self.movers, &retry, left)?
-            .iter()
-            .fold(0u64, |sum, (_, _, messages)| sum.saturating_add(*messages)))
+        let mut counts: BTreeMap<(Duration, String), u64> = BTreeMap::new();
+        for (topic, _, messages) in unconsumed(&self.movers, &retry, left)? {
+            if let Some(tier) = tiers.get(&topic) {
+                let count = counts.entry(tier.clone()).or_default();
+                *count = count.saturating_add(messages);
+            }
+        }
+        Ok(counts
+            .into_iter()
+            .map(|((_, label), messages)| (label, messages))
+            .collect())
     }
 }

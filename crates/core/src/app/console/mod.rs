@@ -38,7 +38,7 @@ pub use self::settings::{
     TOKEN_ENV,
 };
 use self::view::Now;
-pub use self::view::{Liveness, PartitionPage, PartitionView, RouteView, RunState};
+pub use self::view::{Liveness, ParkedTierView, PartitionPage, PartitionView, RouteView, RunState};
 use super::health::Health;
 use crate::lag::LagProbe;
 
@@ -349,6 +349,13 @@ impl Console {
                 committed_messages: state.committed_messages,
                 broker_lag: reading.and_then(LagReading::total),
                 parked_backlog: reading.and_then(|reading| reading.parked),
+                parked_tiers: reading.map_or_else(Vec::new, |reading| {
+                    reading
+                        .parked_tiers
+                        .iter()
+                        .map(view::ParkedTierView::new)
+                        .collect()
+                }),
                 lag_age_ms: reading.map(|reading| now.ms_since(reading.at)),
                 paused: !state.partitions.is_empty()
                     && state.partitions.values().all(|watch| watch.paused),

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
-use crate::lag::{LagError, LagProbe, PartitionLag};
+use crate::lag::{LagError, LagProbe, ParkedTier, PartitionLag};
 
 /// A lag probe with its type erased (`LagProbe` returns `impl Future`).
 pub(super) trait ErasedProbe: Send + Sync {
     fn lag(&self) -> BoxFuture<'_, Result<Vec<PartitionLag>, LagError>>;
-    fn parked(&self) -> BoxFuture<'_, Result<Option<u64>, LagError>>;
+    fn parked_tiers(&self) -> BoxFuture<'_, Result<Option<Vec<ParkedTier>>, LagError>>;
 }
 
 impl<P: LagProbe> ErasedProbe for P {
@@ -19,8 +19,8 @@ impl<P: LagProbe> ErasedProbe for P {
         Box::pin(LagProbe::lag(self))
     }
 
-    fn parked(&self) -> BoxFuture<'_, Result<Option<u64>, LagError>> {
-        Box::pin(LagProbe::parked(self))
+    fn parked_tiers(&self) -> BoxFuture<'_, Result<Option<Vec<ParkedTier>>, LagError>> {
+        Box::pin(LagProbe::parked_tiers(self))
     }
 }
 
@@ -43,7 +43,10 @@ impl std::fmt::Debug for RouteProbe {
 pub(super) struct LagReading {
     pub(super) at: Instant,
     pub(super) partitions: Vec<PartitionLag>,
+    /// The parked backlog in all; `None` where the backend cannot count it.
     pub(super) parked: Option<u64>,
+    /// The same per delay tier.
+    pub(super) parked_tiers: Vec<ParkedTier>,
 }
 
 impl LagReading {
@@ -73,17 +76,23 @@ pub(super) async fn read(
             return None;
         }
     };
-    let parked = match tokio::time::timeout(timeout, probe.parked()).await {
-        Ok(Ok(parked)) => parked,
+    let tiers = match tokio::time::timeout(timeout, probe.parked_tiers()).await {
+        Ok(Ok(tiers)) => tiers,
         Ok(Err(error)) => {
             tracing::debug!(route, %error, "the console's parked-backlog query failed");
             None
         }
         Err(_) => None,
     };
+    let parked = tiers.as_ref().map(|tiers| {
+        tiers
+            .iter()
+            .fold(0u64, |sum, tier| sum.saturating_add(tier.messages))
+    });
     Some(LagReading {
         at: Instant::now(),
         partitions: lag,
         parked,
+        parked_tiers: tiers.unwrap_or_default(),
     })
 }

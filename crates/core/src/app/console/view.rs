@@ -89,11 +89,42 @@ pub struct RouteView {
     pub broker_lag: Option<u64>,
     /// Messages parked and not yet back, from the lag probe.
     pub parked_backlog: Option<u64>,
+    /// The same per delay tier, with when the next is due back where the
+    /// backend knows it (empty without a probe or a count).
+    pub parked_tiers: Vec<ParkedTierView>,
     /// Milliseconds since the lag probe answered.
     pub lag_age_ms: Option<u64>,
     /// Every partition assigned to this instance is paused (and it has
     /// at least one).
     pub paused: bool,
+}
+
+/// One delay tier of a route's parked backlog (`GET .../routes`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ParkedTierView {
+    /// The tier: a delay (`1s`), `exact` (each message its own due time)
+    /// or `all` (the backend counts only the total).
+    pub tier: String,
+    /// Messages parked there.
+    pub messages: u64,
+    /// When the first of them is due back (Unix milliseconds), where the
+    /// backend knows it.
+    pub next_due_unix_ms: Option<u64>,
+}
+
+impl ParkedTierView {
+    pub(super) fn new(tier: &crate::lag::ParkedTier) -> Self {
+        Self {
+            tier: tier.tier.clone(),
+            messages: tier.messages,
+            next_due_unix_ms: tier.next_due.and_then(|due| {
+                due.duration_since(UNIX_EPOCH)
+                    .ok()
+                    .and_then(|since| u64::try_from(since.as_millis()).ok())
+            }),
+        }
+    }
 }
 
 /// A partition of a route, as the console shows it.

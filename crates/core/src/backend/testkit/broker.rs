@@ -341,6 +341,33 @@ pub async fn a_derived_lag_probe_counts_the_parked_backlog<B: BrokerBackend>(bac
     if counted {
         // Counted beside broker lag because the originals were acknowledged.
         wait_until_acknowledged(backend, &source, &group, "originals").await;
+        // Per tier: the same count, every message at the one tier it was
+        // parked at (a tier of its own, `exact` or `all`), and a due time,
+        // where the backend tells one, within the park's two minutes.
+        let tiers = probe
+            .parked_tiers()
+            .await
+            .expect("count the parked backlog per tier")
+            .expect("a backend that counts the total counts its tiers");
+        let holding: Vec<_> = tiers.iter().filter(|tier| tier.messages > 0).collect();
+        assert_eq!(
+            tiers.iter().map(|tier| tier.messages).sum::<u64>(),
+            COUNT,
+            "{}: {tiers:?}",
+            backend.name()
+        );
+        assert_eq!(holding.len(), 1, "{}: {tiers:?}", backend.name());
+        assert!(!holding[0].tier.is_empty(), "{}: {tiers:?}", backend.name());
+        if let Some(due) = holding[0].next_due {
+            let wait = due
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            assert!(
+                wait <= later,
+                "{}: due in {wait:?}: {tiers:?}",
+                backend.name()
+            );
+        }
     }
     running.stop().await;
     within("shut the broker's parts down", broker.shutdown(PATIENCE))

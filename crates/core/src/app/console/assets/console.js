@@ -299,6 +299,22 @@
     box.append(previous, next);
   }
 
+  // ` (1s: 3, next due in 2 s · 1m: 1)`: the parked backlog per tier, when
+  // the backend tells more than a total.
+  function parkedTiers(tiers) {
+    if (!Array.isArray(tiers) || tiers.length === 0) return '';
+    if (tiers.length === 1 && tiers[0].tier === 'all') return '';
+    const parts = tiers.map((tier) => {
+      let text = `${tier.tier}: ${count(tier.messages)}`;
+      if (typeof tier.next_due_unix_ms === 'number') {
+        const wait = tier.next_due_unix_ms - Date.now();
+        text += wait > 0 ? `, next due in ${duration(wait)}` : ', next due now';
+      }
+      return text;
+    });
+    return ` (${parts.join(' · ')})`;
+  }
+
   function renderRoute(route, index, page) {
     const parts = section(route.name);
     parts.root.id = `route-${index}`;
@@ -309,7 +325,8 @@
     }
     parts.header.replaceChildren(title, el('span', 'dim',
       `committed ${count(route.committed_messages)} · in flight ${count(route.in_flight)}` +
-      ` · lag ${count(route.broker_lag)} · parked ${count(route.parked_backlog)}`));
+      ` · lag ${count(route.broker_lag)} · parked ${count(route.parked_backlog)}` +
+      parkedTiers(route.parked_tiers)));
     if (pausable()) parts.header.append(pauseSwitch(route.name, null, route.paused));
     parts.charts.replaceChildren(charts(state.samples.get(route.name) || []));
     parts.tbody.replaceChildren(...(page ? page.partitions.map((p) => partitionRow(p, route.name)) : []));
