@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use intake_core::lag::{LagError, LagProbe, PartitionLag};
+use intake_core::lag::{LagError, LagProbe, ParkedTier, PartitionLag};
 use intake_nats::async_nats;
 
 use crate::broker::{Broker, NatsCredentials, nats_addresses};
@@ -18,13 +18,25 @@ pub struct Lag {
     /// Messages parked and not back yet; `None` where the backend cannot
     /// count them.
     pub parked: Option<u64>,
+    /// The same per delay tier (empty where the backend cannot count them).
+    pub parked_tiers: Vec<ParkedTier>,
 }
 
 /// Both answers of `probe`.
 async fn ask(probe: &impl LagProbe) -> Result<Lag, LagError> {
     let partitions = probe.lag().await?;
-    let parked = probe.parked().await?;
-    Ok(Lag { partitions, parked })
+    // One query: the tiers, and their sum as the total.
+    let tiers = probe.parked_tiers().await?;
+    let parked = tiers.as_ref().map(|tiers| {
+        tiers
+            .iter()
+            .fold(0u64, |sum, tier| sum.saturating_add(tier.messages))
+    });
+    Ok(Lag {
+        partitions,
+        parked,
+        parked_tiers: tiers.unwrap_or_default(),
+    })
 }
 
 /// Asks `broker` for `group`'s lag on `source`, every wait bounded by

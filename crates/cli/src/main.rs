@@ -52,7 +52,10 @@
 //! Both options are refused for another broker (the environment variable is
 //! ignored there).
 //!
-//! What each broker counts as lag is in `intake_core::lag`. On RabbitMQ the
+//! What each broker counts as lag is in `intake_core::lag`. Beside the lag,
+//! `intake lag` shows the group's parked backlog and, where the backend
+//! tells more than a total, each delay tier's count (`parked_tiers` in
+//! `--json`, with `next_due_unix_ms` where it is known: Redis). On RabbitMQ the
 //! source is the queue and the group names nothing (every consumer of a
 //! queue shares its messages); on NATS the group is the durable consumer.
 //!

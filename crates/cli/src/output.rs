@@ -210,8 +210,23 @@ pub struct LagReport<'a> {
     /// acknowledged, so not in `total`; `null` where the backend cannot
     /// count them.
     pub parked: Option<u64>,
+    /// The parked messages per delay tier (`1s`, `exact`, `all`), with when
+    /// the first is due back where the backend knows it.
+    pub parked_tiers: Vec<ParkedTierReport>,
     /// One entry per partition.
     pub partitions: Vec<PartitionLagReport>,
+}
+
+/// One tier in [`LagReport`].
+#[derive(Debug, Serialize)]
+pub struct ParkedTierReport {
+    /// The tier as the backend names it.
+    pub tier: String,
+    /// Messages parked there.
+    pub messages: u64,
+    /// When the first of them is due back, Unix milliseconds; `null` where
+    /// the backend does not say.
+    pub next_due_unix_ms: Option<u64>,
 }
 
 /// One partition in [`LagReport`].
@@ -243,6 +258,19 @@ pub fn lag_json(broker: &str, source: &str, group: &str, lag: &Lag) -> String {
         group,
         total: lag_total(lags),
         parked: lag.parked,
+        parked_tiers: lag
+            .parked_tiers
+            .iter()
+            .map(|tier| ParkedTierReport {
+                tier: tier.tier.clone(),
+                messages: tier.messages,
+                next_due_unix_ms: tier.next_due.and_then(|due| {
+                    due.duration_since(std::time::UNIX_EPOCH)
+                        .ok()
+                        .and_then(|since| u64::try_from(since.as_millis()).ok())
+                }),
+            })
+            .collect(),
         partitions: lags
             .iter()
             .map(|lag| PartitionLagReport {
@@ -285,6 +313,29 @@ pub fn lag_table(lag: &Lag) -> String {
     }
     if let Some(parked) = lag.parked {
         table.row(vec!["parked".to_owned(), String::new(), parked.to_string()]);
+        // Tiers only where the backend tells more than the total.
+        let told =
+            lag.parked_tiers.len() > 1 || lag.parked_tiers.iter().any(|tier| tier.tier != "all");
+        if told {
+            let now = std::time::SystemTime::now();
+            for tier in &lag.parked_tiers {
+                let due = tier.next_due.map_or_else(
+                    || "-".to_owned(),
+                    |due| {
+                        format!(
+                            "due in {}",
+                            human_duration(due.duration_since(now).unwrap_or_default())
+                        )
+                    },
+                );
+                table.row(vec![
+                    format!("  {}", escaped(&tier.tier)),
+                    String::new(),
+                    tier.messages.to_string(),
+                    due,
+                ]);
+            }
+        }
     }
     table.render()
 }
@@ -413,7 +464,42 @@ mod tests {
         Lag {
             partitions,
             parked: None,
+            parked_tiers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn parked_tiers_have_lines_of_their_own_with_hostile_names_escaped() {
+        let mut lag = lags();
+        lag.parked = Some(5);
+        lag.parked_tiers = vec![
+            intake_core::lag::ParkedTier::new("1s", 3),
+            intake_core::lag::ParkedTier::new("\u{1b}[2J2m", 2),
+        ];
+        let table = lag_table(&lag);
+        assert!(
+            table
+                .lines()
+                .any(|line| line.starts_with("  1s ") && line.ends_with(" 3  -")),
+            "{table}"
+        );
+        assert!(!table.contains('\u{1b}'), "{table}");
+        let value: serde_json::Value =
+            serde_json::from_str(&lag_json("kafka://h:9092", "orders", "g", &lag)).unwrap();
+        assert_eq!(value["parked_tiers"][0]["tier"], "1s");
+        assert_eq!(value["parked_tiers"][1]["messages"], 2);
+        assert_eq!(
+            value["parked_tiers"][1]["next_due_unix_ms"],
+            serde_json::Value::Null
+        );
+    }
+
+    #[test]
+    fn one_tier_all_adds_no_line() {
+        let mut lag = lags();
+        lag.parked = Some(5);
+        lag.parked_tiers = vec![intake_core::lag::ParkedTier::new("all", 5)];
+        assert!(lag_table(&lag).ends_with("parked                5\n"));
     }
 
     #[test]
@@ -479,6 +565,7 @@ mod tests {
                 "group": "billing",
                 "total": 1512,
                 "parked": null,
+                "parked_tiers": [],
                 "partitions": [
                     {"source": "orders", "partition": 0, "messages": 12, "oldest_age_ms": 3250},
                     {"source": "orders", "partition": 1, "messages": 0, "oldest_age_ms": null},
