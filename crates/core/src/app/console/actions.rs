@@ -162,7 +162,8 @@ pub(super) fn authorize(
     })
 }
 
-fn actor(who: &str, peer: Option<SocketAddr>) -> String {
+/// Who acted, as the audit log names them: `token from 127.0.0.1:5000`.
+pub(super) fn actor(who: &str, peer: Option<SocketAddr>) -> String {
     match peer {
         Some(peer) => format!("{who} from {peer}"),
         None => who.to_owned(),

@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use std::net::SocketAddr;
 
+use super::actions;
 use super::api::{self, Refusal};
 use super::audit::AuditEntry;
 use super::view::Now;
@@ -149,14 +150,10 @@ fn authorize<B>(
     if request.method() != Method::POST {
         return Err((StatusCode::METHOD_NOT_ALLOWED, "pause and resume take POST"));
     }
-    let who = |who: &str| match peer {
-        Some(peer) => format!("{who} from {peer}"),
-        None => who.to_owned(),
-    };
     if let Err(denied) = guard::authorize(console.settings(), request.headers()) {
         console.audit(AuditEntry::new(
             Now::new().unix_now_ms(),
-            who("anonymous"),
+            actions::actor("anonymous", peer),
             verb.name(),
             format!("route {}", api::capped(route, 256)),
             format!("refused: {}", denied.reason()),
@@ -169,7 +166,7 @@ fn authorize<B>(
         verb,
         source,
         partition,
-        actor: who("token"),
+        actor: actions::actor("token", peer),
     })
 }
 
