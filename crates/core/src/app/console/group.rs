@@ -114,10 +114,9 @@ impl GroupView {
 }
 
 impl Console {
-    /// This instance's routes and partitions, as a status record.
-    fn status_record(&self) -> Bytes {
-        let routes = self
-            .routes()
+    /// This instance's routes, each with its partitions.
+    fn published_routes(&self) -> Vec<PublishedRoute> {
+        self.routes()
             .into_iter()
             .map(|route| {
                 let partition_list = self
@@ -129,12 +128,16 @@ impl Console {
                     partition_list,
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// This instance's routes and partitions, as a status record.
+    fn status_record(&self) -> Bytes {
         let record = Published {
             v: VERSION,
             instance: self.settings().instance_id(),
             at_unix_ms: Now::new().unix_now_ms(),
-            routes,
+            routes: self.published_routes(),
         };
         // Plain data: serializing it cannot fail.
         Bytes::from(serde_json::to_vec(&record).unwrap_or_default())
@@ -187,13 +190,12 @@ impl Console {
             .is_some_and(|group| group.has_status());
         let now = Instant::now();
         let mut instances = Vec::new();
-        let own: serde_json::Value =
-            serde_json::from_slice(&self.status_record()).unwrap_or_default();
         instances.push(InstanceView {
             instance: here.clone(),
             at_unix_ms: Now::new().unix_now_ms(),
             heard_ms_ago: 0,
-            routes: own.get("routes").cloned().unwrap_or_default(),
+            // Plain data: converting it cannot fail.
+            routes: serde_json::to_value(self.published_routes()).unwrap_or_default(),
         });
         for (name, latest) in &lock(&self.inner.group_view).instances {
             if *name == here {
