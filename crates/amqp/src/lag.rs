@@ -288,11 +288,7 @@ impl LagProbe for AmqpLagProbe {
     /// when the probe knows its tiers ([`parking_tiers`](Self::parking_tiers),
     /// or derived from an [`AmqpBroker`](crate::AmqpBroker)); else `None`.
     async fn parked(&self) -> Result<Option<u64>, LagError> {
-        Ok(self.parked_per_queue().await?.map(|queues| {
-            queues
-                .iter()
-                .fold(0u64, |sum, (_, messages)| sum.saturating_add(*messages))
-        }))
+        Ok(self.parked_tiers().await?.as_deref().map(ParkedTier::total))
     }
 
     /// The same per holding queue, named by what follows `{queue}.wait.`

@@ -27,11 +27,7 @@ async fn ask(probe: &impl LagProbe) -> Result<Lag, LagError> {
     let partitions = probe.lag().await?;
     // One query: the tiers, and their sum as the total.
     let tiers = probe.parked_tiers().await?;
-    let parked = tiers.as_ref().map(|tiers| {
-        tiers
-            .iter()
-            .fold(0u64, |sum, tier| sum.saturating_add(tier.messages))
-    });
+    let parked = tiers.as_deref().map(ParkedTier::total);
     Ok(Lag {
         partitions,
         parked,

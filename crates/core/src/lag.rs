@@ -123,6 +123,13 @@ impl ParkedTier {
         self.next_due = Some(due);
         self
     }
+
+    /// The messages of every tier in `tiers` (saturating).
+    pub fn total(tiers: &[ParkedTier]) -> u64 {
+        tiers
+            .iter()
+            .fold(0u64, |sum, tier| sum.saturating_add(tier.messages))
+    }
 }
 
 /// A lag query that did not produce an answer.

@@ -210,11 +210,7 @@ impl LagProbe for KafkaLagProbe {
     /// not; `Some(0)` when the group has no retry topic. `None` for a
     /// probe that was not made to count it.
     async fn parked(&self) -> Result<Option<u64>, LagError> {
-        Ok(self.parked_per_tier().await?.map(|tiers| {
-            tiers
-                .iter()
-                .fold(0u64, |sum, (_, messages)| sum.saturating_add(*messages))
-        }))
+        Ok(self.parked_tiers().await?.as_deref().map(ParkedTier::total))
     }
 
     /// The same per retry topic's tier (`1s`, `5m`), shortest first; when

@@ -84,11 +84,7 @@ pub(super) async fn read(
         }
         Err(_) => None,
     };
-    let parked = tiers.as_ref().map(|tiers| {
-        tiers
-            .iter()
-            .fold(0u64, |sum, tier| sum.saturating_add(tier.messages))
-    });
+    let parked = tiers.as_deref().map(ParkedTier::total);
     Some(LagReading {
         at: Instant::now(),
         partitions: lag,
